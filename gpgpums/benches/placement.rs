@@ -1,0 +1,155 @@
+//! Decision time per request for every policy on pools of 1k, 10k and 100k GPUs, 70% of whose memory
+//! is already booked in fragments, beside the paper's baseline (sort the whole pool per request).
+//!
+//! One request is one single-cGPU shared VM (4 GiB) placed and then released, so the pool stays at 70%
+//! and the time includes the release. Run: `cargo bench -p gpgpums --bench placement`, then
+//! `python3 scripts/criterion-summary.py` for the table in BENCHMARKS.md.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use gpgpums::{
+    CgpuAssignment, GpuId, GpuSpec, HostId, HostKind, Mode, Placement, PolicyRegistry, Pool,
+    RcudaEndpoint, Request, Selector, VmHost, VmId,
+};
+use uuid::Uuid;
+
+const POLICIES: [&str; 6] = [
+    "first-fit",
+    "least-load-fit",
+    "best-fit",
+    "fewer-jobs-gpu",
+    "fewer-jobs-node",
+    "fewer-jobs-node+best-fit",
+];
+const GPUS_PER_HOST: usize = 8;
+const GPU_SIZES_MIB: [u64; 4] = [16384, 24576, 40960, 81920];
+const CGPU_SIZES_MIB: [u64; 4] = [2048, 4096, 8192, 16384];
+
+/// xorshift64*: a fixed, dependency-free stream so every run books the same fragments.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// A pool of `gpus` GPUs with 70% of the memory booked by VMs of 1 to 4 cGPUs on random GPUs
+/// (2% of the bookings exclusive).
+fn fragmented_pool(gpus: usize, selector: Selector) -> Pool {
+    let mut rng = Rng(0x5EED_0000 + gpus as u64);
+    let mut pool = Pool::with(PolicyRegistry::builtin(), selector);
+    let mut specs = Vec::with_capacity(gpus);
+    for h in 0..gpus.div_ceil(GPUS_PER_HOST) {
+        let host = HostId::new(format!("cg{h}")).unwrap();
+        pool.add_host(host.clone(), HostKind::ComputeGpu).unwrap();
+        for index in 0..GPUS_PER_HOST.min(gpus - h * GPUS_PER_HOST) as u32 {
+            let spec = GpuSpec {
+                id: GpuId::on_host(&host, index),
+                host: host.clone(),
+                index,
+                model: "bench".into(),
+                memory_mib: GPU_SIZES_MIB[rng.below(GPU_SIZES_MIB.len())],
+                rcuda: RcudaEndpoint {
+                    address: IpAddr::V4(Ipv4Addr::new(10, 78, (h >> 8) as u8, h as u8)),
+                    port: 8308 + index as u16,
+                    gpu_number: 0,
+                },
+            };
+            pool.add_gpu(spec.clone()).unwrap();
+            specs.push(spec);
+        }
+    }
+    pool.add_host(HostId::new("rg0").unwrap(), HostKind::ComputeRgpu).unwrap();
+    let total: u64 = specs.iter().map(|s| s.memory_mib).sum();
+    let target = total * 7 / 10;
+    let mut booked = 0u64;
+    let mut vm = 0u128;
+    let mut misses = 0;
+    while booked < target && misses < 1000 {
+        vm += 1;
+        let mut cgpus = Vec::new();
+        for index in 0..1 + rng.below(4) as u32 {
+            let spec = &specs[rng.below(specs.len())];
+            let exclusive = rng.below(50) == 0;
+            cgpus.push(CgpuAssignment {
+                index,
+                gpu: spec.id.clone(),
+                host: spec.host.clone(),
+                memory_mib: if exclusive {
+                    spec.memory_mib
+                } else {
+                    CGPU_SIZES_MIB[rng.below(CGPU_SIZES_MIB.len())]
+                },
+                mode: if exclusive { Mode::Exclusive } else { Mode::Shared },
+                rcuda: spec.rcuda,
+            });
+        }
+        let memory: u64 = cgpus.iter().map(|c| c.memory_mib).sum();
+        let placement = Placement {
+            vm: VmId::from_uuid(Uuid::from_u128(vm)),
+            policy: "restored".into(),
+            vm_host: VmHost::AnyAgentHost,
+            cgpus,
+        };
+        match pool.restore(placement) {
+            Ok(()) => {
+                booked += memory;
+                misses = 0;
+            }
+            Err(_) => misses += 1,
+        }
+    }
+    pool
+}
+
+fn place_and_release(c: &mut Criterion, group_name: &str, selector: Selector, sizes: &[usize]) {
+    let mut group = c.benchmark_group(group_name);
+    if selector != Selector::Indexed {
+        group.sample_size(10);
+    }
+    let request = Request::shared(1, 4096);
+    for &gpus in sizes {
+        for policy in POLICIES {
+            let mut pool = fragmented_pool(gpus, selector);
+            let mut next_vm = u128::MAX / 2;
+            group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
+                b.iter(|| {
+                    next_vm += 1;
+                    let vm = VmId::from_uuid(Uuid::from_u128(next_vm));
+                    let placement = pool.place(vm, &request, policy).expect("the pool has room");
+                    black_box(&placement);
+                    pool.release(&vm);
+                })
+            });
+            pool.audit().expect("bookkeeping intact after the benchmark");
+        }
+    }
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let sizes = [1_000, 10_000, 100_000];
+    place_and_release(c, "indexed", Selector::Indexed, &sizes);
+    place_and_release(c, "paper_sort_each_request", Selector::SortEachRequest, &sizes);
+}
+
+criterion_group! {
+    name = placement;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(30);
+    targets = benches
+}
+criterion_main!(placement);

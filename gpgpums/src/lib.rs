@@ -1,0 +1,24 @@
+//! GPGPUMS, the GPU scheduling core of GSaaS (dissertation sections 4.3 and 5.2.1.2-5.2.1.3).
+//!
+//! Pure and synchronous on purpose: it decides, and the service executes. No I/O, no clock, no async, no
+//! database, no randomness; the same inputs give the same placements. That makes every decision
+//! testable on its own, replayable from storage, and cheap enough to sit inside a database transaction.
+//!
+//! - [`Pool`]: inventory (hosts, GPUs), bookings, and all-or-nothing placement of a VM's cGPUs.
+//! - [`policy`]: the selection policies as plugins behind [`policy::Policy`], selected by name.
+//! - [`Error`]: the crate's one error type.
+
+pub mod error;
+pub mod ids;
+pub mod model;
+pub mod policy;
+pub mod pool;
+
+pub use error::{Error, Shortfall};
+pub use ids::{GpuId, HostId, IdError, VmId};
+pub use model::{
+    CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage, Locality, Mode, Placement,
+    RcudaEndpoint, Request, VmHost,
+};
+pub use policy::{PolicyRegistry, DEFAULT_POLICY};
+pub use pool::{Pool, Selector, MAX_CGPUS_PER_VM};

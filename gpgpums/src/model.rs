@@ -1,0 +1,228 @@
+//! The vocabulary of scheduling: hosts, GPUs, requests and placements.
+//!
+//! These are plain data with serde derives because every other crate (the REST API, the database rows,
+//! the CLI) speaks them; the behaviour lives in [`crate::Pool`]. Field names follow the REST API so the
+//! API layer can map them one to one.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{GpuId, HostId, VmId};
+
+/// The role a host plays in the cloud (dissertation section 5.2.1, Figure 5.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostKind {
+    /// Hosts physical GPUs (served by rCUDA daemons) and may run VMs that use them locally.
+    ComputeGpu,
+    /// Has no GPU but sits on the GPU network: its VMs reach remote cGPUs.
+    ComputeRgpu,
+    /// A plain compute host, off the GPU network: it can run no cGPU VM.
+    Compute,
+}
+
+impl HostKind {
+    /// Whether a RODVR agent runs here, so a cGPU VM can be placed here.
+    pub fn has_agent(self) -> bool {
+        !matches!(self, HostKind::Compute)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostKind::ComputeGpu => "compute-gpu",
+            HostKind::ComputeRgpu => "compute-rgpu",
+            HostKind::Compute => "compute",
+        }
+    }
+}
+
+impl fmt::Display for HostKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a host takes new cGPUs. Existing cGPUs stay where they are in every state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostState {
+    #[default]
+    Schedulable,
+    /// Taken out of scheduling by an operator.
+    Drained,
+    /// Its agent stopped reporting.
+    Unavailable,
+}
+
+/// The rCUDA daemon endpoint that serves one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RcudaEndpoint {
+    pub address: IpAddr,
+    pub port: u16,
+    /// The GPU's number at that daemon (0 when a daemon serves a single GPU).
+    pub gpu_number: u32,
+}
+
+/// A physical GPU as registered in the pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSpec {
+    pub id: GpuId,
+    pub host: HostId,
+    /// The GPU's index on its host; with the host's registration order it fixes the pool order.
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    pub rcuda: RcudaEndpoint,
+}
+
+/// How a cGPU holds its GPU (dissertation section 5.2.1.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The cGPU takes a whole idle GPU; nobody else uses it.
+    #[default]
+    Exclusive,
+    /// The cGPU reserves its memory on a GPU that other cGPUs may share.
+    Shared,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+        })
+    }
+}
+
+/// Where the VM runs relative to its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Locality {
+    /// GPUs anywhere; the cloud picks any host with a RODVR agent for the VM.
+    #[default]
+    Any,
+    /// All cGPUs on one compute-GPU host, and the VM runs on that host.
+    Local,
+    /// The VM runs on a compute-rGPU host; GPUs anywhere.
+    Remote,
+}
+
+impl fmt::Display for Locality {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Locality::Any => "any",
+            Locality::Local => "local",
+            Locality::Remote => "remote",
+        })
+    }
+}
+
+/// The GPU part of a launch request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub ncgpus: u32,
+    /// Memory per cGPU in MiB (the paper's `-poolmem`). Required in shared mode; in exclusive mode it is
+    /// the least memory the whole GPU must have.
+    #[serde(default)]
+    pub gpu_memory_mib: Option<u64>,
+    #[serde(default)]
+    pub mode: Mode,
+    #[serde(default)]
+    pub locality: Locality,
+    /// Never put two cGPUs of this VM on the same physical GPU.
+    #[serde(default)]
+    pub distinct_gpus: bool,
+}
+
+impl Request {
+    /// `n` cGPUs with the paper's defaults: exclusive, any locality.
+    pub fn exclusive(n: u32) -> Self {
+        Request {
+            ncgpus: n,
+            gpu_memory_mib: None,
+            mode: Mode::Exclusive,
+            locality: Locality::Any,
+            distinct_gpus: false,
+        }
+    }
+
+    /// `n` shared cGPUs of `memory_mib` each, any locality.
+    pub fn shared(n: u32, memory_mib: u64) -> Self {
+        Request { gpu_memory_mib: Some(memory_mib), mode: Mode::Shared, ..Request::exclusive(n) }
+    }
+
+    pub fn with_locality(self, locality: Locality) -> Self {
+        Request { locality, ..self }
+    }
+
+    pub fn with_distinct_gpus(self) -> Self {
+        Request { distinct_gpus: true, ..self }
+    }
+}
+
+/// Where the cloud must run the VM so that its routes can be installed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "host", rename_all = "kebab-case")]
+pub enum VmHost {
+    /// On exactly this compute-GPU host (locality `local`).
+    Pinned(HostId),
+    /// On any schedulable compute-rGPU host (locality `remote`).
+    AnyRgpuHost,
+    /// On any schedulable host with a RODVR agent (locality `any`).
+    AnyAgentHost,
+}
+
+/// One cGPU of a VM and the GPU that backs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgpuAssignment {
+    /// The cGPU's number inside the VM (`RCUDA_DEVICE_<index>`).
+    pub index: u32,
+    pub gpu: GpuId,
+    pub host: HostId,
+    /// Memory reserved on the GPU: the request's memory when shared, the GPU's whole memory when exclusive.
+    pub memory_mib: u64,
+    pub mode: Mode,
+    pub rcuda: RcudaEndpoint,
+}
+
+/// The outcome of a successful placement: every cGPU of the VM, and where the VM must run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub vm: VmId,
+    /// The canonical name of the policy that decided.
+    pub policy: String,
+    pub vm_host: VmHost,
+    pub cgpus: Vec<CgpuAssignment>,
+}
+
+/// What the pool holds on one GPU, for reports and checks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuUsage {
+    pub id: GpuId,
+    pub host: HostId,
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    pub allocated_mib: u64,
+    pub exclusive: bool,
+    pub cgpus: u32,
+    /// Distinct VMs with a cGPU on this GPU.
+    pub jobs: u32,
+    pub rcuda: RcudaEndpoint,
+}
+
+/// What the pool holds on one host, for reports and checks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostUsage {
+    pub id: HostId,
+    pub kind: HostKind,
+    pub state: HostState,
+    pub gpus: u32,
+    pub memory_mib: u64,
+    pub allocated_mib: u64,
+    /// Distinct VMs with a cGPU on this host's GPUs.
+    pub vms: u32,
+}

@@ -1,0 +1,201 @@
+//! GPU selection policies as plugins (GPGPUMS is plugin based, dissertation section 5.2.1.2).
+//!
+//! A policy is defined by one thing: a strict total order over the GPUs that can take a cGPU
+//! ([`Policy::compare`]); the policy picks the least GPU in that order. Every order ends with the pool
+//! order (slot), so there are no ties and every decision is deterministic.
+//!
+//! That definition is what the reference scan uses. For speed each policy also supplies an index
+//! ([`CandidateIndex`]) that answers "the least GPU with at least `need` MiB free" in O(log n) without
+//! scanning; the property tests check that index and definition agree on random pools.
+//!
+//! Layers wrap another policy (`fewer-jobs-node+best-fit`): the registry composes them by name, so
+//! adding a policy or a layer is one `register` call and touches no other policy.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::Error;
+
+mod best_fit;
+mod fewer_jobs_gpu;
+mod fewer_jobs_node;
+mod first_fit;
+mod least_load_fit;
+mod sparse_max_tree;
+
+pub use best_fit::BestFit;
+pub use fewer_jobs_gpu::FewerJobsGpu;
+pub use fewer_jobs_node::FewerJobsNode;
+pub use first_fit::FirstFit;
+pub use least_load_fit::LeastLoadFit;
+
+/// What a policy may look at when it ranks a GPU. A snapshot: indexes get a fresh one on every change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    /// Position in pool order (host registration order, then GPU index); unique.
+    pub slot: u32,
+    /// Memory still free on the GPU (its whole memory when idle).
+    pub free_mib: u64,
+    pub total_mib: u64,
+    /// cGPUs on the GPU.
+    pub cgpus: u32,
+    /// Distinct VMs on the GPU.
+    pub jobs: u32,
+    /// Distinct VMs with cGPUs on the GPU's host.
+    pub host_vms: u32,
+    /// The host's position in registration order.
+    pub host_seq: u32,
+}
+
+/// A GPU selection policy.
+pub trait Policy: Send + Sync + fmt::Debug {
+    /// The canonical name, as requests spell it (`first-fit`, `fewer-jobs-node+best-fit`).
+    fn name(&self) -> String;
+
+    /// `Less` when `a` is preferred over `b`. Must be a strict total order: equal only for the same slot.
+    fn compare(&self, a: &Candidate, b: &Candidate) -> Ordering;
+
+    /// An empty index for slots in `0..slots` that agrees with [`Policy::compare`].
+    fn new_index(&self, slots: u32) -> Box<dyn CandidateIndex>;
+}
+
+/// A set of candidates that finds the policy's choice among those with enough free memory.
+///
+/// The pool removes a candidate with exactly the values it inserted it with, before any of them change.
+pub trait CandidateIndex: Send + Sync + fmt::Debug {
+    fn insert(&mut self, candidate: &Candidate);
+    fn remove(&mut self, candidate: &Candidate);
+    /// The slot of the least candidate (in the policy's order) with `free_mib >= need_mib`.
+    fn best(&self, need_mib: u64) -> Option<u32>;
+}
+
+/// Builds a layered policy around an inner one.
+pub type LayerFn = Arc<dyn Fn(Arc<dyn Policy>) -> Arc<dyn Policy> + Send + Sync>;
+
+struct Layer {
+    wrap: LayerFn,
+    /// The inner policy used when the layer is named alone.
+    default_inner: String,
+}
+
+/// The policies a pool can use, by name.
+pub struct PolicyRegistry {
+    policies: BTreeMap<String, Arc<dyn Policy>>,
+    layers: BTreeMap<String, Layer>,
+}
+
+impl fmt::Debug for PolicyRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyRegistry")
+            .field("policies", &self.policies.keys().collect::<Vec<_>>())
+            .field("layers", &self.layers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// The service's default policy, as in the paper's GSaaS prototype.
+pub const DEFAULT_POLICY: &str = "first-fit";
+
+impl Default for PolicyRegistry {
+    fn default() -> Self {
+        Self::builtin()
+    }
+}
+
+impl PolicyRegistry {
+    pub fn empty() -> Self {
+        PolicyRegistry { policies: BTreeMap::new(), layers: BTreeMap::new() }
+    }
+
+    /// The built-in policies and the `fewer-jobs-node` layer.
+    pub fn builtin() -> Self {
+        let mut registry = Self::empty();
+        registry.register(Arc::new(FirstFit));
+        registry.register(Arc::new(LeastLoadFit));
+        registry.register(Arc::new(BestFit));
+        registry.register(Arc::new(FewerJobsGpu));
+        registry.register_layer(
+            fewer_jobs_node::NAME,
+            LeastLoadFit.name(),
+            Arc::new(|inner| Arc::new(FewerJobsNode::new(inner)) as Arc<dyn Policy>),
+        );
+        registry
+    }
+
+    /// Adds (or replaces) a policy under its own name.
+    pub fn register(&mut self, policy: Arc<dyn Policy>) {
+        self.policies.insert(policy.name(), policy);
+    }
+
+    /// Adds (or replaces) a layer, usable as `NAME+policy`, or alone as `NAME` over `default_inner`.
+    pub fn register_layer(&mut self, name: &str, default_inner: String, wrap: LayerFn) {
+        self.layers.insert(name.to_owned(), Layer { wrap, default_inner });
+    }
+
+    /// Resolves `name` (`policy`, `layer`, `layer+policy`, `layer+layer+policy`...).
+    pub fn resolve(&self, name: &str) -> Result<Arc<dyn Policy>, Error> {
+        self.resolve_inner(name).ok_or_else(|| {
+            Error::invalid(
+                "policy",
+                format!("unknown policy {name:?}; known: {}", self.known_names().join(", ")),
+            )
+        })
+    }
+
+    fn resolve_inner(&self, name: &str) -> Option<Arc<dyn Policy>> {
+        if let Some(policy) = self.policies.get(name) {
+            return Some(policy.clone());
+        }
+        let (head, rest) = match name.split_once('+') {
+            Some((head, rest)) => (head, Some(rest)),
+            None => (name, None),
+        };
+        let layer = self.layers.get(head)?;
+        let inner = self.resolve_inner(rest.unwrap_or(&layer.default_inner))?;
+        Some((layer.wrap)(inner))
+    }
+
+    /// Every policy, and every layer over every policy, by name.
+    pub fn known_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.policies.keys().cloned().collect();
+        for layer in self.layers.keys() {
+            names.push(layer.clone());
+            names.extend(self.policies.keys().map(|p| format!("{layer}+{p}")));
+        }
+        names
+    }
+}
+
+/// `Less` when `a` comes first in pool order. Every policy's order ends with this.
+pub(crate) fn by_slot(a: &Candidate, b: &Candidate) -> Ordering {
+    a.slot.cmp(&b.slot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_resolves_plain_layered_and_bare_layer_names() {
+        let registry = PolicyRegistry::builtin();
+        for name in ["first-fit", "least-load-fit", "best-fit", "fewer-jobs-gpu"] {
+            assert_eq!(registry.resolve(name).unwrap().name(), name);
+        }
+        assert_eq!(
+            registry.resolve("fewer-jobs-node+best-fit").unwrap().name(),
+            "fewer-jobs-node+best-fit"
+        );
+        assert_eq!(
+            registry.resolve("fewer-jobs-node").unwrap().name(),
+            "fewer-jobs-node+least-load-fit"
+        );
+        let err = registry.resolve("worst-fit").unwrap_err();
+        let Error::InvalidRequest { field, reason } = err else { panic!("{err:?}") };
+        assert_eq!(field, "policy");
+        assert!(reason.contains("\"worst-fit\"") && reason.contains("fewer-jobs-node+first-fit"));
+        assert!(registry.resolve("fewer-jobs-node+nope").is_err());
+        assert!(registry.resolve("").is_err());
+    }
+}

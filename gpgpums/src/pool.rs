@@ -1,0 +1,930 @@
+//! The GPU pool: inventory, what every VM holds, and the placement of new cGPUs.
+//!
+//! The pool is a pure state machine: no I/O, no clock, no randomness. The same inventory and the same
+//! sequence of calls give the same placements, which is what lets the REST service replay it from its
+//! database and lets tests compare implementations.
+//!
+//! A request for N cGPUs is decided one cGPU at a time, each decision seeing the previous ones (first fit
+//! puts two 4 GiB cGPUs on one 8 GiB GPU, as in the paper). If any cGPU cannot be placed, the ones already
+//! placed are released and nothing has changed: placement is all-or-nothing.
+//!
+//! Speed comes from per-policy indexes ([`crate::policy::CandidateIndex`]) kept up to date on every
+//! change, built the first time a policy is used. Each policy has two: one over GPUs that can take a
+//! shared cGPU and one over idle GPUs, which are the GPUs an exclusive cGPU may take. Inventory changes
+//! (rare) renumber the pool order and rebuild the indexes on the next placement. [`Selector::Scan`] and
+//! [`Selector::SortEachRequest`] decide by the policy's definition instead: the first is the reference
+//! the tests compare against, the second the paper's per-request sort, the benchmark's baseline.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::error::{Error, Shortfall};
+use crate::ids::{GpuId, HostId, VmId};
+use crate::model::{
+    CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage, Locality, Mode, Placement,
+    Request, VmHost,
+};
+use crate::policy::{Candidate, CandidateIndex, Policy, PolicyRegistry};
+
+/// The most cGPUs one VM may ask for.
+pub const MAX_CGPUS_PER_VM: u32 = 4096;
+
+/// How the pool finds the policy's choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Selector {
+    /// Maintained indexes: O(log n) per cGPU.
+    #[default]
+    Indexed,
+    /// A linear scan for the least candidate by the policy's order: O(n) per cGPU. The reference.
+    Scan,
+    /// Sort every candidate by the policy's order, then take the first that fits: O(n log n) per cGPU,
+    /// as the paper's Algorithm 1 does.
+    SortEachRequest,
+}
+
+#[derive(Debug)]
+struct HostEntry {
+    id: HostId,
+    kind: HostKind,
+    state: HostState,
+    /// Slots of its GPUs, ascending.
+    slots: Vec<u32>,
+    vms: u32,
+}
+
+#[derive(Debug)]
+struct GpuEntry {
+    spec: GpuSpec,
+    host: u32,
+    used_mib: u64,
+    exclusive: bool,
+    cgpus: u32,
+    jobs: u32,
+}
+
+impl GpuEntry {
+    fn free_mib(&self) -> u64 {
+        self.spec.memory_mib - self.used_mib
+    }
+
+    fn can_take_shared(&self) -> bool {
+        !self.exclusive && self.free_mib() > 0
+    }
+
+    fn is_idle(&self) -> bool {
+        self.cgpus == 0
+    }
+
+    fn takes(&self, mode: Mode) -> bool {
+        match mode {
+            Mode::Shared => self.can_take_shared(),
+            Mode::Exclusive => self.is_idle(),
+        }
+    }
+}
+
+/// A policy and, with [`Selector::Indexed`], its two indexes.
+#[derive(Debug)]
+struct Views {
+    policy: Arc<dyn Policy>,
+    indexes: Option<[Box<dyn CandidateIndex>; 2]>,
+}
+
+const SHARED: usize = 0;
+const EXCLUSIVE: usize = 1;
+
+fn view_of(mode: Mode) -> usize {
+    match mode {
+        Mode::Shared => SHARED,
+        Mode::Exclusive => EXCLUSIVE,
+    }
+}
+
+/// Facts about the inventory that validation needs, recomputed after inventory changes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Limits {
+    max_gpu_mib: u64,
+    max_gpus_per_host: u32,
+    max_host_mib: u64,
+    rgpu_host_registered: bool,
+    schedulable_rgpu_host: bool,
+    schedulable_agent_host: bool,
+}
+
+/// The GPU pool. See the module docs.
+#[derive(Debug)]
+pub struct Pool {
+    registry: PolicyRegistry,
+    selector: Selector,
+    hosts: Vec<HostEntry>,
+    host_by_id: HashMap<HostId, u32>,
+    /// In pool order: host registration order, then GPU index.
+    gpus: Vec<GpuEntry>,
+    gpu_by_id: HashMap<GpuId, u32>,
+    vms: HashMap<VmId, Placement>,
+    views: Vec<Views>,
+    view_by_name: HashMap<String, usize>,
+    /// The inventory changed since the indexes were built: rebuild before the next decision.
+    views_stale: bool,
+    limits: Option<Limits>,
+    /// Slots hidden from decisions for the current placement (distinct GPUs, hosts tried for `local`).
+    masked: Vec<bool>,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pool {
+    /// An empty pool with the built-in policies, deciding through indexes.
+    pub fn new() -> Self {
+        Self::with(PolicyRegistry::builtin(), Selector::Indexed)
+    }
+
+    pub fn with(registry: PolicyRegistry, selector: Selector) -> Self {
+        Pool {
+            registry,
+            selector,
+            hosts: Vec::new(),
+            host_by_id: HashMap::new(),
+            gpus: Vec::new(),
+            gpu_by_id: HashMap::new(),
+            vms: HashMap::new(),
+            views: Vec::new(),
+            view_by_name: HashMap::new(),
+            views_stale: false,
+            limits: None,
+            masked: Vec::new(),
+        }
+    }
+
+    pub fn registry(&self) -> &PolicyRegistry {
+        &self.registry
+    }
+
+    // ---- inventory ----
+
+    /// Registers a host at the end of the pool order. Registering it again with the same kind is a no-op.
+    pub fn add_host(&mut self, id: HostId, kind: HostKind) -> Result<(), Error> {
+        if let Some(&h) = self.host_by_id.get(&id) {
+            let existing = self.hosts[h as usize].kind;
+            if existing == kind {
+                return Ok(());
+            }
+            return Err(Error::Conflict(format!("host {id} is already registered as {existing}")));
+        }
+        let seq = u32::try_from(self.hosts.len()).expect("fewer than 2^32 hosts");
+        self.host_by_id.insert(id.clone(), seq);
+        self.hosts.push(HostEntry {
+            id,
+            kind,
+            state: HostState::Schedulable,
+            slots: vec![],
+            vms: 0,
+        });
+        self.limits = None;
+        Ok(())
+    }
+
+    /// Registers a GPU on a compute-gpu host. Registering the same GPU again is a no-op.
+    pub fn add_gpu(&mut self, spec: GpuSpec) -> Result<(), Error> {
+        if let Some(&slot) = self.gpu_by_id.get(&spec.id) {
+            if self.gpus[slot as usize].spec == spec {
+                return Ok(());
+            }
+            return Err(Error::Conflict(format!(
+                "GPU {} is already registered with other properties",
+                spec.id
+            )));
+        }
+        let &host = self.host_by_id.get(&spec.host).ok_or_else(|| {
+            Error::inventory(
+                "host",
+                format!("GPU {}: host {} is not registered", spec.id, spec.host),
+            )
+        })?;
+        let entry = &self.hosts[host as usize];
+        if entry.kind != HostKind::ComputeGpu {
+            return Err(Error::inventory(
+                "host",
+                format!(
+                    "GPU {}: host {} is {}, only compute-gpu hosts hold GPUs",
+                    spec.id, spec.host, entry.kind
+                ),
+            ));
+        }
+        if entry.slots.iter().any(|&s| self.gpus[s as usize].spec.index == spec.index) {
+            return Err(Error::inventory(
+                "index",
+                format!(
+                    "GPU {}: host {} already has a GPU with index {}",
+                    spec.id, spec.host, spec.index
+                ),
+            ));
+        }
+        if spec.memory_mib == 0 {
+            return Err(Error::inventory(
+                "memory_mib",
+                format!("GPU {}: must be at least 1 MiB", spec.id),
+            ));
+        }
+        let key = (host, spec.index);
+        let at = self.gpus.partition_point(|g| (g.host, g.spec.index) < key);
+        let gpu = GpuEntry { spec, host, used_mib: 0, exclusive: false, cgpus: 0, jobs: 0 };
+        if at < self.gpus.len() {
+            // Lands inside the pool order: every later slot moves.
+            self.gpus.insert(at, gpu);
+            self.renumber();
+            return Ok(());
+        }
+        let slot = u32::try_from(at).expect("fewer than 2^32 GPUs");
+        self.gpu_by_id.insert(gpu.spec.id.clone(), slot);
+        self.hosts[host as usize].slots.push(slot);
+        self.gpus.push(gpu);
+        self.masked.push(false);
+        self.limits = None;
+        if !self.views_stale {
+            for view in 0..self.views.len() {
+                self.index_into(view, slot);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes an unused GPU (a failed or withdrawn device).
+    pub fn remove_gpu(&mut self, id: &GpuId) -> Result<GpuSpec, Error> {
+        let &slot = self
+            .gpu_by_id
+            .get(id)
+            .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
+        let gpu = &self.gpus[slot as usize];
+        if gpu.cgpus > 0 {
+            return Err(Error::Conflict(format!("GPU {id} still backs {} cGPU(s)", gpu.cgpus)));
+        }
+        let removed = self.gpus.remove(slot as usize);
+        self.renumber();
+        Ok(removed.spec)
+    }
+
+    fn renumber(&mut self) {
+        self.gpu_by_id.clear();
+        for host in &mut self.hosts {
+            host.slots.clear();
+        }
+        for (slot, gpu) in self.gpus.iter().enumerate() {
+            let slot = u32::try_from(slot).expect("fewer than 2^32 GPUs");
+            self.gpu_by_id.insert(gpu.spec.id.clone(), slot);
+            self.hosts[gpu.host as usize].slots.push(slot);
+        }
+        self.masked = vec![false; self.gpus.len()];
+        self.views_stale = true;
+        self.limits = None;
+    }
+
+    /// Drains, undrains or marks a host unavailable. Its cGPUs stay; it only stops taking new ones.
+    pub fn set_host_state(&mut self, id: &HostId, state: HostState) -> Result<(), Error> {
+        let &host = self
+            .host_by_id
+            .get(id)
+            .ok_or_else(|| Error::inventory("host", format!("host {id} is not registered")))?;
+        let slots = self.hosts[host as usize].slots.clone();
+        self.reindexing(&slots, |pool| pool.hosts[host as usize].state = state);
+        self.limits = None;
+        Ok(())
+    }
+
+    // ---- reports ----
+
+    pub fn host_state(&self, id: &HostId) -> Option<HostState> {
+        self.host_by_id.get(id).map(|&h| self.hosts[h as usize].state)
+    }
+
+    /// Every GPU, in pool order.
+    pub fn gpu_usage(&self) -> Vec<GpuUsage> {
+        self.gpus
+            .iter()
+            .map(|g| GpuUsage {
+                id: g.spec.id.clone(),
+                host: g.spec.host.clone(),
+                index: g.spec.index,
+                model: g.spec.model.clone(),
+                memory_mib: g.spec.memory_mib,
+                allocated_mib: g.used_mib,
+                exclusive: g.exclusive,
+                cgpus: g.cgpus,
+                jobs: g.jobs,
+                rcuda: g.spec.rcuda,
+            })
+            .collect()
+    }
+
+    /// Every host, in registration order.
+    pub fn host_usage(&self) -> Vec<HostUsage> {
+        self.hosts
+            .iter()
+            .map(|h| {
+                let gpus = h.slots.iter().map(|&s| &self.gpus[s as usize]);
+                HostUsage {
+                    id: h.id.clone(),
+                    kind: h.kind,
+                    state: h.state,
+                    gpus: u32::try_from(h.slots.len()).expect("fewer than 2^32 GPUs"),
+                    memory_mib: gpus.clone().map(|g| g.spec.memory_mib).sum(),
+                    allocated_mib: gpus.map(|g| g.used_mib).sum(),
+                    vms: h.vms,
+                }
+            })
+            .collect()
+    }
+
+    pub fn placement(&self, vm: &VmId) -> Option<&Placement> {
+        self.vms.get(vm)
+    }
+
+    pub fn placements(&self) -> impl Iterator<Item = &Placement> {
+        self.vms.values()
+    }
+
+    // ---- placement ----
+
+    /// Places every cGPU of `request` for `vm` under `policy`, or changes nothing.
+    pub fn place(&mut self, vm: VmId, request: &Request, policy: &str) -> Result<Placement, Error> {
+        if self.vms.contains_key(&vm) {
+            return Err(Error::Conflict(format!("VM {vm} already holds cGPUs")));
+        }
+        let view = self.views_for(policy)?;
+        let limits = self.limits();
+        validate(request, &limits)?;
+        let shortfall = |placeable, no_vm_host| {
+            Error::InsufficientCapacity(Shortfall {
+                requested: request.ncgpus,
+                placeable,
+                gpu_memory_mib: request.gpu_memory_mib,
+                mode: request.mode,
+                locality: request.locality,
+                no_vm_host,
+            })
+        };
+        let has_vm_host = match request.locality {
+            Locality::Any => limits.schedulable_agent_host,
+            Locality::Remote => limits.schedulable_rgpu_host,
+            Locality::Local => true,
+        };
+        if !has_vm_host {
+            return Err(shortfall(0, true));
+        }
+        if self.views_stale {
+            self.rebuild_views();
+        }
+        let outcome = match request.locality {
+            Locality::Local => self.place_local(request, view),
+            Locality::Any | Locality::Remote => self.place_on(request, view, None),
+        };
+        let (cgpus, vm_host) = match outcome {
+            Ok(done) => done,
+            Err(placeable) => return Err(shortfall(placeable, false)),
+        };
+        let placement = Placement { vm, policy: self.views[view].policy.name(), vm_host, cgpus };
+        self.vms.insert(vm, placement.clone());
+        Ok(placement)
+    }
+
+    /// Locality `local`: hosts are tried in the order of their best GPU under the policy; the first that
+    /// takes all cGPUs wins. A host that cannot is hidden and the next one tried.
+    fn place_local(
+        &mut self,
+        request: &Request,
+        view: usize,
+    ) -> Result<(Vec<CgpuAssignment>, VmHost), u32> {
+        let mut tried: Vec<u32> = Vec::new();
+        let mut best_partial = 0;
+        let outcome = loop {
+            let Some(first) = self.select(view, request, None) else {
+                break Err(best_partial);
+            };
+            let host = self.gpus[first as usize].host;
+            let slots = self.hosts[host as usize].slots.clone();
+            match self.place_on(request, view, Some(&slots)) {
+                Ok((cgpus, _)) => {
+                    break Ok((cgpus, VmHost::Pinned(self.hosts[host as usize].id.clone())))
+                }
+                Err(placed) => {
+                    best_partial = best_partial.max(placed);
+                    self.set_masked(&slots, true);
+                    tried.push(host);
+                }
+            }
+        };
+        for host in tried {
+            let slots = self.hosts[host as usize].slots.clone();
+            self.set_masked(&slots, false);
+        }
+        outcome
+    }
+
+    /// Places the request's cGPUs one by one, among all GPUs (through the selector) or `within` one
+    /// host's slots (by a scan: a host's GPUs are few). On failure undoes its own work and returns how
+    /// many cGPUs it had placed.
+    fn place_on(
+        &mut self,
+        request: &Request,
+        view: usize,
+        within: Option<&[u32]>,
+    ) -> Result<(Vec<CgpuAssignment>, VmHost), u32> {
+        let mut chosen: Vec<u32> = Vec::with_capacity(request.ncgpus as usize);
+        let mut gpus_used: HashSet<u32> = HashSet::new();
+        let mut hosts_used: HashSet<u32> = HashSet::new();
+        let mut failed = false;
+        for _ in 0..request.ncgpus {
+            let Some(slot) = self.select(view, request, within) else {
+                failed = true;
+                break;
+            };
+            let new_gpu = gpus_used.insert(slot);
+            let new_host = hosts_used.insert(self.gpus[slot as usize].host);
+            self.take(
+                slot,
+                request_memory(request, &self.gpus[slot as usize]),
+                request.mode,
+                new_gpu,
+                new_host,
+            );
+            if request.distinct_gpus {
+                self.set_masked(&[slot], true);
+            }
+            chosen.push(slot);
+        }
+        if request.distinct_gpus {
+            self.set_masked(&chosen, false);
+        }
+        if failed {
+            let booked: Vec<(u32, u64, Mode)> = chosen
+                .iter()
+                .map(|&s| (s, request_memory(request, &self.gpus[s as usize]), request.mode))
+                .collect();
+            self.untake_all(&booked);
+            return Err(chosen.len() as u32);
+        }
+        let cgpus = chosen
+            .iter()
+            .enumerate()
+            .map(|(j, &slot)| {
+                let gpu = &self.gpus[slot as usize];
+                CgpuAssignment {
+                    index: j as u32,
+                    gpu: gpu.spec.id.clone(),
+                    host: gpu.spec.host.clone(),
+                    memory_mib: request_memory(request, gpu),
+                    mode: request.mode,
+                    rcuda: gpu.spec.rcuda,
+                }
+            })
+            .collect();
+        let vm_host = match request.locality {
+            Locality::Remote => VmHost::AnyRgpuHost,
+            _ => VmHost::AnyAgentHost,
+        };
+        Ok((cgpus, vm_host))
+    }
+
+    /// Undoes `take` for `booked` cGPUs of one VM, given as (slot, memory, mode).
+    fn untake_all(&mut self, booked: &[(u32, u64, Mode)]) {
+        let mut left_on_gpu: HashMap<u32, u32> = HashMap::new();
+        let mut left_on_host: HashMap<u32, u32> = HashMap::new();
+        for &(slot, _, _) in booked {
+            *left_on_gpu.entry(slot).or_default() += 1;
+            *left_on_host.entry(self.gpus[slot as usize].host).or_default() += 1;
+        }
+        for &(slot, memory, mode) in booked.iter().rev() {
+            let on_gpu = left_on_gpu.get_mut(&slot).expect("counted above");
+            *on_gpu -= 1;
+            let last_on_gpu = *on_gpu == 0;
+            let on_host =
+                left_on_host.get_mut(&self.gpus[slot as usize].host).expect("counted above");
+            *on_host -= 1;
+            let last_on_host = *on_host == 0;
+            self.untake(slot, memory, mode, last_on_gpu, last_on_host);
+        }
+    }
+
+    /// Releases every cGPU of `vm`, restoring the capacity exactly. Returns what was released; a VM that
+    /// holds nothing (already released, or never placed) gives `None`.
+    pub fn release(&mut self, vm: &VmId) -> Option<Placement> {
+        let placement = self.vms.remove(vm)?;
+        let booked: Vec<(u32, u64, Mode)> = placement
+            .cgpus
+            .iter()
+            .map(|c| (self.gpu_by_id[&c.gpu], c.memory_mib, c.mode))
+            .collect();
+        self.untake_all(&booked);
+        Some(placement)
+    }
+
+    /// Records a placement decided earlier (loaded from storage), checking that it still fits. Recording
+    /// the same placement again is a no-op; all-or-nothing like [`Pool::place`].
+    pub fn restore(&mut self, placement: Placement) -> Result<(), Error> {
+        if let Some(existing) = self.vms.get(&placement.vm) {
+            if *existing == placement {
+                return Ok(());
+            }
+            return Err(Error::Conflict(format!("VM {} already holds other cGPUs", placement.vm)));
+        }
+        let mut slots = Vec::with_capacity(placement.cgpus.len());
+        for cgpu in &placement.cgpus {
+            let slot = *self.gpu_by_id.get(&cgpu.gpu).ok_or_else(|| {
+                Error::Conflict(format!("VM {}: GPU {} is not in the pool", placement.vm, cgpu.gpu))
+            })?;
+            if self.gpus[slot as usize].spec.host != cgpu.host {
+                return Err(Error::Conflict(format!(
+                    "VM {}: GPU {} is on host {}, not {}",
+                    placement.vm, cgpu.gpu, self.gpus[slot as usize].spec.host, cgpu.host
+                )));
+            }
+            slots.push(slot);
+        }
+        let mut gpus_used = HashSet::new();
+        let mut hosts_used = HashSet::new();
+        let mut booked: Vec<(u32, u64, Mode)> = Vec::with_capacity(slots.len());
+        for (cgpu, &slot) in placement.cgpus.iter().zip(&slots) {
+            let gpu = &self.gpus[slot as usize];
+            let fits = match cgpu.mode {
+                Mode::Exclusive => gpu.is_idle() && cgpu.memory_mib == gpu.spec.memory_mib,
+                Mode::Shared => !gpu.exclusive && cgpu.memory_mib <= gpu.free_mib(),
+            };
+            if !fits || cgpu.memory_mib == 0 {
+                self.untake_all(&booked);
+                return Err(Error::Conflict(format!(
+                    "VM {}: cGPU {} ({} MiB, {}) does not fit on GPU {}",
+                    placement.vm, cgpu.index, cgpu.memory_mib, cgpu.mode, cgpu.gpu
+                )));
+            }
+            let new_gpu = gpus_used.insert(slot);
+            let new_host = hosts_used.insert(gpu.host);
+            self.take(slot, cgpu.memory_mib, cgpu.mode, new_gpu, new_host);
+            booked.push((slot, cgpu.memory_mib, cgpu.mode));
+        }
+        self.vms.insert(placement.vm, placement);
+        Ok(())
+    }
+
+    // ---- decisions ----
+
+    fn views_for(&mut self, name: &str) -> Result<usize, Error> {
+        if let Some(&view) = self.view_by_name.get(name) {
+            return Ok(view);
+        }
+        let policy = self.registry.resolve(name)?;
+        let canonical = policy.name();
+        let view = match self.view_by_name.get(&canonical) {
+            Some(&view) => view,
+            None => {
+                let indexes = (self.selector == Selector::Indexed).then(|| {
+                    let slots = self.gpus.len() as u32;
+                    [policy.new_index(slots), policy.new_index(slots)]
+                });
+                self.views.push(Views { policy, indexes });
+                let view = self.views.len() - 1;
+                if !self.views_stale {
+                    for slot in 0..self.gpus.len() as u32 {
+                        self.index_into(view, slot);
+                    }
+                }
+                self.view_by_name.insert(canonical, view);
+                view
+            }
+        };
+        self.view_by_name.insert(name.to_owned(), view);
+        Ok(view)
+    }
+
+    fn rebuild_views(&mut self) {
+        let slots = self.gpus.len() as u32;
+        for views in &mut self.views {
+            if let Some(indexes) = &mut views.indexes {
+                *indexes = [views.policy.new_index(slots), views.policy.new_index(slots)];
+            }
+        }
+        self.views_stale = false;
+        for view in 0..self.views.len() {
+            for slot in 0..slots {
+                self.index_into(view, slot);
+            }
+        }
+    }
+
+    fn candidate(&self, slot: u32) -> Candidate {
+        let gpu = &self.gpus[slot as usize];
+        let host = &self.hosts[gpu.host as usize];
+        Candidate {
+            slot,
+            free_mib: gpu.free_mib(),
+            total_mib: gpu.spec.memory_mib,
+            cgpus: gpu.cgpus,
+            jobs: gpu.jobs,
+            host_vms: host.vms,
+            host_seq: gpu.host,
+        }
+    }
+
+    /// Whether the slot may take new cGPUs at all: its host is schedulable and the slot is not hidden.
+    fn eligible(&self, slot: u32) -> bool {
+        let gpu = &self.gpus[slot as usize];
+        self.hosts[gpu.host as usize].state == HostState::Schedulable && !self.masked[slot as usize]
+    }
+
+    fn index_into(&mut self, view: usize, slot: u32) {
+        if !self.eligible(slot) {
+            return;
+        }
+        let candidate = self.candidate(slot);
+        let gpu = &self.gpus[slot as usize];
+        let (shared, exclusive) = (gpu.can_take_shared(), gpu.is_idle());
+        if let Some(indexes) = &mut self.views[view].indexes {
+            if shared {
+                indexes[SHARED].insert(&candidate);
+            }
+            if exclusive {
+                indexes[EXCLUSIVE].insert(&candidate);
+            }
+        }
+    }
+
+    fn unindex_from(&mut self, view: usize, slot: u32) {
+        if !self.eligible(slot) {
+            return;
+        }
+        let candidate = self.candidate(slot);
+        let gpu = &self.gpus[slot as usize];
+        let (shared, exclusive) = (gpu.can_take_shared(), gpu.is_idle());
+        if let Some(indexes) = &mut self.views[view].indexes {
+            if shared {
+                indexes[SHARED].remove(&candidate);
+            }
+            if exclusive {
+                indexes[EXCLUSIVE].remove(&candidate);
+            }
+        }
+    }
+
+    /// Runs `change`, which may alter anything the slots' candidates depend on, keeping indexes right.
+    fn reindexing(&mut self, slots: &[u32], change: impl FnOnce(&mut Self)) {
+        let live = !self.views_stale && self.selector == Selector::Indexed;
+        if live {
+            for view in 0..self.views.len() {
+                for &slot in slots {
+                    self.unindex_from(view, slot);
+                }
+            }
+        }
+        change(self);
+        if live {
+            for view in 0..self.views.len() {
+                for &slot in slots {
+                    self.index_into(view, slot);
+                }
+            }
+        }
+    }
+
+    fn set_masked(&mut self, slots: &[u32], masked: bool) {
+        self.reindexing(slots, |pool| {
+            for &slot in slots {
+                pool.masked[slot as usize] = masked;
+            }
+        });
+    }
+
+    /// Books one cGPU on `slot`. `new_gpu`/`new_host`: the VM had no cGPU on this GPU/host before.
+    fn take(&mut self, slot: u32, memory: u64, mode: Mode, new_gpu: bool, new_host: bool) {
+        self.reindexing(&[slot], |pool| {
+            let gpu = &mut pool.gpus[slot as usize];
+            gpu.used_mib += memory;
+            gpu.cgpus += 1;
+            gpu.exclusive = mode == Mode::Exclusive;
+            gpu.jobs += u32::from(new_gpu);
+        });
+        if new_host {
+            let host = self.gpus[slot as usize].host as usize;
+            let slots = self.hosts[host].slots.clone();
+            self.reindexing(&slots, |pool| pool.hosts[host].vms += 1);
+        }
+    }
+
+    fn untake(
+        &mut self,
+        slot: u32,
+        memory: u64,
+        mode: Mode,
+        last_on_gpu: bool,
+        last_on_host: bool,
+    ) {
+        self.reindexing(&[slot], |pool| {
+            let gpu = &mut pool.gpus[slot as usize];
+            gpu.used_mib -= memory;
+            gpu.cgpus -= 1;
+            if mode == Mode::Exclusive {
+                gpu.exclusive = false;
+            }
+            gpu.jobs -= u32::from(last_on_gpu);
+        });
+        if last_on_host {
+            let host = self.gpus[slot as usize].host as usize;
+            let slots = self.hosts[host].slots.clone();
+            self.reindexing(&slots, |pool| pool.hosts[host].vms -= 1);
+        }
+    }
+
+    /// The policy's choice for the next cGPU, among all GPUs or among `within`.
+    fn select(&self, view: usize, request: &Request, within: Option<&[u32]>) -> Option<u32> {
+        let need = request_need(request);
+        let mode = request.mode;
+        if let Some(slots) = within {
+            return self.scan(view, mode, need, slots.iter().copied());
+        }
+        let all = 0..self.gpus.len() as u32;
+        match self.selector {
+            Selector::Indexed => {
+                let indexes =
+                    self.views[view].indexes.as_ref().expect("indexed views have indexes");
+                indexes[view_of(mode)].best(need)
+            }
+            Selector::Scan => self.scan(view, mode, need, all),
+            Selector::SortEachRequest => {
+                let policy = &self.views[view].policy;
+                let mut candidates: Vec<Candidate> = all
+                    .filter(|&s| self.eligible(s) && self.gpus[s as usize].takes(mode))
+                    .map(|s| self.candidate(s))
+                    .collect();
+                candidates.sort_by(|a, b| policy.compare(a, b));
+                candidates.iter().find(|c| c.free_mib >= need).map(|c| c.slot)
+            }
+        }
+    }
+
+    fn scan(
+        &self,
+        view: usize,
+        mode: Mode,
+        need: u64,
+        slots: impl Iterator<Item = u32>,
+    ) -> Option<u32> {
+        let policy = &self.views[view].policy;
+        slots
+            .filter(|&s| {
+                self.eligible(s)
+                    && self.gpus[s as usize].takes(mode)
+                    && self.gpus[s as usize].free_mib() >= need
+            })
+            .map(|s| self.candidate(s))
+            .min_by(|a, b| policy.compare(a, b))
+            .map(|c| c.slot)
+    }
+
+    fn limits(&mut self) -> Limits {
+        if let Some(limits) = self.limits {
+            return limits;
+        }
+        let mut limits = Limits::default();
+        for host in &self.hosts {
+            let schedulable = host.state == HostState::Schedulable;
+            limits.rgpu_host_registered |= host.kind == HostKind::ComputeRgpu;
+            limits.schedulable_rgpu_host |= schedulable && host.kind == HostKind::ComputeRgpu;
+            limits.schedulable_agent_host |= schedulable && host.kind.has_agent();
+            limits.max_gpus_per_host = limits.max_gpus_per_host.max(host.slots.len() as u32);
+            let memory: u64 =
+                host.slots.iter().map(|&s| self.gpus[s as usize].spec.memory_mib).sum();
+            limits.max_host_mib = limits.max_host_mib.max(memory);
+        }
+        limits.max_gpu_mib = self.gpus.iter().map(|g| g.spec.memory_mib).max().unwrap_or(0);
+        self.limits = Some(limits);
+        limits
+    }
+
+    /// Checks the pool's bookkeeping against what the VMs hold. For tests and audits.
+    pub fn audit(&self) -> Result<(), String> {
+        let mut used = vec![0u64; self.gpus.len()];
+        let mut cgpus = vec![0u32; self.gpus.len()];
+        let mut exclusive = vec![false; self.gpus.len()];
+        let mut jobs = vec![0u32; self.gpus.len()];
+        let mut host_vms = vec![0u32; self.hosts.len()];
+        for placement in self.vms.values() {
+            let mut gpus = HashSet::new();
+            let mut hosts = HashSet::new();
+            for cgpu in &placement.cgpus {
+                let slot =
+                    *self.gpu_by_id.get(&cgpu.gpu).ok_or("placement on unknown GPU")? as usize;
+                used[slot] += cgpu.memory_mib;
+                cgpus[slot] += 1;
+                exclusive[slot] |= cgpu.mode == Mode::Exclusive;
+                if gpus.insert(slot) {
+                    jobs[slot] += 1;
+                }
+                if hosts.insert(self.gpus[slot].host) {
+                    host_vms[self.gpus[slot].host as usize] += 1;
+                }
+            }
+        }
+        for (slot, gpu) in self.gpus.iter().enumerate() {
+            let id = &gpu.spec.id;
+            if gpu.used_mib != used[slot] || gpu.cgpus != cgpus[slot] || gpu.jobs != jobs[slot] {
+                return Err(format!("GPU {id}: bookkeeping differs from the VMs' placements"));
+            }
+            if gpu.used_mib > gpu.spec.memory_mib {
+                return Err(format!(
+                    "GPU {id}: {} MiB allocated of {}",
+                    gpu.used_mib, gpu.spec.memory_mib
+                ));
+            }
+            if gpu.exclusive != exclusive[slot]
+                || (gpu.exclusive && (gpu.cgpus != 1 || gpu.used_mib != gpu.spec.memory_mib))
+            {
+                return Err(format!("GPU {id}: exclusive GPU shared or partly booked"));
+            }
+        }
+        for (h, host) in self.hosts.iter().enumerate() {
+            if host.vms != host_vms[h] {
+                return Err(format!(
+                    "host {}: {} VMs booked, {} placed",
+                    host.id, host.vms, host_vms[h]
+                ));
+            }
+        }
+        if self.masked.iter().any(|&m| m) {
+            return Err("slots left hidden after a placement".into());
+        }
+        Ok(())
+    }
+}
+
+/// Memory a cGPU books on `gpu`: its share when shared, the whole GPU when exclusive.
+fn request_memory(request: &Request, gpu: &GpuEntry) -> u64 {
+    match request.mode {
+        Mode::Shared => request.gpu_memory_mib.expect("validated: shared requests have memory"),
+        Mode::Exclusive => gpu.spec.memory_mib,
+    }
+}
+
+/// Free memory a GPU needs to take one cGPU of `request` (idle GPUs have all their memory free).
+fn request_need(request: &Request) -> u64 {
+    request.gpu_memory_mib.unwrap_or(1)
+}
+
+fn validate(request: &Request, limits: &Limits) -> Result<(), Error> {
+    let n = request.ncgpus;
+    if n == 0 {
+        return Err(Error::invalid("ncgpus", "must be at least 1"));
+    }
+    if n > MAX_CGPUS_PER_VM {
+        return Err(Error::invalid(
+            "ncgpus",
+            format!("{n} is more than the {MAX_CGPUS_PER_VM} cGPUs a VM may have"),
+        ));
+    }
+    match (request.mode, request.gpu_memory_mib) {
+        (_, Some(0)) => return Err(Error::invalid("gpu_memory_mib", "must be at least 1 MiB")),
+        (Mode::Shared, None) => {
+            return Err(Error::invalid("gpu_memory_mib", "is required in shared mode"));
+        }
+        (_, Some(mib)) if limits.max_gpu_mib > 0 && mib > limits.max_gpu_mib => {
+            return Err(Error::invalid(
+                "gpu_memory_mib",
+                format!("{mib} MiB is more than the largest GPU has ({} MiB)", limits.max_gpu_mib),
+            ));
+        }
+        _ => {}
+    }
+    match request.locality {
+        Locality::Local if limits.max_gpus_per_host > 0 => {
+            let one_per_gpu = request.mode == Mode::Exclusive || request.distinct_gpus;
+            if one_per_gpu && n > limits.max_gpus_per_host {
+                return Err(Error::invalid(
+                    "ncgpus",
+                    format!(
+                        "{n} cGPUs on one GPU each cannot be local: no host has more than {} GPUs",
+                        limits.max_gpus_per_host
+                    ),
+                ));
+            }
+            let mib = request.gpu_memory_mib.unwrap_or(0);
+            if request.mode == Mode::Shared && u64::from(n) * mib > limits.max_host_mib {
+                return Err(Error::invalid(
+                    "ncgpus",
+                    format!(
+                        "{n} cGPUs of {mib} MiB cannot be local: no host has more than {} MiB of GPU memory",
+                        limits.max_host_mib
+                    ),
+                ));
+            }
+        }
+        Locality::Remote if !limits.rgpu_host_registered => {
+            return Err(Error::invalid(
+                "locality",
+                "remote needs a compute-rgpu host, and none is registered",
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! Properties over random pools and random sequences of placements, releases and host changes, for
+//! every policy: capacity is never exceeded, exclusive GPUs are never shared, placement is all-or-nothing,
+//! release restores, results are deterministic, and the indexed pool decides exactly as the reference
+//! scan and the paper's sort-per-request do.
+
+mod common;
+
+use common::{add_gpu_host, gpu_spec, host};
+use gpgpums::{
+    Error, HostKind, HostState, Locality, Mode, Placement, PolicyRegistry, Pool, Request, Selector,
+    VmId,
+};
+use proptest::prelude::*;
+use uuid::Uuid;
+
+#[derive(Debug, Clone)]
+struct PoolShape {
+    gpu_hosts: Vec<Vec<u64>>,
+    rgpu_hosts: usize,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Place {
+        vm: u8,
+        request: Request,
+        policy: usize,
+    },
+    /// Place and release at once: the pool must be exactly as before.
+    Probe {
+        request: Request,
+        policy: usize,
+    },
+    Release {
+        vm: u8,
+    },
+    SetState {
+        host: usize,
+        state: HostState,
+    },
+    /// A new GPU on an existing compute-gpu host: appended to the pool order or inserted inside it.
+    AddGpu {
+        host: usize,
+        memory_mib: u64,
+    },
+}
+
+fn policies() -> Vec<String> {
+    PolicyRegistry::builtin().known_names()
+}
+
+fn shape() -> impl Strategy<Value = PoolShape> {
+    let sizes = prop::sample::select(vec![1024u64, 2048, 4096, 6000, 8192, 16384]);
+    (prop::collection::vec(prop::collection::vec(sizes, 1..5), 1..5), 0usize..3)
+        .prop_map(|(gpu_hosts, rgpu_hosts)| PoolShape { gpu_hosts, rgpu_hosts })
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    let memory = prop_oneof![Just(None), (1u64..9000).prop_map(Some), Just(Some(4096))];
+    let mode = prop_oneof![Just(Mode::Shared), Just(Mode::Exclusive)];
+    let locality = prop_oneof![Just(Locality::Any), Just(Locality::Local), Just(Locality::Remote)];
+    (0u32..6, memory, mode, locality, any::<bool>()).prop_map(
+        |(ncgpus, gpu_memory_mib, mode, locality, distinct_gpus)| Request {
+            ncgpus,
+            gpu_memory_mib,
+            mode,
+            locality,
+            distinct_gpus,
+        },
+    )
+}
+
+fn op(policies: usize) -> impl Strategy<Value = Op> {
+    let state = prop_oneof![
+        3 => Just(HostState::Schedulable),
+        1 => Just(HostState::Drained),
+        1 => Just(HostState::Unavailable)
+    ];
+    prop_oneof![
+        6 => (0u8..12, request(), 0..policies).prop_map(|(vm, request, policy)| Op::Place { vm, request, policy }),
+        2 => (request(), 0..policies).prop_map(|(request, policy)| Op::Probe { request, policy }),
+        3 => (0u8..12).prop_map(|vm| Op::Release { vm }),
+        1 => (0usize..6, state).prop_map(|(host, state)| Op::SetState { host, state }),
+        1 => (0usize..4, prop::sample::select(vec![2048u64, 8192])).prop_map(|(host, memory_mib)| Op::AddGpu { host, memory_mib }),
+    ]
+}
+
+fn build(shape: &PoolShape, selector: Selector) -> (Pool, Vec<String>) {
+    let mut pool = Pool::with(PolicyRegistry::builtin(), selector);
+    let mut hosts = Vec::new();
+    for (i, sizes) in shape.gpu_hosts.iter().enumerate() {
+        let name = format!("cg{i}");
+        add_gpu_host(&mut pool, &name, sizes);
+        hosts.push(name);
+    }
+    for i in 0..shape.rgpu_hosts {
+        let name = format!("rg{i}");
+        pool.add_host(host(&name), HostKind::ComputeRgpu).unwrap();
+        hosts.push(name);
+    }
+    (pool, hosts)
+}
+
+fn vm_id(n: u8) -> VmId {
+    VmId::from_uuid(Uuid::from_u128(u128::from(n) + 1))
+}
+
+/// What one operation returned, comparable across pools.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Placed(Result<Placement, Error>),
+    Released(Option<Placement>),
+    State,
+}
+
+/// Runs `ops`, checking the per-step properties; returns every outcome.
+fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>, TestCaseError> {
+    let names = policies();
+    let (mut pool, hosts) = build(shape, selector);
+    let mut gpus_per_host: Vec<u32> = shape.gpu_hosts.iter().map(|g| g.len() as u32).collect();
+    let mut outcomes = Vec::with_capacity(ops.len());
+    for op in ops {
+        let before = (pool.gpu_usage(), pool.host_usage());
+        let outcome = match op {
+            Op::Place { vm, request, policy } => {
+                let result = pool.place(vm_id(*vm), request, &names[*policy]);
+                match &result {
+                    Ok(placement) => {
+                        prop_assert_eq!(placement.cgpus.len(), request.ncgpus as usize);
+                        if request.distinct_gpus || request.mode == Mode::Exclusive {
+                            let mut gpus: Vec<_> = placement.cgpus.iter().map(|c| &c.gpu).collect();
+                            gpus.sort();
+                            gpus.dedup();
+                            prop_assert_eq!(gpus.len(), placement.cgpus.len(), "GPUs not distinct");
+                        }
+                        if request.locality == Locality::Local {
+                            let first = &placement.cgpus[0].host;
+                            prop_assert!(placement.cgpus.iter().all(|c| &c.host == first));
+                        }
+                    }
+                    Err(_) => {
+                        prop_assert_eq!(
+                            &(pool.gpu_usage(), pool.host_usage()),
+                            &before,
+                            "failure changed the pool"
+                        )
+                    }
+                }
+                Outcome::Placed(result)
+            }
+            Op::Probe { request, policy } => {
+                let probe = VmId::from_uuid(Uuid::from_u128(u128::MAX));
+                let result = pool.place(probe, request, &names[*policy]);
+                if result.is_ok() {
+                    prop_assert!(pool.release(&probe).is_some());
+                }
+                prop_assert_eq!(
+                    &(pool.gpu_usage(), pool.host_usage()),
+                    &before,
+                    "place+release changed the pool"
+                );
+                Outcome::Placed(result)
+            }
+            Op::Release { vm } => Outcome::Released(pool.release(&vm_id(*vm))),
+            Op::SetState { host: h, state } => {
+                if let Some(name) = hosts.get(*h) {
+                    pool.set_host_state(&host(name), *state).unwrap();
+                }
+                Outcome::State
+            }
+            Op::AddGpu { host: h, memory_mib } => {
+                if let Some(count) = gpus_per_host.get_mut(*h) {
+                    pool.add_gpu(gpu_spec(&host(&hosts[*h]), *count, *memory_mib)).unwrap();
+                    *count += 1;
+                }
+                Outcome::State
+            }
+        };
+        pool.audit().map_err(TestCaseError::fail)?;
+        outcomes.push(outcome);
+    }
+    for vm in 0..12 {
+        pool.release(&vm_id(vm));
+    }
+    prop_assert!(pool
+        .gpu_usage()
+        .iter()
+        .all(|g| g.allocated_mib == 0 && g.cgpus == 0 && g.jobs == 0));
+    prop_assert!(pool.host_usage().iter().all(|h| h.vms == 0));
+    Ok(outcomes)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn indexed_pool_is_safe_deterministic_and_agrees_with_the_reference(
+        shape in shape(),
+        ops in prop::collection::vec(op(policies().len()), 1..60),
+    ) {
+        let indexed = run(&shape, &ops, Selector::Indexed)?;
+        let again = run(&shape, &ops, Selector::Indexed)?;
+        prop_assert_eq!(&indexed, &again, "not deterministic");
+        let scan = run(&shape, &ops, Selector::Scan)?;
+        prop_assert_eq!(&indexed, &scan, "indexed and reference scan disagree");
+        let sort = run(&shape, &ops, Selector::SortEachRequest)?;
+        prop_assert_eq!(&scan, &sort, "reference scan and per-request sort disagree");
+    }
+
+    /// One policy per run, so each policy's own index is exercised over a long history.
+    #[test]
+    fn every_policy_alone_agrees_with_the_reference(
+        shape in shape(),
+        policy in 0..policies().len(),
+        requests in prop::collection::vec((0u8..12, request(), any::<bool>()), 1..80),
+    ) {
+        let ops: Vec<Op> = requests
+            .into_iter()
+            .map(|(vm, request, release)| if release { Op::Release { vm } } else { Op::Place { vm, request, policy } })
+            .collect();
+        let indexed = run(&shape, &ops, Selector::Indexed)?;
+        let scan = run(&shape, &ops, Selector::Scan)?;
+        prop_assert_eq!(indexed, scan);
+    }
+}
