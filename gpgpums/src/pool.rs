@@ -90,13 +90,11 @@ struct Views {
     indexes: Option<[Box<dyn CandidateIndex>; 2]>,
 }
 
-const SHARED: usize = 0;
-const EXCLUSIVE: usize = 1;
-
-fn view_of(mode: Mode) -> usize {
+/// Which of a policy's two indexes serves `mode`: [shared, exclusive].
+fn index_for(mode: Mode) -> usize {
     match mode {
-        Mode::Shared => SHARED,
-        Mode::Exclusive => EXCLUSIVE,
+        Mode::Shared => 0,
+        Mode::Exclusive => 1,
     }
 }
 
@@ -635,35 +633,29 @@ impl Pool {
     }
 
     fn index_into(&mut self, view: usize, slot: u32) {
-        if !self.eligible(slot) {
-            return;
-        }
-        let candidate = self.candidate(slot);
-        let gpu = &self.gpus[slot as usize];
-        let (shared, exclusive) = (gpu.can_take_shared(), gpu.is_idle());
-        if let Some(indexes) = &mut self.views[view].indexes {
-            if shared {
-                indexes[SHARED].insert(&candidate);
-            }
-            if exclusive {
-                indexes[EXCLUSIVE].insert(&candidate);
-            }
-        }
+        self.update_indexes(view, slot, true);
     }
 
     fn unindex_from(&mut self, view: usize, slot: u32) {
+        self.update_indexes(view, slot, false);
+    }
+
+    /// Adds the slot's candidate to (or removes it from) the view's indexes it belongs in: the shared
+    /// one when it can take a shared cGPU, the exclusive one when it is idle.
+    fn update_indexes(&mut self, view: usize, slot: u32, insert: bool) {
         if !self.eligible(slot) {
             return;
         }
         let candidate = self.candidate(slot);
         let gpu = &self.gpus[slot as usize];
-        let (shared, exclusive) = (gpu.can_take_shared(), gpu.is_idle());
+        let belongs = [gpu.can_take_shared(), gpu.is_idle()];
         if let Some(indexes) = &mut self.views[view].indexes {
-            if shared {
-                indexes[SHARED].remove(&candidate);
-            }
-            if exclusive {
-                indexes[EXCLUSIVE].remove(&candidate);
+            for (index, belongs) in indexes.iter_mut().zip(belongs) {
+                match (belongs, insert) {
+                    (false, _) => {}
+                    (true, true) => index.insert(&candidate),
+                    (true, false) => index.remove(&candidate),
+                }
             }
         }
     }
@@ -748,7 +740,7 @@ impl Pool {
             Selector::Indexed => {
                 let indexes =
                     self.views[view].indexes.as_ref().expect("indexed views have indexes");
-                indexes[view_of(mode)].best(need)
+                indexes[index_for(mode)].best(need)
             }
             Selector::Scan => self.scan(view, mode, need, all),
             Selector::SortEachRequest => {
