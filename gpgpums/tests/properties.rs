@@ -191,7 +191,6 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn indexed_pool_is_safe_deterministic_and_agrees_with_the_reference(
