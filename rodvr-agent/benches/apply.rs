@@ -1,0 +1,270 @@
+//! `cargo bench -p rodvr-agent` (as root): how fast the agent programs the kernel, compared with
+//! the naive per-cGPU way (one `nft add rule` process per route, the configuration behind the
+//! dissertation's 0.31 s per cGPU), and what a masked route costs in TCP bulk throughput.
+//! Everything runs in network namespaces the bench creates and deletes.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rodvr_agent::firewall::{Dataplane, Firewall, NftFirewall};
+use rodvr_agent::protocol::VmSource;
+use rodvr_agent::render::{RouteKey, RouteMap, TableParams, Transaction};
+use support::netns::{require_root_tools, veth, Netns};
+
+fn params() -> TableParams {
+    TableParams {
+        masked_range: "100.127.0.0/16".parse().unwrap(),
+        gpu_interface: "gpu0".into(),
+        local_rcuda: vec![],
+    }
+}
+
+/// Route `i`: VM 10.(64 + i / 65536).(i / 256 % 256).(i % 256) -> 100.127.0.1:9000 -> a GPU port.
+fn key(i: u32) -> RouteKey {
+    let vm = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i);
+    RouteKey {
+        source: VmSource::Ip(vm),
+        masked: SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000),
+    }
+}
+
+fn target(i: u32, salt: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(10, 232, 0, 2), 8308 + (i % 8) as u16 + salt)
+}
+
+fn routes(n: u32) -> RouteMap {
+    (0..n).map(|i| (key(i), target(i, 0))).collect()
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn nft(args: &[&str]) {
+    let out = Command::new("nft").args(args).output().expect("run nft");
+    assert!(out.status.success(), "nft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn bench_apply(ns: &Netns) -> Duration {
+    ns.run(|| {
+        let mut fw = NftFirewall::default();
+        println!("\n## Applying the agent's table (one nft transaction), median of 5");
+        println!("| routes | full table replace |");
+        println!("|---:|---:|");
+        let mut at_1000 = Duration::ZERO;
+        for n in [1u32, 100, 1_000, 10_000] {
+            let tx = Transaction::Replace { params: params(), routes: routes(n) };
+            let samples: Vec<Duration> = (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    fw.apply(&tx).unwrap();
+                    t.elapsed()
+                })
+                .collect();
+            let m = median(samples);
+            if n == 1_000 {
+                at_1000 = m;
+            }
+            println!("| {n} | {} |", ms(m));
+        }
+
+        println!("\n## One route changed (element transaction through Dataplane::converge), median of 21");
+        println!("| routes installed | add one | remove one | retarget one (delete + add) |");
+        println!("|---:|---:|---:|---:|");
+        for n in [100u32, 10_000] {
+            let mut dp = Dataplane::new(NftFirewall::default(), params());
+            let base = routes(n);
+            dp.replace(base.clone()).unwrap();
+            let mut time = |change: &dyn Fn(&mut RouteMap, u32)| -> Duration {
+                let samples = (0..21u32)
+                    .map(|round| {
+                        let mut next = base.clone();
+                        change(&mut next, round);
+                        let t = Instant::now();
+                        dp.converge(next).unwrap();
+                        let took = t.elapsed();
+                        dp.converge(base.clone()).unwrap();
+                        took
+                    })
+                    .collect();
+                median(samples)
+            };
+            let add = time(&|m, round| {
+                m.insert(key(n + round), target(round, 0));
+            });
+            let remove = time(&|m, round| {
+                m.remove(&key(round * 37 % n));
+            });
+            let retarget = time(&|m, round| {
+                let i = round * 37 % n;
+                m.insert(key(i), target(i, 100));
+            });
+            println!("| {n} | {} | {} | {} |", ms(add), ms(remove), ms(retarget));
+        }
+        let tx = Transaction::Replace { params: params(), routes: routes(10_000) };
+        let t = Instant::now();
+        let doc = tx.to_nft_string();
+        println!("\n(Rendering the 10,000-route document alone: {}, {} bytes.)", ms(t.elapsed()), doc.len());
+        nft(&["delete", "table", "ip", "rodvr"]);
+        at_1000
+    })
+}
+
+fn bench_naive(ns: &Netns, ours_at_1000: Duration) {
+    ns.run(|| {
+        println!("\n## Naive: one `nft add rule` process per route (per-cGPU configuration)");
+        println!("| routes | total | per route |");
+        println!("|---:|---:|---:|");
+        nft(&["add", "table", "ip", "naive"]);
+        nft(&["add chain ip naive prerouting { type nat hook prerouting priority dstnat; policy accept; }"]);
+        for n in [1u32, 100, 1_000] {
+            nft(&["flush", "chain", "ip", "naive", "prerouting"]);
+            let t = Instant::now();
+            for i in 0..n {
+                let (k, v) = (key(i), target(i, 0));
+                let VmSource::Ip(vm) = k.source else { unreachable!() };
+                let rule = format!(
+                    "add rule ip naive prerouting ip saddr {vm} ip daddr {} tcp dport {} dnat to {v}",
+                    k.masked.ip(),
+                    k.masked.port()
+                );
+                nft(&[rule.as_str()]);
+            }
+            let total = t.elapsed();
+            println!("| {n} | {} | {} |", ms(total), ms(total / n));
+            if n == 1_000 {
+                let ratio = total.as_secs_f64() / ours_at_1000.as_secs_f64();
+                println!("\nAt 1,000 routes the agent's transaction is {ratio:.0}x faster than the naive way.");
+            }
+        }
+        nft(&["delete", "table", "ip", "naive"]);
+    })
+}
+
+const BULK_BYTES: u64 = 2 << 30;
+
+/// Sends `BULK_BYTES` from `client` to `server_addr` (reached at `connect_to`); returns Gbit/s.
+fn bulk(client: &Netns, server: &Netns, listen: &str, connect_to: &str) -> f64 {
+    let listener = server.run(|| TcpListener::bind(listen).unwrap());
+    let receiver = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut buf = vec![0u8; 1 << 18];
+        let mut total = 0u64;
+        loop {
+            let n = conn.read(&mut buf).unwrap();
+            if n == 0 {
+                break total;
+            }
+            total += n as u64;
+        }
+    });
+    let addr: std::net::SocketAddr = connect_to.parse().unwrap();
+    let elapsed = client.run(|| {
+        let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+        let buf = vec![0x5au8; 1 << 18];
+        let t = Instant::now();
+        let mut sent = 0u64;
+        while sent < BULK_BYTES {
+            conn.write_all(&buf).unwrap();
+            sent += buf.len() as u64;
+        }
+        conn.shutdown(std::net::Shutdown::Write).unwrap();
+        drop(conn);
+        t.elapsed()
+    });
+    let received = receiver.join().unwrap();
+    assert_eq!(received, BULK_BYTES);
+    received as f64 * 8.0 / elapsed.as_secs_f64() / 1e9
+}
+
+fn bench_throughput() {
+    let vm = Netns::new("bvm");
+    let ch = Netns::new("bch");
+    let gh = Netns::new("bgh");
+    veth(&vm, "eth0", "10.231.1.2/24", &ch, "tap1", "10.231.1.1/24");
+    veth(&gh, "eth0", "10.232.0.2/24", &ch, "gpu0", "10.232.0.1/24");
+    vm.ip(&["route", "add", "default", "via", "10.231.1.1"]);
+    gh.ip(&["route", "add", "10.231.0.0/16", "via", "10.232.0.1"]);
+    ch.enable_forwarding();
+
+    let mut routes = RouteMap::new();
+    let masked = SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000);
+    routes.insert(
+        RouteKey { source: VmSource::Ip(Ipv4Addr::new(10, 231, 1, 2)), masked },
+        "10.232.0.2:5201".parse().unwrap(),
+    );
+    // OpenStack compute hosts track connections anyway (security groups); this stands in for that.
+    let host_conntrack = |on: bool| {
+        ch.run(|| {
+            let _ = Command::new("nft").args(["delete", "table", "inet", "hostfw"]).output();
+            if on {
+                nft(&["add table inet hostfw"]);
+                nft(&["add chain inet hostfw sg_forward { type filter hook forward priority 10; policy accept; }"]);
+                nft(&["add rule inet hostfw sg_forward ct state established,related accept"]);
+            }
+        })
+    };
+    let agent_table = |on: bool| {
+        ch.run(|| {
+            let _ = Command::new("nft").args(["delete", "table", "ip", "rodvr"]).output();
+            if on {
+                let tx = Transaction::Replace { params: params(), routes: routes.clone() };
+                NftFirewall::default().apply(&tx).unwrap();
+            }
+        })
+    };
+    let (mut raw, mut tracked, mut masked_runs) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..7 {
+        agent_table(false);
+        host_conntrack(false);
+        raw.push(bulk(&vm, &gh, "10.232.0.2:5201", "10.232.0.2:5201"));
+        host_conntrack(true);
+        tracked.push(bulk(&vm, &gh, "10.232.0.2:5201", "10.232.0.2:5201"));
+        agent_table(true);
+        masked_runs.push(bulk(&vm, &gh, "10.232.0.2:5201", "100.127.0.1:9000"));
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let mid = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!("\n## TCP bulk throughput, VM -> GPU host, 2 GiB per run, 7 runs interleaved");
+    println!("| path | best Gbit/s | median Gbit/s | runs |");
+    println!("|---|---:|---:|---|");
+    for (path, runs) in [
+        ("direct, compute host without conntrack", &raw),
+        ("direct, compute host with conntrack (as with security groups)", &tracked),
+        ("masked route (vmap + DNAT + masquerade, host conntrack on)", &masked_runs),
+    ] {
+        println!("| {path} | {:.2} | {:.2} | {runs:.2?} |", best(runs), mid(runs));
+    }
+    let pct = |a: f64, b: f64| 100.0 * a / b;
+    println!(
+        "\nMasked / direct (tracked): {:.1}% best, {:.1}% median; (untracked): {:.1}% best, {:.1}% median",
+        pct(best(&masked_runs), best(&tracked)),
+        pct(mid(&masked_runs), mid(&tracked)),
+        pct(best(&masked_runs), best(&raw)),
+        pct(mid(&masked_runs), mid(&raw)),
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; other harness flags are ignored too.
+    require_root_tools();
+    let ns = Netns::new("bench");
+    let ours = bench_apply(&ns);
+    bench_naive(&ns, ours);
+    drop(ns);
+    bench_throughput();
+}

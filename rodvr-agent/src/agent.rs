@@ -1,0 +1,157 @@
+//! The agent's core: admit, persist, then apply a route table; no HTTP in here.
+//!
+//! A table goes through validation, the ledger's generation rules, the state file and only then the
+//! firewall, so a table that fails any check changes nothing, and a table that was accepted is
+//! re-applied after a restart even if applying it failed the first time. The firewall is a type
+//! parameter: the binary uses `nft`, `gsaasd` and tests use the in-memory firewall.
+//!
+//! [`AgentError`] is the one error type of the agent's API; `server.rs` maps it to HTTP.
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::firewall::{Dataplane, Firewall, FirewallError};
+use crate::protocol::{
+    AppliedState, ApplyOutcome, ApplyStatus, GpuReport, Health, HostKind, HostReport, InvalidEntry,
+    RouteTable,
+};
+use crate::render::route_map;
+use crate::state::{Admission, GenerationConflict, Ledger, StateFileError};
+use gpgpums::ids::HostId;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("missing or invalid controller token")]
+    Unauthorized,
+    #[error("request body is not a route table: {0}")]
+    Malformed(String),
+    #[error("invalid route table")]
+    Invalid(#[source] InvalidEntry),
+    #[error("generation conflict")]
+    Conflict(#[source] GenerationConflict),
+    #[error("could not persist the route table")]
+    Persist(#[source] StateFileError),
+    #[error("could not apply the route table")]
+    Apply(#[source] FirewallError),
+}
+
+/// Static facts about the host reported to the controller.
+#[derive(Debug, Clone)]
+pub struct HostFacts {
+    pub host: HostId,
+    pub kind: HostKind,
+    pub agent_url: String,
+    pub gpus: Vec<GpuReport>,
+}
+
+#[derive(Debug)]
+struct Inner<F> {
+    ledger: Ledger,
+    dataplane: Dataplane<F>,
+    applied_generation: Option<u64>,
+    apply_error: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct Agent<F> {
+    inner: Mutex<Inner<F>>,
+    facts: HostFacts,
+}
+
+impl<F: Firewall> Agent<F> {
+    pub fn new(ledger: Ledger, dataplane: Dataplane<F>, facts: HostFacts) -> Self {
+        let inner = Inner { ledger, dataplane, applied_generation: None, apply_error: None };
+        Self { inner: Mutex::new(inner), facts }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<F>> {
+        // A panic while holding the lock leaves nothing half-done that the next apply does not
+        // redo from the ledger, so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits, persists and applies `table`. Blocking: runs `nft` for the real firewall.
+    pub fn put_table(&self, table: RouteTable) -> Result<ApplyStatus, AgentError> {
+        let mut inner = self.lock();
+        let masked_range = inner.dataplane.params().masked_range;
+        table.validate(Some(masked_range)).map_err(AgentError::Invalid)?;
+        let admission = inner.ledger.admit(&table).map_err(AgentError::Conflict)?;
+        let status = ApplyStatus {
+            generation: table.generation,
+            routes: table.routes.len(),
+            outcome: match admission {
+                Admission::New => ApplyOutcome::Applied,
+                Admission::Unchanged => ApplyOutcome::Unchanged,
+            },
+        };
+        if admission == Admission::Unchanged && inner.applied_generation == Some(table.generation) {
+            return Ok(status);
+        }
+        let routes = route_map(&table.routes);
+        if admission == Admission::New {
+            inner.ledger.persist(table).map_err(AgentError::Persist)?;
+        }
+        inner.apply(routes, false)?;
+        Ok(status)
+    }
+
+    /// Rebuilds the whole table from the ledger (agent start, retries after a failed apply).
+    pub fn reapply(&self) -> Result<(), AgentError> {
+        let mut inner = self.lock();
+        let routes = route_map(inner.ledger.current().map_or(&[][..], |t| &t.routes));
+        inner.apply(routes, true)
+    }
+
+    /// Whether the ledger holds a table the firewall does not.
+    pub fn needs_apply(&self) -> bool {
+        let inner = self.lock();
+        inner.ledger.current().map(|t| t.generation) != inner.applied_generation
+    }
+
+    pub fn state(&self) -> AppliedState {
+        let inner = self.lock();
+        AppliedState {
+            desired: inner.ledger.current().cloned(),
+            applied_generation: inner.applied_generation,
+            apply_error: inner.apply_error.clone(),
+        }
+    }
+
+    pub fn health(&self) -> Health {
+        Health { status: "ok".into(), applied_generation: self.lock().applied_generation }
+    }
+
+    pub fn host_report(&self) -> HostReport {
+        HostReport {
+            host: self.facts.host.clone(),
+            kind: self.facts.kind,
+            agent_url: self.facts.agent_url.clone(),
+            gpus: self.facts.gpus.clone(),
+            applied_generation: self.lock().applied_generation,
+        }
+    }
+
+    /// Runs `f` on the firewall (e.g. to inspect the in-memory one).
+    pub fn with_firewall<R>(&self, f: impl FnOnce(&mut F) -> R) -> R {
+        f(self.lock().dataplane.firewall_mut())
+    }
+}
+
+impl<F: Firewall> Inner<F> {
+    fn apply(&mut self, routes: crate::render::RouteMap, full: bool) -> Result<(), AgentError> {
+        let generation = self.ledger.current().map(|t| t.generation);
+        let result =
+            if full { self.dataplane.replace(routes) } else { self.dataplane.converge(routes) };
+        match result {
+            Ok(()) => {
+                self.applied_generation = generation;
+                self.apply_error = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.applied_generation = None;
+                self.apply_error = Some("the host firewall refused or failed the table".into());
+                Err(AgentError::Apply(e))
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Typed HTTP clients for both directions of the agent protocol.
+//!
+//! [`AgentClient`] is what the controller (`gsaasd`) uses to push tables, read them back and check
+//! health; it signs a short-lived token per request. [`ControllerClient`] is what the agent uses to
+//! register and heartbeat; it presents the agent's own bearer token. Neither retries: the caller's
+//! reconciler or heartbeat loop is the retry.
+
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder, Response};
+use serde::de::DeserializeOwned;
+
+use crate::auth::TokenSigner;
+use crate::protocol::{AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable};
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const TOKEN_TTL: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("request to {url} failed")]
+    Transport { url: String, source: reqwest::Error },
+    #[error("{url} answered {status}: {message}")]
+    Status { url: String, status: u16, message: String },
+}
+
+impl ClientError {
+    /// The HTTP status, when the server answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Status { status, .. } => Some(*status),
+            Self::Transport { .. } => None,
+        }
+    }
+}
+
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .expect("a plain HTTP client always builds")
+}
+
+async fn send<T: DeserializeOwned>(url: String, request: RequestBuilder) -> Result<T, ClientError> {
+    let transport = |source| ClientError::Transport { url: url.clone(), source };
+    let response: Response = request.send().await.map_err(transport)?;
+    let status = response.status();
+    if status.is_success() {
+        return response.json().await.map_err(transport);
+    }
+    let message = match response.json::<ErrorBody>().await {
+        Ok(body) => body.error,
+        Err(_) => status.canonical_reason().unwrap_or("error").to_owned(),
+    };
+    Err(ClientError::Status { url, status: status.as_u16(), message })
+}
+
+/// The controller's client for one agent.
+#[derive(Debug, Clone)]
+pub struct AgentClient {
+    http: reqwest::Client,
+    base: String,
+    signer: TokenSigner,
+}
+
+impl AgentClient {
+    /// `base` is the agent URL it reported, e.g. `http://10.0.0.11:7450`.
+    pub fn new(base: impl Into<String>, signer: TokenSigner) -> Self {
+        let base = base.into().trim_end_matches('/').to_owned();
+        Self { http: http_client(), base, signer }
+    }
+
+    fn request(&self, method: Method, path: &str) -> (String, RequestBuilder) {
+        let url = format!("{}{path}", self.base);
+        let req = self.http.request(method, &url).bearer_auth(self.signer.sign(TOKEN_TTL));
+        (url, req)
+    }
+
+    /// Pushes the host's complete route table.
+    pub async fn put_routes(&self, table: &RouteTable) -> Result<ApplyStatus, ClientError> {
+        let (url, req) = self.request(Method::PUT, "/v1/routes");
+        send(url, req.json(table)).await
+    }
+
+    /// Reads back what the agent holds and applied.
+    pub async fn routes(&self) -> Result<AppliedState, ClientError> {
+        let (url, req) = self.request(Method::GET, "/v1/routes");
+        send(url, req).await
+    }
+
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        let (url, req) = self.request(Method::GET, "/v1/health");
+        send(url, req).await
+    }
+
+    pub async fn host(&self) -> Result<HostReport, ClientError> {
+        let (url, req) = self.request(Method::GET, "/v1/host");
+        send(url, req).await
+    }
+}
+
+/// The agent's client for the controller.
+#[derive(Debug, Clone)]
+pub struct ControllerClient {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl ControllerClient {
+    pub fn new(base: impl Into<String>, token: impl Into<String>) -> Self {
+        let base = base.into().trim_end_matches('/').to_owned();
+        Self { http: http_client(), base, token: token.into() }
+    }
+
+    /// Registers the host or refreshes its registration (`PUT /v1/hosts/{host}`); the response
+    /// body is ignored.
+    pub async fn register(&self, report: &HostReport) -> Result<(), ClientError> {
+        let url = format!("{}/v1/hosts/{}", self.base, report.host);
+        let req = self.http.put(&url).bearer_auth(&self.token).json(report);
+        let transport = |source| ClientError::Transport { url: url.clone(), source };
+        let response = req.send().await.map_err(transport)?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let message = match response.json::<ErrorBody>().await {
+            Ok(body) => body.error,
+            Err(_) => status.canonical_reason().unwrap_or("error").to_owned(),
+        };
+        Err(ClientError::Status { url, status: status.as_u16(), message })
+    }
+}

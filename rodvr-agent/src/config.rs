@@ -1,0 +1,175 @@
+//! The agent's TOML config file.
+//!
+//! Everything host-specific that the controller must not decide lives here: the masked range, the
+//! GPU-network interface, where the state file and the controller's public key are, and (for hosts
+//! without an NVIDIA driver) the GPU inventory. Errors always name the file.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpgpums::ids::HostId;
+use serde::Deserialize;
+
+use crate::protocol::Ipv4Cidr;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path} is invalid")]
+    Parse { path: PathBuf, source: toml::de::Error },
+    #[error("config file {path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This host's name as the cloud knows it.
+    pub host: HostId,
+    /// Address the agent's API listens on (port 0: any free port, printed at start).
+    pub listen: SocketAddr,
+    /// URL the controller uses to reach this agent; defaults to `http://{listen}`.
+    #[serde(default)]
+    pub advertise_url: Option<String>,
+    /// Where the accepted route table is persisted.
+    pub state_file: PathBuf,
+    /// PEM file with the controller's Ed25519 public key.
+    pub controller_public_key: PathBuf,
+    /// Addresses handed to VMs as masked endpoints.
+    pub masked_range: Ipv4Cidr,
+    /// The host's interface on the GPU network.
+    pub gpu_interface: String,
+    /// The `nft` program and leading arguments (default `["nft"]`).
+    #[serde(default = "default_nft_command")]
+    pub nft_command: Vec<String>,
+    /// Seconds between re-applications of a table that failed to apply.
+    #[serde(default = "default_retry_secs")]
+    pub retry_interval_secs: u64,
+    #[serde(default)]
+    pub controller: Option<ControllerConfig>,
+    #[serde(default)]
+    pub rcuda: Option<RcudaConfig>,
+    /// GPUs of this host when NVML is not available.
+    #[serde(default)]
+    pub gpus: Vec<GpuConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    pub url: String,
+    /// Bearer token the agent presents to the controller.
+    pub token: String,
+    #[serde(default = "default_heartbeat_secs")]
+    pub heartbeat_interval_secs: u64,
+}
+
+impl ControllerConfig {
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_secs(self.heartbeat_interval_secs)
+    }
+}
+
+/// Where this host's rCUDA daemons listen: one per GPU, on `base_port + index`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RcudaConfig {
+    /// This host's address on the GPU network.
+    pub address: Ipv4Addr,
+    #[serde(default = "default_rcuda_port")]
+    pub base_port: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    /// Defaults to `{host}:gpu{index}`.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Defaults to `rcuda.base_port + index`.
+    #[serde(default)]
+    pub rcuda_port: Option<u16>,
+}
+
+fn default_nft_command() -> Vec<String> {
+    vec!["nft".into()]
+}
+fn default_retry_secs() -> u64 {
+    10
+}
+fn default_heartbeat_secs() -> u64 {
+    10
+}
+fn default_rcuda_port() -> u16 {
+    8308
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses `text`; `path` is only used to name the file in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text)
+            .map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
+        let invalid = |reason: String| ConfigError::Invalid { path: path.to_owned(), reason };
+        if config.nft_command.is_empty() {
+            return Err(invalid("nft_command must name a program".into()));
+        }
+        if config.gpu_interface.is_empty() || config.gpu_interface.len() > 15 {
+            return Err(invalid("gpu_interface must be 1 to 15 bytes long".into()));
+        }
+        if config.retry_interval_secs == 0 {
+            return Err(invalid("retry_interval_secs must be at least 1".into()));
+        }
+        if let Some(c) = &config.controller {
+            if c.heartbeat_interval_secs == 0 {
+                return Err(invalid(
+                    "controller.heartbeat_interval_secs must be at least 1".into(),
+                ));
+            }
+        }
+        if !config.gpus.is_empty() && config.rcuda.is_none() {
+            return Err(invalid(
+                "gpus are listed but [rcuda] (their server address) is not".into(),
+            ));
+        }
+        Ok(config)
+    }
+
+    pub fn agent_url(&self, bound: SocketAddr) -> String {
+        self.advertise_url.clone().unwrap_or_else(|| format!("http://{bound}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/agent.toml");
+        let config = Config::load(&path).unwrap();
+        assert_eq!(config.host.as_str(), "compute-gpu0");
+        assert_eq!(config.masked_range.to_string(), "100.127.0.0/16");
+        assert_eq!(config.gpus.len(), 2);
+        assert_eq!(config.controller.unwrap().heartbeat_interval(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn errors_name_the_file() {
+        let path = Path::new("/etc/rodvr/agent.toml");
+        let err = Config::parse("host = 'x'", path).unwrap_err();
+        assert!(err.to_string().contains("/etc/rodvr/agent.toml"), "{err}");
+        let err = Config::load(Path::new("/nonexistent/agent.toml")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/agent.toml"), "{err}");
+    }
+}

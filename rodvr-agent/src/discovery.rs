@@ -1,0 +1,180 @@
+//! What GPUs this host has and which rCUDA daemon serves each.
+//!
+//! NVML is the truth when an NVIDIA driver is loaded (`nvml-wrapper` loads `libnvidia-ml` at run
+//! time, so the agent builds and runs on hosts without it); otherwise the operator lists the GPUs in
+//! the config file. Both sit behind [`GpuDiscovery`]. Each GPU gets its own rCUDA daemon on
+//! `base_port + index`, so a VM always addresses its cGPU as device 0 and learns nothing about the
+//! host's GPU layout.
+
+use gpgpums::ids::{GpuId, HostId};
+
+use crate::config::{GpuConfig, RcudaConfig};
+use crate::protocol::{GpuReport, HostKind, RcudaEndpoint};
+
+/// A GPU as found, before an rCUDA endpoint is assigned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundGpu {
+    pub index: u32,
+    pub id: Option<String>,
+    pub model: String,
+    pub memory_mib: u64,
+    pub rcuda_port: Option<u16>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("NVML query failed")]
+    Nvml(#[source] nvml_wrapper::error::NvmlError),
+    #[error("GPU id {id:?} is invalid")]
+    BadId { id: String, source: gpgpums::ids::IdError },
+    #[error("GPU {index}'s rCUDA port {base} + {index} is above 65535")]
+    PortOverflow { index: u32, base: u16 },
+    #[error("GPUs were found but no [rcuda] address is configured")]
+    NoRcudaAddress,
+}
+
+pub trait GpuDiscovery: std::fmt::Debug {
+    fn gpus(&self) -> Result<Vec<FoundGpu>, DiscoveryError>;
+}
+
+/// GPUs listed in the config file.
+#[derive(Debug, Clone)]
+pub struct ConfiguredGpus(pub Vec<GpuConfig>);
+
+impl GpuDiscovery for ConfiguredGpus {
+    fn gpus(&self) -> Result<Vec<FoundGpu>, DiscoveryError> {
+        Ok(self
+            .0
+            .iter()
+            .map(|g| FoundGpu {
+                index: g.index,
+                id: g.id.clone(),
+                model: g.model.clone(),
+                memory_mib: g.memory_mib,
+                rcuda_port: g.rcuda_port,
+            })
+            .collect())
+    }
+}
+
+/// GPUs reported by the NVIDIA driver.
+pub struct NvmlGpus(nvml_wrapper::Nvml);
+
+impl std::fmt::Debug for NvmlGpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NvmlGpus")
+    }
+}
+
+impl NvmlGpus {
+    /// `None` when no NVIDIA driver is present.
+    pub fn open() -> Option<Self> {
+        nvml_wrapper::Nvml::init().ok().map(Self)
+    }
+}
+
+impl GpuDiscovery for NvmlGpus {
+    fn gpus(&self) -> Result<Vec<FoundGpu>, DiscoveryError> {
+        let count = self.0.device_count().map_err(DiscoveryError::Nvml)?;
+        (0..count)
+            .map(|index| {
+                let dev = self.0.device_by_index(index).map_err(DiscoveryError::Nvml)?;
+                Ok(FoundGpu {
+                    index,
+                    id: Some(dev.uuid().map_err(DiscoveryError::Nvml)?),
+                    model: dev.name().map_err(DiscoveryError::Nvml)?,
+                    memory_mib: dev.memory_info().map_err(DiscoveryError::Nvml)?.total >> 20,
+                    rcuda_port: None,
+                })
+            })
+            .collect()
+    }
+}
+
+/// NVML when a driver is present, the config file otherwise.
+pub fn default_discovery(configured: &[GpuConfig]) -> Box<dyn GpuDiscovery> {
+    match NvmlGpus::open() {
+        Some(nvml) => Box::new(nvml),
+        None => Box::new(ConfiguredGpus(configured.to_vec())),
+    }
+}
+
+/// Assigns each found GPU its id and rCUDA endpoint.
+pub fn inventory(
+    host: &HostId,
+    found: Vec<FoundGpu>,
+    rcuda: Option<&RcudaConfig>,
+) -> Result<Vec<GpuReport>, DiscoveryError> {
+    found
+        .into_iter()
+        .map(|g| {
+            let rcuda = rcuda.ok_or(DiscoveryError::NoRcudaAddress)?;
+            let id = match g.id {
+                Some(id) => {
+                    GpuId::new(id.clone()).map_err(|source| DiscoveryError::BadId { id, source })?
+                }
+                None => GpuId::on_host(host, g.index),
+            };
+            let port = match g.rcuda_port {
+                Some(p) => p,
+                None => u16::try_from(u32::from(rcuda.base_port) + g.index).map_err(|_| {
+                    DiscoveryError::PortOverflow { index: g.index, base: rcuda.base_port }
+                })?,
+            };
+            Ok(GpuReport {
+                id,
+                index: g.index,
+                model: g.model,
+                memory_mib: g.memory_mib,
+                rcuda: RcudaEndpoint { address: rcuda.address, port, gpu_number: 0 },
+            })
+        })
+        .collect()
+}
+
+/// compute-GPU when the host has GPUs, compute-rGPU otherwise.
+pub fn host_kind(gpus: &[GpuReport]) -> HostKind {
+    if gpus.is_empty() {
+        HostKind::ComputeRgpu
+    } else {
+        HostKind::ComputeGpu
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_rcuda_daemon_per_gpu() {
+        let host = HostId::new("cg0").unwrap();
+        let gpus = ConfiguredGpus(vec![
+            GpuConfig {
+                index: 0,
+                model: "K20m".into(),
+                memory_mib: 4800,
+                id: None,
+                rcuda_port: None,
+            },
+            GpuConfig {
+                index: 1,
+                model: "K20m".into(),
+                memory_mib: 4800,
+                id: Some("GPU-1".into()),
+                rcuda_port: None,
+            },
+        ]);
+        let rcuda = RcudaConfig { address: "10.232.0.2".parse().unwrap(), base_port: 8308 };
+        let inv = inventory(&host, gpus.gpus().unwrap(), Some(&rcuda)).unwrap();
+        assert_eq!(inv[0].id.as_str(), "cg0:gpu0");
+        assert_eq!(inv[1].id.as_str(), "GPU-1");
+        assert_eq!(inv[1].rcuda.socket_addr(), "10.232.0.2:8309".parse().unwrap());
+        assert!(inv.iter().all(|g| g.rcuda.gpu_number == 0));
+        assert_eq!(host_kind(&inv), HostKind::ComputeGpu);
+        assert!(matches!(
+            inventory(&host, gpus.gpus().unwrap(), None),
+            Err(DiscoveryError::NoRcudaAddress)
+        ));
+        assert_eq!(host_kind(&[]), HostKind::ComputeRgpu);
+    }
+}

@@ -1,0 +1,169 @@
+//! `rodvr-agent --config PATH`: the RODVR endpoint daemon.
+//!
+//! Start-up order matters: the state file is re-applied before the API listens, so after a reboot
+//! every route is back without the controller. A failed apply is not fatal (the API still serves
+//! read-back, and a retry timer re-applies), while a broken config, key or state file is: those
+//! need an operator. The first line on stdout is `rodvr-agent listening on ADDR`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rodvr_agent::agent::{Agent, HostFacts};
+use rodvr_agent::auth::{KeyError, TokenVerifier};
+use rodvr_agent::client::ControllerClient;
+use rodvr_agent::config::{Config, ConfigError};
+use rodvr_agent::discovery::{default_discovery, host_kind, inventory, DiscoveryError};
+use rodvr_agent::firewall::{Dataplane, Firewall, NftFirewall};
+use rodvr_agent::render::TableParams;
+use rodvr_agent::server::{log_error, router};
+use rodvr_agent::state::{Ledger, StateFileError};
+
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("usage: rodvr-agent --config PATH")]
+    Usage,
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    StateFile(#[from] StateFileError),
+    #[error("cannot read controller public key {path}")]
+    ReadKey { path: PathBuf, source: std::io::Error },
+    #[error("controller public key {path} is unusable")]
+    Key { path: PathBuf, source: KeyError },
+    #[error("GPU discovery failed")]
+    Discovery(#[from] DiscoveryError),
+    #[error("cannot listen on {addr}")]
+    Bind { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error("the API server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+fn config_path() -> Result<PathBuf, StartError> {
+    let mut args = std::env::args_os().skip(1);
+    match (args.next(), args.next(), args.next()) {
+        (Some(flag), Some(path), None) if flag == "--config" => Ok(PathBuf::from(path)),
+        _ => Err(StartError::Usage),
+    }
+}
+
+fn main() -> ExitCode {
+    let result = config_path().and_then(|path| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(StartError::Runtime)?
+            .block_on(run(path))
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log_error("fatal", &e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config_path: PathBuf) -> Result<(), StartError> {
+    let config = Config::load(&config_path)?;
+    let key_path = config.controller_public_key.clone();
+    let pem = std::fs::read(&key_path)
+        .map_err(|source| StartError::ReadKey { path: key_path.clone(), source })?;
+    let verifier = TokenVerifier::from_public_pem(&pem)
+        .map_err(|source| StartError::Key { path: key_path, source })?;
+
+    let found = default_discovery(&config.gpus).gpus()?;
+    let gpus = inventory(&config.host, found, config.rcuda.as_ref())?;
+    let params = TableParams {
+        masked_range: config.masked_range,
+        gpu_interface: config.gpu_interface.clone(),
+        local_rcuda: gpus.iter().map(|g| g.rcuda.socket_addr()).collect(),
+    };
+    let ledger = Ledger::load(&config.state_file)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Bind { addr: config.listen, source })?;
+    let bound =
+        listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+
+    let facts = HostFacts {
+        host: config.host.clone(),
+        kind: host_kind(&gpus),
+        agent_url: config.agent_url(bound),
+        gpus,
+    };
+    let dataplane = Dataplane::new(NftFirewall::new(&config.nft_command), params);
+    let agent = Arc::new(Agent::new(ledger, dataplane, facts));
+
+    reapply(&agent).await;
+    println!("rodvr-agent listening on {bound}");
+
+    tokio::spawn(retry_failed_applies(
+        agent.clone(),
+        Duration::from_secs(config.retry_interval_secs),
+    ));
+    if let Some(controller) = &config.controller {
+        let client = ControllerClient::new(&controller.url, &controller.token);
+        tokio::spawn(heartbeat(agent.clone(), client, controller.heartbeat_interval()));
+    }
+    axum::serve(listener, router(agent, Arc::new(verifier)))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(StartError::Serve)
+}
+
+async fn reapply<F: Firewall + 'static>(agent: &Arc<Agent<F>>) {
+    let agent = agent.clone();
+    let result = tokio::task::spawn_blocking(move || agent.reapply()).await;
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => log_error("re-applying the state file", &e),
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
+    }
+}
+
+async fn retry_failed_applies<F: Firewall + 'static>(agent: Arc<Agent<F>>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if agent.needs_apply() {
+            reapply(&agent).await;
+        }
+    }
+}
+
+async fn heartbeat<F: Firewall + 'static>(
+    agent: Arc<Agent<F>>,
+    client: ControllerClient,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    // A controller that is down must not cause a burst of catch-up heartbeats when it returns.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = client.register(&agent.host_report()).await {
+            log_error("heartbeat to the controller", &e);
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            log_error("cannot watch SIGTERM", &e);
+            std::future::pending::<()>().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

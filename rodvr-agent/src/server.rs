@@ -1,0 +1,130 @@
+//! The agent's HTTP API (axum), and the one place [`AgentError`] becomes an HTTP status.
+//!
+//! Every endpoint, health included, requires a controller token: the agent has nothing to say to
+//! anyone else. Handlers do no retries; applying runs on the blocking pool because `nft` is a
+//! child process. Request bodies are parsed with `serde_path_to_error` so a malformed table is
+//! answered with the path of the bad entry (`routes[2].masked`).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::agent::{Agent, AgentError};
+use crate::auth::TokenVerifier;
+use crate::firewall::Firewall;
+use crate::protocol::{AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable};
+
+/// Large enough for tens of thousands of routes.
+const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// Writes `err` and its whole source chain to stderr.
+pub fn log_error(context: &str, err: &dyn std::error::Error) {
+    let mut line = format!("rodvr-agent: {context}: {err}");
+    let mut source = err.source();
+    while let Some(s) = source {
+        line.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    eprintln!("{line}");
+}
+
+impl IntoResponse for AgentError {
+    fn into_response(self) -> Response {
+        let (status, message) = match &self {
+            Self::Unauthorized => (StatusCode::UNAUTHORIZED, self.to_string()),
+            Self::Malformed(_) => (StatusCode::BAD_REQUEST, self.to_string()),
+            Self::Invalid(entry) => (StatusCode::UNPROCESSABLE_ENTITY, format!("{self}: {entry}")),
+            Self::Conflict(why) => (StatusCode::CONFLICT, format!("{self}: {why}")),
+            Self::Persist(_) => (StatusCode::INTERNAL_SERVER_ERROR, self.to_string()),
+            Self::Apply(_) => (StatusCode::SERVICE_UNAVAILABLE, self.to_string()),
+        };
+        if status.is_server_error() {
+            log_error("request failed", &self);
+        }
+        (status, Json(ErrorBody { error: message })).into_response()
+    }
+}
+
+pub fn router<F: Firewall + 'static>(agent: Arc<Agent<F>>, verifier: Arc<TokenVerifier>) -> Router {
+    Router::new()
+        .route("/v1/health", get(health::<F>))
+        .route("/v1/routes", get(get_routes::<F>).put(put_routes::<F>))
+        .route("/v1/host", get(host::<F>))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(verifier, require_controller))
+        .with_state(agent)
+}
+
+async fn require_controller(
+    State(verifier): State<Arc<TokenVerifier>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, AgentError> {
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match token {
+        Some(token) if verifier.verify(token) => Ok(next.run(request).await),
+        _ => Err(AgentError::Unauthorized),
+    }
+}
+
+async fn health<F: Firewall + 'static>(State(agent): State<Arc<Agent<F>>>) -> Json<Health> {
+    Json(agent.health())
+}
+
+async fn host<F: Firewall + 'static>(State(agent): State<Arc<Agent<F>>>) -> Json<HostReport> {
+    Json(agent.host_report())
+}
+
+async fn get_routes<F: Firewall + 'static>(
+    State(agent): State<Arc<Agent<F>>>,
+) -> Json<AppliedState> {
+    Json(agent.state())
+}
+
+async fn put_routes<F: Firewall + 'static>(
+    State(agent): State<Arc<Agent<F>>>,
+    body: Bytes,
+) -> Result<Json<ApplyStatus>, AgentError> {
+    let table = parse_table(&body)?;
+    match tokio::task::spawn_blocking(move || agent.put_table(table)).await {
+        Ok(result) => result.map(Json),
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
+    }
+}
+
+fn parse_table(body: &[u8]) -> Result<RouteTable, AgentError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        // serde_json's message ends with "at line L column C"; the path says more.
+        let reason = inner.to_string();
+        let reason = reason.split(" at line ").next().unwrap_or(&reason).to_owned();
+        AgentError::Malformed(if path == "." { reason } else { format!("{path}: {reason}") })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_bodies_name_the_entry() {
+        let body = br#"{"generation": 1, "routes": [{"vm": "00000000-0000-0000-0000-000000000001",
+            "vm_ip": "10.0.0.2", "masked": "100.127.0.1:70000", "target": "10.1.0.2:8308"}]}"#;
+        let err = parse_table(body).unwrap_err().to_string();
+        assert!(err.contains("routes[0].masked"), "{err}");
+        let err = parse_table(br#"{"generation": 1, "routes": [{"vm": "x"}]}"#).unwrap_err();
+        assert!(err.to_string().contains("routes[0].vm"), "{err}");
+    }
+}

@@ -1,0 +1,220 @@
+//! The agent's HTTP API in process, over the in-memory firewall: auth, validation, generation
+//! rules, read-back, and restoring from the state file.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpgpums::ids::{HostId, VmId};
+use rodvr_agent::agent::{Agent, HostFacts};
+use rodvr_agent::auth::{TokenSigner, TokenVerifier};
+use rodvr_agent::client::AgentClient;
+use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
+use rodvr_agent::protocol::{ApplyOutcome, HostKind, Route, RouteTable};
+use rodvr_agent::render::TableParams;
+use rodvr_agent::state::Ledger;
+use support::{key_pair, TempDir};
+
+fn params() -> TableParams {
+    TableParams {
+        masked_range: "100.127.0.0/16".parse().unwrap(),
+        gpu_interface: "gpu0".into(),
+        local_rcuda: vec![],
+    }
+}
+
+fn new_agent(state: &TempDir) -> Arc<Agent<MemoryFirewall>> {
+    let ledger = Ledger::load(state.path().join("routes.json")).unwrap();
+    let facts = HostFacts {
+        host: HostId::new("crg0").unwrap(),
+        kind: HostKind::ComputeRgpu,
+        agent_url: "http://agent".into(),
+        gpus: vec![],
+    };
+    Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params()), facts))
+}
+
+async fn serve(agent: Arc<Agent<MemoryFirewall>>, public_pem: &str) -> SocketAddr {
+    let verifier = Arc::new(TokenVerifier::from_public_pem(public_pem.as_bytes()).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = rodvr_agent::server::router(agent, verifier);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn route(vm: u128, ip: &str, masked: &str, target: &str) -> Route {
+    Route {
+        vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
+        vm_ip: Some(ip.parse().unwrap()),
+        vm_tap: None,
+        masked: masked.parse().unwrap(),
+        target: target.parse().unwrap(),
+    }
+}
+
+fn table(generation: u64) -> RouteTable {
+    RouteTable {
+        generation,
+        routes: vec![
+            route(1, "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308"),
+            route(2, "10.0.0.3", "100.127.0.1:9000", "10.1.0.2:8309"),
+        ],
+    }
+}
+
+#[tokio::test]
+async fn only_the_controller_changes_anything() {
+    let state = TempDir::new("api-auth");
+    let (private, public) = key_pair(11);
+    let (impostor, _) = key_pair(12);
+    let agent = new_agent(&state);
+    let addr = serve(agent.clone(), &public).await;
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}/v1/routes");
+
+    let forged = TokenSigner::from_private_pem(impostor.as_bytes(), "x").unwrap();
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let wrong_audience = signer.sign_for("gsaasd", Duration::from_secs(60));
+    for auth in [None, Some(forged.sign(Duration::from_secs(60))), Some(wrong_audience)] {
+        let mut req = http.put(&url).json(&table(1));
+        if let Some(token) = &auth {
+            req = req.bearer_auth(token);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 401, "token {auth:?}");
+        let resp = http.get(format!("http://{addr}/v1/health")).send().await.unwrap();
+        assert_eq!(resp.status(), 401);
+    }
+    assert_eq!(agent.with_firewall(|fw| fw.transactions()), 0);
+    assert!(agent.state().desired.is_none());
+    assert!(!state.path().join("routes.json").exists());
+
+    let client = AgentClient::new(format!("http://{addr}"), signer);
+    assert_eq!(client.put_routes(&table(1)).await.unwrap().outcome, ApplyOutcome::Applied);
+    assert_eq!(client.health().await.unwrap().applied_generation, Some(1));
+}
+
+#[tokio::test]
+async fn bad_tables_and_stale_generations_change_nothing() {
+    let state = TempDir::new("api-gen");
+    let (private, public) = key_pair(13);
+    let agent = new_agent(&state);
+    let addr = serve(agent.clone(), &public).await;
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let client = AgentClient::new(format!("http://{addr}"), signer.clone());
+
+    assert_eq!(client.put_routes(&table(5)).await.unwrap().outcome, ApplyOutcome::Applied);
+    assert_eq!(client.put_routes(&table(5)).await.unwrap().outcome, ApplyOutcome::Unchanged);
+
+    let mut dup = table(6);
+    dup.routes.push(route(1, "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8310"));
+    let err = client.put_routes(&dup).await.unwrap_err();
+    assert_eq!(err.status(), Some(422));
+    assert!(err.to_string().contains("routes[2].masked"), "{err}");
+
+    let mut outside = table(6);
+    outside.routes[1].masked = "192.0.2.1:9000".parse().unwrap();
+    let err = client.put_routes(&outside).await.unwrap_err();
+    assert!(err.to_string().contains("routes[1].masked"), "{err}");
+
+    let raw = r#"{"generation": 6, "routes": [{"vm": "00000000-0000-0000-0000-000000000001",
+        "vm_ip": "10.0.0.2", "masked": "100.127.0.1:9000", "target": "10.1.0.2:65536"}]}"#;
+    let resp = reqwest::Client::new()
+        .put(format!("http://{addr}/v1/routes"))
+        .bearer_auth(signer.sign(Duration::from_secs(60)))
+        .header("content-type", "application/json")
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert!(resp.text().await.unwrap().contains("routes[0].target"));
+
+    let mut different = table(5);
+    different.routes.pop();
+    assert_eq!(client.put_routes(&different).await.unwrap_err().status(), Some(409));
+    assert_eq!(client.put_routes(&table(4)).await.unwrap_err().status(), Some(409));
+
+    let back = client.routes().await.unwrap();
+    assert_eq!(back.desired, Some(table(5)));
+    assert_eq!(back.applied_generation, Some(5));
+    assert_eq!(agent.with_firewall(|fw| fw.table().unwrap().routes.len()), 2);
+
+    // A change of one route is one element transaction, not a table rebuild.
+    let mut next = table(7);
+    next.routes[1].target = "10.1.0.2:8311".parse().unwrap();
+    let before = agent.with_firewall(|fw| fw.transactions());
+    client.put_routes(&next).await.unwrap();
+    let masked = "100.127.0.1:9000".parse().unwrap();
+    let src = "10.0.0.3".parse().unwrap();
+    assert_eq!(
+        agent.with_firewall(|fw| (fw.transactions(), fw.resolve(src, "tap9", masked))),
+        (before + 1, Some("10.1.0.2:8311".parse().unwrap()))
+    );
+    assert_eq!(client.host().await.unwrap().kind, HostKind::ComputeRgpu);
+}
+
+#[tokio::test]
+async fn a_restarted_agent_restores_its_table_from_the_state_file() {
+    let state = TempDir::new("api-restart");
+    let (private, public) = key_pair(14);
+    let first = new_agent(&state);
+    let addr = serve(first, &public).await;
+    let client = AgentClient::new(
+        format!("http://{addr}"),
+        TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
+    );
+    client.put_routes(&table(3)).await.unwrap();
+
+    let second = new_agent(&state);
+    assert!(second.needs_apply());
+    second.reapply().unwrap();
+    assert!(!second.needs_apply());
+    let masked = "100.127.0.1:9000".parse().unwrap();
+    assert_eq!(
+        second.with_firewall(|fw| fw.resolve("10.0.0.2".parse().unwrap(), "tap1", masked)),
+        Some("10.1.0.2:8308".parse().unwrap())
+    );
+    assert_eq!(second.state().applied_generation, Some(3));
+}
+
+#[tokio::test]
+async fn the_agent_registers_with_its_own_token() {
+    use axum::extract::{Path, State};
+    use axum::http::HeaderMap;
+    use rodvr_agent::client::ControllerClient;
+    use rodvr_agent::protocol::HostReport;
+
+    type Seen = tokio::sync::mpsc::UnboundedSender<(String, Option<String>, HostReport)>;
+    async fn put_host(
+        State(seen): State<Seen>,
+        Path(host): Path<String>,
+        headers: HeaderMap,
+        axum::Json(report): axum::Json<HostReport>,
+    ) -> axum::http::StatusCode {
+        let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).map(String::from);
+        seen.send((host, auth, report)).unwrap();
+        axum::http::StatusCode::NO_CONTENT
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let app =
+        axum::Router::new().route("/v1/hosts/{host}", axum::routing::put(put_host)).with_state(tx);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let state = TempDir::new("api-register");
+    let report = new_agent(&state).host_report();
+    let client = ControllerClient::new(format!("http://{addr}/"), "agent-secret");
+    client.register(&report).await.unwrap();
+    let (host, auth, got) = rx.recv().await.unwrap();
+    assert_eq!(host, "crg0");
+    assert_eq!(auth.as_deref(), Some("Bearer agent-secret"));
+    assert_eq!(got, report);
+
+    // An unreachable controller is a transport error (no status) that the heartbeat loop logs.
+    let err = ControllerClient::new("http://127.0.0.1:1", "x").register(&got).await.unwrap_err();
+    assert_eq!(err.status(), None, "{err}");
+}

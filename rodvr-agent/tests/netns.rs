@@ -1,0 +1,400 @@
+//! The real agent binary on the real kernel, in network namespaces this test creates:
+//!
+//! ```text
+//!  vm1 (10.231.1.2) --- tap1 \                        / GPU host (10.232.0.2)
+//!                              compute-rGPU host (ch)    stand-in rCUDA servers :8308 (gpu0)
+//!  vm2 (10.231.2.2) --- tap2 /    gpu0 10.232.0.1 ---   and :8309 (gpu1)
+//! ```
+//!
+//! The GPU host has a route back to the VM subnets and a decoy server on a masked endpoint that
+//! plain routing reaches, so everything the agent blocks would otherwise work (the test checks
+//! that first). Needs root, `ip` and `nft` (CI runs it as root);
+//! without them it fails with a message saying so.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use axum::Json;
+use gpgpums::ids::VmId;
+use rodvr_agent::auth::TokenSigner;
+use rodvr_agent::client::AgentClient;
+use rodvr_agent::protocol::{HostKind, HostReport, Route, RouteTable};
+use serde_json::Value;
+use support::netns::{require_root_tools, veth, Netns};
+use support::{key_pair, TempDir};
+
+const COMPUTE_GPU_SIDE: &str = "10.232.0.1";
+
+struct Topology {
+    vm1: Netns,
+    vm2: Netns,
+    ch: Netns,
+    gh: Netns,
+}
+
+fn topology() -> Topology {
+    let t = Topology {
+        vm1: Netns::new("vm1"),
+        vm2: Netns::new("vm2"),
+        ch: Netns::new("ch"),
+        gh: Netns::new("gh"),
+    };
+    veth(&t.vm1, "eth0", "10.231.1.2/24", &t.ch, "tap1", "10.231.1.1/24");
+    veth(&t.vm2, "eth0", "10.231.2.2/24", &t.ch, "tap2", "10.231.2.1/24");
+    veth(&t.gh, "eth0", "10.232.0.2/24", &t.ch, "gpu0", "10.232.0.1/24");
+    t.vm1.ip(&["route", "add", "default", "via", "10.231.1.1"]);
+    t.vm2.ip(&["route", "add", "default", "via", "10.231.2.1"]);
+    t.gh.ip(&["route", "add", "10.231.0.0/16", "via", COMPUTE_GPU_SIDE]);
+    // A decoy that answers on a masked endpoint, reachable by plain routing: only the agent's
+    // filter stops a VM without that route from getting there.
+    t.gh.ip(&["addr", "add", "100.127.0.1/32", "dev", "lo"]);
+    t.ch.ip(&["route", "add", "100.127.0.0/16", "via", "10.232.0.2"]);
+    t.ch.enable_forwarding();
+    t
+}
+
+/// A TCP server in `ns` that greets every connection with `"{name} {peer ip}\n"`, then echoes
+/// what it receives.
+fn stand_in_rcuda(ns: &Netns, addr: &str, name: &'static str) {
+    let listener = ns.run(|| TcpListener::bind(addr).unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let peer = conn.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+                let _ = writeln!(conn, "{name} {peer}");
+                let mut buf = [0u8; 512];
+                while let Ok(n @ 1..) = conn.read(&mut buf) {
+                    if conn.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// Connects from `ns` to `addr`; the open connection and the server's greeting, or `None` if no
+/// connection could be made within a second.
+fn open(ns: &Netns, addr: &str) -> Option<(BufReader<TcpStream>, String)> {
+    let addr: SocketAddr = addr.parse().unwrap();
+    ns.run(|| {
+        let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+        conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut conn = BufReader::new(conn);
+        let mut line = String::new();
+        conn.read_line(&mut line).ok()?;
+        Some((conn, line.trim().to_owned()))
+    })
+}
+
+/// The greeting of the server a new connection from `ns` to `addr` reaches, if any.
+fn ask(ns: &Netns, addr: &str) -> Option<String> {
+    open(ns, addr).map(|(_, greeting)| greeting)
+}
+
+/// Whether `conn` still carries data both ways (an echo comes back within 2 s).
+fn still_open(conn: &mut BufReader<TcpStream>) -> bool {
+    if conn.get_mut().write_all(b"ping\n").is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    matches!(conn.read_line(&mut line), Ok(n) if n > 0) && line == "ping\n"
+}
+
+/// The agent process; killed on drop.
+struct AgentProcess {
+    child: Child,
+    url: String,
+}
+
+impl AgentProcess {
+    fn start(ns: &Netns, config: &Path) -> Self {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_rodvr-agent"), "--config"])
+            .arg(config)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start rodvr-agent");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut agent = Self { child, url: String::new() };
+        let line = rx.recv_timeout(Duration::from_secs(20)).expect("agent did not start in 20 s");
+        let addr = line.strip_prefix("rodvr-agent listening on ").expect(&line);
+        agent.url = format!("http://{addr}");
+        agent
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs `f` with a client on a runtime whose sockets live in `ns`.
+fn with_client<T: Send>(
+    ns: &Netns,
+    client: &AgentClient,
+    f: impl AsyncFnOnce(&AgentClient) -> T + Send,
+) -> T {
+    ns.run(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(f(client))
+    })
+}
+
+/// PUTs `table` without a token and returns the status.
+fn unsigned_put(ns: &Netns, url: &str, table: &RouteTable) -> u16 {
+    ns.run(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let put = reqwest::Client::new().put(format!("{url}/v1/routes")).json(table).send();
+        rt.block_on(put).unwrap().status().as_u16()
+    })
+}
+
+/// A controller endpoint (`PUT /v1/hosts/{host}`) listening in `ns`; every registration it
+/// receives arrives on the returned channel with its Authorization header.
+fn test_controller(ns: &Netns) -> (SocketAddr, mpsc::Receiver<(Option<String>, HostReport)>) {
+    let listener = ns.run(|| TcpListener::bind("127.0.0.1:0").unwrap());
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            listener.set_nonblocking(true).unwrap();
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let put = move |headers: axum::http::HeaderMap, Json(report): Json<HostReport>| {
+                let auth =
+                    headers.get("authorization").and_then(|v| v.to_str().ok()).map(String::from);
+                let _ = tx.send((auth, report));
+                async { axum::http::StatusCode::NO_CONTENT }
+            };
+            let app = axum::Router::new().route("/v1/hosts/{host}", axum::routing::put(put));
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    (addr, rx)
+}
+
+/// The host's ruleset without the agent's table (handles included, so any change shows).
+fn foreign_ruleset(ns: &Netns) -> Vec<Value> {
+    let out = ns.exec(&["nft", "-j", "list", "ruleset"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    doc["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o.get("metainfo").is_none())
+        .filter(|o| {
+            let obj = o.as_object().unwrap().values().next().unwrap();
+            let table = obj.get("table").or_else(|| obj.get("name")).and_then(Value::as_str);
+            !(obj["family"] == "ip" && table == Some("rodvr"))
+        })
+        .cloned()
+        .collect()
+}
+
+fn route(vm: u128, ip: Option<&str>, tap: Option<&str>, masked: &str, target: &str) -> Route {
+    Route {
+        vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
+        vm_ip: ip.map(|s| s.parse().unwrap()),
+        vm_tap: tap.map(String::from),
+        masked: masked.parse().unwrap(),
+        target: target.parse().unwrap(),
+    }
+}
+
+#[test]
+fn masked_routes_on_the_real_kernel() {
+    require_root_tools();
+    let t = topology();
+    let dir = TempDir::new("netns");
+    stand_in_rcuda(&t.gh, "10.232.0.2:8308", "gpu0");
+    stand_in_rcuda(&t.gh, "10.232.0.2:8309", "gpu1");
+    stand_in_rcuda(&t.gh, "100.127.0.1:9000", "decoy");
+
+    // Without the agent, VM2 reaches the GPU host directly: the test can tell blocked from broken.
+    assert_eq!(ask(&t.vm2, "10.232.0.2:8308").as_deref(), Some("gpu0 10.231.2.2"));
+    assert_eq!(ask(&t.vm2, "100.127.0.1:9000").as_deref(), Some("decoy 10.231.2.2"));
+
+    // A host firewall table the agent must never touch.
+    t.ch.exec(&["nft", "add", "table", "inet", "hostfw"]);
+    t.ch.exec(&[
+        "nft",
+        "add chain inet hostfw input { type filter hook input priority 10; policy accept; }",
+    ]);
+    t.ch.exec(&["nft", "add", "rule", "inet", "hostfw", "input", "tcp", "dport", "22", "accept"]);
+    let host_rules = foreign_ruleset(&t.ch);
+
+    let (private, public) = key_pair(21);
+    std::fs::write(dir.path().join("controller.pub.pem"), public).unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"host = "crg0"
+listen = "127.0.0.1:0"
+state_file = "{dir}/routes.json"
+controller_public_key = "{dir}/controller.pub.pem"
+masked_range = "100.127.0.0/16"
+gpu_interface = "gpu0"
+"#,
+            dir = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let mut agent = AgentProcess::start(&t.ch, &config);
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let client = AgentClient::new(&agent.url, signer.clone());
+
+    let vm1_route = route(1, Some("10.231.1.2"), None, "100.127.0.1:9000", "10.232.0.2:8308");
+    let vm2_route = route(2, None, Some("tap2"), "100.127.0.1:9001", "10.232.0.2:8309");
+    let gen1 = RouteTable { generation: 1, routes: vec![vm1_route.clone(), vm2_route.clone()] };
+    with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
+
+    // VM1 reaches its cGPU through the masked endpoint; the server sees the compute host.
+    let expect_gpu0 = format!("gpu0 {COMPUTE_GPU_SIDE}");
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0.clone()));
+    // VM2 (matched on its tap) reaches its own cGPU, but neither VM1's nor the GPU host.
+    assert_eq!(ask(&t.vm2, "100.127.0.1:9001"), Some(format!("gpu1 {COMPUTE_GPU_SIDE}")));
+    assert_eq!(ask(&t.vm2, "100.127.0.1:9000"), None, "VM2 reached VM1's cGPU");
+    assert_eq!(ask(&t.vm2, "10.232.0.2:8308"), None, "VM2 reached the GPU host directly");
+    assert_eq!(ask(&t.vm1, "10.232.0.2:8309"), None, "VM1 reached the GPU host directly");
+
+    // Unsigned requests change nothing.
+    let empty = RouteTable { generation: 9, routes: vec![] };
+    assert_eq!(unsigned_put(&t.ch, &agent.url, &empty), 401);
+    let back = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
+    assert_eq!((back.applied_generation, back.desired), (Some(1), Some(gen1)));
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0.clone()));
+
+    // Removing the route cuts VM1 off, including a connection it already has open; VM2 is
+    // unaffected.
+    let (mut open_conn, _) = open(&t.vm1, "100.127.0.1:9000").unwrap();
+    assert!(still_open(&mut open_conn));
+    let gen2 = RouteTable { generation: 2, routes: vec![vm2_route.clone()] };
+    with_client(&t.ch, &client, async |c| c.put_routes(&gen2).await.unwrap());
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), None, "VM1 still reaches a removed route");
+    assert!(!still_open(&mut open_conn), "VM1's open connection survived the route's removal");
+    assert_eq!(ask(&t.vm2, "100.127.0.1:9001"), Some(format!("gpu1 {COMPUTE_GPU_SIDE}")));
+
+    let gen3 = RouteTable { generation: 3, routes: vec![vm2_route, vm1_route] };
+    with_client(&t.ch, &client, async |c| c.put_routes(&gen3).await.unwrap());
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0.clone()));
+
+    // Kill the agent and lose the kernel table (as a reboot would): VM1's cGPU is gone (plain
+    // routing now leads to the decoy) until the restarted agent re-applies its state file, with
+    // no controller involved.
+    agent.kill();
+    t.ch.exec(&["nft", "delete", "table", "ip", "rodvr"]);
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some("decoy 10.231.1.2".into()));
+    let agent = AgentProcess::start(&t.ch, &config);
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0));
+    let client = AgentClient::new(&agent.url, signer);
+    let back = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
+    assert_eq!(back.applied_generation, Some(3));
+
+    assert_eq!(foreign_ruleset(&t.ch), host_rules, "the agent changed a table that is not its own");
+}
+
+#[test]
+fn a_local_vm_reaches_the_local_rcuda_server_only_through_its_route() {
+    require_root_tools();
+    // A compute-GPU host (gh) with its own rCUDA servers and a VM (vm3) placed on it.
+    let gh = Netns::new("cgpu");
+    let vm3 = Netns::new("vm3");
+    let other = Netns::new("peer");
+    veth(&vm3, "eth0", "10.233.3.2/24", &gh, "tap3", "10.233.3.1/24");
+    veth(&other, "eth0", "10.232.0.9/24", &gh, "gpu0", "10.232.0.2/24");
+    vm3.ip(&["route", "add", "default", "via", "10.233.3.1"]);
+    gh.enable_forwarding();
+    stand_in_rcuda(&gh, "10.232.0.2:8308", "gpu0");
+    stand_in_rcuda(&gh, "10.232.0.2:8309", "gpu1");
+    assert_eq!(ask(&vm3, "10.232.0.2:8309").as_deref(), Some("gpu1 10.233.3.2"));
+
+    let (controller, registrations) = test_controller(&gh);
+    let dir = TempDir::new("netns-local");
+    let (private, public) = key_pair(22);
+    std::fs::write(dir.path().join("controller.pub.pem"), public).unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"host = "cg0"
+listen = "127.0.0.1:0"
+state_file = "{dir}/routes.json"
+controller_public_key = "{dir}/controller.pub.pem"
+masked_range = "100.127.0.0/16"
+gpu_interface = "gpu0"
+[controller]
+url = "http://{controller}"
+token = "agent-token-cg0"
+heartbeat_interval_secs = 1
+[rcuda]
+address = "10.232.0.2"
+base_port = 8308
+[[gpus]]
+index = 0
+model = "stand-in"
+memory_mib = 1024
+[[gpus]]
+index = 1
+model = "stand-in"
+memory_mib = 1024
+"#,
+            dir = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let agent = AgentProcess::start(&gh, &config);
+    // The agent registers at once, with its own token and its GPU inventory.
+    let (auth, report) =
+        registrations.recv_timeout(Duration::from_secs(10)).expect("no registration");
+    assert_eq!(auth.as_deref(), Some("Bearer agent-token-cg0"));
+    assert_eq!((report.host.as_str(), report.kind), ("cg0", HostKind::ComputeGpu));
+    assert_eq!(report.agent_url, agent.url);
+    assert_eq!(report.gpus.len(), 2);
+    let client = AgentClient::new(
+        &agent.url,
+        TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
+    );
+    let host = with_client(&gh, &client, async |c| c.host().await.unwrap());
+    let ports: Vec<u16> = host.gpus.iter().map(|g| g.rcuda.port).collect();
+    assert_eq!(ports, [8308, 8309]);
+
+    let table = RouteTable {
+        generation: 1,
+        routes: vec![route(3, Some("10.233.3.2"), None, "100.127.0.7:9000", "10.232.0.2:8308")],
+    };
+    with_client(&gh, &client, async |c| c.put_routes(&table).await.unwrap());
+    assert_eq!(ask(&vm3, "100.127.0.7:9000").as_deref(), Some("gpu0 10.233.3.2"));
+    // Heartbeats keep coming and report what is applied.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let reported = std::iter::from_fn(|| {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        registrations.recv_timeout(left).ok()
+    })
+    .any(|(_, report)| report.applied_generation == Some(1));
+    assert!(reported, "no heartbeat reported generation 1 within 10 s");
+    assert_eq!(ask(&vm3, "10.232.0.2:8309"), None, "the local VM reached an rCUDA server directly");
+    assert_eq!(ask(&vm3, "10.232.0.2:8308"), None, "the local VM reached its server unmasked");
+    // Compute-rGPU hosts on the GPU network still reach the local servers.
+    assert_eq!(ask(&other, "10.232.0.2:8309").as_deref(), Some("gpu1 10.232.0.9"));
+}
