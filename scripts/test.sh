@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what the tests need, then runs every test.
-# The network tests build namespaces and nftables rules on the real kernel, so run it as root.
+# The network tests build namespaces and nftables rules on the real kernel, and the storage tests
+# start throwaway PostgreSQL 15 servers as user postgres, so run it as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+[ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh: missing ${need[*]}; run as root so it can install them with apt-get" >&2

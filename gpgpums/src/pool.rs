@@ -127,6 +127,8 @@ pub struct Pool {
     limits: Option<Limits>,
     /// Slots hidden from decisions for the current placement (distinct GPUs, hosts tried for `local`).
     masked: Vec<bool>,
+    /// Counts successful changes, so a caller can tell whether a failed operation touched the pool.
+    changes: u64,
 }
 
 impl Default for Pool {
@@ -155,7 +157,14 @@ impl Pool {
             views_stale: false,
             limits: None,
             masked: Vec::new(),
+            changes: 0,
         }
+    }
+
+    /// How many changes (bookings, releases, inventory) the pool has taken. A failed call leaves it as
+    /// it was, like everything else.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     pub fn registry(&self) -> &PolicyRegistry {
@@ -183,6 +192,7 @@ impl Pool {
             vms: 0,
         });
         self.limits = None;
+        self.changes += 1;
         Ok(())
     }
 
@@ -231,6 +241,7 @@ impl Pool {
         let key = (host, spec.index);
         let at = self.gpus.partition_point(|g| (g.host, g.spec.index) < key);
         let gpu = GpuEntry { spec, host, used_mib: 0, exclusive: false, cgpus: 0, jobs: 0 };
+        self.changes += 1;
         if at < self.gpus.len() {
             // Lands inside the pool order: every later slot moves.
             self.gpus.insert(at, gpu);
@@ -262,6 +273,7 @@ impl Pool {
             return Err(Error::Conflict(format!("GPU {id} still backs {} cGPU(s)", gpu.cgpus)));
         }
         let removed = self.gpus.remove(slot as usize);
+        self.changes += 1;
         self.renumber();
         Ok(removed.spec)
     }
@@ -290,6 +302,7 @@ impl Pool {
         let slots = self.hosts[host as usize].slots.clone();
         self.reindexing(&slots, |pool| pool.hosts[host as usize].state = state);
         self.limits = None;
+        self.changes += 1;
         Ok(())
     }
 
@@ -386,6 +399,7 @@ impl Pool {
         };
         let placement = Placement { vm, policy: self.views[view].policy.name(), vm_host, cgpus };
         self.vms.insert(vm, placement.clone());
+        self.changes += 1;
         Ok(placement)
     }
 
@@ -517,6 +531,7 @@ impl Pool {
             .map(|c| (self.gpu_by_id[&c.gpu], c.memory_mib, c.mode))
             .collect();
         self.untake_all(&booked);
+        self.changes += 1;
         Some(placement)
     }
 
@@ -564,6 +579,7 @@ impl Pool {
             booked.push((slot, cgpu.memory_mib, cgpu.mode));
         }
         self.vms.insert(placement.vm, placement);
+        self.changes += 1;
         Ok(())
     }
 

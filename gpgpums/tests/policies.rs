@@ -64,7 +64,9 @@ fn a_multi_cgpu_request_is_all_or_nothing() {
     paper_testbed(&mut pool);
     place(&mut pool, &Request::shared(3, 4096), "first-fit").unwrap();
     let before = pool.gpu_usage();
+    let changes = pool.changes();
     let err = place(&mut pool, &Request::shared(6, 4096), "first-fit").unwrap_err();
+    assert_eq!(pool.changes(), changes, "a failed placement counts as no change");
     let Error::InsufficientCapacity(shortfall) = err else { panic!("{err:?}") };
     assert_eq!((shortfall.requested, shortfall.placeable), (6, 5));
     assert_eq!(pool.gpu_usage(), before);

@@ -1,0 +1,188 @@
+//! The hosts' RODVR agents, behind one small trait.
+//!
+//! gsaasd pushes each host's complete route table with a generation; the agent persists it and
+//! applies it. Two implementations: [`RemoteAgents`] talks to real `rodvr-agent`s over HTTP with
+//! tokens signed by gsaasd, and [`InProcessAgents`] runs the same agent core inside gsaasd (the
+//! embedded default): the same validation, generation rules, state file and rendering, over the
+//! in-memory firewall instead of the kernel.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use gpgpums::HostId;
+use rodvr_agent::agent::{Agent, AgentError as CoreError, HostFacts};
+use rodvr_agent::auth::TokenSigner;
+use rodvr_agent::client::AgentClient;
+use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
+use rodvr_agent::protocol::{HostKind as AgentHostKind, Ipv4Cidr, RouteTable};
+use rodvr_agent::render::TableParams;
+use rodvr_agent::state::{GenerationConflict, Ledger};
+
+use crate::model::HostRecord;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The agent could not be reached or failed to apply.
+    #[error("agent of host {host} unavailable: {reason}")]
+    Unavailable {
+        host: HostId,
+        reason: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The agent holds a newer generation than the one offered.
+    #[error("agent of host {host} holds a newer table than generation {offered}")]
+    Stale { host: HostId, offered: u64 },
+    /// The agent refused the table (a bug on our side: the table should always be valid).
+    #[error("agent of host {host} refused the table: {reason}")]
+    Refused { host: HostId, reason: String },
+}
+
+#[async_trait]
+pub trait HostAgents: Send + Sync + std::fmt::Debug {
+    /// Pushes `table`, the host's complete route table; Ok once the agent has applied it.
+    async fn apply(&self, host: &HostRecord, table: RouteTable) -> Result<(), AgentError>;
+
+    /// The generation the host's agent has applied, if any (drift detection).
+    async fn applied_generation(&self, host: &HostRecord) -> Result<Option<u64>, AgentError>;
+}
+
+/// Agents inside gsaasd, one per host, each with its own state file under `state_dir`.
+#[derive(Debug)]
+pub struct InProcessAgents {
+    state_dir: PathBuf,
+    masked_range: Ipv4Cidr,
+    agents: Mutex<HashMap<HostId, Arc<Agent<MemoryFirewall>>>>,
+}
+
+impl InProcessAgents {
+    pub fn new(state_dir: PathBuf, masked_range: Ipv4Cidr) -> Self {
+        InProcessAgents { state_dir, masked_range, agents: Mutex::new(HashMap::new()) }
+    }
+
+    fn agent(&self, host: &HostRecord) -> Result<Arc<Agent<MemoryFirewall>>, AgentError> {
+        let mut agents = self.agents.lock().expect("agents lock");
+        if let Some(agent) = agents.get(&host.name) {
+            return Ok(agent.clone());
+        }
+        let unavailable = |reason: String, source: Box<dyn std::error::Error + Send + Sync>| {
+            AgentError::Unavailable { host: host.name.clone(), reason, source: Some(source) }
+        };
+        std::fs::create_dir_all(&self.state_dir)
+            .map_err(|e| unavailable("cannot create its state directory".into(), Box::new(e)))?;
+        let ledger = Ledger::load(self.state_dir.join(format!("{}.json", host.name)))
+            .map_err(|e| unavailable("cannot load its state file".into(), Box::new(e)))?;
+        let params = TableParams {
+            masked_range: self.masked_range,
+            gpu_interface: "gpu0".into(),
+            local_rcuda: vec![],
+        };
+        let facts = HostFacts {
+            host: host.name.clone(),
+            kind: match host.kind {
+                gpgpums::HostKind::ComputeGpu => AgentHostKind::ComputeGpu,
+                _ => AgentHostKind::ComputeRgpu,
+            },
+            agent_url: "in-process".into(),
+            gpus: vec![],
+        };
+        let agent =
+            Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params), facts));
+        if agent.needs_apply() {
+            agent
+                .reapply()
+                .map_err(|e| unavailable("cannot re-apply its state file".into(), Box::new(e)))?;
+        }
+        agents.insert(host.name.clone(), agent.clone());
+        Ok(agent)
+    }
+
+    /// Where `source` reaching `masked` on `host` is sent, per the host's applied table.
+    pub fn resolve(
+        &self,
+        host: &HostRecord,
+        source: std::net::Ipv4Addr,
+        masked: std::net::SocketAddrV4,
+    ) -> Option<std::net::SocketAddrV4> {
+        self.agent(host).ok()?.with_firewall(|fw| fw.resolve(source, "", masked))
+    }
+}
+
+#[async_trait]
+impl HostAgents for InProcessAgents {
+    async fn apply(&self, host: &HostRecord, table: RouteTable) -> Result<(), AgentError> {
+        let offered = table.generation;
+        match self.agent(host)?.put_table(table) {
+            Ok(_) => Ok(()),
+            Err(CoreError::Conflict(GenerationConflict::Older { .. })) => {
+                Err(AgentError::Stale { host: host.name.clone(), offered })
+            }
+            Err(e @ (CoreError::Persist(_) | CoreError::Apply(_))) => {
+                Err(AgentError::Unavailable {
+                    host: host.name.clone(),
+                    reason: e.to_string(),
+                    source: Some(Box::new(e)),
+                })
+            }
+            Err(e) => Err(AgentError::Refused { host: host.name.clone(), reason: e.to_string() }),
+        }
+    }
+
+    async fn applied_generation(&self, host: &HostRecord) -> Result<Option<u64>, AgentError> {
+        Ok(self.agent(host)?.state().applied_generation)
+    }
+}
+
+/// Real agents over HTTP.
+#[derive(Debug)]
+pub struct RemoteAgents {
+    signer: TokenSigner,
+}
+
+impl RemoteAgents {
+    pub fn new(signer: TokenSigner) -> Self {
+        RemoteAgents { signer }
+    }
+
+    fn client(&self, host: &HostRecord) -> Result<AgentClient, AgentError> {
+        let url = host.agent_url.as_deref().ok_or_else(|| AgentError::Unavailable {
+            host: host.name.clone(),
+            reason: "its agent has not registered an address".into(),
+            source: None,
+        })?;
+        Ok(AgentClient::new(url, self.signer.clone()))
+    }
+
+    fn map(host: &HostRecord, offered: u64, e: rodvr_agent::client::ClientError) -> AgentError {
+        match e.status() {
+            Some(409) => AgentError::Stale { host: host.name.clone(), offered },
+            Some(status) if (400..500).contains(&status) => {
+                AgentError::Refused { host: host.name.clone(), reason: e.to_string() }
+            }
+            _ => AgentError::Unavailable {
+                host: host.name.clone(),
+                reason: "request failed".into(),
+                source: Some(Box::new(e)),
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl HostAgents for RemoteAgents {
+    async fn apply(&self, host: &HostRecord, table: RouteTable) -> Result<(), AgentError> {
+        let offered = table.generation;
+        self.client(host)?
+            .put_routes(&table)
+            .await
+            .map(|_| ())
+            .map_err(|e| Self::map(host, offered, e))
+    }
+
+    async fn applied_generation(&self, host: &HostRecord) -> Result<Option<u64>, AgentError> {
+        let state = self.client(host)?.routes().await.map_err(|e| Self::map(host, 0, e))?;
+        Ok(state.applied_generation)
+    }
+}

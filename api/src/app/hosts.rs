@@ -1,0 +1,322 @@
+//! Hosts: registration and heartbeats from agents, the in-process inventory, drain, and the route
+//! tables pushed to each host's agent.
+//!
+//! A host's table is always computed whole from the database (every cGPU of every VM on the host
+//! whose routes are on) under a new generation, so pushes need no diffing here and a lost or repeated
+//! push cannot leave a host half-configured: the agent diffs and applies.
+
+use std::net::SocketAddrV4;
+use std::time::Duration;
+
+use gpgpums::{GpuId, HostId, HostKind, HostState};
+use rodvr_agent::protocol::{HostKind as AgentHostKind, HostReport, Route, RouteTable};
+
+use super::App;
+use crate::agents::AgentError;
+use crate::config::InventoryHost;
+use crate::db::{self, now_ms};
+use crate::error::Error;
+use crate::metrics::inc;
+use crate::model::{GpuRecord, HostRecord};
+
+/// A host's registration: what an agent reports, or an inventory entry.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub name: HostId,
+    pub kind: HostKind,
+    pub agent_url: Option<String>,
+    pub gpus: Vec<GpuRecord>,
+}
+
+impl Registration {
+    pub fn from_report(report: &HostReport) -> Registration {
+        Registration {
+            name: report.host.clone(),
+            kind: match report.kind {
+                AgentHostKind::ComputeGpu => HostKind::ComputeGpu,
+                AgentHostKind::ComputeRgpu => HostKind::ComputeRgpu,
+            },
+            agent_url: Some(report.agent_url.clone()),
+            gpus: report
+                .gpus
+                .iter()
+                .map(|g| GpuRecord {
+                    id: g.id.clone(),
+                    host: report.host.clone(),
+                    index: g.index,
+                    model: g.model.clone(),
+                    memory_mib: g.memory_mib,
+                    rcuda_address: g.rcuda.address,
+                    rcuda_port: g.rcuda.port,
+                    rcuda_gpu_number: g.rcuda.gpu_number,
+                })
+                .collect(),
+        }
+    }
+
+    /// An inventory entry; its GPUs are served by one rCUDA daemon each on 8308 + index.
+    pub fn from_inventory(host: &InventoryHost) -> Registration {
+        let address = host.gpu_network_address.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
+        let mut gpus = Vec::new();
+        for gpu in &host.gpus {
+            for _ in 0..gpu.count {
+                let index = gpus.len() as u32;
+                gpus.push(GpuRecord {
+                    id: GpuId::on_host(&host.name, index),
+                    host: host.name.clone(),
+                    index,
+                    model: gpu.model.clone(),
+                    memory_mib: gpu.memory_mib,
+                    rcuda_address: address,
+                    rcuda_port: 8308 + index as u16,
+                    rcuda_gpu_number: 0,
+                });
+            }
+        }
+        Registration { name: host.name.clone(), kind: host.kind, agent_url: None, gpus }
+    }
+}
+
+impl App {
+    /// Registers a host or records its heartbeat. New GPUs join the pool; GPUs the host no longer
+    /// reports leave it when unused (a GPU still backing cGPUs stays until they are released). A host
+    /// that was unavailable becomes schedulable again, unless an operator drained it.
+    pub async fn register_host(&self, registration: Registration) -> Result<HostRecord, Error> {
+        if registration.kind != HostKind::ComputeGpu && !registration.gpus.is_empty() {
+            return Err(Error::invalid(
+                "gpus",
+                format!("a {} host has no GPUs", registration.kind),
+            ));
+        }
+        let existing = {
+            let mut conn = self.db.pool().acquire().await?;
+            let host = db::host(&mut conn, &registration.name).await?;
+            let gpus: Vec<GpuRecord> = db::gpus(&mut conn)
+                .await?
+                .into_iter()
+                .filter(|g| g.host == registration.name)
+                .collect();
+            host.map(|h| (h, gpus))
+        };
+        if let Some((host, gpus)) = &existing {
+            if host.kind != registration.kind {
+                return Err(Error::Conflict(format!(
+                    "host {} is registered as {}, not {}",
+                    host.name, host.kind, registration.kind
+                )));
+            }
+            let same_gpus = gpus.len() == registration.gpus.len()
+                && registration.gpus.iter().all(|g| gpus.contains(g));
+            if same_gpus && host.state != HostState::Unavailable {
+                // A plain heartbeat: no pool change.
+                let mut tx = self.db.begin().await?;
+                db::touch_host(&mut tx, &host.name, registration.agent_url.as_deref(), now_ms())
+                    .await?;
+                tx.commit().await?;
+                return Ok(HostRecord {
+                    agent_url: registration.agent_url.clone(),
+                    ..host.clone()
+                });
+            }
+        }
+        let name = registration.name.clone();
+        let kind = registration.kind;
+        self.with_pool(move |pool, tx| {
+            Box::pin(async move {
+                let now = now_ms();
+                let stored = db::host(tx, &registration.name).await?;
+                match &stored {
+                    None => {
+                        db::insert_host(tx, &registration.name, registration.kind, registration.agent_url.as_deref(), now)
+                            .await?;
+                        pool.add_host(registration.name.clone(), registration.kind)?;
+                    }
+                    Some(host) => {
+                        db::touch_host(tx, &host.name, registration.agent_url.as_deref(), now).await?;
+                        if host.state == HostState::Unavailable && !host.drained {
+                            db::set_host_state(tx, &host.name, HostState::Schedulable, false).await?;
+                            pool.set_host_state(&host.name, HostState::Schedulable)?;
+                        }
+                    }
+                }
+                let stored_gpus: Vec<GpuRecord> =
+                    db::gpus(tx).await?.into_iter().filter(|g| g.host == registration.name).collect();
+                for gpu in &stored_gpus {
+                    if !registration.gpus.contains(gpu) {
+                        match pool.remove_gpu(&gpu.id) {
+                            Ok(_) => db::delete_gpu(tx, &gpu.id).await?,
+                            Err(e) => tracing::warn!(gpu = %gpu.id, error = %e, "GPU gone from its host's report"),
+                        }
+                    }
+                }
+                for gpu in &registration.gpus {
+                    if !stored_gpus.contains(gpu) {
+                        pool.add_gpu(gpu.spec())?;
+                        db::insert_gpu(tx, gpu).await?;
+                    }
+                }
+                Ok(())
+            })
+        })
+        .await?;
+        if let Some(sim) = &self.sim {
+            if kind.has_agent() {
+                sim.add_host(name.clone());
+            }
+        }
+        let mut conn = self.db.pool().acquire().await?;
+        db::host(&mut conn, &name)
+            .await?
+            .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })
+    }
+
+    /// Tells the simulated cloud (if it is the backend) about every registered host with an agent.
+    pub async fn sync_sim_hosts(&self) -> Result<(), Error> {
+        if let Some(sim) = &self.sim {
+            let hosts = self.hosts().await?;
+            sim.set_hosts(
+                hosts.into_iter().filter(|h| h.kind.has_agent()).map(|h| h.name).collect(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Registers the configured inventory (in-process agents).
+    pub async fn register_inventory(&self) -> Result<(), Error> {
+        for host in self.config.inventory() {
+            self.register_host(Registration::from_inventory(&host)).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn hosts(&self) -> Result<Vec<HostRecord>, Error> {
+        let mut conn = self.db.pool().acquire().await?;
+        db::hosts(&mut conn).await
+    }
+
+    /// Drains (or undrains) a host: it takes no new cGPUs; what it has stays.
+    pub async fn set_drained(&self, name: &HostId, drained: bool) -> Result<HostRecord, Error> {
+        let name = name.clone();
+        let updated = name.clone();
+        self.with_pool(move |pool, tx| {
+            Box::pin(async move {
+                let host = db::host(tx, &name)
+                    .await?
+                    .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })?;
+                let state = match (drained, host.state) {
+                    (true, _) => HostState::Drained,
+                    (false, HostState::Unavailable) => HostState::Unavailable,
+                    (false, _) => HostState::Schedulable,
+                };
+                db::set_host_state(tx, &name, state, drained).await?;
+                pool.set_host_state(&name, state)?;
+                Ok(())
+            })
+        })
+        .await?;
+        let mut conn = self.db.pool().acquire().await?;
+        db::host(&mut conn, &updated)
+            .await?
+            .ok_or_else(|| Error::NotFound { kind: "host", id: updated.to_string() })
+    }
+
+    /// Marks hosts whose agents stopped reporting as unavailable. Returns how many.
+    pub(crate) async fn expire_heartbeats(&self, timeout: Duration) -> Result<usize, Error> {
+        let deadline = now_ms() - timeout.as_millis() as i64;
+        let stale: Vec<HostId> = self
+            .hosts()
+            .await?
+            .into_iter()
+            .filter(|h| {
+                h.kind.has_agent() && h.state == HostState::Schedulable && h.last_seen_ms < deadline
+            })
+            .map(|h| h.name)
+            .collect();
+        let count = stale.len();
+        if count > 0 {
+            self.with_pool(move |pool, tx| {
+                Box::pin(async move {
+                    for name in &stale {
+                        tracing::warn!(host = %name, "no heartbeat; host unavailable for new cGPUs");
+                        db::set_host_state(tx, name, HostState::Unavailable, false).await?;
+                        pool.set_host_state(name, HostState::Unavailable)?;
+                    }
+                    Ok(())
+                })
+            })
+            .await?;
+        }
+        Ok(count)
+    }
+
+    /// Computes the host's whole table under a new generation and has its agent apply it.
+    pub(crate) async fn push_routes(&self, host: &HostId) -> Result<(), Error> {
+        let lock = self.host_lock(host);
+        let _serialized = lock.lock().await;
+        let timeout = Duration::from_millis(self.config.launch.agent_timeout_ms);
+        for _ in 0..3 {
+            let (record, table) = {
+                let mut tx = self.db.begin().await?;
+                let generation = db::next_routes_generation(&mut tx, host).await?;
+                let record = db::host(&mut tx, host)
+                    .await?
+                    .ok_or_else(|| Error::NotFound { kind: "host", id: host.to_string() })?;
+                let routed = db::routed_cgpus_on(&mut tx, host).await?;
+                tx.commit().await?;
+                let routes = routed
+                    .iter()
+                    .flat_map(|(vm, cgpus)| {
+                        cgpus.iter().map(move |c| Route {
+                            vm: vm.id,
+                            vm_ip: vm.fixed_ip,
+                            vm_tap: if vm.fixed_ip.is_none() { vm.tap.clone() } else { None },
+                            masked: SocketAddrV4::new(c.masked_address, c.masked_port),
+                            target: SocketAddrV4::new(c.rcuda_address, c.rcuda_port),
+                        })
+                    })
+                    .collect();
+                (record, RouteTable { generation, routes })
+            };
+            let generation = table.generation;
+            inc(&self.metrics.route_pushes);
+            let outcome = tokio::time::timeout(timeout, self.agents.apply(&record, table)).await;
+            match outcome {
+                Ok(Ok(())) => {
+                    let mut tx = self.db.begin().await?;
+                    db::set_applied_generation(&mut tx, host, generation).await?;
+                    tx.commit().await?;
+                    return Ok(());
+                }
+                Ok(Err(AgentError::Stale { .. })) => {
+                    // The agent holds a newer generation than ours (a newer push, or a database
+                    // restored from an older backup): catch up past it and push again.
+                    let applied = self
+                        .agents
+                        .applied_generation(&record)
+                        .await
+                        .map_err(|e| Error::unavailable("host agent", e))?
+                        .unwrap_or(0);
+                    let mut tx = self.db.begin().await?;
+                    db::raise_routes_generation(&mut tx, host, applied).await?;
+                    tx.commit().await?;
+                }
+                Ok(Err(e)) => {
+                    inc(&self.metrics.route_push_failures);
+                    return Err(Error::unavailable("host agent", e));
+                }
+                Err(_) => {
+                    inc(&self.metrics.route_push_failures);
+                    return Err(Error::unavailable(
+                        "host agent",
+                        format!("host {host} did not apply its routes within {timeout:?}"),
+                    ));
+                }
+            }
+        }
+        inc(&self.metrics.route_push_failures);
+        Err(Error::unavailable(
+            "host agent",
+            format!("host {host} keeps holding a newer route table"),
+        ))
+    }
+}

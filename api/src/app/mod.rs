@@ -1,0 +1,104 @@
+//! The application layer: everything between the HTTP handlers and the datastore.
+//!
+//! - [`pool`]: the in-memory GPGPUMS pool kept in step with the database, and the one way to change
+//!   bookings or inventory (inside a transaction that bumps the pool generation).
+//! - [`vms`]: launch and terminate, as requests.
+//! - [`saga`]: the launch/terminate saga that runs after the request returns, resumable after a crash.
+//! - [`hosts`]: host registration, heartbeats, drain, route tables pushed to agents.
+//! - [`reconciler`]: the background loop that converges what drifted.
+
+pub mod hosts;
+pub mod pool;
+pub mod reconciler;
+pub mod saga;
+pub mod vms;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use gpgpums::{HostId, VmId};
+use tokio::sync::Notify;
+
+use crate::agents::HostAgents;
+use crate::auth::{HasKeys, Keys};
+use crate::cloud::sim::SimCloud;
+use crate::cloud::Cloud;
+use crate::config::Config;
+use crate::db::Db;
+use crate::metrics::Metrics;
+
+pub use reconciler::ReconcilerStatus;
+
+/// The service: configuration, storage, side-effect backends and shared state.
+#[derive(Debug)]
+pub struct App {
+    pub config: Config,
+    pub db: Db,
+    pub keys: Keys,
+    pub cloud: Arc<dyn Cloud>,
+    pub agents: Arc<dyn HostAgents>,
+    /// The simulated cloud when it is the backend: it learns of hosts as they register.
+    pub sim: Option<Arc<SimCloud>>,
+    pub metrics: Metrics,
+    pool: pool::PoolCache,
+    /// This process's id as a saga owner.
+    instance: String,
+    /// Sagas running in this process, with the signal that wakes them for a termination.
+    running: Mutex<HashMap<VmId, RunningSaga>>,
+    /// Serializes this process's pushes to each host.
+    host_locks: Mutex<HashMap<HostId, Arc<tokio::sync::Mutex<()>>>>,
+    reconciler: reconciler::Reconciler,
+}
+
+impl App {
+    pub fn new(
+        config: Config,
+        db: Db,
+        keys: Keys,
+        cloud: Arc<dyn Cloud>,
+        agents: Arc<dyn HostAgents>,
+        sim: Option<Arc<SimCloud>>,
+    ) -> Arc<App> {
+        Arc::new(App {
+            config,
+            db,
+            keys,
+            cloud,
+            agents,
+            sim,
+            metrics: Metrics::default(),
+            pool: pool::PoolCache::new(),
+            instance: uuid::Uuid::new_v4().to_string(),
+            running: Mutex::new(HashMap::new()),
+            host_locks: Mutex::new(HashMap::new()),
+            reconciler: reconciler::Reconciler::default(),
+        })
+    }
+
+    fn host_lock(&self, host: &HostId) -> Arc<tokio::sync::Mutex<()>> {
+        self.host_locks.lock().expect("host locks").entry(host.clone()).or_default().clone()
+    }
+}
+
+#[derive(Debug)]
+struct RunningSaga {
+    wake: Arc<Notify>,
+    task: Option<tokio::task::AbortHandle>,
+}
+
+impl App {
+    /// Stops every saga task of this process where it stands, as a crash would (tests).
+    pub fn abort_sagas(&self) {
+        for (_, saga) in self.running.lock().expect("running sagas").drain() {
+            if let Some(task) = saga.task {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl HasKeys for Arc<App> {
+    fn keys(&self) -> &Keys {
+        &self.keys
+    }
+}

@@ -1,0 +1,133 @@
+//! The reconciler: one idempotent pass that converges whatever drifted, run on a timer and on demand.
+//!
+//! It takes no input and is never told what changed; each pass looks at everything:
+//! - hosts whose agents stopped heartbeating become unavailable for new cGPUs;
+//! - every host whose agent does not hold the latest table (a failed push, an agent that restarted
+//!   without its state, a table lost behind its back) gets its table again;
+//! - sagas with work left and no live owner (a crashed gsaasd) are resumed.
+//!
+//! The next pass is the retry; a pass records what it did and its first error for `/readyz`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use super::App;
+use crate::config::HostsBackend;
+use crate::db::{self, now_ms};
+use crate::error::{Error, ErrorChain};
+use crate::metrics::inc;
+
+#[derive(Debug, Default)]
+pub(crate) struct Reconciler {
+    trigger: Notify,
+    status: Mutex<ReconcilerStatus>,
+}
+
+/// What the last pass did.
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+pub struct ReconcilerStatus {
+    pub passes: u64,
+    pub last_pass_ms: Option<i64>,
+    /// The first error of the last pass, if any.
+    pub last_error: Option<String>,
+    pub hosts_marked_unavailable: usize,
+    pub tables_pushed: usize,
+    pub sagas_resumed: usize,
+}
+
+impl App {
+    /// Asks for a pass as soon as possible.
+    pub fn trigger_reconcile(&self) {
+        self.reconciler.trigger.notify_one();
+    }
+
+    pub fn reconciler_status(&self) -> ReconcilerStatus {
+        self.reconciler.status.lock().expect("reconciler status").clone()
+    }
+
+    /// Runs passes forever: every `reconcile_interval_secs`, and when triggered.
+    pub fn spawn_reconciler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let app = self.clone();
+        tokio::spawn(async move {
+            let interval = Duration::from_secs(app.config.hosts.reconcile_interval_secs.max(1));
+            loop {
+                app.reconcile_once().await;
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = app.reconciler.trigger.notified() => {}
+                }
+            }
+        })
+    }
+
+    /// One pass; see the module docs.
+    pub async fn reconcile_once(self: &Arc<Self>) -> ReconcilerStatus {
+        let mut status =
+            ReconcilerStatus { last_pass_ms: Some(now_ms()), ..self.reconciler_status() };
+        status.passes += 1;
+        status.last_error = None;
+        inc(&self.metrics.reconciler_runs);
+        let mut first_error: Option<Error> = None;
+        let mut note = |e: Error| {
+            tracing::warn!(error = %ErrorChain(&e), "reconciler");
+            first_error.get_or_insert(e);
+        };
+
+        status.hosts_marked_unavailable = 0;
+        if self.config.hosts.backend == HostsBackend::Agent {
+            let timeout = Duration::from_secs(self.config.hosts.heartbeat_timeout_secs);
+            match self.expire_heartbeats(timeout).await {
+                Ok(n) => status.hosts_marked_unavailable = n,
+                Err(e) => note(e),
+            }
+        }
+
+        status.tables_pushed = 0;
+        match self.hosts().await {
+            Ok(hosts) => {
+                for host in hosts.into_iter().filter(|h| h.kind.has_agent()) {
+                    let behind = host.applied_generation < host.routes_generation;
+                    let drifted = match self.agents.applied_generation(&host).await {
+                        Ok(applied) => applied.unwrap_or(0) != host.applied_generation,
+                        Err(e) => {
+                            note(Error::unavailable("host agent", e));
+                            continue;
+                        }
+                    };
+                    if behind || drifted {
+                        match self.push_routes(&host.name).await {
+                            Ok(()) => status.tables_pushed += 1,
+                            Err(e) => note(e),
+                        }
+                    }
+                }
+            }
+            Err(e) => note(e),
+        }
+
+        status.sagas_resumed = 0;
+        let resumable = async {
+            let mut conn = self.db.pool().acquire().await?;
+            db::sagas_to_resume(&mut conn, now_ms()).await
+        };
+        match resumable.await {
+            Ok(ids) => {
+                for id in ids {
+                    self.spawn_saga(id);
+                    status.sagas_resumed += 1;
+                }
+            }
+            Err(e) => note(e),
+        }
+
+        if let Some(e) = first_error {
+            inc(&self.metrics.reconciler_errors);
+            status.last_error = Some(e.to_string());
+        }
+        *self.reconciler.status.lock().expect("reconciler status") = status.clone();
+        status
+    }
+}

@@ -1,0 +1,367 @@
+//! The launch saga, and its undo steps, which also carry out terminations.
+//!
+//! Forward: create the VM (cloud-init with the rCUDA environment) -> wait for ACTIVE (learn host,
+//! fixed IP, tap) -> concurrently wait for the VM's network and push the host's routes -> ready.
+//! Undo: withdraw the routes -> delete the VM -> release the cGPUs. The reservation itself is made by
+//! the launch request, before the saga starts.
+//!
+//! The next step is stored with the VM, and every write is conditional on the VM's version, so:
+//! - a crash at any point resumes from the stored step when any gsaasd starts (or its lease runs
+//!   out); each action treats "already done" as success (the cloud finds the server created for this
+//!   VM, route tables are whole tables) and each undo treats "not found" as success;
+//! - a termination arriving mid-launch changes the stored state; the saga notices at its next write
+//!   (or is woken from a wait) and unwinds instead.
+//!
+//! A failed forward step turns into the undo steps with the VM in `error`. A failed undo step is
+//! retried a few times, then left for the reconciler.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpgpums::{HostId, HostKind, HostState, Locality, VmId};
+use tokio::sync::Notify;
+
+use super::vms::rcuda_env;
+use super::{App, RunningSaga};
+use crate::cloud::{CloudError, HostConstraint, ServerSpec};
+use crate::cloudinit;
+use crate::db::{self, now_ms};
+use crate::error::{Error, ErrorChain};
+use crate::metrics::inc;
+use crate::model::{SagaStep, VmRecord, VmState};
+
+const UNDO_ATTEMPTS: u32 = 5;
+
+/// Why a step did not complete.
+enum StepError {
+    /// A termination arrived; reload and decide again.
+    Interrupted,
+    /// The step failed; the message goes into the VM's error.
+    Failed(String),
+}
+
+impl From<Error> for StepError {
+    fn from(e: Error) -> Self {
+        StepError::Failed(client_message(&e))
+    }
+}
+
+/// What a tenant may read about a failure: the error without internal sources.
+fn client_message(e: &Error) -> String {
+    match e {
+        Error::Internal(_) => "internal error".into(),
+        e => e.to_string(),
+    }
+}
+
+fn cloud_failure(stage: &str, e: &CloudError) -> StepError {
+    tracing::warn!(stage, error = %ErrorChain(e), "cloud step failed");
+    StepError::Failed(format!("{stage}: {e}"))
+}
+
+impl App {
+    pub(crate) fn lease_ms(&self) -> i64 {
+        (self.config.launch.saga_lease_secs * 1000) as i64
+    }
+
+    /// Starts the VM's saga in this process unless it already runs here.
+    pub(crate) fn spawn_saga(self: &Arc<Self>, id: VmId) {
+        let wake = {
+            let mut running = self.running.lock().expect("running sagas");
+            if running.contains_key(&id) {
+                return;
+            }
+            let wake = Arc::new(Notify::new());
+            running.insert(id, RunningSaga { wake: wake.clone(), task: None });
+            wake
+        };
+        let app = self.clone();
+        let task = tokio::spawn(async move {
+            let renew_every = Duration::from_millis((app.lease_ms() / 3).max(1) as u64);
+            let renew = async {
+                loop {
+                    tokio::time::sleep(renew_every).await;
+                    let now = now_ms();
+                    if let Ok(mut tx) = app.db.begin().await {
+                        if db::claim_saga(&mut tx, id, &app.instance, now, now + app.lease_ms())
+                            .await
+                            .is_ok()
+                        {
+                            let _ = tx.commit().await;
+                        }
+                    }
+                }
+            };
+            let outcome = tokio::select! {
+                outcome = app.run_saga(id, &wake) => outcome,
+                () = renew => Ok(()),
+            };
+            if let Err(e) = outcome {
+                tracing::warn!(vm = %id, error = %ErrorChain(&e), "saga stopped; the reconciler resumes it");
+            }
+            app.running.lock().expect("running sagas").remove(&id);
+            if let Ok(mut tx) = app.db.begin().await {
+                if db::release_saga(&mut tx, id, &app.instance).await.is_ok() {
+                    let _ = tx.commit().await;
+                }
+            }
+        });
+        if let Some(saga) = self.running.lock().expect("running sagas").get_mut(&id) {
+            saga.task = Some(task.abort_handle());
+        }
+    }
+
+    /// Wakes the VM's saga if it waits in this process (a termination arrived).
+    pub(crate) fn wake_saga(&self, id: VmId) {
+        if let Some(saga) = self.running.lock().expect("running sagas").get(&id) {
+            saga.wake.notify_one();
+        }
+    }
+
+    /// Runs the saga to its end (or until an undo step keeps failing).
+    async fn run_saga(self: &Arc<Self>, id: VmId, wake: &Notify) -> Result<(), Error> {
+        let mut undo_failures = 0u32;
+        loop {
+            {
+                let now = now_ms();
+                let mut tx = self.db.begin().await?;
+                let claimed =
+                    db::claim_saga(&mut tx, id, &self.instance, now, now + self.lease_ms()).await?;
+                tx.commit().await?;
+                if !claimed {
+                    return Ok(());
+                }
+            }
+            let Some(details) = self.details(id).await? else { return Ok(()) };
+            let mut vm = details.vm;
+            if vm.step == SagaStep::Done {
+                return Ok(());
+            }
+            if vm.state == VmState::Deleting && !vm.step.is_unwinding() {
+                vm.step = SagaStep::WithdrawRoutes;
+                self.save(&mut vm).await?;
+                continue;
+            }
+            let step = vm.step;
+            let outcome = self.run_step(&mut vm, wake).await;
+            match outcome {
+                Ok(()) => {
+                    if !self.save(&mut vm).await? {
+                        continue;
+                    }
+                    if step == SagaStep::ConfigureRoutes && vm.state == VmState::Ready {
+                        inc(&self.metrics.launches_ready);
+                    }
+                }
+                Err(StepError::Interrupted) => continue,
+                Err(StepError::Failed(reason)) if !step.is_unwinding() => {
+                    tracing::info!(vm = %id, ?step, reason, "launch failed; unwinding");
+                    inc(&self.metrics.launches_failed);
+                    if vm.state != VmState::Deleting {
+                        vm.state = VmState::Error;
+                        vm.error = Some(reason);
+                    }
+                    vm.step = SagaStep::WithdrawRoutes;
+                    self.save(&mut vm).await?;
+                }
+                Err(StepError::Failed(reason)) => {
+                    undo_failures += 1;
+                    tracing::warn!(vm = %id, ?step, reason, attempt = undo_failures, "undo step failed");
+                    if undo_failures >= UNDO_ATTEMPTS {
+                        return Err(Error::unavailable("cloud or host agent", reason));
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100 << undo_failures)) => {}
+                        _ = wake.notified() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the VM if nobody changed it meanwhile; false means reload and decide again.
+    async fn save(&self, vm: &mut VmRecord) -> Result<bool, Error> {
+        vm.updated_ms = now_ms();
+        let mut tx = self.db.begin().await?;
+        let written = db::update_vm(&mut tx, vm).await?;
+        tx.commit().await?;
+        Ok(written)
+    }
+
+    async fn run_step(self: &Arc<Self>, vm: &mut VmRecord, wake: &Notify) -> Result<(), StepError> {
+        match vm.step {
+            SagaStep::CheckCloud => {
+                self.cloud.check(&vm.spec.vm).await.map_err(|e| cloud_failure("check", &e))?;
+                vm.step = SagaStep::CreateVm;
+            }
+            SagaStep::CreateVm => self.create_vm(vm).await?,
+            SagaStep::WaitActive => self.wait_active(vm, wake).await?,
+            SagaStep::ConfigureRoutes => self.configure_routes(vm, wake).await?,
+            SagaStep::WithdrawRoutes => {
+                if let Some(host) = vm.host.clone() {
+                    if vm.routes_on {
+                        vm.routes_on = false;
+                        if !self.save(vm).await? {
+                            return Err(StepError::Interrupted);
+                        }
+                    }
+                    if self.host_has_agent(&host).await? {
+                        self.push_routes(&host).await?;
+                    }
+                }
+                vm.step = SagaStep::DeleteServer;
+            }
+            SagaStep::DeleteServer => {
+                let server = match vm.server_id.clone() {
+                    Some(server) => Some(server),
+                    None => self
+                        .cloud
+                        .find_server(vm.id)
+                        .await
+                        .map_err(|e| cloud_failure("delete", &e))?,
+                };
+                if let Some(server) = server {
+                    let timeout = Duration::from_secs(self.config.launch.active_timeout_secs);
+                    match self.cloud.delete_server(&server, timeout).await {
+                        Ok(()) | Err(CloudError::NotFound(_)) => {}
+                        Err(e) => return Err(cloud_failure("delete", &e)),
+                    }
+                }
+                vm.step = SagaStep::ReleaseGpus;
+            }
+            SagaStep::ReleaseGpus => {
+                let id = vm.id;
+                self.with_pool(move |pool, tx| {
+                    Box::pin(async move {
+                        db::delete_cgpus(tx, id).await?;
+                        pool.release(&id);
+                        Ok(())
+                    })
+                })
+                .await?;
+                if vm.state == VmState::Deleting {
+                    vm.state = VmState::Deleted;
+                }
+                vm.step = SagaStep::Done;
+            }
+            SagaStep::Done => {}
+        }
+        Ok(())
+    }
+
+    async fn create_vm(&self, vm: &mut VmRecord) -> Result<(), StepError> {
+        let started = Instant::now();
+        let cgpus = {
+            let mut conn = self.db.pool().acquire().await.map_err(Error::from)?;
+            db::cgpus_of(&mut conn, vm.id).await?
+        };
+        let user_data = cloudinit::user_data(
+            &rcuda_env(&cgpus),
+            vm.spec.user_data.as_deref().map(str::as_bytes),
+        )
+        .map_err(|e| StepError::Failed(format!("user_data: {e}")))?;
+        let host = match vm.spec.gpus.locality {
+            Locality::Local => {
+                let host = cgpus
+                    .first()
+                    .map(|c| c.host.clone())
+                    .ok_or_else(|| StepError::Failed("local VM without cGPUs".into()))?;
+                HostConstraint::Pinned(host)
+            }
+            Locality::Remote => HostConstraint::AnyOf(self.vm_hosts(true).await?),
+            Locality::Any => HostConstraint::AnyOf(self.vm_hosts(false).await?),
+        };
+        let spec = ServerSpec { vm: vm.id, request: vm.spec.vm.clone(), user_data, host };
+        let server =
+            self.cloud.create_server(&spec).await.map_err(|e| cloud_failure("create", &e))?;
+        vm.server_id = Some(server);
+        vm.timings.vm_creation = Some(started.elapsed().as_secs_f64());
+        vm.step = SagaStep::WaitActive;
+        Ok(())
+    }
+
+    /// Schedulable hosts a VM may run on: compute-rGPU hosts, or every host with an agent.
+    async fn vm_hosts(&self, rgpu_only: bool) -> Result<Vec<HostId>, Error> {
+        let mut conn = self.db.pool().acquire().await?;
+        Ok(db::hosts(&mut conn)
+            .await?
+            .into_iter()
+            .filter(|h| h.state == HostState::Schedulable)
+            .filter(
+                |h| if rgpu_only { h.kind == HostKind::ComputeRgpu } else { h.kind.has_agent() },
+            )
+            .map(|h| h.name)
+            .collect())
+    }
+
+    async fn host_has_agent(&self, host: &HostId) -> Result<bool, Error> {
+        let mut conn = self.db.pool().acquire().await?;
+        Ok(db::host(&mut conn, host).await?.is_some_and(|h| h.kind.has_agent()))
+    }
+
+    async fn wait_active(&self, vm: &mut VmRecord, wake: &Notify) -> Result<(), StepError> {
+        let started = Instant::now();
+        let server = vm
+            .server_id
+            .clone()
+            .ok_or_else(|| StepError::Failed("no server to wait for".into()))?;
+        let timeout = Duration::from_secs(self.config.launch.active_timeout_secs);
+        let info = tokio::select! {
+            info = self.cloud.wait_active(&server, timeout) => info.map_err(|e| cloud_failure("activation", &e))?,
+            _ = wake.notified() => return Err(StepError::Interrupted),
+        };
+        let host = info
+            .host
+            .ok_or_else(|| StepError::Failed("the cloud reported no host for the VM".into()))?;
+        if !self.host_has_agent(&host).await? {
+            return Err(StepError::Failed(format!(
+                "the VM landed on host {host}, which has no RODVR agent"
+            )));
+        }
+        if info.fixed_ip.is_none() && info.tap.is_none() {
+            return Err(StepError::Failed(
+                "the cloud reported neither a fixed IP nor a tap device".into(),
+            ));
+        }
+        vm.host = Some(host);
+        vm.fixed_ip = info.fixed_ip;
+        vm.tap = info.tap;
+        vm.timings.vm_activation = Some(started.elapsed().as_secs_f64());
+        vm.step = SagaStep::ConfigureRoutes;
+        Ok(())
+    }
+
+    async fn configure_routes(&self, vm: &mut VmRecord, wake: &Notify) -> Result<(), StepError> {
+        let host =
+            vm.host.clone().ok_or_else(|| StepError::Failed("no host to configure".into()))?;
+        let server = vm.server_id.clone().ok_or_else(|| StepError::Failed("no server".into()))?;
+        if !vm.routes_on {
+            vm.routes_on = true;
+            if !self.save(vm).await? {
+                return Err(StepError::Interrupted);
+            }
+        }
+        let deploy_timeout = Duration::from_secs(self.config.launch.deploy_timeout_secs);
+        let deployment = async {
+            let started = Instant::now();
+            self.cloud.wait_deployed(&server, deploy_timeout).await.map(|()| started.elapsed())
+        };
+        let routes = async {
+            let started = Instant::now();
+            self.push_routes(&host).await.map(|()| started.elapsed())
+        };
+        let (deployed, routed) = tokio::select! {
+            both = async { tokio::join!(deployment, routes) } => both,
+            _ = wake.notified() => return Err(StepError::Interrupted),
+        };
+        let routed = routed?;
+        let deployed = deployed.map_err(|e| cloud_failure("deployment", &e))?;
+        vm.timings.vm_deployment = Some(deployed.as_secs_f64());
+        vm.timings.rodvr_configuration = Some(routed.as_secs_f64());
+        let since_recorded = (now_ms() - vm.created_ms).max(0) as f64 / 1000.0;
+        vm.timings.total = Some(vm.timings.check.unwrap_or(0.0) + since_recorded);
+        vm.state = VmState::Ready;
+        vm.step = SagaStep::Done;
+        Ok(())
+    }
+}

@@ -1,0 +1,329 @@
+//! Who is calling: bearer JWTs signed by gsaasd's own Ed25519 key.
+//!
+//! One key signs three kinds of tokens: tenants' (`member`, bound to a project), admins' and agents'
+//! (bound to a host name). The same key signs gsaasd's requests to the agents (audience
+//! `rodvr-agent`), so an agent needs only gsaasd's public key. Tokens arrive as
+//! `Authorization: Bearer` or as `X-Auth-Token`, as OpenStack clients send them.
+//!
+//! Authorization is coarse on purpose: a route states the role it needs; a caller without it is told
+//! the thing does not exist (404), so tenants cannot probe for admin resources or other projects' VMs.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey, EncodePublicKey};
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use rodvr_agent::auth::TokenSigner;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// Audience of tokens for gsaasd's own API.
+pub const API_AUDIENCE: &str = "gsaas";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// A tenant: acts on its project's VMs.
+    Member,
+    /// An operator: sees and acts on everything.
+    Admin,
+    /// A host's RODVR agent: registers its host and heartbeats, nothing else.
+    Agent,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    aud: String,
+    iat: u64,
+    exp: u64,
+    /// The tenant's project (members and admins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    project: Option<String>,
+    roles: Vec<Role>,
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub subject: String,
+    pub project: Option<String>,
+    pub role: Role,
+}
+
+impl Caller {
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+
+    /// The caller's project, for tenant endpoints; agents have none and are refused.
+    pub fn tenant_project(&self) -> Result<&str, Error> {
+        match (self.role, &self.project) {
+            (Role::Member | Role::Admin, Some(project)) => Ok(project),
+            _ => Err(Error::NotFound { kind: "resource", id: String::new() }),
+        }
+    }
+
+    pub fn require_admin(&self) -> Result<(), Error> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(Error::NotFound { kind: "resource", id: String::new() })
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("cannot read or write signing key {path}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("signing key {path} is not an Ed25519 PKCS#8 PEM key")]
+    Format { path: String },
+}
+
+/// gsaasd's signing key.
+#[derive(Clone)]
+pub struct Keys {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    private_pem: String,
+    public_pem: String,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys").finish_non_exhaustive()
+    }
+}
+
+impl Keys {
+    /// Loads the key at `path`, creating it (mode 0600) with its public half beside it
+    /// (`<path>.pub`) when it does not exist.
+    pub fn load_or_create(path: &Path) -> Result<Keys, KeyError> {
+        let io = |source| KeyError::Io { path: path.display().to_string(), source };
+        if !path.exists() {
+            let key = ed25519_dalek::SigningKey::generate(&mut rand_core::OsRng);
+            let pem = key.to_pkcs8_pem(LineEnding::LF).expect("PKCS#8 encoding").to_string();
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(io)?;
+            }
+            write_private(path, &pem).map_err(io)?;
+        }
+        let pem = std::fs::read_to_string(path).map_err(io)?;
+        let keys = Keys::from_private_pem(&pem)
+            .ok_or_else(|| KeyError::Format { path: path.display().to_string() })?;
+        let public_path = path.with_extension("pub");
+        std::fs::write(&public_path, &keys.public_pem).map_err(io)?;
+        Ok(keys)
+    }
+
+    pub fn from_private_pem(pem: &str) -> Option<Keys> {
+        let key = ed25519_dalek::SigningKey::from_pkcs8_pem(pem).ok()?;
+        let public_pem = key.verifying_key().to_public_key_pem(LineEnding::LF).ok()?;
+        Some(Keys {
+            encoding: EncodingKey::from_ed_pem(pem.as_bytes()).ok()?,
+            decoding: DecodingKey::from_ed_pem(public_pem.as_bytes()).ok()?,
+            private_pem: pem.to_owned(),
+            public_pem,
+        })
+    }
+
+    /// The public key in PEM form, for agents' configs.
+    pub fn public_pem(&self) -> &str {
+        &self.public_pem
+    }
+
+    /// Signs gsaasd's requests to agents.
+    pub fn agent_signer(&self) -> TokenSigner {
+        TokenSigner::from_private_pem(self.private_pem.as_bytes(), "gsaasd")
+            .expect("a key that loaded here loads there")
+    }
+
+    /// Issues an API token. `project` is required for members and admins, `host` is the subject of
+    /// an agent token.
+    pub fn issue(&self, subject: &str, project: Option<&str>, role: Role, ttl: Duration) -> String {
+        let now = unix_now();
+        let claims = Claims {
+            sub: subject.to_owned(),
+            aud: API_AUDIENCE.to_owned(),
+            iat: now,
+            exp: now + ttl.as_secs(),
+            project: project.map(str::to_owned),
+            roles: vec![role],
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &self.encoding)
+            .expect("signing with a loaded key cannot fail")
+    }
+
+    /// Checks a token and says who it belongs to, or why it is refused.
+    pub fn verify(&self, token: &str) -> Result<Caller, Error> {
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.set_audience(&[API_AUDIENCE]);
+        validation.set_required_spec_claims(&["exp", "aud", "sub"]);
+        validation.leeway = 5;
+        let data =
+            jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation).map_err(|e| {
+                Error::Unauthenticated(
+                    match e.kind() {
+                        ErrorKind::ExpiredSignature => "token expired; issue a new one",
+                        ErrorKind::InvalidSignature => {
+                            "token signature is not valid for this service"
+                        }
+                        ErrorKind::InvalidAudience => "token is not meant for the GSaaS API",
+                        ErrorKind::InvalidAlgorithm => "token is not signed with EdDSA",
+                        ErrorKind::MissingRequiredClaim(_) => "token lacks a required claim",
+                        _ => "token is malformed",
+                    }
+                    .to_owned(),
+                )
+            })?;
+        let claims = data.claims;
+        let role = if claims.roles.contains(&Role::Admin) {
+            Role::Admin
+        } else if claims.roles.contains(&Role::Member) {
+            Role::Member
+        } else if claims.roles.contains(&Role::Agent) {
+            Role::Agent
+        } else {
+            return Err(Error::Unauthenticated("token carries no known role".into()));
+        };
+        if role != Role::Agent && claims.project.as_deref().is_none_or(str::is_empty) {
+            return Err(Error::Unauthenticated("token names no project".into()));
+        }
+        Ok(Caller { subject: claims.sub, project: claims.project, role })
+    }
+}
+
+#[cfg(unix)]
+fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    file.write_all(pem.as_bytes())
+}
+
+#[cfg(not(unix))]
+fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
+    std::fs::write(path, pem)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
+}
+
+/// What the extractor needs from the application state.
+pub trait HasKeys {
+    fn keys(&self) -> &Keys;
+}
+
+impl<S> FromRequestParts<S> for Caller
+where
+    S: HasKeys + Send + Sync,
+{
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let headers = &parts.headers;
+        let token = if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
+            let value = value
+                .to_str()
+                .map_err(|_| Error::Unauthenticated("Authorization header is not text".into()))?;
+            value
+                .strip_prefix("Bearer ")
+                .or_else(|| value.strip_prefix("bearer "))
+                .ok_or_else(|| {
+                    Error::Unauthenticated("Authorization must be `Bearer <token>`".into())
+                })?
+                .trim()
+        } else if let Some(value) = headers.get("x-auth-token") {
+            value
+                .to_str()
+                .map_err(|_| Error::Unauthenticated("X-Auth-Token is not text".into()))?
+                .trim()
+        } else {
+            return Err(Error::Unauthenticated(
+                "missing token: send `Authorization: Bearer <token>`; an operator issues one with \
+                 `gsaasd token issue --project P --role member`"
+                    .into(),
+            ));
+        };
+        state.keys().verify(token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> Keys {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
+        Keys::from_private_pem(&key.to_pkcs8_pem(LineEnding::LF).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn issued_tokens_verify_and_others_are_refused_with_a_reason() {
+        let keys = keys();
+        let hour = Duration::from_secs(3600);
+        let token = keys.issue("alice", Some("p1"), Role::Member, hour);
+        let caller = keys.verify(&token).unwrap();
+        assert_eq!(caller.project.as_deref(), Some("p1"));
+        assert_eq!(caller.role, Role::Member);
+        assert_eq!(
+            keys.verify(&keys.issue("h1", None, Role::Agent, hour)).unwrap().role,
+            Role::Agent
+        );
+
+        let other = ed25519_dalek::SigningKey::from_bytes(&[8; 32]);
+        let other = Keys::from_private_pem(&other.to_pkcs8_pem(LineEnding::LF).unwrap()).unwrap();
+        let forged = other.issue("mallory", Some("p1"), Role::Admin, hour);
+        let reason = keys.verify(&forged).unwrap_err().to_string();
+        assert!(reason.contains("signature"), "{reason}");
+        let expired = keys.issue("alice", Some("p1"), Role::Member, Duration::ZERO);
+        // Expiry has 5 s leeway; forge an older one.
+        let claims = Claims {
+            sub: "alice".into(),
+            aud: API_AUDIENCE.into(),
+            iat: 1,
+            exp: 2,
+            project: Some("p1".into()),
+            roles: vec![Role::Member],
+        };
+        let old =
+            jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &keys.encoding).unwrap();
+        assert!(keys.verify(&old).unwrap_err().to_string().contains("expired"));
+        assert!(keys.verify(&expired).is_ok(), "within leeway");
+        assert!(keys.verify("garbage").unwrap_err().to_string().contains("malformed"));
+        let agent_token = keys.agent_signer().sign(hour);
+        assert!(
+            keys.verify(&agent_token).is_err(),
+            "gsaasd's tokens for agents do not open its API"
+        );
+        let no_project = keys.issue("bob", None, Role::Member, hour);
+        assert!(keys.verify(&no_project).unwrap_err().to_string().contains("project"));
+    }
+
+    #[test]
+    fn a_key_is_created_once_and_reloaded() {
+        let dir = std::env::temp_dir().join(format!("gsaas-keys-{}", std::process::id()));
+        let path = dir.join("signing-key.pem");
+        let first = Keys::load_or_create(&path).unwrap();
+        let second = Keys::load_or_create(&path).unwrap();
+        assert_eq!(first.public_pem(), second.public_pem());
+        assert!(std::fs::read_to_string(path.with_extension("pub"))
+            .unwrap()
+            .contains("PUBLIC KEY"));
+        std::fs::write(&path, "nope").unwrap();
+        assert!(matches!(Keys::load_or_create(&path), Err(KeyError::Format { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,144 @@
+//! The cloud gsaasd creates VMs in, behind one small trait.
+//!
+//! The launch saga only needs five things from a cloud: check that a VM request can be met, create a
+//! server (idempotently: a retried step must not create a second one), find a server created before a
+//! crash, follow it to ACTIVE and then to "deployed" (its network is up), and delete it. `sim` is the
+//! embedded default, a simulated Nova with Nova's state machine; `nova` (the real OpenStack API) comes
+//! with the OpenStack backend.
+//!
+//! Errors say what the caller can do about them: `Invalid` names the request field the cloud refused
+//! (400/422), `Quota` is the tenant's limit, `Unavailable` means the cloud could not be reached or
+//! failed (503, the saga unwinds), `NotFound` is what undo steps treat as success.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use gpgpums::{HostId, VmId};
+use serde::{Deserialize, Serialize};
+
+pub mod sim;
+
+/// The cloud's id for a server (Nova's server UUID).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ServerId(pub String);
+
+impl std::fmt::Display for ServerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The VM part of a launch request, as the cloud sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmRequest {
+    pub name: String,
+    pub image: String,
+    pub flavor: String,
+    /// Network names or ids; empty means the cloud's default.
+    #[serde(default)]
+    pub networks: Vec<String>,
+}
+
+/// Where the cloud may run a server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "hosts", rename_all = "kebab-case")]
+pub enum HostConstraint {
+    /// Exactly this host (Nova's `host`, locality `local`).
+    Pinned(HostId),
+    /// Any of these hosts, the cloud picks (remote: the compute-rGPU hosts; any: hosts with an agent).
+    AnyOf(Vec<HostId>),
+}
+
+/// Everything needed to create one server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSpec {
+    /// GSaaS's id of the VM; the cloud records it (Nova metadata) so the server can be found again.
+    pub vm: VmId,
+    pub request: VmRequest,
+    /// The complete cloud-init user_data (the rCUDA environment merged with the user's own).
+    pub user_data: Vec<u8>,
+    pub host: HostConstraint,
+}
+
+/// Nova's server states that matter here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", content = "fault", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ServerStatus {
+    Build,
+    Active,
+    /// Nova's fault message.
+    Error(String),
+}
+
+/// A server as the cloud reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    pub id: ServerId,
+    pub vm: VmId,
+    pub status: ServerStatus,
+    /// The hypervisor host (`OS-EXT-SRV-ATTR:host`), once scheduled.
+    pub host: Option<HostId>,
+    /// The VM's fixed IPv4 address, once its port is bound.
+    pub fixed_ip: Option<Ipv4Addr>,
+    /// The VM's tap interface on its host (`tap` + the port id's first 11 characters).
+    pub tap: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CloudError {
+    /// The cloud refused a field of the VM request (unknown flavor, image, network or host).
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    /// The tenant's quota does not allow the VM.
+    #[error("quota exceeded: {0}")]
+    Quota(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The cloud could not be reached, timed out or failed; retrying later may work.
+    #[error("cloud unavailable: {reason}")]
+    Unavailable {
+        reason: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The server went to ERROR; carries Nova's fault message.
+    #[error("server failed: {0}")]
+    ServerFailed(String),
+    /// The server did not reach the awaited state in time.
+    #[error("timed out after {0:?} waiting for the server")]
+    Timeout(Duration),
+}
+
+impl CloudError {
+    pub fn unavailable(reason: impl Into<String>) -> Self {
+        CloudError::Unavailable { reason: reason.into(), source: None }
+    }
+}
+
+/// A cloud that runs VMs. See the module docs.
+#[async_trait]
+pub trait Cloud: Send + Sync + std::fmt::Debug {
+    /// Checks that the cloud can run the VM part of a request (flavor, image and networks exist).
+    async fn check(&self, request: &VmRequest) -> Result<(), CloudError>;
+
+    /// Creates the server, or returns the one already created for `spec.vm`.
+    async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError>;
+
+    /// The server created for `vm`, if any (to recover a creation interrupted by a crash).
+    async fn find_server(&self, vm: VmId) -> Result<Option<ServerId>, CloudError>;
+
+    /// The server's current state; `NotFound` once it is deleted.
+    async fn server(&self, id: &ServerId) -> Result<ServerInfo, CloudError>;
+
+    /// Waits until the server is ACTIVE with its host known (`ServerFailed` on ERROR), at most `timeout`.
+    async fn wait_active(&self, id: &ServerId, timeout: Duration)
+        -> Result<ServerInfo, CloudError>;
+
+    /// Waits until the ACTIVE server's network is up inside the VM (the paper's "VM deployment").
+    async fn wait_deployed(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError>;
+
+    /// Deletes the server and waits until it is gone. A server that does not exist is not an error.
+    async fn delete_server(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError>;
+}

@@ -1,0 +1,770 @@
+//! `SimCloud`: a simulated Nova, the embedded default cloud of gsaasd.
+//!
+//! The demo, the benchmarks and the end-to-end tests run gsaasd without OpenStack, so this is a real
+//! component with Nova's observable behaviour, not a test double: a server is created in BUILD after
+//! the API's latency (`creation_delay`), is scheduled on a host that honours the request's
+//! [`HostConstraint`], becomes ACTIVE with its host, fixed IP and tap after `activation_delay`, and
+//! is "deployed" (its network is up inside the VM, the dissertation's third boot stage) after a
+//! further `deployment_delay`. Delays are tokio timers, so tests under paused time cost nothing.
+//!
+//! Each server's state lives in a `tokio::sync::watch` channel. Waiters subscribe and wake on every
+//! change instead of polling, and the channel closing (the server removed) ends every wait. The
+//! state map sits behind a std `Mutex` that is never held across an `.await`.
+//!
+//! The lifecycle (activation, deployment) and the removal after a delete run in spawned tasks, as
+//! they do in Nova: a caller that gives up waiting (a cancelled saga step) does not leave a server
+//! half-created or half-deleted, and `find_server` recovers a creation whose caller went away.
+//!
+//! A VM's network is a hook, [`SimVmNetwork`]: the default is an address pool
+//! ([`SimAddressPool`]); an end-to-end test plugs in one whose VMs are network namespaces. A hook
+//! that fails to bind puts the server in ERROR, as a failed port binding does in Nova; one that
+//! fails to release makes the delete fail and leaves the server in ERROR, retryable.
+//!
+//! Saga tests need deterministic failures, so faults are injected ([`SimCloud::inject`]): each
+//! fires once, in injection order per operation.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use gpgpums::{HostId, VmId};
+pub use rodvr_agent::protocol::Ipv4Cidr;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use super::{
+    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus, VmRequest,
+};
+
+/// The simulated cloud's settings (`[cloud.sim]` in gsaasd's config).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimConfig {
+    /// How long `create_server` takes to return (Nova's API latency).
+    pub creation_delay_ms: u64,
+    /// From creation to ACTIVE.
+    pub activation_delay_ms: u64,
+    /// From ACTIVE to the VM's network being up.
+    pub deployment_delay_ms: u64,
+    /// From a delete request to the server being gone.
+    pub deletion_delay_ms: u64,
+    pub images: Vec<String>,
+    pub flavors: Vec<String>,
+    pub networks: Vec<String>,
+    /// The default network's subnet: VMs get .2, .3, ... (.1 is the gateway).
+    pub fixed_ip_range: Ipv4Cidr,
+    /// If set, each server's user_data is written to `<record_dir>/<vm_id>.user_data`.
+    pub record_dir: Option<PathBuf>,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        let names = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+        Self {
+            creation_delay_ms: 0,
+            activation_delay_ms: 0,
+            deployment_delay_ms: 0,
+            deletion_delay_ms: 0,
+            images: names(&["cirros-0.6.2", "ubuntu-22.04"]),
+            flavors: names(&["m1.tiny", "m1.small", "m1.medium", "m1.large", "g1.gpu"]),
+            networks: names(&["private"]),
+            fixed_ip_range: Ipv4Cidr::new(Ipv4Addr::new(10, 77, 0, 0), 16).expect("a valid prefix"),
+            record_dir: None,
+        }
+    }
+}
+
+/// The first and last offsets in `range` a VM may get: .1 is the gateway, the last is broadcast.
+/// A range of /31 or /32 has none (`first > last`).
+fn vm_offsets(range: Ipv4Cidr) -> (u32, u32) {
+    let size = 1u64 << (32 - u32::from(range.prefix_len()));
+    (2, u32::try_from(size.saturating_sub(2)).unwrap_or(u32::MAX))
+}
+
+/// A VM's port as its host sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmPort {
+    pub fixed_ip: Ipv4Addr,
+    /// `tap` + the port id's first 11 characters, as Neutron names it.
+    pub tap: String,
+}
+
+impl VmPort {
+    /// A port with a fresh Neutron-style port id.
+    pub fn new(fixed_ip: Ipv4Addr) -> Self {
+        let port_id = Uuid::new_v4().to_string();
+        Self { fixed_ip, tap: format!("tap{}", &port_id[..11]) }
+    }
+}
+
+/// Gives simulated VMs their network. See the module docs.
+#[async_trait]
+pub trait SimVmNetwork: Send + Sync + fmt::Debug {
+    /// Binds the server's port on `host`; called as the server becomes ACTIVE. An error puts the
+    /// server in ERROR with the error as its fault.
+    async fn attach(
+        &self,
+        server: &ServerId,
+        vm: VmId,
+        host: &HostId,
+    ) -> Result<VmPort, CloudError>;
+
+    /// Releases a port `attach` returned; called when the server is deleted. An error fails the
+    /// delete and leaves the server in ERROR with the port still bound.
+    async fn detach(
+        &self,
+        server: &ServerId,
+        host: &HostId,
+        port: &VmPort,
+    ) -> Result<(), CloudError>;
+}
+
+/// The default VM network: addresses from one subnet, lowest freed address reused first.
+#[derive(Debug)]
+pub struct SimAddressPool {
+    range: Ipv4Cidr,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Debug)]
+struct PoolState {
+    /// The next never-used offset into the range.
+    next: u32,
+    freed: BTreeSet<u32>,
+}
+
+impl SimAddressPool {
+    pub fn new(range: Ipv4Cidr) -> Self {
+        let (first, _) = vm_offsets(range);
+        Self { range, state: Mutex::new(PoolState { next: first, freed: BTreeSet::new() }) }
+    }
+
+    pub fn allocate(&self) -> Result<Ipv4Addr, CloudError> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (_, last) = vm_offsets(self.range);
+        let offset = match state.freed.pop_first() {
+            Some(offset) => offset,
+            None if state.next <= last => {
+                state.next += 1;
+                state.next - 1
+            }
+            None => {
+                return Err(CloudError::unavailable(format!(
+                    "no free fixed IP address left in {}",
+                    self.range
+                )))
+            }
+        };
+        Ok(Ipv4Addr::from(u32::from(self.range.network()) + offset))
+    }
+
+    /// Returns `address` to the pool; an address the pool did not hand out is ignored.
+    pub fn release(&self, address: Ipv4Addr) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (first, _) = vm_offsets(self.range);
+        let offset = u32::from(address).wrapping_sub(u32::from(self.range.network()));
+        if (first..state.next).contains(&offset) {
+            state.freed.insert(offset);
+        }
+    }
+}
+
+#[async_trait]
+impl SimVmNetwork for SimAddressPool {
+    async fn attach(&self, _: &ServerId, _: VmId, _: &HostId) -> Result<VmPort, CloudError> {
+        self.allocate().map(VmPort::new)
+    }
+
+    async fn detach(&self, _: &ServerId, _: &HostId, port: &VmPort) -> Result<(), CloudError> {
+        self.release(port.fixed_ip);
+        Ok(())
+    }
+}
+
+/// A failure to inject; each fires once. See [`SimCloud::inject`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SimFault {
+    /// `check` fails with `Unavailable`.
+    CheckUnavailable,
+    /// `create_server` fails with `Unavailable` before anything exists.
+    CreateUnavailable,
+    /// `create_server` refuses a field.
+    CreateInvalid { field: &'static str, reason: String },
+    /// `create_server` fails with `Quota`.
+    CreateQuota,
+    /// The next server to activate goes to ERROR with this fault instead of ACTIVE.
+    ActivationFails(String),
+    /// The next server due to be deployed stays ACTIVE and never reports deployed.
+    DeployTimeout,
+    /// `delete_server` fails with `Unavailable`.
+    DeleteUnavailable,
+    /// `server` or `find_server` fails with `Unavailable`.
+    ServerLookupUnavailable,
+}
+
+/// Injected faults not yet fired, per operation.
+#[derive(Debug, Default)]
+struct Faults {
+    check: u32,
+    create: VecDeque<CloudError>,
+    activation: VecDeque<String>,
+    deploy_timeouts: u32,
+    delete: u32,
+    lookup: u32,
+}
+
+fn take(count: &mut u32) -> bool {
+    let had = *count > 0;
+    *count = count.saturating_sub(1);
+    had
+}
+
+fn injected_outage(operation: &str) -> CloudError {
+    CloudError::unavailable(format!("injected fault: the compute API did not answer {operation}"))
+}
+
+/// Where a server is in its life, besides Nova's status.
+#[derive(Debug, Clone)]
+enum Lifecycle {
+    Live,
+    Deleting,
+    /// The last delete failed; another delete retries.
+    DeleteFailed(Arc<CloudError>),
+    Gone,
+}
+
+/// What waiters watch.
+#[derive(Debug, Clone)]
+struct Observed {
+    info: ServerInfo,
+    deployed: bool,
+    lifecycle: Lifecycle,
+}
+
+#[derive(Debug)]
+struct ServerRecord {
+    vm: VmId,
+    /// The scheduled host; reported once ACTIVE.
+    host: HostId,
+    user_data: Vec<u8>,
+    port: Option<VmPort>,
+    observed: watch::Sender<Observed>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    hosts: BTreeSet<HostId>,
+    servers: HashMap<ServerId, ServerRecord>,
+    /// The server of each VM that is not being deleted.
+    live_by_vm: HashMap<VmId, ServerId>,
+    faults: Faults,
+}
+
+impl State {
+    fn schedule(&self, constraint: &HostConstraint) -> Result<HostId, CloudError> {
+        let no_valid_host = |reason: String| CloudError::Invalid {
+            field: "host",
+            reason: format!("No valid host was found. {reason}"),
+        };
+        match constraint {
+            HostConstraint::Pinned(host) if self.hosts.contains(host) => Ok(host.clone()),
+            HostConstraint::Pinned(host) => Err(no_valid_host(format!(
+                "Host {host:?} is not a compute host of this cloud (known: {})",
+                join(&self.hosts)
+            ))),
+            HostConstraint::AnyOf(candidates) => {
+                let mut load: HashMap<&HostId, usize> = HashMap::new();
+                for id in self.live_by_vm.values() {
+                    if let Some(record) = self.servers.get(id) {
+                        *load.entry(&record.host).or_default() += 1;
+                    }
+                }
+                candidates
+                    .iter()
+                    .filter(|host| self.hosts.contains(*host))
+                    .min_by_key(|host| (load.get(host).copied().unwrap_or(0), *host))
+                    .cloned()
+                    .ok_or_else(|| {
+                        no_valid_host(format!(
+                            "None of the candidate hosts ({}) is a compute host of this cloud",
+                            join(candidates)
+                        ))
+                    })
+            }
+        }
+    }
+
+    fn live_record(&mut self, id: &ServerId) -> Option<&mut ServerRecord> {
+        self.servers
+            .get_mut(id)
+            .filter(|record| matches!(record.observed.borrow().lifecycle, Lifecycle::Live))
+    }
+}
+
+fn join<'a, T: fmt::Display + 'a>(items: impl IntoIterator<Item = &'a T>) -> String {
+    items.into_iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// An error and its sources, for a fault message that outlives the error.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(err) = source {
+        text.push_str(": ");
+        text.push_str(&err.to_string());
+        source = err.source();
+    }
+    text
+}
+
+fn not_found(id: &ServerId) -> CloudError {
+    CloudError::NotFound(format!("server {id}"))
+}
+
+fn require_known(
+    field: &'static str,
+    kind: &str,
+    value: &str,
+    known: &[String],
+) -> Result<(), CloudError> {
+    if known.iter().any(|k| k == value) {
+        return Ok(());
+    }
+    Err(CloudError::Invalid {
+        field,
+        reason: format!("{value:?} not found; known {kind}: {}", known.join(", ")),
+    })
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: SimConfig,
+    network: Arc<dyn SimVmNetwork>,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn validate(&self, request: &VmRequest) -> Result<(), CloudError> {
+        let config = &self.config;
+        require_known("image", "images", &request.image, &config.images)?;
+        require_known("flavor", "flavors", &request.flavor, &config.flavors)?;
+        for network in &request.networks {
+            require_known("networks", "networks", network, &config.networks)?;
+        }
+        Ok(())
+    }
+
+    /// Updates a server's observed state, if it still exists.
+    fn observe(&self, id: &ServerId, update: impl FnOnce(&mut Observed)) {
+        if let Some(record) = self.state().servers.get(id) {
+            record.observed.send_modify(update);
+        }
+    }
+
+    /// BUILD → ACTIVE → deployed, unless the server is deleted meanwhile.
+    async fn run_lifecycle(self: Arc<Self>, id: ServerId) {
+        let config = &self.config;
+        let until_active = config.creation_delay_ms.saturating_add(config.activation_delay_ms);
+        tokio::time::sleep(Duration::from_millis(until_active)).await;
+        let (vm, host, injected_fault) = {
+            let mut state = self.state();
+            let Some(record) = state.live_record(&id) else { return };
+            let (vm, host) = (record.vm, record.host.clone());
+            (vm, host, state.faults.activation.pop_front())
+        };
+        if let Some(fault) = injected_fault {
+            self.observe(&id, |o| o.info.status = ServerStatus::Error(fault));
+            return;
+        }
+        let port = match self.network.attach(&id, vm, &host).await {
+            Ok(port) => port,
+            Err(err) => {
+                let fault =
+                    format!("binding the port on host {host} failed: {}", error_chain(&err));
+                self.observe(&id, |o| o.info.status = ServerStatus::Error(fault));
+                return;
+            }
+        };
+        let bound = {
+            let mut state = self.state();
+            match state.live_record(&id) {
+                Some(record) => {
+                    record.port = Some(port.clone());
+                    record.observed.send_modify(|o| {
+                        o.info.status = ServerStatus::Active;
+                        o.info.host = Some(host.clone());
+                        o.info.fixed_ip = Some(port.fixed_ip);
+                        o.info.tap = Some(port.tap.clone());
+                    });
+                    true
+                }
+                None => false,
+            }
+        };
+        if !bound {
+            // Deleted while the port was being bound: the removal did not see this port.
+            if let Err(err) = self.network.detach(&id, &host, &port).await {
+                tracing::warn!(server = %id, error = %error_chain(&err), "releasing the port of a deleted server failed");
+            }
+            return;
+        }
+
+        tokio::time::sleep(Duration::from_millis(config.deployment_delay_ms)).await;
+        let mut state = self.state();
+        if state.live_record(&id).is_some() && !take(&mut state.faults.deploy_timeouts) {
+            if let Some(record) = state.servers.get(&id) {
+                record.observed.send_modify(|o| o.deployed = true);
+            }
+        }
+    }
+
+    /// Releases the server's port and forgets the server.
+    async fn run_removal(self: Arc<Self>, id: ServerId) {
+        tokio::time::sleep(Duration::from_millis(self.config.deletion_delay_ms)).await;
+        let Some((host, port)) =
+            self.state().servers.get_mut(&id).map(|r| (r.host.clone(), r.port.take()))
+        else {
+            return;
+        };
+        if let Some(port) = port {
+            if let Err(err) = self.network.detach(&id, &host, &port).await {
+                let fault = format!("deleting the server failed: {}", error_chain(&err));
+                if let Some(record) = self.state().servers.get_mut(&id) {
+                    record.port = Some(port);
+                    record.observed.send_modify(|o| {
+                        o.info.status = ServerStatus::Error(fault);
+                        o.lifecycle = Lifecycle::DeleteFailed(Arc::new(err));
+                    });
+                }
+                return;
+            }
+        }
+        if let Some(record) = self.state().servers.remove(&id) {
+            record.observed.send_modify(|o| o.lifecycle = Lifecycle::Gone);
+        }
+    }
+}
+
+async fn record_user_data(dir: &Path, vm: VmId, user_data: &[u8]) -> Result<(), CloudError> {
+    let path = dir.join(format!("{vm}.user_data"));
+    // Written aside and renamed, so a reader in another process never sees half a file.
+    let partial = dir.join(format!(".{vm}.user_data.{}", Uuid::new_v4()));
+    let result = async {
+        tokio::fs::create_dir_all(dir).await?;
+        tokio::fs::write(&partial, user_data).await?;
+        tokio::fs::rename(&partial, &path).await
+    };
+    result.await.map_err(|err| CloudError::Unavailable {
+        reason: format!("recording the user_data in {}", path.display()),
+        source: Some(Box::new(err)),
+    })
+}
+
+/// A simulated Nova. See the module docs. Cheap to share: clones are the same cloud.
+#[derive(Debug, Clone)]
+pub struct SimCloud {
+    shared: Arc<Shared>,
+}
+
+impl SimCloud {
+    /// A cloud whose VMs get addresses from `config.fixed_ip_range`.
+    pub fn new(config: SimConfig, hosts: Vec<HostId>) -> Self {
+        let network = Arc::new(SimAddressPool::new(config.fixed_ip_range));
+        Self::with_network(config, hosts, network)
+    }
+
+    /// A cloud whose VMs get their network from `network`.
+    pub fn with_network(
+        config: SimConfig,
+        hosts: Vec<HostId>,
+        network: Arc<dyn SimVmNetwork>,
+    ) -> Self {
+        let state = State { hosts: hosts.into_iter().collect(), ..State::default() };
+        Self { shared: Arc::new(Shared { config, network, state: Mutex::new(state) }) }
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.shared.config
+    }
+
+    /// Makes `host` a compute host (an agent registered later).
+    pub fn add_host(&self, host: HostId) {
+        self.shared.state().hosts.insert(host);
+    }
+
+    /// Replaces the compute hosts; servers already on a removed host stay.
+    pub fn set_hosts(&self, hosts: Vec<HostId>) {
+        self.shared.state().hosts = hosts.into_iter().collect();
+    }
+
+    pub fn hosts(&self) -> Vec<HostId> {
+        self.shared.state().hosts.iter().cloned().collect()
+    }
+
+    /// Queues a fault; faults of one operation fire once each, in the order injected.
+    pub fn inject(&self, fault: SimFault) {
+        let mut state = self.shared.state();
+        let faults = &mut state.faults;
+        match fault {
+            SimFault::CheckUnavailable => faults.check += 1,
+            SimFault::CreateUnavailable => faults.create.push_back(injected_outage("the create")),
+            SimFault::CreateInvalid { field, reason } => {
+                faults.create.push_back(CloudError::Invalid { field, reason });
+            }
+            SimFault::CreateQuota => faults.create.push_back(CloudError::Quota(
+                "Quota exceeded for instances: Requested 1, but already used 10 of 10 instances"
+                    .to_owned(),
+            )),
+            SimFault::ActivationFails(fault) => faults.activation.push_back(fault),
+            SimFault::DeployTimeout => faults.deploy_timeouts += 1,
+            SimFault::DeleteUnavailable => faults.delete += 1,
+            SimFault::ServerLookupUnavailable => faults.lookup += 1,
+        }
+    }
+
+    /// The user_data the server was created with, while it exists.
+    pub fn user_data(&self, id: &ServerId) -> Option<Vec<u8>> {
+        self.shared.state().servers.get(id).map(|record| record.user_data.clone())
+    }
+
+    /// Where the user_data of `vm` is recorded, if `record_dir` is set.
+    pub fn user_data_path(&self, vm: VmId) -> Option<PathBuf> {
+        let dir = self.shared.config.record_dir.as_ref()?;
+        Some(dir.join(format!("{vm}.user_data")))
+    }
+
+    /// Every server that exists (including those being deleted), ordered by id.
+    pub fn servers(&self) -> Vec<ServerInfo> {
+        let mut servers: Vec<ServerInfo> = (self.shared.state().servers.values())
+            .map(|record| record.observed.borrow().info.clone())
+            .collect();
+        servers.sort_by(|a, b| a.id.cmp(&b.id));
+        servers
+    }
+
+    fn subscribe(&self, id: &ServerId) -> Result<watch::Receiver<Observed>, CloudError> {
+        let state = self.shared.state();
+        let record = state.servers.get(id).ok_or_else(|| not_found(id))?;
+        Ok(record.observed.subscribe())
+    }
+
+    /// Waits until `done` holds; `NotFound` if the server is removed first.
+    async fn wait_until(
+        &self,
+        id: &ServerId,
+        timeout: Duration,
+        done: impl FnMut(&Observed) -> bool,
+    ) -> Result<Observed, CloudError> {
+        let mut observed = self.subscribe(id)?;
+        let wait = async {
+            match observed.wait_for(done).await {
+                Ok(state) => Ok(state.clone()),
+                Err(_closed) => Err(not_found(id)),
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.map_err(|_| CloudError::Timeout(timeout))?
+    }
+}
+
+#[async_trait]
+impl Cloud for SimCloud {
+    async fn check(&self, request: &VmRequest) -> Result<(), CloudError> {
+        if take(&mut self.shared.state().faults.check) {
+            return Err(injected_outage("the check"));
+        }
+        self.shared.validate(request)
+    }
+
+    async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError> {
+        {
+            let mut state = self.shared.state();
+            if let Some(err) = state.faults.create.pop_front() {
+                return Err(err);
+            }
+            self.shared.validate(&spec.request)?;
+            if let Some(id) = state.live_by_vm.get(&spec.vm) {
+                return Ok(id.clone());
+            }
+            state.schedule(&spec.host)?;
+        }
+        if let Some(dir) = &self.shared.config.record_dir {
+            record_user_data(dir, spec.vm, &spec.user_data).await?;
+        }
+        let id = {
+            let mut state = self.shared.state();
+            if let Some(id) = state.live_by_vm.get(&spec.vm) {
+                return Ok(id.clone());
+            }
+            let host = state.schedule(&spec.host)?;
+            let id = ServerId(Uuid::new_v4().to_string());
+            let info = ServerInfo {
+                id: id.clone(),
+                vm: spec.vm,
+                status: ServerStatus::Build,
+                host: None,
+                fixed_ip: None,
+                tap: None,
+            };
+            let observed = Observed { info, deployed: false, lifecycle: Lifecycle::Live };
+            let record = ServerRecord {
+                vm: spec.vm,
+                host,
+                user_data: spec.user_data.clone(),
+                port: None,
+                observed: watch::Sender::new(observed),
+            };
+            state.servers.insert(id.clone(), record);
+            state.live_by_vm.insert(spec.vm, id.clone());
+            id
+        };
+        tokio::spawn(Arc::clone(&self.shared).run_lifecycle(id.clone()));
+        tokio::time::sleep(Duration::from_millis(self.shared.config.creation_delay_ms)).await;
+        Ok(id)
+    }
+
+    async fn find_server(&self, vm: VmId) -> Result<Option<ServerId>, CloudError> {
+        let mut state = self.shared.state();
+        if take(&mut state.faults.lookup) {
+            return Err(injected_outage("the server lookup"));
+        }
+        Ok(state.live_by_vm.get(&vm).cloned())
+    }
+
+    async fn server(&self, id: &ServerId) -> Result<ServerInfo, CloudError> {
+        let mut state = self.shared.state();
+        if take(&mut state.faults.lookup) {
+            return Err(injected_outage("the server lookup"));
+        }
+        let record = state.servers.get(id).ok_or_else(|| not_found(id))?;
+        let info = record.observed.borrow().info.clone();
+        Ok(info)
+    }
+
+    async fn wait_active(
+        &self,
+        id: &ServerId,
+        timeout: Duration,
+    ) -> Result<ServerInfo, CloudError> {
+        let observed = self
+            .wait_until(id, timeout, |o| {
+                matches!(o.lifecycle, Lifecycle::Gone) || o.info.status != ServerStatus::Build
+            })
+            .await?;
+        match (&observed.lifecycle, &observed.info.status) {
+            (Lifecycle::Gone, _) => Err(not_found(id)),
+            (_, ServerStatus::Error(fault)) => Err(CloudError::ServerFailed(fault.clone())),
+            _ => Ok(observed.info),
+        }
+    }
+
+    async fn wait_deployed(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError> {
+        let observed = self
+            .wait_until(id, timeout, |o| {
+                matches!(o.lifecycle, Lifecycle::Gone)
+                    || matches!(o.info.status, ServerStatus::Error(_))
+                    || o.deployed
+            })
+            .await?;
+        match (observed.lifecycle, observed.info.status) {
+            (Lifecycle::Gone, _) => Err(not_found(id)),
+            (_, ServerStatus::Error(fault)) => Err(CloudError::ServerFailed(fault)),
+            _ => Ok(()),
+        }
+    }
+
+    async fn delete_server(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError> {
+        let mut observed = {
+            let mut state = self.shared.state();
+            if take(&mut state.faults.delete) {
+                return Err(injected_outage("the delete"));
+            }
+            let Some(record) = state.servers.get(id) else { return Ok(()) };
+            let vm = record.vm;
+            let start_removal = matches!(
+                record.observed.borrow().lifecycle,
+                Lifecycle::Live | Lifecycle::DeleteFailed(_)
+            );
+            let observed = record.observed.subscribe();
+            if start_removal {
+                record.observed.send_modify(|o| o.lifecycle = Lifecycle::Deleting);
+                if state.live_by_vm.get(&vm) == Some(id) {
+                    state.live_by_vm.remove(&vm);
+                }
+                tokio::spawn(Arc::clone(&self.shared).run_removal(id.clone()));
+            }
+            observed
+        };
+        let wait = async {
+            let ended = observed
+                .wait_for(|o| matches!(o.lifecycle, Lifecycle::Gone | Lifecycle::DeleteFailed(_)))
+                .await;
+            match ended.as_deref().map(|o| &o.lifecycle) {
+                Ok(Lifecycle::DeleteFailed(err)) => Err(CloudError::Unavailable {
+                    reason: format!("deleting server {id} failed"),
+                    source: Some(Box::new(Arc::clone(err))),
+                }),
+                // Gone, or the record dropped with it.
+                _ => Ok(()),
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.map_err(|_| CloudError::Timeout(timeout))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_too_small_for_vms_hands_out_nothing() {
+        let pool = SimAddressPool::new("10.0.0.0/31".parse().unwrap());
+        assert!(matches!(pool.allocate(), Err(CloudError::Unavailable { .. })));
+        let pool = SimAddressPool::new("10.0.0.0/30".parse().unwrap());
+        assert_eq!(pool.allocate().unwrap(), Ipv4Addr::new(10, 0, 0, 2));
+        assert!(pool.allocate().is_err());
+    }
+
+    #[test]
+    fn config_defaults_and_refuses_unknown_fields() {
+        let config: SimConfig = serde_json::from_str(r#"{"activation_delay_ms": 5}"#).unwrap();
+        assert_eq!(config, SimConfig { activation_delay_ms: 5, ..SimConfig::default() });
+        assert_eq!(config.fixed_ip_range.to_string(), "10.77.0.0/16");
+        assert!(serde_json::from_str::<SimConfig>(r#"{"activation_delay": 5}"#).is_err());
+        let err =
+            serde_json::from_str::<SimConfig>(r#"{"fixed_ip_range": "10.0.0.0/32"}"#).unwrap_err();
+        assert!(err.to_string().contains("at most /30"), "{err}");
+    }
+
+    #[test]
+    fn pool_hands_out_from_dot_two_reuses_lowest_freed_and_runs_out() {
+        let pool = SimAddressPool::new("192.168.1.0/29".parse().unwrap());
+        let got: Vec<Ipv4Addr> = (0..5).map(|_| pool.allocate().unwrap()).collect();
+        let expected: Vec<Ipv4Addr> = (2..7).map(|d| Ipv4Addr::new(192, 168, 1, d)).collect();
+        assert_eq!(got, expected);
+        assert!(matches!(pool.allocate(), Err(CloudError::Unavailable { .. })));
+        pool.release(Ipv4Addr::new(192, 168, 1, 5));
+        pool.release(Ipv4Addr::new(192, 168, 1, 3));
+        pool.release(Ipv4Addr::new(192, 168, 1, 7)); // never handed out
+        pool.release(Ipv4Addr::new(10, 0, 0, 3)); // not in the range
+        assert_eq!(pool.allocate().unwrap(), Ipv4Addr::new(192, 168, 1, 3));
+        assert_eq!(pool.allocate().unwrap(), Ipv4Addr::new(192, 168, 1, 5));
+        assert!(pool.allocate().is_err());
+    }
+
+    #[test]
+    fn tap_is_named_like_neutron() {
+        let port = VmPort::new(Ipv4Addr::new(10, 77, 0, 2));
+        assert_eq!(port.tap.len(), 14);
+        assert!(port.tap.starts_with("tap"));
+        assert_eq!(&port.tap[11..12], "-");
+    }
+}

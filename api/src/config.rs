@@ -1,0 +1,329 @@
+//! gsaasd's configuration: one TOML file, every field defaulted, so that no file at all gives the
+//! embedded default (SQLite in `.gsaas/`, the simulated cloud, in-process host agents, the paper's
+//! testbed as inventory).
+//!
+//! Unknown fields are errors (a typo must not silently fall back to a default), and every error
+//! carries the file's path.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use gpgpums::{HostId, HostKind, DEFAULT_POLICY};
+use rodvr_agent::protocol::Ipv4Cidr;
+use serde::Deserialize;
+
+use crate::cloud::sim::SimConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("invalid config file {path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where the REST API listens.
+    pub listen: SocketAddr,
+    /// Where the embedded database and the generated signing key live.
+    pub data_dir: PathBuf,
+    /// `sqlite://PATH` or `postgres://...`; default: `sqlite://<data_dir>/gsaas.sqlite`.
+    pub database_url: Option<String>,
+    /// The policy for requests that name none.
+    pub default_policy: String,
+    pub auth: AuthConfig,
+    pub masking: MaskingConfig,
+    pub launch: LaunchConfig,
+    pub cloud: CloudConfig,
+    pub hosts: HostsConfig,
+    /// The GPU inventory used with in-process agents; empty means the paper's testbed.
+    pub inventory: Vec<InventoryHost>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 8080)),
+            data_dir: PathBuf::from(".gsaas"),
+            database_url: None,
+            default_policy: DEFAULT_POLICY.to_owned(),
+            auth: AuthConfig::default(),
+            masking: MaskingConfig::default(),
+            launch: LaunchConfig::default(),
+            cloud: CloudConfig::default(),
+            hosts: HostsConfig::default(),
+            inventory: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Ed25519 private key (PKCS#8 PEM) that signs tenant, admin and agent tokens; generated at first
+    /// start when missing. Default: `<data_dir>/signing-key.pem`.
+    pub signing_key: Option<PathBuf>,
+    /// Lifetime of tokens from `gsaasd token issue`.
+    pub token_ttl_secs: u64,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig { signing_key: None, token_ttl_secs: 24 * 3600 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MaskingConfig {
+    /// The masked range the agents own (in-process agents use it; real agents have their own).
+    pub range: Ipv4Cidr,
+    /// The address every VM uses for its cGPUs; it must be inside each agent's masked range.
+    pub address: Ipv4Addr,
+    /// cGPU `j` of a VM is at `address:base_port + j`.
+    pub base_port: u16,
+}
+
+impl Default for MaskingConfig {
+    fn default() -> Self {
+        MaskingConfig {
+            range: Ipv4Cidr::new(Ipv4Addr::new(100, 127, 0, 0), 16).expect("a valid prefix"),
+            address: Ipv4Addr::new(100, 127, 0, 1),
+            base_port: 8308,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LaunchConfig {
+    /// How long the cloud may take to make a server ACTIVE.
+    pub active_timeout_secs: u64,
+    /// How long the VM's network may take to come up once ACTIVE.
+    pub deploy_timeout_secs: u64,
+    /// How long a host agent may take to apply routes.
+    pub agent_timeout_ms: u64,
+    /// How long a gsaasd's claim on a running saga lasts unless renewed; after a crash, another
+    /// gsaasd (or the restarted one) resumes the saga once the claim runs out.
+    pub saga_lease_secs: u64,
+}
+
+impl Default for LaunchConfig {
+    fn default() -> Self {
+        LaunchConfig {
+            active_timeout_secs: 600,
+            deploy_timeout_secs: 600,
+            agent_timeout_ms: 10_000,
+            saga_lease_secs: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "backend", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum CloudConfig {
+    /// The simulated Nova.
+    Sim {
+        #[serde(default)]
+        sim: SimConfig,
+    },
+}
+
+impl Default for CloudConfig {
+    fn default() -> Self {
+        CloudConfig::Sim { sim: SimConfig::default() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostsBackend {
+    /// Agents inside gsaasd: tables rendered and kept in memory, no kernel touched; the inventory comes
+    /// from this file.
+    InProcess,
+    /// Real `rodvr-agent`s, which register over HTTP with their inventory.
+    Agent,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostsConfig {
+    pub backend: HostsBackend,
+    /// A host whose agent has not reported for this long takes no new cGPUs.
+    pub heartbeat_timeout_secs: u64,
+    /// How often the reconciler runs.
+    pub reconcile_interval_secs: u64,
+}
+
+impl Default for HostsConfig {
+    fn default() -> Self {
+        HostsConfig {
+            backend: HostsBackend::InProcess,
+            heartbeat_timeout_secs: 30,
+            reconcile_interval_secs: 10,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InventoryHost {
+    pub name: HostId,
+    pub kind: HostKind,
+    #[serde(default)]
+    pub gpus: Vec<InventoryGpu>,
+    /// The host's address on the GPU network, where its rCUDA daemons listen.
+    #[serde(default)]
+    pub gpu_network_address: Option<Ipv4Addr>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InventoryGpu {
+    pub model: String,
+    pub memory_mib: u64,
+    /// How many such GPUs, indexed after the ones before.
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Config {
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let Some(path) = path else {
+            return Ok(Config::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let config: Config = toml::from_str(&text)
+            .map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
+        config.check().map_err(|reason| ConfigError::Invalid { path: path.to_owned(), reason })?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if gpgpums::PolicyRegistry::builtin().resolve(&self.default_policy).is_err() {
+            return Err(format!("default_policy: unknown policy {:?}", self.default_policy));
+        }
+        let last_port = u32::from(self.masking.base_port) + gpgpums::MAX_CGPUS_PER_VM;
+        if last_port > u32::from(u16::MAX) {
+            return Err(format!(
+                "masking.base_port: {} leaves no room for {} cGPUs",
+                self.masking.base_port,
+                gpgpums::MAX_CGPUS_PER_VM
+            ));
+        }
+        if !self.masking.range.contains(self.masking.address) {
+            return Err(format!(
+                "masking.address: {} is outside masking.range {}",
+                self.masking.address, self.masking.range
+            ));
+        }
+        let CloudConfig::Sim { sim } = &self.cloud;
+        if sim.fixed_ip_range.prefix_len() > 30 {
+            return Err(format!(
+                "cloud.sim.fixed_ip_range: {} leaves no address for VMs (at most /30)",
+                sim.fixed_ip_range
+            ));
+        }
+        for host in &self.inventory {
+            if host.kind != HostKind::ComputeGpu && !host.gpus.is_empty() {
+                return Err(format!(
+                    "inventory: host {} is {}, only compute-gpu hosts have GPUs",
+                    host.name, host.kind
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn database_url(&self) -> String {
+        self.database_url.clone().unwrap_or_else(|| {
+            format!("sqlite://{}?mode=rwc", self.data_dir.join("gsaas.sqlite").display())
+        })
+    }
+
+    pub fn signing_key_path(&self) -> PathBuf {
+        self.auth.signing_key.clone().unwrap_or_else(|| self.data_dir.join("signing-key.pem"))
+    }
+
+    /// The configured inventory, or the dissertation's testbed: one compute-GPU host with 4 GPUs of
+    /// 8 GiB (Quadro M4000), three compute-rGPU hosts.
+    pub fn inventory(&self) -> Vec<InventoryHost> {
+        if !self.inventory.is_empty() {
+            return self.inventory.clone();
+        }
+        let host = |name: &str, kind| InventoryHost {
+            name: HostId::new(name).expect("valid name"),
+            kind,
+            gpus: vec![],
+            gpu_network_address: None,
+        };
+        let mut gpu_host = host("compute-gpu", HostKind::ComputeGpu);
+        gpu_host.gpus =
+            vec![InventoryGpu { model: "NVIDIA Quadro M4000".into(), memory_mib: 8192, count: 4 }];
+        gpu_host.gpu_network_address = Some(Ipv4Addr::new(10, 78, 0, 1));
+        let mut hosts = vec![gpu_host];
+        for i in 0..3 {
+            hosts.push(host(&format!("compute{i}-rgpu"), HostKind::ComputeRgpu));
+        }
+        hosts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gsaasd.toml");
+        let config = Config::load(Some(&path)).unwrap();
+        assert_eq!(config.hosts.backend, HostsBackend::InProcess);
+        assert_eq!(config.inventory().len(), 4);
+    }
+
+    #[test]
+    fn no_file_is_the_embedded_default() {
+        let config = Config::load(None).unwrap();
+        assert!(config.database_url().starts_with("sqlite://"));
+        let inventory = config.inventory();
+        assert_eq!(inventory[0].gpus[0].count, 4);
+        assert_eq!(inventory.iter().filter(|h| h.kind == HostKind::ComputeRgpu).count(), 3);
+    }
+
+    #[test]
+    fn errors_carry_the_path_and_name_the_problem() {
+        let dir = std::env::temp_dir().join(format!("gsaas-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:0\"\nlisten_port = 3\n").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err();
+        assert!(err.to_string().contains("bad.toml"), "{err}");
+        assert!(format!("{:?}", err).contains("listen_port"), "{err:?}");
+        std::fs::write(&path, "default_policy = \"worst-fit\"\n").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err();
+        assert!(
+            err.to_string().contains("bad.toml") && err.to_string().contains("worst-fit"),
+            "{err}"
+        );
+        let err = Config::load(Some(&dir.join("missing.toml"))).unwrap_err();
+        assert!(err.to_string().contains("missing.toml"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,189 @@
+//! gsaasd's one error type and its one mapping to HTTP.
+//!
+//! Every layer returns [`Error`]; only [`IntoResponse`] below knows status codes. Clients get an RFC 9457
+//! problem document with a stable `code` and a message naming the field or cause; internals (SQL, file
+//! paths, peer addresses) stay in the log, which records the whole source chain.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use gpgpums::Shortfall;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+type Source = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed (not JSON, wrong types): 400.
+    #[error("{field}: {reason}")]
+    Malformed { field: String, reason: String },
+    /// The request is well-formed but a field's value is not acceptable: 422.
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    /// No token, or a token that is malformed, expired or wrongly signed: 401.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The thing does not exist, or the caller may not see it: 404.
+    #[error("{kind}{}{id} not found", if id.is_empty() { "" } else { " " })]
+    NotFound { kind: &'static str, id: String },
+    /// The request body is too large: 413.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The request contradicts the current state: 409.
+    #[error("{0}")]
+    Conflict(String),
+    /// Not enough GPU capacity now: 507.
+    #[error("{0}")]
+    InsufficientCapacity(Shortfall),
+    /// A dependency (the cloud, a host agent, the database) is unavailable: 503.
+    #[error("{dependency} unavailable")]
+    Unavailable {
+        dependency: &'static str,
+        #[source]
+        source: Source,
+    },
+    /// A bug: 500.
+    #[error("internal error")]
+    Internal(#[source] Source),
+}
+
+impl Error {
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Invalid { field: field.into(), reason: reason.into() }
+    }
+
+    pub fn unavailable(dependency: &'static str, source: impl Into<Source>) -> Self {
+        Error::Unavailable { dependency, source: source.into() }
+    }
+
+    pub fn internal(source: impl Into<Source>) -> Self {
+        Error::Internal(source.into())
+    }
+
+    pub fn vm_not_found(id: &impl ToString) -> Self {
+        Error::NotFound { kind: "VM", id: id.to_string() }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Error::Malformed { .. } => StatusCode::BAD_REQUEST,
+            Error::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Error::NotFound { .. } => StatusCode::NOT_FOUND,
+            Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::Conflict(_) => StatusCode::CONFLICT,
+            Error::InsufficientCapacity(_) => StatusCode::INSUFFICIENT_STORAGE,
+            Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable, machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Malformed { .. } => "malformed_request",
+            Error::Invalid { .. } => "invalid_request",
+            Error::Unauthenticated(_) => "unauthenticated",
+            Error::NotFound { .. } => "not_found",
+            Error::TooLarge(_) => "body_too_large",
+            Error::Conflict(_) => "conflict",
+            Error::InsufficientCapacity(_) => "insufficient_gpu_capacity",
+            Error::Unavailable { .. } => "dependency_unavailable",
+            Error::Internal(_) => "internal_error",
+        }
+    }
+
+    fn field(&self) -> Option<&str> {
+        match self {
+            Error::Malformed { field, .. } | Error::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+}
+
+impl From<gpgpums::Error> for Error {
+    fn from(e: gpgpums::Error) -> Self {
+        match e {
+            gpgpums::Error::InvalidRequest { field, reason } => Error::invalid(field, reason),
+            gpgpums::Error::InvalidInventory { field, reason } => Error::invalid(field, reason),
+            gpgpums::Error::InsufficientCapacity(shortfall) => {
+                Error::InsufficientCapacity(shortfall)
+            }
+            gpgpums::Error::Conflict(reason) => Error::Conflict(reason),
+        }
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
+                Error::unavailable("database", e)
+            }
+            e => Error::internal(e),
+        }
+    }
+}
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    /// `about:blank` or a URI naming the problem type.
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    pub title: String,
+    pub status: u16,
+    /// What went wrong, naming the field or cause.
+    pub detail: String,
+    /// Stable machine-readable code.
+    pub code: String,
+    /// The request field at fault, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        match &self {
+            Error::Internal(_) => {
+                tracing::error!(error = format!("{:#}", ErrorChain(&self)), "request failed")
+            }
+            Error::Unavailable { .. } => {
+                tracing::warn!(error = format!("{:#}", ErrorChain(&self)), "dependency unavailable")
+            }
+            _ => tracing::debug!(error = %self, "request refused"),
+        }
+        let problem = Problem {
+            type_uri: "about:blank".into(),
+            title: status.canonical_reason().unwrap_or("Error").into(),
+            status: status.as_u16(),
+            detail: self.to_string(),
+            code: self.code().into(),
+            field: self.field().map(str::to_owned),
+        };
+        let body = serde_json::to_vec(&problem).expect("problem serializes");
+        (status, [(header::CONTENT_TYPE, "application/problem+json")], body).into_response()
+    }
+}
+
+/// Displays an error with its sources, `a: b: c`, for logs.
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}

@@ -1,0 +1,441 @@
+//! The REST API: thin handlers over the application layer.
+//!
+//! Handlers parse, authenticate, call one application method and shape the answer; they hold no
+//! logic and retry nothing. Bodies are parsed here (not by axum's `Json`) so that every malformed
+//! request gets a problem document naming the field (`ncgpus: invalid value: integer -1 ...`).
+
+pub mod views;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use gpgpums::{HostId, VmId};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use utoipa::OpenApi;
+
+use crate::app::hosts::Registration;
+use crate::app::vms::LaunchInput;
+use crate::app::App;
+use crate::auth::{Caller, Role};
+use crate::error::{Error, Problem};
+use views::*;
+
+/// Largest request body accepted.
+pub const MAX_BODY: usize = 256 * 1024;
+
+type AppState = Arc<App>;
+
+/// A JSON body, parsed with the path of whatever field is wrong.
+#[derive(Debug)]
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Error> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                Error::TooLarge(format!("request body is larger than {} KiB", MAX_BODY / 1024))
+            } else {
+                Error::Malformed { field: "body".into(), reason: "cannot be read".into() }
+            }
+        })?;
+        let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
+        let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            let field = if field == "." { "body".to_owned() } else { field };
+            if inner.is_syntax() || inner.is_eof() {
+                Error::Malformed {
+                    field: "body".into(),
+                    reason: format!("not valid JSON: {inner}"),
+                }
+            } else {
+                Error::invalid(field, strip_position(&inner.to_string()))
+            }
+        })?;
+        deserializer.end().map_err(|e| Error::Malformed {
+            field: "body".into(),
+            reason: format!("not valid JSON: {e}"),
+        })?;
+        Ok(Body(value))
+    }
+}
+
+/// serde_json appends " at line 1 column 42"; the field path says more.
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_owned(),
+        None => message.to_owned(),
+    }
+}
+
+fn vm_id(raw: &str) -> Result<VmId, Error> {
+    raw.parse().map_err(|_| Error::vm_not_found(&raw))
+}
+
+fn host_id(raw: &str) -> Result<HostId, Error> {
+    HostId::new(raw).map_err(|_| Error::NotFound { kind: "host", id: raw.to_owned() })
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/vms", post(launch_vm).get(list_vms))
+        .route("/v1/vms/{id}", get(get_vm).delete(terminate_vm))
+        .route("/v1/pool", get(get_pool))
+        .route("/v1/hosts", get(list_hosts))
+        .route("/v1/hosts/{name}", put(register_host))
+        .route("/v1/hosts/{name}/drain", post(drain_host))
+        .route("/v1/hosts/{name}/undrain", post(undrain_host))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .fallback(|| async { Error::NotFound { kind: "resource", id: String::new() } })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(app)
+}
+
+fn location(id: &str) -> String {
+    format!("/v1/vms/{id}")
+}
+
+/// Launch a cGPU-enabled VM.
+///
+/// Checks the request, reserves every cGPU atomically and answers 202 with the VM in `creating`; the
+/// VM becomes `ready` (or `error`, with the reason) when created, running and routed. A retry with
+/// the same `Idempotency-Key` returns the same VM.
+#[utoipa::path(post, path = "/v1/vms", tag = "vms",
+    request_body = LaunchRequest,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: one VM per key and project")),
+    responses(
+        (status = 202, description = "Accepted; the VM is being created", body = VmView),
+        (status = 400, description = "Malformed request", body = Problem),
+        (status = 401, description = "No or invalid token", body = Problem),
+        (status = 422, description = "Invalid field", body = Problem),
+        (status = 503, description = "The cloud is unavailable", body = Problem),
+        (status = 507, description = "Not enough GPU capacity", body = Problem),
+    ),
+    security(("bearer" = [])))]
+async fn launch_vm(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Body(request): Body<LaunchRequest>,
+) -> Result<Response, Error> {
+    let idempotency_key = match headers.get("idempotency-key") {
+        Some(value) => Some(
+            value
+                .to_str()
+                .map_err(|_| Error::invalid("Idempotency-Key", "must be text"))?
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let (mut spec, policy) = request.into_spec();
+    if spec.vm.name.is_empty() {
+        spec.vm.name = "gsaas-vm".into();
+    }
+    let (details, _created) =
+        app.launch(&caller, LaunchInput { spec, policy, idempotency_key }).await?;
+    let view = VmView::new(&details, caller.is_admin());
+    let location = location(&view.id);
+    Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view)).into_response())
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    /// Admins only: this project's VMs.
+    project: Option<String>,
+}
+
+/// List your project's VMs (admins: every project's, or one's).
+#[utoipa::path(get, path = "/v1/vms", tag = "vms", params(ListQuery),
+    responses((status = 200, body = VmList), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn list_vms(
+    State(app): State<AppState>,
+    caller: Caller,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<VmList>, Error> {
+    let Query(query) = query.map_err(|e| Error::invalid("query", e.body_text()))?;
+    let vms = app.list_vms(&caller, query.project.as_deref()).await?;
+    Ok(Json(VmList { vms: vms.iter().map(|d| VmView::new(d, caller.is_admin())).collect() }))
+}
+
+/// Show a VM: state, cGPUs, rCUDA environment, stage timings.
+#[utoipa::path(get, path = "/v1/vms/{id}", tag = "vms",
+    params(("id" = String, Path, description = "The VM's id")),
+    responses((status = 200, body = VmView), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn get_vm(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<VmView>, Error> {
+    let details = app.visible_vm(&caller, vm_id(&id)?).await?;
+    Ok(Json(VmView::new(&details, caller.is_admin())))
+}
+
+/// Terminate a VM: withdraw its routes, delete it, release its cGPUs. Idempotent.
+#[utoipa::path(delete, path = "/v1/vms/{id}", tag = "vms",
+    params(("id" = String, Path, description = "The VM's id")),
+    responses((status = 202, description = "Terminating (or already terminated)", body = VmView),
+        (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn terminate_vm(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<VmView>), Error> {
+    let details = app.terminate(&caller, vm_id(&id)?).await?;
+    Ok((StatusCode::ACCEPTED, Json(VmView::new(&details, caller.is_admin()))))
+}
+
+/// GPU pool capacity and use (admins: per host and GPU, with rCUDA endpoints and holders).
+#[utoipa::path(get, path = "/v1/pool", tag = "pool",
+    responses((status = 200, body = PoolView), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn get_pool(State(app): State<AppState>, caller: Caller) -> Result<Json<PoolView>, Error> {
+    caller.tenant_project()?;
+    let admin = caller.is_admin();
+    let view = app
+        .read_pool(|pool| {
+            let gpus = pool.gpu_usage();
+            let hosts = pool.host_usage();
+            let schedulable: std::collections::HashSet<_> = hosts
+                .iter()
+                .filter(|h| h.state == gpgpums::HostState::Schedulable)
+                .map(|h| h.id.clone())
+                .collect();
+            let totals = PoolTotals {
+                gpus: gpus.len() as u32,
+                memory_mib: gpus.iter().map(|g| g.memory_mib).sum(),
+                allocated_mib: gpus.iter().map(|g| g.allocated_mib).sum(),
+                cgpus: gpus.iter().map(|g| g.cgpus).sum(),
+                idle_gpus: gpus
+                    .iter()
+                    .filter(|g| g.cgpus == 0 && schedulable.contains(&g.host))
+                    .count() as u32,
+            };
+            let hosts = admin.then(|| {
+                let mut holders: std::collections::HashMap<
+                    gpgpums::GpuId,
+                    std::collections::BTreeMap<String, u32>,
+                > = std::collections::HashMap::new();
+                for placement in pool.placements() {
+                    for cgpu in &placement.cgpus {
+                        *holders
+                            .entry(cgpu.gpu.clone())
+                            .or_default()
+                            .entry(placement.vm.to_string())
+                            .or_default() += 1;
+                    }
+                }
+                hosts
+                    .iter()
+                    .map(|h| PoolHostView {
+                        name: h.id.to_string(),
+                        kind: h.kind.as_str().into(),
+                        state: crate::model::host_state_str(h.state).into(),
+                        vms: h.vms,
+                        gpus: gpus
+                            .iter()
+                            .filter(|g| g.host == h.id)
+                            .map(|g| GpuView {
+                                id: g.id.to_string(),
+                                index: g.index,
+                                model: g.model.clone(),
+                                memory_mib: g.memory_mib,
+                                allocated_mib: g.allocated_mib,
+                                exclusive: g.exclusive,
+                                cgpus: g.cgpus,
+                                jobs: g.jobs,
+                                rcuda_endpoint: format!("{}:{}", g.rcuda.address, g.rcuda.port),
+                                vms: holders.get(&g.id).cloned().unwrap_or_default(),
+                            })
+                            .collect(),
+                    })
+                    .collect()
+            });
+            PoolView { totals, hosts }
+        })
+        .await?;
+    Ok(Json(view))
+}
+
+/// List hosts (admins).
+#[utoipa::path(get, path = "/v1/hosts", tag = "hosts",
+    responses((status = 200, body = HostList), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn list_hosts(State(app): State<AppState>, caller: Caller) -> Result<Json<HostList>, Error> {
+    caller.require_admin()?;
+    let hosts = app.hosts().await?;
+    Ok(Json(HostList { hosts: hosts.iter().map(HostView::from).collect() }))
+}
+
+/// Register a host or heartbeat (its agent, or an admin), with its GPU inventory.
+#[utoipa::path(put, path = "/v1/hosts/{name}", tag = "hosts",
+    params(("name" = String, Path, description = "The host's name")),
+    request_body = HostReportBody,
+    responses((status = 200, body = HostView), (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem), (status = 422, body = Problem)),
+    security(("bearer" = [])))]
+async fn register_host(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Body(report): Body<rodvr_agent::protocol::HostReport>,
+) -> Result<Json<HostView>, Error> {
+    let allowed = match caller.role {
+        Role::Admin => true,
+        Role::Agent => caller.subject == name,
+        Role::Member => false,
+    };
+    if !allowed {
+        return Err(Error::NotFound { kind: "host", id: name });
+    }
+    if report.host.as_str() != name {
+        return Err(Error::invalid(
+            "host",
+            format!("{} does not match the path's host {name}", report.host),
+        ));
+    }
+    let drifted = {
+        let hosts = app.hosts().await?;
+        hosts
+            .iter()
+            .find(|h| h.name == report.host)
+            .is_some_and(|h| report.applied_generation.unwrap_or(0) != h.applied_generation)
+    };
+    let host = app.register_host(Registration::from_report(&report)).await?;
+    if drifted {
+        app.trigger_reconcile();
+    }
+    Ok(Json(HostView::from(&host)))
+}
+
+/// Drain a host: no new cGPUs there (admins).
+#[utoipa::path(post, path = "/v1/hosts/{name}/drain", tag = "hosts",
+    params(("name" = String, Path, description = "The host's name")),
+    responses((status = 200, body = HostView), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn drain_host(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<HostView>, Error> {
+    caller.require_admin()?;
+    Ok(Json(HostView::from(&app.set_drained(&host_id(&name)?, true).await?)))
+}
+
+/// Undrain a host (admins).
+#[utoipa::path(post, path = "/v1/hosts/{name}/undrain", tag = "hosts",
+    params(("name" = String, Path, description = "The host's name")),
+    responses((status = 200, body = HostView), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn undrain_host(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<HostView>, Error> {
+    caller.require_admin()?;
+    Ok(Json(HostView::from(&app.set_drained(&host_id(&name)?, false).await?)))
+}
+
+/// Liveness: the process serves requests.
+#[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200, body = Health)))]
+async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok".into() })
+}
+
+/// Readiness: the database answers; includes the reconciler's last pass.
+#[utoipa::path(get, path = "/readyz", tag = "service",
+    responses((status = 200, body = Readiness), (status = 503, body = Readiness)))]
+async fn readyz(State(app): State<AppState>) -> (StatusCode, Json<Readiness>) {
+    let database = app.db.ping().await;
+    let status = if database.is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (
+        status,
+        Json(Readiness {
+            status: if database.is_ok() { "ready" } else { "not ready" }.into(),
+            database: if database.is_ok() { "ok" } else { "unavailable" }.into(),
+            reconciler: app.reconciler_status(),
+        }),
+    )
+}
+
+/// Metrics in the Prometheus text format.
+#[utoipa::path(get, path = "/metrics", tag = "service", responses((status = 200, body = String, content_type = "text/plain")))]
+async fn metrics(State(app): State<AppState>) -> Result<Response, Error> {
+    let mut out = String::new();
+    app.metrics.render(&mut out);
+    let gauges = app
+        .read_pool(|pool| {
+            use std::fmt::Write;
+            let mut out = String::new();
+            let _ = writeln!(out, "# HELP gsaas_gpu_memory_mib GPU memory by GPU.");
+            let _ = writeln!(out, "# TYPE gsaas_gpu_memory_mib gauge");
+            let _ =
+                writeln!(out, "# HELP gsaas_gpu_allocated_mib GPU memory booked by cGPUs, by GPU.");
+            let _ = writeln!(out, "# TYPE gsaas_gpu_allocated_mib gauge");
+            let _ = writeln!(out, "# HELP gsaas_gpu_cgpus cGPUs by GPU.");
+            let _ = writeln!(out, "# TYPE gsaas_gpu_cgpus gauge");
+            for g in pool.gpu_usage() {
+                let labels = format!("gpu=\"{}\",host=\"{}\"", g.id, g.host);
+                let _ = writeln!(out, "gsaas_gpu_memory_mib{{{labels}}} {}", g.memory_mib);
+                let _ = writeln!(out, "gsaas_gpu_allocated_mib{{{labels}}} {}", g.allocated_mib);
+                let _ = writeln!(out, "gsaas_gpu_cgpus{{{labels}}} {}", g.cgpus);
+            }
+            out
+        })
+        .await?;
+    out.push_str(&gauges);
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
+}
+
+/// This API's OpenAPI document.
+#[utoipa::path(get, path = "/openapi.json", tag = "service", responses((status = 200, description = "OpenAPI 3.1 document")))]
+async fn openapi_json() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], openapi_document()).into_response()
+}
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let mut http = Http::new(HttpAuthScheme::Bearer);
+        http.bearer_format = Some("JWT".into());
+        components.add_security_scheme("bearer", SecurityScheme::Http(http));
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "GSaaS", description = "GPU scheduling as a service: cGPU-enabled VMs for OpenStack."),
+    paths(launch_vm, list_vms, get_vm, terminate_vm, get_pool, list_hosts, register_host, drain_host,
+        undrain_host, healthz, readyz, metrics, openapi_json),
+    components(schemas(Problem, LaunchRequest, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
+        PoolHostView, GpuView, HostView, HostList, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
+        ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
+    modifiers(&BearerAuth),
+)]
+struct ApiDoc;
+
+/// The OpenAPI document, pretty-printed, as checked in at `openapi/gsaas.json`.
+pub fn openapi_document() -> String {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").into();
+    let mut text = doc.to_pretty_json().expect("the OpenAPI document serializes");
+    text.push('\n');
+    text
+}

@@ -1,0 +1,331 @@
+//! The REST API's request and response types, apart from the stored records so either can change.
+//!
+//! Tenants never see where their GPUs are: the GPU, host and rCUDA fields are filled for admins only.
+
+use std::collections::BTreeMap;
+
+use gpgpums::{Locality, Mode, Request};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::app::vms::{rcuda_env, VmDetails};
+use crate::cloud::VmRequest;
+use crate::model::{mode_str, HostRecord, LaunchSpec, Timings};
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeParam {
+    /// Each cGPU takes a whole idle GPU (the default, as in the dissertation).
+    #[default]
+    Exclusive,
+    /// Each cGPU reserves `gpu_memory_mib` on a GPU others may share.
+    Shared,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalityParam {
+    /// GPUs anywhere; the cloud picks the VM's host.
+    #[default]
+    Any,
+    /// Every cGPU on one compute-GPU host, and the VM there too.
+    Local,
+    /// The VM on a compute-rGPU host; GPUs anywhere.
+    Remote,
+}
+
+/// `POST /v1/vms`: the VM part and the GPU part of a launch.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchRequest {
+    /// The VM's name; default `gsaas-<first 8 characters of its id>`.
+    #[serde(default)]
+    pub name: Option<String>,
+    pub image: String,
+    pub flavor: String,
+    /// Network names or ids; the cloud's default when empty.
+    #[serde(default)]
+    pub networks: Vec<String>,
+    /// Your own cloud-init user_data (text); it runs beside GSaaS's.
+    #[serde(default)]
+    pub user_data: Option<String>,
+    /// Number of cGPUs (the dissertation's `-ncgpus`).
+    pub ncgpus: u32,
+    /// Memory per cGPU in MiB (`-poolmem`); required in shared mode.
+    #[serde(default)]
+    pub gpu_memory_mib: Option<u64>,
+    #[serde(default)]
+    pub mode: ModeParam,
+    #[serde(default)]
+    pub locality: LocalityParam,
+    /// Placement policy; the service default when absent.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Never put two of this VM's cGPUs on one physical GPU.
+    #[serde(default)]
+    pub distinct_gpus: bool,
+}
+
+impl LaunchRequest {
+    pub fn into_spec(self) -> (LaunchSpec, Option<String>) {
+        let gpus = Request {
+            ncgpus: self.ncgpus,
+            gpu_memory_mib: self.gpu_memory_mib,
+            mode: match self.mode {
+                ModeParam::Exclusive => Mode::Exclusive,
+                ModeParam::Shared => Mode::Shared,
+            },
+            locality: match self.locality {
+                LocalityParam::Any => Locality::Any,
+                LocalityParam::Local => Locality::Local,
+                LocalityParam::Remote => Locality::Remote,
+            },
+            distinct_gpus: self.distinct_gpus,
+        };
+        let vm = VmRequest {
+            name: self.name.unwrap_or_default(),
+            image: self.image,
+            flavor: self.flavor,
+            networks: self.networks,
+        };
+        (LaunchSpec { vm, user_data: self.user_data, gpus }, self.policy)
+    }
+}
+
+/// One cGPU of a VM.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CgpuView {
+    /// `RCUDA_DEVICE_<index>`.
+    pub index: u32,
+    /// Where the VM reaches this cGPU (`ip:port`).
+    pub masked_endpoint: String,
+    pub memory_mib: u64,
+    pub mode: String,
+    /// The physical GPU (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// The GPU's host (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The real rCUDA server (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rcuda_endpoint: Option<String>,
+}
+
+/// The GPU part of the request, as accepted.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct GpuRequestView {
+    pub ncgpus: u32,
+    pub gpu_memory_mib: Option<u64>,
+    pub mode: ModeParam,
+    pub locality: LocalityParam,
+    pub distinct_gpus: bool,
+    /// The policy that placed the cGPUs.
+    pub policy: String,
+}
+
+/// A cGPU-enabled VM.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VmView {
+    pub id: String,
+    pub name: String,
+    pub project: String,
+    /// `creating`, `ready`, `error`, `deleting` or `deleted`.
+    pub state: String,
+    /// Why the VM is in `error`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub image: String,
+    pub flavor: String,
+    /// The cloud's server id, once created.
+    pub server_id: Option<String>,
+    /// The VM's host (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The VM's fixed IP, once known.
+    pub fixed_ip: Option<String>,
+    pub gpus: GpuRequestView,
+    pub cgpus: Vec<CgpuView>,
+    /// The rCUDA environment the VM's cloud-init sets.
+    pub rcuda_env: BTreeMap<String, String>,
+    /// Seconds per stage of the dissertation's Equation 5.1.
+    pub timings: Timings,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+impl VmView {
+    pub fn new(details: &VmDetails, admin: bool) -> VmView {
+        let vm = &details.vm;
+        let gpus = &vm.spec.gpus;
+        VmView {
+            id: vm.id.to_string(),
+            name: vm.name.clone(),
+            project: vm.project.clone(),
+            state: vm.state.as_str().into(),
+            error: vm.error.clone(),
+            image: vm.spec.vm.image.clone(),
+            flavor: vm.spec.vm.flavor.clone(),
+            server_id: vm.server_id.as_ref().map(|s| s.0.clone()),
+            host: vm.host.as_ref().filter(|_| admin).map(|h| h.to_string()),
+            fixed_ip: vm.fixed_ip.map(|ip| ip.to_string()),
+            gpus: GpuRequestView {
+                ncgpus: gpus.ncgpus,
+                gpu_memory_mib: gpus.gpu_memory_mib,
+                mode: match gpus.mode {
+                    Mode::Exclusive => ModeParam::Exclusive,
+                    Mode::Shared => ModeParam::Shared,
+                },
+                locality: match gpus.locality {
+                    Locality::Any => LocalityParam::Any,
+                    Locality::Local => LocalityParam::Local,
+                    Locality::Remote => LocalityParam::Remote,
+                },
+                distinct_gpus: gpus.distinct_gpus,
+                policy: vm.policy.clone(),
+            },
+            cgpus: details
+                .cgpus
+                .iter()
+                .map(|c| CgpuView {
+                    index: c.index,
+                    masked_endpoint: format!("{}:{}", c.masked_address, c.masked_port),
+                    memory_mib: c.memory_mib,
+                    mode: mode_str(c.mode).into(),
+                    gpu: admin.then(|| c.gpu.to_string()),
+                    host: admin.then(|| c.host.to_string()),
+                    rcuda_endpoint: admin.then(|| format!("{}:{}", c.rcuda_address, c.rcuda_port)),
+                })
+                .collect(),
+            rcuda_env: rcuda_env(&details.cgpus).variables().into_iter().collect(),
+            timings: vm.timings.clone(),
+            created_ms: vm.created_ms,
+            updated_ms: vm.updated_ms,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VmList {
+    pub vms: Vec<VmView>,
+}
+
+/// Pool totals, for everyone.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PoolTotals {
+    pub gpus: u32,
+    pub memory_mib: u64,
+    pub allocated_mib: u64,
+    pub cgpus: u32,
+    /// GPUs with nothing on them, on schedulable hosts.
+    pub idle_gpus: u32,
+}
+
+/// One GPU (admins only).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct GpuView {
+    pub id: String,
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    pub allocated_mib: u64,
+    pub exclusive: bool,
+    pub cgpus: u32,
+    pub jobs: u32,
+    pub rcuda_endpoint: String,
+    /// VMs with cGPUs here, and how many each.
+    pub vms: BTreeMap<String, u32>,
+}
+
+/// One host's share of the pool (admins only).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PoolHostView {
+    pub name: String,
+    pub kind: String,
+    pub state: String,
+    pub vms: u32,
+    pub gpus: Vec<GpuView>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PoolView {
+    pub totals: PoolTotals,
+    /// Per host and GPU (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<PoolHostView>>,
+}
+
+/// A host as gsaasd knows it (admins only).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HostView {
+    pub name: String,
+    pub kind: String,
+    /// `schedulable`, `drained` or `unavailable`.
+    pub state: String,
+    pub agent_url: Option<String>,
+    pub last_seen_ms: i64,
+    /// Generation of the last route table computed for the host.
+    pub routes_generation: u64,
+    /// Generation its agent confirmed.
+    pub applied_generation: u64,
+}
+
+impl From<&HostRecord> for HostView {
+    fn from(h: &HostRecord) -> Self {
+        HostView {
+            name: h.name.to_string(),
+            kind: h.kind.as_str().into(),
+            state: crate::model::host_state_str(h.state).into(),
+            agent_url: h.agent_url.clone(),
+            last_seen_ms: h.last_seen_ms,
+            routes_generation: h.routes_generation,
+            applied_generation: h.applied_generation,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HostList {
+    pub hosts: Vec<HostView>,
+}
+
+/// `PUT /v1/hosts/{name}`: an agent's registration and heartbeat (rodvr-agent's `HostReport`).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct HostReportBody {
+    pub host: String,
+    /// `compute-gpu` or `compute-rgpu`.
+    pub kind: String,
+    pub agent_url: String,
+    #[serde(default)]
+    pub gpus: Vec<GpuReportBody>,
+    #[serde(default)]
+    pub applied_generation: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct GpuReportBody {
+    pub id: String,
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    pub rcuda: RcudaBody,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct RcudaBody {
+    pub address: String,
+    pub port: u16,
+    pub gpu_number: u32,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Readiness {
+    pub status: String,
+    pub database: String,
+    pub reconciler: crate::app::ReconcilerStatus,
+}

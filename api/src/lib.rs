@@ -1,0 +1,21 @@
+//! gsaasd, the GSaaS REST service (dissertation section 5.2.1): from a request for a VM with cGPUs
+//! to a ready VM whose cGPUs are reachable at masked endpoints.
+//!
+//! Layers, outside in: [`http`] (thin handlers, the OpenAPI document) -> [`app`] (launch and
+//! terminate, the saga, hosts, the reconciler) -> [`db`] (SQLite or PostgreSQL). Every side effect
+//! sits behind a trait with a real and a simulated implementation: [`cloud`] (the simulated Nova is
+//! the embedded default) and [`agents`] (real `rodvr-agent`s over HTTP, or in-process ones).
+//! [`error::Error`] is the one error type, mapped to HTTP in one place.
+
+pub mod agents;
+pub mod app;
+pub mod auth;
+pub mod cloud;
+pub mod cloudinit;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod model;
+pub mod service;

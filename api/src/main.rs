@@ -1,0 +1,141 @@
+//! The `gsaasd` binary: serve the API, issue tokens, print the OpenAPI document.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use gsaasd::auth::{Keys, Role};
+use gsaasd::config::Config;
+use gsaasd::error::ErrorChain;
+
+#[derive(Parser)]
+#[command(name = "gsaasd", version, about = "GSaaS: GPU scheduling as a service for OpenStack")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the REST API (no config file: the embedded default, SQLite + simulated cloud).
+    Serve {
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Tokens for tenants, admins and agents.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Print gsaasd's public key (PEM), which agents need to verify its requests.
+    PublicKey {
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Print the OpenAPI document (checked in as openapi/gsaas.json).
+    Openapi,
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Issue a token signed with gsaasd's key.
+    Issue {
+        /// The tenant's project (members and admins).
+        #[arg(long)]
+        project: Option<String>,
+        #[arg(long, value_enum, default_value = "member")]
+        role: Role,
+        /// For `--role agent`: the host the agent runs on.
+        #[arg(long)]
+        host: Option<String>,
+        /// Who the token is for (default: the project's name, or the host).
+        #[arg(long)]
+        subject: Option<String>,
+        /// Lifetime in seconds (default: the config's auth.token_ttl_secs).
+        #[arg(long)]
+        ttl: Option<u64>,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("gsaasd: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(config: Option<&std::path::Path>) -> Result<Config, String> {
+    Config::load(config).map_err(|e| format!("{}", ErrorChain(&e)))
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Serve { config } => {
+            let config = load(config.as_deref())?;
+            let runtime =
+                tokio::runtime::Runtime::new().map_err(|e| format!("cannot start: {e}"))?;
+            runtime.block_on(async {
+                let service = gsaasd::service::start(config)
+                    .await
+                    .map_err(|e| format!("{}", ErrorChain(&e)))?;
+                println!("gsaasd serving on {}", service.url());
+                println!("get a token: gsaasd token issue --project demo --role member");
+                println!(
+                    "then: curl -H \"Authorization: Bearer $TOKEN\" {}/v1/pool",
+                    service.url()
+                );
+                service.wait().await;
+                Ok(())
+            })
+        }
+        Command::Token {
+            command: TokenCommand::Issue { project, role, host, subject, ttl, config },
+        } => {
+            let config = load(config.as_deref())?;
+            let keys = Keys::load_or_create(&config.signing_key_path())
+                .map_err(|e| format!("{}", ErrorChain(&e)))?;
+            let ttl = Duration::from_secs(ttl.unwrap_or(config.auth.token_ttl_secs));
+            let token = match role {
+                Role::Agent => {
+                    let host = host.ok_or("--role agent needs --host HOST")?;
+                    gpgpums::HostId::new(&host).map_err(|e| format!("--host: {e}"))?;
+                    keys.issue(&host, None, Role::Agent, ttl)
+                }
+                Role::Member | Role::Admin => {
+                    let project = project.ok_or("--project is required for members and admins")?;
+                    if project.trim().is_empty() {
+                        return Err("--project must not be empty".into());
+                    }
+                    let subject = subject.unwrap_or_else(|| project.clone());
+                    keys.issue(&subject, Some(&project), role, ttl)
+                }
+            };
+            println!("{token}");
+            Ok(())
+        }
+        Command::PublicKey { config } => {
+            let config = load(config.as_deref())?;
+            let keys = Keys::load_or_create(&config.signing_key_path())
+                .map_err(|e| format!("{}", ErrorChain(&e)))?;
+            print!("{}", keys.public_pem());
+            Ok(())
+        }
+        Command::Openapi => {
+            print!("{}", gsaasd::http::openapi_document());
+            Ok(())
+        }
+    }
+}

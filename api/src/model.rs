@@ -1,0 +1,245 @@
+//! The service's internal records: what the database stores and the application layer works on.
+//!
+//! These are not the HTTP API's types (see `http::views`): the API can change its shape without a
+//! migration, and the database never leaks into responses.
+
+use std::net::Ipv4Addr;
+
+use gpgpums::{GpuId, HostId, HostKind, HostState, Mode, Request, VmId};
+use serde::{Deserialize, Serialize};
+
+use crate::cloud::{ServerId, VmRequest};
+
+/// A VM's life, as tenants see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VmState {
+    Creating,
+    Ready,
+    Error,
+    Deleting,
+    Deleted,
+}
+
+impl VmState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmState::Creating => "creating",
+            VmState::Ready => "ready",
+            VmState::Error => "error",
+            VmState::Deleting => "deleting",
+            VmState::Deleted => "deleted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "creating" => VmState::Creating,
+            "ready" => VmState::Ready,
+            "error" => VmState::Error,
+            "deleting" => VmState::Deleting,
+            "deleted" => VmState::Deleted,
+            _ => return None,
+        })
+    }
+}
+
+/// The launch saga's next step. Forward steps first, then the undo steps that unwind a failed launch
+/// or carry out a termination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SagaStep {
+    CheckCloud,
+    CreateVm,
+    WaitActive,
+    ConfigureRoutes,
+    /// Nothing left to do (ready, error or deleted).
+    Done,
+    WithdrawRoutes,
+    DeleteServer,
+    ReleaseGpus,
+}
+
+impl SagaStep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SagaStep::CheckCloud => "check_cloud",
+            SagaStep::CreateVm => "create_vm",
+            SagaStep::WaitActive => "wait_active",
+            SagaStep::ConfigureRoutes => "configure_routes",
+            SagaStep::Done => "done",
+            SagaStep::WithdrawRoutes => "withdraw_routes",
+            SagaStep::DeleteServer => "delete_server",
+            SagaStep::ReleaseGpus => "release_gpus",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "check_cloud" => SagaStep::CheckCloud,
+            "create_vm" => SagaStep::CreateVm,
+            "wait_active" => SagaStep::WaitActive,
+            "configure_routes" => SagaStep::ConfigureRoutes,
+            "done" => SagaStep::Done,
+            "withdraw_routes" => SagaStep::WithdrawRoutes,
+            "delete_server" => SagaStep::DeleteServer,
+            "release_gpus" => SagaStep::ReleaseGpus,
+            _ => return None,
+        })
+    }
+
+    pub fn is_unwinding(self) -> bool {
+        matches!(self, SagaStep::WithdrawRoutes | SagaStep::DeleteServer | SagaStep::ReleaseGpus)
+    }
+}
+
+/// A validated launch request, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub vm: VmRequest,
+    /// The user's own cloud-init user_data.
+    #[serde(default)]
+    pub user_data: Option<String>,
+    pub gpus: Request,
+}
+
+/// Per-stage times in seconds, named after the dissertation's Equation 5.1.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Timings {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_selection: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_creation: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_activation: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_deployment: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rodvr_configuration: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct VmRecord {
+    pub id: VmId,
+    pub project: String,
+    pub owner: String,
+    pub name: String,
+    pub spec: LaunchSpec,
+    pub policy: String,
+    pub state: VmState,
+    pub error: Option<String>,
+    pub step: SagaStep,
+    pub server_id: Option<ServerId>,
+    pub host: Option<HostId>,
+    pub fixed_ip: Option<Ipv4Addr>,
+    pub tap: Option<String>,
+    pub routes_on: bool,
+    pub timings: Timings,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    /// Bumped by every write; writes are conditional on it.
+    pub version: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgpuRecord {
+    pub vm: VmId,
+    pub index: u32,
+    pub gpu: GpuId,
+    pub host: HostId,
+    pub memory_mib: u64,
+    pub mode: Mode,
+    pub masked_address: Ipv4Addr,
+    pub masked_port: u16,
+    pub rcuda_address: Ipv4Addr,
+    pub rcuda_port: u16,
+    pub rcuda_gpu_number: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRecord {
+    pub name: HostId,
+    pub seq: i64,
+    pub kind: HostKind,
+    pub state: HostState,
+    pub drained: bool,
+    pub agent_url: Option<String>,
+    pub last_seen_ms: i64,
+    pub routes_generation: u64,
+    pub applied_generation: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuRecord {
+    pub id: GpuId,
+    pub host: HostId,
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    pub rcuda_address: Ipv4Addr,
+    pub rcuda_port: u16,
+    pub rcuda_gpu_number: u32,
+}
+
+impl GpuRecord {
+    /// The GPU as the scheduler sees it.
+    pub fn spec(&self) -> gpgpums::GpuSpec {
+        gpgpums::GpuSpec {
+            id: self.id.clone(),
+            host: self.host.clone(),
+            index: self.index,
+            model: self.model.clone(),
+            memory_mib: self.memory_mib,
+            rcuda: gpgpums::RcudaEndpoint {
+                address: self.rcuda_address.into(),
+                port: self.rcuda_port,
+                gpu_number: self.rcuda_gpu_number,
+            },
+        }
+    }
+}
+
+pub fn parse_host_kind(s: &str) -> Option<HostKind> {
+    Some(match s {
+        "compute-gpu" => HostKind::ComputeGpu,
+        "compute-rgpu" => HostKind::ComputeRgpu,
+        "compute" => HostKind::Compute,
+        _ => return None,
+    })
+}
+
+pub fn host_state_str(state: HostState) -> &'static str {
+    match state {
+        HostState::Schedulable => "schedulable",
+        HostState::Drained => "drained",
+        HostState::Unavailable => "unavailable",
+    }
+}
+
+pub fn parse_host_state(s: &str) -> Option<HostState> {
+    Some(match s {
+        "schedulable" => HostState::Schedulable,
+        "drained" => HostState::Drained,
+        "unavailable" => HostState::Unavailable,
+        _ => return None,
+    })
+}
+
+pub fn mode_str(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Exclusive => "exclusive",
+        Mode::Shared => "shared",
+    }
+}
+
+pub fn parse_mode(s: &str) -> Option<Mode> {
+    Some(match s {
+        "exclusive" => Mode::Exclusive,
+        "shared" => Mode::Shared,
+        _ => return None,
+    })
+}

@@ -1,0 +1,119 @@
+//! Wiring: from a [`Config`] to a running service (used by `gsaasd serve` and by tests, which start
+//! it on port 0 with their own data directory).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::agents::{HostAgents, InProcessAgents, RemoteAgents};
+use crate::app::App;
+use crate::auth::Keys;
+use crate::cloud::sim::SimCloud;
+use crate::cloud::Cloud;
+use crate::config::{CloudConfig, Config, HostsBackend};
+use crate::db::Db;
+use crate::error::{Error, ErrorChain};
+
+/// A running gsaasd.
+#[derive(Debug)]
+pub struct Service {
+    pub app: Arc<App>,
+    pub addr: SocketAddr,
+    /// The simulated cloud, when that is the backend (tests inspect it and inject faults).
+    pub sim: Option<Arc<SimCloud>>,
+    server: tokio::task::JoinHandle<()>,
+    reconciler: tokio::task::JoinHandle<()>,
+}
+
+impl Service {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops at once, sagas included, where they stand (tests use it to simulate a crash: nothing
+    /// is flushed or unwound).
+    pub fn abort(self) {
+        self.server.abort();
+        self.reconciler.abort();
+        self.app.abort_sagas();
+    }
+
+    /// Serves until the process is asked to stop.
+    pub async fn wait(self) {
+        let _ = self.server.await;
+        self.reconciler.abort();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Keys(#[from] crate::auth::KeyError),
+    #[error("cannot open the database")]
+    Database(#[source] Error),
+    #[error("cannot register the inventory")]
+    Inventory(#[source] Error),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Opens storage, builds the backends, registers the inventory (in-process agents), starts the
+/// reconciler (whose first pass resumes interrupted sagas) and serves on `config.listen`.
+pub async fn start(config: Config) -> Result<Service, StartError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Listen { addr: config.listen, source })?;
+    start_on(config, listener).await
+}
+
+pub async fn start_on(config: Config, listener: TcpListener) -> Result<Service, StartError> {
+    start_with_sim(config, listener, None).await
+}
+
+/// Like [`start_on`], reusing an existing simulated cloud: the cloud outlives a restart of gsaasd,
+/// as Nova does (crash-recovery tests use it).
+pub async fn start_with_sim(
+    config: Config,
+    listener: TcpListener,
+    existing_sim: Option<Arc<SimCloud>>,
+) -> Result<Service, StartError> {
+    let keys = Keys::load_or_create(&config.signing_key_path())?;
+    let db = Db::connect(&config.database_url()).await.map_err(StartError::Database)?;
+    let agents: Arc<dyn HostAgents> = match config.hosts.backend {
+        HostsBackend::InProcess => {
+            Arc::new(InProcessAgents::new(config.data_dir.join("agents"), config.masking.range))
+        }
+        HostsBackend::Agent => Arc::new(RemoteAgents::new(keys.agent_signer())),
+    };
+    let (cloud, sim): (Arc<dyn Cloud>, Option<Arc<SimCloud>>) = match &config.cloud {
+        CloudConfig::Sim { sim } => {
+            let sim = existing_sim.unwrap_or_else(|| Arc::new(SimCloud::new(sim.clone(), vec![])));
+            (sim.clone(), Some(sim))
+        }
+    };
+    let in_process = config.hosts.backend == HostsBackend::InProcess;
+    let app = App::new(config, db, keys, cloud, agents, sim.clone());
+    if in_process {
+        app.register_inventory().await.map_err(StartError::Inventory)?;
+    }
+    app.sync_sim_hosts().await.map_err(StartError::Inventory)?;
+    let reconciler = app.spawn_reconciler();
+    let addr = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { addr: app.config.listen, source })?;
+    let router = crate::http::router(app.clone());
+    let server = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
+            tracing::error!(error = %ErrorChain(&e), "server stopped");
+        }
+    });
+    Ok(Service { app, addr, sim, server, reconciler })
+}

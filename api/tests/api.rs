@@ -1,0 +1,299 @@
+//! The REST API end to end against a real gsaasd (simulated cloud, in-process agents), on SQLite and
+//! on PostgreSQL: launch to ready, views per role, termination, isolation between projects, auth,
+//! every kind of bad input, idempotent retries.
+
+mod support;
+
+use std::time::Duration;
+
+use gsaasd::auth::Role;
+use serde_json::{json, Value};
+use support::{shared_launch, Store, TestService};
+
+on_both_stores!(
+    launch_becomes_ready_with_masked_cgpus_and_terminate_releases,
+    tenants_see_their_project_only_and_no_gpu_locations,
+    bad_input_names_the_field_and_changes_nothing,
+    authentication_failures_are_401_with_a_reason,
+    a_retried_launch_with_the_same_key_creates_one_vm,
+    capacity_runs_out_with_507_and_comes_back_after_terminate,
+    drained_hosts_take_no_new_cgpus,
+);
+
+async fn pool_totals(t: &TestService) -> Value {
+    let (status, pool) = t.get(&t.member(), "/v1/pool").await;
+    assert_eq!(status, 200, "{pool}");
+    pool["totals"].clone()
+}
+
+async fn launch_becomes_ready_with_masked_cgpus_and_terminate_releases(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    let id = t.launch(&token, &shared_launch(2, 4096)).await;
+    let vm = t.wait_state(&token, &id, "ready").await;
+    assert_eq!(vm["cgpus"].as_array().unwrap().len(), 2);
+    assert_eq!(vm["cgpus"][0]["masked_endpoint"], "100.127.0.1:8308");
+    assert_eq!(vm["cgpus"][1]["masked_endpoint"], "100.127.0.1:8309");
+    assert_eq!(vm["rcuda_env"]["RCUDA_DEVICE_COUNT"], "2");
+    assert_eq!(vm["rcuda_env"]["RCUDA_DEVICE_1"], "100.127.0.1@8309:0");
+    for stage in [
+        "check",
+        "gpu_selection",
+        "vm_creation",
+        "vm_activation",
+        "vm_deployment",
+        "rodvr_configuration",
+        "total",
+    ] {
+        assert!(vm["timings"][stage].as_f64().is_some(), "stage {stage} missing: {vm}");
+    }
+    assert!(vm["server_id"].is_string() && vm["fixed_ip"].is_string());
+
+    // The VM's cloud-init carries the same environment.
+    let service = t.service();
+    let sim = service.sim.as_ref().unwrap();
+    let server = gsaasd::cloud::ServerId(vm["server_id"].as_str().unwrap().into());
+    let user_data = String::from_utf8(sim.user_data(&server).unwrap()).unwrap();
+    assert!(user_data.contains("RCUDA_DEVICE_1=100.127.0.1@8309:0"), "{user_data}");
+
+    // The host's agent routes the VM's masked endpoints to the real rCUDA servers.
+    let hosts = service.app.hosts().await.unwrap();
+    let vm_host = hosts.iter().find(|h| h.applied_generation > 0).expect("a host got routes");
+    assert_eq!(vm_host.applied_generation, vm_host.routes_generation);
+
+    assert_eq!(pool_totals(&t).await["allocated_mib"], 8192);
+    let (status, gone) = t.delete(&token, &format!("/v1/vms/{id}")).await;
+    assert_eq!(status, 202, "{gone}");
+    t.wait_state(&token, &id, "deleted").await;
+    assert_eq!(pool_totals(&t).await["allocated_mib"], 0);
+    assert!(sim.servers().is_empty(), "the server was deleted");
+    // Terminating again is fine and changes nothing.
+    let (status, again) = t.delete(&token, &format!("/v1/vms/{id}")).await;
+    assert_eq!((status, again["state"].as_str()), (202, Some("deleted")));
+    let (_, list) = t.get(&token, "/v1/vms").await;
+    assert!(list["vms"].as_array().unwrap().is_empty(), "deleted VMs are not listed: {list}");
+}
+
+async fn tenants_see_their_project_only_and_no_gpu_locations(store: Store) {
+    let t = TestService::start(store).await;
+    let alpha = t.member();
+    let beta = t.token("beta", Role::Member);
+    let admin = t.admin();
+    let id = t.launch(&alpha, &shared_launch(1, 1024)).await;
+    let vm = t.wait_state(&alpha, &id, "ready").await;
+    assert!(vm.get("host").is_none(), "tenant sees the VM's host: {vm}");
+    for field in ["gpu", "host", "rcuda_endpoint"] {
+        assert!(vm["cgpus"][0].get(field).is_none(), "tenant sees cgpu {field}: {vm}");
+    }
+    let (status, _) = t.get(&beta, &format!("/v1/vms/{id}")).await;
+    assert_eq!(status, 404, "another project's VM must not exist for beta");
+    let (status, _) = t.delete(&beta, &format!("/v1/vms/{id}")).await;
+    assert_eq!(status, 404);
+    let (_, list) = t.get(&beta, "/v1/vms").await;
+    assert!(list["vms"].as_array().unwrap().is_empty());
+    let (_, pool) = t.get(&beta, "/v1/pool").await;
+    assert!(pool.get("hosts").is_none(), "tenants see totals only: {pool}");
+    let (status, _) = t.get(&alpha, "/v1/hosts").await;
+    assert_eq!(status, 404, "hosts are for admins");
+    let (status, _) = t.post(&alpha, "/v1/hosts/compute-gpu/drain", &json!({})).await;
+    assert_eq!(status, 404);
+
+    let (_, vm) = t.get(&admin, &format!("/v1/vms/{id}")).await;
+    assert_eq!(vm["cgpus"][0]["rcuda_endpoint"], "10.78.0.1:8308", "{vm}");
+    assert!(vm["host"].is_string());
+    let (_, list) = t.get(&admin, "/v1/vms?project=alpha").await;
+    assert_eq!(list["vms"].as_array().unwrap().len(), 1);
+    let (_, list) = t.get(&admin, "/v1/vms?project=beta").await;
+    assert!(list["vms"].as_array().unwrap().is_empty());
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    let gpu0 = &pool["hosts"][0]["gpus"][0];
+    assert_eq!(gpu0["vms"][&id], 1, "{pool}");
+    let (status, hosts) = t.get(&admin, "/v1/hosts").await;
+    assert_eq!(status, 200);
+    assert_eq!(hosts["hosts"].as_array().unwrap().len(), 4);
+
+    // An agent's credentials open nothing but its host's registration.
+    let agent =
+        t.service().app.keys.issue("compute-gpu", None, Role::Agent, Duration::from_secs(60));
+    for path in ["/v1/vms", "/v1/pool", "/v1/hosts"] {
+        let (status, body) = t.get(&agent, path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+}
+
+async fn bad_input_names_the_field_and_changes_nothing(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    let ok = shared_launch(1, 1024);
+    let with = |key: &str, value: Value| {
+        let mut body = ok.clone();
+        body[key] = value;
+        body
+    };
+    let without = |key: &str| {
+        let mut body = ok.clone();
+        body.as_object_mut().unwrap().remove(key);
+        body
+    };
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (with("ncgpus", json!(0)), 422, "ncgpus"),
+        (with("ncgpus", json!(-2)), 422, "ncgpus"),
+        (with("ncgpus", json!(1_000_000)), 422, "ncgpus"),
+        (with("ncgpus", json!("two")), 422, "ncgpus"),
+        (without("ncgpus"), 422, "body"),
+        (without("gpu_memory_mib"), 422, "gpu_memory_mib"),
+        (with("gpu_memory_mib", json!(0)), 422, "gpu_memory_mib"),
+        (with("gpu_memory_mib", json!(8193)), 422, "gpu_memory_mib"),
+        (with("mode", json!("sharded")), 422, "mode"),
+        (with("locality", json!("nearby")), 422, "locality"),
+        (with("policy", json!("worst-fit")), 422, "policy"),
+        (with("image", json!("windows-95")), 422, "image"),
+        (with("flavor", json!("m1.huge")), 422, "flavor"),
+        (with("image", json!("")), 422, "image"),
+        (with("networks", json!(["nowhere"])), 422, "networks"),
+        (with("name", json!("a\u{7}b")), 422, "name"),
+        (with("surprise", json!(1)), 422, "surprise"),
+        (with("user_data", json!("x".repeat(70_000))), 422, "user_data"),
+        (with("user_data", json!("not a cloud-init format")), 422, "user_data"),
+    ];
+    let before = pool_totals(&t).await;
+    for (body, status, field) in cases {
+        let (got, problem) = t.post(&token, "/v1/vms", &body).await;
+        assert_eq!(got, status, "{body}: {problem}");
+        let detail = problem["detail"].as_str().unwrap_or_default();
+        let named = problem["field"].as_str().unwrap_or_default();
+        assert!(named == field || detail.contains(field), "expected field {field}: {problem}");
+        assert!(problem["code"].is_string(), "{problem}");
+    }
+    // Malformed JSON, and a body larger than the limit.
+    let r = t
+        .http
+        .post(t.url("/v1/vms"))
+        .bearer_auth(&token)
+        .body("{\"ncgpus\":")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let huge = format!("{{\"image\":\"{}\"}}", "x".repeat(300 * 1024));
+    let r = t.http.post(t.url("/v1/vms")).bearer_auth(&token).body(huge).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    // Unknown VM ids.
+    for id in ["not-a-uuid", "00000000-0000-0000-0000-000000000000"] {
+        let (status, _) = t.get(&token, &format!("/v1/vms/{id}")).await;
+        assert_eq!(status, 404);
+        let (status, _) = t.delete(&token, &format!("/v1/vms/{id}")).await;
+        assert_eq!(status, 404);
+    }
+    assert_eq!(pool_totals(&t).await, before);
+    let (_, list) = t.get(&token, "/v1/vms").await;
+    assert!(list["vms"].as_array().unwrap().is_empty(), "refused launches left VMs: {list}");
+}
+
+async fn authentication_failures_are_401_with_a_reason(store: Store) {
+    let t = TestService::start(store).await;
+    let other_key = {
+        use ed25519_dalek::pkcs8::{spki::der::pem::LineEnding, EncodePrivateKey};
+        let key = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);
+        gsaasd::auth::Keys::from_private_pem(&key.to_pkcs8_pem(LineEnding::LF).unwrap()).unwrap()
+    };
+    let forged = other_key.issue("alpha", Some("alpha"), Role::Admin, Duration::from_secs(60));
+    let cases: Vec<(Option<(&str, String)>, &str)> = vec![
+        (None, "missing token"),
+        (Some(("authorization", "Basic abc".into())), "Bearer"),
+        (Some(("authorization", "Bearer not.a.jwt".into())), "malformed"),
+        (Some(("authorization", format!("Bearer {forged}"))), "signature"),
+        (Some(("x-auth-token", "garbage".into())), "malformed"),
+    ];
+    for (header, reason) in cases {
+        let mut request = t.http.get(t.url("/v1/vms"));
+        if let Some((name, value)) = &header {
+            request = request.header(*name, value);
+        }
+        let (status, problem) = support::status_json(request.send().await.unwrap()).await;
+        assert_eq!(status, 401, "{header:?}: {problem}");
+        assert!(problem["detail"].as_str().unwrap().contains(reason), "{header:?}: {problem}");
+    }
+    // X-Auth-Token works like a bearer token, as OpenStack clients send it.
+    let r = t.http.get(t.url("/v1/vms")).header("x-auth-token", t.member()).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // Unauthenticated endpoints.
+    for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        let r = t.http.get(t.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+}
+
+async fn a_retried_launch_with_the_same_key_creates_one_vm(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    let body = shared_launch(1, 2048);
+    let send = |key: &'static str, body: Value| {
+        let request = t
+            .http
+            .post(t.url("/v1/vms"))
+            .bearer_auth(&token)
+            .header("idempotency-key", key)
+            .json(&body);
+        async move { support::status_json(request.send().await.unwrap()).await }
+    };
+    let (s1, first) = send("retry-1", body.clone()).await;
+    let (s2, second) = send("retry-1", body.clone()).await;
+    assert_eq!((s1, s2), (202, 202));
+    assert_eq!(first["id"], second["id"]);
+    let (status, problem) = send("retry-1", shared_launch(2, 2048)).await;
+    assert_eq!(status, 422, "same key, different request: {problem}");
+    assert_eq!(problem["field"], "Idempotency-Key");
+    // Concurrent retries still make one VM.
+    let (a, b, c) = tokio::join!(
+        send("retry-2", body.clone()),
+        send("retry-2", body.clone()),
+        send("retry-2", body.clone())
+    );
+    let results = [a, b, c];
+    let ids: std::collections::HashSet<_> =
+        results.iter().map(|(s, v)| (*s, v["id"].clone())).collect();
+    assert_eq!(ids.len(), 1, "{results:?}");
+    let (_, list) = t.get(&token, "/v1/vms").await;
+    assert_eq!(list["vms"].as_array().unwrap().len(), 2);
+}
+
+async fn capacity_runs_out_with_507_and_comes_back_after_terminate(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(
+            t.launch(&token, &json!({"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 1}))
+                .await,
+        );
+    }
+    let (status, problem) = t
+        .post(
+            &token,
+            "/v1/vms",
+            &json!({"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 1}),
+        )
+        .await;
+    assert_eq!(status, 507, "{problem}");
+    assert_eq!(problem["code"], "insufficient_gpu_capacity");
+    t.wait_state(&token, &ids[0], "ready").await;
+    t.delete(&token, &format!("/v1/vms/{}", ids[0])).await;
+    t.wait_state(&token, &ids[0], "deleted").await;
+    t.launch(&token, &json!({"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 1})).await;
+}
+
+async fn drained_hosts_take_no_new_cgpus(store: Store) {
+    let t = TestService::start(store).await;
+    let admin = t.admin();
+    let (status, host) = t.post(&admin, "/v1/hosts/compute-gpu/drain", &json!({})).await;
+    assert_eq!((status, host["state"].as_str()), (200, Some("drained")), "{host}");
+    let (status, _) = t.post(&t.member(), "/v1/vms", &shared_launch(1, 1024)).await;
+    assert_eq!(status, 507);
+    let (status, host) = t.post(&admin, "/v1/hosts/compute-gpu/undrain", &json!({})).await;
+    assert_eq!((status, host["state"].as_str()), (200, Some("schedulable")));
+    t.launch(&t.member(), &shared_launch(1, 1024)).await;
+    let (status, _) = t.post(&admin, "/v1/hosts/nowhere/drain", &json!({})).await;
+    assert_eq!(status, 404);
+}

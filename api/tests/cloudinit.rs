@@ -1,0 +1,363 @@
+//! The rCUDA user_data, read back the way cloud-init reads it: Python's `email` parser on the
+//! decoded text, with cloud-init's payload decoding (python3 is on every machine of the project).
+
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+
+use gsaasd::cloudinit::{
+    base64_len, user_data, RcudaDevice, RcudaEnv, UserDataError, MERGE_TYPE,
+    NOVA_USER_DATA_MAX_BASE64, RCUDA_DEFAULT_PORT,
+};
+use serde::Deserialize;
+
+/// Parses an archive as cloud-init does (`convert_string`, `_process_msg`, `fully_decoded_payload`).
+const PARSE_LIKE_CLOUD_INIT: &str = r#"
+import email, json, sys
+data = sys.stdin.buffer.read().decode("utf-8")
+def payload(part):
+    p = part.get_payload(decode=True)
+    if part.get_content_maintype() == "text" and isinstance(p, bytes):
+        charset = part.get_charset()
+        codec = charset.input_codec if charset and charset.input_codec else "utf-8"
+        return p.decode(codec, "surrogateescape")
+    return p
+msg = email.message_from_string(data)
+out = {
+    "seen_as_mime": "mime-version:" in data[0:4096].lower(),
+    "content_type": msg.get_content_type(),
+    "boundary": msg.get_boundary(),
+    "defects": [type(d).__name__ for d in msg.defects],
+    "parts": [],
+}
+for part in msg.walk():
+    if part.get_content_maintype() == "multipart":
+        out["defects"] += [type(d).__name__ for d in part.defects]
+        continue
+    out["parts"].append({
+        "content_type": part.get_content_type(),
+        "headers": [[k, v] for k, v in part.items()],
+        "payload": payload(part),
+        "defects": [type(d).__name__ for d in part.defects],
+    })
+print(json.dumps(out))
+"#;
+
+/// Builds a MIME archive as cloud-init's `make-mime` does, from `[[subtype, content], ...]`.
+const MAKE_MIME: &str = r#"
+import json, sys
+from email.mime.multipart import MIMEMultipart
+from email.mime.text import MIMEText
+archive = MIMEMultipart()
+for i, (subtype, content) in enumerate(json.load(sys.stdin)):
+    part = MIMEText(content, subtype, "utf-8")
+    part.add_header("Content-Disposition", "attachment", filename="part-%d" % i)
+    archive.attach(part)
+sys.stdout.write(archive.as_string())
+"#;
+
+#[derive(Debug, Deserialize)]
+struct Parsed {
+    seen_as_mime: bool,
+    content_type: String,
+    boundary: Option<String>,
+    defects: Vec<String>,
+    parts: Vec<ParsedPart>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ParsedPart {
+    content_type: String,
+    headers: Vec<(String, String)>,
+    payload: String,
+    defects: Vec<String>,
+}
+
+impl ParsedPart {
+    fn headers(&self, name: &str) -> Vec<&str> {
+        (self.headers.iter())
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+}
+
+fn python(script: &str, input: &[u8]) -> Vec<u8> {
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "python3: {}", String::from_utf8_lossy(&output.stderr));
+    output.stdout
+}
+
+/// Parses `archive` like cloud-init and checks it is a clean multipart/mixed archive.
+fn parse(archive: &[u8]) -> Parsed {
+    let parsed: Parsed = serde_json::from_slice(&python(PARSE_LIKE_CLOUD_INIT, archive)).unwrap();
+    assert!(parsed.seen_as_mime, "cloud-init would not see a MIME archive");
+    assert_eq!(parsed.content_type, "multipart/mixed");
+    assert!(parsed.defects.is_empty(), "{:?}", parsed.defects);
+    for part in &parsed.parts {
+        assert!(part.defects.is_empty(), "{part:?}");
+    }
+    let boundary = parsed.boundary.as_deref().expect("a boundary");
+    let text = std::str::from_utf8(archive).unwrap();
+    let delimiters = text.lines().filter(|l| l.starts_with(&format!("--{boundary}"))).count();
+    assert_eq!(delimiters, parsed.parts.len() + 1, "one delimiter per part and a closing one");
+    parsed
+}
+
+fn two_devices() -> RcudaEnv {
+    RcudaEnv {
+        devices: vec![
+            RcudaDevice {
+                address: Ipv4Addr::new(192, 168, 100, 1),
+                port: RCUDA_DEFAULT_PORT,
+                gpu_number: 0,
+            },
+            RcudaDevice { address: Ipv4Addr::new(192, 168, 100, 2), port: 9000, gpu_number: 3 },
+        ],
+    }
+}
+
+const PROFILE: &str = "# rCUDA client environment, set by GSaaS.\n\
+    export RCUDA_DEVICE_COUNT='2'\n\
+    export RCUDA_DEVICE_0='192.168.100.1@8308:0'\n\
+    export RCUDA_DEVICE_1='192.168.100.2@9000:3'\n";
+
+const ENVIRONMENT: &str = "\nRCUDA_DEVICE_COUNT=2\n\
+    RCUDA_DEVICE_0=192.168.100.1@8308:0\n\
+    RCUDA_DEVICE_1=192.168.100.2@9000:3\n";
+
+/// Checks the first part is our cloud-config and returns its write_files.
+fn assert_rcuda_part(part: &ParsedPart) {
+    assert_eq!(part.content_type, "text/cloud-config");
+    assert_eq!(part.headers("Merge-Type"), [MERGE_TYPE]);
+    let document = part.payload.strip_prefix("#cloud-config\n").expect("a cloud-config");
+    let config: serde_json::Value = serde_json::from_str(document).unwrap();
+    let expected = serde_json::json!({
+        "write_files": [
+            {
+                "path": "/etc/profile.d/rcuda.sh",
+                "owner": "root:root",
+                "permissions": "0644",
+                "content": PROFILE,
+            },
+            { "path": "/etc/environment", "append": true, "content": ENVIRONMENT },
+        ]
+    });
+    assert_eq!(config, expected);
+}
+
+#[test]
+fn variables_name_each_device_with_its_masked_address() {
+    let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect()
+    };
+    assert_eq!(
+        two_devices().variables(),
+        pairs(&[
+            ("RCUDA_DEVICE_COUNT", "2"),
+            ("RCUDA_DEVICE_0", "192.168.100.1@8308:0"),
+            ("RCUDA_DEVICE_1", "192.168.100.2@9000:3"),
+        ])
+    );
+    assert_eq!(RcudaEnv::default().variables(), pairs(&[("RCUDA_DEVICE_COUNT", "0")]));
+    assert_eq!(two_devices().profile_script(), PROFILE);
+    assert_eq!(two_devices().environment_lines(), ENVIRONMENT);
+}
+
+#[test]
+fn without_user_data_the_archive_is_the_rcuda_cloud_config() {
+    for user in [None, Some(&b""[..]), Some(&b" \n\t\n"[..])] {
+        let archive = user_data(&two_devices(), user).unwrap();
+        assert!(archive.starts_with(b"Content-Type: multipart/mixed; boundary="));
+        let parsed = parse(&archive);
+        assert_eq!(parsed.parts.len(), 1);
+        assert_rcuda_part(&parsed.parts[0]);
+        assert!(base64_len(archive.len()) < NOVA_USER_DATA_MAX_BASE64);
+    }
+}
+
+#[test]
+fn the_profile_script_sets_the_variables_in_a_shell() {
+    let path = std::env::temp_dir().join(format!("gsaas-rcuda-{}.sh", uuid::Uuid::new_v4()));
+    std::fs::write(&path, two_devices().profile_script()).unwrap();
+    let output = Command::new("sh")
+        .args(["-c", r#". "$1" && printf '%s|%s|%s\n' "$RCUDA_DEVICE_COUNT" "$RCUDA_DEVICE_0" "$RCUDA_DEVICE_1""#])
+        .arg("sh")
+        .arg(&path)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        String::from_utf8(output.stdout).unwrap(),
+        "2|192.168.100.1@8308:0|192.168.100.2@9000:3\n"
+    );
+}
+
+#[test]
+fn a_user_cloud_config_follows_ours_and_merges_by_appending() {
+    let user = "#cloud-config\nwrite_files:\n  - path: /etc/motd\n    content: hello\n";
+    let parsed = parse(&user_data(&two_devices(), Some(user.as_bytes())).unwrap());
+    assert_eq!(parsed.parts.len(), 2);
+    assert_rcuda_part(&parsed.parts[0]);
+    let part = &parsed.parts[1];
+    assert_eq!(part.content_type, "text/cloud-config");
+    assert_eq!(part.payload, user);
+    assert_eq!(part.headers("Merge-Type"), [MERGE_TYPE]);
+}
+
+#[test]
+fn a_user_shell_script_is_carried_exactly_even_when_not_ascii() {
+    for script in ["#!/bin/sh\necho hello", "#!/bin/bash\necho 'héllo ✓' > /tmp/x\n"] {
+        let parsed = parse(&user_data(&two_devices(), Some(script.as_bytes())).unwrap());
+        assert_eq!(parsed.parts.len(), 2);
+        let part = &parsed.parts[1];
+        assert_eq!(part.content_type, "text/x-shellscript");
+        assert_eq!(part.payload, script);
+        assert!(part.headers("Merge-Type").is_empty());
+        let encoding = if script.is_ascii() { "7bit" } else { "base64" };
+        assert_eq!(part.headers("Content-Transfer-Encoding"), [encoding]);
+    }
+}
+
+#[test]
+fn other_cloud_init_types_are_labelled_by_how_they_start() {
+    let cases = [
+        ("#cloud-boothook\necho early\n", "text/cloud-boothook", false),
+        ("#include\nhttps://example.invalid/config\n", "text/x-include-url", false),
+        (
+            "## template: jinja\n#cloud-config\nhostname: {{ v1.local_hostname }}\n",
+            "text/jinja2",
+            true,
+        ),
+        ("## template: jinja\n#!/bin/sh\necho {{ v1.region }}\n", "text/jinja2", false),
+        ("\n  #Cloud-Config\nruncmd: [ls]\n", "text/cloud-config", true),
+    ];
+    for (user, content_type, merges) in cases {
+        let parsed = parse(&user_data(&two_devices(), Some(user.as_bytes())).unwrap());
+        let part = &parsed.parts[1];
+        assert_eq!(part.content_type, content_type, "{user:?}");
+        assert_eq!(part.payload, user);
+        assert_eq!(!part.headers("Merge-Type").is_empty(), merges, "{user:?}");
+    }
+}
+
+#[test]
+fn a_user_mime_archive_made_by_make_mime_has_its_parts_carried_over() {
+    let contents = serde_json::json!([
+        ["cloud-config", "#cloud-config\npackages: [htop]\n"],
+        ["x-shellscript", "#!/bin/sh\necho 'ünïcode'\n"],
+        ["plain", "#cloud-config\nruncmd: [date]\n"],
+        ["cloud-boothook", "#cloud-boothook\necho boot\n"],
+    ]);
+    let user = python(MAKE_MIME, contents.to_string().as_bytes());
+    let parsed = parse(&user_data(&two_devices(), Some(&user)).unwrap());
+    assert_eq!(parsed.parts.len(), 5);
+    assert_rcuda_part(&parsed.parts[0]);
+    let carried: Vec<(&str, &str, usize)> = parsed.parts[1..]
+        .iter()
+        .map(|p| (p.content_type.as_str(), p.payload.as_str(), p.headers("Merge-Type").len()))
+        .collect();
+    assert_eq!(
+        carried,
+        [
+            ("text/cloud-config", "#cloud-config\npackages: [htop]\n", 1),
+            ("text/x-shellscript", "#!/bin/sh\necho 'ünïcode'\n", 0),
+            // text/plain is typed by its content, as cloud-init does, so it merges too.
+            ("text/plain", "#cloud-config\nruncmd: [date]\n", 1),
+            ("text/cloud-boothook", "#cloud-boothook\necho boot\n", 0),
+        ]
+    );
+    for (i, part) in parsed.parts[1..].iter().enumerate() {
+        let disposition = format!("attachment; filename=\"part-{i}\"");
+        assert_eq!(part.headers("Content-Disposition"), [disposition.as_str()]);
+    }
+}
+
+#[test]
+fn a_hand_written_archive_with_nesting_and_crlf_is_carried_over() {
+    let user = "MIME-Version: 1.0\r\n\
+        Content-Type: multipart/mixed;\r\n boundary=\"outer\"\r\n\
+        \r\n\
+        This is the preamble.\r\n\
+        --outer\r\n\
+        Content-Type: text/cloud-config\r\n\
+        Merge-Type: dict(recurse_array)+list(append)\r\n\
+        \r\n\
+        #cloud-config\r\nbootcmd: [true]\r\n\
+        --outer\r\n\
+        Content-Type: multipart/alternative; boundary=inner\r\n\
+        \r\n\
+        --inner\r\n\
+        Content-Type: text/x-shellscript\r\n\
+        \r\n\
+        #!/bin/sh\r\necho nested\r\n\
+        --inner--\r\n\
+        --outer--\r\n\
+        epilogue\r\n";
+    let parsed = parse(&user_data(&two_devices(), Some(user.as_bytes())).unwrap());
+    assert_eq!(parsed.parts.len(), 3);
+    let config = &parsed.parts[1];
+    assert_eq!(config.content_type, "text/cloud-config");
+    // The line break before a delimiter belongs to the delimiter.
+    assert_eq!(config.payload, "#cloud-config\r\nbootcmd: [true]");
+    // The user said how to merge; that stands.
+    assert_eq!(config.headers("Merge-Type"), ["dict(recurse_array)+list(append)"]);
+    assert_eq!(parsed.parts[2].content_type, "text/x-shellscript");
+    assert_eq!(parsed.parts[2].payload, "#!/bin/sh\r\necho nested");
+}
+
+#[test]
+fn the_boundary_occurs_nowhere_in_the_parts() {
+    let user = "#!/bin/sh\n--==gsaas-rcuda-0==\n--==gsaas-rcuda-1==--\necho ==gsaas-rcuda-3==\n";
+    let archive = user_data(&two_devices(), Some(user.as_bytes())).unwrap();
+    let parsed = parse(&archive);
+    let boundary = parsed.boundary.clone().unwrap();
+    assert_eq!(boundary, "==gsaas-rcuda-2==");
+    assert_eq!(parsed.parts.len(), 2);
+    assert_eq!(parsed.parts[1].payload, user);
+    for part in &parsed.parts {
+        assert!(!part.payload.contains(&boundary));
+        assert!(part.headers.iter().all(|(n, v)| !n.contains(&boundary) && !v.contains(&boundary)));
+    }
+}
+
+#[test]
+fn user_data_that_cannot_be_combined_is_refused_with_the_reason() {
+    let env = two_devices();
+    let refuse = |user: &[u8]| user_data(&env, Some(user)).unwrap_err();
+
+    assert_eq!(refuse(&[0x1f, 0x8b, 0x08, 0x00, 0x00]), UserDataError::Compressed);
+    assert_eq!(refuse(b"#!/bin/sh\n\xff\xfe"), UserDataError::NotUtf8 { offset: 10 });
+    let err = refuse(b"echo hello\n");
+    assert_eq!(err, UserDataError::UnknownType { start: "echo hello".to_owned() });
+    assert!(err.to_string().starts_with("unknown type: it starts with \"echo hello\""), "{err}");
+    assert!(matches!(refuse(b"{\"runcmd\": []}"), UserDataError::UnknownType { .. }));
+
+    let untyped_part = "Content-Type: multipart/mixed; boundary=b\nMIME-Version: 1.0\n\n\
+        --b\nContent-Type: text/x-shellscript\n\n#!/bin/sh\n\
+        --b\nContent-Type: text/plain\n\njust some text\n--b--\n";
+    assert_eq!(
+        refuse(untyped_part.as_bytes()),
+        UserDataError::UnknownPartType { part: 2, start: "just some text".to_owned() }
+    );
+    let no_boundary = "Content-Type: multipart/mixed\nMIME-Version: 1.0\n\n--b\n\n#!/bin/sh\n";
+    assert!(matches!(refuse(no_boundary.as_bytes()), UserDataError::Mime(_)));
+    let no_parts = "Content-Type: multipart/mixed; boundary=b\n\nnothing here\n";
+    assert!(matches!(refuse(no_parts.as_bytes()), UserDataError::Mime(_)));
+}
+
+#[test]
+fn nova_size_limit_is_measured_in_base64() {
+    assert_eq!(NOVA_USER_DATA_MAX_BASE64, 65_535);
+    assert_eq!(base64_len(49_151), 65_536);
+    assert_eq!(base64_len(49_149), 65_532);
+}

@@ -1,0 +1,159 @@
+//! The launch saga: every step's failure unwinds cleanly (VM in `error` with the reason, no server
+//! left, every cGPU released, no route left), termination mid-launch, and a crash at any step resumed
+//! by the next gsaasd, on SQLite and PostgreSQL.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use gsaasd::cloud::sim::SimFault;
+use serde_json::Value;
+use support::{shared_launch, Store, TestService};
+
+on_both_stores!(
+    cloud_failure_at_creation_unwinds,
+    vm_going_to_error_unwinds_with_novas_fault,
+    network_never_coming_up_unwinds,
+    failed_undo_steps_are_retried_until_done,
+    termination_during_launch_unwinds_to_deleted,
+    a_crash_at_any_step_is_resumed_after_restart,
+);
+
+/// Nothing of `id` is left: no server, no cGPUs, no routes on any host.
+async fn assert_nothing_left(t: &TestService, id: &str) {
+    let (_, pool) = t.get(&t.member(), "/v1/pool").await;
+    assert_eq!(pool["totals"]["allocated_mib"], 0, "cGPUs left: {pool}");
+    assert_eq!(pool["totals"]["cgpus"], 0);
+    let sim = t.service().sim.as_ref().unwrap();
+    assert!(sim.servers().is_empty(), "server left: {:?}", sim.servers());
+    let vm: gpgpums::VmId = id.parse().unwrap();
+    let details = t.service().app.visible_vm(&admin_caller(), vm).await.unwrap();
+    assert!(details.cgpus.is_empty());
+    assert!(!details.vm.routes_on);
+    for host in t.service().app.hosts().await.unwrap() {
+        assert_eq!(
+            host.applied_generation, host.routes_generation,
+            "host {} not converged",
+            host.name
+        );
+    }
+}
+
+fn admin_caller() -> gsaasd::auth::Caller {
+    gsaasd::auth::Caller {
+        subject: "ops".into(),
+        project: Some("ops".into()),
+        role: gsaasd::auth::Role::Admin,
+    }
+}
+
+async fn launch_expecting_error(t: &TestService, reason: &str) -> Value {
+    let token = t.member();
+    let id = t.launch(&token, &shared_launch(2, 2048)).await;
+    let vm = t
+        .wait_vm(&token, &id, |vm| {
+            vm["state"] == "error" && vm["cgpus"].as_array().unwrap().is_empty()
+        })
+        .await;
+    assert!(vm["error"].as_str().unwrap().contains(reason), "{vm}");
+    assert_nothing_left(t, &id).await;
+    vm
+}
+
+async fn cloud_failure_at_creation_unwinds(store: Store) {
+    let t = TestService::start(store).await;
+    t.service().sim.as_ref().unwrap().inject(SimFault::CreateUnavailable);
+    launch_expecting_error(&t, "create").await;
+}
+
+async fn vm_going_to_error_unwinds_with_novas_fault(store: Store) {
+    let t = TestService::start(store).await;
+    t.service()
+        .sim
+        .as_ref()
+        .unwrap()
+        .inject(SimFault::ActivationFails("No valid host was found".into()));
+    launch_expecting_error(&t, "No valid host was found").await;
+}
+
+async fn network_never_coming_up_unwinds(store: Store) {
+    let t = TestService::start_with(store, |c| c.launch.deploy_timeout_secs = 1).await;
+    t.service().sim.as_ref().unwrap().inject(SimFault::DeployTimeout);
+    launch_expecting_error(&t, "deployment").await;
+}
+
+async fn failed_undo_steps_are_retried_until_done(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    let id = t.launch(&token, &shared_launch(1, 1024)).await;
+    t.wait_state(&token, &id, "ready").await;
+    let sim = t.service().sim.as_ref().unwrap();
+    sim.inject(SimFault::DeleteUnavailable);
+    sim.inject(SimFault::DeleteUnavailable);
+    t.delete(&token, &format!("/v1/vms/{id}")).await;
+    t.wait_state(&token, &id, "deleted").await;
+    assert_nothing_left(&t, &id).await;
+}
+
+async fn termination_during_launch_unwinds_to_deleted(store: Store) {
+    let t = TestService::start_with(store, |c| {
+        let gsaasd::config::CloudConfig::Sim { sim } = &mut c.cloud;
+        sim.activation_delay_ms = 60_000;
+    })
+    .await;
+    let token = t.member();
+    let id = t.launch(&token, &shared_launch(1, 1024)).await;
+    t.wait_vm(&token, &id, |vm| vm["server_id"].is_string()).await;
+    let (status, vm) = t.delete(&token, &format!("/v1/vms/{id}")).await;
+    assert_eq!((status, vm["state"].as_str()), (202, Some("deleting")));
+    // The saga is woken from its 60 s wait; nothing waits for the timeout.
+    let started = Instant::now();
+    t.wait_state(&token, &id, "deleted").await;
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_nothing_left(&t, &id).await;
+}
+
+/// Crashes gsaasd while the saga waits in each step, restarts it, and checks the launch completes.
+async fn a_crash_at_any_step_is_resumed_after_restart(store: Store) {
+    for (stage, ready_to_crash) in [
+        ("creation", (|vm: &Value| vm["state"] == "creating") as fn(&Value) -> bool),
+        ("activation", |vm: &Value| vm["server_id"].is_string()),
+        ("deployment", |vm: &Value| vm["fixed_ip"].is_string()),
+    ] {
+        let mut t = TestService::start_with(store, |c| {
+            c.launch.saga_lease_secs = 1;
+            let gsaasd::config::CloudConfig::Sim { sim } = &mut c.cloud;
+            match stage {
+                "creation" => sim.creation_delay_ms = 300,
+                "activation" => sim.activation_delay_ms = 300,
+                _ => sim.deployment_delay_ms = 300,
+            }
+        })
+        .await;
+        let token = t.member();
+        let id = t.launch(&token, &shared_launch(2, 1024)).await;
+        t.wait_vm(&token, &id, ready_to_crash).await;
+        t.restart().await;
+        // The dead gsaasd's claim runs out after 1 s; then a reconciler pass resumes the saga.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            t.service().app.reconcile_once().await;
+            let (_, vm) = t.get(&token, &format!("/v1/vms/{id}")).await;
+            if vm["state"] == "ready" {
+                assert_eq!(
+                    t.service().sim.as_ref().unwrap().servers().len(),
+                    1,
+                    "{stage}: one server, not two"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "{stage}: never resumed: {vm}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (_, pool) = t.get(&token, "/v1/pool").await;
+        assert_eq!(pool["totals"]["allocated_mib"], 2048, "{stage}: {pool}");
+        t.delete(&token, &format!("/v1/vms/{id}")).await;
+        t.wait_state(&token, &id, "deleted").await;
+        assert_nothing_left(&t, &id).await;
+    }
+}

@@ -1,0 +1,192 @@
+//! Starting a real gsaasd for tests: its own data directory and database, port 0, the simulated
+//! cloud at zero delay and in-process agents unless a test says otherwise.
+#![allow(dead_code)]
+
+pub mod postgres;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gsaasd::auth::Role;
+use gsaasd::config::Config;
+use gsaasd::service::{self, Service};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    Sqlite,
+    Postgres,
+}
+
+/// Generates one test per storage backend from `async fn name(store: Store)`.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name($crate::support::Store::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name($crate::support::Store::Postgres).await
+            }
+        }
+    )*};
+}
+
+pub struct TestService {
+    pub service: Option<Service>,
+    pub config: Config,
+    pub dir: PathBuf,
+    pub http: reqwest::Client,
+}
+
+fn temp_dir() -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "gsaasd-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub fn test_config(store: Store) -> (Config, PathBuf) {
+    let dir = temp_dir();
+    let mut config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.join("data"),
+        database_url: match store {
+            Store::Sqlite => None,
+            Store::Postgres => Some(postgres::fresh_database()),
+        },
+        ..Config::default()
+    };
+    config.hosts.reconcile_interval_secs = 3600;
+    (config, dir)
+}
+
+impl TestService {
+    pub async fn start(store: Store) -> TestService {
+        Self::start_with(store, |_| {}).await
+    }
+
+    pub async fn start_with(store: Store, tweak: impl FnOnce(&mut Config)) -> TestService {
+        let (mut config, dir) = test_config(store);
+        tweak(&mut config);
+        Self::start_config(config, dir).await
+    }
+
+    pub async fn start_config(config: Config, dir: PathBuf) -> TestService {
+        let service = service::start(config.clone()).await.expect("gsaasd starts");
+        TestService { service: Some(service), config, dir, http: reqwest::Client::new() }
+    }
+
+    pub fn service(&self) -> &Service {
+        self.service.as_ref().expect("running")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.service().url())
+    }
+
+    pub fn token(&self, project: &str, role: Role) -> String {
+        self.service().app.keys.issue(project, Some(project), role, Duration::from_secs(3600))
+    }
+
+    pub fn member(&self) -> String {
+        self.token("alpha", Role::Member)
+    }
+
+    pub fn admin(&self) -> String {
+        self.token("ops", Role::Admin)
+    }
+
+    pub async fn get(&self, token: &str, path: &str) -> (u16, Value) {
+        let r = self.http.get(self.url(path)).bearer_auth(token).send().await.unwrap();
+        status_json(r).await
+    }
+
+    pub async fn post(&self, token: &str, path: &str, body: &Value) -> (u16, Value) {
+        let r = self.http.post(self.url(path)).bearer_auth(token).json(body).send().await.unwrap();
+        status_json(r).await
+    }
+
+    pub async fn delete(&self, token: &str, path: &str) -> (u16, Value) {
+        let r = self.http.delete(self.url(path)).bearer_auth(token).send().await.unwrap();
+        status_json(r).await
+    }
+
+    /// Launches and returns the VM's id (asserting 202).
+    pub async fn launch(&self, token: &str, body: &Value) -> String {
+        let (status, vm) = self.post(token, "/v1/vms", body).await;
+        assert_eq!(status, 202, "{vm}");
+        vm["id"].as_str().unwrap().to_owned()
+    }
+
+    /// Polls the VM until `done` holds (bounded: 20 s).
+    pub async fn wait_vm(&self, token: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, vm) = self.get(token, &format!("/v1/vms/{id}")).await;
+            assert_eq!(status, 200, "{vm}");
+            if done(&vm) {
+                return vm;
+            }
+            assert!(Instant::now() < deadline, "VM {id} never got there: {vm}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn wait_state(&self, token: &str, id: &str, state: &str) -> Value {
+        self.wait_vm(token, id, |vm| vm["state"] == state).await
+    }
+
+    /// Stops the service abruptly (no graceful anything), as a crash would.
+    pub fn crash(&mut self) {
+        if let Some(service) = self.service.take() {
+            service.abort();
+        }
+    }
+
+    /// Crashes gsaasd and starts it again on the same storage; the simulated cloud lives on, as
+    /// Nova would.
+    pub async fn restart(&mut self) {
+        let sim = self.service().sim.clone();
+        self.crash();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let service = service::start_with_sim(self.config.clone(), listener, sim)
+            .await
+            .expect("gsaasd restarts");
+        self.service = Some(service);
+    }
+}
+
+impl Drop for TestService {
+    fn drop(&mut self) {
+        self.crash();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub async fn status_json(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    let value = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or(Value::String(text))
+    };
+    (status, value)
+}
+
+pub fn shared_launch(ncgpus: u32, mib: u64) -> Value {
+    serde_json::json!({
+        "name": "test-vm", "image": "cirros-0.6.2", "flavor": "m1.small",
+        "ncgpus": ncgpus, "gpu_memory_mib": mib, "mode": "shared"
+    })
+}
