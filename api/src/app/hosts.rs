@@ -266,10 +266,13 @@ impl App {
                 let routes = routed
                     .iter()
                     .flat_map(|(vm, cgpus)| {
+                        // The tap identifies the VM's port on this host even where tenant networks
+                        // overlap (two VMs with one fixed IP) and cannot be spoofed from inside the
+                        // VM; the fixed IP is the fallback when the cloud gives no tap.
                         cgpus.iter().map(move |c| Route {
                             vm: vm.id,
-                            vm_ip: vm.fixed_ip,
-                            vm_tap: if vm.fixed_ip.is_none() { vm.tap.clone() } else { None },
+                            vm_ip: if vm.tap.is_none() { vm.fixed_ip } else { None },
+                            vm_tap: vm.tap.clone(),
                             masked: SocketAddrV4::new(c.masked_address, c.masked_port),
                             target: SocketAddrV4::new(c.rcuda_address, c.rcuda_port),
                         })

@@ -82,7 +82,18 @@ impl TestService {
     }
 
     pub async fn start_config(config: Config, dir: PathBuf) -> TestService {
-        let service = service::start(config.clone()).await.expect("gsaasd starts");
+        Self::start_config_with_sim(config, dir, None).await
+    }
+
+    /// Starts with an existing simulated cloud (a second replica in front of the same "Nova").
+    pub async fn start_config_with_sim(
+        config: Config,
+        dir: PathBuf,
+        sim: Option<std::sync::Arc<gsaasd::cloud::sim::SimCloud>>,
+    ) -> TestService {
+        let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
+        let service =
+            service::start_with_sim(config.clone(), listener, sim).await.expect("gsaasd starts");
         TestService { service: Some(service), config, dir, http: reqwest::Client::new() }
     }
 
