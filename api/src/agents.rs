@@ -99,14 +99,23 @@ impl InProcessAgents {
         Ok(agent)
     }
 
-    /// Where `source` reaching `masked` on `host` is sent, per the host's applied table.
+    /// Where a packet from `source` arriving on `interface` for `masked` is sent on `host`, per the
+    /// table its agent applied.
     pub fn resolve(
         &self,
         host: &HostRecord,
         source: std::net::Ipv4Addr,
+        interface: &str,
         masked: std::net::SocketAddrV4,
     ) -> Option<std::net::SocketAddrV4> {
-        self.agent(host).ok()?.with_firewall(|fw| fw.resolve(source, "", masked))
+        self.agent(host).ok()?.with_firewall(|fw| fw.resolve(source, interface, masked))
+    }
+
+    /// Simulates the host's agent restarting after losing its state file (a wiped disk): it comes
+    /// back holding no table.
+    pub fn forget(&self, host: &HostId) {
+        self.agents.lock().expect("agents lock").remove(host);
+        let _ = std::fs::remove_file(self.state_dir.join(format!("{host}.json")));
     }
 }
 

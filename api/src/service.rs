@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::agents::{HostAgents, InProcessAgents, RemoteAgents};
-use crate::app::App;
+use crate::app::{App, Backends};
 use crate::auth::Keys;
 use crate::cloud::sim::SimCloud;
 use crate::cloud::Cloud;
@@ -84,11 +84,15 @@ pub async fn start_with_sim(
 ) -> Result<Service, StartError> {
     let keys = Keys::load_or_create(&config.signing_key_path())?;
     let db = Db::connect(&config.database_url()).await.map_err(StartError::Database)?;
-    let agents: Arc<dyn HostAgents> = match config.hosts.backend {
+    let (agents, in_process_agents): (Arc<dyn HostAgents>, _) = match config.hosts.backend {
         HostsBackend::InProcess => {
-            Arc::new(InProcessAgents::new(config.data_dir.join("agents"), config.masking.range))
+            let agents = Arc::new(InProcessAgents::new(
+                config.data_dir.join("agents"),
+                config.masking.range,
+            ));
+            (agents.clone(), Some(agents))
         }
-        HostsBackend::Agent => Arc::new(RemoteAgents::new(keys.agent_signer())),
+        HostsBackend::Agent => (Arc::new(RemoteAgents::new(keys.agent_signer())), None),
     };
     let (cloud, sim): (Arc<dyn Cloud>, Option<Arc<SimCloud>>) = match &config.cloud {
         CloudConfig::Sim { sim } => {
@@ -97,7 +101,8 @@ pub async fn start_with_sim(
         }
     };
     let in_process = config.hosts.backend == HostsBackend::InProcess;
-    let app = App::new(config, db, keys, cloud, agents, sim.clone());
+    let app =
+        App::new(config, db, keys, Backends { cloud, agents, sim: sim.clone(), in_process_agents });
     if in_process {
         app.register_inventory().await.map_err(StartError::Inventory)?;
     }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use gpgpums::{HostId, VmId};
 use tokio::sync::Notify;
 
-use crate::agents::HostAgents;
+use crate::agents::{HostAgents, InProcessAgents};
 use crate::auth::{HasKeys, Keys};
 use crate::cloud::sim::SimCloud;
 use crate::cloud::Cloud;
@@ -39,6 +39,7 @@ pub struct App {
     pub agents: Arc<dyn HostAgents>,
     /// The simulated cloud when it is the backend: it learns of hosts as they register.
     pub sim: Option<Arc<SimCloud>>,
+    in_process_agents: Option<Arc<InProcessAgents>>,
     pub metrics: Metrics,
     pool: pool::PoolCache,
     /// This process's id as a saga owner.
@@ -51,21 +52,15 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(
-        config: Config,
-        db: Db,
-        keys: Keys,
-        cloud: Arc<dyn Cloud>,
-        agents: Arc<dyn HostAgents>,
-        sim: Option<Arc<SimCloud>>,
-    ) -> Arc<App> {
+    pub fn new(config: Config, db: Db, keys: Keys, backends: Backends) -> Arc<App> {
         Arc::new(App {
             config,
             db,
             keys,
-            cloud,
-            agents,
-            sim,
+            cloud: backends.cloud,
+            agents: backends.agents,
+            sim: backends.sim,
+            in_process_agents: backends.in_process_agents,
             metrics: Metrics::default(),
             pool: pool::PoolCache::new(),
             instance: uuid::Uuid::new_v4().to_string(),
@@ -80,6 +75,16 @@ impl App {
     }
 }
 
+/// The side-effect backends an [`App`] uses; the simulated ones also by their concrete types, for
+/// inspection.
+#[derive(Debug)]
+pub struct Backends {
+    pub cloud: Arc<dyn Cloud>,
+    pub agents: Arc<dyn HostAgents>,
+    pub sim: Option<Arc<SimCloud>>,
+    pub in_process_agents: Option<Arc<InProcessAgents>>,
+}
+
 #[derive(Debug)]
 struct RunningSaga {
     wake: Arc<Notify>,
@@ -87,6 +92,11 @@ struct RunningSaga {
 }
 
 impl App {
+    /// The in-process agents, when they are the hosts' backend.
+    pub fn in_process_agents(&self) -> Option<&InProcessAgents> {
+        self.in_process_agents.as_deref()
+    }
+
     /// Stops every saga task of this process where it stands, as a crash would (tests).
     pub fn abort_sagas(&self) {
         for (_, saga) in self.running.lock().expect("running sagas").drain() {

@@ -1,0 +1,165 @@
+//! Hosts: agents register and heartbeat with their GPU inventory, silent hosts become unavailable,
+//! drift in an agent's table is repaired by the reconciler, and locality places VMs where asked.
+
+mod support;
+
+use std::time::Duration;
+
+use gsaasd::auth::Role;
+use serde_json::{json, Value};
+use support::{shared_launch, Store, TestService};
+
+on_both_stores!(
+    agents_register_heartbeat_and_only_for_their_own_host,
+    silent_hosts_become_unavailable_and_come_back,
+    the_reconciler_repairs_an_agent_that_lost_its_table,
+    locality_places_the_vm_on_the_gpu_host_or_an_rgpu_host,
+);
+
+fn report(host: &str, kind: &str, gpus: usize) -> Value {
+    json!({
+        "host": host, "kind": kind, "agent_url": format!("http://{host}.invalid:7450"),
+        "gpus": (0..gpus).map(|i| json!({
+            "id": format!("GPU-{host}-{i}"), "index": i, "model": "Tesla K20m", "memory_mib": 4800,
+            "rcuda": {"address": "10.78.1.2", "port": 8308 + i, "gpu_number": 0}
+        })).collect::<Vec<_>>(),
+        "applied_generation": null
+    })
+}
+
+async fn put(t: &TestService, token: &str, host: &str, body: &Value) -> (u16, Value) {
+    let r = t
+        .http
+        .put(t.url(&format!("/v1/hosts/{host}")))
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    support::status_json(r).await
+}
+
+fn agent_token(t: &TestService, host: &str) -> String {
+    t.service().app.keys.issue(host, None, Role::Agent, Duration::from_secs(60))
+}
+
+async fn totals(t: &TestService) -> Value {
+    t.get(&t.member(), "/v1/pool").await.1["totals"].clone()
+}
+
+async fn agents_register_heartbeat_and_only_for_their_own_host(store: Store) {
+    let t =
+        TestService::start_with(store, |c| c.hosts.backend = gsaasd::config::HostsBackend::Agent)
+            .await;
+    assert_eq!(totals(&t).await["gpus"], 0, "no inventory with real agents");
+    let token = agent_token(&t, "gpu-a");
+    let (status, host) = put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 2)).await;
+    assert_eq!(status, 200, "{host}");
+    assert_eq!(host["state"], "schedulable");
+    assert_eq!(totals(&t).await["gpus"], 2);
+    // A heartbeat with the same inventory changes nothing; a third GPU joins the pool.
+    assert_eq!(put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 2)).await.0, 200);
+    assert_eq!(totals(&t).await["gpus"], 2);
+    assert_eq!(put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 3)).await.0, 200);
+    assert_eq!(totals(&t).await["memory_mib"], 3 * 4800);
+    // Only for its own host, with a matching body, and a host keeps its kind.
+    let (status, _) = put(&t, &token, "gpu-b", &report("gpu-b", "compute-gpu", 1)).await;
+    assert_eq!(status, 404);
+    let (status, problem) = put(&t, &token, "gpu-a", &report("gpu-b", "compute-gpu", 1)).await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("host")), "{problem}");
+    let (status, _) = put(&t, &token, "gpu-a", &report("gpu-a", "compute-rgpu", 0)).await;
+    assert_eq!(status, 409);
+    let (status, problem) = put(&t, &token, "gpu-a", &json!({"host": "gpu-a"})).await;
+    assert_eq!(status, 422, "{problem}");
+    let (status, _) = put(&t, &t.member(), "gpu-a", &report("gpu-a", "compute-gpu", 3)).await;
+    assert_eq!(status, 404, "tenants cannot register hosts");
+    // Admins may register any host.
+    let (status, _) = put(&t, &t.admin(), "rgpu-a", &report("rgpu-a", "compute-rgpu", 0)).await;
+    assert_eq!(status, 200);
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(hosts["hosts"].as_array().unwrap().len(), 2, "{hosts}");
+}
+
+async fn silent_hosts_become_unavailable_and_come_back(store: Store) {
+    let t = TestService::start_with(store, |c| {
+        c.hosts.backend = gsaasd::config::HostsBackend::Agent;
+        c.hosts.heartbeat_timeout_secs = 0;
+    })
+    .await;
+    let token = agent_token(&t, "gpu-a");
+    put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 1)).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let status = t.service().app.reconcile_once().await;
+    assert_eq!(status.hosts_marked_unavailable, 1, "{status:?}");
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(hosts["hosts"][0]["state"], "unavailable");
+    let (code, _) = t.post(&t.member(), "/v1/vms", &shared_launch(1, 1024)).await;
+    assert_eq!(code, 507, "an unavailable host takes no new cGPUs");
+    // The next heartbeat brings it back.
+    put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 1)).await;
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(hosts["hosts"][0]["state"], "schedulable");
+    // A drained host stays drained across heartbeats.
+    t.post(&t.admin(), "/v1/hosts/gpu-a/drain", &json!({})).await;
+    put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 1)).await;
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(hosts["hosts"][0]["state"], "drained");
+}
+
+async fn the_reconciler_repairs_an_agent_that_lost_its_table(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    let id = t.launch(&token, &shared_launch(1, 1024)).await;
+    let vm = t.wait_state(&token, &id, "ready").await;
+    let (_, admin_vm) = t.get(&t.admin(), &format!("/v1/vms/{id}")).await;
+    let host_name = admin_vm["host"].as_str().unwrap().to_owned();
+    let app = &t.service().app;
+    let host =
+        app.hosts().await.unwrap().into_iter().find(|h| h.name.as_str() == host_name).unwrap();
+    let generation = host.applied_generation;
+    assert!(generation > 0);
+    // The host's agent restarts without its state (a wiped disk): it holds nothing.
+    let agents = app.in_process_agents().expect("in-process agents");
+    agents.forget(&host.name);
+    assert_eq!(app.agents.applied_generation(&host).await.unwrap(), None);
+    let status = app.reconcile_once().await;
+    assert_eq!(status.tables_pushed, 1, "{status:?}");
+    assert!(status.last_error.is_none(), "{status:?}");
+    let host =
+        app.hosts().await.unwrap().into_iter().find(|h| h.name.as_str() == host_name).unwrap();
+    assert!(host.applied_generation > generation);
+    let masked: std::net::SocketAddrV4 =
+        vm["cgpus"][0]["masked_endpoint"].as_str().unwrap().parse().unwrap();
+    let source: std::net::Ipv4Addr = vm["fixed_ip"].as_str().unwrap().parse().unwrap();
+    let admin = gsaasd::auth::Caller {
+        subject: "ops".into(),
+        project: Some("ops".into()),
+        role: Role::Admin,
+    };
+    let tap = app.visible_vm(&admin, id.parse().unwrap()).await.unwrap().vm.tap;
+    let target = agents.resolve(&host, source, tap.as_deref().unwrap_or(""), masked);
+    assert_eq!(
+        target.map(|t| t.to_string()),
+        admin_vm["cgpus"][0]["rcuda_endpoint"].as_str().map(str::to_owned)
+    );
+    // Nothing drifted: the next pass pushes nothing.
+    assert_eq!(app.reconcile_once().await.tables_pushed, 0);
+}
+
+async fn locality_places_the_vm_on_the_gpu_host_or_an_rgpu_host(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    let mut local = shared_launch(2, 1024);
+    local["locality"] = json!("local");
+    let mut remote = shared_launch(2, 1024);
+    remote["locality"] = json!("remote");
+    let local = t.launch(&token, &local).await;
+    let remote = t.launch(&token, &remote).await;
+    for (id, expect_gpu_host) in [(local, true), (remote, false)] {
+        t.wait_state(&token, &id, "ready").await;
+        let (_, vm) = t.get(&t.admin(), &format!("/v1/vms/{id}")).await;
+        let host = vm["host"].as_str().unwrap();
+        assert_eq!(host == "compute-gpu", expect_gpu_host, "{vm}");
+        assert!(expect_gpu_host || host.ends_with("-rgpu"), "{vm}");
+    }
+}
