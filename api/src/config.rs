@@ -12,7 +12,7 @@ use gpgpums::{HostId, HostKind, DEFAULT_POLICY};
 use rodvr_agent::protocol::Ipv4Cidr;
 use serde::Deserialize;
 
-use crate::cloud::sim::SimConfig;
+use crate::cloud::sim::{SimConfig, SimVmNetworkConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -240,6 +240,9 @@ impl Config {
                 "cloud.sim.fixed_ip_range: {} leaves no address for VMs (at most /30)",
                 sim.fixed_ip_range
             ));
+        }
+        if let SimVmNetworkConfig::Netns(netns) = &sim.vm_network {
+            netns.check().map_err(|reason| format!("cloud.sim.vm_network.{reason}"))?;
         }
         for host in &self.inventory {
             if host.kind != HostKind::ComputeGpu && !host.gpus.is_empty() {

@@ -59,3 +59,23 @@ impl Metrics {
         }
     }
 }
+
+/// Per-GPU gauges from the pool, in the Prometheus text format.
+pub fn render_pool(pool: &gpgpums::Pool) -> String {
+    let mut out = String::new();
+    for (name, help) in [
+        ("gsaas_gpu_memory_mib", "GPU memory by GPU."),
+        ("gsaas_gpu_allocated_mib", "GPU memory booked by cGPUs, by GPU."),
+        ("gsaas_gpu_cgpus", "cGPUs by GPU."),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+    }
+    for g in pool.gpu_usage() {
+        let labels = format!("gpu=\"{}\",host=\"{}\"", g.id, g.host);
+        let _ = writeln!(out, "gsaas_gpu_memory_mib{{{labels}}} {}", g.memory_mib);
+        let _ = writeln!(out, "gsaas_gpu_allocated_mib{{{labels}}} {}", g.allocated_mib);
+        let _ = writeln!(out, "gsaas_gpu_cgpus{{{labels}}} {}", g.cgpus);
+    }
+    out
+}

@@ -120,22 +120,9 @@ impl App {
     /// Reads the pool as of the latest generation.
     pub(crate) async fn read_pool<T>(&self, read: impl FnOnce(&Pool) -> T) -> Result<T, Error> {
         let mut cached = self.pool.inner.lock().await;
-        let generation = {
-            use sqlx::Row;
-            let row = sqlx::query("SELECT generation FROM pool_state WHERE id = 1")
-                .fetch_one(self.db.pool())
-                .await?;
-            row.try_get::<i64, _>(0)?
-        };
-        if cached.generation != generation {
+        if cached.generation != current_generation(&mut *self.db.pool().acquire().await?).await? {
             let mut tx = self.db.begin().await?;
-            let generation = {
-                use sqlx::Row;
-                sqlx::query("SELECT generation FROM pool_state WHERE id = 1")
-                    .fetch_one(&mut *tx.tx)
-                    .await?
-                    .try_get::<i64, _>(0)?
-            };
+            let generation = current_generation(&mut tx).await?;
             cached.generation = -1;
             cached.pool = load(&mut tx).await?;
             cached.generation = generation;
@@ -143,4 +130,10 @@ impl App {
         }
         Ok(read(&cached.pool))
     }
+}
+
+async fn current_generation(conn: &mut sqlx::AnyConnection) -> Result<i64, Error> {
+    use sqlx::Row;
+    let row = sqlx::query("SELECT generation FROM pool_state WHERE id = 1").fetch_one(conn).await?;
+    Ok(row.try_get::<i64, _>(0)?)
 }

@@ -18,6 +18,7 @@ use gpgpums::{HostId, VmId};
 use serde::{Deserialize, Serialize};
 
 pub mod sim;
+pub mod sim_netns;
 
 /// The cloud's id for a server (Nova's server UUID).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -15,8 +15,9 @@
 //! they do in Nova: a caller that gives up waiting (a cancelled saga step) does not leave a server
 //! half-created or half-deleted, and `find_server` recovers a creation whose caller went away.
 //!
-//! A VM's network is a hook, [`SimVmNetwork`]: the default is an address pool
-//! ([`SimAddressPool`]); an end-to-end test plugs in one whose VMs are network namespaces. A hook
+//! A VM's network is a hook, [`SimVmNetwork`], chosen by `vm_network`: the default is an address
+//! pool ([`SimAddressPool`]); the end-to-end test configures [`SimNetns`], whose VMs are network
+//! namespaces. A hook
 //! that fails to bind puts the server in ERROR, as a failed port binding does in Nova; one that
 //! fails to release makes the delete fail and leaves the server in ERROR, retryable.
 //!
@@ -37,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use super::sim_netns::{NetnsConfig, SimNetns};
 use super::{
     Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus, VmRequest,
 };
@@ -60,6 +62,20 @@ pub struct SimConfig {
     pub fixed_ip_range: Ipv4Cidr,
     /// If set, each server's user_data is written to `<record_dir>/<vm_id>.user_data`.
     pub record_dir: Option<PathBuf>,
+    /// How VMs get their network (`[cloud.sim.vm_network]`); see [`SimVmNetworkConfig`].
+    pub vm_network: SimVmNetworkConfig,
+}
+
+/// Which [`SimVmNetwork`] a [`SimCloud::new`] gets.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum SimVmNetworkConfig {
+    /// [`SimAddressPool`] over `fixed_ip_range`: addresses only, no kernel touched (the default).
+    #[default]
+    AddressPool,
+    /// [`SimNetns`]: each VM is a network namespace wired to its host's namespace, with an
+    /// address from `fixed_ip_range` (needs root and iproute2).
+    Netns(NetnsConfig),
 }
 
 impl Default for SimConfig {
@@ -75,6 +91,7 @@ impl Default for SimConfig {
             networks: names(&["private"]),
             fixed_ip_range: Ipv4Cidr::new(Ipv4Addr::new(10, 77, 0, 0), 16).expect("a valid prefix"),
             record_dir: None,
+            vm_network: SimVmNetworkConfig::AddressPool,
         }
     }
 }
@@ -476,9 +493,17 @@ pub struct SimCloud {
 }
 
 impl SimCloud {
-    /// A cloud whose VMs get addresses from `config.fixed_ip_range`.
+    /// A cloud whose VMs get the network `config.vm_network` says, with addresses from
+    /// `config.fixed_ip_range`.
     pub fn new(config: SimConfig, hosts: Vec<HostId>) -> Self {
-        let network = Arc::new(SimAddressPool::new(config.fixed_ip_range));
+        let network: Arc<dyn SimVmNetwork> = match &config.vm_network {
+            SimVmNetworkConfig::AddressPool => {
+                Arc::new(SimAddressPool::new(config.fixed_ip_range))
+            }
+            SimVmNetworkConfig::Netns(netns) => {
+                Arc::new(SimNetns::new(netns.clone(), config.fixed_ip_range))
+            }
+        };
         Self::with_network(config, hosts, network)
     }
 

@@ -205,69 +205,7 @@ async fn terminate_vm(
     security(("bearer" = [])))]
 async fn get_pool(State(app): State<AppState>, caller: Caller) -> Result<Json<PoolView>, Error> {
     caller.tenant_project()?;
-    let admin = caller.is_admin();
-    let view = app
-        .read_pool(|pool| {
-            let gpus = pool.gpu_usage();
-            let hosts = pool.host_usage();
-            let schedulable: std::collections::HashSet<_> = hosts
-                .iter()
-                .filter(|h| h.state == gpgpums::HostState::Schedulable)
-                .map(|h| h.id.clone())
-                .collect();
-            let totals = PoolTotals {
-                gpus: gpus.len() as u32,
-                memory_mib: gpus.iter().map(|g| g.memory_mib).sum(),
-                allocated_mib: gpus.iter().map(|g| g.allocated_mib).sum(),
-                cgpus: gpus.iter().map(|g| g.cgpus).sum(),
-                idle_gpus: gpus
-                    .iter()
-                    .filter(|g| g.cgpus == 0 && schedulable.contains(&g.host))
-                    .count() as u32,
-            };
-            let hosts = admin.then(|| {
-                let mut holders: std::collections::HashMap<
-                    gpgpums::GpuId,
-                    std::collections::BTreeMap<String, u32>,
-                > = std::collections::HashMap::new();
-                for placement in pool.placements() {
-                    for cgpu in &placement.cgpus {
-                        *holders
-                            .entry(cgpu.gpu.clone())
-                            .or_default()
-                            .entry(placement.vm.to_string())
-                            .or_default() += 1;
-                    }
-                }
-                hosts
-                    .iter()
-                    .map(|h| PoolHostView {
-                        name: h.id.to_string(),
-                        kind: h.kind.as_str().into(),
-                        state: crate::model::host_state_str(h.state).into(),
-                        vms: h.vms,
-                        gpus: gpus
-                            .iter()
-                            .filter(|g| g.host == h.id)
-                            .map(|g| GpuView {
-                                id: g.id.to_string(),
-                                index: g.index,
-                                model: g.model.clone(),
-                                memory_mib: g.memory_mib,
-                                allocated_mib: g.allocated_mib,
-                                exclusive: g.exclusive,
-                                cgpus: g.cgpus,
-                                jobs: g.jobs,
-                                rcuda_endpoint: format!("{}:{}", g.rcuda.address, g.rcuda.port),
-                                vms: holders.get(&g.id).cloned().unwrap_or_default(),
-                            })
-                            .collect(),
-                    })
-                    .collect()
-            });
-            PoolView { totals, hosts }
-        })
-        .await?;
+    let view = app.read_pool(|pool| PoolView::new(pool, caller.is_admin())).await?;
     Ok(Json(view))
 }
 
@@ -377,26 +315,7 @@ async fn readyz(State(app): State<AppState>) -> (StatusCode, Json<Readiness>) {
 async fn metrics(State(app): State<AppState>) -> Result<Response, Error> {
     let mut out = String::new();
     app.metrics.render(&mut out);
-    let gauges = app
-        .read_pool(|pool| {
-            use std::fmt::Write;
-            let mut out = String::new();
-            let _ = writeln!(out, "# HELP gsaas_gpu_memory_mib GPU memory by GPU.");
-            let _ = writeln!(out, "# TYPE gsaas_gpu_memory_mib gauge");
-            let _ =
-                writeln!(out, "# HELP gsaas_gpu_allocated_mib GPU memory booked by cGPUs, by GPU.");
-            let _ = writeln!(out, "# TYPE gsaas_gpu_allocated_mib gauge");
-            let _ = writeln!(out, "# HELP gsaas_gpu_cgpus cGPUs by GPU.");
-            let _ = writeln!(out, "# TYPE gsaas_gpu_cgpus gauge");
-            for g in pool.gpu_usage() {
-                let labels = format!("gpu=\"{}\",host=\"{}\"", g.id, g.host);
-                let _ = writeln!(out, "gsaas_gpu_memory_mib{{{labels}}} {}", g.memory_mib);
-                let _ = writeln!(out, "gsaas_gpu_allocated_mib{{{labels}}} {}", g.allocated_mib);
-                let _ = writeln!(out, "gsaas_gpu_cgpus{{{labels}}} {}", g.cgpus);
-            }
-            out
-        })
-        .await?;
+    let gauges = app.read_pool(crate::metrics::render_pool).await?;
     out.push_str(&gauges);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
 }

@@ -2,7 +2,7 @@
 //!
 //! Tenants never see where their GPUs are: the GPU, host and rCUDA fields are filled for admins only.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use gpgpums::{Locality, Mode, Request};
 use serde::{Deserialize, Serialize};
@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use crate::app::vms::{rcuda_env, VmDetails};
 use crate::cloud::VmRequest;
-use crate::model::{mode_str, HostRecord, LaunchSpec, Timings};
+use crate::model::{host_state_str, mode_str, HostRecord, LaunchSpec, Timings};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -255,6 +255,65 @@ pub struct PoolView {
     pub hosts: Option<Vec<PoolHostView>>,
 }
 
+impl PoolView {
+    pub fn new(pool: &gpgpums::Pool, admin: bool) -> PoolView {
+        let gpus = pool.gpu_usage();
+        let hosts = pool.host_usage();
+        let schedulable: HashSet<_> = hosts
+            .iter()
+            .filter(|h| h.state == gpgpums::HostState::Schedulable)
+            .map(|h| &h.id)
+            .collect();
+        let totals = PoolTotals {
+            gpus: gpus.len() as u32,
+            memory_mib: gpus.iter().map(|g| g.memory_mib).sum(),
+            allocated_mib: gpus.iter().map(|g| g.allocated_mib).sum(),
+            cgpus: gpus.iter().map(|g| g.cgpus).sum(),
+            idle_gpus: gpus.iter().filter(|g| g.cgpus == 0 && schedulable.contains(&g.host)).count()
+                as u32,
+        };
+        if !admin {
+            return PoolView { totals, hosts: None };
+        }
+        let mut holders: HashMap<&gpgpums::GpuId, BTreeMap<String, u32>> = HashMap::new();
+        for placement in pool.placements() {
+            for cgpu in &placement.cgpus {
+                *holders
+                    .entry(&cgpu.gpu)
+                    .or_default()
+                    .entry(placement.vm.to_string())
+                    .or_default() += 1;
+            }
+        }
+        let hosts = hosts
+            .iter()
+            .map(|h| PoolHostView {
+                name: h.id.to_string(),
+                kind: h.kind.as_str().into(),
+                state: host_state_str(h.state).into(),
+                vms: h.vms,
+                gpus: gpus
+                    .iter()
+                    .filter(|g| g.host == h.id)
+                    .map(|g| GpuView {
+                        id: g.id.to_string(),
+                        index: g.index,
+                        model: g.model.clone(),
+                        memory_mib: g.memory_mib,
+                        allocated_mib: g.allocated_mib,
+                        exclusive: g.exclusive,
+                        cgpus: g.cgpus,
+                        jobs: g.jobs,
+                        rcuda_endpoint: format!("{}:{}", g.rcuda.address, g.rcuda.port),
+                        vms: holders.get(&g.id).cloned().unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        PoolView { totals, hosts: Some(hosts) }
+    }
+}
+
 /// A host as gsaasd knows it (admins only).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct HostView {
@@ -275,7 +334,7 @@ impl From<&HostRecord> for HostView {
         HostView {
             name: h.name.to_string(),
             kind: h.kind.as_str().into(),
-            state: crate::model::host_state_str(h.state).into(),
+            state: host_state_str(h.state).into(),
             agent_url: h.agent_url.clone(),
             last_seen_ms: h.last_seen_ms,
             routes_generation: h.routes_generation,
