@@ -1,0 +1,246 @@
+//! Command-line arguments: the modern subcommands, and the dissertation's form translated into them.
+//!
+//! The paper's users type `gsaas -l -ncgpus=2 -poolmem=2048 -mode=shared -locality=local` and
+//! `gsaas -t -id=<VMid>`. Rather than a second parser, [`translate_paper_form`] rewrites such an
+//! argument list into the modern one (`gsaas launch --ncgpus 2 ...`) before clap sees it, so both forms
+//! share every check, default and help text.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  the request was refused for another reason (conflict, quota) or the VM ended in error
+  2  usage error: bad arguments, or the service rejected a field of the request
+  3  not found (no such VM or host, or not yours)
+  4  no GPU capacity for the request
+  5  authentication failed (no token, or a bad or expired one)
+  6  the service or a dependency is unreachable or failed";
+
+const EXAMPLES: &str = "\
+Examples (the dissertation's form works too):
+  gsaas launch --ncgpus 2 --image cirros --flavor m1.small            (2 exclusive cGPUs)
+  gsaas launch --ncgpus 2 --poolmem 2048 --mode shared --image cirros --flavor m1.small --wait
+  gsaas launch --ncgpus 8 --poolmem 4096 --mode shared --locality local --image cirros --flavor m1.small
+  gsaas -l -ncgpus=2 -poolmem=2048 -mode=shared       (image and flavor from GSAAS_IMAGE/GSAAS_FLAVOR)
+  gsaas -t -id=<VMid>
+  gsaas list; gsaas show <VMid>; eval \"$(gsaas env <VMid>)\"";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gsaas",
+    version,
+    about = "Launch and terminate VMs with cloudified GPUs (cGPUs) on GSaaS",
+    long_about = "Launch and terminate VMs with cloudified GPUs (cGPUs) on GSaaS.\n\n\
+        The service and credentials come from --url/--token, GSAAS_URL/GSAAS_TOKEN, or the config file \
+        (GSAAS_CONFIG, default ~/.config/gsaas/config.toml, with keys url, token, image, flavor).",
+    after_help = EXIT_CODES,
+    after_long_help = format!("{EXAMPLES}\n\n{EXIT_CODES}"),
+)]
+pub struct Cli {
+    /// gsaasd's URL (default: GSAAS_URL, the config file, http://127.0.0.1:8080).
+    #[arg(long, global = true)]
+    pub url: Option<String>,
+    /// Bearer token (default: GSAAS_TOKEN or the config file).
+    #[arg(long, global = true)]
+    pub token: Option<String>,
+    /// Output: human tables, or exactly the API's JSON for scripts.
+    #[arg(short = 'f', long = "format", global = true, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Config file (default: GSAAS_CONFIG or ~/.config/gsaas/config.toml).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Exclusive,
+    Shared,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Locality {
+    Any,
+    Local,
+    Remote,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Launch a VM with cGPUs (the paper's `gsaas -l`).
+    #[command(after_long_help = EXAMPLES)]
+    Launch(Launch),
+    /// Terminate a VM: withdraw its routes, delete it, release its cGPUs (`gsaas -t -id=`).
+    Terminate {
+        /// The VM's id.
+        id: String,
+        /// Wait until the VM is deleted.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// List your project's VMs.
+    List {
+        /// Admins: another project's VMs.
+        #[arg(long)]
+        project: Option<String>,
+    },
+    /// Show a VM: state, cGPUs, rCUDA environment, stage timings.
+    Show { id: String },
+    /// Print a VM's rCUDA environment as `export` lines (`eval "$(gsaas env ID)"`).
+    Env { id: String },
+    /// GPU pool capacity and use (admins: per host and GPU).
+    Pool,
+    /// List hosts (admins).
+    Hosts,
+    /// Drain a host: it takes no new cGPUs (admins).
+    Drain { host: String },
+    /// Undrain a host (admins).
+    Undrain { host: String },
+}
+
+#[derive(Debug, Args)]
+pub struct Launch {
+    /// Number of cGPUs.
+    #[arg(long)]
+    pub ncgpus: u32,
+    /// GPU memory per cGPU in MiB (required in shared mode).
+    #[arg(long)]
+    pub poolmem: Option<u64>,
+    /// exclusive: a whole GPU per cGPU (default); shared: GPUs shared with other VMs.
+    #[arg(long, value_enum, default_value = "exclusive")]
+    pub mode: Mode,
+    /// Where the VM runs: chosen by the cloud (default), local (on the GPUs' host), remote.
+    #[arg(long, value_enum, default_value = "any")]
+    pub locality: Locality,
+    /// Image name or id (default: GSAAS_IMAGE or the config file's `image`).
+    #[arg(long, env = "GSAAS_IMAGE")]
+    pub image: Option<String>,
+    /// Flavor name or id (default: GSAAS_FLAVOR or the config file's `flavor`).
+    #[arg(long, env = "GSAAS_FLAVOR")]
+    pub flavor: Option<String>,
+    /// A network for the VM (repeatable).
+    #[arg(long = "network")]
+    pub networks: Vec<String>,
+    /// The VM's name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Your own cloud-init user_data, from a file.
+    #[arg(long)]
+    pub user_data: Option<PathBuf>,
+    /// Placement policy (first-fit, least-load-fit, best-fit, fewer-jobs-gpu, fewer-jobs-node[+P]).
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Never put two of the VM's cGPUs on one physical GPU.
+    #[arg(long)]
+    pub distinct_gpus: bool,
+    /// Makes a retried launch return the same VM.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Follow the launch stage by stage until the VM is ready (or fails).
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// The paper's options with a value, and their modern names.
+const PAPER_OPTIONS: [(&str, &str); 5] = [
+    ("ncgpus", "--ncgpus"),
+    ("poolmem", "--poolmem"),
+    ("mode", "--mode"),
+    ("locality", "--locality"),
+    ("id", ""),
+];
+
+/// Rewrites the dissertation's form (`-l`/`-t` with `-opt=value`, `--opt=value` or `-opt value`) into
+/// the modern one; any other argument list is returned unchanged.
+pub fn translate_paper_form(args: Vec<String>) -> Vec<String> {
+    let Some(verb) = args.iter().skip(1).find_map(|a| match a.as_str() {
+        "-l" | "--l" => Some("launch"),
+        "-t" | "--t" => Some("terminate"),
+        _ => None,
+    }) else {
+        return args;
+    };
+    let mut out = vec![args[0].clone(), verb.to_owned()];
+    let mut rest = args.into_iter().skip(1).peekable();
+    while let Some(arg) = rest.next() {
+        if matches!(arg.as_str(), "-l" | "--l" | "-t" | "--t") {
+            continue;
+        }
+        let bare = arg.trim_start_matches('-');
+        let (name, value) = match bare.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_owned())),
+            None => (bare, None),
+        };
+        match PAPER_OPTIONS.iter().find(|(paper, _)| *paper == name) {
+            Some((_, modern)) if arg.starts_with('-') => {
+                let value = value.or_else(|| rest.next()).unwrap_or_default();
+                if !modern.is_empty() {
+                    out.push((*modern).to_owned());
+                }
+                out.push(value);
+            }
+            _ => out.push(arg),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn the_papers_form_becomes_the_modern_one() {
+        assert_eq!(
+            translate_paper_form(args(
+                "gsaas -l -ncgpus=2 -poolmem=2048 -mode=shared -locality=local"
+            )),
+            args("gsaas launch --ncgpus 2 --poolmem 2048 --mode shared --locality local")
+        );
+        assert_eq!(translate_paper_form(args("gsaas -t -id=abc")), args("gsaas terminate abc"));
+        assert_eq!(
+            translate_paper_form(args("gsaas --t --id abc --wait")),
+            args("gsaas terminate abc --wait")
+        );
+        assert_eq!(
+            translate_paper_form(args("gsaas -l --ncgpus 2 --image cirros -f json")),
+            args("gsaas launch --ncgpus 2 --image cirros -f json")
+        );
+        assert_eq!(translate_paper_form(args("gsaas list")), args("gsaas list"));
+        assert_eq!(
+            translate_paper_form(args("gsaas launch --ncgpus 1")),
+            args("gsaas launch --ncgpus 1")
+        );
+    }
+
+    #[test]
+    fn clap_accepts_the_translation() {
+        let cli = Cli::try_parse_from(translate_paper_form(args("gsaas -l -ncgpus=2"))).unwrap();
+        let Command::Launch(launch) = cli.command else { panic!("not a launch") };
+        assert_eq!(
+            (launch.ncgpus, launch.mode, launch.locality),
+            (2, Mode::Exclusive, Locality::Any)
+        );
+        Cli::command_for_tests().debug_assert();
+    }
+
+    impl Cli {
+        fn command_for_tests() -> clap::Command {
+            <Cli as clap::CommandFactory>::command()
+        }
+    }
+}

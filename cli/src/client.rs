@@ -1,0 +1,167 @@
+//! Talking to gsaasd: where it is, who we are, and what its answers mean for the exit code.
+//!
+//! Every failure becomes one [`Failure`]: a one-line message (from the server's problem document, or
+//! naming the URL that could not be reached) and the exit code of its kind.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use reqwest::blocking::{Client as Http, RequestBuilder, Response};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Exit codes; documented in `--help` (`args::EXIT_CODES`).
+pub mod exit {
+    pub const REFUSED: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const NOT_FOUND: u8 = 3;
+    pub const NO_CAPACITY: u8 = 4;
+    pub const AUTH: u8 = 5;
+    pub const UNAVAILABLE: u8 = 6;
+}
+
+/// A failed command: what to print, and how to exit.
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    pub code: u8,
+}
+
+impl Failure {
+    pub fn usage(message: impl Into<String>) -> Self {
+        Failure { message: message.into(), code: exit::USAGE }
+    }
+}
+
+/// The config file's settings; every one optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub url: Option<String>,
+    pub token: Option<String>,
+    pub image: Option<String>,
+    pub flavor: Option<String>,
+}
+
+impl FileConfig {
+    /// Reads `path`, or GSAAS_CONFIG, or `~/.config/gsaas/config.toml` if it exists.
+    pub fn load(path: Option<&Path>) -> Result<FileConfig, Failure> {
+        let explicit = path
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("GSAAS_CONFIG").map(PathBuf::from));
+        let path = match explicit {
+            Some(path) => path,
+            None => match std::env::var_os("HOME") {
+                Some(home) => {
+                    let default = PathBuf::from(home).join(".config/gsaas/config.toml");
+                    if !default.exists() {
+                        return Ok(FileConfig::default());
+                    }
+                    default
+                }
+                None => return Ok(FileConfig::default()),
+            },
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            Failure::usage(format!("cannot read config file {}: {e}", path.display()))
+        })?;
+        toml::from_str(&text)
+            .map_err(|e| Failure::usage(format!("invalid config file {}: {e}", path.display())))
+    }
+}
+
+#[derive(Debug)]
+pub struct Client {
+    http: Http,
+    pub url: String,
+    token: Option<String>,
+}
+
+impl Client {
+    pub fn new(url: &str, token: Option<String>) -> Client {
+        let http = Http::builder()
+            .timeout(Duration::from_secs(60))
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .expect("an HTTP client builds");
+        Client { http, url: url.trim_end_matches('/').to_owned(), token }
+    }
+
+    fn authorized(&self, request: RequestBuilder) -> Result<RequestBuilder, Failure> {
+        let token =
+            self.token.as_deref().filter(|t| !t.trim().is_empty()).ok_or_else(|| Failure {
+                message: "no token: set GSAAS_TOKEN or pass --token (an operator issues one with \
+                      `gsaasd token issue --project PROJECT`)"
+                    .into(),
+                code: exit::AUTH,
+            })?;
+        Ok(request.bearer_auth(token.trim()))
+    }
+
+    fn send(&self, request: RequestBuilder) -> Result<Value, Failure> {
+        let response = self.authorized(request)?.send().map_err(|e| self.unreachable(&e))?;
+        decode(response)
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> Failure {
+        let why = if e.is_connect() {
+            "connection refused or no route"
+        } else if e.is_timeout() {
+            "timed out"
+        } else {
+            "the request failed"
+        };
+        Failure {
+            message: format!("cannot reach gsaasd at {}: {why}", self.url),
+            code: exit::UNAVAILABLE,
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Result<Value, Failure> {
+        self.send(self.http.get(format!("{}{path}", self.url)))
+    }
+
+    pub fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        idempotency_key: Option<&str>,
+    ) -> Result<Value, Failure> {
+        let mut request = self.http.post(format!("{}{path}", self.url)).json(body);
+        if let Some(key) = idempotency_key {
+            request = request.header("Idempotency-Key", key);
+        }
+        self.send(request)
+    }
+
+    pub fn delete(&self, path: &str) -> Result<Value, Failure> {
+        self.send(self.http.delete(format!("{}{path}", self.url)))
+    }
+}
+
+/// The body of a 2xx answer, or the problem document's message and its exit code.
+fn decode(response: Response) -> Result<Value, Failure> {
+    let status = response.status().as_u16();
+    let text = response.text().unwrap_or_default();
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    if (200..300).contains(&status) {
+        return Ok(body);
+    }
+    let detail =
+        body["detail"].as_str().map(str::to_owned).unwrap_or_else(|| format!("HTTP {status}"));
+    let code = match status {
+        401 => exit::AUTH,
+        404 => exit::NOT_FOUND,
+        507 => exit::NO_CAPACITY,
+        400 | 413 | 422 => exit::USAGE,
+        500.. => exit::UNAVAILABLE,
+        _ => exit::REFUSED,
+    };
+    let message = match status {
+        404 => format!("not found: {detail}"),
+        507 => format!("no GPU capacity: {detail}"),
+        401 => format!("authentication failed: {detail}"),
+        _ => detail,
+    };
+    Err(Failure { message, code })
+}

@@ -1,0 +1,242 @@
+//! `gsaas`, the command-line client of GSaaS (dissertation section 5.2.1.4).
+//!
+//! It is a thin shell over the REST API: it builds requests from arguments, prints answers as tables
+//! (or the API's own JSON with `-f json`), follows launches with `--wait`, and turns every outcome
+//! into an exit code a script can branch on.
+
+mod args;
+mod client;
+mod output;
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use serde_json::{json, Value};
+
+use args::{Cli, Command, Format, Launch};
+use client::{exit, Client, Failure, FileConfig};
+
+const DEFAULT_URL: &str = "http://127.0.0.1:8080";
+const WAIT_LIMIT: Duration = Duration::from_secs(900);
+
+fn main() -> ExitCode {
+    let argv = args::translate_paper_form(std::env::args().collect());
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { exit::USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("gsaas: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    let file = FileConfig::load(cli.config.as_deref())?;
+    let url = cli
+        .url
+        .or_else(|| std::env::var("GSAAS_URL").ok().filter(|u| !u.is_empty()))
+        .or(file.url.clone())
+        .unwrap_or_else(|| DEFAULT_URL.to_owned());
+    let token = cli.token.or_else(|| std::env::var("GSAAS_TOKEN").ok()).or(file.token.clone());
+    let client = Client::new(&url, token);
+    let format = cli.format;
+    match cli.command {
+        Command::Launch(launch) => launch_vm(&client, format, launch, &file),
+        Command::Terminate { id, wait } => {
+            let vm = client.delete(&format!("/v1/vms/{}", path_segment(&id)?))?;
+            if wait {
+                let vm = follow(&client, &id, &["deleted"], format, false)?;
+                return print(format, &vm, output::vm);
+            }
+            print(format, &vm, output::vm)
+        }
+        Command::List { project } => {
+            let path = match project {
+                Some(p) => format!("/v1/vms?project={}", path_segment(&p)?),
+                None => "/v1/vms".into(),
+            };
+            print(format, &client.get(&path)?, output::vm_list)
+        }
+        Command::Show { id } => {
+            print(format, &client.get(&format!("/v1/vms/{}", path_segment(&id)?))?, output::vm)
+        }
+        Command::Env { id } => {
+            let vm = client.get(&format!("/v1/vms/{}", path_segment(&id)?))?;
+            match format {
+                Format::Json => print(format, &vm["rcuda_env"], |_| String::new()),
+                Format::Table => {
+                    print!("{}", output::env(&vm));
+                    Ok(())
+                }
+            }
+        }
+        Command::Pool => print(format, &client.get("/v1/pool")?, output::pool),
+        Command::Hosts => print(format, &client.get("/v1/hosts")?, output::hosts),
+        Command::Drain { host } => print(
+            format,
+            &client.post(&format!("/v1/hosts/{}/drain", path_segment(&host)?), &json!({}), None)?,
+            output::host,
+        ),
+        Command::Undrain { host } => print(
+            format,
+            &client.post(
+                &format!("/v1/hosts/{}/undrain", path_segment(&host)?),
+                &json!({}),
+                None,
+            )?,
+            output::host,
+        ),
+    }
+}
+
+/// A value that goes into a URL path, checked so it cannot change the path.
+fn path_segment(value: &str) -> Result<&str, Failure> {
+    if value.is_empty()
+        || !value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+    {
+        return Err(Failure::usage(format!("{value:?} is not a valid id or name")));
+    }
+    Ok(value)
+}
+
+fn print(format: Format, value: &Value, table: impl Fn(&Value) -> String) -> Result<(), Failure> {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(value).expect("JSON prints")),
+        Format::Table => print!("{}", table(value)),
+    }
+    Ok(())
+}
+
+fn launch_vm(
+    client: &Client,
+    format: Format,
+    launch: Launch,
+    file: &FileConfig,
+) -> Result<(), Failure> {
+    let image = launch.image.or(file.image.clone()).ok_or_else(|| {
+        Failure::usage("--image is required (or set GSAAS_IMAGE, or `image` in the config file)")
+    })?;
+    let flavor = launch.flavor.or(file.flavor.clone()).ok_or_else(|| {
+        Failure::usage("--flavor is required (or set GSAAS_FLAVOR, or `flavor` in the config file)")
+    })?;
+    let user_data = match &launch.user_data {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| Failure::usage(format!("--user-data {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
+    let mut body = json!({
+        "image": image,
+        "flavor": flavor,
+        "ncgpus": launch.ncgpus,
+        "mode": match launch.mode { args::Mode::Exclusive => "exclusive", args::Mode::Shared => "shared" },
+        "locality": match launch.locality {
+            args::Locality::Any => "any",
+            args::Locality::Local => "local",
+            args::Locality::Remote => "remote",
+        },
+        "distinct_gpus": launch.distinct_gpus,
+    });
+    let fields = [
+        ("gpu_memory_mib", launch.poolmem.map(Value::from)),
+        ("name", launch.name.map(Value::from)),
+        ("user_data", user_data.map(Value::from)),
+        ("policy", launch.policy.map(Value::from)),
+        ("networks", (!launch.networks.is_empty()).then(|| Value::from(launch.networks))),
+    ];
+    for (key, value) in fields {
+        if let Some(value) = value {
+            body[key] = value;
+        }
+    }
+    let vm = client.post("/v1/vms", &body, launch.idempotency_key.as_deref())?;
+    if !launch.wait {
+        return print(format, &vm, output::vm);
+    }
+    let id = vm["id"].as_str().unwrap_or_default().to_owned();
+    let vm = follow(client, &id, &["ready", "error"], format, true)?;
+    print(format, &vm, output::vm)?;
+    if vm["state"] == "error" {
+        return Err(Failure {
+            message: format!(
+                "VM {id} failed: {}",
+                vm["error"].as_str().unwrap_or("unknown reason")
+            ),
+            code: exit::REFUSED,
+        });
+    }
+    Ok(())
+}
+
+/// The launch stages, named after Equation 5.1, in the order they complete.
+const STAGES: [(&str, &str); 6] = [
+    ("check", "checking"),
+    ("gpu_selection", "selecting GPUs"),
+    ("vm_creation", "creating VM"),
+    ("vm_activation", "activating"),
+    ("vm_deployment", "deploying"),
+    ("rodvr_configuration", "configuring routes"),
+];
+
+/// Polls the VM until its state is one of `until`, reporting launch stages as they complete when
+/// `stages` (a progress line on a terminal, plain lines otherwise; all on stderr, so stdout keeps
+/// exactly the API's JSON for `-f json`).
+fn follow(
+    client: &Client,
+    id: &str,
+    until: &[&str],
+    format: Format,
+    stages: bool,
+) -> Result<Value, Failure> {
+    let terminal = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut reported = if stages { 0 } else { STAGES.len() };
+    let spinner = ['|', '/', '-', '\\'];
+    let mut tick = 0usize;
+    loop {
+        let vm = client.get(&format!("/v1/vms/{id}"))?;
+        let state = vm["state"].as_str().unwrap_or_default();
+        while reported < STAGES.len() && vm["timings"][STAGES[reported].0].is_number() {
+            let (key, label) = STAGES[reported];
+            let seconds = vm["timings"][key].as_f64().unwrap_or_default();
+            if terminal {
+                eprint!("\r\x1b[K");
+            }
+            eprintln!("{label:<20} done in {seconds:.3} s");
+            reported += 1;
+        }
+        if until.contains(&state) {
+            if terminal {
+                eprint!("\r\x1b[K");
+            }
+            if format == Format::Table {
+                eprintln!("{state} after {:.1} s", started.elapsed().as_secs_f64());
+            }
+            return Ok(vm);
+        }
+        if started.elapsed() > WAIT_LIMIT {
+            return Err(Failure {
+                message: format!("VM {id} is still {state} after {} s", WAIT_LIMIT.as_secs()),
+                code: exit::UNAVAILABLE,
+            });
+        }
+        if terminal {
+            let next = STAGES.get(reported).map_or(state, |(_, label)| label);
+            eprint!("\r\x1b[K{} {next}", spinner[tick % spinner.len()]);
+            let _ = std::io::stderr().flush();
+            tick += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

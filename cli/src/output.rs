@@ -1,0 +1,236 @@
+//! Human output: aligned tables and key-value blocks from the API's JSON.
+//!
+//! Each printer takes the API's JSON as it is (the same value `-f json` prints), so the two outputs
+//! never disagree; a field the caller may not see (admins-only ones) is simply absent.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+/// Left-aligned columns, two spaces apart.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: Vec<&str>| {
+        let text: Vec<String> =
+            cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let _ = writeln!(out, "{}", text.join("  ").trim_end());
+    };
+    line(&mut out, headers.to_vec());
+    for row in rows {
+        line(&mut out, row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub fn vm(vm: &Value) -> String {
+    let mut out = String::new();
+    let gpus = &vm["gpus"];
+    let mut fields =
+        vec![("id", text(&vm["id"])), ("name", text(&vm["name"])), ("state", text(&vm["state"]))];
+    if !vm["error"].is_null() {
+        fields.push(("error", text(&vm["error"])));
+    }
+    fields.extend([
+        ("project", text(&vm["project"])),
+        ("image / flavor", format!("{} / {}", text(&vm["image"]), text(&vm["flavor"]))),
+        (
+            "cGPUs",
+            format!(
+                "{} {} (memory {}, locality {}, policy {})",
+                text(&gpus["ncgpus"]),
+                text(&gpus["mode"]),
+                gpus["gpu_memory_mib"].as_u64().map_or("whole GPU".into(), |m| format!("{m} MiB")),
+                text(&gpus["locality"]),
+                text(&gpus["policy"]),
+            ),
+        ),
+        ("server", text(&vm["server_id"])),
+        ("fixed IP", text(&vm["fixed_ip"])),
+    ]);
+    if vm.get("host").is_some() {
+        fields.push(("host", text(&vm["host"])));
+    }
+    for (key, value) in fields {
+        let _ = writeln!(out, "{key:<15} {value}");
+    }
+    let cgpus = vm["cgpus"].as_array().cloned().unwrap_or_default();
+    if !cgpus.is_empty() {
+        let admin = cgpus[0].get("gpu").is_some();
+        let mut headers = vec!["cGPU", "masked endpoint", "memory MiB", "mode"];
+        if admin {
+            headers.extend(["GPU", "rCUDA endpoint"]);
+        }
+        let rows: Vec<Vec<String>> = cgpus
+            .iter()
+            .map(|c| {
+                let mut row = vec![
+                    text(&c["index"]),
+                    text(&c["masked_endpoint"]),
+                    text(&c["memory_mib"]),
+                    text(&c["mode"]),
+                ];
+                if admin {
+                    row.extend([text(&c["gpu"]), text(&c["rcuda_endpoint"])]);
+                }
+                row
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(&headers, &rows));
+    }
+    let timings = vm["timings"].as_object().cloned().unwrap_or_default();
+    if !timings.is_empty() {
+        let order = [
+            "check",
+            "gpu_selection",
+            "vm_creation",
+            "vm_activation",
+            "vm_deployment",
+            "rodvr_configuration",
+            "total",
+        ];
+        let rows: Vec<Vec<String>> = order
+            .iter()
+            .filter_map(|k| {
+                timings
+                    .get(*k)
+                    .and_then(Value::as_f64)
+                    .map(|s| vec![(*k).to_owned(), format!("{s:.4}")])
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(&["stage", "seconds"], &rows));
+    }
+    out
+}
+
+pub fn vm_list(list: &Value) -> String {
+    let rows: Vec<Vec<String>> = list["vms"]
+        .as_array()
+        .map(|vms| {
+            vms.iter()
+                .map(|vm| {
+                    vec![
+                        text(&vm["id"]),
+                        text(&vm["name"]),
+                        text(&vm["state"]),
+                        format!("{} {}", text(&vm["gpus"]["ncgpus"]), text(&vm["gpus"]["mode"])),
+                        text(&vm["fixed_ip"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if rows.is_empty() {
+        return "no VMs\n".into();
+    }
+    table(&["id", "name", "state", "cGPUs", "fixed IP"], &rows)
+}
+
+/// `export` lines, shell-quoted, for `eval "$(gsaas env ID)"`.
+pub fn env(vm: &Value) -> String {
+    let mut out = String::new();
+    if let Some(vars) = vm["rcuda_env"].as_object() {
+        for (key, value) in vars {
+            let value = value.as_str().unwrap_or_default().replace('\'', r"'\''");
+            let _ = writeln!(out, "export {key}='{value}'");
+        }
+    }
+    out
+}
+
+pub fn pool(pool: &Value) -> String {
+    let t = &pool["totals"];
+    let mut out = format!(
+        "GPUs {} ({} idle), memory {} of {} MiB booked, {} cGPUs\n",
+        text(&t["gpus"]),
+        text(&t["idle_gpus"]),
+        text(&t["allocated_mib"]),
+        text(&t["memory_mib"]),
+        text(&t["cgpus"])
+    );
+    if let Some(hosts) = pool["hosts"].as_array() {
+        let rows: Vec<Vec<String>> = hosts
+            .iter()
+            .flat_map(|h| {
+                let gpus = h["gpus"].as_array().cloned().unwrap_or_default();
+                if gpus.is_empty() {
+                    return vec![vec![
+                        text(&h["name"]),
+                        text(&h["state"]),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                        "-".into(),
+                    ]];
+                }
+                gpus.iter()
+                    .map(|g| {
+                        vec![
+                            text(&h["name"]),
+                            text(&h["state"]),
+                            text(&g["id"]),
+                            format!("{}/{}", text(&g["allocated_mib"]), text(&g["memory_mib"])),
+                            text(&g["cgpus"]),
+                            text(&g["rcuda_endpoint"]),
+                        ]
+                    })
+                    .collect()
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(
+            &["host", "state", "GPU", "MiB booked", "cGPUs", "rCUDA endpoint"],
+            &rows,
+        ));
+    }
+    out
+}
+
+pub fn hosts(hosts: &Value) -> String {
+    let rows: Vec<Vec<String>> =
+        hosts["hosts"].as_array().map(|hs| hs.iter().map(host_row).collect()).unwrap_or_default();
+    table(&["host", "kind", "state", "agent", "routes applied"], &rows)
+}
+
+fn host_row(h: &Value) -> Vec<String> {
+    vec![
+        text(&h["name"]),
+        text(&h["kind"]),
+        text(&h["state"]),
+        text(&h["agent_url"]),
+        format!("{}/{}", text(&h["applied_generation"]), text(&h["routes_generation"])),
+    ]
+}
+
+pub fn host(host: &Value) -> String {
+    table(&["host", "kind", "state", "agent", "routes applied"], &[host_row(host)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_and_env_quotes() {
+        let t = table(&["a", "bb"], &[vec!["xxx".into(), "y".into()]]);
+        assert_eq!(t, "a    bb\nxxx  y\n");
+        let vm =
+            serde_json::json!({"rcuda_env": {"RCUDA_DEVICE_0": "100.127.0.1@8308:0", "X": "it's"}});
+        assert_eq!(env(&vm), "export RCUDA_DEVICE_0='100.127.0.1@8308:0'\nexport X='it'\\''s'\n");
+    }
+}

@@ -1,0 +1,236 @@
+//! The `gsaas` binary against a real gsaasd on the embedded default (SQLite, simulated cloud) started
+//! on a free port: both syntaxes, every command, `-f json` parsed back, errors and exit codes.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use gsaasd::auth::Role;
+use serde_json::Value;
+
+struct Server {
+    runtime: tokio::runtime::Runtime,
+    service: Option<gsaasd::service::Service>,
+    dir: std::path::PathBuf,
+}
+
+impl Server {
+    fn start() -> Server {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "gsaas-cli-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut config =
+            gsaasd::config::Config { data_dir: dir.join("data"), ..Default::default() };
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let service = runtime.block_on(gsaasd::service::start(config)).expect("gsaasd starts");
+        Server { runtime, service: Some(service), dir }
+    }
+
+    fn url(&self) -> String {
+        self.service.as_ref().unwrap().url()
+    }
+
+    fn token(&self, project: &str, role: Role) -> String {
+        self.service.as_ref().unwrap().app.keys.issue(
+            project,
+            Some(project),
+            role,
+            Duration::from_secs(600),
+        )
+    }
+
+    /// Runs `gsaas` with this server's URL and `token`.
+    fn gsaas(&self, token: &str, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_gsaas"))
+            .args(args)
+            .env("GSAAS_URL", self.url())
+            .env("GSAAS_TOKEN", token)
+            .env_remove("GSAAS_CONFIG")
+            .env("HOME", &self.dir)
+            .env_remove("GSAAS_IMAGE")
+            .env_remove("GSAAS_FLAVOR")
+            .output()
+            .expect("gsaas runs")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(service) = self.service.take() {
+            let _guard = self.runtime.enter();
+            service.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn json(output: &Output) -> Value {
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+const VM: [&str; 4] = ["--image", "cirros-0.6.2", "--flavor", "m1.small"];
+
+#[test]
+fn launch_show_env_list_terminate_with_both_syntaxes() {
+    let server = Server::start();
+    let token = server.token("demo", Role::Member);
+
+    // Modern syntax, followed to ready.
+    let mut args = vec![
+        "-f",
+        "json",
+        "launch",
+        "--ncgpus",
+        "2",
+        "--poolmem",
+        "2048",
+        "--mode",
+        "shared",
+        "--wait",
+    ];
+    args.extend(VM);
+    let launched = server.gsaas(&token, &args);
+    let vm = json(&launched);
+    assert_eq!(vm["state"], "ready", "{vm}");
+    assert_eq!(vm["cgpus"].as_array().unwrap().len(), 2);
+    let progress = stderr(&launched);
+    for stage in [
+        "checking",
+        "selecting GPUs",
+        "creating VM",
+        "activating",
+        "deploying",
+        "configuring routes",
+    ] {
+        assert!(progress.contains(stage), "stage {stage} not reported: {progress}");
+    }
+    let id = vm["id"].as_str().unwrap().to_owned();
+
+    // The paper's syntax, with image and flavor from the environment.
+    let paper = Command::new(env!("CARGO_BIN_EXE_gsaas"))
+        .args(["-f", "json", "-l", "-ncgpus=1", "-poolmem=1024", "-mode=shared", "-locality=local"])
+        .env("GSAAS_URL", server.url())
+        .env("GSAAS_TOKEN", &token)
+        .env("GSAAS_IMAGE", "cirros-0.6.2")
+        .env("GSAAS_FLAVOR", "m1.small")
+        .output()
+        .unwrap();
+    let second = json(&paper);
+    assert_eq!(second["gpus"]["locality"], "local");
+    assert_eq!(second["gpus"]["mode"], "shared");
+    let second_id = second["id"].as_str().unwrap().to_owned();
+
+    // list (table and JSON), show, env.
+    let table = server.gsaas(&token, &["list"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains(&id) && text.contains(&second_id), "{text}");
+    let listed = json(&server.gsaas(&token, &["-f", "json", "list"]));
+    assert_eq!(listed["vms"].as_array().unwrap().len(), 2);
+    let shown = json(&server.gsaas(&token, &["-f", "json", "show", &id]));
+    assert_eq!(shown["id"], id.as_str());
+    let env = server.gsaas(&token, &["env", &id]);
+    let env = String::from_utf8_lossy(&env.stdout);
+    assert!(env.contains("export RCUDA_DEVICE_COUNT='2'"), "{env}");
+    assert!(env.contains("export RCUDA_DEVICE_1='100.127.0.1@8309:0'"), "{env}");
+
+    // Terminate: the paper's syntax and the modern one.
+    let gone =
+        json(&server.gsaas(&token, &["-f", "json", "-t", &format!("-id={second_id}"), "--wait"]));
+    assert_eq!(gone["state"], "deleted");
+    let gone = json(&server.gsaas(&token, &["-f", "json", "terminate", &id, "--wait"]));
+    assert_eq!(gone["state"], "deleted");
+    let pool = json(&server.gsaas(&token, &["-f", "json", "pool"]));
+    assert_eq!(pool["totals"]["allocated_mib"], 0);
+}
+
+#[test]
+fn errors_are_one_line_with_distinct_exit_codes() {
+    let server = Server::start();
+    let token = server.token("demo", Role::Member);
+    let admin = server.token("ops", Role::Admin);
+    let check = |output: Output, code: i32, says: &str| {
+        assert_eq!(output.status.code(), Some(code), "{}", stderr(&output));
+        let message = stderr(&output);
+        assert!(message.contains(says), "{message}");
+        assert_eq!(message.trim_end().lines().count(), 1, "one line: {message}");
+        assert!(!message.contains("panicked") && !message.contains("backtrace"));
+    };
+    // Usage: bad arguments, a missing image, a field the service refuses.
+    let output = server.gsaas(&token, &["launch", "--ncgpus", "two"]);
+    assert_eq!(output.status.code(), Some(2));
+    check(server.gsaas(&token, &["launch", "--ncgpus", "1"]), 2, "--image is required");
+    let mut args = vec!["launch", "--ncgpus", "1", "--mode", "shared"];
+    args.extend(VM);
+    check(server.gsaas(&token, &args), 2, "gpu_memory_mib");
+    // Not found.
+    check(server.gsaas(&token, &["show", "00000000-0000-0000-0000-000000000000"]), 3, "not found");
+    check(server.gsaas(&token, &["hosts"]), 3, "not found");
+    // No capacity.
+    let mut args = vec!["launch", "--ncgpus", "5"];
+    args.extend(VM);
+    check(server.gsaas(&token, &args), 4, "no GPU capacity");
+    // Authentication.
+    check(server.gsaas("", &["list"]), 5, "gsaasd token issue");
+    check(server.gsaas("nonsense", &["list"]), 5, "authentication failed");
+    // Unreachable service.
+    let output = Command::new(env!("CARGO_BIN_EXE_gsaas"))
+        .args(["list"])
+        .env("GSAAS_URL", "http://127.0.0.1:9")
+        .env("GSAAS_TOKEN", &token)
+        .output()
+        .unwrap();
+    check(output, 6, "http://127.0.0.1:9");
+    // Admin commands work for admins.
+    let hosts = json(&server.gsaas(&admin, &["-f", "json", "hosts"]));
+    assert_eq!(hosts["hosts"].as_array().unwrap().len(), 4);
+    let drained = json(&server.gsaas(&admin, &["-f", "json", "drain", "compute-gpu"]));
+    assert_eq!(drained["state"], "drained");
+    let mut args = vec!["launch", "--ncgpus", "1"];
+    args.extend(VM);
+    check(server.gsaas(&token, &args), 4, "no GPU capacity");
+    let undrained = json(&server.gsaas(&admin, &["-f", "json", "undrain", "compute-gpu"]));
+    assert_eq!(undrained["state"], "schedulable");
+    // A config file can hold everything; a missing explicit one is an error naming it.
+    let config = server.dir.join("gsaas.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "url = \"{}\"\ntoken = \"{token}\"\nimage = \"cirros-0.6.2\"\nflavor = \"m1.small\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_gsaas"))
+        .args(["-f", "json", "--config"])
+        .arg(&config)
+        .args(["launch", "--ncgpus", "1"])
+        .env_remove("GSAAS_URL")
+        .env_remove("GSAAS_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(json(&output)["state"], "creating");
+    check(
+        server.gsaas(&token, &["--config", "/nonexistent/gsaas.toml", "list"]),
+        2,
+        "/nonexistent/gsaas.toml",
+    );
+    // Help documents the exit codes and the paper's examples.
+    let help = server.gsaas(&token, &["--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("Exit codes") && help.contains("gsaas -t -id=<VMid>"), "{help}");
+}
