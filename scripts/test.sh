@@ -10,6 +10,8 @@ command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh: missing ${need[*]}; run as root so it can install them with apt-get" >&2
@@ -22,3 +24,5 @@ fi
 
 # Benches are not run here (they are long and print figures); clippy --all-targets compiles them.
 cargo test --workspace --locked "$@"
+# The Helm chart, its rendered manifests and config, and the systemd units.
+scripts/check-deploy.sh

@@ -35,6 +35,11 @@ enum Command {
     },
     /// Print the OpenAPI document (checked in as openapi/gsaas.json).
     Openapi,
+    /// Check a config file and print the settings it resolves to.
+    CheckConfig {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -77,8 +82,14 @@ fn main() -> ExitCode {
     }
 }
 
+/// The config file, with `GSAAS_DATABASE_URL` overriding `database_url` (a URL with a password is
+/// better kept in a secret than in the file).
 fn load(config: Option<&std::path::Path>) -> Result<Config, String> {
-    Config::load(config).map_err(|e| format!("{}", ErrorChain(&e)))
+    let mut config = Config::load(config).map_err(|e| format!("{}", ErrorChain(&e)))?;
+    if let Some(url) = std::env::var("GSAAS_DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+        config.database_url = Some(url);
+    }
+    Ok(config)
 }
 
 fn run(cli: Cli) -> Result<(), String> {
@@ -131,6 +142,11 @@ fn run(cli: Cli) -> Result<(), String> {
             let keys = Keys::load_or_create(&config.signing_key_path())
                 .map_err(|e| format!("{}", ErrorChain(&e)))?;
             print!("{}", keys.public_pem());
+            Ok(())
+        }
+        Command::CheckConfig { config } => {
+            let config = load(Some(&config))?;
+            println!("{config:#?}");
             Ok(())
         }
         Command::Openapi => {
