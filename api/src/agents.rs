@@ -123,7 +123,17 @@ impl InProcessAgents {
 impl HostAgents for InProcessAgents {
     async fn apply(&self, host: &HostRecord, table: RouteTable) -> Result<(), AgentError> {
         let offered = table.generation;
-        match self.agent(host)?.put_table(table) {
+        let agent = self.agent(host)?;
+        // The agent persists its state file (fsync): keep it off the async workers.
+        let applied =
+            tokio::task::spawn_blocking(move || agent.put_table(table)).await.map_err(|e| {
+                AgentError::Unavailable {
+                    host: host.name.clone(),
+                    reason: "the agent's apply task failed".into(),
+                    source: Some(Box::new(e)),
+                }
+            })?;
+        match applied {
             Ok(_) => Ok(()),
             Err(CoreError::Conflict(GenerationConflict::Older { .. })) => {
                 Err(AgentError::Stale { host: host.name.clone(), offered })

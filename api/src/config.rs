@@ -12,6 +12,7 @@ use gpgpums::{HostId, HostKind, DEFAULT_POLICY};
 use rodvr_agent::protocol::Ipv4Cidr;
 use serde::Deserialize;
 
+use crate::cloud::nova::NovaConfig;
 use crate::cloud::sim::{SimConfig, SimVmNetworkConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +73,14 @@ impl Default for Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
+    /// `jwt` (default) or `keystone`: also accept tenants' Keystone tokens.
+    pub mode: AuthMode,
+    /// Keystone roles that make a tenant a GSaaS admin.
+    pub keystone_admin_roles: Vec<String>,
+    /// How many validated Keystone tokens to remember.
+    pub keystone_cache_capacity: usize,
+    /// How long a validated Keystone token is trusted before asking Keystone again (revocation).
+    pub keystone_cache_secs: u64,
     /// Ed25519 private key (PKCS#8 PEM) that signs tenant, admin and agent tokens; generated at first
     /// start when missing. Default: `<data_dir>/signing-key.pem`.
     pub signing_key: Option<PathBuf>,
@@ -81,7 +90,14 @@ pub struct AuthConfig {
 
 impl Default for AuthConfig {
     fn default() -> Self {
-        AuthConfig { signing_key: None, token_ttl_secs: 24 * 3600 }
+        AuthConfig {
+            mode: AuthMode::Jwt,
+            keystone_admin_roles: vec!["admin".into()],
+            keystone_cache_capacity: 10_000,
+            keystone_cache_secs: 300,
+            signing_key: None,
+            token_ttl_secs: 24 * 3600,
+        }
     }
 }
 
@@ -139,12 +155,40 @@ pub enum CloudConfig {
         #[serde(default)]
         sim: SimConfig,
     },
+    /// OpenStack Nova; credentials from clouds.yaml / `OS_*` (the service user needs the admin role
+    /// to read which host a server runs on).
+    Nova {
+        #[serde(default)]
+        nova: NovaConfig,
+    },
 }
 
 impl Default for CloudConfig {
     fn default() -> Self {
         CloudConfig::Sim { sim: SimConfig::default() }
     }
+}
+
+impl CloudConfig {
+    /// The simulated cloud's settings, when that is the backend.
+    pub fn sim_mut(&mut self) -> Option<&mut SimConfig> {
+        match self {
+            CloudConfig::Sim { sim } => Some(sim),
+            CloudConfig::Nova { .. } => None,
+        }
+    }
+}
+
+/// How gsaasd recognises its callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Only gsaasd's own JWTs (the embedded default).
+    #[default]
+    Jwt,
+    /// Also tenants' Keystone tokens (`X-Auth-Token`), validated with Keystone; needs the Nova backend
+    /// for the service credentials.
+    Keystone,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -234,15 +278,22 @@ impl Config {
                 self.masking.address, self.masking.range
             ));
         }
-        let CloudConfig::Sim { sim } = &self.cloud;
-        if sim.fixed_ip_range.prefix_len() > 30 {
-            return Err(format!(
-                "cloud.sim.fixed_ip_range: {} leaves no address for VMs (at most /30)",
-                sim.fixed_ip_range
-            ));
-        }
-        if let SimVmNetworkConfig::Netns(netns) = &sim.vm_network {
-            netns.check().map_err(|reason| format!("cloud.sim.vm_network.{reason}"))?;
+        match &self.cloud {
+            CloudConfig::Sim { sim } => {
+                if sim.fixed_ip_range.prefix_len() > 30 {
+                    return Err(format!(
+                        "cloud.sim.fixed_ip_range: {} leaves no address for VMs (at most /30)",
+                        sim.fixed_ip_range
+                    ));
+                }
+                if let SimVmNetworkConfig::Netns(netns) = &sim.vm_network {
+                    netns.check().map_err(|reason| format!("cloud.sim.vm_network.{reason}"))?;
+                }
+                if self.auth.mode == AuthMode::Keystone {
+                    return Err("auth.mode: keystone needs cloud.backend = \"nova\" (its service credentials)".into());
+                }
+            }
+            CloudConfig::Nova { .. } => {}
         }
         for host in &self.inventory {
             if host.kind != HostKind::ComputeGpu && !host.gpus.is_empty() {
@@ -319,6 +370,13 @@ mod tests {
         let err = Config::load(Some(&path)).unwrap_err();
         assert!(err.to_string().contains("bad.toml"), "{err}");
         assert!(format!("{:?}", err).contains("listen_port"), "{err:?}");
+        std::fs::write(
+            &path,
+            "[cloud]\nbackend = \"sim\"\n[cloud.sim]\nfixed_ip_range = \"10.0.0.0/32\"\n",
+        )
+        .unwrap();
+        let err = Config::load(Some(&path)).unwrap_err();
+        assert!(err.to_string().contains("at most /30"), "{err}");
         std::fs::write(&path, "default_policy = \"worst-fit\"\n").unwrap();
         let err = Config::load(Some(&path)).unwrap_err();
         assert!(

@@ -49,6 +49,27 @@ impl WriteTx {
     }
 }
 
+/// A connection for one write statement that is atomic by itself (autocommit): it saves the
+/// BEGIN and COMMIT round trips of a [`WriteTx`]. On SQLite it holds the process's write lock too.
+#[derive(Debug)]
+pub struct WriteConn {
+    pub conn: sqlx::pool::PoolConnection<sqlx::Any>,
+    _lock: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl std::ops::Deref for WriteConn {
+    type Target = AnyConnection;
+    fn deref(&self) -> &AnyConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for WriteConn {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        &mut self.conn
+    }
+}
+
 impl std::ops::Deref for WriteTx {
     type Target = AnyConnection;
     fn deref(&self) -> &AnyConnection {
@@ -127,6 +148,16 @@ impl Db {
         };
         let tx = self.pool.begin().await?;
         Ok(WriteTx { tx, _lock: lock })
+    }
+
+    /// A connection for a single write statement; see [`WriteConn`].
+    pub async fn write_conn(&self) -> Result<WriteConn, Error> {
+        let lock = match &self.write_lock {
+            Some(lock) => Some(lock.clone().lock_owned().await),
+            None => None,
+        };
+        let conn = self.pool.acquire().await?;
+        Ok(WriteConn { conn, _lock: lock })
     }
 
     async fn migrate(&self) -> Result<(), Error> {
@@ -516,6 +547,13 @@ pub async fn vms(conn: &mut AnyConnection, project: Option<&str>) -> Result<Vec<
     rows.iter().map(vm_from_row).collect()
 }
 
+/// How many VMs are in each state.
+pub async fn vm_state_counts(conn: &mut AnyConnection) -> Result<Vec<(String, i64)>, Error> {
+    let rows =
+        sqlx::query("SELECT state, COUNT(*) FROM vms GROUP BY state").fetch_all(conn).await?;
+    rows.iter().map(|row| Ok((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?))).collect()
+}
+
 /// The VM a project launched with `key`, and the digest of that launch's request.
 pub async fn vm_by_idempotency_key(
     conn: &mut AnyConnection,
@@ -666,7 +704,8 @@ pub async fn delete_cgpus(conn: &mut AnyConnection, vm: VmId) -> Result<u64, Err
         .rows_affected())
 }
 
-/// The routes a host must serve: the cGPUs of every VM on it whose routes are on.
+/// The routes a host must serve: the cGPUs of every VM on it whose routes are on. Two queries,
+/// whatever the number of VMs.
 pub async fn routed_cgpus_on(
     conn: &mut AnyConnection,
     host: &HostId,
@@ -679,9 +718,25 @@ pub async fn routed_cgpus_on(
     .await?;
     let mut out = Vec::with_capacity(rows.len());
     for row in &rows {
-        let vm = vm_from_row(row)?;
-        let cgpus = cgpus_of(conn, vm.id).await?;
-        out.push((vm, cgpus));
+        out.push((vm_from_row(row)?, Vec::new()));
+    }
+    if out.is_empty() {
+        return Ok(out);
+    }
+    let rows = sqlx::query(&format!(
+        "SELECT {CGPU_COLUMNS} FROM cgpus c JOIN gpus g ON g.id = c.gpu JOIN vms v ON v.id = c.vm \
+         WHERE v.host = $1 AND v.routes_on = 1 ORDER BY c.vm, c.idx"
+    ))
+    .bind(host.as_str())
+    .fetch_all(conn)
+    .await?;
+    let index: std::collections::HashMap<VmId, usize> =
+        out.iter().enumerate().map(|(i, (vm, _))| (vm.id, i)).collect();
+    for row in &rows {
+        let cgpu = cgpu_from_row(row)?;
+        if let Some(&i) = index.get(&cgpu.vm) {
+            out[i].1.push(cgpu);
+        }
     }
     Ok(out)
 }

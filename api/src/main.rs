@@ -103,6 +103,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     .await
                     .map_err(|e| format!("{}", ErrorChain(&e)))?;
                 println!("gsaasd serving on {}", service.url());
+                println!("dashboard: {}/", service.url());
                 println!("get a token: gsaasd token issue --project demo --role member");
                 println!(
                     "then: curl -H \"Authorization: Bearer $TOKEN\" {}/v1/pool",

@@ -1,13 +1,75 @@
-//! Counters for `/metrics`, in the Prometheus text format.
+//! Metrics for `/metrics`, in the Prometheus text format.
 //!
-//! Plain atomics: the service counts a handful of events, and the exposition is written by hand so
-//! no metrics framework enters the dependency tree. Gauges (pool use, VMs by state) are read from the
-//! pool and the database when scraped.
+//! Plain atomics and fixed-bucket histograms: the service counts a handful of events, and the
+//! exposition is written by hand so no metrics framework enters the dependency tree. Gauges (pool
+//! use, VMs by state) are read from the pool and the database when scraped, so they cannot drift.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-#[derive(Debug, Default)]
+use crate::model::Timings;
+
+/// A histogram with fixed upper bounds in seconds.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Count per bucket (not cumulative), plus one for +Inf.
+    buckets: Vec<AtomicU64>,
+    count: AtomicU64,
+    /// Sum in nanoseconds.
+    sum_nanos: AtomicU64,
+}
+
+/// From 10 µs to 10 minutes: decisions take microseconds, VM boots minutes.
+const SECONDS: &[f64] = &[
+    0.00001, 0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
+];
+
+impl Histogram {
+    pub fn seconds() -> Histogram {
+        Histogram {
+            bounds: SECONDS,
+            buckets: (0..=SECONDS.len()).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, seconds: f64) {
+        let bucket = self.bounds.iter().position(|&b| seconds <= b).unwrap_or(self.bounds.len());
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add((seconds.max(0.0) * 1e9) as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (i, bound) in self.bounds.iter().enumerate() {
+            cumulative += self.buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}");
+        }
+        cumulative += self.buckets[self.bounds.len()].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}");
+        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {}", self.count.load(Ordering::Relaxed));
+    }
+}
+
+/// The launch stages of the dissertation's Equation 5.1, as metric labels.
+pub const STAGES: [&str; 7] = [
+    "check",
+    "gpu_selection",
+    "vm_creation",
+    "vm_activation",
+    "vm_deployment",
+    "rodvr_configuration",
+    "total",
+];
+
+#[derive(Debug)]
 pub struct Metrics {
     pub launches_accepted: AtomicU64,
     pub launches_refused: AtomicU64,
@@ -18,18 +80,62 @@ pub struct Metrics {
     pub route_push_failures: AtomicU64,
     pub reconciler_runs: AtomicU64,
     pub reconciler_errors: AtomicU64,
+    /// Per Equation 5.1 stage of launches that became ready, in [`STAGES`] order.
+    pub stage_seconds: [Histogram; 7],
+    /// Time GPGPUMS took to place a request's cGPUs.
+    pub decision_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            launches_accepted: AtomicU64::new(0),
+            launches_refused: AtomicU64::new(0),
+            launches_ready: AtomicU64::new(0),
+            launches_failed: AtomicU64::new(0),
+            terminations: AtomicU64::new(0),
+            route_pushes: AtomicU64::new(0),
+            route_push_failures: AtomicU64::new(0),
+            reconciler_runs: AtomicU64::new(0),
+            reconciler_errors: AtomicU64::new(0),
+            stage_seconds: std::array::from_fn(|_| Histogram::seconds()),
+            decision_seconds: Histogram::seconds(),
+        }
+    }
 }
 
 pub fn inc(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
 impl Metrics {
-    /// Writes the counters in the Prometheus text format.
+    /// Records the stage timings of a launch that became ready.
+    pub fn observe_launch(&self, timings: &Timings) {
+        let values = [
+            timings.check,
+            timings.gpu_selection,
+            timings.vm_creation,
+            timings.vm_activation,
+            timings.vm_deployment,
+            timings.rodvr_configuration,
+            timings.total,
+        ];
+        for (histogram, value) in self.stage_seconds.iter().zip(values) {
+            if let Some(seconds) = value {
+                histogram.observe(seconds);
+            }
+        }
+    }
+
+    /// Writes the counters and histograms in the Prometheus text format.
     pub fn render(&self, out: &mut String) {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let _ = writeln!(out, "# HELP gsaas_launches_total Launch requests by outcome.");
-        let _ = writeln!(out, "# TYPE gsaas_launches_total counter");
+        header(out, "gsaas_launches_total", "counter", "Launch requests by outcome.");
         for (outcome, c) in [
             ("accepted", &self.launches_accepted),
             ("refused", &self.launches_refused),
@@ -53,23 +159,37 @@ impl Metrics {
                 &self.reconciler_errors,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
+            header(out, name, "counter", help);
             let _ = writeln!(out, "{name} {}", get(c));
         }
+        header(
+            out,
+            "gsaas_launch_stage_seconds",
+            "histogram",
+            "Seconds per stage (dissertation Equation 5.1) of launches that became ready.",
+        );
+        for (stage, histogram) in STAGES.iter().zip(&self.stage_seconds) {
+            histogram.render(out, "gsaas_launch_stage_seconds", &format!("stage=\"{stage}\""));
+        }
+        header(
+            out,
+            "gsaas_policy_decision_seconds",
+            "histogram",
+            "Seconds GPGPUMS took to place a request.",
+        );
+        self.decision_seconds.render(out, "gsaas_policy_decision_seconds", "");
     }
 }
 
-/// Per-GPU gauges from the pool, in the Prometheus text format.
+/// Per-GPU and per-host gauges from the pool, in the Prometheus text format.
 pub fn render_pool(pool: &gpgpums::Pool) -> String {
     let mut out = String::new();
     for (name, help) in [
-        ("gsaas_gpu_memory_mib", "GPU memory by GPU."),
+        ("gsaas_gpu_memory_mib", "GPU memory, by GPU."),
         ("gsaas_gpu_allocated_mib", "GPU memory booked by cGPUs, by GPU."),
-        ("gsaas_gpu_cgpus", "cGPUs by GPU."),
+        ("gsaas_gpu_cgpus", "cGPUs, by GPU."),
     ] {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
+        header(&mut out, name, "gauge", help);
     }
     for g in pool.gpu_usage() {
         let labels = format!("gpu=\"{}\",host=\"{}\"", g.id, g.host);
@@ -77,5 +197,52 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
         let _ = writeln!(out, "gsaas_gpu_allocated_mib{{{labels}}} {}", g.allocated_mib);
         let _ = writeln!(out, "gsaas_gpu_cgpus{{{labels}}} {}", g.cgpus);
     }
+    for (name, help) in [
+        ("gsaas_host_memory_mib", "GPU memory, by host."),
+        ("gsaas_host_allocated_mib", "GPU memory booked by cGPUs, by host."),
+        ("gsaas_host_vms", "VMs with cGPUs on the host's GPUs."),
+        ("gsaas_host_schedulable", "1 when the host takes new cGPUs."),
+    ] {
+        header(&mut out, name, "gauge", help);
+    }
+    for h in pool.host_usage() {
+        let labels = format!("host=\"{}\",kind=\"{}\"", h.id, h.kind);
+        let schedulable = u8::from(h.state == gpgpums::HostState::Schedulable);
+        let _ = writeln!(out, "gsaas_host_memory_mib{{{labels}}} {}", h.memory_mib);
+        let _ = writeln!(out, "gsaas_host_allocated_mib{{{labels}}} {}", h.allocated_mib);
+        let _ = writeln!(out, "gsaas_host_vms{{{labels}}} {}", h.vms);
+        let _ = writeln!(out, "gsaas_host_schedulable{{{labels}}} {schedulable}");
+    }
     out
+}
+
+/// VMs by state, from the database's counts.
+pub fn render_vm_states(counts: &[(String, i64)]) -> String {
+    let mut out = String::new();
+    header(&mut out, "gsaas_vms", "gauge", "VMs by state.");
+    for state in ["creating", "ready", "error", "deleting", "deleted"] {
+        let count = counts.iter().find(|(s, _)| s == state).map_or(0, |(_, c)| *c);
+        let _ = writeln!(out, "gsaas_vms{{state=\"{state}\"}} {count}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative() {
+        let h = Histogram::seconds();
+        h.observe(0.00005);
+        h.observe(0.002);
+        h.observe(1000.0);
+        let mut out = String::new();
+        h.render(&mut out, "x", "");
+        assert!(out.contains("x_bucket{le=\"0.0001\"} 1\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"0.005\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"600\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
+        assert!(out.contains("x_count 3\n"), "{out}");
+    }
 }

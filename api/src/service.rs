@@ -3,17 +3,20 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 
 use crate::agents::{HostAgents, InProcessAgents, RemoteAgents};
 use crate::app::{App, Backends};
 use crate::auth::Keys;
+use crate::cloud::nova::{NovaCloud, NovaSetupError};
 use crate::cloud::sim::SimCloud;
 use crate::cloud::Cloud;
-use crate::config::{CloudConfig, Config, HostsBackend};
+use crate::config::{AuthMode, CloudConfig, Config, HostsBackend};
 use crate::db::Db;
 use crate::error::{Error, ErrorChain};
+use crate::openstack::TokenValidator;
 
 /// A running gsaasd.
 #[derive(Debug)]
@@ -52,6 +55,8 @@ pub enum StartError {
     Keys(#[from] crate::auth::KeyError),
     #[error("cannot open the database")]
     Database(#[source] Error),
+    #[error("cannot set up the Nova cloud")]
+    Cloud(#[source] NovaSetupError),
     #[error("cannot register the inventory")]
     Inventory(#[source] Error),
     #[error("cannot listen on {addr}")]
@@ -94,15 +99,28 @@ pub async fn start_with_sim(
         }
         HostsBackend::Agent => (Arc::new(RemoteAgents::new(keys.agent_signer())), None),
     };
+    let mut keystone = None;
     let (cloud, sim): (Arc<dyn Cloud>, Option<Arc<SimCloud>>) = match &config.cloud {
         CloudConfig::Sim { sim } => {
             let sim = existing_sim.unwrap_or_else(|| Arc::new(SimCloud::new(sim.clone(), vec![])));
             (sim.clone(), Some(sim))
         }
+        CloudConfig::Nova { nova } => {
+            let nova = Arc::new(NovaCloud::from_config(nova).map_err(StartError::Cloud)?);
+            if config.auth.mode == AuthMode::Keystone {
+                keystone = Some(Arc::new(TokenValidator::new(
+                    nova.keystone(),
+                    config.auth.keystone_admin_roles.clone(),
+                    config.auth.keystone_cache_capacity,
+                    Duration::from_secs(config.auth.keystone_cache_secs),
+                )));
+            }
+            (nova as Arc<dyn Cloud>, None)
+        }
     };
     let in_process = config.hosts.backend == HostsBackend::InProcess;
-    let app =
-        App::new(config, db, keys, Backends { cloud, agents, sim: sim.clone(), in_process_agents });
+    let backends = Backends { cloud, agents, sim: sim.clone(), in_process_agents, keystone };
+    let app = App::new(config, db, keys, backends);
     if in_process {
         app.register_inventory().await.map_err(StartError::Inventory)?;
     }

@@ -97,7 +97,7 @@ async fn failed_undo_steps_are_retried_until_done(store: Store) {
 
 async fn termination_during_launch_unwinds_to_deleted(store: Store) {
     let t = TestService::start_with(store, |c| {
-        let gsaasd::config::CloudConfig::Sim { sim } = &mut c.cloud;
+        let sim = c.cloud.sim_mut().unwrap();
         sim.activation_delay_ms = 60_000;
     })
     .await;
@@ -122,7 +122,7 @@ async fn a_crash_at_any_step_is_resumed_after_restart(store: Store) {
     ] {
         let mut t = TestService::start_with(store, |c| {
             c.launch.saga_lease_secs = 1;
-            let gsaasd::config::CloudConfig::Sim { sim } = &mut c.cloud;
+            let sim = c.cloud.sim_mut().unwrap();
             match stage {
                 "creation" => sim.creation_delay_ms = 300,
                 "activation" => sim.activation_delay_ms = 300,

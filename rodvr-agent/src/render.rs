@@ -1,32 +1,40 @@
 //! Route table -> nftables transaction, as pure functions.
 //!
-//! Everything the agent does to the kernel is one `nft -j -f -` document, and one document is one
+//! Everything the agent does to the kernel is one `nft -j` document, and one document is one
 //! kernel transaction: it applies entirely or not at all. Two shapes exist:
 //!
 //! * [`Transaction::Replace`] rebuilds the agent's own table (`table ip rodvr`) from scratch with
 //!   the add/delete/add idiom, so it works whether or not the table exists and never touches
 //!   another table;
-//! * [`Transaction::Update`] only deletes and adds map elements (and adds a target chain the first
-//!   time a target appears), so a change of a few routes costs the same at 10 routes as at 10,000.
+//! * [`Transaction::Update`] only deletes and adds map elements (and adds a target the first time
+//!   it appears), so a change of a few routes costs the same at 10 routes as at 10,000.
 //!
-//! DNAT goes through a verdict map keyed on (VM source, masked address, masked port): a hit jumps
-//! to the chain of the route's real rCUDA endpoint, which holds one `dnat` rule. The per-packet
-//! cost is one hash lookup however many routes there are. A map with a concatenated
-//! `ipv4_addr . inet_service` value (the textbook form) is not possible: nft 1.0.6 (Debian 12)
-//! cannot declare it in JSON (it silently creates a set, and a rule using it crashes nft).
+//! Each route is **one** element of a data map keyed on (VM source, masked address, masked port)
+//! whose value is the id of the route's real rCUDA endpoint (its *target*). A map with the
+//! textbook concatenated `ipv4_addr . inet_service` value is not possible: nft 1.0.6 (Debian 12)
+//! cannot declare it in JSON (it silently creates a set, and a rule using it crashes nft). So the
+//! first packet of a connection takes two hash lookups in the NAT prerouting chain: the route map
+//! gives the target id, carried in the packet mark to a small verdict map (one element per
+//! target) that jumps to the target's chain, which puts the mark back and DNATs. A JSON rule
+//! cannot feed a map's value straight into a verdict map, hence the carrier:
+//!
+//! * the packet mark when it is 0 (the usual case), reset to 0 by the target chain;
+//! * otherwise the conntrack mark when it is 0, reset to 0 by the target's `_ct` chain;
+//! * otherwise (another ruleset marked both before DNAT) the connection is not rerouted and the
+//!   forward filter drops it: it fails closed, and no mark is ever left changed.
 //!
 //! Conntrack keeps an open connection going after its route is removed, so the forward and input
-//! filters also check, per packet, that a masked connection's original tuple is still a route.
-//! That lookup goes to plain key sets (`live_by_*`): the kernel refuses a lookup from a filter
-//! chain into a verdict map whose target chains DNAT. Each route is thus two elements (what nft
-//! spends most of a 10,000-route transaction parsing).
+//! filters also check, per packet, that a masked connection's original tuple is still a key of
+//! the route map. That is why the routes are a data map and not a verdict map: the kernel refuses
+//! a lookup from a filter chain into a verdict map whose target chains DNAT, and two elements per
+//! route (a verdict map plus a key set) doubled what nft parses for a full table.
 //!
-//! Target chains are never deleted by an update (deleting costs a kernel RCU grace period); an
-//! unused one is unreachable and disappears with the next full replace. `ct original ip daddr`
-//! matches use the `"ip daddr"` key form, which nft 1.0.6 byte-orders correctly. The nftables
-//! crate's typed structures build table and chain objects; rules are raw JSON values, and map
-//! elements are written straight into the document string (building a `serde_json::Value` per
-//! element made rendering 10,000 routes cost as much as nft's own work).
+//! Targets (their chains and verdict-map elements) are never deleted by an update; an unused one
+//! is unreachable and disappears with the next full replace. `ct original ip daddr` matches use
+//! the `"ip daddr"` key form, which nft 1.0.6 byte-orders correctly. The nftables crate's typed
+//! structures build table and chain objects; rules are raw JSON values, and map elements are
+//! written straight into the document string (building a `serde_json::Value` per element made
+//! rendering 10,000 routes cost as much as nft's own work).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -40,12 +48,12 @@ use crate::protocol::{Ipv4Cidr, Route, VmSource};
 
 /// The one table the agent owns.
 pub const TABLE: &str = "rodvr";
+/// Route maps: (VM source, masked address, masked port) -> target id.
 pub const MAP_BY_IP: &str = "routes_by_ip";
 pub const MAP_BY_TAP: &str = "routes_by_tap";
-/// The keys of the two maps again, for the per-packet "is this route still there" check: a
-/// verdict map whose targets DNAT cannot be looked up from a filter chain (the kernel refuses).
-pub const SET_LIVE_BY_IP: &str = "live_by_ip";
-pub const SET_LIVE_BY_TAP: &str = "live_by_tap";
+/// Target id -> `goto` the target's chain, with the packet mark (resp. conntrack mark) as carrier.
+pub const MAP_TARGETS: &str = "targets";
+pub const MAP_TARGETS_CT: &str = "targets_ct";
 pub const SET_LOCAL_RCUDA: &str = "local_rcuda";
 
 /// Host facts the table depends on besides the routes; fixed for the life of an agent.
@@ -59,7 +67,7 @@ pub struct TableParams {
     pub local_rcuda: Vec<SocketAddrV4>,
 }
 
-/// The key of one verdict-map element.
+/// The key of one route-map element.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RouteKey {
     pub source: VmSource,
@@ -82,9 +90,29 @@ pub fn targets(routes: &RouteMap) -> BTreeSet<SocketAddrV4> {
     routes.values().copied().collect()
 }
 
-/// The chain that DNATs to `target`.
+/// Target -> the id route-map elements carry (never 0: 0 is "no mark").
+pub type TargetIds = BTreeMap<SocketAddrV4, u32>;
+
+/// The ids a full replace gives the targets of `routes`: 1, 2, ... in address order.
+pub fn target_ids(routes: &RouteMap) -> TargetIds {
+    targets(routes).into_iter().zip(1..).collect()
+}
+
+/// A target as installed: its endpoint and the id route elements use for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Target {
+    pub addr: SocketAddrV4,
+    pub id: u32,
+}
+
+/// The chain that DNATs to `target` after a lookup carried in the packet mark.
 pub fn target_chain(target: SocketAddrV4) -> String {
     format!("to_{}_{}", target.ip(), target.port())
+}
+
+/// The chain that DNATs to `target` after a lookup carried in the conntrack mark.
+pub fn target_chain_ct(target: SocketAddrV4) -> String {
+    format!("to_{}_{}_ct", target.ip(), target.port())
 }
 
 /// One kernel transaction on the agent's table.
@@ -92,18 +120,15 @@ pub fn target_chain(target: SocketAddrV4) -> String {
 pub enum Transaction {
     /// Replace the whole table with these parameters and routes.
     Replace { params: TableParams, routes: RouteMap },
-    /// Create chains for new targets, then delete and add map elements in the existing table.
-    Update {
-        new_targets: Vec<SocketAddrV4>,
-        delete: Vec<RouteKey>,
-        add: Vec<(RouteKey, SocketAddrV4)>,
-    },
+    /// Create new targets, then delete and add route-map elements in the existing table.
+    Update { new_targets: Vec<Target>, delete: Vec<RouteKey>, add: Vec<(RouteKey, Target)> },
 }
 
 impl Transaction {
-    /// The changes from `old` (with target chains `chains` in place) to `new`; a changed target
-    /// is a delete plus an add.
-    pub fn diff(old: &RouteMap, chains: &BTreeSet<SocketAddrV4>, new: &RouteMap) -> Self {
+    /// The changes from `old` (with the targets `installed` in place) to `new`; a changed target
+    /// is a delete plus an add. A target not in `installed` gets the next free id; `None` when
+    /// ids ran out (only a full replace, which renumbers, can go on).
+    pub fn diff(old: &RouteMap, installed: &TargetIds, new: &RouteMap) -> Option<Self> {
         // Both maps are sorted by key: one merge pass, no lookups (this runs on every table push,
         // so it must stay cheap at 10,000 routes).
         let (mut delete, mut add) = (Vec::new(), Vec::new());
@@ -139,9 +164,25 @@ impl Transaction {
                 (None, None) => break,
             }
         }
-        let new_targets: BTreeSet<SocketAddrV4> =
-            add.iter().map(|(_, t)| *t).filter(|t| !chains.contains(t)).collect();
-        Self::Update { new_targets: new_targets.into_iter().collect(), delete, add }
+        let mut next = installed.values().max().map_or(Some(1), |id| id.checked_add(1));
+        let mut new_targets: BTreeMap<SocketAddrV4, u32> = BTreeMap::new();
+        let mut id_of = |addr: SocketAddrV4| -> Option<Target> {
+            if let Some(&id) = installed.get(&addr).or_else(|| new_targets.get(&addr)) {
+                return Some(Target { addr, id });
+            }
+            let id = next?;
+            next = id.checked_add(1);
+            new_targets.insert(addr, id);
+            Some(Target { addr, id })
+        };
+        let add = add
+            .into_iter()
+            .map(|(key, addr)| Some((key, id_of(addr)?)))
+            .collect::<Option<Vec<_>>>()?;
+        let mut new_targets: Vec<Target> =
+            new_targets.into_iter().map(|(addr, id)| Target { addr, id }).collect();
+        new_targets.sort_by_key(|t| t.id);
+        Some(Self::Update { new_targets, delete, add })
     }
 
     pub fn is_noop(&self) -> bool {
@@ -161,21 +202,16 @@ impl Transaction {
                 for cmd in skeleton_commands(params) {
                     push(&mut out, cmd);
                 }
-                for target in targets(routes) {
-                    for cmd in target_chain_commands(target) {
-                        push(&mut out, cmd);
-                    }
-                }
-                let adds = routes.iter().map(|(k, v)| (k, *v));
+                let ids = target_ids(routes);
+                let targets: Vec<Target> =
+                    ids.iter().map(|(&addr, &id)| Target { addr, id }).collect();
+                write_target_commands(&mut out, &targets, push);
+                let adds = routes.iter().map(|(k, v)| (k, ids[v]));
                 write_element_commands(&mut out, std::iter::empty(), adds);
             }
             Self::Update { new_targets, delete, add } => {
-                for target in new_targets {
-                    for cmd in target_chain_commands(*target) {
-                        push(&mut out, cmd);
-                    }
-                }
-                write_element_commands(&mut out, delete.iter(), add.iter().map(|(k, v)| (k, *v)));
+                write_target_commands(&mut out, new_targets, push);
+                write_element_commands(&mut out, delete.iter(), add.iter().map(|(k, t)| (k, t.id)));
             }
         }
         if out.ends_with(',') {
@@ -247,24 +283,60 @@ fn ct_original_daddr() -> Value {
     json!({"ct": {"key": "ip daddr", "dir": "original"}})
 }
 
-fn dispatch_via(first: Value, map: &str, masked: Ipv4Cidr) -> Value {
+fn mark(carrier: Carrier) -> Value {
+    match carrier {
+        Carrier::Packet => meta("mark"),
+        Carrier::Conntrack => json!({"ct": {"key": "mark"}}),
+    }
+}
+
+/// Which mark carries a target id from the route map to the target verdict map.
+#[derive(Debug, Clone, Copy)]
+enum Carrier {
+    Packet,
+    Conntrack,
+}
+
+/// If `carrier` is 0 and the packet's key is a route: carrier = target id, then jump to the
+/// target's chain (which resets the carrier to 0 and DNATs). A lookup miss ends the rule before
+/// anything is written, so the next rule (or the forward filter) decides.
+fn dispatch_via(first: Value, map: &str, masked: Ipv4Cidr, carrier: Carrier) -> Value {
     let key = obj([(
         "concat",
         Value::Array(vec![first, payload("ip", "daddr"), payload("tcp", "dport")]),
     )]);
-    let vmap = obj([("vmap", obj([("key", key), ("data", format!("@{map}").into())]))]);
-    rule("prerouting", vec![matches("==", payload("ip", "daddr"), range(masked)), vmap])
+    let lookup = obj([("map", obj([("key", key), ("data", format!("@{map}").into())]))]);
+    let set_carrier = obj([("mangle", obj([("key", mark(carrier)), ("value", lookup)]))]);
+    let targets = match carrier {
+        Carrier::Packet => MAP_TARGETS,
+        Carrier::Conntrack => MAP_TARGETS_CT,
+    };
+    let vmap =
+        obj([("vmap", obj([("key", mark(carrier)), ("data", format!("@{targets}").into())]))]);
+    rule(
+        "prerouting",
+        vec![
+            matches("==", payload("ip", "daddr"), range(masked)),
+            matches("==", mark(carrier), 0.into()),
+            set_carrier,
+            vmap,
+        ],
+    )
 }
 
-/// A regular chain holding the one DNAT rule to `target`.
-fn target_chain_commands(target: SocketAddrV4) -> [Value; 2] {
-    let name = target_chain(target);
+/// A regular chain holding the one DNAT rule to `target`, which first puts `carrier` back to 0.
+fn target_chain_commands(target: SocketAddrV4, carrier: Carrier) -> [Value; 2] {
+    let name = match carrier {
+        Carrier::Packet => target_chain(target),
+        Carrier::Conntrack => target_chain_ct(target),
+    };
     let chain = typed(&NfCmd::Add(NfListObject::Chain(Chain {
         family: NfFamily::IP,
         table: TABLE.into(),
         name: name.as_str().into(),
         ..Chain::default()
     })));
+    let reset = obj([("mangle", obj([("key", mark(carrier)), ("value", 0.into())]))]);
     let dnat = obj([(
         "dnat",
         obj([
@@ -273,13 +345,33 @@ fn target_chain_commands(target: SocketAddrV4) -> [Value; 2] {
             ("port", target.port().into()),
         ]),
     )]);
-    let rule = rule(&name, vec![matches("==", meta("l4proto"), "tcp".into()), dnat]);
+    let rule = rule(&name, vec![reset, matches("==", meta("l4proto"), "tcp".into()), dnat]);
     [chain, rule]
 }
 
+/// Chains and target verdict-map elements for `targets` (appended with a trailing comma each).
+fn write_target_commands(out: &mut String, targets: &[Target], push: impl Fn(&mut String, Value)) {
+    for target in targets {
+        for carrier in [Carrier::Packet, Carrier::Conntrack] {
+            for cmd in target_chain_commands(target.addr, carrier) {
+                push(out, cmd);
+            }
+        }
+    }
+    for (map, chain) in [
+        (MAP_TARGETS, target_chain as fn(SocketAddrV4) -> String),
+        (MAP_TARGETS_CT, target_chain_ct),
+    ] {
+        write_element_command(out, "add", map, targets, |o, t| {
+            write!(o, r#"[{},{{"goto":{{"target":"{}"}}}}]"#, t.id, chain(t.addr))
+                .expect("writing to a String cannot fail");
+        });
+    }
+}
+
 /// Conntrack keeps a DNATed connection going after its route is removed; these rules drop the
-/// VM-to-GPU direction of a masked connection whose route (looked up by its original tuple) is
-/// gone, so removing a route also cuts connections that are already open.
+/// VM-to-GPU direction of a masked connection whose route (its original tuple, looked up as a key
+/// of the route maps) is gone, so removing a route also cuts connections that are already open.
 fn still_routed_rules(chain: &str, masked: Ipv4Cidr) -> [Value; 3] {
     let ct = |key: &str| json!({"ct": {"key": key, "dir": "original"}});
     let masked_original = || {
@@ -290,18 +382,18 @@ fn still_routed_rules(chain: &str, masked: Ipv4Cidr) -> [Value; 3] {
             matches("==", meta("l4proto"), "tcp".into()),
         ]
     };
-    let routed_by = |first: Value, set: &str| {
+    let routed_by = |first: Value, map: &str| {
         let mut expr = masked_original();
         let key = json!({"concat": [first, ct("ip daddr"), ct("proto-dst")]});
-        expr.push(matches("==", key, format!("@{set}").into()));
+        expr.push(matches("==", key, format!("@{map}").into()));
         expr.push(json!({"accept": null}));
         rule(chain, expr)
     };
     let mut gone = masked_original();
     gone.push(json!({"drop": null}));
     [
-        routed_by(ct("ip saddr"), SET_LIVE_BY_IP),
-        routed_by(meta("iifname"), SET_LIVE_BY_TAP),
+        routed_by(ct("ip saddr"), MAP_BY_IP),
+        routed_by(meta("iifname"), MAP_BY_TAP),
         rule(chain, gone),
     ]
 }
@@ -309,24 +401,24 @@ fn still_routed_rules(chain: &str, masked: Ipv4Cidr) -> [Value; 3] {
 fn skeleton_commands(params: &TableParams) -> Vec<Value> {
     let masked = params.masked_range;
     let gpu_if = params.gpu_interface.as_str();
-    let key_set = |name: &str, key: [&str; 3]| json!({"add": {"set": {"family": "ip", "table": TABLE, "name": name, "type": key}}});
-    let verdict_map = |name: &str, key: [&str; 3]| json!({"add": {"map": {"family": "ip", "table": TABLE, "name": name, "type": key, "map": "verdict"}}});
+    let map = |name: &str, key: Value, data: &str| json!({"add": {"map": {"family": "ip", "table": TABLE, "name": name, "type": key, "map": data}}});
     let mut cmds = vec![
         typed(&NfCmd::Add(NfListObject::Table(table()))),
         typed(&NfCmd::Delete(NfListObject::Table(table()))),
         typed(&NfCmd::Add(NfListObject::Table(table()))),
-        verdict_map(MAP_BY_IP, ["ipv4_addr", "ipv4_addr", "inet_service"]),
-        verdict_map(MAP_BY_TAP, ["ifname", "ipv4_addr", "inet_service"]),
-        key_set(SET_LIVE_BY_IP, ["ipv4_addr", "ipv4_addr", "inet_service"]),
-        key_set(SET_LIVE_BY_TAP, ["ifname", "ipv4_addr", "inet_service"]),
+        map(MAP_BY_IP, json!(["ipv4_addr", "ipv4_addr", "inet_service"]), "mark"),
+        map(MAP_BY_TAP, json!(["ifname", "ipv4_addr", "inet_service"]), "mark"),
+        map(MAP_TARGETS, json!("mark"), "verdict"),
+        map(MAP_TARGETS_CT, json!("mark"), "verdict"),
         json!({"add": {"set": {"family": "ip", "table": TABLE, "name": SET_LOCAL_RCUDA,
             "type": ["ipv4_addr", "inet_service"]}}}),
         base_chain("prerouting", NfChainType::NAT, NfHook::Prerouting, -100),
         // A VM's packet to a masked endpoint jumps to its route's target chain, which rewrites it
-        // to the real rCUDA endpoint. A lookup miss ends the rule without a verdict, so the next
-        // rule (or the forward filter) decides.
-        dispatch_via(payload("ip", "saddr"), MAP_BY_IP, masked),
-        dispatch_via(meta("iifname"), MAP_BY_TAP, masked),
+        // to the real rCUDA endpoint (IP-keyed routes first, then tap-keyed ones).
+        dispatch_via(payload("ip", "saddr"), MAP_BY_IP, masked, Carrier::Packet),
+        dispatch_via(payload("ip", "saddr"), MAP_BY_IP, masked, Carrier::Conntrack),
+        dispatch_via(meta("iifname"), MAP_BY_TAP, masked, Carrier::Packet),
+        dispatch_via(meta("iifname"), MAP_BY_TAP, masked, Carrier::Conntrack),
         base_chain("postrouting", NfChainType::NAT, NfHook::Postrouting, 100),
         // The GPU server sees the compute host, never the VM.
         rule(
@@ -425,10 +517,11 @@ fn write_element_command<T>(
 }
 
 /// Deletes first, then adds, so a changed target is a delete plus an add in one transaction.
+/// `add` gives each route's target id.
 fn write_element_commands<'a>(
     out: &mut String,
     delete: impl Iterator<Item = &'a RouteKey>,
-    add: impl Iterator<Item = (&'a RouteKey, SocketAddrV4)>,
+    add: impl Iterator<Item = (&'a RouteKey, u32)>,
 ) {
     let (mut del_ip, mut del_tap) = (Vec::new(), Vec::new());
     for key in delete {
@@ -444,19 +537,14 @@ fn write_element_commands<'a>(
             VmSource::Tap(_) => add_tap.push((key, target)),
         }
     }
-    let ip = (MAP_BY_IP, SET_LIVE_BY_IP);
-    let tap = (MAP_BY_TAP, SET_LIVE_BY_TAP);
-    for (keys, (map, set)) in [(del_ip, ip), (del_tap, tap)] {
+    for (keys, map) in [(del_ip, MAP_BY_IP), (del_tap, MAP_BY_TAP)] {
         write_element_command(out, "delete", map, &keys, |o, k| write_key(o, k));
-        write_element_command(out, "delete", set, &keys, |o, k| write_key(o, k));
     }
-    for (items, (map, set)) in [(add_ip, ip), (add_tap, tap)] {
-        write_element_command(out, "add", set, &items, |o, (k, _)| write_key(o, k));
-        write_element_command(out, "add", map, &items, |o, (k, t)| {
+    for (items, map) in [(add_ip, MAP_BY_IP), (add_tap, MAP_BY_TAP)] {
+        write_element_command(out, "add", map, &items, |o, (k, id)| {
             o.push('[');
             write_key(o, k);
-            write!(o, r#",{{"goto":{{"target":"{}"}}}}]"#, target_chain(*t))
-                .expect("writing to a String cannot fail");
+            write!(o, ",{id}]").expect("writing to a String cannot fail");
         });
     }
 }
@@ -495,6 +583,18 @@ mod tests {
     }
 
     #[test]
+    fn target_ids_run_out_only_into_a_replace() {
+        let old = RouteMap::new();
+        let mut new = RouteMap::new();
+        new.insert(key("10.77.0.2", "100.127.0.1:9000"), target("10.78.0.2:8308"));
+        let full: TargetIds = [(target("10.78.0.9:1"), u32::MAX)].into();
+        assert_eq!(Transaction::diff(&old, &full, &new), None);
+        // A route to a known target needs no new id.
+        let known: TargetIds = [(target("10.78.0.2:8308"), u32::MAX)].into();
+        assert!(Transaction::diff(&old, &known, &new).is_some());
+    }
+
+    #[test]
     fn replace_rebuilds_only_our_table() {
         let mut routes = RouteMap::new();
         routes.insert(key("10.77.0.2", "100.127.0.1:9000"), target("10.78.0.2:8308"));
@@ -510,17 +610,33 @@ mod tests {
             assert_eq!(table.unwrap(), "rodvr", "{cmd}");
             assert_eq!(obj["family"], "ip", "{cmd}");
         }
-        let chains = cmds.iter().filter(|c| c["add"]["chain"]["name"] == "to_10.78.0.2_8308");
-        assert_eq!(chains.count(), 1, "one chain per target, not per route");
-        let elems = cmds
-            .iter()
-            .find(|c| c["add"]["element"]["name"] == MAP_BY_IP)
-            .map(|c| c["add"]["element"]["elem"].clone())
-            .unwrap();
-        assert_eq!(
-            elems[0],
-            json!([{"concat": ["10.77.0.2", "100.127.0.1", 9000]}, {"goto": {"target": "to_10.78.0.2_8308"}}])
-        );
+        for name in ["to_10.78.0.2_8308", "to_10.78.0.2_8308_ct"] {
+            let chains = cmds.iter().filter(|c| c["add"]["chain"]["name"] == name);
+            assert_eq!(chains.count(), 1, "one chain per target and carrier, not per route");
+        }
+        let elems = |map: &str| {
+            let found = cmds.iter().filter(|c| c["add"]["element"]["name"] == map);
+            found.flat_map(|c| c["add"]["element"]["elem"].as_array().unwrap().clone()).collect()
+        };
+        // One element per route, carrying its target's id.
+        let routes: Vec<Value> = elems(MAP_BY_IP);
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes[0], json!([{"concat": ["10.77.0.2", "100.127.0.1", 9000]}, 1]));
+        assert_eq!(routes[1], json!([{"concat": ["10.77.0.3", "100.127.0.1", 9000]}, 1]));
+        let targets: Vec<Value> = elems(MAP_TARGETS);
+        assert_eq!(targets, [json!([1, {"goto": {"target": "to_10.78.0.2_8308"}}])]);
+        let targets_ct: Vec<Value> = elems(MAP_TARGETS_CT);
+        assert_eq!(targets_ct, [json!([1, {"goto": {"target": "to_10.78.0.2_8308_ct"}}])]);
+        // Target chains put their carrier back to 0 before the DNAT.
+        let dnat = |chain: &str| {
+            cmds.iter().find(|c| c["add"]["rule"]["chain"] == chain).unwrap()["add"]["rule"]["expr"]
+                .clone()
+        };
+        let expr = dnat("to_10.78.0.2_8308");
+        assert_eq!(expr[0], json!({"mangle": {"key": {"meta": {"key": "mark"}}, "value": 0}}));
+        assert_eq!(expr[2], json!({"dnat": {"family": "ip", "addr": "10.78.0.2", "port": 8308}}));
+        let expr = dnat("to_10.78.0.2_8308_ct");
+        assert_eq!(expr[0], json!({"mangle": {"key": {"ct": {"key": "mark"}}, "value": 0}}));
         let text = doc.to_string();
         assert!(text.contains(r#"{"concat":["10.78.0.1",8308]}"#), "{text}");
         assert!(text.contains(r#""range":["100.127.0.0","100.127.255.255"]"#), "{text}");
@@ -531,26 +647,43 @@ mod tests {
         let mut old = RouteMap::new();
         old.insert(key("10.77.0.2", "100.127.0.1:9000"), target("10.78.0.2:8308"));
         old.insert(key("10.77.0.3", "100.127.0.1:9000"), target("10.78.0.2:8309"));
-        let chains = targets(&old);
+        let ids = target_ids(&old);
         let mut new = old.clone();
         new.insert(key("10.77.0.3", "100.127.0.1:9000"), target("10.78.0.2:8310"));
         new.insert(key("10.77.0.4", "100.127.0.1:9000"), target("10.78.0.2:8308"));
-        let Transaction::Update { new_targets, delete, add } =
-            Transaction::diff(&old, &chains, &new)
+        let Some(Transaction::Update { new_targets, delete, add }) =
+            Transaction::diff(&old, &ids, &new)
         else {
             panic!()
         };
-        assert_eq!(new_targets, vec![target("10.78.0.2:8310")]);
+        // The new target gets the next id; known targets keep theirs.
+        assert_eq!(new_targets, vec![Target { addr: target("10.78.0.2:8310"), id: 3 }]);
         assert_eq!(delete, vec![key("10.77.0.3", "100.127.0.1:9000")]);
-        assert_eq!(add.len(), 2);
-        assert!(Transaction::diff(&new, &chains, &new).is_noop());
+        assert_eq!(
+            add,
+            vec![
+                (
+                    key("10.77.0.3", "100.127.0.1:9000"),
+                    Target { addr: target("10.78.0.2:8310"), id: 3 }
+                ),
+                (
+                    key("10.77.0.4", "100.127.0.1:9000"),
+                    Target { addr: target("10.78.0.2:8308"), id: 1 }
+                ),
+            ]
+        );
+        assert!(Transaction::diff(&new, &ids, &new).unwrap().is_noop());
 
-        let doc = Transaction::diff(&old, &chains, &new).to_nft_string();
+        let doc = Transaction::diff(&old, &ids, &new).unwrap().to_nft_string();
         let del = doc.find(r#"{"delete":"#).unwrap();
-        let add = doc.find(r#"{"add":{"element""#).unwrap();
-        assert!(del < add, "deletes must come first: {doc}");
+        let add =
+            doc.find(r#"{"add":{"element":{"family":"ip","table":"rodvr","name":"routes_by_ip""#);
+        assert!(del < add.unwrap(), "deletes must come first: {doc}");
         assert!(!doc.contains(r#""table":{"#), "an update never recreates the table: {doc}");
         assert!(doc.find("to_10.78.0.2_8310").unwrap() < del, "chain before its use: {doc}");
+        assert!(doc.contains(r#"[3,{"goto":{"target":"to_10.78.0.2_8310"}}]"#), "{doc}");
+        assert!(doc.contains(r#"[3,{"goto":{"target":"to_10.78.0.2_8310_ct"}}]"#), "{doc}");
+        assert!(!doc.contains("to_10.78.0.2_8308"), "known targets are not re-added: {doc}");
     }
 
     #[test]
@@ -561,7 +694,8 @@ mod tests {
             masked: "100.127.0.1:9000".parse().unwrap(),
         };
         routes.insert(k.clone(), target("10.78.0.2:8308"));
-        let doc = Transaction::diff(&RouteMap::new(), &BTreeSet::new(), &routes).to_nft_string();
+        let doc = Transaction::diff(&RouteMap::new(), &TargetIds::new(), &routes);
+        let doc = doc.unwrap().to_nft_string();
         assert!(doc.contains(MAP_BY_TAP) && !doc.contains(MAP_BY_IP), "{doc}");
         assert!(doc.contains(r#"{"concat":["tap1","100.127.0.1",9000]}"#), "{doc}");
         let ip = "10.77.0.9".parse().unwrap();

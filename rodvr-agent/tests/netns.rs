@@ -398,3 +398,139 @@ memory_mib = 1024
     // Compute-rGPU hosts on the GPU network still reach the local servers.
     assert_eq!(ask(&other, "10.232.0.2:8309").as_deref(), Some("gpu1 10.232.0.9"));
 }
+
+fn routes_to(n: u32, target: &str) -> rodvr_agent::render::RouteMap {
+    use rodvr_agent::protocol::VmSource;
+    use rodvr_agent::render::RouteKey;
+    (0..n)
+        .map(|i| {
+            let vm = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 64, 0, 0)) + i);
+            let key =
+                RouteKey { source: VmSource::Ip(vm), masked: "100.127.0.1:9000".parse().unwrap() };
+            (key, target.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The number of elements in one of the agent's maps.
+fn map_len(ns: &Netns, map: &str) -> usize {
+    let out = ns.exec(&["nft", "-j", "list", "map", "ip", "rodvr", map]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let map = doc["nftables"].as_array().unwrap().iter().find_map(|o| o.get("map")).unwrap();
+    map.get("elem").and_then(Value::as_array).map_or(0, Vec::len)
+}
+
+#[test]
+fn the_nft_firewall_reports_each_failed_transaction_and_goes_on() {
+    use rodvr_agent::firewall::{Firewall, FirewallError, NftFirewall, SESSION_MAX_DOC};
+    use rodvr_agent::render::{target_ids, TableParams, Transaction};
+    require_root_tools();
+    let ns = Netns::new("fw");
+    let params = TableParams {
+        masked_range: "100.127.0.0/16".parse().unwrap(),
+        gpu_interface: "gpu0".into(),
+        local_rcuda: vec![],
+    };
+    let mut fw = NftFirewall::new(
+        &ns.command_prefix().into_iter().chain(["nft".into()]).collect::<Vec<_>>(),
+    );
+    // A full table too big for the session goes through `nft -j -f -`.
+    let big = routes_to(2_000, "10.232.0.2:8308");
+    let replace = Transaction::Replace { params: params.clone(), routes: big.clone() };
+    assert!(replace.to_nft_string().len() > SESSION_MAX_DOC);
+    fw.apply(&replace).unwrap();
+    assert_eq!(map_len(&ns, "routes_by_ip"), 2_000);
+
+    // Small changes go through the session, one transaction each.
+    let mut fewer = big.clone();
+    fewer.pop_first();
+    let remove = Transaction::diff(&big, &target_ids(&big), &fewer).unwrap();
+    assert!(remove.to_nft_string().len() <= SESSION_MAX_DOC);
+    fw.apply(&remove).unwrap();
+    assert_eq!(map_len(&ns, "routes_by_ip"), 1_999);
+    // The same removal again deletes a missing element: the kernel refuses it, the error comes
+    // back for this change, nothing of it applied, and the session takes the next change.
+    let err = fw.apply(&remove).unwrap_err();
+    assert!(matches!(&err, FirewallError::Rejected(msg) if msg.contains("Error")), "{err:?}");
+    assert_eq!(map_len(&ns, "routes_by_ip"), 1_999);
+    let mut retargeted = fewer.clone();
+    let (first, _) = fewer.first_key_value().unwrap();
+    retargeted.insert(first.clone(), "10.232.0.2:8309".parse().unwrap());
+    let update = Transaction::diff(&fewer, &target_ids(&big), &retargeted).unwrap();
+    fw.apply(&update).unwrap();
+    assert_eq!(map_len(&ns, "routes_by_ip"), 1_999);
+    assert_eq!(map_len(&ns, "targets"), 2);
+    // An update against a table that is gone fails too.
+    ns.exec(&["nft", "delete", "table", "ip", "rodvr"]);
+    assert!(fw.apply(&update).is_err());
+    // A small full table goes through the session as well.
+    fw.apply(&Transaction::Replace { params, routes: routes_to(3, "10.232.0.2:8308") }).unwrap();
+    assert_eq!(map_len(&ns, "routes_by_ip"), 3);
+}
+
+#[test]
+fn marks_set_by_other_rulesets_survive_a_masked_route() {
+    require_root_tools();
+    let t = topology();
+    stand_in_rcuda(&t.gh, "10.232.0.2:8308", "gpu0");
+    let dir = TempDir::new("netns-marks");
+    let (private, public) = key_pair(23);
+    std::fs::write(dir.path().join("controller.pub.pem"), public).unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"host = "crg1"
+listen = "127.0.0.1:0"
+state_file = "{dir}/routes.json"
+controller_public_key = "{dir}/controller.pub.pem"
+masked_range = "100.127.0.0/16"
+gpu_interface = "gpu0"
+"#,
+            dir = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let agent = AgentProcess::start(&t.ch, &config);
+    let client = AgentClient::new(
+        &agent.url,
+        TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
+    );
+    let table = RouteTable {
+        generation: 1,
+        routes: vec![
+            route(1, Some("10.231.1.2"), None, "100.127.0.1:9000", "10.232.0.2:8308"),
+            route(2, None, Some("tap2"), "100.127.0.1:9000", "10.232.0.2:8308"),
+        ],
+    };
+    with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
+
+    // Another ruleset marks packets (vm1) or connections (vm2) before DNAT, and
+    // counts, after the agent's NAT, the connection openings that still carry its marks.
+    let nft = |rule: &str| t.ch.exec(&["nft", rule]);
+    nft("add table ip other");
+    nft("add chain ip other marking { type filter hook prerouting priority -150; policy accept; }");
+    nft("add rule ip other marking iifname \"tap1\" meta mark set 0x42");
+    nft("add rule ip other marking iifname \"tap2\" ct state new ct mark set 0x7");
+    nft("add chain ip other observe { type filter hook forward priority -10; policy accept; }");
+    nft("add rule ip other observe tcp flags syn / syn,ack meta mark 0x42 ct mark 0 counter");
+    nft("add rule ip other observe tcp flags syn / syn,ack meta mark 0 ct mark 0x7 counter");
+    let expect = format!("gpu0 {COMPUTE_GPU_SIDE}");
+    // vm1's packets are marked, so the conntrack mark carries the lookup; vm2's connections
+    // are marked, so the packet mark does.
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect.clone()));
+    assert_eq!(ask(&t.vm2, "100.127.0.1:9000"), Some(expect));
+    let out = t.ch.exec(&["nft", "-j", "list", "chain", "ip", "other", "observe"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let counts: Vec<u64> = doc["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.get("rule"))
+        .map(|r| {
+            let counter = r["expr"].as_array().unwrap().iter().find_map(|e| e.get("counter"));
+            counter.unwrap()["packets"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(counts, [1, 1], "a mark was changed by the agent's NAT");
+}

@@ -250,11 +250,23 @@ impl App {
     }
 
     /// Computes the host's whole table under a new generation and has its agent apply it.
+    ///
+    /// Pushes to a host are serialized, and one push stands for every request made before it read
+    /// the database (group commit): a caller takes a ticket after its own change committed; a push
+    /// that succeeds covers every ticket taken before its read, and a caller whose ticket is
+    /// covered when it gets the lock returns at once.
     pub(crate) async fn push_routes(&self, host: &HostId) -> Result<(), Error> {
-        let lock = self.host_lock(host);
-        let _serialized = lock.lock().await;
+        use std::sync::atomic::Ordering;
+        let pushes = self.host_lock(host);
+        let ticket = pushes.ticket.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut covered = pushes.covered.lock().await;
+        if *covered >= ticket {
+            return Ok(());
+        }
         let timeout = Duration::from_millis(self.config.launch.agent_timeout_ms);
         for _ in 0..3 {
+            // Every ticket up to here was taken after its change committed, so the read below sees it.
+            let reading = pushes.ticket.load(Ordering::SeqCst);
             let (record, table) = {
                 let mut tx = self.db.begin().await?;
                 let generation = db::next_routes_generation(&mut tx, host).await?;
@@ -288,6 +300,7 @@ impl App {
                     let mut tx = self.db.begin().await?;
                     db::set_applied_generation(&mut tx, host, generation).await?;
                     tx.commit().await?;
+                    *covered = reading;
                     return Ok(());
                 }
                 Ok(Err(AgentError::Stale { .. })) => {

@@ -26,6 +26,7 @@ use crate::cloud::Cloud;
 use crate::config::Config;
 use crate::db::Db;
 use crate::metrics::Metrics;
+use crate::openstack::TokenValidator;
 
 pub use reconciler::ReconcilerStatus;
 
@@ -40,14 +41,16 @@ pub struct App {
     /// The simulated cloud when it is the backend: it learns of hosts as they register.
     pub sim: Option<Arc<SimCloud>>,
     in_process_agents: Option<Arc<InProcessAgents>>,
+    keystone: Option<Arc<TokenValidator>>,
     pub metrics: Metrics,
     pool: pool::PoolCache,
     /// This process's id as a saga owner.
     instance: String,
     /// Sagas running in this process, with the signal that wakes them for a termination.
     running: Mutex<HashMap<VmId, RunningSaga>>,
-    /// Serializes this process's pushes to each host.
-    host_locks: Mutex<HashMap<HostId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Serializes this process's pushes to each host, and lets one push stand for the pushes
+    /// requested before it read the host's routes (see [`App::push_routes`]).
+    host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
     reconciler: reconciler::Reconciler,
 }
 
@@ -61,6 +64,7 @@ impl App {
             agents: backends.agents,
             sim: backends.sim,
             in_process_agents: backends.in_process_agents,
+            keystone: backends.keystone,
             metrics: Metrics::default(),
             pool: pool::PoolCache::new(),
             instance: uuid::Uuid::new_v4().to_string(),
@@ -70,7 +74,7 @@ impl App {
         })
     }
 
-    fn host_lock(&self, host: &HostId) -> Arc<tokio::sync::Mutex<()>> {
+    fn host_lock(&self, host: &HostId) -> Arc<HostPushes> {
         self.host_locks.lock().expect("host locks").entry(host.clone()).or_default().clone()
     }
 }
@@ -83,12 +87,25 @@ pub struct Backends {
     pub agents: Arc<dyn HostAgents>,
     pub sim: Option<Arc<SimCloud>>,
     pub in_process_agents: Option<Arc<InProcessAgents>>,
+    /// Validates tenants' Keystone tokens (auth mode `keystone`).
+    pub keystone: Option<Arc<TokenValidator>>,
 }
 
 #[derive(Debug)]
 struct RunningSaga {
     wake: Arc<Notify>,
     task: Option<tokio::task::AbortHandle>,
+    /// Someone asked for the saga while it ran (a termination just as it finished): run it once
+    /// more before leaving, or that request would be lost until the reconciler's next pass.
+    again: bool,
+}
+
+/// Route pushes to one host: `ticket` counts requests; the lock holds the highest ticket whose
+/// change a successful push is known to include.
+#[derive(Debug, Default)]
+struct HostPushes {
+    ticket: std::sync::atomic::AtomicU64,
+    covered: tokio::sync::Mutex<u64>,
 }
 
 impl App {
@@ -110,5 +127,9 @@ impl App {
 impl HasKeys for Arc<App> {
     fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    fn keystone(&self) -> Option<&TokenValidator> {
+        self.keystone.as_deref()
     }
 }

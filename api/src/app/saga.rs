@@ -68,11 +68,12 @@ impl App {
     pub(crate) fn spawn_saga(self: &Arc<Self>, id: VmId) {
         let wake = {
             let mut running = self.running.lock().expect("running sagas");
-            if running.contains_key(&id) {
+            if let Some(saga) = running.get_mut(&id) {
+                saga.again = true;
                 return;
             }
             let wake = Arc::new(Notify::new());
-            running.insert(id, RunningSaga { wake: wake.clone(), task: None });
+            running.insert(id, RunningSaga { wake: wake.clone(), task: None, again: false });
             wake
         };
         let app = self.clone();
@@ -92,18 +93,26 @@ impl App {
                     }
                 }
             };
-            let outcome = tokio::select! {
-                outcome = app.run_saga(id, &wake) => outcome,
-                () = renew => Ok(()),
-            };
-            if let Err(e) = outcome {
-                tracing::warn!(vm = %id, error = %ErrorChain(&e), "saga stopped; the reconciler resumes it");
-            }
-            app.running.lock().expect("running sagas").remove(&id);
-            if let Ok(mut tx) = app.db.begin().await {
-                if db::release_saga(&mut tx, id, &app.instance).await.is_ok() {
-                    let _ = tx.commit().await;
+            tokio::pin!(renew);
+            loop {
+                let outcome = tokio::select! {
+                    outcome = app.run_saga(id, &wake) => outcome,
+                    () = &mut renew => Ok(()),
+                };
+                if let Err(e) = outcome {
+                    tracing::warn!(vm = %id, error = %ErrorChain(&e), "saga stopped; the reconciler resumes it");
                 }
+                let mut running = app.running.lock().expect("running sagas");
+                match running.get_mut(&id) {
+                    Some(saga) if saga.again => saga.again = false,
+                    _ => {
+                        running.remove(&id);
+                        break;
+                    }
+                }
+            }
+            if let Ok(mut conn) = app.db.write_conn().await {
+                let _ = db::release_saga(&mut conn, id, &app.instance).await;
             }
         });
         if let Some(saga) = self.running.lock().expect("running sagas").get_mut(&id) {
@@ -119,27 +128,43 @@ impl App {
     }
 
     /// Runs the saga to its end (or until an undo step keeps failing).
+    ///
+    /// The VM is claimed and read from the database when the saga starts and whenever a write
+    /// finds it changed (a termination) or a step was interrupted; after a successful write the
+    /// in-memory copy is current (every write is conditional on the version), so the next step runs
+    /// without re-reading it. The lease is kept by the renewal task in [`App::spawn_saga`].
     async fn run_saga(self: &Arc<Self>, id: VmId, wake: &Notify) -> Result<(), Error> {
         let mut undo_failures = 0u32;
+        // The VM as of our last successful write: current unless someone else wrote since.
+        let mut current: Option<VmRecord> = None;
         loop {
-            {
-                let now = now_ms();
-                let mut tx = self.db.begin().await?;
-                let claimed =
-                    db::claim_saga(&mut tx, id, &self.instance, now, now + self.lease_ms()).await?;
-                tx.commit().await?;
-                if !claimed {
-                    return Ok(());
+            let mut vm = match current.take() {
+                Some(vm) => vm,
+                None => {
+                    let now = now_ms();
+                    let mut conn = self.db.write_conn().await?;
+                    let claimed =
+                        db::claim_saga(&mut conn, id, &self.instance, now, now + self.lease_ms())
+                            .await?;
+                    drop(conn);
+                    if !claimed {
+                        return Ok(());
+                    }
+                    let mut conn = self.db.pool().acquire().await?;
+                    let Some(vm) = db::vm(&mut conn, id).await? else { return Ok(()) };
+                    vm
                 }
-            }
-            let Some(details) = self.details(id).await? else { return Ok(()) };
-            let mut vm = details.vm;
+            };
             if vm.step == SagaStep::Done {
                 return Ok(());
             }
             if vm.state == VmState::Deleting && !vm.step.is_unwinding() {
+                // Routes off in the same write (the withdraw step then only pushes).
                 vm.step = SagaStep::WithdrawRoutes;
-                self.save(&mut vm).await?;
+                vm.routes_on = false;
+                if self.save(&mut vm).await? {
+                    current = Some(vm);
+                }
                 continue;
             }
             let step = vm.step;
@@ -151,7 +176,9 @@ impl App {
                     }
                     if step == SagaStep::ConfigureRoutes && vm.state == VmState::Ready {
                         inc(&self.metrics.launches_ready);
+                        self.metrics.observe_launch(&vm.timings);
                     }
+                    current = Some(vm);
                 }
                 Err(StepError::Interrupted) => continue,
                 Err(StepError::Failed(reason)) if !step.is_unwinding() => {
@@ -162,7 +189,9 @@ impl App {
                         vm.error = Some(reason);
                     }
                     vm.step = SagaStep::WithdrawRoutes;
-                    self.save(&mut vm).await?;
+                    if self.save(&mut vm).await? {
+                        current = Some(vm);
+                    }
                 }
                 Err(StepError::Failed(reason)) => {
                     undo_failures += 1;
@@ -182,10 +211,9 @@ impl App {
     /// Writes the VM if nobody changed it meanwhile; false means reload and decide again.
     async fn save(&self, vm: &mut VmRecord) -> Result<bool, Error> {
         vm.updated_ms = now_ms();
-        let mut tx = self.db.begin().await?;
-        let written = db::update_vm(&mut tx, vm).await?;
-        tx.commit().await?;
-        Ok(written)
+        // One conditional UPDATE, atomic by itself.
+        let mut conn = self.db.write_conn().await?;
+        db::update_vm(&mut conn, vm).await
     }
 
     async fn run_step(self: &Arc<Self>, vm: &mut VmRecord, wake: &Notify) -> Result<(), StepError> {
@@ -328,6 +356,8 @@ impl App {
         vm.tap = info.tap;
         vm.timings.vm_activation = Some(started.elapsed().as_secs_f64());
         vm.step = SagaStep::ConfigureRoutes;
+        // Recorded with the host and address, in the same write: the next step pushes them.
+        vm.routes_on = true;
         Ok(())
     }
 

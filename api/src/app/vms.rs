@@ -52,7 +52,9 @@ fn check_text(field: &str, value: &str, max: usize) -> Result<(), Error> {
 }
 
 fn validate(spec: &LaunchSpec) -> Result<(), Error> {
-    check_text("name", &spec.vm.name, MAX_NAME)?;
+    if !spec.vm.name.is_empty() {
+        check_text("name", &spec.vm.name, MAX_NAME)?;
+    }
     check_text("image", &spec.vm.image, MAX_NAME)?;
     check_text("flavor", &spec.vm.flavor, MAX_NAME)?;
     if spec.vm.networks.len() > MAX_NETWORKS {
@@ -133,12 +135,16 @@ impl App {
 
         let id = VmId::new_random();
         let now = now_ms();
+        let mut spec = input.spec.clone();
+        if spec.vm.name.trim().is_empty() {
+            spec.vm.name = format!("gsaas-{}", &id.to_string()[..8]);
+        }
         let record = VmRecord {
             id,
             project: project.clone(),
             owner: caller.subject.clone(),
-            name: input.spec.vm.name.clone(),
-            spec: input.spec.clone(),
+            name: spec.vm.name.clone(),
+            spec,
             policy: policy.clone(),
             state: VmState::Creating,
             error: None,
@@ -240,6 +246,9 @@ impl App {
             }
         };
         inc(&self.metrics.launches_accepted);
+        if let Some(seconds) = details.vm.timings.gpu_selection {
+            self.metrics.decision_seconds.observe(seconds);
+        }
         self.spawn_saga(id);
         Ok((details, true))
     }
@@ -317,7 +326,9 @@ impl App {
             }
             vm.state = VmState::Deleting;
             if vm.step == SagaStep::Done {
+                // Routes off in the same write; the saga's withdraw step then only pushes.
                 vm.step = SagaStep::WithdrawRoutes;
+                vm.routes_on = false;
             }
             vm.updated_ms = now_ms();
             let mut tx = self.db.begin().await?;

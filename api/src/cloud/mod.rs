@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use gpgpums::{HostId, VmId};
 use serde::{Deserialize, Serialize};
 
+pub mod nova;
 pub mod sim;
 pub mod sim_netns;
 

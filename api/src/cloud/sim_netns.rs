@@ -141,8 +141,11 @@ impl SimNetns {
         let tap = port.tap.as_str();
         ip(&["netns", "add", vm_ns]).await?;
         ip(&["-n", vm_ns, "link", "set", "lo", "up"]).await?;
-        ip(&["-n", host_ns, "link", "add", tap, "type", "veth", "peer", "name", "eth0", "netns", vm_ns])
-            .await?;
+        ip(&[
+            "-n", host_ns, "link", "add", tap, "type", "veth", "peer", "name", "eth0", "netns",
+            vm_ns,
+        ])
+        .await?;
         ip(&["-n", host_ns, "addr", "add", &gateway_cidr, "dev", tap]).await?;
         ip(&["-n", host_ns, "link", "set", tap, "up"]).await?;
         ip(&["-n", host_ns, "route", "add", &vm_cidr, "dev", tap]).await?;
@@ -231,7 +234,11 @@ async fn ip_unless(args: &[&str], done_if: &[&str]) -> Result<(), CloudError> {
     if done_if.iter().any(|message| stderr.contains(message)) {
         return Ok(());
     }
-    Err(CloudError::unavailable(format!("`{command}` failed ({}): {}", output.status, stderr.trim())))
+    Err(CloudError::unavailable(format!(
+        "`{command}` failed ({}): {}",
+        output.status,
+        stderr.trim()
+    )))
 }
 
 #[cfg(test)]
@@ -262,6 +269,33 @@ mod tests {
         assert!(err.contains("subnet"), "{err}");
         let err = config("namespaces = { \"bad host\" = \"n\" }").unwrap_err();
         assert!(err.contains("bad host") || err.contains("' '"), "{err}");
+    }
+
+    #[test]
+    fn gsaasd_config_selects_it_and_checks_it() {
+        use crate::cloud::sim::SimVmNetworkConfig;
+        use crate::config::Config;
+        let dir = std::env::temp_dir().join(format!("gsaas-sim-netns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gsaasd.toml");
+        let text = |ns: &str| {
+            format!(
+                "[cloud]\nbackend = \"sim\"\n[cloud.sim.vm_network]\nkind = \"netns\"\n\
+                 namespaces = {{ compute0-rgpu = \"{ns}\" }}\n"
+            )
+        };
+        std::fs::write(&path, text("ns-crg")).unwrap();
+        let mut cloud = Config::load(Some(&path)).unwrap().cloud;
+        let sim = cloud.sim_mut().unwrap().clone();
+        let SimVmNetworkConfig::Netns(netns) = sim.vm_network else { panic!("not netns") };
+        assert_eq!(netns.namespaces[&HostId::new("compute0-rgpu").unwrap()], "ns-crg");
+        std::fs::write(&path, text("a b")).unwrap();
+        let err = format!("{:?}", Config::load(Some(&path)).unwrap_err());
+        assert!(err.contains("cloud.sim.vm_network.namespaces.compute0-rgpu"), "{err}");
+        let mut cloud = Config::load(None).unwrap().cloud;
+        let sim = cloud.sim_mut().unwrap().clone();
+        assert_eq!(sim.vm_network, SimVmNetworkConfig::AddressPool, "the default is unchanged");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

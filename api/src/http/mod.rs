@@ -97,6 +97,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
+        .merge(crate::dashboard::routes())
         .fallback(|| async { Error::NotFound { kind: "resource", id: String::new() } })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(app)
@@ -138,10 +139,7 @@ async fn launch_vm(
         ),
         None => None,
     };
-    let (mut spec, policy) = request.into_spec();
-    if spec.vm.name.is_empty() {
-        spec.vm.name = "gsaas-vm".into();
-    }
+    let (spec, policy) = request.into_spec();
     let (details, _created) =
         app.launch(&caller, LaunchInput { spec, policy, idempotency_key }).await?;
     let view = VmView::new(&details, caller.is_admin());
@@ -316,6 +314,11 @@ async fn metrics(State(app): State<AppState>) -> Result<Response, Error> {
     let mut out = String::new();
     app.metrics.render(&mut out);
     let gauges = app.read_pool(crate::metrics::render_pool).await?;
+    let states = {
+        let mut conn = app.db.pool().acquire().await?;
+        crate::db::vm_state_counts(&mut conn).await?
+    };
+    out.push_str(&crate::metrics::render_vm_states(&states));
     out.push_str(&gauges);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
 }

@@ -1,0 +1,536 @@
+// GSaaS dashboard: a plain client of the same-origin REST API (no framework, no build step).
+// The token lives in sessionStorage (this tab only) and goes out as a Bearer header; every piece
+// of text from the API is put in the page with textContent, never parsed as HTML.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'gsaas.token';
+  const REFRESH_MS = 2000;
+  const KEEP_DELETED_MS = 60000;
+  // Equation 5.1: T = check + GPU selection + VM creation + activation + deployment + RODVR.
+  const STAGES = [
+    ['check', 'Check'],
+    ['gpu_selection', 'GPU selection'],
+    ['vm_creation', 'VM creation'],
+    ['vm_activation', 'VM activation'],
+    ['vm_deployment', 'VM deployment'],
+    ['rodvr_configuration', 'RODVR config'],
+  ];
+  const KINDS = { 'compute-gpu': 'compute-GPU', 'compute-rgpu': 'compute-rGPU' };
+  const PALETTE = ['#4f46e5', '#0891b2', '#db2777', '#059669', '#d97706', '#7c3aed', '#dc2626',
+    '#2563eb', '#65a30d', '#c026d3', '#0d9488', '#ea580c'];
+
+  const state = {
+    token: null,
+    claims: {},
+    admin: false,
+    pool: null,
+    vms: [],
+    // VMs terminated from this tab, followed until deleted and shown a while after.
+    terminated: new Map(),
+    timer: null,
+    generation: 0,
+    lastOk: null,
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // el('div', {class: 'x', text: 'y', data: {k: 'v'}}, child, ...)
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === 'class') node.className = value;
+      else if (key === 'text') node.textContent = value;
+      else if (key === 'data') for (const [k, v] of Object.entries(value)) node.dataset[k] = v;
+      else if (key === 'style') Object.assign(node.style, value);
+      else if (key === 'on') for (const [k, v] of Object.entries(value)) node.addEventListener(k, v);
+      else node.setAttribute(key, value === true ? '' : String(value));
+    }
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  // ---- API -------------------------------------------------------------------------------------
+
+  class ApiError extends Error {
+    constructor(status, problem) {
+      super(problem.detail || problem.title || `HTTP ${status}`);
+      this.status = status;
+      this.problem = problem;
+    }
+  }
+
+  async function api(method, path, body, headers) {
+    const init = {
+      method,
+      headers: Object.assign({ Authorization: `Bearer ${state.token}`, Accept: 'application/json' }, headers),
+      credentials: 'omit',
+      cache: 'no-store',
+    };
+    if (body !== undefined) {
+      init.headers['Content-Type'] = 'application/json';
+      init.body = JSON.stringify(body);
+    }
+    let response;
+    try {
+      response = await fetch(path, init);
+    } catch (e) {
+      throw new ApiError(0, { title: 'Network error', detail: `gsaasd is unreachable (${e.message})` });
+    }
+    const text = await response.text();
+    let data = null;
+    if (text) {
+      try {
+        data = JSON.parse(text);
+      } catch {
+        data = { detail: text };
+      }
+    }
+    if (!response.ok) throw new ApiError(response.status, data || { title: response.statusText });
+    return data;
+  }
+
+  function decodeClaims(token) {
+    try {
+      const part = token.split('.')[1].replace(/-/g, '+').replace(/_/g, '/');
+      const json = decodeURIComponent(Array.from(atob(part), (c) =>
+        `%${c.charCodeAt(0).toString(16).padStart(2, '0')}`).join(''));
+      return JSON.parse(json);
+    } catch {
+      return {};
+    }
+  }
+
+  function newKey() {
+    if (crypto.randomUUID) return crypto.randomUUID();
+    const b = crypto.getRandomValues(new Uint8Array(16));
+    return Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
+  }
+
+  // ---- Formatting ------------------------------------------------------------------------------
+
+  function gib(mib) {
+    const g = mib / 1024;
+    return `${g >= 10 || Number.isInteger(g) ? g.toFixed(0) : g.toFixed(1)} GiB`;
+  }
+
+  function mem(mib) {
+    return mib >= 1024 ? gib(mib) : `${mib} MiB`;
+  }
+
+  function secs(s) {
+    if (s === undefined || s === null) return '…';
+    if (s < 0.001) return `${(s * 1000).toFixed(2)} ms`;
+    if (s < 1) return `${(s * 1000).toFixed(0)} ms`;
+    return `${s.toFixed(2)} s`;
+  }
+
+  function colorOf(id) {
+    let h = 0;
+    for (const c of id) h = (h * 31 + c.charCodeAt(0)) >>> 0;
+    return PALETTE[h % PALETTE.length];
+  }
+
+  function clock(ms) {
+    return new Date(ms).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit', hour12: false });
+  }
+
+  // ---- Session ---------------------------------------------------------------------------------
+
+  function showSignIn(message) {
+    clearTimeout(state.timer);
+    state.generation += 1;
+    state.token = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    $('main-view').hidden = true;
+    $('session').hidden = true;
+    $('signin-view').hidden = false;
+    $('signin-error').textContent = message || '';
+    $('token').setAttribute('aria-invalid', message ? 'true' : 'false');
+    $('token').focus();
+  }
+
+  async function signIn(token) {
+    state.token = token;
+    state.claims = decodeClaims(token);
+    state.admin = (state.claims.roles || []).includes('admin');
+    state.pool = null;
+    state.vms = [];
+    state.terminated.clear();
+    state.generation += 1;
+    const ok = await refresh();
+    if (!ok) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $('signin-view').hidden = true;
+    $('main-view').hidden = false;
+    $('session').hidden = false;
+    const who = $('who');
+    who.replaceChildren(
+      el('span', { text: state.claims.project ? `project ${state.claims.project}` : (state.claims.sub || '') }),
+      el('span', { class: `role${state.admin ? ' admin' : ''}`, text: state.admin ? 'admin' : 'tenant' }),
+    );
+  }
+
+  // ---- Refresh ---------------------------------------------------------------------------------
+
+  async function refresh() {
+    const generation = state.generation;
+    clearTimeout(state.timer);
+    try {
+      const [pool, list] = await Promise.all([api('GET', '/v1/pool'), api('GET', '/v1/vms')]);
+      const listed = new Set(list.vms.map((vm) => vm.id));
+      const now = Date.now();
+      await Promise.all(Array.from(state.terminated.entries(), async ([id, entry]) => {
+        if (listed.has(id)) return;
+        if (entry.vm.state === 'deleted') {
+          if (now - entry.since > KEEP_DELETED_MS) state.terminated.delete(id);
+          return;
+        }
+        try {
+          const vm = await api('GET', `/v1/vms/${encodeURIComponent(id)}`);
+          state.terminated.set(id, { vm, since: now });
+        } catch (e) {
+          if (e.status === 404) state.terminated.delete(id);
+          else throw e;
+        }
+      }));
+      if (generation !== state.generation) return false;
+      state.pool = pool;
+      state.vms = list.vms;
+      state.admin = Array.isArray(pool.hosts);
+      state.lastOk = now;
+      $('banner').hidden = true;
+      render();
+      schedule(generation);
+      return true;
+    } catch (e) {
+      if (generation !== state.generation) return false;
+      if (e.status === 401) {
+        showSignIn(`Token refused: ${e.message}`);
+        return false;
+      }
+      if (!state.pool) {
+        showSignIn(`Cannot sign in: ${e.message}`);
+        return false;
+      }
+      const banner = $('banner');
+      banner.textContent = `Refresh failed: ${e.message}. Retrying…`;
+      banner.hidden = false;
+      $('refresh').classList.add('stale');
+      schedule(generation);
+      return false;
+    }
+  }
+
+  function schedule(generation) {
+    clearTimeout(state.timer);
+    if (generation !== state.generation || document.hidden) return;
+    state.timer = setTimeout(() => refresh(), REFRESH_MS);
+  }
+
+  // ---- Rendering -------------------------------------------------------------------------------
+
+  function render() {
+    const refreshNote = $('refresh');
+    refreshNote.classList.remove('stale');
+    refreshNote.textContent = `updated ${clock(state.lastOk)} · every ${REFRESH_MS / 1000} s`;
+    renderPool();
+    renderVms();
+  }
+
+  function tile(label, value, sub, fraction) {
+    return el('div', { class: 'tile' },
+      el('div', { class: 'label', text: label }),
+      el('div', { class: 'value' }, value, sub ? el('small', { text: ` ${sub}` }) : null),
+      fraction === undefined ? null
+        : el('div', { class: 'meter' }, el('span', { style: { width: `${Math.min(100, fraction * 100)}%` } })));
+  }
+
+  function renderPool() {
+    const { totals, hosts } = state.pool;
+    $('pool-totals').replaceChildren(
+      tile('GPUs', String(totals.gpus), `(${totals.idle_gpus} idle)`),
+      tile('cGPUs in use', String(totals.cgpus)),
+      tile('GPU memory booked', gib(totals.allocated_mib), `of ${gib(totals.memory_mib)}`,
+        totals.memory_mib ? totals.allocated_mib / totals.memory_mib : 0),
+      tile('GPU memory free', gib(totals.memory_mib - totals.allocated_mib)),
+    );
+    $('pool-note').textContent = hosts
+      ? `${hosts.length} hosts`
+      : 'Totals only: where GPUs are is known to operators, not tenants.';
+    $('pool-hosts').replaceChildren(...(hosts || []).map(renderHost));
+  }
+
+  // Memory each VM holds on each GPU, from the admin's VM list (cGPUs carry their GPU).
+  function memoryByGpu() {
+    const byGpu = new Map();
+    for (const vm of state.vms) {
+      for (const c of vm.cgpus) {
+        if (!c.gpu) continue;
+        const perVm = byGpu.get(c.gpu) || new Map();
+        perVm.set(vm.id, (perVm.get(vm.id) || 0) + c.memory_mib);
+        byGpu.set(c.gpu, perVm);
+      }
+    }
+    return byGpu;
+  }
+
+  function renderHost(host) {
+    const byGpu = memoryByGpu();
+    const names = new Map(state.vms.map((vm) => [vm.id, vm]));
+    const drain = host.state === 'drained'
+      ? el('button', { type: 'button', class: 'small undrain', text: 'Undrain', on: { click: (e) => setDrained(host.name, false, e.target) } })
+      : el('button', { type: 'button', class: 'small drain', text: 'Drain', on: { click: (e) => setDrained(host.name, true, e.target) } });
+    const gpuHost = host.gpus.length > 0;
+    const meta = gpuHost
+      ? `${host.gpus.length} GPUs · ${host.vms} VM${host.vms === 1 ? '' : 's'} here`
+      : `no GPUs · runs VMs that reach GPUs through rCUDA · ${host.vms} VM${host.vms === 1 ? '' : 's'} here`;
+    return el('div', { class: `host ${host.state}${gpuHost ? ' gpu-host' : ''}`, data: { host: host.name, state: host.state } },
+      el('div', { class: 'host-head' },
+        el('span', { class: 'host-name', text: host.name }),
+        el('span', { class: 'badge kind', text: KINDS[host.kind] || host.kind, title: host.kind }),
+        el('span', { class: `badge state ${host.state}`, text: host.state }),
+        el('span', { class: 'spacer' }),
+        drain),
+      el('div', { class: 'host-meta', text: meta }),
+      gpuHost ? el('div', { class: 'gpus' }, host.gpus.map((g) => renderGpu(g, byGpu.get(g.id), names))) : null);
+  }
+
+  function renderGpu(gpu, perVm, vmsById) {
+    const held = Object.entries(gpu.vms); // [vm id, cGPUs here]
+    const known = perVm || new Map();
+    const unknownIds = held.filter(([id]) => !known.has(id));
+    const knownMib = Array.from(known.values()).reduce((a, b) => a + b, 0);
+    const rest = unknownIds.length ? Math.max(0, gpu.allocated_mib - knownMib) / unknownIds.length : 0;
+    const segments = held.map(([id, count]) => {
+      const vm = vmsById.get(id);
+      const mib = known.has(id) ? known.get(id) : rest;
+      const name = vm ? vm.name : id.slice(0, 8);
+      const label = count > 1 ? `${name} ×${count}` : name;
+      const title = `${name} (${id})${vm ? ` · project ${vm.project}` : ''} · ${count} cGPU${count > 1 ? 's' : ''} · ${mem(mib)}`;
+      return el('div', {
+        class: 'segment', title, text: label, data: { vm: id },
+        style: { width: `${Math.min(100, (mib / gpu.memory_mib) * 100)}%`, background: colorOf(id) },
+      });
+    });
+    const use = gpu.exclusive ? 'exclusive' : gpu.cgpus === 0 ? 'idle' : `${gpu.cgpus} cGPU${gpu.cgpus === 1 ? '' : 's'}`;
+    return el('div', { class: 'gpu', data: { gpu: gpu.id } },
+      el('div', { class: 'gpu-label' },
+        el('span', { class: 'gpu-model', title: gpu.id },
+          el('span', { class: 'gpu-id', text: `GPU ${gpu.index}` }), ` ${gpu.model}`),
+        el('span', { class: 'gpu-use', text: `${mem(gpu.allocated_mib)} / ${gib(gpu.memory_mib)} · ${use}` })),
+      el('div', { class: `gpu-bar${gpu.exclusive ? ' exclusive' : ''}`, role: 'img',
+        'aria-label': `GPU ${gpu.index}: ${mem(gpu.allocated_mib)} of ${gib(gpu.memory_mib)} booked` }, segments),
+      el('div', { class: 'gpu-rcuda' }, `${gpu.id} · rCUDA `, el('span', { class: 'mono', text: gpu.rcuda_endpoint })));
+  }
+
+  function renderVms() {
+    const shown = [...state.vms];
+    const listed = new Set(shown.map((vm) => vm.id));
+    for (const [id, entry] of state.terminated) if (!listed.has(id)) shown.push(entry.vm);
+    const n = state.vms.length;
+    $('vms-note').textContent = `${n} VM${n === 1 ? '' : 's'}${state.admin ? ' in all projects' : ''}`;
+    const container = $('vms');
+    if (shown.length === 0) {
+      container.replaceChildren(el('div', { class: 'empty', text: 'No VMs yet. Launch one with the form.' }));
+      return;
+    }
+    container.replaceChildren(...shown.map(renderVm));
+  }
+
+  function renderVm(vm) {
+    const gone = vm.state === 'deleting' || vm.state === 'deleted';
+    const g = vm.gpus;
+    const request = `${g.ncgpus} × ${g.mode}${g.gpu_memory_mib ? `, ${mem(g.gpu_memory_mib)} each` : ''}`
+      + `, ${g.locality}${g.distinct_gpus ? ', distinct GPUs' : ''}`;
+    const facts = [
+      ['Image', `${vm.image} · ${vm.flavor}`],
+      ['cGPUs', request],
+      ['Policy', g.policy],
+      ['Fixed IP', vm.fixed_ip || '…'],
+    ];
+    if (state.admin) facts.push(['Host', vm.host || '…']);
+    facts.push(['Created', new Date(vm.created_ms).toLocaleString()]);
+    const cgpus = vm.cgpus.map((c) => el('li', { class: 'cgpu' },
+      el('code', { text: `RCUDA_DEVICE_${c.index}` }), '→',
+      el('code', { text: c.masked_endpoint }),
+      el('span', { class: 'muted', text: `${mem(c.memory_mib)} ${c.mode}` }),
+      c.gpu ? el('span', { class: 'where' }, 'on ', el('code', { text: c.gpu }), ' via ',
+        el('code', { text: c.rcuda_endpoint })) : null));
+    const terminate = gone ? null : el('button', {
+      type: 'button', class: 'small danger terminate', text: 'Terminate',
+      on: { click: (e) => terminateVm(vm, e.target) },
+    });
+    return el('article', { class: `vm ${vm.state}`, data: { vmId: vm.id, vmName: vm.name, state: vm.state } },
+      el('div', { class: 'vm-head' },
+        el('span', { class: 'swatch', style: { background: colorOf(vm.id) } }),
+        el('span', { class: 'vm-name', text: vm.name }),
+        el('code', { class: 'vm-id', text: vm.id.slice(0, 8), title: vm.id }),
+        el('span', { class: `state ${vm.state}`, text: vm.state }),
+        state.admin ? el('span', { class: 'badge', text: `project ${vm.project}` }) : null,
+        el('span', { class: 'spacer' }),
+        terminate),
+      vm.error ? el('div', { class: 'vm-error', text: vm.error }) : null,
+      el('div', { class: 'vm-info' },
+        el('dl', { class: 'facts' }, facts.map(([k, v]) => [el('dt', { text: k }), el('dd', { text: v })])),
+        cgpus.length ? el('ul', { class: 'cgpus' }, cgpus) : null),
+      renderTimings(vm));
+  }
+
+  function renderTimings(vm) {
+    const t = vm.timings || {};
+    const known = STAGES.map(([k]) => t[k]).filter((v) => typeof v === 'number');
+    const total = typeof t.total === 'number' ? t.total : known.reduce((a, b) => a + b, 0);
+    const scale = Math.max(total, ...known, 1e-9);
+    const row = (key, label, value, extra) => el('div', { class: `stage${extra || ''}${typeof value === 'number' ? '' : ' pending'}`, data: { stage: key } },
+      el('span', { text: label }),
+      el('div', { class: 'track' }, typeof value === 'number'
+        ? el('div', { class: `fill s-${key}`, style: { width: `${Math.max(0, Math.min(100, (value / scale) * 100))}%` } })
+        : null),
+      el('span', { class: 'secs', text: secs(value) }));
+    return el('div', { class: 'timings' },
+      el('h3', { text: 'Stage timings (Equation 5.1)' }),
+      STAGES.map(([key, label]) => row(key, label, t[key])),
+      row('total', 'Total', typeof t.total === 'number' ? t.total : undefined, ' total'));
+  }
+
+  // ---- Actions ---------------------------------------------------------------------------------
+
+  async function terminateVm(vm, button) {
+    if (!window.confirm(`Terminate ${vm.name} (${vm.id.slice(0, 8)})? Its cGPUs are released.`)) return;
+    button.disabled = true;
+    try {
+      const after = await api('DELETE', `/v1/vms/${encodeURIComponent(vm.id)}`);
+      state.terminated.set(vm.id, { vm: after, since: Date.now() });
+    } catch (e) {
+      showBanner(`Terminate ${vm.name} failed: ${e.message}`);
+      button.disabled = false;
+      return;
+    }
+    refresh();
+  }
+
+  async function setDrained(host, drained, button) {
+    button.disabled = true;
+    try {
+      await api('POST', `/v1/hosts/${encodeURIComponent(host)}/${drained ? 'drain' : 'undrain'}`);
+    } catch (e) {
+      showBanner(`${drained ? 'Drain' : 'Undrain'} ${host} failed: ${e.message}`);
+      button.disabled = false;
+      return;
+    }
+    refresh();
+  }
+
+  function showBanner(text) {
+    const banner = $('banner');
+    banner.textContent = text;
+    banner.hidden = false;
+  }
+
+  // ---- Launch form -----------------------------------------------------------------------------
+
+  function clearFormErrors() {
+    for (const node of document.querySelectorAll('#launch-form [data-error-for]')) node.textContent = '';
+    for (const node of document.querySelectorAll('#launch-form [aria-invalid]')) node.removeAttribute('aria-invalid');
+    $('launch-error').textContent = '';
+    $('launch-ok').textContent = '';
+  }
+
+  function launchBody() {
+    const value = (name) => $(`f-${name}`).value.trim();
+    const body = {
+      image: value('image'),
+      flavor: value('flavor'),
+      networks: value('networks').split(',').map((s) => s.trim()).filter(Boolean),
+      // Numbers go as typed: the service checks them and names the field when they are wrong.
+      ncgpus: value('ncgpus') === '' ? null : Number(value('ncgpus')),
+      mode: $('f-mode').value,
+      locality: $('f-locality').value,
+      distinct_gpus: $('f-distinct_gpus').checked,
+    };
+    if (value('name')) body.name = value('name');
+    if ($('f-user_data').value.trim()) body.user_data = $('f-user_data').value;
+    if (value('gpu_memory_mib') !== '') body.gpu_memory_mib = Number(value('gpu_memory_mib'));
+    if (value('policy')) body.policy = value('policy');
+    return body;
+  }
+
+  // The problem's field (`ncgpus`, `networks[1]`, `body` with "missing field `image`") to a form field.
+  function formField(problem) {
+    let field = problem.field || '';
+    const missing = /missing field `([a-z_]+)`/.exec(problem.detail || '');
+    if (field === 'body' && missing) field = missing[1];
+    field = field.split(/[[.]/)[0];
+    return document.querySelector(`#launch-form [data-error-for="${CSS.escape(field)}"]`) ? field : null;
+  }
+
+  async function launch(event) {
+    event.preventDefault();
+    clearFormErrors();
+    const submit = $('launch-submit');
+    submit.disabled = true;
+    submit.textContent = 'Launching…';
+    try {
+      const vm = await api('POST', '/v1/vms', launchBody(), { 'Idempotency-Key': newKey() });
+      $('launch-ok').textContent = `Accepted: ${vm.name} (${vm.id.slice(0, 8)}) is ${vm.state}; follow it under Virtual machines.`;
+      await refresh();
+    } catch (e) {
+      if (e.status === 401) {
+        showSignIn(`Token refused: ${e.message}`);
+        return;
+      }
+      const field = e.problem ? formField(e.problem) : null;
+      if (field) {
+        const prefix = `${e.problem.field}: `;
+        const detail = e.message.startsWith(prefix) ? e.message.slice(prefix.length) : e.message;
+        document.querySelector(`#launch-form [data-error-for="${field}"]`).textContent = detail;
+        const input = $(`f-${field}`);
+        input.setAttribute('aria-invalid', 'true');
+        input.focus();
+      } else {
+        const what = { 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
+        $('launch-error').textContent = what ? `${what}: ${e.message}` : e.message;
+      }
+    } finally {
+      submit.disabled = false;
+      submit.textContent = 'Launch';
+    }
+  }
+
+  // ---- Start -----------------------------------------------------------------------------------
+
+  function start() {
+    $('signin-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      const token = $('token').value.trim();
+      if (!token) {
+        $('signin-error').textContent = 'Paste a token first.';
+        return;
+      }
+      $('signin-error').textContent = '';
+      signIn(token);
+    });
+    $('sign-out').addEventListener('click', () => {
+      $('token').value = '';
+      showSignIn('');
+    });
+    $('launch-form').addEventListener('submit', launch);
+    $('f-mode').addEventListener('change', () => {
+      $('f-gpu_memory_mib').placeholder = $('f-mode').value === 'shared' ? '2048' : 'optional';
+    });
+    $('f-gpu_memory_mib').placeholder = $('f-mode').value === 'shared' ? '2048' : 'optional';
+    document.addEventListener('visibilitychange', () => {
+      if (!document.hidden && state.token && !$('main-view').hidden) refresh();
+    });
+    const saved = sessionStorage.getItem(TOKEN_KEY);
+    if (saved) signIn(saved);
+    else showSignIn('');
+  }
+
+  start();
+})();

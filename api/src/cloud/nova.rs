@@ -1,0 +1,793 @@
+//! The real cloud: OpenStack Nova (compute API v2.1), with Neutron for ports and networks and
+//! Glance for images, found through the service user's Keystone catalog.
+//!
+//! Shaped by what a real Nova does:
+//! - Every compute call names microversion 2.74 (`OpenStack-API-Version: compute 2.74`): `host` in
+//!   `POST /servers` (locality `local`) needs 2.74, server tags (2.52) make our servers findable,
+//!   and `networks` is mandatory from 2.37 on. The compute images API is gone since 2.36, so images
+//!   are checked in Glance (`GET /v2/images`).
+//! - Idempotency: each server carries our VM id twice, in its metadata (`gsaas_vm_id`, what
+//!   [`ServerInfo::vm`] is read from) and as a tag (`gsaas-vm-<id>`), because Nova can filter a
+//!   listing by tag but not by metadata. `create_server` looks for the VM's server first, so a
+//!   retried step (or one resumed after a crash) finds the server instead of creating a second one.
+//! - `OS-EXT-SRV-ATTR:host` is shown to admins only: the service user needs the `admin` role (also
+//!   needed for `host`). An ACTIVE server without the attribute is reported as a configuration
+//!   error instead of waiting for a host that will never appear.
+//! - Locality `remote`/`any` ([`HostConstraint::AnyOf`]): Nova takes one host, not a list; with
+//!   `availability_zone` configured the server goes there (an AZ holding the GSaaS hosts), else one
+//!   host of the list is picked from the VM id (stable across retries).
+//! - The VM's fixed IP and tap device come from Neutron's ports (`tap` + the port id's first 11
+//!   characters, the name Nova's libvirt driver gives it); Nova's `addresses` are the fallback when
+//!   the catalog has no network service or the server has no port. "Deployed" is the server's port
+//!   ACTIVE in Neutron (wired on its host): what happens inside the guest is not visible to the
+//!   cloud.
+//! - Errors: no answer, 5xx or 401 after a fresh token -> `Unavailable`; a request timeout ->
+//!   `Timeout`; 400/404/409 -> `Invalid` naming the field Nova's message is about (`host` for
+//!   "Compute host X could not be found."); 403/413 about quota -> `Quota`. User data over Nova's
+//!   limit (65,535 bytes base64-encoded) is refused before any request.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use gpgpums::{HostId, VmId};
+use reqwest::{Method, StatusCode};
+use serde::{Deserialize, Deserializer};
+use serde_json::{json, Value};
+
+use super::{
+    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus, VmRequest,
+};
+use crate::cloudinit::{base64_len, NOVA_USER_DATA_MAX_BASE64};
+use crate::error::ErrorChain;
+use crate::openstack::keystone::{error_message, AUTH_TOKEN};
+use crate::openstack::{AuthSettings, HttpOptions, Keystone, KeystoneError, OpenStackConfigError};
+
+/// The metadata key that holds GSaaS's VM id.
+pub const VM_ID_METADATA: &str = "gsaas_vm_id";
+/// The compute microversion every request names.
+pub const COMPUTE_MICROVERSION: &str = "2.74";
+const MIN_MICROVERSION: u32 = 74;
+
+/// The server tag that makes the VM's server findable (`GET /servers/detail?tags=`).
+pub fn vm_tag(vm: VmId) -> String {
+    format!("gsaas-vm-{vm}")
+}
+
+/// `[cloud.nova]` of gsaasd's configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NovaConfig {
+    /// The cloud of clouds.yaml to use; default: `OS_CLOUD`; with neither, the `OS_*` variables.
+    pub cloud: Option<String>,
+    /// clouds.yaml to read; default: `OS_CLIENT_CONFIG_FILE` or openstacksdk's usual places.
+    pub clouds_yaml: Option<PathBuf>,
+    /// Compute microversion, at least 2.74.
+    pub microversion: String,
+    /// Limit of one HTTP request to Keystone, Nova, Neutron or Glance.
+    pub request_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    /// The service token is renewed when it has less than this left.
+    pub token_refresh_margin_secs: u64,
+    /// How often a server is polled while waiting for it.
+    pub poll_interval_ms: u64,
+    /// `networks` for a request that names none: `auto`, `none`, or a network name or id.
+    pub default_network: String,
+    /// Where servers of locality `remote`/`any` go (an availability zone holding the GSaaS hosts);
+    /// unset: one host of the schedulable list is named.
+    pub availability_zone: Option<String>,
+}
+
+impl Default for NovaConfig {
+    fn default() -> Self {
+        NovaConfig {
+            cloud: None,
+            clouds_yaml: None,
+            microversion: COMPUTE_MICROVERSION.to_owned(),
+            request_timeout_ms: 30_000,
+            connect_timeout_ms: 5_000,
+            token_refresh_margin_secs: 120,
+            poll_interval_ms: 1_000,
+            default_network: "auto".to_owned(),
+            availability_zone: None,
+        }
+    }
+}
+
+impl NovaConfig {
+    pub fn http_options(&self) -> HttpOptions {
+        HttpOptions {
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            token_refresh_margin: Duration::from_secs(self.token_refresh_margin_secs),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NovaSetupError {
+    #[error("OpenStack credentials")]
+    Credentials(#[from] OpenStackConfigError),
+    #[error("cloud.nova.microversion {0:?}: expected 2.N with N >= {MIN_MICROVERSION}")]
+    Microversion(String),
+    #[error("cloud.nova: {0} must not be 0")]
+    Zero(&'static str),
+    #[error("cannot build the HTTP client")]
+    Client(#[source] KeystoneError),
+}
+
+/// The Nova cloud. See the module docs.
+#[derive(Debug)]
+pub struct NovaCloud {
+    keystone: Arc<Keystone>,
+    config: NovaConfig,
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    body: Vec<u8>,
+}
+
+#[derive(Debug, Deserialize)]
+struct IdOnly {
+    id: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct NamedId {
+    id: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    status: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Fault {
+    #[serde(default)]
+    message: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct NovaAddress {
+    addr: String,
+    #[serde(default)]
+    version: u8,
+    #[serde(rename = "OS-EXT-IPS:type", default)]
+    kind: Option<String>,
+}
+
+/// Absent stays `None`; `null` becomes `Some(None)`.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+#[derive(Debug, Deserialize)]
+struct NovaServer {
+    id: String,
+    status: String,
+    #[serde(default)]
+    metadata: HashMap<String, String>,
+    #[serde(default)]
+    fault: Option<Fault>,
+    #[serde(rename = "OS-EXT-SRV-ATTR:host", default, deserialize_with = "present")]
+    host: Option<Option<String>>,
+    #[serde(default)]
+    addresses: BTreeMap<String, Vec<NovaAddress>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FixedIp {
+    ip_address: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Port {
+    id: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    fixed_ips: Vec<FixedIp>,
+}
+
+impl Port {
+    fn ipv4(&self) -> Option<Ipv4Addr> {
+        self.fixed_ips.iter().find_map(|ip| ip.ip_address.parse().ok())
+    }
+
+    /// The port's tap device on its host.
+    fn tap(&self) -> String {
+        format!("tap{}", self.id.chars().take(11).collect::<String>())
+    }
+}
+
+/// Percent-encodes a path segment or query value (everything but RFC 3986's unreserved).
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn parse<T: serde::de::DeserializeOwned>(service: &str, body: &[u8]) -> Result<T, CloudError> {
+    serde_json::from_slice(body).map_err(|e| CloudError::Unavailable {
+        reason: format!("unexpected answer from {service}"),
+        source: Some(Box::new(e)),
+    })
+}
+
+/// The request field a Nova 4xx message is about.
+fn field_of(message: &str) -> &'static str {
+    let m = message.to_lowercase();
+    if m.contains("user data") || m.contains("user_data") {
+        "user_data"
+    } else if m.contains("flavor") {
+        "flavor"
+    } else if m.contains("image") {
+        "image"
+    } else if m.contains("network") {
+        "networks"
+    } else if m.contains("availability zone") || m.contains("availability_zone") {
+        "availability_zone"
+    } else if m.contains("host") || m.contains("hypervisor") {
+        "host"
+    } else {
+        "vm"
+    }
+}
+
+/// A 4xx that is not the caller's to retry: quota, a refused field, or the service user's rights.
+fn refused(service: &str, status: StatusCode, body: &[u8]) -> CloudError {
+    let message = error_message(body);
+    let quota = message.to_lowercase().contains("quota");
+    match status.as_u16() {
+        403 | 413 if quota => CloudError::Quota(message),
+        400 | 404 | 409 | 422 => CloudError::Invalid { field: field_of(&message), reason: message },
+        _ => {
+            CloudError::unavailable(format!("{service} refused the request ({status}): {message}"))
+        }
+    }
+}
+
+fn keystone_error(e: KeystoneError) -> CloudError {
+    CloudError::Unavailable { reason: "Keystone".to_owned(), source: Some(Box::new(e)) }
+}
+
+fn server_status(server: &NovaServer) -> Result<ServerStatus, CloudError> {
+    Ok(match server.status.as_str() {
+        "BUILD" => ServerStatus::Build,
+        "ERROR" => ServerStatus::Error(
+            server
+                .fault
+                .as_ref()
+                .map(|f| f.message.clone())
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| "Nova reports ERROR without a fault message".to_owned()),
+        ),
+        "DELETED" | "SOFT_DELETED" => {
+            return Err(CloudError::NotFound(format!("server {}", server.id)))
+        }
+        // Running, possibly in an operator's task that leaves it running.
+        "ACTIVE" | "REBOOT" | "HARD_REBOOT" | "MIGRATING" | "REBUILD" | "RESIZE"
+        | "VERIFY_RESIZE" | "REVERT_RESIZE" | "PASSWORD" => ServerStatus::Active,
+        other => ServerStatus::Error(format!("server is {other}")),
+    })
+}
+
+impl NovaCloud {
+    /// From gsaasd's configuration, with credentials from clouds.yaml and the process's `OS_*`.
+    pub fn from_config(config: &NovaConfig) -> Result<NovaCloud, NovaSetupError> {
+        let env = |name: &str| std::env::var(name).ok();
+        let auth =
+            AuthSettings::load(config.cloud.as_deref(), config.clouds_yaml.as_deref(), &env)?;
+        NovaCloud::new(auth, config.clone())
+    }
+
+    pub fn new(auth: AuthSettings, config: NovaConfig) -> Result<NovaCloud, NovaSetupError> {
+        let keystone =
+            Keystone::new(auth, config.http_options()).map_err(NovaSetupError::Client)?;
+        NovaCloud::with_keystone(Arc::new(keystone), config)
+    }
+
+    /// Shares an existing Keystone session (the one tenant-token validation uses).
+    pub fn with_keystone(
+        keystone: Arc<Keystone>,
+        config: NovaConfig,
+    ) -> Result<NovaCloud, NovaSetupError> {
+        let minor = config
+            .microversion
+            .strip_prefix("2.")
+            .and_then(|m| m.parse::<u32>().ok())
+            .filter(|m| *m >= MIN_MICROVERSION);
+        if minor.is_none() {
+            return Err(NovaSetupError::Microversion(config.microversion));
+        }
+        for (name, value) in [
+            ("request_timeout_ms", config.request_timeout_ms),
+            ("connect_timeout_ms", config.connect_timeout_ms),
+            ("poll_interval_ms", config.poll_interval_ms),
+        ] {
+            if value == 0 {
+                return Err(NovaSetupError::Zero(name));
+            }
+        }
+        Ok(NovaCloud { keystone, config })
+    }
+
+    pub fn keystone(&self) -> Arc<Keystone> {
+        self.keystone.clone()
+    }
+
+    fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.config.poll_interval_ms)
+    }
+
+    /// Whether the catalog lists `service_type`.
+    async fn has_service(&self, service_type: &str) -> Result<bool, CloudError> {
+        let token = self.keystone.token().await.map_err(keystone_error)?;
+        Ok(self.keystone.endpoint(&token, service_type).is_ok())
+    }
+
+    /// One request to a catalog service. A 401 drops the token and retries once with a new one;
+    /// no answer and 5xx are `Unavailable`, a timeout is `Timeout`; other statuses are returned.
+    async fn call(
+        &self,
+        service_type: &'static str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Answer, CloudError> {
+        let mut retried = false;
+        loop {
+            let token = self.keystone.token().await.map_err(keystone_error)?;
+            let base = self.keystone.endpoint(&token, service_type).map_err(keystone_error)?;
+            let url = format!("{base}{path}");
+            if !url.starts_with("http://") {
+                return Err(CloudError::unavailable(format!(
+                    "{service_type} endpoint {base} is not plain http (this gsaasd has no TLS)"
+                )));
+            }
+            let mut request = self
+                .keystone
+                .http()
+                .request(method.clone(), &url)
+                .header(AUTH_TOKEN, &token.token)
+                .header("Accept", "application/json");
+            if service_type == "compute" {
+                request = request.header(
+                    "OpenStack-API-Version",
+                    format!("compute {}", self.config.microversion),
+                );
+            }
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let sent = async {
+                let response = request.send().await?;
+                let status = response.status();
+                let body = response.bytes().await?;
+                Ok::<_, reqwest::Error>((status, body))
+            };
+            let (status, body) = match sent.await {
+                Ok(answer) => answer,
+                Err(e) if e.is_timeout() => {
+                    tracing::warn!(%method, url, error = %ErrorChain(&e), "OpenStack request timed out");
+                    return Err(CloudError::Timeout(self.keystone.options().request_timeout));
+                }
+                Err(e) => {
+                    return Err(CloudError::Unavailable {
+                        reason: format!("cannot reach {service_type} at {url}"),
+                        source: Some(Box::new(e)),
+                    })
+                }
+            };
+            if status == StatusCode::UNAUTHORIZED {
+                self.keystone.invalidate(&token.token).await;
+                if !retried {
+                    retried = true;
+                    continue;
+                }
+                return Err(CloudError::unavailable(format!(
+                    "{service_type} refuses gsaasd's fresh token: {}",
+                    error_message(&body)
+                )));
+            }
+            if status.is_server_error() {
+                return Err(CloudError::unavailable(format!(
+                    "{service_type} failed ({status}) on {method} {path}: {}",
+                    error_message(&body)
+                )));
+            }
+            return Ok(Answer { status, body: body.to_vec() });
+        }
+    }
+
+    async fn resolve_flavor(&self, flavor: &str) -> Result<String, CloudError> {
+        let answer = self
+            .call("compute", Method::GET, &format!("/flavors/{}", encode(flavor)), None)
+            .await?;
+        match answer.status.as_u16() {
+            200 => {
+                #[derive(Deserialize)]
+                struct Envelope {
+                    flavor: IdOnly,
+                }
+                return Ok(parse::<Envelope>("Nova", &answer.body)?.flavor.id);
+            }
+            404 => {}
+            _ => return Err(refused("Nova", answer.status, &answer.body)),
+        }
+        let answer = self.call("compute", Method::GET, "/flavors", None).await?;
+        if answer.status != StatusCode::OK {
+            return Err(refused("Nova", answer.status, &answer.body));
+        }
+        #[derive(Deserialize)]
+        struct Envelope {
+            flavors: Vec<NamedId>,
+        }
+        let flavors = parse::<Envelope>("Nova", &answer.body)?.flavors;
+        flavors.into_iter().find(|f| f.name.as_deref() == Some(flavor)).map(|f| f.id).ok_or_else(
+            || CloudError::Invalid { field: "flavor", reason: format!("no flavor {flavor:?}") },
+        )
+    }
+
+    async fn resolve_image(&self, image: &str) -> Result<String, CloudError> {
+        let candidates = if uuid::Uuid::parse_str(image).is_ok() {
+            let answer = self
+                .call("image", Method::GET, &format!("/v2/images/{}", encode(image)), None)
+                .await?;
+            match answer.status.as_u16() {
+                200 => vec![parse::<NamedId>("Glance", &answer.body)?],
+                404 => vec![],
+                _ => return Err(refused("Glance", answer.status, &answer.body)),
+            }
+        } else {
+            let path = format!("/v2/images?name={}", encode(image));
+            let answer = self.call("image", Method::GET, &path, None).await?;
+            if answer.status != StatusCode::OK {
+                return Err(refused("Glance", answer.status, &answer.body));
+            }
+            #[derive(Deserialize)]
+            struct Envelope {
+                images: Vec<NamedId>,
+            }
+            parse::<Envelope>("Glance", &answer.body)?.images
+        };
+        let invalid = |reason: String| CloudError::Invalid { field: "image", reason };
+        match candidates.as_slice() {
+            [] => Err(invalid(format!("no image {image:?}"))),
+            [one] if one.status.as_deref().is_some_and(|s| s != "active") => Err(invalid(format!(
+                "image {image:?} is {}, not active",
+                one.status.as_deref().unwrap_or_default()
+            ))),
+            [one] => Ok(one.id.clone()),
+            _ => Err(invalid(format!("several images are named {image:?}; name it by id"))),
+        }
+    }
+
+    async fn resolve_network(&self, network: &str) -> Result<String, CloudError> {
+        let invalid = |reason: String| CloudError::Invalid { field: "networks", reason };
+        if uuid::Uuid::parse_str(network).is_ok() {
+            let path = format!("/v2.0/networks/{}", encode(network));
+            let answer = self.call("network", Method::GET, &path, None).await?;
+            return match answer.status.as_u16() {
+                200 => {
+                    #[derive(Deserialize)]
+                    struct Envelope {
+                        network: IdOnly,
+                    }
+                    Ok(parse::<Envelope>("Neutron", &answer.body)?.network.id)
+                }
+                404 => Err(invalid(format!("no network {network:?}"))),
+                _ => Err(refused("Neutron", answer.status, &answer.body)),
+            };
+        }
+        let path = format!("/v2.0/networks?name={}", encode(network));
+        let answer = self.call("network", Method::GET, &path, None).await?;
+        if answer.status != StatusCode::OK {
+            return Err(refused("Neutron", answer.status, &answer.body));
+        }
+        #[derive(Deserialize)]
+        struct Envelope {
+            networks: Vec<IdOnly>,
+        }
+        let networks = parse::<Envelope>("Neutron", &answer.body)?.networks;
+        match networks.as_slice() {
+            [] => Err(invalid(format!("no network {network:?}"))),
+            [one] => Ok(one.id.clone()),
+            _ => Err(invalid(format!("several networks are named {network:?}; name it by id"))),
+        }
+    }
+
+    /// Nova's `networks` for the request.
+    async fn networks(&self, request: &VmRequest) -> Result<Value, CloudError> {
+        let names: Vec<&str> = if request.networks.is_empty() {
+            match self.config.default_network.as_str() {
+                "auto" | "none" => return Ok(json!(self.config.default_network)),
+                name => vec![name],
+            }
+        } else {
+            request.networks.iter().map(String::as_str).collect()
+        };
+        let mut networks = Vec::new();
+        for name in names {
+            networks.push(json!({ "uuid": self.resolve_network(name).await? }));
+        }
+        Ok(Value::Array(networks))
+    }
+
+    /// The request's flavor id, image id and `networks`, each checked to exist.
+    async fn resolve(&self, request: &VmRequest) -> Result<(String, String, Value), CloudError> {
+        let flavor = self.resolve_flavor(&request.flavor).await?;
+        let image = self.resolve_image(&request.image).await?;
+        let networks = self.networks(request).await?;
+        Ok((flavor, image, networks))
+    }
+
+    async fn get_server(&self, id: &ServerId) -> Result<NovaServer, CloudError> {
+        let answer =
+            self.call("compute", Method::GET, &format!("/servers/{}", encode(&id.0)), None).await?;
+        match answer.status.as_u16() {
+            200 => {
+                #[derive(Deserialize)]
+                struct Envelope {
+                    server: NovaServer,
+                }
+                Ok(parse::<Envelope>("Nova", &answer.body)?.server)
+            }
+            404 => Err(CloudError::NotFound(format!("server {id}"))),
+            _ => Err(refused("Nova", answer.status, &answer.body)),
+        }
+    }
+
+    /// The server's Neutron ports; `None` when the catalog has no network service.
+    async fn ports(&self, id: &str) -> Result<Option<Vec<Port>>, CloudError> {
+        if !self.has_service("network").await? {
+            return Ok(None);
+        }
+        let path = format!("/v2.0/ports?device_id={}", encode(id));
+        let answer = self.call("network", Method::GET, &path, None).await?;
+        if answer.status != StatusCode::OK {
+            return Err(refused("Neutron", answer.status, &answer.body));
+        }
+        #[derive(Deserialize)]
+        struct Envelope {
+            ports: Vec<Port>,
+        }
+        Ok(Some(parse::<Envelope>("Neutron", &answer.body)?.ports))
+    }
+
+    /// The fixed IPv4 address and tap device: Neutron's port, else Nova's `addresses`.
+    async fn network_of(
+        &self,
+        server: &NovaServer,
+    ) -> Result<(Option<Ipv4Addr>, Option<String>), CloudError> {
+        if let Some(ports) = self.ports(&server.id).await? {
+            if let Some((port, ip)) = ports.iter().find_map(|p| p.ipv4().map(|ip| (p, ip))) {
+                return Ok((Some(ip), Some(port.tap())));
+            }
+        }
+        let fixed = server
+            .addresses
+            .values()
+            .flatten()
+            .filter(|a| a.version == 4 && a.kind.as_deref().is_none_or(|k| k == "fixed"))
+            .find_map(|a| a.addr.parse().ok());
+        Ok((fixed, None))
+    }
+
+    async fn info(&self, server: NovaServer) -> Result<ServerInfo, CloudError> {
+        let status = server_status(&server)?;
+        let vm = server
+            .metadata
+            .get(VM_ID_METADATA)
+            .and_then(|v| v.parse::<VmId>().ok())
+            .ok_or_else(|| {
+                CloudError::NotFound(format!("GSaaS server {} (no {VM_ID_METADATA})", server.id))
+            })?;
+        let host = match &server.host {
+            Some(Some(host)) => {
+                Some(HostId::new(host.clone()).map_err(|e| CloudError::Unavailable {
+                    reason: format!("Nova's host name {host:?}"),
+                    source: Some(Box::new(e)),
+                })?)
+            }
+            _ => None,
+        };
+        let (fixed_ip, tap) = if status == ServerStatus::Active {
+            self.network_of(&server).await?
+        } else {
+            (None, None)
+        };
+        Ok(ServerInfo { id: ServerId(server.id), vm, status, host, fixed_ip, tap })
+    }
+
+    fn placement(
+        &self,
+        vm: VmId,
+        host: &HostConstraint,
+    ) -> Result<(&'static str, String), CloudError> {
+        match host {
+            HostConstraint::Pinned(host) => Ok(("host", host.as_str().to_owned())),
+            HostConstraint::AnyOf(_) if self.config.availability_zone.is_some() => {
+                Ok(("availability_zone", self.config.availability_zone.clone().unwrap_or_default()))
+            }
+            HostConstraint::AnyOf(hosts) if hosts.is_empty() => Err(CloudError::Invalid {
+                field: "host",
+                reason: "no schedulable host for the VM".to_owned(),
+            }),
+            HostConstraint::AnyOf(hosts) => {
+                let pick = (vm.as_uuid().as_u128() % hosts.len() as u128) as usize;
+                Ok(("host", hosts[pick].as_str().to_owned()))
+            }
+        }
+    }
+
+    /// Runs `wait` for at most `timeout`.
+    async fn bounded<T>(
+        timeout: Duration,
+        wait: impl std::future::Future<Output = Result<T, CloudError>>,
+    ) -> Result<T, CloudError> {
+        tokio::time::timeout(timeout, wait).await.map_err(|_| CloudError::Timeout(timeout))?
+    }
+}
+
+#[async_trait]
+impl Cloud for NovaCloud {
+    async fn check(&self, request: &VmRequest) -> Result<(), CloudError> {
+        self.resolve(request).await.map(|_| ())
+    }
+
+    async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError> {
+        let encoded_len = base64_len(spec.user_data.len());
+        if encoded_len > NOVA_USER_DATA_MAX_BASE64 {
+            return Err(CloudError::Invalid {
+                field: "user_data",
+                reason: format!(
+                    "{} bytes are {encoded_len} base64-encoded; Nova accepts at most {NOVA_USER_DATA_MAX_BASE64}",
+                    spec.user_data.len()
+                ),
+            });
+        }
+        let (placement_key, placement) = self.placement(spec.vm, &spec.host)?;
+        if let Some(id) = self.find_server(spec.vm).await? {
+            return Ok(id);
+        }
+        let (flavor, image, networks) = self.resolve(&spec.request).await?;
+        let mut server = json!({
+            "name": spec.request.name,
+            "imageRef": image,
+            "flavorRef": flavor,
+            "metadata": { VM_ID_METADATA: spec.vm.to_string() },
+            "tags": [vm_tag(spec.vm)],
+            "user_data": base64::engine::general_purpose::STANDARD.encode(&spec.user_data),
+            "networks": networks,
+        });
+        server[placement_key] = json!(placement);
+        let answer = self
+            .call("compute", Method::POST, "/servers", Some(&json!({ "server": server })))
+            .await?;
+        match answer.status.as_u16() {
+            200 | 202 => {
+                #[derive(Deserialize)]
+                struct Envelope {
+                    server: IdOnly,
+                }
+                Ok(ServerId(parse::<Envelope>("Nova", &answer.body)?.server.id))
+            }
+            _ => Err(refused("Nova", answer.status, &answer.body)),
+        }
+    }
+
+    async fn find_server(&self, vm: VmId) -> Result<Option<ServerId>, CloudError> {
+        let path = format!("/servers/detail?tags={}", encode(&vm_tag(vm)));
+        let answer = self.call("compute", Method::GET, &path, None).await?;
+        if answer.status != StatusCode::OK {
+            return Err(refused("Nova", answer.status, &answer.body));
+        }
+        #[derive(Deserialize)]
+        struct Envelope {
+            servers: Vec<NovaServer>,
+        }
+        let vm = vm.to_string();
+        Ok(parse::<Envelope>("Nova", &answer.body)?
+            .servers
+            .into_iter()
+            .filter(|s| !matches!(s.status.as_str(), "DELETED" | "SOFT_DELETED"))
+            .find(|s| s.metadata.get(VM_ID_METADATA) == Some(&vm))
+            .map(|s| ServerId(s.id)))
+    }
+
+    async fn server(&self, id: &ServerId) -> Result<ServerInfo, CloudError> {
+        let server = self.get_server(id).await?;
+        self.info(server).await
+    }
+
+    async fn wait_active(
+        &self,
+        id: &ServerId,
+        timeout: Duration,
+    ) -> Result<ServerInfo, CloudError> {
+        let wait = async {
+            loop {
+                let server = self.get_server(id).await?;
+                match server_status(&server)? {
+                    ServerStatus::Build => {}
+                    ServerStatus::Error(fault) => return Err(CloudError::ServerFailed(fault)),
+                    ServerStatus::Active => match &server.host {
+                        None => {
+                            return Err(CloudError::unavailable(
+                                "Nova does not show OS-EXT-SRV-ATTR:host: \
+                                 gsaasd's service user needs the admin role",
+                            ))
+                        }
+                        // ACTIVE, its host not shown yet: poll again.
+                        Some(None) => {}
+                        Some(Some(_)) => return self.info(server).await,
+                    },
+                }
+                tokio::time::sleep(self.poll_interval()).await;
+            }
+        };
+        Self::bounded(timeout, wait).await
+    }
+
+    async fn wait_deployed(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError> {
+        let wait = async {
+            loop {
+                let server = self.get_server(id).await?;
+                match server_status(&server)? {
+                    ServerStatus::Build => {}
+                    ServerStatus::Error(fault) => return Err(CloudError::ServerFailed(fault)),
+                    ServerStatus::Active => match self.ports(&server.id).await? {
+                        // No Neutron, or no port (`networks: none`): ACTIVE is all there is to see.
+                        None => return Ok(()),
+                        Some(ports) if ports.iter().all(|p| p.status == "ACTIVE") => return Ok(()),
+                        Some(_) => {}
+                    },
+                }
+                tokio::time::sleep(self.poll_interval()).await;
+            }
+        };
+        Self::bounded(timeout, wait).await
+    }
+
+    async fn delete_server(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError> {
+        let path = format!("/servers/{}", encode(&id.0));
+        let answer = self.call("compute", Method::DELETE, &path, None).await?;
+        match answer.status.as_u16() {
+            204 | 202 | 200 => {}
+            404 => return Ok(()),
+            409 => {
+                return Err(CloudError::unavailable(format!(
+                    "Nova cannot delete server {id} now: {}",
+                    error_message(&answer.body)
+                )))
+            }
+            _ => return Err(refused("Nova", answer.status, &answer.body)),
+        }
+        let gone = async {
+            loop {
+                match self.get_server(id).await {
+                    Err(CloudError::NotFound(_)) => return Ok(()),
+                    Err(e) => return Err(e),
+                    Ok(server) if matches!(server.status.as_str(), "DELETED" | "SOFT_DELETED") => {
+                        return Ok(())
+                    }
+                    Ok(_) => tokio::time::sleep(self.poll_interval()).await,
+                }
+            }
+        };
+        Self::bounded(timeout, gone).await
+    }
+}

@@ -1,0 +1,503 @@
+//! Keystone v3: gsaasd's own service token (with the catalog that locates Nova, Neutron and Glance)
+//! and the validation of tenants' tokens.
+//!
+//! One token is shared by every call: it is reused until shortly before its `expires_at` (a margin,
+//! so that a request does not start with a token that dies in flight) and dropped when a service
+//! answers 401, after which the next call authenticates again. A mutex around the token makes
+//! concurrent callers wait for a single re-authentication instead of each starting one.
+//!
+//! Tenant tokens are validated with `GET /v3/auth/tokens` (the service token in `X-Auth-Token`, the
+//! tenant's in `X-Subject-Token`). The answers are cached until the token expires (or a maximum age,
+//! so that revocation takes effect), because every API call of a tenant would otherwise cost a
+//! Keystone round trip; the cache is bounded and evicts stale entries first, then the one going
+//! stale soonest.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::HeaderMap;
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+
+use super::clouds::AuthSettings;
+use super::time::parse_rfc3339;
+use crate::auth::{Caller, Role};
+
+/// The header that carries a token to a service, and Keystone's answer header.
+pub const AUTH_TOKEN: &str = "X-Auth-Token";
+pub const SUBJECT_TOKEN: &str = "X-Subject-Token";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeystoneError {
+    #[error("cannot reach {url}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{url} did not answer within {timeout:?}")]
+    Timeout {
+        url: String,
+        timeout: Duration,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("Keystone refused the service credentials ({status}): {message}")]
+    Rejected { status: u16, message: String },
+    #[error("Keystone failed ({status}): {message}")]
+    Failed { status: u16, message: String },
+    #[error("unexpected answer from Keystone: {reason}")]
+    Protocol {
+        reason: String,
+        #[source]
+        source: Option<serde_json::Error>,
+    },
+    #[error("the service catalog has no {service_type} endpoint (interface {interface}, region {region})")]
+    NoEndpoint { service_type: String, interface: String, region: String },
+}
+
+/// Timeouts and the re-authentication margin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpOptions {
+    /// Limit for one whole request (connect, send, answer).
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// A token is renewed when it has less than this left.
+    pub token_refresh_margin: Duration,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            token_refresh_margin: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CatalogEntry {
+    #[serde(rename = "type")]
+    pub service_type: String,
+    #[serde(default)]
+    pub endpoints: Vec<CatalogEndpoint>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CatalogEndpoint {
+    pub interface: String,
+    pub url: String,
+    #[serde(default)]
+    pub region_id: Option<String>,
+    #[serde(default)]
+    pub region: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Named {
+    id: String,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct TokenBody {
+    expires_at: String,
+    #[serde(default)]
+    catalog: Vec<CatalogEntry>,
+    #[serde(default)]
+    project: Option<Named>,
+    user: Named,
+    #[serde(default)]
+    roles: Vec<Named>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenEnvelope {
+    token: TokenBody,
+}
+
+/// gsaasd's current service token.
+#[derive(Debug, Clone)]
+pub struct ServiceToken {
+    pub token: String,
+    pub expires_at: SystemTime,
+    pub project_id: Option<String>,
+    pub catalog: Arc<Vec<CatalogEntry>>,
+}
+
+/// A Keystone session for gsaasd's service user. See the module docs.
+#[derive(Debug)]
+pub struct Keystone {
+    http: reqwest::Client,
+    settings: AuthSettings,
+    options: HttpOptions,
+    current: tokio::sync::Mutex<Option<ServiceToken>>,
+}
+
+/// The message of an OpenStack error body (`{"error": {"message"}}`, `{"badRequest": {"message"}}`,
+/// `{"NeutronError": {"message"}}`), or the start of the text.
+pub fn error_message(body: &[u8]) -> String {
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(body) {
+        for value in map.values() {
+            if let Some(message) = value.get("message").and_then(|m| m.as_str()) {
+                return message.to_owned();
+            }
+            if let Some(message) = value.as_str() {
+                return message.to_owned();
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        "(no message)".to_owned()
+    } else {
+        text.chars().take(300).collect()
+    }
+}
+
+impl Keystone {
+    /// A session; nothing is sent until the first call. `settings` must have passed
+    /// [`AuthSettings::check`] (as [`AuthSettings::load`] ensures).
+    pub fn new(settings: AuthSettings, options: HttpOptions) -> Result<Keystone, KeystoneError> {
+        let http = reqwest::Client::builder()
+            .timeout(options.request_timeout)
+            .connect_timeout(options.connect_timeout)
+            .build()
+            .map_err(|source| KeystoneError::Unreachable { url: settings.identity_v3(), source })?;
+        Ok(Keystone { http, settings, options, current: tokio::sync::Mutex::new(None) })
+    }
+
+    /// The HTTP client shared with the other services' clients (same timeouts).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub fn options(&self) -> HttpOptions {
+        self.options
+    }
+
+    pub fn settings(&self) -> &AuthSettings {
+        &self.settings
+    }
+
+    /// Maps a failed send to `Unreachable` or `Timeout`.
+    fn send_error(&self, url: &str, source: reqwest::Error) -> KeystoneError {
+        if source.is_timeout() {
+            KeystoneError::Timeout {
+                url: url.to_owned(),
+                timeout: self.options.request_timeout,
+                source,
+            }
+        } else {
+            KeystoneError::Unreachable { url: url.to_owned(), source }
+        }
+    }
+
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &str,
+    ) -> Result<(StatusCode, HeaderMap, Vec<u8>), KeystoneError> {
+        let response = request.send().await.map_err(|e| self.send_error(url, e))?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.map_err(|e| self.send_error(url, e))?;
+        Ok((status, headers, body.to_vec()))
+    }
+
+    /// A valid service token: the cached one while it has more than the margin left, else a new one.
+    pub async fn token(&self) -> Result<ServiceToken, KeystoneError> {
+        let mut current = self.current.lock().await;
+        if let Some(token) = current.as_ref() {
+            if SystemTime::now() + self.options.token_refresh_margin < token.expires_at {
+                return Ok(token.clone());
+            }
+        }
+        let token = self.authenticate().await?;
+        *current = Some(token.clone());
+        Ok(token)
+    }
+
+    /// Forgets `token` (a service answered 401 to it); the next [`token`](Self::token) re-authenticates.
+    pub async fn invalidate(&self, token: &str) {
+        let mut current = self.current.lock().await;
+        if current.as_ref().is_some_and(|t| t.token == token) {
+            *current = None;
+        }
+    }
+
+    async fn authenticate(&self) -> Result<ServiceToken, KeystoneError> {
+        let url = format!("{}/auth/tokens", self.settings.identity_v3());
+        let request = self.http.post(&url).json(&self.settings.password_auth_body());
+        let (status, headers, body) = self.send(request, &url).await?;
+        match status {
+            StatusCode::CREATED | StatusCode::OK => {}
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::NOT_FOUND => {
+                return Err(KeystoneError::Rejected {
+                    status: status.as_u16(),
+                    message: error_message(&body),
+                })
+            }
+            _ => {
+                return Err(KeystoneError::Failed {
+                    status: status.as_u16(),
+                    message: error_message(&body),
+                })
+            }
+        }
+        let token = headers
+            .get(SUBJECT_TOKEN)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| KeystoneError::Protocol {
+                reason: format!("{status} without an {SUBJECT_TOKEN} header"),
+                source: None,
+            })?
+            .to_owned();
+        let envelope: TokenEnvelope =
+            serde_json::from_slice(&body).map_err(|source| KeystoneError::Protocol {
+                reason: "the token body does not parse".into(),
+                source: Some(source),
+            })?;
+        let expires_at =
+            parse_rfc3339(&envelope.token.expires_at).ok_or_else(|| KeystoneError::Protocol {
+                reason: format!("expires_at {:?} is not RFC 3339", envelope.token.expires_at),
+                source: None,
+            })?;
+        Ok(ServiceToken {
+            token,
+            expires_at,
+            project_id: envelope.token.project.map(|p| p.id),
+            catalog: Arc::new(envelope.token.catalog),
+        })
+    }
+
+    /// The URL (no trailing slash) of `service_type` in `token`'s catalog, for the configured
+    /// interface and region.
+    pub fn endpoint(
+        &self,
+        token: &ServiceToken,
+        service_type: &str,
+    ) -> Result<String, KeystoneError> {
+        let region = self.settings.region_name.as_deref();
+        let interface = self.settings.interface.as_str();
+        token
+            .catalog
+            .iter()
+            .filter(|entry| entry.service_type == service_type)
+            .flat_map(|entry| &entry.endpoints)
+            .find(|e| {
+                e.interface == interface
+                    && region.is_none_or(|r| {
+                        e.region_id.as_deref() == Some(r) || e.region.as_deref() == Some(r)
+                    })
+            })
+            .map(|e| e.url.trim_end_matches('/').to_owned())
+            .ok_or_else(|| KeystoneError::NoEndpoint {
+                service_type: service_type.to_owned(),
+                interface: interface.to_owned(),
+                region: region.unwrap_or("any").to_owned(),
+            })
+    }
+
+    /// Validates a tenant's token: `Ok(None)` when Keystone does not know it (404, or expired).
+    /// A 401 to the service token drops it and retries once with a new one.
+    pub async fn validate(&self, subject: &str) -> Result<Option<TokenInfo>, KeystoneError> {
+        // `?nocatalog`: a tenant token's catalog is large and of no use here.
+        let url = format!("{}/auth/tokens?nocatalog", self.settings.identity_v3());
+        let mut service = self.token().await?;
+        let (mut status, mut body) = self.validate_once(&url, &service.token, subject).await?;
+        if status == StatusCode::UNAUTHORIZED {
+            self.invalidate(&service.token).await;
+            service = self.token().await?;
+            (status, body) = self.validate_once(&url, &service.token, subject).await?;
+        }
+        match status {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Ok(None),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                return Err(KeystoneError::Rejected {
+                    status: status.as_u16(),
+                    message: error_message(&body),
+                })
+            }
+            _ => {
+                return Err(KeystoneError::Failed {
+                    status: status.as_u16(),
+                    message: error_message(&body),
+                })
+            }
+        }
+        let envelope: TokenEnvelope =
+            serde_json::from_slice(&body).map_err(|source| KeystoneError::Protocol {
+                reason: "the validated token does not parse".into(),
+                source: Some(source),
+            })?;
+        let token = envelope.token;
+        let Some(expires_at) = parse_rfc3339(&token.expires_at) else {
+            return Err(KeystoneError::Protocol {
+                reason: format!("expires_at {:?} is not RFC 3339", token.expires_at),
+                source: None,
+            });
+        };
+        if expires_at <= SystemTime::now() {
+            return Ok(None);
+        }
+        Ok(Some(TokenInfo {
+            user_id: token.user.id,
+            user_name: token.user.name,
+            project_id: token.project.as_ref().map(|p| p.id.clone()),
+            project_name: token.project.and_then(|p| p.name),
+            roles: token.roles.into_iter().filter_map(|r| r.name).collect(),
+            expires_at,
+        }))
+    }
+
+    async fn validate_once(
+        &self,
+        url: &str,
+        service: &str,
+        subject: &str,
+    ) -> Result<(StatusCode, Vec<u8>), KeystoneError> {
+        let request = self
+            .http
+            .request(Method::GET, url)
+            .header(AUTH_TOKEN, service)
+            .header(SUBJECT_TOKEN, subject);
+        let (status, _, body) = self.send(request, url).await?;
+        Ok((status, body))
+    }
+}
+
+/// What Keystone says about a validated token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenInfo {
+    pub user_id: String,
+    pub user_name: Option<String>,
+    /// `None` for unscoped or domain-scoped tokens.
+    pub project_id: Option<String>,
+    pub project_name: Option<String>,
+    pub roles: Vec<String>,
+    pub expires_at: SystemTime,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ValidationError {
+    /// Keystone does not know the token, or it has expired (the caller answers 401).
+    #[error("the token is invalid or expired")]
+    Invalid,
+    /// A valid token without a project: gsaasd's resources belong to projects.
+    #[error("the token is not scoped to a project")]
+    Unscoped,
+    /// Keystone could not say (the caller answers 503).
+    #[error("cannot validate the token")]
+    Keystone(#[source] KeystoneError),
+}
+
+/// A tenant authenticated by Keystone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantIdentity {
+    pub info: TokenInfo,
+    pub project_id: String,
+    pub role: Role,
+}
+
+impl TenantIdentity {
+    /// The caller as gsaasd's authorization sees it: the Keystone user, bound to its project.
+    pub fn caller(&self) -> Caller {
+        Caller {
+            subject: self.info.user_id.clone(),
+            project: Some(self.project_id.clone()),
+            role: self.role,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct CacheEntry {
+    identity: TenantIdentity,
+    /// The earlier of the token's expiry and the end of the cache's own lifetime for it.
+    fresh_until: SystemTime,
+}
+
+/// Validates tenants' Keystone tokens with a bounded cache. See the module docs.
+#[derive(Debug)]
+pub struct TokenValidator {
+    keystone: Arc<Keystone>,
+    admin_roles: Vec<String>,
+    capacity: usize,
+    max_age: Duration,
+    cache: Mutex<HashMap<String, CacheEntry>>,
+}
+
+impl TokenValidator {
+    /// `admin_roles`: Keystone role names that make a caller a GSaaS admin (usually `["admin"]`);
+    /// `capacity`: at most this many tokens are cached; `max_age`: a cached answer is reused for at
+    /// most this long even if the token lives longer, so that a revoked token stops working
+    /// (keystonemiddleware's `token_cache_time` plays the same role, 300 s by default).
+    pub fn new(
+        keystone: Arc<Keystone>,
+        admin_roles: Vec<String>,
+        capacity: usize,
+        max_age: Duration,
+    ) -> TokenValidator {
+        TokenValidator {
+            keystone,
+            admin_roles,
+            capacity: capacity.max(1),
+            max_age,
+            cache: Mutex::default(),
+        }
+    }
+
+    /// How many tokens are cached now.
+    pub fn cached(&self) -> usize {
+        self.cache.lock().expect("token cache").len()
+    }
+
+    pub async fn validate(&self, token: &str) -> Result<TenantIdentity, ValidationError> {
+        let now = SystemTime::now();
+        {
+            let mut cache = self.cache.lock().expect("token cache");
+            match cache.get(token) {
+                Some(entry) if entry.fresh_until > now => return Ok(entry.identity.clone()),
+                Some(_) => {
+                    cache.remove(token);
+                }
+                None => {}
+            }
+        }
+        let info = self
+            .keystone
+            .validate(token)
+            .await
+            .map_err(ValidationError::Keystone)?
+            .ok_or(ValidationError::Invalid)?;
+        let project_id = info.project_id.clone().ok_or(ValidationError::Unscoped)?;
+        let role = if info.roles.iter().any(|r| self.admin_roles.contains(r)) {
+            Role::Admin
+        } else {
+            Role::Member
+        };
+        let identity = TenantIdentity { info, project_id, role };
+        let mut cache = self.cache.lock().expect("token cache");
+        if cache.len() >= self.capacity {
+            let now = SystemTime::now();
+            cache.retain(|_, e| e.fresh_until > now);
+            while cache.len() >= self.capacity {
+                let soonest = cache
+                    .iter()
+                    .min_by_key(|(_, e)| e.fresh_until)
+                    .map(|(k, _)| k.clone())
+                    .expect("a full cache has entries");
+                cache.remove(&soonest);
+            }
+        }
+        let fresh_until = identity.info.expires_at.min(SystemTime::now() + self.max_age);
+        cache.insert(token.to_owned(), CacheEntry { identity: identity.clone(), fresh_until });
+        Ok(identity)
+    }
+}

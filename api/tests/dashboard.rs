@@ -1,0 +1,238 @@
+//! The web dashboard: its embedded assets are served with their types and a strict CSP, and, in a
+//! real headless Chromium (Debian's, driven by playwright-core from `api/tests/dashboard/`), a
+//! tenant launches a VM through the form (after seeing a field error), sees it ready with its stage
+//! timings and no GPU locations, terminates it; an admin sees the hosts' GPU bars and drains a host.
+//!
+//! Needs `node` (18 or later) and `chromium` (`CHROMIUM` overrides `/usr/bin/chromium`); without them
+//! the test fails, it does not skip. `npm ci` runs in `api/tests/dashboard/` when playwright-core is
+//! not installed there. Screenshots go to a temporary directory, or to
+//! `GSAAS_DASHBOARD_SCREENSHOTS` (relative to the workspace root) to refresh the ones in `docs/`:
+//!
+//! ```text
+//! GSAAS_DASHBOARD_SCREENSHOTS=docs cargo test -p gsaasd --test dashboard
+//! ```
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use gsaasd::cloud::sim::SimConfig;
+use gsaasd::config::CloudConfig;
+use serde_json::Value;
+use support::{Store, TestService};
+
+/// The whole browser run, Chromium's start included.
+const BROWSER_RUN: Duration = Duration::from_secs(240);
+const NPM_CI: Duration = Duration::from_secs(300);
+
+fn script_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dashboard")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assets_are_embedded_and_served_with_their_types_and_a_strict_csp() {
+    let t = TestService::start(Store::Sqlite).await;
+    for (path, content_type) in [
+        ("/", "text/html; charset=utf-8"),
+        ("/dashboard", "text/html; charset=utf-8"),
+        ("/dashboard/app.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/app.css", "text/css; charset=utf-8"),
+        ("/dashboard/icon.svg", "image/svg+xml"),
+    ] {
+        let response = t.http.get(t.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let headers = response.headers().clone();
+        assert_eq!(headers["content-type"], content_type, "{path}");
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        assert_eq!(csp, gsaasd::dashboard::CONTENT_SECURITY_POLICY);
+        for directive in ["default-src 'none'", "script-src 'self'", "connect-src 'self'"] {
+            assert!(csp.contains(directive), "{path}: {csp}");
+        }
+        assert!(!csp.contains("unsafe"), "{path}: {csp}");
+        let body = response.text().await.unwrap();
+        assert!(!body.is_empty(), "{path}");
+    }
+    // The page is public; the API behind it still wants a token, and unknown paths stay problems.
+    let (status, _) =
+        support::status_json(t.http.get(t.url("/v1/vms")).send().await.unwrap()).await;
+    assert_eq!(status, 401);
+    let (status, problem) =
+        support::status_json(t.http.get(t.url("/dashboard/nope.js")).send().await.unwrap()).await;
+    assert_eq!((status, problem["code"].as_str()), (404, Some("not_found")), "{problem}");
+}
+
+/// Fails loudly when the browser toolchain is missing; returns the browser's path.
+fn require_node_and_chromium() -> PathBuf {
+    let version =
+        std::process::Command::new("node").arg("--version").output().unwrap_or_else(|e| {
+            panic!("the dashboard test needs node 18 or later (apt-get install -y nodejs npm): {e}")
+        });
+    let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
+    let major: u32 = version
+        .trim_start_matches('v')
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("cannot read node's version from {version:?}"));
+    assert!(
+        major >= 18,
+        "the dashboard test needs node 18 or later (playwright-core), not {version}"
+    );
+    let chromium = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    assert!(
+        chromium.exists(),
+        "the dashboard test needs Chromium at {} (apt-get install -y chromium; scripts/test.sh does)",
+        chromium.display()
+    );
+    chromium
+}
+
+/// `npm ci` in the script's directory when playwright-core is not there yet.
+async fn install_playwright_core() {
+    let dir = script_dir();
+    if dir.join("node_modules/playwright-core/package.json").exists() {
+        return;
+    }
+    let child = tokio::process::Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund"])
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("npm runs (apt-get install -y npm)");
+    let output = tokio::time::timeout(NPM_CI, child.wait_with_output())
+        .await
+        .expect("npm ci finishes in time")
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "npm ci in {} failed:\n{}{}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser() {
+    let chromium = require_node_and_chromium();
+    install_playwright_core().await;
+
+    // Stages that take a visible while, as a real cloud's would (scaled down).
+    let t = TestService::start_with(Store::Sqlite, |config| {
+        config.cloud = CloudConfig::Sim {
+            sim: SimConfig {
+                creation_delay_ms: 150,
+                activation_delay_ms: 600,
+                deployment_delay_ms: 350,
+                deletion_delay_ms: 300,
+                ..SimConfig::default()
+            },
+        };
+    })
+    .await;
+    let tenant = t.member();
+    let admin = t.admin();
+
+    // What a tenant must never see: host names, GPU ids, real rCUDA endpoints and addresses.
+    let (status, pool) = t.get(&admin, "/v1/pool").await;
+    assert_eq!(status, 200, "{pool}");
+    let hosts = pool["hosts"].as_array().expect("admins get hosts");
+    let mut hidden = Vec::new();
+    for host in hosts {
+        hidden.push(host["name"].as_str().unwrap().to_owned());
+        for gpu in host["gpus"].as_array().unwrap() {
+            let endpoint = gpu["rcuda_endpoint"].as_str().unwrap();
+            hidden.push(endpoint.to_owned());
+            hidden.push(endpoint.split(':').next().unwrap().to_owned());
+            hidden.push(gpu["id"].as_str().unwrap().to_owned());
+        }
+    }
+    hidden.retain(|s| s.len() >= 6);
+    hidden.sort();
+    hidden.dedup();
+    let drain_host = hosts
+        .iter()
+        .rev()
+        .find(|h| h["gpus"].as_array().unwrap().is_empty())
+        .or(hosts.last())
+        .unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let screenshots = match std::env::var_os("GSAAS_DASHBOARD_SCREENSHOTS") {
+        Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir),
+        None => t.dir.join("screenshots"),
+    };
+    let child = tokio::process::Command::new("node")
+        .arg(script_dir().join("browser.mjs"))
+        .current_dir(script_dir())
+        .env("GSAAS_URL", t.url(""))
+        .env("GSAAS_TENANT_TOKEN", &tenant)
+        .env("GSAAS_ADMIN_TOKEN", &admin)
+        .env("GSAAS_HIDDEN", serde_json::to_string(&hidden).unwrap())
+        .env("GSAAS_DRAIN_HOST", &drain_host)
+        .env("GSAAS_SCREENSHOTS", &screenshots)
+        .env("CHROMIUM", &chromium)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node starts");
+    let output = tokio::time::timeout(BROWSER_RUN, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("the browser run took longer than {BROWSER_RUN:?}"))
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the browser run failed ({}):\n{stdout}{stderr}",
+        output.status
+    );
+    eprintln!("{stdout}{stderr}");
+
+    // The browser's clicks did what the page said.
+    let result: Value = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("RESULT "))
+        .map(|json| serde_json::from_str(json).unwrap())
+        .expect("the script reports what it did");
+    let id = |key: &str| result[key].as_str().unwrap_or_else(|| panic!("{key} in {result}"));
+    let (status, deleted) = t.get(&tenant, &format!("/v1/vms/{}", id("deleted"))).await;
+    assert_eq!((status, deleted["state"].as_str()), (200, Some("deleted")), "{deleted}");
+    let (_, list) = t.get(&tenant, "/v1/vms").await;
+    let vms = list["vms"].as_array().unwrap();
+    assert_eq!(vms.len(), 1, "{list}");
+    assert_eq!(vms[0]["id"], id("kept"));
+    assert_eq!(vms[0]["state"], "ready");
+    assert_eq!(vms[0]["gpus"]["ncgpus"], 2);
+    assert_eq!(vms[0]["gpus"]["policy"], "least-load-fit");
+    assert_eq!(vms[0]["gpus"]["distinct_gpus"], true);
+    let (_, ops_vm) = t.get(&admin, &format!("/v1/vms/{}", id("admin_vm"))).await;
+    assert_eq!(
+        (ops_vm["state"].as_str(), ops_vm["project"].as_str()),
+        (Some("ready"), Some("ops"))
+    );
+    let (_, host_list) = t.get(&admin, "/v1/hosts").await;
+    let drained: Vec<&str> = host_list["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["state"] == "drained")
+        .map(|h| h["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(drained, [drain_host.as_str()]);
+
+    for name in ["dashboard-pool.png", "dashboard-vm.png"] {
+        let png = std::fs::read(screenshots.join(name)).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{name}: {} bytes", png.len());
+    }
+}

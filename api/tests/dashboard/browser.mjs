@@ -1,0 +1,229 @@
+// Drives the gsaasd dashboard in a real, headless Debian chromium through playwright-core (no
+// browser download). api/tests/dashboard.rs starts gsaasd and runs this with:
+//   GSAAS_URL             the service's base URL
+//   GSAAS_TENANT_TOKEN    a member token, GSAAS_ADMIN_TOKEN an admin token
+//   GSAAS_HIDDEN          JSON array of strings a tenant must never see (host names, rCUDA endpoints)
+//   GSAAS_DRAIN_HOST      the host the admin drains
+//   GSAAS_SCREENSHOTS     where dashboard-pool.png and dashboard-vm.png go
+//   CHROMIUM              the browser (default /usr/bin/chromium)
+// Every wait is bounded; any failed check, page error or CSP violation exits non-zero. The last
+// line on success is `RESULT {...}` with the ids of what it did, for the Rust side to check.
+import { chromium } from 'playwright-core';
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const WAIT_MS = 20000;
+const OVERALL_MS = 150000;
+
+function need(name) {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set`);
+  return value;
+}
+
+const base = need('GSAAS_URL').replace(/\/$/, '');
+const origin = new URL(base).origin;
+const tenantToken = need('GSAAS_TENANT_TOKEN');
+const adminToken = need('GSAAS_ADMIN_TOKEN');
+const hidden = JSON.parse(need('GSAAS_HIDDEN'));
+const drainHost = need('GSAAS_DRAIN_HOST');
+const shots = need('GSAAS_SCREENSHOTS');
+const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
+if (!existsSync(executablePath)) throw new Error(`no browser at ${executablePath} (apt-get install -y chromium)`);
+if (!Array.isArray(hidden) || hidden.length === 0) throw new Error('GSAAS_HIDDEN must list what tenants must not see');
+mkdirSync(shots, { recursive: true });
+
+const overall = setTimeout(() => {
+  console.error(`dashboard: FAILED: still running after ${OVERALL_MS / 1000} s`);
+  process.exit(2);
+}, OVERALL_MS);
+overall.unref();
+
+const log = (message) => console.log(`dashboard: ${message}`);
+function check(condition, message) {
+  if (!condition) throw new Error(`check failed: ${message}`);
+}
+
+const problems = [];
+const profile = mkdtempSync(join(tmpdir(), 'gsaas-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath,
+  headless: true,
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  viewport: { width: 1280, height: 800 },
+  timeout: 60000,
+});
+context.setDefaultTimeout(WAIT_MS);
+// Nothing may be fetched from anywhere but gsaasd itself.
+await context.route('**/*', (route) => {
+  const url = route.request().url();
+  if (url.startsWith('data:') || new URL(url).origin === origin) return route.continue();
+  problems.push(`request off origin: ${url}`);
+  return route.abort();
+});
+const page = context.pages()[0] || await context.newPage();
+page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+page.on('console', (m) => {
+  // API refusals the test provokes (401 for a bad token, 422) are logged by Chromium as failed loads; anything else
+  // that is an error (a CSP violation, an exception) fails the test.
+  if (m.type() === 'error' && !/Failed to load resource: the server responded with a status of (401|422)/.test(m.text())) {
+    problems.push(`console error: ${m.text()}`);
+  }
+});
+page.on('dialog', (d) => d.accept());
+
+const vmCard = (id) => `.vm[data-vm-id="${id}"]`;
+
+async function signIn(token) {
+  await page.fill('#token', token);
+  await page.click('#signin-submit');
+  await page.waitForSelector('#main-view:not([hidden])');
+}
+
+async function signOut() {
+  await page.click('#sign-out');
+  await page.waitForSelector('#signin-view:not([hidden])');
+}
+
+async function fillLaunch(fields) {
+  const all = { name: '', image: 'cirros-0.6.2', flavor: 'm1.small', networks: '', user_data: '', ncgpus: '1',
+    gpu_memory_mib: '', mode: 'exclusive', locality: 'any', policy: '', distinct_gpus: false, ...fields };
+  for (const name of ['name', 'image', 'flavor', 'networks', 'user_data', 'ncgpus', 'gpu_memory_mib', 'policy']) {
+    await page.fill(`#f-${name}`, all[name]);
+  }
+  await page.selectOption('#f-mode', all.mode);
+  await page.selectOption('#f-locality', all.locality);
+  await page.setChecked('#f-distinct_gpus', all.distinct_gpus);
+}
+
+// Launches through the form and waits until the VM is ready; returns its id.
+async function launch(fields) {
+  await fillLaunch(fields);
+  await page.click('#launch-submit');
+  const card = await page.waitForSelector(`.vm[data-vm-name="${fields.name}"]`);
+  const id = await card.getAttribute('data-vm-id');
+  await page.waitForSelector(`${vmCard(id)}[data-state="ready"]`);
+  log(`launched ${fields.name} (${id}) and it became ready`);
+  return id;
+}
+
+// Nothing rendered from a missing or mistyped value.
+async function assertCleanText(when) {
+  const text = await page.innerText('body');
+  for (const junk of ['[object', 'undefined', 'NaN', 'null']) check(!text.includes(junk), `the page shows ${junk} (${when})`);
+}
+
+async function assertTenantSeesNoLocations(when) {
+  await assertCleanText(when);
+  const html = await page.evaluate(() => document.documentElement.outerHTML);
+  for (const secret of hidden) check(!html.includes(secret), `the tenant page shows ${secret} (${when})`);
+  check(await page.locator('#pool-hosts .host').count() === 0, `tenant sees hosts (${when})`);
+}
+
+let failed = false;
+const result = {};
+try {
+  await page.goto(`${base}/`);
+  await page.waitForSelector('#signin-view:not([hidden])');
+
+  // A bad token is refused with the service's reason.
+  await page.fill('#token', 'not-a-token');
+  await page.click('#signin-submit');
+  await page.waitForSelector('#signin-error:not(:empty)');
+  check(await page.isHidden('#main-view'), 'a bad token does not sign in');
+  log(`bad token refused: ${await page.textContent('#signin-error')}`);
+
+  // Tenant: totals only.
+  await signIn(tenantToken);
+  check((await page.textContent('.who')).includes('tenant'), 'signed in as a tenant');
+  check(await page.locator('#pool-totals .tile').count() === 4, 'pool totals shown');
+  await assertTenantSeesNoLocations('after sign-in');
+
+  // An invalid value: the service's problem is shown beside the field, and nothing launches.
+  await fillLaunch({ name: 'dash-one', ncgpus: '0', mode: 'shared', gpu_memory_mib: '2048' });
+  await page.click('#launch-submit');
+  const error = await page.waitForSelector('[data-error-for="ncgpus"]:not(:empty)');
+  const errorText = await error.textContent();
+  check(/at least 1/.test(errorText), `ncgpus error says why: ${errorText}`);
+  check(await page.getAttribute('#f-ncgpus', 'aria-invalid') === 'true', 'ncgpus marked invalid');
+  check(await page.locator('[data-error-for="image"]:not(:empty)').count() === 0, 'no error beside other fields');
+  check(await page.locator('.vm').count() === 0, 'the invalid request launched nothing');
+  log(`invalid ncgpus shown beside the field: ${errorText}`);
+
+  // A missing shared-mode memory is named too.
+  await fillLaunch({ name: 'dash-one', ncgpus: '1', mode: 'shared' });
+  await page.click('#launch-submit');
+  await page.waitForSelector('[data-error-for="gpu_memory_mib"]:not(:empty)');
+  check(await page.locator('[data-error-for="ncgpus"]:not(:empty)').count() === 0, 'the old error is cleared');
+
+  // One shared cGPU through the form, to ready, with every stage timed.
+  result.deleted = await launch({ name: 'dash-one', ncgpus: '1', mode: 'shared', gpu_memory_mib: '2048' });
+  const card = vmCard(result.deleted);
+  check(await page.locator(`${card} .stage:not(.pending)`).count() === 7, 'all 6 stages and the total are timed');
+  check(await page.locator(`${card} .cgpu`).count() === 1, 'one cGPU listed');
+  check((await page.textContent(`${card} .cgpus`)).includes('100.127.'), 'the cGPU shows its masked endpoint');
+  await assertTenantSeesNoLocations('with a ready VM');
+  await page.locator(card).screenshot({ path: join(shots, 'dashboard-vm.png') });
+
+  // A second VM that stays, for the admin's view.
+  result.kept = await launch({ name: 'jupyter', ncgpus: '2', mode: 'shared', gpu_memory_mib: '3072',
+    policy: 'least-load-fit', distinct_gpus: true, networks: 'private', user_data: '#!/bin/sh\necho hello from the tenant' });
+  await assertTenantSeesNoLocations('with two VMs');
+
+  // Terminate the first: it goes through deleting to deleted.
+  await page.click(`${card} button.terminate`);
+  await page.waitForSelector(`${card}[data-state="deleted"]`);
+  check(await page.locator(`${card} button.terminate`).count() === 0, 'a deleted VM has no terminate button');
+  log(`terminated ${result.deleted}: deleted`);
+  await assertTenantSeesNoLocations('after terminate');
+  await page.screenshot({ path: join(shots, 'dashboard-tenant.png') });
+
+  // Admin: every host with its GPU bars, a segment per VM; launch, drain.
+  await signOut();
+  await signIn(adminToken);
+  check((await page.textContent('.who')).includes('admin'), 'signed in as admin');
+  await page.waitForSelector('#pool-hosts .host');
+  const hosts = await page.locator('#pool-hosts .host').count();
+  const bars = await page.locator('#pool-hosts .gpu-bar').count();
+  check(hosts >= 2 && bars >= 1, `admin sees hosts (${hosts}) and GPU bars (${bars})`);
+  check(await page.locator(`.segment[data-vm="${result.kept}"]`).count() === 2,
+    'the kept VM holds a segment on each of its two GPUs');
+  check(await page.locator(`.segment[data-vm="${result.deleted}"]`).count() === 0, 'the deleted VM holds nothing');
+  result.admin_vm = await launch({ name: 'ops-batch', ncgpus: '1', mode: 'exclusive' });
+  await page.waitForSelector(`.segment[data-vm="${result.admin_vm}"]`);
+  check(await page.locator('.gpu-bar.exclusive').count() === 1, 'the exclusive GPU is marked');
+
+  const host = `.host[data-host="${drainHost}"]`;
+  await page.click(`${host} button.drain`);
+  await page.waitForSelector(`${host}[data-state="drained"] .badge.state.drained`);
+  check(await page.locator(`${host} button.undrain`).count() === 1, 'a drained host offers undrain');
+  log(`drained ${drainHost}`);
+  result.drained = drainHost;
+
+  await assertCleanText('admin view');
+  await page.mouse.move(0, 0);
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await page.screenshot({ path: join(shots, 'dashboard-pool.png') });
+
+  if (problems.length) throw new Error(problems.join('\n'));
+} catch (e) {
+  failed = true;
+  console.error(`dashboard: FAILED: ${e.stack || e}`);
+  for (const p of problems) console.error(`dashboard: also: ${p}`);
+  try {
+    const failure = join(tmpdir(), `gsaas-dashboard-failure-${process.pid}.png`);
+    await page.screenshot({ path: failure, fullPage: true });
+    console.error(`dashboard: screenshot at failure: ${failure}`);
+    console.error(`dashboard: page text at failure:\n${await page.innerText('body')}`);
+  } catch {
+    // the page itself is gone
+  }
+} finally {
+  await context.close().catch(() => {});
+  rmSync(profile, { recursive: true, force: true });
+}
+if (failed) process.exit(1);
+log('all checks passed');
+console.log(`RESULT ${JSON.stringify(result)}`);

@@ -1,0 +1,438 @@
+//! What the end-to-end test needs around the real binaries: network namespaces and veths (deleted by
+//! drop guards), processes run inside a namespace (killed by drop guards), stand-in rCUDA servers,
+//! TCP probes and HTTP calls made from inside a namespace, and the binaries themselves.
+//!
+//! Processes enter their namespace with `nsenter --net=`, not `ip netns exec`: the latter also gives
+//! the process a private mount namespace, and gsaasd's simulated cloud creates the VMs' namespaces
+//! with `ip netns add`, whose `/run/netns` mounts would then be invisible to this test. The test's
+//! own sockets are made by threads that entered a namespace (`setns`), since a socket belongs to the
+//! namespace its creator was in.
+//!
+//! Every wait is bounded and every failure message says what was being done.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use nix::sched::{setns, CloneFlags};
+use serde_json::Value;
+
+/// Panics with a clear message unless this runs as root with `ip`, `nft` and `nsenter`.
+pub fn require_root_tools() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let uid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("");
+    assert_eq!(uid, "0", "this test builds network namespaces and must run as root (CI does)");
+    for (tool, arg, package) in [
+        ("ip", "-V", "iproute2"),
+        ("nft", "--version", "nftables"),
+        ("nsenter", "-V", "util-linux"),
+    ] {
+        let ok = Command::new(tool).arg(arg).output().is_ok_and(|o| o.status.success());
+        assert!(ok, "`{tool}` is missing: apt-get install -y {package} (scripts/test.sh does)");
+    }
+}
+
+fn check(what: &str, out: std::io::Result<Output>) -> Output {
+    let out = out.unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs `ip ARGS` and panics on failure.
+pub fn ip(args: &[&str]) -> Output {
+    check(&format!("ip {}", args.join(" ")), Command::new("ip").args(args).output())
+}
+
+/// The namespaces that exist (`ip netns list`), by name.
+pub fn namespaces() -> Vec<String> {
+    let out = ip(&["netns", "list"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// The prefix of every namespace this process creates (or has gsaasd create).
+pub fn run_prefix() -> String {
+    format!("gsaas-e2e-{}-", std::process::id())
+}
+
+/// A network namespace that is deleted (with its interfaces) when dropped.
+#[derive(Debug)]
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    /// `<run prefix><tag>`, with `lo` up.
+    pub fn new(tag: &str) -> Self {
+        let name = format!("{}{tag}", run_prefix());
+        ip(&["netns", "add", &name]);
+        let ns = Self { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// `ip -n NS ARGS`.
+    pub fn ip(&self, args: &[&str]) -> Output {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        ip(&full)
+    }
+
+    /// A command that runs `program` inside the namespace (network only, see the module docs).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("nsenter");
+        command.arg(format!("--net={}", self.path().display())).arg("--").arg(program);
+        command
+    }
+
+    /// Routes between the namespace's interfaces (written from inside it: `/proc/sys/net` is per
+    /// network namespace, and this needs no `sysctl` program).
+    pub fn enable_forwarding(&self) {
+        let path = "/proc/sys/net/ipv4/ip_forward";
+        self.run(|| std::fs::write(path, "1"))
+            .unwrap_or_else(|e| panic!("write {path} in {}: {e}", self.name));
+    }
+
+    /// Runs `f` on a thread that has entered the namespace.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        enter_and_run(&self.name, f)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// Runs `f` on a thread that has entered the namespace `name` (one this test may not own, such as
+/// a VM's).
+pub fn enter_and_run<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
+    let path = Path::new("/run/netns").join(name);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+            setns(&file, CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// Deletes, when dropped, every namespace whose name starts with `prefix`: the VMs gsaasd's
+/// simulated cloud created, should the test stop before gsaasd deleted them.
+#[derive(Debug)]
+pub struct SweepNamespaces {
+    pub prefix: String,
+}
+
+impl Drop for SweepNamespaces {
+    fn drop(&mut self) {
+        let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else { return };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some(name) =
+                line.split_whitespace().next().filter(|n| n.starts_with(&self.prefix))
+            {
+                let _ = Command::new("ip").args(["netns", "del", name]).output();
+            }
+        }
+    }
+}
+
+/// A veth pair `a_if` (in `a`, `a_cidr`) <-> `b_if` (in `b`, `b_cidr`), both up; an empty cidr
+/// leaves that end without an address.
+pub fn veth(a: &Netns, a_if: &str, a_cidr: &str, b: &Netns, b_if: &str, b_cidr: &str) {
+    a.ip(&["link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", &b.name]);
+    for (ns, interface, cidr) in [(a, a_if, a_cidr), (b, b_if, b_cidr)] {
+        if !cidr.is_empty() {
+            ns.ip(&["addr", "add", cidr, "dev", interface]);
+        }
+        ns.ip(&["link", "set", interface, "up"]);
+    }
+}
+
+/// A child process, killed and reaped when dropped. Its stderr goes to `log`, printed if the test
+/// is failing so that the reason is at hand.
+#[derive(Debug)]
+pub struct Process {
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+    pub first_line: String,
+}
+
+impl Process {
+    /// Starts `command` and waits (bounded) for the first line on its stdout.
+    pub fn start(name: &str, mut command: Command, log: PathBuf) -> Self {
+        let stderr = File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut process = Self { name: name.to_owned(), child, log, first_line: String::new() };
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => process.first_line = line,
+            Err(_) => {
+                panic!("{name} printed nothing within 20 s; its log:\n{}", process.log_text())
+            }
+        }
+        process
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("----- {} log -----\n{}", self.name, self.log_text());
+        }
+    }
+}
+
+/// A TCP server in a namespace that greets every connection with `"{name} {peer ip}\n"` (so a
+/// client learns which server it reached, and from which address the server saw it), as an rCUDA
+/// daemon of one GPU stands in. Stopped when dropped.
+#[derive(Debug)]
+pub struct StandIn {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StandIn {
+    pub fn start(ns: &Netns, addr: &str, name: &str) -> Self {
+        let listener = ns
+            .run(|| TcpListener::bind(addr))
+            .unwrap_or_else(|e| panic!("bind the stand-in {name} on {addr} in {}: {e}", ns.name));
+        listener.set_nonblocking(true).expect("non-blocking listener");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let name = name.to_owned();
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut conn, peer)) => {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = writeln!(conn, "{name} {}", peer.ip());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Self { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// From inside the namespace `ns`, the greeting of whatever answers a TCP connection to `addr`, or
+/// `None` if nothing does within a second.
+pub fn ask(ns: &str, addr: &str) -> Option<String> {
+    let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("address {addr:?}: {e}"));
+    enter_and_run(ns, || {
+        let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+        conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let mut line = String::new();
+        BufReader::new(conn).read_line(&mut line).ok()?;
+        Some(line.trim().to_owned())
+    })
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, for at most `limit`; panics with `what` then.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = f() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An HTTP client whose connections are made from inside a namespace.
+#[derive(Debug)]
+pub struct Api {
+    pub ns: String,
+    pub base: String,
+}
+
+impl Api {
+    /// `METHOD base+path` with a bearer token and an optional JSON body: (status, JSON body or
+    /// `Null`).
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("an HTTP method");
+        enter_and_run(&self.ns, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let client = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(10))
+                    .build()
+                    .expect("an HTTP client");
+                let mut request = client.request(method.clone(), &url).bearer_auth(token);
+                if let Some(body) = body {
+                    request = request.json(body);
+                }
+                let response =
+                    request.send().await.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+                let status = response.status().as_u16();
+                let text = response.text().await.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+                (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+            })
+        })
+    }
+
+    pub fn get(&self, path: &str, token: &str) -> Value {
+        let (status, body) = self.call("GET", path, token, None);
+        assert_eq!(status, 200, "GET {path}: {body}");
+        body
+    }
+}
+
+/// The `gsaasd` and `rodvr-agent` binaries, up to date, from this test's target directory.
+///
+/// A test cannot name another package's binaries (`CARGO_BIN_EXE_*` is per package), so they are
+/// found next to this test's executable (`<target dir>[/<triple>]/<profile>/deps/e2e-*`).
+/// `cargo test --workspace` builds every member's binaries before it runs any test, but `cargo test
+/// -p gsaas-e2e` builds none, and a binary left from an older build would be tested silently. So
+/// the test first runs `cargo build --workspace --tests` (cargo releases its build lock before it
+/// runs tests): that selects the same packages and dev-dependency features as `cargo test
+/// --workspace`, so there it is a no-op of under a second that re-links the same binaries.
+/// `cargo build -p gsaasd -p rodvr-agent` would resolve features without the dev-dependencies and
+/// recompile gsaasd (about 40 s) on every fresh machine; it is the fallback when another member's
+/// test target does not compile.
+pub fn binaries() -> (PathBuf, PathBuf) {
+    static BUILT: AtomicU32 = AtomicU32::new(0);
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test runs from <target dir>/<profile>/deps")
+        .to_owned();
+    let profile_name = profile_dir.file_name().and_then(|n| n.to_str()).expect("a profile dir");
+    let mut target_dir = profile_dir.parent().expect("a target dir").to_owned();
+    let mut target = None;
+    if !target_dir.join("CACHEDIR.TAG").exists() {
+        // `--target TRIPLE` builds into <target dir>/<triple>/<profile>.
+        target = target_dir.file_name().and_then(|n| n.to_str()).map(str::to_owned);
+        target_dir = target_dir.parent().expect("a target dir").to_owned();
+    }
+    if BUILT.fetch_add(1, Ordering::SeqCst) == 0 {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+        let build = |selection: &[&str]| {
+            let mut build = Command::new(&cargo);
+            build.current_dir(workspace).args(["build", "--quiet"]).args(selection);
+            match profile_name {
+                "debug" => {}
+                "release" => {
+                    build.arg("--release");
+                }
+                custom => {
+                    build.args(["--profile", custom]);
+                }
+            }
+            build.arg("--target-dir").arg(&target_dir);
+            if let Some(target) = &target {
+                build.args(["--target", target]);
+            }
+            build.output().unwrap_or_else(|e| panic!("cannot run cargo: {e}"))
+        };
+        let workspace_build = build(&["--workspace", "--tests"]);
+        if !workspace_build.status.success() {
+            // Another member's test target does not build (cargo test says so on its own): build
+            // just the two binaries, slower but just as fresh.
+            let bins = build(&["--bins", "-p", "gsaasd", "-p", "rodvr-agent"]);
+            assert!(
+                bins.status.success(),
+                "cannot build gsaasd and rodvr-agent: {}",
+                String::from_utf8_lossy(&bins.stderr)
+            );
+        }
+    }
+    (profile_dir.join("gsaasd"), profile_dir.join("rodvr-agent"))
+}
+
+/// A fresh directory for one test, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("{}{tag}", run_prefix()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Reads what a file holds, panicking with its path.
+pub fn read(path: &Path) -> String {
+    let mut text = String::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_string(&mut text))
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    text
+}
