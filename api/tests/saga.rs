@@ -17,7 +17,24 @@ on_both_stores!(
     failed_undo_steps_are_retried_until_done,
     termination_during_launch_unwinds_to_deleted,
     a_crash_at_any_step_is_resumed_after_restart,
+    terminations_right_after_ready_are_never_lost,
 );
+
+/// A DELETE that arrives as the launch saga finishes must not be dropped (the saga was still listed
+/// as running, so the request did not start it, and it then exited): with no reconciler pass to
+/// rescue it in these tests, a lost termination leaves the VM in `deleting` and the wait fails.
+async fn terminations_right_after_ready_are_never_lost(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    for _ in 0..10 {
+        let id = t.launch(&token, &shared_launch(1, 1024)).await;
+        t.wait_vm(&token, &id, |vm| vm["state"] == "ready").await;
+        t.delete(&token, &format!("/v1/vms/{id}")).await;
+        t.wait_state(&token, &id, "deleted").await;
+    }
+    let (_, pool) = t.get(&token, "/v1/pool").await;
+    assert_eq!(pool["totals"]["allocated_mib"], 0, "{pool}");
+}
 
 /// Nothing of `id` is left: no server, no cGPUs, no routes on any host.
 async fn assert_nothing_left(t: &TestService, id: &str) {
