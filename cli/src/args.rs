@@ -16,8 +16,8 @@ Exit codes:
   2  usage error: bad arguments, or the service rejected a field of the request
   3  not found (no such VM or host, or not yours)
   4  no GPU capacity for the request
-  5  authentication failed (no token, or a bad or expired one)
-  6  the service or a dependency is unreachable or failed";
+  5  authentication failed (no token, a bad or expired one, or Keystone refused the OS_* credentials)
+  6  the service, Keystone or a dependency is unreachable or failed";
 
 const EXAMPLES: &str = "\
 Examples (the dissertation's form works too):
@@ -35,7 +35,16 @@ Examples (the dissertation's form works too):
     about = "Launch and terminate VMs with cloudified GPUs (cGPUs) on GSaaS",
     long_about = "Launch and terminate VMs with cloudified GPUs (cGPUs) on GSaaS.\n\n\
         The service and credentials come from --url/--token, GSAAS_URL/GSAAS_TOKEN, or the config file \
-        (GSAAS_CONFIG, default ~/.config/gsaas/config.toml, with keys url, token, image, flavor).",
+        (GSAAS_CONFIG, default ~/.config/gsaas/config.toml, with keys url, token, image, flavor).\n\n\
+        OpenStack credentials (for a gsaasd with `[auth] mode = \"keystone\"`), used when no gsaasd \
+        token is given: OS_TOKEN (a Keystone token, sent as X-Auth-Token); or OS_CLOUD, a cloud of \
+        clouds.yaml (OS_CLIENT_CONFIG_FILE, ./clouds.yaml, ~/.config/openstack/clouds.yaml, \
+        /etc/openstack/clouds.yaml, the first found), with any OS_* variable overriding its field; \
+        or the OS_* variables alone: OS_AUTH_URL, OS_USERNAME (or OS_USER_ID), OS_PASSWORD, \
+        OS_PROJECT_NAME (or OS_PROJECT_ID), OS_USER_DOMAIN_NAME/_ID, OS_PROJECT_DOMAIN_NAME/_ID \
+        (default domain: default). gsaas gets a project-scoped token by Keystone v3 password auth \
+        and sends it as X-Auth-Token. Incomplete credentials exit 2, Keystone refusing them 5, \
+        Keystone unreachable 6.",
     after_help = EXIT_CODES,
     after_long_help = format!("{EXAMPLES}\n\n{EXIT_CODES}"),
 )]
@@ -43,7 +52,7 @@ pub struct Cli {
     /// gsaasd's URL (default: GSAAS_URL, the config file, http://127.0.0.1:8080).
     #[arg(long, global = true)]
     pub url: Option<String>,
-    /// Bearer token (default: GSAAS_TOKEN or the config file).
+    /// Bearer token (default: GSAAS_TOKEN or the config file; else OpenStack's OS_TOKEN, OS_CLOUD, OS_*).
     #[arg(long, global = true)]
     pub token: Option<String>,
     /// Output: human tables, or exactly the API's JSON for scripts.

@@ -3,12 +3,15 @@
 //! Every failure becomes one [`Failure`]: a one-line message (from the server's problem document, or
 //! naming the URL that could not be reached) and the exit code of its kind.
 
+use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reqwest::blocking::{Client as Http, RequestBuilder, Response};
 use serde::Deserialize;
 use serde_json::Value;
+
+use crate::openstack::{self, Credentials, Password};
 
 /// Exit codes; documented in `--help` (`args::EXIT_CODES`).
 pub mod exit {
@@ -70,32 +73,69 @@ impl FileConfig {
     }
 }
 
+/// Who we are to gsaasd.
+#[derive(Debug)]
+pub enum Auth {
+    /// Nothing given.
+    None,
+    /// A gsaasd token (`--token`, GSAAS_TOKEN, the config file), sent as `Authorization: Bearer`.
+    Bearer(String),
+    /// A Keystone token (`OS_TOKEN`), sent as `X-Auth-Token`.
+    Keystone(String),
+    /// OpenStack password credentials, exchanged for a Keystone token on the first request.
+    Password(Box<Password>, OnceCell<String>),
+}
+
+impl Auth {
+    /// The gsaasd token if one is given (flag, GSAAS_TOKEN or config file), else the OpenStack
+    /// credentials of the environment (`OS_TOKEN`, `OS_CLOUD` + clouds.yaml, `OS_*`), else none.
+    pub fn resolve(gsaas_token: Option<String>) -> Result<Auth, Failure> {
+        if let Some(token) = gsaas_token.filter(|t| !t.trim().is_empty()) {
+            return Ok(Auth::Bearer(token.trim().to_owned()));
+        }
+        Ok(match openstack::credentials(&|name| std::env::var(name).ok())? {
+            None => Auth::None,
+            Some(Credentials::Token(token)) => Auth::Keystone(token),
+            Some(Credentials::Password(password)) => Auth::Password(password, OnceCell::new()),
+        })
+    }
+}
+
 #[derive(Debug)]
 pub struct Client {
     http: Http,
     pub url: String,
-    token: Option<String>,
+    auth: Auth,
 }
 
 impl Client {
-    pub fn new(url: &str, token: Option<String>) -> Client {
+    pub fn new(url: &str, auth: Auth) -> Client {
         let http = Http::builder()
             .timeout(Duration::from_secs(60))
             .connect_timeout(Duration::from_secs(5))
             .build()
             .expect("an HTTP client builds");
-        Client { http, url: url.trim_end_matches('/').to_owned(), token }
+        Client { http, url: url.trim_end_matches('/').to_owned(), auth }
     }
 
     fn authorized(&self, request: RequestBuilder) -> Result<RequestBuilder, Failure> {
-        let token =
-            self.token.as_deref().filter(|t| !t.trim().is_empty()).ok_or_else(|| Failure {
+        match &self.auth {
+            Auth::None => Err(Failure {
                 message: "no token: set GSAAS_TOKEN or pass --token (an operator issues one with \
-                      `gsaasd token issue --project PROJECT`)"
+                      `gsaasd token issue --project PROJECT`), or, with a Keystone-backed \
+                      gsaasd, OS_CLOUD or the OS_* variables"
                     .into(),
                 code: exit::AUTH,
-            })?;
-        Ok(request.bearer_auth(token.trim()))
+            }),
+            Auth::Bearer(token) => Ok(request.bearer_auth(token)),
+            Auth::Keystone(token) => Ok(request.header("X-Auth-Token", token)),
+            Auth::Password(password, token) => {
+                if token.get().is_none() {
+                    let _ = token.set(password.issue_token()?);
+                }
+                Ok(request.header("X-Auth-Token", token.get().expect("set above")))
+            }
+        }
     }
 
     fn send(&self, request: RequestBuilder) -> Result<Value, Failure> {

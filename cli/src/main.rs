@@ -6,6 +6,7 @@
 
 mod args;
 mod client;
+mod openstack;
 mod output;
 
 use std::io::{IsTerminal, Write};
@@ -16,7 +17,7 @@ use clap::Parser;
 use serde_json::{json, Value};
 
 use args::{Cli, Command, Format, Launch};
-use client::{exit, Client, Failure, FileConfig};
+use client::{exit, Auth, Client, Failure, FileConfig};
 
 const DEFAULT_URL: &str = "http://127.0.0.1:8080";
 const WAIT_LIMIT: Duration = Duration::from_secs(900);
@@ -48,7 +49,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         .or(file.url.clone())
         .unwrap_or_else(|| DEFAULT_URL.to_owned());
     let token = cli.token.or_else(|| std::env::var("GSAAS_TOKEN").ok()).or(file.token.clone());
-    let client = Client::new(&url, token);
+    let client = Client::new(&url, Auth::resolve(token)?);
     let format = cli.format;
     match cli.command {
         Command::Launch(launch) => launch_vm(&client, format, launch, &file),

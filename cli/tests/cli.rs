@@ -58,6 +58,9 @@ impl Server {
             .env("HOME", &self.dir)
             .env_remove("GSAAS_IMAGE")
             .env_remove("GSAAS_FLAVOR")
+            .env_remove("OS_CLOUD")
+            .env_remove("OS_AUTH_URL")
+            .env_remove("OS_TOKEN")
             .output()
             .expect("gsaas runs")
     }

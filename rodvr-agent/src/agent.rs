@@ -10,6 +10,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::firewall::{Dataplane, Firewall, FirewallError};
+use crate::metrics::{inc, AgentMetrics};
 use crate::protocol::{
     AppliedState, ApplyOutcome, ApplyStatus, GpuReport, Health, HostKind, HostReport, InvalidEntry,
     RouteTable,
@@ -54,13 +55,14 @@ struct Inner<F> {
 #[derive(Debug)]
 pub struct Agent<F> {
     inner: Mutex<Inner<F>>,
+    metrics: AgentMetrics,
     facts: HostFacts,
 }
 
 impl<F: Firewall> Agent<F> {
     pub fn new(ledger: Ledger, dataplane: Dataplane<F>, facts: HostFacts) -> Self {
         let inner = Inner { ledger, dataplane, applied_generation: None, apply_error: None };
-        Self { inner: Mutex::new(inner), facts }
+        Self { inner: Mutex::new(inner), metrics: AgentMetrics::default(), facts }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<F>> {
@@ -73,8 +75,12 @@ impl<F: Firewall> Agent<F> {
     pub fn put_table(&self, table: RouteTable) -> Result<ApplyStatus, AgentError> {
         let mut inner = self.lock();
         let masked_range = inner.dataplane.params().masked_range;
-        table.validate(Some(masked_range)).map_err(AgentError::Invalid)?;
-        let admission = inner.ledger.admit(&table).map_err(AgentError::Conflict)?;
+        let refused = |e| {
+            inc(&self.metrics.tables_refused);
+            e
+        };
+        table.validate(Some(masked_range)).map_err(|e| refused(AgentError::Invalid(e)))?;
+        let admission = inner.ledger.admit(&table).map_err(|e| refused(AgentError::Conflict(e)))?;
         let status = ApplyStatus {
             generation: table.generation,
             routes: table.routes.len(),
@@ -90,7 +96,7 @@ impl<F: Firewall> Agent<F> {
         if admission == Admission::New {
             inner.ledger.persist(table).map_err(AgentError::Persist)?;
         }
-        inner.apply(routes, false)?;
+        inner.apply(routes, false, &self.metrics)?;
         Ok(status)
     }
 
@@ -98,7 +104,7 @@ impl<F: Firewall> Agent<F> {
     pub fn reapply(&self) -> Result<(), AgentError> {
         let mut inner = self.lock();
         let routes = route_map(inner.ledger.current().map_or(&[][..], |t| &t.routes));
-        inner.apply(routes, true)
+        inner.apply(routes, true, &self.metrics)
     }
 
     /// Whether the ledger holds a table the firewall does not.
@@ -130,6 +136,19 @@ impl<F: Firewall> Agent<F> {
         }
     }
 
+    /// The agent's metrics in the Prometheus text format.
+    pub fn metrics(&self) -> String {
+        let inner = self.lock();
+        let routes = inner
+            .ledger
+            .current()
+            .filter(|_| inner.applied_generation.is_some())
+            .map_or(0, |t| t.routes.len());
+        let generation = inner.applied_generation;
+        drop(inner);
+        self.metrics.render(routes, generation)
+    }
+
     /// Runs `f` on the firewall (e.g. to inspect the in-memory one).
     pub fn with_firewall<R>(&self, f: impl FnOnce(&mut F) -> R) -> R {
         f(self.lock().dataplane.firewall_mut())
@@ -137,10 +156,20 @@ impl<F: Firewall> Agent<F> {
 }
 
 impl<F: Firewall> Inner<F> {
-    fn apply(&mut self, routes: crate::render::RouteMap, full: bool) -> Result<(), AgentError> {
+    fn apply(
+        &mut self,
+        routes: crate::render::RouteMap,
+        full: bool,
+        metrics: &AgentMetrics,
+    ) -> Result<(), AgentError> {
         let generation = self.ledger.current().map(|t| t.generation);
+        let started = std::time::Instant::now();
         let result =
             if full { self.dataplane.replace(routes) } else { self.dataplane.converge(routes) };
+        let histogram =
+            if full { &metrics.apply_seconds_full } else { &metrics.apply_seconds_update };
+        histogram.observe(started.elapsed().as_secs_f64());
+        inc(if result.is_ok() { &metrics.applies_ok } else { &metrics.applies_failed });
         match result {
             Ok(()) => {
                 self.applied_generation = generation;

@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 pub mod discovery;
 pub mod firewall;
+pub mod metrics;
 pub mod protocol;
 pub mod render;
 pub mod server;

@@ -1,7 +1,7 @@
 //! The agent's HTTP API (axum), and the one place [`AgentError`] becomes an HTTP status.
 //!
 //! Every endpoint, health included, requires a controller token: the agent has nothing to say to
-//! anyone else. Handlers do no retries; applying runs on the blocking pool because `nft` is a
+//! anyone else, except `/metrics`, which tells only counts and timings, for Prometheus. Handlers do no retries; applying runs on the blocking pool because `nft` is a
 //! child process. Request bodies are parsed with `serde_path_to_error` so a malformed table is
 //! answered with the path of the bad entry (`routes[2].masked`).
 
@@ -58,6 +58,8 @@ pub fn router<F: Firewall + 'static>(agent: Arc<Agent<F>>, verifier: Arc<TokenVe
         .route("/v1/host", get(host::<F>))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(verifier, require_controller))
+        // Added after the token layer: Prometheus scrapes without the controller's key.
+        .route("/metrics", get(metrics::<F>))
         .with_state(agent)
 }
 
@@ -75,6 +77,10 @@ async fn require_controller(
         Some(token) if verifier.verify(token) => Ok(next.run(request).await),
         _ => Err(AgentError::Unauthorized),
     }
+}
+
+async fn metrics<F: Firewall + 'static>(State(agent): State<Arc<Agent<F>>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], agent.metrics()).into_response()
 }
 
 async fn health<F: Firewall + 'static>(State(agent): State<Arc<Agent<F>>>) -> Json<Health> {

@@ -218,3 +218,44 @@ async fn the_agent_registers_with_its_own_token() {
     let err = ControllerClient::new("http://127.0.0.1:1", "x").register(&got).await.unwrap_err();
     assert_eq!(err.status(), None, "{err}");
 }
+
+#[tokio::test]
+async fn metrics_parse_and_count_applies_and_refusals_without_a_token() {
+    let state = TempDir::new("api-metrics");
+    let (private, public) = key_pair(21);
+    let agent = new_agent(&state);
+    let addr = serve(agent.clone(), &public).await;
+    let client = AgentClient::new(
+        format!("http://{addr}"),
+        TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
+    );
+    client.put_routes(&table(3)).await.unwrap();
+    assert!(client.put_routes(&table(2)).await.is_err(), "an older generation is refused");
+
+    let response = reqwest::get(format!("http://{addr}/metrics")).await.unwrap();
+    assert_eq!(response.status(), 200, "Prometheus scrapes without the controller's key");
+    let text = response.text().await.unwrap();
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
+        .expect("valid exposition");
+    let value = |name: &str, label: Option<(&str, &str)>| -> f64 {
+        let sample = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .unwrap_or_else(|| panic!("no {name} in {text}"));
+        match sample.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            ref other => panic!("{name}: {other:?}"),
+        }
+    };
+    assert_eq!(value("rodvr_applied_routes", None), 2.0);
+    assert_eq!(value("rodvr_applied_generation", None), 3.0);
+    assert_eq!(value("rodvr_applies_total", Some(("outcome", "ok"))), 1.0);
+    assert_eq!(value("rodvr_applies_total", Some(("outcome", "failed"))), 0.0);
+    assert_eq!(value("rodvr_tables_refused_total", None), 1.0);
+    assert!(text.contains("rodvr_apply_seconds_count{kind=\"update\"} 1\n"), "{text}");
+    // The token still guards everything else.
+    assert_eq!(reqwest::get(format!("http://{addr}/v1/routes")).await.unwrap().status(), 401);
+}
