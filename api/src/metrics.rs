@@ -30,6 +30,7 @@ pub struct Metrics {
     pub launches_ready: AtomicU64,
     pub launches_failed: AtomicU64,
     pub terminations: AtomicU64,
+    pub terminations_done: AtomicU64,
     pub route_pushes: AtomicU64,
     pub route_push_failures: AtomicU64,
     pub reconciler_runs: AtomicU64,
@@ -48,6 +49,7 @@ impl Default for Metrics {
             launches_ready: AtomicU64::new(0),
             launches_failed: AtomicU64::new(0),
             terminations: AtomicU64::new(0),
+            terminations_done: AtomicU64::new(0),
             route_pushes: AtomicU64::new(0),
             route_push_failures: AtomicU64::new(0),
             reconciler_runs: AtomicU64::new(0),
@@ -89,8 +91,12 @@ impl Metrics {
         ] {
             let _ = writeln!(out, "gsaas_launches_total{{outcome=\"{outcome}\"}} {}", get(c));
         }
+        header(out, "gsaas_terminations_total", "counter", "Terminations by outcome.");
+        for (outcome, c) in [("accepted", &self.terminations), ("deleted", &self.terminations_done)]
+        {
+            let _ = writeln!(out, "gsaas_terminations_total{{outcome=\"{outcome}\"}} {}", get(c));
+        }
         for (name, help, c) in [
-            ("gsaas_terminations_total", "Termination requests accepted.", &self.terminations),
             ("gsaas_route_pushes_total", "Route tables pushed to host agents.", &self.route_pushes),
             (
                 "gsaas_route_push_failures_total",
@@ -136,7 +142,8 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
     ] {
         header(&mut out, name, "gauge", help);
     }
-    for g in pool.gpu_usage() {
+    let gpus = pool.gpu_usage();
+    for g in &gpus {
         let labels = format!("gpu=\"{}\",host=\"{}\"", g.id, g.host);
         let _ = writeln!(out, "gsaas_gpu_memory_mib{{{labels}}} {}", g.memory_mib);
         let _ = writeln!(out, "gsaas_gpu_allocated_mib{{{labels}}} {}", g.allocated_mib);
@@ -146,6 +153,7 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
         ("gsaas_host_memory_mib", "GPU memory, by host."),
         ("gsaas_host_allocated_mib", "GPU memory booked by cGPUs, by host."),
         ("gsaas_host_vms", "VMs with cGPUs on the host's GPUs."),
+        ("gsaas_host_cgpus", "cGPUs on the host's GPUs."),
         ("gsaas_host_schedulable", "1 when the host takes new cGPUs."),
     ] {
         header(&mut out, name, "gauge", help);
@@ -156,6 +164,8 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
         let _ = writeln!(out, "gsaas_host_memory_mib{{{labels}}} {}", h.memory_mib);
         let _ = writeln!(out, "gsaas_host_allocated_mib{{{labels}}} {}", h.allocated_mib);
         let _ = writeln!(out, "gsaas_host_vms{{{labels}}} {}", h.vms);
+        let cgpus: u32 = gpus.iter().filter(|g| g.host == h.id).map(|g| g.cgpus).sum();
+        let _ = writeln!(out, "gsaas_host_cgpus{{{labels}}} {cgpus}");
         let _ = writeln!(out, "gsaas_host_schedulable{{{labels}}} {schedulable}");
     }
     out

@@ -269,6 +269,7 @@ impl App {
                 .await?;
                 if vm.state == VmState::Deleting {
                     vm.state = VmState::Deleted;
+                    inc(&self.metrics.terminations_done);
                 }
                 vm.step = SagaStep::Done;
             }
