@@ -6,8 +6,11 @@
 //! its catalog rewritten to point at the fake server, and validates tenants' tokens
 //! (`GET /v3/auth/tokens`): `tenant-a` (member of project A, the sample's project), `tenant-b`
 //! (member of project B), `tenant-admin` (the sample's admin role); anything else is 404, as
-//! Keystone answers for an unknown token. Tenants send their token as `X-Auth-Token`.
+//! Keystone answers for an unknown token. Tenants send their token as `X-Auth-Token`. The fake Nova
+//! keeps the servers it is asked to create (ACTIVE at once, on the asked-for host, the upstream
+//! server and port samples), so a launch goes all the way to `ready` and a termination to `deleted`.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -17,7 +20,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use gsaasd::cloud::nova::NovaConfig;
+use gsaasd::cloud::nova::{vm_tag, NovaConfig, VM_ID_METADATA};
 use gsaasd::config::{AuthConfig, AuthMode, CloudConfig, Config};
 use gsaasd::openstack::time::format_rfc3339;
 use serde_json::{json, Value};
@@ -46,11 +49,27 @@ fn token_body(base: &str) -> Value {
     body
 }
 
+/// (method, path and query, X-Subject-Token) of one request.
+type Logged = (Method, String, Option<String>);
+
 #[derive(Clone)]
 struct Fake {
     base: String,
-    /// (method, path and query, X-Subject-Token) of every request.
-    log: Arc<Mutex<Vec<(Method, String, Option<String>)>>>,
+    /// Every request.
+    log: Arc<Mutex<Vec<Logged>>>,
+    /// Nova's servers: id to (gsaas VM id of its metadata, the host it was asked to run on).
+    servers: Arc<Mutex<BTreeMap<String, (String, String)>>>,
+}
+
+/// The upstream admin view of a server (2.73), ACTIVE on `host`, with `vm` in its metadata.
+fn server_body(id: &str, vm: &str, host: &str) -> Value {
+    let mut body: Value =
+        serde_json::from_str(&fixture("nova/servers_v2.73_server-get-resp.json")).unwrap();
+    let server = &mut body["server"];
+    server["id"] = json!(id);
+    server["metadata"][VM_ID_METADATA] = json!(vm);
+    server["OS-EXT-SRV-ATTR:host"] = json!(host);
+    body
 }
 
 async fn serve(
@@ -58,7 +77,7 @@ async fn serve(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    _body: Bytes,
+    body: Bytes,
 ) -> Response {
     let path = uri.path_and_query().map(|p| p.to_string()).unwrap_or_default();
     let header = |name| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -102,11 +121,46 @@ async fn serve(
         (Method::GET, p) if p == format!("/glance/v2/images/{IMAGE_ID}") => {
             ok(json!({ "id": IMAGE_ID, "name": "cirros", "status": "active" }))
         }
-        (Method::GET, p) if p.starts_with(&format!("{NOVA}/servers/detail")) => {
-            ok(json!({ "servers": [] }))
+        (Method::GET, p) if p.starts_with(&format!("{NOVA}/servers/detail?tags=")) => {
+            let servers = fake.servers.lock().unwrap();
+            let tagged: Vec<Value> = servers
+                .iter()
+                .filter(|(_, (vm, _))| p.ends_with(&vm_tag(vm.parse().unwrap())))
+                .map(|(id, (vm, host))| server_body(id, vm, host)["server"].clone())
+                .collect();
+            ok(json!({ "servers": tagged }))
         }
-        (Method::GET, p) if p.starts_with("/neutron/v2.0/ports") => ok(json!({ "ports": [] })),
-        // Server creation is not faked: a launch ends in error, its record stays for the checks.
+        (Method::POST, p) if p == format!("{NOVA}/servers") => {
+            let request: Value = serde_json::from_slice(&body).unwrap();
+            let server = &request["server"];
+            let vm = server["metadata"][VM_ID_METADATA].as_str().unwrap().to_owned();
+            let host = server["host"].as_str().expect("a pinned host").to_owned();
+            let mut servers = fake.servers.lock().unwrap();
+            let id = format!("5e000000-0000-4000-8000-{:012}", servers.len() + 1);
+            servers.insert(id.clone(), (vm, host));
+            (StatusCode::ACCEPTED, axum::Json(json!({ "server": { "id": id } }))).into_response()
+        }
+        (method, p) if p.starts_with(&format!("{NOVA}/servers/")) => {
+            let id = p.rsplit('/').next().unwrap();
+            let mut servers = fake.servers.lock().unwrap();
+            match (method, servers.get(id).cloned()) {
+                (Method::GET, Some((vm, host))) => ok(server_body(id, &vm, &host)),
+                (Method::DELETE, Some(_)) => {
+                    servers.remove(id);
+                    StatusCode::NO_CONTENT.into_response()
+                }
+                _ => not_found(&format!("server {id}")),
+            }
+        }
+        (Method::GET, p) if p.starts_with("/neutron/v2.0/ports?device_id=") => {
+            let device = p.rsplit('=').next().unwrap();
+            let mut ports: Value =
+                serde_json::from_str(&fixture("neutron/ports_ports-list-response.json")).unwrap();
+            for port in ports["ports"].as_array_mut().unwrap() {
+                port["device_id"] = json!(device);
+            }
+            ok(ports)
+        }
         (method, path) => not_found(&format!("no route for {method} {path}")),
     }
 }
@@ -129,7 +183,7 @@ impl Drop for TempDir {
 async fn setup(name: &str) -> Setup {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let fake = Fake { base: base.clone(), log: Arc::default() };
+    let fake = Fake { base: base.clone(), log: Arc::default(), servers: Arc::default() };
     let app = Router::new().fallback(serve).with_state(fake.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
@@ -192,6 +246,20 @@ impl Setup {
         self.call(Method::GET, path, token, None).await
     }
 
+    /// Polls the VM until its state is one of `states` (bounded).
+    async fn until(&self, id: &str, token: &str, states: &[&str]) -> Value {
+        let deadline = tokio::time::Instant::now() + BOUND;
+        loop {
+            let (status, vm) = self.get(&format!("/v1/vms/{id}"), token).await;
+            assert_eq!(status, 200, "{vm}");
+            if states.iter().any(|s| vm["state"] == *s) {
+                return vm;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "still {}: {vm}", vm["state"]);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     fn validations_of(&self, token: &str) -> usize {
         self.fake
             .log
@@ -208,7 +276,7 @@ impl Setup {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tenants_keystone_tokens_list_pool_and_are_kept_to_their_project() {
+async fn tenants_keystone_tokens_launch_list_and_are_kept_to_their_project() {
     let s = setup("tenants").await;
     // Project A's member lists its (no) VMs; the token is validated with Keystone once, then cached.
     let (status, body) = s.get("/v1/vms", "tenant-a").await;
@@ -231,14 +299,15 @@ async fn tenants_keystone_tokens_list_pool_and_are_kept_to_their_project() {
     let response = s.http.get(format!("{}/v1/vms", s.service.url())).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 401);
 
-    // Project A launches a VM: its record belongs to A, B cannot see it.
+    // Project A launches a VM and follows it to ready; project B can neither see nor end it.
     let launch = json!({ "image": IMAGE_ID, "flavor": "1", "ncgpus": 1 });
     let (status, vm) = s.call(Method::POST, "/v1/vms", "tenant-a", Some(launch)).await;
     assert!(status == 201 || status == 202, "{status} {vm}");
     let id = vm["id"].as_str().expect("the launch has an id").to_owned();
     assert_eq!(vm["project"], PROJECT_A, "{vm}");
-    let (status, shown) = s.get(&format!("/v1/vms/{id}"), "tenant-a").await;
-    assert_eq!((status, shown["id"].as_str()), (200, Some(id.as_str())), "{shown}");
+    let vm = s.until(&id, "tenant-a", &["ready", "error"]).await;
+    assert_eq!(vm["state"], "ready", "{vm}");
+    assert_eq!(s.fake.servers.lock().unwrap().len(), 1);
     let (status, body) = s.get(&format!("/v1/vms/{id}"), "tenant-b").await;
     assert_eq!(status, 404, "{body}");
     let (status, listed) = s.get("/v1/vms", "tenant-b").await;
@@ -247,6 +316,16 @@ async fn tenants_keystone_tokens_list_pool_and_are_kept_to_their_project() {
     assert_eq!(status, 200);
     assert_eq!(listed["vms"][0]["id"], id.as_str(), "{listed}");
     assert_eq!(s.call(Method::DELETE, &format!("/v1/vms/{id}"), "tenant-b", None).await.0, 404);
+    // The admin sees it among all projects' VMs, on its host.
+    let (status, all) = s.get(&format!("/v1/vms?project={PROJECT_A}"), "tenant-admin").await;
+    assert_eq!((status, all["vms"][0]["id"].as_str()), (200, Some(id.as_str())), "{all}");
+
+    // Project A terminates it: Nova's server is deleted.
+    let (status, body) = s.call(Method::DELETE, &format!("/v1/vms/{id}"), "tenant-a", None).await;
+    assert!((200..300).contains(&status), "{status} {body}");
+    let vm = s.until(&id, "tenant-a", &["deleted", "error"]).await;
+    assert_eq!(vm["state"], "deleted", "{vm}");
+    assert!(s.fake.servers.lock().unwrap().is_empty());
 
     s.service.abort();
 }
