@@ -223,9 +223,9 @@ async fn run(runs: usize, sizes: &[u32]) {
         );
     }
     println!(
-        "\nA VM's cGPUs are also written into its cloud-init user_data (the rCUDA environment, twice: \
-         profile script and /etc/environment), which Nova caps at 65,535 bytes of base64: 500 cGPUs \
-         of one VM fit, 600 do not: they are refused at launch with 422 before anything is stored."
+        "\nA VM's cGPUs are also written into its cloud-init user_data (the rCUDA environment, once, \
+         in /etc/rcuda.env), which Nova caps at 65,535 bytes of base64; a launch past that is \
+         refused with 422 before anything is stored."
     );
     drop(svc);
     let _ = std::fs::remove_dir_all(&dir);

@@ -37,11 +37,14 @@ pub fn base64_len(n: usize) -> usize {
     n.div_ceil(3).saturating_mul(4)
 }
 
-/// Where the VM's login shells get the rCUDA variables.
+/// The rCUDA variables, `NAME=value` per line: written once, read by both of the files below, so
+/// that a VM with a thousand cGPUs still fits Nova's 65,535-byte user_data.
+pub const ENV_FILE_PATH: &str = "/etc/rcuda.env";
+/// Where the VM's login shells get the rCUDA variables (it exports what [`ENV_FILE_PATH`] sets).
 pub const PROFILE_PATH: &str = "/etc/profile.d/rcuda.sh";
-/// Where every other process of the VM gets them (pam_env).
+/// Where every other process of the VM gets them (pam_env); [`ENV_FILE_PATH`] is appended at boot.
 pub const ENVIRONMENT_PATH: &str = "/etc/environment";
-/// cloud-init's merge rule that appends lists (`write_files`) rather than replacing them.
+/// cloud-init's merge rule that appends lists (`write_files`, `runcmd`) rather than replacing them.
 pub const MERGE_TYPE: &str = "list(append)+dict(no_replace,recurse_list)+str()";
 
 /// One cGPU as the VM reaches it: a masked address and port, and the GPU's number there.
@@ -68,23 +71,25 @@ impl RcudaEnv {
         std::iter::once(count).chain(devices).collect()
     }
 
-    /// The content of [`PROFILE_PATH`]: one `export`, single-quoted, per variable.
-    pub fn profile_script(&self) -> String {
-        let mut script = String::from("# rCUDA client environment, set by GSaaS.\n");
-        for (name, value) in self.variables() {
-            let _ = writeln!(script, "export {name}={}", shell_quote(&value));
-        }
-        script
-    }
-
-    /// What is appended to [`ENVIRONMENT_PATH`]. It starts with a newline in case the file does
-    /// not end with one. The values never need quoting (addresses and numbers).
-    pub fn environment_lines(&self) -> String {
-        let mut lines = String::from("\n");
+    /// The content of [`ENV_FILE_PATH`]. The values never need quoting (addresses and numbers), so
+    /// the same lines are valid shell assignments and valid `/etc/environment` entries.
+    pub fn env_file(&self) -> String {
+        let mut lines = String::new();
         for (name, value) in self.variables() {
             let _ = writeln!(lines, "{name}={value}");
         }
         lines
+    }
+
+    /// The content of [`PROFILE_PATH`]: exports everything [`ENV_FILE_PATH`] sets.
+    pub fn profile_script() -> String {
+        format!("# rCUDA client environment, set by GSaaS.\nset -a\n. {ENV_FILE_PATH}\nset +a\n")
+    }
+
+    /// The boot command that appends [`ENV_FILE_PATH`] to [`ENVIRONMENT_PATH`] (after a newline, in
+    /// case the file does not end with one).
+    pub fn environment_command() -> String {
+        format!("printf '\\n' >> {ENVIRONMENT_PATH} && cat {ENV_FILE_PATH} >> {ENVIRONMENT_PATH}")
     }
 
     /// Our cloud-config document.
@@ -92,24 +97,22 @@ impl RcudaEnv {
         let config = serde_json::json!({
             "write_files": [
                 {
+                    "path": ENV_FILE_PATH,
+                    "owner": "root:root",
+                    "permissions": "0644",
+                    "content": self.env_file(),
+                },
+                {
                     "path": PROFILE_PATH,
                     "owner": "root:root",
                     "permissions": "0644",
-                    "content": self.profile_script(),
+                    "content": Self::profile_script(),
                 },
-                {
-                    "path": ENVIRONMENT_PATH,
-                    "append": true,
-                    "content": self.environment_lines(),
-                },
-            ]
+            ],
+            "runcmd": [["sh", "-c", Self::environment_command()]],
         });
-        format!("#cloud-config\n{config:#}\n")
+        format!("#cloud-config\n{config}\n")
     }
-}
-
-fn shell_quote(value: &str) -> String {
-    format!("'{}'", value.replace('\'', r"'\''"))
 }
 
 /// Why the user's user_data cannot be combined with the rCUDA configuration.

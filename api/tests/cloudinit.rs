@@ -125,12 +125,10 @@ fn two_devices() -> RcudaEnv {
     }
 }
 
-const PROFILE: &str = "# rCUDA client environment, set by GSaaS.\n\
-    export RCUDA_DEVICE_COUNT='2'\n\
-    export RCUDA_DEVICE_0='192.168.100.1@8308:0'\n\
-    export RCUDA_DEVICE_1='192.168.100.2@9000:3'\n";
+const PROFILE: &str =
+    "# rCUDA client environment, set by GSaaS.\nset -a\n. /etc/rcuda.env\nset +a\n";
 
-const ENVIRONMENT: &str = "\nRCUDA_DEVICE_COUNT=2\n\
+const ENV_FILE: &str = "RCUDA_DEVICE_COUNT=2\n\
     RCUDA_DEVICE_0=192.168.100.1@8308:0\n\
     RCUDA_DEVICE_1=192.168.100.2@9000:3\n";
 
@@ -142,14 +140,15 @@ fn assert_rcuda_part(part: &ParsedPart) {
     let config: serde_json::Value = serde_json::from_str(document).unwrap();
     let expected = serde_json::json!({
         "write_files": [
+            { "path": "/etc/rcuda.env", "owner": "root:root", "permissions": "0644", "content": ENV_FILE },
             {
                 "path": "/etc/profile.d/rcuda.sh",
                 "owner": "root:root",
                 "permissions": "0644",
                 "content": PROFILE,
             },
-            { "path": "/etc/environment", "append": true, "content": ENVIRONMENT },
-        ]
+        ],
+        "runcmd": [["sh", "-c", "printf '\\n' >> /etc/environment && cat /etc/rcuda.env >> /etc/environment"]],
     });
     assert_eq!(config, expected);
 }
@@ -168,8 +167,8 @@ fn variables_name_each_device_with_its_masked_address() {
         ])
     );
     assert_eq!(RcudaEnv::default().variables(), pairs(&[("RCUDA_DEVICE_COUNT", "0")]));
-    assert_eq!(two_devices().profile_script(), PROFILE);
-    assert_eq!(two_devices().environment_lines(), ENVIRONMENT);
+    assert_eq!(RcudaEnv::profile_script(), PROFILE);
+    assert_eq!(two_devices().env_file(), ENV_FILE);
 }
 
 #[test]
@@ -185,16 +184,36 @@ fn without_user_data_the_archive_is_the_rcuda_cloud_config() {
 }
 
 #[test]
-fn the_profile_script_sets_the_variables_in_a_shell() {
-    let path = std::env::temp_dir().join(format!("gsaas-rcuda-{}.sh", uuid::Uuid::new_v4()));
-    std::fs::write(&path, two_devices().profile_script()).unwrap();
+fn the_profile_script_exports_the_variables_and_the_boot_command_fills_etc_environment() {
+    let dir = std::env::temp_dir().join(format!("gsaas-rcuda-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (env_file, profile, environment) =
+        (dir.join("rcuda.env"), dir.join("rcuda.sh"), dir.join("environment"));
+    std::fs::write(&env_file, two_devices().env_file()).unwrap();
+    let relocate = |text: String| {
+        text.replace("/etc/rcuda.env", env_file.to_str().unwrap())
+            .replace("/etc/environment", environment.to_str().unwrap())
+    };
+    std::fs::write(&profile, relocate(RcudaEnv::profile_script())).unwrap();
+    std::fs::write(&environment, "PATH=\"/usr/bin\"").unwrap();
+    let boot = Command::new("sh")
+        .arg("-c")
+        .arg(relocate(RcudaEnv::environment_command()))
+        .status()
+        .unwrap();
+    assert!(boot.success());
+    assert_eq!(
+        std::fs::read_to_string(&environment).unwrap(),
+        format!("PATH=\"/usr/bin\"\n{ENV_FILE}")
+    );
+    // Exported, so child processes of the login shell see them too.
     let output = Command::new("sh")
-        .args(["-c", r#". "$1" && printf '%s|%s|%s\n' "$RCUDA_DEVICE_COUNT" "$RCUDA_DEVICE_0" "$RCUDA_DEVICE_1""#])
+        .args(["-c", r#". "$1" && sh -c 'printf "%s|%s|%s\n" "$RCUDA_DEVICE_COUNT" "$RCUDA_DEVICE_0" "$RCUDA_DEVICE_1"'"#])
         .arg("sh")
-        .arg(&path)
+        .arg(&profile)
         .output()
         .unwrap();
-    std::fs::remove_file(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(
         String::from_utf8(output.stdout).unwrap(),
@@ -360,4 +379,33 @@ fn nova_size_limit_is_measured_in_base64() {
     assert_eq!(NOVA_USER_DATA_MAX_BASE64, 65_535);
     assert_eq!(base64_len(49_151), 65_536);
     assert_eq!(base64_len(49_149), 65_532);
+}
+
+#[test]
+fn a_thousand_cgpus_fit_in_novas_user_data_limit() {
+    let env = RcudaEnv {
+        devices: (0..1000)
+            .map(|j| RcudaDevice {
+                address: Ipv4Addr::new(100, 127, 0, 1),
+                port: 8308 + j,
+                gpu_number: 0,
+            })
+            .collect(),
+    };
+    let archive = user_data(&env, None).unwrap();
+    assert!(
+        base64_len(archive.len()) <= NOVA_USER_DATA_MAX_BASE64,
+        "{} bytes",
+        base64_len(archive.len())
+    );
+    assert_rcuda_vars(&parse(&archive).parts[0], 1000);
+}
+
+/// The cloud-config part sets `count` devices in the env file.
+fn assert_rcuda_vars(part: &ParsedPart, count: usize) {
+    let document = part.payload.strip_prefix("#cloud-config\n").expect("a cloud-config");
+    let config: serde_json::Value = serde_json::from_str(document).unwrap();
+    let env = config["write_files"][0]["content"].as_str().unwrap();
+    assert_eq!(env.lines().count(), count + 1);
+    assert!(env.contains(&format!("RCUDA_DEVICE_COUNT={count}\n")));
 }
