@@ -15,7 +15,7 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -221,6 +221,29 @@ fn route(vm: u128, ip: Option<&str>, tap: Option<&str>, masked: &str, target: &s
     }
 }
 
+/// Writes an agent config for `host` in `dir` (controller key pair from `seed`, the masked range and
+/// GPU interface every test uses, then `extra` TOML); returns its path and the controller's private key.
+fn write_agent_config(dir: &TempDir, host: &str, seed: u8, extra: &str) -> (PathBuf, String) {
+    let (private, public) = key_pair(seed);
+    std::fs::write(dir.path().join("controller.pub.pem"), public).unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"host = "{host}"
+listen = "127.0.0.1:0"
+state_file = "{dir}/routes.json"
+controller_public_key = "{dir}/controller.pub.pem"
+masked_range = "100.127.0.0/16"
+gpu_interface = "gpu0"
+{extra}"#,
+            dir = dir.path().display()
+        ),
+    )
+    .unwrap();
+    (config, private)
+}
+
 #[test]
 fn masked_routes_on_the_real_kernel() {
     require_root_tools();
@@ -243,23 +266,7 @@ fn masked_routes_on_the_real_kernel() {
     t.ch.exec(&["nft", "add", "rule", "inet", "hostfw", "input", "tcp", "dport", "22", "accept"]);
     let host_rules = foreign_ruleset(&t.ch);
 
-    let (private, public) = key_pair(21);
-    std::fs::write(dir.path().join("controller.pub.pem"), public).unwrap();
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"host = "crg0"
-listen = "127.0.0.1:0"
-state_file = "{dir}/routes.json"
-controller_public_key = "{dir}/controller.pub.pem"
-masked_range = "100.127.0.0/16"
-gpu_interface = "gpu0"
-"#,
-            dir = dir.path().display()
-        ),
-    )
-    .unwrap();
+    let (config, private) = write_agent_config(&dir, "crg0", 21, "");
     let mut agent = AgentProcess::start(&t.ch, &config);
     let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
     let client = AgentClient::new(&agent.url, signer.clone());
@@ -331,19 +338,8 @@ fn a_local_vm_reaches_the_local_rcuda_server_only_through_its_route() {
 
     let (controller, registrations) = test_controller(&gh);
     let dir = TempDir::new("netns-local");
-    let (private, public) = key_pair(22);
-    std::fs::write(dir.path().join("controller.pub.pem"), public).unwrap();
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"host = "cg0"
-listen = "127.0.0.1:0"
-state_file = "{dir}/routes.json"
-controller_public_key = "{dir}/controller.pub.pem"
-masked_range = "100.127.0.0/16"
-gpu_interface = "gpu0"
-[controller]
+    let extra = format!(
+        r#"[controller]
 url = "http://{controller}"
 token = "agent-token-cg0"
 heartbeat_interval_secs = 1
@@ -358,11 +354,9 @@ memory_mib = 1024
 index = 1
 model = "stand-in"
 memory_mib = 1024
-"#,
-            dir = dir.path().display()
-        ),
-    )
-    .unwrap();
+"#
+    );
+    let (config, private) = write_agent_config(&dir, "cg0", 22, &extra);
     let agent = AgentProcess::start(&gh, &config);
     // The agent registers at once, with its own token and its GPU inventory.
     let (auth, report) =
@@ -474,23 +468,7 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
     let t = topology();
     stand_in_rcuda(&t.gh, "10.232.0.2:8308", "gpu0");
     let dir = TempDir::new("netns-marks");
-    let (private, public) = key_pair(23);
-    std::fs::write(dir.path().join("controller.pub.pem"), public).unwrap();
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"host = "crg1"
-listen = "127.0.0.1:0"
-state_file = "{dir}/routes.json"
-controller_public_key = "{dir}/controller.pub.pem"
-masked_range = "100.127.0.0/16"
-gpu_interface = "gpu0"
-"#,
-            dir = dir.path().display()
-        ),
-    )
-    .unwrap();
+    let (config, private) = write_agent_config(&dir, "crg1", 23, "");
     let agent = AgentProcess::start(&t.ch, &config);
     let client = AgentClient::new(
         &agent.url,
