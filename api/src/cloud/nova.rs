@@ -247,6 +247,16 @@ fn field_of(message: &str) -> &'static str {
 }
 
 /// A 4xx that is not the caller's to retry: quota, a refused field, or the service user's rights.
+/// The OpenStack project behind a catalog service type, for messages.
+fn service_name(service_type: &str) -> &'static str {
+    match service_type {
+        "compute" => "Nova",
+        "image" => "Glance",
+        "network" => "Neutron",
+        _ => "OpenStack",
+    }
+}
+
 fn refused(service: &str, status: StatusCode, body: &[u8]) -> CloudError {
     let message = error_message(body);
     let quota = message.to_lowercase().contains("quota");
@@ -412,30 +422,49 @@ impl NovaCloud {
         }
     }
 
-    async fn resolve_flavor(&self, flavor: &str) -> Result<String, CloudError> {
-        let answer = self
-            .call("compute", Method::GET, &format!("/flavors/{}", encode(flavor)), None)
-            .await?;
+    /// GET `path` from a catalog service: the parsed body on 200, `None` on 404, `refused` else.
+    async fn get_optional<T: serde::de::DeserializeOwned>(
+        &self,
+        service_type: &'static str,
+        path: &str,
+    ) -> Result<Option<T>, CloudError> {
+        let answer = self.call(service_type, Method::GET, path, None).await?;
+        let service = service_name(service_type);
         match answer.status.as_u16() {
-            200 => {
-                #[derive(Deserialize)]
-                struct Envelope {
-                    flavor: IdOnly,
-                }
-                return Ok(parse::<Envelope>("Nova", &answer.body)?.flavor.id);
-            }
-            404 => {}
-            _ => return Err(refused("Nova", answer.status, &answer.body)),
+            200 => parse::<T>(service, &answer.body).map(Some),
+            404 => Ok(None),
+            _ => Err(refused(service, answer.status, &answer.body)),
         }
-        let answer = self.call("compute", Method::GET, "/flavors", None).await?;
+    }
+
+    /// GET `path` from a catalog service, which must answer 200 (listings).
+    async fn get_listing<T: serde::de::DeserializeOwned>(
+        &self,
+        service_type: &'static str,
+        path: &str,
+    ) -> Result<T, CloudError> {
+        let answer = self.call(service_type, Method::GET, path, None).await?;
+        let service = service_name(service_type);
         if answer.status != StatusCode::OK {
-            return Err(refused("Nova", answer.status, &answer.body));
+            return Err(refused(service, answer.status, &answer.body));
+        }
+        parse::<T>(service, &answer.body)
+    }
+
+    async fn resolve_flavor(&self, flavor: &str) -> Result<String, CloudError> {
+        #[derive(Deserialize)]
+        struct One {
+            flavor: IdOnly,
+        }
+        let path = format!("/flavors/{}", encode(flavor));
+        if let Some(one) = self.get_optional::<One>("compute", &path).await? {
+            return Ok(one.flavor.id);
         }
         #[derive(Deserialize)]
-        struct Envelope {
+        struct Listing {
             flavors: Vec<NamedId>,
         }
-        let flavors = parse::<Envelope>("Nova", &answer.body)?.flavors;
+        let flavors = self.get_listing::<Listing>("compute", "/flavors").await?.flavors;
         flavors.into_iter().find(|f| f.name.as_deref() == Some(flavor)).map(|f| f.id).ok_or_else(
             || CloudError::Invalid { field: "flavor", reason: format!("no flavor {flavor:?}") },
         )
@@ -443,25 +472,15 @@ impl NovaCloud {
 
     async fn resolve_image(&self, image: &str) -> Result<String, CloudError> {
         let candidates = if uuid::Uuid::parse_str(image).is_ok() {
-            let answer = self
-                .call("image", Method::GET, &format!("/v2/images/{}", encode(image)), None)
-                .await?;
-            match answer.status.as_u16() {
-                200 => vec![parse::<NamedId>("Glance", &answer.body)?],
-                404 => vec![],
-                _ => return Err(refused("Glance", answer.status, &answer.body)),
-            }
+            let path = format!("/v2/images/{}", encode(image));
+            self.get_optional::<NamedId>("image", &path).await?.into_iter().collect()
         } else {
-            let path = format!("/v2/images?name={}", encode(image));
-            let answer = self.call("image", Method::GET, &path, None).await?;
-            if answer.status != StatusCode::OK {
-                return Err(refused("Glance", answer.status, &answer.body));
-            }
             #[derive(Deserialize)]
-            struct Envelope {
+            struct Listing {
                 images: Vec<NamedId>,
             }
-            parse::<Envelope>("Glance", &answer.body)?.images
+            let path = format!("/v2/images?name={}", encode(image));
+            self.get_listing::<Listing>("image", &path).await?.images
         };
         let invalid = |reason: String| CloudError::Invalid { field: "image", reason };
         match candidates.as_slice() {
@@ -478,30 +497,22 @@ impl NovaCloud {
     async fn resolve_network(&self, network: &str) -> Result<String, CloudError> {
         let invalid = |reason: String| CloudError::Invalid { field: "networks", reason };
         if uuid::Uuid::parse_str(network).is_ok() {
+            #[derive(Deserialize)]
+            struct One {
+                network: IdOnly,
+            }
             let path = format!("/v2.0/networks/{}", encode(network));
-            let answer = self.call("network", Method::GET, &path, None).await?;
-            return match answer.status.as_u16() {
-                200 => {
-                    #[derive(Deserialize)]
-                    struct Envelope {
-                        network: IdOnly,
-                    }
-                    Ok(parse::<Envelope>("Neutron", &answer.body)?.network.id)
-                }
-                404 => Err(invalid(format!("no network {network:?}"))),
-                _ => Err(refused("Neutron", answer.status, &answer.body)),
+            return match self.get_optional::<One>("network", &path).await? {
+                Some(one) => Ok(one.network.id),
+                None => Err(invalid(format!("no network {network:?}"))),
             };
         }
-        let path = format!("/v2.0/networks?name={}", encode(network));
-        let answer = self.call("network", Method::GET, &path, None).await?;
-        if answer.status != StatusCode::OK {
-            return Err(refused("Neutron", answer.status, &answer.body));
-        }
         #[derive(Deserialize)]
-        struct Envelope {
+        struct Listing {
             networks: Vec<IdOnly>,
         }
-        let networks = parse::<Envelope>("Neutron", &answer.body)?.networks;
+        let path = format!("/v2.0/networks?name={}", encode(network));
+        let networks = self.get_listing::<Listing>("network", &path).await?.networks;
         match networks.as_slice() {
             [] => Err(invalid(format!("no network {network:?}"))),
             [one] => Ok(one.id.clone()),
@@ -535,18 +546,14 @@ impl NovaCloud {
     }
 
     async fn get_server(&self, id: &ServerId) -> Result<NovaServer, CloudError> {
-        let answer =
-            self.call("compute", Method::GET, &format!("/servers/{}", encode(&id.0)), None).await?;
-        match answer.status.as_u16() {
-            200 => {
-                #[derive(Deserialize)]
-                struct Envelope {
-                    server: NovaServer,
-                }
-                Ok(parse::<Envelope>("Nova", &answer.body)?.server)
-            }
-            404 => Err(CloudError::NotFound(format!("server {id}"))),
-            _ => Err(refused("Nova", answer.status, &answer.body)),
+        #[derive(Deserialize)]
+        struct Envelope {
+            server: NovaServer,
+        }
+        let path = format!("/servers/{}", encode(&id.0));
+        match self.get_optional::<Envelope>("compute", &path).await? {
+            Some(envelope) => Ok(envelope.server),
+            None => Err(CloudError::NotFound(format!("server {id}"))),
         }
     }
 
@@ -555,16 +562,12 @@ impl NovaCloud {
         if !self.has_service("network").await? {
             return Ok(None);
         }
-        let path = format!("/v2.0/ports?device_id={}", encode(id));
-        let answer = self.call("network", Method::GET, &path, None).await?;
-        if answer.status != StatusCode::OK {
-            return Err(refused("Neutron", answer.status, &answer.body));
-        }
         #[derive(Deserialize)]
         struct Envelope {
             ports: Vec<Port>,
         }
-        Ok(Some(parse::<Envelope>("Neutron", &answer.body)?.ports))
+        let path = format!("/v2.0/ports?device_id={}", encode(id));
+        Ok(Some(self.get_listing::<Envelope>("network", &path).await?.ports))
     }
 
     /// The fixed IPv4 address and tap device: Neutron's port, else Nova's `addresses`.
@@ -690,17 +693,15 @@ impl Cloud for NovaCloud {
     }
 
     async fn find_server(&self, vm: VmId) -> Result<Option<ServerId>, CloudError> {
-        let path = format!("/servers/detail?tags={}", encode(&vm_tag(vm)));
-        let answer = self.call("compute", Method::GET, &path, None).await?;
-        if answer.status != StatusCode::OK {
-            return Err(refused("Nova", answer.status, &answer.body));
-        }
         #[derive(Deserialize)]
         struct Envelope {
             servers: Vec<NovaServer>,
         }
+        let path = format!("/servers/detail?tags={}", encode(&vm_tag(vm)));
         let vm = vm.to_string();
-        Ok(parse::<Envelope>("Nova", &answer.body)?
+        Ok(self
+            .get_listing::<Envelope>("compute", &path)
+            .await?
             .servers
             .into_iter()
             .filter(|s| !matches!(s.status.as_str(), "DELETED" | "SOFT_DELETED"))
