@@ -18,25 +18,18 @@
 //! Run: `cargo bench -p gsaasd --bench cycles` (args: `-- [secs] [concurrency,...] [sqlite|postgres|both]`).
 #![allow(clippy::print_stdout)]
 
-#[path = "../tests/support/postgres.rs"]
-#[allow(dead_code)]
-mod postgres;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gsaasd::auth::Role;
-use gsaasd::config::Config;
 use gsaasd::service;
+use support::{test_config, Store};
 
 const POLL: Duration = Duration::from_millis(5);
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Store {
-    Sqlite,
-    Postgres,
-}
 
 #[derive(Default)]
 struct Counts {
@@ -89,19 +82,7 @@ async fn wait(
 }
 
 async fn one(store: Store, clients: usize, measure: Duration) -> Row {
-    let dir = std::env::temp_dir()
-        .join(format!("gsaas-bench-cycles-{}-{clients}-{store:?}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.join("data"),
-        database_url: match store {
-            Store::Sqlite => None,
-            Store::Postgres => Some(postgres::fresh_database()),
-        },
-        ..Config::default()
-    };
-    config.hosts.reconcile_interval_secs = 3600;
+    let (config, dir) = test_config(store);
     let svc = service::start(config).await.expect("gsaasd starts");
     let base = svc.url();
     let token = svc.app.keys.issue("alpha", Some("alpha"), Role::Member, Duration::from_secs(3600));
