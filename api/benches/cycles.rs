@@ -6,16 +6,16 @@
 //! hosts). C client tasks each repeat one *cycle* over HTTP/1.1 keep-alive (reqwest):
 //!
 //!   POST /v1/vms (1 shared cGPU of 100 MiB) -> 202
-//!   -> GET /v1/vms/{id} every POLL until `ready`
+//!   -> GET /v1/vms/{id}?wait=20 until `ready` (long-poll; or every POLL without `wait`)
 //!   -> DELETE /v1/vms/{id} -> 202
-//!   -> GET /v1/vms/{id} every POLL until `deleted`.
+//!   -> GET /v1/vms/{id}?wait=20 until `deleted`.
 //!
 //! Cycles/s = cycles completed inside the measured window / window. The client and the server
 //! share the same runtime and the same 2 cores, so the client's cost (HTTP, JSON, polling) is in
 //! the figure. Server-side, the bench also counts VMs that reached `ready` (`launches_ready`) and
 //! the route pushes, to show what the server did in the window.
 //!
-//! Run: `cargo bench -p gsaasd --bench cycles` (args: `-- [secs] [concurrency,...] [sqlite|postgres|both]`).
+//! Run: `cargo bench -p gsaasd --bench cycles` (args: `-- [secs] [concurrency,...] [sqlite|postgres|both] [long-poll|poll]`).
 #![allow(clippy::print_stdout)]
 
 #[path = "../tests/support/mod.rs"]
@@ -45,6 +45,7 @@ struct Row {
     cycles: u64,
     requests: u64,
     errors: u64,
+    follow: Follow,
     ready: u64,
     pushes: u64,
     p50_ms: f64,
@@ -59,17 +60,33 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
+/// How a client follows a VM to its next state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Follow {
+    /// `GET /v1/vms/{id}?wait=20`: one request that answers when the VM settles.
+    LongPoll,
+    /// `GET /v1/vms/{id}` every [`POLL`].
+    Poll,
+}
+
 async fn wait(
     http: &reqwest::Client,
     url: &str,
     token: &str,
     counts: &Counts,
     target: &str,
+    follow: Follow,
 ) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        tokio::time::sleep(POLL).await;
-        let r = http.get(url).bearer_auth(token).send().await.map_err(|e| e.to_string())?;
+        let request = match follow {
+            Follow::Poll => {
+                tokio::time::sleep(POLL).await;
+                http.get(url)
+            }
+            Follow::LongPoll => http.get(format!("{url}?wait=20")),
+        };
+        let r = request.bearer_auth(token).send().await.map_err(|e| e.to_string())?;
         counts.requests.fetch_add(1, Ordering::Relaxed);
         let vm: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
         if vm["state"] == target {
@@ -81,7 +98,7 @@ async fn wait(
     }
 }
 
-async fn one(store: Store, clients: usize, measure: Duration) -> Row {
+async fn one(store: Store, clients: usize, measure: Duration, follow: Follow) -> Row {
     let (config, dir) = test_config(store);
     let svc = service::start(config).await.expect("gsaasd starts");
     let base = svc.url();
@@ -121,14 +138,14 @@ async fn one(store: Store, clients: usize, measure: Duration) -> Row {
                     let vm: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
                     let id = vm["id"].as_str().unwrap().to_owned();
                     let url = format!("{base}/v1/vms/{id}");
-                    wait(&http, &url, &token, &counts, "ready").await?;
+                    wait(&http, &url, &token, &counts, "ready", follow).await?;
                     let r = req(http.delete(&url)).send().await.map_err(|e| e.to_string())?;
                     counts.requests.fetch_add(1, Ordering::Relaxed);
                     if r.status().as_u16() != 202 {
                         return Err(format!("terminate {}", r.status()));
                     }
                     let _ = r.bytes().await;
-                    wait(&http, &url, &token, &counts, "deleted").await?;
+                    wait(&http, &url, &token, &counts, "deleted", follow).await?;
                     Ok(())
                 }
                 .await;
@@ -177,6 +194,7 @@ async fn one(store: Store, clients: usize, measure: Duration) -> Row {
         cycles: counts.cycles.load(Ordering::Relaxed) - cycles0,
         requests: req1 - req0,
         errors: counts.errors.load(Ordering::Relaxed),
+        follow,
         ready: ready1 - ready0,
         pushes: push1 - push0,
         p50_ms: percentile(&lat, 0.5),
@@ -199,12 +217,16 @@ fn main() {
         Some("postgres") => vec![Store::Postgres],
         _ => vec![Store::Sqlite, Store::Postgres],
     };
+    let follow = match args.get(3).map(String::as_str) {
+        Some("poll") => Follow::Poll,
+        _ => Follow::LongPoll,
+    };
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut rows = Vec::new();
     for &store in &stores {
         for &c in &concurrency {
-            let row = rt.block_on(one(store, c, Duration::from_secs(secs)));
+            let row = rt.block_on(one(store, c, Duration::from_secs(secs), follow));
             eprintln!(
                 "{:?} c={} cycles/s={:.0}",
                 row.store,
@@ -214,13 +236,14 @@ fn main() {
             rows.push(row);
         }
     }
-    println!("\n| store | clients | window | cycles | cycles/s | cycle p50 | cycle p99 | HTTP req/cycle | VMs ready/s (server) | route pushes/s | errors |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("\n| store | clients | following | window | cycles | cycles/s | cycle p50 | cycle p99 | HTTP req/cycle | VMs ready/s (server) | route pushes/s | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {:?} | {} | {:.0} s | {} | {:.0} | {:.1} ms | {:.1} ms | {:.1} | {:.0} | {:.0} | {} |",
+            "| {:?} | {} | {:?} | {:.0} s | {} | {:.0} | {:.1} ms | {:.1} ms | {:.1} | {:.0} | {:.0} | {} |",
             r.store,
             r.clients,
+            r.follow,
             r.secs,
             r.cycles,
             r.cycles as f64 / r.secs,
@@ -232,5 +255,5 @@ fn main() {
             r.errors
         );
     }
-    println!("\nOne process, one tokio runtime of 2 workers: server and clients share the machine's 2 cores. Poll interval {POLL:?}.");
+    println!("\nOne process, one tokio runtime of 2 workers: server and clients share the machine's 2 cores. Poll interval (poll mode) {POLL:?}.");
 }

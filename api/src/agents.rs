@@ -18,7 +18,7 @@ use rodvr_agent::client::AgentClient;
 use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
 use rodvr_agent::protocol::{HostKind as AgentHostKind, Ipv4Cidr, RouteTable};
 use rodvr_agent::render::TableParams;
-use rodvr_agent::state::{GenerationConflict, Ledger};
+use rodvr_agent::state::{Durability, GenerationConflict, Ledger};
 
 use crate::model::HostRecord;
 
@@ -73,7 +73,8 @@ impl InProcessAgents {
         std::fs::create_dir_all(&self.state_dir)
             .map_err(|e| unavailable("cannot create its state directory".into(), Box::new(e)))?;
         let ledger = Ledger::load(self.state_dir.join(format!("{}.json", host.name)))
-            .map_err(|e| unavailable("cannot load its state file".into(), Box::new(e)))?;
+            .map_err(|e| unavailable("cannot load its state file".into(), Box::new(e)))?
+            .with_durability(Durability::Process);
         let params = TableParams {
             masked_range: self.masked_range,
             gpu_interface: "gpu0".into(),

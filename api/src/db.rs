@@ -19,8 +19,10 @@ use crate::error::Error;
 use crate::model::*;
 
 /// The migrations, in order, embedded so the binary carries its schema.
-const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "init", include_str!("../../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "init", include_str!("../../migrations/0001_init.sql")),
+    (2, "pending_indexes", include_str!("../../migrations/0002_pending_indexes.sql")),
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -106,6 +108,9 @@ impl Db {
         })?;
         let pool = AnyPoolOptions::new()
             .max_connections(if backend == Backend::Sqlite { 4 } else { 16 })
+            // A ping per checkout doubles the round trips of a one-query read; a broken connection
+            // surfaces as an error of the query instead, and the pool replaces it.
+            .test_before_acquire(false)
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
@@ -311,16 +316,20 @@ pub async fn set_host_state(
     Ok(())
 }
 
-/// Records that `generation` of the host's table was computed (returns it) or applied.
-pub async fn next_routes_generation(conn: &mut AnyConnection, name: &HostId) -> Result<u64, Error> {
-    let row = sqlx::query(
-        "UPDATE hosts SET routes_generation = routes_generation + 1 WHERE name = $1 RETURNING routes_generation",
-    )
+/// Starts a new generation of the host's table; returns the host as of it (`routes_generation`
+/// is the new generation).
+pub async fn next_routes_generation(
+    conn: &mut AnyConnection,
+    name: &HostId,
+) -> Result<HostRecord, Error> {
+    let row = sqlx::query(&format!(
+        "UPDATE hosts SET routes_generation = routes_generation + 1 WHERE name = $1 RETURNING {HOST_COLUMNS}"
+    ))
     .bind(name.as_str())
     .fetch_optional(conn)
     .await?
     .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })?;
-    Ok(row.try_get::<i64, _>(0)? as u64)
+    host_from_row(&row)
 }
 
 /// Moves the host's table generation past `generation` (an agent holds a newer one than we know).
@@ -489,11 +498,13 @@ pub async fn insert_vm(conn: &mut AnyConnection, new: NewVm<'_>) -> Result<(), E
 }
 
 /// Writes everything the saga changes about a VM, if nobody else changed it since `vm` was read.
-/// Returns whether it was written; on success `vm.version` is the new version.
+/// Returns whether it was written; on success `vm.version` is the new version. Writing the end of
+/// the saga (step `done`) also releases its lease.
 pub async fn update_vm(conn: &mut AnyConnection, vm: &mut VmRecord) -> Result<bool, Error> {
     let written = sqlx::query(
         "UPDATE vms SET state = $1, error = $2, step = $3, server_id = $4, host = $5, fixed_ip = $6, \
-         tap = $7, routes_on = $8, timings = $9, updated_ms = $10, version = version + 1 \
+         tap = $7, routes_on = $8, timings = $9, updated_ms = $10, version = version + 1, \
+         saga_lease_until_ms = CASE WHEN $3 = 'done' THEN 0 ELSE saga_lease_until_ms END \
          WHERE id = $11 AND version = $12",
     )
     .bind(vm.state.as_str())
@@ -704,39 +715,51 @@ pub async fn delete_cgpus(conn: &mut AnyConnection, vm: VmId) -> Result<u64, Err
         .rows_affected())
 }
 
-/// The routes a host must serve: the cGPUs of every VM on it whose routes are on. Two queries,
-/// whatever the number of VMs.
+/// One cGPU routed on a host: the VM's source and the masked and real endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedCgpu {
+    pub vm: VmId,
+    pub fixed_ip: Option<Ipv4Addr>,
+    pub tap: Option<String>,
+    pub masked: std::net::SocketAddrV4,
+    pub target: std::net::SocketAddrV4,
+}
+
+/// The routes a host must serve: the cGPUs of every VM on it whose routes are on, in one query.
 pub async fn routed_cgpus_on(
     conn: &mut AnyConnection,
     host: &HostId,
-) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
-    let rows = sqlx::query(&format!(
-        "SELECT {VM_COLUMNS} FROM vms WHERE host = $1 AND routes_on = 1 ORDER BY id"
-    ))
-    .bind(host.as_str())
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in &rows {
-        out.push((vm_from_row(row)?, Vec::new()));
-    }
-    if out.is_empty() {
-        return Ok(out);
-    }
-    let rows = sqlx::query(&format!(
-        "SELECT {CGPU_COLUMNS} FROM cgpus c JOIN gpus g ON g.id = c.gpu JOIN vms v ON v.id = c.vm \
-         WHERE v.host = $1 AND v.routes_on = 1 ORDER BY c.vm, c.idx"
-    ))
+) -> Result<Vec<RoutedCgpu>, Error> {
+    let rows = sqlx::query(
+        "SELECT v.id, v.fixed_ip, v.tap, c.masked_address, c.masked_port, g.rcuda_address, g.rcuda_port \
+         FROM vms v JOIN cgpus c ON c.vm = v.id JOIN gpus g ON g.id = c.gpu \
+         WHERE v.host = $1 AND v.routes_on = 1 ORDER BY v.id, c.idx",
+    )
     .bind(host.as_str())
     .fetch_all(conn)
     .await?;
-    let index: std::collections::HashMap<VmId, usize> =
-        out.iter().enumerate().map(|(i, (vm, _))| (vm.id, i)).collect();
-    for row in &rows {
-        let cgpu = cgpu_from_row(row)?;
-        if let Some(&i) = index.get(&cgpu.vm) {
-            out[i].1.push(cgpu);
-        }
-    }
-    Ok(out)
+    let address = |text: String, what: &str| -> Result<Ipv4Addr, Error> {
+        text.parse().map_err(|_| corrupt(what, &text))
+    };
+    rows.iter()
+        .map(|row| {
+            let vm: String = row.try_get(0)?;
+            Ok(RoutedCgpu {
+                vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+                fixed_ip: row
+                    .try_get::<Option<String>, _>(1)?
+                    .map(|ip| address(ip, "fixed IP"))
+                    .transpose()?,
+                tap: row.try_get(2)?,
+                masked: std::net::SocketAddrV4::new(
+                    address(row.try_get(3)?, "masked address")?,
+                    row.try_get::<i64, _>(4)? as u16,
+                ),
+                target: std::net::SocketAddrV4::new(
+                    address(row.try_get(5)?, "rCUDA address")?,
+                    row.try_get::<i64, _>(6)? as u16,
+                ),
+            })
+        })
+        .collect()
 }

@@ -18,6 +18,7 @@ on_both_stores!(
     a_retried_launch_with_the_same_key_creates_one_vm,
     capacity_runs_out_with_507_and_comes_back_after_terminate,
     drained_hosts_take_no_new_cgpus,
+    long_polls_answer_once_the_vm_settles,
 );
 
 async fn pool_totals(t: &TestService) -> Value {
@@ -288,4 +289,41 @@ async fn drained_hosts_take_no_new_cgpus(store: Store) {
     t.launch(&t.member(), &shared_launch(1, 1024)).await;
     let (status, _) = t.post(&admin, "/v1/hosts/nowhere/drain", &json!({})).await;
     assert_eq!(status, 404);
+}
+
+/// `GET /v1/vms/{id}?wait=` answers once the VM is `ready`, `error` or `deleted`, or when the wait
+/// runs out; bad waits are refused; another project's VM stays unseen.
+async fn long_polls_answer_once_the_vm_settles(store: Store) {
+    let t = TestService::start_with(store, |c| {
+        c.cloud.sim_mut().unwrap().activation_delay_ms = 1500;
+    })
+    .await;
+    let token = t.member();
+    let id = t.launch(&token, &shared_launch(1, 1024)).await;
+    let path = format!("/v1/vms/{id}");
+
+    let (status, vm) = t.get(&token, &format!("{path}?wait=0")).await;
+    assert_eq!((status, vm["state"].as_str()), (200, Some("creating")), "{vm}");
+    let (status, vm) = t.get(&token, &format!("{path}?wait=0.05")).await;
+    assert_eq!((status, vm["state"].as_str()), (200, Some("creating")), "the wait ran out: {vm}");
+    let (status, vm) = t.get(&token, &format!("{path}?wait=30")).await;
+    assert_eq!((status, vm["state"].as_str()), (200, Some("ready")), "{vm}");
+
+    for bad in ["-1", "60.5", "abc", "NaN", "inf"] {
+        let (status, problem) = t.get(&token, &format!("{path}?wait={bad}")).await;
+        assert_eq!(status, 422, "wait={bad}: {problem}");
+        let named = format!("{} {}", problem["field"], problem["detail"]);
+        assert!(named.contains("wait") || named.contains("query"), "wait={bad}: {problem}");
+    }
+    let (status, problem) = t.get(&token, &format!("{path}?wait=1&surprise=1")).await;
+    assert_eq!(status, 422, "{problem}");
+
+    let other = t.token("beta", Role::Member);
+    let (status, problem) = t.get(&other, &format!("{path}?wait=30")).await;
+    assert_eq!(status, 404, "{problem}");
+
+    let (status, _) = t.delete(&token, &path).await;
+    assert_eq!(status, 202);
+    let (status, vm) = t.get(&token, &format!("{path}?wait=30")).await;
+    assert_eq!((status, vm["state"].as_str()), (200, Some("deleted")), "{vm}");
 }

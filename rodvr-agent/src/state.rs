@@ -39,10 +39,21 @@ pub enum Admission {
     Unchanged,
 }
 
+/// Whether a persisted table must survive a power loss or only a crash of the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync the file and its directory: a real agent's table outlives a host reboot.
+    Synced,
+    /// Leave it in the page cache: for in-process agents, whose controller's database is the
+    /// source of truth and re-pushes every table after a restart.
+    Process,
+}
+
 #[derive(Debug)]
 pub struct Ledger {
     path: PathBuf,
     current: Option<RouteTable>,
+    durability: Durability,
 }
 
 impl Ledger {
@@ -57,7 +68,7 @@ impl Ledger {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(source) => return Err(StateFileError::Read { path, source }),
         };
-        Ok(Self { path, current })
+        Ok(Self { path, current, durability: Durability::Synced })
     }
 
     pub fn path(&self) -> &Path {
@@ -87,7 +98,14 @@ impl Ledger {
         }
     }
 
-    /// Durably replaces the persisted table with `table` (temp file, fsync, rename, fsync dir).
+    /// Sets how durably [`Ledger::persist`] writes (default [`Durability::Synced`]).
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Replaces the persisted table with `table` (temp file, fsync, rename, fsync dir; the fsyncs
+    /// only with [`Durability::Synced`]).
     pub fn persist(&mut self, table: RouteTable) -> Result<(), StateFileError> {
         let write_err = |source| StateFileError::Write { path: self.path.clone(), source };
         let dir = match self.path.parent() {
@@ -96,13 +114,18 @@ impl Ledger {
         };
         let file_name = self.path.file_name().map(|n| n.to_string_lossy().into_owned());
         let tmp = dir.join(format!(".{}.tmp", file_name.as_deref().unwrap_or("state")));
-        let bytes = serde_json::to_vec_pretty(&table).expect("route tables always serialize");
+        let bytes = serde_json::to_vec(&table).expect("route tables always serialize");
         let write = || -> io::Result<()> {
             let mut f = fs::File::create(&tmp)?;
             f.write_all(&bytes)?;
-            f.sync_all()?;
+            if self.durability == Durability::Synced {
+                f.sync_all()?;
+            }
             fs::rename(&tmp, &self.path)?;
-            fs::File::open(&dir)?.sync_all()
+            if self.durability == Durability::Synced {
+                fs::File::open(&dir)?.sync_all()?;
+            }
+            Ok(())
         };
         write().map_err(write_err)?;
         self.current = Some(table);

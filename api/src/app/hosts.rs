@@ -5,7 +5,6 @@
 //! whose routes are on) under a new generation, so pushes need no diffing here and a lost or repeated
 //! push cannot leave a host half-configured: the agent diffs and applies.
 
-use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use gpgpums::{GpuId, HostId, HostKind, HostState};
@@ -269,27 +268,23 @@ impl App {
             let reading = pushes.ticket.load(Ordering::SeqCst);
             let (record, table) = {
                 let mut tx = self.db.begin().await?;
-                let generation = db::next_routes_generation(&mut tx, host).await?;
-                let record = db::host(&mut tx, host)
-                    .await?
-                    .ok_or_else(|| Error::NotFound { kind: "host", id: host.to_string() })?;
+                let record = db::next_routes_generation(&mut tx, host).await?;
                 let routed = db::routed_cgpus_on(&mut tx, host).await?;
                 tx.commit().await?;
                 let routes = routed
-                    .iter()
-                    .flat_map(|(vm, cgpus)| {
+                    .into_iter()
+                    .map(|c| Route {
+                        vm: c.vm,
                         // The tap identifies the VM's port on this host even where tenant networks
                         // overlap (two VMs with one fixed IP) and cannot be spoofed from inside the
                         // VM; the fixed IP is the fallback when the cloud gives no tap.
-                        cgpus.iter().map(move |c| Route {
-                            vm: vm.id,
-                            vm_ip: if vm.tap.is_none() { vm.fixed_ip } else { None },
-                            vm_tap: vm.tap.clone(),
-                            masked: SocketAddrV4::new(c.masked_address, c.masked_port),
-                            target: SocketAddrV4::new(c.rcuda_address, c.rcuda_port),
-                        })
+                        vm_ip: if c.tap.is_none() { c.fixed_ip } else { None },
+                        vm_tap: c.tap,
+                        masked: c.masked,
+                        target: c.target,
                     })
                     .collect();
+                let generation = record.routes_generation;
                 (record, RouteTable { generation, routes })
             };
             let generation = table.generation;
@@ -297,9 +292,9 @@ impl App {
             let outcome = tokio::time::timeout(timeout, self.agents.apply(&record, table)).await;
             match outcome {
                 Ok(Ok(())) => {
-                    let mut tx = self.db.begin().await?;
-                    db::set_applied_generation(&mut tx, host, generation).await?;
-                    tx.commit().await?;
+                    let mut conn = self.db.write_conn().await?;
+                    db::set_applied_generation(&mut conn, host, generation).await?;
+                    drop(conn);
                     *covered = reading;
                     return Ok(());
                 }

@@ -6,12 +6,14 @@
 //! - [`saga`]: the launch/terminate saga that runs after the request returns, resumable after a crash.
 //! - [`hosts`]: host registration, heartbeats, drain, route tables pushed to agents.
 //! - [`reconciler`]: the background loop that converges what drifted.
+//! - [`watch`]: waiting for a VM to settle (long-polling).
 
 pub mod hosts;
 pub mod pool;
 pub mod reconciler;
 pub mod saga;
 pub mod vms;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -52,6 +54,8 @@ pub struct App {
     /// requested before it read the host's routes (see [`App::push_routes`]).
     host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
     reconciler: reconciler::Reconciler,
+    /// Requests waiting for a VM to settle.
+    watchers: watch::VmWatchers,
 }
 
 impl App {
@@ -71,6 +75,7 @@ impl App {
             running: Mutex::new(HashMap::new()),
             host_locks: Mutex::new(HashMap::new()),
             reconciler: reconciler::Reconciler::default(),
+            watchers: watch::VmWatchers::default(),
         })
     }
 

@@ -21,16 +21,28 @@ use std::time::{Duration, Instant};
 use gpgpums::{HostId, HostKind, HostState, Locality, VmId};
 use tokio::sync::Notify;
 
-use super::vms::rcuda_env;
+use super::vms::{rcuda_env, VmDetails};
 use super::{App, RunningSaga};
 use crate::cloud::{CloudError, HostConstraint, ServerSpec};
 use crate::cloudinit;
 use crate::db::{self, now_ms};
 use crate::error::{Error, ErrorChain};
 use crate::metrics::inc;
-use crate::model::{SagaStep, VmRecord, VmState};
+use crate::model::{CgpuRecord, SagaStep, VmRecord, VmState};
 
 const UNDO_ATTEMPTS: u32 = 5;
+/// The reason of the conflict that rolls back a release whose VM changed meanwhile.
+const VM_CHANGED: &str = "the VM changed during its release";
+
+/// What a successful step leaves to record.
+enum Progress {
+    /// Write the VM before the next step.
+    ToRecord,
+    /// The step wrote the VM itself.
+    Recorded,
+    /// Go on without writing: the next step repeats this one's idempotent work after a crash.
+    Unrecorded,
+}
 
 /// Why a step did not complete.
 enum StepError {
@@ -66,6 +78,12 @@ impl App {
 
     /// Starts the VM's saga in this process unless it already runs here.
     pub(crate) fn spawn_saga(self: &Arc<Self>, id: VmId) {
+        self.spawn_saga_from(id, None);
+    }
+
+    /// Starts the saga of a VM this process has just written and holds the claim of (a launch):
+    /// the saga starts from `start` instead of claiming and reading it again.
+    pub(crate) fn spawn_saga_from(self: &Arc<Self>, id: VmId, mut start: Option<VmDetails>) {
         let wake = {
             let mut running = self.running.lock().expect("running sagas");
             if let Some(saga) = running.get_mut(&id) {
@@ -94,25 +112,28 @@ impl App {
                 }
             };
             tokio::pin!(renew);
-            loop {
+            let released = loop {
                 let outcome = tokio::select! {
-                    outcome = app.run_saga(id, &wake) => outcome,
-                    () = &mut renew => Ok(()),
+                    outcome = app.run_saga(id, &wake, start.take()) => outcome,
+                    () = &mut renew => Ok(false),
                 };
-                if let Err(e) = outcome {
+                let released = outcome.unwrap_or_else(|e| {
                     tracing::warn!(vm = %id, error = %ErrorChain(&e), "saga stopped; the reconciler resumes it");
-                }
+                    false
+                });
                 let mut running = app.running.lock().expect("running sagas");
                 match running.get_mut(&id) {
                     Some(saga) if saga.again => saga.again = false,
                     _ => {
                         running.remove(&id);
-                        break;
+                        break released;
                     }
                 }
-            }
-            if let Ok(mut conn) = app.db.write_conn().await {
-                let _ = db::release_saga(&mut conn, id, &app.instance).await;
+            };
+            if !released {
+                if let Ok(mut conn) = app.db.write_conn().await {
+                    let _ = db::release_saga(&mut conn, id, &app.instance).await;
+                }
             }
         });
         if let Some(saga) = self.running.lock().expect("running sagas").get_mut(&id) {
@@ -129,15 +150,36 @@ impl App {
 
     /// Runs the saga to its end (or until an undo step keeps failing).
     ///
-    /// The VM is claimed and read from the database when the saga starts and whenever a write
-    /// finds it changed (a termination) or a step was interrupted; after a successful write the
-    /// in-memory copy is current (every write is conditional on the version), so the next step runs
-    /// without re-reading it. The lease is kept by the renewal task in [`App::spawn_saga`].
-    async fn run_saga(self: &Arc<Self>, id: VmId, wake: &Notify) -> Result<(), Error> {
+    /// The VM is claimed and read from the database when the saga starts (unless the launch hands
+    /// it over) and whenever a write finds it changed (a termination) or a step was interrupted;
+    /// after a successful write the in-memory copy is current (every write is conditional on the
+    /// version), so the next step runs without re-reading it. The lease is kept by the renewal task
+    /// in [`App::spawn_saga`]. Returns whether the saga ended with a write that released the lease.
+    ///
+    /// Progress is written when the next step needs it durable: the server id once it exists, the
+    /// host and `routes_on` before routes are pushed (the push reads them), the end. The undo
+    /// steps are idempotent, so withdrawing routes and deleting the server are not recorded one by
+    /// one: the release of the cGPUs records the end in its own transaction, and a crash before it
+    /// repeats the undo from the recorded step.
+    async fn run_saga(
+        self: &Arc<Self>,
+        id: VmId,
+        wake: &Notify,
+        start: Option<VmDetails>,
+    ) -> Result<bool, Error> {
         let mut undo_failures = 0u32;
-        // The VM as of our last successful write: current unless someone else wrote since.
+        // The VM as of our last successful write (or the undo steps since): current unless someone
+        // else wrote since.
         let mut current: Option<VmRecord> = None;
+        // Its cGPUs, when the launch handed them over (they do not change during a saga).
+        let mut cgpus: Option<Vec<CgpuRecord>> = None;
+        if let Some(start) = start {
+            current = Some(start.vm);
+            cgpus = Some(start.cgpus);
+        }
         loop {
+            // Ours when it comes from our own write: a write that ends the saga releases the lease.
+            let written_by_us = current.is_some();
             let mut vm = match current.take() {
                 Some(vm) => vm,
                 None => {
@@ -148,15 +190,15 @@ impl App {
                             .await?;
                     drop(conn);
                     if !claimed {
-                        return Ok(());
+                        return Ok(false);
                     }
                     let mut conn = self.db.pool().acquire().await?;
-                    let Some(vm) = db::vm(&mut conn, id).await? else { return Ok(()) };
+                    let Some(vm) = db::vm(&mut conn, id).await? else { return Ok(false) };
                     vm
                 }
             };
             if vm.step == SagaStep::Done {
-                return Ok(());
+                return Ok(written_by_us);
             }
             if vm.state == VmState::Deleting && !vm.step.is_unwinding() {
                 // Routes off in the same write (the withdraw step then only pushes).
@@ -168,9 +210,11 @@ impl App {
                 continue;
             }
             let step = vm.step;
-            let outcome = self.run_step(&mut vm, wake).await;
+            let outcome = self.run_step(&mut vm, &mut cgpus, wake).await;
             match outcome {
-                Ok(()) => {
+                Ok(Progress::Unrecorded) => current = Some(vm),
+                Ok(Progress::Recorded) => current = Some(vm),
+                Ok(Progress::ToRecord) => {
                     if !self.save(&mut vm).await? {
                         continue;
                     }
@@ -199,6 +243,7 @@ impl App {
                     if undo_failures >= UNDO_ATTEMPTS {
                         return Err(Error::unavailable("cloud or host agent", reason));
                     }
+                    // Retry from the recorded step, reading the VM again.
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_millis(100 << undo_failures)) => {}
                         _ = wake.notified() => {}
@@ -213,16 +258,26 @@ impl App {
         vm.updated_ms = now_ms();
         // One conditional UPDATE, atomic by itself.
         let mut conn = self.db.write_conn().await?;
-        db::update_vm(&mut conn, vm).await
+        let written = db::update_vm(&mut conn, vm).await?;
+        drop(conn);
+        if written {
+            self.watchers.changed(vm.id);
+        }
+        Ok(written)
     }
 
-    async fn run_step(self: &Arc<Self>, vm: &mut VmRecord, wake: &Notify) -> Result<(), StepError> {
+    async fn run_step(
+        self: &Arc<Self>,
+        vm: &mut VmRecord,
+        cgpus: &mut Option<Vec<CgpuRecord>>,
+        wake: &Notify,
+    ) -> Result<Progress, StepError> {
         match vm.step {
             SagaStep::CheckCloud => {
                 self.cloud.check(&vm.spec.vm).await.map_err(|e| cloud_failure("check", &e))?;
                 vm.step = SagaStep::CreateVm;
             }
-            SagaStep::CreateVm => self.create_vm(vm).await?,
+            SagaStep::CreateVm => self.create_vm(vm, cgpus).await?,
             SagaStep::WaitActive => self.wait_active(vm, wake).await?,
             SagaStep::ConfigureRoutes => self.configure_routes(vm, wake).await?,
             SagaStep::WithdrawRoutes => {
@@ -238,6 +293,7 @@ impl App {
                     }
                 }
                 vm.step = SagaStep::DeleteServer;
+                return Ok(Progress::Unrecorded);
             }
             SagaStep::DeleteServer => {
                 let server = match vm.server_id.clone() {
@@ -256,33 +312,62 @@ impl App {
                     }
                 }
                 vm.step = SagaStep::ReleaseGpus;
+                return Ok(Progress::Unrecorded);
             }
             SagaStep::ReleaseGpus => {
+                // The release and the VM's end in one transaction: a conflicting write (a
+                // termination of a VM unwinding from an error) rolls both back, and the saga
+                // reads the VM again.
                 let id = vm.id;
-                self.with_pool(move |pool, tx| {
-                    Box::pin(async move {
-                        db::delete_cgpus(tx, id).await?;
-                        pool.release(&id);
-                        Ok(())
+                let mut ended = vm.clone();
+                if ended.state == VmState::Deleting {
+                    ended.state = VmState::Deleted;
+                }
+                ended.step = SagaStep::Done;
+                ended.updated_ms = now_ms();
+                let outcome = self
+                    .with_pool(move |pool, tx| {
+                        Box::pin(async move {
+                            db::delete_cgpus(tx, id).await?;
+                            if !db::update_vm(tx, &mut ended).await? {
+                                return Err(Error::Conflict(VM_CHANGED.into()));
+                            }
+                            pool.release(&id);
+                            Ok(ended)
+                        })
                     })
-                })
-                .await?;
-                if vm.state == VmState::Deleting {
-                    vm.state = VmState::Deleted;
+                    .await;
+                let ended = match outcome {
+                    Ok(ended) => ended,
+                    Err(Error::Conflict(reason)) if reason == VM_CHANGED => {
+                        return Err(StepError::Interrupted)
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                self.watchers.changed(id);
+                if ended.state == VmState::Deleted {
                     inc(&self.metrics.terminations_done);
                 }
-                vm.step = SagaStep::Done;
+                *vm = ended;
+                return Ok(Progress::Recorded);
             }
             SagaStep::Done => {}
         }
-        Ok(())
+        Ok(Progress::ToRecord)
     }
 
-    async fn create_vm(&self, vm: &mut VmRecord) -> Result<(), StepError> {
+    async fn create_vm(
+        &self,
+        vm: &mut VmRecord,
+        known_cgpus: &mut Option<Vec<CgpuRecord>>,
+    ) -> Result<(), StepError> {
         let started = Instant::now();
-        let cgpus = {
-            let mut conn = self.db.pool().acquire().await.map_err(Error::from)?;
-            db::cgpus_of(&mut conn, vm.id).await?
+        let cgpus = match known_cgpus.take() {
+            Some(cgpus) => cgpus,
+            None => {
+                let mut conn = self.db.pool().acquire().await.map_err(Error::from)?;
+                db::cgpus_of(&mut conn, vm.id).await?
+            }
         };
         let user_data = cloudinit::user_data(
             &rcuda_env(&cgpus),

@@ -249,7 +249,7 @@ impl App {
         if let Some(seconds) = details.vm.timings.gpu_selection {
             self.metrics.decision_seconds.observe(seconds);
         }
-        self.spawn_saga(id);
+        self.spawn_saga_from(id, Some(details.clone()));
         Ok((details, true))
     }
 
@@ -331,10 +331,12 @@ impl App {
                 vm.routes_on = false;
             }
             vm.updated_ms = now_ms();
-            let mut tx = self.db.begin().await?;
-            let written = db::update_vm(&mut tx, vm).await?;
-            tx.commit().await?;
+            // One conditional UPDATE, atomic by itself.
+            let mut conn = self.db.write_conn().await?;
+            let written = db::update_vm(&mut conn, vm).await?;
+            drop(conn);
             if written {
+                self.watchers.changed(id);
                 inc(&self.metrics.terminations);
                 self.wake_saga(id);
                 self.spawn_saga(id);

@@ -7,6 +7,7 @@
 pub mod views;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
@@ -168,17 +169,41 @@ async fn list_vms(
     Ok(Json(VmList { vms: vms.iter().map(|d| VmView::new(d, caller.is_admin())).collect() }))
 }
 
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+struct GetVmQuery {
+    /// Long-poll: answer once the VM has settled (`ready`, `error` or `deleted`) or after this
+    /// many seconds (at most 60), whichever comes first. Without it the answer is immediate.
+    wait: Option<f64>,
+}
+
 /// Show a VM: state, cGPUs, rCUDA environment, stage timings.
 #[utoipa::path(get, path = "/v1/vms/{id}", tag = "vms",
-    params(("id" = String, Path, description = "The VM's id")),
-    responses((status = 200, body = VmView), (status = 401, body = Problem), (status = 404, body = Problem)),
+    params(("id" = String, Path, description = "The VM's id"), GetVmQuery),
+    responses((status = 200, body = VmView), (status = 400, body = Problem),
+        (status = 401, body = Problem), (status = 404, body = Problem)),
     security(("bearer" = [])))]
 async fn get_vm(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    query: Result<Query<GetVmQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<VmView>, Error> {
-    let details = app.visible_vm(&caller, vm_id(&id)?).await?;
+    let Query(query) = query.map_err(|e| Error::invalid("query", e.body_text()))?;
+    let id = vm_id(&id)?;
+    let details = match query.wait {
+        None => app.visible_vm(&caller, id).await?,
+        Some(wait) => {
+            let max = crate::app::watch::MAX_WAIT.as_secs_f64();
+            if !(0.0..=max).contains(&wait) {
+                return Err(Error::invalid(
+                    "wait",
+                    format!("must be a number of seconds from 0 to {max}"),
+                ));
+            }
+            app.visible_vm_settled(&caller, id, Duration::from_secs_f64(wait)).await?
+        }
+    };
     Ok(Json(VmView::new(&details, caller.is_admin())))
 }
 
