@@ -501,31 +501,70 @@ pub async fn insert_vm(conn: &mut AnyConnection, new: NewVm<'_>) -> Result<(), E
 /// Returns whether it was written; on success `vm.version` is the new version. Writing the end of
 /// the saga (step `done`) also releases its lease.
 pub async fn update_vm(conn: &mut AnyConnection, vm: &mut VmRecord) -> Result<bool, Error> {
-    let written = sqlx::query(
-        "UPDATE vms SET state = $1, error = $2, step = $3, server_id = $4, host = $5, fixed_ip = $6, \
-         tap = $7, routes_on = $8, timings = $9, updated_ms = $10, version = version + 1, \
-         saga_lease_until_ms = CASE WHEN $3 = 'done' THEN 0 ELSE saga_lease_until_ms END \
-         WHERE id = $11 AND version = $12",
-    )
-    .bind(vm.state.as_str())
-    .bind(vm.error.as_deref())
-    .bind(vm.step.as_str())
-    .bind(vm.server_id.as_ref().map(|s| s.0.clone()))
-    .bind(vm.host.as_ref().map(|h| h.to_string()))
-    .bind(vm.fixed_ip.map(|ip| ip.to_string()))
-    .bind(vm.tap.as_deref())
-    .bind(i64::from(vm.routes_on))
-    .bind(serde_json::to_string(&vm.timings).expect("timings serialize"))
-    .bind(vm.updated_ms)
-    .bind(vm.id.to_string())
-    .bind(vm.version)
-    .execute(conn)
-    .await?
-    .rows_affected();
-    if written == 1 {
-        vm.version += 1;
+    Ok(write_vm(conn, vm, None).await?.is_some())
+}
+
+/// A saga's claim: who takes it, now, and until when.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    pub owner: &'a str,
+    pub now_ms: i64,
+    pub until_ms: i64,
+}
+
+/// [`update_vm`], and in the same statement the claim of the VM's saga unless another live owner
+/// holds it (as [`claim_saga`]). Returns None when not written, else whether the claim was taken.
+pub async fn update_vm_and_claim(
+    conn: &mut AnyConnection,
+    vm: &mut VmRecord,
+    claim: Claim<'_>,
+) -> Result<Option<bool>, Error> {
+    write_vm(conn, vm, Some(claim)).await
+}
+
+async fn write_vm(
+    conn: &mut AnyConnection,
+    vm: &mut VmRecord,
+    claim: Option<Claim<'_>>,
+) -> Result<Option<bool>, Error> {
+    const SET: &str = "UPDATE vms SET state = $1, error = $2, step = $3, server_id = $4, host = $5, \
+        fixed_ip = $6, tap = $7, routes_on = $8, timings = $9, updated_ms = $10, version = version + 1";
+    const WHERE: &str = "WHERE id = $11 AND version = $12";
+    let sql = match claim {
+        None => format!(
+            "{SET}, saga_lease_until_ms = CASE WHEN $3 = 'done' THEN 0 ELSE saga_lease_until_ms END {WHERE} \
+             RETURNING saga_owner"
+        ),
+        // The CASEs read the row as it was before this UPDATE.
+        Some(_) => format!(
+            "{SET}, \
+             saga_owner = CASE WHEN saga_owner IS NULL OR saga_owner = $13 OR saga_lease_until_ms < $14 \
+                 THEN $13 ELSE saga_owner END, \
+             saga_lease_until_ms = CASE WHEN saga_owner IS NULL OR saga_owner = $13 OR saga_lease_until_ms < $14 \
+                 THEN $15 ELSE saga_lease_until_ms END \
+             {WHERE} RETURNING saga_owner"
+        ),
+    };
+    let mut query = sqlx::query(&sql)
+        .bind(vm.state.as_str())
+        .bind(vm.error.as_deref())
+        .bind(vm.step.as_str())
+        .bind(vm.server_id.as_ref().map(|s| s.0.clone()))
+        .bind(vm.host.as_ref().map(|h| h.to_string()))
+        .bind(vm.fixed_ip.map(|ip| ip.to_string()))
+        .bind(vm.tap.as_deref())
+        .bind(i64::from(vm.routes_on))
+        .bind(serde_json::to_string(&vm.timings).expect("timings serialize"))
+        .bind(vm.updated_ms)
+        .bind(vm.id.to_string())
+        .bind(vm.version);
+    if let Some(claim) = claim {
+        query = query.bind(claim.owner).bind(claim.now_ms).bind(claim.until_ms);
     }
-    Ok(written == 1)
+    let Some(row) = query.fetch_optional(conn).await? else { return Ok(None) };
+    vm.version += 1;
+    let owner: Option<String> = row.try_get(0)?;
+    Ok(Some(claim.is_some_and(|c| owner.as_deref() == Some(c.owner))))
 }
 
 pub async fn vm(conn: &mut AnyConnection, id: VmId) -> Result<Option<VmRecord>, Error> {

@@ -261,7 +261,7 @@ impl App {
         let written = db::update_vm(&mut conn, vm).await?;
         drop(conn);
         if written {
-            self.watchers.changed(vm.id);
+            self.watchers.changed(vm.id, vm.state);
         }
         Ok(written)
     }
@@ -344,7 +344,7 @@ impl App {
                     }
                     Err(e) => return Err(e.into()),
                 };
-                self.watchers.changed(id);
+                self.watchers.changed(id, ended.state);
                 if ended.state == VmState::Deleted {
                     inc(&self.metrics.terminations_done);
                 }

@@ -331,15 +331,17 @@ impl App {
                 vm.routes_on = false;
             }
             vm.updated_ms = now_ms();
-            // One conditional UPDATE, atomic by itself.
+            // One conditional UPDATE, atomic by itself, that also claims the saga if nobody runs it.
+            let now = now_ms();
+            let claim = db::Claim { owner: &self.instance, now_ms: now, until_ms: now + self.lease_ms() };
             let mut conn = self.db.write_conn().await?;
-            let written = db::update_vm(&mut conn, vm).await?;
+            let written = db::update_vm_and_claim(&mut conn, vm, claim).await?;
             drop(conn);
-            if written {
-                self.watchers.changed(id);
+            if let Some(claimed) = written {
+                self.watchers.changed(id, VmState::Deleting);
                 inc(&self.metrics.terminations);
                 self.wake_saga(id);
-                self.spawn_saga(id);
+                self.spawn_saga_from(id, claimed.then(|| details.clone()));
                 return Ok(details);
             }
         }

@@ -2,10 +2,10 @@
 //!
 //! A client following a launch or a termination would otherwise poll `GET /v1/vms/{id}`, and
 //! every poll is an HTTP request and two database reads. With `?wait=` the request parks on a
-//! per-VM signal that this process's saga and terminations raise on every write of the VM, and
-//! reads the VM again only then. Another replica's saga does not reach this process's signal, so
-//! a waiter also re-reads at a slow fallback interval: it never waits past a change by more than
-//! that.
+//! per-VM signal that this process's saga and terminations raise, with the state written, on every
+//! write of the VM; it reads the VM again only when that state is settled. Another replica's saga
+//! does not reach this process's signal, so a waiter also re-reads at a slow fallback interval: it
+//! never waits past a change by more than that.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,10 +25,18 @@ const FALLBACK_READ: Duration = Duration::from_millis(250);
 /// The longest a client may ask to wait.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// Per-VM signals with their number of waiters; an entry lives while someone waits.
+/// Per-VM signals; an entry lives while someone waits.
 #[derive(Debug, Default)]
 pub(crate) struct VmWatchers {
-    waiting: Mutex<HashMap<VmId, (Arc<Notify>, usize)>>,
+    waiting: Mutex<HashMap<VmId, Watched>>,
+}
+
+#[derive(Debug)]
+struct Watched {
+    signal: Arc<Notify>,
+    waiters: usize,
+    /// The state of the last write announced.
+    written: Option<VmState>,
 }
 
 /// One waiter's registration; dropping it unregisters.
@@ -41,16 +49,29 @@ struct Watch<'a> {
 impl VmWatchers {
     fn watch(&self, id: VmId) -> Watch<'_> {
         let mut waiting = self.waiting.lock().expect("vm watchers");
-        let entry = waiting.entry(id).or_insert_with(|| (Arc::new(Notify::new()), 0));
-        entry.1 += 1;
-        Watch { watchers: self, id, signal: entry.0.clone() }
+        let entry = waiting.entry(id).or_insert_with(|| Watched {
+            signal: Arc::new(Notify::new()),
+            waiters: 0,
+            written: None,
+        });
+        entry.waiters += 1;
+        Watch { watchers: self, id, signal: entry.signal.clone() }
     }
 
-    /// Wakes everyone waiting on `id` (the VM was written).
-    pub(crate) fn changed(&self, id: VmId) {
-        if let Some((signal, _)) = self.waiting.lock().expect("vm watchers").get(&id) {
-            signal.notify_waiters();
+    /// Wakes everyone waiting on `id`: the VM was written with `state`.
+    pub(crate) fn changed(&self, id: VmId, state: VmState) {
+        if let Some(watched) = self.waiting.lock().expect("vm watchers").get_mut(&id) {
+            watched.written = Some(state);
+            watched.signal.notify_waiters();
         }
+    }
+}
+
+impl Watch<'_> {
+    /// Whether the last write announced left the VM settled.
+    fn settled_write(&self) -> bool {
+        let waiting = self.watchers.waiting.lock().expect("vm watchers");
+        waiting.get(&self.id).and_then(|w| w.written).is_some_and(settled)
     }
 }
 
@@ -58,8 +79,8 @@ impl Drop for Watch<'_> {
     fn drop(&mut self) {
         let mut waiting = self.watchers.waiting.lock().expect("vm watchers");
         if let Some(entry) = waiting.get_mut(&self.id) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
+            entry.waiters -= 1;
+            if entry.waiters == 0 {
                 waiting.remove(&self.id);
             }
         }
@@ -88,11 +109,24 @@ impl App {
             tokio::pin!(signal);
             signal.as_mut().enable();
             let details = self.visible_vm(caller, id).await?;
-            let now = tokio::time::Instant::now();
-            if settled(details.vm.state) || now >= deadline {
+            if settled(details.vm.state) {
                 return Ok(details);
             }
-            let _ = tokio::time::timeout_at(deadline.min(now + FALLBACK_READ), signal).await;
+            // Woken by writes that leave it unsettled, wait on without reading.
+            let fallback = tokio::time::Instant::now() + FALLBACK_READ;
+            loop {
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return self.visible_vm(caller, id).await;
+                }
+                let timed_out =
+                    tokio::time::timeout_at(deadline.min(fallback), signal.as_mut()).await.is_err();
+                if timed_out || watch.settled_write() {
+                    break;
+                }
+                signal.set(watch.signal.notified());
+                signal.as_mut().enable();
+            }
         }
     }
 }
