@@ -227,7 +227,7 @@ fn settings(base: &str) -> AuthSettings {
         region_name: Some("RegionOne".into()),
         ..AuthSettings::default()
     };
-    settings.check("test").unwrap();
+    settings.check().unwrap();
     settings
 }
 
@@ -972,7 +972,10 @@ fn openstack_config_errors_name_their_origin() {
 
     std::fs::write(&path, CLOUDS_YAML.replace("      password: adminpw\n", "")).unwrap();
     let err = AuthSettings::load(Some("gsaas"), Some(&path), &no_env).unwrap_err();
-    assert!(matches!(err, OpenStackConfigError::Missing { field: "password", .. }), "{err:?}");
+    assert!(
+        matches!(err, OpenStackConfigError::Missing { field, .. } if field.starts_with("password")),
+        "{err:?}"
+    );
 
     let missing = dir.join("missing.yaml");
     let err = AuthSettings::load(Some("gsaas"), Some(&missing), &no_env).unwrap_err();
@@ -980,7 +983,10 @@ fn openstack_config_errors_name_their_origin() {
     assert!(err.source().is_some());
 
     let err = AuthSettings::load(None, None, &no_env).unwrap_err();
-    assert!(matches!(err, OpenStackConfigError::Missing { field: "auth_url", .. }), "{err:?}");
+    assert!(
+        matches!(err, OpenStackConfigError::Missing { field, .. } if field.starts_with("auth_url")),
+        "{err:?}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 
     let err = NovaCloud::new(

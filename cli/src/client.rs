@@ -11,7 +11,9 @@ use reqwest::blocking::{Client as Http, RequestBuilder, Response};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::openstack::{self, Credentials, Password};
+use openstack_config::AuthSettings;
+
+use crate::openstack::{self, Credentials};
 
 /// Exit codes; documented in `--help` (`args::EXIT_CODES`).
 pub mod exit {
@@ -83,7 +85,7 @@ pub enum Auth {
     /// A Keystone token (`OS_TOKEN`), sent as `X-Auth-Token`.
     Keystone(String),
     /// OpenStack password credentials, exchanged for a Keystone token on the first request.
-    Password(Box<Password>, OnceCell<String>),
+    Password(Box<AuthSettings>, OnceCell<String>),
 }
 
 impl Auth {
@@ -131,7 +133,7 @@ impl Client {
             Auth::Keystone(token) => Ok(request.header("X-Auth-Token", token)),
             Auth::Password(password, token) => {
                 if token.get().is_none() {
-                    let _ = token.set(password.issue_token()?);
+                    let _ = token.set(openstack::issue_token(password)?);
                 }
                 Ok(request.header("X-Auth-Token", token.get().expect("set above")))
             }

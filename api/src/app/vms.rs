@@ -333,7 +333,8 @@ impl App {
             vm.updated_ms = now_ms();
             // One conditional UPDATE, atomic by itself, that also claims the saga if nobody runs it.
             let now = now_ms();
-            let claim = db::Claim { owner: &self.instance, now_ms: now, until_ms: now + self.lease_ms() };
+            let claim =
+                db::Claim { owner: &self.instance, now_ms: now, until_ms: now + self.lease_ms() };
             let mut conn = self.db.write_conn().await?;
             let written = db::update_vm_and_claim(&mut conn, vm, claim).await?;
             drop(conn);

@@ -300,6 +300,14 @@ impl NovaCloud {
         let env = |name: &str| std::env::var(name).ok();
         let auth =
             AuthSettings::load(config.cloud.as_deref(), config.clouds_yaml.as_deref(), &env)?;
+        if auth.token.is_some() {
+            return Err(NovaSetupError::Credentials(OpenStackConfigError::Invalid {
+                origin: auth.origin,
+                reason: "auth_type token: gsaasd's service user needs password credentials, \
+                         which it renews itself"
+                    .into(),
+            }));
+        }
         NovaCloud::new(auth, config.clone())
     }
 

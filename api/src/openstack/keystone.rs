@@ -20,8 +20,8 @@ use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
-use super::clouds::AuthSettings;
 use super::time::parse_rfc3339;
+use super::AuthSettings;
 use crate::auth::{Caller, Role};
 
 /// The header that carries a token to a service, and Keystone's answer header.

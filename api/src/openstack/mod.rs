@@ -5,16 +5,16 @@
 //! service user's token and catalog) and authentication (`auth = keystone`, tenants' tokens). Both
 //! share one [`keystone::Keystone`] session, so gsaasd holds one service token, not one per use.
 //!
-//! Plain HTTP only: reqwest's TLS backends would bring in aws-lc-sys, which the project does not
-//! accept; [`clouds::AuthSettings::check`] refuses `https` URLs and `cacert` with a clear error
-//! instead of failing on the first request.
+//! The credentials themselves (clouds.yaml, `OS_*`) are read by the `openstack-config` crate, which
+//! the `gsaas` CLI shares. Plain HTTP only: reqwest's TLS backends would bring in aws-lc-sys, which
+//! the project does not accept; [`AuthSettings::check`] refuses `https` URLs and `cacert` with a
+//! clear error instead of failing on the first request.
 
-pub mod clouds;
 pub mod keystone;
 pub mod time;
 
-pub use clouds::{AuthSettings, OpenStackConfigError};
 pub use keystone::{
     HttpOptions, Keystone, KeystoneError, ServiceToken, TenantIdentity, TokenInfo, TokenValidator,
     ValidationError,
 };
+pub use openstack_config::{AuthSettings, ConfigError as OpenStackConfigError};
