@@ -5,6 +5,7 @@
 # Neutron is a stand-in (scripts/openstack-dev/neutron.py): there is no network to wire.
 #
 #   scripts/openstack-dev.sh start    # installs what is missing, starts, prints the clouds.yaml path
+#                                     # (the only line on stdout)
 #   scripts/openstack-dev.sh status   # exit 0 when every process is up and Keystone answers
 #   scripts/openstack-dev.sh stop     # stops everything and removes the state directory
 #
@@ -67,10 +68,11 @@ install_packages() {
   command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)
   [ ${#need[@]} -eq 0 ] && return 0
   [ "$(id -u)" -eq 0 ] || die "missing ${need[*]}; run as root so apt-get can install them"
-  echo "openstack-dev.sh: installing ${need[*]} with apt-get"
+  echo "openstack-dev.sh: installing ${need[*]} with apt-get" >&2
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${need[@]}"
+  # stdout is kept for the clouds.yaml path alone.
+  apt-get update -q >&2
+  apt-get install -y -q --no-install-recommends "${need[@]}" >&2
   # The package starts a system-wide rabbitmq where systemd/invoke-rc.d allow it; this script runs
   # its own broker on its own ports and does not need that one.
 }
@@ -79,7 +81,7 @@ install_venv() {
   if [ -x "$VENV/bin/uwsgi" ] && [ "$(cat "$VENV/.gsaas-requirements" 2>/dev/null)" = "$REQUIREMENTS" ]; then
     return 0
   fi
-  echo "openstack-dev.sh: installing Nova, Keystone, Placement and Glance into $VENV (about a minute)"
+  echo "openstack-dev.sh: installing Nova, Keystone, Placement and Glance into $VENV (a few minutes)" >&2
   rm -rf "$VENV"
   mkdir -p "$OS_HOME"
   # Debian's python3, not whatever `python3` is first on PATH (pyenv, conda): the venv must outlive
@@ -375,7 +377,7 @@ stop() {
 
 start() {
   if status 2>/dev/null; then
-    echo "openstack-dev.sh: already running"
+    echo "openstack-dev.sh: already running" >&2
     echo "$STATE/clouds.yaml"
     return 0
   fi

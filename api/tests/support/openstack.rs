@@ -208,6 +208,11 @@ impl Gsaasd {
     }
 
     pub async fn start_with(inventory: Vec<InventoryHost>) -> Gsaasd {
+        Self::start_polling(inventory, 50).await
+    }
+
+    /// [`Gsaasd::start_with`], polling Nova and Neutron every `poll_interval_ms`.
+    pub async fn start_polling(inventory: Vec<InventoryHost>, poll_interval_ms: u64) -> Gsaasd {
         let clouds = clouds_yaml();
         let (mut config, dir) = test_config(Store::Sqlite);
         config.auth = AuthConfig { mode: AuthMode::Keystone, ..AuthConfig::default() };
@@ -215,7 +220,7 @@ impl Gsaasd {
             nova: NovaConfig {
                 cloud: Some(SERVICE_CLOUD.to_owned()),
                 clouds_yaml: Some(clouds),
-                poll_interval_ms: 50,
+                poll_interval_ms,
                 // The dev cloud has no real Neutron: servers boot without a network, and the
                 // stand-in gives each placed server its port.
                 default_network: "none".to_owned(),
