@@ -183,7 +183,9 @@ async fn bench(runs: usize, sizes: &[u32]) {
                 if xs.is_empty() {
                     "-".to_owned()
                 } else {
-                    format!("{:.4} ({:.4})", mean(&xs), stdev(&xs))
+                    // Sub-millisecond stages (GPU selection) keep their digits.
+                    let digits = if mean(&xs) < 0.001 { 6 } else { 4 };
+                    format!("{:.digits$} ({:.digits$})", mean(&xs), stdev(&xs))
                 }
             })
             .collect();
@@ -195,6 +197,15 @@ async fn bench(runs: usize, sizes: &[u32]) {
     row("GSaaS management (gpu_selection + rodvr_configuration)", &|r| {
         Some(value(r, "gpu_selection")? + value(r, "rodvr_configuration")?)
     });
+    let cells: Vec<String> = table
+        .iter()
+        .map(|(_, samples)| {
+            let mut xs: Vec<f64> = samples.iter().filter_map(|r| value(r, "total")).collect();
+            xs.sort_by(f64::total_cmp);
+            format!("{:.4}", xs[xs.len() / 2])
+        })
+        .collect();
+    println!("| total, median | {} |", cells.join(" | "));
     let base = table
         .iter()
         .find(|(n, _)| *n == 0)
