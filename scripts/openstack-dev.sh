@@ -32,8 +32,6 @@ REQUIREMENTS="nova==34.0.0 keystone==30.0.0 openstack-placement==16.0.0 glance==
 COMPUTE_HOSTS=(gpu-host-1 rgpu-host-1)
 IMAGE_NAME=gsaas-tiny
 FLAVOR_NAME=gsaas.tiny
-# Started in this order; stopped in the reverse groups (see `stop`).
-WEB_SERVICES=(keystone placement glance nova-api)
 
 die() {
   echo "openstack-dev.sh: $*" >&2
@@ -328,8 +326,9 @@ EOF
 
 # ---------- commands ----------
 
-ALL=(postgres epmd rabbit keystone neutron placement glance nova-conductor nova-scheduler
-  nova-compute-gpu-host-1 nova-compute-rgpu-host-1 nova-api)
+# Every process `start` records (its pid file's name).
+ALL=(postgres epmd rabbit keystone neutron placement glance nova-conductor nova-scheduler nova-api)
+for host in "${COMPUTE_HOSTS[@]}"; do ALL+=("nova-compute-$host"); done
 
 status() {
   [ -f "$STATE/clouds.yaml" ] && [ -f "$STATE/ports.env" ] || return 1
@@ -345,11 +344,11 @@ status() {
 }
 
 stop_one() {
-  local name=$1 signal=${2:-TERM} pid i
+  local name=$1 signal=${2:-TERM} pid
   [ -f "$PIDS/$name" ] || return 0
   pid=$(cat "$PIDS/$name")
   kill -"$signal" -- "-$pid" 2>/dev/null || true
-  for i in $(seq 1 60); do
+  for _ in $(seq 1 60); do
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.25
   done
@@ -364,9 +363,11 @@ stop() {
   # Nova and the web services first (together), while the broker is still there: nova-compute
   # hangs on shutdown when RabbitMQ goes first. Then the broker, and PostgreSQL last (SIGINT: its
   # fast shutdown).
-  for name in nova-api "nova-compute-${COMPUTE_HOSTS[0]}" "nova-compute-${COMPUTE_HOSTS[1]}" \
-    nova-scheduler nova-conductor glance placement keystone neutron; do
-    stop_one "$name" &
+  for name in "${ALL[@]}"; do
+    case $name in
+      rabbit | epmd | postgres) ;;
+      *) stop_one "$name" & ;;
+    esac
   done
   wait
   stop_one rabbit
@@ -381,19 +382,21 @@ start() {
     echo "$STATE/clouds.yaml"
     return 0
   fi
+  # PostgreSQL runs as user postgres (setpriv), and apt-get may have to install things.
+  [ "$(id -u)" -eq 0 ] || die "start must run as root"
   install_packages
   install_venv
   # Leftovers of a failed or interrupted start: cleaned before starting again.
   stop
   mkdir -p "$LOGS" "$PIDS"
-  local t0=$SECONDS ports
+  local t0=$SECONDS var
   read -r P_PG P_AMQP P_DIST P_EPMD P_KEYSTONE P_PLACEMENT P_GLANCE P_NOVA P_NEUTRON <<<"$(free_ports 9)"
   KEYSTONE_URL="http://127.0.0.1:$P_KEYSTONE/v3"
   # Fresh secrets for every start; clouds.yaml carries the ones the tests need.
   secret() { /usr/bin/python3 -c 'import secrets; print(secrets.token_hex(12))'; }
   ADMIN_PASSWORD=$(secret) SERVICE_PASSWORD=$(secret) ALPHA_PASSWORD=$(secret) BETA_PASSWORD=$(secret)
-  for ports in P_PG P_AMQP P_DIST P_EPMD P_KEYSTONE P_PLACEMENT P_GLANCE P_NOVA P_NEUTRON KEYSTONE_URL; do
-    echo "$ports=${!ports}"
+  for var in P_PG P_AMQP P_DIST P_EPMD P_KEYSTONE P_PLACEMENT P_GLANCE P_NOVA P_NEUTRON KEYSTONE_URL; do
+    echo "$var=${!var}"
   done >"$STATE/ports.env"
   chmod 600 "$STATE/ports.env"
 
@@ -411,8 +414,9 @@ start() {
   mkdir -p "$STATE"/rabbit/{mnesia,log,home}
   echo '[].' >"$STATE/rabbit/enabled_plugins"
   printf 'loopback_users = none\nlisteners.tcp.1 = 127.0.0.1:%s\n' "$P_AMQP" >"$STATE/rabbit/rabbitmq.conf"
-  local epmd
-  epmd=$(ls /usr/lib/erlang/erts-*/bin/epmd | head -n 1)
+  local epmds=(/usr/lib/erlang/erts-*/bin/epmd)
+  local epmd=${epmds[0]}
+  [ -x "$epmd" ] || die "no epmd under /usr/lib/erlang (is erlang-base installed?)"
   (
     export HOME=$STATE/rabbit/home RABBITMQ_NODENAME=gsaas@localhost RABBITMQ_DIST_PORT=$P_DIST
     export ERL_EPMD_PORT=$P_EPMD ERL_EPMD_ADDRESS=127.0.0.1 RABBITMQ_MNESIA_BASE=$STATE/rabbit/mnesia
