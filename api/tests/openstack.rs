@@ -146,10 +146,10 @@ async fn a_server_nova_cannot_place_unwinds_the_launch() {
     let server_id = vm["server_id"].as_str().expect("Nova created a server").to_owned();
 
     // The unwinding deletes Nova's server and gives the cGPUs back.
-    let gone = eventually("Nova's server deleted", || async {
+    eventually("Nova's server deleted", || async {
         (admin.server(&server_id).await.0 == 404).then_some(())
-    });
-    gone.await;
+    })
+    .await;
     assert!(admin.servers_of_vm(&id).await.is_empty());
     eventually("the cGPUs released", || async {
         (pool_use(&gsaasd, &alpha.token).await == (0, 0)).then_some(())
