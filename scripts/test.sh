@@ -24,6 +24,17 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${need[@]}"
 fi
 
+# The real-OpenStack tests (api/tests/openstack.rs) run against scripts/openstack-dev.sh's cloud:
+# started here (the first time it also installs it: a few minutes) and stopped on exit, unless it
+# was already running (then it is left as it was).
+if scripts/openstack-dev.sh status >/dev/null 2>&1; then
+  clouds=$(scripts/openstack-dev.sh start | tail -n 1)
+else
+  trap 'scripts/openstack-dev.sh stop' EXIT
+  clouds=$(scripts/openstack-dev.sh start | tail -n 1)
+fi
+export GSAAS_OPENSTACK_CLOUDS=$clouds
+
 # Benches are not run here (they are long and print figures); clippy --all-targets compiles them.
 cargo test --workspace --locked "$@"
 # The Helm chart, its rendered manifests and config, and the systemd units.

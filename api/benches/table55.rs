@@ -1,0 +1,239 @@
+//! The dissertation's Table 5.5 on a real Nova: the boot time of one VM with 0, 25, 50 and 75 cGPUs,
+//! split into Equation 5.1's stages, against the OpenStack of `scripts/openstack-dev.sh` (Keystone,
+//! Placement, Glance, Nova 34 with the fake virt driver; Neutron is a stand-in).
+//!
+//! gsaasd runs in this process as in the e2e test (`tests/support/openstack.rs`): Keystone mode, the
+//! Nova backend as the service user, in-process agents on the paper's testbed (gpu-host-1: 4 x
+//! Quadro M4000 of 8 GiB; rgpu-host-1). Each run: project alpha's member POSTs a VM (the paper's
+//! flavor is 1 vCPU / 768 MB; here `gsaas.tiny`, which the fake driver does not boot anyway) of N
+//! shared cGPUs of 100 MiB, locality local (pinned to gpu-host-1), polls it every 20 ms until
+//! `ready`, reads gsaasd's `timings`, terminates it and waits for `deleted`. gsaasd polls Nova and
+//! Neutron every 20 ms too.
+//!
+//! The 0 column is a VM without GSaaS (gsaasd refuses 0 cGPUs): the bench itself, as admin, does what
+//! a plain `openstack server create --wait` does and what gsaasd does per stage: creation = flavor
+//! and image lookups + `POST /servers` (pinned to gpu-host-1); activation = poll the server every
+//! 20 ms until ACTIVE with its host, then its port; deployment = poll until the port is ACTIVE.
+//!
+//! Boot time = `timings.total` (request received -> VM ready). GSaaS management = GPU selection +
+//! RODVR configuration; it runs beside VM deployment, so it adds to the boot time only where it is
+//! longer. Overhead = mean boot time against the 0 column's.
+//!
+//! Run: `scripts/openstack-dev.sh start` (prints the clouds.yaml path), then
+//! `GSAAS_OPENSTACK_CLOUDS=<that path> cargo bench -p gsaasd --bench table55`
+//! (args: `-- [runs] [sizes,...]`, default `10 0,25,50,75`; one warm-up run per size is dropped).
+#![allow(clippy::print_stdout)]
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::json;
+use support::openstack::{client, inventory, Admin, Gsaasd, Login, FLAVOR, GPU_HOST, IMAGE};
+
+const POLL: Duration = Duration::from_millis(20);
+const STAGES: [&str; 7] = [
+    "check",
+    "vm_creation",
+    "vm_activation",
+    "vm_deployment",
+    "gpu_selection",
+    "rodvr_configuration",
+    "total",
+];
+
+/// One boot: (stage, seconds) for each stage measured.
+type Run = Vec<(&'static str, f64)>;
+
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len() as f64
+}
+
+fn stdev(xs: &[f64]) -> f64 {
+    let m = mean(xs);
+    (xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (xs.len().max(2) - 1) as f64).sqrt()
+}
+
+/// A VM without cGPUs, straight through Nova as admin: the stages gsaasd measures, in seconds.
+async fn plain_boot(admin: &Admin, image: &str) -> Run {
+    let nova = admin.login.endpoint("compute");
+    let glance = admin.login.endpoint("image");
+    let started = Instant::now();
+    let (status, flavor) = admin.call(Method::GET, &format!("{nova}/flavors/{FLAVOR}"), None).await;
+    assert_eq!(status, 200, "{flavor}");
+    let (status, found) =
+        admin.call(Method::GET, &format!("{glance}/v2/images?name={image}"), None).await;
+    assert_eq!(status, 200, "{found}");
+    let image_id = found["images"][0]["id"].as_str().expect("the image").to_owned();
+    let body = json!({ "server": {
+        "name": "table55-plain", "imageRef": image_id, "flavorRef": flavor["flavor"]["id"],
+        "networks": "none", "host": GPU_HOST,
+    }});
+    let (status, created) = admin.call(Method::POST, &format!("{nova}/servers"), Some(&body)).await;
+    assert_eq!(status, 202, "{created}");
+    let id = created["server"]["id"].as_str().expect("a server id").to_owned();
+    let creation = started.elapsed().as_secs_f64();
+
+    let activating = Instant::now();
+    loop {
+        let (status, server) = admin.server(&id).await;
+        assert_eq!(status, 200, "{server}");
+        assert_ne!(server["status"], "ERROR", "{server}");
+        if server["status"] == "ACTIVE" && server["OS-EXT-SRV-ATTR:host"].is_string() {
+            break;
+        }
+        assert!(activating.elapsed() < Duration::from_secs(60), "not ACTIVE: {server}");
+        tokio::time::sleep(POLL).await;
+    }
+    let ports = admin.ports(&id).await;
+    assert!(!ports.is_empty(), "the server has no port");
+    let activation = activating.elapsed().as_secs_f64();
+
+    let deploying = Instant::now();
+    loop {
+        let (status, server) = admin.server(&id).await;
+        assert_eq!((status, &server["status"]), (200, &json!("ACTIVE")), "{server}");
+        if admin.ports(&id).await.iter().all(|p| p["status"] == "ACTIVE") {
+            break;
+        }
+        assert!(deploying.elapsed() < Duration::from_secs(60), "port never ACTIVE");
+        tokio::time::sleep(POLL).await;
+    }
+    let deployment = deploying.elapsed().as_secs_f64();
+    let total = started.elapsed().as_secs_f64();
+
+    let (status, body) = admin.call(Method::DELETE, &format!("{nova}/servers/{id}"), None).await;
+    assert_eq!(status, 204, "{body}");
+    let deleting = Instant::now();
+    while admin.server(&id).await.0 != 404 {
+        assert!(deleting.elapsed() < Duration::from_secs(60), "server {id} not deleted");
+        tokio::time::sleep(POLL).await;
+    }
+    vec![
+        ("vm_creation", creation),
+        ("vm_activation", activation),
+        ("vm_deployment", deployment),
+        ("total", total),
+    ]
+}
+
+/// One VM of `n` cGPUs through gsaasd: its `timings`.
+async fn gsaas_boot(gsaasd: &Gsaasd, token: &str, n: u32) -> Run {
+    let body = json!({
+        "name": format!("table55-{n}"), "image": IMAGE, "flavor": FLAVOR, "ncgpus": n,
+        "gpu_memory_mib": 100, "mode": "shared", "locality": "local",
+    });
+    let id = gsaasd.launch(token, &body).await;
+    let vm = gsaasd.until(&id, token, &["ready", "error"]).await;
+    assert_eq!(vm["state"], "ready", "{vm}");
+    let timings = &vm["timings"];
+    let stages = STAGES
+        .iter()
+        .map(|&stage| (stage, timings[stage].as_f64().unwrap_or_else(|| panic!("{stage}: {vm}"))))
+        .collect();
+    let (status, answer) = gsaasd.call(Method::DELETE, &format!("/v1/vms/{id}"), token, None).await;
+    assert_eq!(status, 202, "{answer}");
+    let vm = gsaasd.until(&id, token, &["deleted", "error"]).await;
+    assert_eq!(vm["state"], "deleted", "{vm}");
+    stages
+}
+
+fn value(run: &Run, stage: &str) -> Option<f64> {
+    run.iter().find(|(s, _)| *s == stage).map(|(_, v)| *v)
+}
+
+async fn bench(runs: usize, sizes: &[u32]) {
+    let admin = Admin::new().await;
+    let alpha = Login::new(&client(), "alpha").await;
+    let gsaasd = Gsaasd::start_polling(inventory(4), POLL.as_millis() as u64).await;
+
+    // Sizes are interleaved run by run, so that drift of the shared machine (and of Nova's own
+    // periodic work) spreads over every column instead of biasing one.
+    let mut table: Vec<(u32, Vec<Run>)> = sizes.iter().map(|&n| (n, Vec::new())).collect();
+    for i in 0..=runs {
+        for (n, samples) in &mut table {
+            let n = *n;
+            let run = if n == 0 {
+                plain_boot(&admin, IMAGE).await
+            } else {
+                gsaas_boot(&gsaasd, &alpha.token, n).await
+            };
+            // Run 0 of each size warms up (connections, caches) and is dropped.
+            if i > 0 {
+                let total = value(&run, "total").unwrap_or(f64::NAN);
+                eprintln!("run {i}, {n} cGPUs: boot time {total:.4} s");
+                samples.push(run);
+            }
+        }
+    }
+
+    println!(
+        "\nTable 5.5 on Nova 34 (fake driver), mean of {runs} runs, seconds (sd in brackets)\n"
+    );
+    let header: Vec<String> = sizes.iter().map(|n| format!("{n} cGPUs")).collect();
+    println!("| stage | {} |", header.join(" | "));
+    println!("|---|{}", "---|".repeat(sizes.len()));
+    let row = |label: &str, pick: &dyn Fn(&Run) -> Option<f64>| {
+        let cells: Vec<String> = table
+            .iter()
+            .map(|(_, samples)| {
+                let xs: Vec<f64> = samples.iter().filter_map(pick).collect();
+                if xs.is_empty() {
+                    "-".to_owned()
+                } else {
+                    // Sub-millisecond stages (GPU selection) keep their digits.
+                    let digits = if mean(&xs) < 0.001 { 6 } else { 4 };
+                    format!("{:.digits$} ({:.digits$})", mean(&xs), stdev(&xs))
+                }
+            })
+            .collect();
+        println!("| {label} | {} |", cells.join(" | "));
+    };
+    for stage in STAGES {
+        row(stage, &|r| value(r, stage));
+    }
+    row("GSaaS management (gpu_selection + rodvr_configuration)", &|r| {
+        Some(value(r, "gpu_selection")? + value(r, "rodvr_configuration")?)
+    });
+    let cells: Vec<String> = table
+        .iter()
+        .map(|(_, samples)| {
+            let mut xs: Vec<f64> = samples.iter().filter_map(|r| value(r, "total")).collect();
+            xs.sort_by(f64::total_cmp);
+            format!("{:.4}", xs[xs.len() / 2])
+        })
+        .collect();
+    println!("| total, median | {} |", cells.join(" | "));
+    let base = table
+        .iter()
+        .find(|(n, _)| *n == 0)
+        .map(|(_, s)| mean(&s.iter().filter_map(|r| value(r, "total")).collect::<Vec<_>>()));
+    if let Some(base) = base {
+        let cells: Vec<String> = table
+            .iter()
+            .map(|(_, samples)| {
+                let m = mean(&samples.iter().filter_map(|r| value(r, "total")).collect::<Vec<_>>());
+                format!("{:+.1}%", (m / base - 1.0) * 100.0)
+            })
+            .collect();
+        println!("| boot time vs 0 cGPUs | {} |", cells.join(" | "));
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let runs: usize = args.first().map(|a| a.parse().expect("runs: a number")).unwrap_or(10);
+    let sizes: Vec<u32> = args
+        .get(1)
+        .map(|a| a.split(',').map(|n| n.parse().expect("sizes: numbers")).collect())
+        .unwrap_or_else(|| vec![0, 25, 50, 75]);
+    assert!(runs > 0, "runs must be at least 1");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(bench(runs, &sizes));
+}

@@ -1,0 +1,195 @@
+//! End to end on a REAL OpenStack: gsaasd (Keystone mode, Nova backend) against the Keystone,
+//! Nova (fake virt driver, hosts gpu-host-1 and rgpu-host-1), Glance and Placement of
+//! `scripts/openstack-dev.sh`, which `scripts/test.sh` starts and names in `GSAAS_OPENSTACK_CLOUDS`.
+//! Tenants call gsaasd with their real Keystone tokens (`X-Auth-Token`); what happened in Nova is
+//! checked through Nova's own API as admin. Only Neutron is a stand-in (it reports each server's
+//! port on the host Nova placed the server on).
+
+mod support;
+
+use base64::Engine as _;
+use reqwest::Method;
+use serde_json::{json, Value};
+use support::openstack::{
+    client, eventually, inventory_named, Admin, Gsaasd, Login, FLAVOR, GPU_HOST, IMAGE, RGPU_HOST,
+};
+
+/// A flavor no fake compute node can hold (4 TB of RAM; the fake driver reports 800 GB).
+const HUGE_FLAVOR: &str = "gsaas.e2e-huge";
+
+fn launch_body(name: &str, flavor: &str, ncgpus: u32, locality: &str) -> Value {
+    json!({
+        "name": name, "image": IMAGE, "flavor": flavor, "ncgpus": ncgpus,
+        "gpu_memory_mib": 1024, "mode": "shared", "locality": locality,
+    })
+}
+
+/// The pool as a tenant sees it: (cGPUs placed, MiB allocated).
+async fn pool_use(gsaasd: &Gsaasd, token: &str) -> (u64, u64) {
+    let (status, pool) = gsaasd.get("/v1/pool", token).await;
+    assert_eq!(status, 200, "{pool}");
+    (
+        pool["totals"]["cgpus"].as_u64().expect("cgpus"),
+        pool["totals"]["allocated_mib"].as_u64().expect("allocated_mib"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_launch_on_real_nova_and_terminate() {
+    let http = client();
+    let admin = Admin::new().await;
+    let alpha = Login::new(&http, "alpha").await;
+    let beta = Login::new(&http, "beta").await;
+    let gsaasd = Gsaasd::start(4).await;
+
+    // Alpha launches a VM with 2 cGPUs next to its GPUs (locality local).
+    let id = gsaasd.launch(&alpha.token, &launch_body("e2e-local", FLAVOR, 2, "local")).await;
+    let vm = gsaasd.until(&id, &alpha.token, &["ready", "error"]).await;
+    assert_eq!(vm["state"], "ready", "{vm}");
+    assert_eq!(vm["project"], alpha.project_id.as_str(), "{vm}");
+    let server_id = vm["server_id"].as_str().expect("a server id").to_owned();
+    let timings = &vm["timings"];
+    for stage in
+        ["check", "gpu_selection", "vm_creation", "vm_activation", "vm_deployment", "total"]
+    {
+        assert!(timings[stage].as_f64().is_some_and(|s| s > 0.0), "{stage}: {timings}");
+    }
+
+    // Nova really has the server, on gpu-host-1, created from the flavor and image asked for.
+    let (status, server) = admin.server(&server_id).await;
+    assert_eq!(status, 200, "{server}");
+    assert_eq!(server["status"], "ACTIVE", "{server}");
+    assert_eq!(server["OS-EXT-SRV-ATTR:host"], GPU_HOST, "{server}");
+    assert_eq!(server["flavor"]["original_name"], FLAVOR, "{server}");
+    assert_eq!(server["metadata"]["gsaas_vm_id"], id.as_str(), "{server}");
+    assert!(server["tags"]
+        .as_array()
+        .is_some_and(|t| t.contains(&json!(format!("gsaas-vm-{id}")))));
+
+    // Its user_data carries the rCUDA environment: 2 devices, the VM's masked cGPU endpoints.
+    let user_data = server["OS-EXT-SRV-ATTR:user_data"].as_str().expect("admins see user_data");
+    let user_data = base64::engine::general_purpose::STANDARD.decode(user_data).unwrap();
+    let user_data = String::from_utf8(user_data).unwrap();
+    assert!(user_data.contains("RCUDA_DEVICE_COUNT=2"), "{user_data}");
+    let cgpus = vm["cgpus"].as_array().expect("cgpus");
+    assert_eq!(cgpus.len(), 2, "{vm}");
+    for (j, cgpu) in cgpus.iter().enumerate() {
+        let endpoint = cgpu["masked_endpoint"].as_str().expect("masked endpoint");
+        let (address, port) = endpoint.split_once(':').expect("address:port");
+        let device = format!("RCUDA_DEVICE_{j}={address}@{port}:");
+        assert!(user_data.contains(&device), "{device} not in {user_data}");
+        let env = vm["rcuda_env"][format!("RCUDA_DEVICE_{j}")].as_str().expect("rcuda_env");
+        assert!(user_data.contains(&format!("RCUDA_DEVICE_{j}={env}")), "{env}: {user_data}");
+    }
+    assert_eq!(vm["rcuda_env"]["RCUDA_DEVICE_COUNT"], "2", "{vm}");
+
+    // The fixed IP is the server's port's, which Neutron binds to the host Nova chose.
+    let ports = admin.ports(&server_id).await;
+    assert_eq!(ports.len(), 1, "{ports:?}");
+    assert_eq!(ports[0]["binding:host_id"], GPU_HOST, "{ports:?}");
+    assert_eq!(vm["fixed_ip"], ports[0]["fixed_ips"][0]["ip_address"], "{vm} {ports:?}");
+    // The admin (the service user's Keystone admin role) sees the VM's host in gsaasd too.
+    let (status, admin_view) = gsaasd.get(&format!("/v1/vms/{id}"), &admin.login.token).await;
+    assert_eq!((status, &admin_view["host"]), (200, &json!(GPU_HOST)), "{admin_view}");
+    assert_eq!(pool_use(&gsaasd, &alpha.token).await, (2, 2048));
+
+    // Beta's token neither sees alpha's VM nor can end it.
+    let (status, body) = gsaasd.get(&format!("/v1/vms/{id}"), &beta.token).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, listed) = gsaasd.get("/v1/vms", &beta.token).await;
+    assert_eq!(status, 200, "{listed}");
+    assert!(listed["vms"].as_array().expect("vms").iter().all(|v| v["id"] != id.as_str()));
+    let (status, body) =
+        gsaasd.call(Method::DELETE, &format!("/v1/vms/{id}"), &beta.token, None).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, listed) = gsaasd.get("/v1/vms", &alpha.token).await;
+    assert_eq!(status, 200, "{listed}");
+    assert!(listed["vms"].as_array().expect("vms").iter().any(|v| v["id"] == id.as_str()));
+
+    // A VM with remote cGPUs goes to the compute-rGPU host.
+    let remote = gsaasd.launch(&beta.token, &launch_body("e2e-remote", FLAVOR, 1, "remote")).await;
+    let remote_vm = gsaasd.until(&remote, &beta.token, &["ready", "error"]).await;
+    assert_eq!(remote_vm["state"], "ready", "{remote_vm}");
+    let (status, server) = admin.server(remote_vm["server_id"].as_str().unwrap()).await;
+    assert_eq!((status, &server["OS-EXT-SRV-ATTR:host"]), (200, &json!(RGPU_HOST)), "{server}");
+
+    // Alpha terminates: Nova's server is gone and the cGPUs are back.
+    for (vm, token) in [(&id, &alpha.token), (&remote, &beta.token)] {
+        let (status, body) =
+            gsaasd.call(Method::DELETE, &format!("/v1/vms/{vm}"), token, None).await;
+        assert_eq!(status, 202, "{body}");
+    }
+    let vm = gsaasd.until(&id, &alpha.token, &["deleted", "error"]).await;
+    assert_eq!(vm["state"], "deleted", "{vm}");
+    assert_eq!(admin.server(&server_id).await.0, 404);
+    assert!(admin.servers_of_vm(&id).await.is_empty());
+    let remote_vm = gsaasd.until(&remote, &beta.token, &["deleted", "error"]).await;
+    assert_eq!(remote_vm["state"], "deleted", "{remote_vm}");
+    assert_eq!(admin.server(remote_vm["server_id"].as_str().unwrap()).await.0, 404);
+    assert_eq!(pool_use(&gsaasd, &alpha.token).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_nova_cannot_place_unwinds_the_launch() {
+    let http = client();
+    let admin = Admin::new().await;
+    admin.ensure_flavor(HUGE_FLAVOR, 4_000_000).await;
+    let alpha = Login::new(&http, "alpha").await;
+    let gsaasd = Gsaasd::start(4).await;
+
+    // Nova accepts the request, then its scheduler finds no host: the server goes to ERROR.
+    let id = gsaasd.launch(&alpha.token, &launch_body("e2e-huge", HUGE_FLAVOR, 3, "local")).await;
+    let vm = gsaasd.until(&id, &alpha.token, &["ready", "error"]).await;
+    assert_eq!(vm["state"], "error", "{vm}");
+    let reason = vm["error"].as_str().expect("an error message");
+    assert!(reason.contains("No valid host was found"), "Nova's reason expected: {reason}");
+    let server_id = vm["server_id"].as_str().expect("Nova created a server").to_owned();
+
+    // The unwinding deletes Nova's server and gives the cGPUs back.
+    eventually("Nova's server deleted", || async {
+        (admin.server(&server_id).await.0 == 404).then_some(())
+    })
+    .await;
+    assert!(admin.servers_of_vm(&id).await.is_empty());
+    eventually("the cGPUs released", || async {
+        (pool_use(&gsaasd, &alpha.token).await == (0, 0)).then_some(())
+    })
+    .await;
+    let (status, vm) = gsaasd.get(&format!("/v1/vms/{id}"), &alpha.token).await;
+    assert_eq!((status, &vm["state"]), (200, &json!("error")), "{vm}");
+
+    // A flavor Nova does not have is refused before anything is reserved or created.
+    let (status, body) = gsaasd
+        .call(
+            Method::POST,
+            "/v1/vms",
+            &alpha.token,
+            Some(&launch_body("x", "no-such-flavor", 1, "local")),
+        )
+        .await;
+    assert!((400..500).contains(&status), "{status} {body}");
+    assert!(body.to_string().contains("no-such-flavor"), "{body}");
+    assert_eq!(pool_use(&gsaasd, &alpha.token).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_nova_does_not_know_unwinds_the_launch() {
+    let http = client();
+    let admin = Admin::new().await;
+    let alpha = Login::new(&http, "alpha").await;
+    // gsaasd's inventory names a compute-GPU host that is not one of Nova's.
+    let gsaasd = Gsaasd::start_with(inventory_named("gpu-host-9", 2)).await;
+
+    // Locality local pins the server to the cGPUs' host: Nova refuses the request (400).
+    let id = gsaasd.launch(&alpha.token, &launch_body("e2e-nohost", FLAVOR, 2, "local")).await;
+    let vm = gsaasd.until(&id, &alpha.token, &["ready", "error"]).await;
+    assert_eq!(vm["state"], "error", "{vm}");
+    let reason = vm["error"].as_str().expect("an error message");
+    assert!(reason.contains("Compute host gpu-host-9 could not be found"), "{reason}");
+    assert!(vm["server_id"].is_null(), "{vm}");
+    assert!(admin.servers_of_vm(&id).await.is_empty());
+    eventually("the cGPUs released", || async {
+        (pool_use(&gsaasd, &alpha.token).await == (0, 0)).then_some(())
+    })
+    .await;
+}

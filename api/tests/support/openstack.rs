@@ -1,0 +1,308 @@
+//! gsaasd against the real OpenStack of `scripts/openstack-dev.sh` (the e2e test and the Table 5.5
+//! bench): where the cloud is, tenants' and the admin's Keystone tokens, the admin's view of Nova
+//! and Neutron, and a gsaasd in Keystone mode with the Nova backend.
+//!
+//! `scripts/test.sh` starts the cloud and exports `GSAAS_OPENSTACK_CLOUDS` (its clouds.yaml: clouds
+//! `gsaas-service`, `alpha`, `beta`). Without it these tests fail: they never pass silently.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gpgpums::{HostId, HostKind};
+use gsaasd::cloud::nova::NovaConfig;
+use gsaasd::config::{AuthConfig, AuthMode, CloudConfig, InventoryGpu, InventoryHost};
+use gsaasd::openstack::AuthSettings;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use super::{status_json, test_config, Store};
+
+pub const CLOUDS_VAR: &str = "GSAAS_OPENSTACK_CLOUDS";
+/// gsaasd's service user (Keystone admin) and the two tenants.
+pub const SERVICE_CLOUD: &str = "gsaas-service";
+/// Nova's compute services of `scripts/openstack-dev.sh`.
+pub const GPU_HOST: &str = "gpu-host-1";
+pub const RGPU_HOST: &str = "rgpu-host-1";
+/// The image and flavor `scripts/openstack-dev.sh` creates.
+pub const IMAGE: &str = "gsaas-tiny";
+pub const FLAVOR: &str = "gsaas.tiny";
+/// Limit of one request, and of every wait for a state.
+pub const BOUND: Duration = Duration::from_secs(90);
+
+/// The clouds.yaml of the running dev cloud; panics with what to do when it is not set.
+pub fn clouds_yaml() -> PathBuf {
+    match std::env::var_os(CLOUDS_VAR) {
+        Some(path) if !path.is_empty() => {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "{CLOUDS_VAR}={} does not exist: is the cloud still running? \
+                 (`scripts/openstack-dev.sh status`)",
+                path.display()
+            );
+            path
+        }
+        _ => panic!(
+            "{CLOUDS_VAR} is not set: these tests need the real OpenStack of \
+             scripts/openstack-dev.sh. Run them with `scripts/test.sh`, or run \
+             `scripts/openstack-dev.sh start` and export {CLOUDS_VAR}=<the clouds.yaml path it prints>"
+        ),
+    }
+}
+
+/// One Keystone login (password, project-scoped) with a cloud of the clouds.yaml.
+#[derive(Debug, Clone)]
+pub struct Login {
+    pub token: String,
+    pub project_id: String,
+    catalog: Value,
+}
+
+impl Login {
+    pub async fn new(http: &reqwest::Client, cloud: &str) -> Login {
+        let clouds = clouds_yaml();
+        let settings = AuthSettings::load(Some(cloud), Some(&clouds), &|_| None)
+            .unwrap_or_else(|e| panic!("cloud {cloud} of {}: {e}", clouds.display()));
+        let response = http
+            .post(format!("{}/auth/tokens", settings.identity_v3()))
+            .json(&settings.password_auth_body())
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("Keystone at {}: {e}", settings.auth_url));
+        let token = response
+            .headers()
+            .get("x-subject-token")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let (status, body) = status_json(response).await;
+        assert_eq!(status, 201, "Keystone login as {cloud}: {body}");
+        Login {
+            token: token.expect("Keystone returns X-Subject-Token"),
+            project_id: body["token"]["project"]["id"].as_str().expect("a project").to_owned(),
+            catalog: body["token"]["catalog"].clone(),
+        }
+    }
+
+    /// The public endpoint of a catalog service type.
+    pub fn endpoint(&self, service_type: &str) -> String {
+        self.catalog
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["type"] == service_type)
+            .flat_map(|s| s["endpoints"].as_array().into_iter().flatten())
+            .find(|e| e["interface"] == "public")
+            .and_then(|e| e["url"].as_str())
+            .unwrap_or_else(|| panic!("no {service_type} endpoint in the catalog"))
+            .trim_end_matches('/')
+            .to_owned()
+    }
+}
+
+/// The admin's direct view of Nova and Neutron, to check what gsaasd did there.
+#[derive(Debug)]
+pub struct Admin {
+    pub http: reqwest::Client,
+    pub login: Login,
+}
+
+impl Admin {
+    pub async fn new() -> Admin {
+        let http = client();
+        let login = Login::new(&http, SERVICE_CLOUD).await;
+        Admin { http, login }
+    }
+
+    pub async fn call(&self, method: Method, url: &str, body: Option<&Value>) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, url)
+            .header("X-Auth-Token", &self.login.token)
+            .header("OpenStack-API-Version", "compute 2.74");
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        status_json(request.send().await.unwrap_or_else(|e| panic!("{url}: {e}"))).await
+    }
+
+    /// `GET /servers/{id}` as admin: the status and the server (404: gone).
+    pub async fn server(&self, id: &str) -> (u16, Value) {
+        let url = format!("{}/servers/{id}", self.login.endpoint("compute"));
+        let (status, body) = self.call(Method::GET, &url, None).await;
+        (status, body["server"].clone())
+    }
+
+    /// Servers carrying the VM's tag (what gsaasd finds its servers by).
+    pub async fn servers_of_vm(&self, vm: &str) -> Vec<Value> {
+        let url = format!("{}/servers/detail?tags=gsaas-vm-{vm}", self.login.endpoint("compute"));
+        let (status, body) = self.call(Method::GET, &url, None).await;
+        assert_eq!(status, 200, "{body}");
+        body["servers"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The server's ports, from (the stand-in of) Neutron.
+    pub async fn ports(&self, server: &str) -> Vec<Value> {
+        let url = format!("{}/v2.0/ports?device_id={server}", self.login.endpoint("network"));
+        let (status, body) = self.call(Method::GET, &url, None).await;
+        assert_eq!(status, 200, "{body}");
+        body["ports"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// A flavor that exists in Nova (created when missing; 409 = another test made it meanwhile).
+    pub async fn ensure_flavor(&self, id: &str, ram_mb: u64) {
+        let nova = self.login.endpoint("compute");
+        if self.call(Method::GET, &format!("{nova}/flavors/{id}"), None).await.0 == 200 {
+            return;
+        }
+        let body =
+            json!({ "flavor": { "name": id, "id": id, "ram": ram_mb, "vcpus": 1, "disk": 1 } });
+        let (status, answer) =
+            self.call(Method::POST, &format!("{nova}/flavors"), Some(&body)).await;
+        assert!(status == 200 || status == 409, "creating flavor {id}: {status} {answer}");
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(BOUND).build().expect("an HTTP client")
+}
+
+/// Inventory: `gpu-host-1` (compute-GPU) with `gpus` GPUs of 8 GiB, `rgpu-host-1` (compute-rGPU).
+pub fn inventory(gpus: u32) -> Vec<InventoryHost> {
+    inventory_named(GPU_HOST, gpus)
+}
+
+/// [`inventory`] with another name for the compute-GPU host.
+pub fn inventory_named(gpu_host: &str, gpus: u32) -> Vec<InventoryHost> {
+    vec![
+        InventoryHost {
+            name: HostId::new(gpu_host).expect("a host name"),
+            kind: HostKind::ComputeGpu,
+            gpus: vec![InventoryGpu {
+                model: "NVIDIA Quadro M4000".into(),
+                memory_mib: 8192,
+                count: gpus,
+            }],
+            gpu_network_address: Some(Ipv4Addr::new(10, 78, 0, 1)),
+        },
+        InventoryHost {
+            name: HostId::new(RGPU_HOST).expect("a host name"),
+            kind: HostKind::ComputeRgpu,
+            gpus: vec![],
+            gpu_network_address: None,
+        },
+    ]
+}
+
+/// gsaasd in Keystone mode on the dev cloud: the Nova backend as `gsaas-service`, in-process
+/// agents on [`inventory`], its own SQLite database, port 0.
+pub struct Gsaasd {
+    pub service: Option<gsaasd::service::Service>,
+    pub http: reqwest::Client,
+    dir: PathBuf,
+}
+
+impl Gsaasd {
+    pub async fn start(gpus: u32) -> Gsaasd {
+        Self::start_with(inventory(gpus)).await
+    }
+
+    pub async fn start_with(inventory: Vec<InventoryHost>) -> Gsaasd {
+        Self::start_polling(inventory, 50).await
+    }
+
+    /// [`Gsaasd::start_with`], polling Nova and Neutron every `poll_interval_ms`.
+    pub async fn start_polling(inventory: Vec<InventoryHost>, poll_interval_ms: u64) -> Gsaasd {
+        let clouds = clouds_yaml();
+        let (mut config, dir) = test_config(Store::Sqlite);
+        config.auth = AuthConfig { mode: AuthMode::Keystone, ..AuthConfig::default() };
+        config.cloud = CloudConfig::Nova {
+            nova: NovaConfig {
+                cloud: Some(SERVICE_CLOUD.to_owned()),
+                clouds_yaml: Some(clouds),
+                poll_interval_ms,
+                // The dev cloud has no real Neutron: servers boot without a network, and the
+                // stand-in gives each placed server its port.
+                default_network: "none".to_owned(),
+                ..NovaConfig::default()
+            },
+        };
+        config.launch.active_timeout_secs = 60;
+        config.launch.deploy_timeout_secs = 60;
+        config.inventory = inventory;
+        let service = tokio::time::timeout(BOUND, gsaasd::service::start(config))
+            .await
+            .expect("gsaasd starts in time")
+            .expect("gsaasd starts");
+        Gsaasd { service: Some(service), http: client(), dir }
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let url = format!("{}{path}", self.service.as_ref().expect("running").url());
+        let mut request = self.http.request(method, &url).header("X-Auth-Token", token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        status_json(request.send().await.unwrap_or_else(|e| panic!("{url}: {e}"))).await
+    }
+
+    pub async fn get(&self, path: &str, token: &str) -> (u16, Value) {
+        self.call(Method::GET, path, token, None).await
+    }
+
+    /// Launches; returns the VM's id (asserting 202).
+    pub async fn launch(&self, token: &str, body: &Value) -> String {
+        let (status, vm) = self.call(Method::POST, "/v1/vms", token, Some(body)).await;
+        assert_eq!(status, 202, "launch {body}: {vm}");
+        vm["id"].as_str().expect("an id").to_owned()
+    }
+
+    /// Polls the VM (every 20 ms, at most [`BOUND`]) until its state is one of `states`.
+    pub async fn until(&self, id: &str, token: &str, states: &[&str]) -> Value {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let (status, vm) = self.get(&format!("/v1/vms/{id}"), token).await;
+            assert_eq!(status, 200, "{vm}");
+            if states.iter().any(|s| vm["state"] == *s) {
+                return vm;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "VM {id} still {} after {BOUND:?}: {vm}",
+                vm["state"]
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Gsaasd {
+    fn drop(&mut self) {
+        if let Some(service) = self.service.take() {
+            service.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Polls `check` (every 50 ms, at most [`BOUND`]) until it returns `Some`.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + BOUND;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {BOUND:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
