@@ -109,15 +109,9 @@ pub fn issue_token(settings: &AuthSettings) -> Result<String, Failure> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use openstack_config::fixed_env as env_of;
 
     use super::*;
-
-    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let vars: BTreeMap<String, String> =
-            vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        move |name| vars.get(name).cloned()
-    }
 
     #[test]
     fn nothing_set_means_no_openstack_credentials() {

@@ -18,6 +18,14 @@ use serde_json::{json, Value};
 /// Looks up an environment variable.
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
+/// An environment of exactly `vars`, for tests and for callers that gathered the variables
+/// elsewhere.
+pub fn fixed_env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let vars: BTreeMap<String, String> =
+        vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    move |name| vars.get(name).cloned()
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read clouds.yaml {path}")]
@@ -355,11 +363,7 @@ impl AuthSettings {
 mod tests {
     use super::*;
 
-    fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let vars: BTreeMap<String, String> =
-            vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        move |name| vars.get(name).cloned()
-    }
+    use fixed_env as env_of;
 
     fn temp_yaml(name: &str, text: &str) -> PathBuf {
         let dir =
