@@ -58,11 +58,19 @@ fn one_line(e: &dyn std::fmt::Display) -> String {
 /// A project-scoped token from Keystone for `settings` (checked password credentials).
 pub fn issue_token(settings: &AuthSettings) -> Result<String, Failure> {
     let url = format!("{}/auth/tokens", settings.identity_v3());
-    let http = reqwest::blocking::Client::builder()
+    let mut builder = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(30))
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .expect("an HTTP client builds");
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(path) = &settings.cacert {
+        let unusable = |e: &dyn std::fmt::Display| {
+            Failure::usage(format!("cannot use the CA bundle {}: {}", path.display(), one_line(e)))
+        };
+        let pem = std::fs::read(path).map_err(|e| unusable(&e))?;
+        for certificate in reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| unusable(&e))? {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    let http = builder.build().expect("an HTTP client builds");
     let response = http.post(&url).json(&settings.password_auth_body()).send().map_err(|e| {
         let why = if e.is_connect() {
             "connection refused or no route"

@@ -68,7 +68,7 @@ pub struct AuthSettings {
     pub region_name: Option<String>,
     /// Catalog interface: `public`, `internal` or `admin`.
     pub interface: String,
-    /// CA bundle for https endpoints (see [`AuthSettings::check`]).
+    /// CA bundle (PEM) that https endpoints' certificates must chain to, besides the system's.
     pub cacert: Option<PathBuf>,
     /// A Keystone token given instead of a password (a cloud with `auth_type: token`).
     pub token: Option<String>,
@@ -275,9 +275,6 @@ impl AuthSettings {
     }
 
     /// Fills defaults (interface `public`) and refuses incomplete or unusable password settings.
-    ///
-    /// Plain HTTP only: reqwest's TLS would bring in aws-lc-sys, which the project does not
-    /// accept, so an `https` URL or a `cacert` is refused here rather than failing later.
     pub fn check(&mut self) -> Result<(), ConfigError> {
         let missing = |field| ConfigError::Missing { origin: self.origin.clone(), field };
         let invalid = |reason: String| ConfigError::Invalid { origin: self.origin.clone(), reason };
@@ -294,15 +291,16 @@ impl AuthSettings {
         if self.auth_url.is_empty() {
             return Err(missing("auth_url (OS_AUTH_URL)"));
         }
-        if self.auth_url.starts_with("https://") || self.cacert.is_some() {
+        if !(self.auth_url.starts_with("http://") || self.auth_url.starts_with("https://")) {
             return Err(invalid(format!(
-                "auth_url {} / cacert: only plain http is spoken (no TLS in the build); put \
-                 Keystone and Nova behind http endpoints or a local TLS proxy",
+                "auth_url {:?} is not an http:// or https:// URL",
                 self.auth_url
             )));
         }
-        if !self.auth_url.starts_with("http://") {
-            return Err(invalid(format!("auth_url {:?} is not an http:// URL", self.auth_url)));
+        if let Some(cacert) = &self.cacert {
+            if !cacert.is_file() {
+                return Err(invalid(format!("cacert {} is not a readable file", cacert.display())));
+            }
         }
         if self.username.is_none() && self.user_id.is_none() {
             return Err(missing("username (OS_USERNAME) or user_id (OS_USER_ID)"));
@@ -417,9 +415,18 @@ mod tests {
         let env = env_of(&[("OS_AUTH_URL", "http://k:5000"), ("OS_USERNAME", "u")]);
         let e = AuthSettings::load(None, None, &env).unwrap_err();
         assert!(e.to_string().contains("OS_PASSWORD"), "{e}");
-        let env = env_of(&[("OS_AUTH_URL", "https://k"), ("OS_USERNAME", "u")]);
+        let env = env_of(&[("OS_AUTH_URL", "ftp://k"), ("OS_USERNAME", "u"), ("OS_PASSWORD", "p")]);
         let e = AuthSettings::load(None, None, &env).unwrap_err();
-        assert!(e.to_string().contains("plain http"), "{e}");
+        assert!(e.to_string().contains("ftp://k"), "{e}");
+        let env = env_of(&[
+            ("OS_AUTH_URL", "https://k"),
+            ("OS_USERNAME", "u"),
+            ("OS_PASSWORD", "p"),
+            ("OS_PROJECT_NAME", "demo"),
+            ("OS_CACERT", "/nonexistent/ca.pem"),
+        ]);
+        let e = AuthSettings::load(None, None, &env).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
         let env = env_of(&[("OS_CLOUD", "x"), ("HOME", "/nonexistent")]);
         let e = AuthSettings::load(None, None, &env).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/.config/openstack/clouds.yaml"), "{e}");

@@ -267,10 +267,21 @@ impl App {
             // Every ticket up to here was taken after its change committed, so the read below sees it.
             let reading = pushes.ticket.load(Ordering::SeqCst);
             let (record, table) = {
-                let mut tx = self.db.begin().await?;
-                let record = db::next_routes_generation(&mut tx, host).await?;
-                let routed = db::routed_cgpus_on(&mut tx, host).await?;
-                tx.commit().await?;
+                // The new generation and the routes read under it must not interleave with
+                // another writer: a transaction on PostgreSQL (the host's row stays locked); on
+                // SQLite the process's write lock already keeps every writer out, so the two
+                // statements run without BEGIN and COMMIT round trips.
+                let (record, routed) = if self.db.backend() == db::Backend::Sqlite {
+                    let mut conn = self.db.write_conn().await?;
+                    let record = db::next_routes_generation(&mut conn, host).await?;
+                    (record, db::routed_cgpus_on(&mut conn, host).await?)
+                } else {
+                    let mut tx = self.db.begin().await?;
+                    let record = db::next_routes_generation(&mut tx, host).await?;
+                    let routed = db::routed_cgpus_on(&mut tx, host).await?;
+                    tx.commit().await?;
+                    (record, routed)
+                };
                 let routes = routed
                     .into_iter()
                     .map(|c| Route {

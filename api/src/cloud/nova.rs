@@ -370,11 +370,6 @@ impl NovaCloud {
             let token = self.keystone.token().await.map_err(keystone_error)?;
             let base = self.keystone.endpoint(&token, service_type).map_err(keystone_error)?;
             let url = format!("{base}{path}");
-            if !url.starts_with("http://") {
-                return Err(CloudError::unavailable(format!(
-                    "{service_type} endpoint {base} is not plain http (this gsaasd has no TLS)"
-                )));
-            }
             let mut request = self
                 .keystone
                 .http()

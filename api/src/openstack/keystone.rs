@@ -55,6 +55,12 @@ pub enum KeystoneError {
     },
     #[error("the service catalog has no {service_type} endpoint (interface {interface}, region {region})")]
     NoEndpoint { service_type: String, interface: String, region: String },
+    #[error("cannot use the CA bundle {path}")]
+    CaCert {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Timeouts and the re-authentication margin.
@@ -159,13 +165,34 @@ pub fn error_message(body: &[u8]) -> String {
     }
 }
 
+/// The certificates of a PEM bundle (`cacert`), trusted besides the system's.
+fn ca_bundle(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, KeystoneError> {
+    let failed = |source: Box<dyn std::error::Error + Send + Sync>| KeystoneError::CaCert {
+        path: path.to_owned(),
+        source,
+    };
+    let pem = std::fs::read(path).map_err(|e| failed(Box::new(e)))?;
+    let certificates =
+        reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| failed(Box::new(e)))?;
+    if certificates.is_empty() {
+        return Err(failed("no PEM certificate in it".into()));
+    }
+    Ok(certificates)
+}
+
 impl Keystone {
     /// A session; nothing is sent until the first call. `settings` must have passed
     /// [`AuthSettings::check`] (as [`AuthSettings::load`] ensures).
     pub fn new(settings: AuthSettings, options: HttpOptions) -> Result<Keystone, KeystoneError> {
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .timeout(options.request_timeout)
-            .connect_timeout(options.connect_timeout)
+            .connect_timeout(options.connect_timeout);
+        if let Some(path) = &settings.cacert {
+            for certificate in ca_bundle(path)? {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let http = builder
             .build()
             .map_err(|source| KeystoneError::Unreachable { url: settings.identity_v3(), source })?;
         Ok(Keystone { http, settings, options, current: tokio::sync::Mutex::new(None) })
