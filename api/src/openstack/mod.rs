@@ -6,9 +6,9 @@
 //! share one [`keystone::Keystone`] session, so gsaasd holds one service token, not one per use.
 //!
 //! The credentials themselves (clouds.yaml, `OS_*`) are read by the `openstack-config` crate, which
-//! the `gsaas` CLI shares. Plain HTTP only: reqwest's TLS backends would bring in aws-lc-sys, which
-//! the project does not accept; [`AuthSettings::check`] refuses `https` URLs and `cacert` with a
-//! clear error instead of failing on the first request.
+//! the `gsaas` CLI shares. TLS goes through the system's OpenSSL (reqwest's `native-tls`; its
+//! rustls default would compile aws-lc): the session's one HTTP client trusts the system's CAs and
+//! the `cacert` bundle, and serves Keystone and every catalog service alike.
 
 pub mod keystone;
 pub mod time;
