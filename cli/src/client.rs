@@ -146,17 +146,7 @@ impl Client {
     }
 
     fn unreachable(&self, e: &reqwest::Error) -> Failure {
-        let why = if e.is_connect() {
-            "connection refused or no route"
-        } else if e.is_timeout() {
-            "timed out"
-        } else {
-            "the request failed"
-        };
-        Failure {
-            message: format!("cannot reach gsaasd at {}: {why}", self.url),
-            code: exit::UNAVAILABLE,
-        }
+        unreachable(&format!("gsaasd at {}", self.url), e)
     }
 
     pub fn get(&self, path: &str) -> Result<Value, Failure> {
@@ -179,6 +169,18 @@ impl Client {
     pub fn delete(&self, path: &str) -> Result<Value, Failure> {
         self.send(self.http.delete(format!("{}{path}", self.url)))
     }
+}
+
+/// A request to `target` that got no answer, said in one line.
+pub fn unreachable(target: &str, e: &reqwest::Error) -> Failure {
+    let why = if e.is_connect() {
+        "connection refused or no route"
+    } else if e.is_timeout() {
+        "timed out"
+    } else {
+        "the request failed"
+    };
+    Failure { message: format!("cannot reach {target}: {why}"), code: exit::UNAVAILABLE }
 }
 
 /// The body of a 2xx answer, or the problem document's message and its exit code.

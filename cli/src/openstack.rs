@@ -17,7 +17,7 @@ use std::time::Duration;
 use openstack_config::{AuthSettings, ConfigError};
 use serde_json::Value;
 
-use crate::client::{exit, Failure};
+use crate::client::{exit, unreachable, Failure};
 
 /// OpenStack credentials found in the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,19 +71,11 @@ pub fn issue_token(settings: &AuthSettings) -> Result<String, Failure> {
         }
     }
     let http = builder.build().expect("an HTTP client builds");
-    let response = http.post(&url).json(&settings.password_auth_body()).send().map_err(|e| {
-        let why = if e.is_connect() {
-            "connection refused or no route"
-        } else if e.is_timeout() {
-            "timed out"
-        } else {
-            "the request failed"
-        };
-        Failure {
-            message: format!("cannot reach Keystone at {url}: {why}"),
-            code: exit::UNAVAILABLE,
-        }
-    })?;
+    let response = http
+        .post(&url)
+        .json(&settings.password_auth_body())
+        .send()
+        .map_err(|e| unreachable(&format!("Keystone at {url}"), &e))?;
     let status = response.status().as_u16();
     let token = response
         .headers()
