@@ -10,6 +10,9 @@
 //! keeps the servers it is asked to create (ACTIVE at once, on the asked-for host, the upstream
 //! server and port samples), so a launch goes all the way to `ready` and a termination to `deleted`.
 
+#[path = "support/upstream.rs"]
+mod upstream;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -22,32 +25,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use gsaasd::cloud::nova::{vm_tag, NovaConfig, VM_ID_METADATA};
 use gsaasd::config::{AuthConfig, AuthMode, CloudConfig, Config};
-use gsaasd::openstack::time::format_rfc3339;
 use serde_json::{json, Value};
+use upstream::{fixture, token_body};
 
 const PROJECT_A: &str = "a6944d763bf64ee6a275f1263fae0352";
 const PROJECT_B: &str = "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0";
 const NOVA: &str = "/nova/v2.1/a6944d763bf64ee6a275f1263fae0352";
 const IMAGE_ID: &str = "70a599e0-31e7-49b7-b260-868f441e862b";
 const BOUND: Duration = Duration::from_secs(10);
-
-fn fixture(path: &str) -> String {
-    let full =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/openstack").join(path);
-    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
-
-/// The upstream project-scoped token, its catalog pointing at `base`, valid for an hour.
-fn token_body(base: &str) -> Value {
-    let text = fixture("keystone/auth-password-project-scoped-response.json")
-        .replace("http://23.253.248.171:8774", &format!("{base}/nova"))
-        .replace("http://23.253.248.171:9696", &format!("{base}/neutron"))
-        .replace("http://23.253.248.171:9292", &format!("{base}/glance"));
-    let mut body: Value = serde_json::from_str(&text).unwrap();
-    body["token"]["expires_at"] =
-        json!(format_rfc3339(SystemTime::now() + Duration::from_secs(3600)));
-    body
-}
 
 /// (method, path and query, X-Subject-Token) of one request.
 type Logged = (Method, String, Option<String>);
@@ -92,7 +77,7 @@ async fn serve(
         (Method::POST, "/identity/v3/auth/tokens") => (
             StatusCode::CREATED,
             [("x-subject-token", "service-token")],
-            axum::Json(token_body(&fake.base)),
+            axum::Json(token_body(&fake.base, in_an_hour())),
         )
             .into_response(),
         (Method::GET, p) if p.starts_with("/identity/v3/auth/tokens") => {
@@ -100,7 +85,7 @@ async fn serve(
             if header("x-auth-token").as_deref() != Some("service-token") {
                 return (StatusCode::UNAUTHORIZED, "service token expected").into_response();
             }
-            let mut body = token_body(&fake.base);
+            let mut body = token_body(&fake.base, in_an_hour());
             let member = json!([{ "id": "9fe2ff9ee4384b1894a90878d3e92bab", "name": "member" }]);
             match subject.as_deref() {
                 Some("tenant-admin") => {}
@@ -328,4 +313,8 @@ async fn tenants_keystone_tokens_launch_list_and_are_kept_to_their_project() {
     assert!(s.fake.servers.lock().unwrap().is_empty());
 
     s.service.abort();
+}
+
+fn in_an_hour() -> SystemTime {
+    SystemTime::now() + Duration::from_secs(3600)
 }

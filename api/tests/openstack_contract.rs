@@ -7,9 +7,12 @@
 //! and the requests it builds have the shape (method, path, headers, JSON body) of the upstream
 //! request samples. Timing-dependent cases use short real timeouts, always bounded.
 
+#[path = "support/upstream.rs"]
+mod upstream;
+
 use std::collections::BTreeSet;
 use std::error::Error as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -32,6 +35,7 @@ use gsaasd::openstack::{
 };
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
+use upstream::{fixture, fixture_json, token_body};
 
 const PROJECT: &str = "a6944d763bf64ee6a275f1263fae0352";
 const NOVA: &str = "/nova/v2.1/a6944d763bf64ee6a275f1263fae0352";
@@ -39,15 +43,6 @@ const IMAGE_ID: &str = "70a599e0-31e7-49b7-b260-868f441e862b";
 const SERVER_ID: &str = "0e12087a-7c87-476a-8f84-7398e991cecc";
 const NETWORK_ID: &str = "3cb9bc59-5699-4588-a4b1-b87f96708bc6";
 const BOUND: Duration = Duration::from_secs(10);
-
-fn fixture(path: &str) -> String {
-    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/openstack").join(path);
-    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
-
-fn fixture_json(path: &str) -> Value {
-    serde_json::from_str(&fixture(path)).unwrap()
-}
 
 #[derive(Debug, Clone)]
 struct Req {
@@ -152,19 +147,8 @@ impl Mock {
     }
 }
 
-/// The upstream project-scoped token, its catalog pointing at `base`, expiring at `expires`.
-fn token_body(base: &str, expires: SystemTime) -> String {
-    let text = fixture("keystone/auth-password-project-scoped-response.json")
-        .replace("http://23.253.248.171:8774", &format!("{base}/nova"))
-        .replace("http://23.253.248.171:9696", &format!("{base}/neutron"))
-        .replace("http://23.253.248.171:9292", &format!("{base}/glance"));
-    let mut body: Value = serde_json::from_str(&text).unwrap();
-    body["token"]["expires_at"] = json!(format_rfc3339(expires));
-    body.to_string()
-}
-
 fn auth_reply(base: &str, token: &str, expires: SystemTime) -> Reply {
-    let mut reply = reply(201, token_body(base, expires));
+    let mut reply = reply(201, token_body(base, expires).to_string());
     reply.headers.push(("x-subject-token", token.to_owned()));
     reply
 }
@@ -779,7 +763,7 @@ async fn keystone_for_tenants(member_ttl: Duration) -> Mock {
     Mock::start(move |req, base| {
         if req.is(&Method::GET, "/identity/v3/auth/tokens?nocatalog") {
             assert_eq!(req.header("x-auth-token"), Some("service-token"));
-            let mut body: Value = serde_json::from_str(&token_body(base, in_an_hour())).unwrap();
+            let mut body = token_body(base, in_an_hour());
             match req.header("x-subject-token") {
                 Some("tenant-admin") => {}
                 Some(t) if t.starts_with("tenant-member") => {
@@ -1067,7 +1051,7 @@ impl TlsKeystone {
             .expect("openssl runs (Debian's openssl package)");
         assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
         let body = dir.join("token.json");
-        std::fs::write(&body, token_body("BASE", in_an_hour())).unwrap();
+        std::fs::write(&body, token_body("BASE", in_an_hour()).to_string()).unwrap();
         let mut child = Command::new("python3")
             .arg("-c")
             .arg(TLS_KEYSTONE)
