@@ -165,6 +165,16 @@ pub fn error_message(body: &[u8]) -> String {
     }
 }
 
+/// A Keystone answer that is no success: the service credentials' fault (401, 403, 404), or
+/// Keystone's.
+fn refusal(status: StatusCode, body: &[u8]) -> KeystoneError {
+    let (status, message) = (status.as_u16(), error_message(body));
+    match status {
+        401 | 403 | 404 => KeystoneError::Rejected { status, message },
+        _ => KeystoneError::Failed { status, message },
+    }
+}
+
 /// The certificates of a PEM bundle (`cacert`), trusted besides the system's.
 fn ca_bundle(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, KeystoneError> {
     let failed = |source: Box<dyn std::error::Error + Send + Sync>| KeystoneError::CaCert {
@@ -261,20 +271,8 @@ impl Keystone {
         let url = format!("{}/auth/tokens", self.settings.identity_v3());
         let request = self.http.post(&url).json(&self.settings.password_auth_body());
         let (status, headers, body) = self.send(request, &url).await?;
-        match status {
-            StatusCode::CREATED | StatusCode::OK => {}
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::NOT_FOUND => {
-                return Err(KeystoneError::Rejected {
-                    status: status.as_u16(),
-                    message: error_message(&body),
-                })
-            }
-            _ => {
-                return Err(KeystoneError::Failed {
-                    status: status.as_u16(),
-                    message: error_message(&body),
-                })
-            }
+        if !matches!(status, StatusCode::CREATED | StatusCode::OK) {
+            return Err(refusal(status, &body));
         }
         let token = headers
             .get(SUBJECT_TOKEN)
@@ -345,18 +343,7 @@ impl Keystone {
         match status {
             StatusCode::OK => {}
             StatusCode::NOT_FOUND => return Ok(None),
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                return Err(KeystoneError::Rejected {
-                    status: status.as_u16(),
-                    message: error_message(&body),
-                })
-            }
-            _ => {
-                return Err(KeystoneError::Failed {
-                    status: status.as_u16(),
-                    message: error_message(&body),
-                })
-            }
+            _ => return Err(refusal(status, &body)),
         }
         let envelope: TokenEnvelope =
             serde_json::from_slice(&body).map_err(|source| KeystoneError::Protocol {
