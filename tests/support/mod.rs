@@ -1,145 +1,29 @@
-//! What the end-to-end test needs around the real binaries: network namespaces and veths (deleted by
-//! drop guards), processes run inside a namespace (killed by drop guards), stand-in rCUDA servers,
-//! TCP probes and HTTP calls made from inside a namespace, and the binaries themselves.
+//! What the end-to-end test needs around the real binaries: network namespaces and veths (the
+//! kernel tests' module of rodvr-agent, included by path), processes run inside a namespace (killed
+//! by drop guards), stand-in rCUDA servers, TCP probes and HTTP calls made from inside a namespace,
+//! and the binaries themselves.
 //!
-//! Processes enter their namespace with `nsenter --net=`, not `ip netns exec`: the latter also gives
-//! the process a private mount namespace, and gsaasd's simulated cloud creates the VMs' namespaces
-//! with `ip netns add`, whose `/run/netns` mounts would then be invisible to this test. The test's
-//! own sockets are made by threads that entered a namespace (`setns`), since a socket belongs to the
-//! namespace its creator was in.
+//! Processes enter their namespace with `nsenter --net=` ([`Netns::command`]): gsaasd's simulated
+//! cloud creates the VMs' namespaces after it starts. The test's own sockets are made by threads
+//! that entered a namespace (`setns`), since a socket belongs to the namespace its creator was in.
 //!
 //! Every wait is bounded and every failure message says what was being done.
+
+#[path = "../../rodvr-agent/tests/support/netns.rs"]
+mod netns;
+
+pub use netns::{enter_and_run, namespaces, require_root_tools, run_prefix, veth, Netns};
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use nix::sched::{setns, CloneFlags};
 use serde_json::Value;
-
-/// Panics with a clear message unless this runs as root with `ip`, `nft` and `nsenter`.
-pub fn require_root_tools() {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let uid = status
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap_or("");
-    assert_eq!(uid, "0", "this test builds network namespaces and must run as root (CI does)");
-    for (tool, arg, package) in [
-        ("ip", "-V", "iproute2"),
-        ("nft", "--version", "nftables"),
-        ("nsenter", "-V", "util-linux"),
-    ] {
-        let ok = Command::new(tool).arg(arg).output().is_ok_and(|o| o.status.success());
-        assert!(ok, "`{tool}` is missing: apt-get install -y {package} (scripts/test.sh does)");
-    }
-}
-
-fn check(what: &str, out: std::io::Result<Output>) -> Output {
-    let out = out.unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// Runs `ip ARGS` and panics on failure.
-pub fn ip(args: &[&str]) -> Output {
-    check(&format!("ip {}", args.join(" ")), Command::new("ip").args(args).output())
-}
-
-/// The namespaces that exist (`ip netns list`), by name.
-pub fn namespaces() -> Vec<String> {
-    let out = ip(&["netns", "list"]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-        .collect()
-}
-
-/// The prefix of every namespace this process creates (or has gsaasd create).
-pub fn run_prefix() -> String {
-    format!("gsaas-e2e-{}-", std::process::id())
-}
-
-/// A network namespace that is deleted (with its interfaces) when dropped.
-#[derive(Debug)]
-pub struct Netns {
-    pub name: String,
-}
-
-impl Netns {
-    /// `<run prefix><tag>`, with `lo` up.
-    pub fn new(tag: &str) -> Self {
-        let name = format!("{}{tag}", run_prefix());
-        ip(&["netns", "add", &name]);
-        let ns = Self { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    pub fn path(&self) -> PathBuf {
-        Path::new("/run/netns").join(&self.name)
-    }
-
-    /// `ip -n NS ARGS`.
-    pub fn ip(&self, args: &[&str]) -> Output {
-        let mut full = vec!["-n", self.name.as_str()];
-        full.extend_from_slice(args);
-        ip(&full)
-    }
-
-    /// A command that runs `program` inside the namespace (network only, see the module docs).
-    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut command = Command::new("nsenter");
-        command.arg(format!("--net={}", self.path().display())).arg("--").arg(program);
-        command
-    }
-
-    /// Routes between the namespace's interfaces (written from inside it: `/proc/sys/net` is per
-    /// network namespace, and this needs no `sysctl` program).
-    pub fn enable_forwarding(&self) {
-        let path = "/proc/sys/net/ipv4/ip_forward";
-        self.run(|| std::fs::write(path, "1"))
-            .unwrap_or_else(|e| panic!("write {path} in {}: {e}", self.name));
-    }
-
-    /// Runs `f` on a thread that has entered the namespace.
-    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        enter_and_run(&self.name, f)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
-    }
-}
-
-/// Runs `f` on a thread that has entered the namespace `name` (one this test may not own, such as
-/// a VM's).
-pub fn enter_and_run<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
-    let path = Path::new("/run/netns").join(name);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let file = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-            setns(&file, CloneFlags::CLONE_NEWNET)
-                .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })
-}
 
 /// Deletes, when dropped, every namespace whose name starts with `prefix`: the VMs gsaasd's
 /// simulated cloud created, should the test stop before gsaasd deleted them.
@@ -158,18 +42,6 @@ impl Drop for SweepNamespaces {
                 let _ = Command::new("ip").args(["netns", "del", name]).output();
             }
         }
-    }
-}
-
-/// A veth pair `a_if` (in `a`, `a_cidr`) <-> `b_if` (in `b`, `b_cidr`), both up; an empty cidr
-/// leaves that end without an address.
-pub fn veth(a: &Netns, a_if: &str, a_cidr: &str, b: &Netns, b_if: &str, b_cidr: &str) {
-    a.ip(&["link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", &b.name]);
-    for (ns, interface, cidr) in [(a, a_if, a_cidr), (b, b_if, b_cidr)] {
-        if !cidr.is_empty() {
-            ns.ip(&["addr", "add", cidr, "dev", interface]);
-        }
-        ns.ip(&["link", "set", interface, "up"]);
     }
 }
 

@@ -1,26 +1,36 @@
 //! Network namespaces for kernel tests: created with `ip`, deleted by a drop guard, entered by
 //! threads (a thread's sockets stay in the namespace it was in when they were created).
+//!
+//! Shared by rodvr-agent's tests and bench and by the workspace's end-to-end test, which includes
+//! this file by path. Programs that must see namespaces created after they start (gsaasd's
+//! simulated cloud adds the VMs' namespaces) enter theirs with [`Netns::command`] (`nsenter
+//! --net=`): `ip netns exec`, as [`Netns::exec`] uses, also gives the program a private mount
+//! namespace in which later `/run/netns` mounts are invisible.
+#![allow(dead_code)]
 
 use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use nix::sched::{setns, CloneFlags};
 
-/// Panics with a clear message unless this runs as root with `ip` and `nft` available.
+/// Panics with a clear message unless this runs as root with `ip`, `nft` and `nsenter`.
 pub fn require_root_tools() {
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1).unwrap_or("").to_owned())
-        })
-        .unwrap_or_default();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let uid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("");
     assert_eq!(uid, "0", "this test builds network namespaces and must run as root (CI does)");
-    for tool in [["ip", "-V"], ["nft", "--version"]] {
-        let ok = Command::new(tool[0]).arg(tool[1]).output().is_ok_and(|o| o.status.success());
-        assert!(ok, "`{}` is missing: apt-get install -y nftables iproute2", tool[0]);
+    for (tool, arg, package) in [
+        ("ip", "-V", "iproute2"),
+        ("nft", "--version", "nftables"),
+        ("nsenter", "-V", "util-linux"),
+    ] {
+        let ok = Command::new(tool).arg(arg).output().is_ok_and(|o| o.status.success());
+        assert!(ok, "`{tool}` is missing: apt-get install -y {package} (scripts/test.sh does)");
     }
 }
 
@@ -40,6 +50,20 @@ pub fn ip(args: &[&str]) -> Output {
     check(&format!("ip {}", args.join(" ")), Command::new("ip").args(args).output())
 }
 
+/// The namespaces that exist (`ip netns list`), by name.
+pub fn namespaces() -> Vec<String> {
+    let out = ip(&["netns", "list"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// The prefix of every namespace this process creates (or has a program it runs create).
+pub fn run_prefix() -> String {
+    format!("gsaas-test-{}-", std::process::id())
+}
+
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// A network namespace that is deleted (with its interfaces) when dropped.
@@ -49,14 +73,18 @@ pub struct Netns {
 }
 
 impl Netns {
-    /// A new namespace named after the process id, a counter and `tag`, with `lo` up.
+    /// `<run prefix><counter>-<tag>`, with `lo` up.
     pub fn new(tag: &str) -> Self {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let name = format!("rodvr-{}-{n}-{tag}", std::process::id());
+        let name = format!("{}{n}-{tag}", run_prefix());
         ip(&["netns", "add", &name]);
         let ns = Self { name };
         ns.ip(&["link", "set", "lo", "up"]);
         ns
+    }
+
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
     }
 
     /// `ip -n NS ARGS`.
@@ -66,35 +94,36 @@ impl Netns {
         ip(&full)
     }
 
-    /// Runs a command inside the namespace and panics on failure.
+    /// Runs a command inside the namespace (`ip netns exec`) and panics on failure.
     pub fn exec(&self, args: &[&str]) -> Output {
         let mut full = vec!["netns", "exec", self.name.as_str()];
         full.extend_from_slice(args);
         ip(&full)
     }
 
-    /// The command prefix that runs a program inside the namespace.
+    /// The command prefix that runs a program inside the namespace (`ip netns exec`).
     pub fn command_prefix(&self) -> Vec<String> {
         ["ip", "netns", "exec", self.name.as_str()].map(String::from).to_vec()
     }
 
-    /// Runs `f` on a thread that has entered the namespace.
-    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-                setns(&file, CloneFlags::CLONE_NEWNET)
-                    .unwrap_or_else(|e| panic!("setns {path}: {e}"));
-                f()
-            })
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
+    /// A command that runs `program` inside the namespace, network only (see the module docs).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("nsenter");
+        command.arg(format!("--net={}", self.path().display())).arg("--").arg(program);
+        command
     }
 
+    /// Routes between the namespace's interfaces (written from inside it: `/proc/sys/net` is per
+    /// network namespace, and this needs no `sysctl` program).
     pub fn enable_forwarding(&self) {
-        self.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        let path = "/proc/sys/net/ipv4/ip_forward";
+        self.run(|| std::fs::write(path, "1"))
+            .unwrap_or_else(|e| panic!("write {path} in {}: {e}", self.name));
+    }
+
+    /// Runs `f` on a thread that has entered the namespace.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        enter_and_run(&self.name, f)
     }
 }
 
@@ -104,11 +133,30 @@ impl Drop for Netns {
     }
 }
 
-/// A veth pair `a_if` (in `a`, `a_cidr`) <-> `b_if` (in `b`, `b_cidr`), both up.
+/// Runs `f` on a thread that has entered the namespace `name` (one this test may not own, such as
+/// a VM's).
+pub fn enter_and_run<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
+    let path = Path::new("/run/netns").join(name);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+            setns(&file, CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// A veth pair `a_if` (in `a`, `a_cidr`) <-> `b_if` (in `b`, `b_cidr`), both up; an empty cidr
+/// leaves that end without an address.
 pub fn veth(a: &Netns, a_if: &str, a_cidr: &str, b: &Netns, b_if: &str, b_cidr: &str) {
     a.ip(&["link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", &b.name]);
-    a.ip(&["addr", "add", a_cidr, "dev", a_if]);
-    b.ip(&["addr", "add", b_cidr, "dev", b_if]);
-    a.ip(&["link", "set", a_if, "up"]);
-    b.ip(&["link", "set", b_if, "up"]);
+    for (ns, interface, cidr) in [(a, a_if, a_cidr), (b, b_if, b_cidr)] {
+        if !cidr.is_empty() {
+            ns.ip(&["addr", "add", cidr, "dev", interface]);
+        }
+        ns.ip(&["link", "set", interface, "up"]);
+    }
 }
