@@ -308,6 +308,9 @@ async fn long_polls_answer_once_the_vm_settles(store: Store) {
     assert_eq!((status, vm["state"].as_str()), (200, Some("creating")), "the wait ran out: {vm}");
     let (status, vm) = t.get(&token, &format!("{path}?wait=30")).await;
     assert_eq!((status, vm["state"].as_str()), (200, Some("ready")), "{vm}");
+    // The answer a waiter gets from the write it was woken by is the VM as stored.
+    assert_eq!(t.get(&token, &path).await.1, vm);
+    assert_eq!(vm["cgpus"].as_array().map(Vec::len), Some(1), "{vm}");
 
     for bad in ["-1", "60.5", "abc", "NaN", "inf"] {
         let (status, problem) = t.get(&token, &format!("{path}?wait={bad}")).await;
@@ -326,4 +329,5 @@ async fn long_polls_answer_once_the_vm_settles(store: Store) {
     assert_eq!(status, 202);
     let (status, vm) = t.get(&token, &format!("{path}?wait=30")).await;
     assert_eq!((status, vm["state"].as_str()), (200, Some("deleted")), "{vm}");
+    assert_eq!(t.get(&token, &path).await.1, vm);
 }

@@ -261,7 +261,7 @@ impl App {
         let written = db::update_vm(&mut conn, vm).await?;
         drop(conn);
         if written {
-            self.watchers.changed(vm.id, vm.state);
+            self.watchers.changed(vm);
         }
         Ok(written)
     }
@@ -344,7 +344,7 @@ impl App {
                     }
                     Err(e) => return Err(e.into()),
                 };
-                self.watchers.changed(id, ended.state);
+                self.watchers.changed(&ended);
                 if ended.state == VmState::Deleted {
                     inc(&self.metrics.terminations_done);
                 }

@@ -339,7 +339,7 @@ impl App {
             let written = db::update_vm_and_claim(&mut conn, vm, claim).await?;
             drop(conn);
             if let Some(claimed) = written {
-                self.watchers.changed(id, VmState::Deleting);
+                self.watchers.changed(vm);
                 inc(&self.metrics.terminations);
                 self.wake_saga(id);
                 self.spawn_saga_from(id, claimed.then(|| details.clone()));

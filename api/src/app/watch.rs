@@ -2,8 +2,8 @@
 //!
 //! A client following a launch or a termination would otherwise poll `GET /v1/vms/{id}`, and
 //! every poll is an HTTP request and two database reads. With `?wait=` the request parks on a
-//! per-VM signal that this process's saga and terminations raise, with the state written, on every
-//! write of the VM; it reads the VM again only when that state is settled. Another replica's saga
+//! per-VM signal that this process's saga and terminations raise, with the record written, on every
+//! write of the VM, and answers with that record once it is settled: one read per wait. Another replica's saga
 //! does not reach this process's signal, so a waiter also re-reads at a slow fallback interval: it
 //! never waits past a change by more than that.
 
@@ -18,7 +18,7 @@ use super::vms::VmDetails;
 use super::App;
 use crate::auth::Caller;
 use crate::error::Error;
-use crate::model::VmState;
+use crate::model::{SagaStep, VmRecord, VmState};
 
 /// How often a waiter re-reads a VM whose saga may run in another replica.
 const FALLBACK_READ: Duration = Duration::from_millis(250);
@@ -35,8 +35,8 @@ pub(crate) struct VmWatchers {
 struct Watched {
     signal: Arc<Notify>,
     waiters: usize,
-    /// The state of the last write announced.
-    written: Option<VmState>,
+    /// The last write announced.
+    written: Option<VmRecord>,
 }
 
 /// One waiter's registration; dropping it unregisters.
@@ -58,20 +58,21 @@ impl VmWatchers {
         Watch { watchers: self, id, signal: entry.signal.clone() }
     }
 
-    /// Wakes everyone waiting on `id`: the VM was written with `state`.
-    pub(crate) fn changed(&self, id: VmId, state: VmState) {
-        if let Some(watched) = self.waiting.lock().expect("vm watchers").get_mut(&id) {
-            watched.written = Some(state);
+    /// Wakes everyone waiting on `vm`, just written as it is.
+    pub(crate) fn changed(&self, vm: &VmRecord) {
+        if let Some(watched) = self.waiting.lock().expect("vm watchers").get_mut(&vm.id) {
+            watched.written = Some(vm.clone());
             watched.signal.notify_waiters();
         }
     }
 }
 
 impl Watch<'_> {
-    /// Whether the last write announced left the VM settled.
-    fn settled_write(&self) -> bool {
+    /// The last write announced, if it is newer than `version` and left the VM settled.
+    fn settled_write(&self, version: i64) -> Option<VmRecord> {
         let waiting = self.watchers.waiting.lock().expect("vm watchers");
-        waiting.get(&self.id).and_then(|w| w.written).is_some_and(settled)
+        let written = waiting.get(&self.id)?.written.as_ref()?;
+        (written.version > version && settled(written.state)).then(|| written.clone())
     }
 }
 
@@ -112,6 +113,7 @@ impl App {
             if settled(details.vm.state) {
                 return Ok(details);
             }
+            let read_version = details.vm.version;
             // Woken by writes that leave it unsettled, wait on without reading.
             let fallback = tokio::time::Instant::now() + FALLBACK_READ;
             loop {
@@ -121,8 +123,15 @@ impl App {
                 }
                 let timed_out =
                     tokio::time::timeout_at(deadline.min(fallback), signal.as_mut()).await.is_err();
-                if timed_out || watch.settled_write() {
+                if timed_out {
                     break;
+                }
+                if let Some(vm) = watch.settled_write(read_version) {
+                    // What this process just wrote, so no read: the cGPUs are those read above
+                    // unless the write ended a saga that released them.
+                    let released = vm.step == SagaStep::Done && vm.state != VmState::Ready;
+                    let cgpus = if released { Vec::new() } else { details.cgpus };
+                    return Ok(VmDetails { vm, cgpus });
                 }
                 signal.set(watch.signal.notified());
                 signal.as_mut().enable();
