@@ -3,11 +3,11 @@
 //! gsaasd pushes each host's complete route table with a generation; the agent persists it and
 //! applies it. Two implementations: [`RemoteAgents`] talks to real `rodvr-agent`s over HTTP with
 //! tokens signed by gsaasd, and [`InProcessAgents`] runs the same agent core inside gsaasd (the
-//! embedded default): the same validation, generation rules, state file and rendering, over the
-//! in-memory firewall instead of the kernel.
+//! embedded default): the same validation, generation rules and rendering, over the in-memory
+//! firewall instead of the kernel. Their tables live in memory only: gsaasd's database is the
+//! source of truth, and after a restart the reconciler finds them empty and pushes every table.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -18,7 +18,7 @@ use rodvr_agent::client::AgentClient;
 use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
 use rodvr_agent::protocol::{HostKind as AgentHostKind, Ipv4Cidr, RouteTable};
 use rodvr_agent::render::TableParams;
-use rodvr_agent::state::{Durability, GenerationConflict, Ledger};
+use rodvr_agent::state::{GenerationConflict, Ledger};
 
 use crate::model::HostRecord;
 
@@ -49,32 +49,24 @@ pub trait HostAgents: Send + Sync + std::fmt::Debug {
     async fn applied_generation(&self, host: &HostRecord) -> Result<Option<u64>, AgentError>;
 }
 
-/// Agents inside gsaasd, one per host, each with its own state file under `state_dir`.
+/// Agents inside gsaasd, one per host, their tables in memory.
 #[derive(Debug)]
 pub struct InProcessAgents {
-    state_dir: PathBuf,
     masked_range: Ipv4Cidr,
     agents: Mutex<HashMap<HostId, Arc<Agent<MemoryFirewall>>>>,
 }
 
 impl InProcessAgents {
-    pub fn new(state_dir: PathBuf, masked_range: Ipv4Cidr) -> Self {
-        InProcessAgents { state_dir, masked_range, agents: Mutex::new(HashMap::new()) }
+    pub fn new(masked_range: Ipv4Cidr) -> Self {
+        InProcessAgents { masked_range, agents: Mutex::new(HashMap::new()) }
     }
 
-    fn agent(&self, host: &HostRecord) -> Result<Arc<Agent<MemoryFirewall>>, AgentError> {
+    fn agent(&self, host: &HostRecord) -> Arc<Agent<MemoryFirewall>> {
         let mut agents = self.agents.lock().expect("agents lock");
         if let Some(agent) = agents.get(&host.name) {
-            return Ok(agent.clone());
+            return agent.clone();
         }
-        let unavailable = |reason: String, source: Box<dyn std::error::Error + Send + Sync>| {
-            AgentError::Unavailable { host: host.name.clone(), reason, source: Some(source) }
-        };
-        std::fs::create_dir_all(&self.state_dir)
-            .map_err(|e| unavailable("cannot create its state directory".into(), Box::new(e)))?;
-        let ledger = Ledger::load(self.state_dir.join(format!("{}.json", host.name)))
-            .map_err(|e| unavailable("cannot load its state file".into(), Box::new(e)))?
-            .with_durability(Durability::Process);
+        let ledger = Ledger::in_memory();
         let params = TableParams {
             masked_range: self.masked_range,
             gpu_interface: "gpu0".into(),
@@ -91,13 +83,8 @@ impl InProcessAgents {
         };
         let agent =
             Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params), facts));
-        if agent.needs_apply() {
-            agent
-                .reapply()
-                .map_err(|e| unavailable("cannot re-apply its state file".into(), Box::new(e)))?;
-        }
         agents.insert(host.name.clone(), agent.clone());
-        Ok(agent)
+        agent
     }
 
     /// Where a packet from `source` arriving on `interface` for `masked` is sent on `host`, per the
@@ -109,14 +96,13 @@ impl InProcessAgents {
         interface: &str,
         masked: std::net::SocketAddrV4,
     ) -> Option<std::net::SocketAddrV4> {
-        self.agent(host).ok()?.with_firewall(|fw| fw.resolve(source, interface, masked))
+        self.agent(host).with_firewall(|fw| fw.resolve(source, interface, masked))
     }
 
-    /// Simulates the host's agent restarting after losing its state file (a wiped disk): it comes
-    /// back holding no table.
+    /// Simulates the host's agent restarting without its table (a wiped disk): it comes back
+    /// holding none.
     pub fn forget(&self, host: &HostId) {
         self.agents.lock().expect("agents lock").remove(host);
-        let _ = std::fs::remove_file(self.state_dir.join(format!("{host}.json")));
     }
 }
 
@@ -124,7 +110,7 @@ impl InProcessAgents {
 impl HostAgents for InProcessAgents {
     async fn apply(&self, host: &HostRecord, table: RouteTable) -> Result<(), AgentError> {
         let offered = table.generation;
-        let agent = self.agent(host)?;
+        let agent = self.agent(host);
         // The agent persists its state file (fsync): keep it off the async workers.
         let applied =
             tokio::task::spawn_blocking(move || agent.put_table(table)).await.map_err(|e| {
@@ -151,7 +137,7 @@ impl HostAgents for InProcessAgents {
     }
 
     async fn applied_generation(&self, host: &HostRecord) -> Result<Option<u64>, AgentError> {
-        Ok(self.agent(host)?.state().applied_generation)
+        Ok(self.agent(host).state().applied_generation)
     }
 }
 

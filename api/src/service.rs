@@ -91,10 +91,7 @@ pub async fn start_with_sim(
     let db = Db::connect(&config.database_url()).await.map_err(StartError::Database)?;
     let (agents, in_process_agents): (Arc<dyn HostAgents>, _) = match config.hosts.backend {
         HostsBackend::InProcess => {
-            let agents = Arc::new(InProcessAgents::new(
-                config.data_dir.join("agents"),
-                config.masking.range,
-            ));
+            let agents = Arc::new(InProcessAgents::new(config.masking.range));
             (agents.clone(), Some(agents))
         }
         HostsBackend::Agent => (Arc::new(RemoteAgents::new(keys.agent_signer())), None),

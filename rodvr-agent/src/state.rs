@@ -39,21 +39,11 @@ pub enum Admission {
     Unchanged,
 }
 
-/// Whether a persisted table must survive a power loss or only a crash of the process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// fsync the file and its directory: a real agent's table outlives a host reboot.
-    Synced,
-    /// Leave it in the page cache: for in-process agents, whose controller's database is the
-    /// source of truth and re-pushes every table after a restart.
-    Process,
-}
-
 #[derive(Debug)]
 pub struct Ledger {
-    path: PathBuf,
+    /// The state file; `None` keeps the table in memory only.
+    path: Option<PathBuf>,
     current: Option<RouteTable>,
-    durability: Durability,
 }
 
 impl Ledger {
@@ -68,11 +58,18 @@ impl Ledger {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(source) => return Err(StateFileError::Read { path, source }),
         };
-        Ok(Self { path, current, durability: Durability::Synced })
+        Ok(Self { path: Some(path), current })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// A ledger without a state file, for agents inside a controller whose database is the source
+    /// of truth: after a restart they hold nothing, and the controller's reconciler pushes their
+    /// tables again.
+    pub fn in_memory() -> Self {
+        Self { path: None, current: None }
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
     pub fn current(&self) -> Option<&RouteTable> {
@@ -98,39 +95,33 @@ impl Ledger {
         }
     }
 
-    /// Sets how durably [`Ledger::persist`] writes (default [`Durability::Synced`]).
-    pub fn with_durability(mut self, durability: Durability) -> Self {
-        self.durability = durability;
-        self
-    }
-
-    /// Replaces the persisted table with `table` (temp file, fsync, rename, fsync dir; the fsyncs
-    /// only with [`Durability::Synced`]).
+    /// Durably replaces the persisted table with `table` (temp file, fsync, rename, fsync dir).
     pub fn persist(&mut self, table: RouteTable) -> Result<(), StateFileError> {
-        let write_err = |source| StateFileError::Write { path: self.path.clone(), source };
-        let dir = match self.path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let file_name = self.path.file_name().map(|n| n.to_string_lossy().into_owned());
-        let tmp = dir.join(format!(".{}.tmp", file_name.as_deref().unwrap_or("state")));
-        let bytes = serde_json::to_vec(&table).expect("route tables always serialize");
-        let write = || -> io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            if self.durability == Durability::Synced {
-                f.sync_all()?;
-            }
-            fs::rename(&tmp, &self.path)?;
-            if self.durability == Durability::Synced {
-                fs::File::open(&dir)?.sync_all()?;
-            }
-            Ok(())
-        };
-        write().map_err(write_err)?;
+        if let Some(path) = &self.path {
+            write_atomically(path, &table)?;
+        }
         self.current = Some(table);
         Ok(())
     }
+}
+
+fn write_atomically(path: &Path, table: &RouteTable) -> Result<(), StateFileError> {
+    let write_err = |source| StateFileError::Write { path: path.to_owned(), source };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{}.tmp", file_name.as_deref().unwrap_or("state")));
+    let bytes = serde_json::to_vec_pretty(table).expect("route tables always serialize");
+    let write = || -> io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        fs::File::open(&dir)?.sync_all()
+    };
+    write().map_err(write_err)
 }
 
 #[cfg(test)]
