@@ -52,10 +52,13 @@ open(sys.argv[2], "w").write("\n".join(lines) + "\n")
 PY
 cargo run -q -p gsaasd -- check-config --config "$out/gsaasd.toml" > /dev/null
 
-# The systemd units, pointed at the built binaries.
+# The systemd units, pointed at the built binaries (wherever CARGO_TARGET_DIR puts them).
 cargo build -q -p gsaasd -p rodvr-agent
+target_dir=${CARGO_TARGET_DIR:-target}
+[[ $target_dir == /* ]] || target_dir=$PWD/$target_dir
+bin_dir=$target_dir/debug
 for unit in gsaasd rodvr-agent; do
-  sed "s|/usr/local/bin/$unit|$PWD/target/debug/$unit|" "deploy/systemd/$unit.service" > "$out/$unit.service"
+  sed "s|/usr/local/bin/$unit|$bin_dir/$unit|" "deploy/systemd/$unit.service" > "$out/$unit.service"
 done
 systemd-analyze verify --man=no "$out/gsaasd.service" "$out/rodvr-agent.service"
 echo "check-deploy: chart, manifests, rendered config and systemd units are valid"
