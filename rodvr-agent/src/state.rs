@@ -68,10 +68,6 @@ impl Ledger {
         Self { path: None, current: None }
     }
 
-    pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
-    }
-
     pub fn current(&self) -> Option<&RouteTable> {
         self.current.as_ref()
     }
