@@ -111,16 +111,8 @@ impl HostAgents for InProcessAgents {
     async fn apply(&self, host: &HostRecord, table: RouteTable) -> Result<(), AgentError> {
         let offered = table.generation;
         let agent = self.agent(host);
-        // The agent persists its state file (fsync): keep it off the async workers.
-        let applied =
-            tokio::task::spawn_blocking(move || agent.put_table(table)).await.map_err(|e| {
-                AgentError::Unavailable {
-                    host: host.name.clone(),
-                    reason: "the agent's apply task failed".into(),
-                    source: Some(Box::new(e)),
-                }
-            })?;
-        match applied {
+        // Its ledger and firewall are in memory: applying is a short computation, done in place.
+        match agent.put_table(table) {
             Ok(_) => Ok(()),
             Err(CoreError::Conflict(GenerationConflict::Older { .. })) => {
                 Err(AgentError::Stale { host: host.name.clone(), offered })

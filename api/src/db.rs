@@ -316,20 +316,31 @@ pub async fn set_host_state(
     Ok(())
 }
 
-/// Starts a new generation of the host's table; returns the host as of it (`routes_generation`
-/// is the new generation).
-pub async fn next_routes_generation(
+/// Starts a new generation of each host's table; returns the hosts as of it (`routes_generation`
+/// is the new generation). Unknown hosts are left out.
+pub async fn next_routes_generations(
     conn: &mut AnyConnection,
-    name: &HostId,
-) -> Result<HostRecord, Error> {
-    let row = sqlx::query(&format!(
-        "UPDATE hosts SET routes_generation = routes_generation + 1 WHERE name = $1 RETURNING {HOST_COLUMNS}"
-    ))
-    .bind(name.as_str())
-    .fetch_optional(conn)
-    .await?
-    .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })?;
-    host_from_row(&row)
+    hosts: &[HostId],
+) -> Result<Vec<HostRecord>, Error> {
+    let mut out = Vec::with_capacity(hosts.len());
+    for chunk in hosts.chunks(MAX_ROWS) {
+        let rows = padded(chunk.len());
+        let sql = format!(
+            "UPDATE hosts SET routes_generation = routes_generation + 1 WHERE name IN {}              RETURNING {HOST_COLUMNS}",
+            placeholders(conn, 1, rows)
+        );
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        for host in chunk {
+            query = query.bind(host.to_string());
+        }
+        for _ in chunk.len()..rows {
+            query = query.bind(None::<String>);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            out.push(host_from_row(&row)?);
+        }
+    }
+    Ok(out)
 }
 
 /// Moves the host's table generation past `generation` (an agent holds a newer one than we know).
@@ -348,18 +359,28 @@ pub async fn raise_routes_generation(
     Ok(())
 }
 
-pub async fn set_applied_generation(
+/// Records the generation each host's agent confirmed (never moving one back).
+pub async fn set_applied_generations(
     conn: &mut AnyConnection,
-    name: &HostId,
-    generation: u64,
+    applied: &[(HostId, u64)],
 ) -> Result<(), Error> {
-    sqlx::query(
-        "UPDATE hosts SET applied_generation = $1 WHERE name = $2 AND applied_generation < $1",
-    )
-    .bind(generation as i64)
-    .bind(name.as_str())
-    .execute(conn)
-    .await?;
+    for chunk in applied.chunks(MAX_ROWS) {
+        let rows = padded(chunk.len());
+        let sql = format!(
+            "WITH v (name, generation) AS (VALUES {}) \
+             UPDATE hosts SET applied_generation = v.generation FROM v \
+             WHERE hosts.name = v.name AND hosts.applied_generation < v.generation",
+            placeholders(conn, rows, 2)
+        );
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        for (host, generation) in chunk {
+            query = query.bind(host.to_string()).bind(*generation as i64);
+        }
+        for _ in chunk.len()..rows {
+            query = query.bind(None::<String>).bind(None::<i64>);
+        }
+        query.execute(&mut *conn).await?;
+    }
     Ok(())
 }
 
@@ -417,40 +438,113 @@ pub async fn delete_gpu(conn: &mut AnyConnection, id: &GpuId) -> Result<(), Erro
 
 // ---- VMs ----
 
-const VM_COLUMNS: &str =
-    "id, project, owner, name, request, policy, state, error, step, server_id, host, \
-                          fixed_ip, tap, routes_on, timings, created_ms, updated_ms, version";
+/// A VM's columns, read by position (see [`vm_from_row`]); `v.` names them in joins.
+const VM_COLUMNS: &str = "v.id, v.project, v.owner, v.name, v.request, v.policy, v.state, v.error, v.step, \
+    v.server_id, v.host, v.fixed_ip, v.tap, v.routes_on, v.timings, v.created_ms, v.updated_ms, v.version";
+const VM_COLUMN_COUNT: usize = 18;
 
 fn vm_from_row(row: &AnyRow) -> Result<VmRecord, Error> {
-    let id: String = row.try_get("id")?;
-    let request: String = row.try_get("request")?;
-    let state: String = row.try_get("state")?;
-    let step: String = row.try_get("step")?;
-    let host: Option<String> = row.try_get("host")?;
-    let fixed_ip: Option<String> = row.try_get("fixed_ip")?;
-    let timings: String = row.try_get("timings")?;
+    let id: String = row.try_get(0)?;
+    let request: String = row.try_get(4)?;
+    let state: String = row.try_get(6)?;
+    let step: String = row.try_get(8)?;
+    let host: Option<String> = row.try_get(10)?;
+    let fixed_ip: Option<String> = row.try_get(11)?;
+    let timings: String = row.try_get(14)?;
     Ok(VmRecord {
         id: id.parse().map_err(|_| corrupt("VM id", &id))?,
-        project: row.try_get("project")?,
-        owner: row.try_get("owner")?,
-        name: row.try_get("name")?,
+        project: row.try_get(1)?,
+        owner: row.try_get(2)?,
+        name: row.try_get(3)?,
         spec: serde_json::from_str(&request).map_err(|_| corrupt("launch request", &request))?,
-        policy: row.try_get("policy")?,
+        policy: row.try_get(5)?,
         state: VmState::parse(&state).ok_or_else(|| corrupt("VM state", &state))?,
-        error: row.try_get("error")?,
+        error: row.try_get(7)?,
         step: SagaStep::parse(&step).ok_or_else(|| corrupt("saga step", &step))?,
-        server_id: row.try_get::<Option<String>, _>("server_id")?.map(ServerId),
+        server_id: row.try_get::<Option<String>, _>(9)?.map(ServerId),
         host: host.map(|h| HostId::new(&h).map_err(|_| corrupt("host name", &h))).transpose()?,
         fixed_ip: fixed_ip
             .map(|ip| ip.parse().map_err(|_| corrupt("fixed IP", &ip)))
             .transpose()?,
-        tap: row.try_get("tap")?,
-        routes_on: row.try_get::<i64, _>("routes_on")? != 0,
+        tap: row.try_get(12)?,
+        routes_on: row.try_get::<i64, _>(13)? != 0,
         timings: serde_json::from_str(&timings).map_err(|_| corrupt("timings", &timings))?,
-        created_ms: row.try_get("created_ms")?,
-        updated_ms: row.try_get("updated_ms")?,
-        version: row.try_get("version")?,
+        created_ms: row.try_get(15)?,
+        updated_ms: row.try_get(16)?,
+        version: row.try_get(17)?,
     })
+}
+
+/// Rows of VMs joined with their cGPUs (none: NULL cGPU columns), grouped back into VMs in order.
+fn vms_with_cgpus_from_rows(rows: &[AnyRow]) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
+    let mut out: Vec<(VmRecord, Vec<CgpuRecord>)> = Vec::new();
+    for row in rows {
+        let id: String = row.try_get(0)?;
+        if out.last().is_none_or(|(vm, _)| vm.id.to_string() != id) {
+            out.push((vm_from_row(row)?, Vec::new()));
+        }
+        if row.try_get::<Option<String>, _>(VM_COLUMN_COUNT)?.is_some() {
+            let cgpu = cgpu_from_row_at(row, VM_COLUMN_COUNT)?;
+            out.last_mut().expect("pushed above").1.push(cgpu);
+        }
+    }
+    Ok(out)
+}
+
+const VMS_WITH_CGPUS: &str =
+    "FROM vms v LEFT JOIN cgpus c ON c.vm = v.id LEFT JOIN gpus g ON g.id = c.gpu";
+
+/// VMs and their cGPUs, in one query per [`MAX_ROWS`] ids; unknown ids are left out.
+pub async fn vms_with_cgpus_by_id(
+    conn: &mut AnyConnection,
+    ids: &[VmId],
+) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(MAX_ROWS) {
+        let rows = padded(chunk.len());
+        let sql = format!(
+            "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.id IN {} ORDER BY v.id, c.idx",
+            placeholders(conn, 1, rows)
+        );
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        for id in chunk {
+            query = query.bind(id.to_string());
+        }
+        for _ in chunk.len()..rows {
+            query = query.bind(None::<String>);
+        }
+        let found = query.fetch_all(&mut *conn).await?;
+        out.extend(vms_with_cgpus_from_rows(&found)?);
+    }
+    Ok(out)
+}
+
+/// A project's VMs (all projects' for `None`) with their cGPUs, newest first, deleted ones left
+/// out, in one query.
+pub async fn vms_with_cgpus(
+    conn: &mut AnyConnection,
+    project: Option<&str>,
+) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
+    let order = "ORDER BY v.created_ms DESC, v.id, c.idx";
+    let rows = match project {
+        Some(project) => {
+            sqlx::query(&format!(
+                "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} \
+                 WHERE v.project = $1 AND v.state <> 'deleted' {order}"
+            ))
+            .bind(project)
+            .fetch_all(conn)
+            .await?
+        }
+        None => {
+            sqlx::query(&format!(
+                "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.state <> 'deleted' {order}"
+            ))
+            .fetch_all(conn)
+            .await?
+        }
+    };
+    vms_with_cgpus_from_rows(&rows)
 }
 
 #[derive(Debug)]
@@ -462,139 +556,250 @@ pub struct NewVm<'a> {
     pub lease_until_ms: i64,
 }
 
-pub async fn insert_vm(conn: &mut AnyConnection, new: NewVm<'_>) -> Result<(), Error> {
-    let vm = new.record;
-    sqlx::query(
-        "INSERT INTO vms (id, project, owner, name, request, policy, state, error, step, server_id, host, \
-         fixed_ip, tap, routes_on, timings, idempotency_key, request_digest, saga_owner, saga_lease_until_ms, \
-         created_ms, updated_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, NULL, NULL, NULL, 0, $10, $11, $12, $13, $14, $15, $16)",
-    )
-    .bind(vm.id.to_string())
-    .bind(&vm.project)
-    .bind(&vm.owner)
-    .bind(&vm.name)
-    .bind(serde_json::to_string(&vm.spec).expect("spec serializes"))
-    .bind(&vm.policy)
-    .bind(vm.state.as_str())
-    .bind(vm.error.as_deref())
-    .bind(vm.step.as_str())
-    .bind(serde_json::to_string(&vm.timings).expect("timings serialize"))
-    .bind(new.idempotency_key)
-    .bind(new.request_digest)
-    .bind(new.saga_owner)
-    .bind(new.lease_until_ms)
-    .bind(vm.created_ms)
-    .bind(vm.updated_ms)
-    .execute(conn)
-    .await
-    .map_err(|e| match &e {
-        sqlx::Error::Database(d) if d.is_unique_violation() => {
-            Error::Conflict("a VM with this Idempotency-Key already exists".into())
+// Batched statements. Group commit (`app::batch`) writes many VMs per statement; every batched
+// statement takes its rows from a `WITH v (...) AS (VALUES ...)` list, which SQLite and PostgreSQL
+// read alike. Lists are padded to a power of two with all-NULL rows that match nothing, so each
+// statement comes in a few shapes that the connections' statement caches keep prepared.
+
+/// The most rows one batched statement carries (bind parameters stay far below both databases'
+/// limits).
+const MAX_ROWS: usize = 64;
+
+/// `rows` tuples of `columns` placeholders: `($1, $2), ($3, $4)`, or `(?, ?), (?, ?)` on SQLite,
+/// where numbered parameters cost a lookup each that grows with their count.
+fn placeholders(conn: &AnyConnection, rows: usize, columns: usize) -> String {
+    let sqlite = conn.backend_name() == "SQLite";
+    let mut out = String::with_capacity(rows * columns * 5);
+    for row in 0..rows {
+        out.push_str(if row == 0 { "(" } else { ", (" });
+        for column in 0..columns {
+            if column > 0 {
+                out.push_str(", ");
+            }
+            if sqlite {
+                out.push('?');
+            } else {
+                out.push_str(&format!("${}", row * columns + column + 1));
+            }
         }
-        _ => Error::from(e),
-    })?;
+        out.push(')');
+    }
+    out
+}
+
+/// The padded length of a batch of `n` rows.
+fn padded(n: usize) -> usize {
+    n.next_power_of_two()
+}
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+
+const NEW_VM_COLUMNS: &str =
+    "id, project, owner, name, request, policy, state, error, step, timings, \
+    idempotency_key, request_digest, saga_owner, saga_lease_until_ms, created_ms, updated_ms";
+
+/// Inserts new VMs (no server, host or routes yet).
+pub async fn insert_vms(conn: &mut AnyConnection, new: &[NewVm<'_>]) -> Result<(), Error> {
+    for chunk in new.chunks(MAX_ROWS) {
+        let rows = padded(chunk.len());
+        let sql = format!(
+            "WITH v ({NEW_VM_COLUMNS}) AS (VALUES {}) \
+             INSERT INTO vms ({NEW_VM_COLUMNS}) SELECT {NEW_VM_COLUMNS} FROM v WHERE id IS NOT NULL",
+            placeholders(conn, rows, 16)
+        );
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        for new in chunk {
+            let vm = new.record;
+            query = query
+                .bind(vm.id.to_string())
+                .bind(vm.project.clone())
+                .bind(vm.owner.clone())
+                .bind(vm.name.clone())
+                .bind(serde_json::to_string(&vm.spec).expect("spec serializes"))
+                .bind(vm.policy.clone())
+                .bind(vm.state.as_str())
+                .bind(vm.error.clone())
+                .bind(vm.step.as_str())
+                .bind(serde_json::to_string(&vm.timings).expect("timings serialize"))
+                .bind(new.idempotency_key.map(str::to_owned))
+                .bind(new.request_digest.map(str::to_owned))
+                .bind(new.saga_owner.to_owned())
+                .bind(new.lease_until_ms)
+                .bind(vm.created_ms)
+                .bind(vm.updated_ms);
+        }
+        for _ in chunk.len()..rows {
+            query = query
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<i64>)
+                .bind(None::<i64>)
+                .bind(None::<i64>);
+        }
+        query.execute(&mut *conn).await.map_err(|e| match &e {
+            sqlx::Error::Database(d) if d.is_unique_violation() => {
+                Error::Conflict("a VM with this Idempotency-Key already exists".into())
+            }
+            _ => Error::from(e),
+        })?;
+    }
     Ok(())
 }
 
-/// Writes everything the saga changes about a VM, if nobody else changed it since `vm` was read.
-/// Returns whether it was written; on success `vm.version` is the new version. Writing the end of
-/// the saga (step `done`) also releases its lease.
-pub async fn update_vm(conn: &mut AnyConnection, vm: &mut VmRecord) -> Result<bool, Error> {
-    Ok(write_vm(conn, vm, None).await?.is_some())
+pub async fn insert_vm(conn: &mut AnyConnection, new: NewVm<'_>) -> Result<(), Error> {
+    insert_vms(conn, std::slice::from_ref(&new)).await
 }
 
 /// A saga's claim: who takes it, now, and until when.
-#[derive(Debug, Clone, Copy)]
-pub struct Claim<'a> {
-    pub owner: &'a str,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub owner: String,
     pub now_ms: i64,
     pub until_ms: i64,
 }
 
-/// [`update_vm`], and in the same statement the claim of the VM's saga unless another live owner
-/// holds it (as [`claim_saga`]). Returns None when not written, else whether the claim was taken.
-pub async fn update_vm_and_claim(
-    conn: &mut AnyConnection,
-    vm: &mut VmRecord,
-    claim: Claim<'_>,
-) -> Result<Option<bool>, Error> {
-    write_vm(conn, vm, Some(claim)).await
+/// One conditional write of a VM (see [`update_vms`]).
+#[derive(Debug, Clone)]
+pub struct VmWrite {
+    /// The VM as it is to be; written only if the stored version is still `vm.version`.
+    pub vm: VmRecord,
+    /// Also take the VM's saga, unless another live owner holds it (as [`claim_saga`]).
+    pub claim: Option<Claim>,
 }
 
-async fn write_vm(
+/// How a [`VmWrite`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Somebody changed the VM since it was read: nothing written.
+    Stale,
+    /// Written; `claimed` tells whether the write's claim was taken.
+    Done { claimed: bool },
+}
+
+const VM_WRITE_COLUMNS: &str =
+    "id, version, state, error, step, server_id, host, fixed_ip, tap, routes_on, \
+    timings, updated_ms, claim_owner, claim_now, claim_until";
+
+/// Writes everything the saga changes about each VM, if nobody else changed it since it was read,
+/// in one statement per [`MAX_ROWS`] writes. Written records get their new version. Writing the
+/// end of a saga (step `done`) also releases its lease. The ids must be distinct.
+pub async fn update_vms(
     conn: &mut AnyConnection,
-    vm: &mut VmRecord,
-    claim: Option<Claim<'_>>,
-) -> Result<Option<bool>, Error> {
-    const SET: &str = "UPDATE vms SET state = $1, error = $2, step = $3, server_id = $4, host = $5, \
-        fixed_ip = $6, tap = $7, routes_on = $8, timings = $9, updated_ms = $10, version = version + 1";
-    const WHERE: &str = "WHERE id = $11 AND version = $12";
-    let sql = match claim {
-        None => format!(
-            "{SET}, saga_lease_until_ms = CASE WHEN $3 = 'done' THEN 0 ELSE saga_lease_until_ms END {WHERE} \
-             RETURNING saga_owner"
-        ),
-        // The CASEs read the row as it was before this UPDATE.
-        Some(_) => format!(
-            "{SET}, \
-             saga_owner = CASE WHEN saga_owner IS NULL OR saga_owner = $13 OR saga_lease_until_ms < $14 \
-                 THEN $13 ELSE saga_owner END, \
-             saga_lease_until_ms = CASE WHEN saga_owner IS NULL OR saga_owner = $13 OR saga_lease_until_ms < $14 \
-                 THEN $15 ELSE saga_lease_until_ms END \
-             {WHERE} RETURNING saga_owner"
-        ),
-    };
-    let mut query = sqlx::query(&sql)
-        .bind(vm.state.as_str())
-        .bind(vm.error.as_deref())
-        .bind(vm.step.as_str())
-        .bind(vm.server_id.as_ref().map(|s| s.0.clone()))
-        .bind(vm.host.as_ref().map(|h| h.to_string()))
-        .bind(vm.fixed_ip.map(|ip| ip.to_string()))
-        .bind(vm.tap.as_deref())
-        .bind(i64::from(vm.routes_on))
-        .bind(serde_json::to_string(&vm.timings).expect("timings serialize"))
-        .bind(vm.updated_ms)
-        .bind(vm.id.to_string())
-        .bind(vm.version);
-    if let Some(claim) = claim {
-        query = query.bind(claim.owner).bind(claim.now_ms).bind(claim.until_ms);
+    writes: &mut [VmWrite],
+) -> Result<Vec<Written>, Error> {
+    debug_assert!(
+        writes.iter().map(|w| w.vm.id).collect::<std::collections::HashSet<_>>().len()
+            == writes.len(),
+        "one write per VM and statement"
+    );
+    // The CASEs read the row as it was before this UPDATE.
+    const CLAIMABLE: &str = "v.claim_owner IS NOT NULL AND (vms.saga_owner IS NULL \
+        OR vms.saga_owner = v.claim_owner OR vms.saga_lease_until_ms < v.claim_now)";
+    let mut outcomes = Vec::with_capacity(writes.len());
+    for chunk in writes.chunks_mut(MAX_ROWS) {
+        let rows = padded(chunk.len());
+        let sql = format!(
+            "WITH v ({VM_WRITE_COLUMNS}) AS (VALUES {}) \
+             UPDATE vms SET state = v.state, error = v.error, step = v.step, server_id = v.server_id, \
+             host = v.host, fixed_ip = v.fixed_ip, tap = v.tap, routes_on = v.routes_on, \
+             timings = v.timings, updated_ms = v.updated_ms, version = vms.version + 1, \
+             saga_owner = CASE WHEN {CLAIMABLE} THEN v.claim_owner ELSE vms.saga_owner END, \
+             saga_lease_until_ms = CASE WHEN v.step = 'done' THEN 0 \
+                 WHEN {CLAIMABLE} THEN v.claim_until ELSE vms.saga_lease_until_ms END \
+             FROM v WHERE vms.id = v.id AND vms.version = v.version \
+             RETURNING vms.id, vms.saga_owner",
+            placeholders(conn, rows, 15)
+        );
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        for write in chunk.iter() {
+            let vm = &write.vm;
+            query = query
+                .bind(vm.id.to_string())
+                .bind(vm.version)
+                .bind(vm.state.as_str())
+                .bind(vm.error.clone())
+                .bind(vm.step.as_str())
+                .bind(vm.server_id.as_ref().map(|s| s.0.clone()))
+                .bind(vm.host.as_ref().map(|h| h.to_string()))
+                .bind(vm.fixed_ip.map(|ip| ip.to_string()))
+                .bind(vm.tap.clone())
+                .bind(i64::from(vm.routes_on))
+                .bind(serde_json::to_string(&vm.timings).expect("timings serialize"))
+                .bind(vm.updated_ms)
+                .bind(write.claim.as_ref().map(|c| c.owner.clone()))
+                .bind(write.claim.as_ref().map(|c| c.now_ms))
+                .bind(write.claim.as_ref().map(|c| c.until_ms));
+        }
+        for _ in chunk.len()..rows {
+            query = query
+                .bind(None::<String>)
+                .bind(None::<i64>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<i64>)
+                .bind(None::<String>)
+                .bind(None::<i64>)
+                .bind(None::<String>)
+                .bind(None::<i64>)
+                .bind(None::<i64>);
+        }
+        let mut owners = std::collections::HashMap::new();
+        for row in query.fetch_all(&mut *conn).await? {
+            let id: String = row.try_get(0)?;
+            let owner: Option<String> = row.try_get(1)?;
+            owners.insert(id, owner);
+        }
+        for write in chunk.iter_mut() {
+            outcomes.push(match owners.get(&write.vm.id.to_string()) {
+                None => Written::Stale,
+                Some(owner) => {
+                    write.vm.version += 1;
+                    let claimed = write
+                        .claim
+                        .as_ref()
+                        .is_some_and(|c| owner.as_deref() == Some(c.owner.as_str()));
+                    Written::Done { claimed }
+                }
+            });
+        }
     }
-    let Some(row) = query.fetch_optional(conn).await? else { return Ok(None) };
-    vm.version += 1;
-    let owner: Option<String> = row.try_get(0)?;
-    Ok(Some(claim.is_some_and(|c| owner.as_deref() == Some(c.owner))))
+    Ok(outcomes)
+}
+
+/// [`update_vms`] for one VM without a claim: whether it was written (`vm.version` is then the new
+/// version).
+pub async fn update_vm(conn: &mut AnyConnection, vm: &mut VmRecord) -> Result<bool, Error> {
+    let mut writes = [VmWrite { vm: vm.clone(), claim: None }];
+    let [written] = update_vms(conn, &mut writes).await?[..] else {
+        return Err(Error::internal("one write, one outcome"));
+    };
+    let [write] = writes;
+    *vm = write.vm;
+    Ok(written != Written::Stale)
 }
 
 pub async fn vm(conn: &mut AnyConnection, id: VmId) -> Result<Option<VmRecord>, Error> {
-    let row = sqlx::query(&format!("SELECT {VM_COLUMNS} FROM vms WHERE id = $1"))
+    let row = sqlx::query(&format!("SELECT {VM_COLUMNS} FROM vms v WHERE id = $1"))
         .bind(id.to_string())
         .fetch_optional(conn)
         .await?;
     row.as_ref().map(vm_from_row).transpose()
-}
-
-/// A project's VMs (all projects' for `None`), newest first, deleted ones left out.
-pub async fn vms(conn: &mut AnyConnection, project: Option<&str>) -> Result<Vec<VmRecord>, Error> {
-    let rows = match project {
-        Some(project) => {
-            sqlx::query(&format!(
-                "SELECT {VM_COLUMNS} FROM vms WHERE project = $1 AND state <> 'deleted' ORDER BY created_ms DESC, id"
-            ))
-            .bind(project)
-            .fetch_all(conn)
-            .await?
-        }
-        None => {
-            sqlx::query(&format!(
-                "SELECT {VM_COLUMNS} FROM vms WHERE state <> 'deleted' ORDER BY created_ms DESC, id"
-            ))
-            .fetch_all(conn)
-            .await?
-        }
-    };
-    rows.iter().map(vm_from_row).collect()
 }
 
 /// How many VMs are in each state.
@@ -681,43 +886,69 @@ const CGPU_COLUMNS: &str =
                             g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number";
 
 fn cgpu_from_row(row: &AnyRow) -> Result<CgpuRecord, Error> {
-    let vm: String = row.try_get(0)?;
-    let gpu: String = row.try_get(2)?;
-    let host: String = row.try_get(3)?;
-    let mode: String = row.try_get(5)?;
-    let masked: String = row.try_get(6)?;
-    let rcuda: String = row.try_get(8)?;
+    cgpu_from_row_at(row, 0)
+}
+
+/// A cGPU from [`CGPU_COLUMNS`] starting at column `at`.
+fn cgpu_from_row_at(row: &AnyRow, at: usize) -> Result<CgpuRecord, Error> {
+    let vm: String = row.try_get(at)?;
+    let gpu: String = row.try_get(at + 2)?;
+    let host: String = row.try_get(at + 3)?;
+    let mode: String = row.try_get(at + 5)?;
+    let masked: String = row.try_get(at + 6)?;
+    let rcuda: String = row.try_get(at + 8)?;
     Ok(CgpuRecord {
         vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
-        index: row.try_get::<i64, _>(1)? as u32,
+        index: row.try_get::<i64, _>(at + 1)? as u32,
         gpu: GpuId::new(&gpu).map_err(|_| corrupt("GPU id", &gpu))?,
         host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
-        memory_mib: row.try_get::<i64, _>(4)? as u64,
+        memory_mib: row.try_get::<i64, _>(at + 4)? as u64,
         mode: parse_mode(&mode).ok_or_else(|| corrupt("mode", &mode))?,
         masked_address: masked
             .parse::<Ipv4Addr>()
             .map_err(|_| corrupt("masked address", &masked))?,
-        masked_port: row.try_get::<i64, _>(7)? as u16,
+        masked_port: row.try_get::<i64, _>(at + 7)? as u16,
         rcuda_address: rcuda.parse().map_err(|_| corrupt("rCUDA address", &rcuda))?,
-        rcuda_port: row.try_get::<i64, _>(9)? as u16,
-        rcuda_gpu_number: row.try_get::<i64, _>(10)? as u32,
+        rcuda_port: row.try_get::<i64, _>(at + 9)? as u16,
+        rcuda_gpu_number: row.try_get::<i64, _>(at + 10)? as u32,
     })
 }
 
-pub async fn insert_cgpu(conn: &mut AnyConnection, cgpu: &CgpuRecord) -> Result<(), Error> {
-    sqlx::query(
-        "INSERT INTO cgpus (vm, idx, gpu, memory_mib, mode, masked_address, masked_port) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(cgpu.vm.to_string())
-    .bind(i64::from(cgpu.index))
-    .bind(cgpu.gpu.as_str())
-    .bind(cgpu.memory_mib as i64)
-    .bind(mode_str(cgpu.mode))
-    .bind(cgpu.masked_address.to_string())
-    .bind(i64::from(cgpu.masked_port))
-    .execute(conn)
-    .await?;
+const CGPU_INSERT_COLUMNS: &str = "vm, idx, gpu, memory_mib, mode, masked_address, masked_port";
+
+/// Books cGPUs.
+pub async fn insert_cgpus(conn: &mut AnyConnection, cgpus: &[CgpuRecord]) -> Result<(), Error> {
+    // Wider chunks than VMs: a VM may hold a thousand cGPUs.
+    for chunk in cgpus.chunks(8 * MAX_ROWS) {
+        let rows = padded(chunk.len());
+        let sql = format!(
+            "WITH v ({CGPU_INSERT_COLUMNS}) AS (VALUES {}) \
+             INSERT INTO cgpus ({CGPU_INSERT_COLUMNS}) SELECT {CGPU_INSERT_COLUMNS} FROM v WHERE vm IS NOT NULL",
+            placeholders(conn, rows, 7)
+        );
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        for cgpu in chunk {
+            query = query
+                .bind(cgpu.vm.to_string())
+                .bind(i64::from(cgpu.index))
+                .bind(cgpu.gpu.to_string())
+                .bind(cgpu.memory_mib as i64)
+                .bind(mode_str(cgpu.mode))
+                .bind(cgpu.masked_address.to_string())
+                .bind(i64::from(cgpu.masked_port));
+        }
+        for _ in chunk.len()..rows {
+            query = query
+                .bind(None::<String>)
+                .bind(None::<i64>)
+                .bind(None::<String>)
+                .bind(None::<i64>)
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(None::<i64>);
+        }
+        query.execute(&mut *conn).await?;
+    }
     Ok(())
 }
 
@@ -746,12 +977,22 @@ pub async fn all_cgpus(conn: &mut AnyConnection) -> Result<BTreeMap<VmId, Vec<Cg
     Ok(by_vm)
 }
 
-pub async fn delete_cgpus(conn: &mut AnyConnection, vm: VmId) -> Result<u64, Error> {
-    Ok(sqlx::query("DELETE FROM cgpus WHERE vm = $1")
-        .bind(vm.to_string())
-        .execute(conn)
-        .await?
-        .rows_affected())
+/// Releases every cGPU of the VMs.
+pub async fn delete_cgpus(conn: &mut AnyConnection, vms: &[VmId]) -> Result<u64, Error> {
+    let mut deleted = 0;
+    for chunk in vms.chunks(4 * MAX_ROWS) {
+        let rows = padded(chunk.len());
+        let sql = format!("DELETE FROM cgpus WHERE vm IN {}", placeholders(conn, 1, rows));
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        for vm in chunk {
+            query = query.bind(vm.to_string());
+        }
+        for _ in chunk.len()..rows {
+            query = query.bind(None::<String>);
+        }
+        deleted += query.execute(&mut *conn).await?.rows_affected();
+    }
+    Ok(deleted)
 }
 
 /// One cGPU routed on a host: the VM's source and the masked and real endpoints.
@@ -764,41 +1005,54 @@ pub struct RoutedCgpu {
     pub target: std::net::SocketAddrV4,
 }
 
-/// The routes a host must serve: the cGPUs of every VM on it whose routes are on, in one query.
+/// The routes each host must serve: the cGPUs of every VM on it whose routes are on, in one
+/// query per [`MAX_ROWS`] hosts.
 pub async fn routed_cgpus_on(
     conn: &mut AnyConnection,
-    host: &HostId,
-) -> Result<Vec<RoutedCgpu>, Error> {
-    let rows = sqlx::query(
-        "SELECT v.id, v.fixed_ip, v.tap, c.masked_address, c.masked_port, g.rcuda_address, g.rcuda_port \
-         FROM vms v JOIN cgpus c ON c.vm = v.id JOIN gpus g ON g.id = c.gpu \
-         WHERE v.host = $1 AND v.routes_on = 1 ORDER BY v.id, c.idx",
-    )
-    .bind(host.as_str())
-    .fetch_all(conn)
-    .await?;
+    hosts: &[HostId],
+) -> Result<BTreeMap<HostId, Vec<RoutedCgpu>>, Error> {
     let address = |text: String, what: &str| -> Result<Ipv4Addr, Error> {
         text.parse().map_err(|_| corrupt(what, &text))
     };
-    rows.iter()
-        .map(|row| {
-            let vm: String = row.try_get(0)?;
-            Ok(RoutedCgpu {
+    let mut out: BTreeMap<HostId, Vec<RoutedCgpu>> =
+        hosts.iter().map(|h| (h.clone(), Vec::new())).collect();
+    for chunk in hosts.chunks(MAX_ROWS) {
+        let rows = padded(chunk.len());
+        let sql = format!(
+            "SELECT v.host, v.id, v.fixed_ip, v.tap, c.masked_address, c.masked_port, g.rcuda_address, \
+             g.rcuda_port FROM vms v JOIN cgpus c ON c.vm = v.id JOIN gpus g ON g.id = c.gpu \
+             WHERE v.host IN {} AND v.routes_on = 1 ORDER BY v.host, v.id, c.idx",
+            placeholders(conn, 1, rows)
+        );
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        for host in chunk {
+            query = query.bind(host.to_string());
+        }
+        for _ in chunk.len()..rows {
+            query = query.bind(None::<String>);
+        }
+        for row in query.fetch_all(&mut *conn).await? {
+            let host: String = row.try_get(0)?;
+            let host = HostId::new(&host).map_err(|_| corrupt("host name", &host))?;
+            let vm: String = row.try_get(1)?;
+            let routed = RoutedCgpu {
                 vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
                 fixed_ip: row
-                    .try_get::<Option<String>, _>(1)?
+                    .try_get::<Option<String>, _>(2)?
                     .map(|ip| address(ip, "fixed IP"))
                     .transpose()?,
-                tap: row.try_get(2)?,
+                tap: row.try_get(3)?,
                 masked: std::net::SocketAddrV4::new(
-                    address(row.try_get(3)?, "masked address")?,
-                    row.try_get::<i64, _>(4)? as u16,
+                    address(row.try_get(4)?, "masked address")?,
+                    row.try_get::<i64, _>(5)? as u16,
                 ),
                 target: std::net::SocketAddrV4::new(
-                    address(row.try_get(5)?, "rCUDA address")?,
-                    row.try_get::<i64, _>(6)? as u16,
+                    address(row.try_get(6)?, "rCUDA address")?,
+                    row.try_get::<i64, _>(7)? as u16,
                 ),
-            })
-        })
-        .collect()
+            };
+            out.entry(host).or_default().push(routed);
+        }
+    }
+    Ok(out)
 }

@@ -19,6 +19,7 @@ on_both_stores!(
     capacity_runs_out_with_507_and_comes_back_after_terminate,
     drained_hosts_take_no_new_cgpus,
     long_polls_answer_once_the_vm_settles,
+    concurrent_launches_and_terminations_each_get_their_own_outcome,
 );
 
 async fn pool_totals(t: &TestService) -> Value {
@@ -330,4 +331,47 @@ async fn long_polls_answer_once_the_vm_settles(store: Store) {
     let (status, vm) = t.get(&token, &format!("{path}?wait=30")).await;
     assert_eq!((status, vm["state"].as_str()), (200, Some("deleted")), "{vm}");
     assert_eq!(t.get(&token, &path).await.1, vm);
+}
+
+/// Launches and terminations that arrive together are written together (group commit), but each
+/// gets its own outcome: of 12 concurrent exclusive launches on the testbed's 4 GPUs exactly 4 are
+/// accepted and 8 refused with 507, and terminating the 4 at once releases every cGPU.
+async fn concurrent_launches_and_terminations_each_get_their_own_outcome(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    let body = json!({"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 1});
+    let launches = (0..12).map(|_| t.post(&token, "/v1/vms", &body));
+    let results = support::join_all(launches).await;
+    let accepted: Vec<String> = results
+        .iter()
+        .filter(|(status, _)| *status == 202)
+        .map(|(_, vm)| vm["id"].as_str().unwrap().to_owned())
+        .collect();
+    let refused = results.iter().filter(|(status, problem)| {
+        *status == 507 && problem["code"] == "insufficient_gpu_capacity"
+    });
+    assert_eq!((accepted.len(), refused.count()), (4, 8), "{results:?}");
+    for id in &accepted {
+        t.wait_state(&token, id, "ready").await;
+    }
+    let paths: Vec<String> = accepted.iter().map(|id| format!("/v1/vms/{id}")).collect();
+    let ready: Vec<Value> = support::join_all(paths.iter().map(|path| t.get(&token, path)))
+        .await
+        .into_iter()
+        .map(|(_, vm)| vm)
+        .collect();
+    let gpus: std::collections::HashSet<_> =
+        ready.iter().map(|vm| vm["cgpus"][0]["masked_endpoint"].clone()).collect();
+    assert_eq!(gpus.len(), 1, "every VM sees its one cGPU at the same masked endpoint: {ready:?}");
+    assert_eq!(pool_totals(&t).await["allocated_mib"], 4 * 8192);
+
+    let terminations = paths.iter().map(|path| t.delete(&token, path));
+    for (status, vm) in support::join_all(terminations).await {
+        assert_eq!(status, 202, "{vm}");
+    }
+    for id in &accepted {
+        t.wait_state(&token, id, "deleted").await;
+    }
+    assert_eq!(pool_totals(&t).await["allocated_mib"], 0);
+    assert!(t.service().sim.as_ref().unwrap().servers().is_empty());
 }

@@ -35,7 +35,7 @@ async fn two_replicas_on_one_postgres_never_over_allocate() {
         let token = token.clone();
         async move { replica.post(&token, "/v1/vms", &body).await }
     });
-    let results = futures_util_join_all(launches).await;
+    let results = support::join_all(launches).await;
     let accepted: Vec<String> = results
         .iter()
         .filter(|(s, _)| *s == 202)
@@ -80,34 +80,4 @@ async fn two_replicas_on_one_postgres_never_over_allocate() {
     }
     let (status, _) = b.post(&token, "/v1/vms", &body).await;
     assert_eq!(status, 507);
-}
-
-/// Runs futures concurrently and collects their outputs in order.
-async fn futures_util_join_all<F, T>(futures: impl Iterator<Item = F>) -> Vec<T>
-where
-    F: std::future::Future<Output = T> + Send,
-    T: Send,
-{
-    let mut set = Vec::new();
-    for f in futures {
-        set.push(Box::pin(f));
-    }
-    let mut outputs: Vec<Option<T>> = (0..set.len()).map(|_| None).collect();
-    let mut pending: Vec<usize> = (0..set.len()).collect();
-    std::future::poll_fn(|cx| {
-        pending.retain(|&i| match set[i].as_mut().poll(cx) {
-            std::task::Poll::Ready(value) => {
-                outputs[i] = Some(value);
-                false
-            }
-            std::task::Poll::Pending => true,
-        });
-        if pending.is_empty() {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    outputs.into_iter().map(|o| o.expect("every future finished")).collect()
 }

@@ -129,6 +129,8 @@ pub struct Pool {
     masked: Vec<bool>,
     /// Counts successful changes, so a caller can tell whether a failed operation touched the pool.
     changes: u64,
+    /// Counts changes of the hosts (registrations, states), for callers that mirror them.
+    host_changes: u64,
 }
 
 impl Default for Pool {
@@ -158,6 +160,7 @@ impl Pool {
             limits: None,
             masked: Vec::new(),
             changes: 0,
+            host_changes: 0,
         }
     }
 
@@ -165,6 +168,16 @@ impl Pool {
     /// it was, like everything else.
     pub fn changes(&self) -> u64 {
         self.changes
+    }
+
+    /// How many changes of the hosts (registrations, states) the pool has taken.
+    pub fn host_changes(&self) -> u64 {
+        self.host_changes
+    }
+
+    /// Every host with its kind and state, in registration order.
+    pub fn hosts(&self) -> impl Iterator<Item = (&HostId, HostKind, HostState)> {
+        self.hosts.iter().map(|h| (&h.id, h.kind, h.state))
     }
 
     pub fn registry(&self) -> &PolicyRegistry {
@@ -193,6 +206,7 @@ impl Pool {
         });
         self.limits = None;
         self.changes += 1;
+        self.host_changes += 1;
         Ok(())
     }
 
@@ -303,6 +317,7 @@ impl Pool {
         self.reindexing(&slots, |pool| pool.hosts[host as usize].state = state);
         self.limits = None;
         self.changes += 1;
+        self.host_changes += 1;
         Ok(())
     }
 

@@ -4,16 +4,25 @@
 //! A host's table is always computed whole from the database (every cGPU of every VM on the host
 //! whose routes are on) under a new generation, so pushes need no diffing here and a lost or repeated
 //! push cannot leave a host half-configured: the agent diffs and applies.
+//!
+//! Pushes to one host are serialized and coalesced (see [`App::push_routes`]); pushes to different
+//! hosts run side by side, and their database work (new generations and the routes read under
+//! them; the generations the agents confirmed) goes through group commit ([`super::batch`]), so
+//! pushes to many hosts at once cost a few statements, not a few per host.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpgpums::{GpuId, HostId, HostKind, HostState};
 use rodvr_agent::protocol::{HostKind as AgentHostKind, HostReport, Route, RouteTable};
 
+use super::batch::{fail_all, Queued};
+use super::pool::BoxFuture;
 use super::App;
 use crate::agents::AgentError;
 use crate::config::InventoryHost;
-use crate::db::{self, now_ms};
+use crate::db::{self, now_ms, RoutedCgpu};
 use crate::error::Error;
 use crate::metrics::inc;
 use crate::model::{GpuRecord, HostRecord};
@@ -267,21 +276,7 @@ impl App {
             // Every ticket up to here was taken after its change committed, so the read below sees it.
             let reading = pushes.ticket.load(Ordering::SeqCst);
             let (record, table) = {
-                // The new generation and the routes read under it must not interleave with
-                // another writer: a transaction on PostgreSQL (the host's row stays locked); on
-                // SQLite the process's write lock already keeps every writer out, so the two
-                // statements run without BEGIN and COMMIT round trips.
-                let (record, routed) = if self.db.backend() == db::Backend::Sqlite {
-                    let mut conn = self.db.write_conn().await?;
-                    let record = db::next_routes_generation(&mut conn, host).await?;
-                    (record, db::routed_cgpus_on(&mut conn, host).await?)
-                } else {
-                    let mut tx = self.db.begin().await?;
-                    let record = db::next_routes_generation(&mut tx, host).await?;
-                    let routed = db::routed_cgpus_on(&mut tx, host).await?;
-                    tx.commit().await?;
-                    (record, routed)
-                };
+                let (record, routed) = self.route_tables.submit(host.clone()).await?;
                 let routes = routed
                     .into_iter()
                     .map(|c| Route {
@@ -303,9 +298,7 @@ impl App {
             let outcome = tokio::time::timeout(timeout, self.agents.apply(&record, table)).await;
             match outcome {
                 Ok(Ok(())) => {
-                    let mut conn = self.db.write_conn().await?;
-                    db::set_applied_generation(&mut conn, host, generation).await?;
-                    drop(conn);
+                    self.applied_generations.submit((host.clone(), generation)).await?;
                     *covered = reading;
                     return Ok(());
                 }
@@ -340,5 +333,99 @@ impl App {
             "host agent",
             format!("host {host} keeps holding a newer route table"),
         ))
+    }
+}
+
+/// A host's table as read under a new generation: the host, and its routes.
+pub(crate) type TableRead = (HostRecord, Vec<RoutedCgpu>);
+
+/// Starts new generations of the queued hosts' tables and reads their routes (the
+/// [`super::batch::Batcher`] task's work). A batch that fails as a whole is retried host by host.
+pub(crate) fn read_route_tables(
+    app: Arc<App>,
+    queued: Vec<Queued<HostId, TableRead>>,
+) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let mut hosts: Vec<HostId> = queued.iter().map(|(host, _)| host.clone()).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        match app.next_tables(&hosts).await {
+            Ok(tables) => {
+                for (host, reply) in queued {
+                    let _ = reply.send(table_of(&tables, &host));
+                }
+            }
+            Err(e) if hosts.len() == 1 => fail_all(queued, e),
+            Err(e) => {
+                tracing::debug!(error = %e, "batch of route table reads failed; one host at a time");
+                for (host, reply) in queued {
+                    let table = app
+                        .next_tables(std::slice::from_ref(&host))
+                        .await
+                        .and_then(|tables| table_of(&tables, &host));
+                    let _ = reply.send(table);
+                }
+            }
+        }
+    })
+}
+
+fn table_of(tables: &BTreeMap<HostId, TableRead>, host: &HostId) -> Result<TableRead, Error> {
+    tables.get(host).cloned().ok_or_else(|| Error::NotFound { kind: "host", id: host.to_string() })
+}
+
+/// Records the generations agents confirmed, the highest per host, in one statement (the
+/// [`super::batch::Batcher`] task's work).
+pub(crate) fn write_applied_generations(
+    app: Arc<App>,
+    queued: Vec<Queued<(HostId, u64), ()>>,
+) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let mut highest: BTreeMap<HostId, u64> = BTreeMap::new();
+        for ((host, generation), _) in &queued {
+            let entry = highest.entry(host.clone()).or_default();
+            *entry = (*entry).max(*generation);
+        }
+        let applied: Vec<(HostId, u64)> = highest.into_iter().collect();
+        let outcome = async {
+            let mut conn = app.db.write_conn().await?;
+            db::set_applied_generations(&mut conn, &applied).await
+        }
+        .await;
+        match outcome {
+            Ok(()) => {
+                for (_, reply) in queued {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+            Err(e) => fail_all(queued, e),
+        }
+    })
+}
+
+impl App {
+    /// New generations of the hosts' tables with the routes read under them. The generation and
+    /// its routes must not interleave with another writer: a transaction on PostgreSQL (the hosts'
+    /// rows stay locked); on SQLite the process's write lock already keeps every writer out, so the
+    /// two statements run without BEGIN and COMMIT round trips.
+    async fn next_tables(&self, hosts: &[HostId]) -> Result<BTreeMap<HostId, TableRead>, Error> {
+        let (records, mut routed) = if self.db.backend() == db::Backend::Sqlite {
+            let mut conn = self.db.write_conn().await?;
+            let records = db::next_routes_generations(&mut conn, hosts).await?;
+            (records, db::routed_cgpus_on(&mut conn, hosts).await?)
+        } else {
+            let mut tx = self.db.begin().await?;
+            let records = db::next_routes_generations(&mut tx, hosts).await?;
+            let routed = db::routed_cgpus_on(&mut tx, hosts).await?;
+            tx.commit().await?;
+            (records, routed)
+        };
+        Ok(records
+            .into_iter()
+            .map(|record| {
+                let routes = routed.remove(&record.name).unwrap_or_default();
+                (record.name.clone(), (record, routes))
+            })
+            .collect())
     }
 }

@@ -2,12 +2,17 @@
 //!
 //! - [`pool`]: the in-memory GPGPUMS pool kept in step with the database, and the one way to change
 //!   bookings or inventory (inside a transaction that bumps the pool generation).
+//! - [`batch`]: group commit, which writes what many callers queued at once in a few statements;
+//!   [`bookings`] (reservations and releases of cGPUs), the saga's VM writes, reads of VMs and the
+//!   database side of route pushes go through it.
 //! - [`vms`]: launch and terminate, as requests.
 //! - [`saga`]: the launch/terminate saga that runs after the request returns, resumable after a crash.
 //! - [`hosts`]: host registration, heartbeats, drain, route tables pushed to agents.
 //! - [`reconciler`]: the background loop that converges what drifted.
 //! - [`watch`]: waiting for a VM to settle (long-polling).
 
+pub mod batch;
+pub mod bookings;
 pub mod hosts;
 pub mod pool;
 pub mod reconciler;
@@ -26,8 +31,9 @@ use crate::auth::{HasKeys, Keys};
 use crate::cloud::sim::SimCloud;
 use crate::cloud::Cloud;
 use crate::config::Config;
-use crate::db::Db;
+use crate::db::{Db, VmWrite, Written};
 use crate::metrics::Metrics;
+use crate::model::VmRecord;
 use crate::openstack::TokenValidator;
 
 pub use reconciler::ReconcilerStatus;
@@ -56,11 +62,24 @@ pub struct App {
     reconciler: reconciler::Reconciler,
     /// Requests waiting for a VM to settle.
     watchers: watch::VmWatchers,
+    /// Reservations and releases of cGPUs, written in batches.
+    bookings: batch::Batcher<bookings::Booking, bookings::Booked>,
+    /// Reads of VMs with their cGPUs, in batches.
+    vm_reads: batch::Batcher<VmId, Option<Box<vms::VmDetails>>>,
+    /// The saga's and terminations' conditional VM writes, written in batches.
+    vm_writes: batch::Batcher<VmWrite, (VmRecord, Written)>,
+    /// New generations of hosts' route tables, read in batches.
+    route_tables: batch::Batcher<HostId, hosts::TableRead>,
+    /// Generations the hosts' agents confirmed, written in batches.
+    applied_generations: batch::Batcher<(HostId, u64), ()>,
+    /// The batch writers' tasks.
+    batch_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl App {
+    /// Builds the service and starts its batch writers (inside a tokio runtime).
     pub fn new(config: Config, db: Db, keys: Keys, backends: Backends) -> Arc<App> {
-        Arc::new(App {
+        let app = Arc::new(App {
             config,
             db,
             keys,
@@ -76,7 +95,22 @@ impl App {
             host_locks: Mutex::new(HashMap::new()),
             reconciler: reconciler::Reconciler::default(),
             watchers: watch::VmWatchers::default(),
-        })
+            bookings: batch::Batcher::new(),
+            vm_reads: batch::Batcher::new(),
+            vm_writes: batch::Batcher::new(),
+            route_tables: batch::Batcher::new(),
+            applied_generations: batch::Batcher::new(),
+            batch_tasks: Mutex::new(Vec::new()),
+        });
+        let tasks = vec![
+            app.bookings.start(Arc::downgrade(&app), bookings::write_bookings),
+            app.vm_reads.start(Arc::downgrade(&app), vms::read_vms),
+            app.vm_writes.start(Arc::downgrade(&app), vms::write_vms),
+            app.route_tables.start(Arc::downgrade(&app), hosts::read_route_tables),
+            app.applied_generations.start(Arc::downgrade(&app), hosts::write_applied_generations),
+        ];
+        *app.batch_tasks.lock().expect("batch tasks") = tasks;
+        app
     }
 
     fn host_lock(&self, host: &HostId) -> Arc<HostPushes> {
@@ -119,12 +153,16 @@ impl App {
         self.in_process_agents.as_deref()
     }
 
-    /// Stops every saga task of this process where it stands, as a crash would (tests).
+    /// Stops every saga task and batch writer of this process where it stands, as a crash would
+    /// (tests).
     pub fn abort_sagas(&self) {
         for (_, saga) in self.running.lock().expect("running sagas").drain() {
             if let Some(task) = saga.task {
                 task.abort();
             }
+        }
+        for task in self.batch_tasks.lock().expect("batch tasks").drain(..) {
+            task.abort();
         }
     }
 }

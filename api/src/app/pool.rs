@@ -7,11 +7,20 @@
 //! replica changed it since, lets the caller decide and write, and commits. If anything fails after
 //! the pool took a change, the cached pool is dropped and reloaded next time, so memory never holds a
 //! decision the database does not. (A refused placement changes nothing and costs no reload.)
+//!
+//! The hosts' kinds and states are also mirrored in a [`HostDirectory`] that reads without the
+//! pool's lock (held across database writes): the saga asks it where a VM may run and whether a
+//! host has an agent, several times per launch, instead of reading the hosts table each time.
+//! It is as current as this process's pool: another replica's drain shows here with this
+//! process's next pool transaction.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 
-use gpgpums::{CgpuAssignment, Placement, Pool, RcudaEndpoint, VmHost};
+use gpgpums::{
+    CgpuAssignment, HostId, HostKind, HostState, Placement, Pool, RcudaEndpoint, VmHost,
+};
 
 use super::App;
 use crate::db::{self, WriteTx};
@@ -22,6 +31,36 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[derive(Debug)]
 pub(crate) struct PoolCache {
     inner: tokio::sync::Mutex<Cached>,
+    hosts: HostDirectory,
+}
+
+/// One host as the [`HostDirectory`] knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HostSummary {
+    pub name: HostId,
+    pub kind: HostKind,
+    pub state: HostState,
+}
+
+/// The hosts of this process's pool, readable without its lock; see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct HostDirectory {
+    /// None until this process first loads its pool.
+    hosts: Mutex<Option<Arc<[HostSummary]>>>,
+}
+
+impl HostDirectory {
+    fn publish(&self, pool: &Pool) {
+        let hosts: Arc<[HostSummary]> = pool
+            .hosts()
+            .map(|(name, kind, state)| HostSummary { name: name.clone(), kind, state })
+            .collect();
+        *self.hosts.lock().expect("host directory") = Some(hosts);
+    }
+
+    pub(crate) fn get(&self) -> Option<Arc<[HostSummary]>> {
+        self.hosts.lock().expect("host directory").clone()
+    }
 }
 
 #[derive(Debug)]
@@ -33,7 +72,10 @@ struct Cached {
 
 impl PoolCache {
     pub(crate) fn new() -> Self {
-        PoolCache { inner: tokio::sync::Mutex::new(Cached { pool: Pool::new(), generation: -1 }) }
+        PoolCache {
+            inner: tokio::sync::Mutex::new(Cached { pool: Pool::new(), generation: -1 }),
+            hosts: HostDirectory::default(),
+        }
     }
 }
 
@@ -78,14 +120,54 @@ async fn load(tx: &mut WriteTx) -> Result<Pool, Error> {
     Ok(pool)
 }
 
+/// The pool and a transaction that bumped its generation; see the module docs. Dropped without
+/// [`PoolTx::commit`], the transaction rolls back, and if the pool took part of a change it is
+/// reloaded next time.
+pub(crate) struct PoolTx<'a> {
+    cached: tokio::sync::MutexGuard<'a, Cached>,
+    directory: &'a HostDirectory,
+    tx: Option<WriteTx>,
+    generation: i64,
+    changes_before: u64,
+    host_changes_before: u64,
+}
+
+impl PoolTx<'_> {
+    /// The pool to decide on and the transaction to write the decision in.
+    pub(crate) fn parts(&mut self) -> (&mut Pool, &mut WriteTx) {
+        (&mut self.cached.pool, self.tx.as_mut().expect("open until committed"))
+    }
+
+    pub(crate) async fn commit(mut self) -> Result<(), Error> {
+        let tx = self.tx.take().expect("open until committed");
+        match tx.commit().await {
+            Ok(()) => {
+                self.cached.generation = self.generation;
+                if self.cached.pool.host_changes() != self.host_changes_before {
+                    self.directory.publish(&self.cached.pool);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.cached.generation = -1;
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for PoolTx<'_> {
+    fn drop(&mut self) {
+        if self.tx.is_some() && self.cached.pool.changes() != self.changes_before {
+            self.cached.generation = -1;
+        }
+    }
+}
+
 impl App {
-    /// Runs `change` on the pool inside one transaction that bumps the pool generation. See the
-    /// module docs.
-    pub(crate) async fn with_pool<T: Send>(
-        &self,
-        change: impl for<'a> FnOnce(&'a mut Pool, &'a mut WriteTx) -> BoxFuture<'a, Result<T, Error>>
-            + Send,
-    ) -> Result<T, Error> {
+    /// Opens a [`PoolTx`]: locks the pool, begins a transaction that bumps the generation, and
+    /// reloads the pool if another replica changed it since.
+    pub(crate) async fn pool_tx(&self) -> Result<PoolTx<'_>, Error> {
         let mut cached = self.pool.inner.lock().await;
         let mut tx = self.db.begin().await?;
         let generation = db::bump_generation(&mut tx).await?;
@@ -93,28 +175,36 @@ impl App {
             cached.generation = -1;
             cached.pool = load(&mut tx).await?;
             cached.generation = generation - 1;
+            self.pool.hosts.publish(&cached.pool);
         }
         let changes_before = cached.pool.changes();
-        let outcome = change(&mut cached.pool, &mut tx).await;
-        match outcome {
-            Ok(value) => match tx.commit().await {
-                Ok(()) => {
-                    cached.generation = generation;
-                    Ok(value)
-                }
-                Err(e) => {
-                    cached.generation = -1;
-                    Err(e)
-                }
-            },
-            Err(e) => {
-                // The transaction rolls back; if the pool took part of the change, reload it next time.
-                if cached.pool.changes() != changes_before {
-                    cached.generation = -1;
-                }
-                Err(e)
-            }
-        }
+        let host_changes_before = cached.pool.host_changes();
+        Ok(PoolTx {
+            cached,
+            directory: &self.pool.hosts,
+            tx: Some(tx),
+            generation,
+            changes_before,
+            host_changes_before,
+        })
+    }
+
+    /// Runs `change` on the pool inside a [`PoolTx`] and commits it if `change` succeeds.
+    pub(crate) async fn with_pool<T: Send>(
+        &self,
+        change: impl for<'a> FnOnce(&'a mut Pool, &'a mut WriteTx) -> BoxFuture<'a, Result<T, Error>>
+            + Send,
+    ) -> Result<T, Error> {
+        let mut pool_tx = self.pool_tx().await?;
+        let (pool, tx) = pool_tx.parts();
+        let value = change(pool, tx).await?;
+        pool_tx.commit().await?;
+        Ok(value)
+    }
+
+    /// The hosts as of this process's pool (see [`HostDirectory`]).
+    pub(crate) fn host_directory(&self) -> Option<Arc<[HostSummary]>> {
+        self.pool.hosts.get()
     }
 
     /// Reads the pool as of the latest generation.
@@ -126,6 +216,7 @@ impl App {
             cached.generation = -1;
             cached.pool = load(&mut tx).await?;
             cached.generation = generation;
+            self.pool.hosts.publish(&cached.pool);
             tx.commit().await?;
         }
         Ok(read(&cached.pool))

@@ -21,18 +21,17 @@ use std::time::{Duration, Instant};
 use gpgpums::{HostId, HostKind, HostState, Locality, VmId};
 use tokio::sync::Notify;
 
+use super::bookings::{Booked, Booking, VM_CHANGED};
 use super::vms::{rcuda_env, VmDetails};
 use super::{App, RunningSaga};
 use crate::cloud::{CloudError, HostConstraint, ServerSpec};
 use crate::cloudinit;
-use crate::db::{self, now_ms};
+use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
 use crate::metrics::inc;
 use crate::model::{CgpuRecord, SagaStep, VmRecord, VmState};
 
 const UNDO_ATTEMPTS: u32 = 5;
-/// The reason of the conflict that rolls back a release whose VM changed meanwhile.
-const VM_CHANGED: &str = "the VM changed during its release";
 
 /// What a successful step leaves to record.
 enum Progress {
@@ -256,14 +255,13 @@ impl App {
     /// Writes the VM if nobody changed it meanwhile; false means reload and decide again.
     async fn save(&self, vm: &mut VmRecord) -> Result<bool, Error> {
         vm.updated_ms = now_ms();
-        // One conditional UPDATE, atomic by itself.
-        let mut conn = self.db.write_conn().await?;
-        let written = db::update_vm(&mut conn, vm).await?;
-        drop(conn);
-        if written {
-            self.watchers.changed(vm);
+        let (written_vm, written) = self.write_vm(VmWrite { vm: vm.clone(), claim: None }).await?;
+        if written == Written::Stale {
+            return Ok(false);
         }
-        Ok(written)
+        *vm = written_vm;
+        self.watchers.changed(vm);
+        Ok(true)
     }
 
     async fn run_step(
@@ -315,30 +313,20 @@ impl App {
                 return Ok(Progress::Unrecorded);
             }
             SagaStep::ReleaseGpus => {
-                // The release and the VM's end in one transaction: a conflicting write (a
-                // termination of a VM unwinding from an error) rolls both back, and the saga
+                // The release and the VM's end in one transaction: if the VM changed meanwhile (a
+                // termination of a VM unwinding from an error), neither is written and the saga
                 // reads the VM again.
-                let id = vm.id;
                 let mut ended = vm.clone();
                 if ended.state == VmState::Deleting {
                     ended.state = VmState::Deleted;
                 }
                 ended.step = SagaStep::Done;
                 ended.updated_ms = now_ms();
-                let outcome = self
-                    .with_pool(move |pool, tx| {
-                        Box::pin(async move {
-                            db::delete_cgpus(tx, id).await?;
-                            if !db::update_vm(tx, &mut ended).await? {
-                                return Err(Error::Conflict(VM_CHANGED.into()));
-                            }
-                            pool.release(&id);
-                            Ok(ended)
-                        })
-                    })
-                    .await;
-                let ended = match outcome {
-                    Ok(ended) => ended,
+                let ended = match self.book(Booking::Release(Box::new(ended))).await {
+                    Ok(Booked::Released(ended)) => *ended,
+                    Ok(Booked::Reserved(_)) => {
+                        return Err(Error::internal("a release answered as a reservation").into())
+                    }
                     Err(Error::Conflict(reason)) if reason == VM_CHANGED => {
                         return Err(StepError::Interrupted)
                     }
@@ -396,19 +384,33 @@ impl App {
 
     /// Schedulable hosts a VM may run on: compute-rGPU hosts, or every host with an agent.
     async fn vm_hosts(&self, rgpu_only: bool) -> Result<Vec<HostId>, Error> {
+        let may_run = |kind: HostKind, state: HostState| {
+            state == HostState::Schedulable
+                && if rgpu_only { kind == HostKind::ComputeRgpu } else { kind.has_agent() }
+        };
+        if let Some(hosts) = self.host_directory() {
+            return Ok(hosts
+                .iter()
+                .filter(|h| may_run(h.kind, h.state))
+                .map(|h| h.name.clone())
+                .collect());
+        }
         let mut conn = self.db.pool().acquire().await?;
         Ok(db::hosts(&mut conn)
             .await?
             .into_iter()
-            .filter(|h| h.state == HostState::Schedulable)
-            .filter(
-                |h| if rgpu_only { h.kind == HostKind::ComputeRgpu } else { h.kind.has_agent() },
-            )
+            .filter(|h| may_run(h.kind, h.state))
             .map(|h| h.name)
             .collect())
     }
 
     async fn host_has_agent(&self, host: &HostId) -> Result<bool, Error> {
+        let known = self
+            .host_directory()
+            .and_then(|hosts| hosts.iter().find(|h| &h.name == host).map(|h| h.kind.has_agent()));
+        if let Some(has_agent) = known {
+            return Ok(has_agent);
+        }
         let mut conn = self.db.pool().acquire().await?;
         Ok(db::host(&mut conn, host).await?.is_some_and(|h| h.kind.has_agent()))
     }

@@ -10,11 +10,14 @@ use std::time::Instant;
 
 use gpgpums::VmId;
 
+use super::batch::{fail_all, Queued};
+use super::bookings::{Booked, Booking, Reservation};
+use super::pool::BoxFuture;
 use super::App;
 use crate::auth::Caller;
 use crate::cloud::CloudError;
-use crate::cloudinit::{self, RcudaDevice, RcudaEnv};
-use crate::db::{self, now_ms, NewVm};
+use crate::cloudinit::{RcudaDevice, RcudaEnv};
+use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::Error;
 use crate::metrics::inc;
 use crate::model::{CgpuRecord, LaunchSpec, SagaStep, Timings, VmRecord, VmState};
@@ -145,7 +148,7 @@ impl App {
             owner: caller.subject.clone(),
             name: spec.vm.name.clone(),
             spec,
-            policy: policy.clone(),
+            policy,
             state: VmState::Creating,
             error: None,
             step: SagaStep::CreateVm,
@@ -159,75 +162,16 @@ impl App {
             updated_ms: now,
             version: 0,
         };
-        let masking = self.config.masking.clone();
-        let instance = self.instance.clone();
-        let lease_ms = self.lease_ms();
-        let key = input.idempotency_key.clone();
-        let stored_digest = request_digest.clone();
-        let reserved = self
-            .with_pool(move |pool, tx| {
-                Box::pin(async move {
-                    let mut record = record;
-                    let started = Instant::now();
-                    let placement = pool.place(id, &record.spec.gpus, &policy)?;
-                    record.timings.gpu_selection = Some(started.elapsed().as_secs_f64());
-                    let cgpus = placement
-                        .cgpus
-                        .iter()
-                        .map(|c| {
-                            let std::net::IpAddr::V4(rcuda_address) = c.rcuda.address else {
-                                return Err(Error::internal(format!("GPU {} has a non-IPv4 rCUDA address", c.gpu)));
-                            };
-                            Ok(CgpuRecord {
-                                vm: id,
-                                index: c.index,
-                                gpu: c.gpu.clone(),
-                                host: c.host.clone(),
-                                memory_mib: c.memory_mib,
-                                mode: c.mode,
-                                masked_address: masking.address,
-                                masked_port: masking.base_port + c.index as u16,
-                                rcuda_address,
-                                rcuda_port: c.rcuda.port,
-                                rcuda_gpu_number: c.rcuda.gpu_number,
-                            })
-                        })
-                        .collect::<Result<Vec<_>, Error>>()?;
-                    let user_data = cloudinit::user_data(
-                        &rcuda_env(&cgpus),
-                        record.spec.user_data.as_deref().map(str::as_bytes),
-                    )
-                    .map_err(|e| Error::invalid("user_data", e.to_string()))?;
-                    if cloudinit::base64_len(user_data.len()) > cloudinit::NOVA_USER_DATA_MAX_BASE64 {
-                        return Err(Error::invalid(
-                            "user_data",
-                            format!(
-                                "with the rCUDA environment of {} cGPUs it exceeds the cloud's limit of {} bytes \
-                                 (base64)",
-                                cgpus.len(),
-                                cloudinit::NOVA_USER_DATA_MAX_BASE64
-                            ),
-                        ));
-                    }
-                    record.policy = placement.policy.clone();
-                    db::insert_vm(
-                        tx,
-                        NewVm {
-                            record: &record,
-                            idempotency_key: key.as_deref(),
-                            request_digest: Some(&stored_digest),
-                            saga_owner: &instance,
-                            lease_until_ms: now_ms() + lease_ms,
-                        },
-                    )
-                    .await?;
-                    for cgpu in &cgpus {
-                        db::insert_cgpu(tx, cgpu).await?;
-                    }
-                    Ok(VmDetails { vm: record, cgpus })
-                })
-            })
-            .await;
+        let reservation = Reservation {
+            record,
+            idempotency_key: input.idempotency_key.clone(),
+            request_digest: request_digest.clone(),
+        };
+        let reserved = match self.book(Booking::Reserve(Box::new(reservation))).await {
+            Ok(Booked::Reserved(details)) => Ok(*details),
+            Ok(Booked::Released(_)) => Err(Error::internal("a reservation answered as a release")),
+            Err(e) => Err(e),
+        };
         let details = match reserved {
             Ok(details) => details,
             Err(Error::Conflict(_)) if input.idempotency_key.is_some() => {
@@ -275,11 +219,9 @@ impl App {
         self.details(id).await
     }
 
+    /// The VM with its cGPUs as stored, read in the next batch of reads.
     pub(crate) async fn details(&self, id: VmId) -> Result<Option<VmDetails>, Error> {
-        let mut conn = self.db.pool().acquire().await?;
-        let Some(vm) = db::vm(&mut conn, id).await? else { return Ok(None) };
-        let cgpus = db::cgpus_of(&mut conn, id).await?;
-        Ok(Some(VmDetails { vm, cgpus }))
+        self.vm_reads.submit(id).await.map(|details| details.map(|d| *d))
     }
 
     /// A VM the caller may see: its project's, or any for admins. Anything else is "not found".
@@ -300,13 +242,11 @@ impl App {
         let own = caller.tenant_project()?;
         let filter = if caller.is_admin() { project } else { Some(own) };
         let mut conn = self.db.pool().acquire().await?;
-        let vms = db::vms(&mut conn, filter).await?;
-        let mut out = Vec::with_capacity(vms.len());
-        for vm in vms {
-            let cgpus = db::cgpus_of(&mut conn, vm.id).await?;
-            out.push(VmDetails { vm, cgpus });
-        }
-        Ok(out)
+        Ok(db::vms_with_cgpus(&mut conn, filter)
+            .await?
+            .into_iter()
+            .map(|(vm, cgpus)| VmDetails { vm, cgpus })
+            .collect())
     }
 
     /// Terminates a VM (idempotent): withdraws its routes, deletes it, releases its cGPUs.
@@ -331,14 +271,17 @@ impl App {
                 vm.routes_on = false;
             }
             vm.updated_ms = now_ms();
-            // One conditional UPDATE, atomic by itself, that also claims the saga if nobody runs it.
+            // One conditional write that also claims the saga if nobody runs it.
             let now = now_ms();
-            let claim =
-                db::Claim { owner: &self.instance, now_ms: now, until_ms: now + self.lease_ms() };
-            let mut conn = self.db.write_conn().await?;
-            let written = db::update_vm_and_claim(&mut conn, vm, claim).await?;
-            drop(conn);
-            if let Some(claimed) = written {
+            let claim = db::Claim {
+                owner: self.instance.clone(),
+                now_ms: now,
+                until_ms: now + self.lease_ms(),
+            };
+            let (written_vm, written) =
+                self.write_vm(VmWrite { vm: vm.clone(), claim: Some(claim) }).await?;
+            if let Written::Done { claimed } = written {
+                *vm = written_vm;
                 self.watchers.changed(vm);
                 inc(&self.metrics.terminations);
                 self.wake_saga(id);
@@ -346,6 +289,85 @@ impl App {
                 return Ok(details);
             }
         }
+    }
+}
+
+/// Writes one batch of VM writes (the [`super::batch::Batcher`] task's work): one statement per
+/// round, and a VM written twice in the batch has its second write in the next round.
+pub(crate) fn write_vms(
+    app: Arc<App>,
+    queued: Vec<Queued<VmWrite, (VmRecord, Written)>>,
+) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let mut pending = queued;
+        while !pending.is_empty() {
+            let mut in_round = std::collections::HashSet::new();
+            let (round, later): (Vec<_>, Vec<_>) =
+                pending.into_iter().partition(|(write, _)| in_round.insert(write.vm.id));
+            pending = later;
+            let (mut writes, replies): (Vec<_>, Vec<_>) = round.into_iter().unzip();
+            let outcome = async {
+                let mut conn = app.db.write_conn().await?;
+                db::update_vms(&mut conn, &mut writes).await
+            }
+            .await;
+            match outcome {
+                Ok(written) => {
+                    for ((write, reply), written) in writes.into_iter().zip(replies).zip(written) {
+                        let _ = reply.send(Ok((write.vm, written)));
+                    }
+                }
+                Err(e) => {
+                    let failed = writes.into_iter().zip(replies).collect();
+                    fail_all(failed, e);
+                }
+            }
+        }
+    })
+}
+
+/// Reads one batch of VMs (the [`super::batch::Batcher`] task's work).
+pub(crate) fn read_vms(
+    app: Arc<App>,
+    queued: Vec<Queued<VmId, Option<Box<VmDetails>>>>,
+) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let mut ids: Vec<VmId> = queued.iter().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let found = async {
+            let mut conn = app.db.pool().acquire().await?;
+            db::vms_with_cgpus_by_id(&mut conn, &ids).await
+        }
+        .await;
+        match found {
+            Ok(found) => {
+                let mut by_id: std::collections::HashMap<VmId, VmDetails> =
+                    found.into_iter().map(|(vm, cgpus)| (vm.id, VmDetails { vm, cgpus })).collect();
+                let mut asked: std::collections::HashMap<VmId, usize> =
+                    std::collections::HashMap::new();
+                for (id, _) in &queued {
+                    *asked.entry(*id).or_default() += 1;
+                }
+                for (id, reply) in queued {
+                    // The last caller asking for a VM takes it; the others get copies.
+                    let left = asked.get_mut(&id).expect("counted above");
+                    *left -= 1;
+                    let details =
+                        if *left == 0 { by_id.remove(&id) } else { by_id.get(&id).cloned() };
+                    let _ = reply.send(Ok(details.map(Box::new)));
+                }
+            }
+            Err(e) => fail_all(queued, e),
+        }
+    })
+}
+
+impl App {
+    /// Writes the VM if nobody changed it since it was read (see [`db::update_vms`]), in the
+    /// next batch. Returns the VM as written (its new version) or as given, and how it went.
+    pub(crate) async fn write_vm(&self, write: VmWrite) -> Result<(VmRecord, Written), Error> {
+        self.vm_writes.submit(write).await
     }
 }
 

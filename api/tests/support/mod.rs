@@ -202,3 +202,33 @@ pub fn shared_launch(ncgpus: u32, mib: u64) -> Value {
         "ncgpus": ncgpus, "gpu_memory_mib": mib, "mode": "shared"
     })
 }
+
+/// Runs futures concurrently and collects their outputs in order.
+pub async fn join_all<F, T>(futures: impl Iterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send,
+    T: Send,
+{
+    let mut set = Vec::new();
+    for f in futures {
+        set.push(Box::pin(f));
+    }
+    let mut outputs: Vec<Option<T>> = (0..set.len()).map(|_| None).collect();
+    let mut pending: Vec<usize> = (0..set.len()).collect();
+    std::future::poll_fn(|cx| {
+        pending.retain(|&i| match set[i].as_mut().poll(cx) {
+            std::task::Poll::Ready(value) => {
+                outputs[i] = Some(value);
+                false
+            }
+            std::task::Poll::Pending => true,
+        });
+        if pending.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().map(|o| o.expect("every future finished")).collect()
+}

@@ -1,0 +1,242 @@
+//! Reservations and releases of cGPUs, written in batches (see [`super::batch`]).
+//!
+//! A reservation decides on the in-memory pool (gpgpums) and records the VM with its cGPUs; a
+//! release records the end of a VM's saga and frees its cGPUs. Both change bookings, so both run in
+//! a pool transaction ([`super::pool`]): batched, one transaction carries every reservation and
+//! release queued meanwhile, with one statement per table. Releases go first, so they make room for
+//! the reservations beside them. One operation's refusal (no capacity, a VM changed meanwhile)
+//! does not fail the others. If the batch's writes fail as a whole (an Idempotency-Key taken by a
+//! concurrent launch), each operation is tried again alone, so one caller's conflict is nobody
+//! else's.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use gpgpums::Pool;
+
+use super::batch::Queued;
+use super::pool::BoxFuture;
+use super::vms::{rcuda_env, VmDetails};
+use super::App;
+use crate::cloudinit;
+use crate::config::MaskingConfig;
+use crate::db::{self, now_ms, NewVm, VmWrite, Written};
+use crate::error::Error;
+use crate::model::{CgpuRecord, VmRecord};
+
+/// The reason of the conflict that refuses a release whose VM changed meanwhile.
+pub(crate) const VM_CHANGED: &str = "the VM changed during its release";
+
+/// A launch to reserve cGPUs for and record.
+#[derive(Debug, Clone)]
+pub(crate) struct Reservation {
+    /// The VM as it is recorded; `policy` is the requested one until the placement names it.
+    pub record: VmRecord,
+    pub idempotency_key: Option<String>,
+    pub request_digest: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Booking {
+    Reserve(Box<Reservation>),
+    /// Release the VM's cGPUs and write `ended`, the VM at the end of its saga, unless the VM
+    /// changed since `ended` was read (then a conflict with [`VM_CHANGED`]).
+    Release(Box<VmRecord>),
+}
+
+#[derive(Debug)]
+pub(crate) enum Booked {
+    Reserved(Box<VmDetails>),
+    Released(Box<VmRecord>),
+}
+
+/// Writes one batch of bookings (the [`super::batch::Batcher`] task's work).
+pub(crate) fn write_bookings(
+    app: Arc<App>,
+    queued: Vec<Queued<Booking, Booked>>,
+) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let (bookings, replies): (Vec<_>, Vec<_>) = queued.into_iter().unzip();
+        match app.apply_bookings(&bookings).await {
+            Ok(outcomes) => {
+                for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                    let _ = reply.send(outcome);
+                }
+            }
+            Err(e) if bookings.len() == 1 => {
+                let _ = replies.into_iter().next().expect("one reply").send(Err(e));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, size = bookings.len(), "batch of bookings failed; one at a time");
+                for (booking, reply) in bookings.into_iter().zip(replies) {
+                    let outcome = app
+                        .apply_bookings(std::slice::from_ref(&booking))
+                        .await
+                        .and_then(|outcomes| outcomes.into_iter().next().expect("one outcome"));
+                    let _ = reply.send(outcome);
+                }
+            }
+        }
+    })
+}
+
+impl App {
+    /// Reserves or releases cGPUs, in the next batch.
+    pub(crate) async fn book(&self, booking: Booking) -> Result<Booked, Error> {
+        self.bookings.submit(booking).await
+    }
+
+    /// Applies `bookings` in one pool transaction. The outer error means nothing was written.
+    async fn apply_bookings(
+        &self,
+        bookings: &[Booking],
+    ) -> Result<Vec<Result<Booked, Error>>, Error> {
+        let mut pool_tx = self.pool_tx().await?;
+        let (pool, tx) = pool_tx.parts();
+        let mut outcomes: Vec<Option<Result<Booked, Error>>> =
+            bookings.iter().map(|_| None).collect();
+        let mut wrote = false;
+
+        let mut ends = Vec::new();
+        let mut positions = Vec::new();
+        let mut releasing = HashSet::new();
+        for (i, booking) in bookings.iter().enumerate() {
+            if let Booking::Release(ended) = booking {
+                if releasing.insert(ended.id) {
+                    ends.push(VmWrite { vm: (**ended).clone(), claim: None });
+                    positions.push(i);
+                } else {
+                    outcomes[i] = Some(Err(Error::Conflict(VM_CHANGED.into())));
+                }
+            }
+        }
+        if !ends.is_empty() {
+            let written = db::update_vms(tx, &mut ends).await?;
+            let mut released = Vec::new();
+            for ((i, end), written) in positions.into_iter().zip(ends).zip(written) {
+                outcomes[i] = Some(match written {
+                    Written::Stale => Err(Error::Conflict(VM_CHANGED.into())),
+                    Written::Done { .. } => {
+                        released.push(end.vm.id);
+                        Ok(Booked::Released(Box::new(end.vm)))
+                    }
+                });
+            }
+            if !released.is_empty() {
+                db::delete_cgpus(tx, &released).await?;
+                for id in &released {
+                    pool.release(id);
+                }
+                wrote = true;
+            }
+        }
+
+        let mut reserved = Vec::new();
+        for (i, booking) in bookings.iter().enumerate() {
+            if let Booking::Reserve(reservation) = booking {
+                match reserve(pool, &self.config.masking, &reservation.record) {
+                    Ok(details) => reserved.push((i, details)),
+                    Err(e) => outcomes[i] = Some(Err(e)),
+                }
+            }
+        }
+        if !reserved.is_empty() {
+            let lease_until_ms = now_ms() + self.lease_ms();
+            let new: Vec<NewVm<'_>> = reserved
+                .iter()
+                .map(|(i, details)| {
+                    let Booking::Reserve(reservation) = &bookings[*i] else {
+                        unreachable!("reserved from a reservation")
+                    };
+                    NewVm {
+                        record: &details.vm,
+                        idempotency_key: reservation.idempotency_key.as_deref(),
+                        request_digest: Some(&reservation.request_digest),
+                        saga_owner: &self.instance,
+                        lease_until_ms,
+                    }
+                })
+                .collect();
+            db::insert_vms(tx, &new).await?;
+            let cgpus: Vec<CgpuRecord> =
+                reserved.iter().flat_map(|(_, details)| details.cgpus.iter().cloned()).collect();
+            db::insert_cgpus(tx, &cgpus).await?;
+            for (i, details) in reserved {
+                outcomes[i] = Some(Ok(Booked::Reserved(Box::new(details))));
+            }
+            wrote = true;
+        }
+
+        if wrote {
+            pool_tx.commit().await?;
+        }
+        Ok(outcomes.into_iter().map(|o| o.expect("every booking has an outcome")).collect())
+    }
+}
+
+/// Places the VM's cGPUs on the pool and gives each its masked endpoint. A refusal leaves the
+/// pool as it was.
+fn reserve(
+    pool: &mut Pool,
+    masking: &MaskingConfig,
+    record: &VmRecord,
+) -> Result<VmDetails, Error> {
+    let mut record = record.clone();
+    let id = record.id;
+    let started = Instant::now();
+    let placement = pool.place(id, &record.spec.gpus, &record.policy)?;
+    record.timings.gpu_selection = Some(started.elapsed().as_secs_f64());
+    record.policy = placement.policy.clone();
+    let cgpus = placement
+        .cgpus
+        .iter()
+        .map(|c| {
+            let std::net::IpAddr::V4(rcuda_address) = c.rcuda.address else {
+                return Err(Error::internal(format!("GPU {} has a non-IPv4 rCUDA address", c.gpu)));
+            };
+            Ok(CgpuRecord {
+                vm: id,
+                index: c.index,
+                gpu: c.gpu.clone(),
+                host: c.host.clone(),
+                memory_mib: c.memory_mib,
+                mode: c.mode,
+                masked_address: masking.address,
+                masked_port: masking.base_port + c.index as u16,
+                rcuda_address,
+                rcuda_port: c.rcuda.port,
+                rcuda_gpu_number: c.rcuda.gpu_number,
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()
+        .and_then(|cgpus| check_user_data(&record, &cgpus).map(|()| cgpus));
+    match cgpus {
+        Ok(cgpus) => Ok(VmDetails { vm: record, cgpus }),
+        Err(e) => {
+            pool.release(&id);
+            Err(e)
+        }
+    }
+}
+
+/// The VM's cloud-init, with the rCUDA environment of `cgpus`, must fit the cloud's limit.
+fn check_user_data(record: &VmRecord, cgpus: &[CgpuRecord]) -> Result<(), Error> {
+    let user_data = cloudinit::user_data(
+        &rcuda_env(cgpus),
+        record.spec.user_data.as_deref().map(str::as_bytes),
+    )
+    .map_err(|e| Error::invalid("user_data", e.to_string()))?;
+    if cloudinit::base64_len(user_data.len()) > cloudinit::NOVA_USER_DATA_MAX_BASE64 {
+        return Err(Error::invalid(
+            "user_data",
+            format!(
+                "with the rCUDA environment of {} cGPUs it exceeds the cloud's limit of {} bytes \
+                 (base64)",
+                cgpus.len(),
+                cloudinit::NOVA_USER_DATA_MAX_BASE64
+            ),
+        ));
+    }
+    Ok(())
+}
