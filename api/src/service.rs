@@ -57,6 +57,8 @@ pub enum StartError {
     Database(#[source] Error),
     #[error("cannot set up the Nova cloud")]
     Cloud(#[source] NovaSetupError),
+    #[error("cannot start the database writer thread")]
+    Writer(#[source] std::io::Error),
     #[error("cannot register the inventory")]
     Inventory(#[source] Error),
     #[error("cannot listen on {addr}")]
@@ -117,7 +119,7 @@ pub async fn start_with_sim(
     };
     let in_process = config.hosts.backend == HostsBackend::InProcess;
     let backends = Backends { cloud, agents, sim: sim.clone(), in_process_agents, keystone };
-    let app = App::new(config, db, keys, backends);
+    let app = App::new(config, db, keys, backends).map_err(StartError::Writer)?;
     if in_process {
         app.register_inventory().await.map_err(StartError::Inventory)?;
     }

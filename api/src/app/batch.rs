@@ -9,7 +9,11 @@
 //! statements per write fall as load rises.
 //!
 //! A batch runs in its own task, not in a caller's future: a caller that goes away (a client
-//! hanging up) cannot cut the others' batch short.
+//! hanging up) cannot cut the others' batch short. On SQLite these tasks run on a thread of their
+//! own ([`WriterThread`]): they hold SQLite's one write lock in turn and wait on its connection
+//! threads between statements, so each step of theirs must not queue behind HTTP work on the
+//! main runtime's busy workers. On PostgreSQL they stay on the main runtime, whose I/O driver
+//! serves the connections they use.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -49,22 +53,49 @@ impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
         outcome.await.map_err(|_| stopped())?
     }
 
-    /// Starts the task that writes this queue's batches with `write`, until `app` is dropped.
+    /// Starts the task that writes this queue's batches with `write` on `runtime`, until `app` is
+    /// dropped.
     pub(crate) fn start(
         &self,
+        runtime: &tokio::runtime::Handle,
         app: Weak<App>,
         write: WriteBatch<Op, Out>,
     ) -> tokio::task::AbortHandle {
         let mut receiver =
             self.receiver.lock().expect("batch receiver").take().expect("a batcher starts once");
-        tokio::spawn(async move {
-            let mut batch = Vec::new();
-            while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
-                let Some(app) = app.upgrade() else { return };
-                write(app, std::mem::take(&mut batch)).await;
-            }
-        })
-        .abort_handle()
+        runtime
+            .spawn(async move {
+                let mut batch = Vec::new();
+                while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+                    let Some(app) = app.upgrade() else { return };
+                    write(app, std::mem::take(&mut batch)).await;
+                }
+            })
+            .abort_handle()
+    }
+}
+
+/// A thread with a runtime of its own for the batch tasks (see the module docs). It stops when
+/// this is dropped.
+#[derive(Debug)]
+pub(crate) struct WriterThread {
+    runtime: tokio::runtime::Handle,
+    _stop: oneshot::Sender<()>,
+}
+
+impl WriterThread {
+    pub(crate) fn start() -> std::io::Result<WriterThread> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new().name("gsaasd-writer".into()).spawn(move || {
+            let _ = runtime.block_on(stopped);
+        })?;
+        Ok(WriterThread { runtime: handle, _stop: stop })
+    }
+
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
     }
 }
 

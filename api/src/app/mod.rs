@@ -31,7 +31,7 @@ use crate::auth::{HasKeys, Keys};
 use crate::cloud::sim::SimCloud;
 use crate::cloud::Cloud;
 use crate::config::Config;
-use crate::db::{Db, VmWrite, Written};
+use crate::db::{Backend, Db, VmWrite, Written};
 use crate::metrics::Metrics;
 use crate::model::VmRecord;
 use crate::openstack::TokenValidator;
@@ -74,11 +74,22 @@ pub struct App {
     applied_generations: batch::Batcher<(HostId, u64), ()>,
     /// The batch writers' tasks.
     batch_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Where the batch tasks run on SQLite (see [`batch`]).
+    writer: Option<batch::WriterThread>,
 }
 
 impl App {
     /// Builds the service and starts its batch writers (inside a tokio runtime).
-    pub fn new(config: Config, db: Db, keys: Keys, backends: Backends) -> Arc<App> {
+    pub fn new(
+        config: Config,
+        db: Db,
+        keys: Keys,
+        backends: Backends,
+    ) -> Result<Arc<App>, std::io::Error> {
+        let writer = match db.backend() {
+            Backend::Sqlite => Some(batch::WriterThread::start()?),
+            Backend::Postgres => None,
+        };
         let app = Arc::new(App {
             config,
             db,
@@ -101,16 +112,20 @@ impl App {
             route_tables: batch::Batcher::new(),
             applied_generations: batch::Batcher::new(),
             batch_tasks: Mutex::new(Vec::new()),
+            writer,
         });
+        let main = tokio::runtime::Handle::current();
+        let runtime = app.writer.as_ref().map_or(&main, |writer| writer.runtime());
+        let this = Arc::downgrade(&app);
         let tasks = vec![
-            app.bookings.start(Arc::downgrade(&app), bookings::write_bookings),
-            app.vm_reads.start(Arc::downgrade(&app), vms::read_vms),
-            app.vm_writes.start(Arc::downgrade(&app), vms::write_vms),
-            app.route_tables.start(Arc::downgrade(&app), hosts::read_route_tables),
-            app.applied_generations.start(Arc::downgrade(&app), hosts::write_applied_generations),
+            app.bookings.start(runtime, this.clone(), bookings::write_bookings),
+            app.vm_reads.start(runtime, this.clone(), vms::read_vms),
+            app.vm_writes.start(runtime, this.clone(), vms::write_vms),
+            app.route_tables.start(runtime, this.clone(), hosts::read_route_tables),
+            app.applied_generations.start(runtime, this, hosts::write_applied_generations),
         ];
         *app.batch_tasks.lock().expect("batch tasks") = tasks;
-        app
+        Ok(app)
     }
 
     fn host_lock(&self, host: &HostId) -> Arc<HostPushes> {
