@@ -211,7 +211,7 @@ fn main() {
     let concurrency: Vec<usize> = args
         .get(1)
         .map(|a| a.split(',').filter_map(|c| c.parse().ok()).collect())
-        .unwrap_or_else(|| vec![16, 64]);
+        .unwrap_or_else(|| vec![16, 64, 128, 256]);
     let stores = match args.get(2).map(String::as_str) {
         Some("sqlite") => vec![Store::Sqlite],
         Some("postgres") => vec![Store::Postgres],

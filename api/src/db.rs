@@ -2,7 +2,9 @@
 //! portable queries over sqlx's `Any` driver.
 //!
 //! Writes go through [`Db::begin`]. On SQLite that also takes a process-wide lock, so writers queue in
-//! the process instead of failing with SQLITE_BUSY; on PostgreSQL row locks order them. Queries are
+//! the process instead of failing with SQLITE_BUSY, and every write uses the same connection: a
+//! SQLite connection drops its page cache whenever another connection has written, so a single
+//! writer keeps its cache and the others serve reads. On PostgreSQL row locks order writers. Queries are
 //! plain functions over a connection so the application layer composes them inside one transaction.
 
 use std::collections::BTreeMap;
@@ -33,6 +35,8 @@ pub enum Backend {
 #[derive(Debug, Clone)]
 pub struct Db {
     pool: AnyPool,
+    /// Where writes go: on SQLite a pool of the one writer connection, on PostgreSQL `pool`.
+    writes: AnyPool,
     backend: Backend,
     write_lock: Option<Arc<tokio::sync::Mutex<()>>>,
 }
@@ -106,31 +110,46 @@ impl Db {
         let options: AnyConnectOptions = url.parse().map_err(|e| {
             Error::unavailable("database", Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         })?;
-        let pool = AnyPoolOptions::new()
-            .max_connections(if backend == Backend::Sqlite { 4 } else { 16 })
-            // A ping per checkout doubles the round trips of a one-query read; a broken connection
-            // surfaces as an error of the query instead, and the pool replaces it.
-            .test_before_acquire(false)
-            .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    if backend == Backend::Sqlite {
-                        for pragma in [
-                            "PRAGMA journal_mode = WAL",
-                            "PRAGMA synchronous = NORMAL",
-                            "PRAGMA busy_timeout = 10000",
-                            "PRAGMA foreign_keys = ON",
-                        ] {
-                            sqlx::query(pragma).execute(&mut *conn).await?;
+        let pool_options = || {
+            AnyPoolOptions::new()
+                // A ping per checkout doubles the round trips of a one-query read; a broken
+                // connection surfaces as an error of the query instead, and the pool replaces it.
+                .test_before_acquire(false)
+                .after_connect(move |conn, _| {
+                    Box::pin(async move {
+                        if backend == Backend::Sqlite {
+                            for pragma in [
+                                "PRAGMA journal_mode = WAL",
+                                "PRAGMA synchronous = NORMAL",
+                                "PRAGMA busy_timeout = 10000",
+                                "PRAGMA foreign_keys = ON",
+                            ] {
+                                sqlx::query(pragma).execute(&mut *conn).await?;
+                            }
                         }
-                    }
-                    Ok(())
+                        Ok(())
+                    })
                 })
-            })
-            .connect_with(options)
+        };
+        let pool = pool_options()
+            .max_connections(if backend == Backend::Sqlite { 4 } else { 16 })
+            .connect_with(options.clone())
             .await
             .map_err(|e| Error::unavailable("database", e))?;
+        let writes = match backend {
+            Backend::Sqlite => pool_options()
+                .max_connections(1)
+                // The writer's page cache is worth keeping: no idle or age limit.
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(options)
+                .await
+                .map_err(|e| Error::unavailable("database", e))?,
+            Backend::Postgres => pool.clone(),
+        };
         let db = Db {
             pool,
+            writes,
             backend,
             write_lock: (backend == Backend::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(()))),
         };
@@ -151,7 +170,7 @@ impl Db {
             Some(lock) => Some(lock.clone().lock_owned().await),
             None => None,
         };
-        let tx = self.pool.begin().await?;
+        let tx = self.writes.begin().await?;
         Ok(WriteTx { tx, _lock: lock })
     }
 
@@ -161,7 +180,7 @@ impl Db {
             Some(lock) => Some(lock.clone().lock_owned().await),
             None => None,
         };
-        let conn = self.pool.acquire().await?;
+        let conn = self.writes.acquire().await?;
         Ok(WriteConn { conn, _lock: lock })
     }
 
