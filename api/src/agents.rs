@@ -137,11 +137,13 @@ impl HostAgents for InProcessAgents {
 #[derive(Debug)]
 pub struct RemoteAgents {
     signer: TokenSigner,
+    /// One client for every agent: built once, its connections kept alive between pushes.
+    http: reqwest::Client,
 }
 
 impl RemoteAgents {
     pub fn new(signer: TokenSigner) -> Self {
-        RemoteAgents { signer }
+        RemoteAgents { signer, http: rodvr_agent::client::http_client() }
     }
 
     fn client(&self, host: &HostRecord) -> Result<AgentClient, AgentError> {
@@ -150,7 +152,7 @@ impl RemoteAgents {
             reason: "its agent has not registered an address".into(),
             source: None,
         })?;
-        Ok(AgentClient::new(url, self.signer.clone()))
+        Ok(AgentClient::with_http(self.http.clone(), url, self.signer.clone()))
     }
 
     fn map(host: &HostRecord, offered: u64, e: rodvr_agent::client::ClientError) -> AgentError {

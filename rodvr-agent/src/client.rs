@@ -34,7 +34,10 @@ impl ClientError {
     }
 }
 
-fn http_client() -> reqwest::Client {
+/// The HTTP client agents are called with. Building one is not free (with TLS compiled in, it
+/// loads the system's CA store), so a caller that talks to agents again and again builds it once
+/// and passes it to [`AgentClient::with_http`].
+pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(REQUEST_TIMEOUT)
         .connect_timeout(Duration::from_secs(5))
@@ -67,8 +70,13 @@ pub struct AgentClient {
 impl AgentClient {
     /// `base` is the agent URL it reported, e.g. `http://10.0.0.11:7450`.
     pub fn new(base: impl Into<String>, signer: TokenSigner) -> Self {
+        Self::with_http(http_client(), base, signer)
+    }
+
+    /// Like [`AgentClient::new`], over an existing client (its connections are reused).
+    pub fn with_http(http: reqwest::Client, base: impl Into<String>, signer: TokenSigner) -> Self {
         let base = base.into().trim_end_matches('/').to_owned();
-        Self { http: http_client(), base, signer }
+        Self { http, base, signer }
     }
 
     fn request(&self, method: Method, path: &str) -> (String, RequestBuilder) {
