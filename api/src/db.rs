@@ -341,25 +341,14 @@ pub async fn next_routes_generations(
     conn: &mut AnyConnection,
     hosts: &[HostId],
 ) -> Result<Vec<HostRecord>, Error> {
-    let mut out = Vec::with_capacity(hosts.len());
-    for chunk in hosts.chunks(MAX_ROWS) {
-        let rows = padded(chunk.len());
-        let sql = format!(
-            "UPDATE hosts SET routes_generation = routes_generation + 1 WHERE name IN {}              RETURNING {HOST_COLUMNS}",
-            placeholders(conn, 1, rows)
-        );
-        let mut query: AnyQuery<'_> = sqlx::query(&sql);
-        for host in chunk {
-            query = query.bind(host.to_string());
-        }
-        for _ in chunk.len()..rows {
-            query = query.bind(None::<String>);
-        }
-        for row in query.fetch_all(&mut *conn).await? {
-            out.push(host_from_row(&row)?);
-        }
-    }
-    Ok(out)
+    let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
+        format!(
+            "UPDATE hosts SET routes_generation = routes_generation + 1 \
+             WHERE name IN (VALUES {values}) RETURNING {HOST_COLUMNS}"
+        )
+    })
+    .await?;
+    rows.iter().map(host_from_row).collect()
 }
 
 /// Moves the host's table generation past `generation` (an agent holds a newer one than we know).
@@ -383,23 +372,20 @@ pub async fn set_applied_generations(
     conn: &mut AnyConnection,
     applied: &[(HostId, u64)],
 ) -> Result<(), Error> {
-    for chunk in applied.chunks(MAX_ROWS) {
-        let rows = padded(chunk.len());
-        let sql = format!(
-            "WITH v (name, generation) AS (VALUES {}) \
+    let rows = applied
+        .iter()
+        .map(|(host, generation)| {
+            vec![Param::text(host.as_str()), Param::Int(Some(*generation as i64))]
+        })
+        .collect();
+    fetch_batched(conn, rows, MAX_ROWS, |values| {
+        format!(
+            "WITH v (name, generation) AS (VALUES {values}) \
              UPDATE hosts SET applied_generation = v.generation FROM v \
-             WHERE hosts.name = v.name AND hosts.applied_generation < v.generation",
-            placeholders(conn, rows, 2)
-        );
-        let mut query: AnyQuery<'_> = sqlx::query(&sql);
-        for (host, generation) in chunk {
-            query = query.bind(host.to_string()).bind(*generation as i64);
-        }
-        for _ in chunk.len()..rows {
-            query = query.bind(None::<String>).bind(None::<i64>);
-        }
-        query.execute(&mut *conn).await?;
-    }
+             WHERE hosts.name = v.name AND hosts.applied_generation < v.generation"
+        )
+    })
+    .await?;
     Ok(())
 }
 
@@ -518,24 +504,15 @@ pub async fn vms_with_cgpus_by_id(
     conn: &mut AnyConnection,
     ids: &[VmId],
 ) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
-    let mut out = Vec::with_capacity(ids.len());
-    for chunk in ids.chunks(MAX_ROWS) {
-        let rows = padded(chunk.len());
-        let sql = format!(
-            "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.id IN {} ORDER BY v.id, c.idx",
-            placeholders(conn, 1, rows)
-        );
-        let mut query: AnyQuery<'_> = sqlx::query(&sql);
-        for id in chunk {
-            query = query.bind(id.to_string());
-        }
-        for _ in chunk.len()..rows {
-            query = query.bind(None::<String>);
-        }
-        let found = query.fetch_all(&mut *conn).await?;
-        out.extend(vms_with_cgpus_from_rows(&found)?);
-    }
-    Ok(out)
+    let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+    let rows = fetch_batched(conn, keys(ids.iter().map(String::as_str)), MAX_ROWS, |values| {
+        format!(
+            "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.id IN (VALUES {values}) \
+             ORDER BY v.id, c.idx"
+        )
+    })
+    .await?;
+    vms_with_cgpus_from_rows(&rows)
 }
 
 /// A project's VMs (all projects' for `None`) with their cGPUs, newest first, deleted ones left
@@ -576,13 +553,34 @@ pub struct NewVm<'a> {
 }
 
 // Batched statements. Group commit (`app::batch`) writes many VMs per statement; every batched
-// statement takes its rows from a `WITH v (...) AS (VALUES ...)` list, which SQLite and PostgreSQL
-// read alike. Lists are padded to a power of two with all-NULL rows that match nothing, so each
-// statement comes in a few shapes that the connections' statement caches keep prepared.
+// statement takes its rows from a `VALUES` list (`WITH v (...) AS (VALUES ...)`, or
+// `IN (VALUES ...)` for keys), which SQLite and PostgreSQL read alike and whose length PostgreSQL's
+// planner knows (it then looks rows up by index). See `fetch_batched`.
 
 /// The most rows one batched statement carries (bind parameters stay far below both databases'
 /// limits).
 const MAX_ROWS: usize = 64;
+
+/// One bind parameter of a batched statement.
+#[derive(Debug, Clone)]
+enum Param {
+    Text(Option<String>),
+    Int(Option<i64>),
+}
+
+impl Param {
+    fn text(value: impl Into<String>) -> Param {
+        Param::Text(Some(value.into()))
+    }
+
+    /// A NULL of the same type: padding rows.
+    fn null_like(&self) -> Param {
+        match self {
+            Param::Text(_) => Param::Text(None),
+            Param::Int(_) => Param::Int(None),
+        }
+    }
+}
 
 /// `rows` tuples of `columns` placeholders: `($1, $2), ($3, $4)`, or `(?, ?), (?, ?)` on SQLite,
 /// where numbered parameters cost a lookup each that grows with their count.
@@ -606,9 +604,37 @@ fn placeholders(conn: &AnyConnection, rows: usize, columns: usize) -> String {
     out
 }
 
-/// The padded length of a batch of `n` rows.
-fn padded(n: usize) -> usize {
-    n.next_power_of_two()
+/// Runs `sql(values)` once per `chunk` rows and returns every row it answers: `values` is the
+/// chunk's `(?, ?), (?, ?)` list, padded to a power of two with rows of NULLs (which match
+/// nothing), so a statement comes in a few shapes that the statement caches keep prepared. The
+/// rows must all have the same shape.
+async fn fetch_batched(
+    conn: &mut AnyConnection,
+    rows: Vec<Vec<Param>>,
+    chunk: usize,
+    sql: impl Fn(&str) -> String,
+) -> Result<Vec<AnyRow>, Error> {
+    let mut answered = Vec::new();
+    for chunk in rows.chunks(chunk) {
+        let padding: Vec<Param> = chunk[0].iter().map(Param::null_like).collect();
+        let padded_len = chunk.len().next_power_of_two();
+        let sql = sql(&placeholders(conn, padded_len, padding.len()));
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        let padding_rows = std::iter::repeat_n(&padding, padded_len - chunk.len());
+        for param in chunk.iter().chain(padding_rows).flatten() {
+            query = match param {
+                Param::Text(text) => query.bind(text.clone()),
+                Param::Int(int) => query.bind(*int),
+            };
+        }
+        answered.extend(query.fetch_all(&mut *conn).await?);
+    }
+    Ok(answered)
+}
+
+/// The rows of a batch keyed by one text column each.
+fn keys<'a>(keys: impl Iterator<Item = &'a str>) -> Vec<Vec<Param>> {
+    keys.map(|key| vec![Param::text(key)]).collect()
 }
 
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
@@ -619,61 +645,48 @@ const NEW_VM_COLUMNS: &str =
 
 /// Inserts new VMs (no server, host or routes yet).
 pub async fn insert_vms(conn: &mut AnyConnection, new: &[NewVm<'_>]) -> Result<(), Error> {
-    for chunk in new.chunks(MAX_ROWS) {
-        let rows = padded(chunk.len());
-        let sql = format!(
-            "WITH v ({NEW_VM_COLUMNS}) AS (VALUES {}) \
-             INSERT INTO vms ({NEW_VM_COLUMNS}) SELECT {NEW_VM_COLUMNS} FROM v WHERE id IS NOT NULL",
-            placeholders(conn, rows, 16)
-        );
-        let mut query: AnyQuery<'_> = sqlx::query(&sql);
-        for new in chunk {
+    let rows = new
+        .iter()
+        .map(|new| {
             let vm = new.record;
-            query = query
-                .bind(vm.id.to_string())
-                .bind(vm.project.clone())
-                .bind(vm.owner.clone())
-                .bind(vm.name.clone())
-                .bind(serde_json::to_string(&vm.spec).expect("spec serializes"))
-                .bind(vm.policy.clone())
-                .bind(vm.state.as_str())
-                .bind(vm.error.clone())
-                .bind(vm.step.as_str())
-                .bind(serde_json::to_string(&vm.timings).expect("timings serialize"))
-                .bind(new.idempotency_key.map(str::to_owned))
-                .bind(new.request_digest.map(str::to_owned))
-                .bind(new.saga_owner.to_owned())
-                .bind(new.lease_until_ms)
-                .bind(vm.created_ms)
-                .bind(vm.updated_ms);
+            vec![
+                Param::text(vm.id.to_string()),
+                Param::text(&vm.project),
+                Param::text(&vm.owner),
+                Param::text(&vm.name),
+                Param::text(serde_json::to_string(&vm.spec).expect("spec serializes")),
+                Param::text(&vm.policy),
+                Param::text(vm.state.as_str()),
+                Param::Text(vm.error.clone()),
+                Param::text(vm.step.as_str()),
+                Param::text(serde_json::to_string(&vm.timings).expect("timings serialize")),
+                Param::Text(new.idempotency_key.map(str::to_owned)),
+                Param::Text(new.request_digest.map(str::to_owned)),
+                Param::text(new.saga_owner),
+                Param::Int(Some(new.lease_until_ms)),
+                Param::Int(Some(vm.created_ms)),
+                Param::Int(Some(vm.updated_ms)),
+            ]
+        })
+        .collect();
+    fetch_batched(conn, rows, MAX_ROWS, |values| {
+        format!(
+            "WITH v ({NEW_VM_COLUMNS}) AS (VALUES {values}) \
+             INSERT INTO vms ({NEW_VM_COLUMNS}) SELECT {NEW_VM_COLUMNS} FROM v WHERE id IS NOT NULL"
+        )
+    })
+    .await
+    .map_err(|e| match &e {
+        Error::Internal(source) if is_unique_violation(source.as_ref()) => {
+            Error::Conflict("a VM with this Idempotency-Key already exists".into())
         }
-        for _ in chunk.len()..rows {
-            query = query
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<i64>)
-                .bind(None::<i64>)
-                .bind(None::<i64>);
-        }
-        query.execute(&mut *conn).await.map_err(|e| match &e {
-            sqlx::Error::Database(d) if d.is_unique_violation() => {
-                Error::Conflict("a VM with this Idempotency-Key already exists".into())
-            }
-            _ => Error::from(e),
-        })?;
-    }
+        _ => e,
+    })?;
     Ok(())
+}
+
+fn is_unique_violation(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(e.downcast_ref::<sqlx::Error>(), Some(sqlx::Error::Database(d)) if d.is_unique_violation())
 }
 
 pub async fn insert_vm(conn: &mut AnyConnection, new: NewVm<'_>) -> Result<(), Error> {
@@ -725,11 +738,33 @@ pub async fn update_vms(
     // The CASEs read the row as it was before this UPDATE.
     const CLAIMABLE: &str = "v.claim_owner IS NOT NULL AND (vms.saga_owner IS NULL \
         OR vms.saga_owner = v.claim_owner OR vms.saga_lease_until_ms < v.claim_now)";
-    let mut outcomes = Vec::with_capacity(writes.len());
-    for chunk in writes.chunks_mut(MAX_ROWS) {
-        let rows = padded(chunk.len());
-        let sql = format!(
-            "WITH v ({VM_WRITE_COLUMNS}) AS (VALUES {}) \
+    let rows = writes
+        .iter()
+        .map(|write| {
+            let vm = &write.vm;
+            let claim = write.claim.as_ref();
+            vec![
+                Param::text(vm.id.to_string()),
+                Param::Int(Some(vm.version)),
+                Param::text(vm.state.as_str()),
+                Param::Text(vm.error.clone()),
+                Param::text(vm.step.as_str()),
+                Param::Text(vm.server_id.as_ref().map(|s| s.0.clone())),
+                Param::Text(vm.host.as_ref().map(|h| h.to_string())),
+                Param::Text(vm.fixed_ip.map(|ip| ip.to_string())),
+                Param::Text(vm.tap.clone()),
+                Param::Int(Some(i64::from(vm.routes_on))),
+                Param::text(serde_json::to_string(&vm.timings).expect("timings serialize")),
+                Param::Int(Some(vm.updated_ms)),
+                Param::Text(claim.map(|c| c.owner.clone())),
+                Param::Int(claim.map(|c| c.now_ms)),
+                Param::Int(claim.map(|c| c.until_ms)),
+            ]
+        })
+        .collect();
+    let answered = fetch_batched(conn, rows, MAX_ROWS, |values| {
+        format!(
+            "WITH v ({VM_WRITE_COLUMNS}) AS (VALUES {values}) \
              UPDATE vms SET state = v.state, error = v.error, step = v.step, server_id = v.server_id, \
              host = v.host, fixed_ip = v.fixed_ip, tap = v.tap, routes_on = v.routes_on, \
              timings = v.timings, updated_ms = v.updated_ms, version = vms.version + 1, \
@@ -737,68 +772,30 @@ pub async fn update_vms(
              saga_lease_until_ms = CASE WHEN v.step = 'done' THEN 0 \
                  WHEN {CLAIMABLE} THEN v.claim_until ELSE vms.saga_lease_until_ms END \
              FROM v WHERE vms.id = v.id AND vms.version = v.version \
-             RETURNING vms.id, vms.saga_owner",
-            placeholders(conn, rows, 15)
-        );
-        let mut query: AnyQuery<'_> = sqlx::query(&sql);
-        for write in chunk.iter() {
-            let vm = &write.vm;
-            query = query
-                .bind(vm.id.to_string())
-                .bind(vm.version)
-                .bind(vm.state.as_str())
-                .bind(vm.error.clone())
-                .bind(vm.step.as_str())
-                .bind(vm.server_id.as_ref().map(|s| s.0.clone()))
-                .bind(vm.host.as_ref().map(|h| h.to_string()))
-                .bind(vm.fixed_ip.map(|ip| ip.to_string()))
-                .bind(vm.tap.clone())
-                .bind(i64::from(vm.routes_on))
-                .bind(serde_json::to_string(&vm.timings).expect("timings serialize"))
-                .bind(vm.updated_ms)
-                .bind(write.claim.as_ref().map(|c| c.owner.clone()))
-                .bind(write.claim.as_ref().map(|c| c.now_ms))
-                .bind(write.claim.as_ref().map(|c| c.until_ms));
-        }
-        for _ in chunk.len()..rows {
-            query = query
-                .bind(None::<String>)
-                .bind(None::<i64>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<i64>)
-                .bind(None::<String>)
-                .bind(None::<i64>)
-                .bind(None::<String>)
-                .bind(None::<i64>)
-                .bind(None::<i64>);
-        }
-        let mut owners = std::collections::HashMap::new();
-        for row in query.fetch_all(&mut *conn).await? {
-            let id: String = row.try_get(0)?;
-            let owner: Option<String> = row.try_get(1)?;
-            owners.insert(id, owner);
-        }
-        for write in chunk.iter_mut() {
-            outcomes.push(match owners.get(&write.vm.id.to_string()) {
-                None => Written::Stale,
-                Some(owner) => {
-                    write.vm.version += 1;
-                    let claimed = write
-                        .claim
-                        .as_ref()
-                        .is_some_and(|c| owner.as_deref() == Some(c.owner.as_str()));
-                    Written::Done { claimed }
-                }
-            });
-        }
+             RETURNING vms.id, vms.saga_owner"
+        )
+    })
+    .await?;
+    let mut owners = std::collections::HashMap::new();
+    for row in answered {
+        let id: String = row.try_get(0)?;
+        let owner: Option<String> = row.try_get(1)?;
+        owners.insert(id, owner);
     }
-    Ok(outcomes)
+    Ok(writes
+        .iter_mut()
+        .map(|write| match owners.get(&write.vm.id.to_string()) {
+            None => Written::Stale,
+            Some(owner) => {
+                write.vm.version += 1;
+                let claimed = write
+                    .claim
+                    .as_ref()
+                    .is_some_and(|c| owner.as_deref() == Some(c.owner.as_str()));
+                Written::Done { claimed }
+            }
+        })
+        .collect())
 }
 
 /// [`update_vms`] for one VM without a claim: whether it was written (`vm.version` is then the new
@@ -937,37 +934,28 @@ const CGPU_INSERT_COLUMNS: &str = "vm, idx, gpu, memory_mib, mode, masked_addres
 
 /// Books cGPUs.
 pub async fn insert_cgpus(conn: &mut AnyConnection, cgpus: &[CgpuRecord]) -> Result<(), Error> {
+    let rows = cgpus
+        .iter()
+        .map(|cgpu| {
+            vec![
+                Param::text(cgpu.vm.to_string()),
+                Param::Int(Some(i64::from(cgpu.index))),
+                Param::text(cgpu.gpu.as_str()),
+                Param::Int(Some(cgpu.memory_mib as i64)),
+                Param::text(mode_str(cgpu.mode)),
+                Param::text(cgpu.masked_address.to_string()),
+                Param::Int(Some(i64::from(cgpu.masked_port))),
+            ]
+        })
+        .collect();
     // Wider chunks than VMs: a VM may hold a thousand cGPUs.
-    for chunk in cgpus.chunks(8 * MAX_ROWS) {
-        let rows = padded(chunk.len());
-        let sql = format!(
-            "WITH v ({CGPU_INSERT_COLUMNS}) AS (VALUES {}) \
-             INSERT INTO cgpus ({CGPU_INSERT_COLUMNS}) SELECT {CGPU_INSERT_COLUMNS} FROM v WHERE vm IS NOT NULL",
-            placeholders(conn, rows, 7)
-        );
-        let mut query: AnyQuery<'_> = sqlx::query(&sql);
-        for cgpu in chunk {
-            query = query
-                .bind(cgpu.vm.to_string())
-                .bind(i64::from(cgpu.index))
-                .bind(cgpu.gpu.to_string())
-                .bind(cgpu.memory_mib as i64)
-                .bind(mode_str(cgpu.mode))
-                .bind(cgpu.masked_address.to_string())
-                .bind(i64::from(cgpu.masked_port));
-        }
-        for _ in chunk.len()..rows {
-            query = query
-                .bind(None::<String>)
-                .bind(None::<i64>)
-                .bind(None::<String>)
-                .bind(None::<i64>)
-                .bind(None::<String>)
-                .bind(None::<String>)
-                .bind(None::<i64>);
-        }
-        query.execute(&mut *conn).await?;
-    }
+    fetch_batched(conn, rows, 8 * MAX_ROWS, |values| {
+        format!(
+            "WITH v ({CGPU_INSERT_COLUMNS}) AS (VALUES {values}) INSERT INTO cgpus ({CGPU_INSERT_COLUMNS}) \
+             SELECT {CGPU_INSERT_COLUMNS} FROM v WHERE vm IS NOT NULL"
+        )
+    })
+    .await?;
     Ok(())
 }
 
@@ -997,21 +985,13 @@ pub async fn all_cgpus(conn: &mut AnyConnection) -> Result<BTreeMap<VmId, Vec<Cg
 }
 
 /// Releases every cGPU of the VMs.
-pub async fn delete_cgpus(conn: &mut AnyConnection, vms: &[VmId]) -> Result<u64, Error> {
-    let mut deleted = 0;
-    for chunk in vms.chunks(4 * MAX_ROWS) {
-        let rows = padded(chunk.len());
-        let sql = format!("DELETE FROM cgpus WHERE vm IN {}", placeholders(conn, 1, rows));
-        let mut query: AnyQuery<'_> = sqlx::query(&sql);
-        for vm in chunk {
-            query = query.bind(vm.to_string());
-        }
-        for _ in chunk.len()..rows {
-            query = query.bind(None::<String>);
-        }
-        deleted += query.execute(&mut *conn).await?.rows_affected();
-    }
-    Ok(deleted)
+pub async fn delete_cgpus(conn: &mut AnyConnection, vms: &[VmId]) -> Result<(), Error> {
+    let ids: Vec<String> = vms.iter().map(|id| id.to_string()).collect();
+    fetch_batched(conn, keys(ids.iter().map(String::as_str)), 4 * MAX_ROWS, |values| {
+        format!("DELETE FROM cgpus WHERE vm IN (VALUES {values})")
+    })
+    .await?;
+    Ok(())
 }
 
 /// One cGPU routed on a host: the VM's source and the masked and real endpoints.
@@ -1035,43 +1015,35 @@ pub async fn routed_cgpus_on(
     };
     let mut out: BTreeMap<HostId, Vec<RoutedCgpu>> =
         hosts.iter().map(|h| (h.clone(), Vec::new())).collect();
-    for chunk in hosts.chunks(MAX_ROWS) {
-        let rows = padded(chunk.len());
-        let sql = format!(
+    let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
+        format!(
             "SELECT v.host, v.id, v.fixed_ip, v.tap, c.masked_address, c.masked_port, g.rcuda_address, \
              g.rcuda_port FROM vms v JOIN cgpus c ON c.vm = v.id JOIN gpus g ON g.id = c.gpu \
-             WHERE v.host IN {} AND v.routes_on = 1 ORDER BY v.host, v.id, c.idx",
-            placeholders(conn, 1, rows)
-        );
-        let mut query: AnyQuery<'_> = sqlx::query(&sql);
-        for host in chunk {
-            query = query.bind(host.to_string());
-        }
-        for _ in chunk.len()..rows {
-            query = query.bind(None::<String>);
-        }
-        for row in query.fetch_all(&mut *conn).await? {
-            let host: String = row.try_get(0)?;
-            let host = HostId::new(&host).map_err(|_| corrupt("host name", &host))?;
-            let vm: String = row.try_get(1)?;
-            let routed = RoutedCgpu {
-                vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
-                fixed_ip: row
-                    .try_get::<Option<String>, _>(2)?
-                    .map(|ip| address(ip, "fixed IP"))
-                    .transpose()?,
-                tap: row.try_get(3)?,
-                masked: std::net::SocketAddrV4::new(
-                    address(row.try_get(4)?, "masked address")?,
-                    row.try_get::<i64, _>(5)? as u16,
-                ),
-                target: std::net::SocketAddrV4::new(
-                    address(row.try_get(6)?, "rCUDA address")?,
-                    row.try_get::<i64, _>(7)? as u16,
-                ),
-            };
-            out.entry(host).or_default().push(routed);
-        }
+             WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 ORDER BY v.host, v.id, c.idx"
+        )
+    })
+    .await?;
+    for row in rows {
+        let host: String = row.try_get(0)?;
+        let host = HostId::new(&host).map_err(|_| corrupt("host name", &host))?;
+        let vm: String = row.try_get(1)?;
+        let routed = RoutedCgpu {
+            vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+            fixed_ip: row
+                .try_get::<Option<String>, _>(2)?
+                .map(|ip| address(ip, "fixed IP"))
+                .transpose()?,
+            tap: row.try_get(3)?,
+            masked: std::net::SocketAddrV4::new(
+                address(row.try_get(4)?, "masked address")?,
+                row.try_get::<i64, _>(5)? as u16,
+            ),
+            target: std::net::SocketAddrV4::new(
+                address(row.try_get(6)?, "rCUDA address")?,
+                row.try_get::<i64, _>(7)? as u16,
+            ),
+        };
+        out.entry(host).or_default().push(routed);
     }
     Ok(out)
 }
