@@ -24,6 +24,7 @@ use crate::model::*;
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../../migrations/0001_init.sql")),
     (2, "pending_indexes", include_str!("../../migrations/0002_pending_indexes.sql")),
+    (3, "drop_unused_vm_indexes", include_str!("../../migrations/0003_drop_unused_vm_indexes.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
