@@ -120,7 +120,7 @@ async fn termination_during_launch_unwinds_to_deleted(store: Store) {
     .await;
     let token = t.member();
     let id = t.launch(&token, &shared_launch(1, 1024)).await;
-    t.wait_vm(&token, &id, |vm| vm["server_id"].is_string()).await;
+    wait_for_server(&t).await;
     let (status, vm) = t.delete(&token, &format!("/v1/vms/{id}")).await;
     assert_eq!((status, vm["state"].as_str()), (202, Some("deleting")));
     // The saga is woken from its 60 s wait; nothing waits for the timeout.
@@ -130,11 +130,21 @@ async fn termination_during_launch_unwinds_to_deleted(store: Store) {
     assert_nothing_left(&t, &id).await;
 }
 
+/// Waits until the simulated cloud has created a server (the saga is past its creation step).
+async fn wait_for_server(t: &TestService) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while t.service().sim.as_ref().unwrap().servers().is_empty() {
+        assert!(Instant::now() < deadline, "the cloud never got a server");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Crashes gsaasd while the saga waits in each step, restarts it, and checks the launch completes.
 async fn a_crash_at_any_step_is_resumed_after_restart(store: Store) {
+    // Activation: the server exists (the saga records it with the host, once it is active).
     for (stage, ready_to_crash) in [
         ("creation", (|vm: &Value| vm["state"] == "creating") as fn(&Value) -> bool),
-        ("activation", |vm: &Value| vm["server_id"].is_string()),
+        ("activation", |_: &Value| true),
         ("deployment", |vm: &Value| vm["fixed_ip"].is_string()),
     ] {
         let mut t = TestService::start_with(store, |c| {
@@ -149,6 +159,9 @@ async fn a_crash_at_any_step_is_resumed_after_restart(store: Store) {
         .await;
         let token = t.member();
         let id = t.launch(&token, &shared_launch(2, 1024)).await;
+        if stage == "activation" {
+            wait_for_server(&t).await;
+        }
         t.wait_vm(&token, &id, ready_to_crash).await;
         t.restart().await;
         // The dead gsaasd's claim runs out after 1 s; then a reconciler pass resumes the saga.

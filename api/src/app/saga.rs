@@ -155,11 +155,13 @@ impl App {
     /// version), so the next step runs without re-reading it. The lease is kept by the renewal task
     /// in [`App::spawn_saga`]. Returns whether the saga ended with a write that released the lease.
     ///
-    /// Progress is written when the next step needs it durable: the server id once it exists, the
-    /// host and `routes_on` before routes are pushed (the push reads them), the end. The undo
-    /// steps are idempotent, so withdrawing routes and deleting the server are not recorded one by
-    /// one: the release of the cGPUs records the end in its own transaction, and a crash before it
-    /// repeats the undo from the recorded step.
+    /// Progress is written when the next step needs it durable: the host and `routes_on` (with the
+    /// server id) before routes are pushed (the push reads them), and the end. The server's
+    /// creation is not recorded by itself: the cloud finds the server it created for a VM, so a
+    /// creation repeated after a crash, or a deletion that finds no recorded id, gets the same
+    /// server. The undo steps are idempotent too, so withdrawing routes and deleting the server
+    /// are not recorded one by one: the release of the cGPUs records the end in its own
+    /// transaction, and a crash before it repeats the undo from the recorded step.
     async fn run_saga(
         self: &Arc<Self>,
         id: VmId,
@@ -275,7 +277,10 @@ impl App {
                 self.cloud.check(&vm.spec.vm).await.map_err(|e| cloud_failure("check", &e))?;
                 vm.step = SagaStep::CreateVm;
             }
-            SagaStep::CreateVm => self.create_vm(vm, cgpus).await?,
+            SagaStep::CreateVm => {
+                self.create_vm(vm, cgpus).await?;
+                return Ok(Progress::Unrecorded);
+            }
             SagaStep::WaitActive => self.wait_active(vm, wake).await?,
             SagaStep::ConfigureRoutes => self.configure_routes(vm, wake).await?,
             SagaStep::WithdrawRoutes => {

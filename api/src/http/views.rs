@@ -137,7 +137,7 @@ pub struct VmView {
     pub error: Option<String>,
     pub image: String,
     pub flavor: String,
-    /// The cloud's server id, once created.
+    /// The cloud's server id, once the server is active.
     pub server_id: Option<String>,
     /// The VM's host (admins only).
     #[serde(skip_serializing_if = "Option::is_none")]
