@@ -690,10 +690,6 @@ fn is_unique_violation(e: &(dyn std::error::Error + 'static)) -> bool {
     matches!(e.downcast_ref::<sqlx::Error>(), Some(sqlx::Error::Database(d)) if d.is_unique_violation())
 }
 
-pub async fn insert_vm(conn: &mut AnyConnection, new: NewVm<'_>) -> Result<(), Error> {
-    insert_vms(conn, std::slice::from_ref(&new)).await
-}
-
 /// A saga's claim: who takes it, now, and until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -797,18 +793,6 @@ pub async fn update_vms(
             }
         })
         .collect())
-}
-
-/// [`update_vms`] for one VM without a claim: whether it was written (`vm.version` is then the new
-/// version).
-pub async fn update_vm(conn: &mut AnyConnection, vm: &mut VmRecord) -> Result<bool, Error> {
-    let mut writes = [VmWrite { vm: vm.clone(), claim: None }];
-    let [written] = update_vms(conn, &mut writes).await?[..] else {
-        return Err(Error::internal("one write, one outcome"));
-    };
-    let [write] = writes;
-    *vm = write.vm;
-    Ok(written != Written::Stale)
 }
 
 pub async fn vm(conn: &mut AnyConnection, id: VmId) -> Result<Option<VmRecord>, Error> {
