@@ -614,7 +614,7 @@ async fn fetch_batched(
     rows: Vec<Vec<Param>>,
     chunk: usize,
     sql: impl Fn(&str) -> String,
-) -> Result<Vec<AnyRow>, Error> {
+) -> Result<Vec<AnyRow>, sqlx::Error> {
     let mut answered = Vec::new();
     for chunk in rows.chunks(chunk) {
         let padding: Vec<Param> = chunk[0].iter().map(Param::null_like).collect();
@@ -678,16 +678,12 @@ pub async fn insert_vms(conn: &mut AnyConnection, new: &[NewVm<'_>]) -> Result<(
     })
     .await
     .map_err(|e| match &e {
-        Error::Internal(source) if is_unique_violation(source.as_ref()) => {
+        sqlx::Error::Database(d) if d.is_unique_violation() => {
             Error::Conflict("a VM with this Idempotency-Key already exists".into())
         }
-        _ => e,
+        _ => Error::from(e),
     })?;
     Ok(())
-}
-
-fn is_unique_violation(e: &(dyn std::error::Error + 'static)) -> bool {
-    matches!(e.downcast_ref::<sqlx::Error>(), Some(sqlx::Error::Database(d)) if d.is_unique_violation())
 }
 
 /// A saga's claim: who takes it, now, and until when.

@@ -82,9 +82,20 @@ pub(crate) fn write_bookings(
 }
 
 impl App {
-    /// Reserves or releases cGPUs, in the next batch.
-    pub(crate) async fn book(&self, booking: Booking) -> Result<Booked, Error> {
-        self.bookings.submit(booking).await
+    /// Reserves the launch's cGPUs and records its VM, in the next batch.
+    pub(crate) async fn reserve(&self, reservation: Reservation) -> Result<VmDetails, Error> {
+        match self.bookings.submit(Booking::Reserve(Box::new(reservation))).await? {
+            Booked::Reserved(details) => Ok(*details),
+            Booked::Released(_) => Err(Error::internal("a reservation answered as a release")),
+        }
+    }
+
+    /// Releases the VM's cGPUs and writes `ended`, in the next batch (see [`Booking::Release`]).
+    pub(crate) async fn release(&self, ended: VmRecord) -> Result<VmRecord, Error> {
+        match self.bookings.submit(Booking::Release(Box::new(ended))).await? {
+            Booked::Released(ended) => Ok(*ended),
+            Booked::Reserved(_) => Err(Error::internal("a release answered as a reservation")),
+        }
     }
 
     /// Applies `bookings` in one pool transaction. The outer error means nothing was written.
@@ -135,7 +146,7 @@ impl App {
         let mut reserved = Vec::new();
         for (i, booking) in bookings.iter().enumerate() {
             if let Booking::Reserve(reservation) = booking {
-                match reserve(pool, &self.config.masking, &reservation.record) {
+                match place_cgpus(pool, &self.config.masking, &reservation.record) {
                     Ok(details) => reserved.push((i, details)),
                     Err(e) => outcomes[i] = Some(Err(e)),
                 }
@@ -177,7 +188,7 @@ impl App {
 
 /// Places the VM's cGPUs on the pool and gives each its masked endpoint. A refusal leaves the
 /// pool as it was.
-fn reserve(
+fn place_cgpus(
     pool: &mut Pool,
     masking: &MaskingConfig,
     record: &VmRecord,

@@ -172,10 +172,7 @@ impl App {
         let mut tx = self.db.begin().await?;
         let generation = db::bump_generation(&mut tx).await?;
         if cached.generation != generation - 1 {
-            cached.generation = -1;
-            cached.pool = load(&mut tx).await?;
-            cached.generation = generation - 1;
-            self.pool.hosts.publish(&cached.pool);
+            self.reload(&mut cached, &mut tx, generation - 1).await?;
         }
         let changes_before = cached.pool.changes();
         let host_changes_before = cached.pool.host_changes();
@@ -202,6 +199,20 @@ impl App {
         Ok(value)
     }
 
+    /// Replaces the cached pool with the database's, as of `generation`, and publishes its hosts.
+    async fn reload(
+        &self,
+        cached: &mut Cached,
+        tx: &mut WriteTx,
+        generation: i64,
+    ) -> Result<(), Error> {
+        cached.generation = -1;
+        cached.pool = load(tx).await?;
+        cached.generation = generation;
+        self.pool.hosts.publish(&cached.pool);
+        Ok(())
+    }
+
     /// The hosts as of this process's pool (see [`HostDirectory`]).
     pub(crate) fn host_directory(&self) -> Option<Arc<[HostSummary]>> {
         self.pool.hosts.get()
@@ -213,10 +224,7 @@ impl App {
         if cached.generation != current_generation(&mut *self.db.pool().acquire().await?).await? {
             let mut tx = self.db.begin().await?;
             let generation = current_generation(&mut tx).await?;
-            cached.generation = -1;
-            cached.pool = load(&mut tx).await?;
-            cached.generation = generation;
-            self.pool.hosts.publish(&cached.pool);
+            self.reload(&mut cached, &mut tx, generation).await?;
             tx.commit().await?;
         }
         Ok(read(&cached.pool))

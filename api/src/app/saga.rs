@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use gpgpums::{HostId, HostKind, HostState, Locality, VmId};
 use tokio::sync::Notify;
 
-use super::bookings::{Booked, Booking, VM_CHANGED};
+use super::bookings::VM_CHANGED;
 use super::vms::{rcuda_env, VmDetails};
 use super::{App, RunningSaga};
 use crate::cloud::{CloudError, HostConstraint, ServerSpec};
@@ -327,11 +327,8 @@ impl App {
                 }
                 ended.step = SagaStep::Done;
                 ended.updated_ms = now_ms();
-                let ended = match self.book(Booking::Release(Box::new(ended))).await {
-                    Ok(Booked::Released(ended)) => *ended,
-                    Ok(Booked::Reserved(_)) => {
-                        return Err(Error::internal("a release answered as a reservation").into())
-                    }
+                let ended = match self.release(ended).await {
+                    Ok(ended) => ended,
                     Err(Error::Conflict(reason)) if reason == VM_CHANGED => {
                         return Err(StepError::Interrupted)
                     }

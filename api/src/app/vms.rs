@@ -11,7 +11,7 @@ use std::time::Instant;
 use gpgpums::VmId;
 
 use super::batch::{fail_all, Queued};
-use super::bookings::{Booked, Booking, Reservation};
+use super::bookings::Reservation;
 use super::pool::BoxFuture;
 use super::App;
 use crate::auth::Caller;
@@ -169,12 +169,7 @@ impl App {
             idempotency_key: input.idempotency_key.clone(),
             request_digest: request_digest.clone(),
         };
-        let reserved = match self.book(Booking::Reserve(Box::new(reservation))).await {
-            Ok(Booked::Reserved(details)) => Ok(*details),
-            Ok(Booked::Released(_)) => Err(Error::internal("a reservation answered as a release")),
-            Err(e) => Err(e),
-        };
-        let details = match reserved {
+        let details = match self.reserve(reservation).await {
             Ok(details) => details,
             Err(Error::Conflict(_)) if input.idempotency_key.is_some() => {
                 // A concurrent retry with the same key won the race.
