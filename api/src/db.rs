@@ -1,15 +1,18 @@
 //! The datastore: SQLite (embedded default) or PostgreSQL (several replicas), through one set of
 //! portable queries over sqlx's `Any` driver.
 //!
-//! Writes go through [`Db::begin`]. On SQLite that also takes a process-wide lock, so writers queue in
-//! the process instead of failing with SQLITE_BUSY, and every write uses the same connection: a
-//! SQLite connection drops its page cache whenever another connection has written, so a single
-//! writer keeps its cache and the others serve reads. On PostgreSQL row locks order writers. Queries are
-//! plain functions over a connection so the application layer composes them inside one transaction.
+//! On SQLite one connection serves every read and write of the process. A SQLite connection drops
+//! its whole page cache whenever another connection has committed, so with a commit every
+//! millisecond separate reader connections read cold pages (a `pread` per page) and take file
+//! locks for every read; the one connection keeps its cache warm, and writers queue for it instead
+//! of failing with SQLITE_BUSY. Reads are batched ([`crate::app`]), so serializing them costs
+//! little, and a 2-core machine gains nothing from parallel readers. On PostgreSQL a pool serves
+//! side by side and row locks order writers. Writes go through [`Db::begin`] or [`Db::write_conn`].
+//! Queries are plain functions over a connection so the application layer composes them inside
+//! one transaction.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpgpums::{GpuId, HostId, HostKind, HostState, VmId};
@@ -35,18 +38,15 @@ pub enum Backend {
 
 #[derive(Debug, Clone)]
 pub struct Db {
+    /// On SQLite a pool of one connection (see the module docs).
     pool: AnyPool,
-    /// Where writes go: on SQLite a pool of the one writer connection, on PostgreSQL `pool`.
-    writes: AnyPool,
     backend: Backend,
-    write_lock: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
-/// A write transaction (and, on SQLite, the process's write lock).
+/// A write transaction.
 #[derive(Debug)]
 pub struct WriteTx {
     pub tx: sqlx::Transaction<'static, sqlx::Any>,
-    _lock: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl WriteTx {
@@ -57,11 +57,10 @@ impl WriteTx {
 }
 
 /// A connection for one write statement that is atomic by itself (autocommit): it saves the
-/// BEGIN and COMMIT round trips of a [`WriteTx`]. On SQLite it holds the process's write lock too.
+/// BEGIN and COMMIT round trips of a [`WriteTx`].
 #[derive(Debug)]
 pub struct WriteConn {
     pub conn: sqlx::pool::PoolConnection<sqlx::Any>,
-    _lock: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl std::ops::Deref for WriteConn {
@@ -111,49 +110,37 @@ impl Db {
         let options: AnyConnectOptions = url.parse().map_err(|e| {
             Error::unavailable("database", Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         })?;
-        let pool_options = || {
-            AnyPoolOptions::new()
-                // A ping per checkout doubles the round trips of a one-query read; a broken
-                // connection surfaces as an error of the query instead, and the pool replaces it.
-                .test_before_acquire(false)
-                .after_connect(move |conn, _| {
-                    Box::pin(async move {
-                        if backend == Backend::Sqlite {
-                            for pragma in [
-                                "PRAGMA journal_mode = WAL",
-                                "PRAGMA synchronous = NORMAL",
-                                "PRAGMA busy_timeout = 10000",
-                                "PRAGMA foreign_keys = ON",
-                            ] {
-                                sqlx::query(pragma).execute(&mut *conn).await?;
-                            }
+        let pool_options = AnyPoolOptions::new()
+            // A ping per checkout doubles the round trips of a one-query read; a broken
+            // connection surfaces as an error of the query instead, and the pool replaces it.
+            .test_before_acquire(false)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        for pragma in [
+                            "PRAGMA journal_mode = WAL",
+                            "PRAGMA synchronous = NORMAL",
+                            "PRAGMA busy_timeout = 10000",
+                            "PRAGMA foreign_keys = ON",
+                        ] {
+                            sqlx::query(pragma).execute(&mut *conn).await?;
                         }
-                        Ok(())
-                    })
+                    }
+                    Ok(())
                 })
+            });
+        let pool_options = match backend {
+            // The one connection's page cache is worth keeping: no idle or age limit.
+            Backend::Sqlite => {
+                pool_options.max_connections(1).idle_timeout(None).max_lifetime(None)
+            }
+            Backend::Postgres => pool_options.max_connections(16),
         };
-        let pool = pool_options()
-            .max_connections(if backend == Backend::Sqlite { 4 } else { 16 })
-            .connect_with(options.clone())
+        let pool = pool_options
+            .connect_with(options)
             .await
             .map_err(|e| Error::unavailable("database", e))?;
-        let writes = match backend {
-            Backend::Sqlite => pool_options()
-                .max_connections(1)
-                // The writer's page cache is worth keeping: no idle or age limit.
-                .idle_timeout(None)
-                .max_lifetime(None)
-                .connect_with(options)
-                .await
-                .map_err(|e| Error::unavailable("database", e))?,
-            Backend::Postgres => pool.clone(),
-        };
-        let db = Db {
-            pool,
-            writes,
-            backend,
-            write_lock: (backend == Backend::Sqlite).then(|| Arc::new(tokio::sync::Mutex::new(()))),
-        };
+        let db = Db { pool, backend };
         db.migrate().await?;
         Ok(db)
     }
@@ -167,22 +154,12 @@ impl Db {
     }
 
     pub async fn begin(&self) -> Result<WriteTx, Error> {
-        let lock = match &self.write_lock {
-            Some(lock) => Some(lock.clone().lock_owned().await),
-            None => None,
-        };
-        let tx = self.writes.begin().await?;
-        Ok(WriteTx { tx, _lock: lock })
+        Ok(WriteTx { tx: self.pool.begin().await? })
     }
 
     /// A connection for a single write statement; see [`WriteConn`].
     pub async fn write_conn(&self) -> Result<WriteConn, Error> {
-        let lock = match &self.write_lock {
-            Some(lock) => Some(lock.clone().lock_owned().await),
-            None => None,
-        };
-        let conn = self.writes.acquire().await?;
-        Ok(WriteConn { conn, _lock: lock })
+        Ok(WriteConn { conn: self.pool.acquire().await? })
     }
 
     async fn migrate(&self) -> Result<(), Error> {

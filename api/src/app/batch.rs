@@ -1,7 +1,7 @@
 //! Group commit: the writes that many requests and sagas make at once, in a few statements.
 //!
 //! Every statement costs a hand-off to SQLite's worker thread or a round trip to PostgreSQL, and on
-//! SQLite every write also waits for the one writer; at hundreds of launches a second those costs,
+//! SQLite every statement also waits for the one connection; at hundreds of launches a second those costs,
 //! not the work, set the pace. So the hot writes (reservations and releases of cGPUs, and the saga's
 //! conditional VM writes) are queued: a task per kind takes everything queued, writes it as one
 //! batch (one transaction, one statement per table), and answers each caller. A lone write goes out
@@ -10,8 +10,8 @@
 //!
 //! A batch runs in its own task, not in a caller's future: a caller that goes away (a client
 //! hanging up) cannot cut the others' batch short. On SQLite these tasks run on a thread of their
-//! own ([`WriterThread`]): they hold SQLite's one write lock in turn and wait on its connection
-//! threads between statements, so each step of theirs must not queue behind HTTP work on the
+//! own ([`WriterThread`]): they take SQLite's one connection in turn and wait on its worker
+//! thread between statements, so each step of theirs must not queue behind HTTP work on the
 //! main runtime's busy workers. On PostgreSQL they stay on the main runtime, whose I/O driver
 //! serves the connections they use.
 

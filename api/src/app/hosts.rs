@@ -408,15 +408,11 @@ impl App {
     /// must be read after the generation was taken, and no older table may be read later than a
     /// newer one: on PostgreSQL, whose replicas push side by side, one transaction holds the
     /// hosts' rows locked from the new generation to the read. On SQLite one process serves the
-    /// database and serializes the pushes to each host ([`App::push_routes`]), so only the new
-    /// generation needs the write lock and the routes are read beside the writers.
+    /// database through one connection, and holding it between the two statements is enough.
     async fn next_tables(&self, hosts: &[HostId]) -> Result<BTreeMap<HostId, TableRead>, Error> {
         let (records, mut routed) = if self.db.backend() == db::Backend::Sqlite {
-            let records = {
-                let mut conn = self.db.write_conn().await?;
-                db::next_routes_generations(&mut conn, hosts).await?
-            };
-            let mut conn = self.db.pool().acquire().await?;
+            let mut conn = self.db.write_conn().await?;
+            let records = db::next_routes_generations(&mut conn, hosts).await?;
             (records, db::routed_cgpus_on(&mut conn, hosts).await?)
         } else {
             let mut tx = self.db.begin().await?;
