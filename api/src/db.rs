@@ -13,11 +13,12 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpgpums::{GpuId, HostId, HostKind, HostState, VmId};
-use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
-use sqlx::{AnyConnection, AnyPool, Row};
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow, AnyTransactionManager};
+use sqlx::{AnyConnection, AnyPool, Connection, Row, TransactionManager};
 
 use crate::cloud::ServerId;
 use crate::error::Error;
@@ -38,54 +39,80 @@ pub enum Backend {
 
 #[derive(Debug, Clone)]
 pub struct Db {
-    /// On SQLite a pool of one connection (see the module docs).
-    pool: AnyPool,
+    conns: Conns,
     backend: Backend,
 }
 
-/// A write transaction.
+#[derive(Debug, Clone)]
+enum Conns {
+    /// PostgreSQL: connections side by side.
+    Pool(AnyPool),
+    /// SQLite: the process's one connection (see the module docs), held directly rather than in a
+    /// pool of one: a pool pings every connection given back to it, a round trip to SQLite's worker
+    /// thread for every checkout.
+    One(Arc<tokio::sync::Mutex<AnyConnection>>),
+}
+
+/// A connection of the process, held until dropped.
+#[derive(Debug)]
+pub enum Conn {
+    Pooled(sqlx::pool::PoolConnection<sqlx::Any>),
+    One(tokio::sync::OwnedMutexGuard<AnyConnection>),
+}
+
+impl std::ops::Deref for Conn {
+    type Target = AnyConnection;
+    fn deref(&self) -> &AnyConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::One(conn) => conn,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::One(conn) => conn,
+        }
+    }
+}
+
+/// A write transaction; dropped uncommitted, it is rolled back (as sqlx's `Transaction` is: the
+/// rollback is queued on the connection ahead of its next use).
 #[derive(Debug)]
 pub struct WriteTx {
-    pub tx: sqlx::Transaction<'static, sqlx::Any>,
+    conn: Conn,
+    open: bool,
 }
 
 impl WriteTx {
-    pub async fn commit(self) -> Result<(), Error> {
-        self.tx.commit().await?;
+    pub async fn commit(mut self) -> Result<(), Error> {
+        AnyTransactionManager::commit(&mut self.conn).await?;
+        self.open = false;
         Ok(())
     }
 }
 
-/// A connection for one write statement that is atomic by itself (autocommit): it saves the
-/// BEGIN and COMMIT round trips of a [`WriteTx`].
-#[derive(Debug)]
-pub struct WriteConn {
-    pub conn: sqlx::pool::PoolConnection<sqlx::Any>,
-}
-
-impl std::ops::Deref for WriteConn {
-    type Target = AnyConnection;
-    fn deref(&self) -> &AnyConnection {
-        &self.conn
-    }
-}
-
-impl std::ops::DerefMut for WriteConn {
-    fn deref_mut(&mut self) -> &mut AnyConnection {
-        &mut self.conn
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if self.open {
+            AnyTransactionManager::start_rollback(&mut self.conn);
+        }
     }
 }
 
 impl std::ops::Deref for WriteTx {
     type Target = AnyConnection;
     fn deref(&self) -> &AnyConnection {
-        &self.tx
+        &self.conn
     }
 }
 
 impl std::ops::DerefMut for WriteTx {
     fn deref_mut(&mut self) -> &mut AnyConnection {
-        &mut self.tx
+        &mut self.conn
     }
 }
 
@@ -110,37 +137,37 @@ impl Db {
         let options: AnyConnectOptions = url.parse().map_err(|e| {
             Error::unavailable("database", Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         })?;
-        let pool_options = AnyPoolOptions::new()
-            // A ping per checkout doubles the round trips of a one-query read; a broken
-            // connection surfaces as an error of the query instead, and the pool replaces it.
-            .test_before_acquire(false)
-            .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    if backend == Backend::Sqlite {
-                        for pragma in [
-                            "PRAGMA journal_mode = WAL",
-                            "PRAGMA synchronous = NORMAL",
-                            "PRAGMA busy_timeout = 10000",
-                            "PRAGMA foreign_keys = ON",
-                        ] {
-                            sqlx::query(pragma).execute(&mut *conn).await?;
-                        }
-                    }
-                    Ok(())
-                })
-            });
-        let pool_options = match backend {
-            // The one connection's page cache is worth keeping: no idle or age limit.
+        let conns = match backend {
             Backend::Sqlite => {
-                pool_options.max_connections(1).idle_timeout(None).max_lifetime(None)
+                let mut conn = AnyConnection::connect_with(&options)
+                    .await
+                    .map_err(|e| Error::unavailable("database", e))?;
+                for pragma in [
+                    "PRAGMA journal_mode = WAL",
+                    "PRAGMA synchronous = NORMAL",
+                    "PRAGMA busy_timeout = 10000",
+                    "PRAGMA foreign_keys = ON",
+                ] {
+                    sqlx::query(pragma)
+                        .execute(&mut conn)
+                        .await
+                        .map_err(|e| Error::unavailable("database", e))?;
+                }
+                Conns::One(Arc::new(tokio::sync::Mutex::new(conn)))
             }
-            Backend::Postgres => pool_options.max_connections(16),
+            Backend::Postgres => Conns::Pool(
+                AnyPoolOptions::new()
+                    // A ping per checkout doubles the round trips of a one-query read; a broken
+                    // connection surfaces as an error of the query instead, and the pool
+                    // replaces it.
+                    .test_before_acquire(false)
+                    .max_connections(16)
+                    .connect_with(options)
+                    .await
+                    .map_err(|e| Error::unavailable("database", e))?,
+            ),
         };
-        let pool = pool_options
-            .connect_with(options)
-            .await
-            .map_err(|e| Error::unavailable("database", e))?;
-        let db = Db { pool, backend };
+        let db = Db { conns, backend };
         db.migrate().await?;
         Ok(db)
     }
@@ -149,17 +176,24 @@ impl Db {
         self.backend
     }
 
-    pub fn pool(&self) -> &AnyPool {
-        &self.pool
+    /// A connection for reads (and, on PostgreSQL, writes that need no transaction).
+    pub async fn conn(&self) -> Result<Conn, Error> {
+        Ok(match &self.conns {
+            Conns::Pool(pool) => Conn::Pooled(pool.acquire().await?),
+            Conns::One(conn) => Conn::One(conn.clone().lock_owned().await),
+        })
     }
 
     pub async fn begin(&self) -> Result<WriteTx, Error> {
-        Ok(WriteTx { tx: self.pool.begin().await? })
+        let mut conn = self.conn().await?;
+        AnyTransactionManager::begin(&mut conn, None).await?;
+        Ok(WriteTx { conn, open: true })
     }
 
-    /// A connection for a single write statement; see [`WriteConn`].
-    pub async fn write_conn(&self) -> Result<WriteConn, Error> {
-        Ok(WriteConn { conn: self.pool.acquire().await? })
+    /// A connection for one write statement that is atomic by itself (autocommit): it saves the
+    /// BEGIN and COMMIT round trips of a [`WriteTx`].
+    pub async fn write_conn(&self) -> Result<Conn, Error> {
+        self.conn().await
     }
 
     async fn migrate(&self) -> Result<(), Error> {
@@ -167,7 +201,7 @@ impl Db {
             "CREATE TABLE IF NOT EXISTS schema_migrations \
              (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ms BIGINT NOT NULL)",
         )
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await?;
         for &(version, name, sql) in MIGRATIONS {
             let mut tx = self.begin().await?;
@@ -178,11 +212,11 @@ impl Db {
             .bind(version)
             .bind(name)
             .bind(now_ms())
-            .execute(&mut *tx.tx)
+            .execute(&mut *tx)
             .await?
             .rows_affected();
             if inserted == 1 {
-                sqlx::raw_sql(sql).execute(&mut *tx.tx).await?;
+                sqlx::raw_sql(sql).execute(&mut *tx).await?;
                 tx.commit().await?;
                 tracing::info!(version, name, "applied migration");
             }
@@ -191,8 +225,9 @@ impl Db {
     }
 
     pub async fn ping(&self) -> Result<(), Error> {
+        let mut conn = self.conn().await?;
         sqlx::query("SELECT 1")
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await
             .map_err(|e| Error::unavailable("database", e))?;
         Ok(())

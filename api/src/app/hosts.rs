@@ -97,7 +97,7 @@ impl App {
             ));
         }
         let existing = {
-            let mut conn = self.db.pool().acquire().await?;
+            let mut conn = self.db.conn().await?;
             let host = db::host(&mut conn, &registration.name).await?;
             let gpus: Vec<GpuRecord> = db::gpus(&mut conn)
                 .await?
@@ -172,7 +172,7 @@ impl App {
                 sim.add_host(name.clone());
             }
         }
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.conn().await?;
         db::host(&mut conn, &name)
             .await?
             .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })
@@ -198,7 +198,7 @@ impl App {
     }
 
     pub async fn hosts(&self) -> Result<Vec<HostRecord>, Error> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.conn().await?;
         db::hosts(&mut conn).await
     }
 
@@ -222,7 +222,7 @@ impl App {
             })
         })
         .await?;
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.conn().await?;
         db::host(&mut conn, &updated)
             .await?
             .ok_or_else(|| Error::NotFound { kind: "host", id: updated.to_string() })

@@ -221,7 +221,7 @@ impl App {
     /// Reads the pool as of the latest generation.
     pub(crate) async fn read_pool<T>(&self, read: impl FnOnce(&Pool) -> T) -> Result<T, Error> {
         let mut cached = self.pool.inner.lock().await;
-        if cached.generation != current_generation(&mut *self.db.pool().acquire().await?).await? {
+        if cached.generation != current_generation(&mut *self.db.conn().await?).await? {
             let mut tx = self.db.begin().await?;
             let generation = current_generation(&mut tx).await?;
             self.reload(&mut cached, &mut tx, generation).await?;

@@ -110,7 +110,7 @@ impl App {
 
         status.sagas_resumed = 0;
         let resumable = async {
-            let mut conn = self.db.pool().acquire().await?;
+            let mut conn = self.db.conn().await?;
             db::sagas_to_resume(&mut conn, now_ms()).await
         };
         match resumable.await {

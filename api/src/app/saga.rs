@@ -193,7 +193,7 @@ impl App {
                     if !claimed {
                         return Ok(false);
                     }
-                    let mut conn = self.db.pool().acquire().await?;
+                    let mut conn = self.db.conn().await?;
                     let Some(vm) = db::vm(&mut conn, id).await? else { return Ok(false) };
                     vm
                 }
@@ -355,7 +355,7 @@ impl App {
         let cgpus = match known_cgpus.take() {
             Some(cgpus) => cgpus,
             None => {
-                let mut conn = self.db.pool().acquire().await.map_err(Error::from)?;
+                let mut conn = self.db.conn().await?;
                 db::cgpus_of(&mut conn, vm.id).await?
             }
         };
@@ -397,7 +397,7 @@ impl App {
                 .map(|h| h.name.clone())
                 .collect());
         }
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.conn().await?;
         Ok(db::hosts(&mut conn)
             .await?
             .into_iter()
@@ -413,7 +413,7 @@ impl App {
         if let Some(has_agent) = known {
             return Ok(has_agent);
         }
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.conn().await?;
         Ok(db::host(&mut conn, host).await?.is_some_and(|h| h.kind.has_agent()))
     }
 

@@ -201,7 +201,7 @@ impl App {
         key: &str,
         request_digest: &str,
     ) -> Result<Option<VmDetails>, Error> {
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.conn().await?;
         let Some((id, stored_digest)) = db::vm_by_idempotency_key(&mut conn, project, key).await?
         else {
             return Ok(None);
@@ -238,7 +238,7 @@ impl App {
     ) -> Result<Vec<VmDetails>, Error> {
         let own = caller.tenant_project()?;
         let filter = if caller.is_admin() { project } else { Some(own) };
-        let mut conn = self.db.pool().acquire().await?;
+        let mut conn = self.db.conn().await?;
         Ok(db::vms_with_cgpus(&mut conn, filter)
             .await?
             .into_iter()
@@ -333,7 +333,7 @@ pub(crate) fn read_vms(
         ids.sort_unstable();
         ids.dedup();
         let found = async {
-            let mut conn = app.db.pool().acquire().await?;
+            let mut conn = app.db.conn().await?;
             db::vms_with_cgpus_by_id(&mut conn, &ids).await
         }
         .await;

@@ -279,6 +279,9 @@ struct State {
     servers: HashMap<ServerId, ServerRecord>,
     /// The server of each VM that is not being deleted.
     live_by_vm: HashMap<VmId, ServerId>,
+    /// How many of `live_by_vm`'s servers each host runs (the scheduler's weigher, kept as they
+    /// come and go).
+    live_per_host: HashMap<HostId, usize>,
     faults: Faults,
 }
 
@@ -294,24 +297,36 @@ impl State {
                 "Host {host:?} is not a compute host of this cloud (known: {})",
                 join(&self.hosts)
             ))),
-            HostConstraint::AnyOf(candidates) => {
-                let mut load: HashMap<&HostId, usize> = HashMap::new();
-                for id in self.live_by_vm.values() {
-                    if let Some(record) = self.servers.get(id) {
-                        *load.entry(&record.host).or_default() += 1;
-                    }
-                }
-                candidates
-                    .iter()
-                    .filter(|host| self.hosts.contains(*host))
-                    .min_by_key(|host| (load.get(host).copied().unwrap_or(0), *host))
-                    .cloned()
-                    .ok_or_else(|| {
-                        no_valid_host(format!(
-                            "None of the candidate hosts ({}) is a compute host of this cloud",
-                            join(candidates)
-                        ))
-                    })
+            HostConstraint::AnyOf(candidates) => candidates
+                .iter()
+                .filter(|host| self.hosts.contains(*host))
+                .min_by_key(|host| (self.live_per_host.get(*host).copied().unwrap_or(0), *host))
+                .cloned()
+                .ok_or_else(|| {
+                    no_valid_host(format!(
+                        "None of the candidate hosts ({}) is a compute host of this cloud",
+                        join(candidates)
+                    ))
+                }),
+        }
+    }
+
+    fn add_live(&mut self, vm: VmId, id: ServerId, host: HostId) {
+        *self.live_per_host.entry(host).or_default() += 1;
+        self.live_by_vm.insert(vm, id);
+    }
+
+    /// Takes `id` off the live servers if it is `vm`'s live server.
+    fn remove_live(&mut self, vm: VmId, id: &ServerId) {
+        if self.live_by_vm.get(&vm) != Some(id) {
+            return;
+        }
+        self.live_by_vm.remove(&vm);
+        let Some(host) = self.servers.get(id).map(|record| record.host.clone()) else { return };
+        if let Some(count) = self.live_per_host.get_mut(&host) {
+            *count -= 1;
+            if *count == 0 {
+                self.live_per_host.remove(&host);
             }
         }
     }
@@ -640,13 +655,13 @@ impl Cloud for SimCloud {
             let observed = Observed { info, deployed: false, lifecycle: Lifecycle::Live };
             let record = ServerRecord {
                 vm: spec.vm,
-                host,
+                host: host.clone(),
                 user_data: spec.user_data.clone(),
                 port: None,
                 observed: watch::Sender::new(observed),
             };
             state.servers.insert(id.clone(), record);
-            state.live_by_vm.insert(spec.vm, id.clone());
+            state.add_live(spec.vm, id.clone(), host);
             id
         };
         tokio::spawn(Arc::clone(&self.shared).run_lifecycle(id.clone()));
@@ -719,9 +734,7 @@ impl Cloud for SimCloud {
             let observed = record.observed.subscribe();
             if start_removal {
                 record.observed.send_modify(|o| o.lifecycle = Lifecycle::Deleting);
-                if state.live_by_vm.get(&vm) == Some(id) {
-                    state.live_by_vm.remove(&vm);
-                }
+                state.remove_live(vm, id);
                 tokio::spawn(Arc::clone(&self.shared).run_removal(id.clone()));
             }
             observed

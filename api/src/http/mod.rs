@@ -340,7 +340,7 @@ async fn metrics(State(app): State<AppState>) -> Result<Response, Error> {
     app.metrics.render(&mut out);
     let gauges = app.read_pool(crate::metrics::render_pool).await?;
     let states = {
-        let mut conn = app.db.pool().acquire().await?;
+        let mut conn = app.db.conn().await?;
         crate::db::vm_state_counts(&mut conn).await?
     };
     out.push_str(&crate::metrics::render_vm_states(&states));
