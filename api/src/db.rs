@@ -7,9 +7,9 @@
 //! locks for every read; the one connection keeps its cache warm, and writers queue for it instead
 //! of failing with SQLITE_BUSY. Reads are batched ([`crate::app`]), so serializing them costs
 //! little, and a 2-core machine gains nothing from parallel readers. On PostgreSQL a pool serves
-//! side by side and row locks order writers. Writes go through [`Db::begin`] or [`Db::write_conn`].
-//! Queries are plain functions over a connection so the application layer composes them inside
-//! one transaction.
+//! side by side and row locks order writers. Queries are plain functions over a connection
+//! ([`Db::conn`], or a transaction from [`Db::begin`]) so the application layer composes them
+//! inside one transaction.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -176,7 +176,8 @@ impl Db {
         self.backend
     }
 
-    /// A connection for reads (and, on PostgreSQL, writes that need no transaction).
+    /// A connection: SQLite's one, or one of PostgreSQL's pool. A single write statement is atomic
+    /// by itself (autocommit) and saves the BEGIN and COMMIT round trips of a [`WriteTx`].
     pub async fn conn(&self) -> Result<Conn, Error> {
         Ok(match &self.conns {
             Conns::Pool(pool) => Conn::Pooled(pool.acquire().await?),
@@ -188,12 +189,6 @@ impl Db {
         let mut conn = self.conn().await?;
         AnyTransactionManager::begin(&mut conn, None).await?;
         Ok(WriteTx { conn, open: true })
-    }
-
-    /// A connection for one write statement that is atomic by itself (autocommit): it saves the
-    /// BEGIN and COMMIT round trips of a [`WriteTx`].
-    pub async fn write_conn(&self) -> Result<Conn, Error> {
-        self.conn().await
     }
 
     async fn migrate(&self) -> Result<(), Error> {

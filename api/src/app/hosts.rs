@@ -388,7 +388,7 @@ pub(crate) fn write_applied_generations(
         }
         let applied: Vec<(HostId, u64)> = highest.into_iter().collect();
         let outcome = async {
-            let mut conn = app.db.write_conn().await?;
+            let mut conn = app.db.conn().await?;
             db::set_applied_generations(&mut conn, &applied).await
         }
         .await;
@@ -411,7 +411,7 @@ impl App {
     /// database through one connection, and holding it between the two statements is enough.
     async fn next_tables(&self, hosts: &[HostId]) -> Result<BTreeMap<HostId, TableRead>, Error> {
         let (records, mut routed) = if self.db.backend() == db::Backend::Sqlite {
-            let mut conn = self.db.write_conn().await?;
+            let mut conn = self.db.conn().await?;
             let records = db::next_routes_generations(&mut conn, hosts).await?;
             (records, db::routed_cgpus_on(&mut conn, hosts).await?)
         } else {

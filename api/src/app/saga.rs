@@ -130,7 +130,7 @@ impl App {
                 }
             };
             if !released {
-                if let Ok(mut conn) = app.db.write_conn().await {
+                if let Ok(mut conn) = app.db.conn().await {
                     let _ = db::release_saga(&mut conn, id, &app.instance).await;
                 }
             }
@@ -185,7 +185,7 @@ impl App {
                 Some(vm) => vm,
                 None => {
                     let now = now_ms();
-                    let mut conn = self.db.write_conn().await?;
+                    let mut conn = self.db.conn().await?;
                     let claimed =
                         db::claim_saga(&mut conn, id, &self.instance, now, now + self.lease_ms())
                             .await?;

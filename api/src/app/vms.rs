@@ -304,7 +304,7 @@ pub(crate) fn write_vms(
             pending = later;
             let (mut writes, replies): (Vec<_>, Vec<_>) = round.into_iter().unzip();
             let outcome = async {
-                let mut conn = app.db.write_conn().await?;
+                let mut conn = app.db.conn().await?;
                 db::update_vms(&mut conn, &mut writes).await
             }
             .await;
