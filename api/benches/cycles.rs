@@ -16,8 +16,9 @@
 //! the figure. The client is a load generator's, lean as `wrk`'s or `oha`'s: a bare hyper
 //! connection per client and typed parsing of the two fields it reads (`id`, `state`). Through
 //! reqwest (URL parsing, a pooled client cloned per request, redirect and retry layers, a whole
-//! JSON tree per answer) it took about a fifth of the machine's CPU. Server-side, the bench also counts VMs that reached `ready` (`launches_ready`) and
-//! the route pushes, to show what the server did in the window.
+//! JSON tree per answer) it took about a fifth of the machine's CPU. Server-side, the bench also
+//! counts VMs that reached `ready` (`launches_ready`) and the route pushes, to show what the
+//! server did in the window.
 //!
 //! Run: `cargo bench -p gsaasd --bench cycles` (args: `-- [secs] [concurrency,...] [sqlite|postgres|both] [long-poll|poll]`).
 #![allow(clippy::print_stdout)]
