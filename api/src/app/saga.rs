@@ -189,11 +189,9 @@ impl App {
                     let claimed =
                         db::claim_saga(&mut conn, id, &self.instance, now, now + self.lease_ms())
                             .await?;
-                    drop(conn);
                     if !claimed {
                         return Ok(false);
                     }
-                    let mut conn = self.db.conn().await?;
                     let Some(vm) = db::vm(&mut conn, id).await? else { return Ok(false) };
                     vm
                 }
