@@ -342,11 +342,7 @@ async fn concurrent_launches_and_terminations_each_get_their_own_outcome(store: 
     let body = json!({"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 1});
     let launches = (0..12).map(|_| t.post(&token, "/v1/vms", &body));
     let results = support::join_all(launches).await;
-    let accepted: Vec<String> = results
-        .iter()
-        .filter(|(status, _)| *status == 202)
-        .map(|(_, vm)| vm["id"].as_str().unwrap().to_owned())
-        .collect();
+    let accepted = support::accepted_ids(&results);
     let refused = results.iter().filter(|(status, problem)| {
         *status == 507 && problem["code"] == "insufficient_gpu_capacity"
     });

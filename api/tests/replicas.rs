@@ -36,11 +36,7 @@ async fn two_replicas_on_one_postgres_never_over_allocate() {
         async move { replica.post(&token, "/v1/vms", &body).await }
     });
     let results = support::join_all(launches).await;
-    let accepted: Vec<String> = results
-        .iter()
-        .filter(|(s, _)| *s == 202)
-        .map(|(_, vm)| vm["id"].as_str().unwrap().to_owned())
-        .collect();
+    let accepted = support::accepted_ids(&results);
     let refused = results.iter().filter(|(s, _)| *s == 507).count();
     let statuses: Vec<u16> = results.iter().map(|(s, _)| *s).collect();
     assert_eq!(accepted.len(), 32, "{statuses:?}");

@@ -203,6 +203,15 @@ pub fn shared_launch(ncgpus: u32, mib: u64) -> Value {
     })
 }
 
+/// The ids of the launches answered 202, from `(status, body)` pairs.
+pub fn accepted_ids(results: &[(u16, Value)]) -> Vec<String> {
+    results
+        .iter()
+        .filter(|(status, _)| *status == 202)
+        .map(|(_, vm)| vm["id"].as_str().expect("a launched VM's id").to_owned())
+        .collect()
+}
+
 /// Runs futures concurrently and collects their outputs in order.
 pub async fn join_all<F, T>(futures: impl Iterator<Item = F>) -> Vec<T>
 where
