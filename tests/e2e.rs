@@ -179,6 +179,7 @@ vm_namespace_prefix = "{vm_prefix}"
 
 [hosts]
 backend = "agent"
+agent_urls = {{ "{RGPU_HOST}" = "http://10.240.0.11:7450", "{GPU_HOST}" = "http://10.240.0.12:7450" }}
 "#,
             crg = crg.name,
             cg = cg.name,

@@ -88,11 +88,15 @@ async fn run(runs: usize, sizes: &[u32]) {
     config.hosts.backend = HostsBackend::Agent;
     config.hosts.reconcile_interval_secs = 3600;
     config.hosts.heartbeat_timeout_secs = 3600;
+    // gsaasd reaches the agent where its config says: a port picked here, which the agent takes.
+    let host = "compute-gpu0";
+    let agent_port =
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    config.hosts.agent_urls.insert(host.parse().unwrap(), format!("http://127.0.0.1:{agent_port}"));
     let svc = service::start(config.clone()).await.expect("gsaasd starts");
     let app = svc.app.clone();
 
     // The real agent, registering with gsaasd.
-    let host = "compute-gpu0";
     let token = app.keys.issue(host, None, Role::Agent, Duration::from_secs(3600));
     let agent_config = dir.join("agent.toml");
     let mut gpus = String::new();
@@ -102,7 +106,7 @@ async fn run(runs: usize, sizes: &[u32]) {
     std::fs::write(
         &agent_config,
         format!(
-            "host = \"{host}\"\nlisten = \"127.0.0.1:0\"\nstate_file = \"{}\"\ncontroller_public_key = \"{}\"\n\
+            "host = \"{host}\"\nlisten = \"127.0.0.1:{agent_port}\"\nstate_file = \"{}\"\ncontroller_public_key = \"{}\"\n\
              masked_range = \"100.127.0.0/16\"\ngpu_interface = \"gpu0\"\n\n[controller]\nurl = \"{}\"\n\
              token = \"{token}\"\nheartbeat_interval_secs = 3600\n\n[rcuda]\naddress = \"10.232.0.11\"\n\n{gpus}",
             dir.join("routes.json").display(),

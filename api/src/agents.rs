@@ -16,10 +16,11 @@ use rodvr_agent::agent::{Agent, AgentError as CoreError, HostFacts};
 use rodvr_agent::auth::TokenSigner;
 use rodvr_agent::client::AgentClient;
 use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
-use rodvr_agent::protocol::{HostKind as AgentHostKind, Ipv4Cidr, RouteTable};
+use rodvr_agent::protocol::{check_generation, HostKind as AgentHostKind, Ipv4Cidr, RouteTable};
 use rodvr_agent::render::TableParams;
 use rodvr_agent::state::{GenerationConflict, Ledger};
 
+use crate::config::HostsConfig;
 use crate::model::HostRecord;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,9 +36,12 @@ pub enum AgentError {
     /// The agent holds a newer generation than the one offered.
     #[error("agent of host {host} holds a newer table than generation {offered}")]
     Stale { host: HostId, offered: u64 },
-    /// The agent refused the table (a bug on our side: the table should always be valid).
+    /// The agent refused the table, naming the entry at fault when it could.
     #[error("agent of host {host} refused the table: {reason}")]
-    Refused { host: HostId, reason: String },
+    Refused { host: HostId, reason: String, entry: Option<String> },
+    /// The agent answered something it cannot hold (a generation out of range).
+    #[error("agent of host {host} misbehaves: {reason}")]
+    Misbehaving { host: HostId, reason: String },
 }
 
 #[async_trait]
@@ -124,7 +128,14 @@ impl HostAgents for InProcessAgents {
                     source: Some(Box::new(e)),
                 })
             }
-            Err(e) => Err(AgentError::Refused { host: host.name.clone(), reason: e.to_string() }),
+            Err(e) => {
+                let entry = match &e {
+                    CoreError::Invalid(invalid) => Some(invalid.entry.clone()),
+                    _ => None,
+                };
+                let reason = crate::error::ErrorChain(&e).to_string();
+                Err(AgentError::Refused { host: host.name.clone(), reason, entry })
+            }
         }
     }
 
@@ -133,34 +144,38 @@ impl HostAgents for InProcessAgents {
     }
 }
 
-/// Real agents over HTTP.
+/// Real agents over HTTP, at the URLs gsaasd's config gives (never where an agent says it is).
 #[derive(Debug)]
 pub struct RemoteAgents {
     signer: TokenSigner,
+    hosts: HostsConfig,
     /// One client for every agent: built once, its connections kept alive between pushes.
     http: reqwest::Client,
 }
 
 impl RemoteAgents {
-    pub fn new(signer: TokenSigner) -> Self {
-        RemoteAgents { signer, http: rodvr_agent::client::http_client() }
+    pub fn new(signer: TokenSigner, hosts: HostsConfig) -> Self {
+        RemoteAgents { signer, hosts, http: rodvr_agent::client::http_client() }
     }
 
     fn client(&self, host: &HostRecord) -> Result<AgentClient, AgentError> {
-        let url = host.agent_url.as_deref().ok_or_else(|| AgentError::Unavailable {
+        let url = self.hosts.agent_url(&host.name).ok_or_else(|| AgentError::Unavailable {
             host: host.name.clone(),
-            reason: "its agent has not registered an address".into(),
+            reason: "gsaasd's config gives no URL for its agent".into(),
             source: None,
         })?;
-        Ok(AgentClient::with_http(self.http.clone(), url, self.signer.clone()))
+        let (http, signer) = (self.http.clone(), self.signer.clone());
+        Ok(AgentClient::with_http(http, url, host.name.clone(), signer))
     }
 
     fn map(host: &HostRecord, offered: u64, e: rodvr_agent::client::ClientError) -> AgentError {
         match e.status() {
             Some(409) => AgentError::Stale { host: host.name.clone(), offered },
-            Some(status) if (400..500).contains(&status) => {
-                AgentError::Refused { host: host.name.clone(), reason: e.to_string() }
-            }
+            Some(status) if (400..500).contains(&status) => AgentError::Refused {
+                host: host.name.clone(),
+                entry: e.entry().map(str::to_owned),
+                reason: e.to_string(),
+            },
             _ => AgentError::Unavailable {
                 host: host.name.clone(),
                 reason: "request failed".into(),
@@ -183,6 +198,12 @@ impl HostAgents for RemoteAgents {
 
     async fn applied_generation(&self, host: &HostRecord) -> Result<Option<u64>, AgentError> {
         let state = self.client(host)?.routes().await.map_err(|e| Self::map(host, 0, e))?;
+        if let Some(generation) = state.applied_generation {
+            check_generation(generation).map_err(|reason| AgentError::Misbehaving {
+                host: host.name.clone(),
+                reason: format!("it reports having applied {reason}"),
+            })?;
+        }
         Ok(state.applied_generation)
     }
 }

@@ -357,7 +357,7 @@ mod tests {
         assert!(keys.verify(&old).unwrap_err().to_string().contains("expired"));
         assert!(keys.verify(&expired).is_ok(), "within leeway");
         assert!(keys.verify("garbage").unwrap_err().to_string().contains("malformed"));
-        let agent_token = keys.agent_signer().sign(hour);
+        let agent_token = keys.agent_signer().sign(&gpgpums::HostId::new("h1").unwrap(), hour);
         assert!(
             keys.verify(&agent_token).is_err(),
             "gsaasd's tokens for agents do not open its API"

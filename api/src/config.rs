@@ -5,7 +5,8 @@
 //! Unknown fields are errors (a typo must not silently fall back to a default), and every error
 //! carries the file's path.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
 use gpgpums::{HostId, HostKind, DEFAULT_POLICY};
@@ -209,6 +210,13 @@ pub struct HostsConfig {
     pub heartbeat_timeout_secs: u64,
     /// How often the reconciler runs.
     pub reconcile_interval_secs: u64,
+    /// Where gsaasd reaches each host's agent, by host name. The URL an agent reports about itself
+    /// is never used: gsaasd would otherwise send that host's tokens and route tables wherever an
+    /// agent pointed it.
+    pub agent_urls: BTreeMap<HostId, String>,
+    /// For hosts not in `agent_urls`: a URL with `{host}` standing for the host's name, e.g.
+    /// `https://{host}.gpu.example:7450` (with TLS, the agent must prove that name).
+    pub agent_url_template: Option<String>,
 }
 
 impl Default for HostsConfig {
@@ -217,8 +225,51 @@ impl Default for HostsConfig {
             backend: HostsBackend::InProcess,
             heartbeat_timeout_secs: 30,
             reconcile_interval_secs: 10,
+            agent_urls: BTreeMap::new(),
+            agent_url_template: None,
         }
     }
+}
+
+impl HostsConfig {
+    /// Where gsaasd reaches `host`'s agent, if an operator said so.
+    pub fn agent_url(&self, host: &HostId) -> Option<String> {
+        self.agent_urls.get(host).cloned().or_else(|| {
+            self.agent_url_template.as_ref().map(|t| t.replace("{host}", host.as_str()))
+        })
+    }
+
+    fn check(&self) -> Result<(), String> {
+        for (host, url) in &self.agent_urls {
+            check_agent_url(url).map_err(|why| format!("hosts.agent_urls.{host}: {why}"))?;
+        }
+        if let Some(template) = &self.agent_url_template {
+            if !template.contains("{host}") {
+                return Err("hosts.agent_url_template: must contain {host}".into());
+            }
+            check_agent_url(&template.replace("{host}", "host"))
+                .map_err(|why| format!("hosts.agent_url_template: {why}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Why `url` cannot be an agent's base URL: http(s), a host, nothing else.
+fn check_agent_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("{url:?} must be an http:// or https:// URL"));
+    }
+    if parsed.host().is_none() {
+        return Err(format!("{url:?} names no host"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(format!("{url:?} must not carry credentials"));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(format!("{url:?} must not have a query or fragment"));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -245,6 +296,46 @@ pub struct InventoryGpu {
 
 fn one() -> u32 {
     1
+}
+
+/// The rCUDA port of the GPU with `index` (one daemon per GPU, as agents number them).
+pub const INVENTORY_RCUDA_BASE_PORT: u16 = 8308;
+
+impl InventoryHost {
+    /// The GPUs, each with its index and rCUDA endpoint.
+    pub fn gpus(&self) -> impl Iterator<Item = (u32, &InventoryGpu, SocketAddrV4)> {
+        let address = self.gpu_network_address.unwrap_or(Ipv4Addr::LOCALHOST);
+        self.gpus
+            .iter()
+            .flat_map(|gpu| std::iter::repeat_n(gpu, gpu.count as usize))
+            .zip(0u32..)
+            .map(move |(gpu, index)| {
+                // At most MAX_GPUS_PER_HOST GPUs (checked at load): far below the last port.
+                let offset = u16::try_from(index).unwrap_or(u16::MAX);
+                let port = INVENTORY_RCUDA_BASE_PORT.saturating_add(offset);
+                (index, gpu, SocketAddrV4::new(address, port))
+            })
+    }
+
+    /// The checks an agent's report of the same host gets: sizes and routable endpoints.
+    fn check(&self, masked_range: Ipv4Cidr) -> Result<(), String> {
+        use rodvr_agent::protocol::{check_rcuda_endpoint, MAX_GPUS_PER_HOST, MAX_GPU_MEMORY_MIB};
+        let count: u64 = self.gpus.iter().map(|g| u64::from(g.count)).sum();
+        if count > MAX_GPUS_PER_HOST as u64 {
+            return Err(format!("more than {MAX_GPUS_PER_HOST} GPUs"));
+        }
+        for (_, gpu, rcuda) in self.gpus() {
+            if !(1..=MAX_GPU_MEMORY_MIB).contains(&gpu.memory_mib) {
+                return Err(format!("gpus: memory_mib must be between 1 and {MAX_GPU_MEMORY_MIB}"));
+            }
+            // Without an address the host is simulated (in-process agents): nothing is routed.
+            if self.gpu_network_address.is_some() {
+                check_rcuda_endpoint(rcuda, masked_range)
+                    .map_err(|why| format!("gpu_network_address: {why}"))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Config {
@@ -295,6 +386,7 @@ impl Config {
             }
             CloudConfig::Nova { .. } => {}
         }
+        self.hosts.check()?;
         for host in &self.inventory {
             if host.kind != HostKind::ComputeGpu && !host.gpus.is_empty() {
                 return Err(format!(
@@ -302,6 +394,8 @@ impl Config {
                     host.name, host.kind
                 ));
             }
+            host.check(self.masking.range)
+                .map_err(|why| format!("inventory: host {}: {why}", host.name))?;
         }
         Ok(())
     }

@@ -96,7 +96,9 @@ pub async fn start_with_sim(
             let agents = Arc::new(InProcessAgents::new(config.masking.range));
             (agents.clone(), Some(agents))
         }
-        HostsBackend::Agent => (Arc::new(RemoteAgents::new(keys.agent_signer())), None),
+        HostsBackend::Agent => {
+            (Arc::new(RemoteAgents::new(keys.agent_signer(), config.hosts.clone())), None)
+        }
     };
     let mut keystone = None;
     let (cloud, sim): (Arc<dyn Cloud>, Option<Arc<SimCloud>>) = match &config.cloud {

@@ -20,7 +20,7 @@ fn report(host: &str, kind: &str, gpus: usize) -> Value {
     json!({
         "host": host, "kind": kind, "agent_url": format!("http://{host}.invalid:7450"),
         "gpus": (0..gpus).map(|i| json!({
-            "id": format!("GPU-{host}-{i}"), "index": i, "model": "Tesla K20m", "memory_mib": 4800,
+            "id": format!("{host}:GPU-{i}"), "index": i, "model": "Tesla K20m", "memory_mib": 4800,
             "rcuda": {"address": "10.78.1.2", "port": 8308 + i, "gpu_number": 0}
         })).collect::<Vec<_>>(),
         "applied_generation": null
@@ -48,9 +48,11 @@ async fn totals(t: &TestService) -> Value {
 }
 
 async fn agents_register_heartbeat_and_only_for_their_own_host(store: Store) {
-    let t =
-        TestService::start_with(store, |c| c.hosts.backend = gsaasd::config::HostsBackend::Agent)
-            .await;
+    let t = TestService::start_with(store, |c| {
+        c.hosts.backend = gsaasd::config::HostsBackend::Agent;
+        c.hosts.agent_url_template = Some("http://{host}.invalid:7450".into());
+    })
+    .await;
     assert_eq!(totals(&t).await["gpus"], 0, "no inventory with real agents");
     let token = agent_token(&t, "gpu-a");
     let (status, host) = put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 2)).await;
@@ -83,6 +85,7 @@ async fn agents_register_heartbeat_and_only_for_their_own_host(store: Store) {
 async fn silent_hosts_become_unavailable_and_come_back(store: Store) {
     let t = TestService::start_with(store, |c| {
         c.hosts.backend = gsaasd::config::HostsBackend::Agent;
+        c.hosts.agent_url_template = Some("http://{host}.invalid:7450".into());
         c.hosts.heartbeat_timeout_secs = 0;
     })
     .await;

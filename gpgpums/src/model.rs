@@ -212,6 +212,8 @@ pub struct GpuUsage {
     /// Distinct VMs with a cGPU on this GPU.
     pub jobs: u32,
     pub rcuda: RcudaEndpoint,
+    /// Why the GPU takes no new cGPUs, when it is tainted.
+    pub taint: Option<String>,
 }
 
 /// What the pool holds on one host, for reports and checks.

@@ -56,6 +56,8 @@ struct HostEntry {
 struct GpuEntry {
     spec: GpuSpec,
     host: u32,
+    /// Why the GPU takes no new cGPUs (it keeps those it has); `None`: it takes them.
+    taint: Option<String>,
     used_mib: u64,
     exclusive: bool,
     cgpus: u32,
@@ -254,7 +256,8 @@ impl Pool {
         }
         let key = (host, spec.index);
         let at = self.gpus.partition_point(|g| (g.host, g.spec.index) < key);
-        let gpu = GpuEntry { spec, host, used_mib: 0, exclusive: false, cgpus: 0, jobs: 0 };
+        let gpu =
+            GpuEntry { spec, host, taint: None, used_mib: 0, exclusive: false, cgpus: 0, jobs: 0 };
         self.changes += 1;
         if at < self.gpus.len() {
             // Lands inside the pool order: every later slot moves.
@@ -321,6 +324,18 @@ impl Pool {
         Ok(())
     }
 
+    /// Taints a GPU with a reason, or untaints it (`None`): a tainted GPU keeps its cGPUs but
+    /// takes no new ones.
+    pub fn set_gpu_taint(&mut self, id: &GpuId, taint: Option<String>) -> Result<(), Error> {
+        let &slot = self
+            .gpu_by_id
+            .get(id)
+            .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
+        self.reindexing(&[slot], |pool| pool.gpus[slot as usize].taint = taint);
+        self.changes += 1;
+        Ok(())
+    }
+
     // ---- reports ----
 
     pub fn host_state(&self, id: &HostId) -> Option<HostState> {
@@ -342,6 +357,7 @@ impl Pool {
                 cgpus: g.cgpus,
                 jobs: g.jobs,
                 rcuda: g.spec.rcuda,
+                taint: g.taint.clone(),
             })
             .collect()
     }
@@ -657,10 +673,13 @@ impl Pool {
         }
     }
 
-    /// Whether the slot may take new cGPUs at all: its host is schedulable and the slot is not hidden.
+    /// Whether the slot may take new cGPUs at all: it is untainted, its host schedulable and the
+    /// slot not hidden.
     fn eligible(&self, slot: u32) -> bool {
         let gpu = &self.gpus[slot as usize];
-        self.hosts[gpu.host as usize].state == HostState::Schedulable && !self.masked[slot as usize]
+        gpu.taint.is_none()
+            && self.hosts[gpu.host as usize].state == HostState::Schedulable
+            && !self.masked[slot as usize]
     }
 
     fn index_into(&mut self, view: usize, slot: u32) {

@@ -280,6 +280,36 @@ fn drained_and_unavailable_hosts_take_no_new_cgpus() {
 }
 
 #[test]
+fn a_tainted_gpu_keeps_its_cgpus_and_takes_no_new_ones() {
+    let mut pool = Pool::new();
+    add_gpu_host(&mut pool, "a", &[8192, 8192]);
+    let vm = VmId::new_random();
+    assert_eq!(place(&mut pool, &Request::shared(1, 1024), "first-fit").unwrap(), [gpu("a", 0)]);
+    pool.place(vm, &Request::shared(1, 1024), "first-fit").unwrap();
+    pool.set_gpu_taint(&gpu("a", 0), Some("XID 79".into())).unwrap();
+    pool.audit().unwrap();
+    for policy in ["first-fit", "best-fit", "least-load-fit", "fewer-jobs-gpu", "fewer-jobs-node"] {
+        assert_eq!(
+            place(&mut pool, &Request::shared(1, 1024), policy).unwrap(),
+            [gpu("a", 1)],
+            "{policy}"
+        );
+    }
+    let usage = pool.gpu_usage();
+    assert_eq!((usage[0].cgpus, usage[0].taint.as_deref()), (2, Some("XID 79")));
+    // Exclusive and local requests skip it too; releasing from it still works.
+    assert!(matches!(
+        place(&mut pool, &Request::exclusive(2), "first-fit"),
+        Err(Error::InsufficientCapacity(_))
+    ));
+    assert!(pool.release(&vm).is_some());
+    pool.set_gpu_taint(&gpu("a", 0), None).unwrap();
+    let placed = place(&mut pool, &Request::shared(1, 1024), "least-load-fit").unwrap();
+    assert_eq!(placed, [gpu("a", 0)], "untainted, the emptiest GPU again");
+    assert!(pool.set_gpu_taint(&gpu("a", 9), None).is_err());
+}
+
+#[test]
 fn release_restores_exactly_and_is_idempotent() {
     let mut pool = Pool::new();
     paper_testbed(&mut pool);

@@ -38,6 +38,12 @@ enum Op {
         host: usize,
         state: HostState,
     },
+    /// Taint (`schedulable: false`) or untaint GPU `index` of a GPU host, if it has one.
+    Taint {
+        host: usize,
+        index: u32,
+        schedulable: bool,
+    },
     /// A new GPU on an existing compute-gpu host: appended to the pool order or inserted inside it.
     AddGpu {
         host: usize,
@@ -82,6 +88,7 @@ fn op(policies: usize) -> impl Strategy<Value = Op> {
         3 => (0u8..12).prop_map(|vm| Op::Release { vm }),
         1 => (0usize..6, state).prop_map(|(host, state)| Op::SetState { host, state }),
         1 => (0usize..4, prop::sample::select(vec![2048u64, 8192])).prop_map(|(host, memory_mib)| Op::AddGpu { host, memory_mib }),
+        1 => (0usize..4, 0u32..3, any::<bool>()).prop_map(|(host, index, schedulable)| Op::Taint { host, index, schedulable }),
     ]
 }
 
@@ -165,6 +172,17 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
             Op::SetState { host: h, state } => {
                 if let Some(name) = hosts.get(*h) {
                     pool.set_host_state(&host(name), *state).unwrap();
+                }
+                Outcome::State
+            }
+            Op::Taint { host: h, index, schedulable } => {
+                if gpus_per_host.get(*h).is_some_and(|count| index < count) {
+                    let id = gpgpums::GpuId::on_host(&host(&hosts[*h]), *index);
+                    let taint = (!*schedulable).then(|| "test".to_owned());
+                    pool.set_gpu_taint(&id, taint.clone()).unwrap();
+                    let usage = pool.gpu_usage();
+                    let gpu = usage.iter().find(|g| g.id == id).expect("the GPU");
+                    prop_assert_eq!(&gpu.taint, &taint);
                 }
                 Outcome::State
             }

@@ -1,14 +1,19 @@
 //! Controller-signed requests.
 //!
 //! Only the controller may change a host's routes, so every agent request carries an EdDSA
-//! (Ed25519) JWT signed by the controller for the audience `rodvr-agent`. The agent holds only the
-//! public key; a stolen agent config cannot mint tokens. [`TokenSigner`] is the controller's side,
-//! kept here so `gsaasd` and the tests sign exactly what [`TokenVerifier`] checks.
+//! (Ed25519) JWT signed by the controller for the audience `rodvr-agent` and for one host (the
+//! `host` claim). The agent holds only the public key, so a stolen agent config cannot mint tokens,
+//! and it refuses tokens made out to another host, so a token that reached one agent (a
+//! compromised host, an address gsaasd was misled to) opens no other host's routes. Tokens live a
+//! minute. [`TokenSigner`] is the controller's side, kept here so `gsaasd` and the tests sign
+//! exactly what [`TokenVerifier`] checks.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
+
+use gpgpums::ids::HostId;
 
 use crate::protocol::AGENT_AUDIENCE;
 
@@ -24,13 +29,16 @@ struct Claims {
     exp: u64,
     iat: u64,
     sub: String,
+    /// The one host whose agent accepts the token.
+    host: String,
 }
 
-/// Checks bearer tokens against the controller's public key.
+/// Checks bearer tokens against the controller's public key, for one host.
 #[derive(Clone)]
 pub struct TokenVerifier {
     key: DecodingKey,
     validation: Validation,
+    host: HostId,
 }
 
 impl std::fmt::Debug for TokenVerifier {
@@ -40,19 +48,21 @@ impl std::fmt::Debug for TokenVerifier {
 }
 
 impl TokenVerifier {
-    /// `pem` holds the controller's Ed25519 public key (`-----BEGIN PUBLIC KEY-----`).
-    pub fn from_public_pem(pem: &[u8]) -> Result<Self, KeyError> {
+    /// `pem` holds the controller's Ed25519 public key (`-----BEGIN PUBLIC KEY-----`); `host` is
+    /// the host this agent serves.
+    pub fn from_public_pem(pem: &[u8], host: HostId) -> Result<Self, KeyError> {
         let key = DecodingKey::from_ed_pem(pem).map_err(KeyError::BadPem)?;
         let mut validation = Validation::new(Algorithm::EdDSA);
         validation.set_audience(&[AGENT_AUDIENCE]);
         validation.set_required_spec_claims(&["exp", "aud"]);
         validation.leeway = 5;
-        Ok(Self { key, validation })
+        Ok(Self { key, validation, host })
     }
 
-    /// Whether `token` is a valid, unexpired controller token for agents.
+    /// Whether `token` is a valid, unexpired controller token for this host's agent.
     pub fn verify(&self, token: &str) -> bool {
-        jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).is_ok()
+        jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
+            .is_ok_and(|data| data.claims.host == self.host.as_str())
     }
 }
 
@@ -76,19 +86,20 @@ impl TokenSigner {
         Ok(Self { key, subject: subject.into() })
     }
 
-    /// A token for audience `rodvr-agent` valid for `ttl`.
-    pub fn sign(&self, ttl: Duration) -> String {
-        self.sign_for(AGENT_AUDIENCE, ttl)
+    /// A token for the agent of `host` (audience `rodvr-agent`), valid for `ttl`.
+    pub fn sign(&self, host: &HostId, ttl: Duration) -> String {
+        self.sign_for(AGENT_AUDIENCE, host, ttl)
     }
 
     /// A token for any audience; tests use it to check that other audiences are refused.
-    pub fn sign_for(&self, audience: &str, ttl: Duration) -> String {
+    pub fn sign_for(&self, audience: &str, host: &HostId, ttl: Duration) -> String {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         let claims = Claims {
             aud: audience.into(),
             iat: now,
-            exp: now + ttl.as_secs(),
+            exp: now.saturating_add(ttl.as_secs()),
             sub: self.subject.clone(),
+            host: host.to_string(),
         };
         jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &claims, &self.key)
             .expect("signing with a parsed Ed25519 key cannot fail")
@@ -109,31 +120,53 @@ pub(crate) fn test_key_pair(seed: u8) -> (String, String) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn only_controller_tokens_for_agents_verify() {
-        let (private, public) = test_key_pair(1);
-        let (other_private, _) = test_key_pair(2);
-        let verifier = TokenVerifier::from_public_pem(public.as_bytes()).unwrap();
-        let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
-        let ttl = Duration::from_secs(60);
-        assert!(verifier.verify(&signer.sign(ttl)));
-        assert!(!verifier.verify(&signer.sign_for("gsaasd", ttl)));
-        let impostor = TokenSigner::from_private_pem(other_private.as_bytes(), "gsaasd").unwrap();
-        assert!(!verifier.verify(&impostor.sign(ttl)));
-        assert!(!verifier.verify("not.a.token"));
-        assert!(TokenVerifier::from_public_pem(b"garbage").is_err());
+    fn host(name: &str) -> HostId {
+        HostId::new(name).unwrap()
     }
 
     #[test]
-    fn expired_tokens_are_refused() {
+    fn only_controller_tokens_for_this_hosts_agent_verify() {
+        let (private, public) = test_key_pair(1);
+        let (other_private, _) = test_key_pair(2);
+        let verifier = TokenVerifier::from_public_pem(public.as_bytes(), host("h1")).unwrap();
+        let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+        let ttl = Duration::from_secs(60);
+        assert!(verifier.verify(&signer.sign(&host("h1"), ttl)));
+        assert!(!verifier.verify(&signer.sign(&host("h2"), ttl)), "another host's token");
+        assert!(!verifier.verify(&signer.sign_for("gsaasd", &host("h1"), ttl)));
+        let impostor = TokenSigner::from_private_pem(other_private.as_bytes(), "gsaasd").unwrap();
+        assert!(!verifier.verify(&impostor.sign(&host("h1"), ttl)));
+        assert!(!verifier.verify("not.a.token"));
+        assert!(TokenVerifier::from_public_pem(b"garbage", host("h1")).is_err());
+    }
+
+    #[test]
+    fn expired_and_hostless_tokens_are_refused() {
         let (private, public) = test_key_pair(3);
-        let verifier = TokenVerifier::from_public_pem(public.as_bytes()).unwrap();
+        let verifier = TokenVerifier::from_public_pem(public.as_bytes(), host("h1")).unwrap();
         let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
-        let old =
-            Claims { aud: AGENT_AUDIENCE.into(), iat: now - 600, exp: now - 300, sub: "x".into() };
+        let old = Claims {
+            aud: AGENT_AUDIENCE.into(),
+            iat: now - 600,
+            exp: now - 300,
+            sub: "x".into(),
+            host: "h1".into(),
+        };
         let expired =
             jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &old, &signer.key).unwrap();
         assert!(!verifier.verify(&expired));
+        // A token from before tokens named their host opens no agent.
+        #[derive(Serialize)]
+        struct Hostless {
+            aud: &'static str,
+            iat: u64,
+            exp: u64,
+            sub: &'static str,
+        }
+        let hostless = Hostless { aud: AGENT_AUDIENCE, iat: now, exp: now + 60, sub: "gsaasd" };
+        let hostless =
+            jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &hostless, &signer.key).unwrap();
+        assert!(!verifier.verify(&hostless));
     }
 }

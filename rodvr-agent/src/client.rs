@@ -1,7 +1,7 @@
 //! Typed HTTP clients for both directions of the agent protocol.
 //!
 //! [`AgentClient`] is what the controller (`gsaasd`) uses to push tables, read them back and check
-//! health; it signs a short-lived token per request. [`ControllerClient`] is what the agent uses to
+//! health; it signs a short-lived token per request, made out to the one host it talks to. [`ControllerClient`] is what the agent uses to
 //! register and heartbeat; it presents the agent's own bearer token. Neither retries: the caller's
 //! reconciler or heartbeat loop is the retry.
 
@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use reqwest::{Method, RequestBuilder, Response};
 use serde::de::DeserializeOwned;
+
+use gpgpums::ids::HostId;
 
 use crate::auth::TokenSigner;
 use crate::protocol::{AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable};
@@ -21,7 +23,13 @@ pub enum ClientError {
     #[error("request to {url} failed")]
     Transport { url: String, source: reqwest::Error },
     #[error("{url} answered {status}: {message}")]
-    Status { url: String, status: u16, message: String },
+    Status {
+        url: String,
+        status: u16,
+        message: String,
+        /// The table entry at fault, when the agent named one.
+        entry: Option<String>,
+    },
 }
 
 impl ClientError {
@@ -32,6 +40,23 @@ impl ClientError {
             Self::Transport { .. } => None,
         }
     }
+
+    /// The entry the agent named as at fault (`routes[3].target`), if any.
+    pub fn entry(&self) -> Option<&str> {
+        match self {
+            Self::Status { entry, .. } => entry.as_deref(),
+            Self::Transport { .. } => None,
+        }
+    }
+}
+
+/// The error an answer with a non-2xx `status` carries.
+async fn status_error(url: String, status: reqwest::StatusCode, response: Response) -> ClientError {
+    let (message, entry) = match response.json::<ErrorBody>().await {
+        Ok(body) => (body.error, body.entry),
+        Err(_) => (status.canonical_reason().unwrap_or("error").to_owned(), None),
+    };
+    ClientError::Status { url, status: status.as_u16(), message, entry }
 }
 
 /// The HTTP client agents are called with. Building one is not free (with TLS compiled in, it
@@ -52,36 +77,39 @@ async fn send<T: DeserializeOwned>(url: String, request: RequestBuilder) -> Resu
     if status.is_success() {
         return response.json().await.map_err(transport);
     }
-    let message = match response.json::<ErrorBody>().await {
-        Ok(body) => body.error,
-        Err(_) => status.canonical_reason().unwrap_or("error").to_owned(),
-    };
-    Err(ClientError::Status { url, status: status.as_u16(), message })
+    Err(status_error(url, status, response).await)
 }
 
-/// The controller's client for one agent.
+/// The controller's client for one host's agent.
 #[derive(Debug, Clone)]
 pub struct AgentClient {
     http: reqwest::Client,
     base: String,
+    host: HostId,
     signer: TokenSigner,
 }
 
 impl AgentClient {
-    /// `base` is the agent URL it reported, e.g. `http://10.0.0.11:7450`.
-    pub fn new(base: impl Into<String>, signer: TokenSigner) -> Self {
-        Self::with_http(http_client(), base, signer)
+    /// `base` is where the agent of `host` is reached, e.g. `http://10.0.0.11:7450`.
+    pub fn new(base: impl Into<String>, host: HostId, signer: TokenSigner) -> Self {
+        Self::with_http(http_client(), base, host, signer)
     }
 
     /// Like [`AgentClient::new`], over an existing client (its connections are reused).
-    pub fn with_http(http: reqwest::Client, base: impl Into<String>, signer: TokenSigner) -> Self {
+    pub fn with_http(
+        http: reqwest::Client,
+        base: impl Into<String>,
+        host: HostId,
+        signer: TokenSigner,
+    ) -> Self {
         let base = base.into().trim_end_matches('/').to_owned();
-        Self { http, base, signer }
+        Self { http, base, host, signer }
     }
 
     fn request(&self, method: Method, path: &str) -> (String, RequestBuilder) {
         let url = format!("{}{path}", self.base);
-        let req = self.http.request(method, &url).bearer_auth(self.signer.sign(TOKEN_TTL));
+        let token = self.signer.sign(&self.host, TOKEN_TTL);
+        let req = self.http.request(method, &url).bearer_auth(token);
         (url, req)
     }
 
@@ -133,10 +161,6 @@ impl ControllerClient {
         if status.is_success() {
             return Ok(());
         }
-        let message = match response.json::<ErrorBody>().await {
-            Ok(body) => body.error,
-            Err(_) => status.canonical_reason().unwrap_or("error").to_owned(),
-        };
-        Err(ClientError::Status { url, status: status.as_u16(), message })
+        Err(status_error(url, status, response).await)
     }
 }

@@ -4,7 +4,8 @@
 //! time, so the agent builds and runs on hosts without it); otherwise the operator lists the GPUs in
 //! the config file. Both sit behind [`GpuDiscovery`]. Each GPU gets its own rCUDA daemon on
 //! `base_port + index`, so a VM always addresses its cGPU as device 0 and learns nothing about the
-//! host's GPU layout.
+//! host's GPU layout. A GPU's id is `<host>:<local id>` (the NVML UUID, the configured id, or
+//! `gpu<index>`): gsaasd accepts from each host only ids under its own name.
 
 use gpgpums::ids::{GpuId, HostId};
 
@@ -27,6 +28,8 @@ pub enum DiscoveryError {
     Nvml(#[source] nvml_wrapper::error::NvmlError),
     #[error("GPU id {id:?} is invalid")]
     BadId { id: String, source: gpgpums::ids::IdError },
+    #[error("GPU id {id:?} must be non-empty and hold no ':' (the host's name is put before it)")]
+    LocalId { id: String },
     #[error("GPU {index}'s rCUDA port {base} + {index} is above 65535")]
     PortOverflow { index: u32, base: u16 },
     #[error("GPUs were found but no [rcuda] address is configured")]
@@ -109,12 +112,13 @@ pub fn inventory(
         .into_iter()
         .map(|g| {
             let rcuda = rcuda.ok_or(DiscoveryError::NoRcudaAddress)?;
-            let id = match g.id {
-                Some(id) => {
-                    GpuId::new(id.clone()).map_err(|source| DiscoveryError::BadId { id, source })?
-                }
-                None => GpuId::on_host(host, g.index),
-            };
+            let local = g.id.unwrap_or_else(|| format!("gpu{}", g.index));
+            if local.is_empty() || local.contains(':') {
+                return Err(DiscoveryError::LocalId { id: local });
+            }
+            let id = format!("{host}:{local}");
+            let id =
+                GpuId::new(id.clone()).map_err(|source| DiscoveryError::BadId { id, source })?;
             let port = match g.rcuda_port {
                 Some(p) => p,
                 None => u16::try_from(u32::from(rcuda.base_port) + g.index).map_err(|_| {
@@ -167,7 +171,7 @@ mod tests {
         let rcuda = RcudaConfig { address: "10.232.0.2".parse().unwrap(), base_port: 8308 };
         let inv = inventory(&host, gpus.gpus().unwrap(), Some(&rcuda)).unwrap();
         assert_eq!(inv[0].id.as_str(), "cg0:gpu0");
-        assert_eq!(inv[1].id.as_str(), "GPU-1");
+        assert_eq!(inv[1].id.as_str(), "cg0:GPU-1");
         assert_eq!(inv[1].rcuda.socket_addr(), "10.232.0.2:8309".parse().unwrap());
         assert!(inv.iter().all(|g| g.rcuda.gpu_number == 0));
         assert_eq!(host_kind(&inv), HostKind::ComputeGpu);
@@ -176,5 +180,11 @@ mod tests {
             Err(DiscoveryError::NoRcudaAddress)
         ));
         assert_eq!(host_kind(&[]), HostKind::ComputeRgpu);
+        let colon =
+            ConfiguredGpus(vec![GpuConfig { id: Some("cg1:gpu0".into()), ..gpus.0[0].clone() }]);
+        assert!(matches!(
+            inventory(&host, colon.gpus().unwrap(), Some(&rcuda)),
+            Err(DiscoveryError::LocalId { .. })
+        ));
     }
 }

@@ -16,6 +16,7 @@ use rodvr_agent::client::ControllerClient;
 use rodvr_agent::config::{Config, ConfigError};
 use rodvr_agent::discovery::{default_discovery, host_kind, inventory, DiscoveryError};
 use rodvr_agent::firewall::{Dataplane, Firewall, NftFirewall};
+use rodvr_agent::protocol::InvalidEntry;
 use rodvr_agent::render::TableParams;
 use rodvr_agent::server::{log_error, router};
 use rodvr_agent::state::{Ledger, StateFileError};
@@ -34,6 +35,8 @@ enum StartError {
     Key { path: PathBuf, source: KeyError },
     #[error("GPU discovery failed")]
     Discovery(#[from] DiscoveryError),
+    #[error("the host's own report would be refused")]
+    Report(#[source] InvalidEntry),
     #[error("cannot listen on {addr}")]
     Bind { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("cannot start the async runtime")]
@@ -73,7 +76,7 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
     let key_path = config.controller_public_key.clone();
     let pem = std::fs::read(&key_path)
         .map_err(|source| StartError::ReadKey { path: key_path.clone(), source })?;
-    let verifier = TokenVerifier::from_public_pem(&pem)
+    let verifier = TokenVerifier::from_public_pem(&pem, config.host.clone())
         .map_err(|source| StartError::Key { path: key_path, source })?;
 
     let found = default_discovery(&config.gpus).gpus()?;
@@ -98,6 +101,7 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
     };
     let dataplane = Dataplane::new(NftFirewall::new(&config.nft_command), params);
     let agent = Arc::new(Agent::new(ledger, dataplane, facts));
+    agent.host_report().validate(config.masked_range).map_err(StartError::Report)?;
 
     reapply(&agent).await;
     println!("rodvr-agent listening on {bound}");

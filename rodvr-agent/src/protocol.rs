@@ -6,7 +6,7 @@
 //! restart. Validation lives here, next to the types, so both sides reject the same tables and name
 //! the offending entry the same way (`routes[3].masked: ...`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::str::FromStr;
@@ -16,6 +16,20 @@ use serde::{Deserialize, Serialize};
 
 /// Audience every controller-signed token for an agent must carry.
 pub const AGENT_AUDIENCE: &str = "rodvr-agent";
+
+/// The highest route-table generation either side accepts. The controller stores generations as
+/// signed 64-bit integers and adds one per push, so a generation must stay far below `i64::MAX`;
+/// 2^53 is also exact in every JSON parser. At a million pushes a second it lasts 285 years.
+pub const MAX_GENERATION: u64 = 1 << 53;
+
+/// Why a generation is out of range, naming the limit.
+pub fn check_generation(generation: u64) -> Result<(), String> {
+    if generation > MAX_GENERATION {
+        Err(format!("generation {generation} is above the maximum {MAX_GENERATION}"))
+    } else {
+        Ok(())
+    }
+}
 
 /// The complete set of masked routes a host must serve, at one generation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,6 +172,8 @@ fn check_ifname(name: &str) -> Result<(), String> {
 impl RouteTable {
     /// Checks every route; `masked_range` is the agent's configured range (`None`: no range check).
     pub fn validate(&self, masked_range: Option<Ipv4Cidr>) -> Result<(), InvalidEntry> {
+        check_generation(self.generation)
+            .map_err(|reason| InvalidEntry { entry: "generation".into(), reason })?;
         let mut seen: HashMap<(VmSource, SocketAddrV4), usize> = HashMap::new();
         for (i, route) in self.routes.iter().enumerate() {
             let bad = |field: &str, reason: String| InvalidEntry {
@@ -243,10 +259,15 @@ pub struct Health {
     pub applied_generation: Option<u64>,
 }
 
-/// The error body every non-2xx agent response carries.
+/// The error body every non-2xx agent response carries. It also reads gsaasd's problem documents
+/// (their `detail`), so an agent logs why the controller refused it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
+    #[serde(alias = "detail")]
     pub error: String,
+    /// The table entry at fault when a table is refused (`routes[3].target`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<String>,
 }
 
 /// The two kinds of host that run an agent (dissertation section 5.2.1).
@@ -292,6 +313,106 @@ pub struct RcudaEndpoint {
 impl RcudaEndpoint {
     pub fn socket_addr(&self) -> SocketAddrV4 {
         SocketAddrV4::new(self.address, self.port)
+    }
+}
+
+/// The most GPUs one host may report.
+pub const MAX_GPUS_PER_HOST: usize = 256;
+/// The most memory one GPU may report: 16 TiB.
+pub const MAX_GPU_MEMORY_MIB: u64 = 16 << 20;
+/// The highest device number an rCUDA daemon may give a GPU.
+pub const MAX_GPU_NUMBER: u32 = 1023;
+const MAX_MODEL_LEN: usize = 128;
+const MAX_URL_LEN: usize = 2048;
+
+/// Why `endpoint` cannot be a GPU's rCUDA server: the port must not be 0, and the address must be
+/// a unicast address of the GPU network, outside the masked range (VMs reach masked addresses
+/// only through routes, so a server there would be unreachable, and a route to it refused).
+pub fn check_rcuda_endpoint(endpoint: SocketAddrV4, masked_range: Ipv4Cidr) -> Result<(), String> {
+    let ip = *endpoint.ip();
+    if endpoint.port() == 0 {
+        return Err("port must be between 1 and 65535".into());
+    }
+    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
+        return Err(format!("{ip} is not a unicast address of the GPU network"));
+    }
+    if masked_range.contains(ip) {
+        return Err(format!("{ip} is inside the masked range {masked_range}"));
+    }
+    Ok(())
+}
+
+/// The host-local part of a GPU id, which must read `<host>:<local>` with no `:` in `<local>`:
+/// every host names only its own GPUs, and no two hosts can name the same one.
+pub fn gpu_local_id<'a>(host: &HostId, id: &'a GpuId) -> Result<&'a str, String> {
+    id.as_str()
+        .strip_prefix(host.as_str())
+        .and_then(|rest| rest.strip_prefix(':'))
+        .filter(|local| !local.is_empty() && !local.contains(':'))
+        .ok_or_else(|| format!("{id} is not one of host {host}'s GPU ids ({host}:<id>)"))
+}
+
+impl HostReport {
+    /// Checks a host's report before anything of it is believed: GPU ids under the host's name,
+    /// routable rCUDA endpoints (see [`check_rcuda_endpoint`]), and every number in range.
+    pub fn validate(&self, masked_range: Ipv4Cidr) -> Result<(), InvalidEntry> {
+        let bad = |entry: String, reason: String| InvalidEntry { entry, reason };
+        if let Some(generation) = self.applied_generation {
+            check_generation(generation).map_err(|r| bad("applied_generation".into(), r))?;
+        }
+        if self.agent_url.len() > MAX_URL_LEN {
+            return Err(bad("agent_url".into(), format!("longer than {MAX_URL_LEN} bytes")));
+        }
+        if self.kind == HostKind::ComputeRgpu && !self.gpus.is_empty() {
+            return Err(bad("gpus".into(), "a compute-rgpu host has no GPUs".into()));
+        }
+        if self.gpus.len() > MAX_GPUS_PER_HOST {
+            return Err(bad("gpus".into(), format!("more than {MAX_GPUS_PER_HOST} GPUs")));
+        }
+        let (mut ids, mut indexes) = (HashSet::new(), HashSet::new());
+        let mut endpoints: HashMap<(SocketAddrV4, u32), usize> = HashMap::new();
+        for (i, gpu) in self.gpus.iter().enumerate() {
+            let field = |name: &str| format!("gpus[{i}].{name}");
+            gpu_local_id(&self.host, &gpu.id).map_err(|r| bad(field("id"), r))?;
+            if !ids.insert(&gpu.id) {
+                return Err(bad(field("id"), format!("{} is listed twice", gpu.id)));
+            }
+            if !indexes.insert(gpu.index) {
+                return Err(bad(field("index"), format!("{} is listed twice", gpu.index)));
+            }
+            if gpu.model.is_empty()
+                || gpu.model.len() > MAX_MODEL_LEN
+                || gpu.model.chars().any(char::is_control)
+            {
+                return Err(bad(
+                    field("model"),
+                    format!("must be 1 to {MAX_MODEL_LEN} bytes of printable text"),
+                ));
+            }
+            if !(1..=MAX_GPU_MEMORY_MIB).contains(&gpu.memory_mib) {
+                return Err(bad(
+                    field("memory_mib"),
+                    format!("must be between 1 and {MAX_GPU_MEMORY_MIB}"),
+                ));
+            }
+            let endpoint = gpu.rcuda.socket_addr();
+            check_rcuda_endpoint(endpoint, masked_range).map_err(|r| bad(field("rcuda"), r))?;
+            if gpu.rcuda.gpu_number > MAX_GPU_NUMBER {
+                return Err(bad(
+                    field("rcuda.gpu_number"),
+                    format!("must be at most {MAX_GPU_NUMBER}"),
+                ));
+            }
+            let served = (endpoint, gpu.rcuda.gpu_number);
+            if let Some(first) = endpoints.get(&served) {
+                return Err(bad(
+                    field("rcuda"),
+                    format!("{endpoint} device {} is already gpus[{first}]'s", served.1),
+                ));
+            }
+            endpoints.insert(served, i);
+        }
+        Ok(())
     }
 }
 
@@ -344,6 +465,14 @@ mod tests {
 
         t.routes[1] = Route { vm_ip: None, vm_tap: Some("tap/../x".into()), ..ok };
         assert_eq!(t.validate(range).unwrap_err().entry, "routes[1].vm_tap");
+
+        t.routes.truncate(1);
+        t.generation = MAX_GENERATION;
+        assert_eq!(t.validate(range), Ok(()));
+        for generation in [MAX_GENERATION + 1, i64::MAX as u64 + 1, u64::MAX] {
+            t.generation = generation;
+            assert_eq!(t.validate(range).unwrap_err().entry, "generation");
+        }
     }
 
     #[test]
@@ -356,6 +485,70 @@ mod tests {
             ],
         };
         assert_eq!(t.validate(None), Ok(()));
+    }
+
+    fn report(gpus: usize) -> HostReport {
+        HostReport {
+            host: HostId::new("cg0").unwrap(),
+            kind: HostKind::ComputeGpu,
+            agent_url: "http://10.0.0.11:7450".into(),
+            gpus: (0..gpus as u32)
+                .map(|index| GpuReport {
+                    id: GpuId::new(format!("cg0:GPU-{index}")).unwrap(),
+                    index,
+                    model: "Tesla K20m".into(),
+                    memory_mib: 4800,
+                    rcuda: RcudaEndpoint {
+                        address: "10.78.1.2".parse().unwrap(),
+                        port: 8308 + index as u16,
+                        gpu_number: 0,
+                    },
+                })
+                .collect(),
+            applied_generation: Some(3),
+        }
+    }
+
+    #[test]
+    fn host_reports_are_checked_entry_by_entry() {
+        let range: Ipv4Cidr = "100.127.0.0/16".parse().unwrap();
+        assert_eq!(report(2).validate(range), Ok(()));
+        let refused = |change: &dyn Fn(&mut HostReport)| {
+            let mut r = report(2);
+            change(&mut r);
+            r.validate(range).expect_err("a bad report passed")
+        };
+        let entry = |change: &dyn Fn(&mut HostReport)| refused(change).entry;
+        // Another host's GPU, a GPU id without the host, or one that could be two hosts'.
+        for id in ["gpu2:gpu0", "GPU-1", "cg0:", "cg0:a:b", "cg01:x"] {
+            let id = GpuId::new(id).unwrap();
+            assert_eq!(entry(&|r| r.gpus[1].id = id.clone()), "gpus[1].id", "{id}");
+        }
+        assert_eq!(entry(&|r| r.gpus[1].id = r.gpus[0].id.clone()), "gpus[1].id");
+        assert_eq!(entry(&|r| r.gpus[1].index = 0), "gpus[1].index");
+        // rCUDA endpoints a route could not reach.
+        let why = refused(&|r| r.gpus[0].rcuda.port = 0).reason;
+        assert!(why.contains("port"), "{why}");
+        for address in ["100.127.0.9", "0.0.0.0", "255.255.255.255", "224.0.0.1", "127.0.0.1"] {
+            let address = address.parse().unwrap();
+            assert_eq!(entry(&|r| r.gpus[0].rcuda.address = address), "gpus[0].rcuda");
+        }
+        let why = refused(&|r| r.gpus[0].rcuda.address = "100.127.3.3".parse().unwrap()).reason;
+        assert!(why.contains("masked range"), "{why}");
+        assert_eq!(entry(&|r| r.gpus[1].rcuda = r.gpus[0].rcuda), "gpus[1].rcuda");
+        // Huge and hostile values.
+        assert_eq!(entry(&|r| r.applied_generation = Some(u64::MAX)), "applied_generation");
+        assert_eq!(entry(&|r| r.gpus[0].memory_mib = 0), "gpus[0].memory_mib");
+        assert_eq!(entry(&|r| r.gpus[0].memory_mib = u64::MAX), "gpus[0].memory_mib");
+        assert_eq!(entry(&|r| r.gpus[0].rcuda.gpu_number = u32::MAX), "gpus[0].rcuda.gpu_number");
+        assert_eq!(entry(&|r| r.gpus[0].model = "x".repeat(4096)), "gpus[0].model");
+        assert_eq!(entry(&|r| r.gpus[0].model = "K20\n\u{1b}[2J".into()), "gpus[0].model");
+        assert_eq!(entry(&|r| r.agent_url = "x".repeat(1 << 20)), "agent_url");
+        let many = report(MAX_GPUS_PER_HOST + 1);
+        assert_eq!(many.validate(range).unwrap_err().entry, "gpus");
+        let mut rgpu = report(1);
+        rgpu.kind = HostKind::ComputeRgpu;
+        assert_eq!(rgpu.validate(range).unwrap_err().entry, "gpus");
     }
 
     #[test]

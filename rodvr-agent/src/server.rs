@@ -47,7 +47,11 @@ impl IntoResponse for AgentError {
         if status.is_server_error() {
             log_error("request failed", &self);
         }
-        (status, Json(ErrorBody { error: message })).into_response()
+        let entry = match &self {
+            Self::Invalid(invalid) => Some(invalid.entry.clone()),
+            _ => None,
+        };
+        (status, Json(ErrorBody { error: message, entry })).into_response()
     }
 }
 

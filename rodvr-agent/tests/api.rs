@@ -36,8 +36,19 @@ fn new_agent(state: &TempDir) -> Arc<Agent<MemoryFirewall>> {
     Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params()), facts))
 }
 
+fn crg0() -> HostId {
+    HostId::new("crg0").unwrap()
+}
+
+/// A client for the agent of host crg0, signing with the controller key `private`.
+fn client_for(addr: SocketAddr, private: &str) -> AgentClient {
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    AgentClient::new(format!("http://{addr}"), crg0(), signer)
+}
+
 async fn serve(agent: Arc<Agent<MemoryFirewall>>, public_pem: &str) -> SocketAddr {
-    let verifier = Arc::new(TokenVerifier::from_public_pem(public_pem.as_bytes()).unwrap());
+    let verifier = TokenVerifier::from_public_pem(public_pem.as_bytes(), crg0()).unwrap();
+    let verifier = Arc::new(verifier);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = rodvr_agent::server::router(agent, verifier);
@@ -77,13 +88,23 @@ async fn only_the_controller_changes_anything() {
 
     let forged = TokenSigner::from_private_pem(impostor.as_bytes(), "x").unwrap();
     let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
-    let wrong_audience = signer.sign_for("gsaasd", Duration::from_secs(60));
-    for auth in [None, Some(forged.sign(Duration::from_secs(60))), Some(wrong_audience)] {
+    let minute = Duration::from_secs(60);
+    let wrong_audience = signer.sign_for("gsaasd", &crg0(), minute);
+    // A genuine controller token, but made out to another host's agent: what a compromised host
+    // (or an address gsaasd was misled to) would replay here.
+    let other_host = signer.sign(&HostId::new("crg1").unwrap(), minute);
+    let forged = forged.sign(&crg0(), minute);
+    for auth in [None, Some(forged), Some(wrong_audience), Some(other_host)] {
         let mut req = http.put(&url).json(&table(1));
         if let Some(token) = &auth {
             req = req.bearer_auth(token);
         }
         assert_eq!(req.send().await.unwrap().status(), 401, "token {auth:?}");
+        let mut req = http.get(format!("http://{addr}/v1/routes"));
+        if let Some(token) = &auth {
+            req = req.bearer_auth(token);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 401, "read-back with token {auth:?}");
         let resp = http.get(format!("http://{addr}/v1/health")).send().await.unwrap();
         assert_eq!(resp.status(), 401);
     }
@@ -91,7 +112,7 @@ async fn only_the_controller_changes_anything() {
     assert!(agent.state().desired.is_none());
     assert!(!state.path().join("routes.json").exists());
 
-    let client = AgentClient::new(format!("http://{addr}"), signer);
+    let client = AgentClient::new(format!("http://{addr}"), crg0(), signer);
     assert_eq!(client.put_routes(&table(1)).await.unwrap().outcome, ApplyOutcome::Applied);
     assert_eq!(client.health().await.unwrap().applied_generation, Some(1));
 }
@@ -103,7 +124,7 @@ async fn bad_tables_and_stale_generations_change_nothing() {
     let agent = new_agent(&state);
     let addr = serve(agent.clone(), &public).await;
     let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
-    let client = AgentClient::new(format!("http://{addr}"), signer.clone());
+    let client = client_for(addr, &private);
 
     assert_eq!(client.put_routes(&table(5)).await.unwrap().outcome, ApplyOutcome::Applied);
     assert_eq!(client.put_routes(&table(5)).await.unwrap().outcome, ApplyOutcome::Unchanged);
@@ -123,7 +144,7 @@ async fn bad_tables_and_stale_generations_change_nothing() {
         "vm_ip": "10.0.0.2", "masked": "100.127.0.1:9000", "target": "10.1.0.2:65536"}]}"#;
     let resp = reqwest::Client::new()
         .put(format!("http://{addr}/v1/routes"))
-        .bearer_auth(signer.sign(Duration::from_secs(60)))
+        .bearer_auth(signer.sign(&crg0(), Duration::from_secs(60)))
         .header("content-type", "application/json")
         .body(raw)
         .send()
@@ -162,10 +183,7 @@ async fn a_restarted_agent_restores_its_table_from_the_state_file() {
     let (private, public) = key_pair(14);
     let first = new_agent(&state);
     let addr = serve(first, &public).await;
-    let client = AgentClient::new(
-        format!("http://{addr}"),
-        TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
-    );
+    let client = client_for(addr, &private);
     client.put_routes(&table(3)).await.unwrap();
 
     let second = new_agent(&state);
@@ -225,10 +243,7 @@ async fn metrics_parse_and_count_applies_and_refusals_without_a_token() {
     let (private, public) = key_pair(21);
     let agent = new_agent(&state);
     let addr = serve(agent.clone(), &public).await;
-    let client = AgentClient::new(
-        format!("http://{addr}"),
-        TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
-    );
+    let client = client_for(addr, &private);
     client.put_routes(&table(3)).await.unwrap();
     assert!(client.put_routes(&table(2)).await.is_err(), "an older generation is refused");
 

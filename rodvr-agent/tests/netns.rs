@@ -21,7 +21,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use axum::Json;
-use gpgpums::ids::VmId;
+use gpgpums::ids::{HostId, VmId};
 use rodvr_agent::auth::TokenSigner;
 use rodvr_agent::client::AgentClient;
 use rodvr_agent::protocol::{HostKind, HostReport, Route, RouteTable};
@@ -269,7 +269,8 @@ fn masked_routes_on_the_real_kernel() {
     let (config, private) = write_agent_config(&dir, "crg0", 21, "");
     let mut agent = AgentProcess::start(&t.ch, &config);
     let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
-    let client = AgentClient::new(&agent.url, signer.clone());
+    let crg0 = HostId::new("crg0").unwrap();
+    let client = AgentClient::new(&agent.url, crg0.clone(), signer.clone());
 
     let vm1_route = route(1, Some("10.231.1.2"), None, "100.127.0.1:9000", "10.232.0.2:8308");
     let vm2_route = route(2, None, Some("tap2"), "100.127.0.1:9001", "10.232.0.2:8309");
@@ -314,7 +315,7 @@ fn masked_routes_on_the_real_kernel() {
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some("decoy 10.231.1.2".into()));
     let agent = AgentProcess::start(&t.ch, &config);
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0));
-    let client = AgentClient::new(&agent.url, signer);
+    let client = AgentClient::new(&agent.url, crg0, signer);
     let back = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
     assert_eq!(back.applied_generation, Some(3));
 
@@ -367,6 +368,7 @@ memory_mib = 1024
     assert_eq!(report.gpus.len(), 2);
     let client = AgentClient::new(
         &agent.url,
+        HostId::new("cg0").unwrap(),
         TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
     );
     let host = with_client(&gh, &client, async |c| c.host().await.unwrap());
@@ -472,6 +474,7 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
     let agent = AgentProcess::start(&t.ch, &config);
     let client = AgentClient::new(
         &agent.url,
+        HostId::new("crg1").unwrap(),
         TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
     );
     let table = RouteTable {

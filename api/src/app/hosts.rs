@@ -11,6 +11,7 @@
 //! pushes to many hosts at once cost a few statements, not a few per host.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use super::batch::{fail_all, Queued};
 use super::pool::BoxFuture;
 use super::App;
 use crate::agents::AgentError;
-use crate::config::InventoryHost;
+use crate::config::{HostsBackend, InventoryHost};
 use crate::db::{self, now_ms, RoutedCgpu};
 use crate::error::Error;
 use crate::metrics::inc;
@@ -37,14 +38,15 @@ pub struct Registration {
 }
 
 impl Registration {
-    pub fn from_report(report: &HostReport) -> Registration {
+    /// A report (already validated) of a host whose agent gsaasd reaches at `agent_url`.
+    pub fn from_report(report: &HostReport, agent_url: Option<String>) -> Registration {
         Registration {
             name: report.host.clone(),
             kind: match report.kind {
                 AgentHostKind::ComputeGpu => HostKind::ComputeGpu,
                 AgentHostKind::ComputeRgpu => HostKind::ComputeRgpu,
             },
-            agent_url: Some(report.agent_url.clone()),
+            agent_url,
             gpus: report
                 .gpus
                 .iter()
@@ -64,28 +66,58 @@ impl Registration {
 
     /// An inventory entry; its GPUs are served by one rCUDA daemon each on 8308 + index.
     pub fn from_inventory(host: &InventoryHost) -> Registration {
-        let address = host.gpu_network_address.unwrap_or(std::net::Ipv4Addr::LOCALHOST);
-        let mut gpus = Vec::new();
-        for gpu in &host.gpus {
-            for _ in 0..gpu.count {
-                let index = gpus.len() as u32;
-                gpus.push(GpuRecord {
-                    id: GpuId::on_host(&host.name, index),
-                    host: host.name.clone(),
-                    index,
-                    model: gpu.model.clone(),
-                    memory_mib: gpu.memory_mib,
-                    rcuda_address: address,
-                    rcuda_port: 8308 + index as u16,
-                    rcuda_gpu_number: 0,
-                });
-            }
-        }
+        let gpus = host
+            .gpus()
+            .map(|(index, gpu, rcuda)| GpuRecord {
+                id: GpuId::on_host(&host.name, index),
+                host: host.name.clone(),
+                index,
+                model: gpu.model.clone(),
+                memory_mib: gpu.memory_mib,
+                rcuda_address: *rcuda.ip(),
+                rcuda_port: rcuda.port(),
+                rcuda_gpu_number: 0,
+            })
+            .collect();
         Registration { name: host.name.clone(), kind: host.kind, agent_url: None, gpus }
     }
 }
 
 impl App {
+    /// Registers a host from its agent's (or an admin's) report, or records its heartbeat.
+    ///
+    /// Nothing in the report is believed before it passes [`HostReport::validate`]. The agent's
+    /// own URL is not believed at all: with real agents a host must have a URL in gsaasd's config
+    /// (`hosts.agent_urls` or `hosts.agent_url_template`), or it is refused.
+    pub async fn register_report(&self, report: &HostReport) -> Result<HostRecord, Error> {
+        report
+            .validate(self.config.masking.range)
+            .map_err(|e| Error::invalid(e.entry, e.reason))?;
+        let agent_url = match self.config.hosts.backend {
+            HostsBackend::InProcess => None,
+            HostsBackend::Agent => {
+                Some(self.config.hosts.agent_url(&report.host).ok_or_else(|| {
+                    Error::Conflict(format!(
+                        "gsaasd's config gives no URL for the agent of host {}: an operator sets \
+                     hosts.agent_urls or hosts.agent_url_template",
+                        report.host
+                    ))
+                })?)
+            }
+        };
+        let drifted = {
+            let mut conn = self.db.conn().await?;
+            db::host(&mut conn, &report.host)
+                .await?
+                .is_some_and(|h| report.applied_generation.unwrap_or(0) != h.applied_generation)
+        };
+        let host = self.register_host(Registration::from_report(report, agent_url)).await?;
+        if drifted {
+            self.trigger_reconcile();
+        }
+        Ok(host)
+    }
+
     /// Registers a host or records its heartbeat. New GPUs join the pool; GPUs the host no longer
     /// reports leave it when unused (a GPU still backing cGPUs stays until they are released). A host
     /// that was unavailable becomes schedulable again, unless an operator drained it.
@@ -294,6 +326,7 @@ impl App {
                 (record, RouteTable { generation, routes })
             };
             let generation = table.generation;
+            let targets: Vec<SocketAddrV4> = table.routes.iter().map(|r| r.target).collect();
             inc(&self.metrics.route_pushes);
             let outcome = tokio::time::timeout(timeout, self.agents.apply(&record, table)).await;
             match outcome {
@@ -315,6 +348,16 @@ impl App {
                     db::raise_routes_generation(&mut tx, host, applied).await?;
                     tx.commit().await?;
                 }
+                Ok(Err(AgentError::Refused { reason, entry: Some(entry), .. })) => {
+                    inc(&self.metrics.route_push_failures);
+                    if let Some(target) = refused_target(&entry, &targets) {
+                        self.taint_refused_target(host, target, &reason).await?;
+                    }
+                    return Err(Error::unavailable(
+                        "host agent",
+                        format!("host {host} refused its routes at {entry}: {reason}"),
+                    ));
+                }
                 Ok(Err(e)) => {
                     inc(&self.metrics.route_push_failures);
                     return Err(Error::unavailable("host agent", e));
@@ -333,6 +376,33 @@ impl App {
             "host agent",
             format!("host {host} keeps holding a newer route table"),
         ))
+    }
+}
+
+/// The rCUDA endpoint of the route an agent named as at fault, if it named a route's target.
+fn refused_target(entry: &str, targets: &[SocketAddrV4]) -> Option<SocketAddrV4> {
+    let index = entry.strip_prefix("routes[")?.strip_suffix("].target")?;
+    targets.get(index.parse::<usize>().ok()?).copied()
+}
+
+impl App {
+    /// Taints the GPU served at `target`, which the agent of `host` refused to route to.
+    async fn taint_refused_target(
+        &self,
+        host: &HostId,
+        target: SocketAddrV4,
+        reason: &str,
+    ) -> Result<(), Error> {
+        let gpu = {
+            let mut conn = self.db.conn().await?;
+            db::gpu_serving(&mut conn, target).await?
+        };
+        if let Some(gpu) = gpu {
+            tracing::warn!(%gpu, %host, reason, "an agent refused routes to a GPU; tainting it");
+            let taint = format!("the agent of host {host} refused routes to it: {reason}");
+            self.set_gpu_taint(&gpu, Some(taint)).await?;
+        }
+        Ok(())
     }
 }
 

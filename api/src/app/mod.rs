@@ -8,11 +8,13 @@
 //! - [`vms`]: launch and terminate, as requests.
 //! - [`saga`]: the launch/terminate saga that runs after the request returns, resumable after a crash.
 //! - [`hosts`]: host registration, heartbeats, drain, route tables pushed to agents.
+//! - [`gpus`]: GPU taints, by admins or after an agent refused routes to a GPU.
 //! - [`reconciler`]: the background loop that converges what drifted.
 //! - [`watch`]: waiting for a VM to settle (long-polling).
 
 pub mod batch;
 pub mod bookings;
+pub mod gpus;
 pub mod hosts;
 pub mod pool;
 pub mod reconciler;

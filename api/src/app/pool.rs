@@ -90,6 +90,9 @@ async fn load(tx: &mut WriteTx) -> Result<Pool, Error> {
     for gpu in &gpus {
         pool.add_gpu(gpu.spec())?;
     }
+    for (gpu, taint) in db::gpu_taints(tx).await? {
+        pool.set_gpu_taint(&gpu, Some(taint))?;
+    }
     for (vm, cgpus) in db::all_cgpus(tx).await? {
         let placement = Placement {
             vm,

@@ -15,12 +15,11 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use gpgpums::{HostId, VmId};
+use gpgpums::{GpuId, HostId, VmId};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use utoipa::OpenApi;
 
-use crate::app::hosts::Registration;
 use crate::app::vms::LaunchInput;
 use crate::app::App;
 use crate::auth::{Caller, Role};
@@ -94,6 +93,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/hosts/{name}", put(register_host))
         .route("/v1/hosts/{name}/drain", post(drain_host))
         .route("/v1/hosts/{name}/undrain", post(undrain_host))
+        .route("/v1/gpus/{id}/taint", post(taint_gpu))
+        .route("/v1/gpus/{id}/untaint", post(untaint_gpu))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -269,18 +270,7 @@ async fn register_host(
             format!("{} does not match the path's host {name}", report.host),
         ));
     }
-    let drifted = {
-        let hosts = app.hosts().await?;
-        hosts
-            .iter()
-            .find(|h| h.name == report.host)
-            .is_some_and(|h| report.applied_generation.unwrap_or(0) != h.applied_generation)
-    };
-    let host = app.register_host(Registration::from_report(&report)).await?;
-    if drifted {
-        app.trigger_reconcile();
-    }
-    Ok(Json(HostView::from(&host)))
+    Ok(Json(HostView::from(&app.register_report(&report).await?)))
 }
 
 /// Drain a host: no new cGPUs there (admins).
@@ -309,6 +299,52 @@ async fn undrain_host(
 ) -> Result<Json<HostView>, Error> {
     caller.require_admin()?;
     Ok(Json(HostView::from(&app.set_drained(&host_id(&name)?, false).await?)))
+}
+
+fn gpu_id(raw: &str) -> Result<GpuId, Error> {
+    GpuId::new(raw).map_err(|_| Error::NotFound { kind: "GPU", id: raw.to_owned() })
+}
+
+/// Taint a GPU: it keeps its cGPUs and takes no new ones (admins).
+#[utoipa::path(post, path = "/v1/gpus/{id}/taint", tag = "gpus",
+    params(("id" = String, Path, description = "The GPU's id")),
+    request_body = TaintRequest,
+    responses((status = 200, body = GpuTaintView), (status = 401, body = Problem),
+        (status = 404, body = Problem), (status = 422, body = Problem)),
+    security(("bearer" = [])))]
+async fn taint_gpu(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Body(request): Body<TaintRequest>,
+) -> Result<Json<GpuTaintView>, Error> {
+    caller.require_admin()?;
+    let gpu = gpu_id(&id)?;
+    let reason = request.reason.trim();
+    if reason.is_empty() || reason.len() > crate::app::gpus::MAX_TAINT_LEN {
+        return Err(Error::invalid(
+            "reason",
+            format!("must be 1 to {} bytes", crate::app::gpus::MAX_TAINT_LEN),
+        ));
+    }
+    let taint = format!("{}: {reason}", caller.subject);
+    app.set_gpu_taint(&gpu, Some(taint.clone())).await?;
+    Ok(Json(GpuTaintView { id, taint: Some(taint) }))
+}
+
+/// Untaint a GPU: it takes new cGPUs again (admins).
+#[utoipa::path(post, path = "/v1/gpus/{id}/untaint", tag = "gpus",
+    params(("id" = String, Path, description = "The GPU's id")),
+    responses((status = 200, body = GpuTaintView), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn untaint_gpu(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<GpuTaintView>, Error> {
+    caller.require_admin()?;
+    app.set_gpu_taint(&gpu_id(&id)?, None).await?;
+    Ok(Json(GpuTaintView { id, taint: None }))
 }
 
 /// Liveness: the process serves requests.
@@ -370,9 +406,9 @@ impl utoipa::Modify for BearerAuth {
 #[openapi(
     info(title = "GSaaS", description = "GPU scheduling as a service: cGPU-enabled VMs for OpenStack."),
     paths(launch_vm, list_vms, get_vm, terminate_vm, get_pool, list_hosts, register_host, drain_host,
-        undrain_host, healthz, readyz, metrics, openapi_json),
+        undrain_host, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
     components(schemas(Problem, LaunchRequest, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
-        PoolHostView, GpuView, HostView, HostList, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
+        PoolHostView, GpuView, HostView, HostList, TaintRequest, GpuTaintView, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
         ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
     modifiers(&BearerAuth),
 )]

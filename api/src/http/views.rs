@@ -235,6 +235,24 @@ pub struct GpuView {
     pub rcuda_endpoint: String,
     /// VMs with cGPUs here, and how many each.
     pub vms: BTreeMap<String, u32>,
+    /// Why the GPU takes no new cGPUs, when it is tainted.
+    pub taint: Option<String>,
+}
+
+/// `POST /v1/gpus/{id}/taint`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaintRequest {
+    /// Why the GPU must take no new cGPUs (kept with the admin's name).
+    pub reason: String,
+}
+
+/// A GPU's taint after a taint or untaint.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct GpuTaintView {
+    pub id: String,
+    /// The reason given, or `null` when the GPU takes cGPUs again.
+    pub taint: Option<String>,
 }
 
 /// One host's share of the pool (admins only).
@@ -306,6 +324,7 @@ impl PoolView {
                         jobs: g.jobs,
                         rcuda_endpoint: format!("{}:{}", g.rcuda.address, g.rcuda.port),
                         vms: holders.get(&g.id).cloned().unwrap_or_default(),
+                        taint: g.taint.clone(),
                     })
                     .collect(),
             })

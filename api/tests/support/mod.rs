@@ -2,6 +2,7 @@
 //! cloud at zero delay and in-process agents unless a test says otherwise.
 #![allow(dead_code)]
 
+pub mod agents;
 pub mod openstack;
 pub mod postgres;
 

@@ -1,0 +1,107 @@
+//! GPUs: each host's inventory, as its agent or the config reported it.
+
+use std::net::SocketAddrV4;
+
+use gpgpums::{GpuId, HostId};
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
+
+use super::corrupt;
+use crate::error::Error;
+use crate::model::*;
+
+fn gpu_from_row(row: &AnyRow) -> Result<GpuRecord, Error> {
+    let id: String = row.try_get("id")?;
+    let host: String = row.try_get("host")?;
+    let address: String = row.try_get("rcuda_address")?;
+    Ok(GpuRecord {
+        id: GpuId::new(&id).map_err(|_| corrupt("GPU id", &id))?,
+        host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
+        index: row.try_get::<i64, _>("idx")? as u32,
+        model: row.try_get("model")?,
+        memory_mib: row.try_get::<i64, _>("memory_mib")? as u64,
+        rcuda_address: address.parse().map_err(|_| corrupt("rCUDA address", &address))?,
+        rcuda_port: row.try_get::<i64, _>("rcuda_port")? as u16,
+        rcuda_gpu_number: row.try_get::<i64, _>("rcuda_gpu_number")? as u32,
+    })
+}
+
+const GPU_COLUMNS: &str =
+    "g.id, g.host, g.idx, g.model, g.memory_mib, g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number";
+
+/// Every GPU, in pool order.
+pub async fn gpus(conn: &mut AnyConnection) -> Result<Vec<GpuRecord>, Error> {
+    let rows = sqlx::query(&format!(
+        "SELECT {GPU_COLUMNS} FROM gpus g JOIN hosts h ON h.name = g.host ORDER BY h.seq, g.idx"
+    ))
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(gpu_from_row).collect()
+}
+
+pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, rcuda_gpu_number) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(gpu.id.as_str())
+    .bind(gpu.host.as_str())
+    .bind(i64::from(gpu.index))
+    .bind(&gpu.model)
+    .bind(gpu.memory_mib as i64)
+    .bind(gpu.rcuda_address.to_string())
+    .bind(i64::from(gpu.rcuda_port))
+    .bind(i64::from(gpu.rcuda_gpu_number))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn delete_gpu(conn: &mut AnyConnection, id: &GpuId) -> Result<(), Error> {
+    sqlx::query("DELETE FROM gpus WHERE id = $1").bind(id.as_str()).execute(conn).await?;
+    Ok(())
+}
+
+/// Every tainted GPU, with why.
+pub async fn gpu_taints(conn: &mut AnyConnection) -> Result<Vec<(GpuId, String)>, Error> {
+    let rows =
+        sqlx::query("SELECT id, taint FROM gpus WHERE taint IS NOT NULL").fetch_all(conn).await?;
+    rows.iter()
+        .map(|row| {
+            let id: String = row.try_get(0)?;
+            Ok((GpuId::new(&id).map_err(|_| corrupt("GPU id", &id))?, row.try_get(1)?))
+        })
+        .collect()
+}
+
+/// Taints a GPU with a reason, or untaints it (`None`). False when there is no such GPU.
+pub async fn set_gpu_taint(
+    conn: &mut AnyConnection,
+    id: &GpuId,
+    taint: Option<&str>,
+) -> Result<bool, Error> {
+    let updated = sqlx::query("UPDATE gpus SET taint = $1 WHERE id = $2")
+        .bind(taint)
+        .bind(id.as_str())
+        .execute(conn)
+        .await?
+        .rows_affected();
+    Ok(updated == 1)
+}
+
+/// The GPU whose rCUDA server is at `endpoint`, if one is.
+pub async fn gpu_serving(
+    conn: &mut AnyConnection,
+    endpoint: SocketAddrV4,
+) -> Result<Option<GpuId>, Error> {
+    let row = sqlx::query("SELECT id FROM gpus WHERE rcuda_address = $1 AND rcuda_port = $2")
+        .bind(endpoint.ip().to_string())
+        .bind(i64::from(endpoint.port()))
+        .fetch_optional(conn)
+        .await?;
+    row.map(|row| {
+        let id: String = row.try_get(0)?;
+        GpuId::new(&id).map_err(|_| corrupt("GPU id", &id))
+    })
+    .transpose()
+}

@@ -1,0 +1,154 @@
+//! Hosts: registration, state, and the generations of their route tables.
+
+use gpgpums::{HostId, HostKind, HostState};
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
+
+use super::{corrupt, fetch_batched, keys, Param, MAX_ROWS};
+use crate::error::Error;
+use crate::model::*;
+
+fn host_from_row(row: &AnyRow) -> Result<HostRecord, Error> {
+    let name: String = row.try_get("name")?;
+    let kind: String = row.try_get("kind")?;
+    let state: String = row.try_get("state")?;
+    Ok(HostRecord {
+        name: HostId::new(&name).map_err(|_| corrupt("host name", &name))?,
+        seq: row.try_get("seq")?,
+        kind: parse_host_kind(&kind).ok_or_else(|| corrupt("host kind", &kind))?,
+        state: parse_host_state(&state).ok_or_else(|| corrupt("host state", &state))?,
+        drained: row.try_get::<i64, _>("drained")? != 0,
+        agent_url: row.try_get("agent_url")?,
+        last_seen_ms: row.try_get("last_seen_ms")?,
+        routes_generation: generation(row, "routes_generation")?,
+        applied_generation: generation(row, "applied_generation")?,
+    })
+}
+
+fn generation(row: &AnyRow, column: &str) -> Result<u64, Error> {
+    let stored: i64 = row.try_get(column)?;
+    u64::try_from(stored).map_err(|_| corrupt(column, &stored.to_string()))
+}
+
+const HOST_COLUMNS: &str =
+    "name, seq, kind, state, drained, agent_url, last_seen_ms, routes_generation, applied_generation";
+
+pub async fn hosts(conn: &mut AnyConnection) -> Result<Vec<HostRecord>, Error> {
+    let rows = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts ORDER BY seq"))
+        .fetch_all(conn)
+        .await?;
+    rows.iter().map(host_from_row).collect()
+}
+
+pub async fn host(conn: &mut AnyConnection, name: &HostId) -> Result<Option<HostRecord>, Error> {
+    let row = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts WHERE name = $1"))
+        .bind(name.as_str())
+        .fetch_optional(conn)
+        .await?;
+    row.as_ref().map(host_from_row).transpose()
+}
+
+pub async fn insert_host(
+    conn: &mut AnyConnection,
+    name: &HostId,
+    kind: HostKind,
+    agent_url: Option<&str>,
+    now: i64,
+) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT INTO hosts (name, seq, kind, state, drained, agent_url, last_seen_ms) \
+         VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM hosts), $2, 'schedulable', 0, $3, $4)",
+    )
+    .bind(name.as_str())
+    .bind(kind.as_str())
+    .bind(agent_url)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn touch_host(
+    conn: &mut AnyConnection,
+    name: &HostId,
+    agent_url: Option<&str>,
+    now: i64,
+) -> Result<(), Error> {
+    sqlx::query("UPDATE hosts SET agent_url = $1, last_seen_ms = $2 WHERE name = $3")
+        .bind(agent_url)
+        .bind(now)
+        .bind(name.as_str())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn set_host_state(
+    conn: &mut AnyConnection,
+    name: &HostId,
+    state: HostState,
+    drained: bool,
+) -> Result<(), Error> {
+    sqlx::query("UPDATE hosts SET state = $1, drained = $2 WHERE name = $3")
+        .bind(host_state_str(state))
+        .bind(i64::from(drained))
+        .bind(name.as_str())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Starts a new generation of each host's table; returns the hosts as of it (`routes_generation`
+/// is the new generation). Unknown hosts are left out.
+pub async fn next_routes_generations(
+    conn: &mut AnyConnection,
+    hosts: &[HostId],
+) -> Result<Vec<HostRecord>, Error> {
+    let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
+        format!(
+            "UPDATE hosts SET routes_generation = routes_generation + 1 \
+             WHERE name IN (VALUES {values}) RETURNING {HOST_COLUMNS}"
+        )
+    })
+    .await?;
+    rows.iter().map(host_from_row).collect()
+}
+
+/// Moves the host's table generation past `generation` (an agent holds a newer one than we know).
+pub async fn raise_routes_generation(
+    conn: &mut AnyConnection,
+    name: &HostId,
+    generation: u64,
+) -> Result<(), Error> {
+    rodvr_agent::protocol::check_generation(generation).map_err(Error::internal)?;
+    sqlx::query(
+        "UPDATE hosts SET routes_generation = $1 WHERE name = $2 AND routes_generation < $1",
+    )
+    .bind(generation as i64)
+    .bind(name.as_str())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Records the generation each host's agent confirmed (never moving one back).
+pub async fn set_applied_generations(
+    conn: &mut AnyConnection,
+    applied: &[(HostId, u64)],
+) -> Result<(), Error> {
+    let rows = applied
+        .iter()
+        .map(|(host, generation)| {
+            vec![Param::text(host.as_str()), Param::Int(Some(*generation as i64))]
+        })
+        .collect();
+    fetch_batched(conn, rows, MAX_ROWS, |values| {
+        format!(
+            "WITH v (name, generation) AS (VALUES {values}) \
+             UPDATE hosts SET applied_generation = v.generation FROM v \
+             WHERE hosts.name = v.name AND hosts.applied_generation < v.generation"
+        )
+    })
+    .await?;
+    Ok(())
+}

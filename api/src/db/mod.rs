@@ -1,0 +1,353 @@
+//! The datastore: SQLite (embedded default) or PostgreSQL (several replicas), through one set of
+//! portable queries over sqlx's `Any` driver.
+//!
+//! On SQLite one connection serves every read and write of the process. A SQLite connection drops
+//! its whole page cache whenever another connection has committed, so with a commit every
+//! millisecond separate reader connections read cold pages (a `pread` per page) and take file
+//! locks for every read; the one connection keeps its cache warm, and writers queue for it instead
+//! of failing with SQLITE_BUSY. Reads are batched ([`crate::app`]), so serializing them costs
+//! little, and a 2-core machine gains nothing from parallel readers. On PostgreSQL a pool serves
+//! side by side and row locks order writers. Queries are plain functions over a connection
+//! ([`Db::conn`], or a transaction from [`Db::begin`]) so the application layer composes them
+//! inside one transaction.
+
+mod cgpus;
+mod gpus;
+mod hosts;
+mod vms;
+
+pub use cgpus::*;
+pub use gpus::*;
+pub use hosts::*;
+pub use vms::*;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow, AnyTransactionManager};
+use sqlx::{AnyConnection, AnyPool, Connection, Row, TransactionManager};
+
+use crate::error::Error;
+
+/// The migrations, in order, embedded so the binary carries its schema.
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "init", include_str!("../../../migrations/0001_init.sql")),
+    (2, "pending_indexes", include_str!("../../../migrations/0002_pending_indexes.sql")),
+    (
+        3,
+        "drop_unused_vm_indexes",
+        include_str!("../../../migrations/0003_drop_unused_vm_indexes.sql"),
+    ),
+    (4, "gpu_taints", include_str!("../../../migrations/0004_gpu_taints.sql")),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Debug, Clone)]
+pub struct Db {
+    conns: Conns,
+    backend: Backend,
+}
+
+#[derive(Debug, Clone)]
+enum Conns {
+    /// PostgreSQL: connections side by side.
+    Pool(AnyPool),
+    /// SQLite: the process's one connection (see the module docs), held directly rather than in a
+    /// pool of one: a pool pings every connection given back to it, a round trip to SQLite's worker
+    /// thread for every checkout.
+    One(Arc<tokio::sync::Mutex<AnyConnection>>),
+}
+
+/// A connection of the process, held until dropped.
+#[derive(Debug)]
+pub enum Conn {
+    Pooled(sqlx::pool::PoolConnection<sqlx::Any>),
+    One(tokio::sync::OwnedMutexGuard<AnyConnection>),
+}
+
+impl std::ops::Deref for Conn {
+    type Target = AnyConnection;
+    fn deref(&self) -> &AnyConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::One(conn) => conn,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::One(conn) => conn,
+        }
+    }
+}
+
+/// A write transaction; dropped uncommitted, it is rolled back (as sqlx's `Transaction` is: the
+/// rollback is queued on the connection ahead of its next use).
+#[derive(Debug)]
+pub struct WriteTx {
+    conn: Conn,
+    open: bool,
+}
+
+impl WriteTx {
+    pub async fn commit(mut self) -> Result<(), Error> {
+        AnyTransactionManager::commit(&mut self.conn).await?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if self.open {
+            AnyTransactionManager::start_rollback(&mut self.conn);
+        }
+    }
+}
+
+impl std::ops::Deref for WriteTx {
+    type Target = AnyConnection;
+    fn deref(&self) -> &AnyConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut AnyConnection {
+        &mut self.conn
+    }
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+impl Db {
+    /// Connects and brings the schema up to date.
+    pub async fn connect(url: &str) -> Result<Db, Error> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(Error::invalid("database_url", "must start with sqlite: or postgres:"));
+        };
+        if backend == Backend::Sqlite {
+            create_sqlite_dir(url);
+        }
+        let options: AnyConnectOptions = url.parse().map_err(|e| {
+            Error::unavailable("database", Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+        })?;
+        let conns = match backend {
+            Backend::Sqlite => {
+                let mut conn = AnyConnection::connect_with(&options)
+                    .await
+                    .map_err(|e| Error::unavailable("database", e))?;
+                for pragma in [
+                    "PRAGMA journal_mode = WAL",
+                    "PRAGMA synchronous = NORMAL",
+                    "PRAGMA busy_timeout = 10000",
+                    "PRAGMA foreign_keys = ON",
+                ] {
+                    sqlx::query(pragma)
+                        .execute(&mut conn)
+                        .await
+                        .map_err(|e| Error::unavailable("database", e))?;
+                }
+                Conns::One(Arc::new(tokio::sync::Mutex::new(conn)))
+            }
+            Backend::Postgres => Conns::Pool(
+                AnyPoolOptions::new()
+                    // A ping per checkout doubles the round trips of a one-query read; a broken
+                    // connection surfaces as an error of the query instead, and the pool
+                    // replaces it.
+                    .test_before_acquire(false)
+                    .max_connections(16)
+                    .connect_with(options)
+                    .await
+                    .map_err(|e| Error::unavailable("database", e))?,
+            ),
+        };
+        let db = Db { conns, backend };
+        db.migrate().await?;
+        Ok(db)
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// A connection: SQLite's one, or one of PostgreSQL's pool. A single write statement is atomic
+    /// by itself (autocommit) and saves the BEGIN and COMMIT round trips of a [`WriteTx`].
+    pub async fn conn(&self) -> Result<Conn, Error> {
+        Ok(match &self.conns {
+            Conns::Pool(pool) => Conn::Pooled(pool.acquire().await?),
+            Conns::One(conn) => Conn::One(conn.clone().lock_owned().await),
+        })
+    }
+
+    pub async fn begin(&self) -> Result<WriteTx, Error> {
+        let mut conn = self.conn().await?;
+        AnyTransactionManager::begin(&mut conn, None).await?;
+        Ok(WriteTx { conn, open: true })
+    }
+
+    async fn migrate(&self) -> Result<(), Error> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS schema_migrations \
+             (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ms BIGINT NOT NULL)",
+        )
+        .execute(&mut *self.conn().await?)
+        .await?;
+        for &(version, name, sql) in MIGRATIONS {
+            let mut tx = self.begin().await?;
+            let inserted = sqlx::query(
+                "INSERT INTO schema_migrations (version, name, applied_ms) VALUES ($1, $2, $3) \
+                 ON CONFLICT (version) DO NOTHING",
+            )
+            .bind(version)
+            .bind(name)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if inserted == 1 {
+                sqlx::raw_sql(sql).execute(&mut *tx).await?;
+                tx.commit().await?;
+                tracing::info!(version, name, "applied migration");
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn ping(&self) -> Result<(), Error> {
+        let mut conn = self.conn().await?;
+        sqlx::query("SELECT 1")
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| Error::unavailable("database", e))?;
+        Ok(())
+    }
+}
+
+fn create_sqlite_dir(url: &str) {
+    let path = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+    let path = path.split('?').next().unwrap_or(path);
+    if let Some(dir) = std::path::Path::new(path).parent() {
+        if !dir.as_os_str().is_empty() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+    }
+}
+
+fn corrupt(what: &str, value: &str) -> Error {
+    Error::internal(format!("stored {what} {value:?} is not valid"))
+}
+
+// ---- pool generation ----
+
+/// Bumps the pool generation; the first statement of every transaction that changes bookings or
+/// inventory. Returns the new generation.
+pub async fn bump_generation(conn: &mut AnyConnection) -> Result<i64, Error> {
+    let row = sqlx::query(
+        "UPDATE pool_state SET generation = generation + 1 WHERE id = 1 RETURNING generation",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(row.try_get::<i64, _>(0)?)
+}
+// Batched statements. Group commit (`app::batch`) writes many VMs per statement; every batched
+// statement takes its rows from a `VALUES` list (`WITH v (...) AS (VALUES ...)`, or
+// `IN (VALUES ...)` for keys), which SQLite and PostgreSQL read alike and whose length PostgreSQL's
+// planner knows (it then looks rows up by index). See `fetch_batched`.
+
+/// The most rows one batched statement carries (bind parameters stay far below both databases'
+/// limits).
+const MAX_ROWS: usize = 64;
+
+/// One bind parameter of a batched statement.
+#[derive(Debug, Clone)]
+enum Param {
+    Text(Option<String>),
+    Int(Option<i64>),
+}
+
+impl Param {
+    fn text(value: impl Into<String>) -> Param {
+        Param::Text(Some(value.into()))
+    }
+
+    /// A NULL of the same type: padding rows.
+    fn null_like(&self) -> Param {
+        match self {
+            Param::Text(_) => Param::Text(None),
+            Param::Int(_) => Param::Int(None),
+        }
+    }
+}
+
+/// `rows` tuples of `columns` placeholders: `($1, $2), ($3, $4)`, or `(?, ?), (?, ?)` on SQLite,
+/// where numbered parameters cost a lookup each that grows with their count.
+fn placeholders(conn: &AnyConnection, rows: usize, columns: usize) -> String {
+    let sqlite = conn.backend_name() == "SQLite";
+    let mut out = String::with_capacity(rows * columns * 5);
+    for row in 0..rows {
+        out.push_str(if row == 0 { "(" } else { ", (" });
+        for column in 0..columns {
+            if column > 0 {
+                out.push_str(", ");
+            }
+            if sqlite {
+                out.push('?');
+            } else {
+                out.push_str(&format!("${}", row * columns + column + 1));
+            }
+        }
+        out.push(')');
+    }
+    out
+}
+
+/// Runs `sql(values)` once per `chunk` rows and returns every row it answers: `values` is the
+/// chunk's `(?, ?), (?, ?)` list, padded to a power of two with rows of NULLs (which match
+/// nothing), so a statement comes in a few shapes that the statement caches keep prepared. The
+/// rows must all have the same shape.
+async fn fetch_batched(
+    conn: &mut AnyConnection,
+    rows: Vec<Vec<Param>>,
+    chunk: usize,
+    sql: impl Fn(&str) -> String,
+) -> Result<Vec<AnyRow>, sqlx::Error> {
+    let mut answered = Vec::new();
+    for chunk in rows.chunks(chunk) {
+        let padding: Vec<Param> = chunk[0].iter().map(Param::null_like).collect();
+        let padded_len = chunk.len().next_power_of_two();
+        let sql = sql(&placeholders(conn, padded_len, padding.len()));
+        let mut query: AnyQuery<'_> = sqlx::query(&sql);
+        let padding_rows = std::iter::repeat_n(&padding, padded_len - chunk.len());
+        for param in chunk.iter().chain(padding_rows).flatten() {
+            query = match param {
+                Param::Text(text) => query.bind(text.clone()),
+                Param::Int(int) => query.bind(*int),
+            };
+        }
+        answered.extend(query.fetch_all(&mut *conn).await?);
+    }
+    Ok(answered)
+}
+
+/// The rows of a batch keyed by one text column each.
+fn keys<'a>(keys: impl Iterator<Item = &'a str>) -> Vec<Vec<Param>> {
+    keys.map(|key| vec![Param::text(key)]).collect()
+}
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;

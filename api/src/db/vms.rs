@@ -1,0 +1,356 @@
+//! VMs: the launch records, their saga's progress and lease, and the batched writes of both.
+
+use gpgpums::{HostId, VmId};
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Row};
+
+use super::cgpus::{cgpu_from_row_at, CGPU_COLUMNS};
+use super::{corrupt, fetch_batched, keys, Param, MAX_ROWS};
+use crate::cloud::ServerId;
+use crate::error::Error;
+use crate::model::*;
+
+/// A VM's columns, read by position (see [`vm_from_row`]); `v.` names them in joins.
+const VM_COLUMNS: &str = "v.id, v.project, v.owner, v.name, v.request, v.policy, v.state, v.error, v.step, \
+    v.server_id, v.host, v.fixed_ip, v.tap, v.routes_on, v.timings, v.created_ms, v.updated_ms, v.version";
+const VM_COLUMN_COUNT: usize = 18;
+
+fn vm_from_row(row: &AnyRow) -> Result<VmRecord, Error> {
+    let id: String = row.try_get(0)?;
+    let request: String = row.try_get(4)?;
+    let state: String = row.try_get(6)?;
+    let step: String = row.try_get(8)?;
+    let host: Option<String> = row.try_get(10)?;
+    let fixed_ip: Option<String> = row.try_get(11)?;
+    let timings: String = row.try_get(14)?;
+    Ok(VmRecord {
+        id: id.parse().map_err(|_| corrupt("VM id", &id))?,
+        project: row.try_get(1)?,
+        owner: row.try_get(2)?,
+        name: row.try_get(3)?,
+        spec: serde_json::from_str(&request).map_err(|_| corrupt("launch request", &request))?,
+        policy: row.try_get(5)?,
+        state: VmState::parse(&state).ok_or_else(|| corrupt("VM state", &state))?,
+        error: row.try_get(7)?,
+        step: SagaStep::parse(&step).ok_or_else(|| corrupt("saga step", &step))?,
+        server_id: row.try_get::<Option<String>, _>(9)?.map(ServerId),
+        host: host.map(|h| HostId::new(&h).map_err(|_| corrupt("host name", &h))).transpose()?,
+        fixed_ip: fixed_ip
+            .map(|ip| ip.parse().map_err(|_| corrupt("fixed IP", &ip)))
+            .transpose()?,
+        tap: row.try_get(12)?,
+        routes_on: row.try_get::<i64, _>(13)? != 0,
+        timings: serde_json::from_str(&timings).map_err(|_| corrupt("timings", &timings))?,
+        created_ms: row.try_get(15)?,
+        updated_ms: row.try_get(16)?,
+        version: row.try_get(17)?,
+    })
+}
+
+/// Rows of VMs joined with their cGPUs (none: NULL cGPU columns), grouped back into VMs in order.
+fn vms_with_cgpus_from_rows(rows: &[AnyRow]) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
+    let mut out: Vec<(VmRecord, Vec<CgpuRecord>)> = Vec::new();
+    for row in rows {
+        let id: String = row.try_get(0)?;
+        if out.last().is_none_or(|(vm, _)| vm.id.to_string() != id) {
+            out.push((vm_from_row(row)?, Vec::new()));
+        }
+        if row.try_get::<Option<String>, _>(VM_COLUMN_COUNT)?.is_some() {
+            let cgpu = cgpu_from_row_at(row, VM_COLUMN_COUNT)?;
+            out.last_mut().expect("pushed above").1.push(cgpu);
+        }
+    }
+    Ok(out)
+}
+
+const VMS_WITH_CGPUS: &str =
+    "FROM vms v LEFT JOIN cgpus c ON c.vm = v.id LEFT JOIN gpus g ON g.id = c.gpu";
+
+/// VMs and their cGPUs, in one query per [`MAX_ROWS`] ids; unknown ids are left out.
+pub async fn vms_with_cgpus_by_id(
+    conn: &mut AnyConnection,
+    ids: &[VmId],
+) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
+    let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+    let rows = fetch_batched(conn, keys(ids.iter().map(String::as_str)), MAX_ROWS, |values| {
+        format!(
+            "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.id IN (VALUES {values}) \
+             ORDER BY v.id, c.idx"
+        )
+    })
+    .await?;
+    vms_with_cgpus_from_rows(&rows)
+}
+
+/// A project's VMs (all projects' for `None`) with their cGPUs, newest first, deleted ones left
+/// out, in one query.
+pub async fn vms_with_cgpus(
+    conn: &mut AnyConnection,
+    project: Option<&str>,
+) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
+    let order = "ORDER BY v.created_ms DESC, v.id, c.idx";
+    let rows = match project {
+        Some(project) => {
+            sqlx::query(&format!(
+                "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} \
+                 WHERE v.project = $1 AND v.state <> 'deleted' {order}"
+            ))
+            .bind(project)
+            .fetch_all(conn)
+            .await?
+        }
+        None => {
+            sqlx::query(&format!(
+                "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.state <> 'deleted' {order}"
+            ))
+            .fetch_all(conn)
+            .await?
+        }
+    };
+    vms_with_cgpus_from_rows(&rows)
+}
+
+#[derive(Debug)]
+pub struct NewVm<'a> {
+    pub record: &'a VmRecord,
+    pub idempotency_key: Option<&'a str>,
+    pub request_digest: Option<&'a str>,
+    pub saga_owner: &'a str,
+    pub lease_until_ms: i64,
+}
+
+const NEW_VM_COLUMNS: &str =
+    "id, project, owner, name, request, policy, state, error, step, timings, \
+    idempotency_key, request_digest, saga_owner, saga_lease_until_ms, created_ms, updated_ms";
+
+/// Inserts new VMs (no server, host or routes yet).
+pub async fn insert_vms(conn: &mut AnyConnection, new: &[NewVm<'_>]) -> Result<(), Error> {
+    let rows = new
+        .iter()
+        .map(|new| {
+            let vm = new.record;
+            vec![
+                Param::text(vm.id.to_string()),
+                Param::text(&vm.project),
+                Param::text(&vm.owner),
+                Param::text(&vm.name),
+                Param::text(serde_json::to_string(&vm.spec).expect("spec serializes")),
+                Param::text(&vm.policy),
+                Param::text(vm.state.as_str()),
+                Param::Text(vm.error.clone()),
+                Param::text(vm.step.as_str()),
+                Param::text(serde_json::to_string(&vm.timings).expect("timings serialize")),
+                Param::Text(new.idempotency_key.map(str::to_owned)),
+                Param::Text(new.request_digest.map(str::to_owned)),
+                Param::text(new.saga_owner),
+                Param::Int(Some(new.lease_until_ms)),
+                Param::Int(Some(vm.created_ms)),
+                Param::Int(Some(vm.updated_ms)),
+            ]
+        })
+        .collect();
+    fetch_batched(conn, rows, MAX_ROWS, |values| {
+        format!(
+            "WITH v ({NEW_VM_COLUMNS}) AS (VALUES {values}) \
+             INSERT INTO vms ({NEW_VM_COLUMNS}) SELECT {NEW_VM_COLUMNS} FROM v WHERE id IS NOT NULL"
+        )
+    })
+    .await
+    .map_err(|e| match &e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => {
+            Error::Conflict("a VM with this Idempotency-Key already exists".into())
+        }
+        _ => Error::from(e),
+    })?;
+    Ok(())
+}
+
+/// A saga's claim: who takes it, now, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub owner: String,
+    pub now_ms: i64,
+    pub until_ms: i64,
+}
+
+/// One conditional write of a VM (see [`update_vms`]).
+#[derive(Debug, Clone)]
+pub struct VmWrite {
+    /// The VM as it is to be; written only if the stored version is still `vm.version`.
+    pub vm: VmRecord,
+    /// Also take the VM's saga, unless another live owner holds it (as [`claim_saga`]).
+    pub claim: Option<Claim>,
+}
+
+/// How a [`VmWrite`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Somebody changed the VM since it was read: nothing written.
+    Stale,
+    /// Written; `claimed` tells whether the write's claim was taken.
+    Done { claimed: bool },
+}
+
+const VM_WRITE_COLUMNS: &str =
+    "id, version, state, error, step, server_id, host, fixed_ip, tap, routes_on, \
+    timings, updated_ms, claim_owner, claim_now, claim_until";
+
+/// Writes everything the saga changes about each VM, if nobody else changed it since it was read,
+/// in one statement per [`MAX_ROWS`] writes. Written records get their new version. Writing the
+/// end of a saga (step `done`) also releases its lease. The ids must be distinct.
+pub async fn update_vms(
+    conn: &mut AnyConnection,
+    writes: &mut [VmWrite],
+) -> Result<Vec<Written>, Error> {
+    debug_assert!(
+        writes.iter().map(|w| w.vm.id).collect::<std::collections::HashSet<_>>().len()
+            == writes.len(),
+        "one write per VM and statement"
+    );
+    // The CASEs read the row as it was before this UPDATE.
+    const CLAIMABLE: &str = "v.claim_owner IS NOT NULL AND (vms.saga_owner IS NULL \
+        OR vms.saga_owner = v.claim_owner OR vms.saga_lease_until_ms < v.claim_now)";
+    let rows = writes
+        .iter()
+        .map(|write| {
+            let vm = &write.vm;
+            let claim = write.claim.as_ref();
+            vec![
+                Param::text(vm.id.to_string()),
+                Param::Int(Some(vm.version)),
+                Param::text(vm.state.as_str()),
+                Param::Text(vm.error.clone()),
+                Param::text(vm.step.as_str()),
+                Param::Text(vm.server_id.as_ref().map(|s| s.0.clone())),
+                Param::Text(vm.host.as_ref().map(|h| h.to_string())),
+                Param::Text(vm.fixed_ip.map(|ip| ip.to_string())),
+                Param::Text(vm.tap.clone()),
+                Param::Int(Some(i64::from(vm.routes_on))),
+                Param::text(serde_json::to_string(&vm.timings).expect("timings serialize")),
+                Param::Int(Some(vm.updated_ms)),
+                Param::Text(claim.map(|c| c.owner.clone())),
+                Param::Int(claim.map(|c| c.now_ms)),
+                Param::Int(claim.map(|c| c.until_ms)),
+            ]
+        })
+        .collect();
+    let answered = fetch_batched(conn, rows, MAX_ROWS, |values| {
+        format!(
+            "WITH v ({VM_WRITE_COLUMNS}) AS (VALUES {values}) \
+             UPDATE vms SET state = v.state, error = v.error, step = v.step, server_id = v.server_id, \
+             host = v.host, fixed_ip = v.fixed_ip, tap = v.tap, routes_on = v.routes_on, \
+             timings = v.timings, updated_ms = v.updated_ms, version = vms.version + 1, \
+             saga_owner = CASE WHEN {CLAIMABLE} THEN v.claim_owner ELSE vms.saga_owner END, \
+             saga_lease_until_ms = CASE WHEN v.step = 'done' THEN 0 \
+                 WHEN {CLAIMABLE} THEN v.claim_until ELSE vms.saga_lease_until_ms END \
+             FROM v WHERE vms.id = v.id AND vms.version = v.version \
+             RETURNING vms.id, vms.saga_owner"
+        )
+    })
+    .await?;
+    let mut owners = std::collections::HashMap::new();
+    for row in answered {
+        let id: String = row.try_get(0)?;
+        let owner: Option<String> = row.try_get(1)?;
+        owners.insert(id, owner);
+    }
+    Ok(writes
+        .iter_mut()
+        .map(|write| match owners.get(&write.vm.id.to_string()) {
+            None => Written::Stale,
+            Some(owner) => {
+                write.vm.version += 1;
+                let claimed = write
+                    .claim
+                    .as_ref()
+                    .is_some_and(|c| owner.as_deref() == Some(c.owner.as_str()));
+                Written::Done { claimed }
+            }
+        })
+        .collect())
+}
+
+pub async fn vm(conn: &mut AnyConnection, id: VmId) -> Result<Option<VmRecord>, Error> {
+    let row = sqlx::query(&format!("SELECT {VM_COLUMNS} FROM vms v WHERE id = $1"))
+        .bind(id.to_string())
+        .fetch_optional(conn)
+        .await?;
+    row.as_ref().map(vm_from_row).transpose()
+}
+
+/// How many VMs are in each state.
+pub async fn vm_state_counts(conn: &mut AnyConnection) -> Result<Vec<(String, i64)>, Error> {
+    let rows =
+        sqlx::query("SELECT state, COUNT(*) FROM vms GROUP BY state").fetch_all(conn).await?;
+    rows.iter().map(|row| Ok((row.try_get::<String, _>(0)?, row.try_get::<i64, _>(1)?))).collect()
+}
+
+/// The VM a project launched with `key`, and the digest of that launch's request.
+pub async fn vm_by_idempotency_key(
+    conn: &mut AnyConnection,
+    project: &str,
+    key: &str,
+) -> Result<Option<(VmId, String)>, Error> {
+    let row = sqlx::query(
+        "SELECT id, request_digest FROM vms WHERE project = $1 AND idempotency_key = $2",
+    )
+    .bind(project)
+    .bind(key)
+    .fetch_optional(conn)
+    .await?;
+    match row {
+        None => Ok(None),
+        Some(row) => {
+            let id: String = row.try_get(0)?;
+            let digest: Option<String> = row.try_get(1)?;
+            Ok(Some((id.parse().map_err(|_| corrupt("VM id", &id))?, digest.unwrap_or_default())))
+        }
+    }
+}
+
+/// VMs whose saga has work left and whose lease (if any) has run out, for recovery.
+pub async fn sagas_to_resume(conn: &mut AnyConnection, now: i64) -> Result<Vec<VmId>, Error> {
+    let rows = sqlx::query(
+        "SELECT id FROM vms WHERE step <> 'done' AND saga_lease_until_ms < $1 ORDER BY created_ms",
+    )
+    .bind(now)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let id: String = row.try_get(0)?;
+            id.parse().map_err(|_| corrupt("VM id", &id))
+        })
+        .collect()
+}
+
+/// Takes the saga of `vm` for `owner` until `until_ms`, unless another live owner holds it.
+pub async fn claim_saga(
+    conn: &mut AnyConnection,
+    vm: VmId,
+    owner: &str,
+    now: i64,
+    until_ms: i64,
+) -> Result<bool, Error> {
+    let claimed = sqlx::query(
+        "UPDATE vms SET saga_owner = $1, saga_lease_until_ms = $2 \
+         WHERE id = $3 AND (saga_owner = $1 OR saga_lease_until_ms < $4 OR saga_owner IS NULL)",
+    )
+    .bind(owner)
+    .bind(until_ms)
+    .bind(vm.to_string())
+    .bind(now)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(claimed == 1)
+}
+
+pub async fn release_saga(conn: &mut AnyConnection, vm: VmId, owner: &str) -> Result<(), Error> {
+    sqlx::query("UPDATE vms SET saga_lease_until_ms = 0 WHERE id = $1 AND saga_owner = $2")
+        .bind(vm.to_string())
+        .bind(owner)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! Host agents for tests with `[hosts] backend = "agent"`: a real agent core over the in-memory
+//! firewall behind its real HTTP API, which a test can turn hostile, and which counts the requests
+//! it gets (so a test can tell that gsaasd never called it).
+
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use gpgpums::HostId;
+use rodvr_agent::agent::{Agent, HostFacts};
+use rodvr_agent::auth::TokenVerifier;
+use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
+use rodvr_agent::protocol::{AppliedState, ErrorBody, HostKind, RouteTable};
+use rodvr_agent::render::TableParams;
+use rodvr_agent::state::Ledger;
+
+/// How a [`TestAgent`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    /// As the real agent does.
+    Honest,
+    /// Refuses every table with a route to this rCUDA endpoint, naming that route's target.
+    RefuseTarget(SocketAddrV4),
+    /// Claims to hold this generation: every push is "older" (409), and read-back says so.
+    ClaimGeneration(u64),
+}
+
+#[derive(Debug)]
+struct Shared {
+    agent: Agent<MemoryFirewall>,
+    behaviour: Mutex<Behaviour>,
+    requests: AtomicUsize,
+}
+
+/// An agent serving on 127.0.0.1 for one host; stops with the test's runtime.
+#[derive(Debug, Clone)]
+pub struct TestAgent {
+    pub url: String,
+    shared: Arc<Shared>,
+}
+
+impl TestAgent {
+    /// Starts the agent of `host`, which trusts tokens of gsaasd's public key for `host` only.
+    pub async fn start(host: &str, kind: HostKind, gsaasd_public_pem: &str) -> TestAgent {
+        let host = HostId::new(host).unwrap();
+        let params = TableParams {
+            masked_range: "100.127.0.0/16".parse().unwrap(),
+            gpu_interface: "gpu0".into(),
+            local_rcuda: vec![],
+        };
+        let facts = HostFacts { host: host.clone(), kind, agent_url: String::new(), gpus: vec![] };
+        let agent =
+            Agent::new(Ledger::in_memory(), Dataplane::new(MemoryFirewall::new(), params), facts);
+        let shared = Arc::new(Shared {
+            agent,
+            behaviour: Mutex::new(Behaviour::Honest),
+            requests: AtomicUsize::new(0),
+        });
+        let verifier =
+            Arc::new(TokenVerifier::from_public_pem(gsaasd_public_pem.as_bytes(), host).unwrap());
+        let app = axum::Router::new()
+            .route("/v1/routes", axum::routing::get(get_routes).put(put_routes))
+            .layer(axum::middleware::from_fn_with_state(verifier, require_token))
+            .layer(axum::middleware::from_fn_with_state(shared.clone(), count))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        TestAgent { url, shared }
+    }
+
+    pub fn set(&self, behaviour: Behaviour) {
+        *self.shared.behaviour.lock().unwrap() = behaviour;
+    }
+
+    /// Requests received, authenticated or not.
+    pub fn requests(&self) -> usize {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// The routes of the table it applied: (masked endpoint, rCUDA target).
+    pub fn routes(&self) -> Vec<(SocketAddrV4, SocketAddrV4)> {
+        let state = self.shared.agent.state();
+        state
+            .desired
+            .map(|t| t.routes.iter().map(|r| (r.masked, r.target)).collect())
+            .unwrap_or_default()
+    }
+}
+
+async fn count(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    shared.requests.fetch_add(1, Ordering::SeqCst);
+    next.run(request).await
+}
+
+async fn require_token(
+    State(verifier): State<Arc<TokenVerifier>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let token = request
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match token {
+        Some(token) if verifier.verify(token) => next.run(request).await,
+        _ => refuse(StatusCode::UNAUTHORIZED, "missing or invalid controller token", None),
+    }
+}
+
+fn refuse(status: StatusCode, error: &str, entry: Option<String>) -> Response {
+    (status, Json(ErrorBody { error: error.into(), entry })).into_response()
+}
+
+async fn get_routes(State(shared): State<Arc<Shared>>) -> Json<AppliedState> {
+    let mut state = shared.agent.state();
+    if let Behaviour::ClaimGeneration(generation) = *shared.behaviour.lock().unwrap() {
+        state.applied_generation = Some(generation);
+    }
+    Json(state)
+}
+
+async fn put_routes(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let table: RouteTable = serde_json::from_slice(&body).unwrap();
+    let behaviour = *shared.behaviour.lock().unwrap();
+    match behaviour {
+        Behaviour::Honest => {}
+        Behaviour::RefuseTarget(target) => {
+            if let Some(i) = table.routes.iter().position(|r| r.target == target) {
+                let entry = format!("routes[{i}].target");
+                let error =
+                    format!("invalid route table: {entry}: {target} is inside the masked range");
+                return refuse(StatusCode::UNPROCESSABLE_ENTITY, &error, Some(entry));
+            }
+        }
+        Behaviour::ClaimGeneration(generation) => {
+            let error = format!(
+                "generation {} is older than the current generation {generation}",
+                table.generation
+            );
+            return refuse(StatusCode::CONFLICT, &error, None);
+        }
+    }
+    match shared.agent.put_table(table) {
+        Ok(status) => Json(status).into_response(),
+        Err(e) => refuse(StatusCode::UNPROCESSABLE_ENTITY, &e.to_string(), None),
+    }
+}

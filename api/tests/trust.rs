@@ -1,0 +1,200 @@
+//! Trust boundaries between gsaasd and host agents, tried as an attacker would: an agent that
+//! points gsaasd elsewhere, claims another host's GPUs, lies about its generation, or refuses
+//! routes. Each agent here is a real agent core behind its HTTP API (`support::agents`), turned
+//! hostile where the test says.
+
+mod support;
+
+use std::time::Duration;
+
+use gsaasd::auth::{Keys, Role};
+use gsaasd::config::HostsBackend;
+use rodvr_agent::protocol::HostKind;
+use serde_json::{json, Value};
+use support::agents::{Behaviour, TestAgent};
+use support::{shared_launch, test_config, Store, TestService};
+
+on_both_stores!(
+    gsaasd_reaches_an_agent_only_where_its_config_says,
+    hosts_report_only_their_own_gpus_at_routable_endpoints,
+    an_agent_claiming_an_impossible_generation_cannot_corrupt_gsaasd,
+    a_gpu_whose_routes_an_agent_refuses_takes_no_new_cgpus,
+);
+
+/// A host's report as its agent sends it; GPU `i` at 10.78.1.2:8308+i.
+fn report(host: &str, kind: &str, agent_url: &str, gpus: usize) -> Value {
+    json!({
+        "host": host, "kind": kind, "agent_url": agent_url,
+        "gpus": (0..gpus).map(|i| json!({
+            "id": format!("{host}:GPU-{i}"), "index": i, "model": "Tesla K20m", "memory_mib": 8192,
+            "rcuda": {"address": "10.78.1.2", "port": 8308 + i, "gpu_number": 0}
+        })).collect::<Vec<_>>(),
+        "applied_generation": null
+    })
+}
+
+async fn put(t: &TestService, token: &str, host: &str, body: &Value) -> (u16, Value) {
+    let r = t
+        .http
+        .put(t.url(&format!("/v1/hosts/{host}")))
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    support::status_json(r).await
+}
+
+fn agent_token(t: &TestService, host: &str) -> String {
+    t.service().app.keys.issue(host, None, Role::Agent, Duration::from_secs(600))
+}
+
+/// gsaasd with real-agent hosts: a compute-GPU host `cg-1` with `gpus` GPUs (registered by its
+/// agent) and a compute-rGPU host `crg-a` for the VMs; each agent's URL pinned in gsaasd's config.
+/// Returns gsaasd, the VM host's agent and the GPU host's agent.
+async fn cloud(store: Store, gpus: usize) -> (TestService, TestAgent, TestAgent) {
+    let (mut config, dir) = test_config(store);
+    config.hosts.backend = HostsBackend::Agent;
+    let keys = Keys::load_or_create(&config.signing_key_path()).unwrap();
+    let vm_host = TestAgent::start("crg-a", HostKind::ComputeRgpu, keys.public_pem()).await;
+    let gpu_host = TestAgent::start("cg-1", HostKind::ComputeGpu, keys.public_pem()).await;
+    config.hosts.agent_urls.insert("crg-a".parse().unwrap(), vm_host.url.clone());
+    config.hosts.agent_urls.insert("cg-1".parse().unwrap(), gpu_host.url.clone());
+    let t = TestService::start_config(config, dir).await;
+    let token = agent_token(&t, "cg-1");
+    let (status, body) =
+        put(&t, &token, "cg-1", &report("cg-1", "compute-gpu", &gpu_host.url, gpus)).await;
+    assert_eq!(status, 200, "{body}");
+    let token = agent_token(&t, "crg-a");
+    let (status, body) =
+        put(&t, &token, "crg-a", &report("crg-a", "compute-rgpu", &vm_host.url, 0)).await;
+    assert_eq!(status, 200, "{body}");
+    (t, vm_host, gpu_host)
+}
+
+fn remote(ncgpus: u32) -> Value {
+    let mut request = shared_launch(ncgpus, 1024);
+    request["locality"] = json!("remote");
+    request["policy"] = json!("first-fit");
+    request
+}
+
+async fn gsaasd_reaches_an_agent_only_where_its_config_says(store: Store) {
+    let (t, vm_host, _) = cloud(store, 1).await;
+    // The VM host's agent (or whoever holds its token) reports a URL of its choosing: a server that
+    // would take the host's controller tokens and route tables.
+    let keys = &t.service().app.keys;
+    let trap = TestAgent::start("crg-a", HostKind::ComputeRgpu, keys.public_pem()).await;
+    let token = agent_token(&t, "crg-a");
+    let (status, host) =
+        put(&t, &token, "crg-a", &report("crg-a", "compute-rgpu", &trap.url, 0)).await;
+    assert_eq!(status, 200, "{host}");
+    assert_eq!(host["agent_url"], vm_host.url.as_str(), "the pinned URL, not the reported one");
+
+    let member = t.member();
+    let id = t.launch(&member, &remote(1)).await;
+    t.wait_state(&member, &id, "ready").await;
+    assert_eq!(vm_host.routes().len(), 1, "the routes went to the pinned agent");
+    assert_eq!(trap.requests(), 0, "gsaasd called the address an agent reported");
+
+    // A host with no URL in gsaasd's config is refused, however valid its token.
+    let token = agent_token(&t, "crg-b");
+    let (status, problem) =
+        put(&t, &token, "crg-b", &report("crg-b", "compute-rgpu", &trap.url, 0)).await;
+    assert_eq!(status, 409, "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("hosts.agent_urls"), "{problem}");
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(hosts["hosts"].as_array().unwrap().len(), 2, "{hosts}");
+    assert_eq!(trap.requests(), 0);
+}
+
+async fn hosts_report_only_their_own_gpus_at_routable_endpoints(store: Store) {
+    let (t, _, gpu_host) = cloud(store, 2).await;
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    let before = pool["hosts"].clone();
+    let token = agent_token(&t, "cg-1");
+    type Change = dyn Fn(&mut Value);
+    let cases: [(&str, &Change); 8] = [
+        ("gpus[1].id", &|r| r["gpus"][1]["id"] = json!("cg-2:gpu0")),
+        ("gpus[0].id", &|r| r["gpus"][0]["id"] = json!("GPU-1")),
+        ("gpus[1].rcuda", &|r| r["gpus"][1]["rcuda"]["port"] = json!(0)),
+        ("gpus[0].rcuda", &|r| r["gpus"][0]["rcuda"]["address"] = json!("100.127.0.9")),
+        ("gpus[0].rcuda", &|r| r["gpus"][0]["rcuda"]["address"] = json!("127.0.0.1")),
+        ("gpus[1].rcuda", &|r| r["gpus"][1]["rcuda"] = r["gpus"][0]["rcuda"].clone()),
+        ("gpus[0].memory_mib", &|r| r["gpus"][0]["memory_mib"] = json!(u64::MAX)),
+        ("applied_generation", &|r| r["applied_generation"] = json!(u64::MAX)),
+    ];
+    for (field, change) in cases {
+        let mut body = report("cg-1", "compute-gpu", &gpu_host.url, 2);
+        change(&mut body);
+        let (status, problem) = put(&t, &token, "cg-1", &body).await;
+        assert_eq!((status, problem["field"].as_str()), (422, Some(field)), "{body}: {problem}");
+    }
+    // Nothing of the refused reports reached the pool; the real owner of the id keeps it.
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    assert_eq!(pool["hosts"], before);
+    let token = agent_token(&t, "cg-2");
+    let mut body = report("cg-2", "compute-gpu", &gpu_host.url, 1);
+    body["gpus"][0]["id"] = json!("cg-1:GPU-0");
+    let (status, problem) = put(&t, &token, "cg-2", &body).await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("gpus[0].id")), "{problem}");
+}
+
+async fn an_agent_claiming_an_impossible_generation_cannot_corrupt_gsaasd(store: Store) {
+    let (t, vm_host, _) = cloud(store, 1).await;
+    let member = t.member();
+    // The VM host's agent answers every push with "I hold a newer table", and claims to hold
+    // generation 2^63 - 1: catching up past it would overflow gsaasd's next generation.
+    vm_host.set(Behaviour::ClaimGeneration(i64::MAX as u64));
+    let id = t.launch(&member, &remote(1)).await;
+    let vm = t.wait_state(&member, &id, "error").await;
+    assert!(!vm["error"].as_str().unwrap().contains("crg-a"), "the error locates the VM: {vm}");
+    let (status, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(status, 200, "{hosts}");
+    for host in hosts["hosts"].as_array().unwrap() {
+        let generation = host["routes_generation"].as_u64().unwrap();
+        assert!(generation < 100, "{host}");
+    }
+    // Once the host has an honest agent again, its VMs are routed as before.
+    vm_host.set(Behaviour::Honest);
+    let id = t.launch(&member, &remote(1)).await;
+    t.wait_state(&member, &id, "ready").await;
+}
+
+async fn a_gpu_whose_routes_an_agent_refuses_takes_no_new_cgpus(store: Store) {
+    let (t, vm_host, _) = cloud(store, 2).await;
+    let (member, admin) = (t.member(), t.admin());
+    // The VM host's agent refuses routes to the first GPU's rCUDA server (as an agent whose masked
+    // range covers it would); first-fit would pick that GPU for every launch.
+    vm_host.set(Behaviour::RefuseTarget("10.78.1.2:8308".parse().unwrap()));
+    let failed = t.launch(&member, &remote(1)).await;
+    t.wait_state(&member, &failed, "error").await;
+    let gpu = |pool: &Value, id: &str| {
+        let hosts = pool["hosts"].as_array().unwrap();
+        let mut gpus = hosts.iter().flat_map(|h| h["gpus"].as_array().unwrap().iter());
+        gpus.find(|g| g["id"] == id).cloned().unwrap_or_else(|| panic!("no {id} in {pool}"))
+    };
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    let taint = gpu(&pool, "cg-1:GPU-0")["taint"].as_str().unwrap_or_default().to_owned();
+    assert!(taint.contains("crg-a") && taint.contains("refused"), "{pool}");
+
+    let id = t.launch(&member, &remote(1)).await;
+    t.wait_state(&member, &id, "ready").await;
+    let (_, vm) = t.get(&admin, &format!("/v1/vms/{id}")).await;
+    assert_eq!(vm["cgpus"][0]["gpu"], "cg-1:GPU-1", "{vm}");
+
+    // Admins lift the taint; nobody else can, or learns the GPU exists.
+    let untaint = "/v1/gpus/cg-1:GPU-0/untaint";
+    assert_eq!(t.post(&member, untaint, &json!({})).await.0, 404);
+    assert_eq!(t.post(&admin, "/v1/gpus/cg-9:GPU-0/untaint", &json!({})).await.0, 404);
+    let (status, body) = t.post(&admin, "/v1/gpus/cg-1:GPU-1/taint", &json!({"reason": " "})).await;
+    assert_eq!((status, body["field"].as_str()), (422, Some("reason")), "{body}");
+    let (status, body) = t.post(&admin, untaint, &json!({})).await;
+    assert_eq!((status, &body["taint"]), (200, &Value::Null), "{body}");
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    assert_eq!(gpu(&pool, "cg-1:GPU-0")["taint"], Value::Null);
+    let (status, body) =
+        t.post(&admin, "/v1/gpus/cg-1:GPU-0/taint", &json!({"reason": "XID 79"})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["taint"], "ops: XID 79");
+}
