@@ -7,10 +7,16 @@
 //!
 //! Authorization is coarse on purpose: a route states the role it needs; a caller without it is told
 //! the thing does not exist (404), so tenants cannot probe for admin resources or other projects' VMs.
+//!
+//! Every token has an id (`jti`), and can be revoked by it (`gsaasd token revoke`): the revoked ids
+//! are kept in the database, and every replica reloads them every few seconds
+//! ([`Keys::set_revoked`]). Agents renew their own token before it expires
+//! (`POST /v1/hosts/{host}/token`); a renewed token carries the id of the first token of its line
+//! (`root`), so revoking that id ends the whole line.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::FromRequestParts;
@@ -27,6 +33,9 @@ use crate::openstack::{TokenValidator, ValidationError};
 
 /// Audience of tokens for gsaasd's own API.
 pub const API_AUDIENCE: &str = "gsaas";
+
+/// The longest lifetime a token may be issued with: a year.
+pub const MAX_TOKEN_TTL_SECS: u64 = 366 * 24 * 3600;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -45,10 +54,41 @@ struct Claims {
     aud: String,
     iat: u64,
     exp: u64,
+    /// The token's id, by which it is revoked (absent in tokens from before ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    jti: Option<String>,
+    /// For a renewed token: the id of the first token of its line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    root: Option<String>,
     /// The tenant's project (members and admins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     project: Option<String>,
     roles: Vec<Role>,
+}
+
+impl Claims {
+    /// The ids whose revocation revokes this token: its own, and its line's first.
+    fn ids(&self) -> impl Iterator<Item = &str> {
+        self.jti.iter().chain(&self.root).map(String::as_str)
+    }
+}
+
+/// A token's id and lifetime, as `gsaasd token revoke` needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenId {
+    /// The id that ends the token's whole line: its root, or its own id.
+    pub line: String,
+    /// When the token expires (seconds since the epoch).
+    pub expires: u64,
+}
+
+/// What a successful verification learned.
+#[derive(Debug, Clone)]
+struct Verified {
+    caller: Caller,
+    exp: u64,
+    /// The ids whose revocation revokes the token.
+    ids: Vec<String>,
 }
 
 /// An authenticated caller.
@@ -102,7 +142,9 @@ pub struct Keys {
     public_pem: String,
     /// Tokens this key verified, with their caller and expiry: a signature check costs tens of
     /// microseconds, and clients send the same token with every request.
-    verified: Arc<Mutex<HashMap<String, (Caller, u64)>>>,
+    verified: Arc<Mutex<HashMap<String, Verified>>>,
+    /// Revoked token ids, as last loaded from the database.
+    revoked: Arc<RwLock<HashSet<String>>>,
 }
 
 /// How many verified tokens are remembered (the cache is emptied when full).
@@ -115,24 +157,25 @@ impl std::fmt::Debug for Keys {
 }
 
 impl Keys {
-    /// Loads the key at `path`, creating it (mode 0600) with its public half beside it
-    /// (`<path>.pub`) when it does not exist.
+    /// Loads the key at `path`. When it does not exist, creates it (0600, in a 0700 directory)
+    /// with its public half beside it (`<path>.pub`). An existing key is only read: it may be a
+    /// read-only mount (a Kubernetes Secret), and its public half is `gsaasd public-key`.
     pub fn load_or_create(path: &Path) -> Result<Keys, KeyError> {
         let io = |source| KeyError::Io { path: path.display().to_string(), source };
         if !path.exists() {
             let key = ed25519_dalek::SigningKey::generate(&mut rand_core::OsRng);
             let pem = key.to_pkcs8_pem(LineEnding::LF).expect("PKCS#8 encoding").to_string();
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).map_err(io)?;
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                rodvr_agent::files::create_private_dir(dir).map_err(io)?;
             }
             write_private(path, &pem).map_err(io)?;
+            let keys = Keys::from_private_pem(&pem).expect("a key generated here loads");
+            std::fs::write(path.with_extension("pub"), &keys.public_pem).map_err(io)?;
+            return Ok(keys);
         }
         let pem = std::fs::read_to_string(path).map_err(io)?;
-        let keys = Keys::from_private_pem(&pem)
-            .ok_or_else(|| KeyError::Format { path: path.display().to_string() })?;
-        let public_path = path.with_extension("pub");
-        std::fs::write(&public_path, &keys.public_pem).map_err(io)?;
-        Ok(keys)
+        Keys::from_private_pem(&pem)
+            .ok_or_else(|| KeyError::Format { path: path.display().to_string() })
     }
 
     pub fn from_private_pem(pem: &str) -> Option<Keys> {
@@ -144,7 +187,18 @@ impl Keys {
             private_pem: pem.to_owned(),
             public_pem,
             verified: Arc::default(),
+            revoked: Arc::default(),
         })
+    }
+
+    /// Replaces the set of revoked token ids (from the database).
+    pub fn set_revoked(&self, ids: HashSet<String>) {
+        *self.revoked.write().expect("revoked ids") = ids;
+    }
+
+    fn is_revoked(&self, ids: &[String]) -> bool {
+        let revoked = self.revoked.read().expect("revoked ids");
+        ids.iter().any(|id| revoked.contains(id))
     }
 
     /// The public key in PEM form, for agents' configs.
@@ -158,15 +212,28 @@ impl Keys {
             .expect("a key that loaded here loads there")
     }
 
-    /// Issues an API token. `project` is required for members and admins, `host` is the subject of
-    /// an agent token.
+    /// Issues an API token with a fresh id. `project` is required for members and admins, `host`
+    /// is the subject of an agent token. The lifetime is capped at [`MAX_TOKEN_TTL_SECS`].
     pub fn issue(&self, subject: &str, project: Option<&str>, role: Role, ttl: Duration) -> String {
+        self.sign(subject, project, role, ttl, None)
+    }
+
+    fn sign(
+        &self,
+        subject: &str,
+        project: Option<&str>,
+        role: Role,
+        ttl: Duration,
+        root: Option<String>,
+    ) -> String {
         let now = unix_now();
         let claims = Claims {
             sub: subject.to_owned(),
             aud: API_AUDIENCE.to_owned(),
             iat: now,
-            exp: now + ttl.as_secs(),
+            exp: now + ttl.as_secs().min(MAX_TOKEN_TTL_SECS),
+            jti: Some(uuid::Uuid::new_v4().to_string()),
+            root,
             project: project.map(str::to_owned),
             roles: vec![role],
         };
@@ -174,23 +241,56 @@ impl Keys {
             .expect("signing with a loaded key cannot fail")
     }
 
-    /// Checks a token and says who it belongs to, or why it is refused.
-    pub fn verify(&self, token: &str) -> Result<Caller, Error> {
-        if let Some((caller, exp)) = self.verified.lock().expect("token cache").get(token) {
-            if unix_now() < *exp {
-                return Ok(caller.clone());
-            }
+    /// A new token for the agent whose valid token is `token`, in the same line (see the module
+    /// docs), valid for `ttl`.
+    pub fn renew_agent_token(&self, token: &str, ttl: Duration) -> Result<String, Error> {
+        let claims = self.verify_signed(token)?;
+        let verified = Self::caller_of(&claims)?;
+        if verified.caller.role != Role::Agent || self.is_revoked(&verified.ids) {
+            return Err(Error::Unauthenticated("only a valid agent token can be renewed".into()));
         }
-        let (caller, exp) = self.verify_signed(token)?;
-        let mut verified = self.verified.lock().expect("token cache");
-        if verified.len() >= VERIFIED_CACHE {
-            verified.clear();
-        }
-        verified.insert(token.to_owned(), (caller.clone(), exp));
-        Ok(caller)
+        let root = claims.root.or(claims.jti);
+        Ok(self.sign(&claims.sub, None, Role::Agent, ttl, root))
     }
 
-    fn verify_signed(&self, token: &str) -> Result<(Caller, u64), Error> {
+    /// The id and expiry of a token signed by this key (whether or not it is still valid), for
+    /// revoking it.
+    pub fn token_id(&self, token: &str) -> Result<TokenId, Error> {
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.set_audience(&[API_AUDIENCE]);
+        validation.validate_exp = false;
+        validation.set_required_spec_claims(&["aud"]);
+        let claims = jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation)
+            .map_err(|_| Error::invalid("token", "is not a token signed by this gsaasd"))?
+            .claims;
+        let line = claims.root.or(claims.jti).ok_or_else(|| {
+            Error::invalid("token", "has no id (issued before ids): rotate the signing key")
+        })?;
+        Ok(TokenId { line, expires: claims.exp })
+    }
+
+    /// Checks a token and says who it belongs to, or why it is refused.
+    pub fn verify(&self, token: &str) -> Result<Caller, Error> {
+        let cached = self.verified.lock().expect("token cache").get(token).cloned();
+        let verified = match cached {
+            Some(verified) if unix_now() < verified.exp => verified,
+            _ => {
+                let verified = Self::caller_of(&self.verify_signed(token)?)?;
+                let mut cache = self.verified.lock().expect("token cache");
+                if cache.len() >= VERIFIED_CACHE {
+                    cache.clear();
+                }
+                cache.insert(token.to_owned(), verified.clone());
+                verified
+            }
+        };
+        if self.is_revoked(&verified.ids) {
+            return Err(Error::Unauthenticated("token has been revoked".into()));
+        }
+        Ok(verified.caller)
+    }
+
+    fn verify_signed(&self, token: &str) -> Result<Claims, Error> {
         let mut validation = Validation::new(Algorithm::EdDSA);
         validation.set_audience(&[API_AUDIENCE]);
         validation.set_required_spec_claims(&["exp", "aud", "sub"]);
@@ -211,7 +311,10 @@ impl Keys {
                     .to_owned(),
                 )
             })?;
-        let claims = data.claims;
+        Ok(data.claims)
+    }
+
+    fn caller_of(claims: &Claims) -> Result<Verified, Error> {
         let role = if claims.roles.contains(&Role::Admin) {
             Role::Admin
         } else if claims.roles.contains(&Role::Member) {
@@ -224,7 +327,34 @@ impl Keys {
         if role != Role::Agent && claims.project.as_deref().is_none_or(str::is_empty) {
             return Err(Error::Unauthenticated("token names no project".into()));
         }
-        Ok((Caller { subject: claims.sub, project: claims.project, role }, claims.exp))
+        let caller = Caller { subject: claims.sub.clone(), project: claims.project.clone(), role };
+        Ok(Verified { caller, exp: claims.exp, ids: claims.ids().map(str::to_owned).collect() })
+    }
+}
+
+/// The token a request carries (`Authorization: Bearer`, or `X-Auth-Token` as OpenStack clients
+/// send it).
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, Error> {
+    if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
+        let value = value
+            .to_str()
+            .map_err(|_| Error::Unauthenticated("Authorization header is not text".into()))?;
+        Ok(value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .ok_or_else(|| Error::Unauthenticated("Authorization must be `Bearer <token>`".into()))?
+            .trim())
+    } else if let Some(value) = headers.get("x-auth-token") {
+        Ok(value
+            .to_str()
+            .map_err(|_| Error::Unauthenticated("X-Auth-Token is not text".into()))?
+            .trim())
+    } else {
+        Err(Error::Unauthenticated(
+            "missing token: send `Authorization: Bearer <token>`; an operator issues one with \
+             `gsaasd token issue --project P --role member`"
+                .into(),
+        ))
     }
 }
 
@@ -233,18 +363,9 @@ fn looks_like_jwt(token: &str) -> bool {
     token.split('.').count() == 3 && token.starts_with("eyJ")
 }
 
-#[cfg(unix)]
 fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file =
-        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
-    file.write_all(pem.as_bytes())
-}
-
-#[cfg(not(unix))]
-fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
-    std::fs::write(path, pem)
+    rodvr_agent::files::open_private(path, true)?.write_all(pem.as_bytes())
 }
 
 fn unix_now() -> u64 {
@@ -268,30 +389,7 @@ where
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let headers = &parts.headers;
-        let token = if let Some(value) = headers.get(axum::http::header::AUTHORIZATION) {
-            let value = value
-                .to_str()
-                .map_err(|_| Error::Unauthenticated("Authorization header is not text".into()))?;
-            value
-                .strip_prefix("Bearer ")
-                .or_else(|| value.strip_prefix("bearer "))
-                .ok_or_else(|| {
-                    Error::Unauthenticated("Authorization must be `Bearer <token>`".into())
-                })?
-                .trim()
-        } else if let Some(value) = headers.get("x-auth-token") {
-            value
-                .to_str()
-                .map_err(|_| Error::Unauthenticated("X-Auth-Token is not text".into()))?
-                .trim()
-        } else {
-            return Err(Error::Unauthenticated(
-                "missing token: send `Authorization: Bearer <token>`; an operator issues one with \
-                 `gsaasd token issue --project P --role member`"
-                    .into(),
-            ));
-        };
+        let token = bearer_token(&parts.headers)?;
         match (state.keys().verify(token), state.keystone()) {
             (Ok(caller), _) => Ok(caller),
             // Not one of ours: with Keystone auth it may be a tenant's Keystone token.
@@ -349,6 +447,8 @@ mod tests {
             aud: API_AUDIENCE.into(),
             iat: 1,
             exp: 2,
+            jti: None,
+            root: None,
             project: Some("p1".into()),
             roles: vec![Role::Member],
         };
@@ -364,6 +464,38 @@ mod tests {
         );
         let no_project = keys.issue("bob", None, Role::Member, hour);
         assert!(keys.verify(&no_project).unwrap_err().to_string().contains("project"));
+    }
+
+    #[test]
+    fn revoking_an_id_ends_the_token_and_every_renewal_of_it() {
+        let keys = keys();
+        let day = Duration::from_secs(86_400);
+        let agent = keys.issue("h1", None, Role::Agent, day);
+        let renewed = keys.renew_agent_token(&agent, day).unwrap();
+        let renewed_again = keys.renew_agent_token(&renewed, day).unwrap();
+        let member = keys.issue("alice", Some("p1"), Role::Member, day);
+        assert!(keys.renew_agent_token(&member, day).is_err(), "only agents renew");
+        for token in [&agent, &renewed, &renewed_again, &member] {
+            keys.verify(token).unwrap();
+        }
+        // Every token of the line names the first token's id.
+        let line = keys.token_id(&agent).unwrap().line;
+        assert_eq!(keys.token_id(&renewed_again).unwrap().line, line);
+        keys.set_revoked([line].into_iter().collect());
+        for token in [&agent, &renewed, &renewed_again] {
+            let err = keys.verify(token).unwrap_err().to_string();
+            assert!(err.contains("revoked"), "{err}");
+            assert!(keys.renew_agent_token(token, day).is_err(), "a revoked token renews");
+        }
+        keys.verify(&member).unwrap();
+        keys.set_revoked(Default::default());
+        keys.verify(&renewed).unwrap();
+        // Lifetimes are capped: no overflow into the past.
+        let forever = keys.issue("alice", Some("p1"), Role::Member, Duration::from_secs(u64::MAX));
+        let id = keys.token_id(&forever).unwrap();
+        assert!(id.expires > unix_now() && id.expires <= unix_now() + MAX_TOKEN_TTL_SECS);
+        keys.verify(&forever).unwrap();
+        assert!(keys.token_id("garbage").is_err());
     }
 
     #[test]

@@ -87,6 +87,11 @@ pub struct AuthConfig {
     pub signing_key: Option<PathBuf>,
     /// Lifetime of tokens from `gsaasd token issue`.
     pub token_ttl_secs: u64,
+    /// Lifetime of the tokens agents renew theirs with (they renew at half of it).
+    pub agent_token_ttl_secs: u64,
+    /// How often each replica reloads the revoked token ids: a revocation takes effect everywhere
+    /// within this many seconds.
+    pub revocation_refresh_secs: u64,
 }
 
 impl Default for AuthConfig {
@@ -98,6 +103,8 @@ impl Default for AuthConfig {
             keystone_cache_secs: 300,
             signing_key: None,
             token_ttl_secs: 24 * 3600,
+            agent_token_ttl_secs: 24 * 3600,
+            revocation_refresh_secs: 5,
         }
     }
 }
@@ -352,6 +359,18 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
+        let max_ttl = crate::auth::MAX_TOKEN_TTL_SECS;
+        for (field, ttl) in [
+            ("auth.token_ttl_secs", self.auth.token_ttl_secs),
+            ("auth.agent_token_ttl_secs", self.auth.agent_token_ttl_secs),
+        ] {
+            if !(1..=max_ttl).contains(&ttl) {
+                return Err(format!("{field}: must be between 1 and {max_ttl} (a year)"));
+            }
+        }
+        if self.auth.revocation_refresh_secs == 0 {
+            return Err("auth.revocation_refresh_secs: must be at least 1".into());
+        }
         if gpgpums::PolicyRegistry::builtin().resolve(&self.default_policy).is_err() {
             return Err(format!("default_policy: unknown policy {:?}", self.default_policy));
         }

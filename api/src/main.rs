@@ -57,9 +57,25 @@ enum TokenCommand {
         /// Who the token is for (default: the project's name, or the host).
         #[arg(long)]
         subject: Option<String>,
-        /// Lifetime in seconds (default: the config's auth.token_ttl_secs).
+        /// Create the signing key if there is none (a first installation). Without it, a missing
+        /// key is an error: a new key would sign tokens that no running gsaasd accepts.
         #[arg(long)]
+        init: bool,
+        /// Lifetime in seconds, at most a year (default: the config's auth.token_ttl_secs).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=gsaasd::auth::MAX_TOKEN_TTL_SECS))]
         ttl: Option<u64>,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Revoke a token, and every renewal of it, on every replica within
+    /// auth.revocation_refresh_secs. Needs the database (database_url or GSAAS_DATABASE_URL).
+    Revoke {
+        /// The token's id (its `jti` claim, or the `root` of a renewed agent token).
+        #[arg(long, conflicts_with = "token", required_unless_present = "token")]
+        jti: Option<String>,
+        /// The token itself (its line is revoked).
+        #[arg(long)]
+        token: Option<String>,
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
@@ -92,6 +108,20 @@ fn load(config: Option<&std::path::Path>) -> Result<Config, String> {
     Ok(config)
 }
 
+/// gsaasd's signing key, which must exist already.
+fn existing_keys(config: &Config) -> Result<Keys, String> {
+    let path = config.signing_key_path();
+    if !path.exists() {
+        return Err(format!(
+            "no signing key at {}: a token signed by a new key would open no running gsaasd. Use \
+             the config gsaasd serves with (--config), or pass --init to create the key for a new \
+             installation",
+            path.display()
+        ));
+    }
+    Keys::load_or_create(&path).map_err(|e| format!("{}", ErrorChain(&e)))
+}
+
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Serve { config } => {
@@ -114,11 +144,15 @@ fn run(cli: Cli) -> Result<(), String> {
             })
         }
         Command::Token {
-            command: TokenCommand::Issue { project, role, host, subject, ttl, config },
+            command: TokenCommand::Issue { project, role, host, subject, ttl, init, config },
         } => {
             let config = load(config.as_deref())?;
-            let keys = Keys::load_or_create(&config.signing_key_path())
-                .map_err(|e| format!("{}", ErrorChain(&e)))?;
+            let keys = if init {
+                Keys::load_or_create(&config.signing_key_path())
+                    .map_err(|e| format!("{}", ErrorChain(&e)))?
+            } else {
+                existing_keys(&config)?
+            };
             let ttl = Duration::from_secs(ttl.unwrap_or(config.auth.token_ttl_secs));
             let token = match role {
                 Role::Agent => {
@@ -136,6 +170,37 @@ fn run(cli: Cli) -> Result<(), String> {
                 }
             };
             println!("{token}");
+            Ok(())
+        }
+        Command::Token { command: TokenCommand::Revoke { jti, token, config } } => {
+            let config = load(config.as_deref())?;
+            let id = match (jti, token) {
+                (Some(jti), _) if !jti.trim().is_empty() => gsaasd::auth::TokenId {
+                    line: jti.trim().to_owned(),
+                    // Unknown: keep the row as long as any token can live.
+                    expires: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_secs()
+                        + gsaasd::auth::MAX_TOKEN_TTL_SECS,
+                },
+                (Some(_), _) => return Err("--jti must not be empty".into()),
+                (None, Some(token)) => existing_keys(&config)?
+                    .token_id(token.trim())
+                    .map_err(|e| format!("--token {e}"))?,
+                (None, None) => return Err("--jti or --token is required".into()),
+            };
+            let runtime =
+                tokio::runtime::Runtime::new().map_err(|e| format!("cannot start: {e}"))?;
+            runtime.block_on(async {
+                let db = gsaasd::db::Db::connect(&config.database_url())
+                    .await
+                    .map_err(|e| format!("{}", ErrorChain(&e)))?;
+                gsaasd::app::tokens::revoke(&db, &id)
+                    .await
+                    .map_err(|e| format!("{}", ErrorChain(&e)))
+            })?;
+            println!("revoked {}", id.line);
             Ok(())
         }
         Command::PublicKey { config } => {

@@ -27,6 +27,7 @@ pub struct Service {
     pub sim: Option<Arc<SimCloud>>,
     server: tokio::task::JoinHandle<()>,
     reconciler: tokio::task::JoinHandle<()>,
+    revocations: tokio::task::JoinHandle<()>,
 }
 
 impl Service {
@@ -39,6 +40,7 @@ impl Service {
     pub fn abort(self) {
         self.server.abort();
         self.reconciler.abort();
+        self.revocations.abort();
         self.app.abort_sagas();
     }
 
@@ -46,6 +48,7 @@ impl Service {
     pub async fn wait(self) {
         let _ = self.server.await;
         self.reconciler.abort();
+        self.revocations.abort();
     }
 }
 
@@ -126,6 +129,8 @@ pub async fn start_with_sim(
         app.register_inventory().await.map_err(StartError::Inventory)?;
     }
     app.sync_sim_hosts().await.map_err(StartError::Inventory)?;
+    app.refresh_revocations().await.map_err(StartError::Database)?;
+    let revocations = app.spawn_revocation_refresher();
     let reconciler = app.spawn_reconciler();
     let addr = listener
         .local_addr()
@@ -139,5 +144,5 @@ pub async fn start_with_sim(
             tracing::error!(error = %ErrorChain(&e), "server stopped");
         }
     });
-    Ok(Service { app, addr, sim, server, reconciler })
+    Ok(Service { app, addr, sim, server, reconciler, revocations })
 }

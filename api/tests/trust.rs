@@ -14,6 +14,61 @@ use serde_json::{json, Value};
 use support::agents::{Behaviour, TestAgent};
 use support::{shared_launch, test_config, Store, TestService};
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_directory_and_tenants_data_are_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| {
+        let meta = std::fs::metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        meta.permissions().mode() & 0o777
+    };
+    let (mut config, dir) = test_config(Store::Sqlite);
+    // Left open by an older gsaasd (or a umask of 022): closed at start.
+    std::fs::create_dir_all(&config.data_dir).unwrap();
+    std::fs::set_permissions(&config.data_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let database = config.data_dir.join("gsaas.sqlite");
+    std::fs::write(&database, b"").unwrap();
+    std::fs::set_permissions(&database, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let user_data = config.data_dir.join("user_data");
+    config.cloud.sim_mut().unwrap().record_dir = Some(user_data.clone());
+    let t = TestService::start_config(config.clone(), dir).await;
+    let member = t.member();
+    let mut request = shared_launch(1, 1024);
+    request["user_data"] = json!("#!/bin/sh\necho s3cret-token > /root/.credentials\n");
+    let id = t.launch(&member, &request).await;
+    t.wait_state(&member, &id, "ready").await;
+
+    assert_eq!(mode(&config.data_dir), 0o700);
+    for file in ["gsaas.sqlite", "gsaas.sqlite-wal", "gsaas.sqlite-shm", "signing-key.pem"] {
+        assert_eq!(mode(&config.data_dir.join(file)), 0o600, "{file}");
+    }
+    assert_eq!(mode(&user_data), 0o700);
+    assert_eq!(mode(&user_data.join(format!("{id}.user_data"))), 0o600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_vm_tells_its_tenant_nothing_about_where_its_gpus_are() {
+    use gsaasd::cloud::sim::SimFault;
+    let t = TestService::start(Store::Sqlite).await;
+    let sim = t.service().sim.clone().expect("the simulated cloud");
+    // The cloud's fault names hosts, a GPU and an rCUDA server, as a real cloud's may.
+    sim.inject(SimFault::ActivationFails(
+        "Build of instance failed on compute-gpu (XID 79 on compute-gpu:gpu0, rCUDA \
+         10.78.0.1:8308 unreachable from compute0-rgpu)."
+            .into(),
+    ));
+    let member = t.member();
+    let id = t.launch(&member, &shared_launch(1, 1024)).await;
+    let vm = t.wait_state(&member, &id, "error").await;
+    let error = vm["error"].as_str().unwrap();
+    for secret in ["compute-gpu", "compute0-rgpu", "gpu0", "10.78.0.1", "8308"] {
+        assert!(!error.contains(secret), "{secret} in {error:?}");
+    }
+    assert!(error.contains("Build of instance failed") && error.contains("XID 79"), "{error}");
+    for (_, vm) in [t.get(&member, "/v1/vms").await, t.get(&t.admin(), "/v1/vms").await] {
+        assert!(!vm.to_string().contains("compute-gpu (XID"), "{vm}");
+    }
+}
+
 on_both_stores!(
     gsaasd_reaches_an_agent_only_where_its_config_says,
     hosts_report_only_their_own_gpus_at_routable_endpoints,

@@ -1,9 +1,9 @@
 //! Typed HTTP clients for both directions of the agent protocol.
 //!
 //! [`AgentClient`] is what the controller (`gsaasd`) uses to push tables, read them back and check
-//! health; it signs a short-lived token per request, made out to the one host it talks to. [`ControllerClient`] is what the agent uses to
-//! register and heartbeat; it presents the agent's own bearer token. Neither retries: the caller's
-//! reconciler or heartbeat loop is the retry.
+//! health; it signs a short-lived token per request, made out to the one host it talks to.
+//! [`ControllerClient`] is what the agent uses to register, heartbeat and renew its own bearer
+//! token. Neither retries: the caller's reconciler or heartbeat loop is the retry.
 
 use std::time::Duration;
 
@@ -137,24 +137,35 @@ impl AgentClient {
 }
 
 /// The agent's client for the controller.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ControllerClient {
     http: reqwest::Client,
     base: String,
+    token: std::sync::RwLock<String>,
+}
+
+/// A renewed token, as gsaasd answers `POST /v1/hosts/{host}/token`.
+#[derive(Debug, Clone, serde::Deserialize)]
+struct Renewed {
     token: String,
 }
 
 impl ControllerClient {
     pub fn new(base: impl Into<String>, token: impl Into<String>) -> Self {
         let base = base.into().trim_end_matches('/').to_owned();
-        Self { http: http_client(), base, token: token.into() }
+        Self { http: http_client(), base, token: std::sync::RwLock::new(token.into()) }
+    }
+
+    /// The token presented now.
+    pub fn token(&self) -> String {
+        self.token.read().expect("token").clone()
     }
 
     /// Registers the host or refreshes its registration (`PUT /v1/hosts/{host}`); the response
     /// body is ignored.
     pub async fn register(&self, report: &HostReport) -> Result<(), ClientError> {
         let url = format!("{}/v1/hosts/{}", self.base, report.host);
-        let req = self.http.put(&url).bearer_auth(&self.token).json(report);
+        let req = self.http.put(&url).bearer_auth(self.token()).json(report);
         let transport = |source| ClientError::Transport { url: url.clone(), source };
         let response = req.send().await.map_err(transport)?;
         let status = response.status();
@@ -162,5 +173,15 @@ impl ControllerClient {
             return Ok(());
         }
         Err(status_error(url, status, response).await)
+    }
+
+    /// Trades the current token for a fresh one (`POST /v1/hosts/{host}/token`), which it
+    /// presents from then on; returns it.
+    pub async fn renew(&self, host: &HostId) -> Result<String, ClientError> {
+        let url = format!("{}/v1/hosts/{host}/token", self.base);
+        let req = self.http.post(&url).bearer_auth(self.token());
+        let renewed: Renewed = send(url, req).await?;
+        *self.token.write().expect("token") = renewed.token.clone();
+        Ok(renewed.token)
     }
 }

@@ -14,6 +14,7 @@ use rodvr_agent::agent::{Agent, HostFacts};
 use rodvr_agent::auth::{KeyError, TokenVerifier};
 use rodvr_agent::client::ControllerClient;
 use rodvr_agent::config::{Config, ConfigError};
+use rodvr_agent::credential;
 use rodvr_agent::discovery::{default_discovery, host_kind, inventory, DiscoveryError};
 use rodvr_agent::firewall::{Dataplane, Firewall, NftFirewall};
 use rodvr_agent::protocol::InvalidEntry;
@@ -111,8 +112,10 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         Duration::from_secs(config.retry_interval_secs),
     ));
     if let Some(controller) = &config.controller {
-        let client = ControllerClient::new(&controller.url, &controller.token);
-        tokio::spawn(heartbeat(agent.clone(), client, controller.heartbeat_interval()));
+        let renewed = credential::renewed_token_path(&config.state_file);
+        let token = credential::current_token(&controller.token, &renewed);
+        let client = ControllerClient::new(&controller.url, token);
+        tokio::spawn(heartbeat(agent.clone(), client, renewed, controller.heartbeat_interval()));
     }
     axum::serve(listener, router(agent, Arc::new(verifier)))
         .with_graceful_shutdown(shutdown_signal())
@@ -141,9 +144,12 @@ async fn retry_failed_applies<F: Firewall + 'static>(agent: Arc<Agent<F>>, every
     }
 }
 
+/// Registers the host every `every`, renewing the agent's token (kept in `renewed`) once half of
+/// its life is gone.
 async fn heartbeat<F: Firewall + 'static>(
     agent: Arc<Agent<F>>,
     client: ControllerClient,
+    renewed: PathBuf,
     every: Duration,
 ) {
     let mut tick = tokio::time::interval(every);
@@ -151,7 +157,21 @@ async fn heartbeat<F: Firewall + 'static>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Err(e) = client.register(&agent.host_report()).await {
+        let report = agent.host_report();
+        if credential::needs_renewal(&client.token()) {
+            match client.renew(&report.host).await {
+                Ok(token) => {
+                    if let Err(e) = credential::keep(&renewed, &token) {
+                        log_error(
+                            &format!("keeping the renewed token in {}", renewed.display()),
+                            &e,
+                        );
+                    }
+                }
+                Err(e) => log_error("renewing the agent's token", &e),
+            }
+        }
+        if let Err(e) = client.register(&report).await {
             log_error("heartbeat to the controller", &e);
         }
     }

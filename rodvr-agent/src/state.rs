@@ -5,6 +5,7 @@
 //! with different content is refused (two writers, or a controller bug). The table is written to a
 //! temporary file, synced, and renamed over the state file, so a crash leaves either the old or the
 //! new table on disk, never a torn one; on start the agent re-applies it without the controller.
+//! The file is 0600: it names every VM's tap and the real rCUDA servers, which VMs must not learn.
 
 use std::fs;
 use std::io::{self, Write};
@@ -51,10 +52,14 @@ impl Ledger {
     pub fn load(path: impl Into<PathBuf>) -> Result<Self, StateFileError> {
         let path = path.into();
         let current = match fs::read(&path) {
-            Ok(bytes) => Some(
-                serde_json::from_slice(&bytes)
-                    .map_err(|source| StateFileError::Parse { path: path.clone(), source })?,
-            ),
+            Ok(bytes) => {
+                crate::files::restrict(&path, crate::files::FILE_MODE)
+                    .map_err(|source| StateFileError::Write { path: path.clone(), source })?;
+                Some(
+                    serde_json::from_slice(&bytes)
+                        .map_err(|source| StateFileError::Parse { path: path.clone(), source })?,
+                )
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(source) => return Err(StateFileError::Read { path, source }),
         };
@@ -111,7 +116,7 @@ fn write_atomically(path: &Path, table: &RouteTable) -> Result<(), StateFileErro
     let tmp = dir.join(format!(".{}.tmp", file_name.as_deref().unwrap_or("state")));
     let bytes = serde_json::to_vec_pretty(table).expect("route tables always serialize");
     let write = || -> io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
+        let mut f = crate::files::open_private(&tmp, false)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
@@ -171,6 +176,8 @@ mod tests {
         let path = dir.join("routes.json");
         Ledger::load(&path).unwrap().persist(table(3, 1)).unwrap();
         assert_eq!(Ledger::load(&path).unwrap().current(), Some(&table(3, 1)));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert!(!dir.join(".routes.json.tmp").exists());
 
         fs::write(&path, b"{not json").unwrap();

@@ -274,3 +274,116 @@ async fn metrics_parse_and_count_applies_and_refusals_without_a_token() {
     // The token still guards everything else.
     assert_eq!(reqwest::get(format!("http://{addr}/v1/routes")).await.unwrap().status(), 401);
 }
+
+/// A JWT-shaped token with these claims; the agent reads only `iat` and `exp` of its own token.
+fn jwt(iat: u64, exp: u64) -> String {
+    use base64::Engine;
+    let b64 = |v: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let header = b64(serde_json::json!({"alg": "EdDSA", "typ": "JWT"}));
+    let claims = b64(serde_json::json!({"sub": "crg0", "iat": iat, "exp": exp}));
+    format!("{header}.{claims}.c2ln")
+}
+
+#[tokio::test]
+async fn the_agent_renews_its_token_at_half_life_and_keeps_the_renewal() {
+    use axum::extract::{Path, State};
+    use axum::http::HeaderMap;
+    use std::io::BufRead;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let (old, fresh) = (jwt(now - 200, now + 100), jwt(now, now + 86_400));
+    // A controller that records who registers with which token, and renews any token to `fresh`.
+    type Seen = tokio::sync::mpsc::UnboundedSender<(&'static str, String)>;
+    fn bearer(headers: &HeaderMap) -> String {
+        let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+        auth.trim_start_matches("Bearer ").to_owned()
+    }
+    async fn put_host(State((seen, _)): State<(Seen, String)>, headers: HeaderMap) -> &'static str {
+        seen.send(("register", bearer(&headers))).unwrap();
+        "{}"
+    }
+    async fn renew(
+        State((seen, fresh)): State<(Seen, String)>,
+        Path(host): Path<String>,
+        headers: HeaderMap,
+    ) -> axum::Json<serde_json::Value> {
+        assert_eq!(host, "crg0");
+        seen.send(("renew", bearer(&headers))).unwrap();
+        axum::Json(serde_json::json!({ "token": fresh }))
+    }
+    let (tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let app = axum::Router::new()
+        .route("/v1/hosts/{host}", axum::routing::put(put_host))
+        .route("/v1/hosts/{host}/token", axum::routing::post(renew))
+        .with_state((tx, fresh.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let controller = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let dir = TempDir::new("api-renew");
+    let (_, public) = key_pair(31);
+    std::fs::write(dir.path().join("controller.pub.pem"), public).unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"host = "crg0"
+listen = "127.0.0.1:0"
+state_file = "{d}/routes.json"
+controller_public_key = "{d}/controller.pub.pem"
+masked_range = "100.127.0.0/16"
+gpu_interface = "gpu0"
+nft_command = ["true"]
+[controller]
+url = "http://{controller}"
+token = "{old}"
+heartbeat_interval_secs = 1
+"#,
+            d = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let start = || {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rodvr-agent"))
+            .arg("--config")
+            .arg(&config)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("rodvr-agent listening on"), "{line}");
+        KillOnDrop(child)
+    };
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let recv = async |seen: &mut tokio::sync::mpsc::UnboundedReceiver<(&'static str, String)>| {
+        tokio::time::timeout(Duration::from_secs(10), seen.recv()).await.unwrap().unwrap()
+    };
+
+    // Past half of its life, the token is renewed before the first heartbeat, and every
+    // heartbeat after presents the renewal.
+    let agent = start();
+    assert_eq!(recv(&mut seen).await, ("renew", old.clone()));
+    assert_eq!(recv(&mut seen).await, ("register", fresh.clone()));
+    assert_eq!(recv(&mut seen).await, ("register", fresh.clone()));
+    let kept = dir.path().join("controller-token");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), fresh);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777, 0o600);
+    drop(agent);
+
+    // Restarted with the old token still in its config, it uses the renewal it kept.
+    while seen.try_recv().is_ok() {}
+    let _agent = start();
+    assert_eq!(recv(&mut seen).await, ("register", fresh));
+}

@@ -10,6 +10,8 @@
 //! - [`hosts`]: host registration, heartbeats, drain, route tables pushed to agents.
 //! - [`gpus`]: GPU taints, by admins or after an agent refused routes to a GPU.
 //! - [`reconciler`]: the background loop that converges what drifted.
+//! - [`redact`]: failure reasons as tenants may read them (no host, GPU or rCUDA server named).
+//! - [`tokens`]: revoked tokens reloaded on every replica; agents' token renewal.
 //! - [`watch`]: waiting for a VM to settle (long-polling).
 
 pub mod batch;
@@ -18,7 +20,9 @@ pub mod gpus;
 pub mod hosts;
 pub mod pool;
 pub mod reconciler;
+pub mod redact;
 pub mod saga;
+pub mod tokens;
 pub mod vms;
 pub mod watch;
 

@@ -229,7 +229,7 @@ impl App {
                     inc(&self.metrics.launches_failed);
                     if vm.state != VmState::Deleting {
                         vm.state = VmState::Error;
-                        vm.error = Some(reason);
+                        vm.error = Some(self.tenant_message(&reason).await);
                     }
                     vm.step = SagaStep::WithdrawRoutes;
                     if self.save(&mut vm).await? {
@@ -430,9 +430,12 @@ impl App {
             .host
             .ok_or_else(|| StepError::Failed("the cloud reported no host for the VM".into()))?;
         if !self.host_has_agent(&host).await? {
-            return Err(StepError::Failed(format!(
-                "the VM landed on host {host}, which has no RODVR agent"
-            )));
+            tracing::warn!(vm = %vm.id, %host, "the cloud put the VM on a host without a RODVR agent");
+            return Err(StepError::Failed(
+                "the cloud put the VM on a host without a RODVR agent, where its cGPUs cannot be \
+                 routed"
+                    .into(),
+            ));
         }
         if info.fixed_ip.is_none() && info.tap.is_none() {
             return Err(StepError::Failed(

@@ -490,9 +490,15 @@ async fn record_user_data(dir: &Path, vm: VmId, user_data: &[u8]) -> Result<(), 
     let path = dir.join(format!("{vm}.user_data"));
     // Written aside and renamed, so a reader in another process never sees half a file.
     let partial = dir.join(format!(".{vm}.user_data.{}", Uuid::new_v4()));
+    // Tenants' user_data: 0600 files in a 0700 directory.
+    let (dir, bytes, written) = (dir.to_owned(), user_data.to_vec(), partial.clone());
+    let result = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        use std::io::Write;
+        rodvr_agent::files::create_private_dir(&dir)?;
+        rodvr_agent::files::open_private(&written, true)?.write_all(&bytes)
+    });
     let result = async {
-        tokio::fs::create_dir_all(dir).await?;
-        tokio::fs::write(&partial, user_data).await?;
+        result.await.map_err(std::io::Error::other)??;
         tokio::fs::rename(&partial, &path).await
     };
     result.await.map_err(|err| CloudError::Unavailable {

@@ -14,11 +14,13 @@
 mod cgpus;
 mod gpus;
 mod hosts;
+mod tokens;
 mod vms;
 
 pub use cgpus::*;
 pub use gpus::*;
 pub use hosts::*;
+pub use tokens::*;
 pub use vms::*;
 
 use std::sync::Arc;
@@ -39,6 +41,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../../migrations/0003_drop_unused_vm_indexes.sql"),
     ),
     (4, "gpu_taints", include_str!("../../../migrations/0004_gpu_taints.sql")),
+    (5, "revoked_tokens", include_str!("../../../migrations/0005_revoked_tokens.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +145,7 @@ impl Db {
             return Err(Error::invalid("database_url", "must start with sqlite: or postgres:"));
         };
         if backend == Backend::Sqlite {
-            create_sqlite_dir(url);
+            prepare_sqlite_file(url).map_err(|e| Error::unavailable("database", e))?;
         }
         let options: AnyConnectOptions = url.parse().map_err(|e| {
             Error::unavailable("database", Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
@@ -239,14 +242,37 @@ impl Db {
     }
 }
 
-fn create_sqlite_dir(url: &str) {
+/// Prepares a SQLite database file for tenants' data: its directory 0700 and the file (with its
+/// WAL and shared-memory files, which SQLite creates with the database file's mode) 0600, created
+/// empty if it does not exist yet. Directories that exist already are closed where gsaasd may
+/// (a mounted volume's root may not be its own).
+fn prepare_sqlite_file(url: &str) -> std::io::Result<()> {
+    use rodvr_agent::files::{create_private_dir, open_private, restrict, FILE_MODE};
     let path = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
-    let path = path.split('?').next().unwrap_or(path);
-    if let Some(dir) = std::path::Path::new(path).parent() {
-        if !dir.as_os_str().is_empty() {
-            let _ = std::fs::create_dir_all(dir);
+    let path = std::path::Path::new(path.split('?').next().unwrap_or(path));
+    if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Err(e) = create_private_dir(dir) {
+            if !dir.is_dir() {
+                return Err(e);
+            }
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot make the database's directory 0700");
         }
     }
+    if !path.exists() {
+        open_private(path, true)?;
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let file = std::path::Path::new(&file);
+        if file.exists() {
+            restrict(file, FILE_MODE)?;
+        }
+    }
+    Ok(())
 }
 
 fn corrupt(what: &str, value: &str) -> Error {

@@ -91,6 +91,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pool", get(get_pool))
         .route("/v1/hosts", get(list_hosts))
         .route("/v1/hosts/{name}", put(register_host))
+        .route("/v1/hosts/{name}/token", post(renew_agent_token))
         .route("/v1/hosts/{name}/drain", post(drain_host))
         .route("/v1/hosts/{name}/undrain", post(undrain_host))
         .route("/v1/gpus/{id}/taint", post(taint_gpu))
@@ -273,6 +274,25 @@ async fn register_host(
     Ok(Json(HostView::from(&app.register_report(&report).await?)))
 }
 
+/// Renew an agent's token: a host's agent trades its valid token for a fresh one, in the same
+/// line (revoking the line's first id revokes both).
+#[utoipa::path(post, path = "/v1/hosts/{name}/token", tag = "hosts",
+    params(("name" = String, Path, description = "The host's name")),
+    responses((status = 200, body = AgentToken), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn renew_agent_token(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Json<AgentToken>, Error> {
+    if caller.role != Role::Agent || caller.subject != name {
+        return Err(Error::NotFound { kind: "host", id: name });
+    }
+    let token = app.renew_agent_token(crate::auth::bearer_token(&headers)?)?;
+    Ok(Json(AgentToken { token }))
+}
+
 /// Drain a host: no new cGPUs there (admins).
 #[utoipa::path(post, path = "/v1/hosts/{name}/drain", tag = "hosts",
     params(("name" = String, Path, description = "The host's name")),
@@ -405,10 +425,11 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "GSaaS", description = "GPU scheduling as a service: cGPU-enabled VMs for OpenStack."),
-    paths(launch_vm, list_vms, get_vm, terminate_vm, get_pool, list_hosts, register_host, drain_host,
+    paths(launch_vm, list_vms, get_vm, terminate_vm, get_pool, list_hosts, register_host,
+        renew_agent_token, drain_host,
         undrain_host, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
     components(schemas(Problem, LaunchRequest, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
-        PoolHostView, GpuView, HostView, HostList, TaintRequest, GpuTaintView, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
+        PoolHostView, GpuView, HostView, HostList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
         ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
     modifiers(&BearerAuth),
 )]

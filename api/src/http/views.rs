@@ -239,6 +239,12 @@ pub struct GpuView {
     pub taint: Option<String>,
 }
 
+/// A renewed agent token.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentToken {
+    pub token: String,
+}
+
 /// `POST /v1/gpus/{id}/taint`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

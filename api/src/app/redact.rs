@@ -1,0 +1,93 @@
+//! What a tenant reads about its VM never locates its GPUs.
+//!
+//! gsaasd's own messages to tenants name no host, GPU or rCUDA server. The cloud's do not promise
+//! that (Nova's faults and scheduler errors may name hosts), so every failure reason that becomes
+//! a VM's `error` first passes [`App::tenant_message`], which hides each word that is the name of a
+//! host, the id of a GPU, or the address of an rCUDA server the pool knows. The whole reason goes
+//! to the log, for operators.
+
+use std::collections::HashSet;
+
+use super::App;
+
+/// What a hidden word is replaced with.
+pub const HIDDEN: &str = "(hidden)";
+
+/// Characters of host names, GPU ids and `ip:port` endpoints.
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':')
+}
+
+/// `message` with every word in `secret` replaced by [`HIDDEN`]. A word is a run of name
+/// characters; a trailing full stop (the end of a sentence) is not part of it.
+pub fn hide_words(message: &str, secret: &HashSet<String>) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find(is_name_char) {
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        let len = rest.find(|c| !is_name_char(c)).unwrap_or(rest.len());
+        let word = &rest[..len];
+        let bare = word.trim_end_matches('.');
+        if secret.contains(word) {
+            out.push_str(HIDDEN);
+        } else if secret.contains(bare) {
+            out.push_str(HIDDEN);
+            out.push_str(&word[bare.len()..]);
+        } else {
+            out.push_str(word);
+        }
+        rest = &rest[len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+impl App {
+    /// `reason` as a tenant may read it: see the module docs.
+    pub(crate) async fn tenant_message(&self, reason: &str) -> String {
+        let secret = self
+            .read_pool(|pool| {
+                let mut secret: HashSet<String> =
+                    pool.hosts().map(|(host, _, _)| host.to_string()).collect();
+                for gpu in pool.gpu_usage() {
+                    secret.insert(gpu.id.to_string());
+                    secret.insert(gpu.rcuda.address.to_string());
+                    secret.insert(format!("{}:{}", gpu.rcuda.address, gpu.rcuda.port));
+                }
+                secret
+            })
+            .await;
+        match secret {
+            Ok(secret) => hide_words(reason, &secret),
+            // Without the pool's names nothing can be checked: say nothing of the cause.
+            Err(_) => "the launch failed; an operator can see why in gsaasd's log".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hides_whole_words_only() {
+        let secret: HashSet<String> =
+            ["gpu-host-1", "a", "10.78.0.1", "10.78.0.1:8308", "gpu-host-1:gpu2"]
+                .into_iter()
+                .map(String::from)
+                .collect();
+        let hidden = hide_words(
+            "No valid host was found. Host \"gpu-host-1\" failed (10.78.0.1:8308, a), \
+             XID on gpu-host-1:gpu2 at gpu-host-1.",
+            &secret,
+        );
+        assert_eq!(
+            hidden,
+            "No valid host was found. Host \"(hidden)\" failed ((hidden), (hidden)), XID on \
+             (hidden) at (hidden)."
+        );
+        // Words that merely contain a secret stay.
+        assert_eq!(hide_words("gpu-host-10 and a-b", &secret), "gpu-host-10 and a-b");
+    }
+}
