@@ -46,6 +46,8 @@ pub enum Role {
     Admin,
     /// A host's RODVR agent: registers its host and heartbeats, nothing else.
     Agent,
+    /// A metrics scraper (Prometheus): reads `/metrics`, nothing else.
+    Metrics,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -321,10 +323,13 @@ impl Keys {
             Role::Member
         } else if claims.roles.contains(&Role::Agent) {
             Role::Agent
+        } else if claims.roles.contains(&Role::Metrics) {
+            Role::Metrics
         } else {
             return Err(Error::Unauthenticated("token carries no known role".into()));
         };
-        if role != Role::Agent && claims.project.as_deref().is_none_or(str::is_empty) {
+        let projectless = matches!(role, Role::Agent | Role::Metrics);
+        if !projectless && claims.project.as_deref().is_none_or(str::is_empty) {
             return Err(Error::Unauthenticated("token names no project".into()));
         }
         let caller = Caller { subject: claims.sub.clone(), project: claims.project.clone(), role };

@@ -10,6 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
 use gpgpums::{HostId, HostKind, DEFAULT_POLICY};
+use rodvr_agent::httpd::HttpLimits;
 use rodvr_agent::protocol::Ipv4Cidr;
 use serde::Deserialize;
 
@@ -50,6 +51,9 @@ pub struct Config {
     pub launch: LaunchConfig,
     pub cloud: CloudConfig,
     pub hosts: HostsConfig,
+    /// Limits of the API's HTTP server (header and body timeouts, connections).
+    pub http: HttpLimits,
+    pub metrics: MetricsConfig,
     /// The GPU inventory used with in-process agents; empty means the paper's testbed.
     pub inventory: Vec<InventoryHost>,
 }
@@ -66,8 +70,27 @@ impl Default for Config {
             launch: LaunchConfig::default(),
             cloud: CloudConfig::default(),
             hosts: HostsConfig::default(),
+            http: HttpLimits::default(),
+            metrics: MetricsConfig::default(),
             inventory: Vec::new(),
         }
+    }
+}
+
+/// `/metrics`: on the API's listener it needs an admin or `metrics` token; `listen` serves it
+/// without one on an address of its own (a scrape network tenants cannot reach).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// A second listener for `/metrics` alone, without a token.
+    pub listen: Option<SocketAddr>,
+    /// The pool and VM gauges are computed at most this often, however many scrapers ask.
+    pub gauge_refresh_ms: u64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { listen: None, gauge_refresh_ms: 5000 }
     }
 }
 
@@ -368,6 +391,7 @@ impl Config {
                 return Err(format!("{field}: must be between 1 and {max_ttl} (a year)"));
             }
         }
+        self.http.check()?;
         if self.auth.revocation_refresh_secs == 0 {
             return Err("auth.revocation_refresh_secs: must be at least 1".into());
         }

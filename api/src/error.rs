@@ -29,6 +29,9 @@ pub enum Error {
     /// The request body is too large: 413.
     #[error("{0}")]
     TooLarge(String),
+    /// The request (its body) did not arrive in time: 408.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// The request contradicts the current state: 409.
     #[error("{0}")]
     Conflict(String),
@@ -71,6 +74,7 @@ impl Error {
             Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::InsufficientCapacity(_) => StatusCode::INSUFFICIENT_STORAGE,
             Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -86,6 +90,7 @@ impl Error {
             Error::Unauthenticated(_) => "unauthenticated",
             Error::NotFound { .. } => "not_found",
             Error::TooLarge(_) => "body_too_large",
+            Error::RequestTimeout(_) => "request_timeout",
             Error::Conflict(_) => "conflict",
             Error::InsufficientCapacity(_) => "insufficient_gpu_capacity",
             Error::Unavailable { .. } => "dependency_unavailable",

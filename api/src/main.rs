@@ -160,6 +160,10 @@ fn run(cli: Cli) -> Result<(), String> {
                     gpgpums::HostId::new(&host).map_err(|e| format!("--host: {e}"))?;
                     keys.issue(&host, None, Role::Agent, ttl)
                 }
+                Role::Metrics => {
+                    let subject = subject.unwrap_or_else(|| "metrics".into());
+                    keys.issue(&subject, None, Role::Metrics, ttl)
+                }
                 Role::Member | Role::Admin => {
                     let project = project.ok_or("--project is required for members and admins")?;
                     if project.trim().is_empty() {

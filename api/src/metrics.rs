@@ -2,11 +2,15 @@
 //!
 //! Plain atomics and fixed-bucket histograms (shared with the agents, `rodvr_agent::metrics`): the
 //! service counts a handful of events, and the exposition is written by hand so no metrics framework
-//! enters the dependency tree. Gauges (pool
-//! use, VMs by state) are read from the pool and the database when scraped, so they cannot drift.
+//! enters the dependency tree. Gauges (pool use, VMs by state) are read from the pool and the
+//! database, so they cannot drift; that takes the pool's lock and a count over the VMs, so the
+//! [`GaugeCache`] does it at most once per `metrics.gauge_refresh_ms`, however many scrape.
 
 use std::fmt::Write;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub use rodvr_agent::metrics::{header, inc, Histogram};
 
@@ -180,4 +184,30 @@ pub fn render_vm_states(counts: &[(String, i64)]) -> String {
         let _ = writeln!(out, "gsaas_vms{{state=\"{state}\"}} {count}");
     }
     out
+}
+
+/// The last gauges computed, and when. See the module docs.
+#[derive(Debug, Default)]
+pub struct GaugeCache {
+    last: tokio::sync::Mutex<Option<(Instant, Arc<str>)>>,
+}
+
+impl GaugeCache {
+    /// The gauges, computed by `compute` unless the last ones are younger than `max_age`.
+    /// Scrapers that arrive while they are computed wait for that one computation.
+    pub async fn get<E, F: Future<Output = Result<String, E>>>(
+        &self,
+        max_age: Duration,
+        compute: impl FnOnce() -> F,
+    ) -> Result<Arc<str>, E> {
+        let mut last = self.last.lock().await;
+        if let Some((at, gauges)) = last.as_ref() {
+            if at.elapsed() < max_age {
+                return Ok(gauges.clone());
+            }
+        }
+        let gauges: Arc<str> = compute().await?.into();
+        *last = Some((Instant::now(), gauges.clone()));
+        Ok(gauges)
+    }
 }

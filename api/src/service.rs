@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rodvr_agent::httpd;
 use tokio::net::TcpListener;
 
 use crate::agents::{HostAgents, InProcessAgents, RemoteAgents};
@@ -23,11 +24,15 @@ use crate::openstack::TokenValidator;
 pub struct Service {
     pub app: Arc<App>,
     pub addr: SocketAddr,
+    /// Where `/metrics` is served without a token, when `metrics.listen` is set.
+    pub metrics_addr: Option<SocketAddr>,
     /// The simulated cloud, when that is the backend (tests inspect it and inject faults).
     pub sim: Option<Arc<SimCloud>>,
     server: tokio::task::JoinHandle<()>,
     reconciler: tokio::task::JoinHandle<()>,
     revocations: tokio::task::JoinHandle<()>,
+    /// The `metrics.listen` server, when configured.
+    metrics_server: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Service {
@@ -41,6 +46,9 @@ impl Service {
         self.server.abort();
         self.reconciler.abort();
         self.revocations.abort();
+        if let Some(metrics) = self.metrics_server {
+            metrics.abort();
+        }
         self.app.abort_sagas();
     }
 
@@ -49,6 +57,9 @@ impl Service {
         let _ = self.server.await;
         self.reconciler.abort();
         self.revocations.abort();
+        if let Some(metrics) = self.metrics_server {
+            metrics.abort();
+        }
     }
 }
 
@@ -92,6 +103,12 @@ pub async fn start_with_sim(
     listener: TcpListener,
     existing_sim: Option<Arc<SimCloud>>,
 ) -> Result<Service, StartError> {
+    let metrics_listener = match config.metrics.listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
     let keys = Keys::load_or_create(&config.signing_key_path())?;
     let db = Db::connect(&config.database_url()).await.map_err(StartError::Database)?;
     let (agents, in_process_agents): (Arc<dyn HostAgents>, _) = match config.hosts.backend {
@@ -135,14 +152,18 @@ pub async fn start_with_sim(
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Listen { addr: app.config.listen, source })?;
-    let router = crate::http::router(app.clone());
-    let server = tokio::spawn(async move {
+    let limits = app.config.http;
+    let serve = |listener, router| async move {
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
         };
-        if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
+        if let Err(e) = httpd::serve(listener, router, limits, shutdown).await {
             tracing::error!(error = %ErrorChain(&e), "server stopped");
         }
-    });
-    Ok(Service { app, addr, sim, server, reconciler, revocations })
+    };
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let metrics_server = metrics_listener
+        .map(|listener| tokio::spawn(serve(listener, crate::http::metrics_router(app.clone()))));
+    let server = tokio::spawn(serve(listener, crate::http::router(app.clone())));
+    Ok(Service { app, addr, metrics_addr, sim, server, reconciler, revocations, metrics_server })
 }

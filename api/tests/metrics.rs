@@ -35,7 +35,8 @@ async fn metrics_parse_and_follow_what_happens() {
     let refused = t.post(&token, "/v1/vms", &shared_launch(99, 2048)).await.0;
     assert_eq!(refused, 507);
 
-    let text = t.http.get(t.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = t.http.get(t.url("/metrics")).bearer_auth(t.admin()).send().await;
+    let text = text.unwrap().text().await.unwrap();
     let scrape = scrape(&text);
     assert_eq!(value(&scrape, "gsaas_launches_total", Some(("outcome", "accepted"))), 1.0);
     assert_eq!(value(&scrape, "gsaas_launches_total", Some(("outcome", "ready"))), 1.0);
@@ -94,4 +95,66 @@ async fn metrics_parse_and_follow_what_happens() {
         }
     }
     assert!(charted >= 8, "the dashboard charts too little: {charted}");
+}
+
+/// What a tenant would learn from `/metrics` before and after its launch: which GPU and host its
+/// VM got. So only admins and metrics tokens read it on the API's address; `metrics.listen`
+/// serves it, without a token, on an address of its own and nothing else there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_not_for_tenants() {
+    let t = TestService::start_with(Store::Sqlite, |c| {
+        c.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let get = |path: &str, token: Option<String>| {
+        let mut request = t.http.get(t.url(path));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    let metrics_token = t.service().app.keys.issue(
+        "prometheus",
+        None,
+        gsaasd::auth::Role::Metrics,
+        std::time::Duration::from_secs(600),
+    );
+    assert_eq!(get("/metrics", None).await, 401);
+    assert_eq!(get("/metrics", Some(t.member())).await, 404);
+    assert_eq!(get("/metrics", Some(t.admin())).await, 200);
+    assert_eq!(get("/metrics", Some(metrics_token.clone())).await, 200);
+    // A metrics token reads nothing else.
+    for path in ["/v1/vms", "/v1/pool", "/v1/hosts"] {
+        assert_eq!(get(path, Some(metrics_token.clone())).await, 404, "{path}");
+    }
+    let own = t.service().metrics_addr.expect("the metrics listener");
+    let response = t.http.get(format!("http://{own}/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    scrape(&response.text().await.unwrap());
+    let other = t.http.get(format!("http://{own}/v1/pool")).send().await.unwrap();
+    assert_eq!(other.status(), 404, "the metrics listener serves /metrics alone");
+}
+
+/// Scrapers share one computation of the gauges per refresh period: a launch between two scrapes
+/// within it shows in the counters at once, in the gauges only after the period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gauges_are_computed_once_per_refresh_period() {
+    let t =
+        TestService::start_with(Store::Sqlite, |c| c.metrics.gauge_refresh_ms = 3_600_000).await;
+    let token = t.member();
+    let app = &t.service().app;
+    let before = scrape(&app.render_metrics().await.unwrap());
+    let id = t.launch(&token, &shared_launch(1, 1024)).await;
+    t.wait_state(&token, &id, "ready").await;
+    let scrapes = support::join_all((0..16).map(|_| app.render_metrics())).await;
+    for text in scrapes {
+        let after = scrape(&text.unwrap());
+        assert_eq!(value(&after, "gsaas_launches_total", Some(("outcome", "ready"))), 1.0);
+        assert_eq!(value(&after, "gsaas_vms", Some(("state", "ready"))), 0.0, "cached");
+        let gpu = Some(("gpu", "compute-gpu:gpu0"));
+        assert_eq!(
+            value(&after, "gsaas_gpu_allocated_mib", gpu),
+            value(&before, "gsaas_gpu_allocated_mib", gpu)
+        );
+    }
 }

@@ -45,6 +45,38 @@ async fn the_data_directory_and_tenants_data_are_owner_only() {
     assert_eq!(mode(&user_data.join(format!("{id}.user_data"))), 0o600);
 }
 
+/// Connections that never finish their headers or body are closed, past the connection limit
+/// too, and gsaasd serves again once they are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_stall_are_cut_off_and_gsaasd_keeps_serving() {
+    use rodvr_agent::httpd::HttpLimits;
+    let t = TestService::start_with(Store::Sqlite, |c| {
+        c.http = HttpLimits { header_timeout_secs: 1, body_timeout_secs: 1, max_connections: 16 };
+    })
+    .await;
+    let addr = t.service().addr;
+    let headers =
+        support::slow::stall(addr, b"GET /v1/vms HTTP/1.1\r\nHost: gsaas\r\nAuthor", 100).await;
+    let body = format!(
+        "POST /v1/vms HTTP/1.1\r\nHost: gsaas\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"ncgpus\": 1",
+        t.member()
+    );
+    let mut bodies = support::slow::stall(addr, body.as_bytes(), 20).await;
+    // A body that stalls is answered 408 before the connection closes.
+    let mut first = bodies.remove(0);
+    let mut answer = String::new();
+    use tokio::io::AsyncReadExt;
+    let read = first.read_to_string(&mut answer);
+    tokio::time::timeout(Duration::from_secs(30), read).await.unwrap().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    let limit = Duration::from_secs(60);
+    assert_eq!(support::slow::still_open_after(headers, limit).await, 0, "stalled headers");
+    assert_eq!(support::slow::still_open_after(bodies, limit).await, 0, "stalled bodies");
+    assert_eq!(t.get(&t.member(), "/v1/vms").await.0, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_vm_tells_its_tenant_nothing_about_where_its_gpus_are() {
     use gsaasd::cloud::sim::SimFault;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use gpgpums::ids::HostId;
 use serde::Deserialize;
 
+use crate::httpd::HttpLimits;
 use crate::protocol::Ipv4Cidr;
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +55,9 @@ pub struct Config {
     /// GPUs of this host when NVML is not available.
     #[serde(default)]
     pub gpus: Vec<GpuConfig>,
+    /// Limits of the agent's HTTP server.
+    #[serde(default)]
+    pub http: HttpLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -137,6 +141,7 @@ impl Config {
                 ));
             }
         }
+        config.http.check().map_err(invalid)?;
         if !config.gpus.is_empty() && config.rcuda.is_none() {
             return Err(invalid(
                 "gpus are listed but [rcuda] (their server address) is not".into(),

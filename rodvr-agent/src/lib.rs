@@ -15,6 +15,7 @@ pub mod credential;
 pub mod discovery;
 pub mod files;
 pub mod firewall;
+pub mod httpd;
 pub mod metrics;
 pub mod protocol;
 pub mod render;

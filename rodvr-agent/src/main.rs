@@ -17,6 +17,7 @@ use rodvr_agent::config::{Config, ConfigError};
 use rodvr_agent::credential;
 use rodvr_agent::discovery::{default_discovery, host_kind, inventory, DiscoveryError};
 use rodvr_agent::firewall::{Dataplane, Firewall, NftFirewall};
+use rodvr_agent::httpd;
 use rodvr_agent::protocol::InvalidEntry;
 use rodvr_agent::render::TableParams;
 use rodvr_agent::server::{log_error, router};
@@ -117,10 +118,8 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         let client = ControllerClient::new(&controller.url, token);
         tokio::spawn(heartbeat(agent.clone(), client, renewed, controller.heartbeat_interval()));
     }
-    axum::serve(listener, router(agent, Arc::new(verifier)))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(StartError::Serve)
+    let app = router(agent, Arc::new(verifier), config.http.body_timeout());
+    httpd::serve(listener, app, config.http, shutdown_signal()).await.map_err(StartError::Serve)
 }
 
 async fn reapply<F: Firewall + 'static>(agent: &Arc<Agent<F>>) {

@@ -6,6 +6,7 @@
 //! answered with the path of the bad entry (`routes[2].masked`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -18,6 +19,7 @@ use axum::{Json, Router};
 use crate::agent::{Agent, AgentError};
 use crate::auth::TokenVerifier;
 use crate::firewall::Firewall;
+use crate::httpd::{read_body_within, BodyError};
 use crate::protocol::{AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable};
 
 /// Large enough for tens of thousands of routes.
@@ -55,11 +57,18 @@ impl IntoResponse for AgentError {
     }
 }
 
-pub fn router<F: Firewall + 'static>(agent: Arc<Agent<F>>, verifier: Arc<TokenVerifier>) -> Router {
+/// The agent's API. `body_timeout`: how long a request's body may take to arrive (read only
+/// after its token was checked).
+pub fn router<F: Firewall + 'static>(
+    agent: Arc<Agent<F>>,
+    verifier: Arc<TokenVerifier>,
+    body_timeout: Duration,
+) -> Router {
     Router::new()
         .route("/v1/health", get(health::<F>))
         .route("/v1/routes", get(get_routes::<F>).put(put_routes::<F>))
         .route("/v1/host", get(host::<F>))
+        .layer(middleware::from_fn_with_state(body_timeout, read_body))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(verifier, require_controller))
         // Added after the token layer: Prometheus scrapes without the controller's key.
@@ -80,6 +89,22 @@ async fn require_controller(
     match token {
         Some(token) if verifier.verify(token) => Ok(next.run(request).await),
         _ => Err(AgentError::Unauthorized),
+    }
+}
+
+/// Reads the whole body within the deadline (see [`crate::httpd`]).
+async fn read_body(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
+    match read_body_within(request, MAX_BODY_BYTES, timeout).await {
+        Ok(request) => next.run(request).await,
+        Err(e) => {
+            let status = match e {
+                BodyError::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
+                BodyError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                BodyError::Failed(_) => StatusCode::BAD_REQUEST,
+            };
+            let body = Json(ErrorBody { error: e.to_string(), entry: None });
+            (status, [(header::CONNECTION, "close")], body).into_response()
+        }
     }
 }
 

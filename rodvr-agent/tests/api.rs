@@ -12,6 +12,7 @@ use rodvr_agent::agent::{Agent, HostFacts};
 use rodvr_agent::auth::{TokenSigner, TokenVerifier};
 use rodvr_agent::client::AgentClient;
 use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
+use rodvr_agent::httpd::{self, HttpLimits};
 use rodvr_agent::protocol::{ApplyOutcome, HostKind, Route, RouteTable};
 use rodvr_agent::render::TableParams;
 use rodvr_agent::state::Ledger;
@@ -47,12 +48,21 @@ fn client_for(addr: SocketAddr, private: &str) -> AgentClient {
 }
 
 async fn serve(agent: Arc<Agent<MemoryFirewall>>, public_pem: &str) -> SocketAddr {
+    serve_with(agent, public_pem, HttpLimits::default()).await
+}
+
+async fn serve_with(
+    agent: Arc<Agent<MemoryFirewall>>,
+    public_pem: &str,
+    limits: HttpLimits,
+) -> SocketAddr {
     let verifier = TokenVerifier::from_public_pem(public_pem.as_bytes(), crg0()).unwrap();
     let verifier = Arc::new(verifier);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = rodvr_agent::server::router(agent, verifier);
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let app = rodvr_agent::server::router(agent, verifier, limits.body_timeout());
+    let forever = std::future::pending();
+    tokio::spawn(async move { httpd::serve(listener, app, limits, forever).await.unwrap() });
     addr
 }
 
@@ -386,4 +396,28 @@ heartbeat_interval_secs = 1
     while seen.try_recv().is_ok() {}
     let _agent = start();
     assert_eq!(recv(&mut seen).await, ("register", fresh));
+}
+
+#[tokio::test]
+async fn clients_that_stall_are_cut_off_and_the_agent_keeps_serving() {
+    let state = TempDir::new("api-slow");
+    let (private, public) = key_pair(41);
+    let limits = HttpLimits { header_timeout_secs: 1, body_timeout_secs: 1, max_connections: 8 };
+    let addr = serve_with(new_agent(&state), &public, limits).await;
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let token = signer.sign(&crg0(), Duration::from_secs(600));
+    // Headers that never end, and (with a valid token) a body that never comes: five times as
+    // many as the agent serves at once.
+    let headers =
+        support::slow::stall(addr, b"GET /v1/routes HTTP/1.1\r\nHost: agent\r\n", 30).await;
+    let body = format!(
+        "PUT /v1/routes HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"generation\""
+    );
+    let bodies = support::slow::stall(addr, body.as_bytes(), 10).await;
+    let limit = Duration::from_secs(30);
+    assert_eq!(support::slow::still_open_after(headers, limit).await, 0, "stalled headers");
+    assert_eq!(support::slow::still_open_after(bodies, limit).await, 0, "stalled bodies");
+    let client = client_for(addr, &private);
+    assert_eq!(client.put_routes(&table(1)).await.unwrap().outcome, ApplyOutcome::Applied);
 }

@@ -117,6 +117,7 @@ pub(crate) fn share(e: &Arc<Error>) -> Error {
         Error::Unauthenticated(m) => Error::Unauthenticated(m.clone()),
         Error::NotFound { kind, id } => Error::NotFound { kind, id: id.clone() },
         Error::TooLarge(m) => Error::TooLarge(m.clone()),
+        Error::RequestTimeout(m) => Error::RequestTimeout(m.clone()),
         Error::Conflict(m) => Error::Conflict(m.clone()),
         Error::InsufficientCapacity(shortfall) => Error::InsufficientCapacity(shortfall.clone()),
         Error::Unavailable { dependency, .. } => Error::Unavailable { dependency, source: cause() },

@@ -57,6 +57,8 @@ pub struct App {
     in_process_agents: Option<Arc<InProcessAgents>>,
     keystone: Option<Arc<TokenValidator>>,
     pub metrics: Metrics,
+    /// The pool and VM gauges of `/metrics`, computed at most once per refresh period.
+    gauges: crate::metrics::GaugeCache,
     pool: pool::PoolCache,
     /// This process's id as a saga owner.
     instance: String,
@@ -106,6 +108,7 @@ impl App {
             in_process_agents: backends.in_process_agents,
             keystone: backends.keystone,
             metrics: Metrics::default(),
+            gauges: crate::metrics::GaugeCache::default(),
             pool: pool::PoolCache::new(),
             instance: uuid::Uuid::new_v4().to_string(),
             running: Mutex::new(HashMap::new()),
@@ -185,6 +188,29 @@ impl App {
         for task in self.batch_tasks.lock().expect("batch tasks").drain(..) {
             task.abort();
         }
+    }
+}
+
+impl App {
+    /// Everything `/metrics` serves: live counters and histograms, then the (cached) gauges.
+    pub async fn render_metrics(&self) -> Result<String, crate::error::Error> {
+        let max_age = std::time::Duration::from_millis(self.config.metrics.gauge_refresh_ms);
+        let gauges = self
+            .gauges
+            .get(max_age, || async {
+                let mut gauges = self.read_pool(crate::metrics::render_pool).await?;
+                let states = {
+                    let mut conn = self.db.conn().await?;
+                    crate::db::vm_state_counts(&mut conn).await?
+                };
+                gauges.push_str(&crate::metrics::render_vm_states(&states));
+                Ok::<_, crate::error::Error>(gauges)
+            })
+            .await?;
+        let mut out = String::with_capacity(gauges.len() + 8192);
+        self.metrics.render(&mut out);
+        out.push_str(&gauges);
+        Ok(out)
     }
 }
 

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -102,8 +103,31 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/openapi.json", get(openapi_json))
         .merge(crate::dashboard::routes())
         .fallback(|| async { Error::NotFound { kind: "resource", id: String::new() } })
+        .layer(middleware::from_fn_with_state(app.config.http.body_timeout(), read_body))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(app)
+}
+
+/// Reads the whole body (at most [`MAX_BODY`]) within `http.body_timeout_secs`.
+async fn read_body(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
+    use rodvr_agent::httpd::{read_body_within, BodyError};
+    match read_body_within(request, MAX_BODY, timeout).await {
+        Ok(request) => next.run(request).await,
+        Err(e) => {
+            let error = match e {
+                BodyError::TimedOut(_) => Error::RequestTimeout(e.to_string()),
+                BodyError::TooLarge(_) => {
+                    Error::TooLarge(format!("request body is larger than {} KiB", MAX_BODY / 1024))
+                }
+                BodyError::Failed(_) => {
+                    Error::Malformed { field: "body".into(), reason: "cannot be read".into() }
+                }
+            };
+            let mut response = error.into_response();
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    }
 }
 
 fn location(id: &str) -> String {
@@ -260,7 +284,7 @@ async fn register_host(
     let allowed = match caller.role {
         Role::Admin => true,
         Role::Agent => caller.subject == name,
-        Role::Member => false,
+        Role::Member | Role::Metrics => false,
     };
     if !allowed {
         return Err(Error::NotFound { kind: "host", id: name });
@@ -379,29 +403,49 @@ async fn healthz() -> Json<Health> {
 async fn readyz(State(app): State<AppState>) -> (StatusCode, Json<Readiness>) {
     let database = app.db.ping().await;
     let status = if database.is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    // Anyone may ask (probes carry no token): the reconciler's error is said to have happened,
+    // not what it was (it may name hosts); the log has it.
+    let mut reconciler = app.reconciler_status();
+    if reconciler.last_error.is_some() {
+        reconciler.last_error = Some("the last pass hit an error; gsaasd's log says which".into());
+    }
     (
         status,
         Json(Readiness {
             status: if database.is_ok() { "ready" } else { "not ready" }.into(),
             database: if database.is_ok() { "ok" } else { "unavailable" }.into(),
-            reconciler: app.reconciler_status(),
+            reconciler,
         }),
     )
 }
 
-/// Metrics in the Prometheus text format.
-#[utoipa::path(get, path = "/metrics", tag = "service", responses((status = 200, body = String, content_type = "text/plain")))]
-async fn metrics(State(app): State<AppState>) -> Result<Response, Error> {
-    let mut out = String::new();
-    app.metrics.render(&mut out);
-    let gauges = app.read_pool(crate::metrics::render_pool).await?;
-    let states = {
-        let mut conn = app.db.conn().await?;
-        crate::db::vm_state_counts(&mut conn).await?
-    };
-    out.push_str(&crate::metrics::render_vm_states(&states));
-    out.push_str(&gauges);
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response())
+/// Metrics in the Prometheus text format (admins and `metrics` tokens; per GPU and host, so never
+/// tenants).
+#[utoipa::path(get, path = "/metrics", tag = "service",
+    responses((status = 200, body = String, content_type = "text/plain"), (status = 401, body = Problem),
+        (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn metrics(State(app): State<AppState>, caller: Caller) -> Result<Response, Error> {
+    if !matches!(caller.role, Role::Admin | Role::Metrics) {
+        return Err(Error::NotFound { kind: "resource", id: String::new() });
+    }
+    metrics_text(&app).await
+}
+
+async fn metrics_text(app: &App) -> Result<Response, Error> {
+    let text = app.render_metrics().await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// `/metrics` alone, without a token: for `metrics.listen`, an address of its own.
+pub fn metrics_router(app: Arc<App>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(app): State<AppState>| async move { metrics_text(&app).await }),
+        )
+        .fallback(|| async { Error::NotFound { kind: "resource", id: String::new() } })
+        .with_state(app)
 }
 
 /// This API's OpenAPI document.

@@ -5,6 +5,8 @@
 pub mod agents;
 pub mod openstack;
 pub mod postgres;
+#[path = "../../../rodvr-agent/tests/support/slow.rs"]
+pub mod slow;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -69,6 +71,8 @@ pub fn test_config(store: Store) -> (Config, PathBuf) {
         ..Config::default()
     };
     config.hosts.reconcile_interval_secs = 3600;
+    // Scrapes see every change at once (the gauge cache has its own test).
+    config.metrics.gauge_refresh_ms = 0;
     (config, dir)
 }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod netns;
+pub mod slow;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,0 +1,172 @@
+//! The HTTP server both binaries run (gsaasd's API and the agent's), with the limits a server on
+//! a shared network needs: axum's own `serve` sets none of them.
+//!
+//! - A client has [`HttpLimits::header_timeout_secs`] to send a request's headers, counted from
+//!   when the server starts waiting for them, so it also closes idle keep-alive connections
+//!   (hyper's header read timeout, which needs a timer that `axum::serve` does not give it).
+//! - A request's whole body must arrive within [`HttpLimits::body_timeout_secs`]
+//!   ([`read_body_within`], called by each server's middleware, which answers 408).
+//! - At most [`HttpLimits::max_connections`] connections are served at once; more wait in the
+//!   kernel's accept queue instead of taking memory and file descriptors.
+//!
+//! Each request carries its peer's address as axum's `ConnectInfo<SocketAddr>`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, Request};
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tower::ServiceExt;
+
+/// Limits of an HTTP server (the `[http]` table of gsaasd's and the agent's configs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpLimits {
+    /// Seconds a client has to send a request's headers, idle keep-alive time included.
+    pub header_timeout_secs: u64,
+    /// Seconds a client has to send a request's whole body.
+    pub body_timeout_secs: u64,
+    /// Connections served at once.
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits { header_timeout_secs: 15, body_timeout_secs: 30, max_connections: 1024 }
+    }
+}
+
+impl HttpLimits {
+    /// Why the limits cannot be served with, naming the field.
+    pub fn check(&self) -> Result<(), String> {
+        for (field, secs) in [
+            ("header_timeout_secs", self.header_timeout_secs),
+            ("body_timeout_secs", self.body_timeout_secs),
+        ] {
+            if !(1..=3600).contains(&secs) {
+                return Err(format!("http.{field}: must be between 1 and 3600"));
+            }
+        }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return Err("http.max_connections: must be between 1 and 1000000".into());
+        }
+        Ok(())
+    }
+
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_secs(self.body_timeout_secs)
+    }
+}
+
+/// Why a request's body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("the request body did not arrive within {0:?}")]
+    TimedOut(Duration),
+    #[error("the request body is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("the request body could not be read")]
+    Failed(#[source] axum::Error),
+}
+
+/// Reads `request`'s whole body (at most `limit` bytes) within `timeout`, and gives the request
+/// back with the body in memory.
+pub async fn read_body_within(
+    request: Request,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Request, BodyError> {
+    let (parts, body) = request.into_parts();
+    let bytes: Bytes = match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await
+    {
+        Err(_) => return Err(BodyError::TimedOut(timeout)),
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            return Err(if too_large { BodyError::TooLarge(limit) } else { BodyError::Failed(e) });
+        }
+        Ok(Ok(bytes)) => bytes,
+    };
+    Ok(Request::from_parts(parts, Body::from(bytes)))
+}
+
+/// Serves `app` on `listener` under `limits` until `shutdown` completes; then stops accepting,
+/// lets open connections finish their request (for at most `limits.header_timeout_secs`), and
+/// returns.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: HttpLimits,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let (stop, stopping) = watch::channel(false);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(limits.header_timeout_secs))
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors or memory, or a connection reset before accept:
+                    // not fatal, and not worth a busy loop.
+                    eprintln!("httpd: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let app = app.clone();
+        let service =
+            hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                app.clone().oneshot(request.map(Body::new))
+            });
+        let connection = http.serve_connection(TokioIo::new(stream), service);
+        let mut stopping = stopping.clone();
+        tokio::spawn(async move {
+            tokio::pin!(connection);
+            let stopped = async {
+                while !*stopping.borrow_and_update() {
+                    if stopping.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = stopped => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+            drop(permit);
+        });
+    }
+    let _ = stop.send(true);
+    // Every permit back: every connection has closed.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let grace = Duration::from_secs(limits.header_timeout_secs);
+    let _ = tokio::time::timeout(grace, permits.acquire_many(all)).await;
+    Ok(())
+}
+
+/// Where a request came from (set by [`serve`]).
+pub fn peer(request: &Request) -> Option<SocketAddr> {
+    request.extensions().get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(peer)| *peer)
+}
