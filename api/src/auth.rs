@@ -106,10 +106,24 @@ impl Caller {
         self.role == Role::Admin
     }
 
-    /// The caller's project, for tenant endpoints; agents have none and are refused.
+    /// The caller's project, for what happens in one (a launch); agents have none and are
+    /// refused, and so is an admin whose token is scoped to no project (Keystone's system scope).
     pub fn tenant_project(&self) -> Result<&str, Error> {
         match (self.role, &self.project) {
             (Role::Member | Role::Admin, Some(project)) => Ok(project),
+            (Role::Admin, None) => Err(Error::invalid(
+                "token",
+                "is scoped to no project: use a project-scoped token to act in a project",
+            )),
+            _ => Err(Error::NotFound { kind: "resource", id: String::new() }),
+        }
+    }
+
+    /// Whose VMs the caller sees: every project's (`None`, admins) or its own.
+    pub fn visible_project(&self) -> Result<Option<&str>, Error> {
+        match (self.role, &self.project) {
+            (Role::Admin, _) => Ok(None),
+            (Role::Member, Some(project)) => Ok(Some(project)),
             _ => Err(Error::NotFound { kind: "resource", id: String::new() }),
         }
     }
@@ -399,13 +413,20 @@ where
             (Ok(caller), _) => Ok(caller),
             // Not one of ours: with Keystone auth it may be a tenant's Keystone token.
             (Err(jwt_error), Some(keystone)) if !looks_like_jwt(token) => {
-                match keystone.validate(token).await {
+                let client = parts
+                    .extensions
+                    .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                    .map(|info| info.0.ip());
+                match keystone.validate(token, client).await {
                     Ok(identity) => Ok(identity.caller()),
                     Err(ValidationError::Invalid) => Err(Error::Unauthenticated(
                         "the Keystone token is invalid or expired".into(),
                     )),
                     Err(ValidationError::Unscoped) => Err(Error::Unauthenticated(
                         "the Keystone token is not scoped to a project".into(),
+                    )),
+                    Err(ValidationError::RateLimited) => Err(Error::TooManyRequests(
+                        "too many unknown tokens from this address; retry in a minute".into(),
                     )),
                     Err(e @ ValidationError::Keystone(_)) => {
                         tracing::debug!(jwt = %jwt_error, "not a gsaasd token either");

@@ -99,8 +99,16 @@ impl Default for MetricsConfig {
 pub struct AuthConfig {
     /// `jwt` (default) or `keystone`: also accept tenants' Keystone tokens.
     pub mode: AuthMode,
-    /// Keystone roles that make a tenant a GSaaS admin.
+    /// Keystone roles that make a GSaaS admin, on a token scoped as `keystone_admin_scope` says.
     pub keystone_admin_roles: Vec<String>,
+    /// Where an admin role counts: Keystone's system scope, and/or one named admin project. An
+    /// admin role in any other project makes a member of that project, nothing more.
+    pub keystone_admin_scope: KeystoneAdminScope,
+    /// How long a token Keystone refused is refused again without asking Keystone.
+    pub keystone_refusal_cache_secs: u64,
+    /// Keystone validations (of tokens not cached either way) one client address may cause per
+    /// minute; beyond it, 429. Clients behind one proxy share its address.
+    pub keystone_validations_per_minute: u32,
     /// How many validated Keystone tokens to remember.
     pub keystone_cache_capacity: usize,
     /// How long a validated Keystone token is trusted before asking Keystone again (revocation).
@@ -122,6 +130,9 @@ impl Default for AuthConfig {
         AuthConfig {
             mode: AuthMode::Jwt,
             keystone_admin_roles: vec!["admin".into()],
+            keystone_admin_scope: KeystoneAdminScope::default(),
+            keystone_refusal_cache_secs: 30,
+            keystone_validations_per_minute: 60,
             keystone_cache_capacity: 10_000,
             keystone_cache_secs: 300,
             signing_key: None,
@@ -129,6 +140,24 @@ impl Default for AuthConfig {
             agent_token_ttl_secs: 24 * 3600,
             revocation_refresh_secs: 5,
         }
+    }
+}
+
+/// Where a Keystone admin role makes a GSaaS admin (`[auth.keystone_admin_scope]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KeystoneAdminScope {
+    /// On a system-scoped token (`openstack --os-system-scope all token issue`).
+    pub system: bool,
+    /// In this project (its id, or its name in `project_domain`).
+    pub project: Option<String>,
+    /// The domain (id or name) of `project` when it is given by name.
+    pub project_domain: String,
+}
+
+impl Default for KeystoneAdminScope {
+    fn default() -> Self {
+        KeystoneAdminScope { system: true, project: None, project_domain: "Default".into() }
     }
 }
 
@@ -392,6 +421,9 @@ impl Config {
             }
         }
         self.http.check()?;
+        if self.auth.keystone_validations_per_minute == 0 {
+            return Err("auth.keystone_validations_per_minute: must be at least 1".into());
+        }
         if self.auth.revocation_refresh_secs == 0 {
             return Err("auth.revocation_refresh_secs: must be at least 1".into());
         }

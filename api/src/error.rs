@@ -32,6 +32,9 @@ pub enum Error {
     /// The request (its body) did not arrive in time: 408.
     #[error("{0}")]
     RequestTimeout(String),
+    /// The client asked too often: 429.
+    #[error("{0}")]
+    TooManyRequests(String),
     /// The request contradicts the current state: 409.
     #[error("{0}")]
     Conflict(String),
@@ -75,6 +78,7 @@ impl Error {
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Error::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::InsufficientCapacity(_) => StatusCode::INSUFFICIENT_STORAGE,
             Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -91,6 +95,7 @@ impl Error {
             Error::NotFound { .. } => "not_found",
             Error::TooLarge(_) => "body_too_large",
             Error::RequestTimeout(_) => "request_timeout",
+            Error::TooManyRequests(_) => "rate_limited",
             Error::Conflict(_) => "conflict",
             Error::InsufficientCapacity(_) => "insufficient_gpu_capacity",
             Error::Unavailable { .. } => "dependency_unavailable",

@@ -17,6 +17,7 @@ use crate::cloud::Cloud;
 use crate::config::{AuthMode, CloudConfig, Config, HostsBackend};
 use crate::db::Db;
 use crate::error::{Error, ErrorChain};
+use crate::openstack::keystone::{AdminScope, ValidatorSettings};
 use crate::openstack::TokenValidator;
 
 /// A running gsaasd.
@@ -129,12 +130,21 @@ pub async fn start_with_sim(
         CloudConfig::Nova { nova } => {
             let nova = Arc::new(NovaCloud::from_config(nova).map_err(StartError::Cloud)?);
             if config.auth.mode == AuthMode::Keystone {
-                keystone = Some(Arc::new(TokenValidator::new(
-                    nova.keystone(),
-                    config.auth.keystone_admin_roles.clone(),
-                    config.auth.keystone_cache_capacity,
-                    Duration::from_secs(config.auth.keystone_cache_secs),
-                )));
+                let auth = &config.auth;
+                let scope = &auth.keystone_admin_scope;
+                let settings = ValidatorSettings {
+                    admin: AdminScope {
+                        roles: auth.keystone_admin_roles.clone(),
+                        system: scope.system,
+                        project: scope.project.clone(),
+                        project_domain: scope.project_domain.clone(),
+                    },
+                    capacity: auth.keystone_cache_capacity,
+                    max_age: Duration::from_secs(auth.keystone_cache_secs),
+                    refusal_ttl: Duration::from_secs(auth.keystone_refusal_cache_secs),
+                    per_client_per_minute: auth.keystone_validations_per_minute,
+                };
+                keystone = Some(Arc::new(TokenValidator::new(nova.keystone(), settings)));
             }
             (nova as Arc<dyn Cloud>, None)
         }

@@ -89,6 +89,16 @@ async fn serve(
             let member = json!([{ "id": "9fe2ff9ee4384b1894a90878d3e92bab", "name": "member" }]);
             match subject.as_deref() {
                 Some("tenant-admin") => {}
+                // An admin of project B only (a tenant who administers its own project).
+                Some("b-admin") => {
+                    body["token"]["project"]["id"] = json!(PROJECT_B);
+                    body["token"]["project"]["name"] = json!("project-b");
+                }
+                // An operator's system-scoped token: no project.
+                Some("system-admin") => {
+                    body["token"].as_object_mut().unwrap().remove("project");
+                    body["token"]["system"] = json!({ "all": true });
+                }
                 Some("tenant-a") => body["token"]["roles"] = member,
                 Some("tenant-b") => {
                     body["token"]["roles"] = member;
@@ -166,6 +176,10 @@ impl Drop for TempDir {
 }
 
 async fn setup(name: &str) -> Setup {
+    setup_with(name, |_| {}).await
+}
+
+async fn setup_with(name: &str, tweak: impl FnOnce(&mut AuthConfig)) -> Setup {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let fake = Fake { base: base.clone(), log: Arc::default(), servers: Arc::default() };
@@ -189,6 +203,9 @@ async fn setup(name: &str) -> Setup {
     let mut config = Config { data_dir: dir.join("data"), ..Default::default() };
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.auth = AuthConfig { mode: AuthMode::Keystone, ..AuthConfig::default() };
+    // The operators' project: the samples' `admin`.
+    config.auth.keystone_admin_scope.project = Some("admin".into());
+    tweak(&mut config.auth);
     config.cloud = CloudConfig::Nova {
         nova: NovaConfig {
             cloud: Some("gsaas".into()),
@@ -312,6 +329,54 @@ async fn tenants_keystone_tokens_launch_list_and_are_kept_to_their_project() {
     assert_eq!(vm["state"], "deleted", "{vm}");
     assert!(s.fake.servers.lock().unwrap().is_empty());
 
+    s.service.abort();
+}
+
+/// An admin role makes a GSaaS admin only in the configured scope; a tenant administering its own
+/// project is a member; a system-scoped operator sees everything but launches nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keystone_admins_are_admins_only_in_the_admin_scope() {
+    let s = setup("admin-scope").await;
+    assert_eq!(s.get("/v1/hosts", "tenant-admin").await.0, 200, "the admin project");
+    assert_eq!(s.get("/v1/hosts", "b-admin").await.0, 404, "admin of another project");
+    let (status, vms) = s.get("/v1/vms", "b-admin").await;
+    assert_eq!((status, &vms), (200, &json!({ "vms": [] })), "a member of project B");
+    assert_eq!(s.get("/v1/hosts", "system-admin").await.0, 200, "system scope");
+    assert_eq!(s.get("/v1/vms", "system-admin").await.0, 200);
+    let launch = json!({ "image": IMAGE_ID, "flavor": "1", "ncgpus": 1 });
+    let (status, problem) = s.call(Method::POST, "/v1/vms", "system-admin", Some(launch)).await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("token")), "{problem}");
+    s.service.abort();
+
+    // Only system scope counts (the default): the admin project's admins are its members.
+    let s = setup_with("system-only", |auth| auth.keystone_admin_scope.project = None).await;
+    assert_eq!(s.get("/v1/hosts", "tenant-admin").await.0, 404);
+    assert_eq!(s.get("/v1/hosts", "system-admin").await.0, 200);
+    s.service.abort();
+}
+
+/// Refused tokens cost Keystone one validation each, and a client sending many unknown ones is
+/// told to slow down before Keystone is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tokens_do_not_flood_keystone() {
+    let s = setup_with("flood", |auth| auth.keystone_validations_per_minute = 10).await;
+    assert_eq!(s.get("/v1/vms", "tenant-a").await.0, 200);
+    for _ in 0..50 {
+        assert_eq!(s.get("/v1/vms", "gAAAAA-bad").await.0, 401);
+    }
+    assert_eq!(s.validations_of("gAAAAA-bad"), 1);
+    let mut statuses = Vec::new();
+    for i in 0..30 {
+        let (status, problem) = s.get("/v1/vms", &format!("gAAAAA-bad-{i}")).await;
+        if status == 429 {
+            assert_eq!(problem["code"], "rate_limited", "{problem}");
+        }
+        statuses.push(status);
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 401).count(), 8, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 22, "{statuses:?}");
+    // A token Keystone already vouched for is not held back.
+    assert_eq!(s.get("/v1/vms", "tenant-a").await.0, 200);
     s.service.abort();
 }
 

@@ -118,6 +118,7 @@ pub(crate) fn share(e: &Arc<Error>) -> Error {
         Error::NotFound { kind, id } => Error::NotFound { kind, id: id.clone() },
         Error::TooLarge(m) => Error::TooLarge(m.clone()),
         Error::RequestTimeout(m) => Error::RequestTimeout(m.clone()),
+        Error::TooManyRequests(m) => Error::TooManyRequests(m.clone()),
         Error::Conflict(m) => Error::Conflict(m.clone()),
         Error::InsufficientCapacity(shortfall) => Error::InsufficientCapacity(shortfall.clone()),
         Error::Unavailable { dependency, .. } => Error::Unavailable { dependency, source: cause() },

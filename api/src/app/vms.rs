@@ -223,9 +223,9 @@ impl App {
 
     /// A VM the caller may see: its project's, or any for admins. Anything else is "not found".
     pub async fn visible_vm(&self, caller: &Caller, id: VmId) -> Result<VmDetails, Error> {
-        let project = caller.tenant_project()?;
+        let visible = caller.visible_project()?;
         match self.details(id).await? {
-            Some(details) if caller.is_admin() || details.vm.project == project => Ok(details),
+            Some(details) if visible.is_none_or(|p| details.vm.project == p) => Ok(details),
             _ => Err(Error::vm_not_found(&id)),
         }
     }
@@ -236,8 +236,7 @@ impl App {
         caller: &Caller,
         project: Option<&str>,
     ) -> Result<Vec<VmDetails>, Error> {
-        let own = caller.tenant_project()?;
-        let filter = if caller.is_admin() { project } else { Some(own) };
+        let filter = caller.visible_project()?.or(project);
         let mut conn = self.db.conn().await?;
         Ok(db::vms_with_cgpus(&mut conn, filter)
             .await?

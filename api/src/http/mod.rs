@@ -253,7 +253,7 @@ async fn terminate_vm(
     responses((status = 200, body = PoolView), (status = 401, body = Problem)),
     security(("bearer" = [])))]
 async fn get_pool(State(app): State<AppState>, caller: Caller) -> Result<Json<PoolView>, Error> {
-    caller.tenant_project()?;
+    caller.visible_project()?;
     let view = app.read_pool(|pool| PoolView::new(pool, caller.is_admin())).await?;
     Ok(Json(view))
 }

@@ -10,7 +10,12 @@
 //! tenant's in `X-Subject-Token`). The answers are cached until the token expires (or a maximum age,
 //! so that revocation takes effect), because every API call of a tenant would otherwise cost a
 //! Keystone round trip; the cache is bounded and evicts stale entries first, then the one going
-//! stale soonest.
+//! stale soonest. Refusals are cached too, briefly, and each client address may cause only so many
+//! validations a minute: otherwise anyone could make gsaasd send Keystone one request per request.
+//!
+//! A Keystone admin role makes a GSaaS admin only where the configuration says
+//! ([`AdminScope`]): on a system-scoped token, or in one named admin project. An admin of any other
+//! project is a member of it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -109,12 +114,24 @@ struct Named {
 }
 
 #[derive(Debug, Clone, Deserialize)]
+struct ProjectScope {
+    id: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    domain: Option<Named>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
 struct TokenBody {
     expires_at: String,
     #[serde(default)]
     catalog: Vec<CatalogEntry>,
     #[serde(default)]
-    project: Option<Named>,
+    project: Option<ProjectScope>,
+    /// Present on system-scoped tokens (`{"all": true}`).
+    #[serde(default)]
+    system: Option<serde_json::Value>,
     user: Named,
     #[serde(default)]
     roles: Vec<Named>,
@@ -360,11 +377,15 @@ impl Keystone {
         if expires_at <= SystemTime::now() {
             return Ok(None);
         }
+        let system = token.system.as_ref().is_some_and(|s| s.get("all") == Some(&true.into()));
+        let domain = token.project.as_ref().and_then(|p| p.domain.clone());
         Ok(Some(TokenInfo {
             user_id: token.user.id,
             user_name: token.user.name,
             project_id: token.project.as_ref().map(|p| p.id.clone()),
             project_name: token.project.and_then(|p| p.name),
+            project_domain: domain.map(|d| (d.id, d.name)),
+            system,
             roles: token.roles.into_iter().filter_map(|r| r.name).collect(),
             expires_at,
         }))
@@ -391,11 +412,47 @@ impl Keystone {
 pub struct TokenInfo {
     pub user_id: String,
     pub user_name: Option<String>,
-    /// `None` for unscoped or domain-scoped tokens.
+    /// `None` for unscoped, domain- or system-scoped tokens.
     pub project_id: Option<String>,
     pub project_name: Option<String>,
+    /// The project's domain: (id, name).
+    pub project_domain: Option<(String, Option<String>)>,
+    /// Whether the token is scoped to the whole system.
+    pub system: bool,
     pub roles: Vec<String>,
     pub expires_at: SystemTime,
+}
+
+/// Where a Keystone admin role makes a GSaaS admin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminScope {
+    /// Keystone's roles that count.
+    pub roles: Vec<String>,
+    /// On a system-scoped token.
+    pub system: bool,
+    /// In this project: its id, or its name in `project_domain` (an id or a name).
+    pub project: Option<String>,
+    pub project_domain: String,
+}
+
+impl AdminScope {
+    /// Whether `info` is an admin's token.
+    pub fn admits(&self, info: &TokenInfo) -> bool {
+        if !info.roles.iter().any(|r| self.roles.contains(r)) {
+            return false;
+        }
+        if info.system {
+            return self.system;
+        }
+        let Some(admin_project) = &self.project else { return false };
+        if info.project_id.as_ref() == Some(admin_project) {
+            return true;
+        }
+        let in_domain = info.project_domain.as_ref().is_some_and(|(id, name)| {
+            *id == self.project_domain || name.as_ref() == Some(&self.project_domain)
+        });
+        in_domain && info.project_name.as_ref() == Some(admin_project)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -406,16 +463,20 @@ pub enum ValidationError {
     /// A valid token without a project: gsaasd's resources belong to projects.
     #[error("the token is not scoped to a project")]
     Unscoped,
+    /// This client made Keystone validate too many tokens lately (the caller answers 429).
+    #[error("too many token validations from this client")]
+    RateLimited,
     /// Keystone could not say (the caller answers 503).
     #[error("cannot validate the token")]
     Keystone(#[source] KeystoneError),
 }
 
-/// A tenant authenticated by Keystone.
+/// A tenant (or admin) authenticated by Keystone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantIdentity {
     pub info: TokenInfo,
-    pub project_id: String,
+    /// The token's project; `None` only for a system-scoped admin.
+    pub project_id: Option<String>,
     pub role: Role,
 }
 
@@ -424,9 +485,58 @@ impl TenantIdentity {
     pub fn caller(&self) -> Caller {
         Caller {
             subject: self.info.user_id.clone(),
-            project: Some(self.project_id.clone()),
+            project: self.project_id.clone(),
             role: self.role,
         }
+    }
+}
+
+/// How [`TokenValidator`] caches and limits.
+#[derive(Debug, Clone)]
+pub struct ValidatorSettings {
+    pub admin: AdminScope,
+    /// At most this many valid tokens are cached.
+    pub capacity: usize,
+    /// A cached answer is reused for at most this long, even if the token lives longer, so that
+    /// a revoked token stops working (keystonemiddleware's `token_cache_time`, 300 s by default).
+    pub max_age: Duration,
+    /// A refused token is refused again without asking Keystone for this long.
+    pub refusal_ttl: Duration,
+    /// Validations one client address may cause per minute.
+    pub per_client_per_minute: u32,
+}
+
+/// The most refusals and client addresses remembered (beyond it, the oldest are forgotten).
+const MAX_REMEMBERED: usize = 10_000;
+
+/// Validations per client: a token bucket per address, a minute's worth deep.
+#[derive(Debug, Default)]
+struct ClientBudget {
+    buckets: HashMap<std::net::IpAddr, (f64, std::time::Instant)>,
+}
+
+impl ClientBudget {
+    /// Takes one validation from `client`'s bucket, if one is left.
+    fn take(&mut self, client: std::net::IpAddr, per_minute: u32) -> bool {
+        let now = std::time::Instant::now();
+        let depth = f64::from(per_minute);
+        let refill = |(tokens, at): (f64, std::time::Instant)| {
+            (tokens + now.duration_since(at).as_secs_f64() * depth / 60.0).min(depth)
+        };
+        if self.buckets.len() >= MAX_REMEMBERED && !self.buckets.contains_key(&client) {
+            // Forget the clients whose buckets are full again: they have been quiet a minute.
+            self.buckets.retain(|_, bucket| refill(*bucket) < depth);
+            if self.buckets.len() >= MAX_REMEMBERED {
+                return false;
+            }
+        }
+        let bucket = self.buckets.entry(client).or_insert((depth, now));
+        let tokens = refill(*bucket);
+        if tokens < 1.0 {
+            return false;
+        }
+        *bucket = (tokens - 1.0, now);
+        true
     }
 }
 
@@ -441,29 +551,24 @@ struct CacheEntry {
 #[derive(Debug)]
 pub struct TokenValidator {
     keystone: Arc<Keystone>,
-    admin_roles: Vec<String>,
-    capacity: usize,
-    max_age: Duration,
+    settings: ValidatorSettings,
     cache: Mutex<HashMap<String, CacheEntry>>,
+    /// Hashes of refused tokens (keyed with this process's random key), until when to refuse them.
+    refused: Mutex<HashMap<u64, std::time::Instant>>,
+    hasher: std::collections::hash_map::RandomState,
+    budget: Mutex<ClientBudget>,
 }
 
 impl TokenValidator {
-    /// `admin_roles`: Keystone role names that make a caller a GSaaS admin (usually `["admin"]`);
-    /// `capacity`: at most this many tokens are cached; `max_age`: a cached answer is reused for at
-    /// most this long even if the token lives longer, so that a revoked token stops working
-    /// (keystonemiddleware's `token_cache_time` plays the same role, 300 s by default).
-    pub fn new(
-        keystone: Arc<Keystone>,
-        admin_roles: Vec<String>,
-        capacity: usize,
-        max_age: Duration,
-    ) -> TokenValidator {
+    pub fn new(keystone: Arc<Keystone>, mut settings: ValidatorSettings) -> TokenValidator {
+        settings.capacity = settings.capacity.max(1);
         TokenValidator {
             keystone,
-            admin_roles,
-            capacity: capacity.max(1),
-            max_age,
+            settings,
             cache: Mutex::default(),
+            refused: Mutex::default(),
+            hasher: std::collections::hash_map::RandomState::new(),
+            budget: Mutex::default(),
         }
     }
 
@@ -472,7 +577,28 @@ impl TokenValidator {
         self.cache.lock().expect("token cache").len()
     }
 
-    pub async fn validate(&self, token: &str) -> Result<TenantIdentity, ValidationError> {
+    fn refusal_key(&self, token: &str) -> u64 {
+        std::hash::BuildHasher::hash_one(&self.hasher, token)
+    }
+
+    fn remember_refusal(&self, token: &str) {
+        let now = std::time::Instant::now();
+        let mut refused = self.refused.lock().expect("refused tokens");
+        if refused.len() >= MAX_REMEMBERED {
+            refused.retain(|_, until| *until > now);
+            if refused.len() >= MAX_REMEMBERED {
+                refused.clear();
+            }
+        }
+        refused.insert(self.refusal_key(token), now + self.settings.refusal_ttl);
+    }
+
+    /// Validates `token` for a client at `client` (the rate limit's key, when known).
+    pub async fn validate(
+        &self,
+        token: &str,
+        client: Option<std::net::IpAddr>,
+    ) -> Result<TenantIdentity, ValidationError> {
         let now = SystemTime::now();
         {
             let mut cache = self.cache.lock().expect("token cache");
@@ -484,24 +610,37 @@ impl TokenValidator {
                 None => {}
             }
         }
-        let info = self
-            .keystone
-            .validate(token)
-            .await
-            .map_err(ValidationError::Keystone)?
-            .ok_or(ValidationError::Invalid)?;
-        let project_id = info.project_id.clone().ok_or(ValidationError::Unscoped)?;
-        let role = if info.roles.iter().any(|r| self.admin_roles.contains(r)) {
-            Role::Admin
-        } else {
-            Role::Member
+        let key = self.refusal_key(token);
+        let refused_until = self.refused.lock().expect("refused tokens").get(&key).copied();
+        if refused_until.is_some_and(|until| until > std::time::Instant::now()) {
+            return Err(ValidationError::Invalid);
+        }
+        if let Some(client) = client {
+            let per_minute = self.settings.per_client_per_minute;
+            if !self.budget.lock().expect("client budgets").take(client, per_minute) {
+                return Err(ValidationError::RateLimited);
+            }
+        }
+        let info = match self.keystone.validate(token).await.map_err(ValidationError::Keystone)? {
+            Some(info) => info,
+            None => {
+                self.remember_refusal(token);
+                return Err(ValidationError::Invalid);
+            }
         };
+        let admin = self.settings.admin.admits(&info);
+        let project_id = match (&info.project_id, admin) {
+            (Some(project), _) => Some(project.clone()),
+            (None, true) => None,
+            (None, false) => return Err(ValidationError::Unscoped),
+        };
+        let role = if admin { Role::Admin } else { Role::Member };
         let identity = TenantIdentity { info, project_id, role };
         let mut cache = self.cache.lock().expect("token cache");
-        if cache.len() >= self.capacity {
+        if cache.len() >= self.settings.capacity {
             let now = SystemTime::now();
             cache.retain(|_, e| e.fresh_until > now);
-            while cache.len() >= self.capacity {
+            while cache.len() >= self.settings.capacity {
                 let soonest = cache
                     .iter()
                     .min_by_key(|(_, e)| e.fresh_until)
@@ -510,8 +649,61 @@ impl TokenValidator {
                 cache.remove(&soonest);
             }
         }
-        let fresh_until = identity.info.expires_at.min(SystemTime::now() + self.max_age);
+        let fresh_until = identity.info.expires_at.min(SystemTime::now() + self.settings.max_age);
         cache.insert(token.to_owned(), CacheEntry { identity: identity.clone(), fresh_until });
         Ok(identity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(roles: &[&str], project: Option<(&str, &str, &str)>, system: bool) -> TokenInfo {
+        TokenInfo {
+            user_id: "u".into(),
+            user_name: None,
+            project_id: project.map(|p| p.0.to_owned()),
+            project_name: project.map(|p| p.1.to_owned()),
+            project_domain: project.map(|p| (p.2.to_owned(), Some("Default".to_owned()))),
+            system,
+            roles: roles.iter().map(|r| (*r).to_owned()).collect(),
+            expires_at: SystemTime::now(),
+        }
+    }
+
+    #[test]
+    fn an_admin_role_counts_only_in_the_admin_scope() {
+        let mut scope = AdminScope {
+            roles: vec!["admin".into()],
+            system: true,
+            project: None,
+            project_domain: "Default".into(),
+        };
+        let system_admin = info(&["admin"], None, true);
+        let project_admin = info(&["admin"], Some(("p1", "tenant-1", "default")), false);
+        let ops_admin = info(&["admin"], Some(("p0", "ops", "default")), false);
+        let ops_member = info(&["member"], Some(("p0", "ops", "default")), false);
+        assert!(scope.admits(&system_admin));
+        assert!(!scope.admits(&project_admin), "an admin of a tenant's own project");
+        assert!(!scope.admits(&ops_admin));
+        scope.project = Some("ops".into());
+        assert!(scope.admits(&ops_admin), "by name in the Default domain");
+        assert!(!scope.admits(&ops_member));
+        assert!(!scope.admits(&project_admin));
+        scope.project_domain = "other".into();
+        assert!(!scope.admits(&ops_admin), "a project of that name in another domain");
+        scope.project = Some("p0".into());
+        assert!(scope.admits(&ops_admin), "by id");
+        scope.system = false;
+        assert!(!scope.admits(&system_admin));
+    }
+
+    #[test]
+    fn each_client_gets_a_minutes_worth_of_validations() {
+        let mut budget = ClientBudget::default();
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        assert_eq!((0..25).filter(|_| budget.take(a, 20)).count(), 20);
+        assert!(budget.take(b, 20), "other clients keep theirs");
     }
 }

@@ -216,6 +216,8 @@ impl Gsaasd {
         let clouds = clouds_yaml();
         let (mut config, dir) = test_config(Store::Sqlite);
         config.auth = AuthConfig { mode: AuthMode::Keystone, ..AuthConfig::default() };
+        // The operators: admins of the dev cloud's `admin` project (the gsaas-service cloud's).
+        config.auth.keystone_admin_scope.project = Some("admin".to_owned());
         config.cloud = CloudConfig::Nova {
             nova: NovaConfig {
                 cloud: Some(SERVICE_CLOUD.to_owned()),
