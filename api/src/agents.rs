@@ -154,8 +154,9 @@ pub struct RemoteAgents {
 }
 
 impl RemoteAgents {
-    pub fn new(signer: TokenSigner, hosts: HostsConfig) -> Self {
-        RemoteAgents { signer, hosts, http: rodvr_agent::client::http_client() }
+    /// `http` trusts the agents' CA (`hosts.agent_ca`).
+    pub fn new(signer: TokenSigner, hosts: HostsConfig, http: reqwest::Client) -> Self {
+        RemoteAgents { signer, hosts, http }
     }
 
     fn client(&self, host: &HostRecord) -> Result<AgentClient, AgentError> {

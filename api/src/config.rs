@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
 use gpgpums::{HostId, HostKind, DEFAULT_POLICY};
-use rodvr_agent::httpd::HttpLimits;
+use rodvr_agent::httpd::{HttpLimits, TlsFiles};
 use rodvr_agent::protocol::Ipv4Cidr;
 use serde::Deserialize;
 
@@ -53,6 +53,8 @@ pub struct Config {
     pub hosts: HostsConfig,
     /// Limits of the API's HTTP server (header and body timeouts, connections).
     pub http: HttpLimits,
+    /// gsaasd's certificate and key: the API (and `metrics.listen`) are served over TLS.
+    pub tls: Option<TlsFiles>,
     pub metrics: MetricsConfig,
     /// The GPU inventory used with in-process agents; empty means the paper's testbed.
     pub inventory: Vec<InventoryHost>,
@@ -71,6 +73,7 @@ impl Default for Config {
             cloud: CloudConfig::default(),
             hosts: HostsConfig::default(),
             http: HttpLimits::default(),
+            tls: None,
             metrics: MetricsConfig::default(),
             inventory: Vec::new(),
         }
@@ -276,6 +279,9 @@ pub struct HostsConfig {
     /// For hosts not in `agent_urls`: a URL with `{host}` standing for the host's name, e.g.
     /// `https://{host}.gpu.example:7450` (with TLS, the agent must prove that name).
     pub agent_url_template: Option<String>,
+    /// PEM bundle of the CAs agents' certificates must chain to (https agent URLs); the system's
+    /// CAs when absent.
+    pub agent_ca: Option<PathBuf>,
 }
 
 impl Default for HostsConfig {
@@ -286,6 +292,7 @@ impl Default for HostsConfig {
             reconcile_interval_secs: 10,
             agent_urls: BTreeMap::new(),
             agent_url_template: None,
+            agent_ca: None,
         }
     }
 }

@@ -38,7 +38,8 @@ pub struct Service {
 
 impl Service {
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.app.config.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Stops at once, sagas included, where they stand (tests use it to simulate a crash: nothing
@@ -68,6 +69,8 @@ impl Service {
 pub enum StartError {
     #[error(transparent)]
     Keys(#[from] crate::auth::KeyError),
+    #[error("TLS is not usable")]
+    Tls(#[from] httpd::TlsError),
     #[error("cannot open the database")]
     Database(#[source] Error),
     #[error("cannot set up the Nova cloud")]
@@ -110,6 +113,7 @@ pub async fn start_with_sim(
         ),
         None => None,
     };
+    let tls = config.tls.as_ref().map(httpd::TlsFiles::acceptor).transpose()?;
     let keys = Keys::load_or_create(&config.signing_key_path())?;
     let db = Db::connect(&config.database_url()).await.map_err(StartError::Database)?;
     let (agents, in_process_agents): (Arc<dyn HostAgents>, _) = match config.hosts.backend {
@@ -118,7 +122,8 @@ pub async fn start_with_sim(
             (agents.clone(), Some(agents))
         }
         HostsBackend::Agent => {
-            (Arc::new(RemoteAgents::new(keys.agent_signer(), config.hosts.clone())), None)
+            let http = httpd::http_client(config.hosts.agent_ca.as_deref())?;
+            (Arc::new(RemoteAgents::new(keys.agent_signer(), config.hosts.clone(), http)), None)
         }
     };
     let mut keystone = None;
@@ -163,12 +168,15 @@ pub async fn start_with_sim(
         .local_addr()
         .map_err(|source| StartError::Listen { addr: app.config.listen, source })?;
     let limits = app.config.http;
-    let serve = |listener, router| async move {
-        let shutdown = async {
-            let _ = tokio::signal::ctrl_c().await;
-        };
-        if let Err(e) = httpd::serve(listener, router, limits, shutdown).await {
-            tracing::error!(error = %ErrorChain(&e), "server stopped");
+    let serve = |listener, router| {
+        let tls = tls.clone();
+        async move {
+            let shutdown = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            if let Err(e) = httpd::serve(listener, router, limits, tls, shutdown).await {
+                tracing::error!(error = %ErrorChain(&e), "server stopped");
+            }
         }
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());

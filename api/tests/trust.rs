@@ -77,6 +77,62 @@ async fn clients_that_stall_are_cut_off_and_gsaasd_keeps_serving() {
     assert_eq!(t.get(&t.member(), "/v1/vms").await.0, 200);
 }
 
+/// With TLS, tenants, agents and gsaasd talk over https, each trusting only the deployment's CA:
+/// an agent impostor with another CA's certificate at a host's address gets no token and no table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_gsaasd_and_its_agents_trust_only_the_configured_ca() {
+    use rodvr_agent::httpd::{http_client, TlsFiles};
+    use support::certs::Ca;
+    let (mut config, dir) = test_config(Store::Sqlite);
+    let ca = Ca::new("gsaas test CA");
+    let names = ["127.0.0.1", "localhost"];
+    let (ca_path, cert, key) = ca.write(&dir, "gsaasd", &names);
+    let tls = |prefix: &str, ca: &Ca| {
+        let (_, cert, key) = ca.write(&dir, prefix, &names);
+        Some(TlsFiles { cert, key })
+    };
+    config.tls = Some(TlsFiles { cert, key });
+    config.hosts.backend = HostsBackend::Agent;
+    config.hosts.agent_ca = Some(ca_path.clone());
+    let keys = Keys::load_or_create(&config.signing_key_path()).unwrap();
+    let public = keys.public_pem();
+    let vm_host = TestAgent::start_tls("crg-a", HostKind::ComputeRgpu, public, tls("a", &ca)).await;
+    let impostor = Ca::new("an impostor's CA");
+    let fake =
+        TestAgent::start_tls("crg-b", HostKind::ComputeRgpu, public, tls("b", &impostor)).await;
+    let gpu_host = TestAgent::start_tls("cg-1", HostKind::ComputeGpu, public, tls("g", &ca)).await;
+    for (host, agent) in [("crg-a", &vm_host), ("crg-b", &fake), ("cg-1", &gpu_host)] {
+        assert!(agent.url.starts_with("https://"));
+        config.hosts.agent_urls.insert(host.parse().unwrap(), agent.url.clone());
+    }
+    let mut t = TestService::start_config(config, dir.clone()).await;
+    assert!(t.url("").starts_with("https://"));
+    // Plain HTTP, or a client that does not trust the CA, gets nowhere.
+    let plain = t.url("/healthz").replacen("https://", "http://", 1);
+    assert!(t.http.get(&plain).send().await.is_err());
+    assert!(t.http.get(t.url("/healthz")).send().await.is_err(), "the system CAs do not vouch");
+    t.http = http_client(Some(&ca_path)).unwrap();
+    for (host, kind, gpus) in [("cg-1", "compute-gpu", 1), ("crg-a", "compute-rgpu", 0)] {
+        let token = agent_token(&t, host);
+        let (status, body) = put(&t, &token, host, &report(host, kind, "ignored", gpus)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let member = t.member();
+    let id = t.launch(&member, &remote(1)).await;
+    t.wait_state(&member, &id, "ready").await;
+    assert_eq!(vm_host.routes().len(), 1);
+
+    // The impostor holds crg-b's address; crg-b's VMs cannot be routed, and it learns nothing.
+    let (status, body) = t.post(&t.admin(), "/v1/hosts/crg-a/drain", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let token = agent_token(&t, "crg-b");
+    let (status, body) = put(&t, &token, "crg-b", &report("crg-b", "compute-rgpu", "x", 0)).await;
+    assert_eq!(status, 200, "{body}");
+    let id = t.launch(&member, &remote(1)).await;
+    t.wait_state(&member, &id, "error").await;
+    assert_eq!(fake.requests(), 0, "the impostor got a request, and with it a token");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_vm_tells_its_tenant_nothing_about_where_its_gpus_are() {
     use gsaasd::cloud::sim::SimFault;

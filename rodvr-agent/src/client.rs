@@ -15,7 +15,6 @@ use gpgpums::ids::HostId;
 use crate::auth::TokenSigner;
 use crate::protocol::{AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable};
 
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const TOKEN_TTL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
@@ -59,15 +58,10 @@ async fn status_error(url: String, status: reqwest::StatusCode, response: Respon
     ClientError::Status { url, status: status.as_u16(), message, entry }
 }
 
-/// The HTTP client agents are called with. Building one is not free (with TLS compiled in, it
-/// loads the system's CA store), so a caller that talks to agents again and again builds it once
-/// and passes it to [`AgentClient::with_http`].
+/// A client that trusts the system's CAs (tests and tools; the binaries build theirs with
+/// [`crate::httpd::http_client`] and their configured CA).
 pub fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(REQUEST_TIMEOUT)
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .expect("a plain HTTP client always builds")
+    crate::httpd::http_client(None).expect("a client without a CA bundle always builds")
 }
 
 async fn send<T: DeserializeOwned>(url: String, request: RequestBuilder) -> Result<T, ClientError> {
@@ -152,8 +146,17 @@ struct Renewed {
 
 impl ControllerClient {
     pub fn new(base: impl Into<String>, token: impl Into<String>) -> Self {
+        Self::with_http(http_client(), base, token)
+    }
+
+    /// Like [`ControllerClient::new`], over `http` (built with the controller's CA).
+    pub fn with_http(
+        http: reqwest::Client,
+        base: impl Into<String>,
+        token: impl Into<String>,
+    ) -> Self {
         let base = base.into().trim_end_matches('/').to_owned();
-        Self { http: http_client(), base, token: std::sync::RwLock::new(token.into()) }
+        Self { http, base, token: std::sync::RwLock::new(token.into()) }
     }
 
     /// The token presented now.

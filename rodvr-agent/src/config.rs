@@ -11,7 +11,7 @@ use std::time::Duration;
 use gpgpums::ids::HostId;
 use serde::Deserialize;
 
-use crate::httpd::HttpLimits;
+use crate::httpd::{HttpLimits, TlsFiles};
 use crate::protocol::Ipv4Cidr;
 
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +58,9 @@ pub struct Config {
     /// Limits of the agent's HTTP server.
     #[serde(default)]
     pub http: HttpLimits,
+    /// The agent's certificate and key: its API is served over TLS (https://).
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -68,6 +71,10 @@ pub struct ControllerConfig {
     pub token: String,
     #[serde(default = "default_heartbeat_secs")]
     pub heartbeat_interval_secs: u64,
+    /// PEM bundle of the CAs the controller's certificate must chain to (an https `url`); the
+    /// system's CAs when absent.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
 }
 
 impl ControllerConfig {
@@ -151,7 +158,8 @@ impl Config {
     }
 
     pub fn agent_url(&self, bound: SocketAddr) -> String {
-        self.advertise_url.clone().unwrap_or_else(|| format!("http://{bound}"))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        self.advertise_url.clone().unwrap_or_else(|| format!("{scheme}://{bound}"))
     }
 }
 

@@ -8,11 +8,15 @@
 //!   ([`read_body_within`], called by each server's middleware, which answers 408).
 //! - At most [`HttpLimits::max_connections`] connections are served at once; more wait in the
 //!   kernel's accept queue instead of taking memory and file descriptors.
+//! - With [`TlsFiles`], every connection is TLS (1.2 or later, through the system's OpenSSL); the
+//!   handshake must end within the header timeout. Bearer tokens then never cross the network in
+//!   clear. [`http_client`] is the other side: it trusts the configured CA bundle only.
 //!
 //! Each request carries its peer's address as axum's `ConnectInfo<SocketAddr>`.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,9 +25,97 @@ use axum::extract::{ConnectInfo, Request};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+use tokio_native_tls::TlsAcceptor;
 use tower::ServiceExt;
+
+/// A server's certificate chain and private key, PEM files (`[tls]` in gsaasd's and the agent's
+/// configs). The key may be PKCS#8, PKCS#1 (RSA) or SEC1 (EC).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} holds no usable PEM private key")]
+    Key {
+        path: PathBuf,
+        #[source]
+        source: openssl::error::ErrorStack,
+    },
+    #[error("{cert} and {key} do not make a TLS identity (a PEM certificate chain and its key)")]
+    Identity {
+        cert: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: native_tls::Error,
+    },
+    #[error("{path} holds no PEM certificate to trust")]
+    Ca {
+        path: PathBuf,
+        #[source]
+        source: Option<reqwest::Error>,
+    },
+    #[error("cannot build the HTTP client")]
+    Client(#[source] reqwest::Error),
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read { path: path.to_owned(), source })
+}
+
+impl TlsFiles {
+    /// The acceptor serving this identity (TLS 1.2 or later).
+    pub fn acceptor(&self) -> Result<TlsAcceptor, TlsError> {
+        let cert = read(&self.cert)?;
+        let key = openssl::pkey::PKey::private_key_from_pem(&read(&self.key)?)
+            .and_then(|key| key.private_key_to_pem_pkcs8())
+            .map_err(|source| TlsError::Key { path: self.key.clone(), source })?;
+        let identity =
+            |source| TlsError::Identity { cert: self.cert.clone(), key: self.key.clone(), source };
+        let identity = native_tls::Identity::from_pkcs8(&cert, &key).map_err(identity)?;
+        let acceptor = native_tls::TlsAcceptor::builder(identity)
+            .min_protocol_version(Some(native_tls::Protocol::Tlsv12))
+            .build()
+            .map_err(|source| TlsError::Identity {
+                cert: self.cert.clone(),
+                key: self.key.clone(),
+                source,
+            })?;
+        Ok(TlsAcceptor::from(acceptor))
+    }
+}
+
+/// The HTTP client gsaasd calls agents with and agents call gsaasd with. With `ca`, a PEM bundle,
+/// it trusts the certificates in it and nothing else; without, the system's CAs. Building one is
+/// not free (it loads certificates): build it once and share it.
+pub fn http_client(ca: Option<&Path>) -> Result<reqwest::Client, TlsError> {
+    let mut builder = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .connect_timeout(Duration::from_secs(5))
+        .min_tls_version(reqwest::tls::Version::TLS_1_2);
+    if let Some(path) = ca {
+        let pem = read(path)?;
+        let bad = |source| TlsError::Ca { path: path.to_owned(), source };
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(Some(e)))?;
+        if certs.is_empty() {
+            return Err(bad(None));
+        }
+        builder = builder.tls_certs_only(certs);
+    }
+    builder.build().map_err(TlsError::Client)
+}
 
 /// Limits of an HTTP server (the `[http]` table of gsaasd's and the agent's configs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -97,21 +189,20 @@ pub async fn read_body_within(
     Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
-/// Serves `app` on `listener` under `limits` until `shutdown` completes; then stops accepting,
-/// lets open connections finish their request (for at most `limits.header_timeout_secs`), and
-/// returns.
+/// Serves `app` on `listener` under `limits` (over TLS with `tls`) until `shutdown` completes;
+/// then stops accepting, lets open connections finish their request (for at most
+/// `limits.header_timeout_secs`), and returns.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let (stop, stopping) = watch::channel(false);
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(limits.header_timeout_secs))
-        .keep_alive(true);
+    let header_timeout = Duration::from_secs(limits.header_timeout_secs);
+    let tls = tls.map(Arc::new);
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -131,28 +222,16 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let app = app.clone();
-        let service =
-            hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
-                request.extensions_mut().insert(ConnectInfo(peer));
-                app.clone().oneshot(request.map(Body::new))
-            });
-        let connection = http.serve_connection(TokioIo::new(stream), service);
-        let mut stopping = stopping.clone();
+        let (app, stopping, tls) = (app.clone(), stopping.clone(), tls.clone());
         tokio::spawn(async move {
-            tokio::pin!(connection);
-            let stopped = async {
-                while !*stopping.borrow_and_update() {
-                    if stopping.changed().await.is_err() {
-                        break;
+            match tls {
+                None => connection(stream, peer, app, header_timeout, stopping).await,
+                Some(tls) => {
+                    // The handshake counts against the header timeout.
+                    let handshake = tokio::time::timeout(header_timeout, tls.accept(stream)).await;
+                    if let Ok(Ok(stream)) = handshake {
+                        connection(stream, peer, app, header_timeout, stopping).await;
                     }
-                }
-            };
-            tokio::select! {
-                _ = connection.as_mut() => {}
-                () = stopped => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
                 }
             }
             drop(permit);
@@ -161,9 +240,40 @@ pub async fn serve(
     let _ = stop.send(true);
     // Every permit back: every connection has closed.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    let grace = Duration::from_secs(limits.header_timeout_secs);
-    let _ = tokio::time::timeout(grace, permits.acquire_many(all)).await;
+    let _ = tokio::time::timeout(header_timeout, permits.acquire_many(all)).await;
     Ok(())
+}
+
+/// Serves one connection until it closes, or gracefully once `stopping` turns true.
+async fn connection<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: IO,
+    peer: SocketAddr,
+    app: Router,
+    header_timeout: Duration,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let service = hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        app.clone().oneshot(request.map(Body::new))
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(header_timeout).keep_alive(true);
+    let connection = http.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(connection);
+    let stopped = async {
+        while !*stopping.borrow_and_update() {
+            if stopping.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = connection.as_mut() => {}
+        () = stopped => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+    }
 }
 
 /// Where a request came from (set by [`serve`]).

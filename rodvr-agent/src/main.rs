@@ -45,6 +45,8 @@ enum StartError {
     Runtime(#[source] std::io::Error),
     #[error("the API server failed")]
     Serve(#[source] std::io::Error),
+    #[error("TLS is not usable")]
+    Tls(#[from] httpd::TlsError),
 }
 
 fn config_path() -> Result<PathBuf, StartError> {
@@ -112,14 +114,18 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         agent.clone(),
         Duration::from_secs(config.retry_interval_secs),
     ));
+    let tls = config.tls.as_ref().map(httpd::TlsFiles::acceptor).transpose()?;
     if let Some(controller) = &config.controller {
         let renewed = credential::renewed_token_path(&config.state_file);
         let token = credential::current_token(&controller.token, &renewed);
-        let client = ControllerClient::new(&controller.url, token);
+        let http = httpd::http_client(controller.ca.as_deref())?;
+        let client = ControllerClient::with_http(http, &controller.url, token);
         tokio::spawn(heartbeat(agent.clone(), client, renewed, controller.heartbeat_interval()));
     }
     let app = router(agent, Arc::new(verifier), config.http.body_timeout());
-    httpd::serve(listener, app, config.http, shutdown_signal()).await.map_err(StartError::Serve)
+    httpd::serve(listener, app, config.http, tls, shutdown_signal())
+        .await
+        .map_err(StartError::Serve)
 }
 
 async fn reapply<F: Firewall + 'static>(agent: &Arc<Agent<F>>) {

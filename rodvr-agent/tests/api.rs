@@ -56,13 +56,23 @@ async fn serve_with(
     public_pem: &str,
     limits: HttpLimits,
 ) -> SocketAddr {
+    serve_tls(agent, public_pem, limits, None).await
+}
+
+async fn serve_tls(
+    agent: Arc<Agent<MemoryFirewall>>,
+    public_pem: &str,
+    limits: HttpLimits,
+    tls: Option<httpd::TlsFiles>,
+) -> SocketAddr {
+    let tls = tls.map(|files| files.acceptor().unwrap());
     let verifier = TokenVerifier::from_public_pem(public_pem.as_bytes(), crg0()).unwrap();
     let verifier = Arc::new(verifier);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = rodvr_agent::server::router(agent, verifier, limits.body_timeout());
     let forever = std::future::pending();
-    tokio::spawn(async move { httpd::serve(listener, app, limits, forever).await.unwrap() });
+    tokio::spawn(async move { httpd::serve(listener, app, limits, tls, forever).await.unwrap() });
     addr
 }
 
@@ -420,4 +430,52 @@ async fn clients_that_stall_are_cut_off_and_the_agent_keeps_serving() {
     assert_eq!(support::slow::still_open_after(bodies, limit).await, 0, "stalled bodies");
     let client = client_for(addr, &private);
     assert_eq!(client.put_routes(&table(1)).await.unwrap().outcome, ApplyOutcome::Applied);
+}
+
+#[tokio::test]
+async fn over_tls_the_agent_and_the_controller_trust_only_the_configured_ca() {
+    use support::certs::Ca;
+    let state = TempDir::new("api-tls");
+    let (private, public) = key_pair(51);
+    let ca = Ca::new("gsaas test CA");
+    let (ca_path, cert, key) = ca.write(state.path(), "agent", &["127.0.0.1", "localhost"]);
+    let agent = new_agent(&state);
+    let tls = Some(httpd::TlsFiles { cert, key });
+    let addr = serve_tls(agent.clone(), &public, HttpLimits::default(), tls).await;
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let client = |ca: &std::path::Path| {
+        let http = httpd::http_client(Some(ca)).unwrap();
+        AgentClient::with_http(http, format!("https://{addr}"), crg0(), signer.clone())
+    };
+    assert_eq!(
+        client(&ca_path).put_routes(&table(1)).await.unwrap().outcome,
+        ApplyOutcome::Applied
+    );
+
+    // A controller that trusts another CA does not talk to this agent; an agent whose certificate
+    // another CA signed (an impostor at the agent's address) gets no token from the controller.
+    let other = Ca::new("another CA");
+    let (other_ca, other_cert, other_key) =
+        other.write(state.path(), "impostor", &["127.0.0.1", "localhost"]);
+    let err = client(&other_ca).put_routes(&table(2)).await.unwrap_err();
+    assert_eq!(err.status(), None, "a TLS failure, not an answer: {err}");
+    let impostor = new_agent(&TempDir::new("api-tls-impostor"));
+    let tls = Some(httpd::TlsFiles { cert: other_cert, key: other_key });
+    let impostor_addr = serve_tls(impostor.clone(), &public, HttpLimits::default(), tls).await;
+    let http = httpd::http_client(Some(&ca_path)).unwrap();
+    let to_impostor =
+        AgentClient::with_http(http, format!("https://{impostor_addr}"), crg0(), signer.clone());
+    assert_eq!(to_impostor.routes().await.unwrap_err().status(), None);
+    assert_eq!(impostor.with_firewall(|fw| fw.transactions()), 0);
+    // Plain HTTP to the TLS port gets no answer.
+    let plain = AgentClient::new(format!("http://{addr}"), crg0(), signer.clone());
+    assert_eq!(plain.routes().await.unwrap_err().status(), None);
+    assert_eq!(agent.state().desired, Some(table(1)));
+
+    // A CA bundle that is missing or holds no certificate is refused, naming the file.
+    let missing = state.path().join("missing.pem");
+    assert!(httpd::http_client(Some(&missing)).unwrap_err().to_string().contains("missing.pem"));
+    let empty = state.path().join("empty.pem");
+    std::fs::write(&empty, "no certificate here").unwrap();
+    assert!(httpd::http_client(Some(&empty)).unwrap_err().to_string().contains("empty.pem"));
 }

@@ -16,6 +16,7 @@ use gpgpums::HostId;
 use rodvr_agent::agent::{Agent, HostFacts};
 use rodvr_agent::auth::TokenVerifier;
 use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
+use rodvr_agent::httpd::{self, HttpLimits, TlsFiles};
 use rodvr_agent::protocol::{AppliedState, ErrorBody, HostKind, RouteTable};
 use rodvr_agent::render::TableParams;
 use rodvr_agent::state::Ledger;
@@ -48,6 +49,16 @@ pub struct TestAgent {
 impl TestAgent {
     /// Starts the agent of `host`, which trusts tokens of gsaasd's public key for `host` only.
     pub async fn start(host: &str, kind: HostKind, gsaasd_public_pem: &str) -> TestAgent {
+        Self::start_tls(host, kind, gsaasd_public_pem, None).await
+    }
+
+    /// [`TestAgent::start`], serving over TLS with `tls` (its URL is then https).
+    pub async fn start_tls(
+        host: &str,
+        kind: HostKind,
+        gsaasd_public_pem: &str,
+        tls: Option<TlsFiles>,
+    ) -> TestAgent {
         let host = HostId::new(host).unwrap();
         let params = TableParams {
             masked_range: "100.127.0.0/16".parse().unwrap(),
@@ -70,8 +81,13 @@ impl TestAgent {
             .layer(axum::middleware::from_fn_with_state(shared.clone(), count))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
+        let tls = tls.map(|files| files.acceptor().unwrap());
+        let (limits, forever) = (HttpLimits::default(), std::future::pending());
+        tokio::spawn(
+            async move { httpd::serve(listener, app, limits, tls, forever).await.unwrap() },
+        );
         TestAgent { url, shared }
     }
 

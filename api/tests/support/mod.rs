@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod agents;
+#[path = "../../../rodvr-agent/tests/support/certs.rs"]
+pub mod certs;
 pub mod openstack;
 pub mod postgres;
 #[path = "../../../rodvr-agent/tests/support/slow.rs"]

@@ -1,6 +1,7 @@
 //! Shared by the integration tests and the benchmark: keys, temp dirs, network namespaces.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod netns;
 pub mod slow;
 
