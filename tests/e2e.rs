@@ -19,8 +19,8 @@
 //! reach the stand-in server of exactly the GPU gsaasd gave that cGPU, seen from the compute host
 //! (masqueraded), while the GPU host itself stays out of reach. After terminate, the VM's namespace
 //! and tap are gone, and a namespace that takes over the VM's port (tap name and address: agents
-//! match routes on the tap, or on the address when the cloud gives no tap) gets nothing at the
-//! masked endpoints: the routes were removed from the kernel, not just from gsaasd's database.
+//! match routes on the two together) gets nothing at the masked endpoints: the routes were
+//! removed from the kernel, not just from gsaasd's database.
 //!
 //! The test can tell "blocked" from "broken": before any agent runs, a probe namespace behind the
 //! compute-rGPU host reaches the GPU host directly, and the address-reusing namespace reaches its

@@ -12,7 +12,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rodvr_agent::firewall::{Dataplane, Firewall, NftFirewall};
-use rodvr_agent::protocol::VmSource;
 use rodvr_agent::render::{RouteKey, RouteMap, TableParams, Transaction};
 use support::netns::{require_root_tools, veth, Netns};
 
@@ -24,11 +23,13 @@ fn params() -> TableParams {
     }
 }
 
-/// Route `i`: VM 10.(64 + i / 65536).(i / 256 % 256).(i % 256) -> 100.127.0.1:9000 -> a GPU port.
+/// Route `i`: VM 10.(64 + i / 65536).(i / 256 % 256).(i % 256) on tap `tap<i>` ->
+/// 100.127.0.1:9000 -> a GPU port.
 fn key(i: u32) -> RouteKey {
     let vm = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 64, 0, 0)) + i);
     RouteKey {
-        source: VmSource::Ip(vm),
+        tap: format!("tap{i}"),
+        ip: vm,
         masked: SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000),
     }
 }
@@ -132,9 +133,11 @@ fn bench_naive(ns: &Netns, ours_at_1000: Duration) {
             let t = Instant::now();
             for i in 0..n {
                 let (k, v) = (key(i), target(i, 0));
-                let VmSource::Ip(vm) = k.source else { unreachable!() };
                 let rule = format!(
-                    "add rule ip naive prerouting ip saddr {vm} ip daddr {} tcp dport {} dnat to {v}",
+                    "add rule ip naive prerouting iifname {} ip saddr {} ip daddr {} tcp dport {} \
+                     dnat to {v}",
+                    k.tap,
+                    k.ip,
                     k.masked.ip(),
                     k.masked.port()
                 );
@@ -200,7 +203,7 @@ fn bench_throughput() {
     let mut routes = RouteMap::new();
     let masked = SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000);
     routes.insert(
-        RouteKey { source: VmSource::Ip(Ipv4Addr::new(10, 231, 1, 2)), masked },
+        RouteKey { tap: "tap1".into(), ip: Ipv4Addr::new(10, 231, 1, 2), masked },
         "10.232.0.2:5201".parse().unwrap(),
     );
     // OpenStack compute hosts track connections anyway (security groups); this stands in for that.
@@ -217,6 +220,7 @@ fn bench_throughput() {
     let agent_table = |on: bool| {
         ch.run(|| {
             let _ = Command::new("nft").args(["delete", "table", "ip", "rodvr"]).output();
+            let _ = Command::new("nft").args(["delete", "table", "ip6", "rodvr"]).output();
             if on {
                 let tx = Transaction::Replace { params: params(), routes: routes.clone() };
                 NftFirewall::default().apply(&tx).unwrap();

@@ -284,7 +284,7 @@ impl MemoryFirewall {
 }
 
 fn describe(key: &RouteKey) -> String {
-    format!("{:?} -> {}", key.source, key.masked)
+    format!("{} {} -> {}", key.tap, key.ip, key.masked)
 }
 
 impl Firewall for MemoryFirewall {
@@ -396,7 +396,6 @@ impl<F: Firewall> Dataplane<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::VmSource;
     use crate::render::Target;
 
     fn params() -> TableParams {
@@ -411,7 +410,8 @@ mod tests {
         (0..n)
             .map(|i| {
                 let key = RouteKey {
-                    source: VmSource::Ip(Ipv4Addr::new(10, 77, 0, i)),
+                    tap: format!("tap{i}"),
+                    ip: Ipv4Addr::new(10, 77, 0, i),
                     masked: SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000),
                 };
                 (key, SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 2), 8300 + u16::from(i)))
@@ -450,36 +450,29 @@ mod tests {
         let src = Ipv4Addr::new(10, 77, 0, 4);
         let masked = SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000);
         assert_eq!(
-            dp.firewall().resolve(src, "tapx", masked),
+            dp.firewall().resolve(src, "tap4", masked),
             Some("10.78.0.2:8304".parse().unwrap())
         );
 
         dp.firewall_mut().lose_table();
         dp.converge(routes(2)).unwrap();
         assert_eq!(dp.firewall().table().unwrap().routes, routes(2));
-        assert_eq!(dp.firewall().resolve(src, "tapx", masked), None);
+        assert_eq!(dp.firewall().resolve(src, "tap4", masked), None);
     }
 
     fn arbitrary_routes() -> impl proptest::strategy::Strategy<Value = RouteMap> {
         use proptest::prelude::*;
-        proptest::collection::btree_map((0u8..12, 0u16..3, any::<bool>()), 0u16..4, 0..16).prop_map(
-            |m| {
-                m.into_iter()
-                    .map(|((vm, masked_port, by_tap), target_port)| {
-                        let source = if by_tap {
-                            VmSource::Tap(format!("tap{vm}"))
-                        } else {
-                            VmSource::Ip(Ipv4Addr::new(10, 77, 0, vm))
-                        };
-                        let masked =
-                            SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000 + masked_port);
-                        let target =
-                            SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 2), 8308 + target_port);
-                        (RouteKey { source, masked }, target)
-                    })
-                    .collect()
-            },
-        )
+        proptest::collection::btree_map((0u8..12, 0u16..3, 0u8..2), 0u16..4, 0..16).prop_map(|m| {
+            m.into_iter()
+                .map(|((vm, masked_port, net), target_port)| {
+                    let (tap, ip) = (format!("tap{vm}"), Ipv4Addr::new(10, 77, net, vm));
+                    let masked =
+                        SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000 + masked_port);
+                    let target = SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 2), 8308 + target_port);
+                    (RouteKey { tap, ip, masked }, target)
+                })
+                .collect()
+        })
     }
 
     proptest::proptest! {

@@ -39,39 +39,21 @@ pub struct RouteTable {
 }
 
 /// One cGPU of one VM: the VM's traffic to `masked` is rerouted to the rCUDA server at `target`.
+///
+/// A route matches only packets that arrive on the VM's tap *and* carry its fixed IP: a VM cannot
+/// change the tap its packets arrive on, so another VM that takes this VM's address (spoofing it,
+/// or because tenant networks overlap) matches nothing of this VM's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Route {
     pub vm: VmId,
-    /// The VM's fixed IP; traffic is matched on it when given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vm_ip: Option<Ipv4Addr>,
-    /// The VM's tap interface on this host; matched on when no `vm_ip` is given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vm_tap: Option<String>,
+    /// The VM's fixed IP.
+    pub vm_ip: Ipv4Addr,
+    /// The VM's tap interface on this host.
+    pub vm_tap: String,
     /// The endpoint the VM connects to (inside the agent's masked range).
     pub masked: SocketAddrV4,
     /// The real rCUDA endpoint on the GPU network.
     pub target: SocketAddrV4,
-}
-
-/// How the host recognises a route's VM: its fixed IP if known, otherwise the interface its
-/// packets arrive on.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VmSource {
-    Ip(Ipv4Addr),
-    Tap(String),
-}
-
-impl Route {
-    /// The source the data plane matches on, or `None` when the route names neither.
-    pub fn source(&self) -> Option<VmSource> {
-        match (&self.vm_ip, &self.vm_tap) {
-            (Some(ip), _) => Some(VmSource::Ip(*ip)),
-            (None, Some(tap)) => Some(VmSource::Tap(tap.clone())),
-            (None, None) => None,
-        }
-    }
 }
 
 /// An IPv4 prefix such as `100.127.0.0/16` (the masked range).
@@ -174,23 +156,19 @@ impl RouteTable {
     pub fn validate(&self, masked_range: Option<Ipv4Cidr>) -> Result<(), InvalidEntry> {
         check_generation(self.generation)
             .map_err(|reason| InvalidEntry { entry: "generation".into(), reason })?;
-        let mut seen: HashMap<(VmSource, SocketAddrV4), usize> = HashMap::new();
+        let mut seen: HashMap<(&str, SocketAddrV4), usize> = HashMap::new();
+        // Each tap is one VM's, with one address.
+        let mut taps: HashMap<&str, usize> = HashMap::new();
         for (i, route) in self.routes.iter().enumerate() {
             let bad = |field: &str, reason: String| InvalidEntry {
                 entry: format!("routes[{i}].{field}"),
                 reason,
             };
-            if let Some(tap) = &route.vm_tap {
-                check_ifname(tap).map_err(|r| bad("vm_tap", r))?;
+            check_ifname(&route.vm_tap).map_err(|r| bad("vm_tap", r))?;
+            let ip = route.vm_ip;
+            if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
+                return Err(bad("vm_ip", format!("{ip} is not a unicast address")));
             }
-            if let Some(ip) = route.vm_ip {
-                if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-                    return Err(bad("vm_ip", format!("{ip} is not a unicast address")));
-                }
-            }
-            let Some(source) = route.source() else {
-                return Err(bad("vm_ip", "a route needs vm_ip or vm_tap".into()));
-            };
             for (field, endpoint) in [("masked", route.masked), ("target", route.target)] {
                 if endpoint.port() == 0 {
                     return Err(bad(field, "port must be between 1 and 65535".into()));
@@ -214,7 +192,24 @@ impl RouteTable {
                     ));
                 }
             }
-            if let Some(first) = seen.insert((source, route.masked), i) {
+            match taps.get(route.vm_tap.as_str()) {
+                Some(&first) => {
+                    let owner = &self.routes[first];
+                    if (owner.vm, owner.vm_ip) != (route.vm, route.vm_ip) {
+                        return Err(bad(
+                            "vm_tap",
+                            format!(
+                                "{} is routes[{first}]'s, of another VM or address",
+                                route.vm_tap
+                            ),
+                        ));
+                    }
+                }
+                None => {
+                    taps.insert(&route.vm_tap, i);
+                }
+            }
+            if let Some(first) = seen.insert((&route.vm_tap, route.masked), i) {
                 return Err(bad(
                     "masked",
                     format!("{} is already used by routes[{first}] for the same VM", route.masked),
@@ -420,11 +415,11 @@ impl HostReport {
 mod tests {
     use super::*;
 
-    fn route(ip: &str, masked: &str, target: &str) -> Route {
+    fn route(vm: u128, tap: &str, ip: &str, masked: &str, target: &str) -> Route {
         Route {
-            vm: VmId::new_random(),
-            vm_ip: Some(ip.parse().unwrap()),
-            vm_tap: None,
+            vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
+            vm_ip: ip.parse().unwrap(),
+            vm_tap: tap.into(),
             masked: masked.parse().unwrap(),
             target: target.parse().unwrap(),
         }
@@ -444,7 +439,7 @@ mod tests {
     #[test]
     fn validation_names_the_entry() {
         let range = Some("100.127.0.0/16".parse().unwrap());
-        let ok = route("10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308");
+        let ok = route(1, "tap1", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308");
         let mut t = RouteTable { generation: 1, routes: vec![ok.clone()] };
         assert_eq!(t.validate(range), Ok(()));
 
@@ -457,13 +452,19 @@ mod tests {
         assert_eq!(err.entry, "routes[1].masked");
         assert!(err.reason.contains("routes[0]"), "{err}");
 
-        t.routes[1] = route("10.0.0.2", "100.200.0.1:9000", "10.1.0.2:8308");
+        t.routes[1] = route(1, "tap1", "10.0.0.2", "100.200.0.1:9000", "10.1.0.2:8308");
         assert!(t.validate(range).unwrap_err().reason.contains("outside the masked range"));
 
-        t.routes[1] = Route { vm_ip: None, ..ok.clone() };
+        t.routes[1] = Route { vm_ip: "0.0.0.0".parse().unwrap(), ..ok.clone() };
         assert_eq!(t.validate(range).unwrap_err().entry, "routes[1].vm_ip");
 
-        t.routes[1] = Route { vm_ip: None, vm_tap: Some("tap/../x".into()), ..ok };
+        t.routes[1] = Route { vm_tap: "tap/../x".into(), ..ok };
+        assert_eq!(t.validate(range).unwrap_err().entry, "routes[1].vm_tap");
+
+        // A tap is one VM's, with one address.
+        t.routes[1] = route(2, "tap1", "10.0.0.2", "100.127.0.1:9001", "10.1.0.2:8308");
+        assert_eq!(t.validate(range).unwrap_err().entry, "routes[1].vm_tap");
+        t.routes[1] = route(1, "tap1", "10.0.0.9", "100.127.0.1:9001", "10.1.0.2:8308");
         assert_eq!(t.validate(range).unwrap_err().entry, "routes[1].vm_tap");
 
         t.routes.truncate(1);
@@ -476,12 +477,12 @@ mod tests {
     }
 
     #[test]
-    fn same_masked_endpoint_for_different_vms_is_fine() {
+    fn vms_with_one_address_on_different_taps_are_fine() {
         let t = RouteTable {
             generation: 1,
             routes: vec![
-                route("10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308"),
-                route("10.0.0.3", "100.127.0.1:9000", "10.1.0.2:8309"),
+                route(1, "tap1", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308"),
+                route(2, "tap2", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8309"),
             ],
         };
         assert_eq!(t.validate(None), Ok(()));
@@ -553,11 +554,11 @@ mod tests {
 
     #[test]
     fn wire_format_is_stable() {
-        let r = route("10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308");
+        let r = route(1, "tap1", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308");
         let v = serde_json::to_value(&r).unwrap();
         assert_eq!(v["masked"], "100.127.0.1:9000");
         assert_eq!(v["vm_ip"], "10.0.0.2");
-        assert!(v.get("vm_tap").is_none());
+        assert_eq!(v["vm_tap"], "tap1");
         assert_eq!(serde_json::to_value(HostKind::ComputeRgpu).unwrap(), "compute-rgpu");
     }
 }

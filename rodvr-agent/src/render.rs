@@ -9,8 +9,10 @@
 //! * [`Transaction::Update`] only deletes and adds map elements (and adds a target the first time
 //!   it appears), so a change of a few routes costs the same at 10 routes as at 10,000.
 //!
-//! Each route is **one** element of a data map keyed on (VM source, masked address, masked port)
-//! whose value is the id of the route's real rCUDA endpoint (its *target*). A map with the
+//! Each route is **one** element of a data map keyed on (VM tap, VM address, masked address, masked
+//! port) whose value is the id of the route's real rCUDA endpoint (its *target*). Both the tap the
+//! packet arrived on and its source address must be the VM's: a VM that takes another VM's address
+//! still arrives on its own tap, and matches none of the other VM's routes. A map with the
 //! textbook concatenated `ipv4_addr . inet_service` value is not possible: nft 1.0.6 (Debian 12)
 //! cannot declare it in JSON (it silently creates a set, and a rule using it crashes nft). So the
 //! first packet of a connection takes two hash lookups in the NAT prerouting chain: the route map
@@ -30,7 +32,11 @@
 //! route (a verdict map plus a key set) doubled what nft parses for a full table.
 //!
 //! Targets (their chains and verdict-map elements) are never deleted by an update; an unused one
-//! is unreachable and disappears with the next full replace. `ct original ip daddr` matches use
+//! is unreachable and disappears with the next full replace.
+//!
+//! IPv6 gets no routes (masked endpoints are IPv4), only filters, in a `table ip6 rodvr` replaced
+//! in the same transaction: nothing a VM sends over IPv6 is forwarded into the GPU network, and on
+//! a compute-GPU host VMs cannot reach the local rCUDA servers' ports over IPv6 either. `ct original ip daddr` matches use
 //! the `"ip daddr"` key form, which nft 1.0.6 byte-orders correctly. The nftables crate's typed
 //! structures build table and chain objects; rules are raw JSON values, and map elements are
 //! written straight into the document string (building a `serde_json::Value` per element made
@@ -44,13 +50,12 @@ use nftables::schema::{Chain, NfCmd, NfListObject, Table};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use serde_json::{json, Value};
 
-use crate::protocol::{Ipv4Cidr, Route, VmSource};
+use crate::protocol::{Ipv4Cidr, Route};
 
-/// The one table the agent owns.
+/// The agent's tables: `ip rodvr` (routes and IPv4 filters) and `ip6 rodvr` (IPv6 filters).
 pub const TABLE: &str = "rodvr";
-/// Route maps: (VM source, masked address, masked port) -> target id.
-pub const MAP_BY_IP: &str = "routes_by_ip";
-pub const MAP_BY_TAP: &str = "routes_by_tap";
+/// The route map: (VM tap, VM address, masked address, masked port) -> target id.
+pub const MAP_ROUTES: &str = "routes";
 /// Target id -> `goto` the target's chain, with the packet mark (resp. conntrack mark) as carrier.
 pub const MAP_TARGETS: &str = "targets";
 pub const MAP_TARGETS_CT: &str = "targets_ct";
@@ -70,7 +75,10 @@ pub struct TableParams {
 /// The key of one route-map element.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RouteKey {
-    pub source: VmSource,
+    /// The VM's tap: packets must arrive on it.
+    pub tap: String,
+    /// The VM's address: packets must come from it.
+    pub ip: Ipv4Addr,
     pub masked: SocketAddrV4,
 }
 
@@ -81,7 +89,7 @@ pub type RouteMap = BTreeMap<RouteKey, SocketAddrV4>;
 pub fn route_map(routes: &[Route]) -> RouteMap {
     routes
         .iter()
-        .filter_map(|r| Some((RouteKey { source: r.source()?, masked: r.masked }, r.target)))
+        .map(|r| (RouteKey { tap: r.vm_tap.clone(), ip: r.vm_ip, masked: r.masked }, r.target))
         .collect()
 }
 
@@ -231,13 +239,23 @@ fn typed(cmd: &NfCmd<'_>) -> Value {
     serde_json::to_value(cmd).expect("nftables schema types always serialize")
 }
 
-fn table() -> Table<'static> {
-    Table { family: NfFamily::IP, name: TABLE.into(), handle: None }
+fn table(family: NfFamily) -> Table<'static> {
+    Table { family, name: TABLE.into(), handle: None }
 }
 
 fn base_chain(name: &'static str, kind: NfChainType, hook: NfHook, prio: i32) -> Value {
+    base_chain_in(NfFamily::IP, name, kind, hook, prio)
+}
+
+fn base_chain_in(
+    family: NfFamily,
+    name: &'static str,
+    kind: NfChainType,
+    hook: NfHook,
+    prio: i32,
+) -> Value {
     typed(&NfCmd::Add(NfListObject::Chain(Chain {
-        family: NfFamily::IP,
+        family,
         table: TABLE.into(),
         name: name.into(),
         _type: Some(kind),
@@ -254,8 +272,12 @@ fn obj<const N: usize>(pairs: [(&str, Value); N]) -> Value {
 }
 
 fn rule(chain: &str, expr: Vec<Value>) -> Value {
+    rule_in("ip", chain, expr)
+}
+
+fn rule_in(family: &str, chain: &str, expr: Vec<Value>) -> Value {
     let rule = obj([
-        ("family", "ip".into()),
+        ("family", family.into()),
         ("table", TABLE.into()),
         ("chain", chain.into()),
         ("expr", Value::Array(expr)),
@@ -297,15 +319,21 @@ enum Carrier {
     Conntrack,
 }
 
-/// If `carrier` is 0 and the packet's key is a route: carrier = target id, then jump to the
-/// target's chain (which resets the carrier to 0 and DNATs). A lookup miss ends the rule before
-/// anything is written, so the next rule (or the forward filter) decides.
-fn dispatch_via(first: Value, map: &str, masked: Ipv4Cidr, carrier: Carrier) -> Value {
+/// If `carrier` is 0 and the packet's key (tap, source, masked address and port) is a route:
+/// carrier = target id, then jump to the target's chain (which resets the carrier to 0 and DNATs).
+/// A lookup miss ends the rule before anything is written, so the next rule (or the forward
+/// filter) decides.
+fn dispatch_via(masked: Ipv4Cidr, carrier: Carrier) -> Value {
     let key = obj([(
         "concat",
-        Value::Array(vec![first, payload("ip", "daddr"), payload("tcp", "dport")]),
+        Value::Array(vec![
+            meta("iifname"),
+            payload("ip", "saddr"),
+            payload("ip", "daddr"),
+            payload("tcp", "dport"),
+        ]),
     )]);
-    let lookup = obj([("map", obj([("key", key), ("data", format!("@{map}").into())]))]);
+    let lookup = obj([("map", obj([("key", key), ("data", format!("@{MAP_ROUTES}").into())]))]);
     let set_carrier = obj([("mangle", obj([("key", mark(carrier)), ("value", lookup)]))]);
     let targets = match carrier {
         Carrier::Packet => MAP_TARGETS,
@@ -372,30 +400,20 @@ fn write_target_commands(out: &mut String, targets: &[Target], push: impl Fn(&mu
 /// Conntrack keeps a DNATed connection going after its route is removed; these rules drop the
 /// VM-to-GPU direction of a masked connection whose route (its original tuple, looked up as a key
 /// of the route maps) is gone, so removing a route also cuts connections that are already open.
-fn still_routed_rules(chain: &str, masked: Ipv4Cidr) -> [Value; 3] {
+fn still_routed_rules(chain: &str, masked: Ipv4Cidr) -> [Value; 2] {
     let ct = |key: &str| json!({"ct": {"key": key, "dir": "original"}});
-    let masked_original = || {
-        vec![
-            matches("==", json!({"ct": {"key": "direction"}}), "original".into()),
-            matches("==", ct_original_daddr(), range(masked)),
-            // Gives `ct original proto-dst` its type (inet_service) for the lookup below.
-            matches("==", meta("l4proto"), "tcp".into()),
-        ]
-    };
-    let routed_by = |first: Value, map: &str| {
-        let mut expr = masked_original();
-        let key = json!({"concat": [first, ct("ip daddr"), ct("proto-dst")]});
-        expr.push(matches("==", key, format!("@{map}").into()));
-        expr.push(json!({"accept": null}));
-        rule(chain, expr)
-    };
-    let mut gone = masked_original();
+    let mut routed = vec![
+        matches("==", json!({"ct": {"key": "direction"}}), "original".into()),
+        matches("==", ct_original_daddr(), range(masked)),
+        // Gives `ct original proto-dst` its type (inet_service) for the lookup below.
+        matches("==", meta("l4proto"), "tcp".into()),
+    ];
+    let mut gone = routed.clone();
+    let key = json!({"concat": [meta("iifname"), ct("ip saddr"), ct("ip daddr"), ct("proto-dst")]});
+    routed.push(matches("==", key, format!("@{MAP_ROUTES}").into()));
+    routed.push(json!({"accept": null}));
     gone.push(json!({"drop": null}));
-    [
-        routed_by(ct("ip saddr"), MAP_BY_IP),
-        routed_by(meta("iifname"), MAP_BY_TAP),
-        rule(chain, gone),
-    ]
+    [rule(chain, routed), rule(chain, gone)]
 }
 
 fn skeleton_commands(params: &TableParams) -> Vec<Value> {
@@ -403,22 +421,19 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
     let gpu_if = params.gpu_interface.as_str();
     let map = |name: &str, key: Value, data: &str| json!({"add": {"map": {"family": "ip", "table": TABLE, "name": name, "type": key, "map": data}}});
     let mut cmds = vec![
-        typed(&NfCmd::Add(NfListObject::Table(table()))),
-        typed(&NfCmd::Delete(NfListObject::Table(table()))),
-        typed(&NfCmd::Add(NfListObject::Table(table()))),
-        map(MAP_BY_IP, json!(["ipv4_addr", "ipv4_addr", "inet_service"]), "mark"),
-        map(MAP_BY_TAP, json!(["ifname", "ipv4_addr", "inet_service"]), "mark"),
+        typed(&NfCmd::Add(NfListObject::Table(table(NfFamily::IP)))),
+        typed(&NfCmd::Delete(NfListObject::Table(table(NfFamily::IP)))),
+        typed(&NfCmd::Add(NfListObject::Table(table(NfFamily::IP)))),
+        map(MAP_ROUTES, json!(["ifname", "ipv4_addr", "ipv4_addr", "inet_service"]), "mark"),
         map(MAP_TARGETS, json!("mark"), "verdict"),
         map(MAP_TARGETS_CT, json!("mark"), "verdict"),
         json!({"add": {"set": {"family": "ip", "table": TABLE, "name": SET_LOCAL_RCUDA,
             "type": ["ipv4_addr", "inet_service"]}}}),
         base_chain("prerouting", NfChainType::NAT, NfHook::Prerouting, -100),
         // A VM's packet to a masked endpoint jumps to its route's target chain, which rewrites it
-        // to the real rCUDA endpoint (IP-keyed routes first, then tap-keyed ones).
-        dispatch_via(payload("ip", "saddr"), MAP_BY_IP, masked, Carrier::Packet),
-        dispatch_via(payload("ip", "saddr"), MAP_BY_IP, masked, Carrier::Conntrack),
-        dispatch_via(meta("iifname"), MAP_BY_TAP, masked, Carrier::Packet),
-        dispatch_via(meta("iifname"), MAP_BY_TAP, masked, Carrier::Conntrack),
+        // to the real rCUDA endpoint.
+        dispatch_via(masked, Carrier::Packet),
+        dispatch_via(masked, Carrier::Conntrack),
         base_chain("postrouting", NfChainType::NAT, NfHook::Postrouting, 100),
         // The GPU server sees the compute host, never the VM.
         rule(
@@ -476,19 +491,59 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
         cmds.push(json!({"add": {"element": {"family": "ip", "table": TABLE,
             "name": SET_LOCAL_RCUDA, "elem": elems}}}));
     }
+    cmds.extend(ipv6_commands(params));
     cmds
 }
 
-/// Writes `{"concat":[source,"masked ip",port]}`.
-fn write_key(out: &mut String, key: &RouteKey) {
-    out.push_str(r#"{"concat":["#);
-    match &key.source {
-        VmSource::Ip(ip) => write!(out, "\"{ip}\""),
-        VmSource::Tap(tap) => write!(out, "{}", Value::String(tap.clone())),
+/// `table ip6 rodvr`: VMs get no masked routes over IPv6, so nothing of theirs over IPv6 may reach
+/// the GPU network, nor (on a compute-GPU host) the local rCUDA servers' ports, whatever addresses
+/// those servers also listen on.
+fn ipv6_commands(params: &TableParams) -> Vec<Value> {
+    let gpu_if = params.gpu_interface.as_str();
+    let mut cmds = vec![
+        typed(&NfCmd::Add(NfListObject::Table(table(NfFamily::IP6)))),
+        typed(&NfCmd::Delete(NfListObject::Table(table(NfFamily::IP6)))),
+        typed(&NfCmd::Add(NfListObject::Table(table(NfFamily::IP6)))),
+        base_chain_in(NfFamily::IP6, "forward", NfChainType::Filter, NfHook::Forward, 0),
+        rule_in(
+            "ip6",
+            "forward",
+            vec![
+                matches("!=", meta("iifname"), json!(gpu_if)),
+                matches("==", meta("oifname"), json!(gpu_if)),
+                json!({"drop": null}),
+            ],
+        ),
+        base_chain_in(NfFamily::IP6, "input", NfChainType::Filter, NfHook::Input, 0),
+    ];
+    let mut ports: Vec<u16> = params.local_rcuda.iter().map(|e| e.port()).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    if !ports.is_empty() {
+        cmds.push(rule_in(
+            "ip6",
+            "input",
+            vec![
+                matches("!=", meta("iifname"), json!({"set": ["lo", gpu_if]})),
+                matches("==", payload("tcp", "dport"), json!({"set": ports})),
+                json!({"drop": null}),
+            ],
+        ));
     }
+    cmds
+}
+
+/// Writes `{"concat":["tap","vm ip","masked ip",port]}`.
+fn write_key(out: &mut String, key: &RouteKey) {
+    write!(
+        out,
+        r#"{{"concat":[{},"{}","{}",{}]}}"#,
+        Value::String(key.tap.clone()),
+        key.ip,
+        key.masked.ip(),
+        key.masked.port()
+    )
     .expect("writing to a String cannot fail");
-    write!(out, r#","{}",{}]}}"#, key.masked.ip(), key.masked.port())
-        .expect("writing to a String cannot fail");
 }
 
 /// Writes one `{verb: {element: ...}}` command (and a comma) when `items` is not empty.
@@ -523,43 +578,26 @@ fn write_element_commands<'a>(
     delete: impl Iterator<Item = &'a RouteKey>,
     add: impl Iterator<Item = (&'a RouteKey, u32)>,
 ) {
-    let (mut del_ip, mut del_tap) = (Vec::new(), Vec::new());
-    for key in delete {
-        match key.source {
-            VmSource::Ip(_) => del_ip.push(key),
-            VmSource::Tap(_) => del_tap.push(key),
-        }
-    }
-    let (mut add_ip, mut add_tap) = (Vec::new(), Vec::new());
-    for (key, target) in add {
-        match key.source {
-            VmSource::Ip(_) => add_ip.push((key, target)),
-            VmSource::Tap(_) => add_tap.push((key, target)),
-        }
-    }
-    for (keys, map) in [(del_ip, MAP_BY_IP), (del_tap, MAP_BY_TAP)] {
-        write_element_command(out, "delete", map, &keys, |o, k| write_key(o, k));
-    }
-    for (items, map) in [(add_ip, MAP_BY_IP), (add_tap, MAP_BY_TAP)] {
-        write_element_command(out, "add", map, &items, |o, (k, id)| {
-            o.push('[');
-            write_key(o, k);
-            write!(o, ",{id}]").expect("writing to a String cannot fail");
-        });
-    }
+    let delete: Vec<&RouteKey> = delete.collect();
+    let add: Vec<(&RouteKey, u32)> = add.collect();
+    write_element_command(out, "delete", MAP_ROUTES, &delete, |o, k| write_key(o, k));
+    write_element_command(out, "add", MAP_ROUTES, &add, |o, (k, id)| {
+        o.push('[');
+        write_key(o, k);
+        write!(o, ",{id}]").expect("writing to a String cannot fail");
+    });
 }
 
-/// Where a VM's connection to `masked` goes under `routes`, as the DNAT rules decide it:
-/// the IP-keyed map first, then the tap-keyed map; `None` means the forward filter drops it.
+/// Where a VM's connection to `masked` goes under `routes`, as the DNAT rules decide it: the
+/// route of the tap it arrived on and the source address it came from; `None` means the forward
+/// filter drops it.
 pub fn resolve(
     routes: &RouteMap,
     src: Ipv4Addr,
     iif: &str,
     masked: SocketAddrV4,
 ) -> Option<SocketAddrV4> {
-    let by_ip = RouteKey { source: VmSource::Ip(src), masked };
-    let by_tap = RouteKey { source: VmSource::Tap(iif.to_owned()), masked };
-    routes.get(&by_ip).or_else(|| routes.get(&by_tap)).copied()
+    routes.get(&RouteKey { tap: iif.to_owned(), ip: src, masked }).copied()
 }
 
 #[cfg(test)]
@@ -574,8 +612,10 @@ mod tests {
         }
     }
 
+    /// The route key of the VM at `ip` on tap `tap<last byte of ip>`.
     fn key(ip: &str, masked: &str) -> RouteKey {
-        RouteKey { source: VmSource::Ip(ip.parse().unwrap()), masked: masked.parse().unwrap() }
+        let ip: Ipv4Addr = ip.parse().unwrap();
+        RouteKey { tap: format!("tap{}", ip.octets()[3]), ip, masked: masked.parse().unwrap() }
     }
 
     fn target(s: &str) -> SocketAddrV4 {
@@ -603,13 +643,20 @@ mod tests {
         let cmds = doc["nftables"].as_array().unwrap();
         assert_eq!(cmds[0], json!({"add": {"table": {"family": "ip", "name": "rodvr"}}}));
         assert_eq!(cmds[1], json!({"delete": {"table": {"family": "ip", "name": "rodvr"}}}));
+        let mut families = BTreeSet::new();
         for cmd in &cmds[2..] {
             let obj = cmd.as_object().unwrap().values().next().unwrap();
             let obj = obj.as_object().unwrap().values().next().unwrap();
             let table = obj.get("table").or_else(|| obj.get("name"));
             assert_eq!(table.unwrap(), "rodvr", "{cmd}");
-            assert_eq!(obj["family"], "ip", "{cmd}");
+            families.insert(obj["family"].as_str().unwrap().to_owned());
         }
+        assert_eq!(families, ["ip", "ip6"].map(String::from).into(), "our two tables only");
+        // IPv6: nothing into the GPU network, and not the local rCUDA ports.
+        let rules6: Vec<&Value> =
+            cmds.iter().filter(|c| c["add"]["rule"]["family"] == "ip6").collect();
+        assert_eq!(rules6.len(), 2, "{rules6:?}");
+        assert!(rules6[1].to_string().contains(r#"{"set":[8308]}"#), "{}", rules6[1]);
         for name in ["to_10.78.0.2_8308", "to_10.78.0.2_8308_ct"] {
             let chains = cmds.iter().filter(|c| c["add"]["chain"]["name"] == name);
             assert_eq!(chains.count(), 1, "one chain per target and carrier, not per route");
@@ -619,10 +666,11 @@ mod tests {
             found.flat_map(|c| c["add"]["element"]["elem"].as_array().unwrap().clone()).collect()
         };
         // One element per route, carrying its target's id.
-        let routes: Vec<Value> = elems(MAP_BY_IP);
+        let routes: Vec<Value> = elems(MAP_ROUTES);
         assert_eq!(routes.len(), 2);
-        assert_eq!(routes[0], json!([{"concat": ["10.77.0.2", "100.127.0.1", 9000]}, 1]));
-        assert_eq!(routes[1], json!([{"concat": ["10.77.0.3", "100.127.0.1", 9000]}, 1]));
+        let element = |tap: &str, ip: &str| json!([{"concat": [tap, ip, "100.127.0.1", 9000]}, 1]);
+        assert_eq!(routes[0], element("tap2", "10.77.0.2"));
+        assert_eq!(routes[1], element("tap3", "10.77.0.3"));
         let targets: Vec<Value> = elems(MAP_TARGETS);
         assert_eq!(targets, [json!([1, {"goto": {"target": "to_10.78.0.2_8308"}}])]);
         let targets_ct: Vec<Value> = elems(MAP_TARGETS_CT);
@@ -676,8 +724,7 @@ mod tests {
 
         let doc = Transaction::diff(&old, &ids, &new).unwrap().to_nft_string();
         let del = doc.find(r#"{"delete":"#).unwrap();
-        let add =
-            doc.find(r#"{"add":{"element":{"family":"ip","table":"rodvr","name":"routes_by_ip""#);
+        let add = doc.find(r#"{"add":{"element":{"family":"ip","table":"rodvr","name":"routes""#);
         assert!(del < add.unwrap(), "deletes must come first: {doc}");
         assert!(!doc.contains(r#""table":{"#), "an update never recreates the table: {doc}");
         assert!(doc.find("to_10.78.0.2_8310").unwrap() < del, "chain before its use: {doc}");
@@ -687,19 +734,17 @@ mod tests {
     }
 
     #[test]
-    fn tap_routes_use_the_tap_map() {
+    fn a_route_matches_its_vms_tap_and_address_together() {
         let mut routes = RouteMap::new();
-        let k = RouteKey {
-            source: VmSource::Tap("tap1".into()),
-            masked: "100.127.0.1:9000".parse().unwrap(),
-        };
+        let k = key("10.77.0.9", "100.127.0.1:9000");
         routes.insert(k.clone(), target("10.78.0.2:8308"));
         let doc = Transaction::diff(&RouteMap::new(), &TargetIds::new(), &routes);
         let doc = doc.unwrap().to_nft_string();
-        assert!(doc.contains(MAP_BY_TAP) && !doc.contains(MAP_BY_IP), "{doc}");
-        assert!(doc.contains(r#"{"concat":["tap1","100.127.0.1",9000]}"#), "{doc}");
+        assert!(doc.contains(r#"{"concat":["tap9","10.77.0.9","100.127.0.1",9000]}"#), "{doc}");
         let ip = "10.77.0.9".parse().unwrap();
-        assert_eq!(resolve(&routes, ip, "tap1", k.masked), Some(target("10.78.0.2:8308")));
+        assert_eq!(resolve(&routes, ip, "tap9", k.masked), Some(target("10.78.0.2:8308")));
+        // Its address on another tap (another VM that took it), or another address on its tap.
         assert_eq!(resolve(&routes, ip, "tap2", k.masked), None);
+        assert_eq!(resolve(&routes, "10.77.0.2".parse().unwrap(), "tap9", k.masked), None);
     }
 }

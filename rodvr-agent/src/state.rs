@@ -143,8 +143,8 @@ mod tests {
             generation,
             routes: vec![Route {
                 vm: VmId::from_uuid(uuid::Uuid::from_u128(7)),
-                vm_ip: Some("10.0.0.2".parse().unwrap()),
-                vm_tap: None,
+                vm_ip: "10.0.0.2".parse().unwrap(),
+                vm_tap: "tap1".into(),
                 masked: "100.127.0.1:9000".parse().unwrap(),
                 target: format!("10.1.0.2:{port}").parse().unwrap(),
             }],

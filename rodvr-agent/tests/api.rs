@@ -76,11 +76,12 @@ async fn serve_tls(
     addr
 }
 
+/// A route of VM `vm`, on tap `tap<vm>`.
 fn route(vm: u128, ip: &str, masked: &str, target: &str) -> Route {
     Route {
         vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
-        vm_ip: Some(ip.parse().unwrap()),
-        vm_tap: None,
+        vm_ip: ip.parse().unwrap(),
+        vm_tap: format!("tap{vm}"),
         masked: masked.parse().unwrap(),
         target: target.parse().unwrap(),
     }
@@ -191,7 +192,7 @@ async fn bad_tables_and_stale_generations_change_nothing() {
     let masked = "100.127.0.1:9000".parse().unwrap();
     let src = "10.0.0.3".parse().unwrap();
     assert_eq!(
-        agent.with_firewall(|fw| (fw.transactions(), fw.resolve(src, "tap9", masked))),
+        agent.with_firewall(|fw| (fw.transactions(), fw.resolve(src, "tap2", masked))),
         (before + 1, Some("10.1.0.2:8311".parse().unwrap()))
     );
     assert_eq!(client.host().await.unwrap().kind, HostKind::ComputeRgpu);

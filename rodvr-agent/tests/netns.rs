@@ -205,20 +205,40 @@ fn foreign_ruleset(ns: &Netns) -> Vec<Value> {
         .filter(|o| {
             let obj = o.as_object().unwrap().values().next().unwrap();
             let table = obj.get("table").or_else(|| obj.get("name")).and_then(Value::as_str);
-            !(obj["family"] == "ip" && table == Some("rodvr"))
+            !((obj["family"] == "ip" || obj["family"] == "ip6") && table == Some("rodvr"))
         })
         .cloned()
         .collect()
 }
 
-fn route(vm: u128, ip: Option<&str>, tap: Option<&str>, masked: &str, target: &str) -> Route {
+fn route(vm: u128, tap: &str, ip: &str, masked: &str, target: &str) -> Route {
     Route {
         vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
-        vm_ip: ip.map(|s| s.parse().unwrap()),
-        vm_tap: tap.map(String::from),
+        vm_ip: ip.parse().unwrap(),
+        vm_tap: tap.into(),
         masked: masked.parse().unwrap(),
         target: target.parse().unwrap(),
     }
+}
+
+/// Like [`ask`], from source address `src` (one `ns` holds).
+fn ask_from(ns: &Netns, src: &str, addr: &str) -> Option<String> {
+    let (src, addr): (std::net::IpAddr, SocketAddr) = (src.parse().unwrap(), addr.parse().unwrap());
+    ns.run(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            use tokio::io::AsyncBufReadExt;
+            let socket = tokio::net::TcpSocket::new_v4().ok()?;
+            socket.bind(SocketAddr::new(src, 0)).ok()?;
+            let connect = tokio::time::timeout(Duration::from_secs(1), socket.connect(addr));
+            let conn = connect.await.ok()?.ok()?;
+            let mut line = String::new();
+            let mut reader = tokio::io::BufReader::new(conn);
+            let read = tokio::time::timeout(Duration::from_secs(2), reader.read_line(&mut line));
+            read.await.ok()?.ok()?;
+            Some(line.trim().to_owned())
+        })
+    })
 }
 
 /// Writes an agent config for `host` in `dir` (controller key pair from `seed`, the masked range and
@@ -272,15 +292,15 @@ fn masked_routes_on_the_real_kernel() {
     let crg0 = HostId::new("crg0").unwrap();
     let client = AgentClient::new(&agent.url, crg0.clone(), signer.clone());
 
-    let vm1_route = route(1, Some("10.231.1.2"), None, "100.127.0.1:9000", "10.232.0.2:8308");
-    let vm2_route = route(2, None, Some("tap2"), "100.127.0.1:9001", "10.232.0.2:8309");
+    let vm1_route = route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308");
+    let vm2_route = route(2, "tap2", "10.231.2.2", "100.127.0.1:9001", "10.232.0.2:8309");
     let gen1 = RouteTable { generation: 1, routes: vec![vm1_route.clone(), vm2_route.clone()] };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
 
     // VM1 reaches its cGPU through the masked endpoint; the server sees the compute host.
     let expect_gpu0 = format!("gpu0 {COMPUTE_GPU_SIDE}");
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0.clone()));
-    // VM2 (matched on its tap) reaches its own cGPU, but neither VM1's nor the GPU host.
+    // VM2 reaches its own cGPU, but neither VM1's nor the GPU host.
     assert_eq!(ask(&t.vm2, "100.127.0.1:9001"), Some(format!("gpu1 {COMPUTE_GPU_SIDE}")));
     assert_eq!(ask(&t.vm2, "100.127.0.1:9000"), None, "VM2 reached VM1's cGPU");
     assert_eq!(ask(&t.vm2, "10.232.0.2:8308"), None, "VM2 reached the GPU host directly");
@@ -336,6 +356,17 @@ fn a_local_vm_reaches_the_local_rcuda_server_only_through_its_route() {
     stand_in_rcuda(&gh, "10.232.0.2:8308", "gpu0");
     stand_in_rcuda(&gh, "10.232.0.2:8309", "gpu1");
     assert_eq!(ask(&vm3, "10.232.0.2:8309").as_deref(), Some("gpu1 10.233.3.2"));
+    // The rCUDA daemons also answer over IPv6, on every address of the host (as [::] would).
+    vm3.addr6("eth0", "fd00:233:3::2/64");
+    gh.addr6("tap3", "fd00:233:3::1/64");
+    gh.addr6("gpu0", "fd00:232::2/64");
+    other.addr6("eth0", "fd00:232::9/64");
+    stand_in_rcuda(&gh, "[fd00:233:3::1]:8309", "gpu1-v6");
+    stand_in_rcuda(&gh, "[fd00:232::2]:8309", "gpu1-v6-gpunet");
+    for ns in [&vm3, &gh, &other] {
+        ns.wait_ipv6_ready();
+    }
+    assert_eq!(ask(&vm3, "[fd00:233:3::1]:8309").as_deref(), Some("gpu1-v6 fd00:233:3::2"));
 
     let (controller, registrations) = test_controller(&gh);
     let dir = TempDir::new("netns-local");
@@ -377,7 +408,7 @@ memory_mib = 1024
 
     let table = RouteTable {
         generation: 1,
-        routes: vec![route(3, Some("10.233.3.2"), None, "100.127.0.7:9000", "10.232.0.2:8308")],
+        routes: vec![route(3, "tap3", "10.233.3.2", "100.127.0.7:9000", "10.232.0.2:8308")],
     };
     with_client(&gh, &client, async |c| c.put_routes(&table).await.unwrap());
     assert_eq!(ask(&vm3, "100.127.0.7:9000").as_deref(), Some("gpu0 10.233.3.2"));
@@ -391,18 +422,83 @@ memory_mib = 1024
     assert!(reported, "no heartbeat reported generation 1 within 10 s");
     assert_eq!(ask(&vm3, "10.232.0.2:8309"), None, "the local VM reached an rCUDA server directly");
     assert_eq!(ask(&vm3, "10.232.0.2:8308"), None, "the local VM reached its server unmasked");
+    assert_eq!(ask(&vm3, "[fd00:233:3::1]:8309"), None, "the local VM reached rCUDA over IPv6");
     // Compute-rGPU hosts on the GPU network still reach the local servers.
     assert_eq!(ask(&other, "10.232.0.2:8309").as_deref(), Some("gpu1 10.232.0.9"));
+    let over_v6 = ask(&other, "[fd00:232::2]:8309");
+    assert_eq!(over_v6.as_deref(), Some("gpu1-v6-gpunet fd00:232::9"));
+}
+
+/// A VM that takes another VM's address (and gets the replies: an overlapping tenant network, or
+/// a host route an attacker steered) still sends from its own tap: it matches none of the other
+/// VM's routes, and reaches nothing.
+#[test]
+fn a_vm_with_another_vms_address_reaches_none_of_its_cgpus() {
+    require_root_tools();
+    let t = topology();
+    stand_in_rcuda(&t.gh, "10.232.0.2:8308", "gpu0");
+    let dir = TempDir::new("netns-spoof");
+    let (config, private) = write_agent_config(&dir, "crg2", 24, "");
+    let agent = AgentProcess::start(&t.ch, &config);
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let client = AgentClient::new(&agent.url, HostId::new("crg2").unwrap(), signer);
+    let vm1 = |tap: &str| route(1, tap, "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308");
+    let table = RouteTable { generation: 1, routes: vec![vm1("tap1")] };
+    with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
+    let expect = Some(format!("gpu0 {COMPUTE_GPU_SIDE}"));
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), expect);
+
+    // VM2 sends from VM1's address, and the host sends that address's replies to VM2's tap.
+    t.vm2.ip(&["addr", "add", "10.231.1.2/32", "dev", "eth0"]);
+    t.ch.ip(&["route", "add", "10.231.1.2/32", "dev", "tap2"]);
+    for interface in ["all", "default", "tap1", "tap2"] {
+        t.ch.sysctl(&format!("net/ipv4/conf/{interface}/rp_filter"), "0");
+    }
+    assert_eq!(ask_from(&t.vm2, "10.231.1.2", "100.127.0.1:9000"), None, "VM2 reached VM1's cGPU");
+    assert_eq!(ask_from(&t.vm2, "10.231.1.2", "10.232.0.2:8308"), None);
+
+    // The spoofed packets do flow where a route names VM2's tap: only the binding stopped them.
+    let table = RouteTable { generation: 2, routes: vec![vm1("tap2")] };
+    with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
+    assert_eq!(ask_from(&t.vm2, "10.231.1.2", "100.127.0.1:9000"), expect);
+}
+
+/// Masked endpoints are IPv4; over IPv6 a VM reaches nothing on the GPU network.
+#[test]
+fn a_vm_reaches_nothing_on_the_gpu_network_over_ipv6() {
+    require_root_tools();
+    let t = topology();
+    t.gh.addr6("eth0", "fd00:232::2/64");
+    t.ch.addr6("gpu0", "fd00:232::1/64");
+    t.vm2.addr6("eth0", "fd00:231:2::2/64");
+    t.ch.addr6("tap2", "fd00:231:2::1/64");
+    t.vm2.ip(&["-6", "route", "add", "default", "via", "fd00:231:2::1"]);
+    t.gh.ip(&["-6", "route", "add", "fd00:231::/32", "via", "fd00:232::1"]);
+    stand_in_rcuda(&t.gh, "[fd00:232::2]:8308", "gpu0-v6");
+    for ns in [&t.vm2, &t.ch, &t.gh] {
+        ns.wait_ipv6_ready();
+    }
+    assert_eq!(
+        ask(&t.vm2, "[fd00:232::2]:8308").as_deref(),
+        Some("gpu0-v6 fd00:231:2::2"),
+        "the test topology is broken: no IPv6 path to the GPU host"
+    );
+    let dir = TempDir::new("netns-v6");
+    let (config, _) = write_agent_config(&dir, "crg3", 25, "");
+    let _agent = AgentProcess::start(&t.ch, &config);
+    assert_eq!(ask(&t.vm2, "[fd00:232::2]:8308"), None, "a VM reached the GPU network over IPv6");
 }
 
 fn routes_to(n: u32, target: &str) -> rodvr_agent::render::RouteMap {
-    use rodvr_agent::protocol::VmSource;
     use rodvr_agent::render::RouteKey;
     (0..n)
         .map(|i| {
-            let vm = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 64, 0, 0)) + i);
-            let key =
-                RouteKey { source: VmSource::Ip(vm), masked: "100.127.0.1:9000".parse().unwrap() };
+            let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 64, 0, 0)) + i);
+            let key = RouteKey {
+                tap: format!("tap{i}"),
+                ip,
+                masked: "100.127.0.1:9000".parse().unwrap(),
+            };
             (key, target.parse().unwrap())
         })
         .collect()
@@ -435,7 +531,7 @@ fn the_nft_firewall_reports_each_failed_transaction_and_goes_on() {
     let replace = Transaction::Replace { params: params.clone(), routes: big.clone() };
     assert!(replace.to_nft_string().len() > SESSION_MAX_DOC);
     fw.apply(&replace).unwrap();
-    assert_eq!(map_len(&ns, "routes_by_ip"), 2_000);
+    assert_eq!(map_len(&ns, "routes"), 2_000);
 
     // Small changes go through the session, one transaction each.
     let mut fewer = big.clone();
@@ -443,25 +539,25 @@ fn the_nft_firewall_reports_each_failed_transaction_and_goes_on() {
     let remove = Transaction::diff(&big, &target_ids(&big), &fewer).unwrap();
     assert!(remove.to_nft_string().len() <= SESSION_MAX_DOC);
     fw.apply(&remove).unwrap();
-    assert_eq!(map_len(&ns, "routes_by_ip"), 1_999);
+    assert_eq!(map_len(&ns, "routes"), 1_999);
     // The same removal again deletes a missing element: the kernel refuses it, the error comes
     // back for this change, nothing of it applied, and the session takes the next change.
     let err = fw.apply(&remove).unwrap_err();
     assert!(matches!(&err, FirewallError::Rejected(msg) if msg.contains("Error")), "{err:?}");
-    assert_eq!(map_len(&ns, "routes_by_ip"), 1_999);
+    assert_eq!(map_len(&ns, "routes"), 1_999);
     let mut retargeted = fewer.clone();
     let (first, _) = fewer.first_key_value().unwrap();
     retargeted.insert(first.clone(), "10.232.0.2:8309".parse().unwrap());
     let update = Transaction::diff(&fewer, &target_ids(&big), &retargeted).unwrap();
     fw.apply(&update).unwrap();
-    assert_eq!(map_len(&ns, "routes_by_ip"), 1_999);
+    assert_eq!(map_len(&ns, "routes"), 1_999);
     assert_eq!(map_len(&ns, "targets"), 2);
     // An update against a table that is gone fails too.
     ns.exec(&["nft", "delete", "table", "ip", "rodvr"]);
     assert!(fw.apply(&update).is_err());
     // A small full table goes through the session as well.
     fw.apply(&Transaction::Replace { params, routes: routes_to(3, "10.232.0.2:8308") }).unwrap();
-    assert_eq!(map_len(&ns, "routes_by_ip"), 3);
+    assert_eq!(map_len(&ns, "routes"), 3);
 }
 
 #[test]
@@ -480,8 +576,8 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
     let table = RouteTable {
         generation: 1,
         routes: vec![
-            route(1, Some("10.231.1.2"), None, "100.127.0.1:9000", "10.232.0.2:8308"),
-            route(2, None, Some("tap2"), "100.127.0.1:9000", "10.232.0.2:8308"),
+            route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308"),
+            route(2, "tap2", "10.231.2.2", "100.127.0.1:9000", "10.232.0.2:8308"),
         ],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());

@@ -309,17 +309,23 @@ impl App {
             let reading = pushes.ticket.load(Ordering::SeqCst);
             let (record, table) = {
                 let (record, routed) = self.route_tables.submit(host.clone()).await?;
+                // A route matches the VM's tap and fixed IP together: the tap cannot be spoofed
+                // from inside a VM, and tells VMs apart where tenant networks overlap. A VM
+                // without both (none since the saga requires them) gets no route.
                 let routes = routed
                     .into_iter()
-                    .map(|c| Route {
-                        vm: c.vm,
-                        // The tap identifies the VM's port on this host even where tenant networks
-                        // overlap (two VMs with one fixed IP) and cannot be spoofed from inside the
-                        // VM; the fixed IP is the fallback when the cloud gives no tap.
-                        vm_ip: if c.tap.is_none() { c.fixed_ip } else { None },
-                        vm_tap: c.tap,
-                        masked: c.masked,
-                        target: c.target,
+                    .filter_map(|c| match (c.fixed_ip, c.tap) {
+                        (Some(vm_ip), Some(vm_tap)) => Some(Route {
+                            vm: c.vm,
+                            vm_ip,
+                            vm_tap,
+                            masked: c.masked,
+                            target: c.target,
+                        }),
+                        _ => {
+                            tracing::error!(vm = %c.vm, %host, "no tap or fixed IP: not routed");
+                            None
+                        }
                     })
                     .collect();
                 let generation = record.routes_generation;

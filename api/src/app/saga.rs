@@ -437,9 +437,11 @@ impl App {
                     .into(),
             ));
         }
-        if info.fixed_ip.is_none() && info.tap.is_none() {
+        if info.fixed_ip.is_none() || info.tap.is_none() {
             return Err(StepError::Failed(
-                "the cloud reported neither a fixed IP nor a tap device".into(),
+                "the cloud reported no fixed IPv4 address or no tap device for the VM's port: \
+                 GSaaS routes cGPUs only to packets from both"
+                    .into(),
             ));
         }
         vm.host = Some(host);

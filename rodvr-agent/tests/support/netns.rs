@@ -116,9 +116,39 @@ impl Netns {
     /// Routes between the namespace's interfaces (written from inside it: `/proc/sys/net` is per
     /// network namespace, and this needs no `sysctl` program).
     pub fn enable_forwarding(&self) {
-        let path = "/proc/sys/net/ipv4/ip_forward";
-        self.run(|| std::fs::write(path, "1"))
+        self.sysctl("net/ipv4/ip_forward", "1");
+        self.sysctl("net/ipv6/conf/all/forwarding", "1");
+    }
+
+    /// Writes `value` to `/proc/sys/<key>` inside the namespace.
+    pub fn sysctl(&self, key: &str, value: &str) {
+        let path = format!("/proc/sys/{key}");
+        self.run(|| std::fs::write(&path, value))
             .unwrap_or_else(|e| panic!("write {path} in {}: {e}", self.name));
+    }
+
+    /// Adds an IPv6 address to `interface`, usable at once (no duplicate address detection).
+    pub fn addr6(&self, interface: &str, cidr: &str) {
+        self.ip(&["-6", "addr", "add", cidr, "dev", interface, "nodad"]);
+    }
+
+    /// Waits (at most 10 s) until no IPv6 address here is tentative: until its interfaces'
+    /// link-local addresses pass duplicate address detection, neighbour discovery (and so IPv6
+    /// traffic through this namespace) can stall for a second.
+    pub fn wait_ipv6_ready(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let out = self.ip(&["-6", "addr", "show", "tentative"]);
+            if out.stdout.is_empty() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: addresses stay tentative",
+                self.name
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 
     /// Runs `f` on a thread that has entered the namespace.
