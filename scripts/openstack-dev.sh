@@ -10,7 +10,9 @@
 #   scripts/openstack-dev.sh stop     # stops everything and removes the state directory
 #
 # clouds.yaml has three clouds: gsaas-service (user admin, role admin: gsaasd's service user),
-# alpha and beta (a member of project alpha / beta: tenants). Run as root: PostgreSQL runs as user
+# alpha and beta (a member of project alpha / beta: tenants). Each compute host is an availability
+# zone of its own (gsaas-<host>); beta owns a private image (gsaas-beta-private) and, in the
+# Neutron stand-in, a network (beta-net), as alpha owns alpha-net. Run as root: PostgreSQL runs as user
 # postgres, and apt-get installs what is missing.
 #
 # Environment:
@@ -291,6 +293,7 @@ provision() {
     GSAAS_OS_PLACEMENT_URL="http://127.0.0.1:$P_PLACEMENT" GSAAS_OS_GLANCE_URL="http://127.0.0.1:$P_GLANCE" \
     GSAAS_OS_NEUTRON_URL="http://127.0.0.1:$P_NEUTRON" GSAAS_OS_IMAGE_NAME=$IMAGE_NAME \
     GSAAS_OS_IMAGE_FILE="$STATE/data/$IMAGE_NAME.img" GSAAS_OS_FLAVOR_NAME=$FLAVOR_NAME \
+    GSAAS_OS_COMPUTE_HOSTS="${COMPUTE_HOSTS[*]}" \
     "$VENV/bin/python" "$HERE/openstack-dev/provision.py" "$1" >>"$LOGS/provision.out" 2>&1 ||
     fail_with_log "provisioning ($1) failed" "$LOGS/provision.out"
 }
@@ -502,6 +505,9 @@ start() {
     fail_with_log "nova-manage cell_v2 discover_hosts failed" "$LOGS/discover-hosts.out"
   wait_sql "the host mappings" nova_api "select count(*) from host_mappings" ${#COMPUTE_HOSTS[@]} \
     "$LOGS/discover-hosts.out"
+  # An availability zone per compute host (gsaas-<host>): where tenants' VMs of locality local
+  # (and, on the one rGPU host, remote) go, since tenants may not name hosts.
+  provision zones
   write_clouds_yaml
   echo "openstack-dev.sh: OpenStack up in $((SECONDS - t0)) s: Keystone $KEYSTONE_URL, compute hosts ${COMPUTE_HOSTS[*]}, logs in $LOGS" >&2
   echo "$STATE/clouds.yaml"

@@ -148,8 +148,9 @@ async fn run(runs: usize, sizes: &[u32]) {
             .unwrap();
             let (spec, policy) = request.into_spec();
             let began = Instant::now();
-            let launched =
-                app.launch(&caller, LaunchInput { spec, policy, idempotency_key: None }).await;
+            let launched = app
+                .launch(&caller, LaunchInput { spec, policy, idempotency_key: None, tenant: None })
+                .await;
             let launch_s = began.elapsed().as_secs_f64();
             let details = match launched {
                 Ok((details, _)) => details,

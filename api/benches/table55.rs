@@ -6,9 +6,9 @@
 //! Nova backend as the service user, in-process agents on the paper's testbed (gpu-host-1: 4 x
 //! Quadro M4000 of 8 GiB; rgpu-host-1). Each run: project alpha's member POSTs a VM (the paper's
 //! flavor is 1 vCPU / 768 MB; here `gsaas.tiny`, which the fake driver does not boot anyway) of N
-//! shared cGPUs of 100 MiB, locality local (pinned to gpu-host-1), polls it every 20 ms until
-//! `ready`, reads gsaasd's `timings`, terminates it and waits for `deleted`. gsaasd polls Nova and
-//! Neutron every 20 ms too.
+//! shared cGPUs of 100 MiB, locality local (in gpu-host-1's availability zone), polls it every 20
+//! ms until `ready`, reads gsaasd's `timings`, terminates it and waits for `deleted`. gsaasd polls
+//! Nova and Neutron every 20 ms too.
 //!
 //! The 0 column is a VM without GSaaS (gsaasd refuses 0 cGPUs): the bench itself, as admin, does what
 //! a plain `openstack server create --wait` does and what gsaasd does per stage: creation = flavor

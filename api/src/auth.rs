@@ -377,6 +377,21 @@ pub fn bearer_token(headers: &axum::http::HeaderMap) -> Result<&str, Error> {
     }
 }
 
+/// The caller's Keystone token, when it authenticated with one (Keystone mode): what a cloud
+/// that acts as the tenant needs. `None` for gsaasd's own tokens.
+pub fn tenant_token(
+    headers: &axum::http::HeaderMap,
+    caller: &Caller,
+    state: &impl HasKeys,
+) -> Option<crate::cloud::TenantToken> {
+    state.keystone()?;
+    let token = bearer_token(headers).ok()?;
+    if looks_like_jwt(token) {
+        return None;
+    }
+    Some(crate::cloud::TenantToken { token: token.to_owned(), project_id: caller.project.clone()? })
+}
+
 /// A JWT is three base64url segments; Keystone's Fernet and PKI tokens are not.
 fn looks_like_jwt(token: &str) -> bool {
     token.split('.').count() == 3 && token.starts_with("eyJ")

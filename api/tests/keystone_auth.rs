@@ -44,6 +44,8 @@ struct Fake {
     log: Arc<Mutex<Vec<Logged>>>,
     /// Nova's servers: id to (gsaas VM id of its metadata, the host it was asked to run on).
     servers: Arc<Mutex<BTreeMap<String, (String, String)>>>,
+    /// The token of every `POST /servers`.
+    creators: Arc<Mutex<Vec<String>>>,
 }
 
 /// The upstream admin view of a server (2.73), ACTIVE on `host`, with `vm` in its metadata.
@@ -129,7 +131,12 @@ async fn serve(
             let request: Value = serde_json::from_slice(&body).unwrap();
             let server = &request["server"];
             let vm = server["metadata"][VM_ID_METADATA].as_str().unwrap().to_owned();
-            let host = server["host"].as_str().expect("a pinned host").to_owned();
+            // A tenant names no host (Nova's policy): Nova picks one, here the first rGPU host.
+            assert!(server.get("host").is_none(), "a tenant's request named a host: {server}");
+            let host = "compute0-rgpu".to_owned();
+            // Created as the tenant, with the tenant's own token.
+            let token = header("x-auth-token");
+            fake.creators.lock().unwrap().push(token.unwrap_or_default());
             let mut servers = fake.servers.lock().unwrap();
             let id = format!("5e000000-0000-4000-8000-{:012}", servers.len() + 1);
             servers.insert(id.clone(), (vm, host));
@@ -182,7 +189,12 @@ async fn setup(name: &str) -> Setup {
 async fn setup_with(name: &str, tweak: impl FnOnce(&mut AuthConfig)) -> Setup {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let fake = Fake { base: base.clone(), log: Arc::default(), servers: Arc::default() };
+    let fake = Fake {
+        base: base.clone(),
+        log: Arc::default(),
+        servers: Arc::default(),
+        creators: Arc::default(),
+    };
     let app = Router::new().fallback(serve).with_state(fake.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
@@ -310,6 +322,7 @@ async fn tenants_keystone_tokens_launch_list_and_are_kept_to_their_project() {
     let vm = s.until(&id, "tenant-a", &["ready", "error"]).await;
     assert_eq!(vm["state"], "ready", "{vm}");
     assert_eq!(s.fake.servers.lock().unwrap().len(), 1);
+    assert_eq!(*s.fake.creators.lock().unwrap(), ["tenant-a"], "created as the tenant");
     let (status, body) = s.get(&format!("/v1/vms/{id}"), "tenant-b").await;
     assert_eq!(status, 404, "{body}");
     let (status, listed) = s.get("/v1/vms", "tenant-b").await;

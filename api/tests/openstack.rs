@@ -11,7 +11,8 @@ use base64::Engine as _;
 use reqwest::Method;
 use serde_json::{json, Value};
 use support::openstack::{
-    client, eventually, inventory_named, Admin, Gsaasd, Login, FLAVOR, GPU_HOST, IMAGE, RGPU_HOST,
+    client, eventually, inventory_named, Admin, Gsaasd, Login, BETA_NETWORK, BETA_PRIVATE_IMAGE,
+    FLAVOR, GPU_HOST, IMAGE, RGPU_HOST,
 };
 
 /// A flavor no fake compute node can hold (4 TB of RAM; the fake driver reports 800 GB).
@@ -55,10 +56,14 @@ async fn tenants_launch_on_real_nova_and_terminate() {
         assert!(timings[stage].as_f64().is_some_and(|s| s > 0.0), "{stage}: {timings}");
     }
 
-    // Nova really has the server, on gpu-host-1, created from the flavor and image asked for.
+    // Nova really has the server, on gpu-host-1, created from the flavor and image asked for, in
+    // alpha's own project: in alpha's `openstack server list`, not in beta's.
     let (status, server) = admin.server(&server_id).await;
     assert_eq!(status, 200, "{server}");
     assert_eq!(server["status"], "ACTIVE", "{server}");
+    assert_eq!(server["tenant_id"], alpha.project_id.as_str(), "{server}");
+    assert!(alpha.own_servers(&http).await.contains(&server_id), "not in alpha's servers");
+    assert!(!beta.own_servers(&http).await.contains(&server_id), "in beta's servers");
     assert_eq!(server["OS-EXT-SRV-ATTR:host"], GPU_HOST, "{server}");
     assert_eq!(server["flavor"]["original_name"], FLAVOR, "{server}");
     assert_eq!(server["metadata"]["gsaas_vm_id"], id.as_str(), "{server}");
@@ -180,13 +185,14 @@ async fn a_host_nova_does_not_know_unwinds_the_launch() {
     // gsaasd's inventory names a compute-GPU host that is not one of Nova's.
     let gsaasd = Gsaasd::start_with(inventory_named("gpu-host-9", 2)).await;
 
-    // Locality local pins the server to the cGPUs' host: Nova refuses the request (400).
+    // Locality local sends the server to the cGPUs' host's zone: Nova refuses the request (400).
     let id = gsaasd.launch(&alpha.token, &launch_body("e2e-nohost", FLAVOR, 2, "local")).await;
     let vm = gsaasd.until(&id, &alpha.token, &["ready", "error"]).await;
     assert_eq!(vm["state"], "error", "{vm}");
     let reason = vm["error"].as_str().expect("an error message");
-    // Nova's message names the host; the tenant's copy must not locate its GPUs.
-    assert!(reason.contains("Compute host (hidden) could not be found"), "{reason}");
+    // The host's availability zone does not exist: Nova refuses the server, and the tenant's
+    // message does not name the host.
+    assert!(reason.contains("availability zone"), "{reason}");
     assert!(!reason.contains("gpu-host-9"), "{reason}");
     assert!(vm["server_id"].is_null(), "{vm}");
     assert!(admin.servers_of_vm(&id).await.is_empty());
@@ -194,4 +200,55 @@ async fn a_host_nova_does_not_know_unwinds_the_launch() {
         (pool_use(&gsaasd, &alpha.token).await == (0, 0)).then_some(())
     })
     .await;
+}
+
+/// Nova, Glance and Neutron authorize a tenant's launch as the tenant: another project's private
+/// image or network is refused before anything is reserved, the owner's is not; a gsaasd token,
+/// which names no project of the cloud, launches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_use_only_their_own_images_and_networks() {
+    let http = client();
+    let admin = Admin::new().await;
+    let alpha = Login::new(&http, "alpha").await;
+    let beta = Login::new(&http, "beta").await;
+    let gsaasd = Gsaasd::start(4).await;
+
+    let mut private = launch_body("e2e-private", FLAVOR, 1, "local");
+    private["image"] = json!(BETA_PRIVATE_IMAGE);
+    let (status, problem) =
+        gsaasd.call(Method::POST, "/v1/vms", &alpha.token, Some(&private)).await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("image")), "{problem}");
+    let mut network = launch_body("e2e-network", FLAVOR, 1, "local");
+    network["networks"] = json!([BETA_NETWORK]);
+    let (status, problem) =
+        gsaasd.call(Method::POST, "/v1/vms", &alpha.token, Some(&network)).await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("networks")), "{problem}");
+    assert_eq!(pool_use(&gsaasd, &alpha.token).await, (0, 0), "nothing was reserved");
+
+    // gsaasd's own tokens name no Keystone project.
+    let app = &gsaasd.service.as_ref().expect("running").app;
+    let jwt = app.keys.issue(
+        "alpha",
+        Some(&alpha.project_id),
+        gsaasd::auth::Role::Member,
+        std::time::Duration::from_secs(600),
+    );
+    let (status, problem) = gsaasd
+        .call(Method::POST, "/v1/vms", &jwt, Some(&launch_body("e2e-jwt", FLAVOR, 1, "local")))
+        .await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("token")), "{problem}");
+
+    // Beta boots its own private image, in its own project.
+    let id = gsaasd.launch(&beta.token, &private).await;
+    let vm = gsaasd.until(&id, &beta.token, &["ready", "error"]).await;
+    assert_eq!(vm["state"], "ready", "{vm}");
+    let server_id = vm["server_id"].as_str().expect("a server").to_owned();
+    let (_, server) = admin.server(&server_id).await;
+    assert_eq!(server["tenant_id"], beta.project_id.as_str(), "{server}");
+    let (status, body) =
+        gsaasd.call(Method::DELETE, &format!("/v1/vms/{id}"), &beta.token, None).await;
+    assert_eq!(status, 202, "{body}");
+    let vm = gsaasd.until(&id, &beta.token, &["deleted", "error"]).await;
+    assert_eq!(vm["state"], "deleted", "{vm}");
+    assert_eq!(admin.server(&server_id).await.0, 404);
 }

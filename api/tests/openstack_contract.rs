@@ -27,7 +27,7 @@ use gpgpums::{HostId, VmId};
 use gsaasd::auth::Role;
 use gsaasd::cloud::nova::{vm_tag, NovaCloud, NovaConfig, VM_ID_METADATA};
 use gsaasd::cloud::{
-    Cloud, CloudError, HostConstraint, ServerId, ServerSpec, ServerStatus, VmRequest,
+    Cloud, CloudError, HostConstraint, ServerId, ServerSpec, ServerStatus, TenantToken, VmRequest,
 };
 use gsaasd::openstack::keystone::{AdminScope, ValidatorSettings};
 use gsaasd::openstack::time::format_rfc3339;
@@ -39,6 +39,8 @@ use tokio::net::TcpListener;
 use upstream::{fixture, fixture_json, token_body};
 
 const PROJECT: &str = "a6944d763bf64ee6a275f1263fae0352";
+/// A tenant's project, other than the service user's.
+const TENANT_PROJECT: &str = "7e9a0000000000000000000000000001";
 const NOVA: &str = "/nova/v2.1/a6944d763bf64ee6a275f1263fae0352";
 const IMAGE_ID: &str = "70a599e0-31e7-49b7-b260-868f441e862b";
 const SERVER_ID: &str = "0e12087a-7c87-476a-8f84-7398e991cecc";
@@ -188,7 +190,7 @@ fn standard(req: &Req, base: &str) -> Reply {
             json!({ "id": IMAGE_ID, "name": "cirros", "status": "active" }).to_string(),
         );
     }
-    if req.method == get && req.path.starts_with(&format!("{NOVA}/servers/detail?tags=")) {
+    if req.method == get && req.path.starts_with(&format!("{NOVA}/servers/detail?")) {
         return reply(200, r#"{"servers": []}"#);
     }
     if req.method == get && req.path.starts_with("/neutron/v2.0/ports?device_id=") {
@@ -239,6 +241,7 @@ fn spec(vm: VmId, host: HostConstraint) -> ServerSpec {
         request: request(),
         user_data: b"#cloud-config\nwrite_files: []\n".to_vec(),
         host,
+        tenant: None,
     }
 }
 
@@ -263,8 +266,8 @@ fn assert_compute_headers(req: &Req, token: &str) {
 async fn auth_request_catalog_and_token_reuse() {
     let mock = Mock::start(standard).await;
     let cloud = nova(&mock);
-    cloud.check(&request()).await.unwrap();
-    cloud.check(&request()).await.unwrap();
+    cloud.check(&request(), None).await.unwrap();
+    cloud.check(&request(), None).await.unwrap();
     assert_eq!(mock.auths(), 1, "the token is reused");
     let requests = mock.requests();
     let auth = &requests[0];
@@ -297,9 +300,9 @@ async fn a_401_drops_the_token_and_retries_once_with_a_new_one() {
     })
     .await;
     let cloud = nova(&mock);
-    cloud.check(&request()).await.unwrap();
+    cloud.check(&request(), None).await.unwrap();
     reject.store(true, Ordering::SeqCst);
-    cloud.check(&request()).await.unwrap();
+    cloud.check(&request(), None).await.unwrap();
     assert_eq!(auths.load(Ordering::SeqCst), 2);
     let flavor_gets: Vec<_> = mock
         .requests()
@@ -317,7 +320,7 @@ async fn a_401_drops_the_token_and_retries_once_with_a_new_one() {
         standard(req, base)
     })
     .await;
-    let err = nova(&mock).check(&request()).await.unwrap_err();
+    let err = nova(&mock).check(&request(), None).await.unwrap_err();
     assert!(matches!(err, CloudError::Unavailable { .. }), "{err:?}");
     assert_eq!(mock.auths(), 2);
 }
@@ -333,7 +336,7 @@ async fn a_token_close_to_its_expiry_is_renewed() {
     })
     .await;
     let cloud = nova(&mock);
-    cloud.check(&request()).await.unwrap();
+    cloud.check(&request(), None).await.unwrap();
     assert_eq!(mock.auths(), 2, "one per call");
 }
 
@@ -372,7 +375,7 @@ async fn check_finds_flavors_by_name_and_refuses_unknown_parts() {
     let mut by_name = request();
     by_name.flavor = "m1.tiny".into();
     by_name.networks = vec!["private".into()];
-    cloud.check(&by_name).await.unwrap();
+    cloud.check(&by_name, None).await.unwrap();
 
     let field = |r: Result<(), CloudError>| match r {
         Err(CloudError::Invalid { field, .. }) => field,
@@ -380,17 +383,17 @@ async fn check_finds_flavors_by_name_and_refuses_unknown_parts() {
     };
     let mut bad = request();
     bad.flavor = "m1.huge".into();
-    assert_eq!(field(cloud.check(&bad).await), "flavor");
+    assert_eq!(field(cloud.check(&bad, None).await), "flavor");
     let mut bad = request();
     bad.image = "cirros".into();
-    assert_eq!(field(cloud.check(&bad).await), "image", "two images of that name");
+    assert_eq!(field(cloud.check(&bad, None).await), "image", "two images of that name");
     bad.image = "queued".into();
-    assert_eq!(field(cloud.check(&bad).await), "image", "not active");
+    assert_eq!(field(cloud.check(&bad, None).await), "image", "not active");
     bad.image = "0e12087a-0000-476a-8f84-7398e991cecc".into();
-    assert_eq!(field(cloud.check(&bad).await), "image", "no such id");
+    assert_eq!(field(cloud.check(&bad, None).await), "image", "no such id");
     let mut bad = request();
     bad.networks = vec!["nowhere".into()];
-    assert_eq!(field(cloud.check(&bad).await), "networks");
+    assert_eq!(field(cloud.check(&bad, None).await), "networks");
     // Images are checked in Glance: the compute images API is gone from 2.36 on.
     assert_eq!(mock.count(&Method::GET, &format!("{NOVA}/images")), 0);
 }
@@ -412,7 +415,8 @@ async fn create_sends_the_upstream_request_shape() {
 
     let requests = mock.requests();
     let find = requests.iter().find(|r| r.path.contains("/servers/detail")).unwrap();
-    assert_eq!(find.path, format!("{NOVA}/servers/detail?tags={}", vm_tag(vm)));
+    // As the service user, across every project.
+    assert_eq!(find.path, format!("{NOVA}/servers/detail?all_tenants=1&tags={}", vm_tag(vm)));
     let post =
         requests.iter().find(|r| r.method == Method::POST && r.path.ends_with("/servers")).unwrap();
     assert_compute_headers(post, "service-token");
@@ -444,6 +448,62 @@ async fn create_sends_the_upstream_request_shape() {
         .decode(ours["user_data"].as_str().unwrap())
         .unwrap();
     assert_eq!(user_data, spec.user_data);
+}
+
+/// Created for a tenant, the server is the tenant's: every request of the creation carries the
+/// tenant's token (in the tenant's project's endpoint), none names a host, and the VM's server is
+/// looked for among the tenant's servers only.
+#[tokio::test]
+async fn a_tenants_server_is_created_with_the_tenants_token_in_zones() {
+    let mock = Mock::start(|req, base| {
+        if req.is(&Method::POST, &format!("/nova/v2.1/{TENANT_PROJECT}/servers")) {
+            return reply(202, fixture("nova/servers_v2.74_server-create-resp.json"));
+        }
+        if req.path.starts_with(&format!("/nova/v2.1/{TENANT_PROJECT}/")) {
+            let req = Req { path: req.path.replace(TENANT_PROJECT, PROJECT), ..req.clone() };
+            return standard(&req, base);
+        }
+        standard(req, base)
+    })
+    .await;
+    let zoned = NovaConfig {
+        availability_zone: Some("gsaas-rgpu".into()),
+        local_availability_zone: Some("gsaas-{host}".into()),
+        ..config()
+    };
+    let cloud = NovaCloud::new(settings(&mock.base), zoned).unwrap();
+    let tenant = TenantToken { token: "tenant-token".into(), project_id: TENANT_PROJECT.into() };
+    let as_tenant =
+        |host| ServerSpec { tenant: Some(tenant.clone()), ..spec(VmId::new_random(), host) };
+    let hosts = vec![HostId::new("compute0-rgpu").unwrap()];
+    for (host, zone) in [
+        (pinned("gpu-host-1"), "gsaas-gpu-host-1"),
+        (HostConstraint::AnyOf(hosts.clone()), "gsaas-rgpu"),
+    ] {
+        cloud.create_server(&as_tenant(host)).await.unwrap();
+        let requests = mock.requests();
+        let post = requests
+            .iter()
+            .rev()
+            .find(|r| r.method == Method::POST && r.path.ends_with("/servers"))
+            .unwrap();
+        assert_eq!(post.path, format!("/nova/v2.1/{TENANT_PROJECT}/servers"));
+        assert_compute_headers(post, "tenant-token");
+        let body = post.json();
+        assert_eq!(body["server"]["availability_zone"], zone, "{body}");
+        assert!(body["server"].get("host").is_none(), "a tenant named a host: {body}");
+    }
+    let requests = mock.requests();
+    for r in requests.iter().filter(|r| {
+        r.path.contains("/servers") || r.path.contains("/images") || r.path.contains("/flavors")
+    }) {
+        assert_eq!(r.header("x-auth-token"), Some("tenant-token"), "{} {}", r.method, r.path);
+        assert!(!r.path.contains("all_tenants"), "{}", r.path);
+    }
+    // Without the zones, a tenant's local or remote VM has nowhere to go.
+    let plain = NovaCloud::new(settings(&mock.base), config()).unwrap();
+    let err = plain.create_server(&as_tenant(pinned("gpu-host-1"))).await.unwrap_err();
+    assert!(matches!(&err, CloudError::Invalid { field: "locality", .. }), "{err:?}");
 }
 
 #[tokio::test]
@@ -487,7 +547,7 @@ async fn create_finds_the_server_of_a_vm_instead_of_creating_another() {
     let vm = VmId::new_random();
     let other = VmId::new_random();
     let mock = Mock::start(move |req, base| {
-        if req.method == Method::GET && req.path.contains("/servers/detail?tags=") {
+        if req.method == Method::GET && req.path.contains("/servers/detail?") {
             // Nova's tag filter matched; the metadata decides (a foreign server is skipped).
             let foreign = server_body(other, "ACTIVE", Some("compute"), None)["server"].clone();
             let mut ours = server_body(vm, "BUILD", None, None)["server"].clone();
@@ -699,7 +759,7 @@ async fn unreachable_keystone_is_unavailable_with_its_cause() {
     let base = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
     let cloud = NovaCloud::new(settings(&base), config()).unwrap();
-    let err = cloud.check(&request()).await.unwrap_err();
+    let err = cloud.check(&request(), None).await.unwrap_err();
     assert!(matches!(err, CloudError::Unavailable { .. }), "{err:?}");
     let keystone = err.source().expect("the Keystone error");
     assert!(keystone.to_string().contains("cannot reach"), "{keystone}");
@@ -712,7 +772,7 @@ async fn unreachable_keystone_is_unavailable_with_its_cause() {
         reply(500, "")
     })
     .await;
-    let err = nova(&mock).check(&request()).await.unwrap_err();
+    let err = nova(&mock).check(&request(), None).await.unwrap_err();
     assert!(matches!(err, CloudError::Unavailable { .. }), "{err:?}");
     assert!(err.source().unwrap().to_string().contains("503"), "{err:?}");
 }
@@ -731,7 +791,7 @@ async fn a_slow_nova_times_out() {
     let config = NovaConfig { request_timeout_ms: 300, ..config() };
     let cloud = NovaCloud::new(settings(&mock.base), config).unwrap();
     let started = std::time::Instant::now();
-    let err = cloud.check(&request()).await.unwrap_err();
+    let err = cloud.check(&request(), None).await.unwrap_err();
     assert!(matches!(err, CloudError::Timeout(t) if t == Duration::from_millis(300)), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(3));
 }

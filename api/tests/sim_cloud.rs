@@ -43,6 +43,7 @@ fn spec_on(vm: VmId, constraint: HostConstraint) -> ServerSpec {
         request: request(),
         user_data: format!("#cloud-config\n# {vm}\n").into_bytes(),
         host: constraint,
+        tenant: None,
     }
 }
 
@@ -350,8 +351,8 @@ async fn create_faults_fire_once_each_in_order_and_create_nothing() {
 async fn check_delete_and_lookup_faults_fire_once() {
     let cloud = cloud();
     cloud.inject(SimFault::CheckUnavailable);
-    assert!(matches!(cloud.check(&request()).await, Err(CloudError::Unavailable { .. })));
-    cloud.check(&request()).await.unwrap();
+    assert!(matches!(cloud.check(&request(), None).await, Err(CloudError::Unavailable { .. })));
+    cloud.check(&request(), None).await.unwrap();
 
     let vm = VmId::new_random();
     let (id, _, _) = create_active(&cloud, &spec(vm)).await;
@@ -419,7 +420,7 @@ async fn check_and_create_name_the_refused_field() {
         ),
     ];
     for (field, bad, value) in cases {
-        match cloud.check(&bad).await {
+        match cloud.check(&bad, None).await {
             Err(CloudError::Invalid { field: f, reason }) => {
                 assert_eq!(f, field);
                 assert!(reason.contains(value), "{reason}");
@@ -430,14 +431,19 @@ async fn check_and_create_name_the_refused_field() {
         let err = cloud.create_server(&spec).await.unwrap_err();
         assert!(matches!(err, CloudError::Invalid { field: f, .. } if f == field), "{err:?}");
     }
-    let err =
-        cloud.check(&VmRequest { image: "windows".to_owned(), ..request() }).await.unwrap_err();
+    let err = cloud
+        .check(&VmRequest { image: "windows".to_owned(), ..request() }, None)
+        .await
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "image: \"windows\" not found; known images: cirros-0.6.2, ubuntu-22.04"
     );
     assert!(cloud.servers().is_empty());
-    cloud.check(&VmRequest { networks: vec!["private".to_owned()], ..request() }).await.unwrap();
+    cloud
+        .check(&VmRequest { networks: vec!["private".to_owned()], ..request() }, None)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

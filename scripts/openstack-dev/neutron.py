@@ -12,6 +12,11 @@ port-binding extension's `binding:*` fields): a stable id, MAC and fixed IP from
 (`GET /os-hypervisors/detail?with_servers=true`, 2.53), not from the server itself: showing a
 server makes nova-api list its ports here, which would call back into Nova. A server Nova has not
 placed yet has no port. Deleting a port forgets it (Nova does that when it deletes the server).
+
+Networks are authorized as Neutron does: each of the projects alpha and beta owns one network
+(alpha-net, beta-net; ids from uuid5 of their names), and `GET /v2.0/networks` (by name) and
+`GET /v2.0/networks/<id>` show a caller only its own project's networks (all of them to the admin
+role), the caller being whoever Keystone says its X-Auth-Token is.
 Every other collection is an empty list, and every other item is Neutron's 404.
 
 Usage: neutron.py PORT   (environment: GSAAS_OS_AUTH_URL, GSAAS_OS_ADMIN_PASSWORD)
@@ -40,6 +45,8 @@ ADMIN_PASSWORD = os.environ["GSAAS_OS_ADMIN_PASSWORD"]
 
 lock = threading.Lock()
 ports = {}  # device (server) id -> port
+project_networks = []  # each tenant project's network, once the projects' ids are known
+callers = {}  # token -> (project id, admin?, until when cached)
 next_host_number = [10]  # the next address of SUBNET_CIDR to hand out
 token = {"value": None, "expires": 0.0, "nova": None}
 
@@ -64,6 +71,64 @@ def admin_token():
     with lock:
         token.update(value=value, expires=time.time() + 1800, nova=nova)
     return value, nova
+
+
+def keystone_get(path, subject=None):
+    value, _ = admin_token()
+    headers = {"X-Auth-Token": value, "Accept": "application/json"}
+    if subject:
+        headers["X-Subject-Token"] = subject
+    request = urllib.request.Request(AUTH_URL + path, headers=headers)
+    with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
+        return json.load(answer)
+
+
+def networks():
+    """alpha-net and beta-net, each owned by the project of that name."""
+    with lock:
+        if project_networks:
+            return list(project_networks)
+    found = []
+    for project in ("alpha", "beta"):
+        listed = keystone_get("/projects?name=" + project)["projects"]
+        if not listed:
+            continue
+        pid, name = listed[0]["id"], project + "-net"
+        found.append({
+            "id": str(uuid.uuid5(uuid.NAMESPACE_URL, "gsaas-openstack-dev/" + name)), "name": name,
+            "project_id": pid, "tenant_id": pid, "shared": False, "status": "ACTIVE",
+            "admin_state_up": True, "subnets": [], "router:external": False, "mtu": 1500,
+        })
+    with lock:
+        project_networks[:] = found
+    return found
+
+
+def caller(token):
+    """(project id, admin?) of a Keystone token, or None for a token Keystone does not know."""
+    if not token:
+        return None
+    with lock:
+        known = callers.get(token)
+        if known and known[2] > time.time():
+            return known[:2]
+    try:
+        body = keystone_get("/auth/tokens?nocatalog", subject=token)["token"]
+    except urllib.error.HTTPError:
+        return None
+    project = (body.get("project") or {}).get("id")
+    admin = any(r.get("name") == "admin" for r in body.get("roles", []))
+    with lock:
+        callers[token] = (project, admin, time.time() + 60)
+    return project, admin
+
+
+def visible_networks(token):
+    who = caller(token)
+    if who is None:
+        return []
+    project, admin = who
+    return [n for n in networks() if admin or n["project_id"] == project or n["shared"]]
 
 
 def hosts_of_servers():
@@ -131,6 +196,23 @@ class Handler(BaseHTTPRequestHandler):
         if parts[:1] != ["v2.0"] or len(parts) < 2:
             return self.not_found("no resource %s" % path)
         collection = parts[1].removesuffix(".json")
+        if collection == "networks":
+            try:
+                visible = visible_networks(self.headers.get("X-Auth-Token"))
+            except (urllib.error.URLError, OSError, KeyError, ValueError) as e:
+                return self.send_json(503, {"NeutronError": {
+                    "type": "ServiceUnavailable", "message": "cannot ask Keystone: %s" % e,
+                    "detail": ""}})
+            if len(parts) == 3:
+                wanted = parts[2].removesuffix(".json")
+                found = next((n for n in visible if n["id"] == wanted), None)
+                if found is None:
+                    return self.not_found("Network %s could not be found." % wanted)
+                return self.send_json(200, {"network": found})
+            names = query.get("name")
+            if names:
+                visible = [n for n in visible if n["name"] in names]
+            return self.send_json(200, {"networks": visible})
         if collection == "quotas" and len(parts) == 3:
             return self.send_json(200, {"quota": {"port": -1, "network": -1, "subnet": -1,
                                                   "security_group": -1}})

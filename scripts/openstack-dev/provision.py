@@ -6,11 +6,14 @@ start can run it again. Creates:
   Nova and the others authenticate with;
 - the catalog: compute, placement, image, and network (the Neutron stand-in);
 - projects `alpha` and `beta`, each with a member user (`alpha-member`, `beta-member`);
-- a public Glance image (a tiny raw file) and a Nova flavor.
+- a public Glance image (a tiny raw file), a private one of project beta (`gsaas-beta-private`),
+  and a Nova flavor;
+- an availability zone per compute host, `gsaas-<host>` (a host aggregate of that one host).
 
-Usage: provision.py identity|content   (environment: see `need` below). `identity` (Keystone only)
-runs before the other services start, since they authenticate as their service users; `content`
-(the image and flavor) needs Glance and Nova up.
+Usage: provision.py identity|content|zones   (environment: see `need` below). `identity` (Keystone
+only) runs before the other services start, since they authenticate as their service users;
+`content` (the images and flavor) needs Glance and Nova up; `zones` needs the compute hosts
+registered.
 """
 
 import json
@@ -41,6 +44,7 @@ ENDPOINTS = {
 }
 IMAGE_NAME, IMAGE_FILE = need("GSAAS_OS_IMAGE_NAME"), need("GSAAS_OS_IMAGE_FILE")
 FLAVOR_NAME = need("GSAAS_OS_FLAVOR_NAME")
+BETA_PRIVATE_IMAGE = "gsaas-beta-private"
 TIMEOUT = 60
 
 
@@ -67,17 +71,21 @@ def call(method, url, token=None, body=None, raw=None, headers=None, ok=(200, 20
         sys.exit("provision.py: %s %s -> %s %s" % (method, url, e.code, e.read()[:500].decode()))
 
 
-def admin_token():
+def project_token(user, password, project):
     body = {"auth": {
         "identity": {"methods": ["password"], "password": {"user": {
-            "name": "admin", "domain": {"id": "default"}, "password": ADMIN_PASSWORD}}},
-        "scope": {"project": {"name": "admin", "domain": {"id": "default"}}}}}
+            "name": user, "domain": {"id": "default"}, "password": password}}},
+        "scope": {"project": {"name": project, "domain": {"id": "default"}}}}}
     _, headers, _ = call("POST", KEYSTONE + "/auth/tokens", body=body)
     return headers["X-Subject-Token"]
 
 
-if len(sys.argv) != 2 or sys.argv[1] not in ("identity", "content"):
-    sys.exit("usage: provision.py identity|content")
+def admin_token():
+    return project_token("admin", ADMIN_PASSWORD, "admin")
+
+
+if len(sys.argv) != 2 or sys.argv[1] not in ("identity", "content", "zones"):
+    sys.exit("usage: provision.py identity|content|zones")
 PHASE = sys.argv[1]
 TOKEN = admin_token()
 
@@ -124,27 +132,48 @@ def identity():
         grant(pid, uid, roles["member"])
 
 
-def content():
-    # The image: created, then its bytes uploaded (Glance's two-step v2 upload).
+def image(token, name, visibility):
+    """The active image `name` as `token` sees it: created (then its bytes uploaded, Glance's
+    two-step v2 upload) when missing."""
     glance = ENDPOINTS["image"][1].rstrip("/")
-    images = call("GET", "%s/v2/images?name=%s" % (glance, IMAGE_NAME), TOKEN)[2]["images"]
-    image = next((i for i in images if i["status"] == "active"), None)
-    if image is None:
-        image = images[0] if images else call("POST", glance + "/v2/images", TOKEN, {
-            "name": IMAGE_NAME, "disk_format": "raw", "container_format": "bare",
-            "visibility": "public"})[2]
+    images = call("GET", "%s/v2/images?name=%s" % (glance, name), token)[2]["images"]
+    found = next((i for i in images if i["status"] == "active"), None)
+    if found is None:
+        found = images[0] if images else call("POST", glance + "/v2/images", token, {
+            "name": name, "disk_format": "raw", "container_format": "bare",
+            "visibility": visibility})[2]
         with open(IMAGE_FILE, "rb") as f:
-            call("PUT", "%s/v2/images/%s/file" % (glance, image["id"]), TOKEN, raw=f.read())
+            call("PUT", "%s/v2/images/%s/file" % (glance, found["id"]), token, raw=f.read())
+    return found
+
+
+def content():
+    public = image(TOKEN, IMAGE_NAME, "public")
+    # Beta's own: another tenant must not be able to boot it.
+    beta = project_token("beta-member", TENANT_PASSWORD["beta"], "beta")
+    image(beta, BETA_PRIVATE_IMAGE, "private")
 
     nova = ENDPOINTS["compute"][1].rstrip("/")
     flavors = call("GET", nova + "/flavors", TOKEN)[2]["flavors"]
     if not any(f["name"] == FLAVOR_NAME for f in flavors):
         call("POST", nova + "/flavors", TOKEN, {"flavor": {
             "name": FLAVOR_NAME, "id": FLAVOR_NAME, "ram": 64, "vcpus": 1, "disk": 1}})
-    print("image %s, flavor %s" % (image["id"], FLAVOR_NAME))
+    print("image %s, flavor %s" % (public["id"], FLAVOR_NAME))
 
 
-if PHASE == "identity":
-    identity()
-else:
-    content()
+def zones():
+    nova = ENDPOINTS["compute"][1].rstrip("/")
+    aggregates = call("GET", nova + "/os-aggregates", TOKEN)[2]["aggregates"]
+    for host in need("GSAAS_OS_COMPUTE_HOSTS").split():
+        zone = "gsaas-" + host
+        aggregate = next((a for a in aggregates if a["name"] == zone), None)
+        if aggregate is None:
+            aggregate = call("POST", nova + "/os-aggregates", TOKEN, {"aggregate": {
+                "name": zone, "availability_zone": zone}})[2]["aggregate"]
+        if host not in (aggregate.get("hosts") or []):
+            call("POST", "%s/os-aggregates/%s/action" % (nova, aggregate["id"]), TOKEN,
+                 {"add_host": {"host": host}}, ok=(200, 409))
+    print("zones", need("GSAAS_OS_COMPUTE_HOSTS"))
+
+
+{"identity": identity, "content": content, "zones": zones}[PHASE]()

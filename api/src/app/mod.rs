@@ -64,6 +64,9 @@ pub struct App {
     instance: String,
     /// Sagas running in this process, with the signal that wakes them for a termination.
     running: Mutex<HashMap<VmId, RunningSaga>>,
+    /// The tenants' cloud credentials of launches whose server is not created yet: kept in memory
+    /// only, for the saga that creates the server as the tenant (see [`saga`]).
+    tenant_tokens: Mutex<HashMap<VmId, crate::cloud::TenantToken>>,
     /// Serializes this process's pushes to each host, and lets one push stand for the pushes
     /// requested before it read the host's routes (see [`App::push_routes`]).
     host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
@@ -112,6 +115,7 @@ impl App {
             pool: pool::PoolCache::new(),
             instance: uuid::Uuid::new_v4().to_string(),
             running: Mutex::new(HashMap::new()),
+            tenant_tokens: Mutex::new(HashMap::new()),
             host_locks: Mutex::new(HashMap::new()),
             reconciler: reconciler::Reconciler::default(),
             watchers: watch::VmWatchers::default(),

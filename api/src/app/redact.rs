@@ -18,9 +18,15 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':')
 }
 
-/// `message` with every word in `secret` replaced by [`HIDDEN`]. A word is a run of name
-/// characters; a trailing full stop (the end of a sentence) is not part of it.
-pub fn hide_words(message: &str, secret: &HashSet<String>) -> String {
+/// Host names at least this long are hidden inside longer words too (`gsaas-gpu-host-1`, an
+/// availability zone named after its host); shorter ones only as whole words, lest common words
+/// go.
+pub const EMBEDDED_MIN_LEN: usize = 6;
+
+/// `message` with every word in `secret`, and every word containing one of `embedded`, replaced
+/// by [`HIDDEN`]. A word is a run of name characters; a trailing full stop (the end of a
+/// sentence) is not part of it.
+pub fn hide_words(message: &str, secret: &HashSet<String>, embedded: &[String]) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
     while let Some(start) = rest.find(is_name_char) {
@@ -29,9 +35,12 @@ pub fn hide_words(message: &str, secret: &HashSet<String>) -> String {
         let len = rest.find(|c| !is_name_char(c)).unwrap_or(rest.len());
         let word = &rest[..len];
         let bare = word.trim_end_matches('.');
+        let hidden_bare =
+            secret.contains(bare) || embedded.iter().any(|n| bare.contains(n.as_str()));
         if secret.contains(word) {
             out.push_str(HIDDEN);
-        } else if secret.contains(bare) {
+        } else if hidden_bare {
+            // The full stop after it stays.
             out.push_str(HIDDEN);
             out.push_str(&word[bare.len()..]);
         } else {
@@ -50,16 +59,18 @@ impl App {
             .read_pool(|pool| {
                 let mut secret: HashSet<String> =
                     pool.hosts().map(|(host, _, _)| host.to_string()).collect();
+                let embedded: Vec<String> =
+                    secret.iter().filter(|h| h.len() >= EMBEDDED_MIN_LEN).cloned().collect();
                 for gpu in pool.gpu_usage() {
                     secret.insert(gpu.id.to_string());
                     secret.insert(gpu.rcuda.address.to_string());
                     secret.insert(format!("{}:{}", gpu.rcuda.address, gpu.rcuda.port));
                 }
-                secret
+                (secret, embedded)
             })
             .await;
         match secret {
-            Ok(secret) => hide_words(reason, &secret),
+            Ok((secret, embedded)) => hide_words(reason, &secret, &embedded),
             // Without the pool's names nothing can be checked: say nothing of the cause.
             Err(_) => "the launch failed; an operator can see why in gsaasd's log".into(),
         }
@@ -71,23 +82,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hides_whole_words_only() {
+    fn hides_names_and_addresses_and_host_names_inside_words() {
         let secret: HashSet<String> =
             ["gpu-host-1", "a", "10.78.0.1", "10.78.0.1:8308", "gpu-host-1:gpu2"]
                 .into_iter()
                 .map(String::from)
                 .collect();
+        let embedded = vec!["gpu-host-1".to_owned()];
         let hidden = hide_words(
             "No valid host was found. Host \"gpu-host-1\" failed (10.78.0.1:8308, a), \
              XID on gpu-host-1:gpu2 at gpu-host-1.",
             &secret,
+            &embedded,
         );
         assert_eq!(
             hidden,
             "No valid host was found. Host \"(hidden)\" failed ((hidden), (hidden)), XID on \
              (hidden) at (hidden)."
         );
-        // Words that merely contain a secret stay.
-        assert_eq!(hide_words("gpu-host-10 and a-b", &secret), "gpu-host-10 and a-b");
+        // Short names hide only as whole words; long host names inside longer words too.
+        assert_eq!(hide_words("a-b and ab", &secret, &embedded), "a-b and ab");
+        assert_eq!(
+            hide_words("zone gsaas-gpu-host-1 is not available.", &secret, &embedded),
+            "zone (hidden) is not available."
+        );
     }
 }

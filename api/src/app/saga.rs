@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use super::bookings::VM_CHANGED;
 use super::vms::{rcuda_env, VmDetails};
 use super::{App, RunningSaga};
-use crate::cloud::{CloudError, HostConstraint, ServerSpec};
+use crate::cloud::{CloudError, HostConstraint, ServerSpec, TenantToken};
 use crate::cloudinit;
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
@@ -129,6 +129,7 @@ impl App {
                     }
                 }
             };
+            app.tenant_tokens.lock().expect("tenant tokens").remove(&id);
             if !released {
                 if let Ok(mut conn) = app.db.conn().await {
                     let _ = db::release_saga(&mut conn, id, &app.instance).await;
@@ -272,7 +273,9 @@ impl App {
     ) -> Result<Progress, StepError> {
         match vm.step {
             SagaStep::CheckCloud => {
-                self.cloud.check(&vm.spec.vm).await.map_err(|e| cloud_failure("check", &e))?;
+                let tenant = self.tenant_token(vm.id)?;
+                let check = self.cloud.check(&vm.spec.vm, tenant.as_ref()).await;
+                check.map_err(|e| cloud_failure("check", &e))?;
                 vm.step = SagaStep::CreateVm;
             }
             SagaStep::CreateVm => {
@@ -373,13 +376,32 @@ impl App {
             Locality::Remote => HostConstraint::AnyOf(self.vm_hosts(true).await?),
             Locality::Any => HostConstraint::AnyOf(self.vm_hosts(false).await?),
         };
-        let spec = ServerSpec { vm: vm.id, request: vm.spec.vm.clone(), user_data, host };
+        let tenant = self.tenant_token(vm.id)?;
+        let spec = ServerSpec { vm: vm.id, request: vm.spec.vm.clone(), user_data, host, tenant };
         let server =
             self.cloud.create_server(&spec).await.map_err(|e| cloud_failure("create", &e))?;
+        // Created: what follows is the service user's, and the tenant's token is not kept.
+        self.tenant_tokens.lock().expect("tenant tokens").remove(&vm.id);
         vm.server_id = Some(server);
         vm.timings.vm_creation = Some(started.elapsed().as_secs_f64());
         vm.step = SagaStep::WaitActive;
         Ok(())
+    }
+
+    /// The tenant's credential the VM's server is created with, when the cloud needs one. It lives
+    /// in this process's memory only, from the launch to the server's creation: a saga resumed
+    /// elsewhere (or after a restart) has none, and fails the launch rather than create the server
+    /// in anyone else's name.
+    fn tenant_token(&self, vm: VmId) -> Result<Option<TenantToken>, StepError> {
+        let token = self.tenant_tokens.lock().expect("tenant tokens").get(&vm).cloned();
+        if token.is_none() && self.cloud.needs_tenant_token() {
+            return Err(StepError::Failed(
+                "the VM's server was not created before gsaasd restarted, and the tenant's \
+                 Keystone token is kept in memory only: launch it again"
+                    .into(),
+            ));
+        }
+        Ok(token)
     }
 
     /// Schedulable hosts a VM may run on: compute-rGPU hosts, or every host with an agent.

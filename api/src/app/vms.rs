@@ -15,7 +15,7 @@ use super::bookings::Reservation;
 use super::pool::BoxFuture;
 use super::App;
 use crate::auth::Caller;
-use crate::cloud::CloudError;
+use crate::cloud::{CloudError, TenantToken};
 use crate::cloudinit::{RcudaDevice, RcudaEnv};
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::Error;
@@ -28,6 +28,9 @@ pub struct LaunchInput {
     pub spec: LaunchSpec,
     pub policy: Option<String>,
     pub idempotency_key: Option<String>,
+    /// The tenant's own cloud credential (its Keystone token): a cloud that needs one creates
+    /// the VM with it, in the tenant's project.
+    pub tenant: Option<TenantToken>,
 }
 
 /// A VM with its cGPUs.
@@ -130,7 +133,14 @@ impl App {
                 return Ok((existing, false));
             }
         }
-        self.cloud.check(&input.spec.vm).await.map_err(|e| {
+        if self.cloud.needs_tenant_token() && input.tenant.is_none() {
+            return Err(Error::invalid(
+                "token",
+                "VMs belong to a project of the cloud: launch with your Keystone token \
+                 (X-Auth-Token), not a gsaasd token",
+            ));
+        }
+        self.cloud.check(&input.spec.vm, input.tenant.as_ref()).await.map_err(|e| {
             inc(&self.metrics.launches_refused);
             cloud_error(e)
         })?;
@@ -189,6 +199,9 @@ impl App {
         inc(&self.metrics.launches_accepted);
         if let Some(seconds) = details.vm.timings.gpu_selection {
             self.metrics.decision_seconds.observe(seconds);
+        }
+        if let Some(tenant) = input.tenant {
+            self.tenant_tokens.lock().expect("tenant tokens").insert(id, tenant);
         }
         self.spawn_saga_from(id, Some(details.clone()));
         Ok((details, true))

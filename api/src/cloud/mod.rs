@@ -53,6 +53,20 @@ pub enum HostConstraint {
     AnyOf(Vec<HostId>),
 }
 
+/// A tenant's own credential, with which the cloud authorizes what is done in the tenant's name:
+/// its Keystone token and project.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TenantToken {
+    pub token: String,
+    pub project_id: String,
+}
+
+impl std::fmt::Debug for TenantToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantToken").field("project_id", &self.project_id).finish_non_exhaustive()
+    }
+}
+
 /// Everything needed to create one server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSpec {
@@ -62,6 +76,9 @@ pub struct ServerSpec {
     /// The complete cloud-init user_data (the rCUDA environment merged with the user's own).
     pub user_data: Vec<u8>,
     pub host: HostConstraint,
+    /// The tenant the server is created for, in its own project and with its own rights; `None`:
+    /// as gsaasd's service user (the simulated cloud, and tests of the cloud itself).
+    pub tenant: Option<TenantToken>,
 }
 
 /// Nova's server states that matter here.
@@ -122,8 +139,19 @@ impl CloudError {
 /// A cloud that runs VMs. See the module docs.
 #[async_trait]
 pub trait Cloud: Send + Sync + std::fmt::Debug {
-    /// Checks that the cloud can run the VM part of a request (flavor, image and networks exist).
-    async fn check(&self, request: &VmRequest) -> Result<(), CloudError>;
+    /// Checks that the cloud can run the VM part of a request (flavor, image and networks exist,
+    /// and `tenant`, when given, may use them).
+    async fn check(
+        &self,
+        request: &VmRequest,
+        tenant: Option<&TenantToken>,
+    ) -> Result<(), CloudError>;
+
+    /// Whether servers must be created as their tenant ([`ServerSpec::tenant`]): a real cloud's
+    /// projects own their servers and authorize their images and networks.
+    fn needs_tenant_token(&self) -> bool {
+        false
+    }
 
     /// Creates the server, or returns the one already created for `spec.vm`.
     async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError>;

@@ -13,8 +13,16 @@
 //! - `OS-EXT-SRV-ATTR:host` is shown to admins only: the service user needs the `admin` role (also
 //!   needed for `host`). An ACTIVE server without the attribute is reported as a configuration
 //!   error instead of waiting for a host that will never appear.
-//! - Locality `remote`/`any` ([`HostConstraint::AnyOf`]): Nova takes one host, not a list; with
-//!   `availability_zone` configured the server goes there (an AZ holding the GSaaS hosts), else one
+//! - Servers are created as their tenant ([`ServerSpec::tenant`]): with the tenant's Keystone token,
+//!   so Nova puts the server in the tenant's project (its
+//!   quota, its `openstack server list`), and Nova, Glance and Neutron authorize the tenant's image,
+//!   flavor and network as the tenant's own. Everything after the creation (following the server,
+//!   its ports, deleting it) is gsaasd's service user's, which sees every project's servers.
+//! - Placement: a tenant may not name a host (Nova's policy keeps `host` for admins), so locality
+//!   `local` asks for the GPU host's own availability zone (`local_availability_zone`, e.g.
+//!   `gsaas-{host}`: an aggregate per GPU host the operator creates) and `remote` for
+//!   `availability_zone` (the compute-rGPU hosts'); `any` lets Nova choose. Created as the service
+//!   user (no tenant), a server is pinned with `host`, or sent to `availability_zone`, else one
 //!   host of the list is picked from the VM id (stable across retries).
 //! - The VM's fixed IP and tap device come from Neutron's ports (`tap` + the port id's first 11
 //!   characters, the name Nova's libvirt driver gives it); Nova's `addresses` are the fallback when
@@ -40,7 +48,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
 use super::{
-    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus, VmRequest,
+    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus, TenantToken,
+    VmRequest,
 };
 use crate::cloudinit::{base64_len, NOVA_USER_DATA_MAX_BASE64};
 use crate::error::ErrorChain;
@@ -77,9 +86,14 @@ pub struct NovaConfig {
     pub poll_interval_ms: u64,
     /// `networks` for a request that names none: `auto`, `none`, or a network name or id.
     pub default_network: String,
-    /// Where servers of locality `remote`/`any` go (an availability zone holding the GSaaS hosts);
-    /// unset: one host of the schedulable list is named.
+    /// Where servers of locality `remote` go (an availability zone holding the compute-rGPU
+    /// hosts), and those of locality `any` created as the service user; unset: the service user
+    /// names one host of the schedulable list, and tenants cannot launch `remote`.
     pub availability_zone: Option<String>,
+    /// The availability zone of one GPU host, `{host}` standing for its name (e.g.
+    /// `gsaas-{host}`), where locality `local` puts a tenant's server; unset: tenants cannot
+    /// launch `local`.
+    pub local_availability_zone: Option<String>,
 }
 
 impl Default for NovaConfig {
@@ -94,6 +108,7 @@ impl Default for NovaConfig {
             poll_interval_ms: 1_000,
             default_network: "auto".to_owned(),
             availability_zone: None,
+            local_availability_zone: None,
         }
     }
 }
@@ -356,26 +371,38 @@ impl NovaCloud {
         Ok(self.keystone.endpoint(&token, service_type).is_ok())
     }
 
-    /// One request to a catalog service. A 401 drops the token and retries once with a new one;
-    /// no answer and 5xx are `Unavailable`, a timeout is `Timeout`; other statuses are returned.
+    /// One request to a catalog service, as gsaasd's service user or (`tenant`) as the tenant. A
+    /// 401 to gsaasd's token drops it and retries once with a new one; a 401 to a tenant's is the
+    /// tenant's to renew. No answer and 5xx are
+    /// `Unavailable`, a timeout is `Timeout`; other statuses are returned.
     async fn call(
         &self,
         service_type: &'static str,
         method: Method,
         path: &str,
         body: Option<&Value>,
+        tenant: Option<&TenantToken>,
     ) -> Result<Answer, CloudError> {
         let mut retried = false;
         loop {
             let token = self.keystone.token().await.map_err(keystone_error)?;
-            let base = self.keystone.endpoint(&token, service_type).map_err(keystone_error)?;
+            let mut base = self.keystone.endpoint(&token, service_type).map_err(keystone_error)?;
+            if let (Some(tenant), Some(project)) = (tenant, &token.project_id) {
+                // An endpoint with the service project's id in its path (`/v2.1/<project>`) is
+                // the tenant's with the tenant's.
+                base = base.replace(&format!("/{project}"), &format!("/{}", tenant.project_id));
+            }
             let url = format!("{base}{path}");
             let mut request = self
                 .keystone
                 .http()
                 .request(method.clone(), &url)
-                .header(AUTH_TOKEN, &token.token)
                 .header("Accept", "application/json");
+            // No X-Service-Token beside a tenant's: Nova accepts one only from a user with the
+            // `service` role, which gsaasd's user needs not have. Everything after the creation
+            // is gsaasd's own request anyway.
+            let bearer = tenant.map_or(token.token.as_str(), |t| t.token.as_str());
+            request = request.header(AUTH_TOKEN, bearer);
             if service_type == "compute" {
                 request = request.header(
                     "OpenStack-API-Version",
@@ -404,6 +431,16 @@ impl NovaCloud {
                     })
                 }
             };
+            if status == StatusCode::UNAUTHORIZED && tenant.is_some() {
+                return Err(CloudError::Invalid {
+                    field: "token",
+                    reason: format!(
+                        "{} refused the tenant's Keystone token (expired or revoked): launch \
+                         again with a fresh one",
+                        service_name(service_type)
+                    ),
+                });
+            }
             if status == StatusCode::UNAUTHORIZED {
                 self.keystone.invalidate(&token.token).await;
                 if !retried {
@@ -430,8 +467,9 @@ impl NovaCloud {
         &self,
         service_type: &'static str,
         path: &str,
+        tenant: Option<&TenantToken>,
     ) -> Result<Option<T>, CloudError> {
-        let answer = self.call(service_type, Method::GET, path, None).await?;
+        let answer = self.call(service_type, Method::GET, path, None, tenant).await?;
         let service = service_name(service_type);
         match answer.status.as_u16() {
             200 => parse::<T>(service, &answer.body).map(Some),
@@ -445,8 +483,9 @@ impl NovaCloud {
         &self,
         service_type: &'static str,
         path: &str,
+        tenant: Option<&TenantToken>,
     ) -> Result<T, CloudError> {
-        let answer = self.call(service_type, Method::GET, path, None).await?;
+        let answer = self.call(service_type, Method::GET, path, None, tenant).await?;
         let service = service_name(service_type);
         if answer.status != StatusCode::OK {
             return Err(refused(service, answer.status, &answer.body));
@@ -454,36 +493,44 @@ impl NovaCloud {
         parse::<T>(service, &answer.body)
     }
 
-    async fn resolve_flavor(&self, flavor: &str) -> Result<String, CloudError> {
+    async fn resolve_flavor(
+        &self,
+        flavor: &str,
+        tenant: Option<&TenantToken>,
+    ) -> Result<String, CloudError> {
         #[derive(Deserialize)]
         struct One {
             flavor: IdOnly,
         }
         let path = format!("/flavors/{}", encode(flavor));
-        if let Some(one) = self.get_optional::<One>("compute", &path).await? {
+        if let Some(one) = self.get_optional::<One>("compute", &path, tenant).await? {
             return Ok(one.flavor.id);
         }
         #[derive(Deserialize)]
         struct Listing {
             flavors: Vec<NamedId>,
         }
-        let flavors = self.get_listing::<Listing>("compute", "/flavors").await?.flavors;
+        let flavors = self.get_listing::<Listing>("compute", "/flavors", tenant).await?.flavors;
         flavors.into_iter().find(|f| f.name.as_deref() == Some(flavor)).map(|f| f.id).ok_or_else(
             || CloudError::Invalid { field: "flavor", reason: format!("no flavor {flavor:?}") },
         )
     }
 
-    async fn resolve_image(&self, image: &str) -> Result<String, CloudError> {
+    async fn resolve_image(
+        &self,
+        image: &str,
+        tenant: Option<&TenantToken>,
+    ) -> Result<String, CloudError> {
         let candidates = if uuid::Uuid::parse_str(image).is_ok() {
             let path = format!("/v2/images/{}", encode(image));
-            self.get_optional::<NamedId>("image", &path).await?.into_iter().collect()
+            self.get_optional::<NamedId>("image", &path, tenant).await?.into_iter().collect()
         } else {
             #[derive(Deserialize)]
             struct Listing {
                 images: Vec<NamedId>,
             }
             let path = format!("/v2/images?name={}", encode(image));
-            self.get_listing::<Listing>("image", &path).await?.images
+            self.get_listing::<Listing>("image", &path, tenant).await?.images
         };
         let invalid = |reason: String| CloudError::Invalid { field: "image", reason };
         match candidates.as_slice() {
@@ -497,7 +544,11 @@ impl NovaCloud {
         }
     }
 
-    async fn resolve_network(&self, network: &str) -> Result<String, CloudError> {
+    async fn resolve_network(
+        &self,
+        network: &str,
+        tenant: Option<&TenantToken>,
+    ) -> Result<String, CloudError> {
         let invalid = |reason: String| CloudError::Invalid { field: "networks", reason };
         if uuid::Uuid::parse_str(network).is_ok() {
             #[derive(Deserialize)]
@@ -505,7 +556,7 @@ impl NovaCloud {
                 network: IdOnly,
             }
             let path = format!("/v2.0/networks/{}", encode(network));
-            return match self.get_optional::<One>("network", &path).await? {
+            return match self.get_optional::<One>("network", &path, tenant).await? {
                 Some(one) => Ok(one.network.id),
                 None => Err(invalid(format!("no network {network:?}"))),
             };
@@ -515,7 +566,7 @@ impl NovaCloud {
             networks: Vec<IdOnly>,
         }
         let path = format!("/v2.0/networks?name={}", encode(network));
-        let networks = self.get_listing::<Listing>("network", &path).await?.networks;
+        let networks = self.get_listing::<Listing>("network", &path, tenant).await?.networks;
         match networks.as_slice() {
             [] => Err(invalid(format!("no network {network:?}"))),
             [one] => Ok(one.id.clone()),
@@ -524,7 +575,11 @@ impl NovaCloud {
     }
 
     /// Nova's `networks` for the request.
-    async fn networks(&self, request: &VmRequest) -> Result<Value, CloudError> {
+    async fn networks(
+        &self,
+        request: &VmRequest,
+        tenant: Option<&TenantToken>,
+    ) -> Result<Value, CloudError> {
         let names: Vec<&str> = if request.networks.is_empty() {
             match self.config.default_network.as_str() {
                 "auto" | "none" => return Ok(json!(self.config.default_network)),
@@ -535,16 +590,21 @@ impl NovaCloud {
         };
         let mut networks = Vec::new();
         for name in names {
-            networks.push(json!({ "uuid": self.resolve_network(name).await? }));
+            networks.push(json!({ "uuid": self.resolve_network(name, tenant).await? }));
         }
         Ok(Value::Array(networks))
     }
 
-    /// The request's flavor id, image id and `networks`, each checked to exist.
-    async fn resolve(&self, request: &VmRequest) -> Result<(String, String, Value), CloudError> {
-        let flavor = self.resolve_flavor(&request.flavor).await?;
-        let image = self.resolve_image(&request.image).await?;
-        let networks = self.networks(request).await?;
+    /// The request's flavor id, image id and `networks`, each checked to exist (and to be the
+    /// tenant's to use, as the tenant).
+    async fn resolve(
+        &self,
+        request: &VmRequest,
+        tenant: Option<&TenantToken>,
+    ) -> Result<(String, String, Value), CloudError> {
+        let flavor = self.resolve_flavor(&request.flavor, tenant).await?;
+        let image = self.resolve_image(&request.image, tenant).await?;
+        let networks = self.networks(request, tenant).await?;
         Ok((flavor, image, networks))
     }
 
@@ -554,7 +614,7 @@ impl NovaCloud {
             server: NovaServer,
         }
         let path = format!("/servers/{}", encode(&id.0));
-        match self.get_optional::<Envelope>("compute", &path).await? {
+        match self.get_optional::<Envelope>("compute", &path, None).await? {
             Some(envelope) => Ok(envelope.server),
             None => Err(CloudError::NotFound(format!("server {id}"))),
         }
@@ -570,7 +630,7 @@ impl NovaCloud {
             ports: Vec<Port>,
         }
         let path = format!("/v2.0/ports?device_id={}", encode(id));
-        Ok(Some(self.get_listing::<Envelope>("network", &path).await?.ports))
+        Ok(Some(self.get_listing::<Envelope>("network", &path, None).await?.ports))
     }
 
     /// The fixed IPv4 address and tap device: Neutron's port, else Nova's `addresses`.
@@ -618,25 +678,66 @@ impl NovaCloud {
         Ok(ServerInfo { id: ServerId(server.id), vm, status, host, fixed_ip, tap })
     }
 
+    /// Where the server goes: `(key of POST /servers, value)`, or `None` to let Nova choose. A
+    /// tenant (`as_tenant`) may not name a host, so its servers go to availability zones.
     fn placement(
         &self,
         vm: VmId,
         host: &HostConstraint,
-    ) -> Result<(&'static str, String), CloudError> {
+        as_tenant: bool,
+    ) -> Result<Option<(&'static str, String)>, CloudError> {
+        let zone = |zone: String| Ok(Some(("availability_zone", zone)));
         match host {
-            HostConstraint::Pinned(host) => Ok(("host", host.as_str().to_owned())),
+            HostConstraint::Pinned(host) if as_tenant => {
+                match &self.config.local_availability_zone {
+                    Some(template) => zone(template.replace("{host}", host.as_str())),
+                    None => Err(CloudError::Invalid {
+                        field: "locality",
+                        reason: "locality local needs an availability zone per GPU host, and \
+                                 this cloud's GSaaS has none (cloud.nova.local_availability_zone)"
+                            .to_owned(),
+                    }),
+                }
+            }
+            HostConstraint::Pinned(host) => Ok(Some(("host", host.as_str().to_owned()))),
             HostConstraint::AnyOf(_) if self.config.availability_zone.is_some() => {
-                Ok(("availability_zone", self.config.availability_zone.clone().unwrap_or_default()))
+                zone(self.config.availability_zone.clone().unwrap_or_default())
             }
             HostConstraint::AnyOf(hosts) if hosts.is_empty() => Err(CloudError::Invalid {
                 field: "host",
                 reason: "no schedulable host for the VM".to_owned(),
             }),
+            // A tenant's VM without a zone: Nova chooses among every compute host.
+            HostConstraint::AnyOf(_) if as_tenant => Ok(None),
             HostConstraint::AnyOf(hosts) => {
                 let pick = (vm.as_uuid().as_u128() % hosts.len() as u128) as usize;
-                Ok(("host", hosts[pick].as_str().to_owned()))
+                Ok(Some(("host", hosts[pick].as_str().to_owned())))
             }
         }
+    }
+
+    /// The live server carrying `vm`'s tag, as `tenant` sees its project's servers, or as the
+    /// service user sees every project's.
+    async fn find_server_as(
+        &self,
+        vm: VmId,
+        tenant: Option<&TenantToken>,
+    ) -> Result<Option<ServerId>, CloudError> {
+        #[derive(Deserialize)]
+        struct Envelope {
+            servers: Vec<NovaServer>,
+        }
+        let all = if tenant.is_some() { "" } else { "all_tenants=1&" };
+        let path = format!("/servers/detail?{all}tags={}", encode(&vm_tag(vm)));
+        let vm = vm.to_string();
+        Ok(self
+            .get_listing::<Envelope>("compute", &path, tenant)
+            .await?
+            .servers
+            .into_iter()
+            .filter(|s| !matches!(s.status.as_str(), "DELETED" | "SOFT_DELETED"))
+            .find(|s| s.metadata.get(VM_ID_METADATA) == Some(&vm))
+            .map(|s| ServerId(s.id)))
     }
 
     /// Runs `wait` for at most `timeout`.
@@ -650,8 +751,16 @@ impl NovaCloud {
 
 #[async_trait]
 impl Cloud for NovaCloud {
-    async fn check(&self, request: &VmRequest) -> Result<(), CloudError> {
-        self.resolve(request).await.map(|_| ())
+    async fn check(
+        &self,
+        request: &VmRequest,
+        tenant: Option<&TenantToken>,
+    ) -> Result<(), CloudError> {
+        self.resolve(request, tenant).await.map(|_| ())
+    }
+
+    fn needs_tenant_token(&self) -> bool {
+        true
     }
 
     async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError> {
@@ -665,11 +774,12 @@ impl Cloud for NovaCloud {
                 ),
             });
         }
-        let (placement_key, placement) = self.placement(spec.vm, &spec.host)?;
-        if let Some(id) = self.find_server(spec.vm).await? {
+        let tenant = spec.tenant.as_ref();
+        let placement = self.placement(spec.vm, &spec.host, tenant.is_some())?;
+        if let Some(id) = self.find_server_as(spec.vm, tenant).await? {
             return Ok(id);
         }
-        let (flavor, image, networks) = self.resolve(&spec.request).await?;
+        let (flavor, image, networks) = self.resolve(&spec.request, tenant).await?;
         let mut server = json!({
             "name": spec.request.name,
             "imageRef": image,
@@ -679,10 +789,11 @@ impl Cloud for NovaCloud {
             "user_data": base64::engine::general_purpose::STANDARD.encode(&spec.user_data),
             "networks": networks,
         });
-        server[placement_key] = json!(placement);
-        let answer = self
-            .call("compute", Method::POST, "/servers", Some(&json!({ "server": server })))
-            .await?;
+        if let Some((key, value)) = placement {
+            server[key] = json!(value);
+        }
+        let body = json!({ "server": server });
+        let answer = self.call("compute", Method::POST, "/servers", Some(&body), tenant).await?;
         match answer.status.as_u16() {
             200 | 202 => {
                 #[derive(Deserialize)]
@@ -696,20 +807,7 @@ impl Cloud for NovaCloud {
     }
 
     async fn find_server(&self, vm: VmId) -> Result<Option<ServerId>, CloudError> {
-        #[derive(Deserialize)]
-        struct Envelope {
-            servers: Vec<NovaServer>,
-        }
-        let path = format!("/servers/detail?tags={}", encode(&vm_tag(vm)));
-        let vm = vm.to_string();
-        Ok(self
-            .get_listing::<Envelope>("compute", &path)
-            .await?
-            .servers
-            .into_iter()
-            .filter(|s| !matches!(s.status.as_str(), "DELETED" | "SOFT_DELETED"))
-            .find(|s| s.metadata.get(VM_ID_METADATA) == Some(&vm))
-            .map(|s| ServerId(s.id)))
+        self.find_server_as(vm, None).await
     }
 
     async fn server(&self, id: &ServerId) -> Result<ServerInfo, CloudError> {
@@ -768,7 +866,7 @@ impl Cloud for NovaCloud {
 
     async fn delete_server(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError> {
         let path = format!("/servers/{}", encode(&id.0));
-        let answer = self.call("compute", Method::DELETE, &path, None).await?;
+        let answer = self.call("compute", Method::DELETE, &path, None, None).await?;
         match answer.status.as_u16() {
             204 | 202 | 200 => {}
             404 => return Ok(()),

@@ -40,7 +40,8 @@ use uuid::Uuid;
 
 use super::sim_netns::{NetnsConfig, SimNetns};
 use super::{
-    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus, VmRequest,
+    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus, TenantToken,
+    VmRequest,
 };
 
 /// The simulated cloud's settings (`[cloud.sim]` in gsaasd's config).
@@ -621,7 +622,11 @@ impl SimCloud {
 
 #[async_trait]
 impl Cloud for SimCloud {
-    async fn check(&self, request: &VmRequest) -> Result<(), CloudError> {
+    async fn check(
+        &self,
+        request: &VmRequest,
+        _tenant: Option<&TenantToken>,
+    ) -> Result<(), CloudError> {
         if take(&mut self.shared.state().faults.check) {
             return Err(injected_outage("the check"));
         }

@@ -167,8 +167,9 @@ async fn launch_vm(
         None => None,
     };
     let (spec, policy) = request.into_spec();
+    let tenant = crate::auth::tenant_token(&headers, &caller, &app);
     let (details, _created) =
-        app.launch(&caller, LaunchInput { spec, policy, idempotency_key }).await?;
+        app.launch(&caller, LaunchInput { spec, policy, idempotency_key, tenant }).await?;
     let view = VmView::new(&details, caller.is_admin());
     let location = location(&view.id);
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view)).into_response())

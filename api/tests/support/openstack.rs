@@ -27,6 +27,9 @@ pub const RGPU_HOST: &str = "rgpu-host-1";
 /// The image and flavor `scripts/openstack-dev.sh` creates.
 pub const IMAGE: &str = "gsaas-tiny";
 pub const FLAVOR: &str = "gsaas.tiny";
+/// Project beta's private image, and the projects' networks (in the Neutron stand-in).
+pub const BETA_PRIVATE_IMAGE: &str = "gsaas-beta-private";
+pub const BETA_NETWORK: &str = "beta-net";
 /// Limit of one request, and of every wait for a state.
 pub const BOUND: Duration = Duration::from_secs(90);
 
@@ -84,6 +87,16 @@ impl Login {
         }
     }
 
+    /// The ids of the servers this login's project sees in Nova (`GET /servers`, as the tenant).
+    pub async fn own_servers(&self, http: &reqwest::Client) -> Vec<String> {
+        let url = format!("{}/servers", self.endpoint("compute"));
+        let response = http.get(&url).header("X-Auth-Token", &self.token).send().await;
+        let (status, body) = status_json(response.unwrap_or_else(|e| panic!("{url}: {e}"))).await;
+        assert_eq!(status, 200, "{body}");
+        let servers = body["servers"].as_array().cloned().unwrap_or_default();
+        servers.iter().filter_map(|s| s["id"].as_str().map(str::to_owned)).collect()
+    }
+
     /// The public endpoint of a catalog service type.
     pub fn endpoint(&self, service_type: &str) -> String {
         self.catalog
@@ -133,9 +146,10 @@ impl Admin {
         (status, body["server"].clone())
     }
 
-    /// Servers carrying the VM's tag (what gsaasd finds its servers by).
+    /// Servers of any project carrying the VM's tag (what gsaasd finds its servers by).
     pub async fn servers_of_vm(&self, vm: &str) -> Vec<Value> {
-        let url = format!("{}/servers/detail?tags=gsaas-vm-{vm}", self.login.endpoint("compute"));
+        let compute = self.login.endpoint("compute");
+        let url = format!("{compute}/servers/detail?all_tenants=1&tags=gsaas-vm-{vm}");
         let (status, body) = self.call(Method::GET, &url, None).await;
         assert_eq!(status, 200, "{body}");
         body["servers"].as_array().cloned().unwrap_or_default()
@@ -226,6 +240,10 @@ impl Gsaasd {
                 // The dev cloud has no real Neutron: servers boot without a network, and the
                 // stand-in gives each placed server its port.
                 default_network: "none".to_owned(),
+                // Tenants may not name hosts: each compute host is a zone of its own
+                // (scripts/openstack-dev.sh), and the one compute-rGPU host's is remote's.
+                local_availability_zone: Some("gsaas-{host}".to_owned()),
+                availability_zone: Some(format!("gsaas-{RGPU_HOST}")),
                 ..NovaConfig::default()
             },
         };
