@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gsaasd::auth::Role;
 use serde_json::{json, Value};
-use support::{shared_launch, Store, TestService};
+use support::{host_report, shared_launch, Store, TestService};
 
 on_both_stores!(
     agents_register_heartbeat_and_only_for_their_own_host,
@@ -16,31 +16,9 @@ on_both_stores!(
     locality_places_the_vm_on_the_gpu_host_or_an_rgpu_host,
 );
 
+/// A report from an agent gsaasd never calls (the simulated hosts backend).
 fn report(host: &str, kind: &str, gpus: usize) -> Value {
-    json!({
-        "host": host, "kind": kind, "agent_url": format!("http://{host}.invalid:7450"),
-        "gpus": (0..gpus).map(|i| json!({
-            "id": format!("{host}:GPU-{i}"), "index": i, "model": "Tesla K20m", "memory_mib": 4800,
-            "rcuda": {"address": "10.78.1.2", "port": 8308 + i, "gpu_number": 0}
-        })).collect::<Vec<_>>(),
-        "applied_generation": null
-    })
-}
-
-async fn put(t: &TestService, token: &str, host: &str, body: &Value) -> (u16, Value) {
-    let r = t
-        .http
-        .put(t.url(&format!("/v1/hosts/{host}")))
-        .bearer_auth(token)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    support::status_json(r).await
-}
-
-fn agent_token(t: &TestService, host: &str) -> String {
-    t.service().app.keys.issue(host, None, Role::Agent, Duration::from_secs(60))
+    host_report(host, kind, &format!("http://{host}.invalid:7450"), gpus)
 }
 
 async fn totals(t: &TestService) -> Value {
@@ -54,29 +32,31 @@ async fn agents_register_heartbeat_and_only_for_their_own_host(store: Store) {
     })
     .await;
     assert_eq!(totals(&t).await["gpus"], 0, "no inventory with real agents");
-    let token = agent_token(&t, "gpu-a");
-    let (status, host) = put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 2)).await;
+    let token = t.agent_token("gpu-a");
+    let (status, host) = t.report_host(&token, "gpu-a", &report("gpu-a", "compute-gpu", 2)).await;
     assert_eq!(status, 200, "{host}");
     assert_eq!(host["state"], "schedulable");
     assert_eq!(totals(&t).await["gpus"], 2);
     // A heartbeat with the same inventory changes nothing; a third GPU joins the pool.
-    assert_eq!(put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 2)).await.0, 200);
+    assert_eq!(t.report_host(&token, "gpu-a", &report("gpu-a", "compute-gpu", 2)).await.0, 200);
     assert_eq!(totals(&t).await["gpus"], 2);
-    assert_eq!(put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 3)).await.0, 200);
+    assert_eq!(t.report_host(&token, "gpu-a", &report("gpu-a", "compute-gpu", 3)).await.0, 200);
     assert_eq!(totals(&t).await["memory_mib"], 3 * 4800);
     // Only for its own host, with a matching body, and a host keeps its kind.
-    let (status, _) = put(&t, &token, "gpu-b", &report("gpu-b", "compute-gpu", 1)).await;
+    let (status, _) = t.report_host(&token, "gpu-b", &report("gpu-b", "compute-gpu", 1)).await;
     assert_eq!(status, 404);
-    let (status, problem) = put(&t, &token, "gpu-a", &report("gpu-b", "compute-gpu", 1)).await;
+    let (status, problem) =
+        t.report_host(&token, "gpu-a", &report("gpu-b", "compute-gpu", 1)).await;
     assert_eq!((status, problem["field"].as_str()), (422, Some("host")), "{problem}");
-    let (status, _) = put(&t, &token, "gpu-a", &report("gpu-a", "compute-rgpu", 0)).await;
+    let (status, _) = t.report_host(&token, "gpu-a", &report("gpu-a", "compute-rgpu", 0)).await;
     assert_eq!(status, 409);
-    let (status, problem) = put(&t, &token, "gpu-a", &json!({"host": "gpu-a"})).await;
+    let (status, problem) = t.report_host(&token, "gpu-a", &json!({"host": "gpu-a"})).await;
     assert_eq!(status, 422, "{problem}");
-    let (status, _) = put(&t, &t.member(), "gpu-a", &report("gpu-a", "compute-gpu", 3)).await;
+    let (status, _) = t.report_host(&t.member(), "gpu-a", &report("gpu-a", "compute-gpu", 3)).await;
     assert_eq!(status, 404, "tenants cannot register hosts");
     // Admins may register any host.
-    let (status, _) = put(&t, &t.admin(), "rgpu-a", &report("rgpu-a", "compute-rgpu", 0)).await;
+    let (status, _) =
+        t.report_host(&t.admin(), "rgpu-a", &report("rgpu-a", "compute-rgpu", 0)).await;
     assert_eq!(status, 200);
     let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
     assert_eq!(hosts["hosts"].as_array().unwrap().len(), 2, "{hosts}");
@@ -89,8 +69,8 @@ async fn silent_hosts_become_unavailable_and_come_back(store: Store) {
         c.hosts.heartbeat_timeout_secs = 0;
     })
     .await;
-    let token = agent_token(&t, "gpu-a");
-    put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 1)).await;
+    let token = t.agent_token("gpu-a");
+    t.report_host(&token, "gpu-a", &report("gpu-a", "compute-gpu", 1)).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
     let status = t.service().app.reconcile_once().await;
     assert_eq!(status.hosts_marked_unavailable, 1, "{status:?}");
@@ -99,12 +79,12 @@ async fn silent_hosts_become_unavailable_and_come_back(store: Store) {
     let (code, _) = t.post(&t.member(), "/v1/vms", &shared_launch(1, 1024)).await;
     assert_eq!(code, 507, "an unavailable host takes no new cGPUs");
     // The next heartbeat brings it back.
-    put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 1)).await;
+    t.report_host(&token, "gpu-a", &report("gpu-a", "compute-gpu", 1)).await;
     let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
     assert_eq!(hosts["hosts"][0]["state"], "schedulable");
     // A drained host stays drained across heartbeats.
     t.post(&t.admin(), "/v1/hosts/gpu-a/drain", &json!({})).await;
-    put(&t, &token, "gpu-a", &report("gpu-a", "compute-gpu", 1)).await;
+    t.report_host(&token, "gpu-a", &report("gpu-a", "compute-gpu", 1)).await;
     let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
     assert_eq!(hosts["hosts"][0]["state"], "drained");
 }

@@ -7,12 +7,12 @@ mod support;
 
 use std::time::Duration;
 
-use gsaasd::auth::{Keys, Role};
+use gsaasd::auth::Keys;
 use gsaasd::config::HostsBackend;
 use rodvr_agent::protocol::HostKind;
 use serde_json::{json, Value};
 use support::agents::{Behaviour, TestAgent};
-use support::{shared_launch, test_config, Store, TestService};
+use support::{host_report, shared_launch, test_config, Store, TestService};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_data_directory_and_tenants_data_are_owner_only() {
@@ -113,8 +113,9 @@ async fn over_tls_gsaasd_and_its_agents_trust_only_the_configured_ca() {
     assert!(t.http.get(t.url("/healthz")).send().await.is_err(), "the system CAs do not vouch");
     t.http = http_client(Some(&ca_path)).unwrap();
     for (host, kind, gpus) in [("cg-1", "compute-gpu", 1), ("crg-a", "compute-rgpu", 0)] {
-        let token = agent_token(&t, host);
-        let (status, body) = put(&t, &token, host, &report(host, kind, "ignored", gpus)).await;
+        let token = t.agent_token(host);
+        let (status, body) =
+            t.report_host(&token, host, &host_report(host, kind, "ignored", gpus)).await;
         assert_eq!(status, 200, "{body}");
     }
     let member = t.member();
@@ -125,8 +126,9 @@ async fn over_tls_gsaasd_and_its_agents_trust_only_the_configured_ca() {
     // The impostor holds crg-b's address; crg-b's VMs cannot be routed, and it learns nothing.
     let (status, body) = t.post(&t.admin(), "/v1/hosts/crg-a/drain", &json!({})).await;
     assert_eq!(status, 200, "{body}");
-    let token = agent_token(&t, "crg-b");
-    let (status, body) = put(&t, &token, "crg-b", &report("crg-b", "compute-rgpu", "x", 0)).await;
+    let token = t.agent_token("crg-b");
+    let (status, body) =
+        t.report_host(&token, "crg-b", &host_report("crg-b", "compute-rgpu", "x", 0)).await;
     assert_eq!(status, 200, "{body}");
     let id = t.launch(&member, &remote(1)).await;
     t.wait_state(&member, &id, "error").await;
@@ -164,34 +166,6 @@ on_both_stores!(
     a_gpu_whose_routes_an_agent_refuses_takes_no_new_cgpus,
 );
 
-/// A host's report as its agent sends it; GPU `i` at 10.78.1.2:8308+i.
-fn report(host: &str, kind: &str, agent_url: &str, gpus: usize) -> Value {
-    json!({
-        "host": host, "kind": kind, "agent_url": agent_url,
-        "gpus": (0..gpus).map(|i| json!({
-            "id": format!("{host}:GPU-{i}"), "index": i, "model": "Tesla K20m", "memory_mib": 8192,
-            "rcuda": {"address": "10.78.1.2", "port": 8308 + i, "gpu_number": 0}
-        })).collect::<Vec<_>>(),
-        "applied_generation": null
-    })
-}
-
-async fn put(t: &TestService, token: &str, host: &str, body: &Value) -> (u16, Value) {
-    let r = t
-        .http
-        .put(t.url(&format!("/v1/hosts/{host}")))
-        .bearer_auth(token)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    support::status_json(r).await
-}
-
-fn agent_token(t: &TestService, host: &str) -> String {
-    t.service().app.keys.issue(host, None, Role::Agent, Duration::from_secs(600))
-}
-
 /// gsaasd with real-agent hosts: a compute-GPU host `cg-1` with `gpus` GPUs (registered by its
 /// agent) and a compute-rGPU host `crg-a` for the VMs; each agent's URL pinned in gsaasd's config.
 /// Returns gsaasd, the VM host's agent and the GPU host's agent.
@@ -204,13 +178,15 @@ async fn cloud(store: Store, gpus: usize) -> (TestService, TestAgent, TestAgent)
     config.hosts.agent_urls.insert("crg-a".parse().unwrap(), vm_host.url.clone());
     config.hosts.agent_urls.insert("cg-1".parse().unwrap(), gpu_host.url.clone());
     let t = TestService::start_config(config, dir).await;
-    let token = agent_token(&t, "cg-1");
-    let (status, body) =
-        put(&t, &token, "cg-1", &report("cg-1", "compute-gpu", &gpu_host.url, gpus)).await;
+    let token = t.agent_token("cg-1");
+    let (status, body) = t
+        .report_host(&token, "cg-1", &host_report("cg-1", "compute-gpu", &gpu_host.url, gpus))
+        .await;
     assert_eq!(status, 200, "{body}");
-    let token = agent_token(&t, "crg-a");
-    let (status, body) =
-        put(&t, &token, "crg-a", &report("crg-a", "compute-rgpu", &vm_host.url, 0)).await;
+    let token = t.agent_token("crg-a");
+    let (status, body) = t
+        .report_host(&token, "crg-a", &host_report("crg-a", "compute-rgpu", &vm_host.url, 0))
+        .await;
     assert_eq!(status, 200, "{body}");
     (t, vm_host, gpu_host)
 }
@@ -228,9 +204,9 @@ async fn gsaasd_reaches_an_agent_only_where_its_config_says(store: Store) {
     // would take the host's controller tokens and route tables.
     let keys = &t.service().app.keys;
     let trap = TestAgent::start("crg-a", HostKind::ComputeRgpu, keys.public_pem()).await;
-    let token = agent_token(&t, "crg-a");
+    let token = t.agent_token("crg-a");
     let (status, host) =
-        put(&t, &token, "crg-a", &report("crg-a", "compute-rgpu", &trap.url, 0)).await;
+        t.report_host(&token, "crg-a", &host_report("crg-a", "compute-rgpu", &trap.url, 0)).await;
     assert_eq!(status, 200, "{host}");
     assert_eq!(host["agent_url"], vm_host.url.as_str(), "the pinned URL, not the reported one");
 
@@ -241,9 +217,9 @@ async fn gsaasd_reaches_an_agent_only_where_its_config_says(store: Store) {
     assert_eq!(trap.requests(), 0, "gsaasd called the address an agent reported");
 
     // A host with no URL in gsaasd's config is refused, however valid its token.
-    let token = agent_token(&t, "crg-b");
+    let token = t.agent_token("crg-b");
     let (status, problem) =
-        put(&t, &token, "crg-b", &report("crg-b", "compute-rgpu", &trap.url, 0)).await;
+        t.report_host(&token, "crg-b", &host_report("crg-b", "compute-rgpu", &trap.url, 0)).await;
     assert_eq!(status, 409, "{problem}");
     assert!(problem["detail"].as_str().unwrap().contains("hosts.agent_urls"), "{problem}");
     let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
@@ -255,7 +231,7 @@ async fn hosts_report_only_their_own_gpus_at_routable_endpoints(store: Store) {
     let (t, _, gpu_host) = cloud(store, 2).await;
     let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
     let before = pool["hosts"].clone();
-    let token = agent_token(&t, "cg-1");
+    let token = t.agent_token("cg-1");
     type Change = dyn Fn(&mut Value);
     let cases: [(&str, &Change); 8] = [
         ("gpus[1].id", &|r| r["gpus"][1]["id"] = json!("cg-2:gpu0")),
@@ -268,18 +244,18 @@ async fn hosts_report_only_their_own_gpus_at_routable_endpoints(store: Store) {
         ("applied_generation", &|r| r["applied_generation"] = json!(u64::MAX)),
     ];
     for (field, change) in cases {
-        let mut body = report("cg-1", "compute-gpu", &gpu_host.url, 2);
+        let mut body = host_report("cg-1", "compute-gpu", &gpu_host.url, 2);
         change(&mut body);
-        let (status, problem) = put(&t, &token, "cg-1", &body).await;
+        let (status, problem) = t.report_host(&token, "cg-1", &body).await;
         assert_eq!((status, problem["field"].as_str()), (422, Some(field)), "{body}: {problem}");
     }
     // Nothing of the refused reports reached the pool; the real owner of the id keeps it.
     let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
     assert_eq!(pool["hosts"], before);
-    let token = agent_token(&t, "cg-2");
-    let mut body = report("cg-2", "compute-gpu", &gpu_host.url, 1);
+    let token = t.agent_token("cg-2");
+    let mut body = host_report("cg-2", "compute-gpu", &gpu_host.url, 1);
     body["gpus"][0]["id"] = json!("cg-1:GPU-0");
-    let (status, problem) = put(&t, &token, "cg-2", &body).await;
+    let (status, problem) = t.report_host(&token, "cg-2", &body).await;
     assert_eq!((status, problem["field"].as_str()), (422, Some("gpus[0].id")), "{problem}");
 }
 

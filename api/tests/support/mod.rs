@@ -135,6 +135,21 @@ impl TestService {
         status_json(r).await
     }
 
+    pub async fn put(&self, token: &str, path: &str, body: &Value) -> (u16, Value) {
+        let r = self.http.put(self.url(path)).bearer_auth(token).json(body).send().await.unwrap();
+        status_json(r).await
+    }
+
+    /// A token for the agent of `host`, as gsaasd would issue it.
+    pub fn agent_token(&self, host: &str) -> String {
+        self.service().app.keys.issue(host, None, Role::Agent, Duration::from_secs(600))
+    }
+
+    /// Sends `report` as the agent of `host` does.
+    pub async fn report_host(&self, token: &str, host: &str, report: &Value) -> (u16, Value) {
+        self.put(token, &format!("/v1/hosts/{host}"), report).await
+    }
+
     pub async fn delete(&self, token: &str, path: &str) -> (u16, Value) {
         let r = self.http.delete(self.url(path)).bearer_auth(token).send().await.unwrap();
         status_json(r).await
@@ -201,6 +216,18 @@ pub async fn status_json(response: reqwest::Response) -> (u16, Value) {
         serde_json::from_str(&text).unwrap_or(Value::String(text))
     };
     (status, value)
+}
+
+/// A host's report as its agent sends it: GPU `i` (4,800 MiB) at 10.78.1.2:8308+i.
+pub fn host_report(host: &str, kind: &str, agent_url: &str, gpus: usize) -> Value {
+    serde_json::json!({
+        "host": host, "kind": kind, "agent_url": agent_url,
+        "gpus": (0..gpus).map(|i| serde_json::json!({
+            "id": format!("{host}:GPU-{i}"), "index": i, "model": "Tesla K20m", "memory_mib": 4800,
+            "rcuda": {"address": "10.78.1.2", "port": 8308 + i, "gpu_number": 0}
+        })).collect::<Vec<_>>(),
+        "applied_generation": null
+    })
 }
 
 pub fn shared_launch(ncgpus: u32, mib: u64) -> Value {
