@@ -43,6 +43,89 @@ pub struct Metrics {
     pub stage_seconds: [Histogram; 7],
     /// Time GPGPUMS took to place a request's cGPUs.
     pub decision_seconds: Histogram,
+    /// Attaches and detaches of cGPUs on running VMs, by outcome, and their latencies.
+    pub elastic: ElasticMetrics,
+}
+
+/// One counter per outcome of attaches and of detaches, and a latency histogram of each.
+#[derive(Debug)]
+pub struct ElasticMetrics {
+    pub attaches_accepted: AtomicU64,
+    pub attaches_refused: AtomicU64,
+    pub attaches_done: AtomicU64,
+    pub attaches_failed: AtomicU64,
+    pub detaches_accepted: AtomicU64,
+    pub detaches_refused: AtomicU64,
+    pub detaches_done: AtomicU64,
+    /// From the request's write to the new routes applied.
+    pub attach_seconds: Histogram,
+    /// From the request's write to the booking released (its route withdrawn before).
+    pub detach_seconds: Histogram,
+}
+
+impl Default for ElasticMetrics {
+    fn default() -> Self {
+        ElasticMetrics {
+            attaches_accepted: AtomicU64::new(0),
+            attaches_refused: AtomicU64::new(0),
+            attaches_done: AtomicU64::new(0),
+            attaches_failed: AtomicU64::new(0),
+            detaches_accepted: AtomicU64::new(0),
+            detaches_refused: AtomicU64::new(0),
+            detaches_done: AtomicU64::new(0),
+            attach_seconds: Histogram::seconds(),
+            detach_seconds: Histogram::seconds(),
+        }
+    }
+}
+
+impl ElasticMetrics {
+    fn render(&self, out: &mut String) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        for (name, help, outcomes) in [
+            (
+                "gsaas_cgpu_attaches_total",
+                "Attaches of cGPUs to running VMs, by outcome.",
+                [
+                    ("accepted", &self.attaches_accepted),
+                    ("refused", &self.attaches_refused),
+                    ("attached", &self.attaches_done),
+                    ("failed", &self.attaches_failed),
+                ]
+                .as_slice(),
+            ),
+            (
+                "gsaas_cgpu_detaches_total",
+                "Detaches of cGPUs from running VMs, by outcome.",
+                [
+                    ("accepted", &self.detaches_accepted),
+                    ("refused", &self.detaches_refused),
+                    ("detached", &self.detaches_done),
+                ]
+                .as_slice(),
+            ),
+        ] {
+            header(out, name, "counter", help);
+            for (outcome, c) in outcomes {
+                let _ = writeln!(out, "{name}{{outcome=\"{outcome}\"}} {}", get(c));
+            }
+        }
+        for (name, help, histogram) in [
+            (
+                "gsaas_cgpu_attach_seconds",
+                "Seconds from an attach request to its routes applied.",
+                &self.attach_seconds,
+            ),
+            (
+                "gsaas_cgpu_detach_seconds",
+                "Seconds from a detach request to its booking released, its route withdrawn.",
+                &self.detach_seconds,
+            ),
+        ] {
+            header(out, name, "histogram", help);
+            histogram.render(out, name, "");
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -60,6 +143,7 @@ impl Default for Metrics {
             reconciler_errors: AtomicU64::new(0),
             stage_seconds: std::array::from_fn(|_| Histogram::seconds()),
             decision_seconds: Histogram::seconds(),
+            elastic: ElasticMetrics::default(),
         }
     }
 }
@@ -133,6 +217,7 @@ impl Metrics {
             "Seconds GPGPUMS took to place a request.",
         );
         self.decision_seconds.render(out, "gsaas_policy_decision_seconds", "");
+        self.elastic.render(out);
     }
 }
 

@@ -53,6 +53,10 @@ pub enum SagaStep {
     CreateVm,
     WaitActive,
     ConfigureRoutes,
+    /// A ready VM's new cGPUs (`attaching`) get their routes, then go live.
+    AttachCgpus,
+    /// A ready VM's `detaching` cGPUs lose their routes, then their bookings.
+    DetachCgpus,
     /// Nothing left to do (ready, error or deleted).
     Done,
     WithdrawRoutes,
@@ -67,6 +71,8 @@ impl SagaStep {
             SagaStep::CreateVm => "create_vm",
             SagaStep::WaitActive => "wait_active",
             SagaStep::ConfigureRoutes => "configure_routes",
+            SagaStep::AttachCgpus => "attach_cgpus",
+            SagaStep::DetachCgpus => "detach_cgpus",
             SagaStep::Done => "done",
             SagaStep::WithdrawRoutes => "withdraw_routes",
             SagaStep::DeleteServer => "delete_server",
@@ -80,12 +86,19 @@ impl SagaStep {
             "create_vm" => SagaStep::CreateVm,
             "wait_active" => SagaStep::WaitActive,
             "configure_routes" => SagaStep::ConfigureRoutes,
+            "attach_cgpus" => SagaStep::AttachCgpus,
+            "detach_cgpus" => SagaStep::DetachCgpus,
             "done" => SagaStep::Done,
             "withdraw_routes" => SagaStep::WithdrawRoutes,
             "delete_server" => SagaStep::DeleteServer,
             "release_gpus" => SagaStep::ReleaseGpus,
             _ => return None,
         })
+    }
+
+    /// An attach or detach on a ready VM.
+    pub fn changes_cgpus(self) -> bool {
+        matches!(self, SagaStep::AttachCgpus | SagaStep::DetachCgpus)
     }
 
     pub fn is_unwinding(self) -> bool {
@@ -145,10 +158,45 @@ pub struct VmRecord {
     pub version: i64,
 }
 
+/// Where a cGPU is in its life on a running VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CgpuState {
+    /// Booked and routed (or, on a VM still launching, about to be).
+    Live,
+    /// Booked; its route is being installed.
+    Attaching,
+    /// Its route is withdrawn; its booking is released next.
+    Detaching,
+}
+
+impl CgpuState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgpuState::Live => "live",
+            CgpuState::Attaching => "attaching",
+            CgpuState::Detaching => "detaching",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "live" => CgpuState::Live,
+            "attaching" => CgpuState::Attaching,
+            "detaching" => CgpuState::Detaching,
+            _ => return None,
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgpuRecord {
     pub vm: VmId,
+    /// The cGPU's number for its whole life: its masked port is the masking base port plus it.
     pub index: u32,
+    /// Attach order among the VM's cGPUs (the order of `RCUDA_DEVICE_<n>`); a launch's are 0.
+    pub seq: i64,
+    pub state: CgpuState,
     pub gpu: GpuId,
     pub host: HostId,
     pub memory_mib: u64,

@@ -11,7 +11,7 @@ use gsaasd::auth::Keys;
 use gsaasd::config::HostsBackend;
 use rodvr_agent::protocol::HostKind;
 use serde_json::{json, Value};
-use support::agents::{Behaviour, TestAgent};
+use support::agents::{agent_cloud, remote_launch, Behaviour, TestAgent};
 use support::{host_report, shared_launch, test_config, Store, TestService};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,7 +119,7 @@ async fn over_tls_gsaasd_and_its_agents_trust_only_the_configured_ca() {
         assert_eq!(status, 200, "{body}");
     }
     let member = t.member();
-    let id = t.launch(&member, &remote(1)).await;
+    let id = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &id, "ready").await;
     assert_eq!(vm_host.routes().len(), 1);
 
@@ -130,7 +130,7 @@ async fn over_tls_gsaasd_and_its_agents_trust_only_the_configured_ca() {
     let (status, body) =
         t.report_host(&token, "crg-b", &host_report("crg-b", "compute-rgpu", "x", 0)).await;
     assert_eq!(status, 200, "{body}");
-    let id = t.launch(&member, &remote(1)).await;
+    let id = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &id, "error").await;
     assert_eq!(fake.requests(), 0, "the impostor got a request, and with it a token");
 }
@@ -169,37 +169,8 @@ on_both_stores!(
 /// gsaasd with real-agent hosts: a compute-GPU host `cg-1` with `gpus` GPUs (registered by its
 /// agent) and a compute-rGPU host `crg-a` for the VMs; each agent's URL pinned in gsaasd's config.
 /// Returns gsaasd, the VM host's agent and the GPU host's agent.
-async fn cloud(store: Store, gpus: usize) -> (TestService, TestAgent, TestAgent) {
-    let (mut config, dir) = test_config(store);
-    config.hosts.backend = HostsBackend::Agent;
-    let keys = Keys::load_or_create(&config.signing_key_path()).unwrap();
-    let vm_host = TestAgent::start("crg-a", HostKind::ComputeRgpu, keys.public_pem()).await;
-    let gpu_host = TestAgent::start("cg-1", HostKind::ComputeGpu, keys.public_pem()).await;
-    config.hosts.agent_urls.insert("crg-a".parse().unwrap(), vm_host.url.clone());
-    config.hosts.agent_urls.insert("cg-1".parse().unwrap(), gpu_host.url.clone());
-    let t = TestService::start_config(config, dir).await;
-    let token = t.agent_token("cg-1");
-    let (status, body) = t
-        .report_host(&token, "cg-1", &host_report("cg-1", "compute-gpu", &gpu_host.url, gpus))
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let token = t.agent_token("crg-a");
-    let (status, body) = t
-        .report_host(&token, "crg-a", &host_report("crg-a", "compute-rgpu", &vm_host.url, 0))
-        .await;
-    assert_eq!(status, 200, "{body}");
-    (t, vm_host, gpu_host)
-}
-
-fn remote(ncgpus: u32) -> Value {
-    let mut request = shared_launch(ncgpus, 1024);
-    request["locality"] = json!("remote");
-    request["policy"] = json!("first-fit");
-    request
-}
-
 async fn gsaasd_reaches_an_agent_only_where_its_config_says(store: Store) {
-    let (t, vm_host, _) = cloud(store, 1).await;
+    let (t, vm_host, _) = agent_cloud(store, 1).await;
     // The VM host's agent (or whoever holds its token) reports a URL of its choosing: a server that
     // would take the host's controller tokens and route tables.
     let keys = &t.service().app.keys;
@@ -211,7 +182,7 @@ async fn gsaasd_reaches_an_agent_only_where_its_config_says(store: Store) {
     assert_eq!(host["agent_url"], vm_host.url.as_str(), "the pinned URL, not the reported one");
 
     let member = t.member();
-    let id = t.launch(&member, &remote(1)).await;
+    let id = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &id, "ready").await;
     assert_eq!(vm_host.routes().len(), 1, "the routes went to the pinned agent");
     assert_eq!(trap.requests(), 0, "gsaasd called the address an agent reported");
@@ -228,7 +199,7 @@ async fn gsaasd_reaches_an_agent_only_where_its_config_says(store: Store) {
 }
 
 async fn hosts_report_only_their_own_gpus_at_routable_endpoints(store: Store) {
-    let (t, _, gpu_host) = cloud(store, 2).await;
+    let (t, _, gpu_host) = agent_cloud(store, 2).await;
     let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
     let before = pool["hosts"].clone();
     let token = t.agent_token("cg-1");
@@ -260,12 +231,12 @@ async fn hosts_report_only_their_own_gpus_at_routable_endpoints(store: Store) {
 }
 
 async fn an_agent_claiming_an_impossible_generation_cannot_corrupt_gsaasd(store: Store) {
-    let (t, vm_host, _) = cloud(store, 1).await;
+    let (t, vm_host, _) = agent_cloud(store, 1).await;
     let member = t.member();
     // The VM host's agent answers every push with "I hold a newer table", and claims to hold
     // generation 2^63 - 1: catching up past it would overflow gsaasd's next generation.
     vm_host.set(Behaviour::ClaimGeneration(i64::MAX as u64));
-    let id = t.launch(&member, &remote(1)).await;
+    let id = t.launch(&member, &remote_launch(1)).await;
     let vm = t.wait_state(&member, &id, "error").await;
     assert!(!vm["error"].as_str().unwrap().contains("crg-a"), "the error locates the VM: {vm}");
     let (status, hosts) = t.get(&t.admin(), "/v1/hosts").await;
@@ -276,17 +247,17 @@ async fn an_agent_claiming_an_impossible_generation_cannot_corrupt_gsaasd(store:
     }
     // Once the host has an honest agent again, its VMs are routed as before.
     vm_host.set(Behaviour::Honest);
-    let id = t.launch(&member, &remote(1)).await;
+    let id = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &id, "ready").await;
 }
 
 async fn a_gpu_whose_routes_an_agent_refuses_takes_no_new_cgpus(store: Store) {
-    let (t, vm_host, _) = cloud(store, 2).await;
+    let (t, vm_host, _) = agent_cloud(store, 2).await;
     let (member, admin) = (t.member(), t.admin());
     // The VM host's agent refuses routes to the first GPU's rCUDA server (as an agent whose masked
     // range covers it would); first-fit would pick that GPU for every launch.
     vm_host.set(Behaviour::RefuseTarget("10.78.1.2:8308".parse().unwrap()));
-    let failed = t.launch(&member, &remote(1)).await;
+    let failed = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &failed, "error").await;
     let gpu = |pool: &Value, id: &str| {
         let hosts = pool["hosts"].as_array().unwrap();
@@ -297,7 +268,7 @@ async fn a_gpu_whose_routes_an_agent_refuses_takes_no_new_cgpus(store: Store) {
     let taint = gpu(&pool, "cg-1:GPU-0")["taint"].as_str().unwrap_or_default().to_owned();
     assert!(taint.contains("crg-a") && taint.contains("refused"), "{pool}");
 
-    let id = t.launch(&member, &remote(1)).await;
+    let id = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &id, "ready").await;
     let (_, vm) = t.get(&admin, &format!("/v1/vms/{id}")).await;
     assert_eq!(vm["cgpus"][0]["gpu"], "cg-1:GPU-1", "{vm}");

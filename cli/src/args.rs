@@ -97,6 +97,19 @@ pub enum Command {
         #[arg(long)]
         wait: bool,
     },
+    /// Attach cGPUs to a ready VM (the dissertation's progressive attach); they follow its locality.
+    Attach(Attach),
+    /// Detach one cGPU from a ready VM: its route goes first (open connections are cut), then its
+    /// booking. The VM's other cGPUs keep their endpoints.
+    Detach {
+        /// The VM's id.
+        id: String,
+        /// The cGPU's index (as `gsaas show` lists it).
+        index: u32,
+        /// Wait until the cGPU is gone.
+        #[arg(long)]
+        wait: bool,
+    },
     /// List your project's VMs.
     List {
         /// Admins: another project's VMs.
@@ -156,6 +169,33 @@ pub struct Launch {
     #[arg(long)]
     pub idempotency_key: Option<String>,
     /// Follow the launch stage by stage until the VM is ready (or fails).
+    #[arg(long)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct Attach {
+    /// The VM's id.
+    pub id: String,
+    /// Number of cGPUs to add.
+    #[arg(long)]
+    pub ncgpus: u32,
+    /// GPU memory per cGPU in MiB (required in shared mode).
+    #[arg(long)]
+    pub poolmem: Option<u64>,
+    /// exclusive: a whole GPU per cGPU (default); shared: GPUs shared with other VMs.
+    #[arg(long, value_enum, default_value = "exclusive")]
+    pub mode: Mode,
+    /// Placement policy (default: the VM's).
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Never put two of the VM's cGPUs (old or new) on one physical GPU.
+    #[arg(long)]
+    pub distinct_gpus: bool,
+    /// Makes a retried attach attach once.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Wait until the new cGPUs are live (or the attach failed).
     #[arg(long)]
     pub wait: bool,
 }

@@ -61,6 +61,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
             print(format, &vm, output::vm)
         }
+        Command::Attach(attach) => attach_cgpus(&client, format, attach),
+        Command::Detach { id, index, wait } => {
+            let vm = client.delete(&format!("/v1/vms/{}/cgpus/{index}", path_segment(&id)?))?;
+            let vm = if wait { follow_cgpus(&client, &id)? } else { vm };
+            print(format, &vm, output::vm)
+        }
         Command::List { project } => {
             let path = match project {
                 Some(p) => format!("/v1/vms?project={}", path_segment(&p)?),
@@ -141,7 +147,7 @@ fn launch_vm(
         "image": image,
         "flavor": flavor,
         "ncgpus": launch.ncgpus,
-        "mode": match launch.mode { args::Mode::Exclusive => "exclusive", args::Mode::Shared => "shared" },
+        "mode": mode_name(launch.mode),
         "locality": match launch.locality {
             args::Locality::Any => "any",
             args::Locality::Local => "local",
@@ -178,6 +184,63 @@ fn launch_vm(
         });
     }
     Ok(())
+}
+
+fn mode_name(mode: args::Mode) -> &'static str {
+    match mode {
+        args::Mode::Exclusive => "exclusive",
+        args::Mode::Shared => "shared",
+    }
+}
+
+fn attach_cgpus(client: &Client, format: Format, attach: args::Attach) -> Result<(), Failure> {
+    let mut body = json!({
+        "ncgpus": attach.ncgpus,
+        "mode": mode_name(attach.mode),
+        "distinct_gpus": attach.distinct_gpus,
+    });
+    if let Some(mib) = attach.poolmem {
+        body["gpu_memory_mib"] = mib.into();
+    }
+    if let Some(policy) = attach.policy {
+        body["policy"] = policy.into();
+    }
+    let path = format!("/v1/vms/{}/cgpus", path_segment(&attach.id)?);
+    let vm = client.post(&path, &body, attach.idempotency_key.as_deref())?;
+    if !attach.wait {
+        return print(format, &vm, output::vm);
+    }
+    let vm = follow_cgpus(client, &attach.id)?;
+    print(format, &vm, output::vm)?;
+    match vm["error"].as_str() {
+        Some(error) => {
+            Err(Failure { message: format!("VM {}: {error}", attach.id), code: exit::REFUSED })
+        }
+        None => Ok(()),
+    }
+}
+
+/// Polls the VM until no cGPU of it is attaching or detaching (or it is no longer ready).
+fn follow_cgpus(client: &Client, id: &str) -> Result<Value, Failure> {
+    let started = Instant::now();
+    loop {
+        let vm = client.get(&format!("/v1/vms/{id}"))?;
+        let changing =
+            vm["cgpus"].as_array().is_some_and(|cgpus| cgpus.iter().any(|c| c["state"] != "live"));
+        if !changing || vm["state"] != "ready" {
+            return Ok(vm);
+        }
+        if started.elapsed() > WAIT_LIMIT {
+            return Err(Failure {
+                message: format!(
+                    "VM {id}'s cGPUs are still changing after {} s",
+                    WAIT_LIMIT.as_secs()
+                ),
+                code: exit::UNAVAILABLE,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The launch stages, named after Equation 5.1, in the order they complete.

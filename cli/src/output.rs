@@ -48,7 +48,7 @@ pub fn vm(vm: &Value) -> String {
         ("project", text(&vm["project"])),
         ("image / flavor", format!("{} / {}", text(&vm["image"]), text(&vm["flavor"]))),
         (
-            "cGPUs",
+            "launched with",
             format!(
                 "{} {} (memory {}, locality {}, policy {})",
                 text(&gpus["ncgpus"]),
@@ -70,7 +70,7 @@ pub fn vm(vm: &Value) -> String {
     let cgpus = vm["cgpus"].as_array().cloned().unwrap_or_default();
     if !cgpus.is_empty() {
         let admin = cgpus[0].get("gpu").is_some();
-        let mut headers = vec!["cGPU", "masked endpoint", "memory MiB", "mode"];
+        let mut headers = vec!["cGPU", "state", "masked endpoint", "memory MiB", "mode"];
         if admin {
             headers.extend(["GPU", "rCUDA endpoint"]);
         }
@@ -79,6 +79,7 @@ pub fn vm(vm: &Value) -> String {
             .map(|c| {
                 let mut row = vec![
                     text(&c["index"]),
+                    text(&c["state"]),
                     text(&c["masked_endpoint"]),
                     text(&c["memory_mib"]),
                     text(&c["mode"]),
@@ -128,7 +129,7 @@ pub fn vm_list(list: &Value) -> String {
                         text(&vm["id"]),
                         text(&vm["name"]),
                         text(&vm["state"]),
-                        format!("{} {}", text(&vm["gpus"]["ncgpus"]), text(&vm["gpus"]["mode"])),
+                        vm["cgpus"].as_array().map_or(0, Vec::len).to_string(),
                         text(&vm["fixed_ip"]),
                     ]
                 })

@@ -151,6 +151,41 @@ fn launch_show_env_list_terminate_with_both_syntaxes() {
     assert!(env.contains("export RCUDA_DEVICE_COUNT='2'"), "{env}");
     assert!(env.contains("export RCUDA_DEVICE_1='100.127.0.1@8309:0'"), "{env}");
 
+    // Attach and detach, followed until done.
+    let attached = json(&server.gsaas(
+        &token,
+        &[
+            "-f",
+            "json",
+            "attach",
+            &id,
+            "--ncgpus",
+            "2",
+            "--poolmem",
+            "1024",
+            "--mode",
+            "shared",
+            "--wait",
+        ],
+    ));
+    let states: Vec<&str> = attached["cgpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["live"; 4], "{attached}");
+    let table = server.gsaas(&token, &["detach", &id, "1", "--wait"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("100.127.0.1:8311") && !text.contains("100.127.0.1:8309"), "{text}");
+    let env = server.gsaas(&token, &["env", &id]);
+    let env = String::from_utf8_lossy(&env.stdout);
+    assert!(env.contains("export RCUDA_DEVICE_COUNT='3'"), "{env}");
+    assert!(env.contains("export RCUDA_DEVICE_1='100.127.0.1@8310:0'"), "{env}");
+    let missing = server.gsaas(&token, &["detach", &id, "1"]);
+    assert_eq!(missing.status.code(), Some(3), "{}", stderr(&missing));
+    assert!(stderr(&missing).contains("cGPU 1 not found"), "{}", stderr(&missing));
+
     // Terminate: the paper's syntax and the modern one.
     let gone =
         json(&server.gsaas(&token, &["-f", "json", "-t", &format!("-id={second_id}"), "--wait"]));

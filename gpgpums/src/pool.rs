@@ -422,7 +422,7 @@ impl Pool {
         }
         let outcome = match request.locality {
             Locality::Local => self.place_local(request, view),
-            Locality::Any | Locality::Remote => self.place_on(request, view, None),
+            Locality::Any | Locality::Remote => self.place_on(request, view, None, &[]),
         };
         let (cgpus, vm_host) = match outcome {
             Ok(done) => done,
@@ -449,7 +449,7 @@ impl Pool {
             };
             let host = self.gpus[first as usize].host;
             let slots = self.hosts[host as usize].slots.clone();
-            match self.place_on(request, view, Some(&slots)) {
+            match self.place_on(request, view, Some(&slots), &[]) {
                 Ok((cgpus, _)) => {
                     break Ok((cgpus, VmHost::Pinned(self.hosts[host as usize].id.clone())))
                 }
@@ -468,18 +468,26 @@ impl Pool {
     }
 
     /// Places the request's cGPUs one by one, among all GPUs (through the selector) or `within` one
-    /// host's slots (by a scan: a host's GPUs are few). On failure undoes its own work and returns how
-    /// many cGPUs it had placed.
+    /// host's slots (by a scan: a host's GPUs are few). `held` are the slots of the cGPUs the VM
+    /// already holds (an attach): `distinct_gpus` keeps off them, and they count as the VM's GPUs
+    /// and hosts. On failure undoes its own work and returns how many cGPUs it had placed.
     fn place_on(
         &mut self,
         request: &Request,
         view: usize,
         within: Option<&[u32]>,
+        held: &[u32],
     ) -> Result<(Vec<CgpuAssignment>, VmHost), u32> {
         let mut chosen: Vec<u32> = Vec::with_capacity(request.ncgpus as usize);
-        let mut gpus_used: HashSet<u32> = HashSet::new();
-        let mut hosts_used: HashSet<u32> = HashSet::new();
+        let mut gpus_used: HashSet<u32> = held.iter().copied().collect();
+        let mut hosts_used: HashSet<u32> =
+            held.iter().map(|&s| self.gpus[s as usize].host).collect();
         let mut failed = false;
+        let mut hidden: Vec<u32> = Vec::new();
+        if request.distinct_gpus {
+            hidden.extend(gpus_used.iter().copied());
+            self.set_masked(&hidden, true);
+        }
         for _ in 0..request.ncgpus {
             let Some(slot) = self.select(view, request, within) else {
                 failed = true;
@@ -496,18 +504,19 @@ impl Pool {
             );
             if request.distinct_gpus {
                 self.set_masked(&[slot], true);
+                hidden.push(slot);
             }
             chosen.push(slot);
         }
         if request.distinct_gpus {
-            self.set_masked(&chosen, false);
+            self.set_masked(&hidden, false);
         }
         if failed {
             let booked: Vec<(u32, u64, Mode)> = chosen
                 .iter()
                 .map(|&s| (s, request_memory(request, &self.gpus[s as usize]), request.mode))
                 .collect();
-            self.untake_all(&booked);
+            self.untake_all(&booked, held);
             return Err(chosen.len() as u32);
         }
         let cgpus = chosen
@@ -532,11 +541,12 @@ impl Pool {
         Ok((cgpus, vm_host))
     }
 
-    /// Undoes `take` for `booked` cGPUs of one VM, given as (slot, memory, mode).
-    fn untake_all(&mut self, booked: &[(u32, u64, Mode)]) {
+    /// Undoes `take` for `booked` cGPUs of one VM, given as (slot, memory, mode); the VM keeps the
+    /// cGPUs on the `kept` slots.
+    fn untake_all(&mut self, booked: &[(u32, u64, Mode)], kept: &[u32]) {
         let mut left_on_gpu: HashMap<u32, u32> = HashMap::new();
         let mut left_on_host: HashMap<u32, u32> = HashMap::new();
-        for &(slot, _, _) in booked {
+        for slot in booked.iter().map(|&(slot, _, _)| slot).chain(kept.iter().copied()) {
             *left_on_gpu.entry(slot).or_default() += 1;
             *left_on_host.entry(self.gpus[slot as usize].host).or_default() += 1;
         }
@@ -561,9 +571,100 @@ impl Pool {
             .iter()
             .map(|c| (self.gpu_by_id[&c.gpu], c.memory_mib, c.mode))
             .collect();
-        self.untake_all(&booked);
+        self.untake_all(&booked, &[]);
         self.changes += 1;
         Some(placement)
+    }
+
+    /// Adds `request.ncgpus` cGPUs to the VM under `policy` (the paper's progressive attach), or
+    /// changes nothing. A VM that holds no cGPUs (all detached) gets a new placement. The new cGPUs
+    /// go `on_host` when given (a `local` VM's host), anywhere otherwise; `request.locality` only
+    /// names the VM's locality in a shortfall. They take the lowest indexes the VM does not use,
+    /// so a live cGPU never changes its index, and come last in the VM's list (attach order).
+    pub fn attach(
+        &mut self,
+        vm: VmId,
+        request: &Request,
+        policy: &str,
+        on_host: Option<&HostId>,
+    ) -> Result<Vec<CgpuAssignment>, Error> {
+        let view = self.views_for(policy)?;
+        let limits = self.limits();
+        validate(&Request { locality: Locality::Any, ..request.clone() }, &limits)?;
+        let held: Vec<u32> = self
+            .vms
+            .get(&vm)
+            .map(|p| p.cgpus.iter().map(|c| self.gpu_by_id[&c.gpu]).collect())
+            .unwrap_or_default();
+        let total = held.len() as u64 + u64::from(request.ncgpus);
+        if total > u64::from(MAX_CGPUS_PER_VM) {
+            return Err(Error::invalid(
+                "ncgpus",
+                format!(
+                    "the VM holds {} cGPUs: {} more would be {total}, more than the \
+                     {MAX_CGPUS_PER_VM} a VM may have",
+                    held.len(),
+                    request.ncgpus
+                ),
+            ));
+        }
+        let shortfall = |placeable| {
+            Error::InsufficientCapacity(Shortfall {
+                requested: request.ncgpus,
+                placeable,
+                gpu_memory_mib: request.gpu_memory_mib,
+                mode: request.mode,
+                locality: request.locality,
+                no_vm_host: false,
+            })
+        };
+        let within = match on_host {
+            Some(host) => {
+                let Some(&h) = self.host_by_id.get(host) else { return Err(shortfall(0)) };
+                Some(self.hosts[h as usize].slots.clone())
+            }
+            None => None,
+        };
+        if self.views_stale {
+            self.rebuild_views();
+        }
+        let (mut cgpus, _) =
+            self.place_on(request, view, within.as_deref(), &held).map_err(shortfall)?;
+        let policy = self.views[view].policy.name();
+        let placement = self.vms.entry(vm).or_insert_with(|| Placement {
+            vm,
+            policy,
+            vm_host: match on_host {
+                Some(host) => VmHost::Pinned(host.clone()),
+                None if request.locality == Locality::Remote => VmHost::AnyRgpuHost,
+                None => VmHost::AnyAgentHost,
+            },
+            cgpus: Vec::new(),
+        });
+        let used: HashSet<u32> = placement.cgpus.iter().map(|c| c.index).collect();
+        let mut free = (0..).filter(|i| !used.contains(i));
+        for cgpu in &mut cgpus {
+            cgpu.index = free.next().expect("indexes are unbounded");
+        }
+        placement.cgpus.extend(cgpus.iter().cloned());
+        self.changes += 1;
+        Ok(cgpus)
+    }
+
+    /// Releases the VM's cGPU `index`, restoring its capacity exactly; the VM keeps the others. A
+    /// VM left with none holds no placement. `None`: the VM holds no such cGPU.
+    pub fn detach(&mut self, vm: &VmId, index: u32) -> Option<CgpuAssignment> {
+        let placement = self.vms.get_mut(vm)?;
+        let at = placement.cgpus.iter().position(|c| c.index == index)?;
+        let cgpu = placement.cgpus.remove(at);
+        let kept: Vec<u32> = placement.cgpus.iter().map(|c| self.gpu_by_id[&c.gpu]).collect();
+        if placement.cgpus.is_empty() {
+            self.vms.remove(vm);
+        }
+        let slot = self.gpu_by_id[&cgpu.gpu];
+        self.untake_all(&[(slot, cgpu.memory_mib, cgpu.mode)], &kept);
+        self.changes += 1;
+        Some(cgpu)
     }
 
     /// Records a placement decided earlier (loaded from storage), checking that it still fits. Recording
@@ -598,7 +699,7 @@ impl Pool {
                 Mode::Shared => !gpu.exclusive && cgpu.memory_mib <= gpu.free_mib(),
             };
             if !fits || cgpu.memory_mib == 0 {
-                self.untake_all(&booked);
+                self.untake_all(&booked, &[]);
                 return Err(Error::Conflict(format!(
                     "VM {}: cGPU {} ({} MiB, {}) does not fit on GPU {}",
                     placement.vm, cgpu.index, cgpu.memory_mib, cgpu.mode, cgpu.gpu

@@ -23,7 +23,7 @@ use crate::cloudinit;
 use crate::config::MaskingConfig;
 use crate::db::{self, now_ms, NewVm, VmWrite, Written};
 use crate::error::Error;
-use crate::model::{CgpuRecord, VmRecord};
+use crate::model::{CgpuRecord, CgpuState, VmRecord};
 
 /// The reason of the conflict that refuses a release whose VM changed meanwhile.
 pub(crate) const VM_CHANGED: &str = "the VM changed during its release";
@@ -43,12 +43,35 @@ pub(crate) enum Booking {
     /// Release the VM's cGPUs and write `ended`, the VM at the end of its saga, unless the VM
     /// changed since `ended` was read (then a conflict with [`VM_CHANGED`]).
     Release(Box<VmRecord>),
+    /// Book more cGPUs for a running VM (see [`super::elastic`]).
+    Attach(Box<Attachment>),
+    /// Release the VM's `detaching` cGPUs and write `ended`, unless the VM changed since `ended`
+    /// was read (then a conflict with [`VM_CHANGED`]).
+    Detach(Box<VmRecord>),
 }
 
 #[derive(Debug)]
 pub(crate) enum Booked {
     Reserved(Box<VmDetails>),
     Released(Box<VmRecord>),
+    /// The VM as written, its new cGPUs, and whether the write claimed its saga.
+    Attached(Box<VmRecord>, Vec<CgpuRecord>, bool),
+}
+
+/// cGPUs to book for a running VM, with the VM's write that starts their saga step.
+#[derive(Debug, Clone)]
+pub(crate) struct Attachment {
+    /// The VM as read, with its step set to attach: written if nobody changed it meanwhile.
+    pub vm: VmRecord,
+    pub claim: db::Claim,
+    pub request: gpgpums::Request,
+    pub policy: String,
+    /// Where the new cGPUs must be (a `local` VM's host).
+    pub on_host: Option<gpgpums::HostId>,
+    /// Their attach order, after every cGPU the VM holds.
+    pub seq: i64,
+    pub idempotency_key: Option<String>,
+    pub request_digest: String,
 }
 
 /// Writes one batch of bookings (the [`super::batch::Batcher`] task's work).
@@ -86,7 +109,7 @@ impl App {
     pub(crate) async fn reserve(&self, reservation: Reservation) -> Result<VmDetails, Error> {
         match self.bookings.submit(Booking::Reserve(Box::new(reservation))).await? {
             Booked::Reserved(details) => Ok(*details),
-            Booked::Released(_) => Err(Error::internal("a reservation answered as a release")),
+            _ => Err(Error::internal("a reservation answered as something else")),
         }
     }
 
@@ -94,7 +117,27 @@ impl App {
     pub(crate) async fn release(&self, ended: VmRecord) -> Result<VmRecord, Error> {
         match self.bookings.submit(Booking::Release(Box::new(ended))).await? {
             Booked::Released(ended) => Ok(*ended),
-            Booked::Reserved(_) => Err(Error::internal("a release answered as a reservation")),
+            _ => Err(Error::internal("a release answered as something else")),
+        }
+    }
+
+    /// Books the attachment's cGPUs and writes its VM, in the next batch.
+    pub(crate) async fn book_attachment(
+        &self,
+        attachment: Attachment,
+    ) -> Result<(VmRecord, Vec<CgpuRecord>, bool), Error> {
+        match self.bookings.submit(Booking::Attach(Box::new(attachment))).await? {
+            Booked::Attached(vm, cgpus, claimed) => Ok((*vm, cgpus, claimed)),
+            _ => Err(Error::internal("an attachment answered as something else")),
+        }
+    }
+
+    /// Releases the VM's `detaching` cGPUs and writes `ended`, in the next batch (see
+    /// [`Booking::Detach`]).
+    pub(crate) async fn release_detached(&self, ended: VmRecord) -> Result<VmRecord, Error> {
+        match self.bookings.submit(Booking::Detach(Box::new(ended))).await? {
+            Booked::Released(ended) => Ok(*ended),
+            _ => Err(Error::internal("a detach answered as something else")),
         }
     }
 
@@ -179,11 +222,122 @@ impl App {
             wrote = true;
         }
 
+        // Attaches and detaches are rare beside launches: one at a time, after them.
+        for (i, booking) in bookings.iter().enumerate() {
+            let outcome = match booking {
+                Booking::Attach(attachment) => {
+                    attach_cgpus(pool, tx, &self.config.masking, attachment).await?
+                }
+                Booking::Detach(ended) => detach_cgpus(pool, tx, ended).await?,
+                _ => continue,
+            };
+            wrote |= outcome.is_ok();
+            outcomes[i] = Some(outcome);
+        }
+
         if wrote {
             pool_tx.commit().await?;
         }
         Ok(outcomes.into_iter().map(|o| o.expect("every booking has an outcome")).collect())
     }
+}
+
+/// Books an attachment's cGPUs (`attaching`) and writes its VM. The outer error fails the batch;
+/// the inner one refuses this attachment alone, leaving the pool as it was.
+async fn attach_cgpus(
+    pool: &mut Pool,
+    tx: &mut sqlx::AnyConnection,
+    masking: &MaskingConfig,
+    attachment: &Attachment,
+) -> Result<Result<Booked, Error>, Error> {
+    let id = attachment.vm.id;
+    let placed =
+        match pool.attach(id, &attachment.request, &attachment.policy, attachment.on_host.as_ref())
+        {
+            Ok(placed) => placed,
+            Err(e) => return Ok(Err(e.into())),
+        };
+    let undo = |pool: &mut Pool| {
+        for cgpu in &placed {
+            pool.detach(&id, cgpu.index);
+        }
+    };
+    let cgpus = match placed.iter().map(|c| cgpu_record(id, c, masking)).collect() {
+        Ok(cgpus) => cgpus,
+        Err(e) => {
+            undo(pool);
+            return Ok(Err(e));
+        }
+    };
+    let mut cgpus: Vec<CgpuRecord> = cgpus;
+    for cgpu in &mut cgpus {
+        cgpu.seq = attachment.seq;
+        cgpu.state = CgpuState::Attaching;
+    }
+    let mut write = [VmWrite { vm: attachment.vm.clone(), claim: Some(attachment.claim.clone()) }];
+    let written = db::update_vms(tx, &mut write).await?;
+    let [VmWrite { vm, .. }] = write;
+    let claimed = match written.first() {
+        Some(Written::Done { claimed }) => *claimed,
+        _ => {
+            undo(pool);
+            return Ok(Err(Error::Conflict(VM_CHANGED_CGPUS.into())));
+        }
+    };
+    db::insert_cgpus(tx, &cgpus).await?;
+    if let Some(key) = &attachment.idempotency_key {
+        db::insert_attach_key(tx, &vm.project, key, id, &attachment.request_digest, now_ms())
+            .await?;
+    }
+    Ok(Ok(Booked::Attached(Box::new(vm), cgpus, claimed)))
+}
+
+/// Releases the VM's `detaching` cGPUs and writes `ended` (see [`Booking::Detach`]).
+async fn detach_cgpus(
+    pool: &mut Pool,
+    tx: &mut sqlx::AnyConnection,
+    ended: &VmRecord,
+) -> Result<Result<Booked, Error>, Error> {
+    let mut write = [VmWrite { vm: ended.clone(), claim: None }];
+    if db::update_vms(tx, &mut write).await?.first() != Some(&Written::Done { claimed: false }) {
+        return Ok(Err(Error::Conflict(VM_CHANGED.into())));
+    }
+    let [VmWrite { vm, .. }] = write;
+    for index in db::delete_cgpus_in_state(tx, vm.id, CgpuState::Detaching).await? {
+        pool.detach(&vm.id, index);
+    }
+    Ok(Ok(Booked::Released(Box::new(vm))))
+}
+
+/// The reason of the conflict that refuses an attach or detach whose VM changed meanwhile.
+pub(crate) const VM_CHANGED_CGPUS: &str =
+    "the VM changed meanwhile (another attach, detach or a termination): read it and retry";
+
+/// A cGPU as booked for `vm`, with its masked endpoint.
+fn cgpu_record(
+    vm: gpgpums::VmId,
+    c: &gpgpums::CgpuAssignment,
+    masking: &MaskingConfig,
+) -> Result<CgpuRecord, Error> {
+    let std::net::IpAddr::V4(rcuda_address) = c.rcuda.address else {
+        return Err(Error::internal(format!("GPU {} has a non-IPv4 rCUDA address", c.gpu)));
+    };
+    Ok(CgpuRecord {
+        vm,
+        index: c.index,
+        seq: 0,
+        state: CgpuState::Live,
+        gpu: c.gpu.clone(),
+        host: c.host.clone(),
+        memory_mib: c.memory_mib,
+        mode: c.mode,
+        masked_address: masking.address,
+        // Config validation leaves room for every index a VM may use.
+        masked_port: masking.base_port + c.index as u16,
+        rcuda_address,
+        rcuda_port: c.rcuda.port,
+        rcuda_gpu_number: c.rcuda.gpu_number,
+    })
 }
 
 /// Places the VM's cGPUs on the pool and gives each its masked endpoint. A refusal leaves the
@@ -202,24 +356,7 @@ fn place_cgpus(
     let cgpus = placement
         .cgpus
         .iter()
-        .map(|c| {
-            let std::net::IpAddr::V4(rcuda_address) = c.rcuda.address else {
-                return Err(Error::internal(format!("GPU {} has a non-IPv4 rCUDA address", c.gpu)));
-            };
-            Ok(CgpuRecord {
-                vm: id,
-                index: c.index,
-                gpu: c.gpu.clone(),
-                host: c.host.clone(),
-                memory_mib: c.memory_mib,
-                mode: c.mode,
-                masked_address: masking.address,
-                masked_port: masking.base_port + c.index as u16,
-                rcuda_address,
-                rcuda_port: c.rcuda.port,
-                rcuda_gpu_number: c.rcuda.gpu_number,
-            })
-        })
+        .map(|c| cgpu_record(id, c, masking))
         .collect::<Result<Vec<_>, Error>>()
         .and_then(|cgpus| check_user_data(&record, &cgpus).map(|()| cgpus));
     match cgpus {

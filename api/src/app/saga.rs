@@ -13,7 +13,8 @@
 //!   (or is woken from a wait) and unwinds instead.
 //!
 //! A failed forward step turns into the undo steps with the VM in `error`. A failed undo step is
-//! retried a few times, then left for the reconciler.
+//! retried a few times, then left for the reconciler. A ready VM's attach and detach steps (see
+//! [`super::elastic`]) run in the same loop, and are retried like undo steps.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -225,7 +226,9 @@ impl App {
                     current = Some(vm);
                 }
                 Err(StepError::Interrupted) => continue,
-                Err(StepError::Failed(reason)) if !step.is_unwinding() => {
+                // An attach or detach is retried like an undo step: a failed push to the agent is
+                // handled inside the attach step, so what fails here is storage.
+                Err(StepError::Failed(reason)) if !step.is_unwinding() && !step.changes_cgpus() => {
                     tracing::info!(vm = %id, ?step, reason, "launch failed; unwinding");
                     inc(&self.metrics.launches_failed);
                     if vm.state != VmState::Deleting {
@@ -284,6 +287,18 @@ impl App {
             }
             SagaStep::WaitActive => self.wait_active(vm, wake).await?,
             SagaStep::ConfigureRoutes => self.configure_routes(vm, wake).await?,
+            SagaStep::AttachCgpus => {
+                if !self.attach_step(vm).await? {
+                    return Err(StepError::Interrupted);
+                }
+                return Ok(Progress::Recorded);
+            }
+            SagaStep::DetachCgpus => {
+                if !self.detach_step(vm).await? {
+                    return Err(StepError::Interrupted);
+                }
+                return Ok(Progress::Recorded);
+            }
             SagaStep::WithdrawRoutes => {
                 if let Some(host) = vm.host.clone() {
                     if vm.routes_on {

@@ -20,7 +20,7 @@ use crate::cloudinit::{RcudaDevice, RcudaEnv};
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::Error;
 use crate::metrics::inc;
-use crate::model::{CgpuRecord, LaunchSpec, SagaStep, Timings, VmRecord, VmState};
+use crate::model::{CgpuRecord, CgpuState, LaunchSpec, SagaStep, Timings, VmRecord, VmState};
 
 /// A launch request, validated by the HTTP layer for shape.
 #[derive(Debug, Clone)]
@@ -40,11 +40,11 @@ pub struct VmDetails {
     pub cgpus: Vec<CgpuRecord>,
 }
 
-const MAX_NAME: usize = 255;
+pub(super) const MAX_NAME: usize = 255;
 const MAX_NETWORKS: usize = 16;
 const MAX_USER_DATA: usize = 64 * 1024;
 
-fn check_text(field: &str, value: &str, max: usize) -> Result<(), Error> {
+pub(super) fn check_text(field: &str, value: &str, max: usize) -> Result<(), Error> {
     if value.trim().is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
@@ -81,7 +81,7 @@ fn validate(spec: &LaunchSpec) -> Result<(), Error> {
 }
 
 /// FNV-1a: a stable digest of a request, to recognise a retried launch.
-fn digest(bytes: &[u8]) -> String {
+pub(super) fn digest(bytes: &[u8]) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {
         hash ^= u64::from(b);
@@ -98,11 +98,12 @@ pub(crate) fn cloud_error(e: CloudError) -> Error {
     }
 }
 
-/// The rCUDA environment a VM gets for its cGPUs.
+/// The rCUDA environment of a VM's cGPUs (in attach order): its live ones, numbered from 0.
 pub fn rcuda_env(cgpus: &[CgpuRecord]) -> RcudaEnv {
     RcudaEnv {
         devices: cgpus
             .iter()
+            .filter(|c| c.state == CgpuState::Live)
             .map(|c| RcudaDevice {
                 address: c.masked_address,
                 port: c.masked_port,

@@ -72,7 +72,7 @@ impl Watch<'_> {
     fn settled_write(&self, version: i64) -> Option<VmRecord> {
         let waiting = self.watchers.waiting.lock().expect("vm watchers");
         let written = waiting.get(&self.id)?.written.as_ref()?;
-        (written.version > version && settled(written.state)).then(|| written.clone())
+        (written.version > version && settled(written)).then(|| written.clone())
     }
 }
 
@@ -89,13 +89,13 @@ impl Drop for Watch<'_> {
 }
 
 /// Whether a VM has reached a state no saga of it will leave on its own.
-pub fn settled(state: VmState) -> bool {
-    !matches!(state, VmState::Creating | VmState::Deleting)
+pub fn settled(vm: &VmRecord) -> bool {
+    !matches!(vm.state, VmState::Creating | VmState::Deleting) && !vm.step.changes_cgpus()
 }
 
 impl App {
-    /// The VM as [`App::visible_vm`] returns it, once it has settled (`ready`, `error`,
-    /// `deleted`) or `wait` has passed, whichever comes first.
+    /// The VM as [`App::visible_vm`] returns it, once it has settled (`ready` with no attach or
+    /// detach under way, `error`, `deleted`) or `wait` has passed, whichever comes first.
     pub async fn visible_vm_settled(
         &self,
         caller: &Caller,
@@ -110,7 +110,7 @@ impl App {
             tokio::pin!(signal);
             signal.as_mut().enable();
             let details = self.visible_vm(caller, id).await?;
-            if settled(details.vm.state) {
+            if settled(&details.vm) {
                 return Ok(details);
             }
             let read_version = details.vm.version;
@@ -127,6 +127,10 @@ impl App {
                     break;
                 }
                 if let Some(vm) = watch.settled_write(read_version) {
+                    if details.vm.step.changes_cgpus() {
+                        // An attach or detach ended: its cGPUs changed, so read them.
+                        break;
+                    }
                     // What this process just wrote, so no read: the cGPUs are those read above
                     // unless the write ended a saga that released them.
                     let released = vm.step == SagaStep::Done && vm.state != VmState::Ready;

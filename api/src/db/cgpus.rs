@@ -13,7 +13,10 @@ use crate::model::*;
 
 pub(super) const CGPU_COLUMNS: &str =
     "c.vm, c.idx, c.gpu, g.host, c.memory_mib, c.mode, c.masked_address, c.masked_port, \
-                            g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number";
+     g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number, c.seq, c.state";
+
+/// The order of a VM's cGPUs: as attached, a launch's by index.
+pub(super) const CGPU_ORDER: &str = "c.seq, c.idx";
 
 fn cgpu_from_row(row: &AnyRow) -> Result<CgpuRecord, Error> {
     cgpu_from_row_at(row, 0)
@@ -27,9 +30,12 @@ pub(super) fn cgpu_from_row_at(row: &AnyRow, at: usize) -> Result<CgpuRecord, Er
     let mode: String = row.try_get(at + 5)?;
     let masked: String = row.try_get(at + 6)?;
     let rcuda: String = row.try_get(at + 8)?;
+    let state: String = row.try_get(at + 12)?;
     Ok(CgpuRecord {
         vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
         index: row.try_get::<i64, _>(at + 1)? as u32,
+        seq: row.try_get(at + 11)?,
+        state: CgpuState::parse(&state).ok_or_else(|| corrupt("cGPU state", &state))?,
         gpu: GpuId::new(&gpu).map_err(|_| corrupt("GPU id", &gpu))?,
         host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
         memory_mib: row.try_get::<i64, _>(at + 4)? as u64,
@@ -44,7 +50,8 @@ pub(super) fn cgpu_from_row_at(row: &AnyRow, at: usize) -> Result<CgpuRecord, Er
     })
 }
 
-const CGPU_INSERT_COLUMNS: &str = "vm, idx, gpu, memory_mib, mode, masked_address, masked_port";
+const CGPU_INSERT_COLUMNS: &str =
+    "vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, state";
 
 /// Books cGPUs.
 pub async fn insert_cgpus(conn: &mut AnyConnection, cgpus: &[CgpuRecord]) -> Result<(), Error> {
@@ -59,6 +66,8 @@ pub async fn insert_cgpus(conn: &mut AnyConnection, cgpus: &[CgpuRecord]) -> Res
                 Param::text(mode_str(cgpu.mode)),
                 Param::text(cgpu.masked_address.to_string()),
                 Param::Int(Some(i64::from(cgpu.masked_port))),
+                Param::Int(Some(cgpu.seq)),
+                Param::text(cgpu.state.as_str()),
             ]
         })
         .collect();
@@ -75,7 +84,7 @@ pub async fn insert_cgpus(conn: &mut AnyConnection, cgpus: &[CgpuRecord]) -> Res
 
 pub async fn cgpus_of(conn: &mut AnyConnection, vm: VmId) -> Result<Vec<CgpuRecord>, Error> {
     let rows = sqlx::query(&format!(
-        "SELECT {CGPU_COLUMNS} FROM cgpus c JOIN gpus g ON g.id = c.gpu WHERE c.vm = $1 ORDER BY c.idx"
+        "SELECT {CGPU_COLUMNS} FROM cgpus c JOIN gpus g ON g.id = c.gpu WHERE c.vm = $1 ORDER BY {CGPU_ORDER}"
     ))
     .bind(vm.to_string())
     .fetch_all(conn)
@@ -86,7 +95,7 @@ pub async fn cgpus_of(conn: &mut AnyConnection, vm: VmId) -> Result<Vec<CgpuReco
 /// Every booked cGPU, by VM.
 pub async fn all_cgpus(conn: &mut AnyConnection) -> Result<BTreeMap<VmId, Vec<CgpuRecord>>, Error> {
     let rows = sqlx::query(&format!(
-        "SELECT {CGPU_COLUMNS} FROM cgpus c JOIN gpus g ON g.id = c.gpu ORDER BY c.vm, c.idx"
+        "SELECT {CGPU_COLUMNS} FROM cgpus c JOIN gpus g ON g.id = c.gpu ORDER BY c.vm, {CGPU_ORDER}"
     ))
     .fetch_all(conn)
     .await?;
@@ -104,6 +113,82 @@ pub async fn delete_cgpus(conn: &mut AnyConnection, vms: &[VmId]) -> Result<(), 
     fetch_batched(conn, keys(ids.iter().map(String::as_str)), 4 * MAX_ROWS, |values| {
         format!("DELETE FROM cgpus WHERE vm IN (VALUES {values})")
     })
+    .await?;
+    Ok(())
+}
+
+/// Moves the VM's cGPUs in state `from` to state `to` (all of them, or those of `index`).
+pub async fn set_cgpu_states(
+    conn: &mut AnyConnection,
+    vm: VmId,
+    index: Option<u32>,
+    from: CgpuState,
+    to: CgpuState,
+) -> Result<u64, Error> {
+    let query = match index {
+        Some(_) => "UPDATE cgpus SET state = $1 WHERE vm = $2 AND state = $3 AND idx = $4",
+        None => "UPDATE cgpus SET state = $1 WHERE vm = $2 AND state = $3",
+    };
+    let mut query = sqlx::query(query).bind(to.as_str()).bind(vm.to_string()).bind(from.as_str());
+    if let Some(index) = index {
+        query = query.bind(i64::from(index));
+    }
+    Ok(query.execute(conn).await?.rows_affected())
+}
+
+/// Releases the VM's cGPUs in `state`; returns their indexes.
+pub async fn delete_cgpus_in_state(
+    conn: &mut AnyConnection,
+    vm: VmId,
+    state: CgpuState,
+) -> Result<Vec<u32>, Error> {
+    let rows = sqlx::query("DELETE FROM cgpus WHERE vm = $1 AND state = $2 RETURNING idx")
+        .bind(vm.to_string())
+        .bind(state.as_str())
+        .fetch_all(conn)
+        .await?;
+    rows.iter().map(|row| Ok(row.try_get::<i64, _>(0)? as u32)).collect()
+}
+
+/// The VM an attach with this Idempotency-Key made, and its request's digest.
+pub async fn attach_by_idempotency_key(
+    conn: &mut AnyConnection,
+    project: &str,
+    key: &str,
+) -> Result<Option<(VmId, String)>, Error> {
+    let row = sqlx::query(
+        "SELECT vm, request_digest FROM attach_keys WHERE project = $1 AND idempotency_key = $2",
+    )
+    .bind(project)
+    .bind(key)
+    .fetch_optional(conn)
+    .await?;
+    row.map(|row| {
+        let vm: String = row.try_get(0)?;
+        Ok((vm.parse().map_err(|_| corrupt("VM id", &vm))?, row.try_get(1)?))
+    })
+    .transpose()
+}
+
+/// Records an attach's Idempotency-Key (a key taken meanwhile fails the transaction).
+pub async fn insert_attach_key(
+    conn: &mut AnyConnection,
+    project: &str,
+    key: &str,
+    vm: VmId,
+    digest: &str,
+    now_ms: i64,
+) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT INTO attach_keys (project, idempotency_key, vm, request_digest, created_ms) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(project)
+    .bind(key)
+    .bind(vm.to_string())
+    .bind(digest)
+    .bind(now_ms)
+    .execute(conn)
     .await?;
     Ok(())
 }
@@ -133,7 +218,8 @@ pub async fn routed_cgpus_on(
         format!(
             "SELECT v.host, v.id, v.fixed_ip, v.tap, c.masked_address, c.masked_port, g.rcuda_address, \
              g.rcuda_port FROM vms v JOIN cgpus c ON c.vm = v.id JOIN gpus g ON g.id = c.gpu \
-             WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 ORDER BY v.host, v.id, c.idx"
+             WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 AND c.state <> 'detaching' \
+             ORDER BY v.host, v.id, {CGPU_ORDER}"
         )
     })
     .await?;

@@ -42,6 +42,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
     (4, "gpu_taints", include_str!("../../../migrations/0004_gpu_taints.sql")),
     (5, "revoked_tokens", include_str!("../../../migrations/0005_revoked_tokens.sql")),
+    (6, "elastic_cgpus", include_str!("../../../migrations/0006_elastic_cgpus.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

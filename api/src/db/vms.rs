@@ -4,7 +4,7 @@ use gpgpums::{HostId, VmId};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use super::cgpus::{cgpu_from_row_at, CGPU_COLUMNS};
+use super::cgpus::{cgpu_from_row_at, CGPU_COLUMNS, CGPU_ORDER};
 use super::{corrupt, fetch_batched, keys, Param, MAX_ROWS};
 use crate::cloud::ServerId;
 use crate::error::Error;
@@ -75,7 +75,7 @@ pub async fn vms_with_cgpus_by_id(
     let rows = fetch_batched(conn, keys(ids.iter().map(String::as_str)), MAX_ROWS, |values| {
         format!(
             "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.id IN (VALUES {values}) \
-             ORDER BY v.id, c.idx"
+             ORDER BY v.id, {CGPU_ORDER}"
         )
     })
     .await?;
@@ -88,7 +88,7 @@ pub async fn vms_with_cgpus(
     conn: &mut AnyConnection,
     project: Option<&str>,
 ) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
-    let order = "ORDER BY v.created_ms DESC, v.id, c.idx";
+    let order = format!("ORDER BY v.created_ms DESC, v.id, {CGPU_ORDER}");
     let rows = match project {
         Some(project) => {
             sqlx::query(&format!(

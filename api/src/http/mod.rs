@@ -4,6 +4,7 @@
 //! logic and retry nothing. Bodies are parsed here (not by axum's `Json`) so that every malformed
 //! request gets a problem document naming the field (`ncgpus: invalid value: integer -1 ...`).
 
+mod elastic;
 pub mod views;
 
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use gpgpums::{GpuId, HostId, VmId};
 use serde::de::DeserializeOwned;
@@ -89,6 +90,8 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/vms", post(launch_vm).get(list_vms))
         .route("/v1/vms/{id}", get(get_vm).delete(terminate_vm))
+        .route("/v1/vms/{id}/cgpus", post(elastic::attach_cgpus))
+        .route("/v1/vms/{id}/cgpus/{index}", delete(elastic::detach_cgpu))
         .route("/v1/pool", get(get_pool))
         .route("/v1/hosts", get(list_hosts))
         .route("/v1/hosts/{name}", put(register_host))
@@ -130,6 +133,18 @@ async fn read_body(State(timeout): State<Duration>, request: Request, next: Next
     }
 }
 
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Error> {
+    headers
+        .get("idempotency-key")
+        .map(|value| {
+            value
+                .to_str()
+                .map(str::to_owned)
+                .map_err(|_| Error::invalid("Idempotency-Key", "must be text"))
+        })
+        .transpose()
+}
+
 fn location(id: &str) -> String {
     format!("/v1/vms/{id}")
 }
@@ -157,15 +172,7 @@ async fn launch_vm(
     headers: HeaderMap,
     Body(request): Body<LaunchRequest>,
 ) -> Result<Response, Error> {
-    let idempotency_key = match headers.get("idempotency-key") {
-        Some(value) => Some(
-            value
-                .to_str()
-                .map_err(|_| Error::invalid("Idempotency-Key", "must be text"))?
-                .to_owned(),
-        ),
-        None => None,
-    };
+    let idempotency_key = idempotency_key(&headers)?;
     let (spec, policy) = request.into_spec();
     let tenant = crate::auth::tenant_token(&headers, &caller, &app);
     let (details, _created) =
@@ -470,10 +477,11 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "GSaaS", description = "GPU scheduling as a service: cGPU-enabled VMs for OpenStack."),
-    paths(launch_vm, list_vms, get_vm, terminate_vm, get_pool, list_hosts, register_host,
+    paths(launch_vm, list_vms, get_vm, terminate_vm, elastic::attach_cgpus, elastic::detach_cgpu,
+        get_pool, list_hosts, register_host,
         renew_agent_token, drain_host,
         undrain_host, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
-    components(schemas(Problem, LaunchRequest, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
+    components(schemas(Problem, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
         PoolHostView, GpuView, HostView, HostList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
         ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
     modifiers(&BearerAuth),

@@ -8,9 +8,10 @@ use gpgpums::{Locality, Mode, Request};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::app::elastic::AttachInput;
 use crate::app::vms::{rcuda_env, VmDetails};
 use crate::cloud::VmRequest;
-use crate::model::{host_state_str, mode_str, HostRecord, LaunchSpec, Timings};
+use crate::model::{host_state_str, mode_str, CgpuState, HostRecord, LaunchSpec, Timings};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -20,6 +21,15 @@ pub enum ModeParam {
     Exclusive,
     /// Each cGPU reserves `gpu_memory_mib` on a GPU others may share.
     Shared,
+}
+
+impl From<ModeParam> for Mode {
+    fn from(mode: ModeParam) -> Mode {
+        match mode {
+            ModeParam::Exclusive => Mode::Exclusive,
+            ModeParam::Shared => Mode::Shared,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -71,10 +81,7 @@ impl LaunchRequest {
         let gpus = Request {
             ncgpus: self.ncgpus,
             gpu_memory_mib: self.gpu_memory_mib,
-            mode: match self.mode {
-                ModeParam::Exclusive => Mode::Exclusive,
-                ModeParam::Shared => Mode::Shared,
-            },
+            mode: self.mode.into(),
             locality: match self.locality {
                 LocalityParam::Any => Locality::Any,
                 LocalityParam::Local => Locality::Local,
@@ -92,11 +99,44 @@ impl LaunchRequest {
     }
 }
 
+/// `POST /v1/vms/{id}/cgpus`: cGPUs to attach to a ready VM. They follow the VM's locality.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    /// Number of cGPUs to add.
+    pub ncgpus: u32,
+    /// Memory per cGPU in MiB; required in shared mode.
+    #[serde(default)]
+    pub gpu_memory_mib: Option<u64>,
+    #[serde(default)]
+    pub mode: ModeParam,
+    /// Never put two of this VM's cGPUs (old or new) on one physical GPU.
+    #[serde(default)]
+    pub distinct_gpus: bool,
+    /// Placement policy; the VM's when absent.
+    #[serde(default)]
+    pub policy: Option<String>,
+}
+
+impl AttachRequest {
+    pub fn into_input(self) -> AttachInput {
+        AttachInput {
+            ncgpus: self.ncgpus,
+            gpu_memory_mib: self.gpu_memory_mib,
+            mode: self.mode.into(),
+            distinct_gpus: self.distinct_gpus,
+            policy: self.policy,
+        }
+    }
+}
+
 /// One cGPU of a VM.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CgpuView {
-    /// `RCUDA_DEVICE_<index>`.
+    /// The cGPU's number for its whole life (it fixes its masked endpoint); detach it by this.
     pub index: u32,
+    /// `live`; `attaching` while its route is installed; `detaching` while it is withdrawn.
+    pub state: CgpuState,
     /// Where the VM reaches this cGPU (`ip:port`).
     pub masked_endpoint: String,
     pub memory_mib: u64,
@@ -189,6 +229,7 @@ impl VmView {
                 .iter()
                 .map(|c| CgpuView {
                     index: c.index,
+                    state: c.state,
                     masked_endpoint: format!("{}:{}", c.masked_address, c.masked_port),
                     memory_mib: c.memory_mib,
                     mode: mode_str(c.mode).into(),

@@ -30,6 +30,8 @@ pub enum Behaviour {
     RefuseTarget(SocketAddrV4),
     /// Claims to hold this generation: every push is "older" (409), and read-back says so.
     ClaimGeneration(u64),
+    /// Holds every push unanswered until the behaviour changes, then answers as it then says.
+    Stall,
 }
 
 #[derive(Debug)]
@@ -37,6 +39,8 @@ struct Shared {
     agent: Agent<MemoryFirewall>,
     behaviour: Mutex<Behaviour>,
     requests: AtomicUsize,
+    /// Pushes received (before any stall).
+    stalled: AtomicUsize,
 }
 
 /// An agent serving on 127.0.0.1 for one host; stops with the test's runtime.
@@ -72,6 +76,7 @@ impl TestAgent {
             agent,
             behaviour: Mutex::new(Behaviour::Honest),
             requests: AtomicUsize::new(0),
+            stalled: AtomicUsize::new(0),
         });
         let verifier =
             Arc::new(TokenVerifier::from_public_pem(gsaasd_public_pem.as_bytes(), host).unwrap());
@@ -100,6 +105,11 @@ impl TestAgent {
         self.shared.requests.load(Ordering::SeqCst)
     }
 
+    /// Route tables pushed to it, counted on arrival (a stalled push counts).
+    pub fn pushes(&self) -> usize {
+        self.shared.stalled.load(Ordering::SeqCst)
+    }
+
     /// The routes of the table it applied: (masked endpoint, rCUDA target).
     pub fn routes(&self) -> Vec<(SocketAddrV4, SocketAddrV4)> {
         let state = self.shared.agent.state();
@@ -108,6 +118,49 @@ impl TestAgent {
             .map(|t| t.routes.iter().map(|r| (r.masked, r.target)).collect())
             .unwrap_or_default()
     }
+}
+
+/// A cloud whose hosts have real agents (over HTTP): compute-rGPU host `crg-a`, and compute-GPU
+/// host `cg-1` with `gpus` GPUs of 4,800 MiB; returns gsaasd and the two agents.
+pub async fn agent_cloud(
+    store: super::Store,
+    gpus: usize,
+) -> (super::TestService, TestAgent, TestAgent) {
+    agent_cloud_with(store, gpus, |_| {}).await
+}
+
+/// [`agent_cloud`], with gsaasd's config changed by `tweak`.
+pub async fn agent_cloud_with(
+    store: super::Store,
+    gpus: usize,
+    tweak: impl FnOnce(&mut gsaasd::config::Config),
+) -> (super::TestService, TestAgent, TestAgent) {
+    let (mut config, dir) = super::test_config(store);
+    tweak(&mut config);
+    config.hosts.backend = gsaasd::config::HostsBackend::Agent;
+    let keys = gsaasd::auth::Keys::load_or_create(&config.signing_key_path()).unwrap();
+    let vm_host = TestAgent::start("crg-a", HostKind::ComputeRgpu, keys.public_pem()).await;
+    let gpu_host = TestAgent::start("cg-1", HostKind::ComputeGpu, keys.public_pem()).await;
+    config.hosts.agent_urls.insert("crg-a".parse().unwrap(), vm_host.url.clone());
+    config.hosts.agent_urls.insert("cg-1".parse().unwrap(), gpu_host.url.clone());
+    let t = super::TestService::start_config(config, dir).await;
+    for (host, kind, agent, n) in
+        [("cg-1", "compute-gpu", &gpu_host, gpus), ("crg-a", "compute-rgpu", &vm_host, 0)]
+    {
+        let token = t.agent_token(host);
+        let report = super::host_report(host, kind, &agent.url, n);
+        let (status, body) = t.report_host(&token, host, &report).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    (t, vm_host, gpu_host)
+}
+
+/// A launch of `ncgpus` shared 1,024 MiB cGPUs, first fit, the VM on a compute-rGPU host.
+pub fn remote_launch(ncgpus: u32) -> serde_json::Value {
+    let mut request = super::shared_launch(ncgpus, 1024);
+    request["locality"] = serde_json::json!("remote");
+    request["policy"] = serde_json::json!("first-fit");
+    request
 }
 
 async fn count(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
@@ -145,9 +198,16 @@ async fn get_routes(State(shared): State<Arc<Shared>>) -> Json<AppliedState> {
 
 async fn put_routes(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     let table: RouteTable = serde_json::from_slice(&body).unwrap();
-    let behaviour = *shared.behaviour.lock().unwrap();
+    shared.stalled.fetch_add(1, Ordering::SeqCst);
+    let behaviour = loop {
+        let behaviour = *shared.behaviour.lock().unwrap();
+        if behaviour != Behaviour::Stall {
+            break behaviour;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
     match behaviour {
-        Behaviour::Honest => {}
+        Behaviour::Honest | Behaviour::Stall => {}
         Behaviour::RefuseTarget(target) => {
             if let Some(i) = table.routes.iter().position(|r| r.target == target) {
                 let entry = format!("routes[{i}].target");

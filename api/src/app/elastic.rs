@@ -1,0 +1,269 @@
+//! cGPUs that come and go on a running VM (the dissertation's progressive attach, 5.2.2).
+//!
+//! A cGPU is one masked endpoint more or less on the VM's host, so nothing in the VM has to move:
+//! - **attach** books the new cGPUs (`attaching`) and writes the VM's step `attach_cgpus` in one
+//!   pool transaction, all or nothing; the saga step pushes the host's table (which serves live
+//!   and attaching cGPUs), then marks them live. If the push fails, the attach turns into a detach
+//!   of the same cGPUs, and the VM's error says why;
+//! - **detach** marks the cGPU `detaching` and writes the step `detach_cgpus` in one transaction;
+//!   the saga step pushes the table without it (the agent cuts open connections), then releases
+//!   the booking in the same transaction that ends the step.
+//!
+//! Every write is conditional on the VM's version, like the launch saga's: one change at a time
+//! per VM (another gets 409), and a termination arriving meanwhile takes over (its undo steps
+//! withdraw and release every cGPU, whatever its state). The step is stored with the VM, so a
+//! crash resumes it; pushing a whole table twice is harmless.
+//!
+//! A cGPU keeps its index, and so its masked port, for its whole life; the rCUDA environment lists
+//! the live ones contiguously, in attach order (`seq`).
+
+use std::sync::Arc;
+
+use gpgpums::{Locality, Mode, Request, VmId};
+
+use super::bookings::{Attachment, VM_CHANGED, VM_CHANGED_CGPUS};
+use super::vms::{check_text, digest, VmDetails, MAX_NAME};
+use super::App;
+use crate::auth::Caller;
+use crate::db::{self, now_ms, Claim, VmWrite, Written};
+use crate::error::Error;
+use crate::metrics::inc;
+use crate::model::{CgpuState, SagaStep, VmRecord, VmState};
+
+/// An attach request, validated by the HTTP layer for shape.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AttachInput {
+    pub ncgpus: u32,
+    pub gpu_memory_mib: Option<u64>,
+    pub mode: Mode,
+    pub distinct_gpus: bool,
+    pub policy: Option<String>,
+}
+
+/// Why the VM cannot take an attach or detach now, if it cannot.
+fn check_changeable(vm: &VmRecord) -> Result<(), Error> {
+    match vm.state {
+        VmState::Ready if vm.step == SagaStep::Done => Ok(()),
+        VmState::Ready => Err(Error::Conflict(format!(
+            "the VM's cGPUs are being changed ({}): wait until it settles, then retry",
+            vm.step.as_str()
+        ))),
+        VmState::Deleting | VmState::Deleted => Err(Error::Conflict(format!(
+            "the VM is {}: its cGPUs cannot change",
+            vm.state.as_str()
+        ))),
+        state => Err(Error::Conflict(format!(
+            "the VM is {}: cGPUs are attached and detached on ready VMs only",
+            state.as_str()
+        ))),
+    }
+}
+
+impl App {
+    fn claim_now(&self) -> Claim {
+        let now = now_ms();
+        Claim { owner: self.instance.clone(), now_ms: now, until_ms: now + self.lease_ms() }
+    }
+
+    /// Attaches cGPUs to a ready VM: see the module docs. Returns the VM as written (its new
+    /// cGPUs `attaching`), or as it is for a retry with the same Idempotency-Key.
+    pub async fn attach(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: VmId,
+        input: AttachInput,
+        idempotency_key: Option<String>,
+    ) -> Result<VmDetails, Error> {
+        let details = self.visible_vm(caller, id).await?;
+        let request_digest =
+            digest(serde_json::to_string(&(id, &input)).expect("request serializes").as_bytes());
+        if let Some(key) = &idempotency_key {
+            check_text("Idempotency-Key", key, MAX_NAME)?;
+            let mut conn = self.db.conn().await?;
+            let earlier =
+                db::attach_by_idempotency_key(&mut conn, &details.vm.project, key).await?;
+            drop(conn);
+            if let Some((earlier_vm, earlier_digest)) = earlier {
+                if earlier_vm != id || earlier_digest != request_digest {
+                    return Err(Error::invalid(
+                        "Idempotency-Key",
+                        "was already used for a different attach request",
+                    ));
+                }
+                return self.visible_vm(caller, id).await;
+            }
+        }
+        let refused = |e: Error| {
+            inc(&self.metrics.elastic.attaches_refused);
+            e
+        };
+        check_changeable(&details.vm).map_err(refused)?;
+        let VmDetails { vm, cgpus } = details;
+        let request = Request {
+            ncgpus: input.ncgpus,
+            gpu_memory_mib: input.gpu_memory_mib,
+            mode: input.mode,
+            locality: vm.spec.gpus.locality,
+            distinct_gpus: input.distinct_gpus,
+        };
+        let on_host = match vm.spec.gpus.locality {
+            Locality::Local => Some(vm.host.clone().ok_or_else(|| {
+                Error::internal(format!("ready local VM {id} has no host recorded"))
+            })?),
+            Locality::Any | Locality::Remote => None,
+        };
+        let mut next = vm.clone();
+        next.step = SagaStep::AttachCgpus;
+        next.error = None;
+        next.updated_ms = now_ms();
+        let attachment = Attachment {
+            vm: next,
+            claim: self.claim_now(),
+            request,
+            policy: input.policy.clone().unwrap_or_else(|| vm.policy.clone()),
+            on_host,
+            seq: cgpus.iter().map(|c| c.seq).max().map_or(1, |seq| seq + 1),
+            idempotency_key: idempotency_key.clone(),
+            request_digest: request_digest.clone(),
+        };
+        let (written, added, claimed) = match self.book_attachment(attachment).await {
+            Ok(booked) => booked,
+            Err(Error::Conflict(_)) if idempotency_key.is_some() => {
+                // A concurrent retry with the same key may have won the race.
+                let mut conn = self.db.conn().await?;
+                let key = idempotency_key.as_deref().unwrap_or_default();
+                let earlier = db::attach_by_idempotency_key(&mut conn, &vm.project, key).await?;
+                drop(conn);
+                return match earlier {
+                    Some((earlier_vm, digest)) if earlier_vm == id && digest == request_digest => {
+                        self.visible_vm(caller, id).await
+                    }
+                    _ => Err(refused(Error::Conflict(VM_CHANGED_CGPUS.into()))),
+                };
+            }
+            Err(e) => return Err(refused(e)),
+        };
+        inc(&self.metrics.elastic.attaches_accepted);
+        self.watchers.changed(&written);
+        let mut all = cgpus;
+        all.extend(added);
+        let details = VmDetails { vm: written, cgpus: all };
+        self.spawn_saga_from(id, claimed.then(|| details.clone()));
+        Ok(details)
+    }
+
+    /// Detaches the VM's cGPU `index`: see the module docs. Returns the VM as written (the cGPU
+    /// `detaching`); a cGPU already detaching is answered as it is.
+    pub async fn detach(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: VmId,
+        index: u32,
+    ) -> Result<VmDetails, Error> {
+        let mut details = self.visible_vm(caller, id).await?;
+        let refused = |e: Error| {
+            inc(&self.metrics.elastic.detaches_refused);
+            e
+        };
+        let Some(at) = details.cgpus.iter().position(|c| c.index == index) else {
+            return Err(refused(Error::NotFound { kind: "cGPU", id: index.to_string() }));
+        };
+        if details.cgpus[at].state == CgpuState::Detaching {
+            return Ok(details);
+        }
+        check_changeable(&details.vm).map_err(refused)?;
+        let mut write = [VmWrite {
+            vm: VmRecord {
+                step: SagaStep::DetachCgpus,
+                error: None,
+                updated_ms: now_ms(),
+                ..details.vm.clone()
+            },
+            claim: Some(self.claim_now()),
+        }];
+        let mut tx = self.db.begin().await?;
+        let written = db::update_vms(&mut tx, &mut write).await?;
+        let Some(&Written::Done { claimed }) = written.first() else {
+            return Err(refused(Error::Conflict(VM_CHANGED_CGPUS.into())));
+        };
+        let moved =
+            db::set_cgpu_states(&mut tx, id, Some(index), CgpuState::Live, CgpuState::Detaching)
+                .await?;
+        if moved != 1 {
+            return Err(Error::internal(format!(
+                "VM {id}: cGPU {index} was not live when its VM's version said so"
+            )));
+        }
+        tx.commit().await?;
+        inc(&self.metrics.elastic.detaches_accepted);
+        let [VmWrite { vm, .. }] = write;
+        self.watchers.changed(&vm);
+        details.vm = vm;
+        details.cgpus[at].state = CgpuState::Detaching;
+        self.spawn_saga_from(id, claimed.then(|| details.clone()));
+        Ok(details)
+    }
+
+    /// The saga's attach step: the host's table with the new cGPUs, then they go live. A failed
+    /// push turns the attach into a detach of the new cGPUs (the outer error: storage failed, to
+    /// be retried). Returns false when the VM changed meanwhile (reload and decide again).
+    pub(super) async fn attach_step(&self, vm: &mut VmRecord) -> Result<bool, Error> {
+        let host = vm.host.clone().ok_or_else(|| Error::internal("a ready VM without a host"))?;
+        let pushed = self.push_routes(&host).await;
+        let mut next = vm.clone();
+        let (from, to) = match &pushed {
+            Ok(()) => {
+                next.step = SagaStep::Done;
+                (CgpuState::Attaching, CgpuState::Live)
+            }
+            Err(e) => {
+                tracing::warn!(vm = %vm.id, error = %crate::error::ErrorChain(e), "attach failed; detaching");
+                next.step = SagaStep::DetachCgpus;
+                let reason = self.tenant_message(&e.to_string()).await;
+                next.error =
+                    Some(format!("attaching cGPUs failed, so they are detached: {reason}"));
+                (CgpuState::Attaching, CgpuState::Detaching)
+            }
+        };
+        next.updated_ms = now_ms();
+        let mut write = [VmWrite { vm: next, claim: None }];
+        let mut tx = self.db.begin().await?;
+        if db::update_vms(&mut tx, &mut write).await?.first() == Some(&Written::Stale) {
+            return Ok(false);
+        }
+        db::set_cgpu_states(&mut tx, vm.id, None, from, to).await?;
+        tx.commit().await?;
+        let [VmWrite { vm: written, .. }] = write;
+        let elapsed = (written.updated_ms - vm.updated_ms).max(0) as f64 / 1000.0;
+        match pushed {
+            Ok(()) => {
+                inc(&self.metrics.elastic.attaches_done);
+                self.metrics.elastic.attach_seconds.observe(elapsed);
+            }
+            Err(_) => inc(&self.metrics.elastic.attaches_failed),
+        }
+        *vm = written;
+        self.watchers.changed(vm);
+        Ok(true)
+    }
+
+    /// The saga's detach step: the host's table without the `detaching` cGPUs (the agent cuts
+    /// their connections), then their bookings go with the step's end. Returns false when the VM
+    /// changed meanwhile.
+    pub(super) async fn detach_step(&self, vm: &mut VmRecord) -> Result<bool, Error> {
+        let host = vm.host.clone().ok_or_else(|| Error::internal("a ready VM without a host"))?;
+        self.push_routes(&host).await?;
+        let ended = VmRecord { step: SagaStep::Done, updated_ms: now_ms(), ..vm.clone() };
+        let ended = match self.release_detached(ended).await {
+            Ok(ended) => ended,
+            Err(Error::Conflict(reason)) if reason == VM_CHANGED => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        inc(&self.metrics.elastic.detaches_done);
+        let elapsed = (ended.updated_ms - vm.updated_ms).max(0) as f64 / 1000.0;
+        self.metrics.elastic.detach_seconds.observe(elapsed);
+        *vm = ended;
+        self.watchers.changed(vm);
+        Ok(true)
+    }
+}
