@@ -75,6 +75,7 @@ impl InProcessAgents {
             masked_range: self.masked_range,
             gpu_interface: "gpu0".into(),
             local_rcuda: vec![],
+            metadata_listener: None,
         };
         let facts = HostFacts {
             host: host.name.clone(),

@@ -21,10 +21,8 @@
 //! parses the archive as a `str` and would mangle 8-bit bodies.
 
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
 
 use base64::Engine as _;
-use serde::{Deserialize, Serialize};
 
 /// rCUDA's daemon port when none is configured.
 pub const RCUDA_DEFAULT_PORT: u16 = 8308;
@@ -47,43 +45,66 @@ pub const ENVIRONMENT_PATH: &str = "/etc/environment";
 /// cloud-init's merge rule that appends lists (`write_files`, `runcmd`) rather than replacing them.
 pub const MERGE_TYPE: &str = "list(append)+dict(no_replace,recurse_list)+str()";
 
-/// One cGPU as the VM reaches it: a masked address and port, and the GPU's number there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RcudaDevice {
-    pub address: Ipv4Addr,
-    pub port: u16,
-    pub gpu_number: u32,
+pub use rodvr_agent::protocol::{RcudaDevice, RcudaEnv};
+
+/// The command that prints the VM's rCUDA environment as `export` lines: live from the host's
+/// agent when it answers, else the values written at boot.
+pub const GSAAS_ENV_PATH: &str = "/usr/local/bin/gsaas-env";
+
+/// What GSaaS's cloud-config sets up in a VM: its rCUDA environment at boot, and where the VM
+/// reads it live (the masked metadata endpoint its host's agent answers at), when configured.
+#[derive(Debug, Clone, Copy)]
+pub struct BootEnv<'a> {
+    pub env: &'a RcudaEnv,
+    pub metadata: Option<std::net::SocketAddrV4>,
 }
 
-/// The rCUDA client environment of one VM.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RcudaEnv {
-    pub devices: Vec<RcudaDevice>,
-}
-
-impl RcudaEnv {
-    /// `RCUDA_DEVICE_COUNT`, then `RCUDA_DEVICE_<j>` for each device from 0.
-    pub fn variables(&self) -> Vec<(String, String)> {
-        let count = ("RCUDA_DEVICE_COUNT".to_owned(), self.devices.len().to_string());
-        let devices = self.devices.iter().enumerate().map(|(j, d)| {
-            (format!("RCUDA_DEVICE_{j}"), format!("{}@{}:{}", d.address, d.port, d.gpu_number))
-        });
-        std::iter::once(count).chain(devices).collect()
-    }
-
+impl BootEnv<'_> {
     /// The content of [`ENV_FILE_PATH`]. The values never need quoting (addresses and numbers), so
     /// the same lines are valid shell assignments and valid `/etc/environment` entries.
     pub fn env_file(&self) -> String {
         let mut lines = String::new();
-        for (name, value) in self.variables() {
+        for (name, value) in self.env.variables() {
             let _ = writeln!(lines, "{name}={value}");
         }
         lines
     }
 
-    /// The content of [`PROFILE_PATH`]: exports everything [`ENV_FILE_PATH`] sets.
+    /// The content of [`PROFILE_PATH`]: exports what [`GSAAS_ENV_PATH`] prints, or what
+    /// [`ENV_FILE_PATH`] sets when that command is gone.
     pub fn profile_script() -> String {
-        format!("# rCUDA client environment, set by GSaaS.\nset -a\n. {ENV_FILE_PATH}\nset +a\n")
+        format!(
+            "# rCUDA client environment, set by GSaaS: live from the host (cGPUs come and go), \
+             else as at boot.\n\
+             if [ -x {GSAAS_ENV_PATH} ]; then eval \"$({GSAAS_ENV_PATH} 2>/dev/null)\"; \
+             else set -a; . {ENV_FILE_PATH}; set +a; fi\n"
+        )
+    }
+
+    /// The content of [`GSAAS_ENV_PATH`]. What the agent answers is checked line by line (only
+    /// `export RCUDA_...=` with an address or number) before a shell evaluates it.
+    pub fn gsaas_env_script(&self) -> String {
+        let live = match self.metadata {
+            Some(endpoint) => format!(
+                "url=http://{endpoint}/rcuda.env\n\
+                 live=$( (curl -fsS --connect-timeout 1 --max-time 2 \"$url\" || \
+                 wget -q -T 2 -O - \"$url\") 2>/dev/null)\n\
+                 if [ -n \"$live\" ] \\\n\
+                 \x20 && ! printf '%s\\n' \"$live\" | grep -Evq '^export RCUDA_[A-Z0-9_]+=[0-9.@:]+$' \\\n\
+                 \x20 && printf '%s\\n' \"$live\" | grep -q '^export RCUDA_DEVICE_COUNT=[0-9]'; then\n\
+                 \x20 printf '%s\\n' \"$live\"\n\
+                 \x20 exit 0\n\
+                 fi\n\
+                 echo \"gsaas-env: the host did not answer; these are the values at boot\" >&2\n"
+            ),
+            None => String::new(),
+        };
+        format!(
+            "#!/bin/sh\n\
+             # Prints this VM's rCUDA environment as export lines (GSaaS): eval \"$(gsaas-env)\".\n\
+             {live}\
+             sed -n 's/^\\(RCUDA_[A-Z0-9_]*=[0-9.@:]*\\)$/export \\1/p' {ENV_FILE_PATH}\n"
+        )
     }
 
     /// The boot command that appends [`ENV_FILE_PATH`] to [`ENVIRONMENT_PATH`] (after a newline, in
@@ -101,6 +122,12 @@ impl RcudaEnv {
                     "owner": "root:root",
                     "permissions": "0644",
                     "content": self.env_file(),
+                },
+                {
+                    "path": GSAAS_ENV_PATH,
+                    "owner": "root:root",
+                    "permissions": "0755",
+                    "content": self.gsaas_env_script(),
                 },
                 {
                     "path": PROFILE_PATH,
@@ -215,8 +242,8 @@ fn base64_lines(data: &[u8]) -> String {
 }
 
 /// The complete user_data of a VM: the rCUDA environment, then the user's own, if any.
-pub fn user_data(env: &RcudaEnv, user: Option<&[u8]>) -> Result<Vec<u8>, UserDataError> {
-    let mut parts = vec![Part::new(CLOUD_CONFIG, "gsaas-rcuda.cfg", &env.cloud_config(), true)];
+pub fn user_data(boot: &BootEnv<'_>, user: Option<&[u8]>) -> Result<Vec<u8>, UserDataError> {
+    let mut parts = vec![Part::new(CLOUD_CONFIG, "gsaas-rcuda.cfg", &boot.cloud_config(), true)];
     if let Some(user) = user.filter(|u| !u.trim_ascii().is_empty()) {
         user_parts(user, &mut parts)?;
     }

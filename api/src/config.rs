@@ -173,6 +173,16 @@ pub struct MaskingConfig {
     pub address: Ipv4Addr,
     /// cGPU `j` of a VM is at `address:base_port + j`.
     pub base_port: u16,
+    /// Each VM reads its live rCUDA environment at `address:metadata_port` (served by its host's
+    /// agent, when the agent has `metadata_listen`); none: VMs keep the values of their boot.
+    pub metadata_port: Option<u16>,
+}
+
+impl MaskingConfig {
+    /// The masked endpoint where VMs read their live rCUDA environment.
+    pub fn metadata_endpoint(&self) -> Option<SocketAddrV4> {
+        self.metadata_port.map(|port| SocketAddrV4::new(self.address, port))
+    }
 }
 
 impl Default for MaskingConfig {
@@ -181,6 +191,7 @@ impl Default for MaskingConfig {
             range: Ipv4Cidr::new(Ipv4Addr::new(100, 127, 0, 0), 16).expect("a valid prefix"),
             address: Ipv4Addr::new(100, 127, 0, 1),
             base_port: 8308,
+            metadata_port: Some(80),
         }
     }
 }
@@ -444,6 +455,16 @@ impl Config {
                 self.masking.base_port,
                 gpgpums::MAX_CGPUS_PER_VM
             ));
+        }
+        if let Some(port) = self.masking.metadata_port {
+            if port == 0
+                || (u32::from(self.masking.base_port)..last_port).contains(&u32::from(port))
+            {
+                return Err(format!(
+                    "masking.metadata_port: {port} must be a port outside the cGPUs' {}..{last_port}",
+                    self.masking.base_port
+                ));
+            }
         }
         if !self.masking.range.contains(self.masking.address) {
             return Err(format!(

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
 use gsaasd::cloudinit::{
-    base64_len, user_data, RcudaDevice, RcudaEnv, UserDataError, MERGE_TYPE,
+    base64_len, user_data, BootEnv, RcudaDevice, RcudaEnv, UserDataError, MERGE_TYPE,
     NOVA_USER_DATA_MAX_BASE64, RCUDA_DEFAULT_PORT,
 };
 use serde::Deserialize;
@@ -125,8 +125,14 @@ fn two_devices() -> RcudaEnv {
     }
 }
 
-const PROFILE: &str =
-    "# rCUDA client environment, set by GSaaS.\nset -a\n. /etc/rcuda.env\nset +a\n";
+/// Without a metadata endpoint: what cloud-init writes is the boot-time environment alone.
+fn boot(env: &RcudaEnv) -> BootEnv<'_> {
+    BootEnv { env, metadata: None }
+}
+
+const PROFILE: &str = "# rCUDA client environment, set by GSaaS: live from the host (cGPUs come \
+    and go), else as at boot.\nif [ -x /usr/local/bin/gsaas-env ]; then eval \
+    \"$(/usr/local/bin/gsaas-env 2>/dev/null)\"; else set -a; . /etc/rcuda.env; set +a; fi\n";
 
 const ENV_FILE: &str = "RCUDA_DEVICE_COUNT=2\n\
     RCUDA_DEVICE_0=192.168.100.1@8308:0\n\
@@ -141,6 +147,12 @@ fn assert_rcuda_part(part: &ParsedPart) {
     let expected = serde_json::json!({
         "write_files": [
             { "path": "/etc/rcuda.env", "owner": "root:root", "permissions": "0644", "content": ENV_FILE },
+            {
+                "path": "/usr/local/bin/gsaas-env",
+                "owner": "root:root",
+                "permissions": "0755",
+                "content": boot(&two_devices()).gsaas_env_script(),
+            },
             {
                 "path": "/etc/profile.d/rcuda.sh",
                 "owner": "root:root",
@@ -167,14 +179,14 @@ fn variables_name_each_device_with_its_masked_address() {
         ])
     );
     assert_eq!(RcudaEnv::default().variables(), pairs(&[("RCUDA_DEVICE_COUNT", "0")]));
-    assert_eq!(RcudaEnv::profile_script(), PROFILE);
-    assert_eq!(two_devices().env_file(), ENV_FILE);
+    assert_eq!(BootEnv::profile_script(), PROFILE);
+    assert_eq!(boot(&two_devices()).env_file(), ENV_FILE);
 }
 
 #[test]
 fn without_user_data_the_archive_is_the_rcuda_cloud_config() {
     for user in [None, Some(&b""[..]), Some(&b" \n\t\n"[..])] {
-        let archive = user_data(&two_devices(), user).unwrap();
+        let archive = user_data(&boot(&two_devices()), user).unwrap();
         assert!(archive.starts_with(b"Content-Type: multipart/mixed; boundary="));
         let parsed = parse(&archive);
         assert_eq!(parsed.parts.len(), 1);
@@ -183,48 +195,102 @@ fn without_user_data_the_archive_is_the_rcuda_cloud_config() {
     }
 }
 
+/// A one-shot HTTP server on 127.0.0.1 answering every request with `body`; its address.
+fn serve_once(body: &'static str) -> std::net::SocketAddrV4 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let std::net::SocketAddr::V4(addr) = listener.local_addr().unwrap() else { unreachable!() };
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(4) {
+            let mut stream = stream.unwrap();
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    addr
+}
+
+/// Runs the profile script in a login-like shell and prints what a child process sees.
+fn login_sees(profile: &std::path::Path) -> String {
+    let output = Command::new("sh")
+        .args(["-c", r#". "$1" && sh -c 'printf "%s|%s|%s\n" "$RCUDA_DEVICE_COUNT" "$RCUDA_DEVICE_0" "$RCUDA_DEVICE_1"'"#])
+        .arg("sh")
+        .arg(profile)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
 #[test]
-fn the_profile_script_exports_the_variables_and_the_boot_command_fills_etc_environment() {
+fn the_profile_script_exports_the_live_or_the_boot_variables_and_boot_fills_etc_environment() {
     let dir = std::env::temp_dir().join(format!("gsaas-rcuda-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (env_file, profile, environment) =
-        (dir.join("rcuda.env"), dir.join("rcuda.sh"), dir.join("environment"));
-    std::fs::write(&env_file, two_devices().env_file()).unwrap();
+    let (env_file, profile, environment, command) = (
+        dir.join("rcuda.env"),
+        dir.join("rcuda.sh"),
+        dir.join("environment"),
+        dir.join("gsaas-env"),
+    );
+    let env = two_devices();
+    std::fs::write(&env_file, boot(&env).env_file()).unwrap();
     let relocate = |text: String| {
         text.replace("/etc/rcuda.env", env_file.to_str().unwrap())
             .replace("/etc/environment", environment.to_str().unwrap())
+            .replace("/usr/local/bin/gsaas-env", command.to_str().unwrap())
     };
-    std::fs::write(&profile, relocate(RcudaEnv::profile_script())).unwrap();
+    std::fs::write(&profile, relocate(BootEnv::profile_script())).unwrap();
     std::fs::write(&environment, "PATH=\"/usr/bin\"").unwrap();
-    let boot = Command::new("sh")
+    let boot_command = Command::new("sh")
         .arg("-c")
-        .arg(relocate(RcudaEnv::environment_command()))
+        .arg(relocate(BootEnv::environment_command()))
         .status()
         .unwrap();
-    assert!(boot.success());
+    assert!(boot_command.success());
     assert_eq!(
         std::fs::read_to_string(&environment).unwrap(),
         format!("PATH=\"/usr/bin\"\n{ENV_FILE}")
     );
-    // Exported, so child processes of the login shell see them too.
-    let output = Command::new("sh")
-        .args(["-c", r#". "$1" && sh -c 'printf "%s|%s|%s\n" "$RCUDA_DEVICE_COUNT" "$RCUDA_DEVICE_0" "$RCUDA_DEVICE_1"'"#])
-        .arg("sh")
-        .arg(&profile)
-        .output()
-        .unwrap();
+    let install = |metadata| {
+        let script = BootEnv { env: &env, metadata }.gsaas_env_script();
+        std::fs::write(&command, relocate(script)).unwrap();
+        let status = Command::new("chmod").arg("0755").arg(&command).status().unwrap();
+        assert!(status.success());
+    };
+    let boot_values = "2|192.168.100.1@8308:0|192.168.100.2@9000:3\n";
+
+    // Without the command, and without a metadata endpoint: the boot values, exported.
+    assert_eq!(login_sees(&profile), boot_values);
+    install(None);
+    assert_eq!(login_sees(&profile), boot_values);
+    // The host answers: its live values (a cGPU was detached since boot).
+    install(Some(serve_once(
+        "export RCUDA_DEVICE_COUNT=1\nexport RCUDA_DEVICE_0=100.127.0.1@8309:0\n",
+    )));
+    assert_eq!(login_sees(&profile), "1|100.127.0.1@8309:0|\n");
+    // An answer that is not only rCUDA variables is not evaluated.
+    install(Some(serve_once("export RCUDA_DEVICE_COUNT=1\ntouch /tmp/owned\n")));
+    assert_eq!(login_sees(&profile), boot_values);
+    // Nobody answers (a closed port): the boot values.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let std::net::SocketAddr::V4(closed_addr) = closed.local_addr().unwrap() else {
+        unreachable!()
+    };
+    drop(closed);
+    install(Some(closed_addr));
+    assert_eq!(login_sees(&profile), boot_values);
     std::fs::remove_dir_all(&dir).unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert_eq!(
-        String::from_utf8(output.stdout).unwrap(),
-        "2|192.168.100.1@8308:0|192.168.100.2@9000:3\n"
-    );
 }
 
 #[test]
 fn a_user_cloud_config_follows_ours_and_merges_by_appending() {
     let user = "#cloud-config\nwrite_files:\n  - path: /etc/motd\n    content: hello\n";
-    let parsed = parse(&user_data(&two_devices(), Some(user.as_bytes())).unwrap());
+    let parsed = parse(&user_data(&boot(&two_devices()), Some(user.as_bytes())).unwrap());
     assert_eq!(parsed.parts.len(), 2);
     assert_rcuda_part(&parsed.parts[0]);
     let part = &parsed.parts[1];
@@ -236,7 +302,7 @@ fn a_user_cloud_config_follows_ours_and_merges_by_appending() {
 #[test]
 fn a_user_shell_script_is_carried_exactly_even_when_not_ascii() {
     for script in ["#!/bin/sh\necho hello", "#!/bin/bash\necho 'héllo ✓' > /tmp/x\n"] {
-        let parsed = parse(&user_data(&two_devices(), Some(script.as_bytes())).unwrap());
+        let parsed = parse(&user_data(&boot(&two_devices()), Some(script.as_bytes())).unwrap());
         assert_eq!(parsed.parts.len(), 2);
         let part = &parsed.parts[1];
         assert_eq!(part.content_type, "text/x-shellscript");
@@ -261,7 +327,7 @@ fn other_cloud_init_types_are_labelled_by_how_they_start() {
         ("\n  #Cloud-Config\nruncmd: [ls]\n", "text/cloud-config", true),
     ];
     for (user, content_type, merges) in cases {
-        let parsed = parse(&user_data(&two_devices(), Some(user.as_bytes())).unwrap());
+        let parsed = parse(&user_data(&boot(&two_devices()), Some(user.as_bytes())).unwrap());
         let part = &parsed.parts[1];
         assert_eq!(part.content_type, content_type, "{user:?}");
         assert_eq!(part.payload, user);
@@ -278,7 +344,7 @@ fn a_user_mime_archive_made_by_make_mime_has_its_parts_carried_over() {
         ["cloud-boothook", "#cloud-boothook\necho boot\n"],
     ]);
     let user = python(MAKE_MIME, contents.to_string().as_bytes());
-    let parsed = parse(&user_data(&two_devices(), Some(&user)).unwrap());
+    let parsed = parse(&user_data(&boot(&two_devices()), Some(&user)).unwrap());
     assert_eq!(parsed.parts.len(), 5);
     assert_rcuda_part(&parsed.parts[0]);
     let carried: Vec<(&str, &str, usize)> = parsed.parts[1..]
@@ -322,7 +388,7 @@ fn a_hand_written_archive_with_nesting_and_crlf_is_carried_over() {
         --inner--\r\n\
         --outer--\r\n\
         epilogue\r\n";
-    let parsed = parse(&user_data(&two_devices(), Some(user.as_bytes())).unwrap());
+    let parsed = parse(&user_data(&boot(&two_devices()), Some(user.as_bytes())).unwrap());
     assert_eq!(parsed.parts.len(), 3);
     let config = &parsed.parts[1];
     assert_eq!(config.content_type, "text/cloud-config");
@@ -337,7 +403,7 @@ fn a_hand_written_archive_with_nesting_and_crlf_is_carried_over() {
 #[test]
 fn the_boundary_occurs_nowhere_in_the_parts() {
     let user = "#!/bin/sh\n--==gsaas-rcuda-0==\n--==gsaas-rcuda-1==--\necho ==gsaas-rcuda-3==\n";
-    let archive = user_data(&two_devices(), Some(user.as_bytes())).unwrap();
+    let archive = user_data(&boot(&two_devices()), Some(user.as_bytes())).unwrap();
     let parsed = parse(&archive);
     let boundary = parsed.boundary.clone().unwrap();
     assert_eq!(boundary, "==gsaas-rcuda-2==");
@@ -352,7 +418,7 @@ fn the_boundary_occurs_nowhere_in_the_parts() {
 #[test]
 fn user_data_that_cannot_be_combined_is_refused_with_the_reason() {
     let env = two_devices();
-    let refuse = |user: &[u8]| user_data(&env, Some(user)).unwrap_err();
+    let refuse = |user: &[u8]| user_data(&boot(&env), Some(user)).unwrap_err();
 
     assert_eq!(refuse(&[0x1f, 0x8b, 0x08, 0x00, 0x00]), UserDataError::Compressed);
     assert_eq!(refuse(b"#!/bin/sh\n\xff\xfe"), UserDataError::NotUtf8 { offset: 10 });
@@ -392,7 +458,7 @@ fn a_thousand_cgpus_fit_in_novas_user_data_limit() {
             })
             .collect(),
     };
-    let archive = user_data(&env, None).unwrap();
+    let archive = user_data(&boot(&env), None).unwrap();
     assert!(
         base64_len(archive.len()) <= NOVA_USER_DATA_MAX_BASE64,
         "{} bytes",

@@ -20,6 +20,7 @@ fn params() -> TableParams {
         masked_range: "100.127.0.0/16".parse().unwrap(),
         gpu_interface: "gpu0".into(),
         local_rcuda: vec![],
+        metadata_listener: None,
     }
 }
 

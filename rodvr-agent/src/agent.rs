@@ -10,10 +10,11 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::firewall::{Dataplane, Firewall, FirewallError};
+use crate::metadata::EnvError;
 use crate::metrics::{inc, AgentMetrics};
 use crate::protocol::{
     AppliedState, ApplyOutcome, ApplyStatus, GpuReport, Health, HostKind, HostReport, InvalidEntry,
-    RouteTable,
+    RcudaEnv, RouteTable,
 };
 use crate::render::route_map;
 use crate::state::{Admission, GenerationConflict, Ledger, StateFileError};
@@ -92,7 +93,7 @@ impl<F: Firewall> Agent<F> {
         if admission == Admission::Unchanged && inner.applied_generation == Some(table.generation) {
             return Ok(status);
         }
-        let routes = route_map(&table.routes);
+        let routes = inner.route_map(Some(&table));
         if admission == Admission::New {
             inner.ledger.persist(table).map_err(AgentError::Persist)?;
         }
@@ -103,7 +104,7 @@ impl<F: Firewall> Agent<F> {
     /// Rebuilds the whole table from the ledger (agent start, retries after a failed apply).
     pub fn reapply(&self) -> Result<(), AgentError> {
         let mut inner = self.lock();
-        let routes = route_map(inner.ledger.current().map_or(&[][..], |t| &t.routes));
+        let routes = inner.route_map(inner.ledger.current());
         inner.apply(routes, true, &self.metrics)
     }
 
@@ -149,6 +150,17 @@ impl<F: Firewall> Agent<F> {
         self.metrics.render(routes, generation)
     }
 
+    /// The rCUDA environment of the VM at `ip`, per the table in force (see [`crate::metadata`]).
+    pub fn environment(&self, ip: std::net::Ipv4Addr) -> Result<RcudaEnv, EnvError> {
+        let inner = self.lock();
+        match inner.ledger.current() {
+            Some(table) if inner.applied_generation == Some(table.generation) => {
+                crate::metadata::environment_of(table, ip)
+            }
+            _ => Err(EnvError::NotApplied),
+        }
+    }
+
     /// Runs `f` on the firewall (e.g. to inspect the in-memory one).
     pub fn with_firewall<R>(&self, f: impl FnOnce(&mut F) -> R) -> R {
         f(self.lock().dataplane.firewall_mut())
@@ -156,6 +168,14 @@ impl<F: Firewall> Agent<F> {
 }
 
 impl<F: Firewall> Inner<F> {
+    /// The map elements of `table`, with its VMs' metadata routes when both it and this agent
+    /// name a metadata endpoint.
+    fn route_map(&self, table: Option<&RouteTable>) -> crate::render::RouteMap {
+        let Some(table) = table else { return Default::default() };
+        let metadata = table.metadata.zip(self.dataplane.params().metadata_listener);
+        route_map(&table.routes, metadata)
+    }
+
     fn apply(
         &mut self,
         routes: crate::render::RouteMap,

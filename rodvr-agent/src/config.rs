@@ -61,6 +61,11 @@ pub struct Config {
     /// The agent's certificate and key: its API is served over TLS (https://).
     #[serde(default)]
     pub tls: Option<TlsFiles>,
+    /// Where the agent serves each VM its live rCUDA environment (`GET /rcuda.env`,
+    /// `/rcuda.json`): a host address VMs reach only through their route from the masked
+    /// metadata endpoint gsaasd names. None: no live environment (VMs keep their boot values).
+    #[serde(default)]
+    pub metadata_listen: Option<std::net::SocketAddrV4>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -178,6 +183,20 @@ impl Config {
             }
         }
         config.http.check().map_err(invalid)?;
+        if let Some(listen) = config.metadata_listen {
+            let ip = *listen.ip();
+            if listen.port() == 0
+                || ip.is_unspecified()
+                || ip.is_broadcast()
+                || ip.is_multicast()
+                || config.masked_range.contains(ip)
+            {
+                return Err(invalid(format!(
+                    "metadata_listen {listen} must be one unicast host address, outside the \
+                     masked range, with a port"
+                )));
+            }
+        }
         if !config.gpus.is_empty() && config.rcuda.is_none() {
             return Err(invalid(
                 "gpus are listed but [rcuda] (their server address) is not".into(),

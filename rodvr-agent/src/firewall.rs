@@ -403,6 +403,7 @@ mod tests {
             masked_range: "100.127.0.0/16".parse().unwrap(),
             gpu_interface: "gpu0".into(),
             local_rcuda: vec![],
+            metadata_listener: None,
         }
     }
 

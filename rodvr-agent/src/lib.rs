@@ -16,6 +16,7 @@ pub mod discovery;
 pub mod files;
 pub mod firewall;
 pub mod httpd;
+pub mod metadata;
 pub mod metrics;
 pub mod protocol;
 pub mod render;

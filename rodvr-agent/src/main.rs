@@ -89,6 +89,7 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         masked_range: config.masked_range,
         gpu_interface: config.gpu_interface.clone(),
         local_rcuda: gpus.iter().map(|g| g.rcuda.socket_addr()).collect(),
+        metadata_listener: config.metadata_listen,
     };
     let ledger = Ledger::load(&config.state_file)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -114,6 +115,19 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         agent.clone(),
         Duration::from_secs(config.retry_interval_secs),
     ));
+    if let Some(addr) = config.metadata_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr: addr.into(), source })?;
+        let app = rodvr_agent::metadata::router(agent.clone());
+        let limits = config.http;
+        tokio::spawn(async move {
+            if let Err(e) = httpd::serve(listener, app, limits, None, shutdown_signal()).await {
+                log_error("the metadata server stopped", &e);
+            }
+        });
+        println!("rodvr-agent serving VMs' rCUDA environments on {addr}");
+    }
     let tls = config.tls.as_ref().map(httpd::TlsFiles::acceptor).transpose()?;
     if let Some(controller) = &config.controller {
         let renewed = credential::renewed_token_path(&config.state_file);

@@ -35,7 +35,12 @@ pub fn check_generation(generation: u64) -> Result<(), String> {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteTable {
     pub generation: u64,
+    /// Each VM's routes in the order of its rCUDA devices (`RCUDA_DEVICE_0`, ...).
     pub routes: Vec<Route>,
+    /// The masked endpoint where each VM of the table reads its own rCUDA environment from the
+    /// agent (see [`crate::metadata`]); none: the agent serves no environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<SocketAddrV4>,
 }
 
 /// One cGPU of one VM: the VM's traffic to `masked` is rerouted to the rCUDA server at `target`.
@@ -54,6 +59,43 @@ pub struct Route {
     pub masked: SocketAddrV4,
     /// The real rCUDA endpoint on the GPU network.
     pub target: SocketAddrV4,
+    /// The GPU's number at that rCUDA server (`RCUDA_DEVICE_<n>=<masked>:<gpu_number>`).
+    #[serde(default)]
+    pub gpu_number: u32,
+}
+
+/// One rCUDA device as a VM's client sees it: the masked endpoint and the GPU's number there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RcudaDevice {
+    pub address: Ipv4Addr,
+    pub port: u16,
+    pub gpu_number: u32,
+}
+
+/// The rCUDA client environment of one VM: its devices, numbered from 0 in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RcudaEnv {
+    pub devices: Vec<RcudaDevice>,
+}
+
+impl RcudaEnv {
+    /// `RCUDA_DEVICE_COUNT`, then `RCUDA_DEVICE_<j>` for each device from 0. The values are
+    /// addresses and numbers: they never need quoting.
+    pub fn variables(&self) -> Vec<(String, String)> {
+        let count = ("RCUDA_DEVICE_COUNT".to_owned(), self.devices.len().to_string());
+        let devices = self.devices.iter().enumerate().map(|(j, d)| {
+            (format!("RCUDA_DEVICE_{j}"), format!("{}@{}:{}", d.address, d.port, d.gpu_number))
+        });
+        std::iter::once(count).chain(devices).collect()
+    }
+
+    /// The variables as shell `export` lines.
+    pub fn export_lines(&self) -> String {
+        self.variables()
+            .into_iter()
+            .map(|(name, value)| format!("export {name}={value}\n"))
+            .collect()
+    }
 }
 
 /// An IPv4 prefix such as `100.127.0.0/16` (the masked range).
@@ -214,6 +256,23 @@ impl RouteTable {
                     "masked",
                     format!("{} is already used by routes[{first}] for the same VM", route.masked),
                 ));
+            }
+            if Some(route.masked) == self.metadata {
+                return Err(bad("masked", format!("{} is the metadata endpoint", route.masked)));
+            }
+        }
+        if let Some(metadata) = self.metadata {
+            let bad = |reason: String| InvalidEntry { entry: "metadata".into(), reason };
+            if metadata.port() == 0 {
+                return Err(bad("port must be between 1 and 65535".into()));
+            }
+            if let Some(range) = masked_range {
+                if !range.contains(*metadata.ip()) {
+                    return Err(bad(format!(
+                        "{} is outside the masked range {range}",
+                        metadata.ip()
+                    )));
+                }
             }
         }
         Ok(())
@@ -422,6 +481,7 @@ mod tests {
             vm_tap: tap.into(),
             masked: masked.parse().unwrap(),
             target: target.parse().unwrap(),
+            gpu_number: 0,
         }
     }
 
@@ -440,7 +500,7 @@ mod tests {
     fn validation_names_the_entry() {
         let range = Some("100.127.0.0/16".parse().unwrap());
         let ok = route(1, "tap1", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308");
-        let mut t = RouteTable { generation: 1, routes: vec![ok.clone()] };
+        let mut t = RouteTable { generation: 1, routes: vec![ok.clone()], metadata: None };
         assert_eq!(t.validate(range), Ok(()));
 
         t.routes.push(Route { target: "10.1.0.2:0".parse().unwrap(), ..ok.clone() });
@@ -484,6 +544,7 @@ mod tests {
                 route(1, "tap1", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308"),
                 route(2, "tap2", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8309"),
             ],
+            metadata: None,
         };
         assert_eq!(t.validate(None), Ok(()));
     }

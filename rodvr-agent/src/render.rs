@@ -70,6 +70,18 @@ pub struct TableParams {
     pub gpu_interface: String,
     /// This host's own rCUDA servers (compute-GPU hosts); VMs reach them only through a route.
     pub local_rcuda: Vec<SocketAddrV4>,
+    /// Where the agent serves VMs their rCUDA environment (see [`crate::metadata`]): each VM of a
+    /// table that names a metadata endpoint gets a route from it to here, and reaches it no other
+    /// way.
+    pub metadata_listener: Option<SocketAddrV4>,
+}
+
+impl TableParams {
+    /// This host's endpoints that VMs reach only through a route: its rCUDA servers and the
+    /// metadata listener.
+    fn local_endpoints(&self) -> impl Iterator<Item = SocketAddrV4> + '_ {
+        self.local_rcuda.iter().copied().chain(self.metadata_listener)
+    }
 }
 
 /// The key of one route-map element.
@@ -85,12 +97,19 @@ pub struct RouteKey {
 /// The data plane's view of a route table: key -> real rCUDA endpoint.
 pub type RouteMap = BTreeMap<RouteKey, SocketAddrV4>;
 
-/// Reduces validated routes to map elements.
-pub fn route_map(routes: &[Route]) -> RouteMap {
-    routes
+/// Reduces a validated table to map elements: its routes, and with `metadata` (the table's
+/// metadata endpoint and the agent's listener) one more per VM, from the endpoint to the listener.
+pub fn route_map(routes: &[Route], metadata: Option<(SocketAddrV4, SocketAddrV4)>) -> RouteMap {
+    let mut map: RouteMap = routes
         .iter()
         .map(|r| (RouteKey { tap: r.vm_tap.clone(), ip: r.vm_ip, masked: r.masked }, r.target))
-        .collect()
+        .collect();
+    if let Some((masked, listener)) = metadata {
+        for r in routes {
+            map.insert(RouteKey { tap: r.vm_tap.clone(), ip: r.vm_ip, masked }, listener);
+        }
+    }
+    map
 }
 
 /// The rCUDA endpoints of `routes`, each of which needs a target chain.
@@ -482,12 +501,10 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
             ],
         ),
     ]);
-    if !params.local_rcuda.is_empty() {
-        let elems: Vec<Value> = params
-            .local_rcuda
-            .iter()
-            .map(|e| json!({"concat": [e.ip().to_string(), e.port()]}))
-            .collect();
+    let local: Vec<SocketAddrV4> = params.local_endpoints().collect();
+    if !local.is_empty() {
+        let elems: Vec<Value> =
+            local.iter().map(|e| json!({"concat": [e.ip().to_string(), e.port()]})).collect();
         cmds.push(json!({"add": {"element": {"family": "ip", "table": TABLE,
             "name": SET_LOCAL_RCUDA, "elem": elems}}}));
     }
@@ -516,7 +533,7 @@ fn ipv6_commands(params: &TableParams) -> Vec<Value> {
         ),
         base_chain_in(NfFamily::IP6, "input", NfChainType::Filter, NfHook::Input, 0),
     ];
-    let mut ports: Vec<u16> = params.local_rcuda.iter().map(|e| e.port()).collect();
+    let mut ports: Vec<u16> = params.local_endpoints().map(|e| e.port()).collect();
     ports.sort_unstable();
     ports.dedup();
     if !ports.is_empty() {
@@ -609,6 +626,7 @@ mod tests {
             masked_range: "100.127.0.0/16".parse().unwrap(),
             gpu_interface: "gpu0".into(),
             local_rcuda: vec!["10.78.0.1:8308".parse().unwrap()],
+            metadata_listener: None,
         }
     }
 

@@ -147,7 +147,9 @@ mod tests {
                 vm_tap: "tap1".into(),
                 masked: "100.127.0.1:9000".parse().unwrap(),
                 target: format!("10.1.0.2:{port}").parse().unwrap(),
+                gpu_number: 0,
             }],
+            metadata: None,
         }
     }
 

@@ -23,6 +23,7 @@ fn params() -> TableParams {
         masked_range: "100.127.0.0/16".parse().unwrap(),
         gpu_interface: "gpu0".into(),
         local_rcuda: vec![],
+        metadata_listener: None,
     }
 }
 
@@ -84,6 +85,7 @@ fn route(vm: u128, ip: &str, masked: &str, target: &str) -> Route {
         vm_tap: format!("tap{vm}"),
         masked: masked.parse().unwrap(),
         target: target.parse().unwrap(),
+        gpu_number: 0,
     }
 }
 
@@ -94,6 +96,7 @@ fn table(generation: u64) -> RouteTable {
             route(1, "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308"),
             route(2, "10.0.0.3", "100.127.0.1:9000", "10.1.0.2:8309"),
         ],
+        metadata: None,
     }
 }
 

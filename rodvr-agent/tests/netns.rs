@@ -218,6 +218,7 @@ fn route(vm: u128, tap: &str, ip: &str, masked: &str, target: &str) -> Route {
         vm_tap: tap.into(),
         masked: masked.parse().unwrap(),
         target: target.parse().unwrap(),
+        gpu_number: 0,
     }
 }
 
@@ -294,7 +295,11 @@ fn masked_routes_on_the_real_kernel() {
 
     let vm1_route = route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308");
     let vm2_route = route(2, "tap2", "10.231.2.2", "100.127.0.1:9001", "10.232.0.2:8309");
-    let gen1 = RouteTable { generation: 1, routes: vec![vm1_route.clone(), vm2_route.clone()] };
+    let gen1 = RouteTable {
+        generation: 1,
+        routes: vec![vm1_route.clone(), vm2_route.clone()],
+        metadata: None,
+    };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
 
     // VM1 reaches its cGPU through the masked endpoint; the server sees the compute host.
@@ -307,7 +312,7 @@ fn masked_routes_on_the_real_kernel() {
     assert_eq!(ask(&t.vm1, "10.232.0.2:8309"), None, "VM1 reached the GPU host directly");
 
     // Unsigned requests change nothing.
-    let empty = RouteTable { generation: 9, routes: vec![] };
+    let empty = RouteTable { generation: 9, routes: vec![], metadata: None };
     assert_eq!(unsigned_put(&t.ch, &agent.url, &empty), 401);
     let back = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
     assert_eq!((back.applied_generation, back.desired), (Some(1), Some(gen1)));
@@ -317,13 +322,13 @@ fn masked_routes_on_the_real_kernel() {
     // unaffected.
     let (mut open_conn, _) = open(&t.vm1, "100.127.0.1:9000").unwrap();
     assert!(still_open(&mut open_conn));
-    let gen2 = RouteTable { generation: 2, routes: vec![vm2_route.clone()] };
+    let gen2 = RouteTable { generation: 2, routes: vec![vm2_route.clone()], metadata: None };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen2).await.unwrap());
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), None, "VM1 still reaches a removed route");
     assert!(!still_open(&mut open_conn), "VM1's open connection survived the route's removal");
     assert_eq!(ask(&t.vm2, "100.127.0.1:9001"), Some(format!("gpu1 {COMPUTE_GPU_SIDE}")));
 
-    let gen3 = RouteTable { generation: 3, routes: vec![vm2_route, vm1_route] };
+    let gen3 = RouteTable { generation: 3, routes: vec![vm2_route, vm1_route], metadata: None };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen3).await.unwrap());
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0.clone()));
 
@@ -409,6 +414,7 @@ memory_mib = 1024
     let table = RouteTable {
         generation: 1,
         routes: vec![route(3, "tap3", "10.233.3.2", "100.127.0.7:9000", "10.232.0.2:8308")],
+        metadata: None,
     };
     with_client(&gh, &client, async |c| c.put_routes(&table).await.unwrap());
     assert_eq!(ask(&vm3, "100.127.0.7:9000").as_deref(), Some("gpu0 10.233.3.2"));
@@ -443,7 +449,7 @@ fn a_vm_with_another_vms_address_reaches_none_of_its_cgpus() {
     let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
     let client = AgentClient::new(&agent.url, HostId::new("crg2").unwrap(), signer);
     let vm1 = |tap: &str| route(1, tap, "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308");
-    let table = RouteTable { generation: 1, routes: vec![vm1("tap1")] };
+    let table = RouteTable { generation: 1, routes: vec![vm1("tap1")], metadata: None };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     let expect = Some(format!("gpu0 {COMPUTE_GPU_SIDE}"));
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), expect);
@@ -458,9 +464,95 @@ fn a_vm_with_another_vms_address_reaches_none_of_its_cgpus() {
     assert_eq!(ask_from(&t.vm2, "10.231.1.2", "10.232.0.2:8308"), None);
 
     // The spoofed packets do flow where a route names VM2's tap: only the binding stopped them.
-    let table = RouteTable { generation: 2, routes: vec![vm1("tap2")] };
+    let table = RouteTable { generation: 2, routes: vec![vm1("tap2")], metadata: None };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     assert_eq!(ask_from(&t.vm2, "10.231.1.2", "100.127.0.1:9000"), expect);
+}
+
+/// `GET path` over HTTP/1.0 from `ns` (from `src` when given): the status and body, if anything
+/// answered.
+fn http_get(ns: &Netns, src: Option<&str>, addr: &str, path: &str) -> Option<(u16, String)> {
+    let (addr, src): (SocketAddr, Option<std::net::IpAddr>) =
+        (addr.parse().unwrap(), src.map(|s| s.parse().unwrap()));
+    ns.run(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let socket = tokio::net::TcpSocket::new_v4().ok()?;
+            if let Some(src) = src {
+                socket.bind(SocketAddr::new(src, 0)).ok()?;
+            }
+            let connect = tokio::time::timeout(Duration::from_secs(1), socket.connect(addr));
+            let mut conn = connect.await.ok()?.ok()?;
+            let request = format!("GET {path} HTTP/1.0\r\nHost: metadata\r\n\r\n");
+            conn.write_all(request.as_bytes()).await.ok()?;
+            let mut response = String::new();
+            let read =
+                tokio::time::timeout(Duration::from_secs(2), conn.read_to_string(&mut response));
+            read.await.ok()?.ok()?;
+            let (head, body) = response.split_once("\r\n\r\n")?;
+            let status = head.split(' ').nth(1)?.parse().ok()?;
+            Some((status, body.to_owned()))
+        })
+    })
+}
+
+/// Each VM reads its own live rCUDA environment at the masked metadata endpoint, in the table's
+/// order, and nothing reaches the agent's metadata listener but through that route.
+#[test]
+fn each_vm_reads_only_its_own_environment_at_the_metadata_endpoint() {
+    require_root_tools();
+    let t = topology();
+    let dir = TempDir::new("netns-metadata");
+    let listen = "metadata_listen = \"10.231.1.1:8775\"\n";
+    let (config, private) = write_agent_config(&dir, "crg3", 25, listen);
+    let agent = AgentProcess::start(&t.ch, &config);
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let client = AgentClient::new(&agent.url, HostId::new("crg3").unwrap(), signer);
+    let metadata = "100.127.0.1:80";
+    let vm1_a = route(1, "tap1", "10.231.1.2", "100.127.0.1:9001", "10.232.0.2:8309");
+    let vm1_b = Route {
+        gpu_number: 2,
+        ..route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308")
+    };
+    let vm2 = route(2, "tap2", "10.231.2.2", "100.127.0.1:9000", "10.232.0.2:8308");
+    let table = |generation, routes| RouteTable {
+        generation,
+        routes,
+        metadata: Some(metadata.parse().unwrap()),
+    };
+    let gen1 = table(1, vec![vm1_a, vm2.clone(), vm1_b.clone()]);
+    with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
+
+    let env = |ns: &Netns, src: Option<&str>, path: &str| http_get(ns, src, metadata, path);
+    let vm1_env = "export RCUDA_DEVICE_COUNT=2\nexport RCUDA_DEVICE_0=100.127.0.1@9001:0\n\
+                   export RCUDA_DEVICE_1=100.127.0.1@9000:2\n";
+    assert_eq!(env(&t.vm1, None, "/rcuda.env"), Some((200, vm1_env.into())));
+    let vm2_env = "export RCUDA_DEVICE_COUNT=1\nexport RCUDA_DEVICE_0=100.127.0.1@9000:0\n";
+    assert_eq!(env(&t.vm2, None, "/rcuda.env"), Some((200, vm2_env.into())));
+    let (status, json) = env(&t.vm2, None, "/rcuda.json").unwrap();
+    let json: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!((status, &json["RCUDA_DEVICE_0"]), (200, &Value::from("100.127.0.1@9000:0")));
+
+    // The listener itself is closed to VMs (and the listener does answer: from the host).
+    assert_eq!(http_get(&t.vm1, None, "10.231.1.1:8775", "/rcuda.env"), None);
+    assert_eq!(http_get(&t.vm2, None, "10.231.1.1:8775", "/rcuda.env"), None);
+    assert_eq!(http_get(&t.ch, None, "10.231.1.1:8775", "/rcuda.env").map(|r| r.0), Some(404));
+
+    // VM2 taking VM1's address reaches no metadata of VM1's.
+    t.vm2.ip(&["addr", "add", "10.231.1.2/32", "dev", "eth0"]);
+    t.ch.ip(&["route", "add", "10.231.1.2/32", "dev", "tap2"]);
+    for interface in ["all", "default", "tap1", "tap2"] {
+        t.ch.sysctl(&format!("net/ipv4/conf/{interface}/rp_filter"), "0");
+    }
+    assert_eq!(env(&t.vm2, Some("10.231.1.2"), "/rcuda.env"), None, "VM2 read VM1's environment");
+    t.ch.ip(&["route", "del", "10.231.1.2/32", "dev", "tap2"]);
+
+    // A detach: VM1's environment follows the table.
+    let gen2 = table(2, vec![vm2, vm1_b]);
+    with_client(&t.ch, &client, async |c| c.put_routes(&gen2).await.unwrap());
+    let vm1_env = "export RCUDA_DEVICE_COUNT=1\nexport RCUDA_DEVICE_0=100.127.0.1@9000:2\n";
+    assert_eq!(env(&t.vm1, None, "/rcuda.env"), Some((200, vm1_env.into())));
 }
 
 /// Masked endpoints are IPv4; over IPv6 a VM reaches nothing on the GPU network.
@@ -522,6 +614,7 @@ fn the_nft_firewall_reports_each_failed_transaction_and_goes_on() {
         masked_range: "100.127.0.0/16".parse().unwrap(),
         gpu_interface: "gpu0".into(),
         local_rcuda: vec![],
+        metadata_listener: None,
     };
     let mut fw = NftFirewall::new(
         &ns.command_prefix().into_iter().chain(["nft".into()]).collect::<Vec<_>>(),
@@ -579,6 +672,7 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
             route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308"),
             route(2, "tap2", "10.231.2.2", "100.127.0.1:9000", "10.232.0.2:8308"),
         ],
+        metadata: None,
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
 

@@ -358,7 +358,7 @@ fn place_cgpus(
         .iter()
         .map(|c| cgpu_record(id, c, masking))
         .collect::<Result<Vec<_>, Error>>()
-        .and_then(|cgpus| check_user_data(&record, &cgpus).map(|()| cgpus));
+        .and_then(|cgpus| check_user_data(&record, &cgpus, masking).map(|()| cgpus));
     match cgpus {
         Ok(cgpus) => Ok(VmDetails { vm: record, cgpus }),
         Err(e) => {
@@ -369,9 +369,14 @@ fn place_cgpus(
 }
 
 /// The VM's cloud-init, with the rCUDA environment of `cgpus`, must fit the cloud's limit.
-fn check_user_data(record: &VmRecord, cgpus: &[CgpuRecord]) -> Result<(), Error> {
+fn check_user_data(
+    record: &VmRecord,
+    cgpus: &[CgpuRecord],
+    masking: &MaskingConfig,
+) -> Result<(), Error> {
+    let env = rcuda_env(cgpus);
     let user_data = cloudinit::user_data(
-        &rcuda_env(cgpus),
+        &cloudinit::BootEnv { env: &env, metadata: masking.metadata_endpoint() },
         record.spec.user_data.as_deref().map(str::as_bytes),
     )
     .map_err(|e| Error::invalid("user_data", e.to_string()))?;

@@ -321,6 +321,7 @@ impl App {
                             vm_tap,
                             masked: c.masked,
                             target: c.target,
+                            gpu_number: c.gpu_number,
                         }),
                         _ => {
                             tracing::error!(vm = %c.vm, %host, "no tap or fixed IP: not routed");
@@ -329,7 +330,8 @@ impl App {
                     })
                     .collect();
                 let generation = record.routes_generation;
-                (record, RouteTable { generation, routes })
+                let metadata = self.config.masking.metadata_endpoint();
+                (record, RouteTable { generation, routes, metadata })
             };
             let generation = table.generation;
             let targets: Vec<SocketAddrV4> = table.routes.iter().map(|r| r.target).collect();

@@ -375,8 +375,10 @@ impl App {
                 db::cgpus_of(&mut conn, vm.id).await?
             }
         };
+        let env = rcuda_env(&cgpus);
+        let metadata = self.config.masking.metadata_endpoint();
         let user_data = cloudinit::user_data(
-            &rcuda_env(&cgpus),
+            &cloudinit::BootEnv { env: &env, metadata },
             vm.spec.user_data.as_deref().map(str::as_bytes),
         )
         .map_err(|e| StepError::Failed(format!("user_data: {e}")))?;

@@ -201,6 +201,7 @@ pub struct RoutedCgpu {
     pub tap: Option<String>,
     pub masked: std::net::SocketAddrV4,
     pub target: std::net::SocketAddrV4,
+    pub gpu_number: u32,
 }
 
 /// The routes each host must serve: the cGPUs of every VM on it whose routes are on, in one
@@ -217,7 +218,7 @@ pub async fn routed_cgpus_on(
     let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
         format!(
             "SELECT v.host, v.id, v.fixed_ip, v.tap, c.masked_address, c.masked_port, g.rcuda_address, \
-             g.rcuda_port FROM vms v JOIN cgpus c ON c.vm = v.id JOIN gpus g ON g.id = c.gpu \
+             g.rcuda_port, g.rcuda_gpu_number FROM vms v JOIN cgpus c ON c.vm = v.id JOIN gpus g ON g.id = c.gpu \
              WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 AND c.state <> 'detaching' \
              ORDER BY v.host, v.id, {CGPU_ORDER}"
         )
@@ -242,6 +243,7 @@ pub async fn routed_cgpus_on(
                 address(row.try_get(6)?, "rCUDA address")?,
                 row.try_get::<i64, _>(7)? as u16,
             ),
+            gpu_number: row.try_get::<i64, _>(8)? as u32,
         };
         out.entry(host).or_default().push(routed);
     }

@@ -68,6 +68,7 @@ impl TestAgent {
             masked_range: "100.127.0.0/16".parse().unwrap(),
             gpu_interface: "gpu0".into(),
             local_rcuda: vec![],
+            metadata_listener: None,
         };
         let facts = HostFacts { host: host.clone(), kind, agent_url: String::new(), gpus: vec![] };
         let agent =

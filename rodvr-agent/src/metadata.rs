@@ -1,0 +1,146 @@
+//! The VM-facing metadata server: each VM reads its own live rCUDA environment.
+//!
+//! cGPUs come and go on a running VM (attach, detach), so the environment cloud-init wrote at
+//! boot goes stale. The agent already holds every VM's routes in attach order, so it answers
+//! `GET /rcuda.env` (`export` lines) and `GET /rcuda.json` (the same variables as an object) on
+//! its metadata listener. VMs reach the listener only through a route of their own, from the
+//! masked metadata endpoint the controller names (keyed on the VM's tap and address like every
+//! route: a VM that spoofs another VM's address arrives on its own tap and reaches nothing), and
+//! the firewall closes the listener to everything else.
+//!
+//! The DNAT keeps the VM's source address, so the server answers for the VM whose address asks,
+//! with that VM's devices only. Two VMs on this host with one address (overlapping tenant
+//! networks) cannot be told apart here: both get 409 and keep their boot-time values, rather than
+//! either getting the other's.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::agent::Agent;
+use crate::firewall::Firewall;
+use crate::httpd;
+use crate::protocol::{RcudaDevice, RcudaEnv, RouteTable};
+
+/// Why the agent has no environment for a caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    /// No route table is in force yet (the agent just started, or applying failed).
+    #[error("no route table is applied yet")]
+    NotApplied,
+    /// No VM of this host has the caller's address.
+    #[error("no VM of this host has this address")]
+    Unknown,
+    /// More than one VM of this host has the caller's address.
+    #[error("more than one VM of this host has this address")]
+    Ambiguous,
+}
+
+/// The rCUDA environment of the VM at `ip` in `table`: its routes' masked endpoints, in order.
+pub fn environment_of(table: &RouteTable, ip: Ipv4Addr) -> Result<RcudaEnv, EnvError> {
+    let mut routes = table.routes.iter().filter(|r| r.vm_ip == ip).peekable();
+    let tap = &routes.peek().ok_or(EnvError::Unknown)?.vm_tap;
+    let mut devices = Vec::new();
+    for route in routes.clone() {
+        if &route.vm_tap != tap {
+            return Err(EnvError::Ambiguous);
+        }
+        devices.push(RcudaDevice {
+            address: *route.masked.ip(),
+            port: route.masked.port(),
+            gpu_number: route.gpu_number,
+        });
+    }
+    Ok(RcudaEnv { devices })
+}
+
+/// The metadata server's routes; the caller is the request's peer (see [`httpd::serve`]).
+pub fn router<F: Firewall + 'static>(agent: Arc<Agent<F>>) -> Router {
+    Router::new()
+        .route("/rcuda.env", get(env_lines::<F>))
+        .route("/rcuda.json", get(env_json::<F>))
+        .with_state(agent)
+}
+
+impl IntoResponse for EnvError {
+    fn into_response(self) -> Response {
+        let status = match self {
+            EnvError::NotApplied => StatusCode::SERVICE_UNAVAILABLE,
+            EnvError::Unknown => StatusCode::NOT_FOUND,
+            EnvError::Ambiguous => StatusCode::CONFLICT,
+        };
+        (status, format!("{self}\n")).into_response()
+    }
+}
+
+/// The environment of the VM that asks: the request's peer.
+fn caller_env<F: Firewall>(agent: &Agent<F>, request: &Request) -> Result<RcudaEnv, EnvError> {
+    let ip = match httpd::peer(request).map(|peer| peer.ip()) {
+        Some(IpAddr::V4(ip)) => ip,
+        Some(IpAddr::V6(ip)) => ip.to_ipv4_mapped().ok_or(EnvError::Unknown)?,
+        None => return Err(EnvError::Unknown),
+    };
+    agent.environment(ip)
+}
+
+async fn env_lines<F: Firewall + 'static>(
+    State(agent): State<Arc<Agent<F>>>,
+    request: Request,
+) -> Result<Response, EnvError> {
+    let env = caller_env(&agent, &request)?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], env.export_lines()).into_response())
+}
+
+async fn env_json<F: Firewall + 'static>(
+    State(agent): State<Arc<Agent<F>>>,
+    request: Request,
+) -> Result<Json<BTreeMap<String, String>>, EnvError> {
+    Ok(Json(caller_env(&agent, &request)?.variables().into_iter().collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Route;
+    use gpgpums::VmId;
+
+    fn route(vm: u128, tap: &str, ip: &str, port: u16, gpu_number: u32) -> Route {
+        Route {
+            vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
+            vm_ip: ip.parse().unwrap(),
+            vm_tap: tap.into(),
+            masked: format!("100.127.0.1:{port}").parse().unwrap(),
+            target: "10.1.0.2:8308".parse().unwrap(),
+            gpu_number,
+        }
+    }
+
+    #[test]
+    fn each_vm_gets_its_own_devices_in_table_order_and_a_shared_address_gets_none() {
+        let table = RouteTable {
+            generation: 1,
+            routes: vec![
+                route(1, "tap1", "10.0.0.2", 8310, 1),
+                route(2, "tap2", "10.0.0.3", 8308, 0),
+                route(1, "tap1", "10.0.0.2", 8308, 0),
+                route(3, "tap3", "10.0.0.4", 8308, 0),
+                route(4, "tap4", "10.0.0.4", 8308, 0),
+            ],
+            metadata: Some("100.127.0.1:80".parse().unwrap()),
+        };
+        let env = environment_of(&table, "10.0.0.2".parse().unwrap()).unwrap();
+        assert_eq!(
+            env.export_lines(),
+            "export RCUDA_DEVICE_COUNT=2\nexport RCUDA_DEVICE_0=100.127.0.1@8310:1\n\
+             export RCUDA_DEVICE_1=100.127.0.1@8308:0\n"
+        );
+        assert_eq!(environment_of(&table, "10.0.0.9".parse().unwrap()), Err(EnvError::Unknown));
+        assert_eq!(environment_of(&table, "10.0.0.4".parse().unwrap()), Err(EnvError::Ambiguous));
+    }
+}
