@@ -78,7 +78,10 @@ fn rcuda_devices(user_data: &str) -> (BTreeMap<u32, (String, u32)>, Option<u32>)
             rest.chars().take_while(|c| c.is_ascii_digit() || ".@:".contains(*c)).collect()
         };
         if let Some(rest) = rest.strip_prefix("COUNT=") {
-            count = Some(value(rest).parse().expect("RCUDA_DEVICE_COUNT is a number"));
+            // gsaas-env's check of what the agent answers names the variable in a pattern.
+            if !rest.starts_with('[') {
+                count = Some(value(rest).parse().expect("RCUDA_DEVICE_COUNT is a number"));
+            }
             continue;
         }
         let Some((j, rest)) = rest.split_once('=') else { continue };

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Locality, Mode};
+use crate::model::{Locality, Mode, Request};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -47,6 +47,20 @@ pub struct Shortfall {
     pub locality: Locality,
     /// Set when the GPUs were there but no host could run the VM.
     pub no_vm_host: bool,
+}
+
+impl Shortfall {
+    /// What `request` asked for, against the `placeable` cGPUs the pool could place now.
+    pub(crate) fn of(request: &Request, placeable: u32, no_vm_host: bool) -> Self {
+        Shortfall {
+            requested: request.ncgpus,
+            placeable,
+            gpu_memory_mib: request.gpu_memory_mib,
+            mode: request.mode,
+            locality: request.locality,
+            no_vm_host,
+        }
+    }
 }
 
 impl fmt::Display for Shortfall {

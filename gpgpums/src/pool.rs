@@ -400,14 +400,7 @@ impl Pool {
         let limits = self.limits();
         validate(request, &limits)?;
         let shortfall = |placeable, no_vm_host| {
-            Error::InsufficientCapacity(Shortfall {
-                requested: request.ncgpus,
-                placeable,
-                gpu_memory_mib: request.gpu_memory_mib,
-                mode: request.mode,
-                locality: request.locality,
-                no_vm_host,
-            })
+            Error::InsufficientCapacity(Shortfall::of(request, placeable, no_vm_host))
         };
         let has_vm_host = match request.locality {
             Locality::Any => limits.schedulable_agent_host,
@@ -608,16 +601,8 @@ impl Pool {
                 ),
             ));
         }
-        let shortfall = |placeable| {
-            Error::InsufficientCapacity(Shortfall {
-                requested: request.ncgpus,
-                placeable,
-                gpu_memory_mib: request.gpu_memory_mib,
-                mode: request.mode,
-                locality: request.locality,
-                no_vm_host: false,
-            })
-        };
+        let shortfall =
+            |placeable| Error::InsufficientCapacity(Shortfall::of(request, placeable, false));
         let within = match on_host {
             Some(host) => {
                 let Some(&h) = self.host_by_id.get(host) else { return Err(shortfall(0)) };
