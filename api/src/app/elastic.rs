@@ -79,18 +79,15 @@ impl App {
             digest(serde_json::to_string(&(id, &input)).expect("request serializes").as_bytes());
         if let Some(key) = &idempotency_key {
             check_text("Idempotency-Key", key, MAX_NAME)?;
-            let mut conn = self.db.conn().await?;
-            let earlier =
-                db::attach_by_idempotency_key(&mut conn, &details.vm.project, key).await?;
-            drop(conn);
-            if let Some((earlier_vm, earlier_digest)) = earlier {
-                if earlier_vm != id || earlier_digest != request_digest {
+            match self.earlier_attach(&details.vm.project, key, id, &request_digest).await? {
+                Some(true) => return self.visible_vm(caller, id).await,
+                Some(false) => {
                     return Err(Error::invalid(
                         "Idempotency-Key",
                         "was already used for a different attach request",
-                    ));
+                    ))
                 }
-                return self.visible_vm(caller, id).await;
+                None => {}
             }
         }
         let refused = |e: Error| {
@@ -130,14 +127,9 @@ impl App {
             Ok(booked) => booked,
             Err(Error::Conflict(_)) if idempotency_key.is_some() => {
                 // A concurrent retry with the same key may have won the race.
-                let mut conn = self.db.conn().await?;
                 let key = idempotency_key.as_deref().unwrap_or_default();
-                let earlier = db::attach_by_idempotency_key(&mut conn, &vm.project, key).await?;
-                drop(conn);
-                return match earlier {
-                    Some((earlier_vm, digest)) if earlier_vm == id && digest == request_digest => {
-                        self.visible_vm(caller, id).await
-                    }
+                return match self.earlier_attach(&vm.project, key, id, &request_digest).await? {
+                    Some(true) => self.visible_vm(caller, id).await,
                     _ => Err(refused(Error::Conflict(VM_CHANGED_CGPUS.into()))),
                 };
             }
@@ -150,6 +142,20 @@ impl App {
         let details = VmDetails { vm: written, cgpus: all };
         self.spawn_saga_from(id, claimed.then(|| details.clone()));
         Ok(details)
+    }
+
+    /// Whether an earlier attach took `key` in `project`: `Some(true)` for this same request to
+    /// this VM, `Some(false)` for another.
+    async fn earlier_attach(
+        &self,
+        project: &str,
+        key: &str,
+        id: VmId,
+        request_digest: &str,
+    ) -> Result<Option<bool>, Error> {
+        let mut conn = self.db.conn().await?;
+        let earlier = db::attach_by_idempotency_key(&mut conn, project, key).await?;
+        Ok(earlier.map(|(vm, digest)| vm == id && digest == request_digest))
     }
 
     /// Detaches the VM's cGPU `index`: see the module docs. Returns the VM as written (the cGPU
