@@ -7,6 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use rodvr_agent::protocol::VmPort;
 use serde_json::{json, Value};
 use support::agents::{agent_cloud, agent_cloud_with, remote_launch, Behaviour, TestAgent};
 use support::{shared_launch, Store, TestService};
@@ -15,6 +16,7 @@ on_both_stores!(
     a_crash_during_an_attach_or_a_detach_is_resumed,
     a_vm_changes_one_thing_at_a_time_and_a_termination_takes_over,
     an_attach_the_agent_refuses_is_undone_and_the_vm_stays_ready,
+    a_vm_detached_to_no_cgpu_reads_an_empty_environment,
 );
 
 fn attach_body(ncgpus: u32, mib: u64) -> Value {
@@ -262,6 +264,38 @@ async fn an_attach_the_agent_refuses_is_undone_and_the_vm_stays_ready(store: Sto
     assert_eq!(status, 202);
     let vm = settled_with(&t, &member, &id, 2).await;
     assert!(vm["error"].is_null(), "{vm}");
+}
+
+/// A VM detached down to no cGPU keeps running, and its host's agent still answers it: with no
+/// device, rather than not at all (which would leave the VM its boot-time devices).
+async fn a_vm_detached_to_no_cgpu_reads_an_empty_environment(store: Store) {
+    let (t, vm_host, _) = agent_cloud(store, 2).await;
+    let member = t.member();
+    let id = t.launch(&member, &remote_launch(1)).await;
+    t.wait_state(&member, &id, "ready").await;
+    let route = vm_host.table().unwrap().routes[0].clone();
+    let env = vm_host.environment(route.vm_ip).unwrap();
+    assert_eq!(env.devices.len(), 1);
+
+    let (status, vm) = t.delete(&member, &format!("/v1/vms/{id}/cgpus/0")).await;
+    assert_eq!(status, 202, "{vm}");
+    let vm = settled_with(&t, &member, &id, 0).await;
+    assert_eq!(vm["state"], "ready", "{vm}");
+    assert_eq!(allocated(&t).await, 0);
+    let table = vm_host.table().unwrap();
+    assert!(table.routes.is_empty(), "{table:?}");
+    let port = VmPort { vm: route.vm, vm_ip: route.vm_ip, vm_tap: route.vm_tap.clone() };
+    assert_eq!(table.vms_without_cgpus, vec![port]);
+    let env = vm_host.environment(route.vm_ip).unwrap();
+    assert_eq!(env.export_lines(), "export RCUDA_DEVICE_COUNT=0\n");
+
+    // Growing again lists it among the routed VMs only.
+    let (status, _) = t.post(&member, &format!("/v1/vms/{id}/cgpus"), &attach_body(1, 1024)).await;
+    assert_eq!(status, 202);
+    settled_with(&t, &member, &id, 1).await;
+    let table = vm_host.table().unwrap();
+    assert_eq!((table.routes.len(), table.vms_without_cgpus.len()), (1, 0), "{table:?}");
+    assert_eq!(vm_host.environment(route.vm_ip).unwrap().devices.len(), 1);
 }
 
 /// Waits until the agent has received a push beyond `seen`.

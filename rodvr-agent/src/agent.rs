@@ -172,8 +172,7 @@ impl<F: Firewall> Inner<F> {
     /// name a metadata endpoint.
     fn route_map(&self, table: Option<&RouteTable>) -> crate::render::RouteMap {
         let Some(table) = table else { return Default::default() };
-        let metadata = table.metadata.zip(self.dataplane.params().metadata_listener);
-        route_map(&table.routes, metadata)
+        route_map(table, self.dataplane.params().metadata_listener)
     }
 
     fn apply(

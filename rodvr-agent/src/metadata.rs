@@ -42,21 +42,23 @@ pub enum EnvError {
     Ambiguous,
 }
 
-/// The rCUDA environment of the VM at `ip` in `table`: its routes' masked endpoints, in order.
+/// The rCUDA environment of the VM at `ip` in `table`: its routes' masked endpoints, in order
+/// (none for a VM whose cGPUs were all detached).
 pub fn environment_of(table: &RouteTable, ip: Ipv4Addr) -> Result<RcudaEnv, EnvError> {
-    let mut routes = table.routes.iter().filter(|r| r.vm_ip == ip).peekable();
-    let tap = &routes.peek().ok_or(EnvError::Unknown)?.vm_tap;
-    let mut devices = Vec::new();
-    for route in routes.clone() {
-        if &route.vm_tap != tap {
-            return Err(EnvError::Ambiguous);
-        }
-        devices.push(RcudaDevice {
+    let routes = table.routes.iter().filter(|r| r.vm_ip == ip);
+    let idle = table.vms_without_cgpus.iter().filter(|p| p.vm_ip == ip);
+    let mut taps = routes.clone().map(|r| &r.vm_tap).chain(idle.map(|p| &p.vm_tap));
+    let tap = taps.next().ok_or(EnvError::Unknown)?;
+    if taps.any(|other| other != tap) {
+        return Err(EnvError::Ambiguous);
+    }
+    let devices = routes
+        .map(|route| RcudaDevice {
             address: *route.masked.ip(),
             port: route.masked.port(),
             gpu_number: route.gpu_number,
-        });
-    }
+        })
+        .collect();
     Ok(RcudaEnv { devices })
 }
 
@@ -107,7 +109,7 @@ async fn env_json<F: Firewall + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Route;
+    use crate::protocol::{Route, VmPort};
     use gpgpums::VmId;
 
     fn route(vm: u128, tap: &str, ip: &str, port: u16, gpu_number: u32) -> Route {
@@ -118,6 +120,14 @@ mod tests {
             masked: format!("100.127.0.1:{port}").parse().unwrap(),
             target: "10.1.0.2:8308".parse().unwrap(),
             gpu_number,
+        }
+    }
+
+    fn port(vm: u128, tap: &str, ip: &str) -> VmPort {
+        VmPort {
+            vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
+            vm_ip: ip.parse().unwrap(),
+            vm_tap: tap.into(),
         }
     }
 
@@ -133,6 +143,7 @@ mod tests {
                 route(4, "tap4", "10.0.0.4", 8308, 0),
             ],
             metadata: Some("100.127.0.1:80".parse().unwrap()),
+            vms_without_cgpus: vec![port(5, "tap5", "10.0.0.5"), port(6, "tap6", "10.0.0.4")],
         };
         let env = environment_of(&table, "10.0.0.2".parse().unwrap()).unwrap();
         assert_eq!(
@@ -142,5 +153,8 @@ mod tests {
         );
         assert_eq!(environment_of(&table, "10.0.0.9".parse().unwrap()), Err(EnvError::Unknown));
         assert_eq!(environment_of(&table, "10.0.0.4".parse().unwrap()), Err(EnvError::Ambiguous));
+        // A VM whose cGPUs were all detached reads an empty environment, not its boot-time one.
+        let idle = environment_of(&table, "10.0.0.5".parse().unwrap()).unwrap();
+        assert_eq!(idle.export_lines(), "export RCUDA_DEVICE_COUNT=0\n");
     }
 }

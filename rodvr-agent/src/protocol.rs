@@ -41,6 +41,18 @@ pub struct RouteTable {
     /// agent (see [`crate::metadata`]); none: the agent serves no environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<SocketAddrV4>,
+    /// The host's VMs that have no cGPU left (all detached): no route carries their traffic, but
+    /// they still read their environment, now empty, at the metadata endpoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vms_without_cgpus: Vec<VmPort>,
+}
+
+/// Where one VM's packets come from on this host: its tap and fixed IP (see [`Route`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct VmPort {
+    pub vm: VmId,
+    pub vm_ip: Ipv4Addr,
+    pub vm_tap: String,
 }
 
 /// One cGPU of one VM: the VM's traffic to `masked` is rerouted to the rCUDA server at `target`.
@@ -200,17 +212,46 @@ impl RouteTable {
             .map_err(|reason| InvalidEntry { entry: "generation".into(), reason })?;
         let mut seen: HashMap<(&str, SocketAddrV4), usize> = HashMap::new();
         // Each tap is one VM's, with one address.
-        let mut taps: HashMap<&str, usize> = HashMap::new();
+        let mut taps: HashMap<&str, (VmId, Ipv4Addr, String)> = HashMap::new();
+        let routed = self
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("routes[{i}]"), r.vm, r.vm_ip, r.vm_tap.as_str(), true));
+        let idle = self.vms_without_cgpus.iter().enumerate().map(|(i, p)| {
+            (format!("vms_without_cgpus[{i}]"), p.vm, p.vm_ip, p.vm_tap.as_str(), false)
+        });
+        for (entry, vm, ip, tap, has_route) in routed.chain(idle) {
+            let bad = |field: &str, reason: String| InvalidEntry {
+                entry: format!("{entry}.{field}"),
+                reason,
+            };
+            check_ifname(tap).map_err(|r| bad("vm_tap", r))?;
+            if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
+                return Err(bad("vm_ip", format!("{ip} is not a unicast address")));
+            }
+            match taps.get(tap) {
+                Some((owner, owner_ip, first)) if (*owner, *owner_ip) != (vm, ip) => {
+                    return Err(bad(
+                        "vm_tap",
+                        format!("{tap} is {first}'s, of another VM or address"),
+                    ));
+                }
+                // A VM without cGPUs is listed once, and has no route.
+                Some((_, _, first)) if !has_route => {
+                    return Err(bad("vm", format!("{vm} is listed already, at {first}")));
+                }
+                Some(_) => {}
+                None => {
+                    taps.insert(tap, (vm, ip, entry));
+                }
+            }
+        }
         for (i, route) in self.routes.iter().enumerate() {
             let bad = |field: &str, reason: String| InvalidEntry {
                 entry: format!("routes[{i}].{field}"),
                 reason,
             };
-            check_ifname(&route.vm_tap).map_err(|r| bad("vm_tap", r))?;
-            let ip = route.vm_ip;
-            if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
-                return Err(bad("vm_ip", format!("{ip} is not a unicast address")));
-            }
             for (field, endpoint) in [("masked", route.masked), ("target", route.target)] {
                 if endpoint.port() == 0 {
                     return Err(bad(field, "port must be between 1 and 65535".into()));
@@ -232,23 +273,6 @@ impl RouteTable {
                         "target",
                         format!("{} is inside the masked range", route.target),
                     ));
-                }
-            }
-            match taps.get(route.vm_tap.as_str()) {
-                Some(&first) => {
-                    let owner = &self.routes[first];
-                    if (owner.vm, owner.vm_ip) != (route.vm, route.vm_ip) {
-                        return Err(bad(
-                            "vm_tap",
-                            format!(
-                                "{} is routes[{first}]'s, of another VM or address",
-                                route.vm_tap
-                            ),
-                        ));
-                    }
-                }
-                None => {
-                    taps.insert(&route.vm_tap, i);
                 }
             }
             if let Some(first) = seen.insert((&route.vm_tap, route.masked), i) {
@@ -500,7 +524,12 @@ mod tests {
     fn validation_names_the_entry() {
         let range = Some("100.127.0.0/16".parse().unwrap());
         let ok = route(1, "tap1", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308");
-        let mut t = RouteTable { generation: 1, routes: vec![ok.clone()], metadata: None };
+        let mut t = RouteTable {
+            generation: 1,
+            routes: vec![ok.clone()],
+            metadata: None,
+            vms_without_cgpus: vec![],
+        };
         assert_eq!(t.validate(range), Ok(()));
 
         t.routes.push(Route { target: "10.1.0.2:0".parse().unwrap(), ..ok.clone() });
@@ -537,6 +566,36 @@ mod tests {
     }
 
     #[test]
+    fn a_vm_without_cgpus_is_checked_like_a_routed_one_and_listed_once() {
+        let range = Some("100.127.0.0/16".parse().unwrap());
+        let routed = route(1, "tap1", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308");
+        let idle = |vm: u128, tap: &str, ip: &str| VmPort {
+            vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
+            vm_ip: ip.parse().unwrap(),
+            vm_tap: tap.into(),
+        };
+        let mut t = RouteTable {
+            generation: 1,
+            routes: vec![routed],
+            metadata: Some("100.127.0.1:80".parse().unwrap()),
+            vms_without_cgpus: vec![idle(2, "tap2", "10.0.0.3")],
+        };
+        assert_eq!(t.validate(range), Ok(()));
+        for (bad, entry) in [
+            (idle(2, "tap/2", "10.0.0.3"), "vms_without_cgpus[1].vm_tap"),
+            (idle(2, "tap2", "255.255.255.255"), "vms_without_cgpus[1].vm_ip"),
+            // Another VM's tap, or a routed VM's own.
+            (idle(3, "tap1", "10.0.0.2"), "vms_without_cgpus[1].vm_tap"),
+            (idle(1, "tap1", "10.0.0.2"), "vms_without_cgpus[1].vm"),
+            (idle(2, "tap2", "10.0.0.3"), "vms_without_cgpus[1].vm"),
+        ] {
+            t.vms_without_cgpus.push(bad);
+            assert_eq!(t.validate(range).unwrap_err().entry, entry);
+            t.vms_without_cgpus.pop();
+        }
+    }
+
+    #[test]
     fn vms_with_one_address_on_different_taps_are_fine() {
         let t = RouteTable {
             generation: 1,
@@ -545,6 +604,7 @@ mod tests {
                 route(2, "tap2", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8309"),
             ],
             metadata: None,
+            vms_without_cgpus: vec![],
         };
         assert_eq!(t.validate(None), Ok(()));
     }

@@ -50,7 +50,7 @@ use nftables::schema::{Chain, NfCmd, NfListObject, Table};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use serde_json::{json, Value};
 
-use crate::protocol::{Ipv4Cidr, Route};
+use crate::protocol::{Ipv4Cidr, RouteTable};
 
 /// The agent's tables: `ip rodvr` (routes and IPv4 filters) and `ip6 rodvr` (IPv6 filters).
 pub const TABLE: &str = "rodvr";
@@ -97,16 +97,20 @@ pub struct RouteKey {
 /// The data plane's view of a route table: key -> real rCUDA endpoint.
 pub type RouteMap = BTreeMap<RouteKey, SocketAddrV4>;
 
-/// Reduces a validated table to map elements: its routes, and with `metadata` (the table's
-/// metadata endpoint and the agent's listener) one more per VM, from the endpoint to the listener.
-pub fn route_map(routes: &[Route], metadata: Option<(SocketAddrV4, SocketAddrV4)>) -> RouteMap {
-    let mut map: RouteMap = routes
+/// Reduces a validated table to map elements: its routes, and with `listener` (the agent's
+/// metadata listener, when the table names a metadata endpoint) one more per VM, those without
+/// cGPUs too, from the endpoint to the listener.
+pub fn route_map(table: &RouteTable, listener: Option<SocketAddrV4>) -> RouteMap {
+    let mut map: RouteMap = table
+        .routes
         .iter()
         .map(|r| (RouteKey { tap: r.vm_tap.clone(), ip: r.vm_ip, masked: r.masked }, r.target))
         .collect();
-    if let Some((masked, listener)) = metadata {
-        for r in routes {
-            map.insert(RouteKey { tap: r.vm_tap.clone(), ip: r.vm_ip, masked }, listener);
+    if let Some((masked, listener)) = table.metadata.zip(listener) {
+        let routed = table.routes.iter().map(|r| (&r.vm_tap, r.vm_ip));
+        let idle = table.vms_without_cgpus.iter().map(|p| (&p.vm_tap, p.vm_ip));
+        for (tap, ip) in routed.chain(idle) {
+            map.insert(RouteKey { tap: tap.clone(), ip, masked }, listener);
         }
     }
     map

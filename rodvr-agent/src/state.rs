@@ -150,6 +150,7 @@ mod tests {
                 gpu_number: 0,
             }],
             metadata: None,
+            vms_without_cgpus: vec![],
         }
     }
 

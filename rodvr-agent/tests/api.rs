@@ -97,6 +97,7 @@ fn table(generation: u64) -> RouteTable {
             route(2, "10.0.0.3", "100.127.0.1:9000", "10.1.0.2:8309"),
         ],
         metadata: None,
+        vms_without_cgpus: vec![],
     }
 }
 

@@ -24,7 +24,7 @@ use axum::Json;
 use gpgpums::ids::{HostId, VmId};
 use rodvr_agent::auth::TokenSigner;
 use rodvr_agent::client::AgentClient;
-use rodvr_agent::protocol::{HostKind, HostReport, Route, RouteTable};
+use rodvr_agent::protocol::{HostKind, HostReport, Route, RouteTable, VmPort};
 use serde_json::Value;
 use support::netns::{require_root_tools, veth, Netns};
 use support::{key_pair, TempDir};
@@ -299,6 +299,7 @@ fn masked_routes_on_the_real_kernel() {
         generation: 1,
         routes: vec![vm1_route.clone(), vm2_route.clone()],
         metadata: None,
+        vms_without_cgpus: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
 
@@ -312,7 +313,8 @@ fn masked_routes_on_the_real_kernel() {
     assert_eq!(ask(&t.vm1, "10.232.0.2:8309"), None, "VM1 reached the GPU host directly");
 
     // Unsigned requests change nothing.
-    let empty = RouteTable { generation: 9, routes: vec![], metadata: None };
+    let empty =
+        RouteTable { generation: 9, routes: vec![], metadata: None, vms_without_cgpus: vec![] };
     assert_eq!(unsigned_put(&t.ch, &agent.url, &empty), 401);
     let back = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
     assert_eq!((back.applied_generation, back.desired), (Some(1), Some(gen1)));
@@ -322,13 +324,23 @@ fn masked_routes_on_the_real_kernel() {
     // unaffected.
     let (mut open_conn, _) = open(&t.vm1, "100.127.0.1:9000").unwrap();
     assert!(still_open(&mut open_conn));
-    let gen2 = RouteTable { generation: 2, routes: vec![vm2_route.clone()], metadata: None };
+    let gen2 = RouteTable {
+        generation: 2,
+        routes: vec![vm2_route.clone()],
+        metadata: None,
+        vms_without_cgpus: vec![],
+    };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen2).await.unwrap());
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), None, "VM1 still reaches a removed route");
     assert!(!still_open(&mut open_conn), "VM1's open connection survived the route's removal");
     assert_eq!(ask(&t.vm2, "100.127.0.1:9001"), Some(format!("gpu1 {COMPUTE_GPU_SIDE}")));
 
-    let gen3 = RouteTable { generation: 3, routes: vec![vm2_route, vm1_route], metadata: None };
+    let gen3 = RouteTable {
+        generation: 3,
+        routes: vec![vm2_route, vm1_route],
+        metadata: None,
+        vms_without_cgpus: vec![],
+    };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen3).await.unwrap());
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0.clone()));
 
@@ -415,6 +427,7 @@ memory_mib = 1024
         generation: 1,
         routes: vec![route(3, "tap3", "10.233.3.2", "100.127.0.7:9000", "10.232.0.2:8308")],
         metadata: None,
+        vms_without_cgpus: vec![],
     };
     with_client(&gh, &client, async |c| c.put_routes(&table).await.unwrap());
     assert_eq!(ask(&vm3, "100.127.0.7:9000").as_deref(), Some("gpu0 10.233.3.2"));
@@ -449,7 +462,12 @@ fn a_vm_with_another_vms_address_reaches_none_of_its_cgpus() {
     let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
     let client = AgentClient::new(&agent.url, HostId::new("crg2").unwrap(), signer);
     let vm1 = |tap: &str| route(1, tap, "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308");
-    let table = RouteTable { generation: 1, routes: vec![vm1("tap1")], metadata: None };
+    let table = RouteTable {
+        generation: 1,
+        routes: vec![vm1("tap1")],
+        metadata: None,
+        vms_without_cgpus: vec![],
+    };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     let expect = Some(format!("gpu0 {COMPUTE_GPU_SIDE}"));
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), expect);
@@ -464,7 +482,12 @@ fn a_vm_with_another_vms_address_reaches_none_of_its_cgpus() {
     assert_eq!(ask_from(&t.vm2, "10.231.1.2", "10.232.0.2:8308"), None);
 
     // The spoofed packets do flow where a route names VM2's tap: only the binding stopped them.
-    let table = RouteTable { generation: 2, routes: vec![vm1("tap2")], metadata: None };
+    let table = RouteTable {
+        generation: 2,
+        routes: vec![vm1("tap2")],
+        metadata: None,
+        vms_without_cgpus: vec![],
+    };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     assert_eq!(ask_from(&t.vm2, "10.231.1.2", "100.127.0.1:9000"), expect);
 }
@@ -520,6 +543,7 @@ fn each_vm_reads_only_its_own_environment_at_the_metadata_endpoint() {
         generation,
         routes,
         metadata: Some(metadata.parse().unwrap()),
+        vms_without_cgpus: vec![],
     };
     let gen1 = table(1, vec![vm1_a, vm2.clone(), vm1_b.clone()]);
     with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
@@ -549,10 +573,18 @@ fn each_vm_reads_only_its_own_environment_at_the_metadata_endpoint() {
     t.ch.ip(&["route", "del", "10.231.1.2/32", "dev", "tap2"]);
 
     // A detach: VM1's environment follows the table.
-    let gen2 = table(2, vec![vm2, vm1_b]);
+    let gen2 = table(2, vec![vm2.clone(), vm1_b.clone()]);
     with_client(&t.ch, &client, async |c| c.put_routes(&gen2).await.unwrap());
     let vm1_env = "export RCUDA_DEVICE_COUNT=1\nexport RCUDA_DEVICE_0=100.127.0.1@9000:2\n";
     assert_eq!(env(&t.vm1, None, "/rcuda.env"), Some((200, vm1_env.into())));
+
+    // Detached down to no cGPU, VM1 still reads its environment: no device.
+    let idle = VmPort { vm: vm1_b.vm, vm_ip: vm1_b.vm_ip, vm_tap: vm1_b.vm_tap };
+    let gen3 = RouteTable { vms_without_cgpus: vec![idle], ..table(3, vec![vm2]) };
+    with_client(&t.ch, &client, async |c| c.put_routes(&gen3).await.unwrap());
+    let vm1_env = "export RCUDA_DEVICE_COUNT=0\n";
+    assert_eq!(env(&t.vm1, None, "/rcuda.env"), Some((200, vm1_env.into())));
+    assert_eq!(env(&t.vm2, None, "/rcuda.env"), Some((200, vm2_env.into())));
 }
 
 /// Masked endpoints are IPv4; over IPv6 a VM reaches nothing on the GPU network.
@@ -673,6 +705,7 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
             route(2, "tap2", "10.231.2.2", "100.127.0.1:9000", "10.232.0.2:8308"),
         ],
         metadata: None,
+        vms_without_cgpus: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
 

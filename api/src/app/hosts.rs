@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpgpums::{GpuId, HostId, HostKind, HostState};
-use rodvr_agent::protocol::{HostKind as AgentHostKind, HostReport, Route, RouteTable};
+use rodvr_agent::protocol::{HostKind as AgentHostKind, HostReport, Route, RouteTable, VmPort};
 
 use super::batch::{fail_all, Queued};
 use super::pool::BoxFuture;
@@ -312,26 +312,28 @@ impl App {
                 // A route matches the VM's tap and fixed IP together: the tap cannot be spoofed
                 // from inside a VM, and tells VMs apart where tenant networks overlap. A VM
                 // without both (none since the saga requires them) gets no route.
-                let routes = routed
-                    .into_iter()
-                    .filter_map(|c| match (c.fixed_ip, c.tap) {
-                        (Some(vm_ip), Some(vm_tap)) => Some(Route {
+                let mut routes = Vec::new();
+                let mut vms_without_cgpus = Vec::new();
+                for c in routed {
+                    let (Some(vm_ip), Some(vm_tap)) = (c.fixed_ip, c.tap) else {
+                        tracing::error!(vm = %c.vm, %host, "no tap or fixed IP: not routed");
+                        continue;
+                    };
+                    match c.cgpu {
+                        Some(cgpu) => routes.push(Route {
                             vm: c.vm,
                             vm_ip,
                             vm_tap,
-                            masked: c.masked,
-                            target: c.target,
-                            gpu_number: c.gpu_number,
+                            masked: cgpu.masked,
+                            target: cgpu.target,
+                            gpu_number: cgpu.gpu_number,
                         }),
-                        _ => {
-                            tracing::error!(vm = %c.vm, %host, "no tap or fixed IP: not routed");
-                            None
-                        }
-                    })
-                    .collect();
+                        None => vms_without_cgpus.push(VmPort { vm: c.vm, vm_ip, vm_tap }),
+                    }
+                }
                 let generation = record.routes_generation;
                 let metadata = self.config.masking.metadata_endpoint();
-                (record, RouteTable { generation, routes, metadata })
+                (record, RouteTable { generation, routes, metadata, vms_without_cgpus })
             };
             let generation = table.generation;
             let targets: Vec<SocketAddrV4> = table.routes.iter().map(|r| r.target).collect();

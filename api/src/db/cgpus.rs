@@ -193,19 +193,26 @@ pub async fn insert_attach_key(
     Ok(())
 }
 
-/// One cGPU routed on a host: the VM's source and the masked and real endpoints.
+/// One routed VM of a host with one of its live cGPUs: the VM's source, and the cGPU's masked
+/// and real endpoints (none: the VM has no live cGPU left).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoutedCgpu {
     pub vm: VmId,
     pub fixed_ip: Option<Ipv4Addr>,
     pub tap: Option<String>,
+    pub cgpu: Option<CgpuEndpoints>,
+}
+
+/// Where a VM reaches one cGPU, and where that really is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgpuEndpoints {
     pub masked: std::net::SocketAddrV4,
     pub target: std::net::SocketAddrV4,
     pub gpu_number: u32,
 }
 
-/// The routes each host must serve: the cGPUs of every VM on it whose routes are on, in one
-/// query per [`MAX_ROWS`] hosts.
+/// The routes each host must serve: the cGPUs of every VM on it whose routes are on, and one row
+/// with no cGPU for each such VM that has none left, in one query per [`MAX_ROWS`] hosts.
 pub async fn routed_cgpus_on(
     conn: &mut AnyConnection,
     hosts: &[HostId],
@@ -218,8 +225,9 @@ pub async fn routed_cgpus_on(
     let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
         format!(
             "SELECT v.host, v.id, v.fixed_ip, v.tap, c.masked_address, c.masked_port, g.rcuda_address, \
-             g.rcuda_port, g.rcuda_gpu_number FROM vms v JOIN cgpus c ON c.vm = v.id JOIN gpus g ON g.id = c.gpu \
-             WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 AND c.state <> 'detaching' \
+             g.rcuda_port, g.rcuda_gpu_number FROM vms v \
+             LEFT JOIN cgpus c ON c.vm = v.id AND c.state <> 'detaching' LEFT JOIN gpus g ON g.id = c.gpu \
+             WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 \
              ORDER BY v.host, v.id, {CGPU_ORDER}"
         )
     })
@@ -228,6 +236,20 @@ pub async fn routed_cgpus_on(
         let host: String = row.try_get(0)?;
         let host = HostId::new(&host).map_err(|_| corrupt("host name", &host))?;
         let vm: String = row.try_get(1)?;
+        let cgpu = match row.try_get::<Option<String>, _>(4)? {
+            None => None,
+            Some(masked) => Some(CgpuEndpoints {
+                masked: std::net::SocketAddrV4::new(
+                    address(masked, "masked address")?,
+                    row.try_get::<i64, _>(5)? as u16,
+                ),
+                target: std::net::SocketAddrV4::new(
+                    address(row.try_get(6)?, "rCUDA address")?,
+                    row.try_get::<i64, _>(7)? as u16,
+                ),
+                gpu_number: row.try_get::<i64, _>(8)? as u32,
+            }),
+        };
         let routed = RoutedCgpu {
             vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
             fixed_ip: row
@@ -235,15 +257,7 @@ pub async fn routed_cgpus_on(
                 .map(|ip| address(ip, "fixed IP"))
                 .transpose()?,
             tap: row.try_get(3)?,
-            masked: std::net::SocketAddrV4::new(
-                address(row.try_get(4)?, "masked address")?,
-                row.try_get::<i64, _>(5)? as u16,
-            ),
-            target: std::net::SocketAddrV4::new(
-                address(row.try_get(6)?, "rCUDA address")?,
-                row.try_get::<i64, _>(7)? as u16,
-            ),
-            gpu_number: row.try_get::<i64, _>(8)? as u32,
+            cgpu,
         };
         out.entry(host).or_default().push(routed);
     }

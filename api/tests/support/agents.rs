@@ -17,7 +17,8 @@ use rodvr_agent::agent::{Agent, HostFacts};
 use rodvr_agent::auth::TokenVerifier;
 use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
 use rodvr_agent::httpd::{self, HttpLimits, TlsFiles};
-use rodvr_agent::protocol::{AppliedState, ErrorBody, HostKind, RouteTable};
+use rodvr_agent::metadata::EnvError;
+use rodvr_agent::protocol::{AppliedState, ErrorBody, HostKind, RcudaEnv, RouteTable};
 use rodvr_agent::render::TableParams;
 use rodvr_agent::state::Ledger;
 
@@ -118,6 +119,16 @@ impl TestAgent {
             .desired
             .map(|t| t.routes.iter().map(|r| (r.masked, r.target)).collect())
             .unwrap_or_default()
+    }
+
+    /// The table it holds.
+    pub fn table(&self) -> Option<RouteTable> {
+        self.shared.agent.state().desired
+    }
+
+    /// What its metadata server answers the VM at `ip`.
+    pub fn environment(&self, ip: std::net::Ipv4Addr) -> Result<RcudaEnv, EnvError> {
+        self.shared.agent.environment(ip)
     }
 }
 
