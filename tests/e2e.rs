@@ -11,6 +11,7 @@
 //!                         tap* (one per VM)             stand-in rCUDA servers
 //!                           |                           :8308 (gpu0), :8309 (gpu1)
 //!                         VM namespace 10.77.0.N/32
+//!                         metadata listener 10.78.0.1:8775 (on lo)
 //! ```
 //!
 //! A tenant launches a VM with 2 shared cGPUs, `locality = "remote"`, so the VM lands on the only
@@ -22,7 +23,11 @@
 //! match routes on the two together) gets nothing at the masked endpoints: the routes were
 //! removed from the kernel, not just from gsaasd's database.
 //!
-//! The test can tell "blocked" from "broken": before any agent runs, a probe namespace behind the
+//! A second test grows and shrinks a running VM (attach, detach) beside another VM: inside the VM,
+//! cloud-init's own `gsaas-env` reads the live environment from the host's agent through the
+//! masked metadata endpoint, and the data path follows each change.
+//!
+//! The tests can tell "blocked" from "broken": before any agent runs, a probe namespace behind the
 //! compute-rGPU host reaches the GPU host directly, and the address-reusing namespace reaches its
 //! host, so every `None` below is the agents' doing. gsaasd's default policy is set to
 //! `least-load-fit` so the two cGPUs land on different GPUs and a crossed route would show.
@@ -34,14 +39,14 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use support::{
-    ask, binaries, namespaces, read, require_root_tools, run_prefix, veth, wait_for, Api, Netns,
-    Process, StandIn, SweepNamespaces, TempDir,
+    ask, binaries, connect, namespaces, read, require_root_tools, run_prefix, still_open, veth,
+    wait_for, Api, Netns, Process, StandIn, SweepNamespaces, TempDir,
 };
 
 const CONTROLLER: &str = "10.240.0.1";
@@ -96,6 +101,81 @@ fn rcuda_devices(user_data: &str) -> (BTreeMap<u32, (String, u32)>, Option<u32>)
     (devices, count)
 }
 
+/// A launch of `ncgpus` shared cGPUs of 2 GiB on a remote host: the only compute-rGPU host.
+fn remote_launch(ncgpus: u32) -> Value {
+    json!({"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": ncgpus,
+        "gpu_memory_mib": 2048, "mode": "shared", "locality": "remote"})
+}
+
+/// What a login shell in the VM sees of the rCUDA environment. The files the VM's cloud-init
+/// writes (from the `#cloud-config` document in its user_data) go to `dir` rather than `/etc` and
+/// `/usr/local/bin`, and a shell in the VM's namespace sources the profile script, which runs
+/// `gsaas-env`, which asks the host's agent at the masked metadata endpoint.
+fn login_env(vm_ns: &str, user_data: &str, dir: &Path) -> BTreeMap<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let config = user_data
+        .split_once("#cloud-config\n")
+        .and_then(|(_, rest)| rest.lines().next())
+        .unwrap_or_else(|| panic!("no #cloud-config in the user_data:\n{user_data}"));
+    let config: Value = serde_json::from_str(config).expect("the cloud-config is JSON");
+    let files = config["write_files"].as_array().expect("write_files");
+    std::fs::create_dir_all(dir).expect("create the VM's file directory");
+    let moved: Vec<(String, PathBuf)> = files
+        .iter()
+        .map(|f| {
+            let path = f["path"].as_str().expect("a path").to_owned();
+            let name = path.trim_start_matches('/').replace('/', "_");
+            (path, dir.join(name))
+        })
+        .collect();
+    let relocate = |text: &str| {
+        moved.iter().fold(text.to_owned(), |text, (from, to)| {
+            text.replace(from, to.to_str().expect("a UTF-8 path"))
+        })
+    };
+    let mut profile = None;
+    for (file, (path, to)) in files.iter().zip(&moved) {
+        std::fs::write(to, relocate(file["content"].as_str().expect("content")))
+            .unwrap_or_else(|e| panic!("write {}: {e}", to.display()));
+        let mode = u32::from_str_radix(file["permissions"].as_str().expect("permissions"), 8)
+            .expect("octal permissions");
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        if path.starts_with("/etc/profile.d/") {
+            profile = Some(to.clone());
+        }
+    }
+    let profile = profile.expect("cloud-init writes a profile script");
+    let out = Command::new("ip")
+        .args(["netns", "exec", vm_ns, "sh", "-c", r#". "$1" && env"#, "sh"])
+        .arg(&profile)
+        .env_clear()
+        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        .output()
+        .expect("run a shell in the VM's namespace");
+    assert!(
+        out.status.success(),
+        "the login shell failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| line.starts_with("RCUDA_"))
+        .filter_map(|line| line.split_once('='))
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect()
+}
+
+/// The rCUDA variables of a VM whose devices are these masked endpoints (`ip:port`, each GPU
+/// device 0 of its rCUDA server), in order.
+fn rcuda_variables(masked: &[&str]) -> BTreeMap<String, String> {
+    let mut variables =
+        BTreeMap::from([("RCUDA_DEVICE_COUNT".to_owned(), masked.len().to_string())]);
+    for (j, endpoint) in masked.iter().enumerate() {
+        variables.insert(format!("RCUDA_DEVICE_{j}"), format!("{}:0", endpoint.replace(':', "@")));
+    }
+    variables
+}
+
 /// The names of the `tap*` interfaces in `ns`.
 fn taps(ns: &Netns) -> Vec<String> {
     let out = ns.ip(&["-o", "link", "show"]);
@@ -107,59 +187,95 @@ fn taps(ns: &Netns) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn two_shared_cgpus_reached_from_the_vm_through_masked_endpoints_until_terminated() {
-    require_root_tools();
-    let (gsaasd, agent) = binaries();
-    let dir = TempDir::new("e2e");
-    let vm_prefix = format!("{}vm-", run_prefix());
+/// One test's hosts, networks, processes and credentials. Fields drop in order: the processes
+/// first, the namespaces they ran in after them, the directory last.
+struct Testbed {
+    _agents: [Process; 2],
+    _gsaasd: Process,
+    _stand_ins: Vec<StandIn>,
+    _host_service: StandIn,
+    api: Api,
+    admin: String,
+    member: String,
+    vm_prefix: String,
+    _vms: SweepNamespaces,
+    probe: Netns,
+    _cg: Netns,
+    crg: Netns,
+    _ctl: Netns,
+    _mgmt: Netns,
+    dir: TempDir,
+}
 
-    // Hosts and networks. Dropped last (declared first): after every process is gone.
-    let mgmt = Netns::new("mgmt");
-    let ctl = Netns::new("ctl");
-    let crg = Netns::new("crg");
-    let cg = Netns::new("cg");
-    let probe = Netns::new("probe");
-    let _vms = SweepNamespaces { prefix: vm_prefix.clone() };
-    mgmt.ip(&["link", "add", "br0", "type", "bridge"]);
-    mgmt.ip(&["link", "set", "br0", "up"]);
-    for (ns, port, cidr) in [
-        (&ctl, "p-ctl", format!("{CONTROLLER}/24")),
-        (&crg, "p-crg", "10.240.0.11/24".to_owned()),
-        (&cg, "p-cg", "10.240.0.12/24".to_owned()),
-    ] {
-        veth(ns, "mgmt0", &cidr, &mgmt, port, "");
-        mgmt.ip(&["link", "set", port, "master", "br0"]);
-    }
-    veth(&crg, "gpu0", &format!("{RGPU_GPU_SIDE}/24"), &cg, "gpu0", &format!("{GPU_SERVER}/24"));
-    crg.enable_forwarding();
-    // The GPU host routes back to VMs, so only the agent's filter keeps them out.
-    cg.ip(&["route", "add", "10.77.0.0/24", "via", RGPU_GPU_SIDE]);
-    cg.ip(&["route", "add", "10.79.0.0/24", "via", RGPU_GPU_SIDE]);
-    veth(&probe, "eth0", "10.79.0.2/24", &crg, "probe0", "10.79.0.1/24");
-    probe.ip(&["route", "add", "default", "via", "10.79.0.1"]);
+/// The stand-in rCUDA servers of the compute-GPU host: (name, port) of each GPU.
+const GPU_SERVERS: [(&str, u16); 2] = [("gpu0", 8308), ("gpu1", 8309)];
 
-    let gpu_servers = [("gpu0", 8308), ("gpu1", 8309)];
-    let _stand_ins: Vec<StandIn> = gpu_servers
-        .iter()
-        .map(|(name, port)| StandIn::start(&cg, &format!("{GPU_SERVER}:{port}"), name))
-        .collect();
-    // Any address of the host, the VMs' gateway included (once a tap carries it).
-    let _host_service = StandIn::start(&crg, "0.0.0.0:7000", "crg");
-    // Without agents, a VM-like namespace behind the compute-rGPU host reaches the GPU host.
-    assert_eq!(
-        ask(&probe.name, &format!("{GPU_SERVER}:8308")).as_deref(),
-        Some("gpu0 10.79.0.2"),
-        "the test topology is broken: the probe cannot reach the GPU host at all"
-    );
+/// The compute-rGPU host's own address where its agent serves the VMs' rCUDA environments.
+const METADATA_LISTEN: &str = "10.78.0.1:8775";
 
-    // gsaasd's configuration, key and tokens.
-    let d = dir.path().display();
-    let config = dir.path().join("gsaasd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen = "{CONTROLLER}:8700"
+impl Testbed {
+    /// Builds the topology above, starts gsaasd and both agents, and waits until both hosts are
+    /// schedulable. `tag` keeps this test's directory and VM namespaces apart from other tests'.
+    fn start(tag: &str) -> Testbed {
+        require_root_tools();
+        let (gsaasd, agent) = binaries();
+        let dir = TempDir::new(tag);
+        let vm_prefix = format!("{}{tag}-vm-", run_prefix());
+
+        let mgmt = Netns::new("mgmt");
+        let ctl = Netns::new("ctl");
+        let crg = Netns::new("crg");
+        let cg = Netns::new("cg");
+        let probe = Netns::new("probe");
+        let vms = SweepNamespaces { prefix: vm_prefix.clone() };
+        mgmt.ip(&["link", "add", "br0", "type", "bridge"]);
+        mgmt.ip(&["link", "set", "br0", "up"]);
+        for (ns, port, cidr) in [
+            (&ctl, "p-ctl", format!("{CONTROLLER}/24")),
+            (&crg, "p-crg", "10.240.0.11/24".to_owned()),
+            (&cg, "p-cg", "10.240.0.12/24".to_owned()),
+        ] {
+            veth(ns, "mgmt0", &cidr, &mgmt, port, "");
+            mgmt.ip(&["link", "set", port, "master", "br0"]);
+        }
+        veth(
+            &crg,
+            "gpu0",
+            &format!("{RGPU_GPU_SIDE}/24"),
+            &cg,
+            "gpu0",
+            &format!("{GPU_SERVER}/24"),
+        );
+        crg.enable_forwarding();
+        // The GPU host routes back to VMs, so only the agent's filter keeps them out.
+        cg.ip(&["route", "add", "10.77.0.0/24", "via", RGPU_GPU_SIDE]);
+        cg.ip(&["route", "add", "10.79.0.0/24", "via", RGPU_GPU_SIDE]);
+        veth(&probe, "eth0", "10.79.0.2/24", &crg, "probe0", "10.79.0.1/24");
+        probe.ip(&["route", "add", "default", "via", "10.79.0.1"]);
+        // A host-local address for the agent's metadata listener, as a dummy interface would hold.
+        let metadata_ip = METADATA_LISTEN.split(':').next().unwrap_or_default();
+        crg.ip(&["addr", "add", &format!("{metadata_ip}/32"), "dev", "lo"]);
+
+        let stand_ins: Vec<StandIn> = GPU_SERVERS
+            .iter()
+            .map(|(name, port)| StandIn::start(&cg, &format!("{GPU_SERVER}:{port}"), name))
+            .collect();
+        // Any address of the host, the VMs' gateway included (once a tap carries it).
+        let host_service = StandIn::start(&crg, "0.0.0.0:7000", "crg");
+        // Without agents, a VM-like namespace behind the compute-rGPU host reaches the GPU host.
+        assert_eq!(
+            ask(&probe.name, &format!("{GPU_SERVER}:8308")).as_deref(),
+            Some("gpu0 10.79.0.2"),
+            "the test topology is broken: the probe cannot reach the GPU host at all"
+        );
+
+        // gsaasd's configuration, key and tokens.
+        let d = dir.path().display();
+        let config = dir.path().join("gsaasd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"listen = "{CONTROLLER}:8700"
 data_dir = "{d}/gsaasd"
 default_policy = "least-load-fit"
 
@@ -184,48 +300,48 @@ vm_namespace_prefix = "{vm_prefix}"
 backend = "agent"
 agent_urls = {{ "{RGPU_HOST}" = "http://10.240.0.11:7450", "{GPU_HOST}" = "http://10.240.0.12:7450" }}
 "#,
-            crg = crg.name,
-            cg = cg.name,
-        ),
-    )
-    .expect("write gsaasd.toml");
-    let public_key = gsaasd_cli(&gsaasd, &config, &["public-key"]);
-    std::fs::write(dir.path().join("controller.pub.pem"), format!("{public_key}\n"))
-        .expect("write the public key");
-    let token = |args: &[&str]| gsaasd_cli(&gsaasd, &config, &[&["token", "issue"], args].concat());
-    let admin = token(&["--role", "admin", "--project", "ops"]);
-    let member = token(&["--role", "member", "--project", "e2e"]);
+                crg = crg.name,
+                cg = cg.name,
+            ),
+        )
+        .expect("write gsaasd.toml");
+        let public_key = gsaasd_cli(&gsaasd, &config, &["public-key"]);
+        std::fs::write(dir.path().join("controller.pub.pem"), format!("{public_key}\n"))
+            .expect("write the public key");
+        let token =
+            |args: &[&str]| gsaasd_cli(&gsaasd, &config, &[&["token", "issue"], args].concat());
+        let admin = token(&["--role", "admin", "--project", "ops"]);
+        let member = token(&["--role", "member", "--project", "e2e"]);
 
-    // The agents' configurations: the compute-GPU host lists its two GPUs (no NVML here).
-    let agent_config = |ns: &Netns, host: &str, address: &str, gpus: &str| {
-        let path = dir.path().join(format!("{host}.toml"));
-        let agent_token = token(&["--role", "agent", "--host", host]);
-        std::fs::write(
-            &path,
-            format!(
-                r#"host = "{host}"
+        // The agents' configurations: the compute-GPU host lists its two GPUs (no NVML here).
+        let agent_config = |ns: &Netns, host: &str, address: &str, extra: &str| {
+            let path = dir.path().join(format!("{host}.toml"));
+            let agent_token = token(&["--role", "agent", "--host", host]);
+            std::fs::write(
+                &path,
+                format!(
+                    r#"host = "{host}"
 listen = "{address}:7450"
 state_file = "{d}/{host}.routes.json"
 controller_public_key = "{d}/controller.pub.pem"
 masked_range = "100.127.0.0/16"
 gpu_interface = "gpu0"
 retry_interval_secs = 1
-
+{extra}
 [controller]
 url = "http://{CONTROLLER}:8700"
 token = "{agent_token}"
 heartbeat_interval_secs = 1
-{gpus}"#
-            ),
-        )
-        .expect("write an agent config");
-        let mut command = ns.command(&agent);
-        command.arg("--config").arg(&path);
-        command
-    };
-    let gpu_inventory = format!(
-        r#"
-[rcuda]
+"#
+                ),
+            )
+            .expect("write an agent config");
+            let mut command = ns.command(&agent);
+            command.arg("--config").arg(&path);
+            command
+        };
+        let gpu_inventory = format!(
+            r#"[rcuda]
 address = "{GPU_SERVER}"
 base_port = 8308
 
@@ -239,56 +355,103 @@ index = 1
 model = "stand-in"
 memory_mib = 8192
 "#
-    );
-    let rgpu_agent = agent_config(&crg, RGPU_HOST, "10.240.0.11", "");
-    let gpu_agent = agent_config(&cg, GPU_HOST, "10.240.0.12", &gpu_inventory);
+        );
+        let metadata = format!("metadata_listen = \"{METADATA_LISTEN}\"\n");
+        let rgpu_agent = agent_config(&crg, RGPU_HOST, "10.240.0.11", &metadata);
+        let gpu_agent = agent_config(&cg, GPU_HOST, "10.240.0.12", &gpu_inventory);
 
-    // Start everything; processes are dropped (killed) first.
-    let mut serve = ctl.command(&gsaasd);
-    serve.arg("serve").arg("-c").arg(&config).env("RUST_LOG", "info,sqlx=warn");
-    let gsaasd_process = Process::start("gsaasd", serve, dir.path().join("gsaasd.log"));
-    assert_eq!(gsaasd_process.first_line, format!("gsaasd serving on http://{CONTROLLER}:8700"));
-    let _agents = [
-        Process::start(RGPU_HOST, rgpu_agent, dir.path().join("rgpu-agent.log")),
-        Process::start(GPU_HOST, gpu_agent, dir.path().join("gpu-agent.log")),
-    ];
-    let api = Api { ns: ctl.name.clone(), base: format!("http://{CONTROLLER}:8700") };
+        let mut serve = ctl.command(&gsaasd);
+        serve.arg("serve").arg("-c").arg(&config).env("RUST_LOG", "info,sqlx=warn");
+        let gsaasd_process = Process::start("gsaasd", serve, dir.path().join("gsaasd.log"));
+        assert_eq!(
+            gsaasd_process.first_line,
+            format!("gsaasd serving on http://{CONTROLLER}:8700")
+        );
+        let agents = [
+            Process::start(RGPU_HOST, rgpu_agent, dir.path().join("rgpu-agent.log")),
+            Process::start(GPU_HOST, gpu_agent, dir.path().join("gpu-agent.log")),
+        ];
+        let api = Api { ns: ctl.name.clone(), base: format!("http://{CONTROLLER}:8700") };
 
-    // Both agents register over the management network.
-    wait_for("both hosts to register and be schedulable", Duration::from_secs(15), || {
-        let hosts = api.get("/v1/hosts", &admin);
-        let ready = |name: &str| {
-            hosts["hosts"].as_array()?.iter().find(|h| h["name"] == name).map(|h| {
-                h["state"] == "schedulable"
-                    && h["agent_url"].as_str().is_some_and(|u| u.starts_with("http://10.240.0."))
-            })
-        };
-        (ready(RGPU_HOST) == Some(true) && ready(GPU_HOST) == Some(true)).then_some(())
-    });
+        // Both agents register over the management network.
+        wait_for("both hosts to register and be schedulable", Duration::from_secs(15), || {
+            let hosts = api.get("/v1/hosts", &admin);
+            let ready = |name: &str| {
+                hosts["hosts"].as_array()?.iter().find(|h| h["name"] == name).map(|h| {
+                    h["state"] == "schedulable"
+                        && h["agent_url"]
+                            .as_str()
+                            .is_some_and(|u| u.starts_with("http://10.240.0."))
+                })
+            };
+            (ready(RGPU_HOST) == Some(true) && ready(GPU_HOST) == Some(true)).then_some(())
+        });
+        Testbed {
+            _agents: agents,
+            _gsaasd: gsaasd_process,
+            _stand_ins: stand_ins,
+            _host_service: host_service,
+            api,
+            admin,
+            member,
+            vm_prefix,
+            _vms: vms,
+            probe,
+            _cg: cg,
+            crg,
+            _ctl: ctl,
+            _mgmt: mgmt,
+            dir,
+        }
+    }
+
+    /// Launches `request` as the member and waits until the VM is ready: (its id, the member's view).
+    fn launch_ready(&self, request: &Value) -> (String, Value) {
+        let (status, vm) = self.api.call("POST", "/v1/vms", &self.member, Some(request));
+        assert_eq!(status, 202, "launch: {vm}");
+        let id = vm["id"].as_str().expect("the VM's id").to_owned();
+        let vm = self.wait_vm(&id, "the VM to be ready", |vm| vm["state"] == "ready");
+        (id, vm)
+    }
+
+    /// Polls the member's view of VM `id` until `done`; a VM in `error` fails the test.
+    fn wait_vm(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let path = format!("/v1/vms/{id}");
+        wait_for(what, Duration::from_secs(20), || {
+            let vm = self.api.get(&path, &self.member);
+            assert_ne!(vm["state"], "error", "{what}: the VM failed: {vm}");
+            done(&vm).then_some(vm)
+        })
+    }
+
+    /// The user_data the cloud recorded for VM `id` (what cloud-init would read).
+    fn user_data(&self, id: &str) -> String {
+        read(&self.dir.path().join("user_data").join(format!("{id}.user_data")))
+    }
+
+    /// The VM's namespace, from the member's view of it.
+    fn vm_namespace(&self, vm: &Value) -> String {
+        format!("{}{}", self.vm_prefix, vm["server_id"].as_str().expect("a server id"))
+    }
+}
+
+#[test]
+fn two_shared_cgpus_reached_from_the_vm_through_masked_endpoints_until_terminated() {
+    let t = Testbed::start("e2e-launch");
 
     // Launch 2 shared cGPUs on a remote (compute-rGPU) host, and wait for ready.
-    let request = json!({"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 2,
-        "gpu_memory_mib": 2048, "mode": "shared", "locality": "remote"});
-    let (status, vm) = api.call("POST", "/v1/vms", &member, Some(&request));
-    assert_eq!(status, 202, "launch: {vm}");
-    let id = vm["id"].as_str().expect("the VM's id").to_owned();
+    let (id, vm) = t.launch_ready(&remote_launch(2));
     let vm_path = format!("/v1/vms/{id}");
-    let vm = wait_for("the VM to be ready", Duration::from_secs(20), || {
-        let vm = api.get(&vm_path, &member);
-        assert_ne!(vm["state"], "error", "the launch failed: {vm}");
-        (vm["state"] == "ready").then_some(vm)
-    });
-    let admin_view = api.get(&vm_path, &admin);
+    let admin_view = t.api.get(&vm_path, &t.admin);
     assert_eq!(admin_view["host"], RGPU_HOST, "{admin_view}");
-    let server_id = vm["server_id"].as_str().expect("a server id");
     let fixed_ip = vm["fixed_ip"].as_str().expect("a fixed IP");
-    let vm_ns = format!("{vm_prefix}{server_id}");
+    let vm_ns = t.vm_namespace(&vm);
     assert!(namespaces().contains(&vm_ns), "the VM's namespace {vm_ns} does not exist");
-    let vm_tap = taps(&crg);
+    let vm_tap = taps(&t.crg);
     assert_eq!(vm_tap.len(), 1, "the VM's host should have one tap: {vm_tap:?}");
 
     // The VM's cGPUs, as its cloud-init sets them.
-    let user_data = read(&dir.path().join("user_data").join(format!("{id}.user_data")));
+    let user_data = t.user_data(&id);
     let (devices, count) = rcuda_devices(&user_data);
     assert_eq!(count, Some(2), "RCUDA_DEVICE_COUNT in the user_data:\n{user_data}");
     assert_eq!(devices.keys().copied().collect::<Vec<_>>(), [0, 1], "{user_data}");
@@ -304,7 +467,7 @@ memory_mib = 8192
         let cgpu = &cgpus[*j as usize];
         assert_eq!(cgpu["masked_endpoint"].as_str(), Some(masked.as_str()), "{admin_view}");
         assert_eq!(*gpu_number, 0, "each GPU has its own rCUDA daemon, as device 0");
-        let (server, _) = gpu_servers
+        let (server, _) = GPU_SERVERS
             .iter()
             .find(|(_, port)| rcuda_endpoints[*j as usize] == format!("{GPU_SERVER}:{port}"))
             .unwrap_or_else(|| panic!("cGPU {j} is on no stand-in: {admin_view}"));
@@ -314,30 +477,27 @@ memory_mib = 8192
             "cGPU {j} at {masked} should reach {server}"
         );
     }
-    for (_, port) in gpu_servers {
+    for (_, port) in GPU_SERVERS {
         let direct = format!("{GPU_SERVER}:{port}");
         assert_eq!(ask(&vm_ns, &direct), None, "the VM reached the GPU host at {direct}");
-        assert_eq!(ask(&probe.name, &direct), None, "the probe reached {direct} past the agent");
+        assert_eq!(ask(&t.probe.name, &direct), None, "the probe reached {direct} past the agent");
     }
 
     // Terminate: the VM, its namespace and tap, and its routes are gone.
-    let (status, body) = api.call("DELETE", &vm_path, &member, None);
+    let (status, body) = t.api.call("DELETE", &vm_path, &t.member, None);
     assert_eq!(status, 202, "terminate: {body}");
-    wait_for("the VM to be deleted", Duration::from_secs(20), || {
-        let vm = api.get(&vm_path, &member);
-        (vm["state"] == "deleted").then_some(())
-    });
+    t.wait_vm(&id, "the VM to be deleted", |vm| vm["state"] == "deleted");
     assert!(!namespaces().contains(&vm_ns), "the VM's namespace {vm_ns} is still there");
     assert!(!Path::new("/run/netns").join(&vm_ns).exists());
-    assert_eq!(taps(&crg), Vec::<String>::new(), "the VM's tap is still on its host");
+    assert_eq!(taps(&t.crg), Vec::<String>::new(), "the VM's tap is still on its host");
 
     // A namespace that takes over the VM's port (its tap's name and its address, so that a stale
     // route keyed on either would match), wired the same way, reaches its host but not the cGPUs
     // the VM had.
     let reuse = Netns::new("reuse");
     let tap = vm_tap[0].as_str();
-    veth(&reuse, "eth0", &format!("{fixed_ip}/32"), &crg, tap, &format!("{VM_GATEWAY}/32"));
-    crg.ip(&["route", "add", &format!("{fixed_ip}/32"), "dev", tap]);
+    veth(&reuse, "eth0", &format!("{fixed_ip}/32"), &t.crg, tap, &format!("{VM_GATEWAY}/32"));
+    t.crg.ip(&["route", "add", &format!("{fixed_ip}/32"), "dev", tap]);
     reuse.ip(&["route", "add", VM_GATEWAY, "dev", "eth0"]);
     reuse.ip(&["route", "add", "default", "via", VM_GATEWAY]);
     assert_eq!(
@@ -348,4 +508,87 @@ memory_mib = 8192
     for masked in devices.values().map(|(masked, _)| masked) {
         assert_eq!(ask(&reuse.name, masked), None, "{masked} still answers after terminate");
     }
+}
+
+/// The dissertation's progressive attach, on the real kernel: a running VM gains a cGPU, reads
+/// its new environment from its host's agent (cloud-init's own `gsaas-env`), and reaches the new
+/// device; another VM on the host reads only its own environment and cannot reach the first VM's
+/// new endpoint; a detach kills the endpoint and cuts its open connection while the other cGPU's
+/// connection and endpoint carry on, renumbered as device 0; and a VM detached down to no cGPU
+/// reads an empty environment, not its boot-time one.
+#[test]
+fn cgpus_attached_to_and_detached_from_a_running_vm_come_and_go_inside_it() {
+    let t = Testbed::start("e2e-elastic");
+    let (a, vm_a) = t.launch_ready(&remote_launch(1));
+    let (b, vm_b) = t.launch_ready(&remote_launch(1));
+    let (a_ns, b_ns) = (t.vm_namespace(&vm_a), t.vm_namespace(&vm_b));
+    let login = |ns: &str, id: &str| login_env(ns, &t.user_data(id), &t.dir.path().join(id));
+    // (masked endpoint, the stand-in it must reach) of each of a VM's cGPUs, by index.
+    let cgpus = |id: &str| -> Vec<(u64, String, String)> {
+        let vm = t.api.get(&format!("/v1/vms/{id}"), &t.admin);
+        let cgpus = vm["cgpus"].as_array().expect("cgpus").iter();
+        cgpus
+            .map(|c| {
+                let rcuda = c["rcuda_endpoint"].as_str().expect("admins see it");
+                let (server, _) = GPU_SERVERS
+                    .iter()
+                    .find(|(_, port)| rcuda == format!("{GPU_SERVER}:{port}"))
+                    .unwrap_or_else(|| panic!("a cGPU on no stand-in: {vm}"));
+                let masked = c["masked_endpoint"].as_str().expect("a masked endpoint");
+                (c["index"].as_u64().expect("an index"), masked.to_owned(), (*server).to_owned())
+            })
+            .collect()
+    };
+    let greeting = |server: &str| Some(format!("{server} {RGPU_GPU_SIDE}"));
+    let settled = |id: &str, n: usize, what: &str| {
+        t.wait_vm(id, what, |vm| {
+            let cgpus = vm["cgpus"].as_array().map(Vec::as_slice).unwrap_or_default();
+            cgpus.len() == n && cgpus.iter().all(|c| c["state"] == "live")
+        })
+    };
+
+    let a0 = cgpus(&a).remove(0);
+    let b0 = cgpus(&b).remove(0);
+    assert_eq!(login(&a_ns, &a), rcuda_variables(&[&a0.1]));
+
+    // Attach: the VM sees two devices live (its boot-time values still say one) and reaches the
+    // new one.
+    let attach = json!({"ncgpus": 1, "gpu_memory_mib": 2048, "mode": "shared"});
+    let (status, body) =
+        t.api.call("POST", &format!("/v1/vms/{a}/cgpus"), &t.member, Some(&attach));
+    assert_eq!(status, 202, "attach: {body}");
+    settled(&a, 2, "the attach to end");
+    let a1 = cgpus(&a).remove(1);
+    assert_eq!(a1.0, 1, "the new cGPU's index");
+    assert_eq!(rcuda_devices(&t.user_data(&a)).1, Some(1), "the boot-time values changed");
+    assert_eq!(login(&a_ns, &a), rcuda_variables(&[&a0.1, &a1.1]));
+    let (mut conn0, hello0) = connect(&a_ns, &a0.1).expect("VM A reaches its cGPU 0");
+    let (mut conn1, hello1) = connect(&a_ns, &a1.1).expect("VM A reaches its new cGPU 1");
+    assert_eq!((Some(hello0), Some(hello1)), (greeting(&a0.2), greeting(&a1.2)));
+
+    // The other VM: its own environment, and nothing at the first VM's new endpoint.
+    assert_eq!(login(&b_ns, &b), rcuda_variables(&[&b0.1]));
+    assert_eq!(ask(&b_ns, &b0.1), greeting(&b0.2));
+    assert_eq!(ask(&b_ns, &a1.1), None, "VM B reached VM A's new cGPU at {}", a1.1);
+
+    // Detach cGPU 0: its endpoint dies and its open connection is cut; cGPU 1 keeps its endpoint
+    // and its connection, and is device 0 now.
+    let (status, body) = t.api.call("DELETE", &format!("/v1/vms/{a}/cgpus/0"), &t.member, None);
+    assert_eq!(status, 202, "detach: {body}");
+    settled(&a, 1, "the detach of cGPU 0 to end");
+    assert!(!still_open(&mut conn0), "the connection to the detached cGPU 0 survived");
+    assert!(still_open(&mut conn1), "the connection to cGPU 1 was cut by cGPU 0's detach");
+    assert_eq!(ask(&a_ns, &a0.1), None, "cGPU 0's endpoint {} still answers", a0.1);
+    assert_eq!(login(&a_ns, &a), rcuda_variables(&[&a1.1]));
+
+    // Detach the last: the VM runs on without GPUs, and its environment says so.
+    let (status, body) = t.api.call("DELETE", &format!("/v1/vms/{a}/cgpus/1"), &t.member, None);
+    assert_eq!(status, 202, "detach: {body}");
+    let vm = settled(&a, 0, "the detach of cGPU 1 to end");
+    assert_eq!(vm["state"], "ready", "{vm}");
+    assert!(!still_open(&mut conn1), "the connection to the detached cGPU 1 survived");
+    assert_eq!(login(&a_ns, &a), rcuda_variables(&[]));
+    // The other VM is untouched throughout.
+    assert_eq!(login(&b_ns, &b), rcuda_variables(&[&b0.1]));
+    assert_eq!(ask(&b_ns, &b0.1), greeting(&b0.2));
 }

@@ -13,7 +13,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -26,7 +26,7 @@ use rodvr_agent::auth::TokenSigner;
 use rodvr_agent::client::AgentClient;
 use rodvr_agent::protocol::{HostKind, HostReport, Route, RouteTable, VmPort};
 use serde_json::Value;
-use support::netns::{require_root_tools, veth, Netns};
+use support::netns::{connect, greet_and_echo, require_root_tools, still_open, veth, Netns};
 use support::{key_pair, TempDir};
 
 const COMPUTE_GPU_SIDE: &str = "10.232.0.1";
@@ -64,48 +64,20 @@ fn topology() -> Topology {
 fn stand_in_rcuda(ns: &Netns, addr: &str, name: &'static str) {
     let listener = ns.run(|| TcpListener::bind(addr).unwrap());
     std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            std::thread::spawn(move || {
-                let peer = conn.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
-                let _ = writeln!(conn, "{name} {peer}");
-                let mut buf = [0u8; 512];
-                while let Ok(n @ 1..) = conn.read(&mut buf) {
-                    if conn.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
+        for conn in listener.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || greet_and_echo(conn, name));
         }
     });
 }
 
-/// Connects from `ns` to `addr`; the open connection and the server's greeting, or `None` if no
-/// connection could be made within a second.
+/// Connects from `ns` to `addr`; the open connection and the server's greeting, if any.
 fn open(ns: &Netns, addr: &str) -> Option<(BufReader<TcpStream>, String)> {
-    let addr: SocketAddr = addr.parse().unwrap();
-    ns.run(|| {
-        let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-        conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut conn = BufReader::new(conn);
-        let mut line = String::new();
-        conn.read_line(&mut line).ok()?;
-        Some((conn, line.trim().to_owned()))
-    })
+    connect(&ns.name, addr)
 }
 
 /// The greeting of the server a new connection from `ns` to `addr` reaches, if any.
 fn ask(ns: &Netns, addr: &str) -> Option<String> {
     open(ns, addr).map(|(_, greeting)| greeting)
-}
-
-/// Whether `conn` still carries data both ways (an echo comes back within 2 s).
-fn still_open(conn: &mut BufReader<TcpStream>) -> bool {
-    if conn.get_mut().write_all(b"ping\n").is_err() {
-        return false;
-    }
-    let mut line = String::new();
-    matches!(conn.read_line(&mut line), Ok(n) if n > 0) && line == "ping\n"
 }
 
 /// The agent process; killed on drop.

@@ -12,11 +12,14 @@
 #[path = "../../rodvr-agent/tests/support/netns.rs"]
 mod netns;
 
-pub use netns::{enter_and_run, namespaces, require_root_tools, run_prefix, veth, Netns};
+pub use netns::{
+    connect, enter_and_run, greet_and_echo, namespaces, require_root_tools, run_prefix, still_open,
+    veth, Netns,
+};
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -97,9 +100,8 @@ impl Drop for Process {
     }
 }
 
-/// A TCP server in a namespace that greets every connection with `"{name} {peer ip}\n"` (so a
-/// client learns which server it reached, and from which address the server saw it), as an rCUDA
-/// daemon of one GPU stands in. Stopped when dropped.
+/// A TCP server in a namespace, as an rCUDA daemon of one GPU stands in: each connection is
+/// greeted and echoed ([`greet_and_echo`]). Stops accepting when dropped.
 #[derive(Debug)]
 pub struct StandIn {
     stop: Arc<AtomicBool>,
@@ -118,9 +120,10 @@ impl StandIn {
         let thread = std::thread::spawn(move || {
             while !stopped.load(Ordering::Relaxed) {
                 match listener.accept() {
-                    Ok((mut conn, peer)) => {
+                    Ok((conn, _)) => {
                         let _ = conn.set_nonblocking(false);
-                        let _ = writeln!(conn, "{name} {}", peer.ip());
+                        let name = name.clone();
+                        std::thread::spawn(move || greet_and_echo(conn, &name));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
@@ -142,14 +145,7 @@ impl Drop for StandIn {
 /// From inside the namespace `ns`, the greeting of whatever answers a TCP connection to `addr`, or
 /// `None` if nothing does within a second.
 pub fn ask(ns: &str, addr: &str) -> Option<String> {
-    let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("address {addr:?}: {e}"));
-    enter_and_run(ns, || {
-        let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-        conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        let mut line = String::new();
-        BufReader::new(conn).read_line(&mut line).ok()?;
-        Some(line.trim().to_owned())
-    })
+    connect(ns, addr).map(|(_, greeting)| greeting)
 }
 
 /// Polls `f` every 50 ms until it returns `Some`, for at most `limit`; panics with `what` then.

@@ -9,9 +9,12 @@
 #![allow(dead_code)]
 
 use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use nix::sched::{setns, CloneFlags};
 
@@ -136,7 +139,7 @@ impl Netns {
     /// link-local addresses pass duplicate address detection, neighbour discovery (and so IPv6
     /// traffic through this namespace) can stall for a second.
     pub fn wait_ipv6_ready(&self) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let out = self.ip(&["-6", "addr", "show", "tentative"]);
             if out.stdout.is_empty() {
@@ -147,7 +150,7 @@ impl Netns {
                 "{}: addresses stay tentative",
                 self.name
             );
-            std::thread::sleep(std::time::Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -189,4 +192,41 @@ pub fn veth(a: &Netns, a_if: &str, a_cidr: &str, b: &Netns, b_if: &str, b_cidr: 
         }
         ns.ip(&["link", "set", interface, "up"]);
     }
+}
+
+/// What a stand-in rCUDA server does with a connection: greets it with `"{name} {peer ip}\n"` (so
+/// the client learns which server it reached, and from which address the server saw it), then
+/// echoes what it receives until the client closes (so an open connection can be probed).
+pub fn greet_and_echo(mut conn: TcpStream, name: &str) {
+    let peer = conn.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+    let _ = writeln!(conn, "{name} {peer}");
+    let mut buf = [0u8; 512];
+    while let Ok(n @ 1..) = conn.read(&mut buf) {
+        if conn.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+}
+
+/// Connects from the namespace `ns` to `addr`: the open connection and the server's greeting, or
+/// `None` if no connection could be made and greeted within a second or two.
+pub fn connect(ns: &str, addr: &str) -> Option<(BufReader<TcpStream>, String)> {
+    let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("address {addr:?}: {e}"));
+    enter_and_run(ns, || {
+        let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+        conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let mut conn = BufReader::new(conn);
+        let mut line = String::new();
+        conn.read_line(&mut line).ok().filter(|n| *n > 0)?;
+        Some((conn, line.trim().to_owned()))
+    })
+}
+
+/// Whether `conn` still carries data both ways (an echo comes back within 2 s).
+pub fn still_open(conn: &mut BufReader<TcpStream>) -> bool {
+    if conn.get_mut().write_all(b"ping\n").is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    matches!(conn.read_line(&mut line), Ok(n) if n > 0) && line == "ping\n"
 }
