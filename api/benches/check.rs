@@ -20,16 +20,14 @@
 //! Run: `cargo bench -p gsaasd --bench check` (args: `-- [runs] [cgpus] [scrapers]`).
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::percentile;
 use gsaasd::auth::Role;
 use gsaasd::config::Config;
 use gsaasd::service;
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
 
 async fn wait(http: &reqwest::Client, url: &str, token: &str, state: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);

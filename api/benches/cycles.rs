@@ -26,6 +26,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -39,6 +41,7 @@ use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use tokio::net::TcpStream;
 
+use common::percentile;
 use gsaasd::auth::Role;
 use gsaasd::service;
 use support::{test_config, Store};
@@ -64,14 +67,6 @@ struct Row {
     pushes: u64,
     p50_ms: f64,
     p99_ms: f64,
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 /// How a client follows a VM to its next state.

@@ -25,47 +25,15 @@
 //! (args: `-- [runs] [sizes,...]`; needs root, `ip` and `nft`).
 #![allow(clippy::print_stdout)]
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{percentile, RealAgentBed};
 use gsaasd::app::vms::LaunchInput;
 use gsaasd::auth::{Caller, Role};
-use gsaasd::config::{Config, HostsBackend};
 use gsaasd::http::views::LaunchRequest;
 use gsaasd::model::VmState;
-use gsaasd::service;
-
-const NETNS_ENV: &str = "GSAAS_BENCH_NETNS";
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn sh(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn agent_binary() -> PathBuf {
-    std::env::var_os("RODVR_AGENT").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/rodvr-agent"))
-    })
-}
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[derive(Default)]
 struct Sample {
@@ -77,62 +45,8 @@ struct Sample {
 }
 
 async fn run(runs: usize, sizes: &[u32]) {
-    let dir = std::env::temp_dir().join(format!("gsaas-bench-mgmt-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut config = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.join("data"),
-        ..Config::default()
-    };
-    config.hosts.backend = HostsBackend::Agent;
-    config.hosts.reconcile_interval_secs = 3600;
-    config.hosts.heartbeat_timeout_secs = 3600;
-    // gsaasd reaches the agent where its config says: a port picked here, which the agent takes.
-    let host = "compute-gpu0";
-    let agent_port =
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    config.hosts.agent_urls.insert(host.parse().unwrap(), format!("http://127.0.0.1:{agent_port}"));
-    let svc = service::start(config.clone()).await.expect("gsaasd starts");
-    let app = svc.app.clone();
-
-    // The real agent, registering with gsaasd.
-    let token = app.keys.issue(host, None, Role::Agent, Duration::from_secs(3600));
-    let agent_config = dir.join("agent.toml");
-    let mut gpus = String::new();
-    for i in 0..8 {
-        gpus += &format!("[[gpus]]\nindex = {i}\nmodel = \"H100\"\nmemory_mib = 81920\n\n");
-    }
-    std::fs::write(
-        &agent_config,
-        format!(
-            "host = \"{host}\"\nlisten = \"127.0.0.1:{agent_port}\"\nstate_file = \"{}\"\ncontroller_public_key = \"{}\"\n\
-             masked_range = \"100.127.0.0/16\"\ngpu_interface = \"gpu0\"\n\n[controller]\nurl = \"{}\"\n\
-             token = \"{token}\"\nheartbeat_interval_secs = 3600\n\n[rcuda]\naddress = \"10.232.0.11\"\n\n{gpus}",
-            dir.join("routes.json").display(),
-            config.signing_key_path().with_extension("pub").display(),
-            svc.url(),
-        ),
-    )
-    .unwrap();
-    let bin = agent_binary();
-    assert!(bin.exists(), "{} missing: cargo build --release -p rodvr-agent", bin.display());
-    let mut child = Command::new(&bin)
-        .arg("--config")
-        .arg(&agent_config)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start rodvr-agent");
-    let stdout = child.stdout.take().unwrap();
-    let _agent = Agent(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    eprintln!("{}", line.trim());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !app.hosts().await.unwrap().iter().any(|h| h.name.as_str() == host) {
-        assert!(Instant::now() < deadline, "the agent did not register");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let bed = RealAgentBed::start("mgmt", "").await;
+    let app = bed.app.clone();
 
     let caller =
         Caller { subject: "bench".into(), project: Some("alpha".into()), role: Role::Member };
@@ -228,30 +142,16 @@ async fn run(runs: usize, sizes: &[u32]) {
         );
     }
     println!(
-        "\nA VM's cGPUs are also written into its cloud-init user_data (the rCUDA environment, once, \
+        "\nA VM's cGPUs are also written into its cloud-init user_data (its boot-time rCUDA environment, \
          in /etc/rcuda.env), which Nova caps at 65,535 bytes of base64; a launch past that is \
          refused with 422 before anything is stored."
     );
-    drop(svc);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(bed);
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
-    if std::env::var_os(NETNS_ENV).is_none() {
-        // Outside: make a namespace, run this same binary in it, remove the namespace.
-        let name = format!("gsaas-mgmt-{}", std::process::id());
-        sh(Command::new("ip").args(["netns", "add", &name]));
-        let status = Command::new("ip")
-            .args(["netns", "exec", &name])
-            .arg(std::env::current_exe().unwrap())
-            .args(&args)
-            .env(NETNS_ENV, &name)
-            .status();
-        sh(Command::new("ip").args(["netns", "del", &name]));
-        std::process::exit(if status.is_ok_and(|s| s.success()) { 0 } else { 1 });
-    }
-    sh(Command::new("ip").args(["link", "set", "lo", "up"]));
+    common::enter_own_netns("mgmt", &args);
     let runs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(15);
     let sizes: Vec<u32> = args
         .get(1)

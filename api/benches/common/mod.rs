@@ -1,0 +1,153 @@
+//! What the benches share: percentiles, and gsaasd with a REAL agent in a network namespace of
+//! the bench's own (the management and elastic benches).
+//!
+//! A bench with a real agent re-executes itself inside a namespace it creates (`ip netns add`,
+//! removed at the end), so every rule the agent writes lands there and all traffic stays on its
+//! loopback. Inside: gsaasd (`service::start`, SQLite, `[hosts] backend = "agent"`, the simulated
+//! cloud at zero delay) and the `rodvr-agent` binary (`cargo build --release -p rodvr-agent`, or
+//! `$RODVR_AGENT`), a compute-GPU host with 8 GPUs of 80 GiB that registers with gsaasd over HTTP.
+#![allow(dead_code, clippy::print_stdout)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gsaasd::app::App;
+use gsaasd::auth::Role;
+use gsaasd::config::{Config, HostsBackend};
+use gsaasd::service::{self, Service};
+
+/// The `p` quantile (0..=1) of sorted samples, by nearest rank; NaN for none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+pub fn sh(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+const NETNS_ENV: &str = "GSAAS_BENCH_NETNS";
+
+/// Outside a namespace: creates one, runs this same binary with `args` in it, removes it and
+/// exits with the child's outcome. Inside (the re-executed binary): brings `lo` up and returns.
+pub fn enter_own_netns(tag: &str, args: &[String]) {
+    if std::env::var_os(NETNS_ENV).is_some() {
+        sh(Command::new("ip").args(["link", "set", "lo", "up"]));
+        return;
+    }
+    let name = format!("gsaas-{tag}-{}", std::process::id());
+    sh(Command::new("ip").args(["netns", "add", &name]));
+    let status = Command::new("ip")
+        .args(["netns", "exec", &name])
+        .arg(std::env::current_exe().expect("the bench's own path"))
+        .args(args)
+        .env(NETNS_ENV, &name)
+        .status();
+    sh(Command::new("ip").args(["netns", "del", &name]));
+    std::process::exit(if status.is_ok_and(|s| s.success()) { 0 } else { 1 });
+}
+
+fn agent_binary() -> PathBuf {
+    std::env::var_os("RODVR_AGENT").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/rodvr-agent"))
+    })
+}
+
+/// gsaasd and its one real agent; the agent is killed and the directory removed on drop.
+pub struct RealAgentBed {
+    pub svc: Service,
+    pub app: Arc<App>,
+    agent: Child,
+    dir: PathBuf,
+}
+
+/// The one host of a [`RealAgentBed`].
+pub const HOST: &str = "compute-gpu0";
+
+impl RealAgentBed {
+    /// Starts gsaasd and the agent (with `agent_extra`, top-level keys of its config, added) and
+    /// waits until the agent registered.
+    pub async fn start(tag: &str, agent_extra: &str) -> RealAgentBed {
+        let dir = std::env::temp_dir().join(format!("gsaas-bench-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut config = Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.join("data"),
+            ..Config::default()
+        };
+        config.hosts.backend = HostsBackend::Agent;
+        config.hosts.reconcile_interval_secs = 3600;
+        config.hosts.heartbeat_timeout_secs = 3600;
+        // gsaasd reaches the agent where its config says: a port picked here, which the agent takes.
+        let agent_port =
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        config
+            .hosts
+            .agent_urls
+            .insert(HOST.parse().unwrap(), format!("http://127.0.0.1:{agent_port}"));
+        let svc = service::start(config.clone()).await.expect("gsaasd starts");
+        let app = svc.app.clone();
+
+        let token = app.keys.issue(HOST, None, Role::Agent, Duration::from_secs(3600));
+        let agent_config = dir.join("agent.toml");
+        let mut gpus = String::new();
+        for i in 0..8 {
+            gpus += &format!("[[gpus]]\nindex = {i}\nmodel = \"H100\"\nmemory_mib = 81920\n\n");
+        }
+        std::fs::write(
+            &agent_config,
+            format!(
+                "host = \"{HOST}\"\nlisten = \"127.0.0.1:{agent_port}\"\nstate_file = \"{}\"\n\
+                 controller_public_key = \"{}\"\nmasked_range = \"100.127.0.0/16\"\n\
+                 gpu_interface = \"gpu0\"\n{agent_extra}\n[controller]\nurl = \"{}\"\n\
+                 token = \"{token}\"\nheartbeat_interval_secs = 3600\n\n\
+                 [rcuda]\naddress = \"10.232.0.11\"\n\n{gpus}",
+                dir.join("routes.json").display(),
+                config.signing_key_path().with_extension("pub").display(),
+                svc.url(),
+            ),
+        )
+        .unwrap();
+        let bin = agent_binary();
+        assert!(bin.exists(), "{} missing: cargo build --release -p rodvr-agent", bin.display());
+        let mut agent = Command::new(&bin)
+            .arg("--config")
+            .arg(&agent_config)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start rodvr-agent");
+        let stdout = agent.stdout.take().unwrap();
+        let bed = RealAgentBed { svc, app, agent, dir };
+        // The agent's stdout is read to its end: a closed pipe would fail its later lines.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let first = rx.recv_timeout(Duration::from_secs(20)).expect("the agent starts");
+        eprintln!("{first}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !bed.app.hosts().await.unwrap().iter().any(|h| h.name.as_str() == HOST) {
+            assert!(Instant::now() < deadline, "the agent did not register");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bed
+    }
+}
+
+impl Drop for RealAgentBed {
+    fn drop(&mut self) {
+        let _ = self.agent.kill();
+        let _ = self.agent.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
