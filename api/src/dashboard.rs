@@ -5,7 +5,8 @@
 //! the tab's `sessionStorage`, sent as `Authorization: Bearer`), shows the pool (admins: per host
 //! and GPU, a memory bar per GPU with a segment per VM; tenants: totals only, as the API gives
 //! them), the VMs with their state, cGPUs and Equation 5.1 stage timings, a launch form covering
-//! every field of `LaunchRequest` (a problem's `field` is shown beside that field), terminate,
+//! every field of `LaunchRequest` (a problem's `field` is shown beside that field), attach (a
+//! dialog with every field of `AttachRequest`) and detach (per cGPU) on ready VMs, terminate,
 //! and, for admins, drain and undrain. It refreshes itself every two seconds.
 //!
 //! Nothing is fetched from elsewhere, at build time or at run time: every asset is `include_str!`ed

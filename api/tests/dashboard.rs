@@ -1,7 +1,8 @@
 //! The web dashboard: its embedded assets are served with their types and a strict CSP, and, in a
 //! real headless Chromium (Debian's, driven by playwright-core from `api/tests/dashboard/`), a
 //! tenant launches a VM through the form (after seeing a field error), sees it ready with its stage
-//! timings and no GPU locations, terminates it; an admin sees the hosts' GPU bars and drains a host.
+//! timings and no GPU locations, grows another by a cGPU and shrinks it (after seeing a field error
+//! and a 507), terminates one; an admin sees the hosts' GPU bars and drains a host.
 //!
 //! Needs `node` (18 or later) and `chromium` (`CHROMIUM` overrides `/usr/bin/chromium`); without them
 //! the test fails, it does not skip. `npm ci` runs in `api/tests/dashboard/` when playwright-core is
@@ -216,6 +217,14 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
     assert_eq!(vms[0]["gpus"]["ncgpus"], 2);
     assert_eq!(vms[0]["gpus"]["policy"], "least-load-fit");
     assert_eq!(vms[0]["gpus"]["distinct_gpus"], true);
+    // It grew by cGPU 2 and gave up cGPU 0 through the dialog and the detach button.
+    let cgpus: Vec<(u64, &str)> = vms[0]["cgpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["index"].as_u64().unwrap(), c["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(cgpus, [(1, "live"), (2, "live")], "{list}");
     let (_, ops_vm) = t.get(&admin, &format!("/v1/vms/{}", id("admin_vm"))).await;
     assert_eq!(
         (ops_vm["state"].as_str(), ops_vm["project"].as_str()),
@@ -231,7 +240,7 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
         .collect();
     assert_eq!(drained, [drain_host.as_str()]);
 
-    for name in ["dashboard-pool.png", "dashboard-vm.png"] {
+    for name in ["dashboard-pool.png", "dashboard-vm.png", "dashboard-elastic.png"] {
         let png = std::fs::read(screenshots.join(name)).unwrap();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{name}: {} bytes", png.len());
     }

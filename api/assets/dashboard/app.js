@@ -16,6 +16,8 @@
     ['vm_deployment', 'VM deployment'],
     ['rodvr_configuration', 'RODVR config'],
   ];
+  // While a VM's cGPUs change, the page follows it more closely.
+  const CHANGING_REFRESH_MS = 400;
   const KINDS = { 'compute-gpu': 'compute-GPU', 'compute-rgpu': 'compute-rGPU' };
   const PALETTE = ['#4f46e5', '#0891b2', '#db2777', '#059669', '#d97706', '#7c3aed', '#dc2626',
     '#2563eb', '#65a30d', '#c026d3', '#0d9488', '#ea580c'];
@@ -28,6 +30,8 @@
     vms: [],
     // VMs terminated from this tab, followed until deleted and shown a while after.
     terminated: new Map(),
+    // The VM the attach dialog is open for.
+    attachTo: null,
     timer: null,
     generation: 0,
     lastOk: null,
@@ -229,7 +233,8 @@
   function schedule(generation) {
     clearTimeout(state.timer);
     if (generation !== state.generation || document.hidden) return;
-    state.timer = setTimeout(() => refresh(), REFRESH_MS);
+    const changing = state.vms.some((vm) => vm.cgpus.some((c) => c.state !== 'live'));
+    state.timer = setTimeout(() => refresh(), changing ? CHANGING_REFRESH_MS : REFRESH_MS);
   }
 
   // ---- Rendering -------------------------------------------------------------------------------
@@ -344,23 +349,40 @@
 
   function renderVm(vm) {
     const gone = vm.state === 'deleting' || vm.state === 'deleted';
+    // One change at a time: while a cGPU comes or goes, the VM takes no other.
+    const changing = vm.cgpus.some((c) => c.state !== 'live');
+    const changeable = vm.state === 'ready' && !changing;
     const g = vm.gpus;
     const request = `${g.ncgpus} × ${g.mode}${g.gpu_memory_mib ? `, ${mem(g.gpu_memory_mib)} each` : ''}`
       + `, ${g.locality}${g.distinct_gpus ? ', distinct GPUs' : ''}`;
+    const live = vm.cgpus.filter((c) => c.state === 'live').length;
     const facts = [
       ['Image', `${vm.image} · ${vm.flavor}`],
-      ['cGPUs', request],
+      ['cGPUs', `${live} live · launched with ${request}`],
       ['Policy', g.policy],
       ['Fixed IP', vm.fixed_ip || '…'],
     ];
     if (state.admin) facts.push(['Host', vm.host || '…']);
     facts.push(['Created', new Date(vm.created_ms).toLocaleString()]);
-    const cgpus = vm.cgpus.map((c) => el('li', { class: 'cgpu' },
-      el('code', { text: `RCUDA_DEVICE_${c.index}` }), '→',
-      el('code', { text: c.masked_endpoint }),
-      el('span', { class: 'muted', text: `${mem(c.memory_mib)} ${c.mode}` }),
+    // The rCUDA environment numbers the live cGPUs from 0 in attach order (the list's order); a
+    // cGPU's own index, and with it its masked endpoint, stays for its whole life.
+    let device = 0;
+    const cgpus = vm.cgpus.map((c) => el('li', { class: `cgpu ${c.state}`, data: { index: String(c.index), state: c.state } },
+      el('code', { class: 'device', text: c.state === 'live' ? `RCUDA_DEVICE_${device++}` : `cGPU ${c.index}` }), '→',
+      el('code', { class: 'masked', text: c.masked_endpoint }),
+      c.state === 'live' ? null : el('span', { class: 'cgpu-state', text: `${c.state}…` }),
+      el('span', { class: 'muted', text: `#${c.index} · ${mem(c.memory_mib)} ${c.mode}` }),
       c.gpu ? el('span', { class: 'where' }, 'on ', el('code', { text: c.gpu }), ' via ',
-        el('code', { text: c.rcuda_endpoint })) : null));
+        el('code', { text: c.rcuda_endpoint })) : null,
+      vm.state === 'ready' && c.state === 'live' ? el('button', {
+        type: 'button', class: 'small danger detach', text: 'Detach', disabled: changing,
+        title: `Detach cGPU #${c.index}: its route is withdrawn, then its GPU memory released`,
+        on: { click: (e) => detachCgpu(vm, c, e.target) },
+      }) : null));
+    const attach = vm.state === 'ready' ? el('button', {
+      type: 'button', class: 'small attach', text: 'Attach cGPUs', disabled: !changeable,
+      on: { click: () => openAttach(vm) },
+    }) : null;
     const terminate = gone ? null : el('button', {
       type: 'button', class: 'small danger terminate', text: 'Terminate',
       on: { click: (e) => terminateVm(vm, e.target) },
@@ -373,6 +395,7 @@
         el('span', { class: `state ${vm.state}`, text: vm.state }),
         state.admin ? el('span', { class: 'badge', text: `project ${vm.project}` }) : null,
         el('span', { class: 'spacer' }),
+        attach,
         terminate),
       vm.error ? el('div', { class: 'vm-error', text: vm.error }) : null,
       el('div', { class: 'vm-info' },
@@ -414,6 +437,24 @@
     refresh();
   }
 
+  async function detachCgpu(vm, cgpu, button) {
+    const what = `cGPU #${cgpu.index} (${cgpu.masked_endpoint}) from ${vm.name}`;
+    if (!window.confirm(`Detach ${what}? Open connections to it are cut.`)) return;
+    button.disabled = true;
+    try {
+      await api('DELETE', `/v1/vms/${encodeURIComponent(vm.id)}/cgpus/${cgpu.index}`);
+    } catch (e) {
+      if (e.status === 401) {
+        showSignIn(`Token refused: ${e.message}`);
+        return;
+      }
+      showBanner(`Detach ${what} failed: ${e.message}`);
+      button.disabled = false;
+      return;
+    }
+    refresh();
+  }
+
   async function setDrained(host, drained, button) {
     button.disabled = true;
     try {
@@ -434,11 +475,10 @@
 
   // ---- Launch form -----------------------------------------------------------------------------
 
-  function clearFormErrors() {
-    for (const node of document.querySelectorAll('#launch-form [data-error-for]')) node.textContent = '';
-    for (const node of document.querySelectorAll('#launch-form [aria-invalid]')) node.removeAttribute('aria-invalid');
-    $('launch-error').textContent = '';
-    $('launch-ok').textContent = '';
+  function clearFormErrors(form, error) {
+    for (const node of document.querySelectorAll(`#${form} [data-error-for]`)) node.textContent = '';
+    for (const node of document.querySelectorAll(`#${form} [aria-invalid]`)) node.removeAttribute('aria-invalid');
+    $(error).textContent = '';
   }
 
   function launchBody() {
@@ -460,18 +500,36 @@
     return body;
   }
 
-  // The problem's field (`ncgpus`, `networks[1]`, `body` with "missing field `image`") to a form field.
-  function formField(problem) {
+  // The problem's field (`ncgpus`, `networks[1]`, `body` with "missing field `image`") to a field of `form`.
+  function formField(problem, form) {
     let field = problem.field || '';
     const missing = /missing field `([a-z_]+)`/.exec(problem.detail || '');
     if (field === 'body' && missing) field = missing[1];
     field = field.split(/[[.]/)[0];
-    return document.querySelector(`#launch-form [data-error-for="${CSS.escape(field)}"]`) ? field : null;
+    return document.querySelector(`#${form} [data-error-for="${CSS.escape(field)}"]`) ? field : null;
+  }
+
+  // Shows a refused request's problem beside its field in `form` (inputs `${prefix}-<field>`), or in
+  // `error` when it names none.
+  function showProblem(e, form, prefix, error) {
+    const field = e.problem ? formField(e.problem, form) : null;
+    if (field) {
+      const fieldPrefix = `${e.problem.field}: `;
+      const detail = e.message.startsWith(fieldPrefix) ? e.message.slice(fieldPrefix.length) : e.message;
+      document.querySelector(`#${form} [data-error-for="${field}"]`).textContent = detail;
+      const input = $(`${prefix}-${field}`);
+      input.setAttribute('aria-invalid', 'true');
+      input.focus();
+    } else {
+      const what = { 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
+      $(error).textContent = what ? `${what}: ${e.message}` : e.message;
+    }
   }
 
   async function launch(event) {
     event.preventDefault();
-    clearFormErrors();
+    clearFormErrors('launch-form', 'launch-error');
+    $('launch-ok').textContent = '';
     const submit = $('launch-submit');
     submit.disabled = true;
     submit.textContent = 'Launching…';
@@ -484,21 +542,62 @@
         showSignIn(`Token refused: ${e.message}`);
         return;
       }
-      const field = e.problem ? formField(e.problem) : null;
-      if (field) {
-        const prefix = `${e.problem.field}: `;
-        const detail = e.message.startsWith(prefix) ? e.message.slice(prefix.length) : e.message;
-        document.querySelector(`#launch-form [data-error-for="${field}"]`).textContent = detail;
-        const input = $(`f-${field}`);
-        input.setAttribute('aria-invalid', 'true');
-        input.focus();
-      } else {
-        const what = { 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
-        $('launch-error').textContent = what ? `${what}: ${e.message}` : e.message;
-      }
+      showProblem(e, 'launch-form', 'f', 'launch-error');
     } finally {
       submit.disabled = false;
       submit.textContent = 'Launch';
+    }
+  }
+
+  // ---- Attach dialog ---------------------------------------------------------------------------
+
+  function openAttach(vm) {
+    state.attachTo = vm;
+    clearFormErrors('attach-form', 'attach-error');
+    $('attach-vm').textContent = vm.name;
+    $('a-ncgpus').value = '1';
+    $('a-mode').value = vm.gpus.mode === 'exclusive' ? 'exclusive' : 'shared';
+    $('a-gpu_memory_mib').value = vm.gpus.gpu_memory_mib ? String(vm.gpus.gpu_memory_mib) : '';
+    $('a-policy').value = '';
+    $('a-distinct_gpus').checked = false;
+    $('attach-dialog').showModal();
+    $('a-ncgpus').focus();
+  }
+
+  function attachBody() {
+    const value = (name) => $(`a-${name}`).value.trim();
+    const body = {
+      ncgpus: value('ncgpus') === '' ? null : Number(value('ncgpus')),
+      mode: $('a-mode').value,
+      distinct_gpus: $('a-distinct_gpus').checked,
+    };
+    if (value('gpu_memory_mib') !== '') body.gpu_memory_mib = Number(value('gpu_memory_mib'));
+    if (value('policy')) body.policy = value('policy');
+    return body;
+  }
+
+  async function attach(event) {
+    event.preventDefault();
+    const vm = state.attachTo;
+    if (!vm) return;
+    clearFormErrors('attach-form', 'attach-error');
+    const submit = $('attach-submit');
+    submit.disabled = true;
+    submit.textContent = 'Attaching…';
+    try {
+      await api('POST', `/v1/vms/${encodeURIComponent(vm.id)}/cgpus`, attachBody(), { 'Idempotency-Key': newKey() });
+      $('attach-dialog').close();
+      await refresh();
+    } catch (e) {
+      if (e.status === 401) {
+        $('attach-dialog').close();
+        showSignIn(`Token refused: ${e.message}`);
+        return;
+      }
+      showProblem(e, 'attach-form', 'a', 'attach-error');
+    } finally {
+      submit.disabled = false;
+      submit.textContent = 'Attach';
     }
   }
 
@@ -520,6 +619,9 @@
       showSignIn('');
     });
     $('launch-form').addEventListener('submit', launch);
+    $('attach-form').addEventListener('submit', attach);
+    $('attach-cancel').addEventListener('click', () => $('attach-dialog').close());
+    $('attach-dialog').addEventListener('close', () => { state.attachTo = null; });
     $('f-mode').addEventListener('change', () => {
       $('f-gpu_memory_mib').placeholder = $('f-mode').value === 'shared' ? '2048' : 'optional';
     });

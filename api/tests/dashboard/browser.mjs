@@ -4,7 +4,7 @@
 //   GSAAS_TENANT_TOKEN    a member token, GSAAS_ADMIN_TOKEN an admin token
 //   GSAAS_HIDDEN          JSON array of strings a tenant must never see (host names, rCUDA endpoints)
 //   GSAAS_DRAIN_HOST      the host the admin drains
-//   GSAAS_SCREENSHOTS     where dashboard-pool.png and dashboard-vm.png go
+//   GSAAS_SCREENSHOTS     where dashboard-pool.png, dashboard-vm.png and dashboard-elastic.png go
 //   CHROMIUM              the browser (default /usr/bin/chromium)
 // Every wait is bounded; any failed check, page error or CSP violation exits non-zero. The last
 // line on success is `RESULT {...}` with the ids of what it did, for the Rust side to check.
@@ -66,9 +66,9 @@ await context.route('**/*', (route) => {
 const page = context.pages()[0] || await context.newPage();
 page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
 page.on('console', (m) => {
-  // API refusals the test provokes (401 for a bad token, 422) are logged by Chromium as failed loads; anything else
+  // API refusals the test provokes (401 for a bad token, 422, 507) are logged by Chromium as failed loads; anything else
   // that is an error (a CSP violation, an exception) fails the test.
-  if (m.type() === 'error' && !/Failed to load resource: the server responded with a status of (401|422)/.test(m.text())) {
+  if (m.type() === 'error' && !/Failed to load resource: the server responded with a status of (401|422|507)/.test(m.text())) {
     problems.push(`console error: ${m.text()}`);
   }
 });
@@ -179,6 +179,53 @@ try {
   log(`terminated ${result.deleted}: deleted`);
   await assertTenantSeesNoLocations('after terminate');
   await page.screenshot({ path: join(shots, 'dashboard-tenant.png') });
+
+  // Elastic cGPUs: the kept VM grows by one through the attach dialog, then gives up its first.
+  const kept = vmCard(result.kept);
+  const cgpuIn = (index) => `${kept} .cgpu[data-index="${index}"]`;
+  const masked = (index) => page.textContent(`${cgpuIn(index)} code.masked`);
+  const device = (index) => page.textContent(`${cgpuIn(index)} code.device`);
+  await page.click(`${kept} button.attach`);
+  await page.waitForSelector('#attach-dialog[open]');
+  check((await page.textContent('#attach-vm')) === 'jupyter', 'the attach dialog names the VM');
+  await page.fill('#a-ncgpus', '0');
+  await page.click('#attach-submit');
+  const attachError = await page.waitForSelector('#attach-form [data-error-for="ncgpus"]:not(:empty)');
+  check(/at least 1/.test(await attachError.textContent()), `attach's ncgpus error says why: ${await attachError.textContent()}`);
+  check(await page.getAttribute('#a-ncgpus', 'aria-invalid') === 'true', "attach's ncgpus marked invalid");
+  // More whole GPUs than the pool has: 507, said, and nothing changes.
+  await page.fill('#a-ncgpus', '64');
+  await page.selectOption('#a-mode', 'exclusive');
+  await page.fill('#a-gpu_memory_mib', '');
+  await page.click('#attach-submit');
+  const capacity = await page.waitForSelector('#attach-error:not(:empty)');
+  check(/Not enough GPU capacity/.test(await capacity.textContent()), `507 said: ${await capacity.textContent()}`);
+  check(await page.locator('#attach-form [data-error-for="ncgpus"]:not(:empty)').count() === 0, 'the old attach error is cleared');
+  await assertTenantSeesNoLocations('with a refused attach');
+  check(await page.locator(`${kept} .cgpu`).count() === 2, 'the refused attaches changed nothing');
+  // One more shared cGPU, on a GPU the VM does not use yet: device 2, live.
+  await page.fill('#a-ncgpus', '1');
+  await page.selectOption('#a-mode', 'shared');
+  await page.fill('#a-gpu_memory_mib', '3072');
+  await page.setChecked('#a-distinct_gpus', true);
+  await page.click('#attach-submit');
+  await page.waitForSelector('#attach-dialog', { state: 'hidden' });
+  await page.waitForSelector(`${cgpuIn(2)}[data-state="live"]`);
+  check(await page.locator(`${kept} .cgpu[data-state="live"]`).count() === 3, 'three live cGPUs after the attach');
+  check(await device(2) === 'RCUDA_DEVICE_2', `the new cGPU is device 2, not ${await device(2)}`);
+  check((await masked(2)).startsWith('100.127.'), 'the new cGPU shows its masked endpoint');
+  const endpointOf1 = await masked(1);
+  log(`attached cGPU #2 to jupyter at ${await masked(2)}`);
+  // Detach cGPU 0: cGPU 1 keeps its endpoint and is device 0 now.
+  await page.click(`${cgpuIn(0)} button.detach`);
+  await page.waitForSelector(cgpuIn(0), { state: 'detached' });
+  await page.waitForSelector(`${kept} button.attach:not([disabled])`);
+  check(await page.locator(`${kept} .cgpu`).count() === 2, 'two cGPUs after the detach');
+  check(await device(1) === 'RCUDA_DEVICE_0' && await device(2) === 'RCUDA_DEVICE_1', 'the live cGPUs are renumbered from 0');
+  check(await masked(1) === endpointOf1, 'cGPU 1 kept its masked endpoint');
+  log('detached cGPU #0 from jupyter; #1 and #2 are devices 0 and 1');
+  await assertTenantSeesNoLocations('after an attach and a detach');
+  await page.locator(kept).screenshot({ path: join(shots, 'dashboard-elastic.png') });
 
   // Admin: every host with its GPU bars, a segment per VM; launch, drain.
   await signOut();
