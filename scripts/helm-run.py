@@ -15,7 +15,8 @@ Both run in one network namespace, where the Service and the node resolve to 127
 It checks, statically, that no agent can read gsaasd's signing key or another node's token, and
 then that both become ready: gsaasd answers /readyz, the agent's port is open, the agent registers
 its node with its token, and gsaasd's reconciler reaches the agent (at the URL gsaasd's config
-pins, with a token for that host) without error.
+pins, with a token for that host) without error, and the agent's metadata listener answers where
+the rendered config puts it.
 
 Usage, as root: helm-run.py RENDERED.yaml BIN_DIR SIGNING_KEY.pem NODE
 (a child mode, `--child SPEC.json`, is what runs inside each container's mount namespace)
@@ -24,6 +25,7 @@ Usage, as root: helm-run.py RENDERED.yaml BIN_DIR SIGNING_KEY.pem NODE
 import base64
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -308,6 +310,22 @@ def main():
             return last > seen
 
         until("a reconciler pass that reaches the agent", reconciled, logs)
+
+        # The agent serves VMs their environment where the rendered config says; this caller is
+        # no VM of the node and gets none (404; 503 before the agent has a route table).
+        agent_toml = next(d["data"]["agent.toml.in"] for d in docs
+                          if d["kind"] == "ConfigMap" and "agent.toml.in" in d.get("data", {}))
+        listen = re.search(r'^metadata_listen = "__NODE_IP__:(\d+)"$', agent_toml, re.M)
+        if not listen:
+            fail("the rendered agent config has no metadata_listen on the node's address")
+        code = (
+            "import urllib.request, urllib.error\n"
+            "try:\n  urllib.request.urlopen('http://127.0.0.1:%s/rcuda.env', timeout=2)\n"
+            "  print(200)\nexcept urllib.error.HTTPError as e:\n  print(e.code)\n"
+            "except Exception:\n  pass\n" % listen.group(1)
+        )
+        until("the agent's metadata listener to refuse a caller that is no VM",
+              lambda: in_netns(netns["name"], code) in ("404", "503"), logs)
         print("helm-run: gsaasd and the agent of %s run as rendered; %s registered at %s"
               % (node, node, host["agent_url"]))
     finally:
