@@ -89,6 +89,10 @@ name_id!(
     /// A physical GPU: NVML's UUID when discovered, or an operator-chosen name.
     GpuId
 );
+name_id!(
+    /// A tenant's project (the cloud's project id), which quotas are kept for.
+    ProjectId
+);
 
 impl GpuId {
     /// The conventional id of GPU `index` on `host` when nothing better (an NVML UUID) is known.

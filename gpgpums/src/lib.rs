@@ -6,6 +6,7 @@
 //!
 //! - [`Pool`]: inventory (hosts, GPUs), bookings, and all-or-nothing placement of a VM's cGPUs.
 //! - [`policy`]: the selection policies as plugins behind [`policy::Policy`], selected by name.
+//! - [`quota`]: project limits and the ledger of what each project holds.
 //! - [`Error`]: the crate's one error type.
 
 pub mod error;
@@ -13,12 +14,14 @@ pub mod ids;
 pub mod model;
 pub mod policy;
 pub mod pool;
+pub mod quota;
 
 pub use error::{Error, Shortfall};
-pub use ids::{GpuId, HostId, IdError, VmId};
+pub use ids::{GpuId, HostId, IdError, ProjectId, VmId};
 pub use model::{
     CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage, Locality, Mode, Placement,
     RcudaEndpoint, Request, VmHost,
 };
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
 pub use pool::{Pool, Selector, MAX_CGPUS_PER_VM};
+pub use quota::{Quota, QuotaExceeded, QuotaLedger, Resource, Usage};
