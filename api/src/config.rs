@@ -56,8 +56,48 @@ pub struct Config {
     /// gsaasd's certificate and key: the API (and `metrics.listen`) are served over TLS.
     pub tls: Option<TlsFiles>,
     pub metrics: MetricsConfig,
+    /// The quota limits of every project that has none of its own (`PUT /v1/quotas/{project}`).
+    pub quotas: QuotaDefaults,
     /// The GPU inventory used with in-process agents; empty means the paper's testbed.
     pub inventory: Vec<InventoryHost>,
+}
+
+/// Default limits per project; an absent limit is no limit.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaDefaults {
+    pub cgpus: Option<u64>,
+    pub memory_mib: Option<u64>,
+    pub exclusive_gpus: Option<u64>,
+    pub vms: Option<u64>,
+}
+
+impl QuotaDefaults {
+    pub fn quota(&self) -> gpgpums::Quota {
+        gpgpums::Quota {
+            cgpus: self.cgpus,
+            memory_mib: self.memory_mib,
+            exclusive_gpus: self.exclusive_gpus,
+            vms: self.vms,
+        }
+    }
+}
+
+/// The largest quota limit: storage keeps limits as signed 64-bit integers, and JSON parsers
+/// read numbers up to 2^53 exactly.
+pub const MAX_QUOTA_LIMIT: u64 = 1 << 53;
+
+/// Why a quota's limits are out of range, naming the resource as `{prefix}{resource}`.
+pub fn check_quota(quota: &gpgpums::Quota, prefix: &str) -> Result<(), (String, String)> {
+    for resource in gpgpums::Resource::ALL {
+        if let Some(limit) = quota.get(resource).filter(|l| *l > MAX_QUOTA_LIMIT) {
+            return Err((
+                format!("{prefix}{resource}"),
+                format!("{limit} is above the maximum {MAX_QUOTA_LIMIT}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Default for Config {
@@ -75,6 +115,7 @@ impl Default for Config {
             http: HttpLimits::default(),
             tls: None,
             metrics: MetricsConfig::default(),
+            quotas: QuotaDefaults::default(),
             inventory: Vec::new(),
         }
     }
@@ -439,6 +480,8 @@ impl Config {
             }
         }
         self.http.check()?;
+        check_quota(&self.quotas.quota(), "quotas.")
+            .map_err(|(field, reason)| format!("{field}: {reason}"))?;
         if self.auth.keystone_validations_per_minute == 0 {
             return Err("auth.keystone_validations_per_minute: must be at least 1".into());
         }

@@ -38,6 +38,9 @@ pub enum Error {
     /// The request contradicts the current state: 409.
     #[error("{0}")]
     Conflict(String),
+    /// The booking would take the project past a quota limit: 403.
+    #[error("{0}")]
+    QuotaExceeded(gpgpums::QuotaExceeded),
     /// Not enough GPU capacity now: 507.
     #[error("{0}")]
     InsufficientCapacity(Shortfall),
@@ -80,6 +83,7 @@ impl Error {
             Error::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Error::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::Conflict(_) => StatusCode::CONFLICT,
+            Error::QuotaExceeded(_) => StatusCode::FORBIDDEN,
             Error::InsufficientCapacity(_) => StatusCode::INSUFFICIENT_STORAGE,
             Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -97,6 +101,7 @@ impl Error {
             Error::RequestTimeout(_) => "request_timeout",
             Error::TooManyRequests(_) => "rate_limited",
             Error::Conflict(_) => "conflict",
+            Error::QuotaExceeded(_) => "quota_exceeded",
             Error::InsufficientCapacity(_) => "insufficient_gpu_capacity",
             Error::Unavailable { .. } => "dependency_unavailable",
             Error::Internal(_) => "internal_error",
@@ -121,6 +126,12 @@ impl From<gpgpums::Error> for Error {
             }
             gpgpums::Error::Conflict(reason) => Error::Conflict(reason),
         }
+    }
+}
+
+impl From<gpgpums::QuotaExceeded> for Error {
+    fn from(e: gpgpums::QuotaExceeded) -> Self {
+        Error::QuotaExceeded(e)
     }
 }
 
@@ -150,6 +161,19 @@ pub struct Problem {
     /// The request field at fault, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// With `quota_exceeded`: the limit the request would pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaProblem>,
+}
+
+/// The quota a refused request would exceed (Nova's convention).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct QuotaProblem {
+    /// `cgpus`, `memory_mib`, `exclusive_gpus` or `vms`.
+    pub resource: String,
+    pub limit: u64,
+    pub in_use: u64,
+    pub requested: u64,
 }
 
 impl IntoResponse for Error {
@@ -171,6 +195,15 @@ impl IntoResponse for Error {
             detail: self.to_string(),
             code: self.code().into(),
             field: self.field().map(str::to_owned),
+            quota: match &self {
+                Error::QuotaExceeded(e) => Some(QuotaProblem {
+                    resource: e.resource.as_str().to_owned(),
+                    limit: e.limit,
+                    in_use: e.in_use,
+                    requested: e.requested,
+                }),
+                _ => None,
+            },
         };
         let body = serde_json::to_vec(&problem).expect("problem serializes");
         (status, [(header::CONTENT_TYPE, "application/problem+json")], body).into_response()

@@ -2,9 +2,12 @@
 //!
 //! As Nova, Cinder and Neutron do, each project has limits (from the service's defaults unless an
 //! operator set its own), here on cGPUs, GPU memory, exclusive GPUs and VMs. The [`QuotaLedger`]
-//! knows every VM's project and what it holds, so a check is a few additions, not a database scan.
-//! The service keeps one ledger beside its [`crate::Pool`], loaded and changed in the same
-//! transaction as the bookings: two replicas cannot both see room that is there only once.
+//! knows every VM's project and the cGPUs it holds, so a check is a few additions, not a database
+//! scan. The service keeps one ledger beside its [`crate::Pool`], loaded and changed in the same
+//! transaction as the bookings: two replicas cannot both see room that is there only once. A VM's
+//! cGPUs change only with bookings, which the ledger sees; whether a VM still counts changes with
+//! its state (a failed or terminated VM stops counting before its cGPUs are released), so the
+//! caller counts VMs where states are kept and passes the count to [`QuotaLedger::charge`].
 //!
 //! A check happens where something is booked: a VM (its launch's cGPUs, and the VM itself) or an
 //! attach (its cGPUs). What is already held is never taken back when a limit is lowered below it:
@@ -16,7 +19,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ProjectId, VmId};
-use crate::model::{CgpuAssignment, Mode};
+use crate::model::{CgpuAssignment, Mode, Request};
 
 /// What a project holds, or asks for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +40,20 @@ impl Usage {
             usage.exclusive_gpus += u64::from(cgpu.mode == Mode::Exclusive);
             usage
         })
+    }
+
+    /// What `request` asks for before it is placed: its cGPUs, their memory when shared, and
+    /// whole GPUs when exclusive (whose memory is known once placed).
+    pub fn asked(request: &Request) -> Usage {
+        let n = u64::from(request.ncgpus);
+        match request.mode {
+            Mode::Shared => Usage {
+                cgpus: n,
+                memory_mib: n.saturating_mul(request.gpu_memory_mib.unwrap_or(0)),
+                ..Usage::default()
+            },
+            Mode::Exclusive => Usage { cgpus: n, exclusive_gpus: n, ..Usage::default() },
+        }
     }
 
     /// One VM more, with what its cGPUs hold.
@@ -172,6 +189,7 @@ pub struct QuotaLedger {
     limits: BTreeMap<ProjectId, Quota>,
     usage: HashMap<ProjectId, Usage>,
     holders: HashMap<VmId, (ProjectId, Usage)>,
+    changes: u64,
 }
 
 impl QuotaLedger {
@@ -180,8 +198,25 @@ impl QuotaLedger {
         QuotaLedger { default, ..QuotaLedger::default() }
     }
 
+    /// How many changes the ledger has taken (a caller that must undo them on failure compares).
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// Whether `project` may book `usage` more, with `vms_in_use` as in [`Self::charge`].
+    pub fn check(
+        &self,
+        project: &ProjectId,
+        usage: Usage,
+        vms_in_use: u64,
+    ) -> Result<(), QuotaExceeded> {
+        let in_use = Usage { vms: vms_in_use, ..self.usage(project) };
+        self.limits(project).0.check(project, in_use, usage)
+    }
+
     /// The project's own limits (`Some`), or back to the default (`None`).
     pub fn set_limits(&mut self, project: ProjectId, quota: Option<Quota>) {
+        self.changes += 1;
         match quota {
             Some(quota) => self.limits.insert(project, quota),
             None => self.limits.remove(&project),
@@ -196,6 +231,7 @@ impl QuotaLedger {
         }
     }
 
+    /// What the project's VMs hold (its `vms` is 0: the caller counts VMs).
     pub fn usage(&self, project: &ProjectId) -> Usage {
         self.usage.get(project).copied().unwrap_or_default()
     }
@@ -213,18 +249,20 @@ impl QuotaLedger {
         self.holders.get(vm).map(|(project, _)| project)
     }
 
-    /// Charges `usage` to `vm` of `project` if the project's limits allow it; nothing changes
-    /// otherwise. A VM is charged to one project only.
+    /// Charges `usage` to `vm` of `project` if the project's limits allow it, with `vms_in_use`
+    /// the project's VMs as the caller counts them (`usage.vms` is 1 for a new VM); nothing
+    /// changes otherwise. A VM is charged to one project only.
     pub fn charge(
         &mut self,
         vm: VmId,
         project: &ProjectId,
         usage: Usage,
+        vms_in_use: u64,
     ) -> Result<(), QuotaExceeded> {
         if let Some((owner, _)) = self.holders.get(&vm) {
             assert_eq!(owner, project, "VM {vm} is charged to another project");
         }
-        self.limits(project).0.check(project, self.usage(project), usage)?;
+        self.check(project, usage, vms_in_use)?;
         self.record(vm, project, usage);
         Ok(())
     }
@@ -235,7 +273,10 @@ impl QuotaLedger {
         self.record(vm, project, usage);
     }
 
+    /// Records `usage` but its `vms` (which the caller counts).
     fn record(&mut self, vm: VmId, project: &ProjectId, usage: Usage) {
+        let usage = Usage { vms: 0, ..usage };
+        self.changes += 1;
         let held = self.holders.entry(vm).or_insert_with(|| (project.clone(), Usage::default()));
         held.1 = held.1.plus(usage);
         let total = self.usage.entry(project.clone()).or_default();
@@ -245,6 +286,7 @@ impl QuotaLedger {
     /// Gives back part of what `vm` holds (a detached cGPU); never more than it holds.
     pub fn refund(&mut self, vm: &VmId, usage: Usage) {
         let Some((project, held)) = self.holders.get_mut(vm) else { return };
+        self.changes += 1;
         let usage = Usage {
             cgpus: usage.cgpus.min(held.cgpus),
             memory_mib: usage.memory_mib.min(held.memory_mib),
@@ -260,6 +302,7 @@ impl QuotaLedger {
     /// Gives back all `vm` holds (a VM that ended); what it held.
     pub fn release(&mut self, vm: &VmId) -> Option<Usage> {
         let (project, held) = self.holders.remove(vm)?;
+        self.changes += 1;
         if let Some(total) = self.usage.get_mut(&project) {
             *total = total.minus(held);
             if *total == Usage::default() {
@@ -284,9 +327,9 @@ mod tests {
         let mut ledger =
             QuotaLedger::new(Quota { cgpus: Some(4), vms: Some(2), ..Quota::default() });
         let two = Usage { cgpus: 2, memory_mib: 2048, ..Usage::default() };
-        ledger.charge(vm(1), &alpha, Usage::vm_with(two)).unwrap();
-        let err =
-            ledger.charge(vm(2), &alpha, Usage::vm_with(Usage { cgpus: 3, ..two })).unwrap_err();
+        ledger.charge(vm(1), &alpha, Usage::vm_with(two), 0).unwrap();
+        let more = Usage::vm_with(Usage { cgpus: 3, ..two });
+        let err = ledger.charge(vm(2), &alpha, more, 1).unwrap_err();
         assert_eq!(
             (err.resource, err.limit, err.in_use, err.requested),
             (Resource::Cgpus, 4, 2, 3)
@@ -295,22 +338,17 @@ mod tests {
             err.to_string(),
             "quota exceeded for cgpus in project alpha: limit 4, in use 2, requested 3"
         );
-        assert_eq!(ledger.usage(&alpha), Usage { vms: 1, ..two });
+        assert_eq!(ledger.usage(&alpha), two);
         // The rest fits; a third VM does not.
-        ledger.charge(vm(2), &alpha, Usage::vm_with(two)).unwrap();
-        let err = ledger.charge(vm(3), &alpha, Usage::vm_with(Usage::default())).unwrap_err();
-        assert_eq!((err.resource, err.in_use), (Resource::Vms, 2));
+        ledger.charge(vm(2), &alpha, Usage::vm_with(two), 1).unwrap();
+        let err = ledger.charge(vm(3), &alpha, Usage::vm_with(Usage::default()), 2).unwrap_err();
+        assert_eq!((err.resource, err.in_use, err.requested), (Resource::Vms, 2, 1));
         // Releasing gives everything back; refunds give back only what is held.
         ledger.refund(&vm(1), Usage { cgpus: 5, memory_mib: 1024, ..Usage::default() });
-        assert_eq!(
-            ledger.usage(&alpha),
-            Usage { cgpus: 2, memory_mib: 3072, vms: 2, ..Usage::default() }
-        );
-        assert_eq!(
-            ledger.release(&vm(1)),
-            Some(Usage { memory_mib: 1024, vms: 1, ..Usage::default() })
-        );
-        assert_eq!(ledger.release(&vm(2)), Some(Usage::vm_with(two)));
+        let left = Usage { cgpus: 2, memory_mib: 3072, ..Usage::default() };
+        assert_eq!(ledger.usage(&alpha), left);
+        assert_eq!(ledger.release(&vm(1)), Some(Usage { memory_mib: 1024, ..Usage::default() }));
+        assert_eq!(ledger.release(&vm(2)), Some(two));
         assert_eq!(ledger.usage(&alpha), Usage::default());
     }
 
@@ -320,13 +358,14 @@ mod tests {
         let mut ledger = QuotaLedger::new(Quota { cgpus: Some(2), ..Quota::default() });
         ledger.set_limits(beta.clone(), Some(Quota::default()));
         let many = Usage::vm_with(Usage { cgpus: 100, ..Usage::default() });
-        ledger.charge(vm(1), &beta, many).unwrap();
-        assert!(ledger.charge(vm(2), &alpha, many).is_err());
+        ledger.charge(vm(1), &beta, many, 0).unwrap();
+        assert!(ledger.charge(vm(2), &alpha, many, 0).is_err());
         ledger.set_limits(beta.clone(), Some(Quota { cgpus: Some(10), ..Quota::default() }));
         assert_eq!(ledger.limits(&beta), (Quota { cgpus: Some(10), ..Quota::default() }, true));
         // Over its new limit, beta keeps what it holds and may still add what is not limited.
-        ledger.charge(vm(3), &beta, Usage::vm_with(Usage::default())).unwrap();
-        let err = ledger.charge(vm(3), &beta, Usage { cgpus: 1, ..Usage::default() }).unwrap_err();
+        ledger.charge(vm(3), &beta, Usage::vm_with(Usage::default()), 1).unwrap();
+        let err =
+            ledger.charge(vm(3), &beta, Usage { cgpus: 1, ..Usage::default() }, 2).unwrap_err();
         assert_eq!((err.limit, err.in_use, err.requested), (10, 100, 1));
         ledger.set_limits(beta.clone(), None);
         assert_eq!(ledger.limits(&beta), (Quota { cgpus: Some(2), ..Quota::default() }, false));

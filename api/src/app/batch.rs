@@ -120,6 +120,7 @@ pub(crate) fn share(e: &Arc<Error>) -> Error {
         Error::RequestTimeout(m) => Error::RequestTimeout(m.clone()),
         Error::TooManyRequests(m) => Error::TooManyRequests(m.clone()),
         Error::Conflict(m) => Error::Conflict(m.clone()),
+        Error::QuotaExceeded(e) => Error::QuotaExceeded(e.clone()),
         Error::InsufficientCapacity(shortfall) => Error::InsufficientCapacity(shortfall.clone()),
         Error::Unavailable { dependency, .. } => Error::Unavailable { dependency, source: cause() },
         Error::Internal(_) => Error::Internal(cause()),

@@ -13,7 +13,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpgpums::Pool;
+use std::collections::HashMap;
+
+use gpgpums::{Pool, ProjectId, QuotaLedger, Usage};
 
 use super::batch::Queued;
 use super::pool::BoxFuture;
@@ -147,7 +149,7 @@ impl App {
         bookings: &[Booking],
     ) -> Result<Vec<Result<Booked, Error>>, Error> {
         let mut pool_tx = self.pool_tx().await?;
-        let (pool, tx) = pool_tx.parts();
+        let (pool, quotas, tx) = pool_tx.parts_with_quotas();
         let mut outcomes: Vec<Option<Result<Booked, Error>>> =
             bookings.iter().map(|_| None).collect();
         let mut wrote = false;
@@ -181,15 +183,33 @@ impl App {
                 db::delete_cgpus(tx, &released).await?;
                 for id in &released {
                     pool.release(id);
+                    quotas.release(id);
                 }
                 wrote = true;
             }
         }
 
         let mut reserved = Vec::new();
+        let reserving: Vec<&Reservation> = bookings
+            .iter()
+            .filter_map(|b| if let Booking::Reserve(r) = b { Some(&**r) } else { None })
+            .collect();
+        let mut projects = Vec::new();
+        for reservation in &reserving {
+            match project_id(&reservation.record.project) {
+                Ok(project) => projects.push(project),
+                Err(e) => tracing::error!(error = %e, "a reservation of an invalid project"),
+            }
+        }
+        let mut vms = if projects.is_empty() {
+            Default::default()
+        } else {
+            db::counted_vms(tx, &projects.iter().collect::<Vec<_>>()).await?
+        };
         for (i, booking) in bookings.iter().enumerate() {
             if let Booking::Reserve(reservation) = booking {
-                match place_cgpus(pool, &self.config.masking, &reservation.record) {
+                let mut ledgers = Ledgers { pool: &mut *pool, quotas: &mut *quotas, vms: &mut vms };
+                match place_cgpus(&mut ledgers, &self.config.masking, &reservation.record) {
                     Ok(details) => reserved.push((i, details)),
                     Err(e) => outcomes[i] = Some(Err(e)),
                 }
@@ -226,9 +246,9 @@ impl App {
         for (i, booking) in bookings.iter().enumerate() {
             let outcome = match booking {
                 Booking::Attach(attachment) => {
-                    attach_cgpus(pool, tx, &self.config.masking, attachment).await?
+                    attach_cgpus(pool, quotas, tx, &self.config.masking, attachment).await?
                 }
-                Booking::Detach(ended) => detach_cgpus(pool, tx, ended).await?,
+                Booking::Detach(ended) => detach_cgpus(pool, quotas, tx, ended).await?,
                 _ => continue,
             };
             wrote |= outcome.is_ok();
@@ -246,26 +266,43 @@ impl App {
 /// the inner one refuses this attachment alone, leaving the pool as it was.
 async fn attach_cgpus(
     pool: &mut Pool,
+    quotas: &mut QuotaLedger,
     tx: &mut sqlx::AnyConnection,
     masking: &MaskingConfig,
     attachment: &Attachment,
 ) -> Result<Result<Booked, Error>, Error> {
     let id = attachment.vm.id;
+    // Attaches count against the quota; VMs do not change.
+    let project = match project_id(&attachment.vm.project) {
+        Ok(project) => project,
+        Err(e) => return Ok(Err(e)),
+    };
+    if let Err(e) = quotas.check(&project, Usage::asked(&attachment.request), 0) {
+        return Ok(Err(e.into()));
+    }
     let placed =
         match pool.attach(id, &attachment.request, &attachment.policy, attachment.on_host.as_ref())
         {
             Ok(placed) => placed,
             Err(e) => return Ok(Err(e.into())),
         };
-    let undo = |pool: &mut Pool| {
+    let usage = Usage::of_cgpus(&placed);
+    if let Err(e) = quotas.charge(id, &project, usage, 0) {
         for cgpu in &placed {
             pool.detach(&id, cgpu.index);
         }
+        return Ok(Err(e.into()));
+    }
+    let undo = |pool: &mut Pool, quotas: &mut QuotaLedger| {
+        for cgpu in &placed {
+            pool.detach(&id, cgpu.index);
+        }
+        quotas.refund(&id, usage);
     };
     let cgpus = match placed.iter().map(|c| cgpu_record(id, c, masking)).collect() {
         Ok(cgpus) => cgpus,
         Err(e) => {
-            undo(pool);
+            undo(pool, quotas);
             return Ok(Err(e));
         }
     };
@@ -280,7 +317,7 @@ async fn attach_cgpus(
     let claimed = match written.first() {
         Some(Written::Done { claimed }) => *claimed,
         _ => {
-            undo(pool);
+            undo(pool, quotas);
             return Ok(Err(Error::Conflict(VM_CHANGED_CGPUS.into())));
         }
     };
@@ -295,6 +332,7 @@ async fn attach_cgpus(
 /// Releases the VM's `detaching` cGPUs and writes `ended` (see [`Booking::Detach`]).
 async fn detach_cgpus(
     pool: &mut Pool,
+    quotas: &mut QuotaLedger,
     tx: &mut sqlx::AnyConnection,
     ended: &VmRecord,
 ) -> Result<Result<Booked, Error>, Error> {
@@ -304,7 +342,9 @@ async fn detach_cgpus(
     }
     let [VmWrite { vm, .. }] = write;
     for index in db::delete_cgpus_in_state(tx, vm.id, CgpuState::Detaching).await? {
-        pool.detach(&vm.id, index);
+        if let Some(cgpu) = pool.detach(&vm.id, index) {
+            quotas.refund(&vm.id, Usage::of_cgpus([&cgpu]));
+        }
     }
     Ok(Ok(Booked::Released(Box::new(vm))))
 }
@@ -340,15 +380,33 @@ fn cgpu_record(
     })
 }
 
-/// Places the VM's cGPUs on the pool and gives each its masked endpoint. A refusal leaves the
-/// pool as it was.
+/// What reservations in one batch book on: the pool, the quota ledger, and the VMs each project
+/// counts (read in the batch's transaction, and counting the batch's own new VMs).
+struct Ledgers<'a> {
+    pool: &'a mut Pool,
+    quotas: &'a mut QuotaLedger,
+    vms: &'a mut HashMap<ProjectId, u64>,
+}
+
+/// A VM's project, as the ledger names it.
+fn project_id(project: &str) -> Result<ProjectId, Error> {
+    ProjectId::new(project).map_err(|e| Error::invalid("project", e.to_string()))
+}
+
+/// Places the VM's cGPUs on the pool, within its project's quota, and gives each its masked
+/// endpoint. A refusal leaves the pool and the ledger as they were.
 fn place_cgpus(
-    pool: &mut Pool,
+    booked: &mut Ledgers<'_>,
     masking: &MaskingConfig,
     record: &VmRecord,
 ) -> Result<VmDetails, Error> {
     let mut record = record.clone();
     let id = record.id;
+    let project = project_id(&record.project)?;
+    let vms = booked.vms.get(&project).copied().unwrap_or(0);
+    // The quota first (what the request asks is known before it is placed), as Nova does.
+    booked.quotas.check(&project, Usage::vm_with(Usage::asked(&record.spec.gpus)), vms)?;
+    let pool = &mut *booked.pool;
     let started = Instant::now();
     let placement = pool.place(id, &record.spec.gpus, &record.policy)?;
     record.timings.gpu_selection = Some(started.elapsed().as_secs_f64());
@@ -359,10 +417,18 @@ fn place_cgpus(
         .map(|c| cgpu_record(id, c, masking))
         .collect::<Result<Vec<_>, Error>>()
         .and_then(|cgpus| check_user_data(&record, &cgpus, masking).map(|()| cgpus));
-    match cgpus {
-        Ok(cgpus) => Ok(VmDetails { vm: record, cgpus }),
+    let usage = Usage::vm_with(Usage::of_cgpus(&placement.cgpus));
+    let charged = cgpus.and_then(|cgpus| {
+        booked.quotas.charge(id, &project, usage, vms)?;
+        Ok(cgpus)
+    });
+    match charged {
+        Ok(cgpus) => {
+            *booked.vms.entry(project).or_default() += 1;
+            Ok(VmDetails { vm: record, cgpus })
+        }
         Err(e) => {
-            pool.release(&id);
+            booked.pool.release(&id);
             Err(e)
         }
     }

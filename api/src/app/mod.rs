@@ -20,6 +20,7 @@ pub mod elastic;
 pub mod gpus;
 pub mod hosts;
 pub mod pool;
+pub mod quotas;
 pub mod reconciler;
 pub mod redact;
 pub mod saga;

@@ -7,6 +7,8 @@
 //! replica changed it since, lets the caller decide and write, and commits. If anything fails after
 //! the pool took a change, the cached pool is dropped and reloaded next time, so memory never holds a
 //! decision the database does not. (A refused placement changes nothing and costs no reload.)
+//! The project quota ledger ([`gpgpums::QuotaLedger`]) lives beside the pool on the same terms:
+//! quota checks happen in the booking's transaction, so replicas cannot both use the last room.
 //!
 //! The hosts' kinds and states are also mirrored in a [`HostDirectory`] that reads without the
 //! pool's lock (held across database writes): the saga asks it where a VM may run and whether a
@@ -19,7 +21,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use gpgpums::{
-    CgpuAssignment, HostId, HostKind, HostState, Placement, Pool, RcudaEndpoint, VmHost,
+    CgpuAssignment, HostId, HostKind, HostState, Placement, Pool, Quota, QuotaLedger,
+    RcudaEndpoint, Usage, VmHost,
 };
 
 use super::App;
@@ -66,21 +69,27 @@ impl HostDirectory {
 #[derive(Debug)]
 struct Cached {
     pool: Pool,
-    /// The generation `pool` reflects; -1 when it must be reloaded.
+    /// Every project's limits and what its VMs' cGPUs hold, as of the same generation.
+    quotas: QuotaLedger,
+    /// The generation `pool` and `quotas` reflect; -1 when they must be reloaded.
     generation: i64,
 }
 
 impl PoolCache {
     pub(crate) fn new() -> Self {
         PoolCache {
-            inner: tokio::sync::Mutex::new(Cached { pool: Pool::new(), generation: -1 }),
+            inner: tokio::sync::Mutex::new(Cached {
+                pool: Pool::new(),
+                quotas: QuotaLedger::default(),
+                generation: -1,
+            }),
             hosts: HostDirectory::default(),
         }
     }
 }
 
-/// Builds the pool from the database.
-async fn load(tx: &mut WriteTx) -> Result<Pool, Error> {
+/// Builds the pool and the quota ledger from the database.
+async fn load(tx: &mut WriteTx, default_quota: Quota) -> Result<(Pool, QuotaLedger), Error> {
     let mut pool = Pool::new();
     for host in db::hosts(tx).await? {
         pool.add_host(host.name.clone(), host.kind)?;
@@ -93,26 +102,22 @@ async fn load(tx: &mut WriteTx) -> Result<Pool, Error> {
     for (gpu, taint) in db::gpu_taints(tx).await? {
         pool.set_gpu_taint(&gpu, Some(taint))?;
     }
+    let mut quotas = QuotaLedger::new(default_quota);
+    for (project, quota) in db::quotas(tx).await? {
+        quotas.set_limits(project, Some(quota));
+    }
+    let projects: std::collections::HashMap<_, _> =
+        db::projects_of_vms_with_cgpus(tx).await?.into_iter().collect();
     for (vm, cgpus) in db::all_cgpus(tx).await? {
+        match projects.get(&vm) {
+            Some(project) => quotas.restore(vm, project, Usage::of_cgpus(&assignments(&cgpus))),
+            None => tracing::error!(%vm, "stored cGPUs of a VM without a project"),
+        }
         let placement = Placement {
             vm,
             policy: String::new(),
             vm_host: VmHost::AnyAgentHost,
-            cgpus: cgpus
-                .iter()
-                .map(|c| CgpuAssignment {
-                    index: c.index,
-                    gpu: c.gpu.clone(),
-                    host: c.host.clone(),
-                    memory_mib: c.memory_mib,
-                    mode: c.mode,
-                    rcuda: RcudaEndpoint {
-                        address: c.rcuda_address.into(),
-                        port: c.rcuda_port,
-                        gpu_number: c.rcuda_gpu_number,
-                    },
-                })
-                .collect(),
+            cgpus: assignments(&cgpus),
         };
         if let Err(e) = pool.restore(placement) {
             // Storage says this VM holds cGPUs that no longer fit (an inventory change behind our
@@ -120,7 +125,26 @@ async fn load(tx: &mut WriteTx) -> Result<Pool, Error> {
             tracing::error!(%vm, error = %e, "stored cGPUs do not fit the pool");
         }
     }
-    Ok(pool)
+    Ok((pool, quotas))
+}
+
+/// Stored cGPUs as the pool books them.
+fn assignments(cgpus: &[crate::model::CgpuRecord]) -> Vec<CgpuAssignment> {
+    cgpus
+        .iter()
+        .map(|c| CgpuAssignment {
+            index: c.index,
+            gpu: c.gpu.clone(),
+            host: c.host.clone(),
+            memory_mib: c.memory_mib,
+            mode: c.mode,
+            rcuda: RcudaEndpoint {
+                address: c.rcuda_address.into(),
+                port: c.rcuda_port,
+                gpu_number: c.rcuda_gpu_number,
+            },
+        })
+        .collect()
 }
 
 /// The pool and a transaction that bumped its generation; see the module docs. Dropped without
@@ -132,6 +156,7 @@ pub(crate) struct PoolTx<'a> {
     tx: Option<WriteTx>,
     generation: i64,
     changes_before: u64,
+    quota_changes_before: u64,
     host_changes_before: u64,
 }
 
@@ -139,6 +164,12 @@ impl PoolTx<'_> {
     /// The pool to decide on and the transaction to write the decision in.
     pub(crate) fn parts(&mut self) -> (&mut Pool, &mut WriteTx) {
         (&mut self.cached.pool, self.tx.as_mut().expect("open until committed"))
+    }
+
+    /// [`Self::parts`] with the quota ledger, which changes with the pool.
+    pub(crate) fn parts_with_quotas(&mut self) -> (&mut Pool, &mut QuotaLedger, &mut WriteTx) {
+        let cached = &mut *self.cached;
+        (&mut cached.pool, &mut cached.quotas, self.tx.as_mut().expect("open until committed"))
     }
 
     pub(crate) async fn commit(mut self) -> Result<(), Error> {
@@ -161,7 +192,9 @@ impl PoolTx<'_> {
 
 impl Drop for PoolTx<'_> {
     fn drop(&mut self) {
-        if self.tx.is_some() && self.cached.pool.changes() != self.changes_before {
+        let changed = self.cached.pool.changes() != self.changes_before
+            || self.cached.quotas.changes() != self.quota_changes_before;
+        if self.tx.is_some() && changed {
             self.cached.generation = -1;
         }
     }
@@ -178,6 +211,7 @@ impl App {
             self.reload(&mut cached, &mut tx, generation - 1).await?;
         }
         let changes_before = cached.pool.changes();
+        let quota_changes_before = cached.quotas.changes();
         let host_changes_before = cached.pool.host_changes();
         Ok(PoolTx {
             cached,
@@ -185,6 +219,7 @@ impl App {
             tx: Some(tx),
             generation,
             changes_before,
+            quota_changes_before,
             host_changes_before,
         })
     }
@@ -210,7 +245,7 @@ impl App {
         generation: i64,
     ) -> Result<(), Error> {
         cached.generation = -1;
-        cached.pool = load(tx).await?;
+        (cached.pool, cached.quotas) = load(tx, self.config.quotas.quota()).await?;
         cached.generation = generation;
         self.pool.hosts.publish(&cached.pool);
         Ok(())
@@ -223,6 +258,14 @@ impl App {
 
     /// Reads the pool as of the latest generation.
     pub(crate) async fn read_pool<T>(&self, read: impl FnOnce(&Pool) -> T) -> Result<T, Error> {
+        self.read_pool_and_quotas(|pool, _| read(pool)).await
+    }
+
+    /// Reads the pool and the quota ledger as of the latest generation.
+    pub(crate) async fn read_pool_and_quotas<T>(
+        &self,
+        read: impl FnOnce(&Pool, &QuotaLedger) -> T,
+    ) -> Result<T, Error> {
         let mut cached = self.pool.inner.lock().await;
         if cached.generation != current_generation(&mut *self.db.conn().await?).await? {
             let mut tx = self.db.begin().await?;
@@ -230,7 +273,7 @@ impl App {
             self.reload(&mut cached, &mut tx, generation).await?;
             tx.commit().await?;
         }
-        Ok(read(&cached.pool))
+        Ok(read(&cached.pool, &cached.quotas))
     }
 }
 

@@ -14,12 +14,14 @@
 mod cgpus;
 mod gpus;
 mod hosts;
+mod quotas;
 mod tokens;
 mod vms;
 
 pub use cgpus::*;
 pub use gpus::*;
 pub use hosts::*;
+pub use quotas::*;
 pub use tokens::*;
 pub use vms::*;
 
@@ -43,6 +45,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (4, "gpu_taints", include_str!("../../../migrations/0004_gpu_taints.sql")),
     (5, "revoked_tokens", include_str!("../../../migrations/0005_revoked_tokens.sql")),
     (6, "elastic_cgpus", include_str!("../../../migrations/0006_elastic_cgpus.sql")),
+    (7, "quotas", include_str!("../../../migrations/0007_quotas.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -28,6 +28,7 @@ use crate::error::{Error, Problem};
         (status = 404, description = "No such VM", body = Problem),
         (status = 409, description = "The VM is not ready, or its cGPUs are changing", body = Problem),
         (status = 422, description = "Invalid field", body = Problem),
+        (status = 403, description = "Over the project's quota (`quota_exceeded`); nothing changed", body = Problem),
         (status = 507, description = "Not enough GPU capacity; nothing changed", body = Problem),
     ),
     security(("bearer" = [])))]

@@ -5,6 +5,7 @@
 //! request gets a problem document naming the field (`ncgpus: invalid value: integer -1 ...`).
 
 mod elastic;
+mod quotas;
 pub mod views;
 
 use std::sync::Arc;
@@ -92,6 +93,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/vms/{id}", get(get_vm).delete(terminate_vm))
         .route("/v1/vms/{id}/cgpus", post(elastic::attach_cgpus))
         .route("/v1/vms/{id}/cgpus/{index}", delete(elastic::detach_cgpu))
+        .route(
+            "/v1/quotas/{project}",
+            get(quotas::get_quota).put(quotas::put_quota).delete(quotas::delete_quota),
+        )
         .route("/v1/pool", get(get_pool))
         .route("/v1/hosts", get(list_hosts))
         .route("/v1/hosts/{name}", put(register_host))
@@ -163,6 +168,7 @@ fn location(id: &str) -> String {
         (status = 401, description = "No or invalid token", body = Problem),
         (status = 422, description = "Invalid field", body = Problem),
         (status = 503, description = "The cloud is unavailable", body = Problem),
+        (status = 403, description = "Over the project's quota (`quota_exceeded`); nothing changed", body = Problem),
         (status = 507, description = "Not enough GPU capacity", body = Problem),
     ),
     security(("bearer" = [])))]
@@ -478,10 +484,11 @@ impl utoipa::Modify for BearerAuth {
 #[openapi(
     info(title = "GSaaS", description = "GPU scheduling as a service: cGPU-enabled VMs for OpenStack."),
     paths(launch_vm, list_vms, get_vm, terminate_vm, elastic::attach_cgpus, elastic::detach_cgpu,
+        quotas::get_quota, quotas::put_quota, quotas::delete_quota,
         get_pool, list_hosts, register_host,
         renew_agent_token, drain_host,
         undrain_host, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
-    components(schemas(Problem, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
+    components(schemas(Problem, crate::error::QuotaProblem, quotas::QuotaView, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
         PoolHostView, GpuView, HostView, HostList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
         ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
     modifiers(&BearerAuth),

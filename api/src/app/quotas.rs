@@ -1,0 +1,70 @@
+//! Project quotas through the API: a project's limits and what it uses, and operators setting
+//! them (the decisions are [`gpgpums::quota`]'s, made where bookings are: [`super::bookings`]).
+//!
+//! Limits change in a pool transaction, like bookings: the generation moves, so every replica
+//! reloads its ledger before its next booking and no replica books against old limits.
+
+use gpgpums::{ProjectId, Quota, Usage};
+
+use super::App;
+use crate::auth::Caller;
+use crate::config::check_quota;
+use crate::db::{self, now_ms};
+use crate::error::Error;
+
+/// A project's limits and use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaStatus {
+    pub project: ProjectId,
+    pub limits: Quota,
+    /// Whether the limits are the project's own rather than the defaults.
+    pub own: bool,
+    pub usage: Usage,
+}
+
+/// The project a caller names, if the caller may see it: admins any, a tenant its own.
+fn visible_project(caller: &Caller, project: &str) -> Result<ProjectId, Error> {
+    let not_found = || Error::NotFound { kind: "project", id: project.to_owned() };
+    match caller.visible_project()? {
+        Some(own) if own != project => Err(not_found()),
+        _ => ProjectId::new(project).map_err(|_| not_found()),
+    }
+}
+
+impl App {
+    /// The project's limits and what it uses (its VMs being created or ready, and their cGPUs).
+    pub async fn quota(&self, caller: &Caller, project: &str) -> Result<QuotaStatus, Error> {
+        let project = visible_project(caller, project)?;
+        let (limits, own, usage) = self
+            .read_pool_and_quotas(|_, quotas| {
+                let (limits, own) = quotas.limits(&project);
+                (limits, own, quotas.usage(&project))
+            })
+            .await?;
+        let vms = db::counted_vms(&mut *self.db.conn().await?, &[&project]).await?;
+        let vms = vms.get(&project).copied().unwrap_or(0);
+        Ok(QuotaStatus { project, limits, own, usage: Usage { vms, ..usage } })
+    }
+
+    /// Sets the project's own limits, or (`None`) gives it the defaults again (admins). What the
+    /// project holds stays; a limit below it only refuses more.
+    pub async fn set_quota(
+        &self,
+        caller: &Caller,
+        project: &str,
+        quota: Option<Quota>,
+    ) -> Result<QuotaStatus, Error> {
+        caller.require_admin()?;
+        let project =
+            ProjectId::new(project).map_err(|e| Error::invalid("project", e.to_string()))?;
+        if let Some(quota) = &quota {
+            check_quota(quota, "").map_err(|(field, reason)| Error::invalid(field, reason))?;
+        }
+        let mut pool_tx = self.pool_tx().await?;
+        let (_, quotas, tx) = pool_tx.parts_with_quotas();
+        db::set_quota(tx, &project, quota.as_ref(), now_ms()).await?;
+        quotas.set_limits(project.clone(), quota);
+        pool_tx.commit().await?;
+        self.quota(caller, project.as_str()).await
+    }
+}

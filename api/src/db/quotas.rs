@@ -1,0 +1,113 @@
+//! Projects' own quota limits (see [`gpgpums::quota`]), and what the ledger is loaded from.
+
+use std::collections::HashMap;
+
+use gpgpums::{ProjectId, Quota, VmId};
+use sqlx::{AnyConnection, Row};
+
+use super::{corrupt, fetch_batched, keys, MAX_ROWS};
+use crate::error::Error;
+
+/// Every project's own limits.
+pub async fn quotas(conn: &mut AnyConnection) -> Result<Vec<(ProjectId, Quota)>, Error> {
+    let rows = sqlx::query(
+        "SELECT project, cgpus, memory_mib, exclusive_gpus, vms FROM quotas ORDER BY project",
+    )
+    .fetch_all(conn)
+    .await?;
+    let limit = |row: &sqlx::any::AnyRow, i: usize| -> Result<Option<u64>, Error> {
+        match row.try_get::<Option<i64>, _>(i)? {
+            None => Ok(None),
+            Some(n) => {
+                u64::try_from(n).map(Some).map_err(|_| corrupt("quota limit", &n.to_string()))
+            }
+        }
+    };
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let project: String = row.try_get(0)?;
+        let project = ProjectId::new(&project).map_err(|_| corrupt("project", &project))?;
+        let quota = Quota {
+            cgpus: limit(row, 1)?,
+            memory_mib: limit(row, 2)?,
+            exclusive_gpus: limit(row, 3)?,
+            vms: limit(row, 4)?,
+        };
+        out.push((project, quota));
+    }
+    Ok(out)
+}
+
+/// Sets the project's own limits (`Some`), or removes them (`None`: back to the defaults).
+pub async fn set_quota(
+    conn: &mut AnyConnection,
+    project: &ProjectId,
+    quota: Option<&Quota>,
+    now_ms: i64,
+) -> Result<(), Error> {
+    sqlx::query("DELETE FROM quotas WHERE project = $1")
+        .bind(project.as_str())
+        .execute(&mut *conn)
+        .await?;
+    if let Some(quota) = quota {
+        // Limits are range-checked to fit (at most i64::MAX) before they get here.
+        let limit = |n: Option<u64>| n.map(|n| n as i64);
+        sqlx::query(
+            "INSERT INTO quotas (project, cgpus, memory_mib, exclusive_gpus, vms, updated_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(project.as_str())
+        .bind(limit(quota.cgpus))
+        .bind(limit(quota.memory_mib))
+        .bind(limit(quota.exclusive_gpus))
+        .bind(limit(quota.vms))
+        .bind(now_ms)
+        .execute(conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// The project of every VM that holds cGPUs (what the ledger charges their cGPUs to).
+pub async fn projects_of_vms_with_cgpus(
+    conn: &mut AnyConnection,
+) -> Result<Vec<(VmId, ProjectId)>, Error> {
+    let rows = sqlx::query(
+        "SELECT v.id, v.project FROM vms v WHERE EXISTS (SELECT 1 FROM cgpus c WHERE c.vm = v.id) \
+         ORDER BY v.id",
+    )
+    .fetch_all(conn)
+    .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let (id, project): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+        out.push((
+            id.parse().map_err(|_| corrupt("VM id", &id))?,
+            ProjectId::new(&project).map_err(|_| corrupt("project", &project))?,
+        ));
+    }
+    Ok(out)
+}
+
+/// The VMs each of `projects` has that count against its quota: those being created or ready (a
+/// failed or terminated VM no longer counts).
+pub async fn counted_vms(
+    conn: &mut AnyConnection,
+    projects: &[&ProjectId],
+) -> Result<HashMap<ProjectId, u64>, Error> {
+    let mut counts = HashMap::new();
+    let rows = fetch_batched(conn, keys(projects.iter().map(|p| p.as_str())), MAX_ROWS, |values| {
+        format!(
+            "SELECT project, COUNT(*) FROM vms WHERE project IN (VALUES {values}) \
+             AND state IN ('creating', 'ready') GROUP BY project"
+        )
+    })
+    .await?;
+    for row in rows {
+        let project: String = row.try_get(0)?;
+        let project = ProjectId::new(&project).map_err(|_| corrupt("project", &project))?;
+        let count: i64 = row.try_get(1)?;
+        counts.insert(project, u64::try_from(count).unwrap_or(0));
+    }
+    Ok(counts)
+}
