@@ -120,13 +120,24 @@ async fn limits_are_enforced_on_launches_and_attaches_and_refusals_change_nothin
         .await;
     assert_quota_exceeded(status, &problem, ("memory_mib", 4096, 4096, 2048));
 
-    // Use, as the tenant reads it.
+    // Use, as the tenant reads it; the list shows a tenant its own project only, admins all.
     let (_, quota) = t.get(&member, "/v1/quotas/alpha").await;
     assert_eq!(
         quota["usage"],
         json!({"cgpus": 4, "memory_mib": 4096, "exclusive_gpus": 0, "vms": 2}),
         "{quota}"
     );
+    let projects = |list: &Value| -> Vec<String> {
+        let quotas = list["quotas"].as_array().unwrap();
+        quotas.iter().map(|q| q["project"].as_str().unwrap().to_owned()).collect()
+    };
+    let (_, list) = t.get(&member, "/v1/quotas").await;
+    assert_eq!(
+        (projects(&list), &list["quotas"][0]["usage"]),
+        (vec!["alpha".to_owned()], &quota["usage"])
+    );
+    let (_, list) = t.get(&admin, "/v1/quotas").await;
+    assert_eq!(projects(&list), ["alpha", "beta"]);
     // A terminated VM frees its share; the defaults come back with DELETE.
     let (status, _) = t.delete(&member, &format!("/v1/vms/{first}")).await;
     assert_eq!(status, 202);

@@ -128,6 +128,49 @@ pub enum Command {
     Drain { host: String },
     /// Undrain a host (admins).
     Undrain { host: String },
+    /// Project quotas: limits and use.
+    Quota {
+        #[command(subcommand)]
+        command: QuotaCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuotaCommand {
+    /// A project's quota limits and use; without PROJECT, your project's (admins: every project's).
+    Show { project: Option<String> },
+    /// Set a project's own limits (admins); limits not given stay as they are, `none` is no limit.
+    Set {
+        project: String,
+        /// cGPUs held at once.
+        #[arg(long, value_parser = parse_limit)]
+        cgpus: Option<Limit>,
+        /// GPU memory booked at once, MiB (an exclusive cGPU books its whole GPU).
+        #[arg(long, value_parser = parse_limit)]
+        memory_mib: Option<Limit>,
+        /// Whole GPUs held exclusively at once.
+        #[arg(long, value_parser = parse_limit)]
+        exclusive_gpus: Option<Limit>,
+        /// VMs being created or ready.
+        #[arg(long, value_parser = parse_limit)]
+        vms: Option<Limit>,
+    },
+    /// Give a project the default limits again (admins).
+    Reset { project: String },
+}
+
+/// A quota limit as given on the command line: a number, or `none` (no limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Unlimited,
+    At(u64),
+}
+
+fn parse_limit(s: &str) -> Result<Limit, String> {
+    match s {
+        "none" | "unlimited" => Ok(Limit::Unlimited),
+        n => n.parse().map(Limit::At).map_err(|_| format!("{n:?} is not a number or `none`")),
+    }
 }
 
 #[derive(Debug, Args)]

@@ -166,6 +166,10 @@ impl Client {
         self.send(request)
     }
 
+    pub fn put(&self, path: &str, body: &Value) -> Result<Value, Failure> {
+        self.send(self.http.put(format!("{}{path}", self.url)).json(body))
+    }
+
     pub fn delete(&self, path: &str) -> Result<Value, Failure> {
         self.send(self.http.delete(format!("{}{path}", self.url)))
     }
@@ -204,6 +208,7 @@ fn decode(response: Response) -> Result<Value, Failure> {
     let message = match status {
         404 => format!("not found: {detail}"),
         507 => format!("no GPU capacity: {detail}"),
+        403 => format!("over quota: {detail}"),
         401 => format!("authentication failed: {detail}"),
         _ => detail,
     };

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use serde_json::{json, Value};
 
-use args::{Cli, Command, Format, Launch};
+use args::{Cli, Command, Format, Launch, Limit, QuotaCommand};
 use client::{exit, Auth, Client, Failure, FileConfig};
 
 const DEFAULT_URL: &str = "http://127.0.0.1:8080";
@@ -102,6 +102,48 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 None,
             )?,
             output::host,
+        ),
+        Command::Quota { command } => quota(&client, format, command),
+    }
+}
+
+fn quota(client: &Client, format: Format, command: QuotaCommand) -> Result<(), Failure> {
+    match command {
+        QuotaCommand::Show { project: None } => {
+            print(format, &client.get("/v1/quotas")?, output::quota_list)
+        }
+        QuotaCommand::Show { project: Some(project) } => print(
+            format,
+            &client.get(&format!("/v1/quotas/{}", path_segment(&project)?))?,
+            output::quota,
+        ),
+        QuotaCommand::Set { project, cgpus, memory_mib, exclusive_gpus, vms } => {
+            let given = [
+                ("cgpus", cgpus),
+                ("memory_mib", memory_mib),
+                ("exclusive_gpus", exclusive_gpus),
+                ("vms", vms),
+            ];
+            if given.iter().all(|(_, limit)| limit.is_none()) {
+                return Err(Failure::usage(
+                    "give at least one limit: --cgpus, --memory-mib, --exclusive-gpus or --vms",
+                ));
+            }
+            let path = format!("/v1/quotas/{}", path_segment(&project)?);
+            let mut limits = client.get(&path)?["limits"].clone();
+            for (name, limit) in given {
+                match limit {
+                    Some(Limit::At(n)) => limits[name] = json!(n),
+                    Some(Limit::Unlimited) => limits[name] = Value::Null,
+                    None => {}
+                }
+            }
+            print(format, &client.put(&path, &limits)?, output::quota)
+        }
+        QuotaCommand::Reset { project } => print(
+            format,
+            &client.delete(&format!("/v1/quotas/{}", path_segment(&project)?))?,
+            output::quota,
         ),
     }
 }

@@ -222,6 +222,44 @@ pub fn host(host: &Value) -> String {
     table(&["host", "kind", "state", "agent", "routes applied"], &[host_row(host)])
 }
 
+const QUOTA_RESOURCES: [&str; 4] = ["cgpus", "memory_mib", "exclusive_gpus", "vms"];
+
+/// `used / limit` of one resource (`none`: no limit).
+fn quota_use(quota: &Value, resource: &str) -> String {
+    let used = quota["usage"][resource].as_u64().unwrap_or(0);
+    match quota["limits"][resource].as_u64() {
+        Some(limit) => format!("{used} / {limit}"),
+        None => format!("{used} / none"),
+    }
+}
+
+pub fn quota(quota: &Value) -> String {
+    let whose = if quota["own_limits"] == true { "its own limits" } else { "the default limits" };
+    let rows: Vec<Vec<String>> =
+        QUOTA_RESOURCES.iter().map(|r| vec![(*r).to_owned(), quota_use(quota, r)]).collect();
+    format!(
+        "project {} ({whose})\n{}",
+        quota["project"].as_str().unwrap_or("?"),
+        table(&["resource", "used / limit"], &rows)
+    )
+}
+
+pub fn quota_list(list: &Value) -> String {
+    let rows: Vec<Vec<String>> = list["quotas"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|q| {
+            let mut row = vec![q["project"].as_str().unwrap_or("?").to_owned()];
+            row.extend(QUOTA_RESOURCES.iter().map(|r| quota_use(q, r)));
+            row.push(if q["own_limits"] == true { "own" } else { "default" }.to_owned());
+            row
+        })
+        .collect();
+    table(&["project", "cgpus", "memory_mib", "exclusive_gpus", "vms", "limits"], &rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

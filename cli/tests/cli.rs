@@ -272,3 +272,50 @@ fn errors_are_one_line_with_distinct_exit_codes() {
     let help = String::from_utf8_lossy(&help.stdout);
     assert!(help.contains("Exit codes") && help.contains("gsaas -t -id=<VMid>"), "{help}");
 }
+
+#[test]
+fn quotas_are_shown_set_and_enforced_with_their_own_exit_message() {
+    let server = Server::start();
+    let (admin, member) = (server.token("ops", Role::Admin), server.token("alpha", Role::Member));
+
+    // Only the limits given change; `none` is no limit.
+    let set = json(&server.gsaas(&admin, &["-f", "json", "quota", "set", "alpha", "--cgpus", "2"]));
+    assert_eq!(set["limits"]["cgpus"], 2, "{set}");
+    let set = json(&server.gsaas(
+        &admin,
+        &["-f", "json", "quota", "set", "alpha", "--vms", "3", "--memory-mib", "none"],
+    ));
+    assert_eq!((&set["limits"]["cgpus"], &set["limits"]["vms"]), (&2.into(), &3.into()), "{set}");
+    assert!(set["limits"]["memory_mib"].is_null(), "{set}");
+    let nothing = server.gsaas(&admin, &["quota", "set", "alpha"]);
+    assert_eq!(nothing.status.code(), Some(2), "{}", stderr(&nothing));
+    let bad = server.gsaas(&admin, &["quota", "set", "alpha", "--cgpus", "-3"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    let tenant = server.gsaas(&member, &["quota", "set", "alpha", "--cgpus", "9"]);
+    assert_eq!(tenant.status.code(), Some(3), "{}", stderr(&tenant));
+
+    // A launch past the limit: exit 1, "over quota", naming the resource.
+    let launch = ["launch", "--ncgpus", "3", "--poolmem", "512", "--mode", "shared"];
+    let over = server.gsaas(&member, &[&launch[..], &VM[..]].concat());
+    assert_eq!(over.status.code(), Some(1), "{}", stderr(&over));
+    assert!(
+        stderr(&over).contains("over quota") && stderr(&over).contains("cgpus"),
+        "{}",
+        stderr(&over)
+    );
+
+    // The tenant's own view, as a table; the admin's list, and a reset.
+    let shown = server.gsaas(&member, &["quota", "show"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        text.contains("alpha") && text.contains("0 / 2") && text.contains("0 / none"),
+        "{text}"
+    );
+    let shown = server.gsaas(&member, &["quota", "show", "alpha"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("its own limits") && text.contains("0 / 3"), "{text}");
+    let other = server.gsaas(&member, &["quota", "show", "beta"]);
+    assert_eq!(other.status.code(), Some(3), "{}", stderr(&other));
+    let reset = json(&server.gsaas(&admin, &["-f", "json", "quota", "reset", "alpha"]));
+    assert_eq!(reset["own_limits"], false, "{reset}");
+}

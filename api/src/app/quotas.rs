@@ -46,6 +46,34 @@ impl App {
         Ok(QuotaStatus { project, limits, own, usage: Usage { vms, ..usage } })
     }
 
+    /// The quotas a caller may see: a tenant's own project's; for admins, every project that has
+    /// limits of its own or holds cGPUs.
+    pub async fn quotas(&self, caller: &Caller) -> Result<Vec<QuotaStatus>, Error> {
+        let own = caller.visible_project()?.map(str::to_owned);
+        let mut statuses: Vec<QuotaStatus> = self
+            .read_pool_and_quotas(|_, quotas| {
+                let projects: Vec<ProjectId> = match &own {
+                    Some(own) => ProjectId::new(own).into_iter().collect(),
+                    None => quotas.projects().cloned().collect(),
+                };
+                projects
+                    .into_iter()
+                    .map(|project| {
+                        let (limits, own) = quotas.limits(&project);
+                        let usage = quotas.usage(&project);
+                        QuotaStatus { project, limits, own, usage }
+                    })
+                    .collect()
+            })
+            .await?;
+        let projects: Vec<&ProjectId> = statuses.iter().map(|s| &s.project).collect();
+        let vms = db::counted_vms(&mut *self.db.conn().await?, &projects).await?;
+        for status in &mut statuses {
+            status.usage.vms = vms.get(&status.project).copied().unwrap_or(0);
+        }
+        Ok(statuses)
+    }
+
     /// Sets the project's own limits, or (`None`) gives it the defaults again (admins). What the
     /// project holds stays; a limit below it only refuses more.
     pub async fn set_quota(

@@ -93,6 +93,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/vms/{id}", get(get_vm).delete(terminate_vm))
         .route("/v1/vms/{id}/cgpus", post(elastic::attach_cgpus))
         .route("/v1/vms/{id}/cgpus/{index}", delete(elastic::detach_cgpu))
+        .route("/v1/quotas", get(quotas::list_quotas))
         .route(
             "/v1/quotas/{project}",
             get(quotas::get_quota).put(quotas::put_quota).delete(quotas::delete_quota),
@@ -484,11 +485,11 @@ impl utoipa::Modify for BearerAuth {
 #[openapi(
     info(title = "GSaaS", description = "GPU scheduling as a service: cGPU-enabled VMs for OpenStack."),
     paths(launch_vm, list_vms, get_vm, terminate_vm, elastic::attach_cgpus, elastic::detach_cgpu,
-        quotas::get_quota, quotas::put_quota, quotas::delete_quota,
+        quotas::list_quotas, quotas::get_quota, quotas::put_quota, quotas::delete_quota,
         get_pool, list_hosts, register_host,
         renew_agent_token, drain_host,
         undrain_host, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
-    components(schemas(Problem, crate::error::QuotaProblem, quotas::QuotaView, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
+    components(schemas(Problem, crate::error::QuotaProblem, quotas::QuotaView, quotas::QuotaList, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
         PoolHostView, GpuView, HostView, HostList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
         ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
     modifiers(&BearerAuth),

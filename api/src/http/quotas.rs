@@ -88,6 +88,25 @@ impl From<QuotaStatus> for QuotaView {
     }
 }
 
+/// Quotas as a list.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QuotaList {
+    pub quotas: Vec<QuotaView>,
+}
+
+/// The caller's project's quota (tenants), or every project's with limits of its own or cGPUs
+/// held (admins).
+#[utoipa::path(get, path = "/v1/quotas", tag = "quotas",
+    responses((status = 200, body = QuotaList), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+pub(super) async fn list_quotas(
+    State(app): State<AppState>,
+    caller: Caller,
+) -> Result<Json<QuotaList>, Error> {
+    let quotas = app.quotas(&caller).await?;
+    Ok(Json(QuotaList { quotas: quotas.into_iter().map(QuotaView::from).collect() }))
+}
+
 /// A project's quota limits and use (admins: any project; tenants: their own).
 #[utoipa::path(get, path = "/v1/quotas/{project}", tag = "quotas",
     params(("project" = String, Path, description = "The project's id")),
