@@ -6,6 +6,7 @@
 //! database, so they cannot drift; that takes the pool's lock and a count over the VMs, so the
 //! [`GaugeCache`] does it at most once per `metrics.gauge_refresh_ms`, however many scrape.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -267,6 +268,34 @@ pub fn render_vm_states(counts: &[(String, i64)]) -> String {
     for state in ["creating", "ready", "error", "deleting", "deleted"] {
         let count = counts.iter().find(|(s, _)| s == state).map_or(0, |(_, c)| *c);
         let _ = writeln!(out, "gsaas_vms{{state=\"{state}\"}} {count}");
+    }
+    out
+}
+
+/// Each project's quota limits and use, by resource: `gsaas_quota_limit` (none for a resource
+/// without a limit) and `gsaas_quota_usage`, for every project that has limits of its own, holds
+/// cGPUs, or has VMs (`vms`: those being created or ready, by project).
+pub fn render_quotas(
+    quotas: &gpgpums::QuotaLedger,
+    vms: &HashMap<gpgpums::ProjectId, u64>,
+) -> String {
+    let mut out = String::new();
+    header(&mut out, "gsaas_quota_limit", "gauge", "Quota limits, by project and resource.");
+    header(&mut out, "gsaas_quota_usage", "gauge", "Quota use, by project and resource.");
+    let mut projects: Vec<&gpgpums::ProjectId> = quotas.projects().chain(vms.keys()).collect();
+    projects.sort();
+    projects.dedup();
+    for project in projects {
+        let (limits, _) = quotas.limits(project);
+        let usage =
+            gpgpums::Usage { vms: vms.get(project).copied().unwrap_or(0), ..quotas.usage(project) };
+        for resource in gpgpums::Resource::ALL {
+            let labels = format!("project=\"{project}\",resource=\"{resource}\"");
+            if let Some(limit) = limits.get(resource) {
+                let _ = writeln!(out, "gsaas_quota_limit{{{labels}}} {limit}");
+            }
+            let _ = writeln!(out, "gsaas_quota_usage{{{labels}}} {}", usage.get(resource));
+        }
     }
     out
 }

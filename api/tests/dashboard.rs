@@ -140,6 +140,10 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
     .await;
     let tenant = t.member();
     let admin = t.admin();
+    // The tenant's project has limits of its own, which the page shows and enforces.
+    let (status, quota) =
+        t.put(&admin, "/v1/quotas/alpha", &serde_json::json!({"cgpus": 100, "vms": 2})).await;
+    assert_eq!(status, 200, "{quota}");
 
     // What a tenant must never see: host names, GPU ids, real rCUDA endpoints and addresses.
     let (status, pool) = t.get(&admin, "/v1/pool").await;

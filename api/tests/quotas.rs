@@ -138,6 +138,18 @@ async fn limits_are_enforced_on_launches_and_attaches_and_refusals_change_nothin
     );
     let (_, list) = t.get(&admin, "/v1/quotas").await;
     assert_eq!(projects(&list), ["alpha", "beta"]);
+    // And in the metrics, per project and resource (no limit: no limit sample).
+    let metrics = t.http.get(t.url("/metrics")).bearer_auth(&admin).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    for line in [
+        "gsaas_quota_limit{project=\"alpha\",resource=\"memory_mib\"} 4096",
+        "gsaas_quota_usage{project=\"alpha\",resource=\"cgpus\"} 4",
+        "gsaas_quota_usage{project=\"alpha\",resource=\"vms\"} 2",
+        "gsaas_quota_usage{project=\"beta\",resource=\"memory_mib\"} 2048",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "no {line} in:\n{metrics}");
+    }
+    assert!(!metrics.contains("gsaas_quota_limit{project=\"beta\""), "{metrics}");
     // A terminated VM frees its share; the defaults come back with DELETE.
     let (status, _) = t.delete(&member, &format!("/v1/vms/{first}")).await;
     assert_eq!(status, 202);

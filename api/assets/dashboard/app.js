@@ -28,6 +28,7 @@
     admin: false,
     pool: null,
     vms: [],
+    quotas: [],
     // VMs terminated from this tab, followed until deleted and shown a while after.
     terminated: new Map(),
     // The VM the attach dialog is open for.
@@ -185,7 +186,8 @@
     const generation = state.generation;
     clearTimeout(state.timer);
     try {
-      const [pool, list] = await Promise.all([api('GET', '/v1/pool'), api('GET', '/v1/vms')]);
+      const [pool, list, quotas] = await Promise.all([api('GET', '/v1/pool'), api('GET', '/v1/vms'),
+        api('GET', '/v1/quotas')]);
       const listed = new Set(list.vms.map((vm) => vm.id));
       const now = Date.now();
       await Promise.all(Array.from(state.terminated.entries(), async ([id, entry]) => {
@@ -205,6 +207,7 @@
       if (generation !== state.generation) return false;
       state.pool = pool;
       state.vms = list.vms;
+      state.quotas = quotas.quotas;
       state.admin = Array.isArray(pool.hosts);
       state.lastOk = now;
       $('banner').hidden = true;
@@ -244,6 +247,7 @@
     refreshNote.classList.remove('stale');
     refreshNote.textContent = `updated ${clock(state.lastOk)} · every ${REFRESH_MS / 1000} s`;
     renderPool();
+    renderQuotas();
     renderVms();
   }
 
@@ -268,6 +272,43 @@
       ? `${hosts.length} hosts`
       : 'Totals only: where GPUs are is known to operators, not tenants.';
     $('pool-hosts').replaceChildren(...(hosts || []).map(renderHost));
+  }
+
+  // [resource, label, format] of each quota limit.
+  const QUOTA_RESOURCES = [
+    ['cgpus', 'cGPUs', String],
+    ['memory_mib', 'GPU memory', mem],
+    ['exclusive_gpus', 'Exclusive GPUs', String],
+    ['vms', 'VMs', String],
+  ];
+
+  function renderQuotas() {
+    const quotas = state.quotas;
+    const n = quotas.length;
+    $('quota-note').textContent = state.admin
+      ? `${n} project${n === 1 ? '' : 's'} with limits of their own or cGPUs`
+      : 'Your project: what it uses of each limit';
+    $('quotas').replaceChildren(...(n ? quotas.map(renderQuota)
+      : [el('div', { class: 'empty', text: 'No project has limits of its own or holds cGPUs.' })]));
+  }
+
+  function renderQuota(q) {
+    const rows = QUOTA_RESOURCES.map(([key, label, format]) => {
+      const used = q.usage[key];
+      const limit = q.limits[key];
+      const limited = typeof limit === 'number';
+      const full = limited && used >= limit;
+      return el('div', { class: `quota-row${full ? ' full' : ''}`, data: { resource: key } },
+        el('span', { class: 'quota-label', text: label }),
+        el('div', { class: 'meter', role: 'img', 'aria-label': `${label}: ${used} of ${limited ? limit : 'no limit'}` },
+          limited ? el('span', { style: { width: `${limit > 0 ? Math.min(100, (used / limit) * 100) : 100}%` } }) : null),
+        el('span', { class: 'quota-text', text: limited ? `${format(used)} of ${format(limit)}` : `${format(used)} · no limit` }));
+    });
+    return el('div', { class: 'quota', data: { project: q.project } },
+      el('div', { class: 'quota-head' },
+        el('span', { class: 'quota-project', text: `project ${q.project}` }),
+        el('span', { class: 'badge', text: q.own_limits ? 'own limits' : 'defaults' })),
+      rows);
   }
 
   // Memory each VM holds on each GPU, from the admin's VM list (cGPUs carry their GPU).
@@ -521,7 +562,7 @@
       input.setAttribute('aria-invalid', 'true');
       input.focus();
     } else {
-      const what = { 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
+      const what = { 403: 'Over quota', 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
       $(error).textContent = what ? `${what}: ${e.message}` : e.message;
     }
   }

@@ -204,7 +204,7 @@ impl App {
         let mut vms = if projects.is_empty() {
             Default::default()
         } else {
-            db::counted_vms(tx, &projects.iter().collect::<Vec<_>>()).await?
+            db::counted_vms(tx, Some(&projects.iter().collect::<Vec<_>>())).await?
         };
         for (i, booking) in bookings.iter().enumerate() {
             if let Booking::Reserve(reservation) = booking {

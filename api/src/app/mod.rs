@@ -204,11 +204,18 @@ impl App {
         let gauges = self
             .gauges
             .get(max_age, || async {
-                let mut gauges = self.read_pool(crate::metrics::render_pool).await?;
-                let states = {
+                let (states, vms) = {
                     let mut conn = self.db.conn().await?;
-                    crate::db::vm_state_counts(&mut conn).await?
+                    let states = crate::db::vm_state_counts(&mut conn).await?;
+                    (states, crate::db::counted_vms(&mut conn, None).await?)
                 };
+                let mut gauges = self
+                    .read_pool_and_quotas(|pool, quotas| {
+                        let mut gauges = crate::metrics::render_pool(pool);
+                        gauges.push_str(&crate::metrics::render_quotas(quotas, &vms));
+                        gauges
+                    })
+                    .await?;
                 gauges.push_str(&crate::metrics::render_vm_states(&states));
                 Ok::<_, crate::error::Error>(gauges)
             })

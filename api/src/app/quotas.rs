@@ -41,7 +41,7 @@ impl App {
                 (limits, own, quotas.usage(&project))
             })
             .await?;
-        let vms = db::counted_vms(&mut *self.db.conn().await?, &[&project]).await?;
+        let vms = db::counted_vms(&mut *self.db.conn().await?, Some(&[&project])).await?;
         let vms = vms.get(&project).copied().unwrap_or(0);
         Ok(QuotaStatus { project, limits, own, usage: Usage { vms, ..usage } })
     }
@@ -67,7 +67,7 @@ impl App {
             })
             .await?;
         let projects: Vec<&ProjectId> = statuses.iter().map(|s| &s.project).collect();
-        let vms = db::counted_vms(&mut *self.db.conn().await?, &projects).await?;
+        let vms = db::counted_vms(&mut *self.db.conn().await?, Some(&projects)).await?;
         for status in &mut statuses {
             status.usage.vms = vms.get(&status.project).copied().unwrap_or(0);
         }

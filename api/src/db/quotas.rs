@@ -89,20 +89,32 @@ pub async fn projects_of_vms_with_cgpus(
     Ok(out)
 }
 
-/// The VMs each of `projects` has that count against its quota: those being created or ready (a
-/// failed or terminated VM no longer counts).
+/// The VMs each of `projects` (`None`: every project) has that count against its quota: those
+/// being created or ready (a failed or terminated VM no longer counts).
 pub async fn counted_vms(
     conn: &mut AnyConnection,
-    projects: &[&ProjectId],
+    projects: Option<&[&ProjectId]>,
 ) -> Result<HashMap<ProjectId, u64>, Error> {
+    const COUNTED: &str = "state IN ('creating', 'ready')";
+    let rows = match projects {
+        Some(projects) => {
+            fetch_batched(conn, keys(projects.iter().map(|p| p.as_str())), MAX_ROWS, |values| {
+                format!(
+                    "SELECT project, COUNT(*) FROM vms WHERE project IN (VALUES {values}) \
+                     AND {COUNTED} GROUP BY project"
+                )
+            })
+            .await?
+        }
+        None => {
+            sqlx::query(&format!(
+                "SELECT project, COUNT(*) FROM vms WHERE {COUNTED} GROUP BY project"
+            ))
+            .fetch_all(conn)
+            .await?
+        }
+    };
     let mut counts = HashMap::new();
-    let rows = fetch_batched(conn, keys(projects.iter().map(|p| p.as_str())), MAX_ROWS, |values| {
-        format!(
-            "SELECT project, COUNT(*) FROM vms WHERE project IN (VALUES {values}) \
-             AND state IN ('creating', 'ready') GROUP BY project"
-        )
-    })
-    .await?;
     for row in rows {
         let project: String = row.try_get(0)?;
         let project = ProjectId::new(&project).map_err(|_| corrupt("project", &project))?;

@@ -66,9 +66,9 @@ await context.route('**/*', (route) => {
 const page = context.pages()[0] || await context.newPage();
 page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
 page.on('console', (m) => {
-  // API refusals the test provokes (401 for a bad token, 422, 507) are logged by Chromium as failed loads; anything else
+  // API refusals the test provokes (401 for a bad token, 403, 422, 507) are logged by Chromium as failed loads; anything else
   // that is an error (a CSP violation, an exception) fails the test.
-  if (m.type() === 'error' && !/Failed to load resource: the server responded with a status of (401|422|507)/.test(m.text())) {
+  if (m.type() === 'error' && !/Failed to load resource: the server responded with a status of (401|403|422|507)/.test(m.text())) {
     problems.push(`console error: ${m.text()}`);
   }
 });
@@ -171,6 +171,20 @@ try {
   result.kept = await launch({ name: 'jupyter', ncgpus: '2', mode: 'shared', gpu_memory_mib: '3072',
     policy: 'least-load-fit', distinct_gpus: true, networks: 'private', user_data: '#!/bin/sh\necho hello from the tenant' });
   await assertTenantSeesNoLocations('with two VMs');
+
+  // The project's quota (set by the test: 100 cGPUs, 2 VMs): a bar per limit, and a third VM is
+  // refused as over quota, naming the resource.
+  const quotaRow = (resource) => `.quota[data-project="alpha"] .quota-row[data-resource="${resource}"]`;
+  await page.waitForSelector(`${quotaRow('vms')}.full`);
+  check(await page.textContent(`${quotaRow('vms')} .quota-text`) === '2 of 2', 'the VMs bar says 2 of 2');
+  check(await page.textContent(`${quotaRow('cgpus')} .quota-text`) === '3 of 100', 'the cGPUs bar says 3 of 100');
+  check((await page.textContent(`${quotaRow('memory_mib')} .quota-text`)).endsWith('no limit'), 'memory has no limit');
+  await fillLaunch({ name: 'dash-three', ncgpus: '1', mode: 'shared', gpu_memory_mib: '1024' });
+  await page.click('#launch-submit');
+  const overQuota = await page.waitForSelector('#launch-error:not(:empty)');
+  check(/Over quota: .*vms/.test(await overQuota.textContent()), `over quota said: ${await overQuota.textContent()}`);
+  check(await page.locator('.vm[data-vm-name="dash-three"]').count() === 0, 'the refused launch launched nothing');
+  log(`a third VM is refused: ${await overQuota.textContent()}`);
 
   // Terminate the first: it goes through deleting to deleted.
   await page.click(`${card} button.terminate`);
