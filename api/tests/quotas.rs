@@ -6,7 +6,7 @@ mod support;
 
 use gsaasd::auth::Role;
 use serde_json::{json, Value};
-use support::{shared_launch, test_config, Store, TestService};
+use support::{shared_launch, Store, TestService};
 
 on_both_stores!(limits_are_enforced_on_launches_and_attaches_and_refusals_change_nothing);
 
@@ -167,17 +167,7 @@ async fn limits_are_enforced_on_launches_and_attaches_and_refusals_change_nothin
 /// is accepted, whichever replica each launch reaches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_racing_cannot_pass_a_quota_together() {
-    let (config, dir) = test_config(Store::Postgres);
-    let a = TestService::start_config(config.clone(), dir).await;
-    let mut second = config.clone();
-    second.data_dir = a.dir.join("replica-b");
-    second.auth.signing_key = Some(config.signing_key_path());
-    let b = TestService::start_config_with_sim(
-        second,
-        a.dir.join("b-scratch"),
-        a.service().sim.clone(),
-    )
-    .await;
+    let (a, b) = TestService::two_replicas().await;
     let (status, _) = a.put(&a.admin(), "/v1/quotas/alpha", &json!({"cgpus": 10})).await;
     assert_eq!(status, 200);
     // Each replica books from its own ledger: b has not read the limit yet, and must.

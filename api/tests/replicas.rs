@@ -7,23 +7,11 @@ mod support;
 use std::collections::HashMap;
 
 use serde_json::json;
-use support::{test_config, Store, TestService};
+use support::TestService;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_on_one_postgres_never_over_allocate() {
-    let (config, dir) = test_config(Store::Postgres);
-    let a = TestService::start_config(config.clone(), dir).await;
-    // The second replica: same database and signing key, its own data directory.
-    let mut second = config.clone();
-    second.data_dir = a.dir.join("replica-b");
-    second.auth.signing_key = Some(config.signing_key_path());
-    // One cloud behind both, as one Nova would be.
-    let b = TestService::start_config_with_sim(
-        second,
-        a.dir.join("b-scratch"),
-        a.service().sim.clone(),
-    )
-    .await;
+    let (a, b) = TestService::two_replicas().await;
     let token = a.member();
 
     // The testbed has 4 GPUs of 8 GiB: 32 cGPUs of 1 GiB fit, not one more.

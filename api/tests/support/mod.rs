@@ -105,6 +105,23 @@ impl TestService {
         TestService { service: Some(service), config, dir, http: reqwest::Client::new() }
     }
 
+    /// Two replicas on one fresh PostgreSQL database, with one signing key and one simulated
+    /// cloud behind both (as one Nova would be); each has its own data directory.
+    pub async fn two_replicas() -> (TestService, TestService) {
+        let (config, dir) = test_config(Store::Postgres);
+        let a = TestService::start_config(config.clone(), dir).await;
+        let mut second = config.clone();
+        second.data_dir = a.dir.join("replica-b");
+        second.auth.signing_key = Some(config.signing_key_path());
+        let b = TestService::start_config_with_sim(
+            second,
+            a.dir.join("b-scratch"),
+            a.service().sim.clone(),
+        )
+        .await;
+        (a, b)
+    }
+
     pub fn service(&self) -> &Service {
         self.service.as_ref().expect("running")
     }
