@@ -133,6 +133,17 @@ impl FromStr for VmId {
     }
 }
 
+/// A place in the queue: a waiting launch or attach. Tickets are numbered in arrival order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TicketId(pub u64);
+
+impl fmt::Display for TicketId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

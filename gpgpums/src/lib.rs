@@ -7,6 +7,7 @@
 //! - [`Pool`]: inventory (hosts, GPUs), bookings, and all-or-nothing placement of a VM's cGPUs.
 //! - [`policy`]: the selection policies as plugins behind [`policy::Policy`], selected by name.
 //! - [`quota`]: project limits and the ledger of what each project holds.
+//! - [`queue`]: the order waiting requests start in, backfill, and preemption by shrinking.
 //! - [`Error`]: the crate's one error type.
 
 pub mod error;
@@ -14,10 +15,11 @@ pub mod ids;
 pub mod model;
 pub mod policy;
 pub mod pool;
+pub mod queue;
 pub mod quota;
 
 pub use error::{Error, Shortfall};
-pub use ids::{GpuId, HostId, IdError, ProjectId, VmId};
+pub use ids::{GpuId, HostId, IdError, ProjectId, TicketId, VmId};
 pub use model::{
     CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage, Locality, Mode, Placement,
     RcudaEndpoint, Request, VmHost,

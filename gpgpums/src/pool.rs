@@ -389,6 +389,23 @@ impl Pool {
         self.vms.values()
     }
 
+    /// What one GPU holds and whether it takes new cGPUs (untainted, on a schedulable host), for
+    /// the queue's preemption planning. `None`: no such GPU.
+    pub(crate) fn room(&self, gpu: &GpuId) -> Option<Room> {
+        let slot = *self.gpu_by_id.get(gpu)?;
+        let entry = &self.gpus[slot as usize];
+        let host = &self.hosts[entry.host as usize];
+        Some(Room {
+            slot,
+            host: host.id.clone(),
+            takes_new: entry.taint.is_none() && host.state == HostState::Schedulable,
+            memory_mib: entry.spec.memory_mib,
+            free_mib: entry.free_mib(),
+            exclusive: entry.exclusive,
+            cgpus: entry.cgpus,
+        })
+    }
+
     // ---- placement ----
 
     /// Places every cGPU of `request` for `vm` under `policy`, or changes nothing.
@@ -984,6 +1001,19 @@ impl Pool {
         }
         Ok(())
     }
+}
+
+/// One GPU's state as [`Pool::room`] reports it.
+#[derive(Debug, Clone)]
+pub(crate) struct Room {
+    /// Its place in the pool order.
+    pub slot: u32,
+    pub host: HostId,
+    pub takes_new: bool,
+    pub memory_mib: u64,
+    pub free_mib: u64,
+    pub exclusive: bool,
+    pub cgpus: u32,
 }
 
 /// Memory a cGPU books on `gpu`: its share when shared, the whole GPU when exclusive.

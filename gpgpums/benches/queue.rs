@@ -1,0 +1,196 @@
+//! Re-planning the queue when one VM ends, at cloud scale: 100k GPUs (12,500 hosts of 8 GPUs of
+//! 16 GiB) filled with VMs of Table 4.1 applications, and 10,000 requests waiting. Each sample ends
+//! one random VM and runs [`gpgpums::queue::plan`] over the whole queue; the time covers both. The
+//! sample is then undone (what started is released, the VM put back), so every sample sees the same
+//! state. Run: `cargo bench -p gpgpums --bench queue`.
+//!
+//! Two loads: every running VM is protected (nothing to preempt), or 30% are best effort, the
+//! queue's requests outrank them, and the planner searches for cGPUs to take.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use gpgpums::queue::{plan, Ask, Books, Rules, Waiting};
+use gpgpums::{
+    GpuId, GpuSpec, HostId, HostKind, Placement, Pool, ProjectId, Quota, QuotaLedger,
+    RcudaEndpoint, Request, TicketId, Usage, VmId,
+};
+use uuid::Uuid;
+
+const GPUS: u32 = 100_000;
+const GPUS_PER_HOST: u32 = 8;
+const GPU_MIB: u64 = 16_384;
+const QUEUED: usize = 10_000;
+const PROJECTS: u64 = 8;
+const SAMPLES: usize = 300;
+const APP_MIB: [u64; 6] = [1599, 876, 151, 3319, 2104, 145];
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn request(&mut self) -> Request {
+        Request::shared(1 + self.below(4) as u32, APP_MIB[self.below(6) as usize])
+    }
+
+    fn project(&mut self) -> ProjectId {
+        ProjectId::new(format!("project-{}", self.below(PROJECTS))).unwrap()
+    }
+}
+
+struct Bed {
+    pool: Pool,
+    quotas: QuotaLedger,
+    vms_in_use: HashMap<ProjectId, u64>,
+    preemptible: BTreeMap<VmId, i32>,
+    running: Vec<(Placement, ProjectId)>,
+    queue: Vec<Waiting>,
+}
+
+fn vm(n: u64) -> VmId {
+    VmId::from_uuid(Uuid::from_u128(u128::from(n) + 1))
+}
+
+fn bed(best_effort: bool) -> Bed {
+    let mut rng = Rng(0x5EED_0000 + u64::from(best_effort));
+    let mut pool = Pool::new();
+    for h in 0..GPUS / GPUS_PER_HOST {
+        let host = HostId::new(format!("cg{h}")).unwrap();
+        pool.add_host(host.clone(), HostKind::ComputeGpu).unwrap();
+        for index in 0..GPUS_PER_HOST {
+            pool.add_gpu(GpuSpec {
+                id: GpuId::on_host(&host, index),
+                host: host.clone(),
+                index,
+                model: "bench".into(),
+                memory_mib: GPU_MIB,
+                rcuda: RcudaEndpoint {
+                    address: IpAddr::V4(Ipv4Addr::new(
+                        10,
+                        (h >> 16) as u8,
+                        (h >> 8) as u8,
+                        h as u8,
+                    )),
+                    port: 8308 + index as u16,
+                    gpu_number: index,
+                },
+            })
+            .unwrap();
+        }
+    }
+    let capacity = u64::from(GPUS) * GPU_MIB;
+    let mut quotas = QuotaLedger::new(Quota { memory_mib: Some(capacity / 4), ..Quota::default() });
+    let mut vms_in_use: HashMap<ProjectId, u64> = HashMap::new();
+    let mut preemptible = BTreeMap::new();
+    let mut running = Vec::new();
+    let mut n = 0;
+    let mut misses = 0;
+    while misses < 200 {
+        n += 1;
+        let request = rng.request();
+        match pool.place(vm(n), &request, "first-fit") {
+            Ok(placement) => {
+                misses = 0;
+                let project = rng.project();
+                quotas.restore(vm(n), &project, Usage::vm_with(Usage::of_cgpus(&placement.cgpus)));
+                *vms_in_use.entry(project.clone()).or_default() += 1;
+                if best_effort && rng.below(10) < 3 {
+                    preemptible.insert(vm(n), 0);
+                }
+                running.push((placement, project));
+            }
+            Err(_) => misses += 1,
+        }
+    }
+    let queue = (0..QUEUED as u64)
+        .map(|t| Waiting {
+            ticket: TicketId(t),
+            vm: vm(10_000_000 + t),
+            project: rng.project(),
+            ask: Ask::Launch,
+            request: rng.request(),
+            policy: "first-fit".into(),
+            priority: 1,
+            passed: 0,
+        })
+        .collect();
+    Bed { pool, quotas, vms_in_use, preemptible, running, queue }
+}
+
+/// Ends one running VM and re-plans; returns how long that took and undoes it.
+fn sample(bed: &mut Bed, rng: &mut Rng, rules: &Rules) -> (Duration, usize) {
+    let at = rng.below(bed.running.len() as u64) as usize;
+    let (placement, project) = bed.running[at].clone();
+    let started = Instant::now();
+    bed.pool.release(&placement.vm);
+    let held = bed.quotas.release(&placement.vm).unwrap_or_default();
+    *bed.vms_in_use.get_mut(&project).unwrap() -= 1;
+    let planned = {
+        let mut books = Books {
+            pool: &mut bed.pool,
+            quotas: &mut bed.quotas,
+            vms_in_use: &mut bed.vms_in_use,
+            preemptible: &bed.preemptible,
+            reclaiming: &[],
+        };
+        plan(&mut books, &bed.queue, rules)
+    };
+    let took = started.elapsed();
+    for s in &planned.started {
+        bed.pool.release(&s.vm);
+        bed.quotas.release(&s.vm);
+        let w = bed.queue.iter().find(|w| w.ticket == s.ticket).unwrap();
+        *bed.vms_in_use.get_mut(&w.project).unwrap() -= 1;
+    }
+    bed.pool.restore(placement.clone()).expect("the VM fits where it was");
+    bed.quotas.restore(placement.vm, &project, held);
+    *bed.vms_in_use.get_mut(&project).unwrap() += 1;
+    (took, planned.started.len() + usize::from(planned.preemption.is_some()))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; filters are not supported.
+    println!("| running VMs | preemptible | queued | p50 (ms) | p99 (ms) | max (ms) | decisions per sample |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for best_effort in [false, true] {
+        let mut bed = bed(best_effort);
+        let rules = Rules::default();
+        let mut rng = Rng(7);
+        // One round first, so that the queue holds only what does not fit (as it would).
+        sample(&mut bed, &mut rng, &rules);
+        let mut times = Vec::with_capacity(SAMPLES);
+        let mut decisions = 0;
+        for _ in 0..SAMPLES {
+            let (took, decided) = sample(&mut bed, &mut rng, &rules);
+            times.push(took);
+            decisions += decided;
+        }
+        bed.pool.audit().expect("bookkeeping intact after the benchmark");
+        times.sort();
+        println!(
+            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.1} |",
+            bed.running.len(),
+            bed.preemptible.len(),
+            bed.queue.len(),
+            percentile(&times, 0.5),
+            percentile(&times, 0.99),
+            times.last().unwrap().as_secs_f64() * 1e3,
+            decisions as f64 / SAMPLES as f64
+        );
+    }
+}

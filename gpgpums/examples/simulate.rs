@@ -1,0 +1,448 @@
+//! Replays a synthetic trace through the real planner ([`gpgpums::queue::plan`] on a
+//! [`gpgpums::Pool`]) in virtual time, for every policy with and without backfill and preemption,
+//! and prints a table to choose a policy by (dissertation chapter 4 compares policies the same way).
+//!
+//! The trace: Poisson arrivals; each VM asks 1-4 shared cGPUs whose memory is one of the
+//! dissertation's Table 4.1 applications; it runs for an exponentially distributed time. A share of
+//! the VMs are best effort (preemptible, priority 0), the rest priority 1. Projects have memory
+//! quotas, so fair share matters. A shrunk VM keeps its end time (it runs on with fewer cGPUs) and
+//! waits for its cGPUs back with its own priority.
+//!
+//! `cargo run --release -p gpgpums --example simulate -- [--requests N] [--load L] [--seed S]`
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Instant;
+
+use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
+use gpgpums::{
+    CgpuAssignment, GpuId, GpuSpec, HostId, HostKind, Pool, ProjectId, Quota, QuotaLedger,
+    RcudaEndpoint, Request, TicketId, Usage, VmId,
+};
+
+/// Table 4.1: the applications' GPU memory (MB, used as MiB).
+const APPS: [(&str, u64); 6] = [
+    ("GPU-Blast", 1599),
+    ("LAMMPS", 876),
+    ("mCUDA-MEME", 151),
+    ("BarraCUDA", 3319),
+    ("MUMmerGPU", 2104),
+    ("GPU-LIBSVM", 145),
+];
+const POLICIES: [&str; 5] =
+    ["first-fit", "best-fit", "least-load-fit", "fewer-jobs-gpu", "fewer-jobs-node"];
+const HOSTS: u32 = 64;
+const GPUS_PER_HOST: u32 = 4;
+const GPU_MIB: u64 = 8192;
+const PROJECTS: u64 = 8;
+const MEAN_RUN_S: f64 = 600.0;
+const BEST_EFFORT_SHARE: f64 = 0.3;
+const QUEUE_TIMEOUT_MS: u64 = 3_600_000;
+/// Bounded slowdown's floor on run time (seconds), so that tiny jobs do not dominate.
+const SLOWDOWN_TAU_S: f64 = 10.0;
+
+struct Args {
+    requests: usize,
+    load: f64,
+    seed: u64,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args { requests: 100_000, load: 0.95, seed: 42 };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
+        match flag.as_str() {
+            "--requests" => args.requests = value.parse().map_err(|e| bad(&e))?,
+            "--load" => args.load = value.parse().map_err(|e| bad(&e))?,
+            "--seed" => args.seed = value.parse().map_err(|e| bad(&e))?,
+            _ => return Err(format!("unknown flag {flag} (use --requests, --load, --seed)")),
+        }
+    }
+    if args.requests == 0 || !(args.load > 0.0 && args.load < 10.0) {
+        return Err("--requests must be positive and --load in (0, 10)".into());
+    }
+    Ok(args)
+}
+
+/// SplitMix64: a small, seeded, reproducible generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    fn exp(&mut self, mean: f64) -> f64 {
+        -self.unit().ln() * mean
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+struct Job {
+    arrive_ms: u64,
+    run_ms: u64,
+    project: ProjectId,
+    request: Request,
+    best_effort: bool,
+}
+
+fn trace(args: &Args) -> Vec<Job> {
+    let mut rng = Rng(args.seed);
+    let mean_ncgpus = 2.5;
+    let mean_mib = APPS.iter().map(|(_, mib)| *mib as f64).sum::<f64>() / APPS.len() as f64;
+    let capacity = f64::from(HOSTS * GPUS_PER_HOST) * GPU_MIB as f64;
+    // Offered load = arrival rate x mean run time x mean memory / capacity.
+    let rate_per_s = args.load * capacity / (MEAN_RUN_S * mean_ncgpus * mean_mib);
+    let mut now = 0.0;
+    (0..args.requests)
+        .map(|_| {
+            now += rng.exp(1.0 / rate_per_s);
+            let ncgpus = 1 + rng.below(4) as u32;
+            let (_, mib) = APPS[rng.below(APPS.len() as u64) as usize];
+            Job {
+                arrive_ms: (now * 1000.0) as u64,
+                run_ms: (rng.exp(MEAN_RUN_S) * 1000.0) as u64 + 1,
+                project: ProjectId::new(format!("project-{}", rng.below(PROJECTS))).unwrap(),
+                request: Request::shared(ncgpus, mib),
+                best_effort: rng.unit() < BEST_EFFORT_SHARE,
+            }
+        })
+        .collect()
+}
+
+fn pool() -> Pool {
+    let mut pool = Pool::new();
+    for h in 0..HOSTS {
+        let host = HostId::new(format!("cg{h}")).unwrap();
+        pool.add_host(host.clone(), HostKind::ComputeGpu).unwrap();
+        for index in 0..GPUS_PER_HOST {
+            pool.add_gpu(GpuSpec {
+                id: GpuId::on_host(&host, index),
+                host: host.clone(),
+                index,
+                model: "Quadro M4000".into(),
+                memory_mib: GPU_MIB,
+                rcuda: RcudaEndpoint {
+                    address: IpAddr::V4(Ipv4Addr::new(10, 0, (h / 250) as u8, (h % 250) as u8)),
+                    port: 8308 + index as u16,
+                    gpu_number: index,
+                },
+            })
+            .unwrap();
+        }
+    }
+    pool
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A VM ends (sorted first at equal times: capacity frees before arrivals look).
+    End(usize),
+    Arrive(usize),
+}
+
+/// Time-weighted sums of what the GPUs hold.
+#[derive(Default)]
+struct Gauges {
+    last_ms: u64,
+    allocated_mib: u64,
+    busy_gpus: u64,
+    stranded_mib: u64,
+    used: HashMap<GpuId, (u64, u32)>,
+    mib_ms: f64,
+    busy_ms: f64,
+    stranded_ms: f64,
+    free_ms: f64,
+}
+
+impl Gauges {
+    fn advance(&mut self, now: u64, capacity_mib: u64) {
+        let dt = (now - self.last_ms) as f64;
+        self.mib_ms += self.allocated_mib as f64 * dt;
+        self.busy_ms += self.busy_gpus as f64 * dt;
+        self.stranded_ms += self.stranded_mib as f64 * dt;
+        self.free_ms += (capacity_mib - self.allocated_mib) as f64 * dt;
+        self.last_ms = now;
+    }
+
+    /// Free memory too small for the largest application is stranded.
+    fn stranded(used_mib: u64) -> u64 {
+        let free = GPU_MIB - used_mib;
+        if free < APPS.iter().map(|(_, mib)| *mib).max().unwrap() {
+            free
+        } else {
+            0
+        }
+    }
+
+    fn change(&mut self, cgpu: &CgpuAssignment, booked: bool) {
+        let entry = self.used.entry(cgpu.gpu.clone()).or_default();
+        self.stranded_mib -= Self::stranded(entry.0);
+        self.busy_gpus -= u64::from(entry.1 > 0);
+        if booked {
+            entry.0 += cgpu.memory_mib;
+            entry.1 += 1;
+            self.allocated_mib += cgpu.memory_mib;
+        } else {
+            entry.0 -= cgpu.memory_mib;
+            entry.1 -= 1;
+            self.allocated_mib -= cgpu.memory_mib;
+        }
+        self.stranded_mib += Self::stranded(entry.0);
+        self.busy_gpus += u64::from(entry.1 > 0);
+    }
+}
+
+struct Outcome {
+    gpu_util: f64,
+    mem_util: f64,
+    wait_p50_s: f64,
+    wait_p99_s: f64,
+    slowdown: f64,
+    stranded: f64,
+    refused: u64,
+    preempted: u64,
+    elapsed_s: f64,
+}
+
+fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
+    let started_at = Instant::now();
+    let mut pool = pool();
+    let gpus = u64::from(HOSTS * GPUS_PER_HOST);
+    let capacity_mib = gpus * GPU_MIB;
+    // Each project may hold a quarter of the GPU memory.
+    let mut quotas =
+        QuotaLedger::new(Quota { memory_mib: Some(capacity_mib / 4), ..Quota::default() });
+    let mut vms_in_use: HashMap<ProjectId, u64> = HashMap::new();
+    let mut preemptible: BTreeMap<VmId, i32> = BTreeMap::new();
+    let mut queue: Vec<Waiting> = Vec::new();
+    let mut events: BinaryHeap<Reverse<(u64, Event)>> =
+        jobs.iter().enumerate().map(|(i, j)| Reverse((j.arrive_ms, Event::Arrive(i)))).collect();
+    let vm_of = |i: usize| VmId::from_uuid(uuid_of(i));
+    let mut gauges = Gauges::default();
+    let mut waits: Vec<f64> = Vec::with_capacity(jobs.len());
+    let mut slowdowns = 0.0;
+    let (mut refused, mut preempted) = (0u64, 0u64);
+    let mut next_ticket = 0u64;
+    let mut running: HashMap<VmId, usize> = HashMap::new();
+
+    while let Some(Reverse((now, event))) = events.pop() {
+        gauges.advance(now, capacity_mib);
+        match event {
+            Event::Arrive(i) => {
+                let job = &jobs[i];
+                queue.push(Waiting {
+                    ticket: TicketId(next_ticket),
+                    vm: vm_of(i),
+                    project: job.project.clone(),
+                    ask: Ask::Launch,
+                    request: job.request.clone(),
+                    policy: policy.to_string(),
+                    priority: if job.best_effort { 0 } else { 1 },
+                    passed: 0,
+                });
+                next_ticket += 1;
+            }
+            Event::End(i) => {
+                let vm = vm_of(i);
+                if let Some(placement) = pool.release(&vm) {
+                    for cgpu in &placement.cgpus {
+                        gauges.change(cgpu, false);
+                    }
+                }
+                quotas.release(&vm);
+                *vms_in_use.get_mut(&jobs[i].project).expect("counted") -= 1;
+                preemptible.remove(&vm);
+                running.remove(&vm);
+                queue.retain(|w| w.vm != vm);
+            }
+        }
+        // Requests that waited too long leave.
+        let before = queue.len();
+        queue.retain(|w| {
+            let launch = w.ask == Ask::Launch;
+            !launch || now - jobs[index_of(w.vm)].arrive_ms <= QUEUE_TIMEOUT_MS
+        });
+        refused += (before - queue.len()) as u64;
+
+        loop {
+            let planned: Plan = {
+                let mut books = Books {
+                    pool: &mut pool,
+                    quotas: &mut quotas,
+                    vms_in_use: &mut vms_in_use,
+                    preemptible: &preemptible,
+                    reclaiming: &[],
+                };
+                plan(&mut books, &queue, &rules)
+            };
+            if planned.started.is_empty()
+                && planned.refused.is_empty()
+                && planned.preemption.is_none()
+            {
+                if let Some((ticket, passed)) = planned.head {
+                    set_passed(&mut queue, ticket, passed);
+                }
+                break;
+            }
+            for started in &planned.started {
+                for cgpu in &started.cgpus {
+                    gauges.change(cgpu, true);
+                }
+                let w = queue.iter().find(|w| w.ticket == started.ticket).expect("queued");
+                if w.ask == Ask::Launch {
+                    let i = index_of(w.vm);
+                    let job = &jobs[i];
+                    let wait_ms = now - job.arrive_ms;
+                    waits.push(wait_ms as f64 / 1000.0);
+                    let run_s = job.run_ms as f64 / 1000.0;
+                    slowdowns +=
+                        ((wait_ms as f64 / 1000.0 + run_s) / run_s.max(SLOWDOWN_TAU_S)).max(1.0);
+                    events.push(Reverse((now + job.run_ms, Event::End(i))));
+                    running.insert(w.vm, i);
+                    if job.best_effort {
+                        preemptible.insert(w.vm, 0);
+                    }
+                }
+            }
+            let mut done: std::collections::HashSet<TicketId> =
+                planned.started.iter().map(|s| s.ticket).collect();
+            refused += planned.refused.len() as u64;
+            done.extend(planned.refused.iter().map(|(t, _)| *t));
+            queue.retain(|w| !done.contains(&w.ticket));
+            if let Some((ticket, passed)) = planned.head {
+                set_passed(&mut queue, ticket, passed);
+            }
+            // The simulated agents withdraw routes at once: what is taken is released now, and
+            // the shrunk VM waits for it back.
+            if let Some(preemption) = planned.preemption {
+                for shrink in preemption.victims {
+                    preempted += 1;
+                    for cgpu in &shrink.cgpus {
+                        if let Some(taken) = pool.detach(&shrink.vm, cgpu.index) {
+                            gauges.change(&taken, false);
+                            quotas.refund(&shrink.vm, Usage::of_cgpus([&taken]));
+                        }
+                    }
+                    let project = jobs[index_of(shrink.vm)].project.clone();
+                    for (request, on_host) in shrink.give_back() {
+                        queue.push(Waiting {
+                            ticket: TicketId(next_ticket),
+                            vm: shrink.vm,
+                            project: project.clone(),
+                            ask: Ask::Attach { on_host },
+                            request,
+                            policy: policy.to_string(),
+                            priority: 0,
+                            passed: 0,
+                        });
+                        next_ticket += 1;
+                    }
+                }
+            }
+        }
+    }
+    let end = gauges.last_ms.max(1) as f64;
+    waits.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        if waits.is_empty() {
+            0.0
+        } else {
+            waits[((waits.len() - 1) as f64 * p).round() as usize]
+        }
+    };
+    Outcome {
+        gpu_util: gauges.busy_ms / (end * gpus as f64),
+        mem_util: gauges.mib_ms / (end * capacity_mib as f64),
+        wait_p50_s: pct(0.50),
+        wait_p99_s: pct(0.99),
+        slowdown: slowdowns / waits.len().max(1) as f64,
+        stranded: gauges.stranded_ms / gauges.free_ms.max(1.0),
+        refused,
+        preempted,
+        elapsed_s: started_at.elapsed().as_secs_f64(),
+    }
+}
+
+fn uuid_of(i: usize) -> uuid::Uuid {
+    uuid::Uuid::from_u128(i as u128 + 1)
+}
+
+fn index_of(vm: VmId) -> usize {
+    vm.as_uuid().as_u128() as usize - 1
+}
+
+fn set_passed(queue: &mut [Waiting], ticket: TicketId, passed: u32) {
+    if let Some(w) = queue.iter_mut().find(|w| w.ticket == ticket) {
+        w.passed = passed;
+    }
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("simulate: {e}");
+            std::process::exit(2);
+        }
+    };
+    let jobs = trace(&args);
+    println!(
+        "{} requests, offered load {:.2}, {} GPUs of {} MiB on {} hosts, {}% best effort, seed {}\n",
+        args.requests,
+        args.load,
+        HOSTS * GPUS_PER_HOST,
+        GPU_MIB,
+        HOSTS,
+        (BEST_EFFORT_SHARE * 100.0) as u32,
+        args.seed
+    );
+    println!(
+        "| policy | backfill | preemption | GPU util | memory util | wait p50 (s) | wait p99 (s) | bounded slowdown | stranded free memory | refused | preempted | requests/min |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut total_requests = 0usize;
+    let mut total_s = 0.0;
+    for policy in POLICIES {
+        for (backfill, preemption) in [(false, false), (true, false), (false, true), (true, true)] {
+            let rules = Rules { backfill, preemption, ..Rules::default() };
+            let o = run(&jobs, policy, rules);
+            total_requests += jobs.len();
+            total_s += o.elapsed_s;
+            let yes = |b: bool| if b { "yes" } else { "no" };
+            println!(
+                "| {policy} | {} | {} | {:.1}% | {:.1}% | {:.1} | {:.1} | {:.2} | {:.1}% | {} | {} | {:.2}M |",
+                yes(backfill),
+                yes(preemption),
+                o.gpu_util * 100.0,
+                o.mem_util * 100.0,
+                o.wait_p50_s,
+                o.wait_p99_s,
+                o.slowdown,
+                o.stranded * 100.0,
+                o.refused,
+                o.preempted,
+                jobs.len() as f64 / o.elapsed_s * 60.0 / 1e6,
+            );
+        }
+    }
+    println!(
+        "\nreplayed {total_requests} requests in {total_s:.1} s: {:.2}M requests per minute",
+        total_requests as f64 / total_s * 60.0 / 1e6
+    );
+}

@@ -1,0 +1,589 @@
+//! The queue: which waiting launches and attaches start now, and what to take back from
+//! best-effort VMs so that a more important one can.
+//!
+//! Like the pool, the planner is pure: the same pool, ledger and queue give the same plan. It books
+//! what starts on the pool and the quota ledger it is given (the caller commits them with its
+//! writes, or drops them), and it only *proposes* preemptions: the caller withdraws the victims'
+//! routes first and releases their cGPUs after, so a GPU never serves two VMs that both think it is
+//! theirs. Until then the capacity is "being reclaimed", and the planner keeps it for whoever it
+//! was taken for.
+//!
+//! Order: higher priority first; within a priority, a request that has been passed over too often
+//! (see below) first, then the project that uses the smallest part of its quota (its dominant share,
+//! as in DRF: the largest of use/limit over its limited resources), then arrival.
+//!
+//! Backfill: a request that fits may start while one ahead of it (the head: the first that does
+//! not fit) waits. Each such start passes the head once; once passed [`Rules::max_passes`] times
+//! the head becomes a barrier, and nothing behind it starts until it does. So under a steady stream
+//! of small requests a large one waits for at most `max_passes` starts plus the releases of what
+//! was running when it became a barrier.
+//!
+//! Preemption by shrinking: when a request cannot start, the planner may take cGPUs from running
+//! VMs that are preemptible and of strictly lower priority, never from others. It frees room one
+//! GPU at a time, each time on the GPU where one more of the request's cGPUs fits at the cost of
+//! the fewest cGPUs taken (ties: the first found, looking at victims in VM id order), until the
+//! request fits; if it never does, nothing is taken. A `local` request frees room on one host only.
+//! One preemption per plan: the next plan sees what is being reclaimed.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+
+use crate::error::Error;
+use crate::ids::{HostId, ProjectId, TicketId, VmId};
+use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
+use crate::pool::{Pool, Room};
+use crate::quota::{QuotaLedger, Resource, Usage};
+
+/// What a waiting request asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Ask {
+    /// A new VM's cGPUs.
+    Launch,
+    /// More cGPUs for a running VM, on `on_host` when given (a `local` VM's host).
+    Attach { on_host: Option<HostId> },
+}
+
+/// A request in the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub ticket: TicketId,
+    pub vm: VmId,
+    pub project: ProjectId,
+    pub ask: Ask,
+    pub request: Request,
+    pub policy: String,
+    pub priority: i32,
+    /// How many requests behind it have started while it waited at the head.
+    pub passed: u32,
+}
+
+/// How the planner serves the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// Let requests that fit start ahead of a head that does not.
+    pub backfill: bool,
+    /// How many starts may pass the head before it becomes a barrier.
+    pub max_passes: u32,
+    /// Take cGPUs from preemptible VMs of lower priority.
+    pub preemption: bool,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules { backfill: true, max_passes: 16, preemption: true }
+    }
+}
+
+/// What the planner books on and reads: the caller's pool and ledger, and facts it keeps elsewhere.
+#[derive(Debug)]
+pub struct Books<'a> {
+    pub pool: &'a mut Pool,
+    pub quotas: &'a mut QuotaLedger,
+    /// The VMs each project has that count against its `vms` limit; a launch that starts adds one.
+    pub vms_in_use: &'a mut HashMap<ProjectId, u64>,
+    /// Running VMs that may be shrunk, with their priority.
+    pub preemptible: &'a BTreeMap<VmId, i32>,
+    /// cGPUs being taken back: routes withdrawn, still booked until the caller releases them.
+    pub reclaiming: &'a [(VmId, u32)],
+}
+
+/// A request that starts: its cGPUs are booked on the pool and charged to its project.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub ticket: TicketId,
+    pub vm: VmId,
+    pub cgpus: Vec<CgpuAssignment>,
+    /// For a launch, where the VM must run.
+    pub vm_host: Option<VmHost>,
+    /// The canonical name of the policy that decided.
+    pub policy: String,
+}
+
+/// cGPUs to take from one VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shrink {
+    pub vm: VmId,
+    /// Where the VM runs (its placement's host), so that what it gets back goes there too.
+    pub vm_host: VmHost,
+    pub cgpus: Vec<CgpuAssignment>,
+}
+
+impl Shrink {
+    /// The attaches that give the VM back what it loses, one per kind of cGPU taken, with the host
+    /// they must go on.
+    pub fn give_back(&self) -> Vec<(Request, Option<HostId>)> {
+        let mut kinds: BTreeMap<(bool, u64), u32> = BTreeMap::new();
+        for cgpu in &self.cgpus {
+            let exclusive = cgpu.mode == Mode::Exclusive;
+            *kinds.entry((exclusive, if exclusive { 0 } else { cgpu.memory_mib })).or_default() +=
+                1;
+        }
+        let (locality, on_host) = match &self.vm_host {
+            VmHost::Pinned(host) => (Locality::Local, Some(host.clone())),
+            VmHost::AnyRgpuHost => (Locality::Remote, None),
+            VmHost::AnyAgentHost => (Locality::Any, None),
+        };
+        kinds
+            .into_iter()
+            .map(|((exclusive, mib), n)| {
+                let request =
+                    if exclusive { Request::exclusive(n) } else { Request::shared(n, mib) };
+                (request.with_locality(locality), on_host.clone())
+            })
+            .collect()
+    }
+}
+
+/// cGPUs to take back for a waiting request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preemption {
+    pub ticket: TicketId,
+    /// The priority of the request they are taken for.
+    pub priority: i32,
+    pub victims: Vec<Shrink>,
+}
+
+/// What one planning round decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// In the order they were decided.
+    pub started: Vec<Started>,
+    /// Requests that can never start as written (the pool changed under them), with why.
+    pub refused: Vec<(TicketId, Error)>,
+    pub preemption: Option<Preemption>,
+    /// The first request that could not start, and how often it has been passed in all.
+    pub head: Option<(TicketId, u32)>,
+    /// The head fits once what is being reclaimed is released: the planner kept it for the head.
+    pub awaiting_reclaim: bool,
+}
+
+/// Plans one round over `queue` (in any order; the planner orders it). See the module docs.
+pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
+    let mut round = Round {
+        books,
+        rules,
+        plan: Plan::default(),
+        failed_shapes: HashMap::new(),
+        failed_preemptions: HashSet::new(),
+        lowest_preemptible: None,
+        stop: false,
+    };
+    round.lowest_preemptible = round.books.preemptible.values().min().copied();
+
+    let mut levels: BTreeMap<Reverse<i32>, Vec<&Waiting>> = BTreeMap::new();
+    for waiting in queue {
+        levels.entry(Reverse(waiting.priority)).or_default().push(waiting);
+    }
+    for (_, mut level) in levels {
+        level.sort_by_key(|w| w.ticket);
+        let starving = |w: &Waiting| round.rules.backfill && round.rules.max_passes <= w.passed;
+        let mut first: VecDeque<&Waiting> = level.iter().copied().filter(|w| starving(w)).collect();
+        let mut by_project: BTreeMap<&ProjectId, VecDeque<&Waiting>> = BTreeMap::new();
+        for w in level.iter().copied().filter(|w| !starving(w)) {
+            by_project.entry(&w.project).or_default().push_back(w);
+        }
+        let mut turns: BTreeSet<(u64, TicketId, &ProjectId)> = by_project
+            .iter()
+            .map(|(project, waiting)| (round.share(project), waiting[0].ticket, *project))
+            .collect();
+        while !round.stop {
+            let waiting = if let Some(w) = first.pop_front() {
+                w
+            } else if let Some((_, _, project)) = turns.pop_first() {
+                let queued = by_project.get_mut(project).expect("a turn has its project");
+                let w = queued.pop_front().expect("a turn has a request");
+                if let Some(next) = queued.front() {
+                    turns.insert((round.share(project), next.ticket, project));
+                }
+                w
+            } else {
+                break;
+            };
+            round.consider(waiting);
+        }
+        if round.stop {
+            break;
+        }
+    }
+    round.plan
+}
+
+/// Why a request did not start.
+enum Held {
+    Capacity,
+    Quota,
+    Refused(Error),
+}
+
+/// What makes one request harder than another of the same shape: more cGPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Shape {
+    ask: Ask,
+    mode: Mode,
+    locality: Locality,
+    distinct_gpus: bool,
+    gpu_memory_mib: Option<u64>,
+    policy: String,
+}
+
+impl Shape {
+    /// `None` where a failure says nothing about other requests (an attach that avoids its VM's GPUs).
+    fn of(w: &Waiting) -> Option<Shape> {
+        if w.request.distinct_gpus && w.ask != Ask::Launch {
+            return None;
+        }
+        Some(Shape {
+            ask: w.ask.clone(),
+            mode: w.request.mode,
+            locality: w.request.locality,
+            distinct_gpus: w.request.distinct_gpus,
+            gpu_memory_mib: w.request.gpu_memory_mib,
+            policy: w.policy.clone(),
+        })
+    }
+}
+
+struct Round<'b, 'a> {
+    books: &'b mut Books<'a>,
+    rules: &'b Rules,
+    plan: Plan,
+    /// The fewest cGPUs of each shape that did not fit this round: as many or more will not either
+    /// (the round only books, so capacity only shrinks).
+    failed_shapes: HashMap<Shape, u32>,
+    failed_preemptions: HashSet<(Shape, u32, i32)>,
+    lowest_preemptible: Option<i32>,
+    stop: bool,
+}
+
+impl Round<'_, '_> {
+    /// The project's dominant share of its quota, in millionths (0 without limits).
+    fn share(&self, project: &ProjectId) -> u64 {
+        let (quota, _) = self.books.quotas.limits(project);
+        let usage = Usage {
+            vms: self.books.vms_in_use.get(project).copied().unwrap_or(0),
+            ..self.books.quotas.usage(project)
+        };
+        Resource::ALL
+            .iter()
+            .filter_map(|&r| quota.get(r).map(|limit| (usage.get(r), limit)))
+            .map(|(used, limit)| match limit {
+                0 if used == 0 => 0,
+                0 => u64::MAX,
+                _ => {
+                    let share = u128::from(used) * 1_000_000 / u128::from(limit);
+                    u64::try_from(share).unwrap_or(u64::MAX)
+                }
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn consider(&mut self, w: &Waiting) {
+        let shape = Shape::of(w);
+        let known_to_fail = shape
+            .as_ref()
+            .and_then(|s| self.failed_shapes.get(s))
+            .is_some_and(|&n| n <= w.request.ncgpus);
+        let outcome = if known_to_fail { Err(Held::Capacity) } else { self.start(w) };
+        match outcome {
+            Ok(started) => {
+                self.plan.started.push(started);
+                if let Some((_, passed)) = &mut self.plan.head {
+                    *passed += 1;
+                    if *passed >= self.rules.max_passes {
+                        self.stop = true;
+                    }
+                }
+            }
+            Err(Held::Quota) => {}
+            Err(Held::Refused(e)) => self.plan.refused.push((w.ticket, e)),
+            Err(Held::Capacity) => {
+                if let Some(shape) = &shape {
+                    let n = self.failed_shapes.entry(shape.clone()).or_insert(u32::MAX);
+                    *n = (*n).min(w.request.ncgpus);
+                }
+                let is_head = self.plan.head.is_none();
+                if is_head {
+                    self.plan.head = Some((w.ticket, w.passed));
+                    if !self.books.reclaiming.is_empty() && self.fits_after_reclaim(w) {
+                        self.plan.awaiting_reclaim = true;
+                        self.stop = true;
+                        return;
+                    }
+                }
+                if self.may_preempt(w) {
+                    if let Some(preemption) = self.preempt(w) {
+                        self.plan.preemption = Some(preemption);
+                        // What is reclaimed is kept for the request it is taken for.
+                        self.stop = true;
+                        return;
+                    }
+                    if let Some(shape) = shape {
+                        self.failed_preemptions.insert((shape, w.request.ncgpus, w.priority));
+                    }
+                }
+                if is_head && (!self.rules.backfill || w.passed >= self.rules.max_passes) {
+                    self.stop = true;
+                }
+            }
+        }
+    }
+
+    fn may_preempt(&self, w: &Waiting) -> bool {
+        self.rules.preemption
+            && self.plan.preemption.is_none()
+            && self.lowest_preemptible.is_some_and(|lowest| lowest < w.priority)
+            && Shape::of(w).is_none_or(|shape| {
+                !self.failed_preemptions.contains(&(shape, w.request.ncgpus, w.priority))
+            })
+    }
+
+    /// Starts `w` if its project's quota and the pool allow, booking both; otherwise changes nothing.
+    fn start(&mut self, w: &Waiting) -> Result<Started, Held> {
+        let launch = w.ask == Ask::Launch;
+        let vms = self.books.vms_in_use.get(&w.project).copied().unwrap_or(0);
+        let with_vm = |usage| if launch { Usage::vm_with(usage) } else { usage };
+        if self.books.quotas.check(&w.project, with_vm(Usage::asked(&w.request)), vms).is_err() {
+            return Err(Held::Quota);
+        }
+        let pool = &mut *self.books.pool;
+        let placed = match &w.ask {
+            Ask::Launch => pool.place(w.vm, &w.request, &w.policy).map(|p| {
+                let Placement { policy, vm_host, cgpus, .. } = p;
+                (cgpus, Some(vm_host), policy)
+            }),
+            Ask::Attach { on_host } => {
+                pool.attach(w.vm, &w.request, &w.policy, on_host.as_ref()).map(|cgpus| {
+                    let policy = pool.placement(&w.vm).map(|p| p.policy.clone());
+                    (cgpus, None, policy.unwrap_or_else(|| w.policy.clone()))
+                })
+            }
+        };
+        let (cgpus, vm_host, policy) = match placed {
+            Ok(placed) => placed,
+            Err(Error::InsufficientCapacity(_)) => return Err(Held::Capacity),
+            Err(e) => return Err(Held::Refused(e)),
+        };
+        let usage = with_vm(Usage::of_cgpus(&cgpus));
+        if self.books.quotas.charge(w.vm, &w.project, usage, vms).is_err() {
+            unbook(self.books.pool, w, &cgpus);
+            return Err(Held::Quota);
+        }
+        if launch {
+            *self.books.vms_in_use.entry(w.project.clone()).or_default() += 1;
+        }
+        Ok(Started { ticket: w.ticket, vm: w.vm, cgpus, vm_host, policy })
+    }
+
+    /// Whether `w` would fit if what is being reclaimed were released. Changes nothing.
+    fn fits_after_reclaim(&mut self, w: &Waiting) -> bool {
+        let reclaiming = self.books.reclaiming.to_vec();
+        let pool = &mut *self.books.pool;
+        let originals = detach_all(pool, &reclaiming);
+        let fits = fits(pool, w);
+        put_back(pool, originals);
+        fits
+    }
+
+    /// Finds cGPUs of preemptible, lower-priority VMs whose release lets `w` fit. Changes nothing.
+    ///
+    /// Victims are looked at VM by VM (in id order) and indexed by GPU as they come: a GPU where
+    /// taking one cGPU makes room is as cheap as any, so the search stops at the first; only when
+    /// there is none are all victims looked at for the cheapest.
+    fn preempt(&mut self, w: &Waiting) -> Option<Preemption> {
+        let pool = &mut *self.books.pool;
+        let reclaiming: HashSet<(VmId, u32)> = self.books.reclaiming.iter().copied().collect();
+        let mut candidates = self
+            .books
+            .preemptible
+            .iter()
+            .filter(|&(&vm, &priority)| priority < w.priority && vm != w.vm)
+            .map(|(&vm, _)| vm);
+        // Victim cGPUs seen so far, by GPU slot.
+        let mut on_gpu: BTreeMap<u32, Vec<(VmId, CgpuAssignment)>> = BTreeMap::new();
+        let mut on_host = match &w.ask {
+            Ask::Attach { on_host } => on_host.clone(),
+            Ask::Launch => None,
+        };
+        let one_host = w.request.locality == Locality::Local;
+        let mut originals: BTreeMap<VmId, Placement> = BTreeMap::new();
+        let mut taken: Vec<(VmId, CgpuAssignment)> = Vec::new();
+        let cost_at = |pool: &Pool,
+                       on_host: &Option<HostId>,
+                       victims: &[(VmId, CgpuAssignment)]|
+         -> Option<(Vec<usize>, HostId)> {
+            let room = pool.room(&victims.first()?.1.gpu)?;
+            if on_host.as_ref().is_some_and(|h| *h != room.host) {
+                return None;
+            }
+            cheapest_room(&room, victims, &w.request).map(|picked| (picked, room.host))
+        };
+        let fitted = loop {
+            if fits(pool, w) {
+                break true;
+            }
+            // (cost, slot, picked victims, host)
+            let mut best: Option<(usize, u32, Vec<usize>, HostId)> = None;
+            type Best = Option<(usize, u32, Vec<usize>, HostId)>;
+            let consider =
+                |best: &mut Best, slot: u32, victims: &[(VmId, CgpuAssignment)], pool: &Pool| {
+                    if let Some((picked, host)) = cost_at(pool, &on_host, victims) {
+                        if best.as_ref().is_none_or(|(cost, ..)| picked.len() < *cost) {
+                            *best = Some((picked.len(), slot, picked, host));
+                        }
+                    }
+                };
+            for (&slot, victims) in &on_gpu {
+                consider(&mut best, slot, victims, pool);
+            }
+            while best.as_ref().is_none_or(|(cost, ..)| *cost > 1) {
+                let Some(vm) = candidates.next() else { break };
+                let Some(placement) = pool.placement(&vm) else { continue };
+                let mut touched = Vec::new();
+                for cgpu in &placement.cgpus {
+                    if reclaiming.contains(&(vm, cgpu.index)) {
+                        continue;
+                    }
+                    if let Some(room) = pool.room(&cgpu.gpu) {
+                        on_gpu.entry(room.slot).or_default().push((vm, cgpu.clone()));
+                        touched.push(room.slot);
+                    }
+                }
+                touched.sort_unstable();
+                touched.dedup();
+                for slot in touched {
+                    consider(&mut best, slot, &on_gpu[&slot], pool);
+                }
+            }
+            let Some((_, slot, picked, host)) = best else { break false };
+            if one_host {
+                on_host = Some(host);
+            }
+            let victims = on_gpu.get_mut(&slot).expect("picked from it");
+            let mut picked_cgpus: Vec<(VmId, CgpuAssignment)> =
+                picked.iter().map(|&i| victims[i].clone()).collect();
+            let picked: HashSet<usize> = picked.into_iter().collect();
+            let mut i = 0;
+            victims.retain(|_| {
+                i += 1;
+                !picked.contains(&(i - 1))
+            });
+            for (vm, cgpu) in &picked_cgpus {
+                if let Some(placement) = pool.placement(vm) {
+                    originals.entry(*vm).or_insert_with(|| placement.clone());
+                }
+                pool.detach(vm, cgpu.index);
+            }
+            taken.append(&mut picked_cgpus);
+        };
+        let vm_hosts: BTreeMap<VmId, VmHost> =
+            originals.iter().map(|(vm, p)| (*vm, p.vm_host.clone())).collect();
+        put_back(pool, originals);
+        if !fitted {
+            return None;
+        }
+        let mut victims: BTreeMap<VmId, Vec<CgpuAssignment>> = BTreeMap::new();
+        for (vm, cgpu) in taken {
+            victims.entry(vm).or_default().push(cgpu);
+        }
+        Some(Preemption {
+            ticket: w.ticket,
+            priority: w.priority,
+            victims: victims
+                .into_iter()
+                .map(|(vm, cgpus)| Shrink { vm, vm_host: vm_hosts[&vm].clone(), cgpus })
+                .collect(),
+        })
+    }
+}
+
+/// The fewest of `victims` (on the GPU `room` describes) whose release makes room there for one
+/// more cGPU of `request`, as indexes into `victims`; `None` if they cannot.
+fn cheapest_room(
+    room: &Room,
+    victims: &[(VmId, CgpuAssignment)],
+    request: &Request,
+) -> Option<Vec<usize>> {
+    if !room.takes_new || victims.is_empty() {
+        return None;
+    }
+    match request.mode {
+        Mode::Exclusive => {
+            let big_enough = request.gpu_memory_mib.is_none_or(|mib| room.memory_mib >= mib);
+            (big_enough && victims.len() as u32 == room.cgpus).then(|| (0..victims.len()).collect())
+        }
+        Mode::Shared => {
+            let mib = request.gpu_memory_mib?;
+            if room.memory_mib < mib {
+                return None;
+            }
+            if room.exclusive {
+                return (victims.len() == 1 && room.cgpus == 1).then(|| vec![0]);
+            }
+            let need = mib.checked_sub(room.free_mib).filter(|&n| n > 0)?;
+            let mut order: Vec<usize> = (0..victims.len()).collect();
+            order.sort_by_key(|&i| {
+                (Reverse(victims[i].1.memory_mib), victims[i].0, victims[i].1.index)
+            });
+            let mut freed = 0;
+            let mut picked = Vec::new();
+            for i in order {
+                freed += victims[i].1.memory_mib;
+                picked.push(i);
+                if freed >= need {
+                    return Some(picked);
+                }
+            }
+            None
+        }
+    }
+}
+
+/// Whether `w` would fit on the pool now, ignoring quotas. Changes nothing.
+fn fits(pool: &mut Pool, w: &Waiting) -> bool {
+    let placed = match &w.ask {
+        Ask::Launch => pool.place(w.vm, &w.request, &w.policy).map(|p| p.cgpus),
+        Ask::Attach { on_host } => pool.attach(w.vm, &w.request, &w.policy, on_host.as_ref()),
+    };
+    match placed {
+        Ok(cgpus) => {
+            unbook(pool, w, &cgpus);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Undoes the booking of `w`'s `cgpus`.
+fn unbook(pool: &mut Pool, w: &Waiting, cgpus: &[CgpuAssignment]) {
+    match w.ask {
+        Ask::Launch => {
+            pool.release(&w.vm);
+        }
+        Ask::Attach { .. } => {
+            for cgpu in cgpus {
+                pool.detach(&w.vm, cgpu.index);
+            }
+        }
+    }
+}
+
+/// Detaches `cgpus` from the pool, returning the placements they were part of.
+fn detach_all(pool: &mut Pool, cgpus: &[(VmId, u32)]) -> BTreeMap<VmId, Placement> {
+    let mut originals = BTreeMap::new();
+    for (vm, index) in cgpus {
+        if let Some(placement) = pool.placement(vm) {
+            originals.entry(*vm).or_insert_with(|| placement.clone());
+        }
+        pool.detach(vm, *index);
+    }
+    originals
+}
+
+/// Puts the VMs' placements back as they were before [`detach_all`] or a preemption trial.
+fn put_back(pool: &mut Pool, originals: BTreeMap<VmId, Placement>) {
+    for (vm, placement) in originals {
+        pool.release(&vm);
+        pool.restore(placement).expect("a placement held a moment ago fits again");
+    }
+}

@@ -1,0 +1,420 @@
+//! The queue planner: order (priority, fair share, arrival), backfill that cannot starve the head,
+//! and preemption by shrinking, by example and as properties over random pools and queues.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+
+use common::{add_gpu_host, gpu, host};
+use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
+use gpgpums::{
+    Locality, Pool, ProjectId, Quota, QuotaLedger, Request, Resource, TicketId, Usage, VmId,
+};
+use proptest::prelude::*;
+use uuid::Uuid;
+
+fn vm(n: u64) -> VmId {
+    VmId::from_uuid(Uuid::from_u128(u128::from(n) + 1))
+}
+
+fn project(name: &str) -> ProjectId {
+    ProjectId::new(name).unwrap()
+}
+
+fn launch(ticket: u64, project_name: &str, priority: i32, request: Request) -> Waiting {
+    Waiting {
+        ticket: TicketId(ticket),
+        vm: vm(1000 + ticket),
+        project: project(project_name),
+        ask: Ask::Launch,
+        request,
+        policy: "first-fit".into(),
+        priority,
+        passed: 0,
+    }
+}
+
+/// The pool, the ledger and what the planner reads beside them.
+struct World {
+    pool: Pool,
+    quotas: QuotaLedger,
+    vms: HashMap<ProjectId, u64>,
+    preemptible: BTreeMap<VmId, i32>,
+    reclaiming: Vec<(VmId, u32)>,
+}
+
+impl World {
+    fn new(sizes: &[u64]) -> World {
+        let mut pool = Pool::new();
+        add_gpu_host(&mut pool, "cg0", sizes);
+        World {
+            pool,
+            quotas: QuotaLedger::new(Quota::default()),
+            vms: HashMap::new(),
+            preemptible: BTreeMap::new(),
+            reclaiming: Vec::new(),
+        }
+    }
+
+    /// Runs `w` now (it must fit), preemptible at its priority when asked.
+    fn run(&mut self, w: &Waiting, preemptible: bool) {
+        let planned = self.plan(std::slice::from_ref(w), &Rules::default());
+        assert_eq!(planned.started.len(), 1, "{w:?} must fit: {planned:?}");
+        if preemptible {
+            self.preemptible.insert(w.vm, w.priority);
+        }
+    }
+
+    fn plan(&mut self, queue: &[Waiting], rules: &Rules) -> Plan {
+        let mut books = Books {
+            pool: &mut self.pool,
+            quotas: &mut self.quotas,
+            vms_in_use: &mut self.vms,
+            preemptible: &self.preemptible,
+            reclaiming: &self.reclaiming,
+        };
+        plan(&mut books, queue, rules)
+    }
+
+    fn release(&mut self, vm: &VmId) {
+        self.pool.release(vm);
+        if let Some(project) = self.quotas.project_of(vm).cloned() {
+            *self.vms.get_mut(&project).unwrap() -= 1;
+        }
+        self.quotas.release(vm);
+        self.preemptible.remove(vm);
+    }
+
+    /// Releases what a plan's preemption takes, as the service does once routes are withdrawn.
+    fn reclaim(&mut self, plan: &Plan) {
+        for shrink in &plan.preemption.as_ref().expect("a preemption").victims {
+            for cgpu in &shrink.cgpus {
+                let taken = self.pool.detach(&shrink.vm, cgpu.index).unwrap();
+                self.quotas.refund(&shrink.vm, Usage::of_cgpus([&taken]));
+            }
+        }
+        self.reclaiming.clear();
+    }
+}
+
+fn tickets(plan: &Plan) -> Vec<u64> {
+    plan.started.iter().map(|s| s.ticket.0).collect()
+}
+
+#[test]
+fn priority_comes_first_then_the_smaller_share_of_quota_then_arrival() {
+    let mut world = World::new(&[8192; 4]);
+    world.quotas.set_limits(project("big"), Some(Quota { cgpus: Some(8), ..Quota::default() }));
+    world.quotas.set_limits(project("small"), Some(Quota { cgpus: Some(2), ..Quota::default() }));
+    // "small" already uses half its quota; "big" an eighth, a quarter once ticket 5 starts.
+    world.run(&launch(1, "small", 0, Request::exclusive(1)), false);
+    world.run(&launch(2, "big", 0, Request::exclusive(1)), false);
+    let queue = [
+        launch(3, "small", 0, Request::exclusive(1)),
+        launch(4, "big", 0, Request::exclusive(1)),
+        launch(5, "big", 5, Request::exclusive(1)),
+    ];
+    let planned = world.plan(&queue, &Rules::default());
+    // Priority 5 first; then "big" (1/4 < 1/2); then nothing fits for "small".
+    assert_eq!(tickets(&planned), [5, 4]);
+    assert_eq!(planned.head, Some((TicketId(3), 0)));
+    world.pool.audit().unwrap();
+}
+
+#[test]
+fn a_request_over_its_quota_waits_without_blocking_others() {
+    let mut world = World::new(&[8192; 2]);
+    world.quotas.set_limits(project("capped"), Some(Quota { vms: Some(0), ..Quota::default() }));
+    let queue = [
+        launch(1, "capped", 0, Request::exclusive(1)),
+        launch(2, "free", 0, Request::exclusive(1)),
+    ];
+    let planned = world.plan(&queue, &Rules::default());
+    assert_eq!(tickets(&planned), [2]);
+    assert_eq!(planned.head, None);
+}
+
+#[test]
+fn backfill_lets_small_requests_pass_the_head_a_bounded_number_of_times() {
+    let rules = Rules { max_passes: 3, ..Rules::default() };
+    let mut world = World::new(&[8192; 4]);
+    world.run(&launch(1, "p", 0, Request::exclusive(1)), false);
+    let mut big = launch(2, "p", 0, Request::exclusive(4));
+    let smalls: Vec<Waiting> = (3..8).map(|t| launch(t, "p", 0, Request::exclusive(1))).collect();
+    let queue: Vec<Waiting> = std::iter::once(big.clone()).chain(smalls.clone()).collect();
+    // Without backfill nothing passes the head.
+    let mut strict = World::new(&[8192; 4]);
+    strict.run(&launch(1, "p", 0, Request::exclusive(1)), false);
+    let planned = strict.plan(&queue, &Rules { backfill: false, ..rules });
+    assert!(planned.started.is_empty());
+    // With it, the three free GPUs go to small requests; the head is passed three times.
+    let planned = world.plan(&queue, &rules);
+    assert_eq!(tickets(&planned), [3, 4, 5]);
+    assert_eq!(planned.head, Some((TicketId(2), 3)));
+    // Passed as often as allowed, the head is a barrier: a GPU freed now waits for it.
+    big.passed = 3;
+    world.release(&vm(1000 + 3));
+    let planned = world.plan(&[big, smalls[3].clone()], &rules);
+    assert!(planned.started.is_empty(), "{planned:?}");
+    assert_eq!(planned.head, Some((TicketId(2), 3)));
+}
+
+/// Under a steady stream of small requests (one arrives with each release), a large request at the
+/// head starts within a bounded number of releases: `max_passes` plus what was running.
+#[test]
+fn the_head_is_placed_within_a_bounded_number_of_releases_under_a_stream_of_small_requests() {
+    let max_passes = 5;
+    let rules = Rules { max_passes, ..Rules::default() };
+    let gpus = 8;
+    let mut world = World::new(&[8192; 8]);
+    let mut running = fill_with_small_vms(&mut world, gpus);
+    let mut queue = vec![launch(0, "big", 0, Request::exclusive(gpus as u32))];
+    let mut next = 100;
+    let mut releases = 0;
+    let started_big = loop {
+        // A small request arrives...
+        queue.push(launch(next, "small", 0, Request::exclusive(1)));
+        next += 1;
+        let planned = world.plan(&queue, &rules);
+        for started in &planned.started {
+            running.push_back(started.vm);
+        }
+        if let Some((ticket, passed)) = planned.head {
+            queue.iter_mut().find(|w| w.ticket == ticket).unwrap().passed = passed;
+        }
+        let started: Vec<TicketId> = planned.started.iter().map(|s| s.ticket).collect();
+        queue.retain(|w| !started.contains(&w.ticket));
+        if started.contains(&TicketId(0)) {
+            break releases;
+        }
+        // ...and the oldest small VM ends.
+        if let Some(oldest) = running.pop_front() {
+            world.release(&oldest);
+            releases += 1;
+        }
+        assert!(releases < 1000, "the large request starved");
+    };
+    assert!(
+        started_big <= max_passes as usize + gpus,
+        "the head waited {started_big} releases, more than {max_passes} passes + {gpus} running"
+    );
+    // Without the bound (passes unlimited), the same stream starves it.
+    let mut world = World::new(&[8192; 8]);
+    let mut running = fill_with_small_vms(&mut world, gpus);
+    let mut queue = vec![launch(0, "big", 0, Request::exclusive(gpus as u32))];
+    for t in 100..300 {
+        queue.push(launch(t, "small", 0, Request::exclusive(1)));
+        let planned = world.plan(&queue, &Rules { max_passes: u32::MAX, ..rules });
+        assert!(!planned.started.iter().any(|s| s.ticket == TicketId(0)));
+        running.extend(planned.started.iter().map(|s| s.vm));
+        let started: Vec<TicketId> = planned.started.iter().map(|s| s.ticket).collect();
+        queue.retain(|w| !started.contains(&w.ticket));
+        if let Some(oldest) = running.pop_front() {
+            world.release(&oldest);
+        }
+    }
+}
+
+fn fill_with_small_vms(world: &mut World, n: usize) -> std::collections::VecDeque<VmId> {
+    (0..n as u64)
+        .map(|t| {
+            let w = launch(50 + t, "small", 0, Request::exclusive(1));
+            world.run(&w, false);
+            w.vm
+        })
+        .collect()
+}
+
+#[test]
+fn preemption_shrinks_the_lower_priority_preemptible_vm_that_gives_up_the_fewest_cgpus() {
+    let mut world = World::new(&[8192; 2]);
+    // GPU 0: four 2 GiB cGPUs of one best-effort VM. GPU 1: one 8 GiB cGPU of another.
+    let four = launch(1, "be", 0, Request::shared(4, 2048).with_locality(Locality::Local));
+    world.run(&four, true);
+    world.run(&launch(2, "be", 0, Request::shared(1, 8192)), true);
+    assert_eq!(world.pool.placement(&vm(1001)).unwrap().cgpus[0].gpu, gpu("cg0", 0));
+    let urgent = launch(3, "prod", 10, Request::shared(1, 8192));
+    let planned = world.plan(std::slice::from_ref(&urgent), &Rules::default());
+    assert!(planned.started.is_empty());
+    let preemption = planned.preemption.expect("a preemption");
+    assert_eq!(preemption.ticket, TicketId(3));
+    assert_eq!(preemption.victims.len(), 1);
+    assert_eq!(preemption.victims[0].vm, vm(1002));
+    assert_eq!(preemption.victims[0].cgpus.len(), 1);
+    // The plan only proposes: nothing was taken yet.
+    assert_eq!(world.pool.placement(&vm(1002)).unwrap().cgpus.len(), 1);
+    world.pool.audit().unwrap();
+    // While the routes are withdrawn, the capacity is kept for the request it was taken for.
+    world.reclaiming = vec![(vm(1002), 0)];
+    let small = launch(4, "prod", 0, Request::shared(1, 1024));
+    let planned = world.plan(&[urgent.clone(), small], &Rules::default());
+    assert!(planned.awaiting_reclaim && planned.started.is_empty() && planned.preemption.is_none());
+    // Once released, it starts; the shrunk VM's give-back waits with its own priority.
+    world.reclaim(&planned_preemption(&preemption));
+    let give_back = preemption.victims[0].give_back();
+    assert_eq!(give_back, vec![(Request::shared(1, 8192), None)]);
+    let planned = world.plan(&[urgent], &Rules::default());
+    assert_eq!(tickets(&planned), [3]);
+    assert_eq!(planned.started[0].cgpus[0].gpu, gpu("cg0", 1));
+}
+
+fn planned_preemption(preemption: &gpgpums::queue::Preemption) -> Plan {
+    Plan { preemption: Some(preemption.clone()), ..Plan::default() }
+}
+
+#[test]
+fn nothing_is_taken_from_vms_that_are_not_preemptible_or_not_of_lower_priority() {
+    let mut world = World::new(&[8192]);
+    world.run(&launch(1, "a", 5, Request::exclusive(1)), false);
+    let planned = world.plan(&[launch(2, "b", 10, Request::exclusive(1))], &Rules::default());
+    assert_eq!(planned.preemption, None);
+    let mut world = World::new(&[8192]);
+    world.run(&launch(1, "a", 5, Request::exclusive(1)), true);
+    for priority in [0, 5] {
+        let planned =
+            world.plan(&[launch(2, "b", priority, Request::exclusive(1))], &Rules::default());
+        assert_eq!(planned.preemption, None, "priority {priority}");
+    }
+    let planned = world.plan(&[launch(2, "b", 6, Request::exclusive(1))], &Rules::default());
+    assert_eq!(planned.preemption.unwrap().victims[0].vm, vm(1001));
+    let off = Rules { preemption: false, ..Rules::default() };
+    assert_eq!(world.plan(&[launch(2, "b", 6, Request::exclusive(1))], &off).preemption, None);
+}
+
+#[test]
+fn a_local_request_frees_room_on_one_host() {
+    let mut pool = Pool::new();
+    add_gpu_host(&mut pool, "cg0", &[8192; 2]);
+    add_gpu_host(&mut pool, "cg1", &[8192; 2]);
+    let mut world = World { pool, ..World::new(&[]) };
+    for t in 1..=4 {
+        world.run(&launch(t, "be", 0, Request::exclusive(1)), true);
+    }
+    let local = launch(9, "prod", 1, Request::exclusive(2).with_locality(Locality::Local));
+    let planned = world.plan(&[local], &Rules::default());
+    let victims = planned.preemption.unwrap().victims;
+    let hosts: Vec<_> = victims.iter().map(|v| v.cgpus[0].host.clone()).collect();
+    assert_eq!(hosts, [host("cg0"), host("cg0")]);
+}
+
+// ---- properties ----
+
+#[derive(Debug, Clone)]
+struct Case {
+    sizes: Vec<u64>,
+    running: Vec<(Request, u8, i32, bool)>,
+    limits: Vec<Option<u64>>,
+    queue: Vec<(Request, u8, i32, u32)>,
+    rules: Rules,
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        (1u32..4).prop_map(Request::exclusive),
+        (1u32..5, prop::sample::select(vec![151u64, 876, 1599, 2104, 3319, 4096]))
+            .prop_map(|(n, mib)| Request::shared(n, mib)),
+        (1u32..3).prop_map(|n| Request::exclusive(n).with_locality(Locality::Local)),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(prop::sample::select(vec![4096u64, 8192, 16384]), 1..6),
+        prop::collection::vec((request(), 0u8..3, 0i32..3, any::<bool>()), 0..8),
+        prop::collection::vec(prop::option::of(2u64..10), 3),
+        prop::collection::vec((request(), 0u8..3, 0i32..4, 0u32..4), 1..12),
+        (any::<bool>(), 1u32..4, any::<bool>()),
+    )
+        .prop_map(|(sizes, running, limits, queue, (backfill, max_passes, preemption))| Case {
+            sizes,
+            running,
+            limits,
+            queue,
+            rules: Rules { backfill, max_passes, preemption },
+        })
+}
+
+/// Builds the world of `case`: its running VMs start where they fit.
+fn build(case: &Case) -> (World, Vec<Waiting>) {
+    let mut world = World::new(&case.sizes);
+    for (p, limit) in case.limits.iter().enumerate() {
+        let quota = Quota { cgpus: *limit, ..Quota::default() };
+        world.quotas.set_limits(project(&format!("p{p}")), Some(quota));
+    }
+    for (i, (request, p, priority, preemptible)) in case.running.iter().enumerate() {
+        let w = launch(i as u64, &format!("p{p}"), *priority, request.clone());
+        let planned = world.plan(std::slice::from_ref(&w), &Rules::default());
+        if !planned.started.is_empty() && *preemptible {
+            world.preemptible.insert(w.vm, *priority);
+        }
+    }
+    let queue = case
+        .queue
+        .iter()
+        .enumerate()
+        .map(|(i, (request, p, priority, passed))| Waiting {
+            passed: *passed,
+            ..launch(100 + i as u64, &format!("p{p}"), *priority, request.clone())
+        })
+        .collect();
+    (world, queue)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn plans_keep_every_promise(case in case()) {
+        let (mut world, queue) = build(&case);
+        let before = world.pool.gpu_usage();
+        let planned = world.plan(&queue, &case.rules);
+        // Deterministic: the same world and queue give the same plan.
+        let (mut again, _) = build(&case);
+        prop_assert_eq!(&again.plan(&queue, &case.rules), &planned);
+
+        // No GPU is over-allocated.
+        prop_assert!(world.pool.audit().is_ok(), "{:?}", world.pool.audit());
+        // No quota is exceeded by what started.
+        for started in &planned.started {
+            let w = queue.iter().find(|w| w.ticket == started.ticket).unwrap();
+            let (quota, _) = world.quotas.limits(&w.project);
+            let usage = world.quotas.usage(&w.project);
+            let limit = quota.get(Resource::Cgpus).unwrap_or(u64::MAX);
+            prop_assert!(usage.cgpus <= limit, "{} holds {} cGPUs, limit {}", w.project, usage.cgpus, limit);
+        }
+        // The plan books what started and nothing else (preemption trials leave no trace).
+        let mut undone = World { pool: std::mem::take(&mut world.pool), ..World::new(&[]) };
+        for started in &planned.started {
+            undone.pool.release(&started.vm);
+        }
+        prop_assert_eq!(undone.pool.gpu_usage(), before);
+        world.pool = undone.pool;
+
+        // A preemption shrinks only preemptible VMs of strictly lower priority, and frees enough.
+        if let Some(preemption) = &planned.preemption {
+            let w = queue.iter().find(|w| w.ticket == preemption.ticket).unwrap();
+            for shrink in &preemption.victims {
+                let priority = world.preemptible.get(&shrink.vm);
+                prop_assert!(priority.is_some_and(|&p| p < w.priority), "shrunk {:?}", shrink.vm);
+                prop_assert!(!shrink.cgpus.is_empty());
+            }
+            for started in &planned.started {
+                world.release(&started.vm);
+            }
+            world.reclaim(&planned);
+            let alone = world.plan(std::slice::from_ref(w), &Rules { preemption: false, ..case.rules });
+            let quota_bound = alone.started.is_empty() && alone.head.is_none();
+            prop_assert!(quota_bound || alone.started.len() == 1, "the preemption did not free enough: {alone:?}");
+        }
+
+        // The head is not starved: once passed `max_passes` times, nothing behind it starts.
+        if let Some((ticket, passed)) = planned.head {
+            let w = queue.iter().find(|w| w.ticket == ticket).unwrap();
+            if case.rules.backfill {
+                prop_assert!(passed <= case.rules.max_passes.max(w.passed));
+            } else {
+                prop_assert_eq!(passed, w.passed);
+            }
+        }
+    }
+}
