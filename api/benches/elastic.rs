@@ -65,8 +65,8 @@ impl Bench {
             "ncgpus": ncgpus, "gpu_memory_mib": 100, "mode": "shared"
         }))
         .unwrap();
-        let (spec, policy) = request.into_spec();
-        let input = LaunchInput { spec, policy, idempotency_key: None, tenant: None };
+        let (spec, policy, queue) = request.into_spec();
+        let input = LaunchInput { spec, policy, idempotency_key: None, tenant: None, queue };
         let (details, _) = self.bed.app.launch(&self.caller, input).await.expect("launch");
         let id = details.vm.id;
         self.wait_vm(id, |s, _| s == VmState::Ready).await;

@@ -60,10 +60,13 @@ async fn run(runs: usize, sizes: &[u32]) {
                 "ncgpus": n, "gpu_memory_mib": 100, "mode": "shared"
             }))
             .unwrap();
-            let (spec, policy) = request.into_spec();
+            let (spec, policy, queue) = request.into_spec();
             let began = Instant::now();
             let launched = app
-                .launch(&caller, LaunchInput { spec, policy, idempotency_key: None, tenant: None })
+                .launch(
+                    &caller,
+                    LaunchInput { spec, policy, idempotency_key: None, tenant: None, queue },
+                )
                 .await;
             let launch_s = began.elapsed().as_secs_f64();
             let details = match launched {

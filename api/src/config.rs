@@ -58,6 +58,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The quota limits of every project that has none of its own (`PUT /v1/quotas/{project}`).
     pub quotas: QuotaDefaults,
+    /// How launches that wait for capacity are served.
+    pub queue: QueueConfig,
     /// The GPU inventory used with in-process agents; empty means the paper's testbed.
     pub inventory: Vec<InventoryHost>,
 }
@@ -79,6 +81,34 @@ impl QuotaDefaults {
             memory_mib: self.memory_mib,
             exclusive_gpus: self.exclusive_gpus,
             vms: self.vms,
+        }
+    }
+}
+
+/// The queue of launches that wait for capacity (see `gpgpums::queue`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    /// A queued launch that waits longer ends in `error` (`queue_timeout`); 0: it waits forever.
+    pub queue_timeout_secs: u64,
+    /// Let launches that fit start ahead of one that does not.
+    pub backfill: bool,
+    /// How often launches may start ahead of the head of the queue before it stops them.
+    pub max_passes: u32,
+    /// The highest priority a launch may ask for (the lowest is 0).
+    pub max_priority: i32,
+    /// The queue is served on every release and at least this often (timeouts, other replicas).
+    pub serve_interval_secs: u64,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            queue_timeout_secs: 3600,
+            backfill: true,
+            max_passes: 16,
+            max_priority: 100,
+            serve_interval_secs: 5,
         }
     }
 }
@@ -116,6 +146,7 @@ impl Default for Config {
             tls: None,
             metrics: MetricsConfig::default(),
             quotas: QuotaDefaults::default(),
+            queue: QueueConfig::default(),
             inventory: Vec::new(),
         }
     }
@@ -482,6 +513,15 @@ impl Config {
         self.http.check()?;
         check_quota(&self.quotas.quota(), "quotas.")
             .map_err(|(field, reason)| format!("{field}: {reason}"))?;
+        if !(0..=1_000_000).contains(&self.queue.max_priority) {
+            return Err("queue.max_priority: must be between 0 and 1000000".into());
+        }
+        if self.queue.serve_interval_secs == 0 || self.queue.max_passes == 0 {
+            return Err("queue.serve_interval_secs and queue.max_passes: must be at least 1".into());
+        }
+        if self.queue.queue_timeout_secs > crate::auth::MAX_TOKEN_TTL_SECS {
+            return Err("queue.queue_timeout_secs: must be at most a year".into());
+        }
         if self.auth.keystone_validations_per_minute == 0 {
             return Err("auth.keystone_validations_per_minute: must be at least 1".into());
         }

@@ -44,6 +44,8 @@ pub struct Metrics {
     pub stage_seconds: [Histogram; 7],
     /// Time GPGPUMS took to place a request's cGPUs.
     pub decision_seconds: Histogram,
+    /// How long queued launches waited before they started.
+    pub queue_wait_seconds: Histogram,
     /// Attaches and detaches of cGPUs on running VMs, by outcome, and their latencies.
     pub elastic: ElasticMetrics,
 }
@@ -144,6 +146,7 @@ impl Default for Metrics {
             reconciler_errors: AtomicU64::new(0),
             stage_seconds: std::array::from_fn(|_| Histogram::seconds()),
             decision_seconds: Histogram::seconds(),
+            queue_wait_seconds: Histogram::seconds(),
             elastic: ElasticMetrics::default(),
         }
     }
@@ -218,6 +221,13 @@ impl Metrics {
             "Seconds GPGPUMS took to place a request.",
         );
         self.decision_seconds.render(out, "gsaas_policy_decision_seconds", "");
+        header(
+            out,
+            "gsaas_queue_wait_seconds",
+            "histogram",
+            "Seconds queued launches waited before they started.",
+        );
+        self.queue_wait_seconds.render(out, "gsaas_queue_wait_seconds", "");
         self.elastic.render(out);
     }
 }
@@ -265,9 +275,19 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
 pub fn render_vm_states(counts: &[(String, i64)]) -> String {
     let mut out = String::new();
     header(&mut out, "gsaas_vms", "gauge", "VMs by state.");
-    for state in ["creating", "ready", "error", "deleting", "deleted"] {
+    for state in ["queued", "creating", "ready", "error", "deleting", "deleted"] {
         let count = counts.iter().find(|(s, _)| s == state).map_or(0, |(_, c)| *c);
         let _ = writeln!(out, "gsaas_vms{{state=\"{state}\"}} {count}");
+    }
+    out
+}
+
+/// Launches waiting in the queue, by priority.
+pub fn render_queue(lengths: &[(i64, i64)]) -> String {
+    let mut out = String::new();
+    header(&mut out, "gsaas_queue_length", "gauge", "Launches waiting for capacity, by priority.");
+    for (priority, count) in lengths {
+        let _ = writeln!(out, "gsaas_queue_length{{priority=\"{priority}\"}} {count}");
     }
     out
 }

@@ -14,6 +14,8 @@ use crate::cloud::{ServerId, VmRequest};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VmState {
+    /// Waiting in the queue for capacity (launched with `queue: true`); holds no cGPUs.
+    Queued,
     Creating,
     Ready,
     Error,
@@ -24,6 +26,7 @@ pub enum VmState {
 impl VmState {
     pub fn as_str(self) -> &'static str {
         match self {
+            VmState::Queued => "queued",
             VmState::Creating => "creating",
             VmState::Ready => "ready",
             VmState::Error => "error",
@@ -34,6 +37,7 @@ impl VmState {
 
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
+            "queued" => VmState::Queued,
             "creating" => VmState::Creating,
             "ready" => VmState::Ready,
             "error" => VmState::Error,
@@ -114,6 +118,12 @@ pub struct LaunchSpec {
     #[serde(default)]
     pub user_data: Option<String>,
     pub gpus: Request,
+    /// Higher goes first in the queue.
+    #[serde(default)]
+    pub priority: i32,
+    /// Best effort: the VM's cGPUs may be taken back for requests of higher priority.
+    #[serde(default)]
+    pub preemptible: bool,
 }
 
 /// Per-stage times in seconds, named after the dissertation's Equation 5.1.

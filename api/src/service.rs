@@ -31,6 +31,7 @@ pub struct Service {
     pub sim: Option<Arc<SimCloud>>,
     server: tokio::task::JoinHandle<()>,
     reconciler: tokio::task::JoinHandle<()>,
+    queue_server: tokio::task::JoinHandle<()>,
     revocations: tokio::task::JoinHandle<()>,
     /// The `metrics.listen` server, when configured.
     metrics_server: Option<tokio::task::JoinHandle<()>>,
@@ -47,6 +48,7 @@ impl Service {
     pub fn abort(self) {
         self.server.abort();
         self.reconciler.abort();
+        self.queue_server.abort();
         self.revocations.abort();
         if let Some(metrics) = self.metrics_server {
             metrics.abort();
@@ -58,6 +60,7 @@ impl Service {
     pub async fn wait(self) {
         let _ = self.server.await;
         self.reconciler.abort();
+        self.queue_server.abort();
         self.revocations.abort();
         if let Some(metrics) = self.metrics_server {
             metrics.abort();
@@ -164,6 +167,7 @@ pub async fn start_with_sim(
     app.refresh_revocations().await.map_err(StartError::Database)?;
     let revocations = app.spawn_revocation_refresher();
     let reconciler = app.spawn_reconciler();
+    let queue_server = app.spawn_queue_server();
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Listen { addr: app.config.listen, source })?;
@@ -183,5 +187,15 @@ pub async fn start_with_sim(
     let metrics_server = metrics_listener
         .map(|listener| tokio::spawn(serve(listener, crate::http::metrics_router(app.clone()))));
     let server = tokio::spawn(serve(listener, crate::http::router(app.clone())));
-    Ok(Service { app, addr, metrics_addr, sim, server, reconciler, revocations, metrics_server })
+    Ok(Service {
+        app,
+        addr,
+        metrics_addr,
+        sim,
+        server,
+        reconciler,
+        queue_server,
+        revocations,
+        metrics_server,
+    })
 }

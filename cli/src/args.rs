@@ -211,6 +211,16 @@ pub struct Launch {
     /// Makes a retried launch return the same VM.
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// When the GPUs are not there now, wait in the queue instead of failing (with --wait: shows
+    /// the place in the queue until it starts).
+    #[arg(long)]
+    pub queue: bool,
+    /// Queue priority: higher goes first (0 to the service's maximum, default 0).
+    #[arg(long, default_value_t = 0)]
+    pub priority: i32,
+    /// Best effort: the VM's cGPUs may be taken back for launches of higher priority.
+    #[arg(long)]
+    pub preemptible: bool,
     /// Follow the launch stage by stage until the VM is ready (or fails).
     #[arg(long)]
     pub wait: bool,

@@ -196,6 +196,9 @@ fn launch_vm(
             args::Locality::Remote => "remote",
         },
         "distinct_gpus": launch.distinct_gpus,
+        "queue": launch.queue,
+        "priority": launch.priority,
+        "preemptible": launch.preemptible,
     });
     let fields = [
         ("gpu_memory_mib", launch.poolmem.map(Value::from)),
@@ -310,6 +313,8 @@ fn follow(
     let mut reported = if stages { 0 } else { STAGES.len() };
     let spinner = ['|', '/', '-', '\\'];
     let mut tick = 0usize;
+    let mut queue_position = None;
+    let mut waited_in_queue = Duration::ZERO;
     loop {
         let vm = client.get(&format!("/v1/vms/{id}"))?;
         let state = vm["state"].as_str().unwrap_or_default();
@@ -331,7 +336,22 @@ fn follow(
             }
             return Ok(vm);
         }
-        if started.elapsed() > WAIT_LIMIT {
+        if state == "queued" {
+            // Waiting for GPUs has no limit here: the service ends it (queue_timeout).
+            let position = vm["queue_position"].as_u64();
+            if position != queue_position {
+                if terminal {
+                    eprint!("\r\x1b[K");
+                }
+                match position {
+                    Some(p) => eprintln!("queued: position {p}"),
+                    None => eprintln!("queued"),
+                }
+                queue_position = position;
+            }
+            waited_in_queue = started.elapsed();
+        }
+        if started.elapsed() - waited_in_queue > WAIT_LIMIT {
             return Err(Failure {
                 message: format!("VM {id} is still {state} after {} s", WAIT_LIMIT.as_secs()),
                 code: exit::UNAVAILABLE,

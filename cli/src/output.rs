@@ -44,6 +44,9 @@ pub fn vm(vm: &Value) -> String {
     if !vm["error"].is_null() {
         fields.push(("error", text(&vm["error"])));
     }
+    if let Some(position) = vm["queue_position"].as_u64() {
+        fields.push(("queue position", position.to_string()));
+    }
     fields.extend([
         ("project", text(&vm["project"])),
         ("image / flavor", format!("{} / {}", text(&vm["image"]), text(&vm["flavor"]))),

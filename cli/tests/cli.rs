@@ -319,3 +319,45 @@ fn quotas_are_shown_set_and_enforced_with_their_own_exit_message() {
     let reset = json(&server.gsaas(&admin, &["-f", "json", "quota", "reset", "alpha"]));
     assert_eq!(reset["own_limits"], false, "{reset}");
 }
+
+#[test]
+fn a_queued_launch_shows_its_place_while_it_waits_and_starts_when_gpus_free() {
+    let server = Server::start();
+    let member = server.token("alpha", Role::Member);
+    let all = [&["-f", "json", "launch", "--ncgpus", "4", "--wait"][..], &VM[..]].concat();
+    let big = json(&server.gsaas(&member, &all));
+    assert_eq!(big["state"], "ready", "{big}");
+    // Without --queue: refused; with it, the launch waits and says where it stands.
+    let one = [&["launch", "--ncgpus", "1"][..], &VM[..]].concat();
+    let refused = server.gsaas(&member, &one);
+    assert_eq!(refused.status.code(), Some(4), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("no GPU capacity"), "{}", stderr(&refused));
+    let waiting = Command::new(env!("CARGO_BIN_EXE_gsaas"))
+        .args([&one[..], &["--queue", "--priority", "3", "--wait"][..]].concat())
+        .env("GSAAS_URL", server.url())
+        .env("GSAAS_TOKEN", &member)
+        .env_remove("GSAAS_CONFIG")
+        .env("HOME", &server.dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("gsaas runs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = json(&server.gsaas(&member, &["-f", "json", "list"]));
+        let queued = list["vms"].as_array().unwrap().iter().any(|vm| vm["state"] == "queued");
+        if queued {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the launch never queued: {list}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let id = big["id"].as_str().unwrap();
+    let done = server.gsaas(&member, &["terminate", id]);
+    assert!(done.status.success(), "{}", stderr(&done));
+    let output = waiting.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stderr(&output).contains("queued: position 1"), "{}", stderr(&output));
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(shown.contains("ready"), "{shown}");
+}

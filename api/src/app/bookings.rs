@@ -25,7 +25,7 @@ use crate::cloudinit;
 use crate::config::MaskingConfig;
 use crate::db::{self, now_ms, NewVm, VmWrite, Written};
 use crate::error::Error;
-use crate::model::{CgpuRecord, CgpuState, VmRecord};
+use crate::model::{CgpuRecord, CgpuState, SagaStep, VmRecord, VmState};
 
 /// The reason of the conflict that refuses a release whose VM changed meanwhile.
 pub(crate) const VM_CHANGED: &str = "the VM changed during its release";
@@ -37,6 +37,8 @@ pub(crate) struct Reservation {
     pub record: VmRecord,
     pub idempotency_key: Option<String>,
     pub request_digest: String,
+    /// Wait in the queue (state `queued`) rather than fail for want of capacity.
+    pub queue: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -118,7 +120,10 @@ impl App {
     /// Releases the VM's cGPUs and writes `ended`, in the next batch (see [`Booking::Release`]).
     pub(crate) async fn release(&self, ended: VmRecord) -> Result<VmRecord, Error> {
         match self.bookings.submit(Booking::Release(Box::new(ended))).await? {
-            Booked::Released(ended) => Ok(*ended),
+            Booked::Released(ended) => {
+                self.trigger_queue();
+                Ok(*ended)
+            }
             _ => Err(Error::internal("a release answered as something else")),
         }
     }
@@ -138,7 +143,10 @@ impl App {
     /// [`Booking::Detach`]).
     pub(crate) async fn release_detached(&self, ended: VmRecord) -> Result<VmRecord, Error> {
         match self.bookings.submit(Booking::Detach(Box::new(ended))).await? {
-            Booked::Released(ended) => Ok(*ended),
+            Booked::Released(ended) => {
+                self.trigger_queue();
+                Ok(*ended)
+            }
             _ => Err(Error::internal("a detach answered as something else")),
         }
     }
@@ -206,11 +214,19 @@ impl App {
         } else {
             db::counted_vms(tx, Some(&projects.iter().collect::<Vec<_>>())).await?
         };
+        let now = now_ms();
         for (i, booking) in bookings.iter().enumerate() {
             if let Booking::Reserve(reservation) = booking {
                 let mut ledgers = Ledgers { pool: &mut *pool, quotas: &mut *quotas, vms: &mut vms };
                 match place_cgpus(&mut ledgers, &self.config.masking, &reservation.record) {
                     Ok(details) => reserved.push((i, details)),
+                    Err(Error::InsufficientCapacity(_)) if reservation.queue => {
+                        // It waits: recorded as queued, holding nothing, with a ticket.
+                        let mut vm = reservation.record.clone();
+                        vm.state = VmState::Queued;
+                        vm.step = SagaStep::Done;
+                        reserved.push((i, VmDetails { vm, cgpus: Vec::new() }));
+                    }
                     Err(e) => outcomes[i] = Some(Err(e)),
                 }
             }
@@ -233,6 +249,11 @@ impl App {
                 })
                 .collect();
             db::insert_vms(tx, &new).await?;
+            let timeout_secs = self.config.queue.queue_timeout_secs;
+            let deadline = (timeout_secs > 0).then(|| now + timeout_secs as i64 * 1000);
+            for (_, details) in reserved.iter().filter(|(_, d)| d.vm.state == VmState::Queued) {
+                db::enqueue(tx, &details.vm, now, deadline).await?;
+            }
             let cgpus: Vec<CgpuRecord> =
                 reserved.iter().flat_map(|(_, details)| details.cgpus.iter().cloned()).collect();
             db::insert_cgpus(tx, &cgpus).await?;
@@ -354,7 +375,7 @@ pub(crate) const VM_CHANGED_CGPUS: &str =
     "the VM changed meanwhile (another attach, detach or a termination): read it and retry";
 
 /// A cGPU as booked for `vm`, with its masked endpoint.
-fn cgpu_record(
+pub(super) fn cgpu_record(
     vm: gpgpums::VmId,
     c: &gpgpums::CgpuAssignment,
     masking: &MaskingConfig,
@@ -435,7 +456,7 @@ fn place_cgpus(
 }
 
 /// The VM's cloud-init, with the rCUDA environment of `cgpus`, must fit the cloud's limit.
-fn check_user_data(
+pub(super) fn check_user_data(
     record: &VmRecord,
     cgpus: &[CgpuRecord],
     masking: &MaskingConfig,

@@ -32,6 +32,8 @@ impl App {
                 Ok(())
             })
         })
-        .await
+        .await?;
+        self.trigger_queue();
+        Ok(())
     }
 }

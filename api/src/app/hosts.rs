@@ -199,6 +199,8 @@ impl App {
             })
         })
         .await?;
+        // New GPUs, or a host back: queued launches may fit now.
+        self.trigger_queue();
         if let Some(sim) = &self.sim {
             if kind.has_agent() {
                 sim.add_host(name.clone());
@@ -254,6 +256,9 @@ impl App {
             })
         })
         .await?;
+        if !drained {
+            self.trigger_queue();
+        }
         let mut conn = self.db.conn().await?;
         db::host(&mut conn, &updated)
             .await?

@@ -20,6 +20,7 @@ pub mod elastic;
 pub mod gpus;
 pub mod hosts;
 pub mod pool;
+pub mod queue;
 pub mod quotas;
 pub mod reconciler;
 pub mod redact;
@@ -73,6 +74,8 @@ pub struct App {
     /// requested before it read the host's routes (see [`App::push_routes`]).
     host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
     reconciler: reconciler::Reconciler,
+    /// Wakes the queue's rounds.
+    queue: queue::QueueServer,
     /// Requests waiting for a VM to settle.
     watchers: watch::VmWatchers,
     /// Reservations and releases of cGPUs, written in batches.
@@ -120,6 +123,7 @@ impl App {
             tenant_tokens: Mutex::new(HashMap::new()),
             host_locks: Mutex::new(HashMap::new()),
             reconciler: reconciler::Reconciler::default(),
+            queue: queue::QueueServer::default(),
             watchers: watch::VmWatchers::default(),
             bookings: batch::Batcher::new(),
             vm_reads: batch::Batcher::new(),
@@ -204,10 +208,11 @@ impl App {
         let gauges = self
             .gauges
             .get(max_age, || async {
-                let (states, vms) = {
+                let (states, vms, queue) = {
                     let mut conn = self.db.conn().await?;
                     let states = crate::db::vm_state_counts(&mut conn).await?;
-                    (states, crate::db::counted_vms(&mut conn, None).await?)
+                    let queue = crate::db::queue_lengths(&mut conn).await?;
+                    (states, crate::db::counted_vms(&mut conn, None).await?, queue)
                 };
                 let mut gauges = self
                     .read_pool_and_quotas(|pool, quotas| {
@@ -217,6 +222,7 @@ impl App {
                     })
                     .await?;
                 gauges.push_str(&crate::metrics::render_vm_states(&states));
+                gauges.push_str(&crate::metrics::render_queue(&queue));
                 Ok::<_, crate::error::Error>(gauges)
             })
             .await?;

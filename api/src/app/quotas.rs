@@ -93,6 +93,8 @@ impl App {
         db::set_quota(tx, &project, quota.as_ref(), now_ms()).await?;
         quotas.set_limits(project.clone(), quota);
         pool_tx.commit().await?;
+        // Raised limits may let queued launches start.
+        self.trigger_queue();
         self.quota(caller, project.as_str()).await
     }
 }

@@ -31,6 +31,8 @@ pub struct LaunchInput {
     /// The tenant's own cloud credential (its Keystone token): a cloud that needs one creates
     /// the VM with it, in the tenant's project.
     pub tenant: Option<TenantToken>,
+    /// Wait in the queue rather than fail when the GPUs are not there now.
+    pub queue: bool,
 }
 
 /// A VM with its cGPUs.
@@ -57,7 +59,10 @@ pub(super) fn check_text(field: &str, value: &str, max: usize) -> Result<(), Err
     Ok(())
 }
 
-fn validate(spec: &LaunchSpec) -> Result<(), Error> {
+fn validate(spec: &LaunchSpec, max_priority: i32) -> Result<(), Error> {
+    if !(0..=max_priority).contains(&spec.priority) {
+        return Err(Error::invalid("priority", format!("must be between 0 and {max_priority}")));
+    }
     if !spec.vm.name.is_empty() {
         check_text("name", &spec.vm.name, MAX_NAME)?;
     }
@@ -123,7 +128,7 @@ impl App {
     ) -> Result<(VmDetails, bool), Error> {
         let received = Instant::now();
         let project = caller.tenant_project()?.to_owned();
-        validate(&input.spec)?;
+        validate(&input.spec, self.config.queue.max_priority)?;
         let policy = input.policy.clone().unwrap_or_else(|| self.config.default_policy.clone());
         let request_digest = digest(
             serde_json::to_string(&(&input.spec, &policy)).expect("request serializes").as_bytes(),
@@ -179,6 +184,7 @@ impl App {
             record,
             idempotency_key: input.idempotency_key.clone(),
             request_digest: request_digest.clone(),
+            queue: input.queue,
         };
         let details = match self.reserve(reservation).await {
             Ok(details) => details,
@@ -198,11 +204,15 @@ impl App {
             }
         };
         inc(&self.metrics.launches_accepted);
+        if let Some(tenant) = input.tenant.clone() {
+            self.tenant_tokens.lock().expect("tenant tokens").insert(id, tenant);
+        }
+        if details.vm.state == VmState::Queued {
+            // The queue starts its saga when it places it.
+            return Ok((details, true));
+        }
         if let Some(seconds) = details.vm.timings.gpu_selection {
             self.metrics.decision_seconds.observe(seconds);
-        }
-        if let Some(tenant) = input.tenant {
-            self.tenant_tokens.lock().expect("tenant tokens").insert(id, tenant);
         }
         self.spawn_saga_from(id, Some(details.clone()));
         Ok((details, true))
@@ -268,6 +278,17 @@ impl App {
         loop {
             let mut details = self.visible_vm(caller, id).await?;
             let vm = &mut details.vm;
+            if vm.state == VmState::Queued {
+                let (cancelled, written) = self.cancel_queued(vm).await?;
+                if written != Written::Stale {
+                    self.tenant_tokens.lock().expect("tenant tokens").remove(&id);
+                    inc(&self.metrics.terminations);
+                    inc(&self.metrics.terminations_done);
+                    details.vm = cancelled;
+                    return Ok(details);
+                }
+                continue;
+            }
             if matches!(vm.state, VmState::Deleting | VmState::Deleted) {
                 if vm.step != SagaStep::Done {
                     self.spawn_saga(id);

@@ -90,7 +90,8 @@ impl Drop for Watch<'_> {
 
 /// Whether a VM has reached a state no saga of it will leave on its own.
 pub fn settled(vm: &VmRecord) -> bool {
-    !matches!(vm.state, VmState::Creating | VmState::Deleting) && !vm.step.changes_cgpus()
+    !matches!(vm.state, VmState::Queued | VmState::Creating | VmState::Deleting)
+        && !vm.step.changes_cgpus()
 }
 
 impl App {

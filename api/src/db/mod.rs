@@ -14,6 +14,7 @@
 mod cgpus;
 mod gpus;
 mod hosts;
+mod queue;
 mod quotas;
 mod tokens;
 mod vms;
@@ -21,6 +22,7 @@ mod vms;
 pub use cgpus::*;
 pub use gpus::*;
 pub use hosts::*;
+pub use queue::*;
 pub use quotas::*;
 pub use tokens::*;
 pub use vms::*;
@@ -46,6 +48,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (5, "revoked_tokens", include_str!("../../../migrations/0005_revoked_tokens.sql")),
     (6, "elastic_cgpus", include_str!("../../../migrations/0006_elastic_cgpus.sql")),
     (7, "quotas", include_str!("../../../migrations/0007_quotas.sql")),
+    (8, "queue", include_str!("../../../migrations/0008_queue.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

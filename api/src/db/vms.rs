@@ -11,11 +11,11 @@ use crate::error::Error;
 use crate::model::*;
 
 /// A VM's columns, read by position (see [`vm_from_row`]); `v.` names them in joins.
-const VM_COLUMNS: &str = "v.id, v.project, v.owner, v.name, v.request, v.policy, v.state, v.error, v.step, \
+pub(super) const VM_COLUMNS: &str = "v.id, v.project, v.owner, v.name, v.request, v.policy, v.state, v.error, v.step, \
     v.server_id, v.host, v.fixed_ip, v.tap, v.routes_on, v.timings, v.created_ms, v.updated_ms, v.version";
-const VM_COLUMN_COUNT: usize = 18;
+pub(super) const VM_COLUMN_COUNT: usize = 18;
 
-fn vm_from_row(row: &AnyRow) -> Result<VmRecord, Error> {
+pub(super) fn vm_from_row(row: &AnyRow) -> Result<VmRecord, Error> {
     let id: String = row.try_get(0)?;
     let request: String = row.try_get(4)?;
     let state: String = row.try_get(6)?;

@@ -158,7 +158,10 @@ fn location(id: &str) -> String {
 /// Launch a cGPU-enabled VM.
 ///
 /// Checks the request, reserves every cGPU atomically and answers 202 with the VM in `creating`; the
-/// VM becomes `ready` (or `error`, with the reason) when created, running and routed. A retry with
+/// VM becomes `ready` (or `error`, with the reason) when created, running and routed. With
+/// `"queue": true`, a launch the GPUs cannot take now is answered 202 in `queued`, with its
+/// `queue_position`; it starts when capacity frees, or ends in `error` with `error_code`
+/// `queue_timeout`. Terminating a queued VM cancels it. A retry with
 /// the same `Idempotency-Key` returns the same VM.
 #[utoipa::path(post, path = "/v1/vms", tag = "vms",
     request_body = LaunchRequest,
@@ -180,11 +183,11 @@ async fn launch_vm(
     Body(request): Body<LaunchRequest>,
 ) -> Result<Response, Error> {
     let idempotency_key = idempotency_key(&headers)?;
-    let (spec, policy) = request.into_spec();
+    let (spec, policy, queue) = request.into_spec();
     let tenant = crate::auth::tenant_token(&headers, &caller, &app);
     let (details, _created) =
-        app.launch(&caller, LaunchInput { spec, policy, idempotency_key, tenant }).await?;
-    let view = VmView::new(&details, caller.is_admin());
+        app.launch(&caller, LaunchInput { spec, policy, idempotency_key, tenant, queue }).await?;
+    let view = vm_view(&app, &details, caller.is_admin()).await?;
     let location = location(&view.id);
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view)).into_response())
 }
@@ -245,7 +248,20 @@ async fn get_vm(
             app.visible_vm_settled(&caller, id, Duration::from_secs_f64(wait)).await?
         }
     };
-    Ok(Json(VmView::new(&details, caller.is_admin())))
+    Ok(Json(vm_view(&app, &details, caller.is_admin()).await?))
+}
+
+/// The VM as the API shows it, with its place in the queue while it is queued.
+async fn vm_view(
+    app: &AppState,
+    details: &crate::app::vms::VmDetails,
+    admin: bool,
+) -> Result<VmView, Error> {
+    let mut view = VmView::new(details, admin);
+    if details.vm.state == crate::model::VmState::Queued {
+        view.queue_position = app.queue_position(details.vm.id).await?;
+    }
+    Ok(view)
 }
 
 /// Terminate a VM: withdraw its routes, delete it, release its cGPUs. Idempotent.

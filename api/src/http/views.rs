@@ -74,10 +74,21 @@ pub struct LaunchRequest {
     /// Never put two of this VM's cGPUs on one physical GPU.
     #[serde(default)]
     pub distinct_gpus: bool,
+    /// When the GPUs are not there now, wait in the queue (state `queued`, answered 202) instead
+    /// of failing with 507.
+    #[serde(default)]
+    pub queue: bool,
+    /// Higher goes first in the queue: 0 (the default) to the service's `queue.max_priority`.
+    #[serde(default)]
+    pub priority: i32,
+    /// Best effort: the VM's cGPUs may be taken back for requests of higher priority.
+    #[serde(default)]
+    pub preemptible: bool,
 }
 
 impl LaunchRequest {
-    pub fn into_spec(self) -> (LaunchSpec, Option<String>) {
+    /// The launch as stored, the policy asked for, and whether it may wait in the queue.
+    pub fn into_spec(self) -> (LaunchSpec, Option<String>, bool) {
         let gpus = Request {
             ncgpus: self.ncgpus,
             gpu_memory_mib: self.gpu_memory_mib,
@@ -95,7 +106,14 @@ impl LaunchRequest {
             flavor: self.flavor,
             networks: self.networks,
         };
-        (LaunchSpec { vm, user_data: self.user_data, gpus }, self.policy)
+        let spec = LaunchSpec {
+            vm,
+            user_data: self.user_data,
+            gpus,
+            priority: self.priority,
+            preemptible: self.preemptible,
+        };
+        (spec, self.policy, self.queue)
     }
 }
 
@@ -170,11 +188,19 @@ pub struct VmView {
     pub id: String,
     pub name: String,
     pub project: String,
-    /// `creating`, `ready`, `error`, `deleting` or `deleted`.
+    /// `queued`, `creating`, `ready`, `error`, `deleting` or `deleted`.
     pub state: String,
     /// Why the VM is in `error`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// A machine-readable cause of `error`, when it has one (`queue_timeout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
+    /// While `queued`: its place in the queue (1: next), by priority and arrival.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u64>,
+    pub priority: i32,
+    pub preemptible: bool,
     pub image: String,
     pub flavor: String,
     /// The cloud's server id, once the server is active.
@@ -204,6 +230,10 @@ impl VmView {
             project: vm.project.clone(),
             state: vm.state.as_str().into(),
             error: vm.error.clone(),
+            error_code: vm.error.as_deref().and_then(error_code),
+            queue_position: None,
+            priority: vm.spec.priority,
+            preemptible: vm.spec.preemptible,
             image: vm.spec.vm.image.clone(),
             flavor: vm.spec.vm.flavor.clone(),
             server_id: vm.server_id.as_ref().map(|s| s.0.clone()),
@@ -244,6 +274,12 @@ impl VmView {
             updated_ms: vm.updated_ms,
         }
     }
+}
+
+/// The code a VM's error starts with, when it is one clients can act on.
+fn error_code(error: &str) -> Option<String> {
+    let code = crate::app::queue::QUEUE_TIMEOUT;
+    error.strip_prefix(code).filter(|rest| rest.starts_with(':')).map(|_| code.to_owned())
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

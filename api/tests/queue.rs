@@ -1,0 +1,162 @@
+//! The queue: a launch with `"queue": true` that does not fit waits as `queued` (202, with its
+//! position) instead of failing with 507; it starts when capacity frees, in priority order, ends
+//! with `queue_timeout` when it waits too long, and is cancelled by a termination. On both stores;
+//! two replicas serving one queue on PostgreSQL never place a launch twice.
+
+mod support;
+
+use std::time::Duration;
+
+use gsaasd::auth::Role;
+use serde_json::{json, Value};
+use support::{join_all, Store, TestService};
+
+on_both_stores!(
+    queued_launches_wait_in_priority_order_start_when_capacity_frees_and_can_be_cancelled,
+    a_launch_that_waits_too_long_ends_with_queue_timeout
+);
+
+fn exclusive(ncgpus: u32, queue: bool, priority: i32) -> Value {
+    json!({
+        "name": "queued", "image": "cirros-0.6.2", "flavor": "m1.small",
+        "ncgpus": ncgpus, "mode": "exclusive", "queue": queue, "priority": priority
+    })
+}
+
+async fn position(t: &TestService, token: &str, id: &str) -> Value {
+    let (status, vm) = t.get(token, &format!("/v1/vms/{id}")).await;
+    assert_eq!(status, 200, "{vm}");
+    vm["queue_position"].clone()
+}
+
+async fn queued_launches_wait_in_priority_order_start_when_capacity_frees_and_can_be_cancelled(
+    store: Store,
+) {
+    let t = TestService::start(store).await;
+    let (admin, member) = (t.admin(), t.member());
+    // The testbed's four GPUs, all taken.
+    let big = t.launch(&member, &exclusive(4, false, 0)).await;
+    t.wait_state(&member, &big, "ready").await;
+
+    // Without the queue: 507, as before. With it: 202, queued, first in line.
+    let (status, problem) = t.post(&member, "/v1/vms", &exclusive(1, false, 0)).await;
+    assert_eq!((status, problem["code"].as_str()), (507, Some("insufficient_gpu_capacity")));
+    let (status, first) = t.post(&member, "/v1/vms", &exclusive(1, true, 0)).await;
+    assert_eq!(status, 202, "{first}");
+    assert_eq!(
+        (first["state"].as_str(), first["queue_position"].as_u64()),
+        (Some("queued"), Some(1))
+    );
+    assert_eq!(first["cgpus"], json!([]));
+    let first = first["id"].as_str().unwrap().to_owned();
+    let second = t.launch(&member, &exclusive(1, true, 0)).await;
+    let urgent = t.launch(&member, &exclusive(1, true, 7)).await;
+    assert_eq!(position(&t, &member, &urgent).await, 1);
+    assert_eq!(position(&t, &member, &first).await, 2);
+    assert_eq!(position(&t, &member, &second).await, 3);
+
+    // Bad priorities are refused, naming the field; other tenants see nothing of the queue.
+    for priority in [-1, 101] {
+        let (status, problem) = t.post(&member, "/v1/vms", &exclusive(1, true, priority)).await;
+        assert!(matches!(status, 400 | 422), "{problem}");
+        assert_eq!(problem["field"], "priority", "{problem}");
+    }
+    let other = t.token("beta", Role::Member);
+    let (status, _) = t.get(&other, &format!("/v1/vms/{urgent}")).await;
+    assert_eq!(status, 404);
+
+    // Terminating a queued VM cancels it.
+    let (status, cancelled) = t.delete(&member, &format!("/v1/vms/{second}")).await;
+    assert_eq!((status, cancelled["state"].as_str()), (202, Some("deleted")), "{cancelled}");
+    assert_eq!(position(&t, &member, &second).await, Value::Null);
+    let (_, metrics) = scrape(&t, &admin).await;
+    assert!(metrics.contains("gsaas_queue_length{priority=\"7\"} 1"), "{metrics}");
+    assert!(metrics.contains("gsaas_vms{state=\"queued\"} 2"), "{metrics}");
+
+    // Capacity frees: the queued launches start, highest priority first, and become ready.
+    let (status, _) = t.delete(&member, &format!("/v1/vms/{big}")).await;
+    assert_eq!(status, 202);
+    let urgent_vm = t.wait_state(&member, &urgent, "ready").await;
+    let first_vm = t.wait_state(&member, &first, "ready").await;
+    assert_eq!(urgent_vm["cgpus"].as_array().unwrap().len(), 1);
+    assert_eq!(first_vm["queue_position"], Value::Null);
+    let (_, second_vm) = t.get(&member, &format!("/v1/vms/{second}")).await;
+    assert_eq!(second_vm["state"], "deleted", "a cancelled launch started: {second_vm}");
+    let (_, metrics) = scrape(&t, &admin).await;
+    assert!(metrics.contains("gsaas_queue_wait_seconds_count 2"), "{metrics}");
+    assert!(!metrics.contains("gsaas_queue_length{"), "{metrics}");
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    assert_eq!(pool["totals"]["cgpus"], 2, "{pool}");
+}
+
+async fn scrape(t: &TestService, admin: &str) -> (u16, String) {
+    let r = t.http.get(t.url("/metrics")).bearer_auth(admin).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn a_launch_that_waits_too_long_ends_with_queue_timeout(store: Store) {
+    let t = TestService::start_with(store, |config| {
+        config.queue.queue_timeout_secs = 1;
+        config.queue.serve_interval_secs = 1;
+    })
+    .await;
+    let member = t.member();
+    let big = t.launch(&member, &exclusive(4, false, 0)).await;
+    t.wait_state(&member, &big, "ready").await;
+    let waiting = t.launch(&member, &exclusive(1, true, 0)).await;
+    let vm = t.wait_state(&member, &waiting, "error").await;
+    assert_eq!(vm["error_code"], "queue_timeout", "{vm}");
+    assert!(vm["error"].as_str().unwrap().contains("queue_timeout_secs"), "{vm}");
+    assert_eq!(vm["cgpus"], json!([]));
+    // It holds nothing and leaves the queue: freed capacity goes to nobody.
+    let (status, _) = t.delete(&member, &format!("/v1/vms/{big}")).await;
+    assert_eq!(status, 202);
+    t.wait_state(&member, &big, "deleted").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, vm) = t.get(&member, &format!("/v1/vms/{waiting}")).await;
+    assert_eq!(vm["state"], "error", "{vm}");
+}
+
+/// Two replicas on one PostgreSQL, launches queued through both: when capacity frees, both serve
+/// the queue, and every GPU goes to one launch only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_serve_one_queue_without_placing_anything_twice() {
+    let (a, b) = TestService::two_replicas().await;
+    let member = a.member();
+    let big = a.launch(&member, &exclusive(4, false, 0)).await;
+    a.wait_state(&member, &big, "ready").await;
+    let launches = join_all((0..8).map(|i| {
+        let (t, member) = (if i % 2 == 0 { &a } else { &b }, member.clone());
+        async move { t.launch(&member, &exclusive(1, true, 0)).await }
+    }))
+    .await;
+    let (status, _) = b.delete(&member, &format!("/v1/vms/{big}")).await;
+    assert_eq!(status, 202);
+    a.wait_state(&member, &big, "deleted").await;
+    // Four start, on four distinct GPUs; four still wait.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut ready = 0;
+        let mut queued = 0;
+        for id in &launches {
+            let (_, vm) = a.get(&member, &format!("/v1/vms/{id}")).await;
+            match vm["state"].as_str() {
+                Some("ready") => ready += 1,
+                Some("queued") => queued += 1,
+                _ => {}
+            }
+        }
+        if ready == 4 && queued == 4 {
+            break;
+        }
+        assert!(ready <= 4, "more launches started than there are GPUs");
+        assert!(std::time::Instant::now() < deadline, "{ready} ready, {queued} queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, pool) = b.get(&a.admin(), "/v1/pool").await;
+    assert_eq!(
+        (pool["totals"]["cgpus"].as_u64(), pool["totals"]["idle_gpus"].as_u64()),
+        (Some(4), Some(0)),
+        "{pool}"
+    );
+}
