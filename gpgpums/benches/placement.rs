@@ -6,13 +6,15 @@
 //! `python3 scripts/criterion-summary.py` for the table in BENCHMARKS.md.
 
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
+mod common;
+
+use common::{add_gpu_host, Rng};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use gpgpums::{
-    CgpuAssignment, GpuId, GpuSpec, HostId, HostKind, Mode, Placement, PolicyRegistry, Pool,
-    RcudaEndpoint, Request, Selector, VmHost, VmId,
+    CgpuAssignment, HostId, HostKind, Mode, Placement, PolicyRegistry, Pool, Request, Selector,
+    VmHost, VmId,
 };
 use uuid::Uuid;
 
@@ -28,22 +30,6 @@ const GPUS_PER_HOST: usize = 8;
 const GPU_SIZES_MIB: [u64; 4] = [16384, 24576, 40960, 81920];
 const CGPU_SIZES_MIB: [u64; 4] = [2048, 4096, 8192, 16384];
 
-/// xorshift64*: a fixed, dependency-free stream so every run books the same fragments.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// A pool of `gpus` GPUs with 70% of the memory booked by VMs of 1 to 4 cGPUs on random GPUs
 /// (2% of the bookings exclusive).
 fn fragmented_pool(gpus: usize, selector: Selector) -> Pool {
@@ -51,24 +37,10 @@ fn fragmented_pool(gpus: usize, selector: Selector) -> Pool {
     let mut pool = Pool::with(PolicyRegistry::builtin(), selector);
     let mut specs = Vec::with_capacity(gpus);
     for h in 0..gpus.div_ceil(GPUS_PER_HOST) {
-        let host = HostId::new(format!("cg{h}")).unwrap();
-        pool.add_host(host.clone(), HostKind::ComputeGpu).unwrap();
-        for index in 0..GPUS_PER_HOST.min(gpus - h * GPUS_PER_HOST) as u32 {
-            let spec = GpuSpec {
-                id: GpuId::on_host(&host, index),
-                host: host.clone(),
-                index,
-                model: "bench".into(),
-                memory_mib: GPU_SIZES_MIB[rng.below(GPU_SIZES_MIB.len())],
-                rcuda: RcudaEndpoint {
-                    address: IpAddr::V4(Ipv4Addr::new(10, 78, (h >> 8) as u8, h as u8)),
-                    port: 8308 + index as u16,
-                    gpu_number: 0,
-                },
-            };
-            pool.add_gpu(spec.clone()).unwrap();
-            specs.push(spec);
-        }
+        let sizes: Vec<u64> = (0..GPUS_PER_HOST.min(gpus - h * GPUS_PER_HOST))
+            .map(|_| GPU_SIZES_MIB[rng.below(GPU_SIZES_MIB.len())])
+            .collect();
+        specs.extend(add_gpu_host(&mut pool, h as u32, &sizes));
     }
     pool.add_host(HostId::new("rg0").unwrap(), HostKind::ComputeRgpu).unwrap();
     let total: u64 = specs.iter().map(|s| s.memory_mib).sum();

@@ -8,40 +8,33 @@
 //! queue's requests outrank them, and the planner searches for cGPUs to take.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use gpgpums::queue::{plan, Ask, Books, Rules, Waiting};
-use gpgpums::{
-    GpuId, GpuSpec, HostId, HostKind, Placement, Pool, ProjectId, Quota, QuotaLedger,
-    RcudaEndpoint, Request, TicketId, Usage, VmId,
-};
+use gpgpums::{Placement, Pool, ProjectId, Quota, QuotaLedger, Request, TicketId, Usage, VmId};
 use uuid::Uuid;
+
+mod common;
+
+use common::{add_gpu_host, Rng};
 
 const GPUS: u32 = 100_000;
 const GPUS_PER_HOST: u32 = 8;
 const GPU_MIB: u64 = 16_384;
 const QUEUED: usize = 10_000;
-const PROJECTS: u64 = 8;
+const PROJECTS: usize = 8;
 const SAMPLES: usize = 300;
 const APP_MIB: [u64; 6] = [1599, 876, 151, 3319, 2104, 145];
 
-struct Rng(u64);
+/// The trace's draws.
+trait Draws {
+    fn request(&mut self) -> Request;
+    fn project(&mut self) -> ProjectId;
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
+impl Draws for Rng {
     fn request(&mut self) -> Request {
-        Request::shared(1 + self.below(4) as u32, APP_MIB[self.below(6) as usize])
+        Request::shared(1 + self.below(4) as u32, APP_MIB[self.below(APP_MIB.len())])
     }
 
     fn project(&mut self) -> ProjectId {
@@ -66,28 +59,7 @@ fn bed(best_effort: bool) -> Bed {
     let mut rng = Rng(0x5EED_0000 + u64::from(best_effort));
     let mut pool = Pool::new();
     for h in 0..GPUS / GPUS_PER_HOST {
-        let host = HostId::new(format!("cg{h}")).unwrap();
-        pool.add_host(host.clone(), HostKind::ComputeGpu).unwrap();
-        for index in 0..GPUS_PER_HOST {
-            pool.add_gpu(GpuSpec {
-                id: GpuId::on_host(&host, index),
-                host: host.clone(),
-                index,
-                model: "bench".into(),
-                memory_mib: GPU_MIB,
-                rcuda: RcudaEndpoint {
-                    address: IpAddr::V4(Ipv4Addr::new(
-                        10,
-                        (h >> 16) as u8,
-                        (h >> 8) as u8,
-                        h as u8,
-                    )),
-                    port: 8308 + index as u16,
-                    gpu_number: index,
-                },
-            })
-            .unwrap();
-        }
+        add_gpu_host(&mut pool, h, &[GPU_MIB; GPUS_PER_HOST as usize]);
     }
     let capacity = u64::from(GPUS) * GPU_MIB;
     let mut quotas = QuotaLedger::new(Quota { memory_mib: Some(capacity / 4), ..Quota::default() });
@@ -130,7 +102,7 @@ fn bed(best_effort: bool) -> Bed {
 
 /// Ends one running VM and re-plans; returns how long that took and undoes it.
 fn sample(bed: &mut Bed, rng: &mut Rng, rules: &Rules) -> (Duration, usize) {
-    let at = rng.below(bed.running.len() as u64) as usize;
+    let at = rng.below(bed.running.len());
     let (placement, project) = bed.running[at].clone();
     let started = Instant::now();
     bed.pool.release(&placement.vm);

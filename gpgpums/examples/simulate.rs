@@ -12,13 +12,14 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
+
+#[path = "../benches/common/mod.rs"]
+mod common;
 
 use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
 use gpgpums::{
-    CgpuAssignment, GpuId, GpuSpec, HostId, HostKind, Pool, ProjectId, Quota, QuotaLedger,
-    RcudaEndpoint, Request, TicketId, Usage, VmId,
+    CgpuAssignment, GpuId, Pool, ProjectId, Quota, QuotaLedger, Request, TicketId, Usage, VmId,
 };
 
 /// Table 4.1: the applications' GPU memory (MB, used as MiB).
@@ -128,23 +129,7 @@ fn trace(args: &Args) -> Vec<Job> {
 fn pool() -> Pool {
     let mut pool = Pool::new();
     for h in 0..HOSTS {
-        let host = HostId::new(format!("cg{h}")).unwrap();
-        pool.add_host(host.clone(), HostKind::ComputeGpu).unwrap();
-        for index in 0..GPUS_PER_HOST {
-            pool.add_gpu(GpuSpec {
-                id: GpuId::on_host(&host, index),
-                host: host.clone(),
-                index,
-                model: "Quadro M4000".into(),
-                memory_mib: GPU_MIB,
-                rcuda: RcudaEndpoint {
-                    address: IpAddr::V4(Ipv4Addr::new(10, 0, (h / 250) as u8, (h % 250) as u8)),
-                    port: 8308 + index as u16,
-                    gpu_number: index,
-                },
-            })
-            .unwrap();
-        }
+        common::add_gpu_host(&mut pool, h, &[GPU_MIB; GPUS_PER_HOST as usize]);
     }
     pool
 }
