@@ -97,6 +97,8 @@ pub struct QueueConfig {
     pub max_passes: u32,
     /// The highest priority a launch may ask for (the lowest is 0).
     pub max_priority: i32,
+    /// Take cGPUs back from preemptible VMs of lower priority for a launch that does not fit.
+    pub preemption: bool,
     /// The queue is served on every release and at least this often (timeouts, other replicas).
     pub serve_interval_secs: u64,
 }
@@ -108,6 +110,7 @@ impl Default for QueueConfig {
             backfill: true,
             max_passes: 16,
             max_priority: 100,
+            preemption: true,
             serve_interval_secs: 5,
         }
     }

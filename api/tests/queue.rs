@@ -13,7 +13,8 @@ use support::{join_all, Store, TestService};
 
 on_both_stores!(
     queued_launches_wait_in_priority_order_start_when_capacity_frees_and_can_be_cancelled,
-    a_launch_that_waits_too_long_ends_with_queue_timeout
+    a_launch_that_waits_too_long_ends_with_queue_timeout,
+    a_higher_priority_launch_takes_cgpus_from_a_preemptible_vm_and_its_owner_sees_why
 );
 
 fn exclusive(ncgpus: u32, queue: bool, priority: i32) -> Value {
@@ -159,4 +160,47 @@ async fn two_replicas_serve_one_queue_without_placing_anything_twice() {
         (Some(4), Some(0)),
         "{pool}"
     );
+}
+
+async fn a_higher_priority_launch_takes_cgpus_from_a_preemptible_vm_and_its_owner_sees_why(
+    store: Store,
+) {
+    let t = TestService::start(store).await;
+    let (admin, member) = (t.admin(), t.member());
+    let other = t.token("beta", Role::Member);
+    // Two GPUs to a best-effort VM of alpha's, two to a protected VM of beta's.
+    let mut best_effort = exclusive(2, false, 0);
+    best_effort["preemptible"] = json!(true);
+    let best_effort = t.launch(&member, &best_effort).await;
+    let protected = t.launch(&other, &exclusive(2, false, 0)).await;
+    t.wait_state(&member, &best_effort, "ready").await;
+    t.wait_state(&other, &protected, "ready").await;
+
+    // Equal priority takes nothing: it waits.
+    let equal = t.launch(&other, &exclusive(1, true, 0)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(position(&t, &other, &equal).await, 1);
+    let (_, vm) = t.get(&member, &format!("/v1/vms/{best_effort}")).await;
+    assert_eq!(vm["cgpus"].as_array().unwrap().len(), 2, "{vm}");
+
+    // Higher priority takes one cGPU from the preemptible VM, never from the protected one.
+    let urgent = t.launch(&other, &exclusive(1, true, 9)).await;
+    t.wait_state(&other, &urgent, "ready").await;
+    let shrunk = t
+        .wait_vm(&member, &best_effort, |vm| vm["cgpus"].as_array().is_some_and(|c| c.len() == 1))
+        .await;
+    assert_eq!(shrunk["state"], "ready", "{shrunk}");
+    assert_eq!(shrunk["rcuda_env"]["RCUDA_DEVICE_COUNT"], "1", "{shrunk}");
+    let events = shrunk["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1, "{shrunk}");
+    assert_eq!(events[0]["kind"], "preempted");
+    assert!(events[0]["at_ms"].as_i64().unwrap() > 0);
+    assert!(events[0]["detail"].as_str().unwrap().contains("higher priority"), "{shrunk}");
+    let (_, kept) = t.get(&other, &format!("/v1/vms/{protected}")).await;
+    assert_eq!(kept["cgpus"].as_array().unwrap().len(), 2, "{kept}");
+    assert!(kept.get("events").is_none(), "{kept}");
+    // The equal-priority launch still waits; the pool holds exactly what the VMs hold.
+    assert_eq!(position(&t, &other, &equal).await, 1);
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    assert_eq!(pool["totals"]["cgpus"], 4, "{pool}");
 }

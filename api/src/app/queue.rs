@@ -9,7 +9,7 @@
 //! every VM write is conditional on the version read, so a queued VM terminated meanwhile is
 //! never started: the round fails as a whole and the next one sees the queue without it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ use super::vms::VmDetails;
 use super::App;
 use crate::db::{self, now_ms, Claim, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
-use crate::model::{CgpuRecord, SagaStep, VmRecord, VmState};
+use crate::model::{CgpuRecord, CgpuState, SagaStep, VmRecord, VmState};
 
 /// The error code of a queued launch that waited too long (the start of its `error`).
 pub const QUEUE_TIMEOUT: &str = "queue_timeout";
@@ -39,6 +39,8 @@ pub struct QueueRound {
     pub started: Vec<VmId>,
     pub timed_out: Vec<VmId>,
     pub refused: Vec<VmId>,
+    /// Preemptible VMs whose cGPUs are being taken back.
+    pub preempted: Vec<VmId>,
 }
 
 impl App {
@@ -114,11 +116,12 @@ impl App {
             });
         }
         let mut vms_in_use = db::counted_vms(tx, None).await?;
-        let preemptible = BTreeMap::new();
+        let preemptible = db::preemptible_vms(tx).await?;
+        let reclaiming = db::detaching_cgpus(tx).await?;
         let rules = Rules {
             backfill: settings.backfill,
             max_passes: settings.max_passes,
-            preemption: false,
+            preemption: settings.preemption,
         };
         let planned = {
             let mut books = Books {
@@ -126,7 +129,7 @@ impl App {
                 quotas: &mut *quotas,
                 vms_in_use: &mut vms_in_use,
                 preemptible: &preemptible,
-                reclaiming: &[],
+                reclaiming: &reclaiming,
             };
             plan(&mut books, &waiting, &rules)
         };
@@ -184,23 +187,31 @@ impl App {
                 db::set_passed(tx, ticket, passed).await?;
             }
         }
-        if writes.is_empty() {
-            pool_tx.commit().await?;
-            return Ok(round);
+        if !writes.is_empty() {
+            let written = db::update_vms(tx, &mut writes).await?;
+            if written.contains(&Written::Stale) {
+                // A queued VM changed meanwhile (terminated): drop the round, the next re-reads.
+                return Err(Error::Conflict("a queued VM changed during the queue round".into()));
+            }
+            db::insert_cgpus(tx, &new_cgpus).await?;
+            let done: Vec<VmId> = writes.iter().map(|w| w.vm.id).collect();
+            db::dequeue(tx, &done).await?;
         }
-        let written = db::update_vms(tx, &mut writes).await?;
-        if written.contains(&Written::Stale) {
-            // A queued VM changed meanwhile (terminated): drop the round, the next one re-reads.
-            return Err(Error::Conflict("a queued VM changed during the queue round".into()));
+        if let Some(preemption) = &planned.preemption {
+            for shrink in &preemption.victims {
+                writes.push(shrink_vm(tx, shrink, &claim, now).await?);
+                round.preempted.push(shrink.vm);
+            }
         }
-        db::insert_cgpus(tx, &new_cgpus).await?;
-        let done: Vec<VmId> = writes.iter().map(|w| w.vm.id).collect();
-        db::dequeue(tx, &done).await?;
         pool_tx.commit().await?;
 
         let versions: HashMap<VmId, i64> = writes.iter().map(|w| (w.vm.id, w.vm.version)).collect();
         for write in &writes {
             self.watchers.changed(&write.vm);
+        }
+        for id in &round.preempted {
+            tracing::info!(vm = %id, "cGPUs taken back from a preemptible VM");
+            self.spawn_saga(*id);
         }
         for mut details in started {
             details.vm.version = versions[&details.vm.id];
@@ -213,6 +224,11 @@ impl App {
     /// The VM's place in the queue (1: next at its priority), if it is queued.
     pub async fn queue_position(&self, vm: VmId) -> Result<Option<u64>, Error> {
         db::queue_position(&mut *self.db.conn().await?, vm).await
+    }
+
+    /// The VM's events, oldest first.
+    pub async fn vm_events(&self, vm: VmId) -> Result<Vec<db::VmEvent>, Error> {
+        db::events_of(&mut *self.db.conn().await?, vm).await
     }
 
     /// Cancels a queued launch: the VM ends `deleted` and leaves the queue. `Stale`: it changed
@@ -231,6 +247,55 @@ impl App {
         }
         Ok((vm.clone(), Written::Stale))
     }
+}
+
+/// Starts taking `shrink`'s cGPUs from its VM: the VM's detach step (claimed), its cGPUs
+/// `detaching`, and an event for its owner. Any change of the VM since the plan read it fails the
+/// round.
+async fn shrink_vm(
+    tx: &mut sqlx::AnyConnection,
+    shrink: &gpgpums::queue::Shrink,
+    claim: &Claim,
+    now: i64,
+) -> Result<VmWrite, Error> {
+    let changed = || Error::Conflict("a preemptible VM changed during the queue round".into());
+    let mut vm = db::vm(tx, shrink.vm).await?.ok_or_else(changed)?;
+    if vm.state != VmState::Ready || vm.step != SagaStep::Done {
+        return Err(changed());
+    }
+    vm.step = SagaStep::DetachCgpus;
+    vm.updated_ms = now;
+    let mut write = [VmWrite { vm, claim: Some(claim.clone()) }];
+    if db::update_vms(tx, &mut write).await?.first() == Some(&Written::Stale) {
+        return Err(changed());
+    }
+    for cgpu in &shrink.cgpus {
+        let moved = db::set_cgpu_states(
+            tx,
+            shrink.vm,
+            Some(cgpu.index),
+            CgpuState::Live,
+            CgpuState::Detaching,
+        )
+        .await?;
+        if moved != 1 {
+            return Err(changed());
+        }
+    }
+    let indexes: Vec<String> = shrink.cgpus.iter().map(|c| c.index.to_string()).collect();
+    let event = db::VmEvent {
+        at_ms: now,
+        kind: "preempted".into(),
+        detail: format!(
+            "{} cGPU(s) taken back (index {}) for a request of higher priority; this VM is \
+             preemptible",
+            shrink.cgpus.len(),
+            indexes.join(", ")
+        ),
+    };
+    db::insert_event(tx, shrink.vm, &event).await?;
+    let [write] = write;
+    Ok(write)
 }
 
 /// The queued VM, ended in `state` with `error`.

@@ -12,6 +12,7 @@
 //! inside one transaction.
 
 mod cgpus;
+mod events;
 mod gpus;
 mod hosts;
 mod queue;
@@ -20,6 +21,7 @@ mod tokens;
 mod vms;
 
 pub use cgpus::*;
+pub use events::*;
 pub use gpus::*;
 pub use hosts::*;
 pub use queue::*;
@@ -49,6 +51,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (6, "elastic_cgpus", include_str!("../../../migrations/0006_elastic_cgpus.sql")),
     (7, "quotas", include_str!("../../../migrations/0007_quotas.sql")),
     (8, "queue", include_str!("../../../migrations/0008_queue.sql")),
+    (9, "preemption", include_str!("../../../migrations/0009_preemption.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

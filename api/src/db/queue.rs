@@ -117,3 +117,42 @@ pub async fn queue_lengths(conn: &mut AnyConnection) -> Result<Vec<(i64, i64)>, 
             .await?;
     rows.iter().map(|row| Ok((row.try_get(0)?, row.try_get(1)?))).collect()
 }
+
+/// Ready VMs, with no change under way, whose cGPUs may be taken back, with their priority.
+pub async fn preemptible_vms(
+    conn: &mut AnyConnection,
+) -> Result<std::collections::BTreeMap<VmId, i32>, Error> {
+    let rows = sqlx::query(
+        "SELECT id, priority FROM vms WHERE preemptible = 1 AND state = 'ready' AND step = 'done'",
+    )
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let id: String = row.try_get(0)?;
+            let priority: i64 = row.try_get(1)?;
+            let id: VmId = id.parse().map_err(|_| corrupt("VM id", &id))?;
+            Ok((
+                id,
+                i32::try_from(priority).map_err(|_| corrupt("priority", &priority.to_string()))?,
+            ))
+        })
+        .collect()
+}
+
+/// cGPUs whose routes are being withdrawn: still booked, free once released.
+pub async fn detaching_cgpus(conn: &mut AnyConnection) -> Result<Vec<(VmId, u32)>, Error> {
+    let rows = sqlx::query("SELECT vm, idx FROM cgpus WHERE state = 'detaching' ORDER BY vm, idx")
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let vm: String = row.try_get(0)?;
+            let index: i64 = row.try_get(1)?;
+            Ok((
+                vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+                u32::try_from(index).map_err(|_| corrupt("cGPU index", &index.to_string()))?,
+            ))
+        })
+        .collect()
+}

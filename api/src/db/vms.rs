@@ -121,7 +121,8 @@ pub struct NewVm<'a> {
 
 const NEW_VM_COLUMNS: &str =
     "id, project, owner, name, request, policy, state, error, step, timings, \
-    idempotency_key, request_digest, saga_owner, saga_lease_until_ms, created_ms, updated_ms";
+    idempotency_key, request_digest, saga_owner, saga_lease_until_ms, created_ms, updated_ms, \
+    preemptible, priority";
 
 /// Inserts new VMs (no server, host or routes yet).
 pub async fn insert_vms(conn: &mut AnyConnection, new: &[NewVm<'_>]) -> Result<(), Error> {
@@ -146,6 +147,8 @@ pub async fn insert_vms(conn: &mut AnyConnection, new: &[NewVm<'_>]) -> Result<(
                 Param::Int(Some(new.lease_until_ms)),
                 Param::Int(Some(vm.created_ms)),
                 Param::Int(Some(vm.updated_ms)),
+                Param::Int(Some(i64::from(vm.spec.preemptible))),
+                Param::Int(Some(i64::from(vm.spec.priority))),
             ]
         })
         .collect();

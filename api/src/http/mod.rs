@@ -261,6 +261,12 @@ async fn vm_view(
     if details.vm.state == crate::model::VmState::Queued {
         view.queue_position = app.queue_position(details.vm.id).await?;
     }
+    view.events = app
+        .vm_events(details.vm.id)
+        .await?
+        .into_iter()
+        .map(|e| VmEventView { at_ms: e.at_ms, kind: e.kind, detail: e.detail })
+        .collect();
     Ok(view)
 }
 
@@ -505,7 +511,7 @@ impl utoipa::Modify for BearerAuth {
         get_pool, list_hosts, register_host,
         renew_agent_token, drain_host,
         undrain_host, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
-    components(schemas(Problem, crate::error::QuotaProblem, quotas::QuotaView, quotas::QuotaList, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, GpuRequestView, PoolView, PoolTotals,
+    components(schemas(Problem, crate::error::QuotaProblem, quotas::QuotaView, quotas::QuotaList, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, VmEventView, GpuRequestView, PoolView, PoolTotals,
         PoolHostView, GpuView, HostView, HostList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
         ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
     modifiers(&BearerAuth),

@@ -201,6 +201,10 @@ pub struct VmView {
     pub queue_position: Option<u64>,
     pub priority: i32,
     pub preemptible: bool,
+    /// What happened to the VM that its owner should know of, oldest first (shown on
+    /// `GET /v1/vms/{id}`): `preempted` when cGPUs of a preemptible VM were taken back.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<VmEventView>,
     pub image: String,
     pub flavor: String,
     /// The cloud's server id, once the server is active.
@@ -234,6 +238,7 @@ impl VmView {
             queue_position: None,
             priority: vm.spec.priority,
             preemptible: vm.spec.preemptible,
+            events: Vec::new(),
             image: vm.spec.vm.image.clone(),
             flavor: vm.spec.vm.flavor.clone(),
             server_id: vm.server_id.as_ref().map(|s| s.0.clone()),
@@ -274,6 +279,14 @@ impl VmView {
             updated_ms: vm.updated_ms,
         }
     }
+}
+
+/// One event of a VM.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VmEventView {
+    pub at_ms: i64,
+    pub kind: String,
+    pub detail: String,
 }
 
 /// The code a VM's error starts with, when it is one clients can act on.
