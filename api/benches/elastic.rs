@@ -106,6 +106,7 @@ impl Bench {
             mode: Mode::Shared,
             distinct_gpus: false,
             policy: None,
+            queue: false,
         }
     }
 

@@ -101,6 +101,8 @@ pub struct QueueConfig {
     pub preemption: bool,
     /// The queue is served on every release and at least this often (timeouts, other replicas).
     pub serve_interval_secs: u64,
+    /// How many requests (launches and attaches) one project may have waiting; more get 429.
+    pub max_waiting_per_project: u64,
 }
 
 impl Default for QueueConfig {
@@ -112,6 +114,7 @@ impl Default for QueueConfig {
             max_priority: 100,
             preemption: true,
             serve_interval_secs: 5,
+            max_waiting_per_project: 1000,
         }
     }
 }

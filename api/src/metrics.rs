@@ -55,6 +55,8 @@ pub struct Metrics {
 pub struct ElasticMetrics {
     pub attaches_accepted: AtomicU64,
     pub attaches_refused: AtomicU64,
+    /// Accepted into the queue, to start when capacity frees.
+    pub attaches_queued: AtomicU64,
     pub attaches_done: AtomicU64,
     pub attaches_failed: AtomicU64,
     pub detaches_accepted: AtomicU64,
@@ -71,6 +73,7 @@ impl Default for ElasticMetrics {
         ElasticMetrics {
             attaches_accepted: AtomicU64::new(0),
             attaches_refused: AtomicU64::new(0),
+            attaches_queued: AtomicU64::new(0),
             attaches_done: AtomicU64::new(0),
             attaches_failed: AtomicU64::new(0),
             detaches_accepted: AtomicU64::new(0),
@@ -92,6 +95,7 @@ impl ElasticMetrics {
                 [
                     ("accepted", &self.attaches_accepted),
                     ("refused", &self.attaches_refused),
+                    ("queued", &self.attaches_queued),
                     ("attached", &self.attaches_done),
                     ("failed", &self.attaches_failed),
                 ]

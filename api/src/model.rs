@@ -124,6 +124,13 @@ pub struct LaunchSpec {
     /// Best effort: the VM's cGPUs may be taken back for requests of higher priority.
     #[serde(default)]
     pub preemptible: bool,
+    /// Whether cGPUs taken back from this (preemptible) VM wait in the queue to be given back.
+    #[serde(default = "give_back_by_default")]
+    pub give_back: bool,
+}
+
+fn give_back_by_default() -> bool {
+    true
 }
 
 /// Per-stage times in seconds, named after the dissertation's Equation 5.1.

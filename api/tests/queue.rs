@@ -1,7 +1,8 @@
 //! The queue: a launch with `"queue": true` that does not fit waits as `queued` (202, with its
 //! position) instead of failing with 507; it starts when capacity frees, in priority order, ends
-//! with `queue_timeout` when it waits too long, and is cancelled by a termination. On both stores;
-//! two replicas serving one queue on PostgreSQL never place a launch twice.
+//! with `queue_timeout` when it waits too long, and is cancelled by a termination. Attaches wait
+//! the same way beside a running VM, and so do the cGPUs a preemption took, to be given back. On
+//! both stores; two replicas serving one queue on PostgreSQL never place a launch twice.
 
 mod support;
 
@@ -14,7 +15,11 @@ use support::{join_all, Store, TestService};
 on_both_stores!(
     queued_launches_wait_in_priority_order_start_when_capacity_frees_and_can_be_cancelled,
     a_launch_that_waits_too_long_ends_with_queue_timeout,
-    a_higher_priority_launch_takes_cgpus_from_a_preemptible_vm_and_its_owner_sees_why
+    a_higher_priority_launch_takes_cgpus_from_a_preemptible_vm_and_its_owner_sees_why,
+    a_queued_attach_waits_beside_its_running_vm_and_starts_when_capacity_frees,
+    a_queued_attach_that_waits_too_long_is_cancelled_and_the_vm_keeps_what_it_has,
+    a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_out,
+    a_project_cannot_fill_the_queue
 );
 
 fn exclusive(ncgpus: u32, queue: bool, priority: i32) -> Value {
@@ -65,6 +70,35 @@ async fn queued_launches_wait_in_priority_order_start_when_capacity_frees_and_ca
     let other = t.token("beta", Role::Member);
     let (status, _) = t.get(&other, &format!("/v1/vms/{urgent}")).await;
     assert_eq!(status, 404);
+
+    // The queue as a whole, in the order it is served; the list shows each VM's place too.
+    let (status, queue) = t.get(&member, "/v1/queue").await;
+    assert_eq!(status, 200, "{queue}");
+    let order: Vec<(&str, u64, &str)> = queue["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["vm"].as_str().unwrap(),
+                r["position"].as_u64().unwrap(),
+                r["kind"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [(&urgent[..], 1, "launch"), (&first[..], 2, "launch"), (&second[..], 3, "launch")]
+    );
+    assert_eq!(queue["requests"][0]["ncgpus"], 1, "{queue}");
+    let lengths = json!([{"priority": 7, "waiting": 1}, {"priority": 0, "waiting": 2}]);
+    assert_eq!(queue["lengths"], lengths, "{queue}");
+    let (_, list) = t.get(&member, "/v1/vms").await;
+    let listed = list["vms"].as_array().unwrap().iter().find(|vm| vm["id"] == second[..]);
+    assert_eq!(listed.unwrap()["queue_position"], 3, "{list}");
+    // Another tenant sees how long the queue is, but none of it.
+    let (_, theirs) = t.get(&other, "/v1/queue").await;
+    assert_eq!((theirs["requests"].clone(), theirs["lengths"].clone()), (json!([]), lengths));
 
     // Terminating a queued VM cancels it.
     let (status, cancelled) = t.delete(&member, &format!("/v1/vms/{second}")).await;
@@ -203,4 +237,198 @@ async fn a_higher_priority_launch_takes_cgpus_from_a_preemptible_vm_and_its_owne
     assert_eq!(position(&t, &other, &equal).await, 1);
     let (_, pool) = t.get(&admin, "/v1/pool").await;
     assert_eq!(pool["totals"]["cgpus"], 4, "{pool}");
+}
+
+fn attach(ncgpus: u32, queue: bool) -> Value {
+    json!({ "ncgpus": ncgpus, "mode": "exclusive", "queue": queue })
+}
+
+async fn get_vm(t: &TestService, token: &str, id: &str) -> Value {
+    let (status, vm) = t.get(token, &format!("/v1/vms/{id}")).await;
+    assert_eq!(status, 200, "{vm}");
+    vm
+}
+
+fn cgpu_count(vm: &Value) -> usize {
+    vm["cgpus"].as_array().map_or(0, Vec::len)
+}
+
+fn event_kinds(vm: &Value) -> Vec<String> {
+    let events = vm["events"].as_array().cloned().unwrap_or_default();
+    events.iter().map(|e| e["kind"].as_str().unwrap_or_default().to_owned()).collect()
+}
+
+async fn a_queued_attach_waits_beside_its_running_vm_and_starts_when_capacity_frees(store: Store) {
+    let t = TestService::start(store).await;
+    let (admin, member) = (t.admin(), t.member());
+    let big = t.launch(&member, &exclusive(2, false, 0)).await;
+    let small = t.launch(&member, &exclusive(1, false, 0)).await;
+    let doomed = t.launch(&member, &exclusive(1, false, 0)).await;
+    for id in [&big, &small, &doomed] {
+        t.wait_state(&member, id, "ready").await;
+    }
+    let cgpus = |id: &str| format!("/v1/vms/{id}/cgpus");
+
+    // Without the queue: 507, nothing changes. With it: 202, the VM runs on as it is.
+    let (status, problem) = t.post(&member, &cgpus(&small), &attach(1, false)).await;
+    assert_eq!((status, problem["code"].as_str()), (507, Some("insufficient_gpu_capacity")));
+    let keyed = |body: &Value| {
+        t.http
+            .post(t.url(&cgpus(&small)))
+            .bearer_auth(&member)
+            .header("Idempotency-Key", "grow-small")
+            .json(body)
+            .send()
+    };
+    let (status, vm) = support::status_json(keyed(&attach(1, true)).await.unwrap()).await;
+    assert_eq!(status, 202, "{vm}");
+    assert_eq!((vm["state"].as_str(), cgpu_count(&vm)), (Some("ready"), 1), "{vm}");
+    assert_eq!(vm["queue_position"], 1, "{vm}");
+    let queued = vm["queued_attaches"].as_array().expect("queued attaches");
+    assert_eq!(queued.len(), 1, "{vm}");
+    assert_eq!(
+        (queued[0]["kind"].as_str(), queued[0]["ncgpus"].as_u64()),
+        (Some("attach"), Some(1))
+    );
+    assert!(
+        queued[0]["deadline_ms"].as_i64().unwrap() > queued[0]["enqueued_ms"].as_i64().unwrap()
+    );
+    // A retry with the same key queues nothing more.
+    let (status, again) = support::status_json(keyed(&attach(1, true)).await.unwrap()).await;
+    assert_eq!(status, 202, "{again}");
+    assert_eq!(again["queued_attaches"].as_array().map(Vec::len), Some(1), "{again}");
+    // Another tenant can neither see nor grow the VM.
+    let other = t.token("beta", Role::Member);
+    let (status, _) = t.post(&other, &cgpus(&small), &attach(1, true)).await;
+    assert_eq!(status, 404);
+
+    // A VM terminated while its attach waits takes the attach with it (checked at the end).
+    let (status, _) = t.post(&member, &cgpus(&doomed), &attach(1, true)).await;
+    assert_eq!(status, 202);
+    let (_, metrics) = scrape(&t, &admin).await;
+    assert!(metrics.contains("gsaas_queue_length{priority=\"0\"} 2"), "{metrics}");
+    assert!(metrics.contains("gsaas_cgpu_attaches_total{outcome=\"queued\"} 2"), "{metrics}");
+    let (status, _) = t.delete(&member, &format!("/v1/vms/{doomed}")).await;
+    assert_eq!(status, 202);
+    t.wait_state(&member, &doomed, "deleted").await;
+
+    // The freed GPU went to the waiting attach: it is routed, and the owner sees how it came;
+    // nothing waits any more.
+    let grown = t
+        .wait_vm(&member, &small, |vm| {
+            vm["cgpus"]
+                .as_array()
+                .is_some_and(|c| c.len() == 2 && c.iter().all(|c| c["state"] == "live"))
+        })
+        .await;
+    assert_eq!(grown["rcuda_env"]["RCUDA_DEVICE_COUNT"], "2", "{grown}");
+    assert!(grown.get("queued_attaches").is_none() && grown["queue_position"].is_null(), "{grown}");
+    assert_eq!(event_kinds(&grown), ["attached"], "{grown}");
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    assert_eq!(pool["totals"]["cgpus"], 4, "{pool}");
+    let (_, metrics) = scrape(&t, &admin).await;
+    assert!(!metrics.contains("gsaas_queue_length{"), "{metrics}");
+}
+
+async fn a_queued_attach_that_waits_too_long_is_cancelled_and_the_vm_keeps_what_it_has(
+    store: Store,
+) {
+    let t = TestService::start_with(store, |config| {
+        config.queue.queue_timeout_secs = 1;
+        config.queue.serve_interval_secs = 1;
+    })
+    .await;
+    let member = t.member();
+    let vm = t.launch(&member, &exclusive(4, false, 0)).await;
+    t.wait_state(&member, &vm, "ready").await;
+    let (status, _) = t.post(&member, &format!("/v1/vms/{vm}/cgpus"), &attach(1, true)).await;
+    assert_eq!(status, 202);
+    let ended = t.wait_vm(&member, &vm, |vm| !event_kinds(vm).is_empty()).await;
+    assert_eq!(event_kinds(&ended), ["queue_timeout"], "{ended}");
+    assert!(ended["events"][0]["detail"].as_str().unwrap().contains("queue_timeout_secs"));
+    assert_eq!((ended["state"].as_str(), cgpu_count(&ended)), (Some("ready"), 4), "{ended}");
+    assert!(ended.get("queued_attaches").is_none(), "{ended}");
+}
+
+async fn a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_out(store: Store) {
+    let t = TestService::start(store).await;
+    let (admin, member) = (t.admin(), t.member());
+    let other = t.token("beta", Role::Member);
+    let mut best_effort = exclusive(2, false, 0);
+    best_effort["preemptible"] = json!(true);
+    let giving = t.launch(&member, &best_effort).await;
+    let protected = t.launch(&other, &exclusive(2, false, 0)).await;
+    t.wait_state(&member, &giving, "ready").await;
+    t.wait_state(&other, &protected, "ready").await;
+
+    // A launch of higher priority takes one cGPU; what was taken waits to come back, forever.
+    let urgent = t.launch(&other, &exclusive(1, true, 9)).await;
+    t.wait_state(&other, &urgent, "ready").await;
+    let shrunk = t
+        .wait_vm(&member, &giving, |vm| cgpu_count(vm) == 1 && vm.get("queued_attaches").is_some())
+        .await;
+    let queued = &shrunk["queued_attaches"][0];
+    assert_eq!((queued["kind"].as_str(), queued["ncgpus"].as_u64()), (Some("give_back"), Some(1)));
+    assert!(queued.get("deadline_ms").is_none(), "{shrunk}");
+    assert!(shrunk["events"][0]["detail"].as_str().unwrap().contains("given back when"));
+
+    // Capacity returns: the cGPU comes back, routed, and the owner sees both events.
+    let (status, _) = t.delete(&other, &format!("/v1/vms/{urgent}")).await;
+    assert_eq!(status, 202);
+    let back = t
+        .wait_vm(&member, &giving, |vm| {
+            cgpu_count(vm) == 2
+                && vm["cgpus"].as_array().unwrap().iter().all(|c| c["state"] == "live")
+        })
+        .await;
+    assert_eq!(event_kinds(&back), ["preempted", "given_back"], "{back}");
+    let (_, list) = t.get(&member, "/v1/vms").await;
+    let listed = list["vms"].as_array().unwrap().iter().find(|vm| vm["id"] == giving[..]);
+    assert_eq!(event_kinds(listed.unwrap()), ["preempted", "given_back"], "{list}");
+    assert_eq!(back["rcuda_env"]["RCUDA_DEVICE_COUNT"], "2", "{back}");
+    assert!(back.get("queued_attaches").is_none(), "{back}");
+
+    // A VM that opted out keeps what is left of it, and nothing waits for it.
+    let (status, _) = t.delete(&member, &format!("/v1/vms/{giving}")).await;
+    assert_eq!(status, 202);
+    t.wait_state(&member, &giving, "deleted").await;
+    let mut no_give_back = best_effort.clone();
+    no_give_back["give_back"] = json!(false);
+    let keeping = t.launch(&member, &no_give_back).await;
+    let vm = t.wait_state(&member, &keeping, "ready").await;
+    assert_eq!((vm["preemptible"].as_bool(), vm["give_back"].as_bool()), (Some(true), Some(false)));
+    let urgent = t.launch(&other, &exclusive(1, true, 9)).await;
+    t.wait_state(&other, &urgent, "ready").await;
+    let shrunk = t
+        .wait_vm(&member, &keeping, |vm| cgpu_count(vm) == 1 && vm["cgpus"][0]["state"] == "live")
+        .await;
+    assert!(shrunk["events"][0]["detail"].as_str().unwrap().contains("not given back"));
+    let (status, _) = t.delete(&other, &format!("/v1/vms/{urgent}")).await;
+    assert_eq!(status, 202);
+    t.wait_state(&other, &urgent, "deleted").await;
+    let round = t.service().app.serve_queue_once().await.expect("a round");
+    assert_eq!(round.waiting, 0, "{round:?}");
+    let kept = get_vm(&t, &member, &keeping).await;
+    assert_eq!((cgpu_count(&kept), event_kinds(&kept).len()), (1, 1), "{kept}");
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    assert_eq!(pool["totals"]["cgpus"], 3, "{pool}");
+}
+
+async fn a_project_cannot_fill_the_queue(store: Store) {
+    let t = TestService::start_with(store, |config| config.queue.max_waiting_per_project = 2).await;
+    let member = t.member();
+    let vm = t.launch(&member, &exclusive(4, false, 0)).await;
+    t.wait_state(&member, &vm, "ready").await;
+    t.launch(&member, &exclusive(1, true, 0)).await;
+    let (status, _) = t.post(&member, &format!("/v1/vms/{vm}/cgpus"), &attach(1, true)).await;
+    assert_eq!(status, 202);
+    let (status, problem) = t.post(&member, "/v1/vms", &exclusive(1, true, 0)).await;
+    assert_eq!(status, 429, "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("max_waiting_per_project"), "{problem}");
+    let (status, problem) = t.post(&member, &format!("/v1/vms/{vm}/cgpus"), &attach(1, true)).await;
+    assert_eq!(status, 429, "{problem}");
+    // Other projects still queue.
+    let other = t.token("beta", Role::Member);
+    let (status, vm) = t.post(&other, "/v1/vms", &exclusive(1, true, 0)).await;
+    assert_eq!((status, vm["state"].as_str()), (202, Some("queued")), "{vm}");
 }

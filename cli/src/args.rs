@@ -122,6 +122,9 @@ pub enum Command {
     Env { id: String },
     /// GPU pool capacity and use (admins: per host and GPU).
     Pool,
+    /// The queue: your project's waiting launches and attaches in the order they are served
+    /// (admins: every project's), and how many wait at each priority.
+    Queue,
     /// List hosts (admins).
     Hosts,
     /// Drain a host: it takes no new cGPUs (admins).
@@ -221,6 +224,9 @@ pub struct Launch {
     /// Best effort: the VM's cGPUs may be taken back for launches of higher priority.
     #[arg(long)]
     pub preemptible: bool,
+    /// With --preemptible: cGPUs taken back are not given back when capacity returns.
+    #[arg(long, requires = "preemptible")]
+    pub no_give_back: bool,
     /// Follow the launch stage by stage until the VM is ready (or fails).
     #[arg(long)]
     pub wait: bool,
@@ -248,6 +254,10 @@ pub struct Attach {
     /// Makes a retried attach attach once.
     #[arg(long)]
     pub idempotency_key: Option<String>,
+    /// When the GPUs are not there now, wait in the queue instead of failing (with --wait: shows
+    /// the place in the queue until it starts).
+    #[arg(long)]
+    pub queue: bool,
     /// Wait until the new cGPUs are live (or the attach failed).
     #[arg(long)]
     pub wait: bool,

@@ -88,6 +88,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Pool => print(format, &client.get("/v1/pool")?, output::pool),
+        Command::Queue => print(format, &client.get("/v1/queue")?, output::queue),
         Command::Hosts => print(format, &client.get("/v1/hosts")?, output::hosts),
         Command::Drain { host } => print(
             format,
@@ -199,6 +200,7 @@ fn launch_vm(
         "queue": launch.queue,
         "priority": launch.priority,
         "preemptible": launch.preemptible,
+        "give_back": !launch.no_give_back,
     });
     let fields = [
         ("gpu_memory_mib", launch.poolmem.map(Value::from)),
@@ -243,6 +245,7 @@ fn attach_cgpus(client: &Client, format: Format, attach: args::Attach) -> Result
         "ncgpus": attach.ncgpus,
         "mode": mode_name(attach.mode),
         "distinct_gpus": attach.distinct_gpus,
+        "queue": attach.queue,
     });
     if let Some(mib) = attach.poolmem {
         body["gpu_memory_mib"] = mib.into();
@@ -255,13 +258,54 @@ fn attach_cgpus(client: &Client, format: Format, attach: args::Attach) -> Result
     if !attach.wait {
         return print(format, &vm, output::vm);
     }
+    let waiting = queued_attaches(&vm);
+    if waiting > 0 {
+        follow_queued_attach(client, &attach.id, waiting)?;
+    }
     let vm = follow_cgpus(client, &attach.id)?;
     print(format, &vm, output::vm)?;
-    match vm["error"].as_str() {
+    let gave_up = vm["events"].as_array().and_then(|events| {
+        let since = events.len().saturating_sub(1);
+        events[since..]
+            .iter()
+            .find(|e| matches!(e["kind"].as_str(), Some("queue_timeout" | "attach_refused")))
+            .filter(|_| waiting > 0)
+            .map(|e| e["detail"].as_str().unwrap_or_default().to_owned())
+    });
+    match vm["error"].as_str().map(str::to_owned).or(gave_up) {
         Some(error) => {
             Err(Failure { message: format!("VM {}: {error}", attach.id), code: exit::REFUSED })
         }
         None => Ok(()),
+    }
+}
+
+/// How many attaches asked for (not given back) the VM waits for.
+fn queued_attaches(vm: &Value) -> usize {
+    vm["queued_attaches"]
+        .as_array()
+        .map_or(0, |queued| queued.iter().filter(|q| q["kind"] == "attach").count())
+}
+
+/// Polls the VM until fewer than `waiting` of its attaches wait in the queue (the newest one
+/// started, timed out or was refused), showing the VM's place in the queue as it changes. Waiting
+/// for GPUs has no limit here: the service ends it (`queue_timeout`).
+fn follow_queued_attach(client: &Client, id: &str, waiting: usize) -> Result<(), Failure> {
+    let mut position = None;
+    loop {
+        let vm = client.get(&format!("/v1/vms/{id}"))?;
+        if queued_attaches(&vm) < waiting || vm["state"] != "ready" {
+            return Ok(());
+        }
+        let now = vm["queue_position"].as_u64();
+        if now != position {
+            match now {
+                Some(p) => eprintln!("queued: position {p}"),
+                None => eprintln!("queued"),
+            }
+            position = now;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

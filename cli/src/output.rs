@@ -96,6 +96,35 @@ pub fn vm(vm: &Value) -> String {
         out.push('\n');
         out.push_str(&table(&headers, &rows));
     }
+    let queued = vm["queued_attaches"].as_array().cloned().unwrap_or_default();
+    if !queued.is_empty() {
+        let rows: Vec<Vec<String>> = queued
+            .iter()
+            .map(|q| {
+                vec![
+                    text(&q["position"]),
+                    text(&q["kind"]),
+                    text(&q["ncgpus"]),
+                    text(&q["mode"]),
+                    text(&q["gpu_memory_mib"]),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(&["queued", "kind", "cGPUs", "mode", "memory MiB"], &rows));
+    }
+    let events = vm["events"].as_array().cloned().unwrap_or_default();
+    if !events.is_empty() {
+        let rows: Vec<Vec<String>> = events
+            .iter()
+            .map(|e| {
+                let at = e["at_ms"].as_i64().map_or("-".into(), utc);
+                vec![at, text(&e["kind"]), text(&e["detail"])]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(&["event at (UTC)", "kind", "detail"], &rows));
+    }
     let timings = vm["timings"].as_object().cloned().unwrap_or_default();
     if !timings.is_empty() {
         let order = [
@@ -120,6 +149,25 @@ pub fn vm(vm: &Value) -> String {
         out.push_str(&table(&["stage", "seconds"], &rows));
     }
     out
+}
+
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD hh:mm:ss` in UTC (proleptic Gregorian).
+fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, day_secs) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days to a civil date, counting eras of 400 years from 0000-03-01.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    let (h, m, s) = (day_secs / 3600, day_secs % 3600 / 60, day_secs % 60);
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}")
 }
 
 pub fn vm_list(list: &Value) -> String {
@@ -153,6 +201,55 @@ pub fn env(vm: &Value) -> String {
             let value = value.as_str().unwrap_or_default().replace('\'', r"'\''");
             let _ = writeln!(out, "export {key}='{value}'");
         }
+    }
+    out
+}
+
+pub fn queue(queue: &Value) -> String {
+    let lengths: Vec<String> = queue["lengths"]
+        .as_array()
+        .map(|lengths| {
+            lengths
+                .iter()
+                .map(|l| format!("{} at priority {}", text(&l["waiting"]), text(&l["priority"])))
+                .collect()
+        })
+        .unwrap_or_default();
+    if lengths.is_empty() {
+        return "nothing waits\n".into();
+    }
+    let mut out = format!("waiting: {}\n", lengths.join(", "));
+    let rows: Vec<Vec<String>> = queue["requests"]
+        .as_array()
+        .map(|requests| {
+            requests
+                .iter()
+                .map(|r| {
+                    let memory = r["gpu_memory_mib"].as_u64().map(|m| format!(", {m} MiB"));
+                    vec![
+                        text(&r["position"]),
+                        text(&r["vm"]),
+                        text(&r["vm_name"]),
+                        text(&r["project"]),
+                        text(&r["kind"]),
+                        format!(
+                            "{} {}{}",
+                            text(&r["ncgpus"]),
+                            text(&r["mode"]),
+                            memory.unwrap_or_default()
+                        ),
+                        text(&r["priority"]),
+                        r["enqueued_ms"].as_i64().map_or("-".into(), utc),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !rows.is_empty() {
+        out.push('\n');
+        let headers =
+            ["position", "VM", "name", "project", "kind", "cGPUs", "priority", "since (UTC)"];
+        out.push_str(&table(&headers, &rows));
     }
     out
 }
@@ -274,5 +371,13 @@ mod tests {
         let vm =
             serde_json::json!({"rcuda_env": {"RCUDA_DEVICE_0": "100.127.0.1@8308:0", "X": "it's"}});
         assert_eq!(env(&vm), "export RCUDA_DEVICE_0='100.127.0.1@8308:0'\nexport X='it'\\''s'\n");
+    }
+
+    #[test]
+    fn event_times_are_utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(utc(1_795_608_000_999), "2026-11-25 12:00:00");
+        assert_eq!(utc(-1_000), "1969-12-31 23:59:59");
     }
 }

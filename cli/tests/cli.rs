@@ -48,9 +48,10 @@ impl Server {
         )
     }
 
-    /// Runs `gsaas` with this server's URL and `token`.
-    fn gsaas(&self, token: &str, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_gsaas"))
+    /// `gsaas` with `args`, this server's URL and `token`, and nothing else from the environment.
+    fn command(&self, token: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gsaas"));
+        command
             .args(args)
             .env("GSAAS_URL", self.url())
             .env("GSAAS_TOKEN", token)
@@ -60,8 +61,21 @@ impl Server {
             .env_remove("GSAAS_FLAVOR")
             .env_remove("OS_CLOUD")
             .env_remove("OS_AUTH_URL")
-            .env_remove("OS_TOKEN")
-            .output()
+            .env_remove("OS_TOKEN");
+        command
+    }
+
+    /// Runs `gsaas` (see [`Server::command`]).
+    fn gsaas(&self, token: &str, args: &[&str]) -> Output {
+        self.command(token, args).output().expect("gsaas runs")
+    }
+
+    /// Starts `gsaas` (see [`Server::command`]), its output piped.
+    fn spawn_gsaas(&self, token: &str, args: &[&str]) -> std::process::Child {
+        self.command(token, args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .expect("gsaas runs")
     }
 }
@@ -332,16 +346,8 @@ fn a_queued_launch_shows_its_place_while_it_waits_and_starts_when_gpus_free() {
     let refused = server.gsaas(&member, &one);
     assert_eq!(refused.status.code(), Some(4), "{}", stderr(&refused));
     assert!(stderr(&refused).contains("no GPU capacity"), "{}", stderr(&refused));
-    let waiting = Command::new(env!("CARGO_BIN_EXE_gsaas"))
-        .args([&one[..], &["--queue", "--priority", "3", "--wait"][..]].concat())
-        .env("GSAAS_URL", server.url())
-        .env("GSAAS_TOKEN", &member)
-        .env_remove("GSAAS_CONFIG")
-        .env("HOME", &server.dir)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("gsaas runs");
+    let waiting = server
+        .spawn_gsaas(&member, &[&one[..], &["--queue", "--priority", "3", "--wait"][..]].concat());
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let list = json(&server.gsaas(&member, &["-f", "json", "list"]));
@@ -360,4 +366,44 @@ fn a_queued_launch_shows_its_place_while_it_waits_and_starts_when_gpus_free() {
     assert!(stderr(&output).contains("queued: position 1"), "{}", stderr(&output));
     let shown = String::from_utf8_lossy(&output.stdout);
     assert!(shown.contains("ready"), "{shown}");
+}
+
+#[test]
+fn a_queued_attach_shows_its_place_and_the_vm_grows_when_gpus_free() {
+    let server = Server::start();
+    let member = server.token("alpha", Role::Member);
+    let launch = |n: &str| {
+        let args = [&["-f", "json", "launch", "--ncgpus", n, "--wait"][..], &VM[..]].concat();
+        json(&server.gsaas(&member, &args))
+    };
+    let (big, small) = (launch("3"), launch("1"));
+    let small = small["id"].as_str().unwrap().to_owned();
+    let refused = server.gsaas(&member, &["attach", &small, "--ncgpus", "1"]);
+    assert_eq!(refused.status.code(), Some(4), "{}", stderr(&refused));
+    let waiting =
+        server.spawn_gsaas(&member, &["attach", &small, "--ncgpus", "1", "--queue", "--wait"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let vm = json(&server.gsaas(&member, &["-f", "json", "show", &small]));
+        if vm.get("queued_attaches").is_some() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the attach never queued: {vm}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let shown = server.gsaas(&member, &["show", &small]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("queue position  1") && text.contains("attach"), "{text}");
+    let queue = server.gsaas(&member, &["queue"]);
+    let text = String::from_utf8_lossy(&queue.stdout);
+    assert!(text.contains("waiting: 1 at priority 0") && text.contains(&small), "{text}");
+    assert!(text.contains("attach") && text.contains("1 exclusive"), "{text}");
+    let done = server.gsaas(&member, &["terminate", big["id"].as_str().unwrap()]);
+    assert!(done.status.success(), "{}", stderr(&done));
+    let output = waiting.wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stderr(&output).contains("queued: position 1"), "{}", stderr(&output));
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(shown.contains("attached from the queue"), "{shown}");
+    assert_eq!(shown.matches("live").count(), 2, "{shown}");
 }

@@ -60,6 +60,8 @@ pub(crate) enum Booked {
     Released(Box<VmRecord>),
     /// The VM as written, its new cGPUs, and whether the write claimed its saga.
     Attached(Box<VmRecord>, Vec<CgpuRecord>, bool),
+    /// The attach waits in the queue, with this ticket; the VM is as it was.
+    AttachQueued(gpgpums::TicketId),
 }
 
 /// cGPUs to book for a running VM, with the VM's write that starts their saga step.
@@ -76,6 +78,8 @@ pub(crate) struct Attachment {
     pub seq: i64,
     pub idempotency_key: Option<String>,
     pub request_digest: String,
+    /// Wait in the queue rather than fail for want of capacity.
+    pub queue: bool,
 }
 
 /// Writes one batch of bookings (the [`super::batch::Batcher`] task's work).
@@ -128,15 +132,18 @@ impl App {
         }
     }
 
-    /// Books the attachment's cGPUs and writes its VM, in the next batch.
-    pub(crate) async fn book_attachment(
-        &self,
-        attachment: Attachment,
-    ) -> Result<(VmRecord, Vec<CgpuRecord>, bool), Error> {
+    /// Books the attachment's cGPUs and writes its VM, or queues it, in the next batch.
+    pub(crate) async fn book_attachment(&self, attachment: Attachment) -> Result<Booked, Error> {
         match self.bookings.submit(Booking::Attach(Box::new(attachment))).await? {
-            Booked::Attached(vm, cgpus, claimed) => Ok((*vm, cgpus, claimed)),
+            booked @ (Booked::Attached(..) | Booked::AttachQueued(_)) => Ok(booked),
             _ => Err(Error::internal("an attachment answered as something else")),
         }
+    }
+
+    /// When a request queued at `now` ends with `queue_timeout`; `None`: never.
+    pub(crate) fn queue_deadline(&self, now: i64) -> Option<i64> {
+        let timeout_secs = self.config.queue.queue_timeout_secs;
+        (timeout_secs > 0).then(|| now + timeout_secs as i64 * 1000)
     }
 
     /// Releases the VM's `detaching` cGPUs and writes `ended`, in the next batch (see
@@ -215,12 +222,25 @@ impl App {
             db::counted_vms(tx, Some(&projects.iter().collect::<Vec<_>>())).await?
         };
         let now = now_ms();
+        let max_waiting = self.config.queue.max_waiting_per_project;
+        // Requests waiting per project, as the batch's queued ones add to them.
+        let mut waiting: HashMap<String, u64> = HashMap::new();
         for (i, booking) in bookings.iter().enumerate() {
             if let Booking::Reserve(reservation) = booking {
                 let mut ledgers = Ledgers { pool: &mut *pool, quotas: &mut *quotas, vms: &mut vms };
                 match place_cgpus(&mut ledgers, &self.config.masking, &reservation.record) {
                     Ok(details) => reserved.push((i, details)),
                     Err(Error::InsufficientCapacity(_)) if reservation.queue => {
+                        let project = &reservation.record.project;
+                        let n = match waiting.get(project) {
+                            Some(n) => *n,
+                            None => db::waiting_in_project(tx, project).await?,
+                        };
+                        if n >= max_waiting {
+                            outcomes[i] = Some(Err(too_many_waiting(max_waiting)));
+                            continue;
+                        }
+                        waiting.insert(project.clone(), n + 1);
                         // It waits: recorded as queued, holding nothing, with a ticket.
                         let mut vm = reservation.record.clone();
                         vm.state = VmState::Queued;
@@ -249,10 +269,15 @@ impl App {
                 })
                 .collect();
             db::insert_vms(tx, &new).await?;
-            let timeout_secs = self.config.queue.queue_timeout_secs;
-            let deadline = (timeout_secs > 0).then(|| now + timeout_secs as i64 * 1000);
+            let deadline = self.queue_deadline(now);
             for (_, details) in reserved.iter().filter(|(_, d)| d.vm.state == VmState::Queued) {
-                db::enqueue(tx, &details.vm, now, deadline).await?;
+                let ticket = db::NewTicket {
+                    vm: &details.vm,
+                    queued: db::Queued::Launch,
+                    now_ms: now,
+                    deadline_ms: deadline,
+                };
+                db::enqueue(tx, ticket).await?;
             }
             let cgpus: Vec<CgpuRecord> =
                 reserved.iter().flat_map(|(_, details)| details.cgpus.iter().cloned()).collect();
@@ -267,7 +292,8 @@ impl App {
         for (i, booking) in bookings.iter().enumerate() {
             let outcome = match booking {
                 Booking::Attach(attachment) => {
-                    attach_cgpus(pool, quotas, tx, &self.config.masking, attachment).await?
+                    let queue = QueueTerms { deadline_ms: self.queue_deadline(now), max_waiting };
+                    attach_cgpus(pool, quotas, tx, &self.config.masking, attachment, queue).await?
                 }
                 Booking::Detach(ended) => detach_cgpus(pool, quotas, tx, ended).await?,
                 _ => continue,
@@ -291,6 +317,7 @@ async fn attach_cgpus(
     tx: &mut sqlx::AnyConnection,
     masking: &MaskingConfig,
     attachment: &Attachment,
+    queue: QueueTerms,
 ) -> Result<Result<Booked, Error>, Error> {
     let id = attachment.vm.id;
     // Attaches count against the quota; VMs do not change.
@@ -305,6 +332,32 @@ async fn attach_cgpus(
         match pool.attach(id, &attachment.request, &attachment.policy, attachment.on_host.as_ref())
         {
             Ok(placed) => placed,
+            Err(gpgpums::Error::InsufficientCapacity(_)) if attachment.queue => {
+                if db::waiting_in_project(tx, &attachment.vm.project).await? >= queue.max_waiting {
+                    return Ok(Err(too_many_waiting(queue.max_waiting)));
+                }
+                // It waits, holding nothing; the VM stays as it is.
+                let queued = db::Queued::Attach {
+                    attach: db::QueuedAttach {
+                        request: attachment.request.clone(),
+                        policy: attachment.policy.clone(),
+                    },
+                    give_back: false,
+                };
+                let now = now_ms();
+                let ticket = db::NewTicket {
+                    vm: &attachment.vm,
+                    queued,
+                    now_ms: now,
+                    deadline_ms: queue.deadline_ms,
+                };
+                let ticket = db::enqueue(tx, ticket).await?;
+                if let Some(key) = &attachment.idempotency_key {
+                    let digest = &attachment.request_digest;
+                    db::insert_attach_key(tx, &attachment.vm.project, key, id, digest, now).await?;
+                }
+                return Ok(Ok(Booked::AttachQueued(ticket)));
+            }
             Err(e) => return Ok(Err(e.into())),
         };
     let usage = Usage::of_cgpus(&placed);
@@ -348,6 +401,21 @@ async fn attach_cgpus(
             .await?;
     }
     Ok(Ok(Booked::Attached(Box::new(vm), cgpus, claimed)))
+}
+
+/// How a request that does not fit may wait.
+#[derive(Debug, Clone, Copy)]
+struct QueueTerms {
+    deadline_ms: Option<i64>,
+    /// Requests one project may have waiting.
+    max_waiting: u64,
+}
+
+fn too_many_waiting(max: u64) -> Error {
+    Error::TooManyRequests(format!(
+        "the project already has {max} requests waiting in the queue \
+         (queue.max_waiting_per_project): cancel some or retry later"
+    ))
 }
 
 /// Releases the VM's `detaching` cGPUs and writes `ended` (see [`Booking::Detach`]).

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use gpgpums::{Locality, Mode, Request, VmId};
 
-use super::bookings::{Attachment, VM_CHANGED, VM_CHANGED_CGPUS};
+use super::bookings::{Attachment, Booked, VM_CHANGED, VM_CHANGED_CGPUS};
 use super::vms::{check_text, digest, VmDetails, MAX_NAME};
 use super::App;
 use crate::auth::Caller;
@@ -38,6 +38,18 @@ pub struct AttachInput {
     pub mode: Mode,
     pub distinct_gpus: bool,
     pub policy: Option<String>,
+    /// Wait in the queue when the GPUs are not there now.
+    pub queue: bool,
+}
+
+/// Where cGPUs attached to the VM must be: a `local` VM's host; anywhere for the others.
+pub(super) fn attach_host(vm: &VmRecord) -> Result<Option<gpgpums::HostId>, Error> {
+    match vm.spec.gpus.locality {
+        Locality::Local => vm.host.clone().map(Some).ok_or_else(|| {
+            Error::internal(format!("ready local VM {} has no host recorded", vm.id))
+        }),
+        Locality::Any | Locality::Remote => Ok(None),
+    }
 }
 
 /// Why the VM cannot take an attach or detach now, if it cannot.
@@ -103,12 +115,7 @@ impl App {
             locality: vm.spec.gpus.locality,
             distinct_gpus: input.distinct_gpus,
         };
-        let on_host = match vm.spec.gpus.locality {
-            Locality::Local => Some(vm.host.clone().ok_or_else(|| {
-                Error::internal(format!("ready local VM {id} has no host recorded"))
-            })?),
-            Locality::Any | Locality::Remote => None,
-        };
+        let on_host = attach_host(&vm)?;
         let mut next = vm.clone();
         next.step = SagaStep::AttachCgpus;
         next.error = None;
@@ -122,9 +129,16 @@ impl App {
             seq: cgpus.iter().map(|c| c.seq).max().map_or(1, |seq| seq + 1),
             idempotency_key: idempotency_key.clone(),
             request_digest: request_digest.clone(),
+            queue: input.queue,
         };
         let (written, added, claimed) = match self.book_attachment(attachment).await {
-            Ok(booked) => booked,
+            Ok(Booked::Attached(written, added, claimed)) => (*written, added, claimed),
+            Ok(Booked::AttachQueued(ticket)) => {
+                inc(&self.metrics.elastic.attaches_queued);
+                tracing::info!(vm = %id, ticket = ticket.0, "an attach waits in the queue");
+                return Ok(VmDetails { vm, cgpus });
+            }
+            Ok(_) => return Err(Error::internal("an attachment answered as something else")),
             Err(Error::Conflict(_)) if idempotency_key.is_some() => {
                 // A concurrent retry with the same key may have won the race.
                 let key = idempotency_key.as_deref().unwrap_or_default();
@@ -245,6 +259,8 @@ impl App {
             Ok(()) => {
                 inc(&self.metrics.elastic.attaches_done);
                 self.metrics.elastic.attach_seconds.observe(elapsed);
+                // The VM may have more attaches waiting, held back while this one ran.
+                self.trigger_queue();
             }
             Err(_) => inc(&self.metrics.elastic.attaches_failed),
         }

@@ -1,6 +1,9 @@
 //! Serving the queue: launches accepted with `queue: true` that did not fit wait as VMs in state
-//! `queued`; each round gives the waiting ones to the planner ([`gpgpums::queue::plan`]) and
-//! starts what it decides, in one pool transaction.
+//! `queued`; attaches that did not fit wait beside them, their VM running as it is, and so do the
+//! cGPUs a preemption took from a VM, to be given back (unless its launch said `give_back:
+//! false`). Each round gives the waiting ones to the planner ([`gpgpums::queue::plan`]) and
+//! starts what it decides, in one pool transaction; the VM's owner sees every attach that starts,
+//! times out or is refused as an event on the VM.
 //!
 //! A round runs when capacity may have freed (a release, a detach, a host registering or
 //! undrained, a quota raised) and on a timer, which also ends launches that waited past
@@ -9,17 +12,19 @@
 //! every VM write is conditional on the version read, so a queued VM terminated meanwhile is
 //! never started: the round fails as a whole and the next one sees the queue without it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use gpgpums::queue::{plan, Ask, Books, Rules, Waiting};
-use gpgpums::{ProjectId, VmId};
+use gpgpums::{ProjectId, TicketId, Usage, VmId};
 use tokio::sync::Notify;
 
 use super::bookings::{cgpu_record, check_user_data};
+use super::elastic::attach_host;
 use super::vms::VmDetails;
 use super::App;
+use crate::auth::Caller;
 use crate::db::{self, now_ms, Claim, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
 use crate::model::{CgpuRecord, CgpuState, SagaStep, VmRecord, VmState};
@@ -36,7 +41,10 @@ pub(crate) struct QueueServer {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueRound {
     pub waiting: usize,
+    /// Launches that start.
     pub started: Vec<VmId>,
+    /// VMs that get cGPUs they waited for (asked for, or given back).
+    pub attached: Vec<VmId>,
     pub timed_out: Vec<VmId>,
     pub refused: Vec<VmId>,
     /// Preemptible VMs whose cGPUs are being taken back.
@@ -77,41 +85,75 @@ impl App {
         let settings = self.config.queue;
         let mut pool_tx = self.pool_tx().await?;
         let (pool, quotas, tx) = pool_tx.parts_with_quotas();
-        let queued = db::queued_vms(tx).await?;
+        let queued = db::queued_vms(tx, None).await?;
         let mut round = QueueRound { waiting: queued.len(), ..QueueRound::default() };
-        let mut writes: Vec<VmWrite> = Vec::new();
+        let mut out = Outcome { now, ..Outcome::default() };
         let mut waiting = Vec::new();
-        let mut by_vm: HashMap<VmId, &db::QueuedVm> = HashMap::new();
+        let mut by_ticket: HashMap<TicketId, &db::QueuedVm> = HashMap::new();
         for q in &queued {
+            let attach = match &q.queued {
+                db::Queued::Launch => None,
+                db::Queued::Attach { attach, .. } => Some(attach),
+            };
+            if attach.is_some() {
+                match (q.vm.state, q.vm.step) {
+                    (VmState::Ready, SagaStep::Done) => {}
+                    // It waits for the change under way to end.
+                    (VmState::Ready, _) => continue,
+                    // The VM ended (or failed): what it waited for goes with it.
+                    _ => {
+                        out.done.push(q.ticket);
+                        continue;
+                    }
+                }
+            }
             if q.deadline_ms.is_some_and(|deadline| deadline <= now) {
                 let waited = (now - q.enqueued_ms) / 1000;
-                writes.push(ended(
-                    &q.vm,
-                    VmState::Error,
-                    format!(
-                        "{QUEUE_TIMEOUT}: waited {waited} s for GPU capacity, longer than \
-                         queue_timeout_secs ({})",
-                        settings.queue_timeout_secs
+                let limit = settings.queue_timeout_secs;
+                match attach {
+                    None => out.end(
+                        q,
+                        format!(
+                            "{QUEUE_TIMEOUT}: waited {waited} s for GPU capacity, longer than \
+                             queue_timeout_secs ({limit})"
+                        ),
                     ),
-                    now,
-                ));
+                    Some(attach) => out.event(
+                        q,
+                        QUEUE_TIMEOUT,
+                        format!(
+                            "the attach of {} cGPU(s) waited {waited} s for GPU capacity, longer \
+                             than queue_timeout_secs ({limit}), and is cancelled",
+                            attach.request.ncgpus
+                        ),
+                    ),
+                }
                 round.timed_out.push(q.vm.id);
                 continue;
             }
-            let Ok(project) = ProjectId::new(&q.vm.project) else {
-                writes.push(ended(&q.vm, VmState::Error, "invalid project".into(), now));
+            let project = ProjectId::new(&q.vm.project);
+            let on_host = attach_host(&q.vm);
+            let (Ok(project), Ok(on_host)) = (project, on_host) else {
+                match attach {
+                    None => out.end(q, "invalid project".into()),
+                    Some(_) => out.event(q, "attach_refused", "the VM's record is invalid".into()),
+                }
                 round.refused.push(q.vm.id);
                 continue;
             };
-            by_vm.insert(q.vm.id, q);
+            let (ask, request, policy) = match attach {
+                None => (Ask::Launch, q.vm.spec.gpus.clone(), q.vm.policy.clone()),
+                Some(a) => (Ask::Attach { on_host }, a.request.clone(), a.policy.clone()),
+            };
+            by_ticket.insert(q.ticket, q);
             waiting.push(Waiting {
                 ticket: q.ticket,
                 vm: q.vm.id,
                 project,
-                ask: Ask::Launch,
-                request: q.vm.spec.gpus.clone(),
-                policy: q.vm.policy.clone(),
-                priority: q.vm.spec.priority,
+                ask,
+                request,
+                policy,
+                priority: q.priority,
                 passed: q.passed,
             });
         }
@@ -136,50 +178,99 @@ impl App {
 
         let claim =
             Claim { owner: self.instance.clone(), now_ms: now, until_ms: now + self.lease_ms() };
+        let masking = &self.config.masking;
         let mut started: Vec<VmDetails> = Vec::new();
-        let mut new_cgpus: Vec<CgpuRecord> = Vec::new();
+        // Attaches that start, by VM: the VM as read, and each ticket's new cGPUs.
+        let mut attaching: BTreeMap<VmId, (&VmRecord, Vec<Vec<CgpuRecord>>)> = BTreeMap::new();
         for s in &planned.started {
-            let q = by_vm[&s.vm];
-            let mut vm = q.vm.clone();
-            vm.state = VmState::Creating;
-            vm.step = SagaStep::CreateVm;
-            vm.policy = s.policy.clone();
-            vm.updated_ms = now;
-            let cgpus = s
-                .cgpus
-                .iter()
-                .map(|c| cgpu_record(vm.id, c, &self.config.masking))
-                .collect::<Result<Vec<_>, Error>>()
-                .and_then(|cgpus| {
-                    check_user_data(&vm, &cgpus, &self.config.masking).map(|()| cgpus)
-                });
-            match cgpus {
-                Ok(cgpus) => {
-                    writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });
-                    new_cgpus.extend(cgpus.iter().cloned());
-                    started.push(VmDetails { vm, cgpus });
-                    round.started.push(s.vm);
-                    let waited = (now - q.enqueued_ms).max(0) as f64 / 1000.0;
-                    self.metrics.queue_wait_seconds.observe(waited);
+            let q = by_ticket[&s.ticket];
+            let records = s.cgpus.iter().map(|c| cgpu_record(s.vm, c, masking));
+            let records = records.collect::<Result<Vec<_>, Error>>();
+            let waited = (now - q.enqueued_ms).max(0);
+            match (&q.queued, records) {
+                (db::Queued::Launch, records) => {
+                    let mut vm = q.vm.clone();
+                    vm.state = VmState::Creating;
+                    vm.step = SagaStep::CreateVm;
+                    vm.policy = s.policy.clone();
+                    vm.updated_ms = now;
+                    let checked = records
+                        .and_then(|cgpus| check_user_data(&vm, &cgpus, masking).map(|()| cgpus));
+                    match checked {
+                        Ok(cgpus) => {
+                            out.writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });
+                            out.new_cgpus.extend(cgpus.iter().cloned());
+                            out.done.push(q.ticket);
+                            started.push(VmDetails { vm, cgpus });
+                            round.started.push(s.vm);
+                        }
+                        Err(e) => {
+                            pool.release(&s.vm);
+                            quotas.release(&s.vm);
+                            out.end(q, e.to_string());
+                            round.refused.push(s.vm);
+                            continue;
+                        }
+                    }
                 }
-                Err(e) => {
-                    pool.release(&s.vm);
-                    quotas.release(&s.vm);
-                    writes.push(ended(&q.vm, VmState::Error, e.to_string(), now));
+                (db::Queued::Attach { give_back, .. }, Ok(cgpus)) => {
+                    let n = cgpus.len();
+                    let (kind, detail) = if *give_back {
+                        ("given_back", format!("{n} cGPU(s) given back after {} s", waited / 1000))
+                    } else {
+                        (
+                            "attached",
+                            format!(
+                                "{n} cGPU(s) attached from the queue after waiting {} s",
+                                waited / 1000
+                            ),
+                        )
+                    };
+                    out.event(q, kind, detail);
+                    attaching.entry(s.vm).or_insert_with(|| (&q.vm, Vec::new())).1.push(cgpus);
+                    round.attached.push(s.vm);
+                }
+                (db::Queued::Attach { .. }, Err(e)) => {
+                    for cgpu in &s.cgpus {
+                        pool.detach(&s.vm, cgpu.index);
+                    }
+                    quotas.refund(&s.vm, Usage::of_cgpus(&s.cgpus));
+                    out.event(q, "attach_refused", e.to_string());
                     round.refused.push(s.vm);
+                    continue;
                 }
             }
+            self.metrics.queue_wait_seconds.observe(waited as f64 / 1000.0);
+        }
+        let mut attached: Vec<VmDetails> = Vec::new();
+        for (id, (vm, tickets)) in attaching {
+            let mut cgpus = db::cgpus_of(tx, id).await?;
+            let first_seq = cgpus.iter().map(|c| c.seq).max().map_or(1, |seq| seq + 1);
+            for (seq, new) in (first_seq..).zip(tickets) {
+                for mut cgpu in new {
+                    cgpu.seq = seq;
+                    cgpu.state = CgpuState::Attaching;
+                    out.new_cgpus.push(cgpu.clone());
+                    cgpus.push(cgpu);
+                }
+            }
+            let vm = VmRecord {
+                step: SagaStep::AttachCgpus,
+                error: None,
+                updated_ms: now,
+                ..vm.clone()
+            };
+            out.writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });
+            attached.push(VmDetails { vm, cgpus });
         }
         for (ticket, e) in &planned.refused {
-            if let Some(w) = waiting.iter().find(|w| w.ticket == *ticket) {
-                writes.push(ended(
-                    &by_vm[&w.vm].vm,
-                    VmState::Error,
-                    Error::from(e.clone()).to_string(),
-                    now,
-                ));
-                round.refused.push(w.vm);
+            let q = by_ticket[ticket];
+            let reason = Error::from(e.clone()).to_string();
+            match q.queued {
+                db::Queued::Launch => out.end(q, reason),
+                db::Queued::Attach { .. } => out.event(q, "attach_refused", reason),
             }
+            round.refused.push(q.vm.id);
         }
         if let Some((ticket, passed)) = planned.head {
             let unchanged = waiting.iter().any(|w| w.ticket == ticket && w.passed == passed);
@@ -187,15 +278,19 @@ impl App {
                 db::set_passed(tx, ticket, passed).await?;
             }
         }
+        let Outcome { mut writes, new_cgpus, done, events, .. } = out;
         if !writes.is_empty() {
             let written = db::update_vms(tx, &mut writes).await?;
             if written.contains(&Written::Stale) {
-                // A queued VM changed meanwhile (terminated): drop the round, the next re-reads.
-                return Err(Error::Conflict("a queued VM changed during the queue round".into()));
+                // A VM changed meanwhile (terminated, or another change began): drop the round,
+                // the next re-reads.
+                return Err(Error::Conflict("a VM changed during the queue round".into()));
             }
             db::insert_cgpus(tx, &new_cgpus).await?;
-            let done: Vec<VmId> = writes.iter().map(|w| w.vm.id).collect();
-            db::dequeue(tx, &done).await?;
+        }
+        db::dequeue(tx, &done).await?;
+        for (vm, event) in &events {
+            db::insert_event(tx, *vm, event).await?;
         }
         if let Some(preemption) = &planned.preemption {
             for shrink in &preemption.victims {
@@ -213,17 +308,74 @@ impl App {
             tracing::info!(vm = %id, "cGPUs taken back from a preemptible VM");
             self.spawn_saga(*id);
         }
-        for mut details in started {
+        for mut details in started.into_iter().chain(attached) {
             details.vm.version = versions[&details.vm.id];
-            tracing::info!(vm = %details.vm.id, "a queued launch starts");
+            tracing::info!(vm = %details.vm.id, step = details.vm.step.as_str(), "a queued request starts");
             self.spawn_saga_from(details.vm.id, Some(details));
         }
         Ok(round)
     }
 
-    /// The VM's place in the queue (1: next at its priority), if it is queued.
-    pub async fn queue_position(&self, vm: VmId) -> Result<Option<u64>, Error> {
-        db::queue_position(&mut *self.db.conn().await?, vm).await
+    /// What the VM waits for in the queue, in ticket order, each with its place in the queue.
+    pub async fn queue_entries(&self, vm: VmId) -> Result<Vec<QueueEntry>, Error> {
+        let mut conn = self.db.conn().await?;
+        let tickets = db::queued_vms(&mut conn, Some(vm)).await?;
+        let positions: HashMap<TicketId, u64> =
+            db::queue_positions(&mut conn, vm).await?.into_iter().collect();
+        Ok(tickets
+            .into_iter()
+            .filter_map(|q| {
+                Some(QueueEntry {
+                    position: *positions.get(&q.ticket)?,
+                    queued: q.queued,
+                    enqueued_ms: q.enqueued_ms,
+                    deadline_ms: q.deadline_ms,
+                })
+            })
+            .collect())
+    }
+
+    /// What the VMs of `project` (every project's for `None`) wait for in the queue, and their
+    /// last `events_per_vm` events: what a list of VMs shows, in two queries.
+    pub async fn queue_and_events(
+        &self,
+        project: Option<&str>,
+        events_per_vm: usize,
+    ) -> Result<QueueAndEvents, Error> {
+        let mut conn = self.db.conn().await?;
+        // Events first, as for one VM (see `http::vm_view`).
+        let events = db::events_of_project(&mut conn, project, events_per_vm).await?;
+        let mut entries: HashMap<VmId, Vec<QueueEntry>> = HashMap::new();
+        for row in db::queue_rows(&mut conn, project).await? {
+            entries.entry(row.vm).or_default().push(QueueEntry {
+                position: row.position,
+                queued: row.queued,
+                enqueued_ms: row.enqueued_ms,
+                deadline_ms: row.deadline_ms,
+            });
+        }
+        Ok(QueueAndEvents { entries, events })
+    }
+
+    /// The queue as `caller` may see it: its project's requests (an admin's: every project's) in
+    /// queue order, and how many requests wait at each priority in all.
+    pub async fn queue_of(
+        &self,
+        caller: &Caller,
+    ) -> Result<(Vec<db::QueueRow>, Vec<(i64, i64)>), Error> {
+        let project = caller.visible_project()?;
+        let mut conn = self.db.conn().await?;
+        let rows = db::queue_rows(&mut conn, project).await?;
+        let lengths = db::queue_lengths(&mut conn).await?;
+        Ok((rows, lengths))
+    }
+
+    /// Takes what a VM being terminated waits for out of the queue (a round would, later).
+    pub(crate) async fn dequeue_terminated(&self, vm: VmId) {
+        let dequeued = async { db::dequeue_vm(&mut *self.db.conn().await?, vm).await };
+        if let Err(e) = dequeued.await {
+            tracing::warn!(vm = %vm, error = %ErrorChain(&e), "dequeueing a terminated VM's attaches");
+        }
     }
 
     /// The VM's events, oldest first.
@@ -240,7 +392,7 @@ impl App {
         let written = db::update_vms(&mut tx, &mut write).await?;
         let [VmWrite { vm: cancelled, .. }] = write;
         if written.first() == Some(&Written::Done { claimed: false }) {
-            db::dequeue(&mut tx, &[vm.id]).await?;
+            db::dequeue_vm(&mut tx, vm.id).await?;
             tx.commit().await?;
             self.watchers.changed(&cancelled);
             return Ok((cancelled, Written::Done { claimed: false }));
@@ -283,12 +435,23 @@ async fn shrink_vm(
         }
     }
     let indexes: Vec<String> = shrink.cgpus.iter().map(|c| c.index.to_string()).collect();
+    let vm = &write[0].vm;
+    let after = if vm.spec.give_back {
+        for (request, _) in shrink.give_back() {
+            let attach = db::QueuedAttach { request, policy: vm.policy.clone() };
+            let queued = db::Queued::Attach { attach, give_back: true };
+            db::enqueue(tx, db::NewTicket { vm, queued, now_ms: now, deadline_ms: None }).await?;
+        }
+        "they are given back when capacity returns"
+    } else {
+        "they are not given back (give_back is false)"
+    };
     let event = db::VmEvent {
         at_ms: now,
         kind: "preempted".into(),
         detail: format!(
-            "{} cGPU(s) taken back (index {}) for a request of higher priority; this VM is \
-             preemptible",
+            "{} cGPU(s) taken back (index {}) for a request of higher priority, as this VM is \
+             preemptible; {after}",
             shrink.cgpus.len(),
             indexes.join(", ")
         ),
@@ -296,6 +459,49 @@ async fn shrink_vm(
     db::insert_event(tx, shrink.vm, &event).await?;
     let [write] = write;
     Ok(write)
+}
+
+/// A request waiting in the queue, as its VM's owner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueEntry {
+    /// 1: next.
+    pub position: u64,
+    pub queued: db::Queued,
+    pub enqueued_ms: i64,
+    pub deadline_ms: Option<i64>,
+}
+
+/// What a list of VMs shows of the queue and of events (see [`App::queue_and_events`]).
+#[derive(Debug, Default)]
+pub struct QueueAndEvents {
+    pub entries: HashMap<VmId, Vec<QueueEntry>>,
+    pub events: HashMap<VmId, Vec<db::VmEvent>>,
+}
+
+/// What a round writes besides the planner's bookings.
+#[derive(Debug, Default)]
+struct Outcome {
+    now: i64,
+    writes: Vec<VmWrite>,
+    new_cgpus: Vec<CgpuRecord>,
+    /// Tickets that leave the queue.
+    done: Vec<TicketId>,
+    events: Vec<(VmId, db::VmEvent)>,
+}
+
+impl Outcome {
+    /// The queued launch ends in `error`.
+    fn end(&mut self, q: &db::QueuedVm, error: String) {
+        self.writes.push(ended(&q.vm, VmState::Error, error, self.now));
+        self.done.push(q.ticket);
+    }
+
+    /// The attach leaves the queue, and its VM's owner is told why.
+    fn event(&mut self, q: &db::QueuedVm, kind: &str, detail: String) {
+        let event = db::VmEvent { at_ms: self.now, kind: kind.into(), detail };
+        self.events.push((q.vm.id, event));
+        self.done.push(q.ticket);
+    }
 }
 
 /// The queued VM, ended in `state` with `error`.

@@ -315,6 +315,7 @@ impl App {
                 *vm = written_vm;
                 self.watchers.changed(vm);
                 inc(&self.metrics.terminations);
+                self.dequeue_terminated(id).await;
                 self.wake_saga(id);
                 self.spawn_saga_from(id, claimed.then(|| details.clone()));
                 return Ok(details);

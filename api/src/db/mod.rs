@@ -52,6 +52,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (7, "quotas", include_str!("../../../migrations/0007_quotas.sql")),
     (8, "queue", include_str!("../../../migrations/0008_queue.sql")),
     (9, "preemption", include_str!("../../../migrations/0009_preemption.sql")),
+    (10, "queued_attaches", include_str!("../../../migrations/0010_queued_attaches.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,9 @@
-//! The queue of launches waiting for capacity: one ticket per queued VM (see `app::queue`).
+//! The queue of requests waiting for capacity (see `app::queue`): one ticket per queued launch
+//! (its VM in state `queued`), and per attach a running VM waits for (asked by its owner, or
+//! the cGPUs it lost to a preemption, to be given back).
 
-use gpgpums::{TicketId, VmId};
+use gpgpums::{Request, TicketId, VmId};
+use serde::{Deserialize, Serialize};
 use sqlx::{AnyConnection, Row};
 
 use super::corrupt;
@@ -8,60 +11,131 @@ use super::vms::{vm_from_row, VM_COLUMNS, VM_COLUMN_COUNT};
 use crate::error::Error;
 use crate::model::VmRecord;
 
-/// A queued launch: its ticket and the VM (in state `queued`).
+/// What a ticket waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Queued {
+    /// The VM's launch (the VM is `queued`).
+    Launch,
+    /// More cGPUs for the running VM; `give_back`: those a preemption took.
+    Attach { attach: QueuedAttach, give_back: bool },
+}
+
+/// An attach as it waits: what to book, by which policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedAttach {
+    pub request: Request,
+    pub policy: String,
+}
+
+impl Queued {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Queued::Launch => "launch",
+            Queued::Attach { give_back: false, .. } => "attach",
+            Queued::Attach { give_back: true, .. } => "give_back",
+        }
+    }
+
+    fn attach(&self) -> Option<&QueuedAttach> {
+        match self {
+            Queued::Launch => None,
+            Queued::Attach { attach, .. } => Some(attach),
+        }
+    }
+
+    fn from_row(kind: &str, attach: Option<&str>) -> Result<Queued, Error> {
+        let attach = || -> Result<QueuedAttach, Error> {
+            let text = attach.unwrap_or_default();
+            serde_json::from_str(text).map_err(|_| corrupt("queued attach", text))
+        };
+        match kind {
+            "launch" => Ok(Queued::Launch),
+            "attach" => Ok(Queued::Attach { attach: attach()?, give_back: false }),
+            "give_back" => Ok(Queued::Attach { attach: attach()?, give_back: true }),
+            other => Err(corrupt("queue ticket kind", other)),
+        }
+    }
+}
+
+/// A ticket in the queue, with its VM as it is now.
 #[derive(Debug, Clone)]
 pub struct QueuedVm {
     pub ticket: TicketId,
     pub vm: VmRecord,
-    /// How often launches started ahead of it while it was the head.
+    pub queued: Queued,
+    pub priority: i32,
+    /// How often requests started ahead of it while it was the head.
     pub passed: u32,
     pub enqueued_ms: i64,
     pub deadline_ms: Option<i64>,
 }
 
-/// Gives `vm` the next ticket. Runs in the pool transaction, which serializes ticket numbers.
-pub async fn enqueue(
-    conn: &mut AnyConnection,
-    vm: &VmRecord,
-    now_ms: i64,
-    deadline_ms: Option<i64>,
-) -> Result<TicketId, Error> {
+/// A ticket to write.
+#[derive(Debug, Clone)]
+pub struct NewTicket<'a> {
+    pub vm: &'a VmRecord,
+    pub queued: Queued,
+    pub now_ms: i64,
+    pub deadline_ms: Option<i64>,
+}
+
+/// Gives the request the next ticket, at its VM's priority. Runs in the pool transaction, which
+/// serializes ticket numbers.
+pub async fn enqueue(conn: &mut AnyConnection, new: NewTicket<'_>) -> Result<TicketId, Error> {
     let row =
         sqlx::query("SELECT COALESCE(MAX(ticket), 0) + 1 FROM queue").fetch_one(&mut *conn).await?;
     let ticket: i64 = row.try_get(0)?;
+    let attach = new.queued.attach().map(|a| serde_json::to_string(a).expect("attach serializes"));
     sqlx::query(
-        "INSERT INTO queue (ticket, vm, project, priority, passed, enqueued_ms, deadline_ms) \
-         VALUES ($1, $2, $3, $4, 0, $5, $6)",
+        "INSERT INTO queue (ticket, vm, project, priority, passed, enqueued_ms, deadline_ms, \
+         kind, attach) VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8)",
     )
     .bind(ticket)
-    .bind(vm.id.to_string())
-    .bind(&vm.project)
-    .bind(i64::from(vm.spec.priority))
-    .bind(now_ms)
-    .bind(deadline_ms)
+    .bind(new.vm.id.to_string())
+    .bind(&new.vm.project)
+    .bind(i64::from(new.vm.spec.priority))
+    .bind(new.now_ms)
+    .bind(new.deadline_ms)
+    .bind(new.queued.kind())
+    .bind(attach)
     .execute(conn)
     .await?;
     Ok(TicketId(ticket as u64))
 }
 
-/// Every queued launch with its VM, in ticket order.
-pub async fn queued_vms(conn: &mut AnyConnection) -> Result<Vec<QueuedVm>, Error> {
-    let rows = sqlx::query(&format!(
-        "SELECT {VM_COLUMNS}, q.ticket, q.passed, q.enqueued_ms, q.deadline_ms \
-         FROM queue q JOIN vms v ON v.id = q.vm ORDER BY q.ticket"
-    ))
-    .fetch_all(conn)
-    .await?;
+/// Every ticket with its VM, in ticket order; `of`: only that VM's.
+pub async fn queued_vms(
+    conn: &mut AnyConnection,
+    of: Option<VmId>,
+) -> Result<Vec<QueuedVm>, Error> {
+    let filter = if of.is_some() { "WHERE q.vm = $1" } else { "" };
+    let sql = format!(
+        "SELECT {VM_COLUMNS}, q.ticket, q.passed, q.enqueued_ms, q.deadline_ms, q.priority, \
+         q.kind, q.attach FROM queue q JOIN vms v ON v.id = q.vm {filter} ORDER BY q.ticket"
+    );
+    let mut query = sqlx::query(&sql);
+    if let Some(vm) = of {
+        query = query.bind(vm.to_string());
+    }
+    let rows = query.fetch_all(conn).await?;
     rows.iter()
         .map(|row| {
             let at = VM_COLUMN_COUNT;
             let ticket: i64 = row.try_get(at)?;
             let passed: i64 = row.try_get(at + 1)?;
+            let priority: i64 = row.try_get(at + 4)?;
+            let kind: String = row.try_get(at + 5)?;
             Ok(QueuedVm {
                 vm: vm_from_row(row)?,
                 ticket: TicketId(
                     u64::try_from(ticket).map_err(|_| corrupt("ticket", &ticket.to_string()))?,
                 ),
+                queued: Queued::from_row(
+                    &kind,
+                    row.try_get::<Option<String>, _>(at + 6)?.as_deref(),
+                )?,
+                priority: i32::try_from(priority)
+                    .map_err(|_| corrupt("priority", &priority.to_string()))?,
                 passed: u32::try_from(passed).unwrap_or(u32::MAX),
                 enqueued_ms: row.try_get(at + 2)?,
                 deadline_ms: row.try_get(at + 3)?,
@@ -70,14 +144,20 @@ pub async fn queued_vms(conn: &mut AnyConnection) -> Result<Vec<QueuedVm>, Error
         .collect()
 }
 
-/// Takes the VMs' tickets out of the queue.
-pub async fn dequeue(conn: &mut AnyConnection, vms: &[VmId]) -> Result<(), Error> {
-    for vm in vms {
-        sqlx::query("DELETE FROM queue WHERE vm = $1")
-            .bind(vm.to_string())
+/// Takes the tickets out of the queue.
+pub async fn dequeue(conn: &mut AnyConnection, tickets: &[TicketId]) -> Result<(), Error> {
+    for ticket in tickets {
+        sqlx::query("DELETE FROM queue WHERE ticket = $1")
+            .bind(ticket.0 as i64)
             .execute(&mut *conn)
             .await?;
     }
+    Ok(())
+}
+
+/// Takes every ticket of the VM out of the queue.
+pub async fn dequeue_vm(conn: &mut AnyConnection, vm: VmId) -> Result<(), Error> {
+    sqlx::query("DELETE FROM queue WHERE vm = $1").bind(vm.to_string()).execute(conn).await?;
     Ok(())
 }
 
@@ -95,21 +175,113 @@ pub async fn set_passed(
     Ok(())
 }
 
-/// The VM's place in the queue (1: next), counting the tickets of higher priority or of equal
-/// priority and earlier; `None` when it is not queued.
-pub async fn queue_position(conn: &mut AnyConnection, vm: VmId) -> Result<Option<u64>, Error> {
-    let row = sqlx::query(
-        "SELECT (SELECT COUNT(*) FROM queue o WHERE o.priority > q.priority \
+/// The places of the VM's tickets in the queue (1: next), by ticket: each counts the tickets of
+/// higher priority, or of equal priority and earlier.
+pub async fn queue_positions(
+    conn: &mut AnyConnection,
+    vm: VmId,
+) -> Result<Vec<(TicketId, u64)>, Error> {
+    let rows = sqlx::query(
+        "SELECT q.ticket, (SELECT COUNT(*) FROM queue o WHERE o.priority > q.priority \
              OR (o.priority = q.priority AND o.ticket < q.ticket)) + 1 \
-         FROM queue q WHERE q.vm = $1",
+         FROM queue q WHERE q.vm = $1 ORDER BY q.ticket",
     )
     .bind(vm.to_string())
-    .fetch_optional(conn)
+    .fetch_all(conn)
     .await?;
-    row.map(|row| Ok(row.try_get::<i64, _>(0)? as u64)).transpose()
+    rows.iter()
+        .map(|row| {
+            let ticket: i64 = row.try_get(0)?;
+            Ok((TicketId(ticket as u64), row.try_get::<i64, _>(1)? as u64))
+        })
+        .collect()
 }
 
-/// How many launches wait at each priority.
+/// A ticket as the queue's views show it, with its VM's name and what it asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueRow {
+    pub ticket: TicketId,
+    pub vm: VmId,
+    pub vm_name: String,
+    pub project: String,
+    pub priority: i32,
+    pub queued: Queued,
+    /// The cGPUs it waits for: a launch's whole request, or the attach's.
+    pub request: Request,
+    pub enqueued_ms: i64,
+    pub deadline_ms: Option<i64>,
+    /// Its place in the whole queue (1: next).
+    pub position: u64,
+}
+
+/// The tickets of `project` (every project's for `None`) in queue order, each with its place in
+/// the whole queue. Places come from one light read of the whole queue, so that they cost no
+/// query per ticket.
+pub async fn queue_rows(
+    conn: &mut AnyConnection,
+    project: Option<&str>,
+) -> Result<Vec<QueueRow>, Error> {
+    const ORDER: &str = "ORDER BY q.priority DESC, q.ticket";
+    let order =
+        sqlx::query(&format!("SELECT q.ticket FROM queue q {ORDER}")).fetch_all(&mut *conn).await?;
+    let mut positions = std::collections::HashMap::new();
+    for (i, row) in order.iter().enumerate() {
+        positions.insert(row.try_get::<i64, _>(0)?, i as u64 + 1);
+    }
+    let filter = if project.is_some() { "WHERE q.project = $1" } else { "" };
+    let sql = format!(
+        "SELECT q.ticket, q.vm, v.name, q.project, q.priority, q.kind, q.attach, v.request, \
+         q.enqueued_ms, q.deadline_ms FROM queue q JOIN vms v ON v.id = q.vm {filter} {ORDER}"
+    );
+    let mut query = sqlx::query(&sql);
+    if let Some(project) = project {
+        query = query.bind(project);
+    }
+    let mut rows = Vec::new();
+    for row in query.fetch_all(conn).await? {
+        let ticket: i64 = row.try_get(0)?;
+        // Queued after the places were read: it shows from the next read on.
+        let Some(&position) = positions.get(&ticket) else { continue };
+        let vm: String = row.try_get(1)?;
+        let priority: i64 = row.try_get(4)?;
+        let kind: String = row.try_get(5)?;
+        let queued = Queued::from_row(&kind, row.try_get::<Option<String>, _>(6)?.as_deref())?;
+        let request = match &queued {
+            Queued::Attach { attach, .. } => attach.request.clone(),
+            Queued::Launch => {
+                let spec: String = row.try_get(7)?;
+                serde_json::from_str::<crate::model::LaunchSpec>(&spec)
+                    .map_err(|_| corrupt("launch request", &spec))?
+                    .gpus
+            }
+        };
+        rows.push(QueueRow {
+            ticket: TicketId(ticket as u64),
+            vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+            vm_name: row.try_get(2)?,
+            project: row.try_get(3)?,
+            priority: i32::try_from(priority)
+                .map_err(|_| corrupt("priority", &priority.to_string()))?,
+            queued,
+            request,
+            enqueued_ms: row.try_get(8)?,
+            deadline_ms: row.try_get(9)?,
+            position,
+        });
+    }
+    Ok(rows)
+}
+
+/// How many requests the project has waiting.
+pub async fn waiting_in_project(conn: &mut AnyConnection, project: &str) -> Result<u64, Error> {
+    let row = sqlx::query("SELECT COUNT(*) FROM queue WHERE project = $1")
+        .bind(project)
+        .fetch_one(conn)
+        .await?;
+    Ok(row.try_get::<i64, _>(0)? as u64)
+}
+
+/// How many requests wait at each priority.
 pub async fn queue_lengths(conn: &mut AnyConnection) -> Result<Vec<(i64, i64)>, Error> {
     let rows =
         sqlx::query("SELECT priority, COUNT(*) FROM queue GROUP BY priority ORDER BY priority")

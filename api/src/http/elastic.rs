@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::views::{AttachRequest, VmView};
-use super::{idempotency_key, location, vm_id, AppState, Body};
+use super::{idempotency_key, location, vm_id, vm_view, AppState, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Problem};
 
@@ -15,8 +15,10 @@ use crate::error::{Error, Problem};
 ///
 /// Books every new cGPU atomically (they follow the VM's locality: a `local` VM's stay on its
 /// host) and answers 202 with the VM, the new cGPUs `attaching`; they go `live` once routed, and
-/// the VM's rCUDA environment lists them after the others. A retry with the same
-/// `Idempotency-Key` answers the VM as it is.
+/// the VM's rCUDA environment lists them after the others. With `queue: true`, an attach that
+/// does not fit now waits in the queue instead: 202 with the VM as it is, the attach in its
+/// `queued_attaches` and `queue_position`; when it starts, times out or is refused, the VM gets
+/// an event saying so. A retry with the same `Idempotency-Key` answers the VM as it is.
 #[utoipa::path(post, path = "/v1/vms/{id}/cgpus", tag = "vms",
     request_body = AttachRequest,
     params(("id" = String, Path, description = "The VM's id"),
@@ -29,7 +31,8 @@ use crate::error::{Error, Problem};
         (status = 409, description = "The VM is not ready, or its cGPUs are changing", body = Problem),
         (status = 422, description = "Invalid field", body = Problem),
         (status = 403, description = "Over the project's quota (`quota_exceeded`); nothing changed", body = Problem),
-        (status = 507, description = "Not enough GPU capacity; nothing changed", body = Problem),
+        (status = 507, description = "Not enough GPU capacity and `queue` not set; nothing changed", body = Problem),
+        (status = 429, description = "With `queue`: the project already has `queue.max_waiting_per_project` requests waiting", body = Problem),
     ),
     security(("bearer" = [])))]
 pub(super) async fn attach_cgpus(
@@ -41,7 +44,7 @@ pub(super) async fn attach_cgpus(
 ) -> Result<Response, Error> {
     let key = idempotency_key(&headers)?;
     let details = app.attach(&caller, vm_id(&id)?, request.into_input(), key).await?;
-    let view = VmView::new(&details, caller.is_admin());
+    let view = vm_view(&app, &details, caller.is_admin()).await?;
     let location = location(&view.id);
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view)).into_response())
 }

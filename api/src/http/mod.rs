@@ -90,6 +90,7 @@ fn host_id(raw: &str) -> Result<HostId, Error> {
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/vms", post(launch_vm).get(list_vms))
+        .route("/v1/queue", get(get_queue))
         .route("/v1/vms/{id}", get(get_vm).delete(terminate_vm))
         .route("/v1/vms/{id}/cgpus", post(elastic::attach_cgpus))
         .route("/v1/vms/{id}/cgpus/{index}", delete(elastic::detach_cgpu))
@@ -174,6 +175,7 @@ fn location(id: &str) -> String {
         (status = 503, description = "The cloud is unavailable", body = Problem),
         (status = 403, description = "Over the project's quota (`quota_exceeded`); nothing changed", body = Problem),
         (status = 507, description = "Not enough GPU capacity", body = Problem),
+        (status = 429, description = "With `queue`: the project already has `queue.max_waiting_per_project` requests waiting", body = Problem),
     ),
     security(("bearer" = [])))]
 async fn launch_vm(
@@ -209,8 +211,34 @@ async fn list_vms(
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<VmList>, Error> {
     let Query(query) = query.map_err(|e| Error::invalid("query", e.body_text()))?;
+    let project = caller.visible_project()?.or(query.project.as_deref());
     let vms = app.list_vms(&caller, query.project.as_deref()).await?;
-    Ok(Json(VmList { vms: vms.iter().map(|d| VmView::new(d, caller.is_admin())).collect() }))
+    let mut extras = app.queue_and_events(project, LIST_EVENTS_PER_VM).await?;
+    let vms = vms
+        .iter()
+        .map(|d| {
+            let id = d.vm.id;
+            let entries = extras.entries.get(&id).map_or(&[][..], Vec::as_slice);
+            let events = extras.events.remove(&id).unwrap_or_default();
+            VmView::new(d, caller.is_admin()).with_queue_and_events(entries, events)
+        })
+        .collect();
+    Ok(Json(VmList { vms }))
+}
+
+/// How many of each VM's events a list shows (one VM's view shows more).
+const LIST_EVENTS_PER_VM: usize = 20;
+
+/// The queue: what waits for GPU capacity, in the order it will be served.
+///
+/// Requests of the caller's project (admins: of every project), each with its place in the whole
+/// queue, and how many requests wait at each priority in all.
+#[utoipa::path(get, path = "/v1/queue", tag = "vms",
+    responses((status = 200, body = QueueView), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn get_queue(State(app): State<AppState>, caller: Caller) -> Result<Json<QueueView>, Error> {
+    let (rows, lengths) = app.queue_of(&caller).await?;
+    Ok(Json(QueueView::new(&rows, &lengths)))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -257,16 +285,11 @@ async fn vm_view(
     details: &crate::app::vms::VmDetails,
     admin: bool,
 ) -> Result<VmView, Error> {
-    let mut view = VmView::new(details, admin);
-    if details.vm.state == crate::model::VmState::Queued {
-        view.queue_position = app.queue_position(details.vm.id).await?;
-    }
-    view.events = app
-        .vm_events(details.vm.id)
-        .await?
-        .into_iter()
-        .map(|e| VmEventView { at_ms: e.at_ms, kind: e.kind, detail: e.detail })
-        .collect();
+    // Events first: an attach leaves the queue in the transaction that records its event, so
+    // the queue read after an event never still shows it.
+    let events = app.vm_events(details.vm.id).await?;
+    let entries = app.queue_entries(details.vm.id).await?;
+    let view = VmView::new(details, admin).with_queue_and_events(&entries, events);
     Ok(view)
 }
 
@@ -506,12 +529,12 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "GSaaS", description = "GPU scheduling as a service: cGPU-enabled VMs for OpenStack."),
-    paths(launch_vm, list_vms, get_vm, terminate_vm, elastic::attach_cgpus, elastic::detach_cgpu,
+    paths(launch_vm, list_vms, get_vm, terminate_vm, get_queue, elastic::attach_cgpus, elastic::detach_cgpu,
         quotas::list_quotas, quotas::get_quota, quotas::put_quota, quotas::delete_quota,
         get_pool, list_hosts, register_host,
         renew_agent_token, drain_host,
         undrain_host, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
-    components(schemas(Problem, crate::error::QuotaProblem, quotas::QuotaView, quotas::QuotaList, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, VmEventView, GpuRequestView, PoolView, PoolTotals,
+    components(schemas(Problem, crate::error::QuotaProblem, quotas::QuotaView, quotas::QuotaList, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView, QueueLengthView, QueuedRequestView, GpuRequestView, PoolView, PoolTotals,
         PoolHostView, GpuView, HostView, HostList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
         ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
     modifiers(&BearerAuth),

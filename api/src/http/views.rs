@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::app::elastic::AttachInput;
+use crate::app::queue::QueueEntry;
 use crate::app::vms::{rcuda_env, VmDetails};
 use crate::cloud::VmRequest;
+use crate::db::{QueueRow, Queued, VmEvent};
 use crate::model::{host_state_str, mode_str, CgpuState, HostRecord, LaunchSpec, Timings};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -21,6 +23,15 @@ pub enum ModeParam {
     Exclusive,
     /// Each cGPU reserves `gpu_memory_mib` on a GPU others may share.
     Shared,
+}
+
+impl From<Mode> for ModeParam {
+    fn from(mode: Mode) -> ModeParam {
+        match mode {
+            Mode::Exclusive => ModeParam::Exclusive,
+            Mode::Shared => ModeParam::Shared,
+        }
+    }
 }
 
 impl From<ModeParam> for Mode {
@@ -84,6 +95,14 @@ pub struct LaunchRequest {
     /// Best effort: the VM's cGPUs may be taken back for requests of higher priority.
     #[serde(default)]
     pub preemptible: bool,
+    /// For a preemptible VM: whether cGPUs taken back wait in the queue to be given back
+    /// (default true).
+    #[serde(default = "yes")]
+    pub give_back: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl LaunchRequest {
@@ -112,6 +131,7 @@ impl LaunchRequest {
             gpus,
             priority: self.priority,
             preemptible: self.preemptible,
+            give_back: self.give_back,
         };
         (spec, self.policy, self.queue)
     }
@@ -134,6 +154,10 @@ pub struct AttachRequest {
     /// Placement policy; the VM's when absent.
     #[serde(default)]
     pub policy: Option<String>,
+    /// When the GPUs are not there now, wait in the queue (answered 202, the VM unchanged, the
+    /// attach in its `queued_attaches`) instead of failing with 507.
+    #[serde(default)]
+    pub queue: bool,
 }
 
 impl AttachRequest {
@@ -144,6 +168,7 @@ impl AttachRequest {
             mode: self.mode.into(),
             distinct_gpus: self.distinct_gpus,
             policy: self.policy,
+            queue: self.queue,
         }
     }
 }
@@ -196,13 +221,22 @@ pub struct VmView {
     /// A machine-readable cause of `error`, when it has one (`queue_timeout`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_code: Option<String>,
-    /// While `queued`: its place in the queue (1: next), by priority and arrival.
+    /// While it waits in the queue (`queued`, or an attach in `queued_attaches`): its place
+    /// (1: next), by priority and arrival.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<u64>,
+    /// Attaches the VM waits for, in ticket order: asked with `queue: true`, or cGPUs a
+    /// preemption took, to be given back.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub queued_attaches: Vec<WaitingView>,
     pub priority: i32,
     pub preemptible: bool,
-    /// What happened to the VM that its owner should know of, oldest first (shown on
-    /// `GET /v1/vms/{id}`): `preempted` when cGPUs of a preemptible VM were taken back.
+    /// Whether cGPUs taken back from this VM are given back when capacity returns.
+    pub give_back: bool,
+    /// What happened to the VM that its owner should know of, oldest first (the last 100 on
+    /// `GET /v1/vms/{id}`, the last 20 in lists): `preempted` (cGPUs of a preemptible VM taken
+    /// back), `given_back`, `attached` (a queued attach started), `queue_timeout` (a queued
+    /// attach waited too long), `attach_refused`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<VmEventView>,
     pub image: String,
@@ -236,8 +270,10 @@ impl VmView {
             error: vm.error.clone(),
             error_code: vm.error.as_deref().and_then(error_code),
             queue_position: None,
+            queued_attaches: Vec::new(),
             priority: vm.spec.priority,
             preemptible: vm.spec.preemptible,
+            give_back: vm.spec.give_back,
             events: Vec::new(),
             image: vm.spec.vm.image.clone(),
             flavor: vm.spec.vm.flavor.clone(),
@@ -247,10 +283,7 @@ impl VmView {
             gpus: GpuRequestView {
                 ncgpus: gpus.ncgpus,
                 gpu_memory_mib: gpus.gpu_memory_mib,
-                mode: match gpus.mode {
-                    Mode::Exclusive => ModeParam::Exclusive,
-                    Mode::Shared => ModeParam::Shared,
-                },
+                mode: gpus.mode.into(),
                 locality: match gpus.locality {
                     Locality::Any => LocalityParam::Any,
                     Locality::Local => LocalityParam::Local,
@@ -278,6 +311,125 @@ impl VmView {
             created_ms: vm.created_ms,
             updated_ms: vm.updated_ms,
         }
+    }
+}
+
+impl VmView {
+    /// With what the VM waits for in the queue and its events.
+    pub fn with_queue_and_events(mut self, entries: &[QueueEntry], events: Vec<VmEvent>) -> VmView {
+        self.queue_position = entries.iter().map(|e| e.position).min();
+        self.queued_attaches = entries.iter().filter_map(WaitingView::of_attach).collect();
+        self.events = events
+            .into_iter()
+            .map(|e| VmEventView { at_ms: e.at_ms, kind: e.kind, detail: e.detail })
+            .collect();
+        self
+    }
+}
+
+/// `GET /v1/queue`: what waits for GPU capacity.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QueueView {
+    /// How many requests wait at each priority, in the whole queue (highest first).
+    pub lengths: Vec<QueueLengthView>,
+    /// The caller's project's requests (an admin's: every project's), in queue order.
+    pub requests: Vec<QueuedRequestView>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QueueLengthView {
+    pub priority: i32,
+    pub waiting: u64,
+}
+
+/// A request waiting in the queue, for one of the caller's VMs (admins: any).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QueuedRequestView {
+    /// The VM it is for.
+    pub vm: String,
+    pub vm_name: String,
+    pub project: String,
+    pub priority: i32,
+    #[serde(flatten)]
+    pub waiting: WaitingView,
+}
+
+impl QueueView {
+    pub fn new(rows: &[QueueRow], lengths: &[(i64, i64)]) -> QueueView {
+        QueueView {
+            lengths: lengths
+                .iter()
+                .rev()
+                .map(|&(priority, waiting)| QueueLengthView {
+                    priority: priority as i32,
+                    waiting: waiting.max(0) as u64,
+                })
+                .collect(),
+            requests: rows
+                .iter()
+                .map(|row| QueuedRequestView {
+                    vm: row.vm.to_string(),
+                    vm_name: row.vm_name.clone(),
+                    project: row.project.clone(),
+                    priority: row.priority,
+                    waiting: WaitingView::new(
+                        row.position,
+                        &row.queued,
+                        &row.request,
+                        row.enqueued_ms,
+                        row.deadline_ms,
+                    ),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What a request in the queue waits for, and since when.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WaitingView {
+    /// Its place in the whole queue (1: next), by priority and arrival.
+    pub position: u64,
+    /// `launch`, `attach` (asked with `queue: true`) or `give_back` (cGPUs a preemption took).
+    pub kind: String,
+    pub ncgpus: u32,
+    pub gpu_memory_mib: Option<u64>,
+    pub mode: ModeParam,
+    pub enqueued_ms: i64,
+    /// When it ends with `queue_timeout`; absent: never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<i64>,
+}
+
+impl WaitingView {
+    fn new(
+        position: u64,
+        queued: &Queued,
+        request: &Request,
+        enqueued_ms: i64,
+        deadline_ms: Option<i64>,
+    ) -> WaitingView {
+        WaitingView {
+            position,
+            kind: queued.kind().into(),
+            ncgpus: request.ncgpus,
+            gpu_memory_mib: request.gpu_memory_mib,
+            mode: request.mode.into(),
+            enqueued_ms,
+            deadline_ms,
+        }
+    }
+
+    /// A VM's queued attach (`None` for its launch).
+    fn of_attach(entry: &QueueEntry) -> Option<WaitingView> {
+        let Queued::Attach { attach, .. } = &entry.queued else { return None };
+        Some(WaitingView::new(
+            entry.position,
+            &entry.queued,
+            &attach.request,
+            entry.enqueued_ms,
+            entry.deadline_ms,
+        ))
     }
 }
 
