@@ -7,7 +7,10 @@
 //! them), the VMs with their state, cGPUs and Equation 5.1 stage timings, a launch form covering
 //! every field of `LaunchRequest` (a problem's `field` is shown beside that field), attach (a
 //! dialog with every field of `AttachRequest`) and detach (per cGPU) on ready VMs, terminate,
-//! and, for admins, drain and undrain. It refreshes itself every two seconds.
+//! and, for admins, drain and undrain. The queue has a card of its own (the caller's waiting
+//! launches and attaches in the order they are served, and how many wait at each priority), and
+//! each VM shows its place in it, the attaches it waits for and its events (cGPUs taken back,
+//! given back, attached from the queue). It refreshes itself every two seconds.
 //!
 //! Nothing is fetched from elsewhere, at build time or at run time: every asset is `include_str!`ed
 //! here and served with its content type and a strict Content-Security-Policy (same-origin

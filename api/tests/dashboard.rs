@@ -2,7 +2,8 @@
 //! real headless Chromium (Debian's, driven by playwright-core from `api/tests/dashboard/`), a
 //! tenant launches a VM through the form (after seeing a field error), sees it ready with its stage
 //! timings and no GPU locations, grows another by a cGPU and shrinks it (after seeing a field error
-//! and a 507), terminates one; an admin sees the hosts' GPU bars and drains a host.
+//! and a 507), queues a launch and cancels it, queues an attach that starts when GPUs free,
+//! terminates one; an admin sees the hosts' GPU bars and drains a host.
 //!
 //! Needs `node` (18 or later) and `chromium` (`CHROMIUM` overrides `/usr/bin/chromium`); without them
 //! the test fails, it does not skip. `npm ci` runs in `api/tests/dashboard/` when playwright-core is
@@ -229,6 +230,17 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
         .map(|c| (c["index"].as_u64().unwrap(), c["state"].as_str().unwrap()))
         .collect();
     assert_eq!(cgpus, [(1, "live"), (2, "live")], "{list}");
+    // It waited in the queue for a whole GPU, got it when the filler went, and gave it up again.
+    let (_, kept) = t.get(&tenant, &format!("/v1/vms/{}", id("kept"))).await;
+    let kinds: Vec<&str> =
+        kept["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["attached"], "{kept}");
+    for cancelled in ["queued", "filler"] {
+        let (_, vm) = t.get(&tenant, &format!("/v1/vms/{}", id(cancelled))).await;
+        assert_eq!(vm["state"], "deleted", "{vm}");
+    }
+    let (_, queue) = t.get(&admin, "/v1/queue").await;
+    assert_eq!(queue["requests"], serde_json::json!([]), "{queue}");
     let (_, ops_vm) = t.get(&admin, &format!("/v1/vms/{}", id("admin_vm"))).await;
     assert_eq!(
         (ops_vm["state"].as_str(), ops_vm["project"].as_str()),
@@ -244,7 +256,9 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
         .collect();
     assert_eq!(drained, [drain_host.as_str()]);
 
-    for name in ["dashboard-pool.png", "dashboard-vm.png", "dashboard-elastic.png"] {
+    for name in
+        ["dashboard-pool.png", "dashboard-vm.png", "dashboard-elastic.png", "dashboard-queue.png"]
+    {
         let png = std::fs::read(screenshots.join(name)).unwrap();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{name}: {} bytes", png.len());
     }

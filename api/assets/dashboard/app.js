@@ -29,6 +29,7 @@
     pool: null,
     vms: [],
     quotas: [],
+    queue: { lengths: [], requests: [] },
     // VMs terminated from this tab, followed until deleted and shown a while after.
     terminated: new Map(),
     // The VM the attach dialog is open for.
@@ -186,8 +187,8 @@
     const generation = state.generation;
     clearTimeout(state.timer);
     try {
-      const [pool, list, quotas] = await Promise.all([api('GET', '/v1/pool'), api('GET', '/v1/vms'),
-        api('GET', '/v1/quotas')]);
+      const [pool, list, quotas, queue] = await Promise.all([api('GET', '/v1/pool'), api('GET', '/v1/vms'),
+        api('GET', '/v1/quotas'), api('GET', '/v1/queue')]);
       const listed = new Set(list.vms.map((vm) => vm.id));
       const now = Date.now();
       await Promise.all(Array.from(state.terminated.entries(), async ([id, entry]) => {
@@ -208,6 +209,7 @@
       state.pool = pool;
       state.vms = list.vms;
       state.quotas = quotas.quotas;
+      state.queue = queue;
       state.admin = Array.isArray(pool.hosts);
       state.lastOk = now;
       $('banner').hidden = true;
@@ -248,6 +250,7 @@
     refreshNote.textContent = `updated ${clock(state.lastOk)} · every ${REFRESH_MS / 1000} s`;
     renderPool();
     renderQuotas();
+    renderQueue();
     renderVms();
   }
 
@@ -309,6 +312,41 @@
         el('span', { class: 'quota-project', text: `project ${q.project}` }),
         el('span', { class: 'badge', text: q.own_limits ? 'own limits' : 'defaults' })),
       rows);
+  }
+
+  const KIND_LABELS = { launch: 'launch', attach: 'attach', give_back: 'give back' };
+
+  function asked(r) {
+    return `${r.ncgpus} × ${r.mode}${r.gpu_memory_mib ? `, ${mem(r.gpu_memory_mib)} each` : ''}`;
+  }
+
+  function renderQueue() {
+    const { lengths, requests } = state.queue;
+    const total = lengths.reduce((a, l) => a + l.waiting, 0);
+    $('queue-note').textContent = total === 0 ? 'Nothing waits for GPUs'
+      : `${total} request${total === 1 ? '' : 's'} waiting in all${state.admin ? '' : '; yours are listed'}`;
+    $('queue-lengths').replaceChildren(...lengths.map((l) => el('span', {
+      class: 'badge queue-length', data: { priority: String(l.priority) },
+      text: `priority ${l.priority}: ${l.waiting} waiting`,
+    })));
+    if (requests.length === 0) {
+      $('queue-requests').replaceChildren(total === 0 ? el('div', { class: 'empty', text: 'Launches and attaches with "wait in the queue" show here while the GPUs are short.' })
+        : el('div', { class: 'empty', text: 'None of them is yours.' }));
+      return;
+    }
+    const head = ['#', 'VM', 'Waits for', 'cGPUs', 'Priority', 'Since'];
+    if (state.admin) head.push('Project');
+    const rows = requests.map((r) => el('tr', { class: 'queued-request', data: { vm: r.vm, kind: r.kind } },
+      el('td', { class: 'position', text: String(r.position) }),
+      el('td', {}, el('span', { class: 'swatch', style: { background: colorOf(r.vm) } }), ` ${r.vm_name}`),
+      el('td', { text: KIND_LABELS[r.kind] || r.kind }),
+      el('td', { text: asked(r) }),
+      el('td', { text: String(r.priority) }),
+      el('td', { text: clock(r.enqueued_ms) }),
+      state.admin ? el('td', { text: r.project }) : null));
+    $('queue-requests').replaceChildren(el('table', { class: 'queue-table' },
+      el('thead', {}, el('tr', {}, head.map((h) => el('th', { text: h })))),
+      el('tbody', {}, rows)));
   }
 
   // Memory each VM holds on each GPU, from the admin's VM list (cGPUs carry their GPU).
@@ -403,6 +441,8 @@
       ['Policy', g.policy],
       ['Fixed IP', vm.fixed_ip || '…'],
     ];
+    facts.push(['Scheduling', `priority ${vm.priority}${vm.preemptible
+      ? ` · preemptible, ${vm.give_back ? 'gets taken cGPUs back' : 'does not get taken cGPUs back'}` : ''}`]);
     if (state.admin) facts.push(['Host', vm.host || '…']);
     facts.push(['Created', new Date(vm.created_ms).toLocaleString()]);
     // The rCUDA environment numbers the live cGPUs from 0 in attach order (the list's order); a
@@ -439,10 +479,27 @@
         attach,
         terminate),
       vm.error ? el('div', { class: 'vm-error', text: vm.error }) : null,
+      vm.state === 'queued' ? el('div', { class: 'queue-note', text: `Waiting for GPUs in the queue: position ${vm.queue_position ?? '…'}` }) : null,
+      (vm.queued_attaches || []).length ? el('ul', { class: 'waiting' }, vm.queued_attaches.map((w) => el('li', {
+        class: 'waiting-item', data: { kind: w.kind },
+        text: `Waiting to ${w.kind === 'give_back' ? 'get back' : 'attach'} ${asked(w)} · position ${w.position} · since ${clock(w.enqueued_ms)}`,
+      }))) : null,
       el('div', { class: 'vm-info' },
         el('dl', { class: 'facts' }, facts.map(([k, v]) => [el('dt', { text: k }), el('dd', { text: v })])),
         cgpus.length ? el('ul', { class: 'cgpus' }, cgpus) : null),
+      renderEvents(vm),
       renderTimings(vm));
+  }
+
+  function renderEvents(vm) {
+    const events = vm.events || [];
+    if (events.length === 0) return null;
+    return el('div', { class: 'events' },
+      el('h3', { text: 'Events' }),
+      el('ul', {}, events.map((e) => el('li', { class: 'event', data: { kind: e.kind } },
+        el('span', { class: 'event-at', text: clock(e.at_ms) }),
+        el('span', { class: `badge event-kind ${e.kind}`, text: e.kind.replace('_', ' ') }),
+        el('span', { class: 'event-detail', text: e.detail })))));
   }
 
   function renderTimings(vm) {
@@ -533,6 +590,10 @@
       mode: $('f-mode').value,
       locality: $('f-locality').value,
       distinct_gpus: $('f-distinct_gpus').checked,
+      queue: $('f-queue').checked,
+      priority: value('priority') === '' ? 0 : Number(value('priority')),
+      preemptible: $('f-preemptible').checked,
+      give_back: $('f-give_back').checked,
     };
     if (value('name')) body.name = value('name');
     if ($('f-user_data').value.trim()) body.user_data = $('f-user_data').value;
@@ -562,7 +623,7 @@
       input.setAttribute('aria-invalid', 'true');
       input.focus();
     } else {
-      const what = { 403: 'Over quota', 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
+      const what = { 403: 'Over quota', 429: 'Too many requests waiting', 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
       $(error).textContent = what ? `${what}: ${e.message}` : e.message;
     }
   }
@@ -576,7 +637,9 @@
     submit.textContent = 'Launching…';
     try {
       const vm = await api('POST', '/v1/vms', launchBody(), { 'Idempotency-Key': newKey() });
-      $('launch-ok').textContent = `Accepted: ${vm.name} (${vm.id.slice(0, 8)}) is ${vm.state}; follow it under Virtual machines.`;
+      $('launch-ok').textContent = vm.state === 'queued'
+        ? `Queued: ${vm.name} (${vm.id.slice(0, 8)}) waits for GPUs at position ${vm.queue_position}; it starts by itself.`
+        : `Accepted: ${vm.name} (${vm.id.slice(0, 8)}) is ${vm.state}; follow it under Virtual machines.`;
       await refresh();
     } catch (e) {
       if (e.status === 401) {
@@ -601,6 +664,7 @@
     $('a-gpu_memory_mib').value = vm.gpus.gpu_memory_mib ? String(vm.gpus.gpu_memory_mib) : '';
     $('a-policy').value = '';
     $('a-distinct_gpus').checked = false;
+    $('a-queue').checked = false;
     $('attach-dialog').showModal();
     $('a-ncgpus').focus();
   }
@@ -611,6 +675,7 @@
       ncgpus: value('ncgpus') === '' ? null : Number(value('ncgpus')),
       mode: $('a-mode').value,
       distinct_gpus: $('a-distinct_gpus').checked,
+      queue: $('a-queue').checked,
     };
     if (value('gpu_memory_mib') !== '') body.gpu_memory_mib = Number(value('gpu_memory_mib'));
     if (value('policy')) body.policy = value('policy');
@@ -667,6 +732,10 @@
       $('f-gpu_memory_mib').placeholder = $('f-mode').value === 'shared' ? '2048' : 'optional';
     });
     $('f-gpu_memory_mib').placeholder = $('f-mode').value === 'shared' ? '2048' : 'optional';
+    // Giving back is a preemptible VM's choice only.
+    $('f-preemptible').addEventListener('change', () => {
+      $('f-give_back').disabled = !$('f-preemptible').checked;
+    });
     document.addEventListener('visibilitychange', () => {
       if (!document.hidden && state.token && !$('main-view').hidden) refresh();
     });

@@ -4,7 +4,8 @@
 //   GSAAS_TENANT_TOKEN    a member token, GSAAS_ADMIN_TOKEN an admin token
 //   GSAAS_HIDDEN          JSON array of strings a tenant must never see (host names, rCUDA endpoints)
 //   GSAAS_DRAIN_HOST      the host the admin drains
-//   GSAAS_SCREENSHOTS     where dashboard-pool.png, dashboard-vm.png and dashboard-elastic.png go
+//   GSAAS_SCREENSHOTS     where dashboard-pool.png, dashboard-vm.png, dashboard-elastic.png and
+//                         dashboard-queue.png go
 //   CHROMIUM              the browser (default /usr/bin/chromium)
 // Every wait is bounded; any failed check, page error or CSP violation exits non-zero. The last
 // line on success is `RESULT {...}` with the ids of what it did, for the Rust side to check.
@@ -89,13 +90,17 @@ async function signOut() {
 
 async function fillLaunch(fields) {
   const all = { name: '', image: 'cirros-0.6.2', flavor: 'm1.small', networks: '', user_data: '', ncgpus: '1',
-    gpu_memory_mib: '', mode: 'exclusive', locality: 'any', policy: '', distinct_gpus: false, ...fields };
+    gpu_memory_mib: '', mode: 'exclusive', locality: 'any', policy: '', distinct_gpus: false, queue: false,
+    priority: '0', preemptible: false, ...fields };
   for (const name of ['name', 'image', 'flavor', 'networks', 'user_data', 'ncgpus', 'gpu_memory_mib', 'policy']) {
     await page.fill(`#f-${name}`, all[name]);
   }
   await page.selectOption('#f-mode', all.mode);
   await page.selectOption('#f-locality', all.locality);
   await page.setChecked('#f-distinct_gpus', all.distinct_gpus);
+  await page.setChecked('#f-queue', all.queue);
+  await page.fill('#f-priority', all.priority);
+  await page.setChecked('#f-preemptible', all.preemptible);
 }
 
 // Launches through the form and waits until the VM is ready; returns its id.
@@ -240,6 +245,56 @@ try {
   log('detached cGPU #0 from jupyter; #1 and #2 are devices 0 and 1');
   await assertTenantSeesNoLocations('after an attach and a detach');
   await page.locator(kept).screenshot({ path: join(shots, 'dashboard-elastic.png') });
+
+  // The queue: a launch that does not fit waits, shows its place on its card and in the Queue
+  // card, and a terminate cancels it.
+  await fillLaunch({ name: 'dash-queued', ncgpus: '4', mode: 'exclusive', queue: true, priority: '5' });
+  await page.click('#launch-submit');
+  const queuedOk = await page.waitForSelector('#launch-ok:not(:empty)');
+  check(/Queued: .*position 1/.test(await queuedOk.textContent()), `queued said: ${await queuedOk.textContent()}`);
+  const queuedCard = await page.waitForSelector('.vm[data-vm-name="dash-queued"][data-state="queued"]');
+  result.queued = await queuedCard.getAttribute('data-vm-id');
+  const queued = vmCard(result.queued);
+  check((await page.textContent(`${queued} .queue-note`)).includes('position 1'), 'the queued VM shows its place');
+  await page.waitForSelector(`#queue-requests tr.queued-request[data-vm="${result.queued}"][data-kind="launch"]`);
+  check((await page.textContent('#queue-lengths')).includes('priority 5: 1 waiting'), 'the queue counts it at priority 5');
+  await page.click(`${queued} button.terminate`);
+  await page.waitForSelector(`${queued}[data-state="deleted"]`);
+  await page.waitForSelector('#queue-requests tr.queued-request', { state: 'detached' });
+  log(`queued ${result.queued} at position 1, then cancelled it`);
+
+  // A queued attach: with the idle GPUs taken, jupyter's attach of a whole GPU waits beside the
+  // running VM, and starts by itself when they free; the VM's events say so.
+  result.filler = await launch({ name: 'dash-filler', ncgpus: '2', mode: 'exclusive' });
+  await page.click(`${kept} button.attach`);
+  await page.waitForSelector('#attach-dialog[open]');
+  await page.fill('#a-ncgpus', '1');
+  await page.selectOption('#a-mode', 'exclusive');
+  await page.fill('#a-gpu_memory_mib', '');
+  await page.setChecked('#a-distinct_gpus', false);
+  await page.setChecked('#a-queue', true);
+  await page.click('#attach-submit');
+  await page.waitForSelector('#attach-dialog', { state: 'hidden' });
+  const waiting = await page.waitForSelector(`${kept} .waiting-item[data-kind="attach"]`);
+  check((await waiting.textContent()).includes('position 1'), `the waiting attach shows its place: ${await waiting.textContent()}`);
+  check(await page.locator(`${kept}[data-state="ready"] .cgpu[data-state="live"]`).count() === 2, 'the VM runs on as it was');
+  await page.waitForSelector(`#queue-requests tr.queued-request[data-vm="${result.kept}"][data-kind="attach"]`);
+  await assertTenantSeesNoLocations('with a queued attach');
+  await page.evaluate(() => document.getElementById('queue-section').scrollIntoView());
+  await page.screenshot({ path: join(shots, 'dashboard-queue.png') });
+  await page.click(`${vmCard(result.filler)} button.terminate`);
+  await page.waitForSelector(`${kept} .event[data-kind="attached"]`);
+  await page.waitForSelector(`${kept} .waiting-item`, { state: 'detached' });
+  await page.waitForFunction((card) => document.querySelectorAll(`${card} .cgpu[data-state="live"]`).length === 3, kept);
+  const added = await page.evaluate((card) => Array.from(document.querySelectorAll(`${card} .cgpu`))
+    .map((c) => c.dataset.index).find((i) => i !== '1' && i !== '2'), kept);
+  log(`the queued attach started when dash-filler went: cGPU #${added}`);
+  // Back to two cGPUs for what follows.
+  await page.click(`${cgpuIn(added)} button.detach`);
+  await page.waitForSelector(cgpuIn(added), { state: 'detached' });
+  await page.waitForSelector(`${kept} button.attach:not([disabled])`);
+  await page.waitForSelector(`${vmCard(result.filler)}[data-state="deleted"]`);
+  await assertTenantSeesNoLocations('after the queue');
 
   // Admin: every host with its GPU bars, a segment per VM; launch, drain.
   await signOut();
