@@ -12,10 +12,15 @@ CREATE TABLE queue_tickets (
     -- 'launch', 'attach' or 'give_back'.
     kind TEXT NOT NULL,
     -- For an attach or a give-back: what to attach (JSON).
-    attach TEXT
+    attach TEXT,
+    -- The head of the queue, as the last round planned it: 1, or 2 while capacity is being
+    -- reclaimed for it; 0 for the others. Requests that do not wait pass it, or are held by it.
+    head BIGINT NOT NULL DEFAULT 0
 );
-INSERT INTO queue_tickets (ticket, vm, project, priority, passed, enqueued_ms, deadline_ms, kind, attach)
-    SELECT ticket, vm, project, priority, passed, enqueued_ms, deadline_ms, 'launch', NULL FROM queue;
+INSERT INTO queue_tickets (ticket, vm, project, priority, passed, enqueued_ms, deadline_ms, kind, attach, head)
+    SELECT ticket, vm, project, priority, passed, enqueued_ms, deadline_ms, 'launch', NULL, 0 FROM queue;
 DROP TABLE queue;
 ALTER TABLE queue_tickets RENAME TO queue;
 CREATE INDEX queue_by_vm ON queue (vm);
+-- Finding the head must not scan a long queue: every launch looks for it.
+CREATE INDEX queue_by_head ON queue (head);

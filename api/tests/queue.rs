@@ -19,7 +19,8 @@ on_both_stores!(
     a_queued_attach_waits_beside_its_running_vm_and_starts_when_capacity_frees,
     a_queued_attach_that_waits_too_long_is_cancelled_and_the_vm_keeps_what_it_has,
     a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_out,
-    a_project_cannot_fill_the_queue
+    a_project_cannot_fill_the_queue,
+    launches_that_skip_the_queue_cannot_starve_its_head
 );
 
 fn exclusive(ncgpus: u32, queue: bool, priority: i32) -> Value {
@@ -431,4 +432,49 @@ async fn a_project_cannot_fill_the_queue(store: Store) {
     let other = t.token("beta", Role::Member);
     let (status, vm) = t.post(&other, "/v1/vms", &exclusive(1, true, 0)).await;
     assert_eq!((status, vm["state"].as_str()), (202, Some("queued")), "{vm}");
+}
+
+/// Launches that do not wait in the queue pass its head like backfill does, a bounded number of
+/// times; then they are held (507, or queued with `queue: true`) until it starts, unless they are
+/// of higher priority.
+async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
+    let t = TestService::start_with(store, |config| {
+        config.queue.max_passes = 2;
+        config.queue.serve_interval_secs = 3600;
+    })
+    .await;
+    let member = t.member();
+    let app = t.service().app.clone();
+    let big = t.launch(&member, &exclusive(3, false, 0)).await;
+    t.wait_state(&member, &big, "ready").await;
+    // Two GPUs wanted, one free: the head.
+    let head = t.launch(&member, &exclusive(2, true, 0)).await;
+    app.serve_queue_once().await.expect("a round");
+    // Two small launches pass it, each taking the free GPU and giving it back.
+    for _ in 0..2 {
+        let small = t.launch(&member, &exclusive(1, false, 0)).await;
+        t.wait_state(&member, &small, "ready").await;
+        let (status, _) = t.delete(&member, &format!("/v1/vms/{small}")).await;
+        assert_eq!(status, 202);
+        t.wait_state(&member, &small, "deleted").await;
+        app.serve_queue_once().await.expect("a round");
+    }
+    // The third is held: the free GPU is the head's to wait for.
+    let (status, problem) = t.post(&member, "/v1/vms", &exclusive(1, false, 0)).await;
+    assert_eq!((status, problem["code"].as_str()), (507, Some("insufficient_gpu_capacity")));
+    assert!(problem["detail"].as_str().unwrap().contains("held for requests waiting"), "{problem}");
+    let (status, behind) = t.post(&member, "/v1/vms", &exclusive(1, true, 0)).await;
+    assert_eq!((status, behind["state"].as_str()), (202, Some("queued")), "{behind}");
+    assert_eq!(behind["queue_position"], 2, "{behind}");
+    // A request of higher priority goes first.
+    let urgent = t.launch(&member, &exclusive(1, false, 3)).await;
+    t.wait_state(&member, &urgent, "ready").await;
+    // Capacity frees: the head starts first.
+    for id in [&big, &urgent] {
+        let (status, _) = t.delete(&member, &format!("/v1/vms/{id}")).await;
+        assert_eq!(status, 202);
+    }
+    t.wait_state(&member, &head, "ready").await;
+    let behind = behind["id"].as_str().unwrap();
+    t.wait_state(&member, behind, "ready").await;
 }

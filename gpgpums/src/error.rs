@@ -47,6 +47,9 @@ pub struct Shortfall {
     pub locality: Locality,
     /// Set when the GPUs were there but no host could run the VM.
     pub no_vm_host: bool,
+    /// Set when the GPUs may be free but are held for requests waiting in the queue ahead of it.
+    #[serde(default)]
+    pub held_for_queue: bool,
 }
 
 impl Shortfall {
@@ -59,7 +62,13 @@ impl Shortfall {
             mode: request.mode,
             locality: request.locality,
             no_vm_host,
+            held_for_queue: false,
         }
+    }
+
+    /// `request` may not take free GPUs now: they are held for requests waiting ahead of it.
+    pub fn held_for_queue(request: &Request) -> Self {
+        Shortfall { held_for_queue: true, ..Shortfall::of(request, 0, false) }
     }
 }
 
@@ -71,7 +80,13 @@ impl fmt::Display for Shortfall {
             write!(f, " of {mib} MiB")?;
         }
         write!(f, " with locality {}", self.locality)?;
-        if self.no_vm_host {
+        if self.held_for_queue {
+            write!(
+                f,
+                ", but the free GPUs are held for requests waiting in the queue ahead of it \
+                 (with queue: true it waits its turn)"
+            )
+        } else if self.no_vm_host {
             let which = match self.locality {
                 Locality::Remote => "compute-rgpu host",
                 _ => "host with a RODVR agent",
@@ -100,6 +115,7 @@ mod tests {
             mode: Mode::Shared,
             locality: Locality::Any,
             no_vm_host: false,
+            held_for_queue: false,
         });
         assert_eq!(
             e.to_string(),

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use std::collections::HashMap;
 
-use gpgpums::{Pool, ProjectId, QuotaLedger, Usage};
+use gpgpums::{Pool, ProjectId, QuotaLedger, Shortfall, Usage};
 
 use super::batch::Queued;
 use super::pool::BoxFuture;
@@ -223,13 +223,25 @@ impl App {
         };
         let now = now_ms();
         let max_waiting = self.config.queue.max_waiting_per_project;
+        let books = |b: &Booking| matches!(b, Booking::Reserve(_) | Booking::Attach(_));
+        let mut gate = HeadGate {
+            head: if bookings.iter().any(books) { db::queue_head(tx).await? } else { None },
+            backfill: self.config.queue.backfill,
+            max_passes: self.config.queue.max_passes,
+            passes: 0,
+        };
         // Requests waiting per project, as the batch's queued ones add to them.
         let mut waiting: HashMap<String, u64> = HashMap::new();
         for (i, booking) in bookings.iter().enumerate() {
             if let Booking::Reserve(reservation) = booking {
                 let mut ledgers = Ledgers { pool: &mut *pool, quotas: &mut *quotas, vms: &mut vms };
-                match place_cgpus(&mut ledgers, &self.config.masking, &reservation.record) {
-                    Ok(details) => reserved.push((i, details)),
+                let priority = reservation.record.spec.priority;
+                let held = gate.holds(priority);
+                match place_cgpus(&mut ledgers, &self.config.masking, &reservation.record, held) {
+                    Ok(details) => {
+                        gate.started(priority);
+                        reserved.push((i, details));
+                    }
                     Err(Error::InsufficientCapacity(_)) if reservation.queue => {
                         let project = &reservation.record.project;
                         let n = match waiting.get(project) {
@@ -293,7 +305,22 @@ impl App {
             let outcome = match booking {
                 Booking::Attach(attachment) => {
                     let queue = QueueTerms { deadline_ms: self.queue_deadline(now), max_waiting };
-                    attach_cgpus(pool, quotas, tx, &self.config.masking, attachment, queue).await?
+                    let priority = attachment.vm.spec.priority;
+                    let held = gate.holds(priority);
+                    let outcome = attach_cgpus(
+                        pool,
+                        quotas,
+                        tx,
+                        &self.config.masking,
+                        attachment,
+                        queue,
+                        held,
+                    )
+                    .await?;
+                    if matches!(outcome, Ok(Booked::Attached(..))) {
+                        gate.started(priority);
+                    }
+                    outcome
                 }
                 Booking::Detach(ended) => detach_cgpus(pool, quotas, tx, ended).await?,
                 _ => continue,
@@ -303,6 +330,7 @@ impl App {
         }
 
         if wrote {
+            gate.write(tx).await?;
             pool_tx.commit().await?;
         }
         Ok(outcomes.into_iter().map(|o| o.expect("every booking has an outcome")).collect())
@@ -318,6 +346,7 @@ async fn attach_cgpus(
     masking: &MaskingConfig,
     attachment: &Attachment,
     queue: QueueTerms,
+    held: bool,
 ) -> Result<Result<Booked, Error>, Error> {
     let id = attachment.vm.id;
     // Attaches count against the quota; VMs do not change.
@@ -328,38 +357,41 @@ async fn attach_cgpus(
     if let Err(e) = quotas.check(&project, Usage::asked(&attachment.request), 0) {
         return Ok(Err(e.into()));
     }
-    let placed =
-        match pool.attach(id, &attachment.request, &attachment.policy, attachment.on_host.as_ref())
-        {
-            Ok(placed) => placed,
-            Err(gpgpums::Error::InsufficientCapacity(_)) if attachment.queue => {
-                if db::waiting_in_project(tx, &attachment.vm.project).await? >= queue.max_waiting {
-                    return Ok(Err(too_many_waiting(queue.max_waiting)));
-                }
-                // It waits, holding nothing; the VM stays as it is.
-                let queued = db::Queued::Attach {
-                    attach: db::QueuedAttach {
-                        request: attachment.request.clone(),
-                        policy: attachment.policy.clone(),
-                    },
-                    give_back: false,
-                };
-                let now = now_ms();
-                let ticket = db::NewTicket {
-                    vm: &attachment.vm,
-                    queued,
-                    now_ms: now,
-                    deadline_ms: queue.deadline_ms,
-                };
-                let ticket = db::enqueue(tx, ticket).await?;
-                if let Some(key) = &attachment.idempotency_key {
-                    let digest = &attachment.request_digest;
-                    db::insert_attach_key(tx, &attachment.vm.project, key, id, digest, now).await?;
-                }
-                return Ok(Ok(Booked::AttachQueued(ticket)));
+    let placed = if held {
+        Err(gpgpums::Error::InsufficientCapacity(Shortfall::held_for_queue(&attachment.request)))
+    } else {
+        pool.attach(id, &attachment.request, &attachment.policy, attachment.on_host.as_ref())
+    };
+    let placed = match placed {
+        Ok(placed) => placed,
+        Err(gpgpums::Error::InsufficientCapacity(_)) if attachment.queue => {
+            if db::waiting_in_project(tx, &attachment.vm.project).await? >= queue.max_waiting {
+                return Ok(Err(too_many_waiting(queue.max_waiting)));
             }
-            Err(e) => return Ok(Err(e.into())),
-        };
+            // It waits, holding nothing; the VM stays as it is.
+            let queued = db::Queued::Attach {
+                attach: db::QueuedAttach {
+                    request: attachment.request.clone(),
+                    policy: attachment.policy.clone(),
+                },
+                give_back: false,
+            };
+            let now = now_ms();
+            let ticket = db::NewTicket {
+                vm: &attachment.vm,
+                queued,
+                now_ms: now,
+                deadline_ms: queue.deadline_ms,
+            };
+            let ticket = db::enqueue(tx, ticket).await?;
+            if let Some(key) = &attachment.idempotency_key {
+                let digest = &attachment.request_digest;
+                db::insert_attach_key(tx, &attachment.vm.project, key, id, digest, now).await?;
+            }
+            return Ok(Ok(Booked::AttachQueued(ticket)));
+        }
+        Err(e) => return Ok(Err(e.into())),
+    };
     let usage = Usage::of_cgpus(&placed);
     if let Err(e) = quotas.charge(id, &project, usage, 0) {
         for cgpu in &placed {
@@ -401,6 +433,46 @@ async fn attach_cgpus(
             .await?;
     }
     Ok(Ok(Booked::Attached(Box::new(vm), cgpus, claimed)))
+}
+
+/// What the queue's head allows requests that do not wait in the queue: starting ahead of the
+/// head passes it once (backfill), and once it has been passed `max_passes` times, or while
+/// capacity is being reclaimed for it, nothing of its priority or lower starts ahead of it. So
+/// requests that skip the queue cannot starve it either.
+#[derive(Debug)]
+struct HeadGate {
+    head: Option<db::QueueHead>,
+    backfill: bool,
+    max_passes: u32,
+    /// Starts ahead of the head in this batch.
+    passes: u32,
+}
+
+impl HeadGate {
+    /// Whether a request of `priority` must leave the free GPUs to the head.
+    fn holds(&self, priority: i32) -> bool {
+        self.head.is_some_and(|head| {
+            head.priority >= priority
+                && (head.awaiting_reclaim
+                    || !self.backfill
+                    || head.passed.saturating_add(self.passes) >= self.max_passes)
+        })
+    }
+
+    /// A request of `priority` started.
+    fn started(&mut self, priority: i32) {
+        if self.head.is_some_and(|head| head.priority >= priority) {
+            self.passes += 1;
+        }
+    }
+
+    /// Records the passes.
+    async fn write(&self, tx: &mut sqlx::AnyConnection) -> Result<(), Error> {
+        match self.head {
+            Some(head) if self.passes > 0 => db::pass_head(tx, head.ticket, self.passes).await,
+            _ => Ok(()),
+        }
+    }
 }
 
 /// How a request that does not fit may wait.
@@ -483,11 +555,13 @@ fn project_id(project: &str) -> Result<ProjectId, Error> {
 }
 
 /// Places the VM's cGPUs on the pool, within its project's quota, and gives each its masked
-/// endpoint. A refusal leaves the pool and the ledger as they were.
+/// endpoint; `held_for_queue`: the quota is checked, but the free GPUs are not its to take (see
+/// [`HeadGate`]). A refusal leaves the pool and the ledger as they were.
 fn place_cgpus(
     booked: &mut Ledgers<'_>,
     masking: &MaskingConfig,
     record: &VmRecord,
+    held_for_queue: bool,
 ) -> Result<VmDetails, Error> {
     let mut record = record.clone();
     let id = record.id;
@@ -495,6 +569,9 @@ fn place_cgpus(
     let vms = booked.vms.get(&project).copied().unwrap_or(0);
     // The quota first (what the request asks is known before it is placed), as Nova does.
     booked.quotas.check(&project, Usage::vm_with(Usage::asked(&record.spec.gpus)), vms)?;
+    if held_for_queue {
+        return Err(Error::InsufficientCapacity(Shortfall::held_for_queue(&record.spec.gpus)));
+    }
     let pool = &mut *booked.pool;
     let started = Instant::now();
     let placement = pool.place(id, &record.spec.gpus, &record.policy)?;

@@ -272,12 +272,8 @@ impl App {
             }
             round.refused.push(q.vm.id);
         }
-        if let Some((ticket, passed)) = planned.head {
-            let unchanged = waiting.iter().any(|w| w.ticket == ticket && w.passed == passed);
-            if !unchanged {
-                db::set_passed(tx, ticket, passed).await?;
-            }
-        }
+        let head = planned.head.map(|(ticket, passed)| (ticket, passed, planned.awaiting_reclaim));
+        db::set_head(tx, head).await?;
         let Outcome { mut writes, new_cgpus, done, events, .. } = out;
         if !writes.is_empty() {
             let written = db::update_vms(tx, &mut writes).await?;

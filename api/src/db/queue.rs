@@ -161,14 +161,63 @@ pub async fn dequeue_vm(conn: &mut AnyConnection, vm: VmId) -> Result<(), Error>
     Ok(())
 }
 
-/// Records how often the ticket's launch has been passed.
-pub async fn set_passed(
+/// The head of the queue as the last round planned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueHead {
+    pub ticket: TicketId,
+    pub priority: i32,
+    /// How often requests started ahead of it while it was the head.
+    pub passed: u32,
+    /// Capacity is being taken back from preemptible VMs for it.
+    pub awaiting_reclaim: bool,
+}
+
+/// Records the head a round planned (`None`: no request is blocked), with how often it has been
+/// passed.
+pub async fn set_head(
+    conn: &mut AnyConnection,
+    head: Option<(TicketId, u32, bool)>,
+) -> Result<(), Error> {
+    sqlx::query("UPDATE queue SET head = 0 WHERE head > 0").execute(&mut *conn).await?;
+    if let Some((ticket, passed, awaiting_reclaim)) = head {
+        sqlx::query("UPDATE queue SET head = $1, passed = $2 WHERE ticket = $3")
+            .bind(if awaiting_reclaim { 2_i64 } else { 1 })
+            .bind(i64::from(passed))
+            .bind(ticket.0 as i64)
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The head of the queue, if the last round found one that is still waiting.
+pub async fn queue_head(conn: &mut AnyConnection) -> Result<Option<QueueHead>, Error> {
+    let row = sqlx::query("SELECT ticket, priority, passed, head FROM queue WHERE head > 0")
+        .fetch_optional(conn)
+        .await?;
+    row.map(|row| {
+        let ticket: i64 = row.try_get(0)?;
+        let priority: i64 = row.try_get(1)?;
+        let passed: i64 = row.try_get(2)?;
+        Ok(QueueHead {
+            ticket: TicketId(ticket as u64),
+            priority: i32::try_from(priority)
+                .map_err(|_| corrupt("priority", &priority.to_string()))?,
+            passed: u32::try_from(passed).unwrap_or(u32::MAX),
+            awaiting_reclaim: row.try_get::<i64, _>(3)? == 2,
+        })
+    })
+    .transpose()
+}
+
+/// Counts `passes` more starts ahead of the head.
+pub async fn pass_head(
     conn: &mut AnyConnection,
     ticket: TicketId,
-    passed: u32,
+    passes: u32,
 ) -> Result<(), Error> {
-    sqlx::query("UPDATE queue SET passed = $1 WHERE ticket = $2")
-        .bind(i64::from(passed))
+    sqlx::query("UPDATE queue SET passed = passed + $1 WHERE ticket = $2")
+        .bind(i64::from(passes))
         .bind(ticket.0 as i64)
         .execute(conn)
         .await?;
