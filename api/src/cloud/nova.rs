@@ -883,9 +883,10 @@ impl Cloud for NovaCloud {
                 match self.get_server(id).await {
                     Err(CloudError::NotFound(_)) => return Ok(()),
                     Err(e) => return Err(e),
-                    Ok(server) if matches!(server.status.as_str(), "DELETED" | "SOFT_DELETED") => {
-                        return Ok(())
-                    }
+                    // SOFT_DELETED stays until the operator's reclaim interval; DELETED is
+                    // Nova's last step before it destroys the row and frees the host's
+                    // Placement allocations, so the deletion is done only at 404.
+                    Ok(server) if server.status == "SOFT_DELETED" => return Ok(()),
                     Ok(_) => tokio::time::sleep(self.poll_interval()).await,
                 }
             }
