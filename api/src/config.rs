@@ -72,6 +72,9 @@ pub struct QuotaDefaults {
     pub memory_mib: Option<u64>,
     pub exclusive_gpus: Option<u64>,
     pub vms: Option<u64>,
+    /// The highest priority a project's launches may ask for (0: none above the lowest, so no
+    /// tenant jumps the queue or preempts others unless an admin lets its project).
+    pub max_priority: u32,
 }
 
 impl QuotaDefaults {
@@ -81,6 +84,7 @@ impl QuotaDefaults {
             memory_mib: self.memory_mib,
             exclusive_gpus: self.exclusive_gpus,
             vms: self.vms,
+            max_priority: Some(self.max_priority),
         }
     }
 }
@@ -103,6 +107,9 @@ pub struct QueueConfig {
     pub serve_interval_secs: u64,
     /// How many requests (launches and attaches) one project may have waiting; more get 429.
     pub max_waiting_per_project: u64,
+    /// How long the head of the queue waits for the cGPUs a preemption is taking back for it
+    /// (their detach) before other requests may start ahead of it again.
+    pub reclaim_wait_secs: u64,
 }
 
 impl Default for QueueConfig {
@@ -115,6 +122,7 @@ impl Default for QueueConfig {
             preemption: true,
             serve_interval_secs: 5,
             max_waiting_per_project: 1000,
+            reclaim_wait_secs: 120,
         }
     }
 }
@@ -522,11 +530,17 @@ impl Config {
         if !(0..=1_000_000).contains(&self.queue.max_priority) {
             return Err("queue.max_priority: must be between 0 and 1000000".into());
         }
+        if i64::from(self.quotas.max_priority) > i64::from(self.queue.max_priority) {
+            return Err("quotas.max_priority: must be at most queue.max_priority".into());
+        }
         if self.queue.serve_interval_secs == 0 || self.queue.max_passes == 0 {
             return Err("queue.serve_interval_secs and queue.max_passes: must be at least 1".into());
         }
         if self.queue.queue_timeout_secs > crate::auth::MAX_TOKEN_TTL_SECS {
             return Err("queue.queue_timeout_secs: must be at most a year".into());
+        }
+        if self.queue.reclaim_wait_secs > 86_400 {
+            return Err("queue.reclaim_wait_secs: must be at most a day".into());
         }
         if self.auth.keystone_validations_per_minute == 0 {
             return Err("auth.keystone_validations_per_minute: must be at least 1".into());

@@ -41,6 +41,13 @@ pub enum Error {
     /// The booking would take the project past a quota limit: 403.
     #[error("{0}")]
     QuotaExceeded(gpgpums::QuotaExceeded),
+    /// A launch asks for a priority above its project's ceiling (its quota's `max_priority`):
+    /// 403, as a quota.
+    #[error(
+        "priority {priority} is above the highest priority project {project} may ask for \
+         (its quota's max_priority, {ceiling}); an admin may raise it"
+    )]
+    PriorityAboveCeiling { project: String, priority: i32, ceiling: u32 },
     /// Not enough GPU capacity now: 507.
     #[error("{0}")]
     InsufficientCapacity(Shortfall),
@@ -83,7 +90,7 @@ impl Error {
             Error::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Error::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::Conflict(_) => StatusCode::CONFLICT,
-            Error::QuotaExceeded(_) => StatusCode::FORBIDDEN,
+            Error::QuotaExceeded(_) | Error::PriorityAboveCeiling { .. } => StatusCode::FORBIDDEN,
             Error::InsufficientCapacity(_) => StatusCode::INSUFFICIENT_STORAGE,
             Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -101,7 +108,7 @@ impl Error {
             Error::RequestTimeout(_) => "request_timeout",
             Error::TooManyRequests(_) => "rate_limited",
             Error::Conflict(_) => "conflict",
-            Error::QuotaExceeded(_) => "quota_exceeded",
+            Error::QuotaExceeded(_) | Error::PriorityAboveCeiling { .. } => "quota_exceeded",
             Error::InsufficientCapacity(_) => "insufficient_gpu_capacity",
             Error::Unavailable { .. } => "dependency_unavailable",
             Error::Internal(_) => "internal_error",
@@ -111,6 +118,7 @@ impl Error {
     fn field(&self) -> Option<&str> {
         match self {
             Error::Malformed { field, .. } | Error::Invalid { field, .. } => Some(field),
+            Error::PriorityAboveCeiling { .. } => Some("priority"),
             _ => None,
         }
     }

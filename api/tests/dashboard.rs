@@ -137,6 +137,8 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
                 ..SimConfig::default()
             },
         };
+        // The launch form asks for priority 5.
+        config.quotas.max_priority = 100;
     })
     .await;
     let tenant = t.member();

@@ -57,4 +57,42 @@ async fn an_uncommitted_transaction_rolls_back_when_dropped(store: Store) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-on_both_stores!(an_uncommitted_transaction_rolls_back_when_dropped);
+/// A VM keeps its latest events, in the order they came even within one millisecond, and no
+/// more than `EVENTS_PER_VM` of them however many come.
+async fn a_vm_keeps_only_its_latest_events_in_order(store: Store) {
+    use gsaasd::db::{events_of, insert_event, VmEvent, EVENTS_PER_VM};
+    let (config, dir) = support::test_config(store);
+    let db = Db::connect(&config.database_url()).await.unwrap();
+    let (vm, other) = (gpgpums::VmId::new_random(), gpgpums::VmId::new_random());
+    let many = EVENTS_PER_VM + 25;
+    let mut tx = db.begin().await.unwrap();
+    for i in 0..many {
+        // Every event in the same millisecond: only their order tells them apart.
+        let event = VmEvent { at_ms: 7, kind: "attached".into(), detail: format!("event {i}") };
+        insert_event(&mut tx, vm, &event).await.unwrap();
+    }
+    let event = VmEvent { at_ms: 7, kind: "preempted".into(), detail: "other".into() };
+    insert_event(&mut tx, other, &event).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut conn = db.conn().await.unwrap();
+    let details: Vec<String> =
+        events_of(&mut conn, vm).await.unwrap().into_iter().map(|e| e.detail).collect();
+    let expected: Vec<String> =
+        (many - EVENTS_PER_VM..many).map(|i| format!("event {i}")).collect();
+    assert_eq!(details, expected);
+    let stored: i64 = sqlx::query("SELECT COUNT(*) FROM vm_events WHERE vm = $1")
+        .bind(vm.to_string())
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, EVENTS_PER_VM, "older events are forgotten");
+    assert_eq!(events_of(&mut conn, other).await.unwrap().len(), 1);
+    drop(conn);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+on_both_stores!(
+    an_uncommitted_transaction_rolls_back_when_dropped,
+    a_vm_keeps_only_its_latest_events_in_order
+);

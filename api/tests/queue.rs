@@ -9,6 +9,7 @@ mod support;
 use std::time::Duration;
 
 use gsaasd::auth::Role;
+use gsaasd::config::Config;
 use serde_json::{json, Value};
 use support::{join_all, Store, TestService};
 
@@ -20,8 +21,14 @@ on_both_stores!(
     a_queued_attach_that_waits_too_long_is_cancelled_and_the_vm_keeps_what_it_has,
     a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_out,
     a_project_cannot_fill_the_queue,
-    launches_that_skip_the_queue_cannot_starve_its_head
+    launches_that_skip_the_queue_cannot_starve_its_head,
+    only_a_recent_preemption_holds_the_queue_for_its_head
 );
+
+/// Tenants may ask for any priority (the default ceiling is 0; see the first test).
+fn any_priority(config: &mut Config) {
+    config.quotas.max_priority = 100;
+}
 
 fn exclusive(ncgpus: u32, queue: bool, priority: i32) -> Value {
     json!({
@@ -57,6 +64,18 @@ async fn queued_launches_wait_in_priority_order_start_when_capacity_frees_and_ca
     assert_eq!(first["cgpus"], json!([]));
     let first = first["id"].as_str().unwrap().to_owned();
     let second = t.launch(&member, &exclusive(1, true, 0)).await;
+    // Priorities above 0 are the admins' to give (the project's quota's max_priority): asked for
+    // without, 403 naming the field, and nothing is queued.
+    let (status, problem) = t.post(&member, "/v1/vms", &exclusive(1, true, 7)).await;
+    assert_eq!((status, problem["code"].as_str()), (403, Some("quota_exceeded")), "{problem}");
+    assert_eq!(problem["field"], "priority", "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("max_priority, 0"), "{problem}");
+    let (_, queue) = t.get(&admin, "/v1/queue").await;
+    assert_eq!(queue["lengths"], json!([{"priority": 0, "waiting": 2}]), "{queue}");
+    let (status, quota) = t.put(&admin, "/v1/quotas/alpha", &json!({"max_priority": 7})).await;
+    assert_eq!((status, &quota["limits"]["max_priority"]), (200, &json!(7)), "{quota}");
+    let (status, problem) = t.post(&member, "/v1/vms", &exclusive(1, true, 8)).await;
+    assert_eq!((status, problem["field"].as_str()), (403, Some("priority")), "{problem}");
     let urgent = t.launch(&member, &exclusive(1, true, 7)).await;
     assert_eq!(position(&t, &member, &urgent).await, 1);
     assert_eq!(position(&t, &member, &first).await, 2);
@@ -132,6 +151,7 @@ async fn scrape(t: &TestService, admin: &str) -> (u16, String) {
 
 async fn a_launch_that_waits_too_long_ends_with_queue_timeout(store: Store) {
     let t = TestService::start_with(store, |config| {
+        any_priority(config);
         config.queue.queue_timeout_secs = 1;
         config.queue.serve_interval_secs = 1;
     })
@@ -195,12 +215,16 @@ async fn two_replicas_serve_one_queue_without_placing_anything_twice() {
         (Some(4), Some(0)),
         "{pool}"
     );
+    // One server each: the replica whose round started a launch took its saga (the one that
+    // accepted it holds none while it waits), so no launch ran twice.
+    let servers = a.service().sim.as_ref().expect("the simulated cloud").servers();
+    assert_eq!(servers.len(), 4, "{servers:?}");
 }
 
 async fn a_higher_priority_launch_takes_cgpus_from_a_preemptible_vm_and_its_owner_sees_why(
     store: Store,
 ) {
-    let t = TestService::start(store).await;
+    let t = TestService::start_with(store, any_priority).await;
     let (admin, member) = (t.admin(), t.member());
     let other = t.token("beta", Role::Member);
     // Two GPUs to a best-effort VM of alpha's, two to a protected VM of beta's.
@@ -260,7 +284,7 @@ fn event_kinds(vm: &Value) -> Vec<String> {
 }
 
 async fn a_queued_attach_waits_beside_its_running_vm_and_starts_when_capacity_frees(store: Store) {
-    let t = TestService::start(store).await;
+    let t = TestService::start_with(store, any_priority).await;
     let (admin, member) = (t.admin(), t.member());
     let big = t.launch(&member, &exclusive(2, false, 0)).await;
     let small = t.launch(&member, &exclusive(1, false, 0)).await;
@@ -335,6 +359,7 @@ async fn a_queued_attach_that_waits_too_long_is_cancelled_and_the_vm_keeps_what_
     store: Store,
 ) {
     let t = TestService::start_with(store, |config| {
+        any_priority(config);
         config.queue.queue_timeout_secs = 1;
         config.queue.serve_interval_secs = 1;
     })
@@ -352,7 +377,7 @@ async fn a_queued_attach_that_waits_too_long_is_cancelled_and_the_vm_keeps_what_
 }
 
 async fn a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_out(store: Store) {
-    let t = TestService::start(store).await;
+    let t = TestService::start_with(store, any_priority).await;
     let (admin, member) = (t.admin(), t.member());
     let other = t.token("beta", Role::Member);
     let mut best_effort = exclusive(2, false, 0);
@@ -362,7 +387,8 @@ async fn a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_o
     t.wait_state(&member, &giving, "ready").await;
     t.wait_state(&other, &protected, "ready").await;
 
-    // A launch of higher priority takes one cGPU; what was taken waits to come back, forever.
+    // A launch of higher priority takes one cGPU; what was taken waits to come back, as long as
+    // any queued request may wait.
     let urgent = t.launch(&other, &exclusive(1, true, 9)).await;
     t.wait_state(&other, &urgent, "ready").await;
     let shrunk = t
@@ -370,7 +396,8 @@ async fn a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_o
         .await;
     let queued = &shrunk["queued_attaches"][0];
     assert_eq!((queued["kind"].as_str(), queued["ncgpus"].as_u64()), (Some("give_back"), Some(1)));
-    assert!(queued.get("deadline_ms").is_none(), "{shrunk}");
+    let waits = queued["deadline_ms"].as_i64().unwrap() - queued["enqueued_ms"].as_i64().unwrap();
+    assert_eq!(waits, 3_600_000, "{shrunk}");
     assert!(shrunk["events"][0]["detail"].as_str().unwrap().contains("given back when"));
 
     // Capacity returns: the cGPU comes back, routed, and the owner sees both events.
@@ -416,7 +443,11 @@ async fn a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_o
 }
 
 async fn a_project_cannot_fill_the_queue(store: Store) {
-    let t = TestService::start_with(store, |config| config.queue.max_waiting_per_project = 2).await;
+    let t = TestService::start_with(store, |config| {
+        any_priority(config);
+        config.queue.max_waiting_per_project = 2;
+    })
+    .await;
     let member = t.member();
     let vm = t.launch(&member, &exclusive(4, false, 0)).await;
     t.wait_state(&member, &vm, "ready").await;
@@ -439,6 +470,7 @@ async fn a_project_cannot_fill_the_queue(store: Store) {
 /// of higher priority.
 async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     let t = TestService::start_with(store, |config| {
+        any_priority(config);
         config.queue.max_passes = 2;
         config.queue.serve_interval_secs = 3600;
     })
@@ -477,4 +509,65 @@ async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     t.wait_state(&member, &head, "ready").await;
     let behind = behind["id"].as_str().unwrap();
     t.wait_state(&member, behind, "ready").await;
+}
+
+/// While the cGPUs a preemption takes are detached, the head of the queue waits for them and
+/// holds others back; a detach that is stuck (its host down) holds it only for
+/// `queue.reclaim_wait_secs`, and an owner's own detach never does.
+async fn only_a_recent_preemption_holds_the_queue_for_its_head(store: Store) {
+    let t = TestService::start_with(store, |config| {
+        any_priority(config);
+        config.queue.serve_interval_secs = 3600;
+        config.queue.reclaim_wait_secs = 60;
+    })
+    .await;
+    let member = t.member();
+    let app = t.service().app.clone();
+    let big = t.launch(&member, &exclusive(2, false, 0)).await;
+    let small = t.launch(&member, &exclusive(1, false, 0)).await;
+    t.wait_state(&member, &big, "ready").await;
+    t.wait_state(&member, &small, "ready").await;
+    // Two GPUs wanted, one free: the head; `small`'s GPU is stuck detaching (set here, as a
+    // host that does not answer would leave it).
+    let head = t.launch(&member, &exclusive(2, true, 0)).await;
+    let stuck = |reclaimed_ms: Option<i64>| {
+        let app = app.clone();
+        let small = small.clone();
+        async move {
+            let mut conn = app.db.conn().await.unwrap();
+            sqlx::query("UPDATE cgpus SET state = 'detaching', reclaimed_ms = $1 WHERE vm = $2")
+                .bind(reclaimed_ms)
+                .bind(&small)
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+        }
+    };
+    let now = gsaasd::db::now_ms();
+    let launch_one = || async {
+        let (status, vm) = t.post(&member, "/v1/vms", &exclusive(1, false, 0)).await;
+        if status == 202 {
+            let id = vm["id"].as_str().unwrap().to_owned();
+            t.wait_state(&member, &id, "ready").await;
+            let (status, _) = t.delete(&member, &format!("/v1/vms/{id}")).await;
+            assert_eq!(status, 202);
+            t.wait_state(&member, &id, "deleted").await;
+        }
+        (status, vm)
+    };
+    for (reclaimed_ms, holds) in
+        [(None, false), (Some(now - 61_000), false), (Some(now), true), (None, false)]
+    {
+        stuck(reclaimed_ms).await;
+        app.serve_queue_once().await.expect("a round");
+        let (status, problem) = launch_one().await;
+        if holds {
+            assert_eq!(status, 507, "{reclaimed_ms:?}: {problem}");
+            assert!(problem["detail"].as_str().unwrap().contains("held for requests waiting"));
+        } else {
+            assert_eq!(status, 202, "{reclaimed_ms:?}: {problem}");
+        }
+    }
+    let (_, vm) = t.get(&member, &format!("/v1/vms/{head}")).await;
+    assert_eq!(vm["state"], "queued", "{vm}");
 }

@@ -65,7 +65,7 @@ async fn limits_are_enforced_on_launches_and_attaches_and_refusals_change_nothin
     assert_eq!(quota["own_limits"], true);
     assert_eq!(
         quota["limits"],
-        json!({"cgpus": 3, "memory_mib": null, "exclusive_gpus": null, "vms": 2})
+        json!({"cgpus": 3, "memory_mib": null, "exclusive_gpus": null, "vms": 2, "max_priority": 0})
     );
 
     // Bad limits are refused, naming the field, and change nothing.
@@ -73,6 +73,9 @@ async fn limits_are_enforced_on_launches_and_attaches_and_refusals_change_nothin
         (json!({"cgpus": -1}), "cgpus"),
         (json!({"cgpus": 1u64 << 60}), "cgpus"),
         (json!({"gpus": 1}), "gpus"),
+        // Above the service's queue.max_priority (100).
+        (json!({"max_priority": 101}), "max_priority"),
+        (json!({"max_priority": -1}), "max_priority"),
     ] {
         let (status, problem) = t.put(&admin, "/v1/quotas/alpha", &body).await;
         assert!(matches!(status, 400 | 422), "{body}: {status} {problem}");

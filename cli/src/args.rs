@@ -157,6 +157,9 @@ pub enum QuotaCommand {
         /// VMs being created or ready.
         #[arg(long, value_parser = parse_limit)]
         vms: Option<Limit>,
+        /// The highest priority the project's launches may ask for (0 to queue.max_priority).
+        #[arg(long)]
+        max_priority: Option<u32>,
     },
     /// Give a project the default limits again (admins).
     Reset { project: String },

@@ -118,16 +118,17 @@ fn quota(client: &Client, format: Format, command: QuotaCommand) -> Result<(), F
             &client.get(&format!("/v1/quotas/{}", path_segment(&project)?))?,
             output::quota,
         ),
-        QuotaCommand::Set { project, cgpus, memory_mib, exclusive_gpus, vms } => {
+        QuotaCommand::Set { project, cgpus, memory_mib, exclusive_gpus, vms, max_priority } => {
             let given = [
                 ("cgpus", cgpus),
                 ("memory_mib", memory_mib),
                 ("exclusive_gpus", exclusive_gpus),
                 ("vms", vms),
             ];
-            if given.iter().all(|(_, limit)| limit.is_none()) {
+            if given.iter().all(|(_, limit)| limit.is_none()) && max_priority.is_none() {
                 return Err(Failure::usage(
-                    "give at least one limit: --cgpus, --memory-mib, --exclusive-gpus or --vms",
+                    "give at least one limit: --cgpus, --memory-mib, --exclusive-gpus, --vms or \
+                     --max-priority",
                 ));
             }
             let path = format!("/v1/quotas/{}", path_segment(&project)?);
@@ -138,6 +139,9 @@ fn quota(client: &Client, format: Format, command: QuotaCommand) -> Result<(), F
                     Some(Limit::Unlimited) => limits[name] = Value::Null,
                     None => {}
                 }
+            }
+            if let Some(priority) = max_priority {
+                limits["max_priority"] = json!(priority);
             }
             print(format, &client.put(&path, &limits)?, output::quota)
         }

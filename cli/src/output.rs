@@ -338,9 +338,10 @@ pub fn quota(quota: &Value) -> String {
     let rows: Vec<Vec<String>> =
         QUOTA_RESOURCES.iter().map(|r| vec![(*r).to_owned(), quota_use(quota, r)]).collect();
     format!(
-        "project {} ({whose})\n{}",
+        "project {} ({whose})\n{}highest priority: {}\n",
         quota["project"].as_str().unwrap_or("?"),
-        table(&["resource", "used / limit"], &rows)
+        table(&["resource", "used / limit"], &rows),
+        quota["limits"]["max_priority"]
     )
 }
 

@@ -346,8 +346,15 @@ fn a_queued_launch_shows_its_place_while_it_waits_and_starts_when_gpus_free() {
     let refused = server.gsaas(&member, &one);
     assert_eq!(refused.status.code(), Some(4), "{}", stderr(&refused));
     assert!(stderr(&refused).contains("no GPU capacity"), "{}", stderr(&refused));
-    let waiting = server
-        .spawn_gsaas(&member, &[&one[..], &["--queue", "--priority", "3", "--wait"][..]].concat());
+    // Priorities above 0 are the admins' to give.
+    let urgent = [&one[..], &["--queue", "--priority", "3", "--wait"][..]].concat();
+    let refused = server.gsaas(&member, &urgent);
+    assert!(stderr(&refused).contains("max_priority, 0"), "{}", stderr(&refused));
+    let admin = server.token("ops", Role::Admin);
+    let raised = server.gsaas(&admin, &["quota", "set", "alpha", "--max-priority", "3"]);
+    let text = String::from_utf8_lossy(&raised.stdout);
+    assert!(text.contains("highest priority: 3"), "{text} {}", stderr(&raised));
+    let waiting = server.spawn_gsaas(&member, &urgent);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let list = json(&server.gsaas(&member, &["-f", "json", "list"]));

@@ -96,6 +96,10 @@ pub struct Quota {
     pub memory_mib: Option<u64>,
     pub exclusive_gpus: Option<u64>,
     pub vms: Option<u64>,
+    /// The highest priority the project's requests may ask for (not a resource: nothing is
+    /// booked against it). `None` in a project's own limits: the default limits' ceiling; in the
+    /// default limits: none.
+    pub max_priority: Option<u32>,
 }
 
 impl Quota {
@@ -214,6 +218,11 @@ impl QuotaLedger {
         self.limits(project).0.check(project, in_use, usage)
     }
 
+    /// The highest priority `project`'s requests may ask for, if any (see [`Quota::max_priority`]).
+    pub fn max_priority(&self, project: &ProjectId) -> Option<u32> {
+        self.limits(project).0.max_priority
+    }
+
     /// The project's own limits (`Some`), or back to the default (`None`).
     pub fn set_limits(&mut self, project: ProjectId, quota: Option<Quota>) {
         self.changes += 1;
@@ -223,10 +232,14 @@ impl QuotaLedger {
         };
     }
 
-    /// The project's limits, and whether they are its own rather than the default.
+    /// The project's limits, and whether they are its own rather than the default. Its own
+    /// limits without a `max_priority` have the default's.
     pub fn limits(&self, project: &ProjectId) -> (Quota, bool) {
         match self.limits.get(project) {
-            Some(quota) => (*quota, true),
+            Some(quota) => {
+                let max_priority = quota.max_priority.or(self.default.max_priority);
+                (Quota { max_priority, ..*quota }, true)
+            }
             None => (self.default, false),
         }
     }

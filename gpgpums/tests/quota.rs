@@ -29,7 +29,13 @@ fn limit(max: u64) -> impl Strategy<Value = Option<u64>> {
 
 fn quota() -> impl Strategy<Value = Quota> {
     (limit(12), limit(20_000), limit(4), limit(6)).prop_map(
-        |(cgpus, memory_mib, exclusive_gpus, vms)| Quota { cgpus, memory_mib, exclusive_gpus, vms },
+        |(cgpus, memory_mib, exclusive_gpus, vms)| Quota {
+            cgpus,
+            memory_mib,
+            exclusive_gpus,
+            vms,
+            max_priority: None,
+        },
     )
 }
 

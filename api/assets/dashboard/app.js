@@ -311,7 +311,8 @@
       el('div', { class: 'quota-head' },
         el('span', { class: 'quota-project', text: `project ${q.project}` }),
         el('span', { class: 'badge', text: q.own_limits ? 'own limits' : 'defaults' })),
-      rows);
+      rows,
+      el('div', { class: 'quota-priority', text: `Highest priority: ${q.limits.max_priority}` }));
   }
 
   const KIND_LABELS = { launch: 'launch', attach: 'attach', give_back: 'give back' };

@@ -121,6 +121,11 @@ pub(crate) fn share(e: &Arc<Error>) -> Error {
         Error::TooManyRequests(m) => Error::TooManyRequests(m.clone()),
         Error::Conflict(m) => Error::Conflict(m.clone()),
         Error::QuotaExceeded(e) => Error::QuotaExceeded(e.clone()),
+        Error::PriorityAboveCeiling { project, priority, ceiling } => Error::PriorityAboveCeiling {
+            project: project.clone(),
+            priority: *priority,
+            ceiling: *ceiling,
+        },
         Error::InsufficientCapacity(shortfall) => Error::InsufficientCapacity(shortfall.clone()),
         Error::Unavailable { dependency, .. } => Error::Unavailable { dependency, source: cause() },
         Error::Internal(_) => Error::Internal(cause()),

@@ -276,7 +276,12 @@ impl App {
                         idempotency_key: reservation.idempotency_key.as_deref(),
                         request_digest: Some(&reservation.request_digest),
                         saga_owner: &self.instance,
-                        lease_until_ms,
+                        // A queued VM has no saga yet: whichever replica's round starts it takes it.
+                        lease_until_ms: if details.vm.state == VmState::Queued {
+                            0
+                        } else {
+                            lease_until_ms
+                        },
                     }
                 })
                 .collect();
@@ -568,6 +573,13 @@ fn place_cgpus(
     let project = project_id(&record.project)?;
     let vms = booked.vms.get(&project).copied().unwrap_or(0);
     // The quota first (what the request asks is known before it is placed), as Nova does.
+    let priority = record.spec.priority;
+    if let Some(ceiling) = booked.quotas.max_priority(&project) {
+        if i64::from(priority) > i64::from(ceiling) {
+            let project = project.to_string();
+            return Err(Error::PriorityAboveCeiling { project, priority, ceiling });
+        }
+    }
     booked.quotas.check(&project, Usage::vm_with(Usage::asked(&record.spec.gpus)), vms)?;
     if held_for_queue {
         return Err(Error::InsufficientCapacity(Shortfall::held_for_queue(&record.spec.gpus)));

@@ -12,7 +12,7 @@
 //! every VM write is conditional on the version read, so a queued VM terminated meanwhile is
 //! never started: the round fails as a whole and the next one sees the queue without it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,17 +95,10 @@ impl App {
                 db::Queued::Launch => None,
                 db::Queued::Attach { attach, .. } => Some(attach),
             };
-            if attach.is_some() {
-                match (q.vm.state, q.vm.step) {
-                    (VmState::Ready, SagaStep::Done) => {}
-                    // It waits for the change under way to end.
-                    (VmState::Ready, _) => continue,
-                    // The VM ended (or failed): what it waited for goes with it.
-                    _ => {
-                        out.done.push(q.ticket);
-                        continue;
-                    }
-                }
+            if attach.is_some() && q.vm.state != VmState::Ready {
+                // The VM ended (or failed): what it waited for goes with it.
+                out.done.push(q.ticket);
+                continue;
             }
             if q.deadline_ms.is_some_and(|deadline| deadline <= now) {
                 let waited = (now - q.enqueued_ms) / 1000;
@@ -118,17 +111,27 @@ impl App {
                              queue_timeout_secs ({limit})"
                         ),
                     ),
-                    Some(attach) => out.event(
-                        q,
-                        QUEUE_TIMEOUT,
-                        format!(
-                            "the attach of {} cGPU(s) waited {waited} s for GPU capacity, longer \
-                             than queue_timeout_secs ({limit}), and is cancelled",
-                            attach.request.ncgpus
-                        ),
-                    ),
+                    Some(attach) => {
+                        let what = match q.queued {
+                            db::Queued::Attach { give_back: true, .. } => "give-back",
+                            _ => "attach",
+                        };
+                        out.event(
+                            q,
+                            QUEUE_TIMEOUT,
+                            format!(
+                                "the {what} of {} cGPU(s) waited {waited} s for GPU capacity, \
+                                 longer than queue_timeout_secs ({limit}), and is cancelled",
+                                attach.request.ncgpus
+                            ),
+                        )
+                    }
                 }
                 round.timed_out.push(q.vm.id);
+                continue;
+            }
+            if attach.is_some() && q.vm.step != SagaStep::Done {
+                // It waits for the change under way to end.
                 continue;
             }
             let project = ProjectId::new(&q.vm.project);
@@ -159,7 +162,8 @@ impl App {
         }
         let mut vms_in_use = db::counted_vms(tx, None).await?;
         let preemptible = db::preemptible_vms(tx).await?;
-        let reclaiming = db::detaching_cgpus(tx).await?;
+        let reclaim_wait_ms = settings.reclaim_wait_secs.saturating_mul(1000) as i64;
+        let reclaiming = db::reclaiming_cgpus(tx, now.saturating_sub(reclaim_wait_ms)).await?;
         let rules = Rules {
             backfill: settings.backfill,
             max_passes: settings.max_passes,
@@ -180,6 +184,8 @@ impl App {
             Claim { owner: self.instance.clone(), now_ms: now, until_ms: now + self.lease_ms() };
         let masking = &self.config.masking;
         let mut started: Vec<VmDetails> = Vec::new();
+        // How long each request that starts waited (observed once the round is committed).
+        let mut waits: Vec<i64> = Vec::new();
         // Attaches that start, by VM: the VM as read, and each ticket's new cGPUs.
         let mut attaching: BTreeMap<VmId, (&VmRecord, Vec<Vec<CgpuRecord>>)> = BTreeMap::new();
         for s in &planned.started {
@@ -240,7 +246,7 @@ impl App {
                     continue;
                 }
             }
-            self.metrics.queue_wait_seconds.observe(waited as f64 / 1000.0);
+            waits.push(waited);
         }
         let mut attached: Vec<VmDetails> = Vec::new();
         for (id, (vm, tickets)) in attaching {
@@ -275,8 +281,17 @@ impl App {
         let head = planned.head.map(|(ticket, passed)| (ticket, passed, planned.awaiting_reclaim));
         db::set_head(tx, head).await?;
         let Outcome { mut writes, new_cgpus, done, events, .. } = out;
+        // The VMs whose sagas this round took: a saga another replica still holds (a change it
+        // ended a moment ago and has not let go of) is resumed by that replica or the reconciler.
+        let mut claimed: HashSet<VmId> = HashSet::new();
         if !writes.is_empty() {
             let written = db::update_vms(tx, &mut writes).await?;
+            claimed = writes
+                .iter()
+                .zip(&written)
+                .filter(|(_, w)| **w == Written::Done { claimed: true })
+                .map(|(w, _)| w.vm.id)
+                .collect();
             if written.contains(&Written::Stale) {
                 // A VM changed meanwhile (terminated, or another change began): drop the round,
                 // the next re-reads.
@@ -290,11 +305,15 @@ impl App {
         }
         if let Some(preemption) = &planned.preemption {
             for shrink in &preemption.victims {
-                writes.push(shrink_vm(tx, shrink, &claim, now).await?);
+                let give_back_deadline = self.queue_deadline(now);
+                writes.push(shrink_vm(tx, shrink, &claim, now, give_back_deadline).await?);
                 round.preempted.push(shrink.vm);
             }
         }
         pool_tx.commit().await?;
+        for waited in waits {
+            self.metrics.queue_wait_seconds.observe(waited as f64 / 1000.0);
+        }
 
         let versions: HashMap<VmId, i64> = writes.iter().map(|w| (w.vm.id, w.vm.version)).collect();
         for write in &writes {
@@ -307,7 +326,8 @@ impl App {
         for mut details in started.into_iter().chain(attached) {
             details.vm.version = versions[&details.vm.id];
             tracing::info!(vm = %details.vm.id, step = details.vm.step.as_str(), "a queued request starts");
-            self.spawn_saga_from(details.vm.id, Some(details));
+            let ours = claimed.contains(&details.vm.id);
+            self.spawn_saga_from(details.vm.id, ours.then_some(details));
         }
         Ok(round)
     }
@@ -405,6 +425,7 @@ async fn shrink_vm(
     shrink: &gpgpums::queue::Shrink,
     claim: &Claim,
     now: i64,
+    give_back_deadline_ms: Option<i64>,
 ) -> Result<VmWrite, Error> {
     let changed = || Error::Conflict("a preemptible VM changed during the queue round".into());
     let mut vm = db::vm(tx, shrink.vm).await?.ok_or_else(changed)?;
@@ -418,15 +439,7 @@ async fn shrink_vm(
         return Err(changed());
     }
     for cgpu in &shrink.cgpus {
-        let moved = db::set_cgpu_states(
-            tx,
-            shrink.vm,
-            Some(cgpu.index),
-            CgpuState::Live,
-            CgpuState::Detaching,
-        )
-        .await?;
-        if moved != 1 {
+        if !db::reclaim_cgpu(tx, shrink.vm, cgpu.index, now).await? {
             return Err(changed());
         }
     }
@@ -436,7 +449,9 @@ async fn shrink_vm(
         for (request, _) in shrink.give_back() {
             let attach = db::QueuedAttach { request, policy: vm.policy.clone() };
             let queued = db::Queued::Attach { attach, give_back: true };
-            db::enqueue(tx, db::NewTicket { vm, queued, now_ms: now, deadline_ms: None }).await?;
+            let ticket =
+                db::NewTicket { vm, queued, now_ms: now, deadline_ms: give_back_deadline_ms };
+            db::enqueue(tx, ticket).await?;
         }
         "they are given back when capacity returns"
     } else {

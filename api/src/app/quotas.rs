@@ -87,6 +87,13 @@ impl App {
             ProjectId::new(project).map_err(|e| Error::invalid("project", e.to_string()))?;
         if let Some(quota) = &quota {
             check_quota(quota, "").map_err(|(field, reason)| Error::invalid(field, reason))?;
+            let highest = self.config.queue.max_priority;
+            if quota.max_priority.is_some_and(|p| i64::from(p) > i64::from(highest)) {
+                return Err(Error::invalid(
+                    "max_priority",
+                    format!("must be between 0 and queue.max_priority ({highest})"),
+                ));
+            }
         }
         let mut pool_tx = self.pool_tx().await?;
         let (_, quotas, tx) = pool_tx.parts_with_quotas();

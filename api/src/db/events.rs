@@ -16,35 +16,56 @@ pub struct VmEvent {
     pub detail: String,
 }
 
+/// How many events each VM keeps: the oldest go as new ones come.
+pub const EVENTS_PER_VM: i64 = 100;
+
+/// Records the event as the VM's latest, and forgets the VM's events beyond [`EVENTS_PER_VM`].
 pub async fn insert_event(
     conn: &mut AnyConnection,
     vm: VmId,
     event: &VmEvent,
 ) -> Result<(), Error> {
-    sqlx::query("INSERT INTO vm_events (vm, at_ms, kind, detail) VALUES ($1, $2, $3, $4)")
-        .bind(vm.to_string())
-        .bind(event.at_ms)
-        .bind(&event.kind)
-        .bind(&event.detail)
-        .execute(conn)
-        .await?;
+    let vm = vm.to_string();
+    let seq: i64 = sqlx::query(
+        "INSERT INTO vm_events (vm, seq, at_ms, kind, detail) \
+         SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4 FROM vm_events WHERE vm = $1 \
+         RETURNING seq",
+    )
+    .bind(&vm)
+    .bind(event.at_ms)
+    .bind(&event.kind)
+    .bind(&event.detail)
+    .fetch_one(&mut *conn)
+    .await?
+    .try_get(0)?;
+    if seq > EVENTS_PER_VM {
+        sqlx::query("DELETE FROM vm_events WHERE vm = $1 AND seq <= $2")
+            .bind(&vm)
+            .bind(seq - EVENTS_PER_VM)
+            .execute(conn)
+            .await?;
+    }
     Ok(())
 }
 
-/// The VM's events, oldest first (the last 100).
+fn event(row: &sqlx::any::AnyRow, first: usize) -> Result<VmEvent, Error> {
+    Ok(VmEvent {
+        at_ms: row.try_get(first)?,
+        kind: row.try_get(first + 1)?,
+        detail: row.try_get(first + 2)?,
+    })
+}
+
+/// The VM's events, oldest first.
 pub async fn events_of(conn: &mut AnyConnection, vm: VmId) -> Result<Vec<VmEvent>, Error> {
     let rows = sqlx::query(
-        "SELECT at_ms, kind, detail FROM vm_events WHERE vm = $1 ORDER BY at_ms DESC LIMIT 100",
+        "SELECT at_ms, kind, detail FROM vm_events WHERE vm = $1 ORDER BY seq DESC LIMIT $2",
     )
     .bind(vm.to_string())
+    .bind(EVENTS_PER_VM)
     .fetch_all(conn)
     .await?;
-    let mut events = rows
-        .iter()
-        .map(|row| {
-            Ok(VmEvent { at_ms: row.try_get(0)?, kind: row.try_get(1)?, detail: row.try_get(2)? })
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
+    let mut events = rows.iter().map(|row| event(row, 0)).collect::<Result<Vec<_>, Error>>()?;
     events.reverse();
     Ok(events)
 }
@@ -56,12 +77,15 @@ pub async fn events_of_project(
     project: Option<&str>,
     per_vm: usize,
 ) -> Result<HashMap<VmId, Vec<VmEvent>>, Error> {
-    let filter = if project.is_some() { "AND v.project = $1" } else { "" };
+    let filter = if project.is_some() { "AND v.project = $2" } else { "" };
     let sql = format!(
-        "SELECT e.vm, e.at_ms, e.kind, e.detail FROM vm_events e JOIN vms v ON v.id = e.vm \
-         WHERE v.state <> 'deleted' {filter} ORDER BY e.vm, e.at_ms"
+        "SELECT vm, at_ms, kind, detail FROM ( \
+             SELECT e.vm, e.seq, e.at_ms, e.kind, e.detail, \
+                 ROW_NUMBER() OVER (PARTITION BY e.vm ORDER BY e.seq DESC) AS latest \
+             FROM vm_events e JOIN vms v ON v.id = e.vm WHERE v.state <> 'deleted' {filter} \
+         ) ranked WHERE latest <= $1 ORDER BY vm, seq"
     );
-    let mut query = sqlx::query(&sql);
+    let mut query = sqlx::query(&sql).bind(i64::try_from(per_vm).unwrap_or(i64::MAX));
     if let Some(project) = project {
         query = query.bind(project);
     }
@@ -69,13 +93,7 @@ pub async fn events_of_project(
     for row in query.fetch_all(conn).await? {
         let vm: String = row.try_get(0)?;
         let vm: VmId = vm.parse().map_err(|_| super::corrupt("VM id", &vm))?;
-        let event =
-            VmEvent { at_ms: row.try_get(1)?, kind: row.try_get(2)?, detail: row.try_get(3)? };
-        events.entry(vm).or_default().push(event);
-    }
-    for list in events.values_mut() {
-        let extra = list.len().saturating_sub(per_vm);
-        list.drain(..extra);
+        events.entry(vm).or_default().push(event(&row, 1)?);
     }
     Ok(events)
 }

@@ -53,6 +53,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (8, "queue", include_str!("../../../migrations/0008_queue.sql")),
     (9, "preemption", include_str!("../../../migrations/0009_preemption.sql")),
     (10, "queued_attaches", include_str!("../../../migrations/0010_queued_attaches.sql")),
+    (11, "queue_bounds", include_str!("../../../migrations/0011_queue_bounds.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

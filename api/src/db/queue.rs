@@ -321,9 +321,9 @@ pub async fn queue_rows(
     Ok(rows)
 }
 
-/// How many requests the project has waiting.
+/// How many requests the project has waiting that it asked for (give-backs are the service's).
 pub async fn waiting_in_project(conn: &mut AnyConnection, project: &str) -> Result<u64, Error> {
-    let row = sqlx::query("SELECT COUNT(*) FROM queue WHERE project = $1")
+    let row = sqlx::query("SELECT COUNT(*) FROM queue WHERE project = $1 AND kind <> 'give_back'")
         .bind(project)
         .fetch_one(conn)
         .await?;
@@ -361,11 +361,39 @@ pub async fn preemptible_vms(
         .collect()
 }
 
-/// cGPUs whose routes are being withdrawn: still booked, free once released.
-pub async fn detaching_cgpus(conn: &mut AnyConnection) -> Result<Vec<(VmId, u32)>, Error> {
-    let rows = sqlx::query("SELECT vm, idx FROM cgpus WHERE state = 'detaching' ORDER BY vm, idx")
-        .fetch_all(conn)
-        .await?;
+/// Starts taking a live cGPU back for the queue (it becomes `detaching`, reclaimed at `now_ms`).
+/// Whether it was live.
+pub async fn reclaim_cgpu(
+    conn: &mut AnyConnection,
+    vm: VmId,
+    index: u32,
+    now_ms: i64,
+) -> Result<bool, Error> {
+    let moved = sqlx::query(
+        "UPDATE cgpus SET state = 'detaching', reclaimed_ms = $1 \
+         WHERE vm = $2 AND idx = $3 AND state = 'live'",
+    )
+    .bind(now_ms)
+    .bind(vm.to_string())
+    .bind(i64::from(index))
+    .execute(conn)
+    .await?;
+    Ok(moved.rows_affected() == 1)
+}
+
+/// cGPUs a preemption began taking back at `since_ms` or later and that are still booked: free
+/// once their detach releases them. Other detaches (an owner's) are not waited for.
+pub async fn reclaiming_cgpus(
+    conn: &mut AnyConnection,
+    since_ms: i64,
+) -> Result<Vec<(VmId, u32)>, Error> {
+    let rows = sqlx::query(
+        "SELECT vm, idx FROM cgpus WHERE state = 'detaching' AND reclaimed_ms >= $1 \
+         ORDER BY vm, idx",
+    )
+    .bind(since_ms)
+    .fetch_all(conn)
+    .await?;
     rows.iter()
         .map(|row| {
             let vm: String = row.try_get(0)?;

@@ -11,7 +11,8 @@ use crate::error::Error;
 /// Every project's own limits.
 pub async fn quotas(conn: &mut AnyConnection) -> Result<Vec<(ProjectId, Quota)>, Error> {
     let rows = sqlx::query(
-        "SELECT project, cgpus, memory_mib, exclusive_gpus, vms FROM quotas ORDER BY project",
+        "SELECT project, cgpus, memory_mib, exclusive_gpus, vms, max_priority FROM quotas \
+         ORDER BY project",
     )
     .fetch_all(conn)
     .await?;
@@ -32,6 +33,12 @@ pub async fn quotas(conn: &mut AnyConnection) -> Result<Vec<(ProjectId, Quota)>,
             memory_mib: limit(row, 2)?,
             exclusive_gpus: limit(row, 3)?,
             vms: limit(row, 4)?,
+            max_priority: match limit(row, 5)? {
+                None => None,
+                Some(n) => {
+                    Some(u32::try_from(n).map_err(|_| corrupt("max_priority", &n.to_string()))?)
+                }
+            },
         };
         out.push((project, quota));
     }
@@ -53,8 +60,9 @@ pub async fn set_quota(
         // Limits are range-checked to fit (at most i64::MAX) before they get here.
         let limit = |n: Option<u64>| n.map(|n| n as i64);
         sqlx::query(
-            "INSERT INTO quotas (project, cgpus, memory_mib, exclusive_gpus, vms, updated_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO quotas \
+             (project, cgpus, memory_mib, exclusive_gpus, vms, updated_ms, max_priority) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(project.as_str())
         .bind(limit(quota.cgpus))
@@ -62,6 +70,7 @@ pub async fn set_quota(
         .bind(limit(quota.exclusive_gpus))
         .bind(limit(quota.vms))
         .bind(now_ms)
+        .bind(quota.max_priority.map(i64::from))
         .execute(conn)
         .await?;
     }

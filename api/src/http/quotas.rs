@@ -28,6 +28,11 @@ pub struct QuotaLimits {
     /// VMs being created or ready.
     #[serde(default)]
     pub vms: Option<u64>,
+    /// The highest `priority` the project's launches may ask for (0 to the service's
+    /// `queue.max_priority`). Unlike the others, `null` (or absent) in a `PUT` is the service's
+    /// default (`quotas.max_priority`, 0 unless configured); a view always shows the number.
+    #[serde(default)]
+    pub max_priority: Option<u32>,
 }
 
 impl From<QuotaLimits> for Quota {
@@ -37,6 +42,7 @@ impl From<QuotaLimits> for Quota {
             memory_mib: l.memory_mib,
             exclusive_gpus: l.exclusive_gpus,
             vms: l.vms,
+            max_priority: l.max_priority,
         }
     }
 }
@@ -48,6 +54,7 @@ impl From<Quota> for QuotaLimits {
             memory_mib: q.memory_mib,
             exclusive_gpus: q.exclusive_gpus,
             vms: q.vms,
+            max_priority: q.max_priority,
         }
     }
 }
