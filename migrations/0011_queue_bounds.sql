@@ -14,3 +14,12 @@ UPDATE vm_events SET seq = (SELECT COUNT(*) FROM vm_events o
     WHERE o.vm = vm_events.vm AND o.at_ms <= vm_events.at_ms);
 DROP INDEX vm_events_by_vm;
 CREATE INDEX vm_events_by_vm ON vm_events (vm, seq);
+
+-- A queued launch on a cloud that creates servers as their tenant: the Keystone trust its tenant
+-- delegated to gsaasd's service user at the launch (usable by that user only), until its server
+-- is up or the launch ends.
+CREATE TABLE delegations (
+    vm TEXT PRIMARY KEY,
+    trust TEXT NOT NULL,
+    created_ms BIGINT NOT NULL
+);

@@ -389,7 +389,11 @@ pub fn tenant_token(
     if looks_like_jwt(token) {
         return None;
     }
-    Some(crate::cloud::TenantToken { token: token.to_owned(), project_id: caller.project.clone()? })
+    Some(crate::cloud::TenantToken {
+        token: token.to_owned(),
+        user_id: caller.subject.clone(),
+        project_id: caller.project.clone()?,
+    })
 }
 
 /// A JWT is three base64url segments; Keystone's Fernet and PKI tokens are not.

@@ -134,6 +134,63 @@ async fn tenants_launch_on_real_nova_and_terminate() {
     assert_eq!(pool_use(&gsaasd, &alpha.token).await, (0, 0));
 }
 
+/// A launch that waits in the queue is created as its tenant when GPUs free, even after the
+/// tenant's token is gone (revoked here, as at a logout): through a Keystone trust the tenant
+/// delegated at the launch, which ends once the server is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_launch_is_created_as_its_tenant_through_a_trust() {
+    let http = client();
+    let admin = Admin::new().await;
+    let alpha = Login::new(&http, "alpha").await;
+    let beta = Login::new(&http, "beta").await;
+    let gsaasd = Gsaasd::start(1).await;
+    let exclusive = |name: &str, queue: bool| {
+        json!({"name": name, "image": IMAGE, "flavor": FLAVOR, "ncgpus": 1, "mode": "exclusive",
+               "locality": "local", "queue": queue})
+    };
+    let first = gsaasd.launch(&alpha.token, &exclusive("e2e-first", false)).await;
+    assert_eq!(gsaasd.until(&first, &alpha.token, &["ready", "error"]).await["state"], "ready");
+    let trusts_before = beta.own_trusts(&http).await.len();
+
+    // Beta's launch waits; Keystone holds beta's trust for it, and beta logs out.
+    let (status, queued) = gsaasd
+        .call(Method::POST, "/v1/vms", &beta.token, Some(&exclusive("e2e-queued", true)))
+        .await;
+    assert_eq!((status, queued["state"].as_str()), (202, Some("queued")), "{queued}");
+    let queued = queued["id"].as_str().unwrap().to_owned();
+    let trusts = beta.own_trusts(&http).await;
+    assert_eq!(trusts.len(), trusts_before + 1, "{trusts:?}");
+    let trust = trusts.last().unwrap();
+    assert_eq!(trust["project_id"], beta.project_id.as_str(), "{trust}");
+    assert_eq!(trust["impersonation"], true, "{trust}");
+    assert!(trust["expires_at"].is_string(), "a trust that never ends: {trust}");
+    beta.revoke(&http).await;
+    let beta = Login::new(&http, "beta").await;
+
+    // GPUs free: the launch starts, and its server is beta's, created as beta.
+    let (status, _) =
+        gsaasd.call(Method::DELETE, &format!("/v1/vms/{first}"), &alpha.token, None).await;
+    assert_eq!(status, 202);
+    let vm = gsaasd.until(&queued, &beta.token, &["ready", "error"]).await;
+    assert_eq!(vm["state"], "ready", "{vm}");
+    let server_id = vm["server_id"].as_str().unwrap();
+    let (status, server) = admin.server(server_id).await;
+    assert_eq!(status, 200, "{server}");
+    assert_eq!(server["tenant_id"], beta.project_id.as_str(), "{server}");
+    assert_eq!(server["user_id"], beta.user_id.as_str(), "{server}");
+    assert!(beta.own_servers(&http).await.contains(&server_id.to_owned()));
+
+    // The trust has done its work and is gone.
+    eventually("the trust deleted", || async {
+        (beta.own_trusts(&http).await.len() == trusts_before).then_some(())
+    })
+    .await;
+    let (status, _) =
+        gsaasd.call(Method::DELETE, &format!("/v1/vms/{queued}"), &beta.token, None).await;
+    assert_eq!(status, 202);
+    assert_eq!(gsaasd.until(&queued, &beta.token, &["deleted", "error"]).await["state"], "deleted");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_nova_cannot_place_unwinds_the_launch() {
     let http = client();

@@ -472,7 +472,11 @@ async fn a_tenants_server_is_created_with_the_tenants_token_in_zones() {
         ..config()
     };
     let cloud = NovaCloud::new(settings(&mock.base), zoned).unwrap();
-    let tenant = TenantToken { token: "tenant-token".into(), project_id: TENANT_PROJECT.into() };
+    let tenant = TenantToken {
+        token: "tenant-token".into(),
+        user_id: "tenant-user".into(),
+        project_id: TENANT_PROJECT.into(),
+    };
     let as_tenant =
         |host| ServerSpec { tenant: Some(tenant.clone()), ..spec(VmId::new_random(), host) };
     let hosts = vec![HostId::new("compute0-rgpu").unwrap()];

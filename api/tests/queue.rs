@@ -76,7 +76,10 @@ async fn queued_launches_wait_in_priority_order_start_when_capacity_frees_and_ca
     assert_eq!((status, &quota["limits"]["max_priority"]), (200, &json!(7)), "{quota}");
     let (status, problem) = t.post(&member, "/v1/vms", &exclusive(1, true, 8)).await;
     assert_eq!((status, problem["field"].as_str()), (403, Some("priority")), "{problem}");
-    let urgent = t.launch(&member, &exclusive(1, true, 7)).await;
+    // Next to its GPUs (locality local): its host is known only once it is placed.
+    let mut local = exclusive(1, true, 7);
+    local["locality"] = json!("local");
+    let urgent = t.launch(&member, &local).await;
     assert_eq!(position(&t, &member, &urgent).await, 1);
     assert_eq!(position(&t, &member, &first).await, 2);
     assert_eq!(position(&t, &member, &second).await, 3);

@@ -16,6 +16,7 @@
 
 pub mod batch;
 pub mod bookings;
+pub mod delegations;
 pub mod elastic;
 pub mod gpus;
 pub mod hosts;

@@ -135,10 +135,11 @@ impl App {
                 continue;
             }
             let project = ProjectId::new(&q.vm.project);
-            let on_host = attach_host(&q.vm);
+            // Only a running VM has a host its attaches are bound to.
+            let on_host = if attach.is_some() { attach_host(&q.vm) } else { Ok(None) };
             let (Ok(project), Ok(on_host)) = (project, on_host) else {
                 match attach {
-                    None => out.end(q, "invalid project".into()),
+                    None => out.end(q, "the VM's record is invalid (its project)".into()),
                     Some(_) => out.event(q, "attach_refused", "the VM's record is invalid".into()),
                 }
                 round.refused.push(q.vm.id);
@@ -314,6 +315,9 @@ impl App {
         for waited in waits {
             self.metrics.queue_wait_seconds.observe(waited as f64 / 1000.0);
         }
+        for id in round.timed_out.iter().chain(&round.refused) {
+            self.spawn_end_delegation(*id, None);
+        }
 
         let versions: HashMap<VmId, i64> = writes.iter().map(|w| (w.vm.id, w.vm.version)).collect();
         for write in &writes {
@@ -401,7 +405,10 @@ impl App {
 
     /// Cancels a queued launch: the VM ends `deleted` and leaves the queue. `Stale`: it changed
     /// meanwhile (it started, or another termination won), and nothing was written.
-    pub(crate) async fn cancel_queued(&self, vm: &VmRecord) -> Result<(VmRecord, Written), Error> {
+    pub(crate) async fn cancel_queued(
+        self: &Arc<Self>,
+        vm: &VmRecord,
+    ) -> Result<(VmRecord, Written), Error> {
         let mut tx = self.db.begin().await?;
         let mut write = [ended(vm, VmState::Deleted, String::new(), now_ms())];
         write[0].vm.error = None;
@@ -411,6 +418,7 @@ impl App {
             db::dequeue_vm(&mut tx, vm.id).await?;
             tx.commit().await?;
             self.watchers.changed(&cancelled);
+            self.spawn_end_delegation(vm.id, None);
             return Ok((cancelled, Written::Done { claimed: false }));
         }
         Ok((vm.clone(), Written::Stale))

@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use super::bookings::VM_CHANGED;
 use super::vms::{rcuda_env, VmDetails};
 use super::{App, RunningSaga};
-use crate::cloud::{CloudError, HostConstraint, ServerSpec, TenantToken};
+use crate::cloud::{CloudError, HostConstraint, ServerSpec};
 use crate::cloudinit;
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
@@ -45,7 +45,7 @@ enum Progress {
 }
 
 /// Why a step did not complete.
-enum StepError {
+pub(crate) enum StepError {
     /// A termination arrived; reload and decide again.
     Interrupted,
     /// The step failed; the message goes into the VM's error.
@@ -66,7 +66,7 @@ fn client_message(e: &Error) -> String {
     }
 }
 
-fn cloud_failure(stage: &str, e: &CloudError) -> StepError {
+pub(crate) fn cloud_failure(stage: &str, e: &CloudError) -> StepError {
     tracing::warn!(stage, error = %ErrorChain(e), "cloud step failed");
     StepError::Failed(format!("{stage}: {e}"))
 }
@@ -276,7 +276,7 @@ impl App {
     ) -> Result<Progress, StepError> {
         match vm.step {
             SagaStep::CheckCloud => {
-                let tenant = self.tenant_token(vm.id)?;
+                let tenant = self.tenant_credential(vm.id).await?;
                 let check = self.cloud.check(&vm.spec.vm, tenant.as_ref()).await;
                 check.map_err(|e| cloud_failure("check", &e))?;
                 vm.step = SagaStep::CreateVm;
@@ -285,7 +285,12 @@ impl App {
                 self.create_vm(vm, cgpus).await?;
                 return Ok(Progress::Unrecorded);
             }
-            SagaStep::WaitActive => self.wait_active(vm, wake).await?,
+            SagaStep::WaitActive => {
+                self.wait_active(vm, wake).await?;
+                // The server is up: a delegation has done its work (ended no sooner, as the
+                // server's build uses the credential it was created with).
+                self.spawn_end_delegation(vm.id, None);
+            }
             SagaStep::ConfigureRoutes => self.configure_routes(vm, wake).await?,
             SagaStep::AttachCgpus => {
                 if !self.attach_step(vm).await? {
@@ -334,6 +339,7 @@ impl App {
                 return Ok(Progress::Unrecorded);
             }
             SagaStep::ReleaseGpus => {
+                self.spawn_end_delegation(vm.id, None);
                 // The release and the VM's end in one transaction: if the VM changed meanwhile (a
                 // termination of a VM unwinding from an error), neither is written and the saga
                 // reads the VM again.
@@ -393,7 +399,7 @@ impl App {
             Locality::Remote => HostConstraint::AnyOf(self.vm_hosts(true).await?),
             Locality::Any => HostConstraint::AnyOf(self.vm_hosts(false).await?),
         };
-        let tenant = self.tenant_token(vm.id)?;
+        let tenant = self.tenant_credential(vm.id).await?;
         let spec = ServerSpec { vm: vm.id, request: vm.spec.vm.clone(), user_data, host, tenant };
         let server =
             self.cloud.create_server(&spec).await.map_err(|e| cloud_failure("create", &e))?;
@@ -403,22 +409,6 @@ impl App {
         vm.timings.vm_creation = Some(started.elapsed().as_secs_f64());
         vm.step = SagaStep::WaitActive;
         Ok(())
-    }
-
-    /// The tenant's credential the VM's server is created with, when the cloud needs one. It lives
-    /// in this process's memory only, from the launch to the server's creation: a saga resumed
-    /// elsewhere (or after a restart) has none, and fails the launch rather than create the server
-    /// in anyone else's name.
-    fn tenant_token(&self, vm: VmId) -> Result<Option<TenantToken>, StepError> {
-        let token = self.tenant_tokens.lock().expect("tenant tokens").get(&vm).cloned();
-        if token.is_none() && self.cloud.needs_tenant_token() {
-            return Err(StepError::Failed(
-                "the VM's server was not created before gsaasd restarted, and the tenant's \
-                 Keystone token is kept in memory only: launch it again"
-                    .into(),
-            ));
-        }
-        Ok(token)
     }
 
     /// Schedulable hosts a VM may run on: compute-rGPU hosts, or every host with an agent.

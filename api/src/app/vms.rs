@@ -156,6 +156,17 @@ impl App {
         // of launches writes a few index pages, not one page per VM.
         let id = VmId::from_uuid(uuid::Uuid::now_v7());
         let now = now_ms();
+        // A launch that may wait is created as its tenant later, perhaps by another replica and
+        // after its token expired: it delegates now (see `delegations`).
+        let delegated = match &input.tenant {
+            Some(tenant) if input.queue => {
+                self.delegate_for_queue(id, tenant, now).await.inspect_err(|_| {
+                    inc(&self.metrics.launches_refused);
+                })?;
+                true
+            }
+            _ => false,
+        };
         let mut spec = input.spec.clone();
         if spec.vm.name.trim().is_empty() {
             spec.vm.name = format!("gsaas-{}", &id.to_string()[..8]);
@@ -190,6 +201,9 @@ impl App {
             Ok(details) => details,
             Err(Error::Conflict(_)) if input.idempotency_key.is_some() => {
                 // A concurrent retry with the same key won the race.
+                if delegated {
+                    self.spawn_end_delegation(id, input.tenant.clone());
+                }
                 let key = input.idempotency_key.as_deref().unwrap_or_default();
                 return match self.replay(&project, key, &request_digest).await? {
                     Some(existing) => Ok((existing, false)),
@@ -200,16 +214,22 @@ impl App {
             }
             Err(e) => {
                 inc(&self.metrics.launches_refused);
+                if delegated {
+                    self.spawn_end_delegation(id, input.tenant.clone());
+                }
                 return Err(e);
             }
         };
         inc(&self.metrics.launches_accepted);
+        if details.vm.state == VmState::Queued {
+            // The queue starts its saga when it places it; its delegation stands for the token.
+            return Ok((details, true));
+        }
+        if delegated {
+            self.spawn_end_delegation(id, input.tenant.clone());
+        }
         if let Some(tenant) = input.tenant.clone() {
             self.tenant_tokens.lock().expect("tenant tokens").insert(id, tenant);
-        }
-        if details.vm.state == VmState::Queued {
-            // The queue starts its saga when it places it.
-            return Ok((details, true));
         }
         if let Some(seconds) = details.vm.timings.gpu_selection {
             self.metrics.decision_seconds.observe(seconds);

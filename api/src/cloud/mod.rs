@@ -58,8 +58,15 @@ pub enum HostConstraint {
 #[derive(Clone, PartialEq, Eq)]
 pub struct TenantToken {
     pub token: String,
+    /// The tenant's user (the trustor of a [`Delegation`]).
+    pub user_id: String,
     pub project_id: String,
 }
+
+/// What lets the service act as a tenant later, without its token: a Keystone trust's id, which
+/// only gsaasd's service user can use (see [`crate::openstack::trusts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delegation(pub String);
 
 impl std::fmt::Debug for TenantToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -151,6 +158,31 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
     /// projects own their servers and authorize their images and networks.
     fn needs_tenant_token(&self) -> bool {
         false
+    }
+
+    /// Lets the service act as `tenant` until `until` (`None`: until revoked), for a launch that
+    /// waits in the queue. Called only when [`Self::needs_tenant_token`].
+    async fn delegate(
+        &self,
+        _tenant: &TenantToken,
+        _until: Option<std::time::SystemTime>,
+    ) -> Result<Delegation, CloudError> {
+        Err(CloudError::unavailable("this cloud does not act for tenants"))
+    }
+
+    /// The tenant's credential, from its delegation.
+    async fn redeem(&self, _delegation: &Delegation) -> Result<TenantToken, CloudError> {
+        Err(CloudError::unavailable("this cloud does not act for tenants"))
+    }
+
+    /// Ends the delegation, with the tenant's credential (its own, or the redeemed one). One
+    /// already ended is no error.
+    async fn revoke(
+        &self,
+        _delegation: &Delegation,
+        _tenant: &TenantToken,
+    ) -> Result<(), CloudError> {
+        Ok(())
     }
 
     /// Creates the server, or returns the one already created for `spec.vm`.

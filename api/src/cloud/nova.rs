@@ -48,8 +48,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
 use super::{
-    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus, TenantToken,
-    VmRequest,
+    Cloud, CloudError, Delegation, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus,
+    TenantToken, VmRequest,
 };
 use crate::cloudinit::{base64_len, NOVA_USER_DATA_MAX_BASE64};
 use crate::error::ErrorChain;
@@ -94,6 +94,9 @@ pub struct NovaConfig {
     /// `gsaas-{host}`), where locality `local` puts a tenant's server; unset: tenants cannot
     /// launch `local`.
     pub local_availability_zone: Option<String>,
+    /// The roles a tenant delegates (a Keystone trust) so that its queued launch is created as
+    /// it later: what creating a server in its project takes.
+    pub delegated_roles: Vec<String>,
 }
 
 impl Default for NovaConfig {
@@ -109,6 +112,7 @@ impl Default for NovaConfig {
             default_network: "auto".to_owned(),
             availability_zone: None,
             local_availability_zone: None,
+            delegated_roles: vec!["member".to_owned()],
         }
     }
 }
@@ -761,6 +765,53 @@ impl Cloud for NovaCloud {
 
     fn needs_tenant_token(&self) -> bool {
         true
+    }
+
+    async fn delegate(
+        &self,
+        tenant: &TenantToken,
+        until: Option<std::time::SystemTime>,
+    ) -> Result<Delegation, CloudError> {
+        let roles = &self.config.delegated_roles;
+        let trust = self
+            .keystone
+            .create_trust(&tenant.token, &tenant.user_id, &tenant.project_id, roles, until)
+            .await;
+        match trust {
+            Ok(id) => Ok(Delegation(id)),
+            // The tenant may not delegate (a role it lacks in its project): its request's fault.
+            Err(KeystoneError::Rejected { message, .. })
+            | Err(KeystoneError::Failed { status: 400, message }) => Err(CloudError::Invalid {
+                field: "queue",
+                reason: format!(
+                    "a queued launch is created as you later, through a Keystone trust that \
+                     delegates role(s) {} in your project to gsaasd, and Keystone refused it: \
+                     {message}",
+                    roles.join(", ")
+                ),
+            }),
+            Err(e) => Err(keystone_error(e)),
+        }
+    }
+
+    async fn redeem(&self, delegation: &Delegation) -> Result<TenantToken, CloudError> {
+        match self.keystone.trust_token(&delegation.0).await {
+            Ok(t) => {
+                Ok(TenantToken { token: t.token, user_id: t.user_id, project_id: t.project_id })
+            }
+            Err(KeystoneError::Rejected { .. }) => Err(CloudError::NotFound(
+                "the tenant's delegation (it expired, or the tenant revoked it)".into(),
+            )),
+            Err(e) => Err(keystone_error(e)),
+        }
+    }
+
+    async fn revoke(
+        &self,
+        delegation: &Delegation,
+        tenant: &TenantToken,
+    ) -> Result<(), CloudError> {
+        self.keystone.delete_trust(&tenant.token, &delegation.0).await.map_err(keystone_error)
     }
 
     async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError> {

@@ -12,6 +12,7 @@
 //! inside one transaction.
 
 mod cgpus;
+mod delegations;
 mod events;
 mod gpus;
 mod hosts;
@@ -21,6 +22,7 @@ mod tokens;
 mod vms;
 
 pub use cgpus::*;
+pub use delegations::*;
 pub use events::*;
 pub use gpus::*;
 pub use hosts::*;

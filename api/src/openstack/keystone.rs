@@ -146,6 +146,8 @@ struct TokenEnvelope {
 #[derive(Debug, Clone)]
 pub struct ServiceToken {
     pub token: String,
+    /// The service user's id (a trust's trustee).
+    pub user_id: String,
     pub expires_at: SystemTime,
     pub project_id: Option<String>,
     pub catalog: Arc<Vec<CatalogEntry>>,
@@ -184,7 +186,7 @@ pub fn error_message(body: &[u8]) -> String {
 
 /// A Keystone answer that is no success: the service credentials' fault (401, 403, 404), or
 /// Keystone's.
-fn refusal(status: StatusCode, body: &[u8]) -> KeystoneError {
+pub(crate) fn refusal(status: StatusCode, body: &[u8]) -> KeystoneError {
     let (status, message) = (status.as_u16(), error_message(body));
     match status {
         401 | 403 | 404 => KeystoneError::Rejected { status, message },
@@ -251,7 +253,7 @@ impl Keystone {
         }
     }
 
-    async fn send(
+    pub(crate) async fn send(
         &self,
         request: reqwest::RequestBuilder,
         url: &str,
@@ -284,9 +286,13 @@ impl Keystone {
         }
     }
 
-    async fn authenticate(&self) -> Result<ServiceToken, KeystoneError> {
+    /// Authenticates with `body` (`POST /v3/auth/tokens`): the new token, and the token's body.
+    pub(crate) async fn issue(
+        &self,
+        body: &serde_json::Value,
+    ) -> Result<(String, Vec<u8>), KeystoneError> {
         let url = format!("{}/auth/tokens", self.settings.identity_v3());
-        let request = self.http.post(&url).json(&self.settings.password_auth_body());
+        let request = self.http.post(&url).json(body);
         let (status, headers, body) = self.send(request, &url).await?;
         if !matches!(status, StatusCode::CREATED | StatusCode::OK) {
             return Err(refusal(status, &body));
@@ -299,6 +305,11 @@ impl Keystone {
                 source: None,
             })?
             .to_owned();
+        Ok((token, body))
+    }
+
+    async fn authenticate(&self) -> Result<ServiceToken, KeystoneError> {
+        let (token, body) = self.issue(&self.settings.password_auth_body()).await?;
         let envelope: TokenEnvelope =
             serde_json::from_slice(&body).map_err(|source| KeystoneError::Protocol {
                 reason: "the token body does not parse".into(),
@@ -311,6 +322,7 @@ impl Keystone {
             })?;
         Ok(ServiceToken {
             token,
+            user_id: envelope.token.user.id,
             expires_at,
             project_id: envelope.token.project.map(|p| p.id),
             catalog: Arc::new(envelope.token.catalog),

@@ -12,6 +12,7 @@
 
 pub mod keystone;
 pub mod time;
+pub mod trusts;
 
 pub use keystone::{
     HttpOptions, Keystone, KeystoneError, ServiceToken, TenantIdentity, TokenInfo, TokenValidator,

@@ -58,6 +58,7 @@ pub fn clouds_yaml() -> PathBuf {
 #[derive(Debug, Clone)]
 pub struct Login {
     pub token: String,
+    pub user_id: String,
     pub project_id: String,
     catalog: Value,
 }
@@ -82,6 +83,7 @@ impl Login {
         assert_eq!(status, 201, "Keystone login as {cloud}: {body}");
         Login {
             token: token.expect("Keystone returns X-Subject-Token"),
+            user_id: body["token"]["user"]["id"].as_str().expect("a user").to_owned(),
             project_id: body["token"]["project"]["id"].as_str().expect("a project").to_owned(),
             catalog: body["token"]["catalog"].clone(),
         }
@@ -95,6 +97,37 @@ impl Login {
         assert_eq!(status, 200, "{body}");
         let servers = body["servers"].as_array().cloned().unwrap_or_default();
         servers.iter().filter_map(|s| s["id"].as_str().map(str::to_owned)).collect()
+    }
+
+    /// The trusts this login's user delegated (`GET /v3/OS-TRUST/trusts`, as the trustor).
+    pub async fn own_trusts(&self, http: &reqwest::Client) -> Vec<Value> {
+        let url = format!("{}/OS-TRUST/trusts?trustor_user_id={}", self.identity(), self.user_id);
+        let response = http.get(&url).header("X-Auth-Token", &self.token).send().await;
+        let (status, body) = status_json(response.unwrap_or_else(|e| panic!("{url}: {e}"))).await;
+        assert_eq!(status, 200, "{body}");
+        body["trusts"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Revokes this login's token (`DELETE /v3/auth/tokens`), as a user logging out does.
+    pub async fn revoke(&self, http: &reqwest::Client) {
+        let url = format!("{}/auth/tokens", self.identity());
+        let response = http
+            .delete(&url)
+            .header("X-Auth-Token", &self.token)
+            .header("X-Subject-Token", &self.token)
+            .send()
+            .await;
+        let status = response.unwrap_or_else(|e| panic!("{url}: {e}")).status().as_u16();
+        assert_eq!(status, 204, "revoking a token");
+    }
+
+    fn identity(&self) -> String {
+        let identity = self.endpoint("identity");
+        if identity.ends_with("/v3") {
+            identity
+        } else {
+            format!("{identity}/v3")
+        }
     }
 
     /// The public endpoint of a catalog service type.

@@ -1,0 +1,38 @@
+//! The delegations of queued launches (see [`crate::openstack::trusts`]): which trust lets the
+//! service create a VM's server as its tenant.
+
+use gpgpums::VmId;
+use sqlx::{AnyConnection, Row};
+
+use crate::error::Error;
+
+pub async fn insert_delegation(
+    conn: &mut AnyConnection,
+    vm: VmId,
+    trust: &str,
+    now_ms: i64,
+) -> Result<(), Error> {
+    sqlx::query("INSERT INTO delegations (vm, trust, created_ms) VALUES ($1, $2, $3)")
+        .bind(vm.to_string())
+        .bind(trust)
+        .bind(now_ms)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn delegation_of(conn: &mut AnyConnection, vm: VmId) -> Result<Option<String>, Error> {
+    let row = sqlx::query("SELECT trust FROM delegations WHERE vm = $1")
+        .bind(vm.to_string())
+        .fetch_optional(conn)
+        .await?;
+    Ok(match row {
+        Some(row) => Some(row.try_get(0)?),
+        None => None,
+    })
+}
+
+pub async fn delete_delegation(conn: &mut AnyConnection, vm: VmId) -> Result<(), Error> {
+    sqlx::query("DELETE FROM delegations WHERE vm = $1").bind(vm.to_string()).execute(conn).await?;
+    Ok(())
+}
