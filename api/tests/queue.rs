@@ -30,6 +30,18 @@ fn any_priority(config: &mut Config) {
     config.quotas.max_priority = 100;
 }
 
+/// The testbed's four GPUs: two to a ready best-effort (preemptible) VM of `member`'s, two to a
+/// ready protected VM of `other`'s.
+async fn best_effort_and_protected(t: &TestService, member: &str, other: &str) -> (String, String) {
+    let mut best_effort = exclusive(2, false, 0);
+    best_effort["preemptible"] = json!(true);
+    let best_effort = t.launch(member, &best_effort).await;
+    let protected = t.launch(other, &exclusive(2, false, 0)).await;
+    t.wait_state(member, &best_effort, "ready").await;
+    t.wait_state(other, &protected, "ready").await;
+    (best_effort, protected)
+}
+
 fn exclusive(ncgpus: u32, queue: bool, priority: i32) -> Value {
     json!({
         "name": "queued", "image": "cirros-0.6.2", "flavor": "m1.small",
@@ -230,13 +242,7 @@ async fn a_higher_priority_launch_takes_cgpus_from_a_preemptible_vm_and_its_owne
     let t = TestService::start_with(store, any_priority).await;
     let (admin, member) = (t.admin(), t.member());
     let other = t.token("beta", Role::Member);
-    // Two GPUs to a best-effort VM of alpha's, two to a protected VM of beta's.
-    let mut best_effort = exclusive(2, false, 0);
-    best_effort["preemptible"] = json!(true);
-    let best_effort = t.launch(&member, &best_effort).await;
-    let protected = t.launch(&other, &exclusive(2, false, 0)).await;
-    t.wait_state(&member, &best_effort, "ready").await;
-    t.wait_state(&other, &protected, "ready").await;
+    let (best_effort, protected) = best_effort_and_protected(&t, &member, &other).await;
 
     // Equal priority takes nothing: it waits.
     let equal = t.launch(&other, &exclusive(1, true, 0)).await;
@@ -383,12 +389,7 @@ async fn a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_o
     let t = TestService::start_with(store, any_priority).await;
     let (admin, member) = (t.admin(), t.member());
     let other = t.token("beta", Role::Member);
-    let mut best_effort = exclusive(2, false, 0);
-    best_effort["preemptible"] = json!(true);
-    let giving = t.launch(&member, &best_effort).await;
-    let protected = t.launch(&other, &exclusive(2, false, 0)).await;
-    t.wait_state(&member, &giving, "ready").await;
-    t.wait_state(&other, &protected, "ready").await;
+    let (giving, _protected) = best_effort_and_protected(&t, &member, &other).await;
 
     // A launch of higher priority takes one cGPU; what was taken waits to come back, as long as
     // any queued request may wait.
@@ -423,7 +424,8 @@ async fn a_shrunk_vm_gets_its_cgpus_back_when_capacity_returns_unless_it_opted_o
     let (status, _) = t.delete(&member, &format!("/v1/vms/{giving}")).await;
     assert_eq!(status, 202);
     t.wait_state(&member, &giving, "deleted").await;
-    let mut no_give_back = best_effort.clone();
+    let mut no_give_back = exclusive(2, false, 0);
+    no_give_back["preemptible"] = json!(true);
     no_give_back["give_back"] = json!(false);
     let keeping = t.launch(&member, &no_give_back).await;
     let vm = t.wait_state(&member, &keeping, "ready").await;
