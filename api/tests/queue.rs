@@ -489,11 +489,8 @@ async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     app.serve_queue_once().await.expect("a round");
     // Two small launches pass it, each taking the free GPU and giving it back.
     for _ in 0..2 {
-        let small = t.launch(&member, &exclusive(1, false, 0)).await;
-        t.wait_state(&member, &small, "ready").await;
-        let (status, _) = t.delete(&member, &format!("/v1/vms/{small}")).await;
-        assert_eq!(status, 202);
-        t.wait_state(&member, &small, "deleted").await;
+        let (status, small) = launch_and_end(&t, &member).await;
+        assert_eq!(status, 202, "{small}");
         app.serve_queue_once().await.expect("a round");
     }
     // The third is held: the free GPU is the head's to wait for.
@@ -514,6 +511,20 @@ async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     t.wait_state(&member, &head, "ready").await;
     let behind = behind["id"].as_str().unwrap();
     t.wait_state(&member, behind, "ready").await;
+}
+
+/// Launches one exclusive cGPU without the queue; if accepted, waits until it is ready, then
+/// terminates it and waits until it is deleted. The launch's status and answer.
+async fn launch_and_end(t: &TestService, member: &str) -> (u16, Value) {
+    let (status, vm) = t.post(member, "/v1/vms", &exclusive(1, false, 0)).await;
+    if status == 202 {
+        let id = vm["id"].as_str().unwrap();
+        t.wait_state(member, id, "ready").await;
+        let (status, _) = t.delete(member, &format!("/v1/vms/{id}")).await;
+        assert_eq!(status, 202);
+        t.wait_state(member, id, "deleted").await;
+    }
+    (status, vm)
 }
 
 /// While the cGPUs a preemption takes are detached, the head of the queue waits for them and
@@ -549,23 +560,12 @@ async fn only_a_recent_preemption_holds_the_queue_for_its_head(store: Store) {
         }
     };
     let now = gsaasd::db::now_ms();
-    let launch_one = || async {
-        let (status, vm) = t.post(&member, "/v1/vms", &exclusive(1, false, 0)).await;
-        if status == 202 {
-            let id = vm["id"].as_str().unwrap().to_owned();
-            t.wait_state(&member, &id, "ready").await;
-            let (status, _) = t.delete(&member, &format!("/v1/vms/{id}")).await;
-            assert_eq!(status, 202);
-            t.wait_state(&member, &id, "deleted").await;
-        }
-        (status, vm)
-    };
     for (reclaimed_ms, holds) in
         [(None, false), (Some(now - 61_000), false), (Some(now), true), (None, false)]
     {
         stuck(reclaimed_ms).await;
         app.serve_queue_once().await.expect("a round");
-        let (status, problem) = launch_one().await;
+        let (status, problem) = launch_and_end(&t, &member).await;
         if holds {
             assert_eq!(status, 507, "{reclaimed_ms:?}: {problem}");
             assert!(problem["detail"].as_str().unwrap().contains("held for requests waiting"));
