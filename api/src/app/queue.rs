@@ -305,8 +305,8 @@ impl App {
             db::insert_event(tx, *vm, event).await?;
         }
         if let Some(preemption) = &planned.preemption {
+            let give_back_deadline = self.queue_deadline(now);
             for shrink in &preemption.victims {
-                let give_back_deadline = self.queue_deadline(now);
                 writes.push(shrink_vm(tx, shrink, &claim, now, give_back_deadline).await?);
                 round.preempted.push(shrink.vm);
             }
