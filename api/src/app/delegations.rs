@@ -83,10 +83,7 @@ impl App {
     /// Ends `vm`'s delegation, if it has one: with `tenant` (the launch's own token) or the
     /// redeemed credential, and forgets the credential. Failures are logged: the delegation
     /// expires anyway.
-    pub(crate) async fn end_delegation(&self, vm: VmId, tenant: Option<TenantToken>) {
-        if !self.cloud.needs_tenant_token() {
-            return;
-        }
+    async fn end_delegation(&self, vm: VmId, tenant: Option<TenantToken>) {
         // Without the launch's own token, the credential redeemed for the server, if kept.
         let tenant = match tenant {
             Some(tenant) => Some(tenant),
@@ -119,7 +116,7 @@ impl App {
         }
     }
 
-    /// [`Self::end_delegation`] in the background.
+    /// [`Self::end_delegation`] in the background, on a cloud that takes delegations.
     pub(crate) fn spawn_end_delegation(self: &Arc<Self>, vm: VmId, tenant: Option<TenantToken>) {
         if !self.cloud.needs_tenant_token() {
             return;
