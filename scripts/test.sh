@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 need=()
 command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)

@@ -369,6 +369,9 @@ pub struct HostsConfig {
     pub heartbeat_timeout_secs: u64,
     /// How often the reconciler runs.
     pub reconcile_interval_secs: u64,
+    /// The reconciler moves the cGPUs of GPUs that failed (unhealthy, or on a host that stopped
+    /// heartbeating) to healthy GPUs; those that fit nowhere become `lost`.
+    pub auto_rehome: bool,
     /// Where gsaasd reaches each host's agent, by host name. The URL an agent reports about itself
     /// is never used: gsaasd would otherwise send that host's tokens and route tables wherever an
     /// agent pointed it.
@@ -387,6 +390,7 @@ impl Default for HostsConfig {
             backend: HostsBackend::InProcess,
             heartbeat_timeout_secs: 30,
             reconcile_interval_secs: 10,
+            auto_rehome: false,
             agent_urls: BTreeMap::new(),
             agent_url_template: None,
             agent_ca: None,
@@ -455,6 +459,9 @@ pub struct InventoryGpu {
     /// How many such GPUs, indexed after the ones before.
     #[serde(default = "one")]
     pub count: u32,
+    /// Set by an operator to take these GPUs out of service (why); they take no new cGPUs.
+    #[serde(default)]
+    pub unhealthy: Option<String>,
 }
 
 fn one() -> u32 {
@@ -629,8 +636,12 @@ impl Config {
             gpu_network_address: None,
         };
         let mut gpu_host = host("compute-gpu", HostKind::ComputeGpu);
-        gpu_host.gpus =
-            vec![InventoryGpu { model: "NVIDIA Quadro M4000".into(), memory_mib: 8192, count: 4 }];
+        gpu_host.gpus = vec![InventoryGpu {
+            model: "NVIDIA Quadro M4000".into(),
+            memory_mib: 8192,
+            count: 4,
+            unhealthy: None,
+        }];
         gpu_host.gpu_network_address = Some(Ipv4Addr::new(10, 78, 0, 1));
         let mut hosts = vec![gpu_host];
         for i in 0..3 {

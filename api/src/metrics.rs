@@ -243,6 +243,8 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
         ("gsaas_gpu_memory_mib", "GPU memory, by GPU."),
         ("gsaas_gpu_allocated_mib", "GPU memory booked by cGPUs, by GPU."),
         ("gsaas_gpu_cgpus", "cGPUs, by GPU."),
+        ("gsaas_gpu_healthy", "1 when the GPU's host reports it healthy."),
+        ("gsaas_gpu_tainted", "1 when an admin (or a refused route) tainted the GPU."),
     ] {
         header(&mut out, name, "gauge", help);
     }
@@ -252,6 +254,8 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
         let _ = writeln!(out, "gsaas_gpu_memory_mib{{{labels}}} {}", g.memory_mib);
         let _ = writeln!(out, "gsaas_gpu_allocated_mib{{{labels}}} {}", g.allocated_mib);
         let _ = writeln!(out, "gsaas_gpu_cgpus{{{labels}}} {}", g.cgpus);
+        let _ = writeln!(out, "gsaas_gpu_healthy{{{labels}}} {}", u8::from(g.health.is_none()));
+        let _ = writeln!(out, "gsaas_gpu_tainted{{{labels}}} {}", u8::from(g.taint.is_some()));
     }
     for (name, help) in [
         ("gsaas_host_memory_mib", "GPU memory, by host."),
@@ -271,6 +275,17 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
         let cgpus: u32 = gpus.iter().filter(|g| g.host == h.id).map(|g| g.cgpus).sum();
         let _ = writeln!(out, "gsaas_host_cgpus{{{labels}}} {cgpus}");
         let _ = writeln!(out, "gsaas_host_schedulable{{{labels}}} {schedulable}");
+    }
+    out
+}
+
+/// cGPU bookings held by fences, by GPU (see `app::fences`).
+pub fn render_fenced(fenced: &std::collections::BTreeMap<gpgpums::GpuId, u32>) -> String {
+    let mut out = String::new();
+    let help = "cGPU bookings fences hold on the GPU (routes not yet confirmed gone).";
+    header(&mut out, "gsaas_gpu_fenced_cgpus", "gauge", help);
+    for (gpu, n) in fenced {
+        let _ = writeln!(out, "gsaas_gpu_fenced_cgpus{{gpu=\"{gpu}\"}} {n}");
     }
     out
 }

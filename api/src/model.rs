@@ -185,6 +185,9 @@ pub enum CgpuState {
     Attaching,
     /// Its route is withdrawn; its booking is released next.
     Detaching,
+    /// Its GPU failed and no other GPU could take it: no route, booked where it was until it can
+    /// be re-homed or its owner detaches it.
+    Lost,
 }
 
 impl CgpuState {
@@ -193,6 +196,7 @@ impl CgpuState {
             CgpuState::Live => "live",
             CgpuState::Attaching => "attaching",
             CgpuState::Detaching => "detaching",
+            CgpuState::Lost => "lost",
         }
     }
 
@@ -201,6 +205,7 @@ impl CgpuState {
             "live" => CgpuState::Live,
             "attaching" => CgpuState::Attaching,
             "detaching" => CgpuState::Detaching,
+            "lost" => CgpuState::Lost,
             _ => return None,
         })
     }
@@ -225,6 +230,50 @@ pub struct CgpuRecord {
     pub rcuda_gpu_number: u32,
 }
 
+/// A fence (see `migrations/0012_fencing.sql`): cGPU bookings kept, under their own holder in
+/// the pool, while a host may still route to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FenceId(VmId);
+
+impl FenceId {
+    pub fn new_random() -> Self {
+        FenceId(VmId::new_random())
+    }
+
+    /// The fence's holder in the pool (a pool entry that is not a VM).
+    pub fn holder(self) -> VmId {
+        self.0
+    }
+}
+
+impl std::fmt::Display for FenceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for FenceId {
+    type Err = <VmId as std::str::FromStr>::Err;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(FenceId)
+    }
+}
+
+/// A fence with the bookings it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRecord {
+    pub id: FenceId,
+    /// The VM whose routes they were.
+    pub vm: VmId,
+    /// The host whose agent must confirm them gone.
+    pub host: HostId,
+    /// Released once that agent applied a table of at least this generation.
+    pub generation: u64,
+    pub reason: String,
+    pub created_ms: i64,
+    pub cgpus: Vec<gpgpums::CgpuAssignment>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRecord {
     pub name: HostId,
@@ -236,6 +285,9 @@ pub struct HostRecord {
     pub last_seen_ms: i64,
     pub routes_generation: u64,
     pub applied_generation: u64,
+    /// An admin declared the host dead (`POST /v1/hosts/{name}/forget`); cleared when its agent
+    /// registers again.
+    pub forgotten: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -248,9 +300,16 @@ pub struct GpuRecord {
     pub rcuda_address: Ipv4Addr,
     pub rcuda_port: u16,
     pub rcuda_gpu_number: u32,
+    /// Why the host's agent reports the GPU unhealthy; `None`: healthy.
+    pub health: Option<String>,
 }
 
 impl GpuRecord {
+    /// The same device at the same place, whatever its health.
+    pub fn same_device(&self, other: &GpuRecord) -> bool {
+        GpuRecord { health: None, ..self.clone() } == GpuRecord { health: None, ..other.clone() }
+    }
+
     /// The GPU as the scheduler sees it.
     pub fn spec(&self) -> gpgpums::GpuSpec {
         gpgpums::GpuSpec {

@@ -25,5 +25,5 @@ pub use model::{
     RcudaEndpoint, Request, VmHost,
 };
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
-pub use pool::{Pool, Selector, MAX_CGPUS_PER_VM};
+pub use pool::{Pool, Rehome, Selector, MAX_CGPUS_PER_VM};
 pub use quota::{Quota, QuotaExceeded, QuotaLedger, Resource, Usage};

@@ -214,6 +214,9 @@ pub struct GpuUsage {
     pub rcuda: RcudaEndpoint,
     /// Why the GPU takes no new cGPUs, when it is tainted.
     pub taint: Option<String>,
+    /// Why its host reports it unhealthy (it takes no new cGPUs either).
+    #[serde(default)]
+    pub health: Option<String>,
 }
 
 /// What the pool holds on one host, for reports and checks.

@@ -26,6 +26,10 @@ use crate::model::{
 };
 use crate::policy::{Candidate, CandidateIndex, Policy, PolicyRegistry};
 
+mod rehome;
+
+pub use rehome::Rehome;
+
 /// The most cGPUs one VM may ask for.
 pub const MAX_CGPUS_PER_VM: u32 = 4096;
 
@@ -58,6 +62,8 @@ struct GpuEntry {
     host: u32,
     /// Why the GPU takes no new cGPUs (it keeps those it has); `None`: it takes them.
     taint: Option<String>,
+    /// Why the GPU's host reports it unhealthy.
+    health: Option<String>,
     used_mib: u64,
     exclusive: bool,
     cgpus: u32,
@@ -65,6 +71,11 @@ struct GpuEntry {
 }
 
 impl GpuEntry {
+    /// Untainted and healthy.
+    fn takes_new(&self) -> bool {
+        self.taint.is_none() && self.health.is_none()
+    }
+
     fn free_mib(&self) -> u64 {
         self.spec.memory_mib - self.used_mib
     }
@@ -256,8 +267,16 @@ impl Pool {
         }
         let key = (host, spec.index);
         let at = self.gpus.partition_point(|g| (g.host, g.spec.index) < key);
-        let gpu =
-            GpuEntry { spec, host, taint: None, used_mib: 0, exclusive: false, cgpus: 0, jobs: 0 };
+        let gpu = GpuEntry {
+            spec,
+            host,
+            taint: None,
+            health: None,
+            used_mib: 0,
+            exclusive: false,
+            cgpus: 0,
+            jobs: 0,
+        };
         self.changes += 1;
         if at < self.gpus.len() {
             // Lands inside the pool order: every later slot moves.
@@ -336,6 +355,18 @@ impl Pool {
         Ok(())
     }
 
+    /// Marks a GPU unhealthy with why its host says so, or healthy (`None`): like a taint, an
+    /// unhealthy GPU keeps its cGPUs but takes no new ones.
+    pub fn set_gpu_health(&mut self, id: &GpuId, health: Option<String>) -> Result<(), Error> {
+        let &slot = self
+            .gpu_by_id
+            .get(id)
+            .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
+        self.reindexing(&[slot], |pool| pool.gpus[slot as usize].health = health);
+        self.changes += 1;
+        Ok(())
+    }
+
     // ---- reports ----
 
     pub fn host_state(&self, id: &HostId) -> Option<HostState> {
@@ -358,6 +389,7 @@ impl Pool {
                 jobs: g.jobs,
                 rcuda: g.spec.rcuda,
                 taint: g.taint.clone(),
+                health: g.health.clone(),
             })
             .collect()
     }
@@ -398,7 +430,7 @@ impl Pool {
         Some(Room {
             slot,
             host: host.id.clone(),
-            takes_new: entry.taint.is_none() && host.state == HostState::Schedulable,
+            takes_new: entry.takes_new() && host.state == HostState::Schedulable,
             memory_mib: entry.spec.memory_mib,
             free_mib: entry.free_mib(),
             exclusive: entry.exclusive,
@@ -776,11 +808,11 @@ impl Pool {
         }
     }
 
-    /// Whether the slot may take new cGPUs at all: it is untainted, its host schedulable and the
+    /// Whether the slot may take new cGPUs at all: it is untainted and healthy, its host schedulable and the
     /// slot not hidden.
     fn eligible(&self, slot: u32) -> bool {
         let gpu = &self.gpus[slot as usize];
-        gpu.taint.is_none()
+        gpu.takes_new()
             && self.hosts[gpu.host as usize].state == HostState::Schedulable
             && !self.masked[slot as usize]
     }

@@ -58,12 +58,25 @@ pub struct Agent<F> {
     inner: Mutex<Inner<F>>,
     metrics: AgentMetrics,
     facts: HostFacts,
+    /// Each GPU's health as last asked (by index), over what discovery found at start.
+    gpu_health: Mutex<std::collections::HashMap<u32, Option<String>>>,
 }
 
 impl<F: Firewall> Agent<F> {
     pub fn new(ledger: Ledger, dataplane: Dataplane<F>, facts: HostFacts) -> Self {
         let inner = Inner { ledger, dataplane, applied_generation: None, apply_error: None };
-        Self { inner: Mutex::new(inner), metrics: AgentMetrics::default(), facts }
+        Self {
+            inner: Mutex::new(inner),
+            metrics: AgentMetrics::default(),
+            facts,
+            gpu_health: Mutex::default(),
+        }
+    }
+
+    /// Records each GPU's health now (by index; see [`crate::discovery::GpuDiscovery::health`]),
+    /// for the next report.
+    pub fn set_gpu_health(&self, health: Vec<(u32, Option<String>)>) {
+        *self.gpu_health.lock().unwrap_or_else(|p| p.into_inner()) = health.into_iter().collect();
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<F>> {
@@ -132,7 +145,16 @@ impl<F: Firewall> Agent<F> {
             host: self.facts.host.clone(),
             kind: self.facts.kind,
             agent_url: self.facts.agent_url.clone(),
-            gpus: self.facts.gpus.clone(),
+            gpus: {
+                let health = self.gpu_health.lock().unwrap_or_else(|p| p.into_inner());
+                let mut gpus = self.facts.gpus.clone();
+                for gpu in &mut gpus {
+                    if let Some(now) = health.get(&gpu.index) {
+                        gpu.unhealthy = now.clone();
+                    }
+                }
+                gpus
+            },
             applied_generation: self.lock().applied_generation,
         }
     }

@@ -45,6 +45,10 @@ pub struct Config {
     /// The `nft` program and leading arguments (default `["nft"]`).
     #[serde(default = "default_nft_command")]
     pub nft_command: Vec<String>,
+    /// How to run `conntrack` (it cuts the connections of re-targeted routes); wrap it like
+    /// `nft_command` when the agent runs outside the host's network namespace.
+    #[serde(default = "default_conntrack_command")]
+    pub conntrack_command: Vec<String>,
     /// Seconds between re-applications of a table that failed to apply.
     #[serde(default = "default_retry_secs")]
     pub retry_interval_secs: u64,
@@ -115,10 +119,17 @@ pub struct GpuConfig {
     /// Defaults to `rcuda.base_port + index`.
     #[serde(default)]
     pub rcuda_port: Option<u16>,
+    /// Set by an operator to take the GPU out of service (why: reported to gsaasd, which places
+    /// no new cGPUs on it); hosts with NVML report health from the driver instead.
+    #[serde(default)]
+    pub unhealthy: Option<String>,
 }
 
 fn default_nft_command() -> Vec<String> {
     vec!["nft".into()]
+}
+fn default_conntrack_command() -> Vec<String> {
+    vec!["conntrack".into()]
 }
 fn default_retry_secs() -> u64 {
     10
@@ -159,6 +170,9 @@ impl Config {
         let invalid = |reason: String| ConfigError::Invalid { path: path.to_owned(), reason };
         if config.nft_command.is_empty() {
             return Err(invalid("nft_command must name a program".into()));
+        }
+        if config.conntrack_command.is_empty() {
+            return Err(invalid("conntrack_command must name a program".into()));
         }
         if config.gpu_interface.is_empty() || config.gpu_interface.len() > 15 {
             return Err(invalid("gpu_interface must be 1 to 15 bytes long".into()));

@@ -20,6 +20,8 @@ pub struct FoundGpu {
     pub model: String,
     pub memory_mib: u64,
     pub rcuda_port: Option<u16>,
+    /// Why the GPU is unhealthy when found; none: healthy.
+    pub unhealthy: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -36,8 +38,12 @@ pub enum DiscoveryError {
     NoRcudaAddress,
 }
 
-pub trait GpuDiscovery: std::fmt::Debug {
+pub trait GpuDiscovery: std::fmt::Debug + Send + Sync {
     fn gpus(&self) -> Result<Vec<FoundGpu>, DiscoveryError>;
+
+    /// Each GPU's health now, by index: why it is unhealthy, or `None`. Asked before every
+    /// heartbeat, so a GPU that fails stops taking cGPUs within one heartbeat.
+    fn health(&self) -> Vec<(u32, Option<String>)>;
 }
 
 /// GPUs listed in the config file.
@@ -55,13 +61,29 @@ impl GpuDiscovery for ConfiguredGpus {
                 model: g.model.clone(),
                 memory_mib: g.memory_mib,
                 rcuda_port: g.rcuda_port,
+                unhealthy: g.unhealthy.clone(),
             })
             .collect())
     }
+
+    /// What the operator wrote in the config (`unhealthy = "..."` on a GPU).
+    fn health(&self) -> Vec<(u32, Option<String>)> {
+        self.0.iter().map(|g| (g.index, g.unhealthy.clone())).collect()
+    }
 }
 
-/// GPUs reported by the NVIDIA driver.
-pub struct NvmlGpus(nvml_wrapper::Nvml);
+/// GPUs reported by the NVIDIA driver, with their health: a GPU is unhealthy when NVML cannot
+/// reach it (fallen off the bus), when it counts uncorrectable ECC errors since the driver
+/// loaded or has memory pages waiting to be retired (both need a GPU reset), or after a critical
+/// XID error (watched by a thread on NVML's event set; sticky until the agent restarts, as the
+/// errors NVML calls critical all need a reset).
+pub struct NvmlGpus {
+    nvml: &'static nvml_wrapper::Nvml,
+    xids: XidLog,
+}
+
+/// Each GPU's last critical XID error, by index.
+type XidLog = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u32, u64>>>;
 
 impl std::fmt::Debug for NvmlGpus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -70,25 +92,99 @@ impl std::fmt::Debug for NvmlGpus {
 }
 
 impl NvmlGpus {
-    /// `None` when no NVIDIA driver is present.
+    /// `None` when no NVIDIA driver is present. NVML stays loaded for the process's life (the
+    /// event thread borrows it).
     pub fn open() -> Option<Self> {
-        nvml_wrapper::Nvml::init().ok().map(Self)
+        let nvml: &'static nvml_wrapper::Nvml =
+            Box::leak(Box::new(nvml_wrapper::Nvml::init().ok()?));
+        let xids = XidLog::default();
+        watch_xids(nvml, &xids);
+        Some(NvmlGpus { nvml, xids })
+    }
+}
+
+/// Records each GPU's last critical XID error, by index, from NVML's event set.
+fn watch_xids(nvml: &'static nvml_wrapper::Nvml, xids: &XidLog) {
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::enums::event::XidError;
+    let Ok(count) = nvml.device_count() else { return };
+    // One event set and thread per GPU: a GPU that refuses events (not every one supports them)
+    // costs only its own watch.
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else { continue };
+        let Ok(set) = nvml.create_event_set() else { return };
+        let Ok(set) = device.register_events(EventTypes::CRITICAL_XID_ERROR, set) else {
+            continue;
+        };
+        let xids = std::sync::Arc::clone(xids);
+        let spawned =
+            std::thread::Builder::new().name(format!("nvml-xid-{index}")).spawn(move || loop {
+                match set.wait(10_000) {
+                    Ok(event) => {
+                        let xid = match event.event_data {
+                            Some(XidError::Value(xid)) => xid,
+                            _ => 0,
+                        };
+                        xids.lock().unwrap_or_else(|p| p.into_inner()).insert(index, xid);
+                    }
+                    Err(nvml_wrapper::error::NvmlError::Timeout) => {}
+                    Err(_) => std::thread::sleep(std::time::Duration::from_secs(10)),
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("rodvr-agent: cannot watch GPU {index}'s XID errors: {e}");
+        }
     }
 }
 
 impl GpuDiscovery for NvmlGpus {
     fn gpus(&self) -> Result<Vec<FoundGpu>, DiscoveryError> {
-        let count = self.0.device_count().map_err(DiscoveryError::Nvml)?;
+        let count = self.nvml.device_count().map_err(DiscoveryError::Nvml)?;
+        let health: std::collections::HashMap<u32, Option<String>> =
+            self.health().into_iter().collect();
         (0..count)
             .map(|index| {
-                let dev = self.0.device_by_index(index).map_err(DiscoveryError::Nvml)?;
+                let dev = self.nvml.device_by_index(index).map_err(DiscoveryError::Nvml)?;
                 Ok(FoundGpu {
                     index,
                     id: Some(dev.uuid().map_err(DiscoveryError::Nvml)?),
                     model: dev.name().map_err(DiscoveryError::Nvml)?,
                     memory_mib: dev.memory_info().map_err(DiscoveryError::Nvml)?.total >> 20,
                     rcuda_port: None,
+                    unhealthy: health.get(&index).cloned().flatten(),
                 })
+            })
+            .collect()
+    }
+
+    fn health(&self) -> Vec<(u32, Option<String>)> {
+        use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+        use nvml_wrapper::error::NvmlError;
+        let Ok(count) = self.nvml.device_count() else { return Vec::new() };
+        let xids = self.xids.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (0..count)
+            .map(|index| {
+                let device = match self.nvml.device_by_index(index) {
+                    Ok(device) => device,
+                    Err(NvmlError::GpuLost) => {
+                        return (index, Some("fallen off the bus (NVML: GPU is lost)".into()))
+                    }
+                    Err(e) => return (index, Some(format!("NVML cannot reach it: {e}"))),
+                };
+                let why = if let Some(xid) = xids.get(&index) {
+                    Some(format!("critical XID error {xid}"))
+                } else if let Ok(n @ 1..) =
+                    device.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                {
+                    Some(format!("{n} uncorrectable ECC errors since the driver loaded"))
+                } else if let Ok(true) = device.are_pages_pending_retired() {
+                    Some("memory pages wait to be retired (the GPU needs a reset)".into())
+                } else if let Err(NvmlError::GpuLost) = device.uuid() {
+                    Some("fallen off the bus (NVML: GPU is lost)".into())
+                } else {
+                    None
+                };
+                (index, why)
             })
             .collect()
     }
@@ -131,6 +227,7 @@ pub fn inventory(
                 model: g.model,
                 memory_mib: g.memory_mib,
                 rcuda: RcudaEndpoint { address: rcuda.address, port, gpu_number: 0 },
+                unhealthy: g.unhealthy,
             })
         })
         .collect()
@@ -159,6 +256,7 @@ mod tests {
                 memory_mib: 4800,
                 id: None,
                 rcuda_port: None,
+                unhealthy: None,
             },
             GpuConfig {
                 index: 1,
@@ -166,6 +264,7 @@ mod tests {
                 memory_mib: 4800,
                 id: Some("GPU-1".into()),
                 rcuda_port: None,
+                unhealthy: Some("fan failed".into()),
             },
         ]);
         let rcuda = RcudaConfig { address: "10.232.0.2".parse().unwrap(), base_port: 8308 };
@@ -174,6 +273,11 @@ mod tests {
         assert_eq!(inv[1].id.as_str(), "cg0:GPU-1");
         assert_eq!(inv[1].rcuda.socket_addr(), "10.232.0.2:8309".parse().unwrap());
         assert!(inv.iter().all(|g| g.rcuda.gpu_number == 0));
+        assert_eq!(
+            (inv[0].unhealthy.as_deref(), inv[1].unhealthy.as_deref()),
+            (None, Some("fan failed"))
+        );
+        assert_eq!(gpus.health(), vec![(0, None), (1, Some("fan failed".into()))]);
         assert_eq!(host_kind(&inv), HostKind::ComputeGpu);
         assert!(matches!(
             inventory(&host, gpus.gpus().unwrap(), None),

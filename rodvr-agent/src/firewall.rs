@@ -37,11 +37,19 @@ pub enum FirewallError {
     ConflictingElement(String),
     #[error("element {0} refers to a target that does not exist")]
     MissingChain(String),
+    #[error("could not cut the connections of re-targeted routes: {0}")]
+    Cut(String),
 }
 
-/// Applies one transaction atomically.
+/// Applies one transaction atomically, and cuts connections.
 pub trait Firewall: Send + fmt::Debug {
     fn apply(&mut self, tx: &Transaction) -> Result<(), FirewallError>;
+
+    /// Cuts the open connections of routes that were re-targeted: each is a route's key and the
+    /// target its connections were sent to before. The filters only check that a connection's
+    /// route still exists (see `render::still_routed_rules`), and a re-targeted route does, so
+    /// conntrack would keep its old connections going to the old target.
+    fn cut(&mut self, connections: &[(RouteKey, SocketAddrV4)]) -> Result<(), FirewallError>;
 }
 
 /// Documents up to this size go through the long-lived `nft -j -i` session; larger ones (full
@@ -73,6 +81,8 @@ pub struct NftFirewall {
     program: OsString,
     args: Vec<OsString>,
     session: Option<NftSession>,
+    /// The `conntrack` program and its leading arguments (connections are cut with `-D`).
+    conntrack: Vec<OsString>,
 }
 
 impl NftFirewall {
@@ -84,7 +94,17 @@ impl NftFirewall {
             program: program.into(),
             args: args.iter().map(OsString::from).collect(),
             session: None,
+            conntrack: vec!["conntrack".into()],
         }
+    }
+
+    /// Cuts connections with `command` (the program and its leading arguments, e.g.
+    /// `ip netns exec NS conntrack`) instead of `conntrack`.
+    pub fn with_conntrack(mut self, command: &[String]) -> Self {
+        if !command.is_empty() {
+            self.conntrack = command.iter().map(OsString::from).collect();
+        }
+        self
     }
 
     fn apply_in_session(&mut self, doc: &str) -> Result<(), FirewallError> {
@@ -121,7 +141,12 @@ impl Default for NftFirewall {
 impl Clone for NftFirewall {
     /// The same `nft` command, with a session of its own.
     fn clone(&self) -> Self {
-        Self { program: self.program.clone(), args: self.args.clone(), session: None }
+        Self {
+            program: self.program.clone(),
+            args: self.args.clone(),
+            session: None,
+            conntrack: self.conntrack.clone(),
+        }
     }
 }
 
@@ -134,6 +159,43 @@ impl Firewall for NftFirewall {
         nftables::helper::apply_ruleset_raw(&doc, Some(&self.program), &self.args)
             .map(drop)
             .map_err(FirewallError::Nft)
+    }
+
+    /// Deletes each connection's conntrack entry (matched by the VM's address, the masked
+    /// endpoint and the old target as the reply's source). Its next packet then starts a new
+    /// entry, is rerouted to the new target, which knows no such connection and resets it.
+    fn cut(&mut self, connections: &[(RouteKey, SocketAddrV4)]) -> Result<(), FirewallError> {
+        let (program, args) = self.conntrack.split_first().expect("a conntrack command");
+        for (key, old) in connections {
+            let output = Command::new(program)
+                .args(args)
+                .args(["-D", "-p", "tcp", "-s"])
+                .arg(key.ip.to_string())
+                .arg("-d")
+                .arg(key.masked.ip().to_string())
+                .arg("--dport")
+                .arg(key.masked.port().to_string())
+                .arg("-r")
+                .arg(old.ip().to_string())
+                .arg("--reply-port-src")
+                .arg(old.port().to_string())
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| FirewallError::Cut(format!("cannot run conntrack: {e}")))?;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            // conntrack exits 1 when nothing matched: no connection was open.
+            let none_open = output.status.code() == Some(1)
+                && stderr.contains("0 flow entries have been deleted");
+            if !output.status.success() && !none_open {
+                return Err(FirewallError::Cut(format!(
+                    "conntrack -D for {} -> {} failed: {}",
+                    describe(key),
+                    old,
+                    stderr.trim()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -255,6 +317,8 @@ pub struct MemoryTable {
 pub struct MemoryFirewall {
     table: Option<MemoryTable>,
     transactions: u64,
+    /// Every connection cut asked for, in order.
+    cuts: Vec<(RouteKey, SocketAddrV4)>,
 }
 
 impl MemoryFirewall {
@@ -269,6 +333,11 @@ impl MemoryFirewall {
     /// Number of transactions that applied.
     pub fn transactions(&self) -> u64 {
         self.transactions
+    }
+
+    /// The connections cut so far: each route's key and the target it no longer reaches.
+    pub fn cuts(&self) -> &[(RouteKey, SocketAddrV4)] {
+        &self.cuts
     }
 
     /// Drops the table, as a reboot or an operator's `nft delete table` would.
@@ -325,11 +394,20 @@ impl Firewall for MemoryFirewall {
         self.transactions += 1;
         Ok(())
     }
+
+    fn cut(&mut self, connections: &[(RouteKey, SocketAddrV4)]) -> Result<(), FirewallError> {
+        self.cuts.extend_from_slice(connections);
+        Ok(())
+    }
 }
 
 impl<F: Firewall + ?Sized> Firewall for Box<F> {
     fn apply(&mut self, tx: &Transaction) -> Result<(), FirewallError> {
         (**self).apply(tx)
+    }
+
+    fn cut(&mut self, connections: &[(RouteKey, SocketAddrV4)]) -> Result<(), FirewallError> {
+        (**self).cut(connections)
     }
 }
 
@@ -339,6 +417,9 @@ pub struct Dataplane<F> {
     firewall: F,
     params: TableParams,
     installed: Option<Installed>,
+    /// Re-targeted routes whose old connections are not cut yet (a cut that failed is retried
+    /// with the next table, and the table is not reported applied meanwhile).
+    pending_cuts: Vec<(RouteKey, SocketAddrV4)>,
 }
 
 /// What the dataplane knows is in the firewall.
@@ -350,7 +431,7 @@ struct Installed {
 
 impl<F: Firewall> Dataplane<F> {
     pub fn new(firewall: F, params: TableParams) -> Self {
-        Self { firewall, params, installed: None }
+        Self { firewall, params, installed: None, pending_cuts: Vec::new() }
     }
 
     pub fn firewall(&self) -> &F {
@@ -367,15 +448,22 @@ impl<F: Firewall> Dataplane<F> {
 
     /// Makes the firewall hold exactly `routes`: by element diff when the installed table is
     /// known, otherwise (or if the diff fails) by replacing the whole table.
+    /// A route whose target changes has its open connections cut once the new table is in (see
+    /// [`Firewall::cut`]).
     pub fn converge(&mut self, routes: RouteMap) -> Result<(), FirewallError> {
         if let Some(installed) = &mut self.installed {
+            let retargeted = routes.iter().filter_map(|(key, target)| {
+                let old = installed.routes.get(key)?;
+                (old != target).then(|| (key.clone(), *old))
+            });
+            self.pending_cuts.extend(retargeted);
             if let Some(tx) = Transaction::diff(&installed.routes, &installed.targets, &routes) {
                 if tx.is_noop() || self.firewall.apply(&tx).is_ok() {
                     if let Transaction::Update { new_targets, .. } = tx {
                         installed.targets.extend(new_targets.iter().map(|t| (t.addr, t.id)));
                     }
                     installed.routes = routes;
-                    return Ok(());
+                    return self.cut_pending();
                 }
             }
         }
@@ -389,6 +477,21 @@ impl<F: Firewall> Dataplane<F> {
         self.firewall.apply(&tx)?;
         let Transaction::Replace { routes, .. } = tx else { unreachable!("built above") };
         self.installed = Some(Installed { targets: target_ids(&routes), routes });
+        self.cut_pending()
+    }
+
+    /// Cuts the connections of re-targeted routes, except those routed to their old target
+    /// again meanwhile.
+    fn cut_pending(&mut self) -> Result<(), FirewallError> {
+        let installed = self.installed.as_ref().map(|i| &i.routes);
+        self.pending_cuts.retain(|(key, old)| installed.and_then(|r| r.get(key)) != Some(old));
+        self.pending_cuts.sort();
+        self.pending_cuts.dedup();
+        if self.pending_cuts.is_empty() {
+            return Ok(());
+        }
+        self.firewall.cut(&self.pending_cuts)?;
+        self.pending_cuts.clear();
         Ok(())
     }
 }
@@ -459,6 +562,57 @@ mod tests {
         dp.converge(routes(2)).unwrap();
         assert_eq!(dp.firewall().table().unwrap().routes, routes(2));
         assert_eq!(dp.firewall().resolve(src, "tap4", masked), None);
+    }
+
+    /// The memory firewall, whose cuts fail while `fail` is set.
+    #[derive(Debug)]
+    struct FlakyCuts {
+        inner: MemoryFirewall,
+        fail: bool,
+    }
+
+    impl Firewall for FlakyCuts {
+        fn apply(&mut self, tx: &Transaction) -> Result<(), FirewallError> {
+            self.inner.apply(tx)
+        }
+
+        fn cut(&mut self, connections: &[(RouteKey, SocketAddrV4)]) -> Result<(), FirewallError> {
+            if self.fail {
+                return Err(FirewallError::Cut("conntrack is missing".into()));
+            }
+            self.inner.cut(connections)
+        }
+    }
+
+    #[test]
+    fn retargeted_routes_have_their_connections_cut_until_it_succeeds() {
+        let fw = FlakyCuts { inner: MemoryFirewall::new(), fail: false };
+        let mut dp = Dataplane::new(fw, params());
+        dp.converge(routes(3)).unwrap();
+        let mut moved = routes(3);
+        let key = moved.keys().nth(1).unwrap().clone();
+        let old = moved[&key];
+        let new_target = SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 3), 8308);
+        moved.insert(key.clone(), new_target);
+        // Only the re-targeted route's connections are cut; adding and removing routes cuts
+        // nothing (the filters drop a removed route's connections).
+        dp.firewall_mut().fail = true;
+        assert!(matches!(dp.converge(moved.clone()), Err(FirewallError::Cut(_))));
+        assert_eq!(dp.firewall().inner.table().unwrap().routes, moved, "the table is in");
+        assert!(dp.firewall().inner.cuts().is_empty());
+        dp.firewall_mut().fail = false;
+        dp.converge(moved.clone()).unwrap();
+        assert_eq!(dp.firewall().inner.cuts(), &[(key.clone(), old)]);
+        dp.converge(routes(4)).unwrap();
+        assert_eq!(dp.firewall().inner.cuts().len(), 2, "moving back is a re-target too");
+        // A cut still pending when its route goes back to that old target is not due any more.
+        dp.firewall_mut().fail = true;
+        assert!(dp.converge(moved.clone()).is_err());
+        dp.firewall_mut().fail = false;
+        dp.converge(routes(4)).unwrap();
+        let expected = [(key.clone(), old), (key.clone(), new_target), (key, new_target)];
+        // The last one is that of the move back; the pending one was dropped.
+        assert_eq!(dp.firewall().inner.cuts(), &expected, "the pending cut was no longer due");
     }
 
     fn arbitrary_routes() -> impl proptest::strategy::Strategy<Value = RouteMap> {

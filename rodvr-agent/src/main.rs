@@ -83,7 +83,9 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
     let verifier = TokenVerifier::from_public_pem(&pem, config.host.clone())
         .map_err(|source| StartError::Key { path: key_path, source })?;
 
-    let found = default_discovery(&config.gpus).gpus()?;
+    let discovery: Arc<dyn rodvr_agent::discovery::GpuDiscovery> =
+        Arc::from(default_discovery(&config.gpus));
+    let found = discovery.gpus()?;
     let gpus = inventory(&config.host, found, config.rcuda.as_ref())?;
     let params = TableParams {
         masked_range: config.masked_range,
@@ -104,7 +106,8 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         agent_url: config.agent_url(bound),
         gpus,
     };
-    let dataplane = Dataplane::new(NftFirewall::new(&config.nft_command), params);
+    let firewall = NftFirewall::new(&config.nft_command).with_conntrack(&config.conntrack_command);
+    let dataplane = Dataplane::new(firewall, params);
     let agent = Arc::new(Agent::new(ledger, dataplane, facts));
     agent.host_report().validate(config.masked_range).map_err(StartError::Report)?;
 
@@ -134,7 +137,8 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         let token = credential::current_token(&controller.token, &renewed);
         let http = httpd::http_client(controller.ca.as_deref())?;
         let client = ControllerClient::with_http(http, &controller.url, token);
-        tokio::spawn(heartbeat(agent.clone(), client, renewed, controller.heartbeat_interval()));
+        let every = controller.heartbeat_interval();
+        tokio::spawn(heartbeat(agent.clone(), discovery, client, renewed, every));
     }
     let app = router(agent, Arc::new(verifier), config.http.body_timeout());
     httpd::serve(listener, app, config.http, tls, shutdown_signal())
@@ -167,6 +171,7 @@ async fn retry_failed_applies<F: Firewall + 'static>(agent: Arc<Agent<F>>, every
 /// its life is gone.
 async fn heartbeat<F: Firewall + 'static>(
     agent: Arc<Agent<F>>,
+    discovery: Arc<dyn rodvr_agent::discovery::GpuDiscovery>,
     client: ControllerClient,
     renewed: PathBuf,
     every: Duration,
@@ -176,6 +181,11 @@ async fn heartbeat<F: Firewall + 'static>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        let asked = discovery.clone();
+        match tokio::task::spawn_blocking(move || asked.health()).await {
+            Ok(health) => agent.set_gpu_health(health),
+            Err(e) => log_error("asking the GPUs' health", &e),
+        }
         let report = agent.host_report();
         if credential::needs_renewal(&client.token()) {
             match client.renew(&report.host).await {

@@ -377,7 +377,14 @@ pub struct GpuReport {
     pub model: String,
     pub memory_mib: u64,
     pub rcuda: RcudaEndpoint,
+    /// Why the GPU is unhealthy (XID or uncorrectable ECC errors, gone from the bus, or what the
+    /// host's config says); absent: healthy. An unhealthy GPU takes no new cGPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy: Option<String>,
 }
+
+/// The longest reason a GPU report may give for a GPU being unhealthy.
+pub const MAX_HEALTH_LEN: usize = 256;
 
 /// The rCUDA daemon serving one GPU. With one daemon per GPU, `gpu_number` is 0: the VM always
 /// uses its cGPU as device 0 and learns nothing about the host's GPU layout.
@@ -466,6 +473,17 @@ impl HostReport {
                     field("model"),
                     format!("must be 1 to {MAX_MODEL_LEN} bytes of printable text"),
                 ));
+            }
+            if let Some(reason) = &gpu.unhealthy {
+                if reason.is_empty()
+                    || reason.len() > MAX_HEALTH_LEN
+                    || reason.chars().any(char::is_control)
+                {
+                    return Err(bad(
+                        field("unhealthy"),
+                        format!("must be 1 to {MAX_HEALTH_LEN} bytes of printable text"),
+                    ));
+                }
             }
             if !(1..=MAX_GPU_MEMORY_MIB).contains(&gpu.memory_mib) {
                 return Err(bad(
@@ -625,6 +643,7 @@ mod tests {
                         port: 8308 + index as u16,
                         gpu_number: 0,
                     },
+                    unhealthy: None,
                 })
                 .collect(),
             applied_generation: Some(3),

@@ -331,6 +331,47 @@ fn masked_routes_on_the_real_kernel() {
     assert_eq!(foreign_ruleset(&t.ch), host_rules, "the agent changed a table that is not its own");
 }
 
+/// Re-homing (issue [4/5]): a route whose target changes keeps its masked endpoint; new
+/// connections reach the new GPU, and a connection open to the old one is cut (conntrack would
+/// otherwise keep it going there), while another VM's connection is untouched.
+#[test]
+fn a_retargeted_route_cuts_open_connections_and_new_ones_reach_the_new_gpu() {
+    require_root_tools();
+    let t = topology();
+    let dir = TempDir::new("netns-retarget");
+    stand_in_rcuda(&t.gh, "10.232.0.2:8308", "gpu0");
+    stand_in_rcuda(&t.gh, "10.232.0.2:8309", "gpu1");
+    let (config, private) = write_agent_config(&dir, "crg0", 27, "");
+    let agent = AgentProcess::start(&t.ch, &config);
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let client = AgentClient::new(&agent.url, HostId::new("crg0").unwrap(), signer);
+    let table = |generation, vm1_target: &str| RouteTable {
+        generation,
+        routes: vec![
+            route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", vm1_target),
+            route(2, "tap2", "10.231.2.2", "100.127.0.1:9000", "10.232.0.2:8308"),
+        ],
+        metadata: None,
+        vms_without_cgpus: vec![],
+    };
+    with_client(&t.ch, &client, async |c| {
+        c.put_routes(&table(1, "10.232.0.2:8308")).await.unwrap()
+    });
+    let (mut vm1_conn, greeting) = open(&t.vm1, "100.127.0.1:9000").unwrap();
+    assert_eq!(greeting, format!("gpu0 {COMPUTE_GPU_SIDE}"));
+    let (mut vm2_conn, _) = open(&t.vm2, "100.127.0.1:9000").unwrap();
+    assert!(still_open(&mut vm1_conn) && still_open(&mut vm2_conn));
+
+    with_client(&t.ch, &client, async |c| {
+        c.put_routes(&table(2, "10.232.0.2:8309")).await.unwrap()
+    });
+    assert!(!still_open(&mut vm1_conn), "VM1's connection to its old GPU survived the re-target");
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(format!("gpu1 {COMPUTE_GPU_SIDE}")));
+    assert!(still_open(&mut vm2_conn), "another VM's connection was cut");
+    let state = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
+    assert_eq!(state.applied_generation, Some(2));
+}
+
 #[test]
 fn a_local_vm_reaches_the_local_rcuda_server_only_through_its_route() {
     require_root_tools();

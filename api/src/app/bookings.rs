@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use gpgpums::{Pool, ProjectId, QuotaLedger, Shortfall, Usage};
 
 use super::batch::Queued;
+use super::fences;
 use super::pool::BoxFuture;
 use super::vms::{rcuda_env, VmDetails};
 use super::App;
@@ -46,12 +47,21 @@ pub(crate) enum Booking {
     Reserve(Box<Reservation>),
     /// Release the VM's cGPUs and write `ended`, the VM at the end of its saga, unless the VM
     /// changed since `ended` was read (then a conflict with [`VM_CHANGED`]).
-    Release(Box<VmRecord>),
+    Release(Box<Ending>),
     /// Book more cGPUs for a running VM (see [`super::elastic`]).
     Attach(Box<Attachment>),
     /// Release the VM's `detaching` cGPUs and write `ended`, unless the VM changed since `ended`
     /// was read (then a conflict with [`VM_CHANGED`]).
-    Detach(Box<VmRecord>),
+    Detach(Box<Ending>),
+}
+
+/// The end of a saga or of a detach: the VM to write, and where its cGPUs' routes may still be
+/// live (`fence_on`: that host's agent could not confirm them withdrawn), in which case their
+/// bookings go to a fence instead of being released (see [`super::fences`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Ending {
+    pub ended: VmRecord,
+    pub fence_on: Option<gpgpums::HostId>,
 }
 
 #[derive(Debug)]
@@ -121,9 +131,10 @@ impl App {
         }
     }
 
-    /// Releases the VM's cGPUs and writes `ended`, in the next batch (see [`Booking::Release`]).
-    pub(crate) async fn release(&self, ended: VmRecord) -> Result<VmRecord, Error> {
-        match self.bookings.submit(Booking::Release(Box::new(ended))).await? {
+    /// Releases (or fences) the VM's cGPUs and writes the VM, in the next batch (see
+    /// [`Booking::Release`]).
+    pub(crate) async fn release(&self, ending: Ending) -> Result<VmRecord, Error> {
+        match self.bookings.submit(Booking::Release(Box::new(ending))).await? {
             Booked::Released(ended) => {
                 self.trigger_queue();
                 Ok(*ended)
@@ -148,8 +159,8 @@ impl App {
 
     /// Releases the VM's `detaching` cGPUs and writes `ended`, in the next batch (see
     /// [`Booking::Detach`]).
-    pub(crate) async fn release_detached(&self, ended: VmRecord) -> Result<VmRecord, Error> {
-        match self.bookings.submit(Booking::Detach(Box::new(ended))).await? {
+    pub(crate) async fn release_detached(&self, ending: Ending) -> Result<VmRecord, Error> {
+        match self.bookings.submit(Booking::Detach(Box::new(ending))).await? {
             Booked::Released(ended) => {
                 self.trigger_queue();
                 Ok(*ended)
@@ -173,9 +184,9 @@ impl App {
         let mut positions = Vec::new();
         let mut releasing = HashSet::new();
         for (i, booking) in bookings.iter().enumerate() {
-            if let Booking::Release(ended) = booking {
-                if releasing.insert(ended.id) {
-                    ends.push(VmWrite { vm: (**ended).clone(), claim: None });
+            if let Booking::Release(ending) = booking {
+                if releasing.insert(ending.ended.id) {
+                    ends.push(VmWrite { vm: ending.ended.clone(), claim: None });
                     positions.push(i);
                 } else {
                     outcomes[i] = Some(Err(Error::Conflict(VM_CHANGED.into())));
@@ -189,6 +200,12 @@ impl App {
                 outcomes[i] = Some(match written {
                     Written::Stale => Err(Error::Conflict(VM_CHANGED.into())),
                     Written::Done { .. } => {
+                        let Booking::Release(ending) = &bookings[i] else {
+                            unreachable!("positions of releases")
+                        };
+                        if let Some(host) = &ending.fence_on {
+                            fences::fence_cgpus(pool, tx, &end.vm, host, db::Fenced::All).await?;
+                        }
                         released.push(end.vm.id);
                         Ok(Booked::Released(Box::new(end.vm)))
                     }
@@ -197,6 +214,7 @@ impl App {
             if !released.is_empty() {
                 db::delete_cgpus(tx, &released).await?;
                 for id in &released {
+                    // Fenced cGPUs have left the VM's placement already.
                     pool.release(id);
                     quotas.release(id);
                 }
@@ -327,7 +345,7 @@ impl App {
                     }
                     outcome
                 }
-                Booking::Detach(ended) => detach_cgpus(pool, quotas, tx, ended).await?,
+                Booking::Detach(ending) => detach_cgpus(pool, quotas, tx, ending).await?,
                 _ => continue,
             };
             wrote |= outcome.is_ok();
@@ -495,20 +513,31 @@ fn too_many_waiting(max: u64) -> Error {
     ))
 }
 
-/// Releases the VM's `detaching` cGPUs and writes `ended` (see [`Booking::Detach`]).
+/// Releases (or fences) the VM's `detaching` cGPUs and writes the VM (see [`Booking::Detach`]).
 async fn detach_cgpus(
     pool: &mut Pool,
     quotas: &mut QuotaLedger,
     tx: &mut sqlx::AnyConnection,
-    ended: &VmRecord,
+    ending: &Ending,
 ) -> Result<Result<Booked, Error>, Error> {
-    let mut write = [VmWrite { vm: ended.clone(), claim: None }];
+    let mut write = [VmWrite { vm: ending.ended.clone(), claim: None }];
     if db::update_vms(tx, &mut write).await?.first() != Some(&Written::Done { claimed: false }) {
         return Ok(Err(Error::Conflict(VM_CHANGED.into())));
     }
     let [VmWrite { vm, .. }] = write;
+    let fenced = match &ending.fence_on {
+        Some(host) => {
+            let which = db::Fenced::InState(CgpuState::Detaching);
+            fences::fence_cgpus(pool, tx, &vm, host, which).await?
+        }
+        None => Vec::new(),
+    };
     for index in db::delete_cgpus_in_state(tx, vm.id, CgpuState::Detaching).await? {
-        if let Some(cgpu) = pool.detach(&vm.id, index) {
+        let cgpu = match fenced.iter().find(|c| c.index == index) {
+            Some(cgpu) => Some(cgpu.clone()),
+            None => pool.detach(&vm.id, index),
+        };
+        if let Some(cgpu) = cgpu {
             quotas.refund(&vm.id, Usage::of_cgpus([&cgpu]));
         }
     }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use gpgpums::{Locality, Mode, Request, VmId};
 
-use super::bookings::{Attachment, Booked, VM_CHANGED, VM_CHANGED_CGPUS};
+use super::bookings::{Attachment, Booked, Ending, VM_CHANGED, VM_CHANGED_CGPUS};
 use super::vms::{check_text, digest, VmDetails, MAX_NAME};
 use super::App;
 use crate::auth::Caller;
@@ -274,9 +274,9 @@ impl App {
     /// changed meanwhile.
     pub(super) async fn detach_step(&self, vm: &mut VmRecord) -> Result<bool, Error> {
         let host = vm.host.clone().ok_or_else(|| Error::internal("a ready VM without a host"))?;
-        self.push_routes(&host).await?;
+        let fence_on = self.withdraw_routes(&host).await?;
         let ended = VmRecord { step: SagaStep::Done, updated_ms: now_ms(), ..vm.clone() };
-        let ended = match self.release_detached(ended).await {
+        let ended = match self.release_detached(Ending { ended, fence_on }).await {
             Ok(ended) => ended,
             Err(Error::Conflict(reason)) if reason == VM_CHANGED => return Ok(false),
             Err(e) => return Err(e),

@@ -28,6 +28,9 @@ use crate::error::Error;
 use crate::metrics::inc;
 use crate::model::{GpuRecord, HostRecord};
 
+/// Why a GPU that still backs cGPUs but that its host no longer reports is unhealthy.
+pub const GONE_FROM_REPORT: &str = "gone from its host's report";
+
 /// A host's registration: what an agent reports, or an inventory entry.
 #[derive(Debug, Clone)]
 pub struct Registration {
@@ -59,6 +62,7 @@ impl Registration {
                     rcuda_address: g.rcuda.address,
                     rcuda_port: g.rcuda.port,
                     rcuda_gpu_number: g.rcuda.gpu_number,
+                    health: g.unhealthy.clone(),
                 })
                 .collect(),
         }
@@ -77,6 +81,7 @@ impl Registration {
                 rcuda_address: *rcuda.ip(),
                 rcuda_port: rcuda.port(),
                 rcuda_gpu_number: 0,
+                health: gpu.unhealthy.clone(),
             })
             .collect();
         Registration { name: host.name.clone(), kind: host.kind, agent_url: None, gpus }
@@ -105,11 +110,17 @@ impl App {
                 })?)
             }
         };
+        // An agent that holds another table than gsaasd believes, or that comes back with a
+        // table to catch up on (pushes failed while it was away, fenced routes wait for it),
+        // gets its table now rather than at the reconciler's next pass.
         let drifted = {
             let mut conn = self.db.conn().await?;
-            db::host(&mut conn, &report.host)
-                .await?
-                .is_some_and(|h| report.applied_generation.unwrap_or(0) != h.applied_generation)
+            db::host(&mut conn, &report.host).await?.is_some_and(|h| {
+                report.applied_generation.unwrap_or(0) != h.applied_generation
+                    || (h.state == HostState::Unavailable
+                        && h.applied_generation < h.routes_generation)
+                    || h.forgotten
+            })
         };
         let host = self.register_host(Registration::from_report(report, agent_url)).await?;
         if drifted {
@@ -161,7 +172,7 @@ impl App {
         }
         let name = registration.name.clone();
         let kind = registration.kind;
-        self.with_pool(move |pool, tx| {
+        let failed = self.with_pool(move |pool, tx| {
             Box::pin(async move {
                 let now = now_ms();
                 let stored = db::host(tx, &registration.name).await?;
@@ -181,24 +192,43 @@ impl App {
                 }
                 let stored_gpus: Vec<GpuRecord> =
                     db::gpus(tx).await?.into_iter().filter(|g| g.host == registration.name).collect();
+                let mut failed = false;
                 for gpu in &stored_gpus {
-                    if !registration.gpus.contains(gpu) {
-                        match pool.remove_gpu(&gpu.id) {
-                            Ok(_) => db::delete_gpu(tx, &gpu.id).await?,
-                            Err(e) => tracing::warn!(gpu = %gpu.id, error = %e, "GPU gone from its host's report"),
-                        }
+                    let health = match registration.gpus.iter().find(|g| g.same_device(gpu)) {
+                        Some(reported) => reported.health.clone(),
+                        None => match pool.remove_gpu(&gpu.id) {
+                            Ok(_) => {
+                                db::delete_gpu(tx, &gpu.id).await?;
+                                continue;
+                            }
+                            Err(e) => {
+                                tracing::warn!(gpu = %gpu.id, error = %e, "GPU gone from its host's report");
+                                Some(GONE_FROM_REPORT.to_owned())
+                            }
+                        },
+                    };
+                    if health != gpu.health {
+                        tracing::warn!(gpu = %gpu.id, health = health.as_deref().unwrap_or("healthy"), "GPU health changed");
+                        failed |= health.is_some();
+                        db::set_gpu_health(tx, &gpu.id, health.as_deref()).await?;
+                        pool.set_gpu_health(&gpu.id, health)?;
                     }
                 }
                 for gpu in &registration.gpus {
-                    if !stored_gpus.contains(gpu) {
+                    if !stored_gpus.iter().any(|stored| stored.same_device(gpu)) {
                         pool.add_gpu(gpu.spec())?;
+                        pool.set_gpu_health(&gpu.id, gpu.health.clone())?;
                         db::insert_gpu(tx, gpu).await?;
                     }
                 }
-                Ok(())
+                Ok(failed)
             })
         })
         .await?;
+        if failed {
+            // A GPU failed: its cGPUs may be re-homed (hosts.auto_rehome).
+            self.trigger_reconcile();
+        }
         // New GPUs, or a host back: queued launches may fit now.
         self.trigger_queue();
         if let Some(sim) = &self.sim {

@@ -9,6 +9,9 @@
 //! - [`saga`]: the launch/terminate saga that runs after the request returns, resumable after a crash.
 //! - [`hosts`]: host registration, heartbeats, drain, route tables pushed to agents.
 //! - [`gpus`]: GPU taints, by admins or after an agent refused routes to a GPU.
+//! - [`fences`]: bookings kept while a host that cannot be reached may still route to them.
+//! - [`rehome`]: moving cGPUs to other GPUs (evacuations, failed GPUs) behind the same masked
+//!   endpoints.
 //! - [`reconciler`]: the background loop that converges what drifted.
 //! - [`redact`]: failure reasons as tenants may read them (no host, GPU or rCUDA server named).
 //! - [`tokens`]: revoked tokens reloaded on every replica; agents' token renewal.
@@ -18,6 +21,7 @@ pub mod batch;
 pub mod bookings;
 pub mod delegations;
 pub mod elastic;
+pub mod fences;
 pub mod gpus;
 pub mod hosts;
 pub mod pool;
@@ -25,6 +29,7 @@ pub mod queue;
 pub mod quotas;
 pub mod reconciler;
 pub mod redact;
+pub mod rehome;
 pub mod saga;
 pub mod tokens;
 pub mod vms;
@@ -209,11 +214,12 @@ impl App {
         let gauges = self
             .gauges
             .get(max_age, || async {
-                let (states, vms, queue) = {
+                let (states, vms, queue, fenced) = {
                     let mut conn = self.db.conn().await?;
                     let states = crate::db::vm_state_counts(&mut conn).await?;
                     let queue = crate::db::queue_lengths(&mut conn).await?;
-                    (states, crate::db::counted_vms(&mut conn, None).await?, queue)
+                    let fenced = crate::db::fenced_per_gpu(&mut conn).await?;
+                    (states, crate::db::counted_vms(&mut conn, None).await?, queue, fenced)
                 };
                 let mut gauges = self
                     .read_pool_and_quotas(|pool, quotas| {
@@ -224,6 +230,7 @@ impl App {
                     .await?;
                 gauges.push_str(&crate::metrics::render_vm_states(&states));
                 gauges.push_str(&crate::metrics::render_queue(&queue));
+                gauges.push_str(&crate::metrics::render_fenced(&fenced));
                 Ok::<_, crate::error::Error>(gauges)
             })
             .await?;

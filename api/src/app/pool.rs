@@ -98,6 +98,9 @@ async fn load(tx: &mut WriteTx, default_quota: Quota) -> Result<(Pool, QuotaLedg
     let gpus = db::gpus(tx).await?;
     for gpu in &gpus {
         pool.add_gpu(gpu.spec())?;
+        if gpu.health.is_some() {
+            pool.set_gpu_health(&gpu.id, gpu.health.clone())?;
+        }
     }
     for (gpu, taint) in db::gpu_taints(tx).await? {
         pool.set_gpu_taint(&gpu, Some(taint))?;
@@ -123,6 +126,18 @@ async fn load(tx: &mut WriteTx, default_quota: Quota) -> Result<(Pool, QuotaLedg
             // Storage says this VM holds cGPUs that no longer fit (an inventory change behind our
             // back). Keep serving; the booking stays in the database for an operator to see.
             tracing::error!(%vm, error = %e, "stored cGPUs do not fit the pool");
+        }
+    }
+    // Fences hold their bookings under their own holders; no project is charged for them.
+    for fence in db::fences(tx).await? {
+        let placement = Placement {
+            vm: fence.id.holder(),
+            policy: String::new(),
+            vm_host: VmHost::AnyAgentHost,
+            cgpus: fence.cgpus,
+        };
+        if let Err(e) = pool.restore(placement) {
+            tracing::error!(fence = %fence.id, error = %e, "fenced cGPUs do not fit the pool");
         }
     }
     Ok((pool, quotas))

@@ -4,6 +4,9 @@
 //! - hosts whose agents stopped heartbeating become unavailable for new cGPUs;
 //! - every host whose agent does not hold the latest table (a failed push, an agent that restarted
 //!   without its state, a table lost behind its back) gets its table again;
+//! - with `hosts.auto_rehome`, the cGPUs of failed GPUs move to healthy ones (see
+//!   [`super::rehome`]), and lost cGPUs whose GPU works again go live;
+//! - fences whose host's agent confirmed their routes gone are released (see [`super::fences`]);
 //! - sagas with work left and no live owner (a crashed gsaasd) are resumed.
 //!
 //! The next pass is the retry; a pass records what it did and its first error for `/readyz`.
@@ -35,6 +38,11 @@ pub struct ReconcilerStatus {
     pub last_error: Option<String>,
     pub hosts_marked_unavailable: usize,
     pub tables_pushed: usize,
+    pub fences_released: usize,
+    /// cGPUs the last pass re-homed, left lost, and brought back (see [`super::rehome`]).
+    pub cgpus_rehomed: u32,
+    pub cgpus_lost: u32,
+    pub cgpus_recovered: u32,
     pub sagas_resumed: usize,
 }
 
@@ -88,7 +96,8 @@ impl App {
         status.tables_pushed = 0;
         match self.hosts().await {
             Ok(hosts) => {
-                for host in hosts.into_iter().filter(|h| h.kind.has_agent()) {
+                // A forgotten host gets nothing until its agent registers again.
+                for host in hosts.into_iter().filter(|h| h.kind.has_agent() && !h.forgotten) {
                     let behind = host.applied_generation < host.routes_generation;
                     let drifted = match self.agents.applied_generation(&host).await {
                         Ok(applied) => applied.unwrap_or(0) != host.applied_generation,
@@ -105,6 +114,22 @@ impl App {
                     }
                 }
             }
+            Err(e) => note(e),
+        }
+
+        (status.cgpus_rehomed, status.cgpus_lost, status.cgpus_recovered) = (0, 0, 0);
+        match self.rehome_failed().await {
+            Ok(done) => {
+                status.cgpus_rehomed = done.moved;
+                status.cgpus_lost = done.lost;
+                status.cgpus_recovered = done.recovered;
+            }
+            Err(e) => note(e),
+        }
+
+        status.fences_released = 0;
+        match self.release_fences().await {
+            Ok(n) => status.fences_released = n,
             Err(e) => note(e),
         }
 

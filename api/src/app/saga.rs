@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use gpgpums::{HostId, HostKind, HostState, Locality, VmId};
 use tokio::sync::Notify;
 
-use super::bookings::VM_CHANGED;
+use super::bookings::{Ending, VM_CHANGED};
 use super::vms::{rcuda_env, VmDetails};
 use super::{App, RunningSaga};
 use crate::cloud::{CloudError, HostConstraint, ServerSpec};
@@ -176,6 +176,8 @@ impl App {
         let mut current: Option<VmRecord> = None;
         // Its cGPUs, when the launch handed them over (they do not change during a saga).
         let mut cgpus: Option<Vec<CgpuRecord>> = None;
+        // Where the undo steps' withdrawal could not be confirmed (see [`super::fences`]).
+        let mut fence_on: Option<HostId> = None;
         if let Some(start) = start {
             current = Some(start.vm);
             cgpus = Some(start.cgpus);
@@ -211,7 +213,7 @@ impl App {
                 continue;
             }
             let step = vm.step;
-            let outcome = self.run_step(&mut vm, &mut cgpus, wake).await;
+            let outcome = self.run_step(&mut vm, &mut cgpus, &mut fence_on, wake).await;
             match outcome {
                 Ok(Progress::Unrecorded) => current = Some(vm),
                 Ok(Progress::Recorded) => current = Some(vm),
@@ -272,6 +274,7 @@ impl App {
         self: &Arc<Self>,
         vm: &mut VmRecord,
         cgpus: &mut Option<Vec<CgpuRecord>>,
+        fence_on: &mut Option<HostId>,
         wake: &Notify,
     ) -> Result<Progress, StepError> {
         match vm.step {
@@ -312,9 +315,7 @@ impl App {
                             return Err(StepError::Interrupted);
                         }
                     }
-                    if self.host_has_agent(&host).await? {
-                        self.push_routes(&host).await?;
-                    }
+                    *fence_on = self.withdraw_routes(&host).await?;
                 }
                 vm.step = SagaStep::DeleteServer;
                 return Ok(Progress::Unrecorded);
@@ -349,7 +350,8 @@ impl App {
                 }
                 ended.step = SagaStep::Done;
                 ended.updated_ms = now_ms();
-                let ended = match self.release(ended).await {
+                let ending = Ending { ended, fence_on: fence_on.take() };
+                let ended = match self.release(ending).await {
                     Ok(ended) => ended,
                     Err(Error::Conflict(reason)) if reason == VM_CHANGED => {
                         return Err(StepError::Interrupted)

@@ -226,7 +226,7 @@ pub async fn routed_cgpus_on(
         format!(
             "SELECT v.host, v.id, v.fixed_ip, v.tap, c.masked_address, c.masked_port, g.rcuda_address, \
              g.rcuda_port, g.rcuda_gpu_number FROM vms v \
-             LEFT JOIN cgpus c ON c.vm = v.id AND c.state <> 'detaching' LEFT JOIN gpus g ON g.id = c.gpu \
+             LEFT JOIN cgpus c ON c.vm = v.id AND c.state NOT IN ('detaching', 'lost') LEFT JOIN gpus g ON g.id = c.gpu \
              WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 \
              ORDER BY v.host, v.id, {CGPU_ORDER}"
         )

@@ -23,11 +23,13 @@ fn gpu_from_row(row: &AnyRow) -> Result<GpuRecord, Error> {
         rcuda_address: address.parse().map_err(|_| corrupt("rCUDA address", &address))?,
         rcuda_port: row.try_get::<i64, _>("rcuda_port")? as u16,
         rcuda_gpu_number: row.try_get::<i64, _>("rcuda_gpu_number")? as u32,
+        health: row.try_get("health")?,
     })
 }
 
 const GPU_COLUMNS: &str =
-    "g.id, g.host, g.idx, g.model, g.memory_mib, g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number";
+    "g.id, g.host, g.idx, g.model, g.memory_mib, g.rcuda_address, g.rcuda_port, \
+     g.rcuda_gpu_number, g.health";
 
 /// Every GPU, in pool order.
 pub async fn gpus(conn: &mut AnyConnection) -> Result<Vec<GpuRecord>, Error> {
@@ -41,8 +43,8 @@ pub async fn gpus(conn: &mut AnyConnection) -> Result<Vec<GpuRecord>, Error> {
 
 pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(), Error> {
     sqlx::query(
-        "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, rcuda_gpu_number) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
+         rcuda_gpu_number, health) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(gpu.id.as_str())
     .bind(gpu.host.as_str())
@@ -52,6 +54,7 @@ pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(),
     .bind(gpu.rcuda_address.to_string())
     .bind(i64::from(gpu.rcuda_port))
     .bind(i64::from(gpu.rcuda_gpu_number))
+    .bind(gpu.health.as_deref())
     .execute(conn)
     .await?;
     Ok(())
@@ -104,4 +107,18 @@ pub async fn gpu_serving(
         GpuId::new(&id).map_err(|_| corrupt("GPU id", &id))
     })
     .transpose()
+}
+
+/// Records what the GPU's agent says of its health (`None`: healthy).
+pub async fn set_gpu_health(
+    conn: &mut AnyConnection,
+    id: &GpuId,
+    health: Option<&str>,
+) -> Result<(), Error> {
+    sqlx::query("UPDATE gpus SET health = $1 WHERE id = $2")
+        .bind(health)
+        .bind(id.as_str())
+        .execute(conn)
+        .await?;
+    Ok(())
 }

@@ -22,6 +22,7 @@ fn host_from_row(row: &AnyRow) -> Result<HostRecord, Error> {
         last_seen_ms: row.try_get("last_seen_ms")?,
         routes_generation: generation(row, "routes_generation")?,
         applied_generation: generation(row, "applied_generation")?,
+        forgotten: row.try_get::<i64, _>("forgotten")? != 0,
     })
 }
 
@@ -30,8 +31,8 @@ fn generation(row: &AnyRow, column: &str) -> Result<u64, Error> {
     u64::try_from(stored).map_err(|_| corrupt(column, &stored.to_string()))
 }
 
-const HOST_COLUMNS: &str =
-    "name, seq, kind, state, drained, agent_url, last_seen_ms, routes_generation, applied_generation";
+const HOST_COLUMNS: &str = "name, seq, kind, state, drained, agent_url, last_seen_ms, \
+     routes_generation, applied_generation, forgotten";
 
 pub async fn hosts(conn: &mut AnyConnection) -> Result<Vec<HostRecord>, Error> {
     let rows = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts ORDER BY seq"))
@@ -68,18 +69,21 @@ pub async fn insert_host(
     Ok(())
 }
 
+/// Records a host's registration or heartbeat: a forgotten host is known again.
 pub async fn touch_host(
     conn: &mut AnyConnection,
     name: &HostId,
     agent_url: Option<&str>,
     now: i64,
 ) -> Result<(), Error> {
-    sqlx::query("UPDATE hosts SET agent_url = $1, last_seen_ms = $2 WHERE name = $3")
-        .bind(agent_url)
-        .bind(now)
-        .bind(name.as_str())
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "UPDATE hosts SET agent_url = $1, last_seen_ms = $2, forgotten = 0 WHERE name = $3",
+    )
+    .bind(agent_url)
+    .bind(now)
+    .bind(name.as_str())
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -150,5 +154,15 @@ pub async fn set_applied_generations(
         )
     })
     .await?;
+    Ok(())
+}
+
+/// Declares the host dead (see [`HostRecord::forgotten`]): unavailable, and its routes count as
+/// gone.
+pub async fn forget_host(conn: &mut AnyConnection, name: &HostId) -> Result<(), Error> {
+    sqlx::query("UPDATE hosts SET state = 'unavailable', forgotten = 1 WHERE name = $1")
+        .bind(name.as_str())
+        .execute(conn)
+        .await?;
     Ok(())
 }

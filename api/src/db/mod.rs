@@ -14,6 +14,7 @@
 mod cgpus;
 mod delegations;
 mod events;
+mod fences;
 mod gpus;
 mod hosts;
 mod queue;
@@ -24,6 +25,7 @@ mod vms;
 pub use cgpus::*;
 pub use delegations::*;
 pub use events::*;
+pub use fences::*;
 pub use gpus::*;
 pub use hosts::*;
 pub use queue::*;
@@ -56,6 +58,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (9, "preemption", include_str!("../../../migrations/0009_preemption.sql")),
     (10, "queued_attaches", include_str!("../../../migrations/0010_queued_attaches.sql")),
     (11, "queue_bounds", include_str!("../../../migrations/0011_queue_bounds.sql")),
+    (12, "fencing", include_str!("../../../migrations/0012_fencing.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,6 +5,7 @@
 //! request gets a problem document naming the field (`ncgpus: invalid value: integer -1 ...`).
 
 mod elastic;
+mod failures;
 mod quotas;
 pub mod views;
 
@@ -105,6 +106,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/hosts/{name}/token", post(renew_agent_token))
         .route("/v1/hosts/{name}/drain", post(drain_host))
         .route("/v1/hosts/{name}/undrain", post(undrain_host))
+        .route("/v1/hosts/{name}/forget", post(failures::forget_host))
+        .route("/v1/hosts/{name}/evacuate", post(failures::evacuate_host))
+        .route("/v1/fences", get(failures::list_fences))
+        .route("/v1/gpus/{id}/evacuate", post(failures::evacuate_gpu))
         .route("/v1/gpus/{id}/taint", post(taint_gpu))
         .route("/v1/gpus/{id}/untaint", post(untaint_gpu))
         .route("/healthz", get(healthz))
@@ -314,7 +319,12 @@ async fn terminate_vm(
     security(("bearer" = [])))]
 async fn get_pool(State(app): State<AppState>, caller: Caller) -> Result<Json<PoolView>, Error> {
     caller.visible_project()?;
-    let view = app.read_pool(|pool| PoolView::new(pool, caller.is_admin())).await?;
+    let fences = if caller.is_admin() {
+        app.fences().await?.iter().map(|f| f.id.holder()).collect()
+    } else {
+        Default::default()
+    };
+    let view = app.read_pool(|pool| PoolView::new(pool, caller.is_admin(), &fences)).await?;
     Ok(Json(view))
 }
 
@@ -533,9 +543,10 @@ impl utoipa::Modify for BearerAuth {
         quotas::list_quotas, quotas::get_quota, quotas::put_quota, quotas::delete_quota,
         get_pool, list_hosts, register_host,
         renew_agent_token, drain_host,
-        undrain_host, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
+        undrain_host, failures::forget_host, failures::evacuate_host, failures::list_fences,
+        failures::evacuate_gpu, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
     components(schemas(Problem, crate::error::QuotaProblem, quotas::QuotaView, quotas::QuotaList, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView, QueueLengthView, QueuedRequestView, GpuRequestView, PoolView, PoolTotals,
-        PoolHostView, GpuView, HostView, HostList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
+        PoolHostView, GpuView, HostView, HostList, failures::EvacuationView, failures::FenceView, failures::FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
         ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
     modifiers(&BearerAuth),
 )]

@@ -479,6 +479,11 @@ pub struct GpuView {
     pub vms: BTreeMap<String, u32>,
     /// Why the GPU takes no new cGPUs, when it is tainted.
     pub taint: Option<String>,
+    /// Why its host reports it unhealthy (it takes no new cGPUs); `null`: healthy.
+    pub health: Option<String>,
+    /// cGPU bookings fences hold here (routes that may still be live on a host that could not
+    /// be reached, or a re-homed cGPU's old GPU): not placeable until released.
+    pub fenced: u32,
 }
 
 /// A renewed agent token.
@@ -522,7 +527,9 @@ pub struct PoolView {
 }
 
 impl PoolView {
-    pub fn new(pool: &gpgpums::Pool, admin: bool) -> PoolView {
+    /// The pool as `admin` or not sees it; `fences` are the pool's holders that are fences, not
+    /// VMs.
+    pub fn new(pool: &gpgpums::Pool, admin: bool, fences: &HashSet<gpgpums::VmId>) -> PoolView {
         let gpus = pool.gpu_usage();
         let hosts = pool.host_usage();
         let schedulable: HashSet<_> = hosts
@@ -542,7 +549,14 @@ impl PoolView {
             return PoolView { totals, hosts: None };
         }
         let mut holders: HashMap<&gpgpums::GpuId, BTreeMap<String, u32>> = HashMap::new();
+        let mut fenced: HashMap<&gpgpums::GpuId, u32> = HashMap::new();
         for placement in pool.placements() {
+            if fences.contains(&placement.vm) {
+                for cgpu in &placement.cgpus {
+                    *fenced.entry(&cgpu.gpu).or_default() += 1;
+                }
+                continue;
+            }
             for cgpu in &placement.cgpus {
                 *holders
                     .entry(&cgpu.gpu)
@@ -573,6 +587,8 @@ impl PoolView {
                         rcuda_endpoint: format!("{}:{}", g.rcuda.address, g.rcuda.port),
                         vms: holders.get(&g.id).cloned().unwrap_or_default(),
                         taint: g.taint.clone(),
+                        health: g.health.clone(),
+                        fenced: fenced.get(&g.id).copied().unwrap_or(0),
                     })
                     .collect(),
             })
@@ -594,6 +610,8 @@ pub struct HostView {
     pub routes_generation: u64,
     /// Generation its agent confirmed.
     pub applied_generation: u64,
+    /// An admin declared it dead; it takes part again once its agent registers.
+    pub forgotten: bool,
 }
 
 impl From<&HostRecord> for HostView {
@@ -606,6 +624,7 @@ impl From<&HostRecord> for HostView {
             last_seen_ms: h.last_seen_ms,
             routes_generation: h.routes_generation,
             applied_generation: h.applied_generation,
+            forgotten: h.forgotten,
         }
     }
 }
@@ -635,6 +654,9 @@ pub struct GpuReportBody {
     pub model: String,
     pub memory_mib: u64,
     pub rcuda: RcudaBody,
+    /// Why the GPU is unhealthy; absent: healthy.
+    #[serde(default)]
+    pub unhealthy: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

@@ -33,6 +33,8 @@ pub enum Behaviour {
     ClaimGeneration(u64),
     /// Holds every push unanswered until the behaviour changes, then answers as it then says.
     Stall,
+    /// Its host is down: every request fails with 503, and nothing changes.
+    Down,
 }
 
 #[derive(Debug)]
@@ -121,6 +123,13 @@ impl TestAgent {
             .unwrap_or_default()
     }
 
+    /// The connections its firewall was asked to cut: (masked endpoint, old rCUDA target).
+    pub fn cuts(&self) -> Vec<(SocketAddrV4, SocketAddrV4)> {
+        self.shared
+            .agent
+            .with_firewall(|fw| fw.cuts().iter().map(|(k, old)| (k.masked, *old)).collect())
+    }
+
     /// The table it holds.
     pub fn table(&self) -> Option<RouteTable> {
         self.shared.agent.state().desired
@@ -177,6 +186,9 @@ pub fn remote_launch(ncgpus: u32) -> serde_json::Value {
 
 async fn count(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
     shared.requests.fetch_add(1, Ordering::SeqCst);
+    if *shared.behaviour.lock().unwrap() == Behaviour::Down {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "the host is down", None);
+    }
     next.run(request).await
 }
 
@@ -219,7 +231,7 @@ async fn put_routes(State(shared): State<Arc<Shared>>, body: Bytes) -> Response 
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     };
     match behaviour {
-        Behaviour::Honest | Behaviour::Stall => {}
+        Behaviour::Honest | Behaviour::Stall | Behaviour::Down => {}
         Behaviour::RefuseTarget(target) => {
             if let Some(i) = table.routes.iter().position(|r| r.target == target) {
                 let entry = format!("routes[{i}].target");

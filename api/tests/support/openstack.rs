@@ -229,6 +229,7 @@ pub fn inventory_named(gpu_host: &str, gpus: u32) -> Vec<InventoryHost> {
                 model: "NVIDIA Quadro M4000".into(),
                 memory_mib: 8192,
                 count: gpus,
+                unhealthy: None,
             }],
             gpu_network_address: Some(Ipv4Addr::new(10, 78, 0, 1)),
         },

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use nix::sched::{setns, CloneFlags};
 
-/// Panics with a clear message unless this runs as root with `ip`, `nft` and `nsenter`.
+/// Panics with a clear message unless this runs as root with `ip`, `nft`, `nsenter` and
+/// `conntrack`.
 pub fn require_root_tools() {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let uid = status
@@ -31,6 +32,7 @@ pub fn require_root_tools() {
         ("ip", "-V", "iproute2"),
         ("nft", "--version", "nftables"),
         ("nsenter", "-V", "util-linux"),
+        ("conntrack", "--version", "conntrack"),
     ] {
         let ok = Command::new(tool).arg(arg).output().is_ok_and(|o| o.status.success());
         assert!(ok, "`{tool}` is missing: apt-get install -y {package} (scripts/test.sh does)");

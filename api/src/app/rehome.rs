@@ -1,0 +1,253 @@
+//! Re-homing cGPUs: moving them to other GPUs without the VM noticing.
+//!
+//! A cGPU's masked endpoint does not depend on its GPU, so a cGPU can move: its booking moves to
+//! a GPU the planner chooses (the same policies, quotas untouched: the VM holds as many cGPUs as
+//! before), its row keeps its index and so its masked address and port, and the VM's host agent
+//! re-targets the route. New connections reach the new GPU; connections open to the old one are
+//! cut by the agent (a CUDA context on the old GPU is lost: the application must reconnect). The
+//! old booking is fenced (see [`super::fences`]) until the agent confirms the new table, so no
+//! other VM gets the old GPU while this one may still reach it.
+//!
+//! Admins evacuate a GPU or a host (all or nothing: 507 when anything has nowhere to go). With
+//! `hosts.auto_rehome`, the reconciler moves the cGPUs of GPUs that failed (unhealthy, or on a
+//! host that is down); a cGPU that fits nowhere becomes `lost` (no route, still booked) and is
+//! tried again each pass, or goes live where it is once its GPU works again.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use gpgpums::{GpuId, HostId, Locality, Rehome, VmId};
+
+use super::fences::open_fence;
+use super::App;
+use crate::db::{self, now_ms, Fenced};
+use crate::error::Error;
+use crate::model::{CgpuRecord, CgpuState};
+
+/// What to move cGPUs off.
+#[derive(Debug, Clone)]
+pub enum Evacuate {
+    Gpu(GpuId),
+    Host(HostId),
+}
+
+/// What a re-homing did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rehomed {
+    /// cGPUs moved to another GPU.
+    pub moved: u32,
+    /// cGPUs that fit nowhere and are now `lost` (the reconciler's passes only).
+    pub lost: u32,
+    /// Lost cGPUs live again on their GPU, which works again (the reconciler's passes only).
+    pub recovered: u32,
+    /// The VMs whose cGPUs moved or were lost.
+    pub vms: BTreeSet<VmId>,
+}
+
+/// How a cGPU that cannot move is treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoRoom {
+    /// Nothing is moved at all: an admin's evacuation, answered 507.
+    Refuse,
+    /// It becomes `lost`: the reconciler's re-homing of failed GPUs.
+    Lose,
+}
+
+impl App {
+    /// Moves every cGPU off a GPU or a host's GPUs (admins): all or nothing.
+    pub async fn evacuate(self: &Arc<Self>, what: Evacuate) -> Result<Rehomed, Error> {
+        let gpus: Vec<GpuId> = {
+            let mut conn = self.db.conn().await?;
+            let all = db::gpus(&mut conn).await?;
+            match &what {
+                Evacuate::Gpu(id) => {
+                    if !all.iter().any(|g| &g.id == id) {
+                        return Err(Error::NotFound { kind: "GPU", id: id.to_string() });
+                    }
+                    vec![id.clone()]
+                }
+                Evacuate::Host(name) => {
+                    if db::host(&mut conn, name).await?.is_none() {
+                        return Err(Error::NotFound { kind: "host", id: name.to_string() });
+                    }
+                    all.into_iter().filter(|g| &g.host == name).map(|g| g.id).collect()
+                }
+            }
+        };
+        let reason = match &what {
+            Evacuate::Gpu(_) => "an admin evacuated its GPU",
+            Evacuate::Host(_) => "an admin evacuated its GPU's host",
+        };
+        self.rehome(gpus, reason, NoRoom::Refuse).await
+    }
+
+    /// The reconciler's part: re-homes the cGPUs of failed GPUs (with `hosts.auto_rehome`), and
+    /// brings lost cGPUs back where their GPU works again.
+    pub(crate) async fn rehome_failed(self: &Arc<Self>) -> Result<Rehomed, Error> {
+        let (failed, lost_back) = {
+            let mut conn = self.db.conn().await?;
+            let failed = if self.config.hosts.auto_rehome {
+                db::failed_gpus_in_use(&mut conn).await?
+            } else {
+                Vec::new()
+            };
+            (failed, db::has_recoverable_lost_cgpus(&mut conn).await?)
+        };
+        let mut done = Rehomed::default();
+        if lost_back {
+            let recovered = {
+                let mut tx = self.db.begin().await?;
+                let recovered = db::recover_lost_cgpus(&mut tx).await?;
+                tx.commit().await?;
+                recovered
+            };
+            done.recovered = recovered.len() as u32;
+            let vms: BTreeSet<VmId> = recovered.iter().map(|(vm, _)| *vm).collect();
+            self.record_events(
+                &vms,
+                "recovered",
+                "a lost cGPU is live again on its GPU, which works again",
+            )
+            .await?;
+            self.push_vms_routes(&vms).await;
+            done.vms.extend(vms);
+        }
+        if !failed.is_empty() {
+            let moved = self.rehome(failed, "its GPU failed", NoRoom::Lose).await?;
+            done.moved = moved.moved;
+            done.lost = moved.lost;
+            done.vms.extend(moved.vms);
+        }
+        Ok(done)
+    }
+
+    async fn rehome(
+        self: &Arc<Self>,
+        gpus: Vec<GpuId>,
+        reason: &'static str,
+        no_room: NoRoom,
+    ) -> Result<Rehomed, Error> {
+        let done = self
+            .with_pool(move |pool, tx| {
+                Box::pin(async move {
+                    let cgpus = db::cgpus_on_gpus(tx, &gpus).await?;
+                    let mut by_vm: BTreeMap<VmId, Vec<CgpuRecord>> = BTreeMap::new();
+                    for cgpu in cgpus {
+                        by_vm.entry(cgpu.vm).or_default().push(cgpu);
+                    }
+                    let mut done = Rehomed::default();
+                    let now = now_ms();
+                    for (id, cgpus) in by_vm {
+                        let Some(vm) = db::vm(tx, id).await? else { continue };
+                        let mut moved = Vec::new();
+                        let mut lost = Vec::new();
+                        for cgpu in &cgpus {
+                            let to = Rehome {
+                                on_host: (vm.spec.gpus.locality == Locality::Local)
+                                    .then_some(vm.host.as_ref().unwrap_or(&cgpu.host)),
+                                distinct_gpus: vm.spec.gpus.distinct_gpus,
+                            };
+                            // Routes may be live where the VM runs: the old booking waits there.
+                            let fence = match &vm.host {
+                                Some(host) => {
+                                    open_fence(tx, id, host, Fenced::Index(cgpu.index)).await?
+                                }
+                                None => None,
+                            };
+                            let holder = fence.as_ref().map(|(fence, _)| fence.holder());
+                            match pool.rehome(&id, cgpu.index, &vm.policy, &to, holder) {
+                                Ok(new) => {
+                                    db::move_cgpu(tx, id, cgpu.index, &new.gpu).await?;
+                                    moved.push(cgpu.index);
+                                }
+                                Err(e @ gpgpums::Error::InsufficientCapacity(_)) => {
+                                    if no_room == NoRoom::Refuse {
+                                        return Err(Error::InsufficientCapacity(match e {
+                                            gpgpums::Error::InsufficientCapacity(s) => s,
+                                            _ => unreachable!("matched above"),
+                                        }));
+                                    }
+                                    if let Some((fence, _)) = fence {
+                                        db::delete_fences(tx, &[fence]).await?;
+                                    }
+                                    if cgpu.state != CgpuState::Lost {
+                                        let state = cgpu.state;
+                                        db::set_cgpu_states(tx, id, Some(cgpu.index), state, CgpuState::Lost)
+                                            .await?;
+                                        lost.push(cgpu.index);
+                                    }
+                                }
+                                Err(e) => return Err(e.into()),
+                            }
+                        }
+                        if !moved.is_empty() || !lost.is_empty() {
+                            done.vms.insert(id);
+                        }
+                        done.moved += moved.len() as u32;
+                        done.lost += lost.len() as u32;
+                        for (kind, indexes, detail) in [
+                            ("rehomed", &moved, format!("moved to another GPU ({reason}); their masked addresses are unchanged, and connections open to the old GPU were cut")),
+                            ("lost", &lost, format!("lost ({reason}) and no other GPU can take them now; they have no route until one can or until their GPU works again")),
+                        ] {
+                            if !indexes.is_empty() {
+                                let list: Vec<String> = indexes.iter().map(u32::to_string).collect();
+                                let detail = format!("cGPU(s) {}: {detail}", list.join(", "));
+                                let event = db::VmEvent { at_ms: now, kind: kind.into(), detail };
+                                db::insert_event(tx, id, &event).await?;
+                            }
+                        }
+                    }
+                    Ok(done)
+                })
+            })
+            .await?;
+        if done.moved + done.lost > 0 {
+            tracing::warn!(
+                moved = done.moved,
+                lost = done.lost,
+                vms = done.vms.len(),
+                reason,
+                "cGPUs re-homed"
+            );
+            self.push_vms_routes(&done.vms).await;
+            // Fences left on hosts that confirm at once are released now rather than next pass.
+            self.trigger_reconcile();
+        }
+        Ok(done)
+    }
+
+    /// Pushes the tables of the hosts the VMs run on; a failed push is the reconciler's to retry
+    /// (the host is behind).
+    async fn push_vms_routes(&self, vms: &BTreeSet<VmId>) {
+        let hosts: BTreeSet<HostId> = {
+            let Ok(mut conn) = self.db.conn().await else { return };
+            let mut hosts = BTreeSet::new();
+            for id in vms {
+                if let Ok(Some(vm)) = db::vm(&mut conn, *id).await {
+                    hosts.extend(vm.host);
+                }
+            }
+            hosts
+        };
+        for host in &hosts {
+            if let Err(e) = self.push_routes(host).await {
+                tracing::warn!(%host, error = %crate::error::ErrorChain(&e), "route push after re-homing failed; the reconciler retries");
+            }
+        }
+    }
+
+    async fn record_events(
+        &self,
+        vms: &BTreeSet<VmId>,
+        kind: &str,
+        detail: &str,
+    ) -> Result<(), Error> {
+        let mut tx = self.db.begin().await?;
+        for id in vms {
+            let event = db::VmEvent { at_ms: now_ms(), kind: kind.into(), detail: detail.into() };
+            db::insert_event(&mut tx, *id, &event).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,147 @@
+//! When things break (admins): forgetting a dead host, evacuating GPUs and hosts, and the fences
+//! that hold bookings meanwhile (see [`crate::app::fences`] and [`crate::app::rehome`]).
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::views::HostView;
+use super::{gpu_id, host_id, AppState};
+use crate::app::rehome::{Evacuate, Rehomed};
+use crate::auth::Caller;
+use crate::error::{Error, Problem};
+use crate::model::FenceRecord;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ForgetQuery {
+    /// Forget the host even though its agent still heartbeats.
+    #[serde(default)]
+    force: bool,
+}
+
+/// Declare a host dead (admins).
+///
+/// Its routes count as gone: the fences holding cGPUs whose routes were there are released, it
+/// takes no new cGPUs, and nothing is pushed to it until its agent registers again. Refused with
+/// 409 while its agent heartbeats, unless `force=true`.
+#[utoipa::path(post, path = "/v1/hosts/{name}/forget", tag = "hosts",
+    params(("name" = String, Path, description = "The host's name"), ForgetQuery),
+    responses((status = 200, body = HostView), (status = 400, body = Problem), (status = 401, body = Problem),
+        (status = 404, body = Problem), (status = 409, description = "Its agent is alive and `force` is not set", body = Problem)),
+    security(("bearer" = [])))]
+pub(super) async fn forget_host(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    query: Result<Query<ForgetQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<HostView>, Error> {
+    caller.require_admin()?;
+    let Query(query) = query.map_err(|e| Error::invalid("query", e.body_text()))?;
+    let host = app.forget_host(&host_id(&name)?, query.force).await?;
+    Ok(Json(HostView::from(&host)))
+}
+
+/// What an evacuation moved.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EvacuationView {
+    /// cGPUs moved to other GPUs; their VMs keep their masked endpoints.
+    pub moved: u32,
+    /// The VMs whose cGPUs moved.
+    pub vms: Vec<String>,
+}
+
+impl From<Rehomed> for EvacuationView {
+    fn from(done: Rehomed) -> Self {
+        EvacuationView {
+            moved: done.moved,
+            vms: done.vms.iter().map(ToString::to_string).collect(),
+        }
+    }
+}
+
+/// Move every cGPU off a GPU (admins).
+///
+/// Each cGPU goes to another GPU the placement policy chooses, keeping its index and masked
+/// endpoint: the VM's environment does not change, new connections reach the new GPU, and
+/// connections open to the old GPU are cut (a CUDA context there is lost). The VM gets a
+/// `rehomed` event. All or nothing: 507 when any cGPU has nowhere to go. Taint the GPU first to
+/// keep new cGPUs off it.
+#[utoipa::path(post, path = "/v1/gpus/{id}/evacuate", tag = "gpus",
+    params(("id" = String, Path, description = "The GPU's id")),
+    responses((status = 200, body = EvacuationView), (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 507, description = "Some cGPU fits on no other GPU; nothing moved", body = Problem)),
+    security(("bearer" = [])))]
+pub(super) async fn evacuate_gpu(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<EvacuationView>, Error> {
+    caller.require_admin()?;
+    Ok(Json(app.evacuate(Evacuate::Gpu(gpu_id(&id)?)).await?.into()))
+}
+
+/// Move every cGPU off a host's GPUs (admins): see `POST /v1/gpus/{id}/evacuate`. Drain the host
+/// first to keep new cGPUs off it.
+#[utoipa::path(post, path = "/v1/hosts/{name}/evacuate", tag = "hosts",
+    params(("name" = String, Path, description = "The host's name")),
+    responses((status = 200, body = EvacuationView), (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 507, description = "Some cGPU fits on no other GPU; nothing moved", body = Problem)),
+    security(("bearer" = [])))]
+pub(super) async fn evacuate_host(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<EvacuationView>, Error> {
+    caller.require_admin()?;
+    Ok(Json(app.evacuate(Evacuate::Host(host_id(&name)?)).await?.into()))
+}
+
+/// A fence: cGPU bookings kept while a host may still route to them.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FenceView {
+    pub id: String,
+    /// The VM whose routes they were.
+    pub vm: String,
+    /// The host whose agent must confirm them gone (or be forgotten).
+    pub host: String,
+    /// Released once that agent applied a table of at least this generation.
+    pub generation: u64,
+    pub reason: String,
+    pub created_ms: i64,
+    /// The GPUs they hold, one entry per cGPU.
+    pub gpus: Vec<String>,
+}
+
+impl From<&FenceRecord> for FenceView {
+    fn from(f: &FenceRecord) -> Self {
+        FenceView {
+            id: f.id.to_string(),
+            vm: f.vm.to_string(),
+            host: f.host.to_string(),
+            generation: f.generation,
+            reason: f.reason.clone(),
+            created_ms: f.created_ms,
+            gpus: f.cgpus.iter().map(|c| c.gpu.to_string()).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FenceList {
+    pub fences: Vec<FenceView>,
+}
+
+/// List the fences (admins).
+#[utoipa::path(get, path = "/v1/fences", tag = "hosts",
+    responses((status = 200, body = FenceList), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+pub(super) async fn list_fences(
+    State(app): State<AppState>,
+    caller: Caller,
+) -> Result<Json<FenceList>, Error> {
+    caller.require_admin()?;
+    let fences = app.fences().await?;
+    Ok(Json(FenceList { fences: fences.iter().map(FenceView::from).collect() }))
+}

@@ -1,0 +1,347 @@
+//! When things break (issue [4/5]): terminations and detaches that do not wait for a dead host
+//! (fencing), forgetting a host, GPU health, evacuations and automatic re-homing.
+//!
+//! The hosts have real agents over HTTP ([`support::agents`]); a test turns one `Down` (every
+//! request answered 503, as a host that is gone) and back.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::agents::{agent_cloud, agent_cloud_with, remote_launch, Behaviour, TestAgent};
+use support::{host_report, Store, TestService};
+
+on_both_stores!(
+    a_termination_whose_host_is_down_completes_and_fences_its_cgpus,
+    a_forgotten_host_releases_its_fences_and_comes_back_by_registering,
+    a_detach_whose_host_is_down_completes_and_fences_the_cgpu,
+    unhealthy_gpus_take_no_new_cgpus_and_show_in_the_pool_and_metrics,
+    an_evacuation_moves_cgpus_behind_the_same_masked_endpoints_or_nothing,
+    auto_rehome_moves_failed_gpus_cgpus_and_loses_what_fits_nowhere,
+);
+
+fn exclusive_remote(ncgpus: u32) -> Value {
+    let mut request = remote_launch(ncgpus);
+    request["mode"] = json!("exclusive");
+    request.as_object_mut().unwrap().remove("gpu_memory_mib");
+    request
+}
+
+async fn fences(t: &TestService) -> Vec<Value> {
+    let (status, body) = t.get(&t.admin(), "/v1/fences").await;
+    assert_eq!(status, 200, "{body}");
+    body["fences"].as_array().unwrap().clone()
+}
+
+async fn pool_gpus(t: &TestService) -> Vec<Value> {
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    pool["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["gpus"].as_array().unwrap().clone())
+        .collect()
+}
+
+async fn quota_cgpus(t: &TestService) -> u64 {
+    let (_, quota) = t.get(&t.member(), "/v1/quotas/alpha").await;
+    quota["usage"]["cgpus"].as_u64().unwrap()
+}
+
+/// Waits (bounded: 10 s) until `agent` routes `n` endpoints: a pass the test did not start (one a
+/// report triggered) may still be pushing.
+async fn wait_routes(agent: &TestAgent, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while routes(agent).len() != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "routes never became {n}: {:?}",
+            routes(agent)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// The masked endpoints the agent routes, with their targets.
+fn routes(agent: &TestAgent) -> Vec<(String, String)> {
+    agent.routes().iter().map(|(m, t)| (m.to_string(), t.to_string())).collect()
+}
+
+async fn a_termination_whose_host_is_down_completes_and_fences_its_cgpus(store: Store) {
+    let (t, vm_host, _) = agent_cloud(store, 2).await;
+    let member = t.member();
+    let id = t.launch(&member, &exclusive_remote(2)).await;
+    t.wait_state(&member, &id, "ready").await;
+    assert_eq!(routes(&vm_host).len(), 2);
+    assert_eq!(quota_cgpus(&t).await, 2);
+
+    // The VM's host dies: the termination still completes for the tenant.
+    vm_host.set(Behaviour::Down);
+    let (status, _) = t.delete(&member, &format!("/v1/vms/{id}")).await;
+    assert_eq!(status, 202);
+    let vm = t.wait_state(&member, &id, "deleted").await;
+    assert!(vm["cgpus"].as_array().unwrap().is_empty(), "{vm}");
+    assert_eq!(quota_cgpus(&t).await, 0, "the quota stops counting them");
+    // Its cGPUs are fenced, not free: the host may still route to them.
+    let fenced = fences(&t).await;
+    assert_eq!(fenced.len(), 1, "{fenced:?}");
+    assert_eq!(fenced[0]["vm"], id.as_str());
+    assert_eq!(fenced[0]["host"], "crg-a");
+    assert_eq!(fenced[0]["gpus"].as_array().unwrap().len(), 2);
+    let gpus = pool_gpus(&t).await;
+    assert!(gpus.iter().all(|g| g["fenced"] == 1 && g["vms"] == json!({})), "{gpus:?}");
+    let (status, problem) = t.post(&member, "/v1/vms", &exclusive_remote(1)).await;
+    assert_eq!(status, 507, "fenced GPUs are not placeable: {problem}");
+    // Tenants see nothing of it.
+    let (status, _) = t.get(&member, "/v1/fences").await;
+    assert_eq!(status, 404);
+    // The agent comes back: the next pass pushes its table, which no longer routes the VM, and
+    // only then are the GPUs free.
+    t.service().app.reconcile_once().await;
+    assert_eq!(fences(&t).await.len(), 1);
+    vm_host.set(Behaviour::Honest);
+    t.service().app.reconcile_once().await;
+    assert!(routes(&vm_host).is_empty(), "the routes are gone");
+    assert!(fences(&t).await.is_empty());
+    let id = t.launch(&member, &exclusive_remote(2)).await;
+    t.wait_state(&member, &id, "ready").await;
+}
+
+async fn a_forgotten_host_releases_its_fences_and_comes_back_by_registering(store: Store) {
+    let (t, vm_host, _) = agent_cloud(store, 1).await;
+    let member = t.member();
+    let id = t.launch(&member, &remote_launch(1)).await;
+    t.wait_state(&member, &id, "ready").await;
+    vm_host.set(Behaviour::Down);
+    t.delete(&member, &format!("/v1/vms/{id}")).await;
+    t.wait_state(&member, &id, "deleted").await;
+    assert_eq!(fences(&t).await.len(), 1);
+
+    // Its agent heartbeated moments ago: forgetting it needs force.
+    let (status, problem) = t.post(&t.admin(), "/v1/hosts/crg-a/forget", &json!({})).await;
+    assert_eq!(status, 409, "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("force"), "{problem}");
+    assert_eq!(fences(&t).await.len(), 1, "a refused forget changes nothing");
+    let (status, _) = t.post(&member, "/v1/hosts/crg-a/forget?force=true", &json!({})).await;
+    assert_eq!(status, 404, "tenants cannot forget hosts");
+    let (status, _) = t.post(&t.admin(), "/v1/hosts/nowhere/forget?force=true", &json!({})).await;
+    assert_eq!(status, 404);
+    let (status, problem) =
+        t.post(&t.admin(), "/v1/hosts/crg-a/forget?force=maybe", &json!({})).await;
+    assert_eq!(status, 422, "{problem}");
+
+    let (status, host) = t.post(&t.admin(), "/v1/hosts/crg-a/forget?force=true", &json!({})).await;
+    assert_eq!(status, 200, "{host}");
+    assert_eq!(
+        (host["forgotten"].as_bool(), host["state"].as_str()),
+        (Some(true), Some("unavailable"))
+    );
+    assert!(fences(&t).await.is_empty(), "its routes count as gone");
+    // Nothing is pushed to a forgotten host.
+    let pushes = vm_host.pushes();
+    t.service().app.reconcile_once().await;
+    assert_eq!(vm_host.pushes(), pushes);
+    // It comes back by registering; its table is pushed at once.
+    vm_host.set(Behaviour::Honest);
+    let report = host_report("crg-a", "compute-rgpu", &vm_host.url, 0);
+    let (status, host) = t.report_host(&t.agent_token("crg-a"), "crg-a", &report).await;
+    assert_eq!(status, 200, "{host}");
+    assert_eq!(
+        (host["forgotten"].as_bool(), host["state"].as_str()),
+        (Some(false), Some("schedulable"))
+    );
+    let id = t.launch(&member, &remote_launch(1)).await;
+    t.wait_state(&member, &id, "ready").await;
+}
+
+async fn a_detach_whose_host_is_down_completes_and_fences_the_cgpu(store: Store) {
+    let (t, vm_host, _) = agent_cloud(store, 2).await;
+    let member = t.member();
+    let id = t.launch(&member, &exclusive_remote(2)).await;
+    t.wait_state(&member, &id, "ready").await;
+    vm_host.set(Behaviour::Down);
+    let (status, vm) = t.delete(&member, &format!("/v1/vms/{id}/cgpus/1")).await;
+    assert_eq!(status, 202, "{vm}");
+    let vm = t.wait_vm(&member, &id, |vm| vm["cgpus"].as_array().unwrap().len() == 1).await;
+    assert_eq!(vm["state"], "ready", "{vm}");
+    assert_eq!(quota_cgpus(&t).await, 1);
+    let fenced = fences(&t).await;
+    assert_eq!(fenced.len(), 1, "{fenced:?}");
+    assert_eq!(fenced[0]["gpus"].as_array().unwrap().len(), 1);
+    vm_host.set(Behaviour::Honest);
+    t.service().app.reconcile_once().await;
+    assert!(fences(&t).await.is_empty());
+    assert_eq!(routes(&vm_host).len(), 1);
+}
+
+fn with_health(mut report: Value, gpu: usize, unhealthy: Option<&str>) -> Value {
+    report["gpus"][gpu]["unhealthy"] = json!(unhealthy);
+    report
+}
+
+async fn unhealthy_gpus_take_no_new_cgpus_and_show_in_the_pool_and_metrics(store: Store) {
+    let (t, _, gpu_agent) = agent_cloud(store, 2).await;
+    let member = t.member();
+    let token = t.agent_token("cg-1");
+    let report = host_report("cg-1", "compute-gpu", &gpu_agent.url, 2);
+    let sick = with_health(report.clone(), 0, Some("critical XID error 79"));
+    let (status, body) = t.report_host(&token, "cg-1", &sick).await;
+    assert_eq!(status, 200, "{body}");
+    let gpus = pool_gpus(&t).await;
+    assert_eq!(gpus[0]["health"], "critical XID error 79", "{gpus:?}");
+    assert!(gpus[1]["health"].is_null());
+    let (_, metrics) = t.get(&t.admin(), "/metrics").await;
+    let metrics = metrics.as_str().unwrap().to_owned();
+    assert!(metrics.contains("gsaas_gpu_healthy{gpu=\"cg-1:GPU-0\",host=\"cg-1\"} 0"), "{metrics}");
+    assert!(metrics.contains("gsaas_gpu_healthy{gpu=\"cg-1:GPU-1\",host=\"cg-1\"} 1"));
+    // Only the healthy GPU takes cGPUs.
+    let id = t.launch(&member, &exclusive_remote(1)).await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    let (_, admin_vm) = t.get(&t.admin(), &format!("/v1/vms/{}", vm["id"].as_str().unwrap())).await;
+    assert_eq!(admin_vm["cgpus"][0]["gpu"], "cg-1:GPU-1");
+    let (status, _) = t.post(&member, "/v1/vms", &exclusive_remote(1)).await;
+    assert_eq!(status, 507);
+    // Healthy again: it takes cGPUs again.
+    assert_eq!(t.report_host(&token, "cg-1", &report).await.0, 200);
+    assert!(pool_gpus(&t).await[0]["health"].is_null());
+    let id = t.launch(&member, &exclusive_remote(1)).await;
+    t.wait_state(&member, &id, "ready").await;
+    // A hostile report changes nothing.
+    let hostile = with_health(report.clone(), 0, Some("XID\u{1b}[31m"));
+    let (status, problem) = t.report_host(&token, "cg-1", &hostile).await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("gpus[0].unhealthy")), "{problem}");
+    let huge = with_health(report.clone(), 1, Some(&"x".repeat(10_000)));
+    assert_eq!(t.report_host(&token, "cg-1", &huge).await.0, 422);
+    assert!(pool_gpus(&t).await.iter().all(|g| g["health"].is_null()));
+    // A GPU in use that its host stops reporting is unhealthy, not dropped.
+    let mut gone = report.clone();
+    gone["gpus"].as_array_mut().unwrap().truncate(1);
+    assert_eq!(t.report_host(&token, "cg-1", &gone).await.0, 200);
+    let gpus = pool_gpus(&t).await;
+    assert_eq!(gpus.len(), 2, "{gpus:?}");
+    assert_eq!(gpus[1]["health"], "gone from its host's report");
+}
+
+/// The VM's cGPUs as an admin sees them: (index, masked endpoint, GPU).
+async fn cgpus_of(t: &TestService, id: &str) -> Vec<(u64, String, String)> {
+    let (_, vm) = t.get(&t.admin(), &format!("/v1/vms/{id}")).await;
+    vm["cgpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let text = |k: &str| c[k].as_str().unwrap().to_owned();
+            (c["index"].as_u64().unwrap(), text("masked_endpoint"), text("gpu"))
+        })
+        .collect()
+}
+
+async fn an_evacuation_moves_cgpus_behind_the_same_masked_endpoints_or_nothing(store: Store) {
+    let (t, vm_host, _) = agent_cloud(store, 3).await;
+    let member = t.member();
+    let id = t.launch(&member, &exclusive_remote(2)).await;
+    let before = t.wait_state(&member, &id, "ready").await;
+    let cgpus = cgpus_of(&t, &id).await;
+    let leaving = cgpus[1].2.clone();
+    let routes_before = routes(&vm_host);
+
+    let (status, _) = t.post(&member, &format!("/v1/gpus/{leaving}/evacuate"), &json!({})).await;
+    assert_eq!(status, 404, "tenants cannot evacuate");
+    let (status, _) = t.post(&t.admin(), "/v1/gpus/cg-1:GPU-9/evacuate", &json!({})).await;
+    assert_eq!(status, 404);
+    let (status, _) =
+        t.post(&t.admin(), "/v1/gpus/cg-1:GPU-9/taint", &json!({"reason": "x"})).await;
+    assert_eq!(status, 404, "tainting an unknown GPU");
+    let (status, _) = t.post(&t.admin(), "/v1/hosts/nowhere/evacuate", &json!({})).await;
+    assert_eq!(status, 404);
+
+    let (status, done) =
+        t.post(&t.admin(), &format!("/v1/gpus/{leaving}/evacuate"), &json!({})).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["moved"], 1);
+    assert_eq!(done["vms"], json!([id]));
+    let moved = cgpus_of(&t, &id).await;
+    assert_eq!(moved[0], cgpus[0], "the other cGPU stays");
+    assert_eq!(
+        (moved[1].0, &moved[1].1),
+        (cgpus[1].0, &cgpus[1].1),
+        "same index and masked endpoint"
+    );
+    assert_ne!(moved[1].2, leaving);
+    // The VM's environment is unchanged; its host's agent re-targeted the route and cut the old
+    // connections.
+    let after = t.wait_state(&member, &id, "ready").await;
+    assert_eq!(after["rcuda_env"], before["rcuda_env"]);
+    assert!(after["events"].as_array().unwrap().iter().any(|e| e["kind"] == "rehomed"), "{after}");
+    let routes_after = routes(&vm_host);
+    assert_eq!(routes_after.len(), 2);
+    assert_eq!(
+        routes_after.iter().map(|r| &r.0).collect::<Vec<_>>(),
+        routes_before.iter().map(|r| &r.0).collect::<Vec<_>>()
+    );
+    assert_ne!(routes_after, routes_before);
+    let cut = vm_host.cuts();
+    assert_eq!(cut.len(), 1, "{cut:?}");
+    assert_eq!(cut[0].0.to_string(), cgpus[1].1);
+    // The old GPU's booking waits in a fence until the agent confirmed; then it is free.
+    t.service().app.reconcile_once().await;
+    assert!(fences(&t).await.is_empty());
+    assert!(pool_gpus(&t).await.iter().any(|g| g["id"] == leaving.as_str() && g["cgpus"] == 0));
+
+    // Evacuating a GPU whose cGPU fits nowhere else moves nothing: 507.
+    let other = t.launch(&member, &exclusive_remote(1)).await;
+    t.wait_state(&member, &other, "ready").await;
+    let cgpus = cgpus_of(&t, &id).await;
+    let (_, pool_before) = t.get(&t.admin(), "/v1/pool").await;
+    let (status, problem) =
+        t.post(&t.admin(), &format!("/v1/gpus/{}/evacuate", cgpus[0].2), &json!({})).await;
+    assert_eq!(status, 507, "{problem}");
+    let (status, _) = t.post(&t.admin(), "/v1/hosts/cg-1/evacuate", &json!({})).await;
+    assert_eq!(status, 507);
+    assert_eq!(cgpus_of(&t, &id).await, cgpus);
+    assert_eq!(t.get(&t.admin(), "/v1/pool").await.1, pool_before);
+    assert!(fences(&t).await.is_empty());
+}
+
+async fn auto_rehome_moves_failed_gpus_cgpus_and_loses_what_fits_nowhere(store: Store) {
+    let (t, vm_host, gpu_agent) = agent_cloud_with(store, 3, |c| c.hosts.auto_rehome = true).await;
+    let member = t.member();
+    let app = &t.service().app;
+    let id = t.launch(&member, &exclusive_remote(2)).await;
+    t.wait_state(&member, &id, "ready").await;
+    let cgpus = cgpus_of(&t, &id).await;
+    let token = t.agent_token("cg-1");
+    let report = host_report("cg-1", "compute-gpu", &gpu_agent.url, 3);
+    let failing: usize = cgpus[0].2.strip_prefix("cg-1:GPU-").unwrap().parse().unwrap();
+
+    // Its first GPU fails: a pass (the one the report triggers, or this one) moves that cGPU to
+    // the free GPU.
+    let sick = with_health(report.clone(), failing, Some("2 uncorrectable ECC errors"));
+    assert_eq!(t.report_host(&token, "cg-1", &sick).await.0, 200);
+    let status = app.reconcile_once().await;
+    assert!(status.last_error.is_none(), "{status:?}");
+    let moved = cgpus_of(&t, &id).await;
+    assert_eq!(moved[0].1, cgpus[0].1, "same masked endpoint");
+    assert_ne!(moved[0].2, cgpus[0].2);
+    wait_routes(&vm_host, 2).await;
+
+    // Then another GPU fails, and no healthy GPU is left for its cGPU: it is lost, not dropped.
+    let second: usize = moved[1].2.strip_prefix("cg-1:GPU-").unwrap().parse().unwrap();
+    let worse = with_health(sick.clone(), second, Some("fallen off the bus"));
+    assert_eq!(t.report_host(&token, "cg-1", &worse).await.0, 200);
+    app.reconcile_once().await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    let states: Vec<&str> =
+        vm["cgpus"].as_array().unwrap().iter().map(|c| c["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["live", "lost"], "{vm}");
+    assert!(vm["events"].as_array().unwrap().iter().any(|e| e["kind"] == "lost"), "{vm}");
+    wait_routes(&vm_host, 1).await; // a lost cGPU has no route
+    assert_eq!(quota_cgpus(&t).await, 2, "the VM still holds it");
+    // The next pass tries again and loses nothing more.
+    assert_eq!(app.reconcile_once().await.cgpus_lost, 0);
+    // The GPU works again: the cGPU is live there again.
+    assert_eq!(t.report_host(&token, "cg-1", &sick).await.0, 200);
+    app.reconcile_once().await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    assert!(vm["cgpus"].as_array().unwrap().iter().all(|c| c["state"] == "live"), "{vm}");
+    wait_routes(&vm_host, 2).await;
+}
