@@ -31,3 +31,6 @@ ALTER TABLE gpus ADD COLUMN health TEXT;
 -- An admin declared the host dead: its routes count as gone, and nothing is pushed to it until
 -- its agent registers again.
 ALTER TABLE hosts ADD COLUMN forgotten BIGINT NOT NULL DEFAULT 0;
+
+-- Cloud drift: the reconciler finds VMs by the servers Nova reports changed.
+CREATE INDEX vms_by_server ON vms (server_id);

@@ -309,3 +309,93 @@ async fn tenants_use_only_their_own_images_and_networks() {
     assert_eq!(vm["state"], "deleted", "{vm}");
     assert_eq!(admin.server(&server_id).await.0, 404);
 }
+
+/// Cloud drift on the real Nova (issue [4/5]): a server live-migrated to the other fake compute
+/// takes its routes along, and a server deleted in Nova ends its VM and frees its cGPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_live_migrated_or_deleted_in_nova_are_followed() {
+    let http = client();
+    let admin = Admin::new().await;
+    let alpha = Login::new(&http, "alpha").await;
+    let gsaasd = Gsaasd::start(4).await;
+    let app = gsaasd.service.as_ref().expect("running").app.clone();
+    let moving = gsaasd.launch(&alpha.token, &launch_body("e2e-moving", FLAVOR, 1, "remote")).await;
+    let doomed = gsaasd.launch(&alpha.token, &launch_body("e2e-doomed", FLAVOR, 1, "remote")).await;
+    let before = gsaasd.until(&moving, &alpha.token, &["ready", "error"]).await;
+    assert_eq!(before["state"], "ready", "{before}");
+    let doomed_vm = gsaasd.until(&doomed, &alpha.token, &["ready", "error"]).await;
+    assert_eq!(doomed_vm["state"], "ready", "{doomed_vm}");
+    assert_eq!(pool_use(&gsaasd, &alpha.token).await, (2, 2048));
+    // The first look at Nova sees both as they are: nothing to follow.
+    let status = app.reconcile_once().await;
+    assert_eq!((status.servers_moved, status.servers_deleted), (0, 0), "{status:?}");
+
+    // An operator live-migrates one to the other compute host (forced past the scheduler: the
+    // dev cloud's hosts are availability zones of their own).
+    let server = before["server_id"].as_str().expect("a server").to_owned();
+    let compute = admin.login.endpoint("compute");
+    let answer = admin
+        .http
+        .post(format!("{compute}/servers/{server}/action"))
+        .header("X-Auth-Token", &admin.login.token)
+        .header("OpenStack-API-Version", "compute 2.67")
+        .json(&json!({"os-migrateLive": {"host": GPU_HOST, "block_migration": "auto", "force": true}}))
+        .send()
+        .await
+        .expect("Nova answers");
+    assert_eq!(answer.status().as_u16(), 202, "{:?}", answer.text().await);
+    eventually("the live migration", || async {
+        let (_, server) = admin.server(&server).await;
+        (server["OS-EXT-SRV-ATTR:host"] == GPU_HOST && server["status"] == "ACTIVE").then_some(())
+    })
+    .await;
+    let admin_view = eventually("gsaasd following the VM", || async {
+        app.reconcile_once().await;
+        let (_, vm) = gsaasd.get(&format!("/v1/vms/{moving}"), &admin.login.token).await;
+        (vm["host"] == GPU_HOST).then_some(vm)
+    })
+    .await;
+    let after = gsaasd.get(&format!("/v1/vms/{moving}"), &alpha.token).await.1;
+    assert_eq!(after["rcuda_env"], before["rcuda_env"], "nothing changes inside the VM");
+    assert!(after["events"].as_array().unwrap().iter().any(|e| e["kind"] == "moved"), "{after}");
+    // Its route is on gpu-host-1's agent now, and gone from rgpu-host-1's.
+    let agents = app.in_process_agents().expect("in-process agents");
+    let hosts = app.hosts().await.unwrap();
+    let host = |name: &str| hosts.iter().find(|h| h.name.as_str() == name).unwrap().clone();
+    let masked = admin_view["cgpus"][0]["masked_endpoint"].as_str().unwrap().parse().unwrap();
+    let source = admin_view["fixed_ip"].as_str().unwrap().parse().unwrap();
+    let operator = gsaasd::auth::Caller {
+        subject: "ops".into(),
+        project: None,
+        role: gsaasd::auth::Role::Admin,
+    };
+    let tap = app.visible_vm(&operator, moving.parse().unwrap()).await.unwrap().vm.tap.unwrap();
+    let target = admin_view["cgpus"][0]["rcuda_endpoint"].as_str().map(str::to_owned);
+    let routed =
+        |name: &str| agents.resolve(&host(name), source, &tap, masked).map(|t| t.to_string());
+    assert_eq!(routed(GPU_HOST), target);
+    assert_eq!(routed(RGPU_HOST), None);
+
+    // A user deletes the other one in Nova: gsaasd ends its VM and frees its cGPU.
+    let doomed_server = doomed_vm["server_id"].as_str().expect("a server").to_owned();
+    let (status, body) =
+        admin.call(Method::DELETE, &format!("{compute}/servers/{doomed_server}"), None).await;
+    assert_eq!(status, 204, "{body}");
+    let ended = eventually("gsaasd ending the VM", || async {
+        app.reconcile_once().await;
+        let (_, vm) = gsaasd.get(&format!("/v1/vms/{doomed}"), &alpha.token).await;
+        (vm["state"] == "deleted").then_some(vm)
+    })
+    .await;
+    assert!(ended["error"].as_str().unwrap_or("").contains("deleted outside GSaaS"), "{ended}");
+    assert_eq!(pool_use(&gsaasd, &alpha.token).await, (1, 1024));
+
+    // The moved VM terminates cleanly from its new host.
+    let (status, body) =
+        gsaasd.call(Method::DELETE, &format!("/v1/vms/{moving}"), &alpha.token, None).await;
+    assert_eq!(status, 202, "{body}");
+    let vm = gsaasd.until(&moving, &alpha.token, &["deleted", "error"]).await;
+    assert_eq!(vm["state"], "deleted", "{vm}");
+    assert_eq!(admin.server(&server).await.0, 404);
+    assert_eq!(routed(GPU_HOST), None);
+}

@@ -12,6 +12,7 @@ port-binding extension's `binding:*` fields): a stable id, MAC and fixed IP from
 (`GET /os-hypervisors/detail?with_servers=true`, 2.53), not from the server itself: showing a
 server makes nova-api list its ports here, which would call back into Nova. A server Nova has not
 placed yet has no port. Deleting a port forgets it (Nova does that when it deletes the server).
+Updating a port keeps its binding fields (Nova does that while it live-migrates the server).
 
 Networks are authorized as Neutron does: each of the projects alpha and beta owns one network
 (alpha-net, beta-net; ids from uuid5 of their names), and `GET /v2.0/networks` (by name) and
@@ -256,7 +257,30 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self.not_found("this Neutron stand-in creates nothing")
 
-    do_PUT = do_POST
+    def do_PUT(self):
+        """A port update: what Nova sends while it live-migrates a server (the binding's profile
+        and host). The fields given are kept; `binding:host_id` is Nova's placement again at the
+        next GET."""
+        parts = urllib.parse.urlsplit(self.path).path.rstrip("/").split("/")[1:]
+        if parts[:2] != ["v2.0", "ports"] or len(parts) != 3:
+            return self.not_found("this Neutron stand-in updates only ports")
+        port_id = parts[2].removesuffix(".json")
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            update = json.loads(self.rfile.read(length) or b"{}").get("port") or {}
+        except ValueError:
+            return self.send_json(400, {"NeutronError": {
+                "type": "BadRequest", "message": "the body is not JSON", "detail": ""}})
+        with lock:
+            port = next((p for p in ports.values() if p["id"] == port_id), None)
+            if port is None:
+                return self.not_found("Port %s could not be found." % port_id)
+            for key in ("binding:host_id", "binding:profile", "device_owner", "device_id"):
+                if key in update:
+                    port[key] = update[key]
+            port["revision_number"] += 1
+            answer = dict(port)
+        return self.send_json(200, {"port": answer})
 
     def log_message(self, fmt, *args):
         sys.stderr.write("%s %s\n" % (self.log_date_time_string(), fmt % args))

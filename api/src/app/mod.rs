@@ -13,6 +13,7 @@
 //! - [`rehome`]: moving cGPUs to other GPUs (evacuations, failed GPUs) behind the same masked
 //!   endpoints.
 //! - [`reconciler`]: the background loop that converges what drifted.
+//! - [`drift`]: VMs whose servers were deleted or moved outside GSaaS.
 //! - [`redact`]: failure reasons as tenants may read them (no host, GPU or rCUDA server named).
 //! - [`tokens`]: revoked tokens reloaded on every replica; agents' token renewal.
 //! - [`watch`]: waiting for a VM to settle (long-polling).
@@ -20,6 +21,7 @@
 pub mod batch;
 pub mod bookings;
 pub mod delegations;
+pub mod drift;
 pub mod elastic;
 pub mod fences;
 pub mod gpus;
@@ -80,6 +82,8 @@ pub struct App {
     /// requested before it read the host's routes (see [`App::push_routes`]).
     host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
     reconciler: reconciler::Reconciler,
+    /// When this process last looked at the cloud's changed servers (see [`drift`]).
+    cloud_seen: Mutex<Option<std::time::SystemTime>>,
     /// Wakes the queue's rounds.
     queue: queue::QueueServer,
     /// Requests waiting for a VM to settle.
@@ -129,6 +133,7 @@ impl App {
             tenant_tokens: Mutex::new(HashMap::new()),
             host_locks: Mutex::new(HashMap::new()),
             reconciler: reconciler::Reconciler::default(),
+            cloud_seen: Mutex::new(None),
             queue: queue::QueueServer::default(),
             watchers: watch::VmWatchers::default(),
             bookings: batch::Batcher::new(),

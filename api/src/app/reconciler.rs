@@ -4,6 +4,8 @@
 //! - hosts whose agents stopped heartbeating become unavailable for new cGPUs;
 //! - every host whose agent does not hold the latest table (a failed push, an agent that restarted
 //!   without its state, a table lost behind its back) gets its table again;
+//! - VMs whose servers were deleted or moved outside GSaaS are terminated, or their routes follow
+//!   them (see [`super::drift`]);
 //! - with `hosts.auto_rehome`, the cGPUs of failed GPUs move to healthy ones (see
 //!   [`super::rehome`]), and lost cGPUs whose GPU works again go live;
 //! - fences whose host's agent confirmed their routes gone are released (see [`super::fences`]);
@@ -39,6 +41,9 @@ pub struct ReconcilerStatus {
     pub hosts_marked_unavailable: usize,
     pub tables_pushed: usize,
     pub fences_released: usize,
+    /// VMs whose servers the last pass found deleted or moved outside GSaaS.
+    pub servers_deleted: u32,
+    pub servers_moved: u32,
     /// cGPUs the last pass re-homed, left lost, and brought back (see [`super::rehome`]).
     pub cgpus_rehomed: u32,
     pub cgpus_lost: u32,
@@ -113,6 +118,14 @@ impl App {
                         }
                     }
                 }
+            }
+            Err(e) => note(e),
+        }
+
+        (status.servers_deleted, status.servers_moved) = (0, 0);
+        match self.follow_cloud().await {
+            Ok(drift) => {
+                (status.servers_deleted, status.servers_moved) = (drift.deleted, drift.moved)
             }
             Err(e) => note(e),
         }

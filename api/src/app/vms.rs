@@ -295,6 +295,17 @@ impl App {
         caller: &Caller,
         id: VmId,
     ) -> Result<VmDetails, Error> {
+        self.terminate_because(caller, id, None).await
+    }
+
+    /// [`App::terminate`], recording `reason` as the VM's error (a termination gsaasd starts
+    /// itself, such as for a server deleted outside GSaaS).
+    pub(crate) async fn terminate_because(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: VmId,
+        reason: Option<&str>,
+    ) -> Result<VmDetails, Error> {
         loop {
             let mut details = self.visible_vm(caller, id).await?;
             let vm = &mut details.vm;
@@ -316,6 +327,9 @@ impl App {
                 return Ok(details);
             }
             vm.state = VmState::Deleting;
+            if let Some(reason) = reason {
+                vm.error = Some(reason.to_owned());
+            }
             if vm.step == SagaStep::Done {
                 // Routes off in the same write; the saga's withdraw step then only pushes.
                 vm.step = SagaStep::WithdrawRoutes;

@@ -112,6 +112,17 @@ pub struct ServerInfo {
     pub tap: Option<String>,
 }
 
+/// A server as the cloud's admin sees it now, for following VMs moved or deleted behind GSaaS's
+/// back (see `app::drift`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSeen {
+    pub id: ServerId,
+    /// The hypervisor host it runs on, once scheduled.
+    pub host: Option<HostId>,
+    /// Deleted, or being deleted.
+    pub gone: bool,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CloudError {
     /// The cloud refused a field of the VM request (unknown flavor, image, network or host).
@@ -203,4 +214,11 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
 
     /// Deletes the server and waits until it is gone. A server that does not exist is not an error.
     async fn delete_server(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError>;
+
+    /// Every server of every project that changed since `since` (all of them when `None`),
+    /// deleted ones included (Nova's `changes-since`).
+    async fn changed_servers(
+        &self,
+        since: Option<std::time::SystemTime>,
+    ) -> Result<Vec<ServerSeen>, CloudError>;
 }

@@ -48,8 +48,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
 use super::{
-    Cloud, CloudError, Delegation, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus,
-    TenantToken, VmRequest,
+    Cloud, CloudError, Delegation, HostConstraint, ServerId, ServerInfo, ServerSeen, ServerSpec,
+    ServerStatus, TenantToken, VmRequest,
 };
 use crate::cloudinit::{base64_len, NOVA_USER_DATA_MAX_BASE64};
 use crate::error::ErrorChain;
@@ -913,6 +913,50 @@ impl Cloud for NovaCloud {
             }
         };
         Self::bounded(timeout, wait).await
+    }
+
+    /// `GET /servers/detail?all_tenants=1&changes-since=...`, a page of 1,000 at a time (Nova's
+    /// default `max_limit`); with `changes-since`, Nova lists deleted servers too.
+    async fn changed_servers(
+        &self,
+        since: Option<std::time::SystemTime>,
+    ) -> Result<Vec<ServerSeen>, CloudError> {
+        #[derive(Deserialize)]
+        struct Envelope {
+            servers: Vec<NovaServer>,
+        }
+        const PAGE: usize = 1000;
+        let since = since
+            .map(|t| {
+                format!("&changes-since={}", encode(&crate::openstack::time::format_rfc3339(t)))
+            })
+            .unwrap_or_default();
+        let mut seen = Vec::new();
+        let mut marker = String::new();
+        loop {
+            let path = format!("/servers/detail?all_tenants=1&limit={PAGE}{since}{marker}");
+            let page = self.get_listing::<Envelope>("compute", &path, None).await?.servers;
+            let full = page.len() == PAGE;
+            if let Some(last) = page.last() {
+                marker = format!("&marker={}", encode(&last.id));
+            }
+            for server in page {
+                let host = match server.host {
+                    Some(host) => host.and_then(|h| HostId::new(h).ok()),
+                    None => {
+                        return Err(CloudError::unavailable(
+                            "Nova does not show OS-EXT-SRV-ATTR:host: gsaasd's service user \
+                             needs the admin role",
+                        ))
+                    }
+                };
+                let gone = matches!(server.status.as_str(), "DELETED" | "SOFT_DELETED");
+                seen.push(ServerSeen { id: ServerId(server.id), host, gone });
+            }
+            if !full {
+                return Ok(seen);
+            }
+        }
     }
 
     async fn delete_server(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError> {

@@ -40,8 +40,8 @@ use uuid::Uuid;
 
 use super::sim_netns::{NetnsConfig, SimNetns};
 use super::{
-    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSpec, ServerStatus, TenantToken,
-    VmRequest,
+    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSeen, ServerSpec, ServerStatus,
+    TenantToken, VmRequest,
 };
 
 /// The simulated cloud's settings (`[cloud.sim]` in gsaasd's config).
@@ -223,6 +223,8 @@ pub enum SimFault {
     DeleteUnavailable,
     /// `server` or `find_server` fails with `Unavailable`.
     ServerLookupUnavailable,
+    /// The next listing of changed servers (the reconciler's look for drift) fails.
+    ListingUnavailable,
 }
 
 /// Injected faults not yet fired, per operation.
@@ -234,6 +236,7 @@ struct Faults {
     deploy_timeouts: u32,
     delete: u32,
     lookup: u32,
+    listing: u32,
 }
 
 fn take(count: &mut u32) -> bool {
@@ -267,6 +270,8 @@ struct Observed {
 #[derive(Debug)]
 struct ServerRecord {
     vm: VmId,
+    /// When its host, status or life last changed (what `changes-since` compares).
+    changed: std::time::SystemTime,
     /// The scheduled host; reported once ACTIVE.
     host: HostId,
     user_data: Vec<u8>,
@@ -283,8 +288,13 @@ struct State {
     /// How many of `live_by_vm`'s servers each host runs (the scheduler's weigher, kept as they
     /// come and go).
     live_per_host: HashMap<HostId, usize>,
+    /// Servers removed, and when, for `changes-since` (the latest [`MAX_TOMBSTONES`]).
+    tombstones: VecDeque<(ServerId, std::time::SystemTime)>,
     faults: Faults,
 }
+
+/// How many removed servers the simulated cloud remembers.
+const MAX_TOMBSTONES: usize = 4096;
 
 impl State {
     fn schedule(&self, constraint: &HostConstraint) -> Result<HostId, CloudError> {
@@ -398,7 +408,8 @@ impl Shared {
 
     /// Updates a server's observed state, if it still exists.
     fn observe(&self, id: &ServerId, update: impl FnOnce(&mut Observed)) {
-        if let Some(record) = self.state().servers.get(id) {
+        if let Some(record) = self.state().servers.get_mut(id) {
+            record.changed = std::time::SystemTime::now();
             record.observed.send_modify(update);
         }
     }
@@ -432,6 +443,7 @@ impl Shared {
             match state.live_record(&id) {
                 Some(record) => {
                     record.port = Some(port.clone());
+                    record.changed = std::time::SystemTime::now();
                     record.observed.send_modify(|o| {
                         o.info.status = ServerStatus::Active;
                         o.info.host = Some(host.clone());
@@ -481,8 +493,13 @@ impl Shared {
                 return;
             }
         }
-        if let Some(record) = self.state().servers.remove(&id) {
+        let mut state = self.state();
+        if let Some(record) = state.servers.remove(&id) {
             record.observed.send_modify(|o| o.lifecycle = Lifecycle::Gone);
+            if state.tombstones.len() == MAX_TOMBSTONES {
+                state.tombstones.pop_front();
+            }
+            state.tombstones.push_back((id, std::time::SystemTime::now()));
         }
     }
 }
@@ -573,6 +590,7 @@ impl SimCloud {
             SimFault::DeployTimeout => faults.deploy_timeouts += 1,
             SimFault::DeleteUnavailable => faults.delete += 1,
             SimFault::ServerLookupUnavailable => faults.lookup += 1,
+            SimFault::ListingUnavailable => faults.listing += 1,
         }
     }
 
@@ -594,6 +612,48 @@ impl SimCloud {
             .collect();
         servers.sort_by(|a, b| a.id.cmp(&b.id));
         servers
+    }
+
+    fn start_removal(&self, state: &mut State, id: &ServerId, vm: VmId) {
+        if let Some(record) = state.servers.get_mut(id) {
+            record.changed = std::time::SystemTime::now();
+            record.observed.send_modify(|o| o.lifecycle = Lifecycle::Deleting);
+        }
+        state.remove_live(vm, id);
+        tokio::spawn(Arc::clone(&self.shared).run_removal(id.clone()));
+    }
+
+    /// Deletes the server as a user of the cloud would behind GSaaS's back (`openstack server
+    /// delete`); does not wait.
+    pub fn delete_outside(&self, id: &ServerId) -> Result<(), CloudError> {
+        let mut state = self.shared.state();
+        let record = state.servers.get(id).ok_or_else(|| not_found(id))?;
+        let vm = record.vm;
+        if matches!(record.observed.borrow().lifecycle, Lifecycle::Live) {
+            self.start_removal(&mut state, id, vm);
+        }
+        Ok(())
+    }
+
+    /// Moves the server to `host` as a live migration (or an evacuation) would: it keeps its
+    /// port, so its fixed IP and tap.
+    pub fn migrate(&self, id: &ServerId, host: HostId) -> Result<(), CloudError> {
+        let mut state = self.shared.state();
+        if !state.hosts.contains(&host) {
+            return Err(CloudError::Invalid {
+                field: "host",
+                reason: format!("{host} is not a compute host of this cloud"),
+            });
+        }
+        let record = state.live_record(id).ok_or_else(|| not_found(id))?;
+        let old = std::mem::replace(&mut record.host, host.clone());
+        record.changed = std::time::SystemTime::now();
+        record.observed.send_modify(|o| o.info.host = Some(host.clone()));
+        if let Some(count) = state.live_per_host.get_mut(&old) {
+            *count = count.saturating_sub(1);
+        }
+        *state.live_per_host.entry(host).or_default() += 1;
+        Ok(())
     }
 
     fn subscribe(&self, id: &ServerId) -> Result<watch::Receiver<Observed>, CloudError> {
@@ -666,6 +726,7 @@ impl Cloud for SimCloud {
             let observed = Observed { info, deployed: false, lifecycle: Lifecycle::Live };
             let record = ServerRecord {
                 vm: spec.vm,
+                changed: std::time::SystemTime::now(),
                 host: host.clone(),
                 user_data: spec.user_data.clone(),
                 port: None,
@@ -730,6 +791,38 @@ impl Cloud for SimCloud {
         }
     }
 
+    async fn changed_servers(
+        &self,
+        since: Option<std::time::SystemTime>,
+    ) -> Result<Vec<ServerSeen>, CloudError> {
+        let mut state = self.shared.state();
+        if take(&mut state.faults.listing) {
+            return Err(injected_outage("the server listing"));
+        }
+        let recent = |changed: &std::time::SystemTime| since.is_none_or(|since| *changed >= since);
+        let mut seen: Vec<ServerSeen> = state
+            .servers
+            .iter()
+            .filter(|(_, record)| recent(&record.changed))
+            .map(|(id, record)| {
+                let observed = record.observed.borrow();
+                ServerSeen {
+                    id: id.clone(),
+                    host: observed.info.host.clone(),
+                    gone: !matches!(observed.lifecycle, Lifecycle::Live),
+                }
+            })
+            .collect();
+        seen.extend(
+            state.tombstones.iter().filter(|(_, at)| recent(at)).map(|(id, _)| ServerSeen {
+                id: id.clone(),
+                host: None,
+                gone: true,
+            }),
+        );
+        Ok(seen)
+    }
+
     async fn delete_server(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError> {
         let mut observed = {
             let mut state = self.shared.state();
@@ -744,9 +837,7 @@ impl Cloud for SimCloud {
             );
             let observed = record.observed.subscribe();
             if start_removal {
-                record.observed.send_modify(|o| o.lifecycle = Lifecycle::Deleting);
-                state.remove_live(vm, id);
-                tokio::spawn(Arc::clone(&self.shared).run_removal(id.clone()));
+                self.start_removal(&mut state, id, vm);
             }
             observed
         };

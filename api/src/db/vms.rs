@@ -281,6 +281,23 @@ pub async fn vm(conn: &mut AnyConnection, id: VmId) -> Result<Option<VmRecord>, 
     row.as_ref().map(vm_from_row).transpose()
 }
 
+/// The VMs launching or ready whose servers are `servers` (cloud drift; a VM in `error` has its
+/// server deleted by its own saga).
+pub async fn vms_on_servers(
+    conn: &mut AnyConnection,
+    servers: &[ServerId],
+) -> Result<Vec<VmRecord>, Error> {
+    let rows =
+        fetch_batched(conn, keys(servers.iter().map(|s| s.0.as_str())), MAX_ROWS, |values| {
+            format!(
+                "SELECT {VM_COLUMNS} FROM vms v WHERE v.server_id IN (VALUES {values}) \
+             AND v.state IN ('creating', 'ready')"
+            )
+        })
+        .await?;
+    rows.iter().map(vm_from_row).collect()
+}
+
 /// How many VMs are in each state.
 pub async fn vm_state_counts(conn: &mut AnyConnection) -> Result<Vec<(String, i64)>, Error> {
     let rows =

@@ -1,0 +1,124 @@
+//! Cloud drift: VMs deleted or moved behind GSaaS's back.
+//!
+//! Users and operators act on servers directly: `openstack server delete`, a live migration, an
+//! evacuation, a resize. Each reconciler pass asks the cloud which servers changed since the
+//! last pass (Nova's `changes-since`, deleted ones included, with each server's host), and:
+//! - a VM whose server is gone is terminated like any other (routes withdrawn, cGPUs released or
+//!   fenced), with the reason as its error;
+//! - a ready VM whose server runs on another host now gets its routes there, and they leave the
+//!   old host: its masked endpoints are the same wherever it runs, so its cGPUs follow it without
+//!   anything changing inside the VM (GPU passthrough, by contrast, blocks live migration).
+//!
+//! The window overlaps the previous pass by [`OVERLAP`] against clock skew between gsaasd and the
+//! cloud; a change seen twice is handled once (the VM no longer differs).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use gpgpums::HostId;
+
+use super::App;
+use crate::auth::{Caller, Role};
+use crate::cloud::ServerSeen;
+use crate::db::{self, now_ms, VmWrite, Written};
+use crate::error::Error;
+use crate::model::{SagaStep, VmState};
+
+/// How far each look back reaches before the previous pass's start.
+pub const OVERLAP: Duration = Duration::from_secs(60);
+
+/// Why gsaasd ended a VM whose server was deleted outside GSaaS.
+pub const SERVER_DELETED: &str = "its server was deleted outside GSaaS";
+
+/// What a pass found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Drift {
+    /// VMs whose server was deleted outside GSaaS, now being terminated.
+    pub deleted: u32,
+    /// VMs whose server moved to another host, and whose routes followed.
+    pub moved: u32,
+}
+
+impl App {
+    /// One look at the cloud; see the module docs.
+    pub(crate) async fn follow_cloud(self: &Arc<Self>) -> Result<Drift, Error> {
+        let started = SystemTime::now();
+        let since = *self.cloud_seen.lock().expect("cloud seen");
+        let seen = self
+            .cloud
+            .changed_servers(since.map(|t| t - OVERLAP))
+            .await
+            .map_err(|e| Error::unavailable("cloud", e))?;
+        let drift = self.apply_drift(seen).await?;
+        *self.cloud_seen.lock().expect("cloud seen") = Some(started);
+        Ok(drift)
+    }
+
+    async fn apply_drift(self: &Arc<Self>, seen: Vec<ServerSeen>) -> Result<Drift, Error> {
+        let mut drift = Drift::default();
+        if seen.is_empty() {
+            return Ok(drift);
+        }
+        let ids: Vec<_> = seen.iter().map(|s| s.id.clone()).collect();
+        let vms = {
+            let mut conn = self.db.conn().await?;
+            db::vms_on_servers(&mut conn, &ids).await?
+        };
+        let seen: HashMap<_, _> = seen.into_iter().map(|s| (s.id.clone(), s)).collect();
+        let gsaasd = Caller { subject: "gsaasd".into(), project: None, role: Role::Admin };
+        for vm in vms {
+            let Some(server) = vm.server_id.as_ref().and_then(|id| seen.get(id)) else { continue };
+            if server.gone {
+                tracing::warn!(vm = %vm.id, server = %server.id, "server deleted outside GSaaS; terminating its VM");
+                self.terminate_because(&gsaasd, vm.id, Some(SERVER_DELETED)).await?;
+                drift.deleted += 1;
+                continue;
+            }
+            let Some(host) = &server.host else { continue };
+            // A VM still launching learns its host from the saga; one changing cGPUs is followed
+            // at the next pass, once settled.
+            let settled = vm.state == VmState::Ready && vm.step == SagaStep::Done;
+            let elsewhere = vm.host.as_ref().is_some_and(|old| old != host);
+            if settled && elsewhere && self.follow_move(vm, host.clone()).await? {
+                drift.moved += 1;
+            }
+        }
+        Ok(drift)
+    }
+
+    /// Moves the VM's routes to `host`, where its server runs now. False: the VM changed
+    /// meanwhile (the next pass looks again).
+    async fn follow_move(&self, vm: crate::model::VmRecord, host: HostId) -> Result<bool, Error> {
+        let old = vm.host.clone();
+        tracing::warn!(vm = %vm.id, from = ?old, to = %host, "server moved outside GSaaS; its routes follow");
+        let mut moved = vm;
+        moved.host = Some(host.clone());
+        moved.updated_ms = now_ms();
+        let (written, outcome) = self.write_vm(VmWrite { vm: moved, claim: None }).await?;
+        if outcome == Written::Stale {
+            return Ok(false);
+        }
+        self.watchers.changed(&written);
+        {
+            let mut tx = self.db.begin().await?;
+            let event = db::VmEvent {
+                at_ms: now_ms(),
+                kind: "moved".into(),
+                detail: "the VM moved to another compute host (a live migration or an \
+                         evacuation); its cGPUs followed it, at the same masked endpoints"
+                    .into(),
+            };
+            db::insert_event(&mut tx, written.id, &event).await?;
+            tx.commit().await?;
+        }
+        // The new host first: the VM runs there now. A failed push is the reconciler's to retry
+        // (the host is behind).
+        for host in std::iter::once(host).chain(old) {
+            if let Err(e) = self.push_routes(&host).await {
+                tracing::warn!(%host, error = %crate::error::ErrorChain(&e), "route push after a move failed; the reconciler retries");
+            }
+        }
+        Ok(true)
+    }
+}
