@@ -131,6 +131,36 @@ pub enum Command {
     Drain { host: String },
     /// Undrain a host (admins).
     Undrain { host: String },
+    /// Declare a host dead (admins): its routes count as gone, so the cGPUs fenced there are
+    /// released; it takes part again once its agent registers.
+    Forget {
+        host: String,
+        /// Even though its agent still heartbeats.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Move every cGPU off a GPU or a host's GPUs to other GPUs (admins). The VMs keep their
+    /// masked endpoints; connections open to the old GPU are cut. All or nothing.
+    Evacuate {
+        /// The GPU to empty.
+        #[arg(long, conflicts_with = "host", required_unless_present = "host")]
+        gpu: Option<String>,
+        /// The host whose GPUs to empty.
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Taint a GPU: it keeps its cGPUs and takes no new ones (admins).
+    Taint {
+        gpu: String,
+        /// Why (kept with your name).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Untaint a GPU: it takes new cGPUs again (admins).
+    Untaint { gpu: String },
+    /// cGPU bookings fenced while a host that could not be reached may still route to them
+    /// (admins).
+    Fences,
     /// Project quotas: limits and use.
     Quota {
         #[command(subcommand)]

@@ -104,6 +104,27 @@ fn run(cli: Cli) -> Result<(), Failure> {
             )?,
             output::host,
         ),
+        Command::Forget { host, force } => {
+            let path = format!("/v1/hosts/{}/forget?force={force}", path_segment(&host)?);
+            print(format, &client.post(&path, &json!({}), None)?, output::host)
+        }
+        Command::Evacuate { gpu, host } => {
+            let path = match (gpu, host) {
+                (Some(gpu), _) => format!("/v1/gpus/{}/evacuate", path_segment(&gpu)?),
+                (None, Some(host)) => format!("/v1/hosts/{}/evacuate", path_segment(&host)?),
+                (None, None) => unreachable!("clap requires --gpu or --host"),
+            };
+            print(format, &client.post(&path, &json!({}), None)?, output::evacuation)
+        }
+        Command::Taint { gpu, reason } => {
+            let path = format!("/v1/gpus/{}/taint", path_segment(&gpu)?);
+            print(format, &client.post(&path, &json!({ "reason": reason }), None)?, output::taint)
+        }
+        Command::Untaint { gpu } => {
+            let path = format!("/v1/gpus/{}/untaint", path_segment(&gpu)?);
+            print(format, &client.post(&path, &json!({}), None)?, output::taint)
+        }
+        Command::Fences => print(format, &client.get("/v1/fences")?, output::fences),
         Command::Quota { command } => quota(&client, format, command),
     }
 }

@@ -277,6 +277,7 @@ pub fn pool(pool: &Value) -> String {
                         "-".into(),
                         "-".into(),
                         "-".into(),
+                        "-".into(),
                     ]];
                 }
                 gpus.iter()
@@ -288,6 +289,7 @@ pub fn pool(pool: &Value) -> String {
                             format!("{}/{}", text(&g["allocated_mib"]), text(&g["memory_mib"])),
                             text(&g["cgpus"]),
                             text(&g["rcuda_endpoint"]),
+                            gpu_condition(g),
                         ]
                     })
                     .collect()
@@ -295,11 +297,73 @@ pub fn pool(pool: &Value) -> String {
             .collect();
         out.push('\n');
         out.push_str(&table(
-            &["host", "state", "GPU", "MiB booked", "cGPUs", "rCUDA endpoint"],
+            &["host", "state", "GPU", "MiB booked", "cGPUs", "rCUDA endpoint", "condition"],
             &rows,
         ));
     }
     out
+}
+
+/// A GPU's health, taint and fenced bookings, in a few words (`ok` when none applies).
+fn gpu_condition(g: &Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(health) = g["health"].as_str() {
+        parts.push(format!("unhealthy: {health}"));
+    }
+    if let Some(taint) = g["taint"].as_str() {
+        parts.push(format!("tainted: {taint}"));
+    }
+    if let Some(n @ 1..) = g["fenced"].as_u64() {
+        parts.push(format!("{n} fenced"));
+    }
+    if parts.is_empty() {
+        "ok".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// What an evacuation moved.
+pub fn evacuation(done: &Value) -> String {
+    let vms = done["vms"].as_array().map_or(0, Vec::len);
+    format!(
+        "moved {} cGPU(s) of {vms} VM(s); their masked endpoints are unchanged\n",
+        text(&done["moved"])
+    )
+}
+
+/// A GPU's taint after a taint or untaint.
+pub fn taint(view: &Value) -> String {
+    match view["taint"].as_str() {
+        Some(taint) => format!("{} tainted: {taint}\n", text(&view["id"])),
+        None => format!("{} untainted\n", text(&view["id"])),
+    }
+}
+
+/// The fences: bookings kept while a host may still route to them.
+pub fn fences(list: &Value) -> String {
+    let rows: Vec<Vec<String>> = list["fences"]
+        .as_array()
+        .map(|fs| {
+            fs.iter()
+                .map(|f| {
+                    let gpus: Vec<String> = f["gpus"]
+                        .as_array()
+                        .map(|g| g.iter().map(text).collect())
+                        .unwrap_or_default();
+                    vec![
+                        text(&f["id"]),
+                        text(&f["vm"]),
+                        text(&f["host"]),
+                        text(&f["generation"]),
+                        gpus.join(", "),
+                        text(&f["reason"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(&["fence", "VM", "host", "until generation", "GPUs", "why"], &rows)
 }
 
 pub fn hosts(hosts: &Value) -> String {
@@ -309,10 +373,14 @@ pub fn hosts(hosts: &Value) -> String {
 }
 
 fn host_row(h: &Value) -> Vec<String> {
+    let state = match h["forgotten"].as_bool() {
+        Some(true) => format!("{} (forgotten)", text(&h["state"])),
+        _ => text(&h["state"]),
+    };
     vec![
         text(&h["name"]),
         text(&h["kind"]),
-        text(&h["state"]),
+        state,
         text(&h["agent_url"]),
         format!("{}/{}", text(&h["applied_generation"]), text(&h["routes_generation"])),
     ]

@@ -414,3 +414,45 @@ fn a_queued_attach_shows_its_place_and_the_vm_grows_when_gpus_free() {
     assert!(shown.contains("attached from the queue"), "{shown}");
     assert_eq!(shown.matches("live").count(), 2, "{shown}");
 }
+
+#[test]
+fn admins_taint_evacuate_and_forget_and_see_gpu_conditions() {
+    let server = Server::start();
+    let token = server.token("demo", Role::Member);
+    let admin = server.token("ops", Role::Admin);
+    let mut args = vec!["-f", "json", "launch", "--ncgpus", "1", "--wait"];
+    args.extend(VM);
+    let vm = json(&server.gsaas(&token, &args));
+    let id = vm["id"].as_str().unwrap().to_owned();
+    let shown = json(&server.gsaas(&admin, &["-f", "json", "show", &id]));
+    let gpu = shown["cgpus"][0]["gpu"].as_str().unwrap().to_owned();
+
+    let tainted = json(&server.gsaas(&admin, &["-f", "json", "taint", &gpu, "--reason", "XID 79"]));
+    assert!(tainted["taint"].as_str().unwrap().contains("XID 79"), "{tainted}");
+    let moved = server.gsaas(&admin, &["evacuate", "--gpu", &gpu]);
+    assert!(moved.status.success(), "{}", stderr(&moved));
+    let text = String::from_utf8_lossy(&moved.stdout);
+    assert!(text.contains("moved 1 cGPU(s) of 1 VM(s)"), "{text}");
+    let after = json(&server.gsaas(&admin, &["-f", "json", "show", &id]));
+    assert_ne!(after["cgpus"][0]["gpu"], gpu.as_str());
+    assert_eq!(after["cgpus"][0]["masked_endpoint"], shown["cgpus"][0]["masked_endpoint"]);
+    let pool = server.gsaas(&admin, &["pool"]);
+    let text = String::from_utf8_lossy(&pool.stdout);
+    assert!(text.contains("tainted: ops: XID 79"), "{text}");
+    assert!(server.gsaas(&admin, &["fences"]).status.success());
+    let untainted = json(&server.gsaas(&admin, &["-f", "json", "untaint", &gpu]));
+    assert!(untainted["taint"].is_null());
+
+    // Forgetting a host whose agent is alive needs --force.
+    let refused = server.gsaas(&admin, &["forget", "compute0-rgpu"]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("force"), "{}", stderr(&refused));
+    let forgotten =
+        json(&server.gsaas(&admin, &["-f", "json", "forget", "compute0-rgpu", "--force"]));
+    assert_eq!(forgotten["forgotten"], true);
+    let hosts = server.gsaas(&admin, &["hosts"]);
+    assert!(String::from_utf8_lossy(&hosts.stdout).contains("(forgotten)"));
+    // Tenants cannot, and evacuate needs a GPU or a host.
+    assert!(!server.gsaas(&token, &["evacuate", "--gpu", &gpu]).status.success());
+    assert_eq!(server.gsaas(&admin, &["evacuate"]).status.code(), Some(2));
+}

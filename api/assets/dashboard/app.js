@@ -410,7 +410,19 @@
         el('span', { class: 'gpu-use', text: `${mem(gpu.allocated_mib)} / ${gib(gpu.memory_mib)} · ${use}` })),
       el('div', { class: `gpu-bar${gpu.exclusive ? ' exclusive' : ''}`, role: 'img',
         'aria-label': `GPU ${gpu.index}: ${mem(gpu.allocated_mib)} of ${gib(gpu.memory_mib)} booked` }, segments),
-      el('div', { class: 'gpu-rcuda' }, `${gpu.id} · rCUDA `, el('span', { class: 'mono', text: gpu.rcuda_endpoint })));
+      el('div', { class: 'gpu-rcuda' }, `${gpu.id} · rCUDA `, el('span', { class: 'mono', text: gpu.rcuda_endpoint })),
+      renderGpuCondition(gpu));
+  }
+
+  // Why a GPU takes no new cGPUs (unhealthy, tainted) and what fences hold on it; none when fine.
+  function renderGpuCondition(gpu) {
+    const badges = [];
+    if (gpu.health) badges.push(el('span', { class: 'badge unhealthy', title: gpu.health, text: `unhealthy: ${gpu.health}` }));
+    if (gpu.taint) badges.push(el('span', { class: 'badge tainted', title: gpu.taint, text: `tainted: ${gpu.taint}` }));
+    if (gpu.fenced) badges.push(el('span', { class: 'badge fenced',
+      title: 'bookings kept while a host that could not be reached may still route to them',
+      text: `${gpu.fenced} fenced` }));
+    return badges.length ? el('div', { class: 'gpu-condition' }, ...badges) : null;
   }
 
   function renderVms() {

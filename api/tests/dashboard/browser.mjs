@@ -311,6 +311,19 @@ try {
   await page.waitForSelector(`.segment[data-vm="${result.admin_vm}"]`);
   check(await page.locator('.gpu-bar.exclusive').count() === 1, 'the exclusive GPU is marked');
 
+  // A tainted GPU says so on its card.
+  const gpuId = await page.locator('#pool-hosts .gpu').first().getAttribute('data-gpu');
+  const tainted = await fetch(`${base}/v1/gpus/${encodeURIComponent(gpuId)}/taint`, {
+    method: 'POST', headers: { authorization: `Bearer ${adminToken}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ reason: 'fan failure' }) });
+  check(tainted.status === 200, `tainting ${gpuId}: ${tainted.status}`);
+  await page.waitForSelector(`.gpu[data-gpu="${gpuId}"] .badge.tainted`, { timeout: 15000 });
+  check((await page.textContent(`.gpu[data-gpu="${gpuId}"] .gpu-condition`)).includes('fan failure'),
+    'the taint shows its reason');
+  await fetch(`${base}/v1/gpus/${encodeURIComponent(gpuId)}/untaint`, {
+    method: 'POST', headers: { authorization: `Bearer ${adminToken}` } });
+  await page.waitForSelector(`.gpu[data-gpu="${gpuId}"] .badge.tainted`, { state: 'detached', timeout: 15000 });
+
   const host = `.host[data-host="${drainHost}"]`;
   await page.click(`${host} button.drain`);
   await page.waitForSelector(`${host}[data-state="drained"] .badge.state.drained`);
