@@ -9,6 +9,9 @@
 //!
 //! Every wait is bounded and every failure message says what was being done.
 
+// Shared by the e2e and chaos tests: each uses part of it.
+#![allow(dead_code, unused_imports)]
+
 #[path = "../../rodvr-agent/tests/support/netns.rs"]
 mod netns;
 
@@ -198,6 +201,38 @@ impl Api {
                 let status = response.status().as_u16();
                 let text = response.text().await.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
                 (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+            })
+        })
+    }
+
+    /// [`Api::call`], `None` when the request fails (the service is down, for the chaos test).
+    pub fn try_call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: Option<&Value>,
+    ) -> Option<(u16, Value)> {
+        let url = format!("{}{path}", self.base);
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("an HTTP method");
+        enter_and_run(&self.ns, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let client = reqwest::Client::builder()
+                    .timeout(Duration::from_secs(10))
+                    .build()
+                    .expect("an HTTP client");
+                let mut request = client.request(method, &url).bearer_auth(token);
+                if let Some(body) = body {
+                    request = request.json(body);
+                }
+                let response = request.send().await.ok()?;
+                let status = response.status().as_u16();
+                let text = response.text().await.ok()?;
+                Some((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
             })
         })
     }

@@ -10,7 +10,10 @@
 //!   anything changing inside the VM (GPU passthrough, by contrast, blocks live migration).
 //!
 //! The window overlaps the previous pass by [`OVERLAP`] against clock skew between gsaasd and the
-//! cloud; a change seen twice is handled once (the VM no longer differs).
+//! cloud; a change seen twice is handled once (the VM no longer differs). A process's first pass
+//! lists every server instead: a server deleted while no gsaasd looked may be gone from the
+//! cloud's records altogether (Nova archives deleted rows), so a ready VM whose server that full
+//! listing lacks is ended too (only one that was ready before the listing began).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,13 +47,20 @@ impl App {
     /// One look at the cloud; see the module docs.
     pub(crate) async fn follow_cloud(self: &Arc<Self>) -> Result<Drift, Error> {
         let started = SystemTime::now();
+        let started_ms = now_ms();
         let since = *self.cloud_seen.lock().expect("cloud seen");
         let seen = self
             .cloud
             .changed_servers(since.map(|t| t - OVERLAP))
             .await
             .map_err(|e| Error::unavailable("cloud", e))?;
-        let drift = self.apply_drift(seen).await?;
+        let listed: Option<std::collections::HashSet<_>> = since
+            .is_none()
+            .then(|| seen.iter().filter(|s| !s.gone).map(|s| s.id.clone()).collect());
+        let mut drift = self.apply_drift(seen).await?;
+        if let Some(listed) = listed {
+            drift.deleted += self.end_unlisted(&listed, started_ms).await?;
+        }
         *self.cloud_seen.lock().expect("cloud seen") = Some(started);
         Ok(drift)
     }
@@ -85,6 +95,28 @@ impl App {
             }
         }
         Ok(drift)
+    }
+
+    /// Ends the ready VMs (ready before `before_ms`) whose servers a full listing lacks.
+    async fn end_unlisted(
+        self: &Arc<Self>,
+        listed: &std::collections::HashSet<crate::cloud::ServerId>,
+        before_ms: i64,
+    ) -> Result<u32, Error> {
+        let vms = {
+            let mut conn = self.db.conn().await?;
+            db::ready_vms_with_servers(&mut conn, before_ms).await?
+        };
+        let gsaasd = Caller { subject: "gsaasd".into(), project: None, role: Role::Admin };
+        let mut ended = 0;
+        for vm in vms {
+            if vm.server_id.as_ref().is_some_and(|server| !listed.contains(server)) {
+                tracing::warn!(vm = %vm.id, "the cloud lists no server for the VM; terminating it");
+                self.terminate_because(&gsaasd, vm.id, Some(SERVER_DELETED)).await?;
+                ended += 1;
+            }
+        }
+        Ok(ended)
     }
 
     /// Moves the VM's routes to `host`, where its server runs now. False: the VM changed

@@ -65,6 +65,10 @@ pub struct SimConfig {
     pub record_dir: Option<PathBuf>,
     /// How VMs get their network (`[cloud.sim.vm_network]`); see [`SimVmNetworkConfig`].
     pub vm_network: SimVmNetworkConfig,
+    /// Chaos: each check, creation, lookup, listing and deletion fails as an outage with this
+    /// chance, in thousandths (0: never), drawn from `fault_seed`.
+    pub fault_per_mille: u32,
+    pub fault_seed: u64,
 }
 
 /// Which [`SimVmNetwork`] a [`SimCloud::new`] gets.
@@ -93,6 +97,8 @@ impl Default for SimConfig {
             fixed_ip_range: Ipv4Cidr::new(Ipv4Addr::new(10, 77, 0, 0), 16).expect("a valid prefix"),
             record_dir: None,
             vm_network: SimVmNetworkConfig::AddressPool,
+            fault_per_mille: 0,
+            fault_seed: 0,
         }
     }
 }
@@ -239,6 +245,20 @@ struct Faults {
     listing: u32,
 }
 
+impl State {
+    /// Whether this operation fails by chance (`fault_per_mille`).
+    fn chaos_strikes(&mut self, per_mille: u32) -> bool {
+        if per_mille == 0 {
+            return false;
+        }
+        self.chaos = self.chaos.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.chaos;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % 1000 < u64::from(per_mille)
+    }
+}
+
 fn take(count: &mut u32) -> bool {
     let had = *count > 0;
     *count = count.saturating_sub(1);
@@ -281,6 +301,8 @@ struct ServerRecord {
 
 #[derive(Debug, Default)]
 struct State {
+    /// The chaos faults' generator (splitmix64), seeded from `fault_seed`.
+    chaos: u64,
     hosts: BTreeSet<HostId>,
     servers: HashMap<ServerId, ServerRecord>,
     /// The server of each VM that is not being deleted.
@@ -550,7 +572,8 @@ impl SimCloud {
         hosts: Vec<HostId>,
         network: Arc<dyn SimVmNetwork>,
     ) -> Self {
-        let state = State { hosts: hosts.into_iter().collect(), ..State::default() };
+        let chaos = config.fault_seed;
+        let state = State { chaos, hosts: hosts.into_iter().collect(), ..State::default() };
         Self { shared: Arc::new(Shared { config, network, state: Mutex::new(state) }) }
     }
 
@@ -612,6 +635,12 @@ impl SimCloud {
             .collect();
         servers.sort_by(|a, b| a.id.cmp(&b.id));
         servers
+    }
+
+    /// Whether a chaos fault strikes now (see [`SimConfig::fault_per_mille`]).
+    fn strikes(&self) -> bool {
+        let per_mille = self.shared.config.fault_per_mille;
+        self.shared.state().chaos_strikes(per_mille)
     }
 
     fn start_removal(&self, state: &mut State, id: &ServerId, vm: VmId) {
@@ -687,7 +716,7 @@ impl Cloud for SimCloud {
         request: &VmRequest,
         _tenant: Option<&TenantToken>,
     ) -> Result<(), CloudError> {
-        if take(&mut self.shared.state().faults.check) {
+        if self.strikes() || take(&mut self.shared.state().faults.check) {
             return Err(injected_outage("the check"));
         }
         self.shared.validate(request)
@@ -698,6 +727,9 @@ impl Cloud for SimCloud {
             let mut state = self.shared.state();
             if let Some(err) = state.faults.create.pop_front() {
                 return Err(err);
+            }
+            if state.chaos_strikes(self.shared.config.fault_per_mille) {
+                return Err(injected_outage("the create (chaos)"));
             }
             self.shared.validate(&spec.request)?;
             if let Some(id) = state.live_by_vm.get(&spec.vm) {
@@ -743,7 +775,8 @@ impl Cloud for SimCloud {
 
     async fn find_server(&self, vm: VmId) -> Result<Option<ServerId>, CloudError> {
         let mut state = self.shared.state();
-        if take(&mut state.faults.lookup) {
+        if take(&mut state.faults.lookup) || state.chaos_strikes(self.shared.config.fault_per_mille)
+        {
             return Err(injected_outage("the server lookup"));
         }
         Ok(state.live_by_vm.get(&vm).cloned())
@@ -751,7 +784,8 @@ impl Cloud for SimCloud {
 
     async fn server(&self, id: &ServerId) -> Result<ServerInfo, CloudError> {
         let mut state = self.shared.state();
-        if take(&mut state.faults.lookup) {
+        if take(&mut state.faults.lookup) || state.chaos_strikes(self.shared.config.fault_per_mille)
+        {
             return Err(injected_outage("the server lookup"));
         }
         let record = state.servers.get(id).ok_or_else(|| not_found(id))?;
@@ -796,7 +830,9 @@ impl Cloud for SimCloud {
         since: Option<std::time::SystemTime>,
     ) -> Result<Vec<ServerSeen>, CloudError> {
         let mut state = self.shared.state();
-        if take(&mut state.faults.listing) {
+        if take(&mut state.faults.listing)
+            || state.chaos_strikes(self.shared.config.fault_per_mille)
+        {
             return Err(injected_outage("the server listing"));
         }
         let recent = |changed: &std::time::SystemTime| since.is_none_or(|since| *changed >= since);
@@ -826,7 +862,9 @@ impl Cloud for SimCloud {
     async fn delete_server(&self, id: &ServerId, timeout: Duration) -> Result<(), CloudError> {
         let mut observed = {
             let mut state = self.shared.state();
-            if take(&mut state.faults.delete) {
+            if take(&mut state.faults.delete)
+                || state.chaos_strikes(self.shared.config.fault_per_mille)
+            {
                 return Err(injected_outage("the delete"));
             }
             let Some(record) = state.servers.get(id) else { return Ok(()) };

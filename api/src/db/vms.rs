@@ -298,6 +298,22 @@ pub async fn vms_on_servers(
     rows.iter().map(vm_from_row).collect()
 }
 
+/// Ready VMs with a server, last written before `before_ms` (cloud drift: a full listing of the
+/// cloud's servers must show theirs).
+pub async fn ready_vms_with_servers(
+    conn: &mut AnyConnection,
+    before_ms: i64,
+) -> Result<Vec<VmRecord>, Error> {
+    let rows = sqlx::query(&format!(
+        "SELECT {VM_COLUMNS} FROM vms v WHERE v.state = 'ready' AND v.server_id IS NOT NULL \
+         AND v.updated_ms < $1"
+    ))
+    .bind(before_ms)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(vm_from_row).collect()
+}
+
 /// How many VMs are in each state.
 pub async fn vm_state_counts(conn: &mut AnyConnection) -> Result<Vec<(String, i64)>, Error> {
     let rows =
