@@ -31,9 +31,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gpgpums::seeded::SplitMix64;
 use serde_json::{json, Value};
 use support::{
-    binaries, require_root_tools, run_prefix, veth, wait_for, Api, Netns, Process, TempDir,
+    agent_toml, binaries, require_root_tools, run_prefix, veth, wait_for, Api, Netns, Process,
+    TempDir,
 };
 
 const CONTROLLER: &str = "10.240.0.1";
@@ -45,20 +47,12 @@ const LOAD_TIME: Duration = Duration::from_secs(30);
 /// The tenant's quota.
 const QUOTA_CGPUS: u64 = 6;
 
-/// A small deterministic generator (splitmix64).
-struct Rng(u64);
+/// The test's draws: [`SplitMix64`], and chances in per cent.
+struct Rng(SplitMix64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.below(n)
     }
 
     fn chance(&mut self, per_cent: u64) -> bool {
@@ -278,27 +272,10 @@ agent_urls = {{ "{h0}" = "http://{a0}:7450", "{h1}" = "http://{a1}:7450" }}
                     String::new()
                 };
                 let rcuda = if i == 1 { "[rcuda]\naddress = \"10.232.0.2\"\n" } else { "" };
-                std::fs::write(
-                    &path,
-                    format!(
-                        r#"host = "{host}"
-listen = "{address}:7450"
-state_file = "{d}/{host}.routes.json"
-controller_public_key = "{d}/controller.pub.pem"
-masked_range = "100.127.0.0/16"
-gpu_interface = "gpu0"
-retry_interval_secs = 1
-
-[controller]
-url = "http://{CONTROLLER}:8700"
-token = "{token}"
-heartbeat_interval_secs = 1
-
-{rcuda}
-{gpus}"#
-                    ),
-                )
-                .unwrap();
+                let controller = format!("http://{CONTROLLER}:8700");
+                let extra = format!("{rcuda}{gpus}");
+                let config = agent_toml(host, address, dir.path(), &controller, &token, &extra);
+                std::fs::write(&path, config).unwrap();
                 path
             })
             .collect();
@@ -563,7 +540,7 @@ struct Tally {
 
 fn run(store: Store, seed: u64) -> Tally {
     let mut chaos = Chaos::start(store, seed);
-    let mut rng = Rng(seed);
+    let mut rng = Rng(SplitMix64::new(seed));
     let mut tally = Tally::default();
     let started = Instant::now();
     while started.elapsed() < LOAD_TIME {

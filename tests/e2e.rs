@@ -45,8 +45,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{
-    ask, binaries, connect, namespaces, read, require_root_tools, run_prefix, still_open, veth,
-    wait_for, Api, Netns, Process, StandIn, SweepNamespaces, TempDir,
+    agent_toml, ask, binaries, connect, namespaces, read, require_root_tools, run_prefix,
+    still_open, veth, wait_for, Api, Netns, Process, StandIn, SweepNamespaces, TempDir,
 };
 
 const CONTROLLER: &str = "10.240.0.1";
@@ -317,23 +317,10 @@ agent_urls = {{ "{RGPU_HOST}" = "http://10.240.0.11:7450", "{GPU_HOST}" = "http:
         let agent_config = |ns: &Netns, host: &str, address: &str, extra: &str| {
             let path = dir.path().join(format!("{host}.toml"));
             let agent_token = token(&["--role", "agent", "--host", host]);
+            let controller = format!("http://{CONTROLLER}:8700");
             std::fs::write(
                 &path,
-                format!(
-                    r#"host = "{host}"
-listen = "{address}:7450"
-state_file = "{d}/{host}.routes.json"
-controller_public_key = "{d}/controller.pub.pem"
-masked_range = "100.127.0.0/16"
-gpu_interface = "gpu0"
-retry_interval_secs = 1
-{extra}
-[controller]
-url = "http://{CONTROLLER}:8700"
-token = "{agent_token}"
-heartbeat_interval_secs = 1
-"#
-                ),
+                agent_toml(host, address, dir.path(), &controller, &agent_token, extra),
             )
             .expect("write an agent config");
             let mut command = ns.command(&agent);

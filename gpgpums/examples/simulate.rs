@@ -18,6 +18,7 @@ use std::time::Instant;
 mod common;
 
 use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
+use gpgpums::seeded::SplitMix64;
 use gpgpums::{
     CgpuAssignment, GpuId, Pool, ProjectId, Quota, QuotaLedger, Request, TicketId, Usage, VmId,
 };
@@ -68,29 +69,21 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// SplitMix64: a small, seeded, reproducible generator.
-struct Rng(u64);
+/// The simulation's draws: [`SplitMix64`] and exponential gaps.
+struct Rng(SplitMix64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    fn below(&mut self, n: u64) -> u64 {
+        self.0.below(n)
     }
 
     /// Uniform in (0, 1].
     fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+        self.0.unit()
     }
 
     fn exp(&mut self, mean: f64) -> f64 {
         -self.unit().ln() * mean
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 
@@ -103,7 +96,7 @@ struct Job {
 }
 
 fn trace(args: &Args) -> Vec<Job> {
-    let mut rng = Rng(args.seed);
+    let mut rng = Rng(SplitMix64::new(args.seed));
     let mean_ncgpus = 2.5;
     let mean_mib = APPS.iter().map(|(_, mib)| *mib as f64).sum::<f64>() / APPS.len() as f64;
     let capacity = f64::from(HOSTS * GPUS_PER_HOST) * GPU_MIB as f64;

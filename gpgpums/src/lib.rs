@@ -8,6 +8,7 @@
 //! - [`policy`]: the selection policies as plugins behind [`policy::Policy`], selected by name.
 //! - [`quota`]: project limits and the ledger of what each project holds.
 //! - [`queue`]: the order waiting requests start in, backfill, and preemption by shrinking.
+//! - [`seeded`]: a seeded generator for simulations and tests around the planner.
 //! - [`Error`]: the crate's one error type.
 
 pub mod error;
@@ -17,6 +18,7 @@ pub mod policy;
 pub mod pool;
 pub mod queue;
 pub mod quota;
+pub mod seeded;
 
 pub use error::{Error, Shortfall};
 pub use ids::{GpuId, HostId, IdError, ProjectId, TicketId, VmId};

@@ -688,15 +688,7 @@ impl Pool {
     /// Releases the VM's cGPU `index`, restoring its capacity exactly; the VM keeps the others. A
     /// VM left with none holds no placement. `None`: the VM holds no such cGPU.
     pub fn detach(&mut self, vm: &VmId, index: u32) -> Option<CgpuAssignment> {
-        let placement = self.vms.get_mut(vm)?;
-        let at = placement.cgpus.iter().position(|c| c.index == index)?;
-        let cgpu = placement.cgpus.remove(at);
-        let kept: Vec<u32> = placement.cgpus.iter().map(|c| self.gpu_by_id[&c.gpu]).collect();
-        if placement.cgpus.is_empty() {
-            self.vms.remove(vm);
-        }
-        let slot = self.gpu_by_id[&cgpu.gpu];
-        self.untake_all(&[(slot, cgpu.memory_mib, cgpu.mode)], &kept);
+        let cgpu = self.take_from(vm, index)?;
         self.changes += 1;
         Some(cgpu)
     }

@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use gpgpums::seeded::SplitMix64;
 use gpgpums::{Error, HostState, Mode, Pool, Rehome, Request, Selector, VmId};
 
 fn vm(n: u128) -> VmId {
@@ -150,29 +151,12 @@ fn a_local_vm_s_cgpu_stays_on_its_host_and_distinct_gpus_stay_distinct() {
     pool.audit().unwrap();
 }
 
-/// A small deterministic generator (splitmix64): the test needs no crate for randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Random places, re-homes, fences and releases: the books always add up, and the indexed pool
 /// decides exactly as the scanning reference does.
 #[test]
 fn random_moves_keep_the_books_and_the_selectors_agree() {
     for seed in 0..40u64 {
-        let mut rng = Rng(seed);
+        let mut rng = SplitMix64::new(seed);
         let mut pools = [
             Pool::with(Default::default(), Selector::Indexed),
             Pool::with(Default::default(), Selector::Scan),

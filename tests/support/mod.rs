@@ -172,7 +172,7 @@ pub struct Api {
 
 impl Api {
     /// `METHOD base+path` with a bearer token and an optional JSON body: (status, JSON body or
-    /// `Null`).
+    /// `Null`). Panics when the request fails.
     pub fn call(
         &self,
         method: &str,
@@ -180,32 +180,12 @@ impl Api {
         token: &str,
         body: Option<&Value>,
     ) -> (u16, Value) {
-        let url = format!("{}{path}", self.base);
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("an HTTP method");
-        enter_and_run(&self.ns, || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                let client = reqwest::Client::builder()
-                    .timeout(Duration::from_secs(10))
-                    .build()
-                    .expect("an HTTP client");
-                let mut request = client.request(method.clone(), &url).bearer_auth(token);
-                if let Some(body) = body {
-                    request = request.json(body);
-                }
-                let response =
-                    request.send().await.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-                let status = response.status().as_u16();
-                let text = response.text().await.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-                (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-            })
-        })
+        self.try_call(method, path, token, body)
+            .unwrap_or_else(|| panic!("{method} {}{path}: no answer", self.base))
     }
 
-    /// [`Api::call`], `None` when the request fails (the service is down, for the chaos test).
+    /// [`Api::call`], `None` when the request fails (the service is down, as the chaos test
+    /// expects at times).
     pub fn try_call(
         &self,
         method: &str,
@@ -306,6 +286,34 @@ pub fn binaries() -> (PathBuf, PathBuf) {
         }
     }
     (profile_dir.join("gsaasd"), profile_dir.join("rodvr-agent"))
+}
+
+/// An agent's config for `host`, serving at `address`:7450, its state and gsaasd's public key
+/// in `dir`, heartbeating every second to gsaasd at `controller` with `token`, then `extra`.
+pub fn agent_toml(
+    host: &str,
+    address: &str,
+    dir: &Path,
+    controller: &str,
+    token: &str,
+    extra: &str,
+) -> String {
+    let d = dir.display();
+    format!(
+        r#"host = "{host}"
+listen = "{address}:7450"
+state_file = "{d}/{host}.routes.json"
+controller_public_key = "{d}/controller.pub.pem"
+masked_range = "100.127.0.0/16"
+gpu_interface = "gpu0"
+retry_interval_secs = 1
+{extra}
+[controller]
+url = "{controller}"
+token = "{token}"
+heartbeat_interval_secs = 1
+"#
+    )
 }
 
 /// A fresh directory for one test, removed on drop.

@@ -248,14 +248,7 @@ struct Faults {
 impl State {
     /// Whether this operation fails by chance (`fault_per_mille`).
     fn chaos_strikes(&mut self, per_mille: u32) -> bool {
-        if per_mille == 0 {
-            return false;
-        }
-        self.chaos = self.chaos.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.chaos;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % 1000 < u64::from(per_mille)
+        self.chaos.per_mille(per_mille)
     }
 }
 
@@ -301,8 +294,8 @@ struct ServerRecord {
 
 #[derive(Debug, Default)]
 struct State {
-    /// The chaos faults' generator (splitmix64), seeded from `fault_seed`.
-    chaos: u64,
+    /// The chaos faults' draws, seeded from `fault_seed`.
+    chaos: gpgpums::seeded::SplitMix64,
     hosts: BTreeSet<HostId>,
     servers: HashMap<ServerId, ServerRecord>,
     /// The server of each VM that is not being deleted.
@@ -572,7 +565,7 @@ impl SimCloud {
         hosts: Vec<HostId>,
         network: Arc<dyn SimVmNetwork>,
     ) -> Self {
-        let chaos = config.fault_seed;
+        let chaos = gpgpums::seeded::SplitMix64::new(config.fault_seed);
         let state = State { chaos, hosts: hosts.into_iter().collect(), ..State::default() };
         Self { shared: Arc::new(Shared { config, network, state: Mutex::new(state) }) }
     }

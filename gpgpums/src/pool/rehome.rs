@@ -49,7 +49,7 @@ impl Pool {
         }
         self.check_holder(holder, &moved)?;
         for cgpu in &moved {
-            self.take_from(vm, cgpu.index);
+            self.take_from(vm, cgpu.index).expect("checked above");
         }
         self.give_to(holder, &moved, None);
         self.changes += 1;
@@ -138,10 +138,11 @@ impl Pool {
         Ok(())
     }
 
-    /// Removes the VM's cGPU `index` (which it holds) and gives its capacity back.
-    fn take_from(&mut self, vm: &VmId, index: u32) {
-        let placement = self.vms.get_mut(vm).expect("the caller checked the VM");
-        let at = placement.cgpus.iter().position(|c| c.index == index).expect("checked");
+    /// Removes the VM's cGPU `index` and gives its capacity back (a VM left with none holds no
+    /// placement); `None`: the VM holds no such cGPU. Counts no change: the caller does.
+    pub(super) fn take_from(&mut self, vm: &VmId, index: u32) -> Option<CgpuAssignment> {
+        let placement = self.vms.get_mut(vm)?;
+        let at = placement.cgpus.iter().position(|c| c.index == index)?;
         let cgpu = placement.cgpus.remove(at);
         let kept: Vec<u32> = placement.cgpus.iter().map(|c| self.gpu_by_id[&c.gpu]).collect();
         if placement.cgpus.is_empty() {
@@ -149,6 +150,7 @@ impl Pool {
         }
         let slot = self.gpu_by_id[&cgpu.gpu];
         self.untake_all(&[(slot, cgpu.memory_mib, cgpu.mode)], &kept);
+        Some(cgpu)
     }
 
     /// Books `cgpus` (whose capacity was just given back) for `holder`, created if needed.
