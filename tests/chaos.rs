@@ -605,7 +605,8 @@ fn invariants_hold_through_kills_restarts_and_cloud_faults_on_both_stores() {
     for store in [Store::Sqlite, Store::Postgres] {
         let started = Instant::now();
         let t = run(store, seed);
-        println!(
+        // Straight to stderr: the test harness captures print!, and the line belongs in CI's log.
+        let line = format!(
             "chaos: store {store:?} seed {seed}: {} rounds, {} operations ({} accepted), faults: {} gsaasd SIGKILLs, \
              {} agent kills, {} PostgreSQL restarts, cloud failing 5% of its calls; every invariant \
              held after every round ({:.0} s)",
@@ -617,6 +618,7 @@ fn invariants_hold_through_kills_restarts_and_cloud_faults_on_both_stores() {
             t.pg_restarts,
             started.elapsed().as_secs_f64()
         );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), format!("{line}\n").as_bytes());
         assert!(
             t.rounds >= 2 && t.accepted > 0 && t.gsaasd_kills + t.agent_kills > 0,
             "too little load or chaos: {t:?}"

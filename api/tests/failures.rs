@@ -107,7 +107,7 @@ async fn a_termination_whose_host_is_down_completes_and_fences_its_cgpus(store: 
 }
 
 async fn a_forgotten_host_releases_its_fences_and_comes_back_by_registering(store: Store) {
-    let (t, vm_host, _) = agent_cloud(store, 1).await;
+    let (t, vm_host, gpu_host) = agent_cloud(store, 1).await;
     let member = t.member();
     let id = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &id, "ready").await;
@@ -151,6 +151,14 @@ async fn a_forgotten_host_releases_its_fences_and_comes_back_by_registering(stor
     );
     let id = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &id, "ready").await;
+
+    // A drained host that is forgotten comes back drained, as the operator left it.
+    t.post(&t.admin(), "/v1/hosts/cg-1/drain", &json!({})).await;
+    let (status, _) = t.post(&t.admin(), "/v1/hosts/cg-1/forget?force=true", &json!({})).await;
+    assert_eq!(status, 200);
+    let report = host_report("cg-1", "compute-gpu", &gpu_host.url, 1);
+    let (status, host) = t.report_host(&t.agent_token("cg-1"), "cg-1", &report).await;
+    assert_eq!((status, host["state"].as_str()), (200, Some("drained")), "{host}");
 }
 
 async fn a_detach_whose_host_is_down_completes_and_fences_the_cgpu(store: Store) {
@@ -344,4 +352,15 @@ async fn auto_rehome_moves_failed_gpus_cgpus_and_loses_what_fits_nowhere(store: 
     let vm = t.wait_state(&member, &id, "ready").await;
     assert!(vm["cgpus"].as_array().unwrap().iter().all(|c| c["state"] == "live"), "{vm}");
     wait_routes(&vm_host, 2).await;
+
+    // Lost again, the tenant gives it up: a lost cGPU detaches like a live one.
+    assert_eq!(t.report_host(&token, "cg-1", &worse).await.0, 200);
+    app.reconcile_once().await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    let lost = vm["cgpus"].as_array().unwrap().iter().find(|c| c["state"] == "lost").cloned();
+    let index = lost.expect("a lost cGPU")["index"].as_u64().unwrap();
+    let (status, body) = t.delete(&member, &format!("/v1/vms/{id}/cgpus/{index}")).await;
+    assert_eq!(status, 202, "{body}");
+    t.wait_vm(&member, &id, |vm| vm["cgpus"].as_array().unwrap().len() == 1).await;
+    assert_eq!(quota_cgpus(&t).await, 1, "the quota stops counting it");
 }

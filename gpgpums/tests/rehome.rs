@@ -105,6 +105,38 @@ fn an_untainted_gpu_is_left_too_and_with_no_fence_its_capacity_is_free_at_once()
 }
 
 #[test]
+fn a_rehomed_cgpu_keeps_its_gpu_number_at_the_rcuda_server() {
+    let mut pool = Pool::new();
+    add_gpu_host(&mut pool, "a", &[8192]);
+    let b = host("b");
+    pool.add_host(b.clone(), gpgpums::HostKind::ComputeGpu).unwrap();
+    // Host b's two GPUs sit behind one rCUDA server, as its devices 0 and 1.
+    for index in 0..2 {
+        let mut spec = gpu_spec(&b, index, 8192);
+        spec.rcuda.port = 9000;
+        spec.rcuda.gpu_number = index;
+        pool.add_gpu(spec).unwrap();
+    }
+    let id = vm(1);
+    pool.place(id, &Request::exclusive(1), "first-fit").unwrap();
+    assert_eq!(pool.placement(&id).unwrap().cgpus[0].gpu, gpu("a", 0));
+    let moved = pool.rehome(&id, 0, "first-fit", &Rehome::default(), None).unwrap();
+    assert_eq!(moved.gpu, gpu("b", 0), "device 0 like before, not device 1");
+    // GPU a taken: only b's device 1 is free, and it is not the cGPU's device number.
+    pool.place(vm(2), &Request::exclusive(1), "first-fit").unwrap();
+    let usage = pool.gpu_usage();
+    assert!(matches!(
+        pool.rehome(&id, 0, "first-fit", &Rehome::default(), None),
+        Err(Error::InsufficientCapacity(_))
+    ));
+    assert_eq!(pool.gpu_usage(), usage);
+    pool.release(&vm(2)).unwrap();
+    let back = pool.rehome(&id, 0, "first-fit", &Rehome::default(), None).unwrap();
+    assert_eq!(back.gpu, gpu("a", 0));
+    pool.audit().unwrap();
+}
+
+#[test]
 fn rehoming_to_nowhere_changes_nothing() {
     let mut pool = Pool::new();
     add_gpu_host(&mut pool, "a", &[8192; 2]);

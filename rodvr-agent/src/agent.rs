@@ -150,7 +150,7 @@ impl<F: Firewall> Agent<F> {
                 let mut gpus = self.facts.gpus.clone();
                 for gpu in &mut gpus {
                     if let Some(now) = health.get(&gpu.index) {
-                        gpu.unhealthy = now.clone();
+                        gpu.unhealthy = now.as_deref().map(crate::protocol::health_reason);
                     }
                 }
                 gpus

@@ -227,7 +227,7 @@ pub fn inventory(
                 model: g.model,
                 memory_mib: g.memory_mib,
                 rcuda: RcudaEndpoint { address: rcuda.address, port, gpu_number: 0 },
-                unhealthy: g.unhealthy,
+                unhealthy: g.unhealthy.as_deref().map(crate::protocol::health_reason),
             })
         })
         .collect()

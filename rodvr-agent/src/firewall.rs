@@ -50,6 +50,67 @@ pub trait Firewall: Send + fmt::Debug {
     /// route still exists (see `render::still_routed_rules`), and a re-targeted route does, so
     /// conntrack would keep its old connections going to the old target.
     fn cut(&mut self, connections: &[(RouteKey, SocketAddrV4)]) -> Result<(), FirewallError>;
+
+    /// Cuts every open connection that was sent to a target other than its route's in `routes`
+    /// (after a full replace: the cuts of a re-target may have been lost with an agent that
+    /// stopped between applying a table and cutting, or whose cut failed).
+    fn sweep(&mut self, routes: &RouteMap) -> Result<(), FirewallError>;
+}
+
+/// An open connection as conntrack lists it: its original source, destination and ports, and
+/// where it was sent (the reply's source).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrackedConnection {
+    pub src: SocketAddrV4,
+    pub dst: SocketAddrV4,
+    pub sent_to: SocketAddrV4,
+}
+
+/// The DNATed TCP connections in `conntrack -L` output (lines of `key=value` fields: the first
+/// `src dst sport dport` are the original direction's, the second the reply's).
+pub fn tracked_connections(listing: &str) -> Vec<TrackedConnection> {
+    listing
+        .lines()
+        .filter_map(|line| {
+            let mut fields: Vec<(&str, &str)> =
+                line.split_whitespace().filter_map(|f| f.split_once('=')).collect();
+            let mut take = |key: &str| {
+                let at = fields.iter().position(|(k, _)| *k == key)?;
+                Some(fields.remove(at).1)
+            };
+            let endpoint = |ip: Option<&str>, port: Option<&str>| -> Option<SocketAddrV4> {
+                Some(SocketAddrV4::new(ip?.parse().ok()?, port?.parse().ok()?))
+            };
+            let (src, dst) = (take("src"), take("dst"));
+            let (sport, dport) = (take("sport"), take("dport"));
+            let (reply_src, _reply_dst) = (take("src"), take("dst"));
+            let reply_sport = take("sport");
+            Some(TrackedConnection {
+                src: endpoint(src, sport)?,
+                dst: endpoint(dst, dport)?,
+                sent_to: endpoint(reply_src, reply_sport)?,
+            })
+        })
+        .collect()
+}
+
+/// The connections of `tracked` that a route of `routes` carries (same VM address and masked
+/// endpoint) but that went to another target than every such route's.
+pub fn stale_connections<'a>(
+    tracked: &'a [TrackedConnection],
+    routes: &RouteMap,
+) -> Vec<&'a TrackedConnection> {
+    tracked
+        .iter()
+        .filter(|c| {
+            let mut targets = routes
+                .iter()
+                .filter(|(k, _)| k.ip == *c.src.ip() && k.masked == c.dst)
+                .map(|(_, target)| *target)
+                .peekable();
+            targets.peek().is_some() && targets.all(|t| t != c.sent_to)
+        })
+        .collect()
 }
 
 /// Documents up to this size go through the long-lived `nft -j -i` session; larger ones (full
@@ -191,6 +252,48 @@ impl Firewall for NftFirewall {
                     "conntrack -D for {} -> {} failed: {}",
                     describe(key),
                     old,
+                    stderr.trim()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn sweep(&mut self, routes: &RouteMap) -> Result<(), FirewallError> {
+        let (program, args) = self.conntrack.split_first().expect("a conntrack command");
+        let listing = Command::new(program)
+            .args(args)
+            .args(["-L", "-p", "tcp", "--dst-nat"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| FirewallError::Cut(format!("cannot run conntrack: {e}")))?;
+        if !listing.status.success() {
+            let stderr = String::from_utf8_lossy(&listing.stderr);
+            return Err(FirewallError::Cut(format!("conntrack -L failed: {}", stderr.trim())));
+        }
+        let tracked = tracked_connections(&String::from_utf8_lossy(&listing.stdout));
+        for c in stale_connections(&tracked, routes) {
+            let output = Command::new(program)
+                .args(args)
+                .args(["-D", "-p", "tcp", "-s"])
+                .arg(c.src.ip().to_string())
+                .arg("--sport")
+                .arg(c.src.port().to_string())
+                .arg("-d")
+                .arg(c.dst.ip().to_string())
+                .arg("--dport")
+                .arg(c.dst.port().to_string())
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| FirewallError::Cut(format!("cannot run conntrack: {e}")))?;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let gone = output.status.code() == Some(1)
+                && stderr.contains("0 flow entries have been deleted");
+            if !output.status.success() && !gone {
+                return Err(FirewallError::Cut(format!(
+                    "conntrack -D for {} -> {} failed: {}",
+                    c.src,
+                    c.dst,
                     stderr.trim()
                 )));
             }
@@ -399,6 +502,11 @@ impl Firewall for MemoryFirewall {
         self.cuts.extend_from_slice(connections);
         Ok(())
     }
+
+    /// The memory firewall tracks no connections.
+    fn sweep(&mut self, _routes: &RouteMap) -> Result<(), FirewallError> {
+        Ok(())
+    }
 }
 
 impl<F: Firewall + ?Sized> Firewall for Box<F> {
@@ -408,6 +516,10 @@ impl<F: Firewall + ?Sized> Firewall for Box<F> {
 
     fn cut(&mut self, connections: &[(RouteKey, SocketAddrV4)]) -> Result<(), FirewallError> {
         (**self).cut(connections)
+    }
+
+    fn sweep(&mut self, routes: &RouteMap) -> Result<(), FirewallError> {
+        (**self).sweep(routes)
     }
 }
 
@@ -470,12 +582,14 @@ impl<F: Firewall> Dataplane<F> {
         self.replace(routes)
     }
 
-    /// Rebuilds the whole table, whatever is installed.
+    /// Rebuilds the whole table, whatever is installed, then cuts every connection sent to
+    /// another target than its route's (see [`Firewall::sweep`]).
     pub fn replace(&mut self, routes: RouteMap) -> Result<(), FirewallError> {
         self.installed = None;
         let tx = Transaction::Replace { params: self.params.clone(), routes };
         self.firewall.apply(&tx)?;
         let Transaction::Replace { routes, .. } = tx else { unreachable!("built above") };
+        self.firewall.sweep(&routes)?;
         self.installed = Some(Installed { targets: target_ids(&routes), routes });
         self.cut_pending()
     }
@@ -582,6 +696,29 @@ mod tests {
             }
             self.inner.cut(connections)
         }
+
+        fn sweep(&mut self, routes: &RouteMap) -> Result<(), FirewallError> {
+            self.inner.sweep(routes)
+        }
+    }
+
+    #[test]
+    fn a_sweep_finds_connections_sent_elsewhere_than_their_route() {
+        let listing = "tcp      6 431999 ESTABLISHED src=10.77.0.1 dst=100.127.0.1 sport=40001 \
+            dport=9000 src=10.78.0.2 dst=10.232.0.1 sport=8301 dport=40001 [ASSURED] mark=0 use=1\n\
+            tcp      6 431999 ESTABLISHED src=10.77.0.2 dst=100.127.0.1 sport=40002 dport=9000 \
+            src=10.78.0.9 dst=10.232.0.1 sport=8308 dport=40002 [ASSURED] mark=0 use=1\n\
+            tcp      6 117 TIME_WAIT src=10.1.1.1 dst=10.2.2.2 sport=1 dport=2 src=10.3.3.3 \
+            dst=10.1.1.1 sport=2 dport=1 mark=0 use=1\n\
+            conntrack v1.4.7 (conntrack-tools): 3 flow entries have been shown.\n";
+        let tracked = tracked_connections(listing);
+        assert_eq!(tracked.len(), 3, "{tracked:?}");
+        assert_eq!(tracked[0].sent_to, "10.78.0.2:8301".parse().unwrap());
+        // Route 1 goes where its connection went; route 2's went to another target; the third
+        // connection is no masked route's (left alone: not the agent's).
+        let stale = stale_connections(&tracked, &routes(3));
+        assert_eq!(stale, vec![&tracked[1]]);
+        assert!(stale_connections(&tracked, &RouteMap::new()).is_empty());
     }
 
     #[test]

@@ -386,6 +386,24 @@ pub struct GpuReport {
 /// The longest reason a GPU report may give for a GPU being unhealthy.
 pub const MAX_HEALTH_LEN: usize = 256;
 
+/// `reason` as a report may carry it: control characters replaced, cut to [`MAX_HEALTH_LEN`]
+/// bytes (at a character boundary), never empty.
+pub fn health_reason(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len().min(MAX_HEALTH_LEN));
+    for c in reason.chars().map(|c| if c.is_control() { ' ' } else { c }) {
+        if out.len() + c.len_utf8() > MAX_HEALTH_LEN {
+            break;
+        }
+        out.push(c);
+    }
+    let trimmed = out.trim();
+    if trimmed.is_empty() {
+        "unhealthy".to_owned()
+    } else {
+        trimmed.to_owned()
+    }
+}
+
 /// The rCUDA daemon serving one GPU. With one daemon per GPU, `gpu_number` is 0: the VM always
 /// uses its cGPU as device 0 and learns nothing about the host's GPU layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -515,6 +533,15 @@ impl HostReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_reasons_are_printable_short_and_never_empty() {
+        assert_eq!(health_reason("XID 79"), "XID 79");
+        assert_eq!(health_reason("bad\u{1b}[31m\nthing"), "bad [31m thing");
+        assert_eq!(health_reason("\n\t"), "unhealthy");
+        let long = health_reason(&"é".repeat(1000));
+        assert!(long.len() <= MAX_HEALTH_LEN && long.chars().all(|c| c == 'é'), "{long}");
+    }
 
     fn route(vm: u128, tap: &str, ip: &str, masked: &str, target: &str) -> Route {
         Route {

@@ -370,6 +370,31 @@ fn a_retargeted_route_cuts_open_connections_and_new_ones_reach_the_new_gpu() {
     assert!(still_open(&mut vm2_conn), "another VM's connection was cut");
     let state = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
     assert_eq!(state.applied_generation, Some(2));
+    drop(agent);
+
+    // The cut fails (no conntrack to run): the table is in, but not reported applied, and the old
+    // connection survives until an agent that can cut starts on the same state file and sweeps.
+    let (broken, _) = write_agent_config(&dir, "crg0", 27, "conntrack_command = [\"false\"]");
+    let agent = AgentProcess::start(&t.ch, &broken);
+    let client = AgentClient::new(&agent.url, HostId::new("crg0").unwrap(), client_signer(27));
+    let (mut vm1_conn, greeting) = open(&t.vm1, "100.127.0.1:9000").unwrap();
+    assert_eq!(greeting, format!("gpu1 {COMPUTE_GPU_SIDE}"));
+    let refused =
+        with_client(&t.ch, &client, async |c| c.put_routes(&table(3, "10.232.0.2:8308")).await);
+    assert!(refused.is_err(), "a table whose cut failed is not reported applied");
+    assert!(still_open(&mut vm1_conn), "no cut without conntrack");
+    drop(agent);
+    let (working, _) = write_agent_config(&dir, "crg0", 27, "");
+    let _agent = AgentProcess::start(&t.ch, &working);
+    assert!(!still_open(&mut vm1_conn), "the restarted agent's sweep cut the stale connection");
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(format!("gpu0 {COMPUTE_GPU_SIDE}")));
+    assert!(still_open(&mut vm2_conn), "another VM's connection was cut");
+}
+
+/// gsaasd's signer for the controller key pair of `seed` (as [`write_agent_config`] writes).
+fn client_signer(seed: u8) -> TokenSigner {
+    let (private, _) = key_pair(seed);
+    TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap()
 }
 
 #[test]

@@ -206,12 +206,14 @@ impl App {
         let Some(&Written::Done { claimed }) = written.first() else {
             return Err(refused(Error::Conflict(VM_CHANGED_CGPUS.into())));
         };
+        // A lost cGPU (its GPU failed, nowhere to re-home it) is detached like a live one.
+        let from = details.cgpus[at].state;
         let moved =
-            db::set_cgpu_states(&mut tx, id, Some(index), CgpuState::Live, CgpuState::Detaching)
-                .await?;
+            db::set_cgpu_states(&mut tx, id, Some(index), from, CgpuState::Detaching).await?;
         if moved != 1 {
             return Err(Error::internal(format!(
-                "VM {id}: cGPU {index} was not live when its VM's version said so"
+                "VM {id}: cGPU {index} was not {} when its VM's version said so",
+                from.as_str()
             )));
         }
         tx.commit().await?;

@@ -31,7 +31,8 @@ pub(crate) async fn fence_cgpus(
     host: &HostId,
     which: Fenced,
 ) -> Result<Vec<CgpuAssignment>, Error> {
-    let Some((fence, indexes)) = open_fence(tx, vm.id, host, which).await? else {
+    let Some((fence, indexes)) = open_fence(tx, FenceId::new_random(), vm.id, host, which).await?
+    else {
         return Ok(Vec::new());
     };
     tracing::warn!(vm = %vm.id, %host, %fence, cgpus = indexes.len(), "cGPUs fenced");
@@ -39,10 +40,11 @@ pub(crate) async fn fence_cgpus(
         .map_err(|e| Error::internal(format!("the pool is out of step with the database: {e}")))
 }
 
-/// Writes a new fence on `host` holding copies of the VM's bookings that `which` names; returns
+/// Writes fence `id` on `host` holding copies of the VM's bookings that `which` names; returns
 /// it and their indexes (`None`: there were none). The pool's side is the caller's.
 pub(crate) async fn open_fence(
     tx: &mut AnyConnection,
+    id: FenceId,
     vm: VmId,
     host: &HostId,
     which: Fenced,
@@ -54,7 +56,7 @@ pub(crate) async fn open_fence(
         return Ok(None);
     };
     let fence = FenceRecord {
-        id: FenceId::new_random(),
+        id,
         vm,
         host: host.clone(),
         generation: record.routes_generation,

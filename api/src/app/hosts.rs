@@ -184,9 +184,15 @@ impl App {
                     }
                     Some(host) => {
                         db::touch_host(tx, &host.name, registration.agent_url.as_deref(), now).await?;
-                        if host.state == HostState::Unavailable && !host.drained {
-                            db::set_host_state(tx, &host.name, HostState::Schedulable, false).await?;
-                            pool.set_host_state(&host.name, HostState::Schedulable)?;
+                        if host.state == HostState::Unavailable {
+                            // Back (after a silence, or forgotten): as an operator left it.
+                            let state = if host.drained {
+                                HostState::Drained
+                            } else {
+                                HostState::Schedulable
+                            };
+                            db::set_host_state(tx, &host.name, state, host.drained).await?;
+                            pool.set_host_state(&host.name, state)?;
                         }
                     }
                 }

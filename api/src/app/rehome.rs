@@ -21,8 +21,9 @@ use gpgpums::{GpuId, HostId, Locality, Rehome, VmId};
 use super::fences::open_fence;
 use super::App;
 use crate::db::{self, now_ms, Fenced};
+use crate::db::{VmWrite, Written};
 use crate::error::Error;
-use crate::model::{CgpuRecord, CgpuState};
+use crate::model::{CgpuRecord, CgpuState, FenceId, SagaStep, VmRecord};
 
 /// What to move cGPUs off.
 #[derive(Debug, Clone)]
@@ -127,92 +128,104 @@ impl App {
         reason: &'static str,
         no_room: NoRoom,
     ) -> Result<Rehomed, Error> {
-        let done = self
-            .with_pool(move |pool, tx| {
-                Box::pin(async move {
-                    let cgpus = db::cgpus_on_gpus(tx, &gpus).await?;
-                    let mut by_vm: BTreeMap<VmId, Vec<CgpuRecord>> = BTreeMap::new();
-                    for cgpu in cgpus {
-                        by_vm.entry(cgpu.vm).or_default().push(cgpu);
-                    }
-                    let mut done = Rehomed::default();
-                    let now = now_ms();
-                    for (id, cgpus) in by_vm {
-                        let Some(vm) = db::vm(tx, id).await? else { continue };
-                        let mut moved = Vec::new();
-                        let mut lost = Vec::new();
-                        for cgpu in &cgpus {
-                            let to = Rehome {
-                                on_host: (vm.spec.gpus.locality == Locality::Local)
-                                    .then_some(vm.host.as_ref().unwrap_or(&cgpu.host)),
-                                distinct_gpus: vm.spec.gpus.distinct_gpus,
-                            };
-                            // Routes may be live where the VM runs: the old booking waits there.
-                            let fence = match &vm.host {
-                                Some(host) => {
-                                    open_fence(tx, id, host, Fenced::Index(cgpu.index)).await?
-                                }
-                                None => None,
-                            };
-                            let holder = fence.as_ref().map(|(fence, _)| fence.holder());
-                            match pool.rehome(&id, cgpu.index, &vm.policy, &to, holder) {
-                                Ok(new) => {
-                                    db::move_cgpu(tx, id, cgpu.index, &new.gpu).await?;
-                                    moved.push(cgpu.index);
-                                }
-                                Err(e @ gpgpums::Error::InsufficientCapacity(_)) => {
-                                    if no_room == NoRoom::Refuse {
-                                        return Err(Error::InsufficientCapacity(match e {
-                                            gpgpums::Error::InsufficientCapacity(s) => s,
-                                            _ => unreachable!("matched above"),
-                                        }));
-                                    }
-                                    if let Some((fence, _)) = fence {
-                                        db::delete_fences(tx, &[fence]).await?;
-                                    }
-                                    if cgpu.state != CgpuState::Lost {
-                                        let state = cgpu.state;
-                                        db::set_cgpu_states(tx, id, Some(cgpu.index), state, CgpuState::Lost)
-                                            .await?;
-                                        lost.push(cgpu.index);
-                                    }
-                                }
-                                Err(e) => return Err(e.into()),
-                            }
-                        }
-                        if !moved.is_empty() || !lost.is_empty() {
-                            done.vms.insert(id);
-                        }
-                        done.moved += moved.len() as u32;
-                        done.lost += lost.len() as u32;
-                        for (kind, indexes, detail) in [
-                            ("rehomed", &moved, format!("moved to another GPU ({reason}); their masked addresses are unchanged, and connections open to the old GPU were cut")),
-                            ("lost", &lost, format!("lost ({reason}) and no other GPU can take them now; they have no route until one can or until their GPU works again")),
-                        ] {
-                            if !indexes.is_empty() {
-                                let list: Vec<String> = indexes.iter().map(u32::to_string).collect();
-                                let detail = format!("cGPU(s) {}: {detail}", list.join(", "));
-                                let event = db::VmEvent { at_ms: now, kind: kind.into(), detail };
-                                db::insert_event(tx, id, &event).await?;
-                            }
-                        }
-                    }
-                    Ok(done)
-                })
-            })
-            .await?;
-        if done.moved + done.lost > 0 {
-            tracing::warn!(
-                moved = done.moved,
-                lost = done.lost,
-                vms = done.vms.len(),
-                reason,
-                "cGPUs re-homed"
-            );
-            self.push_vms_routes(&done.vms).await;
-            // Fences left on hosts that confirm at once are released now rather than next pass.
-            self.trigger_reconcile();
+        let mut pool_tx = self.pool_tx().await?;
+        let (pool, tx) = pool_tx.parts();
+        let cgpus = db::cgpus_on_gpus(tx, &gpus).await?;
+        let mut by_vm: BTreeMap<VmId, Vec<CgpuRecord>> = BTreeMap::new();
+        for cgpu in cgpus {
+            by_vm.entry(cgpu.vm).or_default().push(cgpu);
         }
+        let mut done = Rehomed::default();
+        let now = now_ms();
+        for (id, cgpus) in by_vm {
+            let Some(vm) = db::vm(tx, id).await? else { continue };
+            // Only a settled VM: a saga step in flight (a launch, an attach, a termination) may
+            // push or learn the VM's host meanwhile. Its write below, conditional on the version
+            // read here, also makes such a step that starts now read the VM again.
+            let settled = vm.step == SagaStep::Done;
+            let mut write =
+                [VmWrite { vm: VmRecord { updated_ms: now, ..vm.clone() }, claim: None }];
+            if !settled || db::update_vms(tx, &mut write).await?.first() == Some(&Written::Stale) {
+                if no_room == NoRoom::Refuse {
+                    return Err(Error::Conflict(format!(
+                        "VM {id} on this GPU is changing ({}): retry the evacuation once it \
+                         settles",
+                        vm.step.as_str()
+                    )));
+                }
+                continue;
+            }
+            let mut moved = Vec::new();
+            let mut lost = Vec::new();
+            for cgpu in &cgpus {
+                let to = Rehome {
+                    on_host: (vm.spec.gpus.locality == Locality::Local)
+                        .then_some(vm.host.as_ref().unwrap_or(&cgpu.host)),
+                    distinct_gpus: vm.spec.gpus.distinct_gpus,
+                };
+                // Routes may be live where the VM runs: the old booking waits there in a fence,
+                // written only once the cGPU has somewhere to go.
+                let fence = vm.host.as_ref().map(|host| (FenceId::new_random(), host));
+                let holder = fence.as_ref().map(|(fence, _)| fence.holder());
+                match pool.rehome(&id, cgpu.index, &vm.policy, &to, holder) {
+                    Ok(new) => {
+                        if let Some((fence, host)) = fence {
+                            let which = Fenced::Index(cgpu.index);
+                            if open_fence(tx, fence, id, host, which).await?.is_none() {
+                                // The VM's host is not registered: no routes wait there.
+                                pool.release(&fence.holder());
+                            }
+                        }
+                        db::move_cgpu(tx, id, cgpu.index, &new.gpu).await?;
+                        moved.push(cgpu.index);
+                    }
+                    Err(gpgpums::Error::InsufficientCapacity(shortfall)) => {
+                        if no_room == NoRoom::Refuse {
+                            return Err(Error::InsufficientCapacity(shortfall));
+                        }
+                        if cgpu.state != CgpuState::Lost {
+                            let state = cgpu.state;
+                            db::set_cgpu_states(tx, id, Some(cgpu.index), state, CgpuState::Lost)
+                                .await?;
+                            lost.push(cgpu.index);
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !moved.is_empty() || !lost.is_empty() {
+                done.vms.insert(id);
+            }
+            done.moved += moved.len() as u32;
+            done.lost += lost.len() as u32;
+            for (kind, indexes, detail) in [
+                ("rehomed", &moved, format!("moved to another GPU ({reason}); their masked addresses are unchanged, and connections open to the old GPU were cut")),
+                ("lost", &lost, format!("lost ({reason}) and no other GPU can take them now; they have no route until one can or until their GPU works again")),
+            ] {
+                if !indexes.is_empty() {
+                    let list: Vec<String> = indexes.iter().map(u32::to_string).collect();
+                    let detail = format!("cGPU(s) {}: {detail}", list.join(", "));
+                    let event = db::VmEvent { at_ms: now, kind: kind.into(), detail };
+                    db::insert_event(tx, id, &event).await?;
+                }
+            }
+        }
+        if done.moved + done.lost == 0 {
+            // Nothing moved (nowhere to go, again): nothing is committed, so other replicas keep
+            // their pools.
+            return Ok(done);
+        }
+        pool_tx.commit().await?;
+        tracing::warn!(
+            moved = done.moved,
+            lost = done.lost,
+            vms = done.vms.len(),
+            reason,
+            "cGPUs re-homed"
+        );
+        self.push_vms_routes(&done.vms).await;
+        // Fences on hosts that confirm at once are released now rather than next pass.
+        self.trigger_reconcile();
         Ok(done)
     }
 

@@ -925,6 +925,8 @@ impl Cloud for NovaCloud {
         struct Envelope {
             servers: Vec<NovaServer>,
         }
+        // Nova caps `limit` at its `api.max_limit`, so a short page does not mean the last one:
+        // pages are read until one comes back empty.
         const PAGE: usize = 1000;
         let since = since
             .map(|t| {
@@ -936,11 +938,14 @@ impl Cloud for NovaCloud {
         loop {
             let path = format!("/servers/detail?all_tenants=1&limit={PAGE}{since}{marker}");
             let page = self.get_listing::<Envelope>("compute", &path, None).await?.servers;
-            let full = page.len() == PAGE;
-            if let Some(last) = page.last() {
-                marker = format!("&marker={}", encode(&last.id));
-            }
+            let Some(last) = page.last() else { return Ok(seen) };
+            marker = format!("&marker={}", encode(&last.id));
             for server in page {
+                // A server in a cell that is down comes back partial: seen, not gone, no host.
+                if server.status == "UNKNOWN" {
+                    seen.push(ServerSeen { id: ServerId(server.id), host: None, gone: false });
+                    continue;
+                }
                 let host = match server.host {
                     Some(host) => host.and_then(|h| HostId::new(h).ok()),
                     None => {
@@ -952,9 +957,6 @@ impl Cloud for NovaCloud {
                 };
                 let gone = matches!(server.status.as_str(), "DELETED" | "SOFT_DELETED");
                 seen.push(ServerSeen { id: ServerId(server.id), host, gone });
-            }
-            if !full {
-                return Ok(seen);
             }
         }
     }

@@ -66,11 +66,13 @@ impl From<Rehomed> for EvacuationView {
 /// Each cGPU goes to another GPU the placement policy chooses, keeping its index and masked
 /// endpoint: the VM's environment does not change, new connections reach the new GPU, and
 /// connections open to the old GPU are cut (a CUDA context there is lost). The VM gets a
-/// `rehomed` event. All or nothing: 507 when any cGPU has nowhere to go. Taint the GPU first to
+/// `rehomed` event. All or nothing: 507 when any cGPU has nowhere to go, 409 when a VM with a
+/// cGPU there is changing (launching, attaching, detaching, terminating). Taint the GPU first to
 /// keep new cGPUs off it.
 #[utoipa::path(post, path = "/v1/gpus/{id}/evacuate", tag = "gpus",
     params(("id" = String, Path, description = "The GPU's id")),
     responses((status = 200, body = EvacuationView), (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 409, description = "A VM with a cGPU there is changing; nothing moved", body = Problem),
         (status = 507, description = "Some cGPU fits on no other GPU; nothing moved", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn evacuate_gpu(
@@ -87,6 +89,7 @@ pub(super) async fn evacuate_gpu(
 #[utoipa::path(post, path = "/v1/hosts/{name}/evacuate", tag = "hosts",
     params(("name" = String, Path, description = "The host's name")),
     responses((status = 200, body = EvacuationView), (status = 401, body = Problem), (status = 404, body = Problem),
+        (status = 409, description = "A VM with a cGPU there is changing; nothing moved", body = Problem),
         (status = 507, description = "Some cGPU fits on no other GPU; nothing moved", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn evacuate_host(

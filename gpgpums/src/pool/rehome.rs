@@ -57,8 +57,9 @@ impl Pool {
     }
 
     /// Moves the VM's cGPU `index` to a GPU other than its own, under `policy` and `to`, keeping
-    /// its index; its old booking goes to `holder` (`None`: released). Returns the new assignment;
-    /// changes nothing when no GPU takes it.
+    /// its index, onto a GPU with the same number at its rCUDA server; its old booking goes to
+    /// `holder` (`None`: released). Returns the new assignment; changes nothing when no GPU takes
+    /// it.
     pub fn rehome(
         &mut self,
         vm: &VmId,
@@ -108,9 +109,15 @@ impl Pool {
         // hosts), and must not get it back.
         let mut held = kept.clone();
         held.push(old_slot);
-        self.set_masked(&[old_slot], true);
+        // The VM addresses its cGPU as `masked:gpu_number` (its environment does not change),
+        // so the new GPU must have the old one's number at its rCUDA server.
+        let mut hidden: Vec<u32> = (0..self.gpus.len() as u32)
+            .filter(|&s| self.gpus[s as usize].spec.rcuda.gpu_number != old.rcuda.gpu_number)
+            .collect();
+        hidden.push(old_slot);
+        self.set_masked(&hidden, true);
         let placed = self.place_on(&request, view, within.as_deref(), &held);
-        self.set_masked(&[old_slot], false);
+        self.set_masked(&hidden, false);
         let (mut cgpus, _) = placed.map_err(|_| shortfall())?;
         let mut new = cgpus.pop().expect("one cGPU placed");
         new.index = index;
