@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use gpgpums::seeded::SplitMix64;
 use serde_json::{json, Value};
 use support::{
-    agent_toml, binaries, require_root_tools, run_prefix, veth, wait_for, Api, Netns, Process,
-    TempDir,
+    agent_toml, binaries, gsaasd_cli, require_root_tools, run_prefix, veth, wait_for, Api, Netns,
+    Process, TempDir,
 };
 
 const CONTROLLER: &str = "10.240.0.1";
@@ -240,16 +240,7 @@ agent_urls = {{ "{h0}" = "http://{a0}:7450", "{h1}" = "http://{a1}:7450" }}
             ),
         )
         .expect("write gsaasd.toml");
-        let cli = |args: &[&str]| {
-            let out = Command::new(&gsaasd_bin).args(args).arg("-c").arg(&config).output();
-            let out = out.expect("run gsaasd");
-            assert!(
-                out.status.success(),
-                "gsaasd {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8(out.stdout).unwrap().trim().to_owned()
-        };
+        let cli = |args: &[&str]| gsaasd_cli(&gsaasd_bin, &config, args);
         let public_key = cli(&["public-key"]);
         std::fs::write(dir.path().join("controller.pub.pem"), format!("{public_key}\n")).unwrap();
         let admin = cli(&["token", "issue", "--role", "admin", "--project", "ops"]);

@@ -45,8 +45,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::{
-    agent_toml, ask, binaries, connect, namespaces, read, require_root_tools, run_prefix,
-    still_open, veth, wait_for, Api, Netns, Process, StandIn, SweepNamespaces, TempDir,
+    agent_toml, ask, binaries, connect, gsaasd_cli, namespaces, read, require_root_tools,
+    run_prefix, still_open, veth, wait_for, Api, Netns, Process, StandIn, SweepNamespaces, TempDir,
 };
 
 const CONTROLLER: &str = "10.240.0.1";
@@ -55,19 +55,6 @@ const GPU_HOST: &str = "compute-gpu";
 const RGPU_GPU_SIDE: &str = "10.232.0.1";
 const GPU_SERVER: &str = "10.232.0.2";
 const VM_GATEWAY: &str = "10.77.0.1";
-
-/// Runs `gsaasd ARGS -c CONFIG` (no network needed) and returns its stdout, trimmed.
-fn gsaasd_cli(gsaasd: &Path, config: &Path, args: &[&str]) -> String {
-    let out = Command::new(gsaasd).args(args).arg("-c").arg(config).output();
-    let out = out.unwrap_or_else(|e| panic!("gsaasd {}: {e}", args.join(" ")));
-    assert!(
-        out.status.success(),
-        "gsaasd {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output").trim().to_owned()
-}
 
 /// The rCUDA devices in a VM's user_data: `RCUDA_DEVICE_<j>=<ip>@<port>:<gpu>` -> `j -> (ip:port,
 /// gpu)`, and `RCUDA_DEVICE_COUNT`, checking that every occurrence of a variable (profile script

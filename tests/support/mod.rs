@@ -288,6 +288,19 @@ pub fn binaries() -> (PathBuf, PathBuf) {
     (profile_dir.join("gsaasd"), profile_dir.join("rodvr-agent"))
 }
 
+/// Runs `gsaasd ARGS -c CONFIG` (no network needed) and returns its stdout, trimmed.
+pub fn gsaasd_cli(gsaasd: &Path, config: &Path, args: &[&str]) -> String {
+    let out = Command::new(gsaasd).args(args).arg("-c").arg(config).output();
+    let out = out.unwrap_or_else(|e| panic!("gsaasd {}: {e}", args.join(" ")));
+    assert!(
+        out.status.success(),
+        "gsaasd {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output").trim().to_owned()
+}
+
 /// An agent's config for `host`, serving at `address`:7450, its state and gsaasd's public key
 /// in `dir`, heartbeating every second to gsaasd at `controller` with `token`, then `extra`.
 pub fn agent_toml(

@@ -132,25 +132,11 @@ impl App {
             return Ok(false);
         }
         self.watchers.changed(&written);
-        {
-            let mut tx = self.db.begin().await?;
-            let event = db::VmEvent {
-                at_ms: now_ms(),
-                kind: "moved".into(),
-                detail: "the VM moved to another compute host (a live migration or an \
-                         evacuation); its cGPUs followed it, at the same masked endpoints"
-                    .into(),
-            };
-            db::insert_event(&mut tx, written.id, &event).await?;
-            tx.commit().await?;
-        }
-        // The new host first: the VM runs there now. A failed push is the reconciler's to retry
-        // (the host is behind).
-        for host in std::iter::once(host).chain(old) {
-            if let Err(e) = self.push_routes(&host).await {
-                tracing::warn!(%host, error = %crate::error::ErrorChain(&e), "route push after a move failed; the reconciler retries");
-            }
-        }
+        let detail = "the VM moved to another compute host (a live migration or an evacuation); \
+                      its cGPUs followed it, at the same masked endpoints";
+        self.record_events([written.id], "moved", detail).await?;
+        // The new host first: the VM runs there now.
+        self.push_or_leave(std::iter::once(host).chain(old), "a move").await;
         Ok(true)
     }
 }

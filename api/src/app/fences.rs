@@ -112,6 +112,16 @@ impl App {
     /// down (not waited for) or did not confirm the table; `None` when it did, when the host has
     /// no agent, or when it was forgotten (its routes count as gone). Storage errors are errors.
     pub(crate) async fn withdraw_routes(&self, host: &HostId) -> Result<Option<HostId>, Error> {
+        // A host that is up (the usual case) is known from the host directory, with no read.
+        let up = self.host_directory().and_then(|hosts| {
+            let h = hosts.iter().find(|h| &h.name == host)?;
+            (h.state != HostState::Unavailable).then(|| h.kind.has_agent())
+        });
+        match up {
+            Some(false) => return Ok(None),
+            Some(true) => return self.push_or_fence(host).await,
+            None => {}
+        }
         let record = {
             let mut conn = self.db.conn().await?;
             db::host(&mut conn, host).await?
@@ -125,6 +135,12 @@ impl App {
         {
             return Ok(Some(host.clone()));
         }
+        self.push_or_fence(host).await
+    }
+
+    /// Pushes the host's table: `None` once its agent confirmed it, `host` (fence there) when the
+    /// agent did not.
+    async fn push_or_fence(&self, host: &HostId) -> Result<Option<HostId>, Error> {
         match self.push_routes(host).await {
             Ok(()) => Ok(None),
             Err(e @ Error::Unavailable { dependency: "host agent", .. }) => {

@@ -430,6 +430,18 @@ impl App {
     }
 }
 
+impl App {
+    /// Pushes each host's table in turn, after `what` changed them; a failed push is left to the
+    /// reconciler (the host is behind, so its next pass pushes again).
+    pub(crate) async fn push_or_leave(&self, hosts: impl IntoIterator<Item = HostId>, what: &str) {
+        for host in hosts {
+            if let Err(e) = self.push_routes(&host).await {
+                tracing::warn!(%host, error = %crate::error::ErrorChain(&e), "route push after {what} failed; the reconciler retries");
+            }
+        }
+    }
+}
+
 /// The rCUDA endpoint of the route an agent named as at fault, if it named a route's target.
 fn refused_target(entry: &str, targets: &[SocketAddrV4]) -> Option<SocketAddrV4> {
     let index = entry.strip_prefix("routes[")?.strip_suffix("].target")?;

@@ -105,7 +105,7 @@ impl App {
             done.recovered = recovered.len() as u32;
             let vms: BTreeSet<VmId> = recovered.iter().map(|(vm, _)| *vm).collect();
             self.record_events(
-                &vms,
+                vms.iter().copied(),
                 "recovered",
                 "a lost cGPU is live again on its GPU, which works again",
             )
@@ -229,8 +229,7 @@ impl App {
         Ok(done)
     }
 
-    /// Pushes the tables of the hosts the VMs run on; a failed push is the reconciler's to retry
-    /// (the host is behind).
+    /// Pushes the tables of the hosts the VMs run on (see [`App::push_or_leave`]).
     async fn push_vms_routes(&self, vms: &BTreeSet<VmId>) {
         let hosts: BTreeSet<HostId> = {
             let Ok(mut conn) = self.db.conn().await else { return };
@@ -242,23 +241,20 @@ impl App {
             }
             hosts
         };
-        for host in &hosts {
-            if let Err(e) = self.push_routes(host).await {
-                tracing::warn!(%host, error = %crate::error::ErrorChain(&e), "route push after re-homing failed; the reconciler retries");
-            }
-        }
+        self.push_or_leave(hosts, "re-homing").await;
     }
 
-    async fn record_events(
+    /// Gives each VM an event of `kind`, in one transaction.
+    pub(super) async fn record_events(
         &self,
-        vms: &BTreeSet<VmId>,
+        vms: impl IntoIterator<Item = VmId>,
         kind: &str,
         detail: &str,
     ) -> Result<(), Error> {
         let mut tx = self.db.begin().await?;
         for id in vms {
             let event = db::VmEvent { at_ms: now_ms(), kind: kind.into(), detail: detail.into() };
-            db::insert_event(&mut tx, *id, &event).await?;
+            db::insert_event(&mut tx, id, &event).await?;
         }
         tx.commit().await?;
         Ok(())
