@@ -15,6 +15,8 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 [ -x /usr/bin/chromium ] || need+=(chromium fonts-dejavu-core)
+# The conformance test runs schemathesis (PyPI) from a venv of its own.
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 # reqwest's TLS builds against the system's OpenSSL.
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)

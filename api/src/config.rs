@@ -130,6 +130,9 @@ impl Default for QueueConfig {
 /// The largest quota limit: storage keeps limits as signed 64-bit integers, and JSON parsers
 /// read numbers up to 2^53 exactly.
 pub const MAX_QUOTA_LIMIT: u64 = 1 << 53;
+/// The highest `queue.max_priority` a service may set, and so the highest priority a launch may
+/// ever ask for.
+pub const MAX_QUEUE_PRIORITY: i32 = 1_000_000;
 
 /// Why a quota's limits are out of range, naming the resource as `{prefix}{resource}`.
 pub fn check_quota(quota: &gpgpums::Quota, prefix: &str) -> Result<(), (String, String)> {
@@ -534,8 +537,8 @@ impl Config {
         self.http.check()?;
         check_quota(&self.quotas.quota(), "quotas.")
             .map_err(|(field, reason)| format!("{field}: {reason}"))?;
-        if !(0..=1_000_000).contains(&self.queue.max_priority) {
-            return Err("queue.max_priority: must be between 0 and 1000000".into());
+        if !(0..=MAX_QUEUE_PRIORITY).contains(&self.queue.max_priority) {
+            return Err(format!("queue.max_priority: must be between 0 and {MAX_QUEUE_PRIORITY}"));
         }
         if i64::from(self.quotas.max_priority) > i64::from(self.queue.max_priority) {
             return Err("quotas.max_priority: must be at most queue.max_priority".into());

@@ -17,9 +17,10 @@ pub enum Error {
     /// The request is malformed (not JSON, wrong types): 400.
     #[error("{field}: {reason}")]
     Malformed { field: String, reason: String },
-    /// The request is well-formed but a field's value is not acceptable: 422.
-    #[error("{field}: {reason}")]
-    Invalid { field: String, reason: String },
+    /// The request is well-formed but fields' values are not acceptable: 422. Never empty: every
+    /// invalid field of the request, so a client fixes them all at once.
+    #[error("{}", FieldErrors(.0))]
+    Invalid(Vec<FieldError>),
     /// No token, or a token that is malformed, expired or wrongly signed: 401.
     #[error("{0}")]
     Unauthenticated(String),
@@ -65,7 +66,16 @@ pub enum Error {
 
 impl Error {
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Invalid { field: field.into(), reason: reason.into() }
+        Error::Invalid(vec![FieldError { field: field.into(), detail: reason.into() }])
+    }
+
+    /// Every error of `errors`, or `Ok` when there is none.
+    pub fn invalid_fields(errors: Vec<FieldError>) -> Result<(), Self> {
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Invalid(errors))
+        }
     }
 
     pub fn unavailable(dependency: &'static str, source: impl Into<Source>) -> Self {
@@ -83,7 +93,7 @@ impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
             Error::Malformed { .. } => StatusCode::BAD_REQUEST,
-            Error::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Error::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -101,7 +111,7 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::Malformed { .. } => "malformed_request",
-            Error::Invalid { .. } => "invalid_request",
+            Error::Invalid(_) => "invalid_request",
             Error::Unauthenticated(_) => "unauthenticated",
             Error::NotFound { .. } => "not_found",
             Error::TooLarge(_) => "body_too_large",
@@ -115,11 +125,17 @@ impl Error {
         }
     }
 
-    fn field(&self) -> Option<&str> {
+    /// The fields at fault, each with what is wrong with it.
+    pub fn field_errors(&self) -> Vec<FieldError> {
         match self {
-            Error::Malformed { field, .. } | Error::Invalid { field, .. } => Some(field),
-            Error::PriorityAboveCeiling { .. } => Some("priority"),
-            _ => None,
+            Error::Malformed { field, reason } => {
+                vec![FieldError { field: field.clone(), detail: reason.clone() }]
+            }
+            Error::Invalid(errors) => errors.clone(),
+            Error::PriorityAboveCeiling { .. } => {
+                vec![FieldError { field: "priority".into(), detail: self.to_string() }]
+            }
+            _ => Vec::new(),
         }
     }
 }
@@ -154,6 +170,31 @@ impl From<sqlx::Error> for Error {
     }
 }
 
+/// One invalid field of a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct FieldError {
+    /// The field's path in the request (`ncgpus`, `networks[2]`, `gpus[0].rcuda.port`), or
+    /// `body`, `query` or a header's name.
+    pub field: String,
+    /// What is wrong with it.
+    pub detail: String,
+}
+
+/// Displays field errors as `a: why; b: why`.
+struct FieldErrors<'a>(&'a [FieldError]);
+
+impl std::fmt::Display for FieldErrors<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}: {}", e.field, e.detail)?;
+        }
+        Ok(())
+    }
+}
+
 /// An RFC 9457 problem document.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Problem {
@@ -166,9 +207,12 @@ pub struct Problem {
     pub detail: String,
     /// Stable machine-readable code.
     pub code: String,
-    /// The request field at fault, when there is one.
+    /// The first request field at fault, when there is one (`errors` lists them all).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+    /// With `invalid_request` and `malformed_request`: every field at fault.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
     /// With `quota_exceeded`: the limit the request would pass.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quota: Option<QuotaProblem>,
@@ -196,13 +240,15 @@ impl IntoResponse for Error {
             }
             _ => tracing::debug!(error = %self, "request refused"),
         }
+        let errors = self.field_errors();
         let problem = Problem {
             type_uri: "about:blank".into(),
             title: status.canonical_reason().unwrap_or("Error").into(),
             status: status.as_u16(),
             detail: self.to_string(),
             code: self.code().into(),
-            field: self.field().map(str::to_owned),
+            field: errors.first().map(|e| e.field.clone()),
+            errors,
             quota: match &self {
                 Error::QuotaExceeded(e) => Some(QuotaProblem {
                     resource: e.resource.as_str().to_owned(),

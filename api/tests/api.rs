@@ -134,7 +134,8 @@ async fn bad_input_names_the_field_and_changes_nothing(store: Store) {
         (with("ncgpus", json!(-2)), 422, "ncgpus"),
         (with("ncgpus", json!(1_000_000)), 422, "ncgpus"),
         (with("ncgpus", json!("two")), 422, "ncgpus"),
-        (without("ncgpus"), 422, "body"),
+        (without("ncgpus"), 422, "ncgpus"),
+        (with("ncgpus", json!(2.5)), 422, "ncgpus"),
         (without("gpu_memory_mib"), 422, "gpu_memory_mib"),
         (with("gpu_memory_mib", json!(0)), 422, "gpu_memory_mib"),
         (with("gpu_memory_mib", json!(8193)), 422, "gpu_memory_mib"),
@@ -180,9 +181,43 @@ async fn bad_input_names_the_field_and_changes_nothing(store: Store) {
         let (status, _) = t.delete(&token, &format!("/v1/vms/{id}")).await;
         assert_eq!(status, 404);
     }
+    // Every invalid field at once: wrong types and unknown fields, then the values themselves.
+    let body = json!({"image": 7, "flavor": "m1.small", "ncgpus": "two", "colour": "red"});
+    let (status, problem) = t.post(&token, "/v1/vms", &body).await;
+    assert_eq!(status, 422, "{problem}");
+    let mut fields = fields_at_fault(&problem);
+    fields.sort();
+    assert_eq!(fields, ["colour", "image", "ncgpus"], "{problem}");
+    let mut body = shared_launch(0, 0);
+    body["image"] = json!(" ");
+    body["networks"] = json!(["net", "a\u{1}b"]);
+    body["priority"] = json!(-1);
+    let (status, problem) = t.post(&token, "/v1/vms", &body).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(
+        fields_at_fault(&problem),
+        ["image", "networks[1]", "ncgpus", "gpu_memory_mib", "priority"],
+        "{problem}"
+    );
+    assert_eq!(problem["field"], "image", "{problem}");
+    // JSON Schema's integers: 2.0 is one.
+    let mut body = shared_launch(1, 1024);
+    body["ncgpus"] = json!(1.0);
+    body["image"] = json!("windows-95");
+    let (status, problem) = t.post(&token, "/v1/vms", &body).await;
+    assert_eq!((status, fields_at_fault(&problem)), (422, vec!["image".to_owned()]), "{problem}");
+    // A struct's fields as an array are not its object.
+    let (status, problem) = t.post(&token, "/v1/vms", &json!(["cirros", "m1.small", 1])).await;
+    assert_eq!((status, fields_at_fault(&problem)), (422, vec!["body".to_owned()]), "{problem}");
+
     assert_eq!(pool_totals(&t).await, before);
     let (_, list) = t.get(&token, "/v1/vms").await;
     assert!(list["vms"].as_array().unwrap().is_empty(), "refused launches left VMs: {list}");
+}
+
+fn fields_at_fault(problem: &Value) -> Vec<String> {
+    let errors = problem["errors"].as_array().cloned().unwrap_or_default();
+    errors.iter().map(|e| e["field"].as_str().unwrap_or_default().to_owned()).collect()
 }
 
 async fn authentication_failures_are_401_with_a_reason(store: Store) {

@@ -24,7 +24,8 @@ pub enum IdError {
     NotUuid,
 }
 
-const MAX_NAME_LEN: usize = 255;
+/// The longest name (of a host, a GPU, a project) in bytes; names are ASCII.
+pub const MAX_NAME_LEN: usize = 255;
 
 fn check_name(s: &str) -> Result<(), IdError> {
     if s.is_empty() {

@@ -32,6 +32,8 @@ pub use rehome::Rehome;
 
 /// The most cGPUs one VM may ask for.
 pub const MAX_CGPUS_PER_VM: u32 = 4096;
+/// The most memory one GPU may have, and so one cGPU may ask for: 16 TiB.
+pub const MAX_GPU_MEMORY_MIB: u64 = 16 << 20;
 
 /// How the pool finds the policy's choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -1048,34 +1050,52 @@ fn request_memory(request: &Request, gpu: &GpuEntry) -> u64 {
     }
 }
 
+impl Request {
+    /// Everything wrong with the request on its own, before any pool is asked: every field at
+    /// once, in field order.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        let n = self.ncgpus;
+        if n == 0 {
+            problems.push(("ncgpus", "must be at least 1".to_owned()));
+        } else if n > MAX_CGPUS_PER_VM {
+            problems.push((
+                "ncgpus",
+                format!("{n} is more than the {MAX_CGPUS_PER_VM} cGPUs a VM may have"),
+            ));
+        }
+        match (self.mode, self.gpu_memory_mib) {
+            (_, Some(0)) => problems.push(("gpu_memory_mib", "must be at least 1 MiB".to_owned())),
+            (_, Some(mib)) if mib > MAX_GPU_MEMORY_MIB => problems.push((
+                "gpu_memory_mib",
+                format!("{mib} MiB is more than a GPU may have ({MAX_GPU_MEMORY_MIB} MiB)"),
+            )),
+            (Mode::Shared, None) => {
+                problems.push(("gpu_memory_mib", "is required in shared mode".to_owned()));
+            }
+            _ => {}
+        }
+        problems
+    }
+}
+
 /// Free memory a GPU needs to take one cGPU of `request` (idle GPUs have all their memory free).
 fn request_need(request: &Request) -> u64 {
     request.gpu_memory_mib.unwrap_or(1)
 }
 
 fn validate(request: &Request, limits: &Limits) -> Result<(), Error> {
+    if let Some((field, reason)) = request.problems().into_iter().next() {
+        return Err(Error::invalid(field, reason));
+    }
     let n = request.ncgpus;
-    if n == 0 {
-        return Err(Error::invalid("ncgpus", "must be at least 1"));
-    }
-    if n > MAX_CGPUS_PER_VM {
-        return Err(Error::invalid(
-            "ncgpus",
-            format!("{n} is more than the {MAX_CGPUS_PER_VM} cGPUs a VM may have"),
-        ));
-    }
-    match (request.mode, request.gpu_memory_mib) {
-        (_, Some(0)) => return Err(Error::invalid("gpu_memory_mib", "must be at least 1 MiB")),
-        (Mode::Shared, None) => {
-            return Err(Error::invalid("gpu_memory_mib", "is required in shared mode"));
-        }
-        (_, Some(mib)) if limits.max_gpu_mib > 0 && mib > limits.max_gpu_mib => {
+    if let Some(mib) = request.gpu_memory_mib {
+        if limits.max_gpu_mib > 0 && mib > limits.max_gpu_mib {
             return Err(Error::invalid(
                 "gpu_memory_mib",
                 format!("{mib} MiB is more than the largest GPU has ({} MiB)", limits.max_gpu_mib),
             ));
         }
-        _ => {}
     }
     match request.locality {
         Locality::Local if limits.max_gpus_per_host > 0 => {

@@ -422,11 +422,11 @@ impl RcudaEndpoint {
 /// The most GPUs one host may report.
 pub const MAX_GPUS_PER_HOST: usize = 256;
 /// The most memory one GPU may report: 16 TiB.
-pub const MAX_GPU_MEMORY_MIB: u64 = 16 << 20;
+pub const MAX_GPU_MEMORY_MIB: u64 = gpgpums::MAX_GPU_MEMORY_MIB;
 /// The highest device number an rCUDA daemon may give a GPU.
 pub const MAX_GPU_NUMBER: u32 = 1023;
-const MAX_MODEL_LEN: usize = 128;
-const MAX_URL_LEN: usize = 2048;
+pub const MAX_MODEL_LEN: usize = 128;
+pub const MAX_URL_LEN: usize = 2048;
 
 /// Why `endpoint` cannot be a GPU's rCUDA server: the port must not be 0, and the address must be
 /// a unicast address of the GPU network, outside the masked range (VMs reach masked addresses

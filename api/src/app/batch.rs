@@ -113,7 +113,7 @@ pub(crate) fn share(e: &Arc<Error>) -> Error {
         Error::Malformed { field, reason } => {
             Error::Malformed { field: field.clone(), reason: reason.clone() }
         }
-        Error::Invalid { field, reason } => Error::invalid(field.clone(), reason.clone()),
+        Error::Invalid(errors) => Error::Invalid(errors.clone()),
         Error::Unauthenticated(m) => Error::Unauthenticated(m.clone()),
         Error::NotFound { kind, id } => Error::NotFound { kind, id: id.clone() },
         Error::TooLarge(m) => Error::TooLarge(m.clone()),

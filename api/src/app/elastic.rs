@@ -22,7 +22,8 @@ use std::sync::Arc;
 use gpgpums::{Locality, Mode, Request, VmId};
 
 use super::bookings::{Attachment, Booked, Ending, VM_CHANGED, VM_CHANGED_CGPUS};
-use super::vms::{check_text, digest, VmDetails, MAX_NAME};
+use super::fields::{check_text, FieldChecks};
+use super::vms::{digest, VmDetails, MAX_NAME};
 use super::App;
 use crate::auth::Caller;
 use crate::db::{self, now_ms, Claim, VmWrite, Written};
@@ -106,15 +107,20 @@ impl App {
             inc(&self.metrics.elastic.attaches_refused);
             e
         };
-        check_changeable(&details.vm).map_err(refused)?;
-        let VmDetails { vm, cgpus } = details;
         let request = Request {
             ncgpus: input.ncgpus,
             gpu_memory_mib: input.gpu_memory_mib,
             mode: input.mode,
-            locality: vm.spec.gpus.locality,
+            locality: details.vm.spec.gpus.locality,
             distinct_gpus: input.distinct_gpus,
         };
+        let mut checks = FieldChecks::new();
+        for (field, reason) in request.problems() {
+            checks.fail(field, reason);
+        }
+        checks.finish().map_err(refused)?;
+        check_changeable(&details.vm).map_err(refused)?;
+        let VmDetails { vm, cgpus } = details;
         let on_host = attach_host(&vm)?;
         let mut next = vm.clone();
         next.step = SagaStep::AttachCgpus;

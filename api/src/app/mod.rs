@@ -24,6 +24,7 @@ pub mod delegations;
 pub mod drift;
 pub mod elastic;
 pub mod fences;
+pub mod fields;
 pub mod gpus;
 pub mod hosts;
 pub mod pool;

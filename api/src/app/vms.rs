@@ -12,6 +12,7 @@ use gpgpums::VmId;
 
 use super::batch::{fail_all, Queued};
 use super::bookings::Reservation;
+use super::fields::{check_text, FieldChecks};
 use super::pool::BoxFuture;
 use super::App;
 use crate::auth::Caller;
@@ -42,47 +43,41 @@ pub struct VmDetails {
     pub cgpus: Vec<CgpuRecord>,
 }
 
-pub(super) const MAX_NAME: usize = 255;
-const MAX_NETWORKS: usize = 16;
-const MAX_USER_DATA: usize = 64 * 1024;
+/// The longest name (of the VM, an image, a flavor, a network) a launch may give, in characters
+/// (Nova's limit for names).
+pub const MAX_NAME: usize = 255;
+/// The most networks a launch may name.
+pub const MAX_NETWORKS: usize = 16;
+/// The longest user_data a launch may carry, in bytes (with GSaaS's part it must still fit the
+/// cloud's limit).
+pub const MAX_USER_DATA: usize = 64 * 1024;
 
-pub(super) fn check_text(field: &str, value: &str, max: usize) -> Result<(), Error> {
-    if value.trim().is_empty() {
-        return Err(Error::invalid(field, "must not be empty"));
-    }
-    if value.len() > max {
-        return Err(Error::invalid(field, format!("must be at most {max} bytes")));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(Error::invalid(field, "must not contain control characters"));
-    }
-    Ok(())
-}
-
+/// Everything wrong with a launch on its own, every field at once.
 fn validate(spec: &LaunchSpec, max_priority: i32) -> Result<(), Error> {
-    if !(0..=max_priority).contains(&spec.priority) {
-        return Err(Error::invalid("priority", format!("must be between 0 and {max_priority}")));
-    }
+    let mut checks = FieldChecks::new();
     if !spec.vm.name.is_empty() {
-        check_text("name", &spec.vm.name, MAX_NAME)?;
+        checks.text("name", &spec.vm.name, MAX_NAME);
     }
-    check_text("image", &spec.vm.image, MAX_NAME)?;
-    check_text("flavor", &spec.vm.flavor, MAX_NAME)?;
+    checks.text("image", &spec.vm.image, MAX_NAME);
+    checks.text("flavor", &spec.vm.flavor, MAX_NAME);
     if spec.vm.networks.len() > MAX_NETWORKS {
-        return Err(Error::invalid("networks", format!("at most {MAX_NETWORKS} networks")));
+        checks.fail("networks", format!("at most {MAX_NETWORKS} networks"));
     }
     for (i, network) in spec.vm.networks.iter().enumerate() {
-        check_text(&format!("networks[{i}]"), network, MAX_NAME)?;
+        checks.text(&format!("networks[{i}]"), network, MAX_NAME);
     }
     if let Some(user_data) = &spec.user_data {
         if user_data.len() > MAX_USER_DATA {
-            return Err(Error::invalid(
-                "user_data",
-                format!("must be at most {MAX_USER_DATA} bytes"),
-            ));
+            checks.fail("user_data", format!("must be at most {MAX_USER_DATA} bytes"));
         }
     }
-    Ok(())
+    for (field, reason) in spec.gpus.problems() {
+        checks.fail(field, reason);
+    }
+    if !(0..=max_priority).contains(&spec.priority) {
+        checks.fail("priority", format!("must be between 0 and {max_priority}"));
+    }
+    checks.finish()
 }
 
 /// FNV-1a: a stable digest of a request, to recognise a retried launch.

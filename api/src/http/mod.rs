@@ -6,8 +6,11 @@
 
 mod elastic;
 mod failures;
+mod openapi;
 mod quotas;
 pub mod views;
+
+pub use openapi::openapi_document;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,12 +25,11 @@ use axum::{Json, Router};
 use gpgpums::{GpuId, HostId, VmId};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use utoipa::OpenApi;
 
 use crate::app::vms::LaunchInput;
 use crate::app::App;
 use crate::auth::{Caller, Role};
-use crate::error::{Error, Problem};
+use crate::error::{Error, FieldError, Problem};
 use views::*;
 
 /// Largest request body accepted.
@@ -50,25 +52,83 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
                 Error::Malformed { field: "body".into(), reason: "cannot be read".into() }
             }
         })?;
-        let mut deserializer = serde_json::Deserializer::from_slice(&bytes);
-        let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-            let field = e.path().to_string();
-            let inner = e.into_inner();
-            let field = if field == "." { "body".to_owned() } else { field };
-            if inner.is_syntax() || inner.is_eof() {
-                Error::Malformed {
-                    field: "body".into(),
-                    reason: format!("not valid JSON: {inner}"),
-                }
+        let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            Error::Malformed { field: "body".into(), reason: format!("not valid JSON: {e}") }
+        })?;
+        parse_body(value).map(Body)
+    }
+}
+
+/// The most field errors one problem document lists.
+const MAX_FIELD_ERRORS: usize = 32;
+
+/// `value` (an object) as a `T`, or every field of it that is wrong: after each error, the top-level field
+/// at fault is set aside and the rest parsed again.
+fn parse_body<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Error> {
+    // serde would take a struct from an array of its fields, too.
+    if !value.is_object() {
+        return Err(Error::invalid("body", "must be a JSON object"));
+    }
+    let mut value = integral_numbers(value);
+    let mut errors: Vec<FieldError> = Vec::new();
+    loop {
+        let e = match serde_path_to_error::deserialize::<_, T>(&value) {
+            Ok(parsed) if errors.is_empty() => return Ok(parsed),
+            Ok(_) => break,
+            Err(e) => e,
+        };
+        let top = match e.path().iter().next() {
+            Some(serde_path_to_error::Segment::Map { key }) => Some(key.clone()),
+            _ => None,
+        };
+        let path = e.path().to_string();
+        let message = strip_position(&e.into_inner().to_string());
+        let named = |prefix: &str| {
+            message.strip_prefix(prefix).and_then(|rest| rest.split('`').next()).map(str::to_owned)
+        };
+        let (field, key) = if let Some(missing) = named("missing field `") {
+            let field = if path == "." { missing.clone() } else { format!("{path}.{missing}") };
+            (field, None)
+        } else if let Some(unknown) = named("unknown field `") {
+            let field = if path == "." { unknown.clone() } else { path.clone() };
+            (field, top.or(Some(unknown)))
+        } else {
+            (if path == "." { "body".to_owned() } else { path }, top)
+        };
+        if errors.iter().any(|seen| seen.field == field) {
+            break;
+        }
+        errors.push(FieldError { field, detail: message });
+        let removed = match (key, value.as_object_mut()) {
+            (Some(key), Some(object)) => object.remove(&key).is_some(),
+            _ => false,
+        };
+        if !removed || errors.len() >= MAX_FIELD_ERRORS {
+            break;
+        }
+    }
+    Err(Error::Invalid(errors))
+}
+
+/// JSON Schema counts `5.0` as an integer: integral numbers written with a fraction or an exponent
+/// become integers, so integer fields take them.
+fn integral_numbers(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            // Within ±2^53, every integer is exact as an f64.
+            if f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0 {
+                Value::from(f as i64)
             } else {
-                Error::invalid(field, strip_position(&inner.to_string()))
+                Value::Number(n)
             }
-        })?;
-        deserializer.end().map_err(|e| Error::Malformed {
-            field: "body".into(),
-            reason: format!("not valid JSON: {e}"),
-        })?;
-        Ok(Body(value))
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(integral_numbers).collect()),
+        Value::Object(fields) => {
+            Value::Object(fields.into_iter().map(|(k, v)| (k, integral_numbers(v))).collect())
+        }
+        other => other,
     }
 }
 
@@ -173,7 +233,8 @@ fn location(id: &str) -> String {
     request_body = LaunchRequest,
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: one VM per key and project")),
     responses(
-        (status = 202, description = "Accepted; the VM is being created", body = VmView),
+        (status = 202, description = "Accepted; the VM is being created", body = VmView,
+            headers(("Location" = String, description = "The VM's URL"))),
         (status = 400, description = "Malformed request", body = Problem),
         (status = 401, description = "No or invalid token", body = Problem),
         (status = 422, description = "Invalid field", body = Problem),
@@ -435,12 +496,7 @@ async fn taint_gpu(
     caller.require_admin()?;
     let gpu = gpu_id(&id)?;
     let reason = request.reason.trim();
-    if reason.is_empty() || reason.len() > crate::app::gpus::MAX_TAINT_LEN {
-        return Err(Error::invalid(
-            "reason",
-            format!("must be 1 to {} bytes", crate::app::gpus::MAX_TAINT_LEN),
-        ));
-    }
+    crate::app::fields::check_text("reason", reason, crate::app::gpus::MAX_TAINT_LEN)?;
     let taint = format!("{}: {reason}", caller.subject);
     app.set_gpu_taint(&gpu, Some(taint.clone())).await?;
     Ok(Json(GpuTaintView { id, taint: Some(taint) }))
@@ -522,41 +578,4 @@ pub fn metrics_router(app: Arc<App>) -> Router {
 #[utoipa::path(get, path = "/openapi.json", tag = "service", responses((status = 200, description = "OpenAPI 3.1 document")))]
 async fn openapi_json() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], openapi_document()).into_response()
-}
-
-struct BearerAuth;
-
-impl utoipa::Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        let mut http = Http::new(HttpAuthScheme::Bearer);
-        http.bearer_format = Some("JWT".into());
-        components.add_security_scheme("bearer", SecurityScheme::Http(http));
-    }
-}
-
-#[derive(OpenApi)]
-#[openapi(
-    info(title = "GSaaS", description = "GPU scheduling as a service: cGPU-enabled VMs for OpenStack."),
-    paths(launch_vm, list_vms, get_vm, terminate_vm, get_queue, elastic::attach_cgpus, elastic::detach_cgpu,
-        quotas::list_quotas, quotas::get_quota, quotas::put_quota, quotas::delete_quota,
-        get_pool, list_hosts, register_host,
-        renew_agent_token, drain_host,
-        undrain_host, failures::forget_host, failures::evacuate_host, failures::list_fences,
-        failures::evacuate_gpu, taint_gpu, untaint_gpu, healthz, readyz, metrics, openapi_json),
-    components(schemas(Problem, crate::error::QuotaProblem, quotas::QuotaView, quotas::QuotaList, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest, crate::model::CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView, QueueLengthView, QueuedRequestView, GpuRequestView, PoolView, PoolTotals,
-        PoolHostView, GpuView, HostView, HostList, failures::EvacuationView, failures::FenceView, failures::FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, RcudaBody, Health, Readiness,
-        ModeParam, LocalityParam, crate::model::Timings, crate::app::ReconcilerStatus)),
-    modifiers(&BearerAuth),
-)]
-struct ApiDoc;
-
-/// The OpenAPI document, pretty-printed, as checked in at `openapi/gsaas.json`.
-pub fn openapi_document() -> String {
-    let mut doc = ApiDoc::openapi();
-    doc.info.version = env!("CARGO_PKG_VERSION").into();
-    let mut text = doc.to_pretty_json().expect("the OpenAPI document serializes");
-    text.push('\n');
-    text
 }

@@ -638,10 +638,8 @@ pub struct HostList {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct HostReportBody {
     pub host: String,
-    /// `compute-gpu` or `compute-rgpu`.
     pub kind: String,
     pub agent_url: String,
-    #[serde(default)]
     pub gpus: Vec<GpuReportBody>,
     #[serde(default)]
     pub applied_generation: Option<u64>,
