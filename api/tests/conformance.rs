@@ -63,8 +63,14 @@ fn must_succeed(what: &str, output: &std::process::Output) {
     );
 }
 
-/// The venv's `schemathesis`, installed from the pinned requirements when they changed.
+/// The venv's `schemathesis`, installed once per run (the tests of both stores share it).
 async fn schemathesis() -> PathBuf {
+    static INSTALLED: tokio::sync::OnceCell<PathBuf> = tokio::sync::OnceCell::const_new();
+    INSTALLED.get_or_init(install_schemathesis).await.clone()
+}
+
+/// Installs schemathesis from the pinned requirements, unless they are installed already.
+async fn install_schemathesis() -> PathBuf {
     let requirements = std::fs::read_to_string(here().join("requirements.txt")).unwrap();
     let venv = home().join("venv");
     let stamp = venv.join("gsaas-requirements.txt");
