@@ -209,7 +209,7 @@ fn constrain_request_fields(doc: &mut Value) {
 
     let wait = crate::app::watch::MAX_WAIT.as_secs();
     merge_param(doc, "/v1/vms/{id}", "get", "wait", json!({ "minimum": 0, "maximum": wait }));
-    let key = json!({ "minLength": 1, "maxLength": MAX_NAME, "pattern": TEXT_PATTERN });
+    let key = text(MAX_NAME);
     merge_param(doc, "/v1/vms", "post", "Idempotency-Key", key.clone());
     merge_param(doc, "/v1/vms/{id}/cgpus", "post", "Idempotency-Key", key);
 
