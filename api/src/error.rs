@@ -216,6 +216,9 @@ pub struct Problem {
     /// With `quota_exceeded`: the limit the request would pass.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quota: Option<QuotaProblem>,
+    /// The request's id, as in its `X-Request-Id` header and gsaasd's log lines.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 /// The quota a refused request would exceed (Nova's convention).
@@ -258,6 +261,7 @@ impl IntoResponse for Error {
                 }),
                 _ => None,
             },
+            request_id: crate::http::requests::current_request_id(),
         };
         let body = serde_json::to_vec(&problem).expect("problem serializes");
         (status, [(header::CONTENT_TYPE, "application/problem+json")], body).into_response()

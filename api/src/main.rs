@@ -10,10 +10,56 @@ use gsaasd::config::Config;
 use gsaasd::error::ErrorChain;
 
 #[derive(Parser)]
-#[command(name = "gsaasd", version, about = "GSaaS: GPU scheduling as a service for OpenStack")]
+#[command(
+    name = "gsaasd",
+    version,
+    about = "GSaaS: GPU scheduling as a service for OpenStack",
+    after_help = "Every config key can also be set by a GSAAS_* variable (GSAAS_HTTP__BODY_TIMEOUT_SECS \
+                  for http.body_timeout_secs). Precedence: flag, then variable, then file, then default."
+)]
 struct Cli {
+    /// Log lines as text or as JSON objects (one per line).
+    #[arg(long, global = true, value_enum, env = "GSAAS_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Settings of `serve` that beat the config file and the environment.
+#[derive(clap::Args)]
+struct ServeFlags {
+    /// Where the REST API listens (listen).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// Where the embedded database and the signing key live (data_dir).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// sqlite://PATH or postgres://... (database_url).
+    #[arg(long, value_name = "URL")]
+    database_url: Option<String>,
+}
+
+impl ServeFlags {
+    /// As (flag, config key, value).
+    fn settings(&self) -> Vec<(&'static str, &'static str, toml::Value)> {
+        let mut settings = Vec::new();
+        if let Some(listen) = self.listen {
+            settings.push(("--listen", "listen", toml::Value::from(listen.to_string())));
+        }
+        if let Some(dir) = &self.data_dir {
+            settings.push(("--data-dir", "data_dir", toml::Value::from(dir.display().to_string())));
+        }
+        if let Some(url) = &self.database_url {
+            settings.push(("--database-url", "database_url", toml::Value::from(url.as_str())));
+        }
+        settings
+    }
 }
 
 #[derive(Subcommand)]
@@ -22,6 +68,8 @@ enum Command {
     Serve {
         #[arg(long, short)]
         config: Option<PathBuf>,
+        #[command(flatten)]
+        flags: ServeFlags,
     },
     /// Tokens for tenants, admins and agents.
     Token {
@@ -35,11 +83,58 @@ enum Command {
     },
     /// Print the OpenAPI document (checked in as openapi/gsaas.json).
     Openapi,
-    /// Check a config file and print the settings it resolves to.
+    /// Database maintenance.
+    Db {
+        #[command(subcommand)]
+        command: DbCommand,
+    },
+    /// Print the settings that the config file, the GSAAS_* variables and these flags resolve
+    /// to (what `serve` would run with), or what is wrong with them.
     CheckConfig {
         #[arg(long, short)]
-        config: PathBuf,
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        flags: ServeFlags,
     },
+}
+
+#[derive(Subcommand)]
+enum DbCommand {
+    /// Delete the rows of VMs deleted longer ago than --older-than, with their events, attach
+    /// keys and queue tickets (as `nova-manage db archive_deleted_rows`). Safe while gsaasd runs.
+    Purge {
+        /// How long ago: a number and a unit, d, h, m or s (30d, 12h).
+        #[arg(long, value_parser = parse_age)]
+        older_than: Duration,
+        /// Count what would go; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// VMs per transaction.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+        batch: u64,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+}
+
+/// `30d`, `12h`, `90m`, `3600s`.
+fn parse_age(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let unit_secs = match unit {
+        "d" => 86_400,
+        "h" => 3_600,
+        "m" => 60,
+        "s" => 1,
+        _ => return Err("must be a number and a unit, d, h, m or s (such as 30d)".into()),
+    };
+    let number: u64 = number.parse().map_err(|_| format!("{number:?} is not a whole number"))?;
+    number
+        .checked_mul(unit_secs)
+        .filter(|&secs| secs <= 100 * 365 * 86_400)
+        .map(Duration::from_secs)
+        .ok_or_else(|| "must be at most 100 years".into())
 }
 
 #[derive(Subcommand)]
@@ -82,14 +177,16 @@ enum TokenCommand {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        // Each line one JSON object, with the fields of its spans (the request id).
+        LogFormat::Json => logs.json().with_current_span(false).with_span_list(true).init(),
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("gsaasd: {message}");
@@ -98,14 +195,19 @@ fn main() -> ExitCode {
     }
 }
 
-/// The config file, with `GSAAS_DATABASE_URL` overriding `database_url` (a URL with a password is
-/// better kept in a secret than in the file).
+/// The config from the file, the `GSAAS_*` variables (`GSAAS_DATABASE_URL`: a URL with a password
+/// is better kept in a secret than in the file) and `flags`.
+fn load_with(
+    config: Option<&std::path::Path>,
+    flags: &[(&str, &str, toml::Value)],
+) -> Result<Config, String> {
+    let vars = std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)));
+    Config::resolve(config, vars, flags).map_err(|e| format!("{}", ErrorChain(&e)))
+}
+
 fn load(config: Option<&std::path::Path>) -> Result<Config, String> {
-    let mut config = Config::load(config).map_err(|e| format!("{}", ErrorChain(&e)))?;
-    if let Some(url) = std::env::var("GSAAS_DATABASE_URL").ok().filter(|u| !u.is_empty()) {
-        config.database_url = Some(url);
-    }
-    Ok(config)
+    load_with(config, &[])
 }
 
 /// gsaasd's signing key, which must exist already.
@@ -124,8 +226,8 @@ fn existing_keys(config: &Config) -> Result<Keys, String> {
 
 fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
-        Command::Serve { config } => {
-            let config = load(config.as_deref())?;
+        Command::Serve { config, flags } => {
+            let config = load_with(config.as_deref(), &flags.settings())?;
             let runtime =
                 tokio::runtime::Runtime::new().map_err(|e| format!("cannot start: {e}"))?;
             runtime.block_on(async {
@@ -214,8 +316,26 @@ fn run(cli: Cli) -> Result<(), String> {
             print!("{}", keys.public_pem());
             Ok(())
         }
-        Command::CheckConfig { config } => {
-            let config = load(Some(&config))?;
+        Command::Db { command: DbCommand::Purge { older_than, dry_run, batch, config } } => {
+            let config = load(config.as_deref())?;
+            let runtime =
+                tokio::runtime::Runtime::new().map_err(|e| format!("cannot start: {e}"))?;
+            let purged = runtime.block_on(async {
+                let db = gsaasd::db::Db::connect(&config.database_url())
+                    .await
+                    .map_err(|e| format!("{}", ErrorChain(&e)))?;
+                let before = gsaasd::db::now_ms()
+                    .saturating_sub(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX));
+                gsaasd::db::purge_deleted_vms(&db, before, batch as usize, dry_run)
+                    .await
+                    .map_err(|e| format!("{}", ErrorChain(&e)))
+            })?;
+            let verb = if dry_run { "would purge" } else { "purged" };
+            println!("{verb} {} deleted VMs", purged.vms);
+            Ok(())
+        }
+        Command::CheckConfig { config, flags } => {
+            let config = load_with(config.as_deref(), &flags.settings())?;
             println!("{config:#?}");
             Ok(())
         }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::cloud::{ServerId, VmRequest};
 
 /// A VM's life, as tenants see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum VmState {
     /// Waiting in the queue for capacity (launched with `queue: true`); holds no cGPUs.

@@ -23,3 +23,23 @@ fn the_checked_in_openapi_document_is_current() {
         assert!(doc["paths"].get(path).is_some(), "{path} undocumented");
     }
 }
+
+/// Each parameter is where the handler reads it: a path parameter is in its path's template,
+/// and every parameter a path's template names is a path parameter.
+#[test]
+fn parameters_are_documented_where_they_are_read() {
+    let doc: serde_json::Value = serde_json::from_str(&gsaasd::http::openapi_document()).unwrap();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let params = operation["parameters"].as_array().cloned().unwrap_or_default();
+            for p in &params {
+                let name = p["name"].as_str().unwrap();
+                let templated = path.contains(&format!("{{{name}}}"));
+                assert_eq!(p["in"] == "path", templated, "{method} {path}: parameter {name}");
+            }
+            let templated = path.matches('{').count();
+            let in_path = params.iter().filter(|p| p["in"] == "path").count();
+            assert_eq!(templated, in_path, "{method} {path}: path parameters");
+        }
+    }
+}

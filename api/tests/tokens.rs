@@ -13,25 +13,6 @@ use support::{test_config, Store, TestService};
 
 on_both_stores!(revoked_tokens_are_refused_and_agents_renew_only_their_own);
 
-/// Runs the gsaasd binary with `args` and `-c` a config file for `t`'s data and database.
-fn gsaasd(t: &TestService, args: &[&str]) -> (bool, String, String) {
-    let config = t.dir.join("cli.toml");
-    let mut text = format!("data_dir = {:?}\n", t.config.data_dir.display().to_string());
-    if let Some(url) = &t.config.database_url {
-        text.push_str(&format!("database_url = {url:?}\n"));
-    }
-    std::fs::write(&config, text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_gsaasd"))
-        .args(args)
-        .arg("-c")
-        .arg(&config)
-        .env_remove("GSAAS_DATABASE_URL")
-        .output()
-        .unwrap();
-    let text = |b: Vec<u8>| String::from_utf8(b).unwrap().trim().to_owned();
-    (out.status.success(), text(out.stdout), text(out.stderr))
-}
-
 async fn renew(t: &TestService, host: &str, token: &str) -> (u16, serde_json::Value) {
     t.post(token, &format!("/v1/hosts/{host}/token"), &json!({})).await
 }
@@ -54,7 +35,7 @@ async fn revoked_tokens_are_refused_and_agents_renew_only_their_own(store: Store
 
     // Revoking the agent's first token ends its whole line, on this replica at its next reload.
     let member = t.member();
-    let (ok, out, err) = gsaasd(&t, &["token", "revoke", "--token", &agent]);
+    let (ok, out, err) = t.gsaasd(&["token", "revoke", "--token", &agent]);
     assert!(ok, "{err}");
     assert!(out.starts_with("revoked "), "{out}");
     app.refresh_revocations().await.unwrap();
@@ -66,7 +47,7 @@ async fn revoked_tokens_are_refused_and_agents_renew_only_their_own(store: Store
     assert_eq!(t.get(&member, "/v1/vms").await.0, 200, "other tokens are unaffected");
     // By id, as an operator finds it in a token's `jti`.
     let id = app.keys.token_id(&member).unwrap().line;
-    let (ok, _, err) = gsaasd(&t, &["token", "revoke", "--jti", &id]);
+    let (ok, _, err) = t.gsaasd(&["token", "revoke", "--jti", &id]);
     assert!(ok, "{err}");
     app.refresh_revocations().await.unwrap();
     assert_eq!(t.get(&member, "/v1/vms").await.0, 401);
@@ -74,11 +55,11 @@ async fn revoked_tokens_are_refused_and_agents_renew_only_their_own(store: Store
 
     // Lifetimes that would wrap, or no key: refused with the reason, nothing printed.
     for ttl in ["18446744073709551615", "0", "99999999999"] {
-        let (ok, out, err) = gsaasd(&t, &["token", "issue", "--project", "p", "--ttl", ttl]);
+        let (ok, out, err) = t.gsaasd(&["token", "issue", "--project", "p", "--ttl", ttl]);
         assert!(!ok && out.is_empty(), "--ttl {ttl}: {out}");
         assert!(err.contains("--ttl"), "{err}");
     }
-    let (ok, out, _) = gsaasd(&t, &["token", "issue", "--project", "p", "--ttl", "60"]);
+    let (ok, out, _) = t.gsaasd(&["token", "issue", "--project", "p", "--ttl", "60"]);
     assert!(ok);
     assert_eq!(t.get(&out, "/v1/vms").await.0, 200);
 }

@@ -110,17 +110,29 @@ pub enum Command {
         #[arg(long)]
         wait: bool,
     },
-    /// List your project's VMs.
+    /// List your project's VMs, newest first (every page, unless --limit).
     List {
         /// Admins: another project's VMs.
         #[arg(long)]
         project: Option<String>,
+        /// Only VMs in this state (queued, creating, ready, error, deleting, deleted).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only VMs of this name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Deleted VMs too.
+        #[arg(long)]
+        deleted: bool,
+        /// At most this many VMs.
+        #[arg(long)]
+        limit: Option<u32>,
     },
     /// Show a VM: state, cGPUs, rCUDA environment, stage timings.
     Show { id: String },
     /// Print a VM's rCUDA environment as `export` lines (`eval "$(gsaas env ID)"`).
     Env { id: String },
-    /// GPU pool capacity and use (admins: per host and GPU).
+    /// GPU pool capacity and use (admins: per host and GPU, every page of hosts).
     Pool,
     /// The queue: your project's waiting launches and attaches in the order they are served
     /// (admins: every project's), and how many wait at each priority.

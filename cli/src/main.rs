@@ -67,12 +67,22 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let vm = if wait { follow_cgpus(&client, &id)? } else { vm };
             print(format, &vm, output::vm)
         }
-        Command::List { project } => {
-            let path = match project {
-                Some(p) => format!("/v1/vms?project={}", path_segment(&p)?),
-                None => "/v1/vms".into(),
-            };
-            print(format, &client.get(&path)?, output::vm_list)
+        Command::List { project, state, name, deleted, limit } => {
+            let mut query = Vec::new();
+            for (key, value) in [("project", project), ("state", state), ("name", name)] {
+                if let Some(value) = value {
+                    query.push(format!("{key}={}", path_segment(&value)?));
+                }
+            }
+            if deleted {
+                query.push("deleted=true".into());
+            }
+            if let Some(limit) = limit {
+                query.push(format!("limit={}", limit.min(1000)));
+            }
+            let first = format!("/v1/vms?{}", query.join("&"));
+            let vms = all_pages(&client, &first, "vms", limit.map(|n| n as usize))?;
+            print(format, &json!({ "vms": vms }), output::vm_list)
         }
         Command::Show { id } => {
             print(format, &client.get(&format!("/v1/vms/{}", path_segment(&id)?))?, output::vm)
@@ -87,7 +97,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 }
             }
         }
-        Command::Pool => print(format, &client.get("/v1/pool")?, output::pool),
+        Command::Pool => {
+            let mut pool = client.get("/v1/pool")?;
+            if let Some(next) = pool["next"].as_str().map(str::to_owned) {
+                let more = all_pages(&client, &next, "hosts", None)?;
+                if let Some(hosts) = pool["hosts"].as_array_mut() {
+                    hosts.extend(more);
+                }
+                pool.as_object_mut().map(|p| p.remove("next"));
+            }
+            print(format, &pool, output::pool)
+        }
         Command::Queue => print(format, &client.get("/v1/queue")?, output::queue),
         Command::Hosts => print(format, &client.get("/v1/hosts")?, output::hosts),
         Command::Drain { host } => print(
@@ -434,4 +454,28 @@ fn follow(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The `key` items of the page at `path` and of every page after it (each page's `next`), at
+/// most `limit` of them.
+fn all_pages(
+    client: &Client,
+    path: &str,
+    key: &str,
+    limit: Option<usize>,
+) -> Result<Vec<Value>, Failure> {
+    let mut items = Vec::new();
+    let mut path = Some(path.to_owned());
+    while let Some(page) = path.take() {
+        let mut answer = client.get(&page)?;
+        if let Some(Value::Array(page_items)) = answer.get_mut(key).map(Value::take) {
+            items.extend(page_items);
+        }
+        if limit.is_some_and(|n| items.len() >= n) {
+            items.truncate(limit.unwrap_or(usize::MAX));
+            break;
+        }
+        path = answer["next"].as_str().map(str::to_owned);
+    }
+    Ok(items)
 }

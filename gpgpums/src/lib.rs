@@ -24,7 +24,7 @@ pub use error::{Error, Shortfall};
 pub use ids::{GpuId, HostId, IdError, ProjectId, TicketId, VmId, MAX_NAME_LEN};
 pub use model::{
     CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage, Locality, Mode, Placement,
-    RcudaEndpoint, Request, VmHost,
+    RcudaEndpoint, Request, UsageTotals, VmHost,
 };
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
 pub use pool::{Pool, Rehome, Selector, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};

@@ -219,6 +219,17 @@ pub struct GpuUsage {
     pub health: Option<String>,
 }
 
+/// The whole pool's sums ([`crate::Pool::totals`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageTotals {
+    pub gpus: u64,
+    pub memory_mib: u64,
+    pub allocated_mib: u64,
+    pub cgpus: u64,
+    /// GPUs without cGPUs on schedulable hosts.
+    pub idle_gpus: u64,
+}
+
 /// What the pool holds on one host, for reports and checks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostUsage {

@@ -22,7 +22,7 @@ use crate::error::{Error, Shortfall};
 use crate::ids::{GpuId, HostId, VmId};
 use crate::model::{
     CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage, Locality, Mode, Placement,
-    Request, VmHost,
+    Request, UsageTotals, VmHost,
 };
 use crate::policy::{Candidate, CandidateIndex, Policy, PolicyRegistry};
 
@@ -70,9 +70,29 @@ struct GpuEntry {
     exclusive: bool,
     cgpus: u32,
     jobs: u32,
+    /// Who holds its cGPUs: a VM (or fence) once per cGPU, in no order. Reports read it; decisions
+    /// do not.
+    holders: Vec<VmId>,
 }
 
 impl GpuEntry {
+    fn usage(&self) -> GpuUsage {
+        GpuUsage {
+            id: self.spec.id.clone(),
+            host: self.spec.host.clone(),
+            index: self.spec.index,
+            model: self.spec.model.clone(),
+            memory_mib: self.spec.memory_mib,
+            allocated_mib: self.used_mib,
+            exclusive: self.exclusive,
+            cgpus: self.cgpus,
+            jobs: self.jobs,
+            rcuda: self.spec.rcuda,
+            taint: self.taint.clone(),
+            health: self.health.clone(),
+        }
+    }
+
     /// Untainted and healthy.
     fn takes_new(&self) -> bool {
         self.taint.is_none() && self.health.is_none()
@@ -278,6 +298,7 @@ impl Pool {
             exclusive: false,
             cgpus: 0,
             jobs: 0,
+            holders: Vec::new(),
         };
         self.changes += 1;
         if at < self.gpus.len() {
@@ -377,42 +398,81 @@ impl Pool {
 
     /// Every GPU, in pool order.
     pub fn gpu_usage(&self) -> Vec<GpuUsage> {
-        self.gpus
-            .iter()
-            .map(|g| GpuUsage {
-                id: g.spec.id.clone(),
-                host: g.spec.host.clone(),
-                index: g.spec.index,
-                model: g.spec.model.clone(),
-                memory_mib: g.spec.memory_mib,
-                allocated_mib: g.used_mib,
-                exclusive: g.exclusive,
-                cgpus: g.cgpus,
-                jobs: g.jobs,
-                rcuda: g.spec.rcuda,
-                taint: g.taint.clone(),
-                health: g.health.clone(),
-            })
-            .collect()
+        self.gpus.iter().map(GpuEntry::usage).collect()
     }
 
     /// Every host, in registration order.
     pub fn host_usage(&self) -> Vec<HostUsage> {
-        self.hosts
-            .iter()
-            .map(|h| {
-                let gpus = h.slots.iter().map(|&s| &self.gpus[s as usize]);
-                HostUsage {
-                    id: h.id.clone(),
-                    kind: h.kind,
-                    state: h.state,
-                    gpus: u32::try_from(h.slots.len()).expect("fewer than 2^32 GPUs"),
-                    memory_mib: gpus.clone().map(|g| g.spec.memory_mib).sum(),
-                    allocated_mib: gpus.map(|g| g.used_mib).sum(),
-                    vms: h.vms,
-                }
-            })
-            .collect()
+        self.hosts.iter().map(|h| self.usage_of(h)).collect()
+    }
+
+    /// The whole pool's sums, without a report per GPU.
+    pub fn totals(&self) -> UsageTotals {
+        let mut totals = UsageTotals::default();
+        for gpu in &self.gpus {
+            totals.gpus += 1;
+            totals.memory_mib += gpu.spec.memory_mib;
+            totals.allocated_mib += gpu.used_mib;
+            totals.cgpus += u64::from(gpu.cgpus);
+            if gpu.cgpus == 0 && self.hosts[gpu.host as usize].state == HostState::Schedulable {
+                totals.idle_gpus += 1;
+            }
+        }
+        totals
+    }
+
+    /// A page of hosts: up to `limit` after the host `after` (from the first without it), in
+    /// registration order, each with its GPUs in index order. `None`: `after` is not in the pool.
+    /// Costs what the page holds, whatever the pool's size.
+    pub fn host_page(
+        &self,
+        after: Option<&HostId>,
+        limit: usize,
+    ) -> Option<Vec<(HostUsage, Vec<GpuUsage>)>> {
+        let start = match after {
+            Some(id) => *self.host_by_id.get(id)? as usize + 1,
+            None => 0,
+        };
+        Some(
+            self.hosts
+                .iter()
+                .skip(start)
+                .take(limit)
+                .map(|h| {
+                    let gpus = h.slots.iter().map(|&s| self.gpus[s as usize].usage()).collect();
+                    (self.usage_of(h), gpus)
+                })
+                .collect(),
+        )
+    }
+
+    /// Who holds the GPU's cGPUs: each VM (or fence) with how many it holds there, in id order.
+    /// Empty for a GPU that is not in the pool.
+    pub fn holders(&self, gpu: &GpuId) -> Vec<(VmId, u32)> {
+        let Some(&slot) = self.gpu_by_id.get(gpu) else { return Vec::new() };
+        let mut holders: Vec<(VmId, u32)> = Vec::new();
+        let mut ids = self.gpus[slot as usize].holders.clone();
+        ids.sort_unstable();
+        for id in ids {
+            match holders.last_mut() {
+                Some((last, n)) if *last == id => *n += 1,
+                _ => holders.push((id, 1)),
+            }
+        }
+        holders
+    }
+
+    fn usage_of(&self, h: &HostEntry) -> HostUsage {
+        let gpus = h.slots.iter().map(|&s| &self.gpus[s as usize]);
+        HostUsage {
+            id: h.id.clone(),
+            kind: h.kind,
+            state: h.state,
+            gpus: u32::try_from(h.slots.len()).expect("fewer than 2^32 GPUs"),
+            memory_mib: gpus.clone().map(|g| g.spec.memory_mib).sum(),
+            allocated_mib: gpus.map(|g| g.used_mib).sum(),
+            vms: h.vms,
+        }
     }
 
     pub fn placement(&self, vm: &VmId) -> Option<&Placement> {
@@ -473,6 +533,7 @@ impl Pool {
             Err(placeable) => return Err(shortfall(placeable, false)),
         };
         let placement = Placement { vm, policy: self.views[view].policy.name(), vm_host, cgpus };
+        self.hold(vm, &placement.cgpus);
         self.vms.insert(vm, placement.clone());
         self.changes += 1;
         Ok(placement)
@@ -610,6 +671,7 @@ impl Pool {
     /// holds nothing (already released, or never placed) gives `None`.
     pub fn release(&mut self, vm: &VmId) -> Option<Placement> {
         let placement = self.vms.remove(vm)?;
+        self.unhold(*vm, &placement.cgpus);
         let booked: Vec<(u32, u64, Mode)> = placement
             .cgpus
             .iter()
@@ -683,6 +745,7 @@ impl Pool {
             cgpu.index = free.next().expect("indexes are unbounded");
         }
         placement.cgpus.extend(cgpus.iter().cloned());
+        self.hold(vm, &cgpus);
         self.changes += 1;
         Ok(cgpus)
     }
@@ -738,6 +801,7 @@ impl Pool {
             self.take(slot, cgpu.memory_mib, cgpu.mode, new_gpu, new_host);
             booked.push((slot, cgpu.memory_mib, cgpu.mode));
         }
+        self.hold(placement.vm, &placement.cgpus);
         self.vms.insert(placement.vm, placement);
         self.changes += 1;
         Ok(())
@@ -867,6 +931,24 @@ impl Pool {
         });
     }
 
+    /// Records `vm` as the holder of `cgpus` on their GPUs.
+    fn hold(&mut self, vm: VmId, cgpus: &[CgpuAssignment]) {
+        for cgpu in cgpus {
+            let slot = self.gpu_by_id[&cgpu.gpu];
+            self.gpus[slot as usize].holders.push(vm);
+        }
+    }
+
+    /// Undoes [`Pool::hold`].
+    fn unhold(&mut self, vm: VmId, cgpus: &[CgpuAssignment]) {
+        for cgpu in cgpus {
+            let holders = &mut self.gpus[self.gpu_by_id[&cgpu.gpu] as usize].holders;
+            if let Some(at) = holders.iter().position(|h| *h == vm) {
+                holders.swap_remove(at);
+            }
+        }
+    }
+
     /// Books one cGPU on `slot`. `new_gpu`/`new_host`: the VM had no cGPU on this GPU/host before.
     fn take(&mut self, slot: u32, memory: u64, mode: Mode, new_gpu: bool, new_host: bool) {
         self.reindexing(&[slot], |pool| {
@@ -980,6 +1062,7 @@ impl Pool {
         let mut exclusive = vec![false; self.gpus.len()];
         let mut jobs = vec![0u32; self.gpus.len()];
         let mut host_vms = vec![0u32; self.hosts.len()];
+        let mut holders: Vec<Vec<VmId>> = vec![Vec::new(); self.gpus.len()];
         for placement in self.vms.values() {
             let mut gpus = HashSet::new();
             let mut hosts = HashSet::new();
@@ -988,6 +1071,7 @@ impl Pool {
                     *self.gpu_by_id.get(&cgpu.gpu).ok_or("placement on unknown GPU")? as usize;
                 used[slot] += cgpu.memory_mib;
                 cgpus[slot] += 1;
+                holders[slot].push(placement.vm);
                 exclusive[slot] |= cgpu.mode == Mode::Exclusive;
                 if gpus.insert(slot) {
                     jobs[slot] += 1;
@@ -1001,6 +1085,12 @@ impl Pool {
             let id = &gpu.spec.id;
             if gpu.used_mib != used[slot] || gpu.cgpus != cgpus[slot] || gpu.jobs != jobs[slot] {
                 return Err(format!("GPU {id}: bookkeeping differs from the VMs' placements"));
+            }
+            let mut recorded = gpu.holders.clone();
+            recorded.sort_unstable();
+            holders[slot].sort_unstable();
+            if recorded != holders[slot] {
+                return Err(format!("GPU {id}: holders differ from the VMs' placements"));
             }
             if gpu.used_mib > gpu.spec.memory_mib {
                 return Err(format!(

@@ -355,18 +355,23 @@ impl App {
             .collect())
     }
 
-    /// What the VMs of `project` (every project's for `None`) wait for in the queue, and their
-    /// last `events_per_vm` events: what a list of VMs shows, in two queries.
+    /// What `vms` (of `project`, every project's for `None`) wait for in the queue, and their
+    /// last `events_per_vm` events: what a page of VMs shows, in a few queries.
     pub async fn queue_and_events(
         &self,
         project: Option<&str>,
+        vms: &[VmId],
         events_per_vm: usize,
     ) -> Result<QueueAndEvents, Error> {
         let mut conn = self.db.conn().await?;
         // Events first, as for one VM (see `http::vm_view`).
-        let events = db::events_of_project(&mut conn, project, events_per_vm).await?;
+        let events = db::events_of_vms(&mut conn, vms, events_per_vm).await?;
+        let on_page: HashSet<VmId> = vms.iter().copied().collect();
         let mut entries: HashMap<VmId, Vec<QueueEntry>> = HashMap::new();
         for row in db::queue_rows(&mut conn, project).await? {
+            if !on_page.contains(&row.vm) {
+                continue;
+            }
             entries.entry(row.vm).or_default().push(QueueEntry {
                 position: row.position,
                 queued: row.queued,

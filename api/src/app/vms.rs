@@ -269,19 +269,43 @@ impl App {
         }
     }
 
-    /// The caller's project's VMs; admins see every project's, or `project`'s.
+    /// A page of the VMs `filter` shows, newest first: the caller's project's (an admin's: every
+    /// project's, or `filter.project`'s), up to `limit` after the VM `marker`. A marker the
+    /// caller may not see is refused as unknown.
     pub async fn list_vms(
         &self,
         caller: &Caller,
-        project: Option<&str>,
-    ) -> Result<Vec<VmDetails>, Error> {
-        let filter = caller.visible_project()?.or(project);
+        mut filter: db::VmFilter<'_>,
+        marker: Option<VmId>,
+        limit: usize,
+    ) -> Result<VmPage, Error> {
+        let visible = caller.visible_project()?;
+        filter.project = visible.or(filter.project);
         let mut conn = self.db.conn().await?;
-        Ok(db::vms_with_cgpus(&mut conn, filter)
-            .await?
-            .into_iter()
-            .map(|(vm, cgpus)| VmDetails { vm, cgpus })
-            .collect())
+        let after = match marker {
+            Some(marker) => match db::list_position(&mut conn, marker).await? {
+                Some(p) if visible.is_none_or(|v| p.project == v) => Some(p),
+                _ => {
+                    return Err(Error::invalid(
+                        "marker",
+                        format!("no VM {marker} to continue after"),
+                    ))
+                }
+            },
+            None => None,
+        };
+        let mut vms: Vec<VmDetails> =
+            db::vm_page(&mut conn, &filter, after.as_ref(), limit.saturating_add(1))
+                .await?
+                .into_iter()
+                .map(|(vm, cgpus)| VmDetails { vm, cgpus })
+                .collect();
+        drop(conn);
+        let more = vms.len() > limit;
+        vms.truncate(limit);
+        let ids: Vec<VmId> = vms.iter().map(|d| d.vm.id).collect();
+        let extras = self.queue_and_events(filter.project, &ids, LIST_EVENTS_PER_VM).await?;
+        Ok(VmPage { vms, more, extras })
     }
 
     /// Terminates a VM (idempotent): withdraws its routes, deletes it, releases its cGPUs.
@@ -442,4 +466,17 @@ mod tests {
         assert_ne!(digest(b"abc"), digest(b"abd"));
         assert_eq!(digest(b""), "cbf29ce484222325");
     }
+}
+
+/// How many of each VM's events a list shows (one VM's view shows more).
+const LIST_EVENTS_PER_VM: usize = 20;
+
+/// A page of VMs (see [`App::list_vms`]).
+#[derive(Debug)]
+pub struct VmPage {
+    pub vms: Vec<VmDetails>,
+    /// More VMs follow the last of `vms`.
+    pub more: bool,
+    /// What they wait for in the queue, and their latest events.
+    pub extras: super::queue::QueueAndEvents,
 }

@@ -70,27 +70,32 @@ pub async fn events_of(conn: &mut AnyConnection, vm: VmId) -> Result<Vec<VmEvent
     Ok(events)
 }
 
-/// The events of `project`'s VMs (every project's for `None`) that are not deleted, oldest first,
-/// the last `per_vm` of each, in one query.
-pub async fn events_of_project(
+/// The last `per_vm` events of each of `vms`, oldest first, in one query per [`super::MAX_ROWS`]
+/// VMs.
+pub async fn events_of_vms(
     conn: &mut AnyConnection,
-    project: Option<&str>,
+    vms: &[VmId],
     per_vm: usize,
 ) -> Result<HashMap<VmId, Vec<VmEvent>>, Error> {
-    let filter = if project.is_some() { "AND v.project = $2" } else { "" };
-    let sql = format!(
-        "SELECT vm, at_ms, kind, detail FROM ( \
-             SELECT e.vm, e.seq, e.at_ms, e.kind, e.detail, \
-                 ROW_NUMBER() OVER (PARTITION BY e.vm ORDER BY e.seq DESC) AS latest \
-             FROM vm_events e JOIN vms v ON v.id = e.vm WHERE v.state <> 'deleted' {filter} \
-         ) ranked WHERE latest <= $1 ORDER BY vm, seq"
-    );
-    let mut query = sqlx::query(&sql).bind(i64::try_from(per_vm).unwrap_or(i64::MAX));
-    if let Some(project) = project {
-        query = query.bind(project);
-    }
+    let ids: Vec<String> = vms.iter().map(VmId::to_string).collect();
+    let per_vm = i64::try_from(per_vm).unwrap_or(i64::MAX);
+    let rows = super::fetch_batched(
+        conn,
+        super::keys(ids.iter().map(String::as_str)),
+        super::MAX_ROWS,
+        |values| {
+            format!(
+                "SELECT vm, at_ms, kind, detail FROM ( \
+                     SELECT e.vm, e.seq, e.at_ms, e.kind, e.detail, \
+                         ROW_NUMBER() OVER (PARTITION BY e.vm ORDER BY e.seq DESC) AS latest \
+                     FROM vm_events e WHERE e.vm IN (VALUES {values}) \
+                 ) ranked WHERE latest <= {per_vm} ORDER BY vm, seq"
+            )
+        },
+    )
+    .await?;
     let mut events: HashMap<VmId, Vec<VmEvent>> = HashMap::new();
-    for row in query.fetch_all(conn).await? {
+    for row in rows {
         let vm: String = row.try_get(0)?;
         let vm: VmId = vm.parse().map_err(|_| super::corrupt("VM id", &vm))?;
         events.entry(vm).or_default().push(event(&row, 1)?);

@@ -82,31 +82,95 @@ pub async fn vms_with_cgpus_by_id(
     vms_with_cgpus_from_rows(&rows)
 }
 
-/// A project's VMs (all projects' for `None`) with their cGPUs, newest first, deleted ones left
-/// out, in one query.
-pub async fn vms_with_cgpus(
+/// Which VMs a list shows (see [`vm_page`]).
+#[derive(Debug, Clone, Default)]
+pub struct VmFilter<'a> {
+    /// One project's; every project's for `None`.
+    pub project: Option<&'a str>,
+    pub state: Option<VmState>,
+    pub name: Option<&'a str>,
+    /// Deleted VMs too (a `state` of deleted includes them anyway).
+    pub include_deleted: bool,
+}
+
+/// Where a VM stands in the list order (newest first): the key a page continues after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPosition {
+    pub created_ms: i64,
+    pub id: VmId,
+    pub project: String,
+}
+
+/// The VM's place in the list order, or `None` if there is no such VM.
+pub async fn list_position(
     conn: &mut AnyConnection,
-    project: Option<&str>,
+    id: VmId,
+) -> Result<Option<ListPosition>, Error> {
+    let row = sqlx::query("SELECT created_ms, project FROM vms WHERE id = $1")
+        .bind(id.to_string())
+        .fetch_optional(conn)
+        .await?;
+    row.map(|row| Ok(ListPosition { created_ms: row.try_get(0)?, id, project: row.try_get(1)? }))
+        .transpose()
+}
+
+/// Up to `limit` VMs that `filter` shows, newest first (ties by id, descending), after `after`,
+/// with their cGPUs: one query whatever the table's size, which walks an index in list order
+/// (`vms_by_created`, or `vms_by_project` for one project's).
+pub async fn vm_page(
+    conn: &mut AnyConnection,
+    filter: &VmFilter<'_>,
+    after: Option<&ListPosition>,
+    limit: usize,
 ) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
-    let order = format!("ORDER BY v.created_ms DESC, v.id, {CGPU_ORDER}");
-    let rows = match project {
-        Some(project) => {
-            sqlx::query(&format!(
-                "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} \
-                 WHERE v.project = $1 AND v.state <> 'deleted' {order}"
-            ))
-            .bind(project)
-            .fetch_all(conn)
-            .await?
-        }
-        None => {
-            sqlx::query(&format!(
-                "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.state <> 'deleted' {order}"
-            ))
-            .fetch_all(conn)
-            .await?
-        }
+    let mut conditions: Vec<String> = Vec::new();
+    let mut texts: Vec<String> = Vec::new();
+    // Text parameters, numbered in order.
+    let mut equal = |conditions: &mut Vec<String>, column: &str, value: &str| {
+        texts.push(value.to_owned());
+        conditions.push(format!("{column} = ${}", texts.len()));
     };
+    if let Some(project) = filter.project {
+        equal(&mut conditions, "project", project);
+    }
+    match filter.state {
+        Some(state) => equal(&mut conditions, "state", state.as_str()),
+        None if !filter.include_deleted => conditions.push("state <> 'deleted'".to_owned()),
+        None => {}
+    }
+    if let Some(name) = filter.name {
+        equal(&mut conditions, "name", name);
+    }
+    let mut created = None;
+    if let Some(after) = after {
+        created = Some(after.created_ms);
+        texts.push(after.id.to_string());
+        // The id's placeholder is numbered last, after created_ms's.
+        conditions.push(format!(
+            "(created_ms < ${created} OR (created_ms = ${created} AND id < ${id}))",
+            created = texts.len() + 1,
+            id = texts.len()
+        ));
+    }
+    let limit_param = texts.len() + usize::from(created.is_some()) + 1;
+    let filter_sql = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conditions.join(" AND "))
+    };
+    let sql = format!(
+        "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.id IN ( \
+             SELECT id FROM vms {filter_sql} ORDER BY created_ms DESC, id DESC LIMIT ${limit_param}) \
+         ORDER BY v.created_ms DESC, v.id DESC, {CGPU_ORDER}"
+    );
+    let mut query = sqlx::query(&sql);
+    for text in texts {
+        query = query.bind(text);
+    }
+    if let Some(created) = created {
+        query = query.bind(created);
+    }
+    let rows = query.bind(i64::try_from(limit).unwrap_or(i64::MAX)).fetch_all(conn).await?;
     vms_with_cgpus_from_rows(&rows)
 }
 

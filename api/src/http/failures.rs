@@ -14,6 +14,7 @@ use crate::error::{Error, Problem};
 use crate::model::FenceRecord;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ForgetQuery {
     /// Forget the host even though its agent still heartbeats.

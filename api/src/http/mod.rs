@@ -6,8 +6,10 @@
 
 mod elastic;
 mod failures;
+mod lists;
 mod openapi;
 mod quotas;
+pub mod requests;
 pub mod views;
 
 pub use openapi::openapi_document;
@@ -150,7 +152,7 @@ fn host_id(raw: &str) -> Result<HostId, Error> {
 
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/v1/vms", post(launch_vm).get(list_vms))
+        .route("/v1/vms", post(launch_vm).get(lists::list_vms))
         .route("/v1/queue", get(get_queue))
         .route("/v1/vms/{id}", get(get_vm).delete(terminate_vm))
         .route("/v1/vms/{id}/cgpus", post(elastic::attach_cgpus))
@@ -160,7 +162,7 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/quotas/{project}",
             get(quotas::get_quota).put(quotas::put_quota).delete(quotas::delete_quota),
         )
-        .route("/v1/pool", get(get_pool))
+        .route("/v1/pool", get(lists::get_pool))
         .route("/v1/hosts", get(list_hosts))
         .route("/v1/hosts/{name}", put(register_host))
         .route("/v1/hosts/{name}/token", post(renew_agent_token))
@@ -180,6 +182,7 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(|| async { Error::NotFound { kind: "resource", id: String::new() } })
         .layer(middleware::from_fn_with_state(app.config.http.body_timeout(), read_body))
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(requests::trace_requests))
         .with_state(app)
 }
 
@@ -260,41 +263,6 @@ async fn launch_vm(
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view)).into_response())
 }
 
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[serde(deny_unknown_fields)]
-struct ListQuery {
-    /// Admins only: this project's VMs.
-    project: Option<String>,
-}
-
-/// List your project's VMs (admins: every project's, or one's).
-#[utoipa::path(get, path = "/v1/vms", tag = "vms", params(ListQuery),
-    responses((status = 200, body = VmList), (status = 401, body = Problem)),
-    security(("bearer" = [])))]
-async fn list_vms(
-    State(app): State<AppState>,
-    caller: Caller,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<VmList>, Error> {
-    let Query(query) = query.map_err(|e| Error::invalid("query", e.body_text()))?;
-    let project = caller.visible_project()?.or(query.project.as_deref());
-    let vms = app.list_vms(&caller, query.project.as_deref()).await?;
-    let mut extras = app.queue_and_events(project, LIST_EVENTS_PER_VM).await?;
-    let vms = vms
-        .iter()
-        .map(|d| {
-            let id = d.vm.id;
-            let entries = extras.entries.get(&id).map_or(&[][..], Vec::as_slice);
-            let events = extras.events.remove(&id).unwrap_or_default();
-            VmView::new(d, caller.is_admin()).with_queue_and_events(entries, events)
-        })
-        .collect();
-    Ok(Json(VmList { vms }))
-}
-
-/// How many of each VM's events a list shows (one VM's view shows more).
-const LIST_EVENTS_PER_VM: usize = 20;
-
 /// The queue: what waits for GPU capacity, in the order it will be served.
 ///
 /// Requests of the caller's project (admins: of every project), each with its place in the whole
@@ -308,6 +276,7 @@ async fn get_queue(State(app): State<AppState>, caller: Caller) -> Result<Json<Q
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct GetVmQuery {
     /// Long-poll: answer once the VM has settled (`ready`, `error` or `deleted`) or after this
@@ -372,21 +341,6 @@ async fn terminate_vm(
 ) -> Result<(StatusCode, Json<VmView>), Error> {
     let details = app.terminate(&caller, vm_id(&id)?).await?;
     Ok((StatusCode::ACCEPTED, Json(VmView::new(&details, caller.is_admin()))))
-}
-
-/// GPU pool capacity and use (admins: per host and GPU, with rCUDA endpoints and holders).
-#[utoipa::path(get, path = "/v1/pool", tag = "pool",
-    responses((status = 200, body = PoolView), (status = 401, body = Problem)),
-    security(("bearer" = [])))]
-async fn get_pool(State(app): State<AppState>, caller: Caller) -> Result<Json<PoolView>, Error> {
-    caller.visible_project()?;
-    let fences = if caller.is_admin() {
-        app.fences().await?.iter().map(|f| f.id.holder()).collect()
-    } else {
-        Default::default()
-    };
-    let view = app.read_pool(|pool| PoolView::new(pool, caller.is_admin(), &fences)).await?;
-    Ok(Json(view))
 }
 
 /// List hosts (admins).

@@ -10,9 +10,10 @@
 //! - the constraints of request fields, from the same constants the checks use (see
 //!   [`crate::app::fields`]).
 //!
-//! What no schema can say is left to the service and documented as 422: whether an image, flavor
-//! or network exists in the cloud, whether any GPU of the pool is large enough, and whether a
-//! host's report agrees with its path and its own GPU ids.
+//! What no schema can say is left to the service and documented as 422: whether a list's marker
+//! names a VM or host the caller may continue after, whether an image, flavor or network exists
+//! in the cloud, whether any GPU of the pool is large enough, and whether a host's report agrees
+//! with its path and its own GPU ids.
 
 use serde_json::{json, Value};
 use utoipa::OpenApi;
@@ -36,10 +37,10 @@ impl utoipa::Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "GSaaS", description = "GPU scheduling as a service: cGPU-enabled VMs for OpenStack."),
-    paths(super::launch_vm, super::list_vms, super::get_vm, super::terminate_vm, super::get_queue,
+    paths(super::launch_vm, super::lists::list_vms, super::get_vm, super::terminate_vm, super::get_queue,
         super::elastic::attach_cgpus, super::elastic::detach_cgpu,
         super::quotas::list_quotas, super::quotas::get_quota, super::quotas::put_quota,
-        super::quotas::delete_quota, super::get_pool, super::list_hosts, super::register_host,
+        super::quotas::delete_quota, super::lists::get_pool, super::list_hosts, super::register_host,
         super::renew_agent_token, super::drain_host, super::undrain_host,
         super::failures::forget_host, super::failures::evacuate_host, super::failures::list_fences,
         super::failures::evacuate_gpu, super::taint_gpu, super::untaint_gpu, super::healthz,
@@ -51,7 +52,7 @@ impl utoipa::Modify for BearerAuth {
         GpuView, HostView, HostList, failures::EvacuationView, failures::FenceView,
         failures::FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody,
         RcudaBody, Health, Readiness, ModeParam, LocalityParam, crate::model::Timings,
-        crate::app::ReconcilerStatus)),
+        crate::app::ReconcilerStatus, crate::model::VmState)),
     modifiers(&BearerAuth),
 )]
 struct ApiDoc;
@@ -218,8 +219,20 @@ fn constrain_request_fields(doc: &mut Value) {
         merge_param(doc, "/v1/quotas/{project}", method, "project", id.clone());
     }
 
-    let launch = "/components/schemas/LaunchRequest";
     let name_or_empty = format!("^$|{TEXT_PATTERN}");
+    {
+        use super::lists::{MAX_HOST_PAGE, MAX_VM_PAGE};
+        let vms = "/v1/vms";
+        merge_param(doc, vms, "get", "limit", json!({ "minimum": 1, "maximum": MAX_VM_PAGE }));
+        merge_param(doc, vms, "get", "marker", json!({ "format": "uuid" }));
+        let name = json!({ "maxLength": MAX_NAME, "pattern": name_or_empty });
+        merge_param(doc, vms, "get", "name", name);
+        let pool = "/v1/pool";
+        merge_param(doc, pool, "get", "limit", json!({ "minimum": 1, "maximum": MAX_HOST_PAGE }));
+        merge_param(doc, pool, "get", "marker", id.clone());
+    }
+
+    let launch = "/components/schemas/LaunchRequest";
     merge(
         doc,
         &format!("{launch}/properties/name"),

@@ -2,7 +2,7 @@
 //!
 //! Tenants never see where their GPUs are: the GPU, host and rCUDA fields are filled for admins only.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use gpgpums::{Locality, Mode, Request};
 use serde::{Deserialize, Serialize};
@@ -450,17 +450,20 @@ fn error_code(error: &str) -> Option<String> {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct VmList {
     pub vms: Vec<VmView>,
+    /// The next page, absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 /// Pool totals, for everyone.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct PoolTotals {
-    pub gpus: u32,
+    pub gpus: u64,
     pub memory_mib: u64,
     pub allocated_mib: u64,
-    pub cgpus: u32,
+    pub cgpus: u64,
     /// GPUs with nothing on them, on schedulable hosts.
-    pub idle_gpus: u32,
+    pub idle_gpus: u64,
 }
 
 /// One GPU (admins only).
@@ -521,79 +524,79 @@ pub struct PoolHostView {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct PoolView {
     pub totals: PoolTotals,
-    /// Per host and GPU (admins only).
+    /// Per host and GPU (admins only), a page of hosts in registration order.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hosts: Option<Vec<PoolHostView>>,
+    /// The next page of hosts (admins), absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 impl PoolView {
-    /// The pool as `admin` or not sees it; `fences` are the pool's holders that are fences, not
-    /// VMs.
-    pub fn new(pool: &gpgpums::Pool, admin: bool, fences: &HashSet<gpgpums::VmId>) -> PoolView {
-        let gpus = pool.gpu_usage();
-        let hosts = pool.host_usage();
-        let schedulable: HashSet<_> = hosts
-            .iter()
-            .filter(|h| h.state == gpgpums::HostState::Schedulable)
-            .map(|h| &h.id)
-            .collect();
+    /// The pool's totals, which everyone may see.
+    pub fn totals(pool: &gpgpums::Pool) -> PoolView {
+        let t = pool.totals();
         let totals = PoolTotals {
-            gpus: gpus.len() as u32,
-            memory_mib: gpus.iter().map(|g| g.memory_mib).sum(),
-            allocated_mib: gpus.iter().map(|g| g.allocated_mib).sum(),
-            cgpus: gpus.iter().map(|g| g.cgpus).sum(),
-            idle_gpus: gpus.iter().filter(|g| g.cgpus == 0 && schedulable.contains(&g.host)).count()
-                as u32,
+            gpus: t.gpus,
+            memory_mib: t.memory_mib,
+            allocated_mib: t.allocated_mib,
+            cgpus: t.cgpus,
+            idle_gpus: t.idle_gpus,
         };
-        if !admin {
-            return PoolView { totals, hosts: None };
-        }
-        let mut holders: HashMap<&gpgpums::GpuId, BTreeMap<String, u32>> = HashMap::new();
-        let mut fenced: HashMap<&gpgpums::GpuId, u32> = HashMap::new();
-        for placement in pool.placements() {
-            if fences.contains(&placement.vm) {
-                for cgpu in &placement.cgpus {
-                    *fenced.entry(&cgpu.gpu).or_default() += 1;
-                }
-                continue;
-            }
-            for cgpu in &placement.cgpus {
-                *holders
-                    .entry(&cgpu.gpu)
-                    .or_default()
-                    .entry(placement.vm.to_string())
-                    .or_default() += 1;
-            }
-        }
-        let hosts = hosts
-            .iter()
-            .map(|h| PoolHostView {
+        PoolView { totals, hosts: None, next: None }
+    }
+
+    /// The totals and a page of hosts, for admins: up to `limit` hosts after `after`; `fences`
+    /// are the pool's holders that are fences, not VMs. Also says whether more hosts follow.
+    /// `None`: `after` is not a host of the pool.
+    pub fn page(
+        pool: &gpgpums::Pool,
+        after: Option<&gpgpums::HostId>,
+        limit: usize,
+        fences: &HashSet<gpgpums::VmId>,
+    ) -> Option<(PoolView, bool)> {
+        let mut page = pool.host_page(after, limit.saturating_add(1))?;
+        let more = page.len() > limit;
+        page.truncate(limit);
+        let hosts = page
+            .into_iter()
+            .map(|(h, gpus)| PoolHostView {
                 name: h.id.to_string(),
                 kind: h.kind.as_str().into(),
                 state: host_state_str(h.state).into(),
                 vms: h.vms,
                 gpus: gpus
-                    .iter()
-                    .filter(|g| g.host == h.id)
-                    .map(|g| GpuView {
-                        id: g.id.to_string(),
-                        index: g.index,
-                        model: g.model.clone(),
-                        memory_mib: g.memory_mib,
-                        allocated_mib: g.allocated_mib,
-                        exclusive: g.exclusive,
-                        cgpus: g.cgpus,
-                        jobs: g.jobs,
-                        rcuda_endpoint: format!("{}:{}", g.rcuda.address, g.rcuda.port),
-                        vms: holders.get(&g.id).cloned().unwrap_or_default(),
-                        taint: g.taint.clone(),
-                        health: g.health.clone(),
-                        fenced: fenced.get(&g.id).copied().unwrap_or(0),
+                    .into_iter()
+                    .map(|g| {
+                        let mut vms = BTreeMap::new();
+                        let mut fenced = 0;
+                        for (holder, n) in pool.holders(&g.id) {
+                            if fences.contains(&holder) {
+                                fenced += n;
+                            } else {
+                                vms.insert(holder.to_string(), n);
+                            }
+                        }
+                        GpuView {
+                            id: g.id.to_string(),
+                            index: g.index,
+                            rcuda_endpoint: format!("{}:{}", g.rcuda.address, g.rcuda.port),
+                            model: g.model,
+                            memory_mib: g.memory_mib,
+                            allocated_mib: g.allocated_mib,
+                            exclusive: g.exclusive,
+                            cgpus: g.cgpus,
+                            jobs: g.jobs,
+                            vms,
+                            taint: g.taint,
+                            health: g.health,
+                            fenced,
+                        }
                     })
                     .collect(),
             })
             .collect();
-        PoolView { totals, hosts: Some(hosts) }
+        Some((PoolView { hosts: Some(hosts), ..PoolView::totals(pool) }, more))
     }
 }
 

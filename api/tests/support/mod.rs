@@ -122,6 +122,26 @@ impl TestService {
         (a, b)
     }
 
+    /// Runs the gsaasd binary with `args` and `-c` a config file for this service's data and
+    /// database: whether it succeeded, its output and its errors, trimmed.
+    pub fn gsaasd(&self, args: &[&str]) -> (bool, String, String) {
+        let config = self.dir.join("cli.toml");
+        let mut text = format!("data_dir = {:?}\n", self.config.data_dir.display().to_string());
+        if let Some(url) = &self.config.database_url {
+            text.push_str(&format!("database_url = {url:?}\n"));
+        }
+        std::fs::write(&config, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gsaasd"))
+            .args(args)
+            .arg("-c")
+            .arg(&config)
+            .env_remove("GSAAS_DATABASE_URL")
+            .output()
+            .unwrap();
+        let text = |b: Vec<u8>| String::from_utf8(b).unwrap().trim().to_owned();
+        (out.status.success(), text(out.stdout), text(out.stderr))
+    }
+
     pub fn service(&self) -> &Service {
         self.service.as_ref().expect("running")
     }

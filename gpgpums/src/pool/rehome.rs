@@ -127,8 +127,10 @@ impl Pool {
         let placement = self.vms.get_mut(vm).expect("checked above");
         let at = placement.cgpus.iter().position(|c| c.index == index).expect("found above");
         placement.cgpus[at] = new.clone();
+        let policy = placement.policy.clone();
+        self.unhold(*vm, std::slice::from_ref(&old));
+        self.hold(*vm, std::slice::from_ref(&new));
         if let Some(holder) = holder {
-            let policy = placement.policy.clone();
             self.give_to(holder, std::slice::from_ref(&old), Some(policy));
         }
         self.changes += 1;
@@ -155,6 +157,7 @@ impl Pool {
         if placement.cgpus.is_empty() {
             self.vms.remove(vm);
         }
+        self.unhold(*vm, std::slice::from_ref(&cgpu));
         let slot = self.gpu_by_id[&cgpu.gpu];
         self.untake_all(&[(slot, cgpu.memory_mib, cgpu.mode)], &kept);
         Some(cgpu)
@@ -187,5 +190,6 @@ impl Pool {
             })
             .cgpus
             .extend(cgpus.iter().cloned());
+        self.hold(holder, cgpus);
     }
 }

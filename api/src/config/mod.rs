@@ -14,6 +14,8 @@ use rodvr_agent::httpd::{HttpLimits, TlsFiles};
 use rodvr_agent::protocol::Ipv4Cidr;
 use serde::Deserialize;
 
+pub mod sources;
+
 use crate::cloud::nova::NovaConfig;
 use crate::cloud::sim::{SimConfig, SimVmNetworkConfig};
 
@@ -31,8 +33,12 @@ pub enum ConfigError {
         #[source]
         source: toml::de::Error,
     },
-    #[error("invalid config file {path}: {reason}")]
-    Invalid { path: PathBuf, reason: String },
+    /// The whole config, from `origin` (the file, variables and flags it came from), is invalid.
+    #[error("invalid config (from {origin}): {reason}")]
+    Invalid { origin: String, reason: String },
+    /// A variable or a flag (`setting`, as written) does not fit the config.
+    #[error("{setting}: {reason}")]
+    Setting { setting: String, reason: String },
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -512,16 +518,19 @@ impl InventoryHost {
 }
 
 impl Config {
+    /// The config file alone (the defaults without one).
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let Some(path) = path else {
-            return Ok(Config::default());
-        };
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        let config: Config = toml::from_str(&text)
-            .map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
-        config.check().map_err(|reason| ConfigError::Invalid { path: path.to_owned(), reason })?;
-        Ok(config)
+        sources::resolve(path, std::iter::empty(), &[])
+    }
+
+    /// The config from every source: `flags` (flag, key, value), then the `GSAAS_*` variables
+    /// among `vars`, then the file, then the defaults (see [`sources`]).
+    pub fn resolve(
+        path: Option<&Path>,
+        vars: impl IntoIterator<Item = (String, String)>,
+        flags: &[(&str, &str, toml::Value)],
+    ) -> Result<Config, ConfigError> {
+        sources::resolve(path, vars, flags)
     }
 
     fn check(&self) -> Result<(), String> {

@@ -1,0 +1,162 @@
+//! gsaasd as operators run it: settings from flags, `GSAAS_*` variables and the file in that
+//! order, JSON logs, and a request id on every answer, in its problem document and in the log
+//! line of the request.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Store, TestService};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_names_its_request_and_problems_carry_the_same_id() {
+    let t = TestService::start(Store::Sqlite).await;
+    let get = |path: &str, forged: bool| {
+        let mut request = t.http.get(t.url(path));
+        if forged {
+            request = request.header("X-Request-Id", "forged");
+        }
+        request.send()
+    };
+    let mut ids = Vec::new();
+    for (path, status) in [("/healthz", 200), ("/v1/vms", 401), ("/v1/nothing-here", 404)] {
+        let response = get(path, true).await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{path}");
+        let id = response.headers()["x-request-id"].to_str().unwrap().to_owned();
+        assert!(uuid::Uuid::parse_str(&id).is_ok(), "{path}: {id}");
+        if status != 200 {
+            let problem: Value = response.json().await.unwrap();
+            assert_eq!(problem["request_id"], id.as_str(), "{path}: {problem}");
+        }
+        ids.push(id);
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "each request its own id, never the client's");
+    // A problem raised before the handler (a body too large) has it too.
+    let response = t
+        .http
+        .post(t.url("/v1/vms"))
+        .bearer_auth(t.member())
+        .body(vec![b' '; 300 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 413);
+    let id = response.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["request_id"], id.as_str());
+}
+
+/// A gsaasd process, killed when dropped.
+struct Process(std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_takes_flags_then_variables_then_the_file_and_logs_json() {
+    let dir = std::env::temp_dir().join(format!("gsaasd-operability-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let [from_file, from_env, from_flag] = ["file", "env", "flag"].map(|d| dir.join(d));
+    let config = dir.join("gsaasd.toml");
+    // The file's address cannot be bound here: the variable's must win.
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"192.0.2.1:80\"\ndata_dir = {:?}\n[cloud.sim]\nfixed_ip_range = \"10.77.0.0/24\"\n",
+            from_file.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gsaasd"))
+        .args(["serve", "-c"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(&from_flag)
+        .env("GSAAS_LISTEN", "127.0.0.1:0")
+        .env("GSAAS_DATA_DIR", &from_env)
+        .env("GSAAS_LOG_FORMAT", "json")
+        .env_remove("GSAAS_DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let process = Process(child);
+    let (url_tx, url_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix("gsaasd serving on ") {
+                let _ = url_tx.send(url.to_owned());
+            }
+        }
+    });
+    let logs = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let url = url_rx.recv_timeout(Duration::from_secs(30)).expect("gsaasd serves");
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert!(from_flag.join("gsaas.sqlite").exists(), "the flag's data directory is used");
+    assert!(!from_env.exists() && !from_file.exists());
+
+    let response = reqwest::get(format!("{url}/v1/vms")).await.unwrap();
+    assert_eq!(response.status().as_u16(), 401);
+    let id = response.headers()["x-request-id"].to_str().unwrap().to_owned();
+    drop(process);
+    let logs = logs.join().unwrap();
+    let lines: Vec<Value> = logs
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    let request = lines
+        .iter()
+        .find(|l| l["fields"]["request_id"] == id.as_str())
+        .unwrap_or_else(|| panic!("no log line of request {id}:\n{logs}"));
+    let fields = &request["fields"];
+    assert_eq!(fields["message"], "request");
+    assert_eq!(
+        (&fields["method"], &fields["route"], &fields["status"]),
+        (&"GET".into(), &"/v1/vms".into(), &401.into())
+    );
+    assert!(fields["latency_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{request}");
+    assert!(request["level"] == "INFO" && request["timestamp"].is_string(), "{request}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_bad_setting_is_refused_naming_it() {
+    for (var, value, flag, named) in [
+        ("GSAAS_HTTP__BODY_TIMEOUT_SECS", "soon", None, "GSAAS_HTTP__BODY_TIMEOUT_SECS"),
+        ("GSAAS_QUEUE__NO_SUCH_KEY", "1", None, "GSAAS_QUEUE__NO_SUCH_KEY"),
+        ("GSAAS_UNRELATED", "x", Some("--listen=nowhere"), "--listen"),
+    ] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gsaasd"));
+        command.arg("check-config").env(var, value).env_remove("GSAAS_DATABASE_URL");
+        if let Some(flag) = flag {
+            command.arg(flag);
+        }
+        let out = command.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(named), "{var}: {err}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_gsaasd"))
+        .args(["check-config", "--database-url", "postgres://db/gsaas"])
+        .env("GSAAS_DATABASE_URL", "postgres://elsewhere/gsaas")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("postgres://db/gsaas"), "{text}");
+}
