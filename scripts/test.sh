@@ -17,6 +17,8 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 [ -x /usr/bin/chromium ] || need+=(chromium fonts-dejavu-core)
 # The conformance test runs schemathesis (PyPI) from a venv of its own.
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
+# The metrics test checks /metrics with promtool (Debian's prometheus package).
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # reqwest's TLS builds against the system's OpenSSL.
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)

@@ -266,13 +266,17 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
     ] {
         header(&mut out, name, "gauge", help);
     }
+    let mut host_cgpus: HashMap<&gpgpums::HostId, u32> = HashMap::new();
+    for g in &gpus {
+        *host_cgpus.entry(&g.host).or_default() += g.cgpus;
+    }
     for h in pool.host_usage() {
         let labels = format!("host=\"{}\",kind=\"{}\"", h.id, h.kind);
         let schedulable = u8::from(h.state == gpgpums::HostState::Schedulable);
         let _ = writeln!(out, "gsaas_host_memory_mib{{{labels}}} {}", h.memory_mib);
         let _ = writeln!(out, "gsaas_host_allocated_mib{{{labels}}} {}", h.allocated_mib);
         let _ = writeln!(out, "gsaas_host_vms{{{labels}}} {}", h.vms);
-        let cgpus: u32 = gpus.iter().filter(|g| g.host == h.id).map(|g| g.cgpus).sum();
+        let cgpus = host_cgpus.get(&h.id).copied().unwrap_or(0);
         let _ = writeln!(out, "gsaas_host_cgpus{{{labels}}} {cgpus}");
         let _ = writeln!(out, "gsaas_host_schedulable{{{labels}}} {schedulable}");
     }

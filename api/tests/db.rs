@@ -10,8 +10,8 @@ use support::Store;
 
 async fn migration_rows(db: &Db, version: i64) -> i64 {
     let mut conn = db.conn().await.unwrap();
-    sqlx::query("SELECT COUNT(*) FROM schema_migrations WHERE version = $1")
-        .bind(version)
+    sqlx::query("SELECT COUNT(*) FROM revoked_tokens WHERE id = $1")
+        .bind(version.to_string())
         .fetch_one(&mut *conn)
         .await
         .unwrap()
@@ -19,8 +19,8 @@ async fn migration_rows(db: &Db, version: i64) -> i64 {
 }
 
 async fn insert_migration_row(tx: &mut gsaasd::db::WriteTx, version: i64) {
-    sqlx::query("INSERT INTO schema_migrations (version, name, applied_ms) VALUES ($1, 'test', 0)")
-        .bind(version)
+    sqlx::query("INSERT INTO revoked_tokens (id, expires_ms, revoked_ms) VALUES ($1, 0, 0)")
+        .bind(version.to_string())
         .execute(&mut **tx)
         .await
         .unwrap();
@@ -45,7 +45,7 @@ async fn an_uncommitted_transaction_rolls_back_when_dropped(store: Store) {
     // Dropped between two statements, with a read in between.
     let mut tx = db.begin().await.unwrap();
     insert_migration_row(&mut tx, 9003).await;
-    let seen: i64 = sqlx::query("SELECT COUNT(*) FROM schema_migrations WHERE version = 9003")
+    let seen: i64 = sqlx::query("SELECT COUNT(*) FROM revoked_tokens WHERE id = '9003'")
         .fetch_one(&mut *tx)
         .await
         .unwrap()
@@ -92,7 +92,85 @@ async fn a_vm_keeps_only_its_latest_events_in_order(store: Store) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The migrations a gsaasd of before sqlx's migrator recorded in `schema_migrations`.
+const LEGACY: [&str; 12] = [
+    include_str!("../../migrations/0001_init.sql"),
+    include_str!("../../migrations/0002_pending_indexes.sql"),
+    include_str!("../../migrations/0003_drop_unused_vm_indexes.sql"),
+    include_str!("../../migrations/0004_gpu_taints.sql"),
+    include_str!("../../migrations/0005_revoked_tokens.sql"),
+    include_str!("../../migrations/0006_elastic_cgpus.sql"),
+    include_str!("../../migrations/0007_quotas.sql"),
+    include_str!("../../migrations/0008_queue.sql"),
+    include_str!("../../migrations/0009_preemption.sql"),
+    include_str!("../../migrations/0010_queued_attaches.sql"),
+    include_str!("../../migrations/0011_queue_bounds.sql"),
+    include_str!("../../migrations/0012_fencing.sql"),
+];
+
+async fn count(db: &Db, sql: &str) -> i64 {
+    sqlx::query(sql).fetch_one(&mut *db.conn().await.unwrap()).await.unwrap().get(0)
+}
+
+/// A database the old runner migrated is adopted by sqlx's migrator with its data, and a
+/// database whose applied migrations differ from the binary's is refused.
+async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Store) {
+    use sqlx::Connection;
+    let (config, dir) = support::test_config(store);
+    std::fs::create_dir_all(&config.data_dir).unwrap();
+    let url = config.database_url();
+    sqlx::any::install_default_drivers();
+    let mut raw = sqlx::AnyConnection::connect(&url).await.unwrap();
+    for sql in LEGACY {
+        sqlx::raw_sql(sql).execute(&mut raw).await.unwrap();
+    }
+    sqlx::raw_sql(
+        "CREATE TABLE schema_migrations \
+         (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ms BIGINT NOT NULL); \
+         INSERT INTO quotas (project, cgpus, updated_ms) VALUES ('kept', 3, 0);",
+    )
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    for version in 1..=12i64 {
+        sqlx::query(
+            "INSERT INTO schema_migrations (version, name, applied_ms) VALUES ($1, 'x', 0)",
+        )
+        .bind(version)
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    }
+    raw.close().await.unwrap();
+
+    let db = Db::connect(&url).await.unwrap();
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations WHERE success").await, 13);
+    assert_eq!(count(&db, "SELECT cgpus FROM quotas WHERE project = 'kept'").await, 3);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM vms WHERE created_ms > 0").await, 0);
+    let legacy = sqlx::query("SELECT COUNT(*) FROM schema_migrations")
+        .fetch_one(&mut *db.conn().await.unwrap())
+        .await;
+    assert!(legacy.is_err(), "the legacy table is gone");
+    drop(db);
+    // Connecting again changes nothing.
+    let db = Db::connect(&url).await.unwrap();
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations").await, 13);
+
+    // An applied migration that is not the binary's (edited since) stops the start.
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = $1 WHERE version = 7")
+        .bind(vec![0u8; 48])
+        .execute(&mut *db.conn().await.unwrap())
+        .await
+        .unwrap();
+    drop(db);
+    let err = Db::connect(&url).await.unwrap_err();
+    let chain = format!("{}", gsaasd::error::ErrorChain(&err));
+    assert!(chain.contains('7') && chain.contains("modified"), "{chain}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
-    a_vm_keeps_only_its_latest_events_in_order
+    a_vm_keeps_only_its_latest_events_in_order,
+    a_legacy_database_is_adopted_and_a_changed_migration_refused
 );

@@ -1,6 +1,6 @@
-//! `/metrics` parses as the Prometheus text format and carries what the dashboards chart: pool use
-//! per GPU and host, VMs by state, launches by outcome, the Equation 5.1 stage histograms and policy
-//! decision times.
+//! `/metrics` parses as the Prometheus text format, passes `promtool check metrics`, and carries
+//! what the dashboards chart: pool use per GPU and host, VMs by state, launches by outcome, the
+//! Equation 5.1 stage histograms and policy decision times.
 
 mod support;
 
@@ -95,6 +95,35 @@ async fn metrics_parse_and_follow_what_happens() {
         }
     }
     assert!(charted >= 8, "the dashboard charts too little: {charted}");
+
+    // Prometheus's own checker and linter accept both expositions, and would say if not.
+    promtool_accepts(&text).unwrap();
+    promtool_accepts(&agent_text).unwrap();
+    let unlinted = "# HELP gsaas_bad Bad.\n# TYPE gsaas_bad counter\ngsaas_bad 1\n";
+    let complaint = promtool_accepts(unlinted).unwrap_err();
+    assert!(complaint.contains("_total"), "{complaint}");
+}
+
+/// `promtool check metrics` (Debian's prometheus package) on `text`: `Err` with what it says when
+/// it finds a problem, format or lint.
+fn promtool_accepts(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool runs (scripts/test.sh installs Debian's prometheus package)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if out.status.success() && said.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(said)
+    }
 }
 
 /// What a tenant would learn from `/metrics` before and after its launch: which GPU and host its

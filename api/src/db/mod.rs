@@ -17,6 +17,7 @@ mod events;
 mod fences;
 mod gpus;
 mod hosts;
+mod migrations;
 mod purge;
 mod queue;
 mod quotas;
@@ -43,7 +44,8 @@ use sqlx::{AnyConnection, AnyPool, Connection, Row, TransactionManager};
 
 use crate::error::Error;
 
-/// The migrations, in order, embedded so the binary carries its schema.
+/// The migrations, in order, embedded so the binary carries its schema. sqlx's migrator applies
+/// them (see [`migrations`]).
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../../../migrations/0001_init.sql")),
     (2, "pending_indexes", include_str!("../../../migrations/0002_pending_indexes.sql")),
@@ -61,6 +63,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (10, "queued_attaches", include_str!("../../../migrations/0010_queued_attaches.sql")),
     (11, "queue_bounds", include_str!("../../../migrations/0011_queue_bounds.sql")),
     (12, "fencing", include_str!("../../../migrations/0012_fencing.sql")),
+    (13, "list_indexes", include_str!("../../../migrations/0013_list_indexes.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,31 +227,8 @@ impl Db {
     }
 
     async fn migrate(&self) -> Result<(), Error> {
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS schema_migrations \
-             (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ms BIGINT NOT NULL)",
-        )
-        .execute(&mut *self.conn().await?)
-        .await?;
-        for &(version, name, sql) in MIGRATIONS {
-            let mut tx = self.begin().await?;
-            let inserted = sqlx::query(
-                "INSERT INTO schema_migrations (version, name, applied_ms) VALUES ($1, $2, $3) \
-                 ON CONFLICT (version) DO NOTHING",
-            )
-            .bind(version)
-            .bind(name)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if inserted == 1 {
-                sqlx::raw_sql(sql).execute(&mut *tx).await?;
-                tx.commit().await?;
-                tracing::info!(version, name, "applied migration");
-            }
-        }
-        Ok(())
+        let mut conn = self.conn().await?;
+        migrations::run(&mut conn, self.backend, MIGRATIONS).await
     }
 
     pub async fn ping(&self) -> Result<(), Error> {
