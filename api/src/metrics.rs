@@ -1,10 +1,17 @@
-//! Metrics for `/metrics`, in the Prometheus text format.
+//! Metrics for `/metrics`, in the Prometheus text format (0.0.4).
 //!
-//! Plain atomics and fixed-bucket histograms (shared with the agents, `rodvr_agent::metrics`): the
-//! service counts a handful of events, and the exposition is written by hand so no metrics framework
-//! enters the dependency tree. Gauges (pool use, VMs by state) are read from the pool and the
-//! database, so they cannot drift; that takes the pool's lock and a count over the VMs, so the
-//! [`GaugeCache`] does it at most once per `metrics.gauge_refresh_ms`, however many scrape.
+//! Plain atomics and fixed-bucket histograms (shared with the agents, `rodvr_agent::metrics`),
+//! and an exposition written here rather than by the `prometheus-client` crate, for a measured
+//! reason: that crate writes only OpenMetrics text, whose counter families are named without
+//! `_total` (`# TYPE gsaas_launches counter` over `gsaas_launches_total` samples) and end with
+//! `# EOF`, and `promtool check metrics` (Prometheus 2.42, Debian 12), which reads the Prometheus
+//! text format, refuses exactly that shape: a counter and histogram in that form exit 3 with
+//! "gsaas_launches_total no help text". This exposition passes it (api/tests/metrics.rs runs
+//! promtool on it), and every Prometheus reads it.
+//!
+//! Gauges (pool use, VMs by state) are read from the pool and the database, so they cannot
+//! drift; that takes the pool's lock and a count over the VMs, so the [`GaugeCache`] does it at
+//! most once per `metrics.gauge_refresh_ms`, however many scrape.
 
 use std::collections::HashMap;
 use std::fmt::Write;

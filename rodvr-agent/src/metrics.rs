@@ -1,8 +1,9 @@
 //! Prometheus text-format building blocks, shared with `gsaasd`.
 //!
-//! A handful of counters and fixed-bucket histograms over atomics, written out by hand: neither the
-//! agent nor the controller needs a metrics framework, and the exposition format is small. The agent
-//! exports its own numbers at `GET /metrics` (applied routes and generation, apply outcomes and
+//! A handful of counters and fixed-bucket histograms over atomics, written out by hand in the
+//! Prometheus text format rather than by the `prometheus-client` crate, whose OpenMetrics text
+//! `promtool check metrics` refuses (the measurement is in gsaasd's `metrics` module docs). The
+//! agent exports its own numbers at `GET /metrics` (applied routes and generation, apply outcomes and
 //! latency, refused tables).
 
 use std::fmt::Write;

@@ -624,21 +624,29 @@
     return document.querySelector(`#${form} [data-error-for="${CSS.escape(field)}"]`) ? field : null;
   }
 
-  // Shows a refused request's problem beside its field in `form` (inputs `${prefix}-<field>`), or in
-  // `error` when it names none.
+  // Shows a refused request's problem beside each field at fault in `form` (inputs
+  // `${prefix}-<field>`; the problem's `errors` lists them all), and in `error` what names no
+  // field of the form.
   function showProblem(e, form, prefix, error) {
-    const field = e.problem ? formField(e.problem, form) : null;
-    if (field) {
-      const fieldPrefix = `${e.problem.field}: `;
-      const detail = e.message.startsWith(fieldPrefix) ? e.message.slice(fieldPrefix.length) : e.message;
-      document.querySelector(`#${form} [data-error-for="${field}"]`).textContent = detail;
+    const entries = (e.problem && e.problem.errors) || [];
+    const elsewhere = [];
+    let first = null;
+    for (const entry of entries) {
+      const field = formField(entry, form);
+      if (!field) {
+        elsewhere.push(`${entry.field}: ${entry.detail}`);
+        continue;
+      }
+      document.querySelector(`#${form} [data-error-for="${field}"]`).textContent = entry.detail;
       const input = $(`${prefix}-${field}`);
       input.setAttribute('aria-invalid', 'true');
-      input.focus();
-    } else {
-      const what = { 403: 'Over quota', 429: 'Too many requests waiting', 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
-      $(error).textContent = what ? `${what}: ${e.message}` : e.message;
+      first = first || input;
     }
+    if (first) first.focus();
+    if (first && elsewhere.length === 0) return;
+    const what = { 403: 'Over quota', 429: 'Too many requests waiting', 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
+    const message = elsewhere.length ? elsewhere.join('; ') : e.message;
+    $(error).textContent = what ? `${what}: ${message}` : message;
   }
 
   async function launch(event) {

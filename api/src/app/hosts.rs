@@ -142,11 +142,7 @@ impl App {
         let existing = {
             let mut conn = self.db.conn().await?;
             let host = db::host(&mut conn, &registration.name).await?;
-            let gpus: Vec<GpuRecord> = db::gpus(&mut conn)
-                .await?
-                .into_iter()
-                .filter(|g| g.host == registration.name)
-                .collect();
+            let gpus = db::gpus_of_host(&mut conn, &registration.name).await?;
             host.map(|h| (h, gpus))
         };
         if let Some((host, gpus)) = &existing {
@@ -196,8 +192,7 @@ impl App {
                         }
                     }
                 }
-                let stored_gpus: Vec<GpuRecord> =
-                    db::gpus(tx).await?.into_iter().filter(|g| g.host == registration.name).collect();
+                let stored_gpus = db::gpus_of_host(tx, &registration.name).await?;
                 let mut failed = false;
                 for gpu in &stored_gpus {
                     let health = match registration.gpus.iter().find(|g| g.same_device(gpu)) {

@@ -41,6 +41,20 @@ pub async fn gpus(conn: &mut AnyConnection) -> Result<Vec<GpuRecord>, Error> {
     rows.iter().map(gpu_from_row).collect()
 }
 
+/// One host's GPUs, in index order: a registration or heartbeat reads its own host's, not the
+/// pool's (through the `(host, idx)` unique index).
+pub async fn gpus_of_host(
+    conn: &mut AnyConnection,
+    host: &HostId,
+) -> Result<Vec<GpuRecord>, Error> {
+    let rows =
+        sqlx::query(&format!("SELECT {GPU_COLUMNS} FROM gpus g WHERE g.host = $1 ORDER BY g.idx"))
+            .bind(host.as_str())
+            .fetch_all(conn)
+            .await?;
+    rows.iter().map(gpu_from_row).collect()
+}
+
 pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(), Error> {
     sqlx::query(
         "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \

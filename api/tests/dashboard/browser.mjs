@@ -157,6 +157,14 @@ try {
   check(await page.locator('.vm').count() === 0, 'the invalid request launched nothing');
   log(`invalid ncgpus shown beside the field: ${errorText}`);
 
+  // Every field at fault is shown at once, each beside its own field.
+  await fillLaunch({ name: 'dash-one', ncgpus: '0', mode: 'shared', gpu_memory_mib: '0' });
+  await page.click('#launch-submit');
+  await page.waitForSelector('[data-error-for="gpu_memory_mib"]:not(:empty)');
+  check(/at least 1/.test(await page.textContent('[data-error-for="ncgpus"]')), 'ncgpus shown beside its field');
+  check(await page.getAttribute('#f-gpu_memory_mib', 'aria-invalid') === 'true', 'gpu_memory_mib marked invalid');
+  check(await page.locator('.vm').count() === 0, 'the invalid request launched nothing');
+
   // A missing shared-mode memory is named too.
   await fillLaunch({ name: 'dash-one', ncgpus: '1', mode: 'shared' });
   await page.click('#launch-submit');
