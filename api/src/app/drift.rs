@@ -57,7 +57,7 @@ impl App {
         let listed: Option<std::collections::HashSet<_>> = since
             .is_none()
             .then(|| seen.iter().filter(|s| !s.gone).map(|s| s.id.clone()).collect());
-        let mut drift = self.apply_drift(seen).await?;
+        let mut drift = self.apply_drift(seen, since.is_none()).await?;
         if let Some(listed) = listed {
             drift.deleted += self.end_unlisted(&listed, started_ms).await?;
         }
@@ -65,32 +65,48 @@ impl App {
         Ok(drift)
     }
 
-    async fn apply_drift(self: &Arc<Self>, seen: Vec<ServerSeen>) -> Result<Drift, Error> {
+    /// Follows what `seen` says of each VM's server; `full`: `seen` lists every server (one
+    /// read of every VM with a server, rather than a lookup per server).
+    async fn apply_drift(
+        self: &Arc<Self>,
+        seen: Vec<ServerSeen>,
+        full: bool,
+    ) -> Result<Drift, Error> {
         let mut drift = Drift::default();
         if seen.is_empty() {
             return Ok(drift);
         }
-        let ids: Vec<_> = seen.iter().map(|s| s.id.clone()).collect();
         let vms = {
             let mut conn = self.db.conn().await?;
-            db::vms_on_servers(&mut conn, &ids).await?
+            if full {
+                db::vms_with_servers(&mut conn).await?
+            } else {
+                let ids: Vec<_> = seen.iter().map(|s| s.id.clone()).collect();
+                db::vms_on_servers(&mut conn, &ids).await?
+            }
         };
         let seen: HashMap<_, _> = seen.into_iter().map(|s| (s.id.clone(), s)).collect();
         let gsaasd = Caller { subject: "gsaasd".into(), project: None, role: Role::Admin };
         for vm in vms {
-            let Some(server) = vm.server_id.as_ref().and_then(|id| seen.get(id)) else { continue };
+            let Some(server) = seen.get(&vm.server) else { continue };
             if server.gone {
-                tracing::warn!(vm = %vm.id, server = %server.id, "server deleted outside GSaaS; terminating its VM");
-                self.terminate_because(&gsaasd, vm.id, Some(SERVER_DELETED)).await?;
+                tracing::warn!(vm = %vm.vm, server = %server.id, "server deleted outside GSaaS; terminating its VM");
+                self.terminate_because(&gsaasd, vm.vm, Some(SERVER_DELETED)).await?;
                 drift.deleted += 1;
                 continue;
             }
             let Some(host) = &server.host else { continue };
             // A VM still launching learns its host from the saga; one changing cGPUs is followed
             // at the next pass, once settled.
-            let settled = vm.state == VmState::Ready && vm.step == SagaStep::Done;
             let elsewhere = vm.host.as_ref().is_some_and(|old| old != host);
-            if settled && elsewhere && self.follow_move(vm, host.clone()).await? {
+            if !(vm.settled && elsewhere) {
+                continue;
+            }
+            let record = db::vm(&mut *self.db.conn().await?, vm.vm).await?;
+            let Some(record) = record else { continue };
+            let settled = record.state == VmState::Ready && record.step == SagaStep::Done;
+            let elsewhere = record.host.as_ref().is_some_and(|old| old != host);
+            if settled && elsewhere && self.follow_move(record, host.clone()).await? {
                 drift.moved += 1;
             }
         }
@@ -110,9 +126,9 @@ impl App {
         let gsaasd = Caller { subject: "gsaasd".into(), project: None, role: Role::Admin };
         let mut ended = 0;
         for vm in vms {
-            if vm.server_id.as_ref().is_some_and(|server| !listed.contains(server)) {
-                tracing::warn!(vm = %vm.id, "the cloud lists no server for the VM; terminating it");
-                self.terminate_because(&gsaasd, vm.id, Some(SERVER_DELETED)).await?;
+            if !listed.contains(&vm.server) {
+                tracing::warn!(vm = %vm.vm, "the cloud lists no server for the VM; terminating it");
+                self.terminate_because(&gsaasd, vm.vm, Some(SERVER_DELETED)).await?;
                 ended += 1;
             }
         }

@@ -10,7 +10,7 @@
 //! them; the generations the agents confirmed) goes through group commit ([`super::batch`]), so
 //! pushes to many hosts at once cost a few statements, not a few per host.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::Duration;
@@ -254,11 +254,38 @@ impl App {
         Ok(())
     }
 
-    /// Registers the configured inventory (in-process agents).
+    /// Registers the configured inventory (in-process agents). Hosts stored as configured (the
+    /// usual restart) are only marked seen, all at once; the others register one by one.
     pub async fn register_inventory(&self) -> Result<(), Error> {
-        for host in self.config.inventory() {
-            self.register_host(Registration::from_inventory(&host)).await?;
+        let (stored_hosts, stored_gpus) = {
+            let mut conn = self.db.conn().await?;
+            (db::hosts(&mut conn).await?, db::gpus(&mut conn).await?)
+        };
+        let hosts: HashMap<&HostId, &HostRecord> =
+            stored_hosts.iter().map(|h| (&h.name, h)).collect();
+        let mut gpus: HashMap<&HostId, Vec<&GpuRecord>> = HashMap::new();
+        for gpu in &stored_gpus {
+            gpus.entry(&gpu.host).or_default().push(gpu);
         }
+        let mut unchanged = Vec::new();
+        for host in self.config.inventory() {
+            let registration = Registration::from_inventory(&host);
+            let stored = hosts.get(&registration.name).is_some_and(|h| {
+                h.kind == registration.kind && h.state != HostState::Unavailable && !h.forgotten
+            });
+            let same_gpus = gpus.get(&registration.name).is_some_and(|stored| {
+                stored.len() == registration.gpus.len()
+                    && registration.gpus.iter().all(|g| stored.contains(&g))
+            }) || (registration.gpus.is_empty()
+                && !gpus.contains_key(&registration.name));
+            if stored && same_gpus {
+                unchanged.push(registration.name);
+            } else {
+                self.register_host(registration).await?;
+            }
+        }
+        let mut conn = self.db.conn().await?;
+        db::touch_hosts(&mut conn, &unchanged, now_ms()).await?;
         Ok(())
     }
 

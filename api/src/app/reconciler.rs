@@ -98,30 +98,19 @@ impl App {
             }
         }
 
+        let started = std::time::Instant::now();
         status.tables_pushed = 0;
         match self.hosts().await {
             Ok(hosts) => {
-                // A forgotten host gets nothing until its agent registers again.
-                for host in hosts.into_iter().filter(|h| h.kind.has_agent() && !h.forgotten) {
-                    let behind = host.applied_generation < host.routes_generation;
-                    let drifted = match self.agents.applied_generation(&host).await {
-                        Ok(applied) => applied.unwrap_or(0) != host.applied_generation,
-                        Err(e) => {
-                            note(Error::unavailable("host agent", e));
-                            continue;
-                        }
-                    };
-                    if behind || drifted {
-                        match self.push_routes(&host.name).await {
-                            Ok(()) => status.tables_pushed += 1,
-                            Err(e) => note(e),
-                        }
-                    }
-                }
+                let hosts = hosts.into_iter().filter(|h| h.kind.has_agent() && !h.forgotten);
+                let (pushed, errors) = self.push_behind_or_drifted(hosts.collect()).await;
+                status.tables_pushed = pushed;
+                errors.into_iter().for_each(&mut note);
             }
             Err(e) => note(e),
         }
 
+        let pushed_at = started.elapsed();
         (status.servers_deleted, status.servers_moved) = (0, 0);
         match self.follow_cloud().await {
             Ok(drift) => {
@@ -130,6 +119,7 @@ impl App {
             Err(e) => note(e),
         }
 
+        let followed_at = started.elapsed();
         (status.cgpus_rehomed, status.cgpus_lost, status.cgpus_recovered) = (0, 0, 0);
         match self.rehome_failed().await {
             Ok(done) => {
@@ -161,6 +151,12 @@ impl App {
             Err(e) => note(e),
         }
 
+        tracing::debug!(
+            tables_ms = pushed_at.as_millis() as u64,
+            cloud_ms = (followed_at - pushed_at).as_millis() as u64,
+            rest_ms = (started.elapsed() - followed_at).as_millis() as u64,
+            "reconciler pass"
+        );
         if let Some(e) = first_error {
             inc(&self.metrics.reconciler_errors);
             status.last_error = Some(e.to_string());
@@ -168,4 +164,46 @@ impl App {
         *self.reconciler.status.lock().expect("reconciler status") = status.clone();
         status
     }
+
+    /// Pushes its table to each host whose agent is behind gsaasd or holds another table than
+    /// gsaasd believes, [`PUSHES_IN_FLIGHT`] hosts at a time (their table reads are batched
+    /// together): how many were pushed, and what failed.
+    async fn push_behind_or_drifted(
+        self: &Arc<Self>,
+        hosts: Vec<crate::model::HostRecord>,
+    ) -> (usize, Vec<Error>) {
+        let (mut pushed, mut errors) = (0, Vec::new());
+        let mut hosts = hosts.into_iter();
+        let mut in_flight = tokio::task::JoinSet::new();
+        loop {
+            while in_flight.len() < PUSHES_IN_FLIGHT {
+                let Some(host) = hosts.next() else { break };
+                let app = self.clone();
+                in_flight.spawn(async move {
+                    let behind = host.applied_generation < host.routes_generation;
+                    let applied = app.agents.applied_generation(&host).await;
+                    let drifted = match applied {
+                        Ok(applied) => applied.unwrap_or(0) != host.applied_generation,
+                        Err(e) => return Err(Error::unavailable("host agent", e)),
+                    };
+                    if behind || drifted {
+                        app.push_routes(&host.name).await.map(|()| true)
+                    } else {
+                        Ok(false)
+                    }
+                });
+            }
+            match in_flight.join_next().await {
+                None => break,
+                Some(Ok(Ok(true))) => pushed += 1,
+                Some(Ok(Ok(false))) => {}
+                Some(Ok(Err(e))) => errors.push(e),
+                Some(Err(e)) => errors.push(Error::internal(format!("a route push failed: {e}"))),
+            }
+        }
+        (pushed, errors)
+    }
 }
+
+/// How many hosts one reconciler pass checks and pushes to at once.
+const PUSHES_IN_FLIGHT: usize = 64;

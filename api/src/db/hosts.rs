@@ -87,6 +87,23 @@ pub async fn touch_host(
     Ok(())
 }
 
+/// [`touch_host`] for in-process hosts (no agent URL), a statement per [`super::MAX_ROWS`] hosts.
+pub async fn touch_hosts(
+    conn: &mut AnyConnection,
+    names: &[HostId],
+    now: i64,
+) -> Result<(), Error> {
+    let keys = keys(names.iter().map(HostId::as_str));
+    fetch_batched(conn, keys, MAX_ROWS, |values| {
+        format!(
+            "UPDATE hosts SET agent_url = NULL, last_seen_ms = {now}, forgotten = 0 \
+             WHERE name IN (VALUES {values})"
+        )
+    })
+    .await?;
+    Ok(())
+}
+
 pub async fn set_host_state(
     conn: &mut AnyConnection,
     name: &HostId,

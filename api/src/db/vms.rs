@@ -345,21 +345,55 @@ pub async fn vm(conn: &mut AnyConnection, id: VmId) -> Result<Option<VmRecord>, 
     row.as_ref().map(vm_from_row).transpose()
 }
 
-/// The VMs launching or ready whose servers are `servers` (cloud drift; a VM in `error` has its
-/// server deleted by its own saga).
+/// Where a VM's server runs as gsaasd last recorded it: what cloud drift compares the cloud's
+/// listing with, without reading whole VMs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmServer {
+    pub vm: VmId,
+    pub server: ServerId,
+    pub host: Option<HostId>,
+    /// Ready, with no saga step left (a VM still launching learns its host from its saga).
+    pub settled: bool,
+}
+
+fn vm_server_from_row(row: &AnyRow) -> Result<VmServer, Error> {
+    let id: String = row.try_get(0)?;
+    let host: Option<String> = row.try_get(2)?;
+    let state: String = row.try_get(3)?;
+    let step: String = row.try_get(4)?;
+    Ok(VmServer {
+        vm: id.parse().map_err(|_| corrupt("VM id", &id))?,
+        server: ServerId(row.try_get(1)?),
+        host: host.map(|h| HostId::new(&h).map_err(|_| corrupt("host name", &h))).transpose()?,
+        settled: state == "ready" && step == "done",
+    })
+}
+
+/// The creating and ready VMs on `servers`.
 pub async fn vms_on_servers(
     conn: &mut AnyConnection,
     servers: &[ServerId],
-) -> Result<Vec<VmRecord>, Error> {
+) -> Result<Vec<VmServer>, Error> {
     let rows =
         fetch_batched(conn, keys(servers.iter().map(|s| s.0.as_str())), MAX_ROWS, |values| {
             format!(
-                "SELECT {VM_COLUMNS} FROM vms v WHERE v.server_id IN (VALUES {values}) \
-             AND v.state IN ('creating', 'ready')"
+                "SELECT v.id, v.server_id, v.host, v.state, v.step FROM vms v \
+                 WHERE v.server_id IN (VALUES {values}) AND v.state IN ('creating', 'ready')"
             )
         })
         .await?;
-    rows.iter().map(vm_from_row).collect()
+    rows.iter().map(vm_server_from_row).collect()
+}
+
+/// Every creating and ready VM with a server.
+pub async fn vms_with_servers(conn: &mut AnyConnection) -> Result<Vec<VmServer>, Error> {
+    let rows = sqlx::query(
+        "SELECT v.id, v.server_id, v.host, v.state, v.step FROM vms v \
+         WHERE v.server_id IS NOT NULL AND v.state IN ('creating', 'ready')",
+    )
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(vm_server_from_row).collect()
 }
 
 /// Ready VMs with a server, last written before `before_ms` (cloud drift: a full listing of the
@@ -367,15 +401,15 @@ pub async fn vms_on_servers(
 pub async fn ready_vms_with_servers(
     conn: &mut AnyConnection,
     before_ms: i64,
-) -> Result<Vec<VmRecord>, Error> {
-    let rows = sqlx::query(&format!(
-        "SELECT {VM_COLUMNS} FROM vms v WHERE v.state = 'ready' AND v.server_id IS NOT NULL \
-         AND v.updated_ms < $1"
-    ))
+) -> Result<Vec<VmServer>, Error> {
+    let rows = sqlx::query(
+        "SELECT v.id, v.server_id, v.host, v.state, v.step FROM vms v \
+         WHERE v.state = 'ready' AND v.server_id IS NOT NULL AND v.updated_ms < $1",
+    )
     .bind(before_ms)
     .fetch_all(conn)
     .await?;
-    rows.iter().map(vm_from_row).collect()
+    rows.iter().map(vm_server_from_row).collect()
 }
 
 /// How many VMs are in each state.
