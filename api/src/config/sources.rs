@@ -31,20 +31,26 @@ struct Setting {
     value: toml::Value,
 }
 
-/// The settings of `GSAAS_*` variables among `vars`, in name order.
+/// `GSAAS_*` variables that are not gsaasd's settings: the CLI's and the log format's.
+const OTHER_TOOLS: [&str; 6] = ["URL", "TOKEN", "CONFIG", "IMAGE", "FLAVOR", "LOG_FORMAT"];
+
+/// The settings of `GSAAS_*` variables among `vars`, in name order. A variable that names no
+/// key is warned about (a typo must not pass unseen), unless it is another tool's.
 fn env_settings(vars: impl IntoIterator<Item = (String, String)>) -> Vec<Setting> {
     let top_level = top_level_keys();
     let mut settings: Vec<Setting> = vars
         .into_iter()
         .filter(|(_, value)| !value.is_empty())
         .filter_map(|(name, value)| {
-            let key: Vec<String> =
-                name.strip_prefix(ENV_PREFIX)?.split("__").map(str::to_ascii_lowercase).collect();
-            top_level.contains(&key[0].as_str()).then(|| Setting {
-                source: name.clone(),
-                key,
-                value: toml_value(&value),
-            })
+            let rest = name.strip_prefix(ENV_PREFIX)?;
+            let key: Vec<String> = rest.split("__").map(str::to_ascii_lowercase).collect();
+            if !top_level.contains(&key[0].as_str()) {
+                if !OTHER_TOOLS.contains(&rest) {
+                    tracing::warn!(variable = %name, "not a gsaasd setting (GSAAS_<KEY>, sections joined by __); ignored");
+                }
+                return None;
+            }
+            Some(Setting { source: name.clone(), key, value: toml_value(&value) })
         })
         .collect();
     settings.sort_by(|a, b| a.source.cmp(&b.source));
@@ -70,8 +76,26 @@ fn apply(table: &mut toml::Table, setting: &Setting) -> Result<(), String> {
             format!("{} is a value, not a section", setting.key[..=depth].join("."))
         })?;
     }
-    at.insert(last.clone(), setting.value.clone());
+    match (at.get_mut(last), &setting.value) {
+        // A section given whole adds to the file's, key by key.
+        (Some(toml::Value::Table(old)), toml::Value::Table(new)) => merge_tables(old, new),
+        _ => {
+            at.insert(last.clone(), setting.value.clone());
+        }
+    }
     Ok(())
+}
+
+/// `new`'s keys over `old`'s, sections merged the same way.
+fn merge_tables(old: &mut toml::Table, new: &toml::Table) {
+    for (key, value) in new {
+        match (old.get_mut(key), value) {
+            (Some(toml::Value::Table(old)), toml::Value::Table(new)) => merge_tables(old, new),
+            _ => {
+                old.insert(key.clone(), value.clone());
+            }
+        }
+    }
 }
 
 /// Fills in what a partial section leaves out and no default can: `[cloud.sim]` or
@@ -94,16 +118,41 @@ fn complete_sections(table: &mut toml::Table) -> Result<(), String> {
     Ok(())
 }
 
-/// `table` as a config, or what is wrong with it, at which key.
-fn read(table: &toml::Table) -> Result<Config, String> {
-    serde_path_to_error::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
-        let path = e.path().to_string();
-        let message = e.into_inner().message().trim().to_owned();
-        if path == "." {
-            message
+/// What is wrong with a config: at which key (`.`: the whole), and what.
+struct Wrong {
+    path: String,
+    message: String,
+}
+
+impl std::fmt::Display for Wrong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path == "." {
+            write!(f, "{}", self.message)
         } else {
-            format!("{path}: {message}")
+            write!(f, "{}: {}", self.path, self.message)
         }
+    }
+}
+
+/// `table` as a config, or what is wrong with it.
+fn read(table: &toml::Table) -> Result<Config, Wrong> {
+    serde_path_to_error::deserialize(toml::Value::Table(table.clone())).map_err(|e| Wrong {
+        path: e.path().to_string(),
+        message: e.into_inner().message().trim().to_owned(),
+    })
+}
+
+/// The last of `settings` on the path of `wrong` (a key at, above or below it): the one to blame.
+fn culprit<'a>(settings: &'a [Setting], wrong: &Wrong) -> Option<&'a Setting> {
+    let wrong_path: Vec<&str> = wrong
+        .path
+        .split('.')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split('[').next().unwrap_or(p))
+        .collect();
+    settings.iter().rev().find(|s| {
+        let n = s.key.len().min(wrong_path.len());
+        n > 0 && s.key[..n].iter().zip(&wrong_path[..n]).all(|(a, b)| a == b)
     })
 }
 
@@ -128,7 +177,7 @@ pub fn resolve(
             toml::from_str::<Config>(&text)
                 .map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
         } else {
-            read(&completed).map_err(invalid)?;
+            read(&completed).map_err(|wrong| invalid(wrong.to_string()))?;
         }
         table = completed;
     }
@@ -139,18 +188,20 @@ pub fn resolve(
         value: value.clone(),
     }));
     for setting in &settings {
-        let setting_error =
-            |reason: String| ConfigError::Setting { setting: setting.source.clone(), reason };
-        apply(&mut table, setting).map_err(setting_error)?;
-        complete_sections(&mut table).map_err(setting_error)?;
-        // Each setting is read as it comes, so an error names the one at fault.
-        read(&table).map_err(setting_error)?;
+        apply(&mut table, setting)
+            .map_err(|reason| ConfigError::Setting { setting: setting.source.clone(), reason })?;
     }
-    let config = read(&table)
-        .map_err(|reason| ConfigError::Invalid { origin: origin(file, &settings), reason })?;
-    config
-        .check()
-        .map_err(|reason| ConfigError::Invalid { origin: origin(file, &settings), reason })?;
+    let invalid = |reason| ConfigError::Invalid { origin: origin(file, &settings), reason };
+    complete_sections(&mut table).map_err(invalid)?;
+    // Settings are read together (some only make sense together, as tls.cert and tls.key); an
+    // error names the setting on its path.
+    let config = read(&table).map_err(|wrong| match culprit(&settings, &wrong) {
+        Some(setting) => {
+            ConfigError::Setting { setting: setting.source.clone(), reason: wrong.to_string() }
+        }
+        None => invalid(wrong.to_string()),
+    })?;
+    config.check().map_err(invalid)?;
     Ok(config)
 }
 
@@ -264,6 +315,27 @@ mod tests {
         assert_eq!(config.database_url, None, "an empty variable is unset");
         let mut cloud = config.cloud;
         assert_eq!(cloud.sim_mut().unwrap().fixed_ip_range.to_string(), "10.9.0.0/24");
+    }
+
+    #[test]
+    fn settings_that_go_together_come_from_separate_variables_and_sections_merge() {
+        let dir = scratch("together");
+        let file = write(&dir, "[quotas]\nvms = 5\nmax_priority = 3\n");
+        let env = vars(&[
+            ("GSAAS_TLS__CERT", "/etc/gsaas/tls.crt"),
+            ("GSAAS_TLS__KEY", "/etc/gsaas/tls.key"),
+            ("GSAAS_QUOTAS", "{ cgpus = 8 }"),
+        ]);
+        let config = resolve(Some(&file), env, &[]).unwrap();
+        assert!(config.tls.is_some(), "cert and key from two variables");
+        assert_eq!(
+            (config.quotas.cgpus, config.quotas.vms, config.quotas.max_priority),
+            (Some(8), Some(5), 3),
+            "a section given whole adds to the file's"
+        );
+        let err = resolve(Some(&file), vars(&[("GSAAS_TLS__CERT", "/x")]), &[]).unwrap_err();
+        assert!(err.to_string().starts_with("GSAAS_TLS__CERT"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

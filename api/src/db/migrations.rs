@@ -5,7 +5,8 @@
 //!
 //! Databases created before gsaasd used it recorded their migrations in `schema_migrations`;
 //! they are adopted once, under the same lock: each recorded migration is entered as applied in
-//! sqlx's `_sqlx_migrations`, and the old table dropped.
+//! sqlx's `_sqlx_migrations`. The old table stays, so an older gsaasd (a rollback, or a replica
+//! not yet upgraded) still finds its history and starts.
 
 use std::borrow::Cow;
 
@@ -39,12 +40,14 @@ pub(super) async fn run(
     let migrator = migrator(migrations);
     conn.lock().await.map_err(migration_error)?;
     let adopted = adopt_legacy_history(conn, backend, &migrator).await;
-    conn.unlock().await.map_err(migration_error)?;
+    let unlocked = conn.unlock().await.map_err(migration_error);
     adopted?;
+    unlocked?;
     migrator.run(&mut *conn).await.map_err(migration_error)
 }
 
-/// Enters the migrations recorded in a legacy `schema_migrations` table as applied, and drops it.
+/// Enters the migrations recorded in a legacy `schema_migrations` table as applied, once: not
+/// when sqlx's table has any.
 async fn adopt_legacy_history(
     conn: &mut AnyConnection,
     backend: Backend,
@@ -64,6 +67,13 @@ async fn adopt_legacy_history(
         return Ok(());
     }
     conn.ensure_migrations_table().await.map_err(migration_error)?;
+    let applied: i64 = sqlx::query("SELECT COUNT(*) FROM _sqlx_migrations")
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+    if applied > 0 {
+        return Ok(());
+    }
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     let recorded = sqlx::query("SELECT version FROM schema_migrations ORDER BY version")
         .fetch_all(&mut *tx)
@@ -86,7 +96,6 @@ async fn adopt_legacy_history(
         .execute(&mut *tx)
         .await?;
     }
-    sqlx::query("DROP TABLE schema_migrations").execute(&mut *tx).await?;
     tx.commit().await?;
     tracing::info!("adopted the database's migration history");
     Ok(())
