@@ -356,6 +356,9 @@ pub struct VmServer {
     pub settled: bool,
 }
 
+/// [`VmServer`]'s columns, read by [`vm_server_from_row`].
+const VM_SERVER_SELECT: &str = "SELECT v.id, v.server_id, v.host, v.state, v.step FROM vms v";
+
 fn vm_server_from_row(row: &AnyRow) -> Result<VmServer, Error> {
     let id: String = row.try_get(0)?;
     let host: Option<String> = row.try_get(2)?;
@@ -377,7 +380,7 @@ pub async fn vms_on_servers(
     let rows =
         fetch_batched(conn, keys(servers.iter().map(|s| s.0.as_str())), MAX_ROWS, |values| {
             format!(
-                "SELECT v.id, v.server_id, v.host, v.state, v.step FROM vms v \
+                "{VM_SERVER_SELECT} \
                  WHERE v.server_id IN (VALUES {values}) AND v.state IN ('creating', 'ready')"
             )
         })
@@ -387,10 +390,9 @@ pub async fn vms_on_servers(
 
 /// Every creating and ready VM with a server.
 pub async fn vms_with_servers(conn: &mut AnyConnection) -> Result<Vec<VmServer>, Error> {
-    let rows = sqlx::query(
-        "SELECT v.id, v.server_id, v.host, v.state, v.step FROM vms v \
-         WHERE v.server_id IS NOT NULL AND v.state IN ('creating', 'ready')",
-    )
+    let rows = sqlx::query(&format!(
+        "{VM_SERVER_SELECT} WHERE v.server_id IS NOT NULL AND v.state IN ('creating', 'ready')"
+    ))
     .fetch_all(conn)
     .await?;
     rows.iter().map(vm_server_from_row).collect()
@@ -402,10 +404,10 @@ pub async fn ready_vms_with_servers(
     conn: &mut AnyConnection,
     before_ms: i64,
 ) -> Result<Vec<VmServer>, Error> {
-    let rows = sqlx::query(
-        "SELECT v.id, v.server_id, v.host, v.state, v.step FROM vms v \
-         WHERE v.state = 'ready' AND v.server_id IS NOT NULL AND v.updated_ms < $1",
-    )
+    let rows = sqlx::query(&format!(
+        "{VM_SERVER_SELECT} \
+         WHERE v.state = 'ready' AND v.server_id IS NOT NULL AND v.updated_ms < $1"
+    ))
     .bind(before_ms)
     .fetch_all(conn)
     .await?;

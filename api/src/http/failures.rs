@@ -1,13 +1,13 @@
 //! When things break (admins): forgetting a dead host, evacuating GPUs and hosts, and the fences
 //! that hold bookings meanwhile (see [`crate::app::fences`] and [`crate::app::rehome`]).
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::views::HostView;
-use super::{gpu_id, host_id, AppState};
+use super::{gpu_id, host_id, query, AppState, QueryResult};
 use crate::app::rehome::{Evacuate, Rehomed};
 use crate::auth::Caller;
 use crate::error::{Error, Problem};
@@ -36,10 +36,10 @@ pub(super) async fn forget_host(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-    query: Result<Query<ForgetQuery>, axum::extract::rejection::QueryRejection>,
+    params: QueryResult<ForgetQuery>,
 ) -> Result<Json<HostView>, Error> {
     caller.require_admin()?;
-    let Query(query) = query.map_err(|e| Error::invalid("query", e.body_text()))?;
+    let query = query(params)?;
     let host = app.forget_host(&host_id(&name)?, query.force).await?;
     Ok(Json(HostView::from(&host)))
 }

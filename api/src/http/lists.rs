@@ -7,13 +7,13 @@
 
 use std::collections::HashSet;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::Json;
 use gpgpums::{HostId, VmId};
 use serde::Deserialize;
 
 use super::views::*;
-use super::AppState;
+use super::{query, AppState, QueryResult};
 use crate::app::fields::FieldChecks;
 use crate::app::vms::MAX_NAME;
 use crate::auth::Caller;
@@ -28,12 +28,6 @@ pub const MAX_VM_PAGE: u32 = 1000;
 pub const MAX_HOST_PAGE: u32 = 1000;
 /// How many hosts a page of the pool holds unless asked otherwise.
 pub const DEFAULT_HOST_PAGE: u32 = 100;
-
-type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
-
-fn query<T>(query: QueryResult<T>) -> Result<T, Error> {
-    query.map(|Query(q)| q).map_err(|e| Error::invalid("query", e.body_text()))
-}
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

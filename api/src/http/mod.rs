@@ -142,6 +142,15 @@ fn strip_position(message: &str) -> String {
     }
 }
 
+/// Query parameters as a handler takes them: parsed by axum, checked when the handler decides
+/// (after the caller's rights, so a refused caller learns nothing from its query).
+type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>;
+
+/// The parsed parameters, or a problem document naming what is wrong with them.
+fn query<T>(query: QueryResult<T>) -> Result<T, Error> {
+    query.map(|Query(q)| q).map_err(|e| Error::invalid("query", e.body_text()))
+}
+
 fn vm_id(raw: &str) -> Result<VmId, Error> {
     raw.parse().map_err(|_| Error::vm_not_found(&raw))
 }
@@ -294,9 +303,9 @@ async fn get_vm(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    query: Result<Query<GetVmQuery>, axum::extract::rejection::QueryRejection>,
+    params: QueryResult<GetVmQuery>,
 ) -> Result<Json<VmView>, Error> {
-    let Query(query) = query.map_err(|e| Error::invalid("query", e.body_text()))?;
+    let query = query(params)?;
     let id = vm_id(&id)?;
     let details = match query.wait {
         None => app.visible_vm(&caller, id).await?,
