@@ -39,12 +39,12 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::percentile;
-use gpgpums::{GpuId, HostId, HostKind, VmId};
+use common::{host_name, percentile};
+use gpgpums::{GpuId, HostId, VmId};
 use gsaasd::auth::Role;
 use gsaasd::cloud::sim::SimCloud;
 use gsaasd::cloud::{Cloud, HostConstraint, ServerSpec, VmRequest};
-use gsaasd::config::{CloudConfig, Config, InventoryGpu, InventoryHost};
+use gsaasd::config::{CloudConfig, Config};
 use gsaasd::db::{Backend, Db};
 use gsaasd::service::{self, Service};
 use support::Store;
@@ -54,26 +54,6 @@ const CGPUS_PER_VM: usize = 4;
 const GPU_MIB: u64 = 98_304;
 const CGPU_MIB: u64 = 8_192;
 const PROJECTS: usize = 100;
-
-fn host_name(h: usize) -> String {
-    format!("gpu-{h:05}")
-}
-
-fn inventory(hosts: usize) -> Vec<InventoryHost> {
-    (0..hosts)
-        .map(|h| InventoryHost {
-            name: HostId::new(host_name(h)).unwrap(),
-            kind: HostKind::ComputeGpu,
-            gpus: vec![InventoryGpu {
-                model: "H100".into(),
-                memory_mib: GPU_MIB,
-                count: GPUS_PER_HOST as u32,
-                unhealthy: None,
-            }],
-            gpu_network_address: None,
-        })
-        .collect()
-}
 
 fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -268,7 +248,7 @@ async fn run(store: Store, hosts: usize, runs: usize) {
     let gpus = hosts * GPUS_PER_HOST;
     let vm_count = gpus * 10 / CGPUS_PER_VM;
     let (mut config, _dir) = support::test_config(store);
-    config.inventory = inventory(hosts);
+    config.inventory = common::inventory(hosts, GPUS_PER_HOST, GPU_MIB);
     // The reconciler's first pass is the one measured; later passes wait.
     config.hosts.reconcile_interval_secs = 3600;
     let CloudConfig::Sim { sim: sim_config } = &mut config.cloud else { unreachable!() };

@@ -144,7 +144,7 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
     raw.close().await.unwrap();
 
     let db = Db::connect(&url).await.unwrap();
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations WHERE success").await, 13);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations WHERE success").await, 14);
     assert_eq!(count(&db, "SELECT cgpus FROM quotas WHERE project = 'kept'").await, 3);
     assert_eq!(count(&db, "SELECT COUNT(*) FROM vms WHERE created_ms > 0").await, 0);
     assert_eq!(
@@ -155,7 +155,7 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
     drop(db);
     // Connecting again changes nothing.
     let db = Db::connect(&url).await.unwrap();
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations").await, 13);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations").await, 14);
 
     // An applied migration that is not the binary's (edited since) stops the start.
     sqlx::query("UPDATE _sqlx_migrations SET checksum = $1 WHERE version = 7")

@@ -63,7 +63,7 @@ async fn a_vm_moved_to_another_host_takes_its_routes_along(store: Store) {
     let to = sim.hosts().into_iter().find(|h| *h != from && h.as_str().contains("rgpu")).unwrap();
     let app = &t.service().app;
 
-    sim.migrate(&server, to.clone()).unwrap();
+    sim.migrate(&server, &to).unwrap();
     let status = app.reconcile_once().await;
     assert_eq!(status.servers_moved, 1, "{status:?}");
     let vm = admin_vm(&t, &id).await;

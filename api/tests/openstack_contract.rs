@@ -482,7 +482,7 @@ async fn a_tenants_server_is_created_with_the_tenants_token_in_zones() {
     let hosts = vec![HostId::new("compute0-rgpu").unwrap()];
     for (host, zone) in [
         (pinned("gpu-host-1"), "gsaas-gpu-host-1"),
-        (HostConstraint::AnyOf(hosts.clone()), "gsaas-rgpu"),
+        (HostConstraint::AnyOf(hosts.clone().into()), "gsaas-rgpu"),
     ] {
         cloud.create_server(&as_tenant(host)).await.unwrap();
         let requests = mock.requests();
@@ -524,13 +524,13 @@ async fn remote_servers_go_to_the_configured_zone_or_one_listed_host() {
     let zoned = NovaConfig { availability_zone: Some("rgpu".into()), ..config() };
     let cloud = NovaCloud::new(settings(&mock.base), zoned).unwrap();
     cloud
-        .create_server(&spec(VmId::new_random(), HostConstraint::AnyOf(hosts.clone())))
+        .create_server(&spec(VmId::new_random(), HostConstraint::AnyOf(hosts.clone().into())))
         .await
         .unwrap();
     let plain = NovaCloud::new(settings(&mock.base), config()).unwrap();
     let vm = VmId::new_random();
-    plain.create_server(&spec(vm, HostConstraint::AnyOf(hosts.clone()))).await.unwrap();
-    plain.create_server(&spec(vm, HostConstraint::AnyOf(hosts.clone()))).await.unwrap();
+    plain.create_server(&spec(vm, HostConstraint::AnyOf(hosts.clone().into()))).await.unwrap();
+    plain.create_server(&spec(vm, HostConstraint::AnyOf(hosts.clone().into()))).await.unwrap();
     let posts: Vec<Value> = mock
         .requests()
         .iter()
@@ -542,7 +542,8 @@ async fn remote_servers_go_to_the_configured_zone_or_one_listed_host() {
     let host = posts[1]["host"].as_str().unwrap();
     assert!(hosts.iter().any(|h| h.as_str() == host), "{host}");
     assert_eq!(posts[2]["host"], posts[1]["host"], "the same VM gets the same host on a retry");
-    let err = plain.create_server(&spec(vm, HostConstraint::AnyOf(vec![]))).await.unwrap_err();
+    let err =
+        plain.create_server(&spec(vm, HostConstraint::AnyOf(Vec::new().into()))).await.unwrap_err();
     assert!(matches!(err, CloudError::Invalid { field: "host", .. }), "{err:?}");
 }
 

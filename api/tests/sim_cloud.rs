@@ -48,7 +48,7 @@ fn spec_on(vm: VmId, constraint: HostConstraint) -> ServerSpec {
 }
 
 fn spec(vm: VmId) -> ServerSpec {
-    spec_on(vm, HostConstraint::AnyOf(hosts(&["h1", "h2"])))
+    spec_on(vm, HostConstraint::AnyOf(hosts(&["h1", "h2"]).into()))
 }
 
 fn delays() -> SimConfig {
@@ -152,7 +152,7 @@ async fn pinned_host_is_honoured_and_an_unknown_one_refused() {
 #[tokio::test]
 async fn any_of_picks_the_least_loaded_known_host_ties_by_name() {
     let cloud = SimCloud::new(SimConfig::default(), hosts(&["a", "b", "c"]));
-    let candidates = HostConstraint::AnyOf(hosts(&["c", "unknown", "b", "a"]));
+    let candidates = HostConstraint::AnyOf(hosts(&["c", "unknown", "b", "a"]).into());
     let mut placed = Vec::new();
     for _ in 0..6 {
         let (id, on, _) =
@@ -165,7 +165,7 @@ async fn any_of_picks_the_least_loaded_known_host_ties_by_name() {
     // Only the candidates count: "c" is excluded though it is known.
     let (_, on, _) = create_active(
         &cloud,
-        &spec_on(VmId::new_random(), HostConstraint::AnyOf(hosts(&["b", "a"]))),
+        &spec_on(VmId::new_random(), HostConstraint::AnyOf(hosts(&["b", "a"]).into())),
     )
     .await;
     assert_eq!(on, host("a"));
@@ -176,9 +176,12 @@ async fn any_of_picks_the_least_loaded_known_host_ties_by_name() {
     }
     let (_, on, _) = create_active(&cloud, &spec_on(VmId::new_random(), candidates)).await;
     assert_eq!(on, host("c"));
+    // Candidates in name order (searched, not hashed) weigh the same: a has 3, b 2, c 1.
+    let sorted = HostConstraint::AnyOf(hosts(&["b", "c"]).into());
+    assert_eq!(create_active(&cloud, &spec_on(VmId::new_random(), sorted)).await.1, host("c"));
 
     for unknown in [hosts(&["x", "y"]), vec![]] {
-        let constraint = HostConstraint::AnyOf(unknown);
+        let constraint = HostConstraint::AnyOf(unknown.into());
         let err = cloud.create_server(&spec_on(VmId::new_random(), constraint)).await.unwrap_err();
         assert!(matches!(err, CloudError::Invalid { field: "host", .. }), "{err:?}");
     }
@@ -190,6 +193,14 @@ async fn any_of_picks_the_least_loaded_known_host_ties_by_name() {
         .await
         .unwrap_err();
     assert!(matches!(err, CloudError::Invalid { field: "host", .. }), "{err:?}");
+
+    // Hosts that come back keep their servers' weight (a 3, b 2, c 2); the new one has none.
+    cloud.set_hosts(hosts(&["a", "b", "c", "z"]));
+    let all = HostConstraint::AnyOf(hosts(&["a", "b", "c", "z"]).into());
+    assert_eq!(create_active(&cloud, &spec_on(VmId::new_random(), all.clone())).await.1, host("z"));
+    assert_eq!(create_active(&cloud, &spec_on(VmId::new_random(), all)).await.1, host("z"));
+    let all = HostConstraint::AnyOf(hosts(&["a", "b", "c", "z"]).into());
+    assert_eq!(create_active(&cloud, &spec_on(VmId::new_random(), all)).await.1, host("b"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -484,7 +495,7 @@ async fn an_unwritable_record_dir_fails_the_create_with_its_cause() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_creates_get_distinct_addresses_and_spread() {
     let cloud = Arc::new(SimCloud::new(SimConfig::default(), hosts(&["h1", "h2", "h3", "h4"])));
-    let constraint = HostConstraint::AnyOf(hosts(&["h1", "h2", "h3", "h4"]));
+    let constraint = HostConstraint::AnyOf(hosts(&["h1", "h2", "h3", "h4"]).into());
     let tasks: Vec<_> = (0..200)
         .map(|_| {
             let (cloud, spec) =

@@ -14,9 +14,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpgpums::{HostId, HostKind};
 use gsaasd::app::App;
 use gsaasd::auth::Role;
-use gsaasd::config::{Config, HostsBackend};
+use gsaasd::config::{Config, HostsBackend, InventoryGpu, InventoryHost};
 use gsaasd::service::{self, Service};
 
 /// The `p` quantile (0..=1) of sorted samples, by nearest rank; NaN for none.
@@ -26,6 +27,28 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
+}
+
+/// The name of host `h` of a cloud of [`inventory`] size.
+pub fn host_name(h: usize) -> String {
+    format!("gpu-{h:05}")
+}
+
+/// A cloud's inventory: `hosts` compute-GPU hosts of `gpus_per_host` H100s of `gpu_mib` each.
+pub fn inventory(hosts: usize, gpus_per_host: usize, gpu_mib: u64) -> Vec<InventoryHost> {
+    (0..hosts)
+        .map(|h| InventoryHost {
+            name: HostId::new(host_name(h)).unwrap(),
+            kind: HostKind::ComputeGpu,
+            gpus: vec![InventoryGpu {
+                model: "H100".into(),
+                memory_mib: gpu_mib,
+                count: gpus_per_host as u32,
+                unhealthy: None,
+            }],
+            gpu_network_address: None,
+        })
+        .collect()
 }
 
 pub fn sh(cmd: &mut Command) {

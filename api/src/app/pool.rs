@@ -16,18 +16,20 @@
 //! It is as current as this process's pool: another replica's drain shows here with this
 //! process's next pool transaction.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use gpgpums::{
-    CgpuAssignment, HostId, HostKind, HostState, Placement, Pool, Quota, QuotaLedger,
+    CgpuAssignment, HostId, HostKind, HostState, Placement, Pool, ProjectId, Quota, QuotaLedger,
     RcudaEndpoint, Usage, VmHost,
 };
 
 use super::App;
 use crate::db::{self, WriteTx};
 use crate::error::Error;
+use crate::model::GpuRecord;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -49,7 +51,18 @@ pub(crate) struct HostSummary {
 #[derive(Debug, Default)]
 pub(crate) struct HostDirectory {
     /// None until this process first loads its pool.
-    hosts: Mutex<Option<Arc<[HostSummary]>>>,
+    hosts: Mutex<Option<Arc<Directory>>>,
+}
+
+/// One publication of the [`HostDirectory`]: the hosts, and where a VM may run, worked out once per
+/// change of hosts rather than for every launch (thousands of names at a cloud's scale).
+#[derive(Debug)]
+struct Directory {
+    hosts: Arc<[HostSummary]>,
+    /// Schedulable compute-rGPU hosts (remote locality), in name order.
+    rgpu_hosts: Arc<[HostId]>,
+    /// Schedulable hosts with an agent (any locality), in name order.
+    agent_hosts: Arc<[HostId]>,
 }
 
 impl HostDirectory {
@@ -58,10 +71,35 @@ impl HostDirectory {
             .hosts()
             .map(|(name, kind, state)| HostSummary { name: name.clone(), kind, state })
             .collect();
-        *self.hosts.lock().expect("host directory") = Some(hosts);
+        let schedulable = |may_run: fn(HostKind) -> bool| -> Arc<[HostId]> {
+            let mut names: Vec<HostId> = hosts
+                .iter()
+                .filter(|h| h.state == HostState::Schedulable && may_run(h.kind))
+                .map(|h| h.name.clone())
+                .collect();
+            names.sort_unstable();
+            names.into()
+        };
+        let directory = Directory {
+            rgpu_hosts: schedulable(|kind| kind == HostKind::ComputeRgpu),
+            agent_hosts: schedulable(HostKind::has_agent),
+            hosts,
+        };
+        *self.hosts.lock().expect("host directory") = Some(Arc::new(directory));
     }
 
     pub(crate) fn get(&self) -> Option<Arc<[HostSummary]>> {
+        self.directory().map(|d| d.hosts.clone())
+    }
+
+    /// The schedulable hosts a VM may run on, in name order: compute-rGPU hosts only (`rgpu_only`),
+    /// or any host with an agent.
+    pub(crate) fn vm_hosts(&self, rgpu_only: bool) -> Option<Arc<[HostId]>> {
+        self.directory()
+            .map(|d| if rgpu_only { d.rgpu_hosts.clone() } else { d.agent_hosts.clone() })
+    }
+
+    fn directory(&self) -> Option<Arc<Directory>> {
         self.hosts.lock().expect("host directory").clone()
     }
 }
@@ -109,19 +147,22 @@ async fn load(tx: &mut WriteTx, default_quota: Quota) -> Result<(Pool, QuotaLedg
     for (project, quota) in db::quotas(tx).await? {
         quotas.set_limits(project, Some(quota));
     }
-    let projects: std::collections::HashMap<_, _> =
-        db::projects_of_vms_with_cgpus(tx).await?.into_iter().collect();
-    for (vm, cgpus) in db::all_cgpus(tx).await? {
-        match projects.get(&vm) {
-            Some(project) => quotas.restore(vm, project, Usage::of_cgpus(&assignments(&cgpus))),
-            None => tracing::error!(%vm, "stored cGPUs of a VM without a project"),
-        }
-        let placement = Placement {
-            vm,
-            policy: String::new(),
-            vm_host: VmHost::AnyAgentHost,
-            cgpus: assignments(&cgpus),
+    let gpus: HashMap<&str, &GpuRecord> = gpus.iter().map(|g| (g.id.as_str(), g)).collect();
+    for held in db::held_cgpus(tx).await? {
+        let vm = held.vm;
+        let cgpus = match held_assignments(&held, &gpus) {
+            Ok(cgpus) => cgpus,
+            Err(e) => {
+                tracing::error!(%vm, error = %e, "stored cGPUs on a GPU the pool does not have");
+                continue;
+            }
         };
+        match ProjectId::new(&held.project) {
+            Ok(project) => quotas.restore(vm, &project, Usage::of_cgpus(&cgpus)),
+            Err(_) => tracing::error!(%vm, "stored cGPUs of a VM with an invalid project"),
+        }
+        let placement =
+            Placement { vm, policy: String::new(), vm_host: VmHost::AnyAgentHost, cgpus };
         if let Err(e) = pool.restore(placement) {
             // Storage says this VM holds cGPUs that no longer fit (an inventory change behind our
             // back). Keep serving; the booking stays in the database for an operator to see.
@@ -143,21 +184,29 @@ async fn load(tx: &mut WriteTx, default_quota: Quota) -> Result<(Pool, QuotaLedg
     Ok((pool, quotas))
 }
 
-/// Stored cGPUs as the pool books them.
-fn assignments(cgpus: &[crate::model::CgpuRecord]) -> Vec<CgpuAssignment> {
-    cgpus
+/// A VM's stored cGPUs as the pool books them, each at its GPU's host and rCUDA endpoint.
+fn held_assignments(
+    held: &db::HeldVm,
+    gpus: &HashMap<&str, &GpuRecord>,
+) -> Result<Vec<CgpuAssignment>, Error> {
+    held.cgpus
         .iter()
-        .map(|c| CgpuAssignment {
-            index: c.index,
-            gpu: c.gpu.clone(),
-            host: c.host.clone(),
-            memory_mib: c.memory_mib,
-            mode: c.mode,
-            rcuda: RcudaEndpoint {
-                address: c.rcuda_address.into(),
-                port: c.rcuda_port,
-                gpu_number: c.rcuda_gpu_number,
-            },
+        .map(|c| {
+            let gpu = gpus
+                .get(c.gpu.as_str())
+                .ok_or_else(|| Error::internal(format!("no GPU {:?} in the pool", c.gpu)))?;
+            Ok(CgpuAssignment {
+                index: c.index,
+                gpu: gpu.id.clone(),
+                host: gpu.host.clone(),
+                memory_mib: c.memory_mib,
+                mode: c.mode,
+                rcuda: RcudaEndpoint {
+                    address: gpu.rcuda_address.into(),
+                    port: gpu.rcuda_port,
+                    gpu_number: gpu.rcuda_gpu_number,
+                },
+            })
         })
         .collect()
 }
@@ -259,9 +308,11 @@ impl App {
         tx: &mut WriteTx,
         generation: i64,
     ) -> Result<(), Error> {
+        let started = std::time::Instant::now();
         cached.generation = -1;
         (cached.pool, cached.quotas) = load(tx, self.config.quotas.quota()).await?;
         cached.generation = generation;
+        tracing::debug!(generation, load_ms = started.elapsed().as_millis() as u64, "pool loaded");
         self.pool.hosts.publish(&cached.pool);
         Ok(())
     }
@@ -269,6 +320,11 @@ impl App {
     /// The hosts as of this process's pool (see [`HostDirectory`]).
     pub(crate) fn host_directory(&self) -> Option<Arc<[HostSummary]>> {
         self.pool.hosts.get()
+    }
+
+    /// Where a VM may run as of this process's pool (see [`HostDirectory::vm_hosts`]).
+    pub(crate) fn directory_vm_hosts(&self, rgpu_only: bool) -> Option<Arc<[HostId]>> {
+        self.pool.hosts.vm_hosts(rgpu_only)
     }
 
     /// Reads the pool as of the latest generation.

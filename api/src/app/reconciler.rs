@@ -1,6 +1,7 @@
 //! The reconciler: one idempotent pass that converges whatever drifted, run on a timer and on demand.
 //!
 //! It takes no input and is never told what changed; each pass looks at everything:
+//! - this process's pool catches up with the database (a start loads it in its first pass);
 //! - hosts whose agents stopped heartbeating become unavailable for new cGPUs;
 //! - every host whose agent does not hold the latest table (a failed push, an agent that restarted
 //!   without its state, a table lost behind its back) gets its table again;
@@ -99,6 +100,12 @@ impl App {
         }
 
         let started = std::time::Instant::now();
+        // This process's pool, current with the database: a start loads it here, so the first
+        // pass ends with every launch ready to be decided in memory.
+        if let Err(e) = self.read_pool(|_| ()).await {
+            note(e);
+        }
+        let loaded_at = started.elapsed();
         status.tables_pushed = 0;
         match self.hosts().await {
             Ok(hosts) => {
@@ -152,7 +159,8 @@ impl App {
         }
 
         tracing::debug!(
-            tables_ms = pushed_at.as_millis() as u64,
+            pool_ms = loaded_at.as_millis() as u64,
+            tables_ms = (pushed_at - loaded_at).as_millis() as u64,
             cloud_ms = (followed_at - pushed_at).as_millis() as u64,
             rest_ms = (started.elapsed() - followed_at).as_millis() as u64,
             "reconciler pass"

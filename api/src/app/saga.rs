@@ -414,25 +414,22 @@ impl App {
     }
 
     /// Schedulable hosts a VM may run on: compute-rGPU hosts, or every host with an agent.
-    async fn vm_hosts(&self, rgpu_only: bool) -> Result<Vec<HostId>, Error> {
-        let may_run = |kind: HostKind, state: HostState| {
-            state == HostState::Schedulable
-                && if rgpu_only { kind == HostKind::ComputeRgpu } else { kind.has_agent() }
-        };
-        if let Some(hosts) = self.host_directory() {
-            return Ok(hosts
-                .iter()
-                .filter(|h| may_run(h.kind, h.state))
-                .map(|h| h.name.clone())
-                .collect());
+    async fn vm_hosts(&self, rgpu_only: bool) -> Result<Arc<[HostId]>, Error> {
+        if let Some(hosts) = self.directory_vm_hosts(rgpu_only) {
+            return Ok(hosts);
         }
         let mut conn = self.db.conn().await?;
-        Ok(db::hosts(&mut conn)
+        let mut hosts: Vec<HostId> = db::hosts(&mut conn)
             .await?
             .into_iter()
-            .filter(|h| may_run(h.kind, h.state))
+            .filter(|h| {
+                h.state == HostState::Schedulable
+                    && if rgpu_only { h.kind == HostKind::ComputeRgpu } else { h.kind.has_agent() }
+            })
             .map(|h| h.name)
-            .collect())
+            .collect();
+        hosts.sort_unstable();
+        Ok(hosts.into())
     }
 
     async fn host_has_agent(&self, host: &HostId) -> Result<bool, Error> {

@@ -44,13 +44,13 @@ pub struct VmRequest {
 }
 
 /// Where the cloud may run a server.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "hosts", rename_all = "kebab-case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostConstraint {
     /// Exactly this host (Nova's `host`, locality `local`).
     Pinned(HostId),
-    /// Any of these hosts, the cloud picks (remote: the compute-rGPU hosts; any: hosts with an agent).
-    AnyOf(Vec<HostId>),
+    /// Any of these hosts, the cloud picks (remote: the compute-rGPU hosts; any: hosts with an
+    /// agent). Shared, not copied per launch: a cloud has thousands.
+    AnyOf(std::sync::Arc<[HostId]>),
 }
 
 /// A tenant's own credential, with which the cloud authorizes what is done in the tenant's name:

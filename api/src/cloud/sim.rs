@@ -296,13 +296,10 @@ struct ServerRecord {
 struct State {
     /// The chaos faults' draws, seeded from `fault_seed`.
     chaos: gpgpums::seeded::SplitMix64,
-    hosts: BTreeSet<HostId>,
+    hosts: HostLoads,
     servers: HashMap<ServerId, ServerRecord>,
     /// The server of each VM that is not being deleted.
     live_by_vm: HashMap<VmId, ServerId>,
-    /// How many of `live_by_vm`'s servers each host runs (the scheduler's weigher, kept as they
-    /// come and go).
-    live_per_host: HashMap<HostId, usize>,
     /// Servers removed, and when, for `changes-since` (the latest [`MAX_TOMBSTONES`]).
     tombstones: VecDeque<(ServerId, std::time::SystemTime)>,
     faults: Faults,
@@ -312,7 +309,7 @@ struct State {
 const MAX_TOMBSTONES: usize = 4096;
 
 impl State {
-    fn schedule(&self, constraint: &HostConstraint) -> Result<HostId, CloudError> {
+    fn schedule(&mut self, constraint: &HostConstraint) -> Result<HostId, CloudError> {
         let no_valid_host = |reason: String| CloudError::Invalid {
             field: "host",
             reason: format!("No valid host was found. {reason}"),
@@ -321,24 +318,21 @@ impl State {
             HostConstraint::Pinned(host) if self.hosts.contains(host) => Ok(host.clone()),
             HostConstraint::Pinned(host) => Err(no_valid_host(format!(
                 "Host {host:?} is not a compute host of this cloud (known: {})",
-                join(&self.hosts)
+                join(&self.hosts.names)
             ))),
-            HostConstraint::AnyOf(candidates) => candidates
-                .iter()
-                .filter(|host| self.hosts.contains(*host))
-                .min_by_key(|host| (self.live_per_host.get(*host).copied().unwrap_or(0), *host))
-                .cloned()
-                .ok_or_else(|| {
+            HostConstraint::AnyOf(candidates) => {
+                self.hosts.least_loaded(candidates).ok_or_else(|| {
                     no_valid_host(format!(
                         "None of the candidate hosts ({}) is a compute host of this cloud",
-                        join(candidates)
+                        join(candidates.iter())
                     ))
-                }),
+                })
+            }
         }
     }
 
-    fn add_live(&mut self, vm: VmId, id: ServerId, host: HostId) {
-        *self.live_per_host.entry(host).or_default() += 1;
+    fn add_live(&mut self, vm: VmId, id: ServerId, host: &HostId) {
+        self.hosts.add_server(host);
         self.live_by_vm.insert(vm, id);
     }
 
@@ -349,18 +343,90 @@ impl State {
         }
         self.live_by_vm.remove(&vm);
         let Some(host) = self.servers.get(id).map(|record| record.host.clone()) else { return };
-        if let Some(count) = self.live_per_host.get_mut(&host) {
-            *count -= 1;
-            if *count == 0 {
-                self.live_per_host.remove(&host);
-            }
-        }
+        self.hosts.remove_server(&host);
     }
 
     fn live_record(&mut self, id: &ServerId) -> Option<&mut ServerRecord> {
         self.servers
             .get_mut(id)
             .filter(|record| matches!(record.observed.borrow().lifecycle, Lifecycle::Live))
+    }
+}
+
+/// The compute hosts and how many live servers each runs: the scheduler's weigher. Kept ordered by
+/// load as servers come and go, so a pick among thousands of hosts looks at the least loaded first
+/// instead of weighing every candidate.
+#[derive(Debug, Default)]
+struct HostLoads {
+    names: BTreeSet<HostId>,
+    /// Live servers per host, compute host or not (a removed host's servers stay).
+    live: HashMap<HostId, usize>,
+    /// `(live servers, host)` of every compute host.
+    by_load: BTreeSet<(usize, HostId)>,
+    /// The last candidate list found in name order.
+    sorted_candidates: Option<Arc<[HostId]>>,
+}
+
+impl HostLoads {
+    fn contains(&self, host: &HostId) -> bool {
+        self.names.contains(host)
+    }
+
+    fn load(&self, host: &HostId) -> usize {
+        self.live.get(host).copied().unwrap_or(0)
+    }
+
+    fn insert(&mut self, host: HostId) {
+        if self.names.insert(host.clone()) {
+            self.by_load.insert((self.load(&host), host));
+        }
+    }
+
+    fn set(&mut self, hosts: Vec<HostId>) {
+        self.names.clear();
+        self.by_load.clear();
+        hosts.into_iter().for_each(|host| self.insert(host));
+    }
+
+    fn add_server(&mut self, host: &HostId) {
+        self.reweigh(host, |live| live + 1);
+    }
+
+    fn remove_server(&mut self, host: &HostId) {
+        self.reweigh(host, |live| live.saturating_sub(1));
+    }
+
+    fn reweigh(&mut self, host: &HostId, change: impl FnOnce(usize) -> usize) {
+        let before = self.load(host);
+        let after = change(before);
+        match after {
+            0 => self.live.remove(host),
+            n => self.live.insert(host.clone(), n),
+        };
+        if self.names.contains(host) {
+            self.by_load.remove(&(before, host.clone()));
+            self.by_load.insert((after, host.clone()));
+        }
+    }
+
+    /// The least loaded compute host among `candidates` (ties: the first by name).
+    fn least_loaded(&mut self, candidates: &Arc<[HostId]>) -> Option<HostId> {
+        // gsaasd passes the same shared list launch after launch: checked for order once.
+        let sorted = match &self.sorted_candidates {
+            Some(known) if Arc::ptr_eq(known, candidates) => true,
+            _ if candidates.is_sorted() => {
+                self.sorted_candidates = Some(candidates.clone());
+                true
+            }
+            _ => false,
+        };
+        let is_candidate: Box<dyn Fn(&HostId) -> bool + '_> = if sorted {
+            Box::new(|host| candidates.binary_search(host).is_ok())
+        } else {
+            let set: std::collections::HashSet<&HostId> = candidates.iter().collect();
+            Box::new(move |host| set.contains(host))
+        };
+        self.by_load.iter().map(|(_, host)| host).find(|host| is_candidate(host)).cloned()
     }
 }
 
@@ -566,7 +632,8 @@ impl SimCloud {
         network: Arc<dyn SimVmNetwork>,
     ) -> Self {
         let chaos = gpgpums::seeded::SplitMix64::new(config.fault_seed);
-        let state = State { chaos, hosts: hosts.into_iter().collect(), ..State::default() };
+        let mut state = State { chaos, ..State::default() };
+        state.hosts.set(hosts);
         Self { shared: Arc::new(Shared { config, network, state: Mutex::new(state) }) }
     }
 
@@ -581,11 +648,11 @@ impl SimCloud {
 
     /// Replaces the compute hosts; servers already on a removed host stay.
     pub fn set_hosts(&self, hosts: Vec<HostId>) {
-        self.shared.state().hosts = hosts.into_iter().collect();
+        self.shared.state().hosts.set(hosts);
     }
 
     pub fn hosts(&self) -> Vec<HostId> {
-        self.shared.state().hosts.iter().cloned().collect()
+        self.shared.state().hosts.names.iter().cloned().collect()
     }
 
     /// Queues a fault; faults of one operation fire once each, in the order injected.
@@ -659,9 +726,9 @@ impl SimCloud {
 
     /// Moves the server to `host` as a live migration (or an evacuation) would: it keeps its
     /// port, so its fixed IP and tap.
-    pub fn migrate(&self, id: &ServerId, host: HostId) -> Result<(), CloudError> {
+    pub fn migrate(&self, id: &ServerId, host: &HostId) -> Result<(), CloudError> {
         let mut state = self.shared.state();
-        if !state.hosts.contains(&host) {
+        if !state.hosts.contains(host) {
             return Err(CloudError::Invalid {
                 field: "host",
                 reason: format!("{host} is not a compute host of this cloud"),
@@ -671,10 +738,8 @@ impl SimCloud {
         let old = std::mem::replace(&mut record.host, host.clone());
         record.changed = std::time::SystemTime::now();
         record.observed.send_modify(|o| o.info.host = Some(host.clone()));
-        if let Some(count) = state.live_per_host.get_mut(&old) {
-            *count = count.saturating_sub(1);
-        }
-        *state.live_per_host.entry(host).or_default() += 1;
+        state.hosts.remove_server(&old);
+        state.hosts.add_server(host);
         Ok(())
     }
 
@@ -758,7 +823,7 @@ impl Cloud for SimCloud {
                 observed: watch::Sender::new(observed),
             };
             state.servers.insert(id.clone(), record);
-            state.add_live(spec.vm, id.clone(), host);
+            state.add_live(spec.vm, id.clone(), &host);
             id
         };
         tokio::spawn(Arc::clone(&self.shared).run_lifecycle(id.clone()));

@@ -7,7 +7,7 @@ use gpgpums::{GpuId, HostId, VmId};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use super::{corrupt, fetch_batched, keys, Param, MAX_ROWS};
+use super::{corrupt, fetch_batched, keys, string_agg, Param, MAX_ROWS};
 use crate::error::Error;
 use crate::model::*;
 
@@ -92,19 +92,64 @@ pub async fn cgpus_of(conn: &mut AnyConnection, vm: VmId) -> Result<Vec<CgpuReco
     rows.iter().map(cgpu_from_row).collect()
 }
 
-/// Every booked cGPU, by VM.
-pub async fn all_cgpus(conn: &mut AnyConnection) -> Result<BTreeMap<VmId, Vec<CgpuRecord>>, Error> {
+/// A VM's booked cGPUs as the pool holds them (see [`held_cgpus`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldVm {
+    pub vm: VmId,
+    pub project: String,
+    /// As attached, a launch's by index.
+    pub cgpus: Vec<HeldCgpu>,
+}
+
+/// One booked cGPU: where the GPU is and its rCUDA endpoint are the GPU's own row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldCgpu {
+    pub index: u32,
+    pub gpu: String,
+    pub memory_mib: u64,
+    pub mode: gpgpums::Mode,
+}
+
+/// Every VM that holds cGPUs, with its project and its cGPUs: what loading the pool and the quota
+/// ledger needs. Most of a start's load at a million cGPUs, so it reads one row per VM, its cGPUs
+/// listed as text (see [`string_agg`]; no id or mode has a space or a comma), with no join with
+/// `gpus` (the pool has the GPUs).
+pub async fn held_cgpus(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error> {
+    let aggregate = string_agg(conn);
     let rows = sqlx::query(&format!(
-        "SELECT {CGPU_COLUMNS} FROM cgpus c JOIN gpus g ON g.id = c.gpu ORDER BY c.vm, {CGPU_ORDER}"
+        "SELECT c.vm, v.project, {aggregate}(c.idx || ' ' || c.seq || ' ' || c.memory_mib || ' ' \
+         || c.mode || ' ' || c.gpu, ',') FROM cgpus c JOIN vms v ON v.id = c.vm \
+         GROUP BY c.vm, v.project"
     ))
     .fetch_all(conn)
     .await?;
-    let mut by_vm: BTreeMap<VmId, Vec<CgpuRecord>> = BTreeMap::new();
+    let mut held = Vec::with_capacity(rows.len());
     for row in &rows {
-        let cgpu = cgpu_from_row(row)?;
-        by_vm.entry(cgpu.vm).or_default().push(cgpu);
+        let vm: &str = row.try_get(0)?;
+        let listed: &str = row.try_get(2)?;
+        let mut cgpus = listed
+            .split(',')
+            .map(|cgpu| held_cgpu(cgpu).ok_or_else(|| corrupt("cGPU", cgpu)))
+            .collect::<Result<Vec<_>, _>>()?;
+        cgpus.sort_by_key(|(seq, cgpu)| (*seq, cgpu.index));
+        held.push(HeldVm {
+            vm: vm.parse().map_err(|_| corrupt("VM id", vm))?,
+            project: row.try_get(1)?,
+            cgpus: cgpus.into_iter().map(|(_, cgpu)| cgpu).collect(),
+        });
     }
-    Ok(by_vm)
+    Ok(held)
+}
+
+/// One cGPU of [`held_cgpus`]'s list, "index seq memory mode gpu", with its seq.
+fn held_cgpu(listed: &str) -> Option<(i64, HeldCgpu)> {
+    let mut fields = listed.split(' ');
+    let index = fields.next()?.parse().ok()?;
+    let seq = fields.next()?.parse().ok()?;
+    let memory_mib = fields.next()?.parse().ok()?;
+    let mode = parse_mode(fields.next()?)?;
+    let gpu = fields.next()?.to_owned();
+    fields.next().is_none().then_some((seq, HeldCgpu { index, gpu, memory_mib, mode }))
 }
 
 /// Releases every cGPU of the VMs.
@@ -212,54 +257,67 @@ pub struct CgpuEndpoints {
 }
 
 /// The routes each host must serve: the cGPUs of every VM on it whose routes are on, and one row
-/// with no cGPU for each such VM that has none left, in one query per [`MAX_ROWS`] hosts.
+/// with no cGPU for each such VM that has none left, in one query per [`MAX_ROWS`] hosts (a row
+/// per VM, its cGPUs listed; see [`string_agg`]).
 pub async fn routed_cgpus_on(
     conn: &mut AnyConnection,
     hosts: &[HostId],
 ) -> Result<BTreeMap<HostId, Vec<RoutedCgpu>>, Error> {
-    let address = |text: String, what: &str| -> Result<Ipv4Addr, Error> {
-        text.parse().map_err(|_| corrupt(what, &text))
-    };
     let mut out: BTreeMap<HostId, Vec<RoutedCgpu>> =
         hosts.iter().map(|h| (h.clone(), Vec::new())).collect();
+    let aggregate = string_agg(conn);
     let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
         format!(
-            "SELECT v.host, v.id, v.fixed_ip, v.tap, c.masked_address, c.masked_port, g.rcuda_address, \
-             g.rcuda_port, g.rcuda_gpu_number FROM vms v \
-             LEFT JOIN cgpus c ON c.vm = v.id AND c.state NOT IN ('detaching', 'lost') LEFT JOIN gpus g ON g.id = c.gpu \
+            "SELECT v.host, v.id, v.fixed_ip, v.tap, {aggregate}(c.seq || ' ' || c.idx || ' ' \
+             || c.masked_address || ' ' || c.masked_port || ' ' || g.rcuda_address || ' ' \
+             || g.rcuda_port || ' ' || g.rcuda_gpu_number, ',') FROM vms v \
+             LEFT JOIN cgpus c ON c.vm = v.id AND c.state NOT IN ('detaching', 'lost') \
+             LEFT JOIN gpus g ON g.id = c.gpu \
              WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 \
-             ORDER BY v.host, v.id, {CGPU_ORDER}"
+             GROUP BY v.host, v.id, v.fixed_ip, v.tap ORDER BY v.host, v.id"
         )
     })
     .await?;
+    let mut host = None::<HostId>;
     for row in rows {
-        let host: String = row.try_get(0)?;
-        let host = HostId::new(&host).map_err(|_| corrupt("host name", &host))?;
-        let vm: String = row.try_get(1)?;
-        let cgpu = match row.try_get::<Option<String>, _>(4)? {
+        let name: &str = row.try_get(0)?;
+        if host.as_ref().is_none_or(|h| h.as_str() != name) {
+            host = Some(HostId::new(name).map_err(|_| corrupt("host name", name))?);
+        }
+        let host = host.clone().expect("set above");
+        let vm: &str = row.try_get(1)?;
+        let vm: VmId = vm.parse().map_err(|_| corrupt("VM id", vm))?;
+        let fixed_ip = match row.try_get::<Option<&str>, _>(2)? {
+            Some(ip) => Some(ip.parse().map_err(|_| corrupt("fixed IP", ip))?),
             None => None,
-            Some(masked) => Some(CgpuEndpoints {
-                masked: std::net::SocketAddrV4::new(
-                    address(masked, "masked address")?,
-                    row.try_get::<i64, _>(5)? as u16,
-                ),
-                target: std::net::SocketAddrV4::new(
-                    address(row.try_get(6)?, "rCUDA address")?,
-                    row.try_get::<i64, _>(7)? as u16,
-                ),
-                gpu_number: row.try_get::<i64, _>(8)? as u32,
-            }),
         };
-        let routed = RoutedCgpu {
-            vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
-            fixed_ip: row
-                .try_get::<Option<String>, _>(2)?
-                .map(|ip| address(ip, "fixed IP"))
-                .transpose()?,
-            tap: row.try_get(3)?,
-            cgpu,
-        };
-        out.entry(host).or_default().push(routed);
+        let tap: Option<String> = row.try_get(3)?;
+        let routed = |cgpu| RoutedCgpu { vm, fixed_ip, tap: tap.clone(), cgpu };
+        let list = out.entry(host).or_default();
+        match row.try_get::<Option<&str>, _>(4)? {
+            None => list.push(routed(None)),
+            Some(listed) => {
+                let mut cgpus = listed
+                    .split(',')
+                    .map(|cgpu| routed_cgpu(cgpu).ok_or_else(|| corrupt("routed cGPU", cgpu)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                cgpus.sort_by_key(|(order, _)| *order);
+                list.extend(cgpus.into_iter().map(|(_, cgpu)| routed(Some(cgpu))));
+            }
+        }
     }
     Ok(out)
+}
+
+/// One cGPU of [`routed_cgpus_on`]'s list, "seq index masked-address masked-port rcuda-address
+/// rcuda-port gpu-number", with its order.
+fn routed_cgpu(listed: &str) -> Option<((i64, u32), CgpuEndpoints)> {
+    let mut fields = listed.split(' ');
+    let order = (fields.next()?.parse().ok()?, fields.next()?.parse().ok()?);
+    let masked =
+        std::net::SocketAddrV4::new(fields.next()?.parse().ok()?, fields.next()?.parse().ok()?);
+    let target =
+        std::net::SocketAddrV4::new(fields.next()?.parse().ok()?, fields.next()?.parse().ok()?);
+    let gpu_number = fields.next()?.parse().ok()?;
+    fields.next().is_none().then_some((order, CgpuEndpoints { masked, target, gpu_number }))
 }

@@ -64,6 +64,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (11, "queue_bounds", include_str!("../../../migrations/0011_queue_bounds.sql")),
     (12, "fencing", include_str!("../../../migrations/0012_fencing.sql")),
     (13, "list_indexes", include_str!("../../../migrations/0013_list_indexes.sql")),
+    (14, "quota_counts", include_str!("../../../migrations/0014_quota_counts.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -272,6 +273,17 @@ fn prepare_sqlite_file(url: &str) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The backend's aggregate that joins text with a separator: reads that return a row per parent
+/// with its children listed (decoding a row costs far more than SQLite's reading it, so a million
+/// children read as a quarter of the rows load several times faster).
+fn string_agg(conn: &AnyConnection) -> &'static str {
+    if conn.backend_name() == "PostgreSQL" {
+        "string_agg"
+    } else {
+        "group_concat"
+    }
 }
 
 fn corrupt(what: &str, value: &str) -> Error {

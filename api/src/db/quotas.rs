@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use gpgpums::{ProjectId, Quota, VmId};
+use gpgpums::{ProjectId, Quota};
 use sqlx::{AnyConnection, Row};
 
 use super::{corrupt, fetch_batched, keys, MAX_ROWS};
@@ -75,27 +75,6 @@ pub async fn set_quota(
         .await?;
     }
     Ok(())
-}
-
-/// The project of every VM that holds cGPUs (what the ledger charges their cGPUs to).
-pub async fn projects_of_vms_with_cgpus(
-    conn: &mut AnyConnection,
-) -> Result<Vec<(VmId, ProjectId)>, Error> {
-    let rows = sqlx::query(
-        "SELECT v.id, v.project FROM vms v WHERE EXISTS (SELECT 1 FROM cgpus c WHERE c.vm = v.id) \
-         ORDER BY v.id",
-    )
-    .fetch_all(conn)
-    .await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let (id, project): (String, String) = (row.try_get(0)?, row.try_get(1)?);
-        out.push((
-            id.parse().map_err(|_| corrupt("VM id", &id))?,
-            ProjectId::new(&project).map_err(|_| corrupt("project", &project))?,
-        ));
-    }
-    Ok(out)
 }
 
 /// The VMs each of `projects` (`None`: every project) has that count against its quota: those
