@@ -23,17 +23,23 @@
 //!
 //! Checked after each stream, for every claim:
 //! - Placement: each consumer's allocations read back (`GET /allocations/{consumer}`) are what
-//!   was claimed; per GPU provider their sum is at most its capacity and equals Placement's own
-//!   usages (`GET /resource_providers/{uuid}/usages`).
+//!   was claimed, and per GPU provider their sum equals Placement's own usages
+//!   (`GET /resource_providers/{uuid}/usages`); GPUs booked past their capacity are reported.
+//!   (Placement 16.0.0 does over-allocate under concurrent claims: a claim retried after a
+//!   provider generation conflict counts its own failed attempt's allocation, still in the
+//!   transaction, as the provider's previous usage, and then passes the "no worse than before"
+//!   exception of `_check_capacity_exceeded`. Seen in the bench and in a 16-thread
+//!   reproduction on one provider: 10-12 claims of 16 GiB accepted on 96 GiB.)
 //! - gsaasd: every VM that got a 202 reaches `ready` holding one cGPU of the memory it asked for
-//!   (read from the store); per GPU the booked memory is at most the GPU's.
+//!   (read from the store); no GPU may be booked past its memory (the bench fails if one is).
 //!
 //! The providers and allocations are deleted at the end, and those of an interrupted earlier run
 //! (by their name prefix) at the start.
 //!
 //! Run: `scripts/openstack-dev.sh start` (prints the clouds.yaml path), then
 //! `GSAAS_OPENSTACK_CLOUDS=<that path> cargo bench -p gsaasd --bench peer`
-//! (args: `-- [gpus,...] [claims] [clients]`, default `1000,10000 2000 4`).
+//! (args: `-- [gpus,...] [claims,...] [clients]`: claims per size, or one count for all;
+//! default `1000,10000 1000,300 4`).
 #![allow(clippy::print_stdout)]
 
 #[path = "../tests/support/mod.rs"]
@@ -41,7 +47,7 @@ mod support;
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -298,8 +304,9 @@ impl Placement {
         }
     }
 
-    /// Every claim read back, and per provider: at most its capacity, as Placement counts it.
-    async fn check(&self, claims: &[(String, String, u64)]) {
+    /// Every claim read back, and per provider its sum against its capacity, as Placement
+    /// counts it. Over-allocation is reported, not a failure: it is the peer's to fix.
+    async fn check(&self, claims: &[(String, String, u64)]) -> OverAllocation {
         let mut per_provider: HashMap<&str, u64> = HashMap::new();
         for chunk in claims.chunks(SETUP_PARALLEL) {
             let read = support::join_all(chunk.iter().map(|(consumer, _, _)| {
@@ -315,6 +322,7 @@ impl Placement {
             }
         }
         let providers: Vec<(&str, u64)> = per_provider.into_iter().collect();
+        let mut over = OverAllocation::default();
         for chunk in providers.chunks(SETUP_PARALLEL) {
             let usages = support::join_all(chunk.iter().map(|(provider, _)| {
                 self.call(Method::GET, format!("/resource_providers/{provider}/usages"), None)
@@ -322,10 +330,41 @@ impl Placement {
             .await;
             for ((provider, sum), (status, body)) in chunk.iter().zip(usages) {
                 assert_eq!(status, 200, "{provider}: {body}");
-                assert!(*sum <= GPU_MIB, "provider {provider} over-allocated: {sum} MiB");
                 assert_eq!(body["usages"][CLASS], *sum, "provider {provider}'s usages");
+                over.add(*sum);
             }
         }
+        over
+    }
+}
+
+/// GPUs booked past their memory, found by the checks.
+#[derive(Default, Debug)]
+struct OverAllocation {
+    gpus: usize,
+    excess_mib: u64,
+    worst_mib: u64,
+}
+
+impl OverAllocation {
+    fn add(&mut self, booked_mib: u64) {
+        if booked_mib > GPU_MIB {
+            self.gpus += 1;
+            self.excess_mib += booked_mib - GPU_MIB;
+        }
+        self.worst_mib = self.worst_mib.max(booked_mib);
+    }
+
+    fn describe(&self) -> String {
+        if self.gpus == 0 {
+            return "no GPU over-allocated".to_owned();
+        }
+        format!(
+            "{} GPUs OVER-ALLOCATED by {} GiB in all (the worst holds {} GiB of 96)",
+            self.gpus,
+            self.excess_mib / 1024,
+            self.worst_mib / 1024
+        )
     }
 }
 
@@ -334,7 +373,7 @@ async fn placement_side(
     hosts: usize,
     asks: &Arc<Vec<u64>>,
     clients: usize,
-) -> Outcome {
+) -> (Outcome, OverAllocation) {
     placement.remove_own().await;
     let started = Instant::now();
     let gpus = placement.load(hosts).await;
@@ -360,7 +399,7 @@ async fn placement_side(
     };
     let claimed = std::mem::take(&mut *claimed.lock().unwrap());
     assert_eq!(claimed.len(), asks.len());
-    placement.check(&claimed).await;
+    let over = placement.check(&claimed).await;
     for chunk in claimed.chunks(SETUP_PARALLEL) {
         support::join_all(chunk.iter().map(|(consumer, _, _)| {
             placement.call(Method::DELETE, format!("/allocations/{consumer}"), None)
@@ -368,12 +407,16 @@ async fn placement_side(
         .await;
     }
     placement.remove_own().await;
-    outcome
+    (outcome, over)
 }
 
 // ---------- gsaasd ----------
 
-async fn gsaasd_side(hosts: usize, asks: &Arc<Vec<u64>>, clients: usize) -> Outcome {
+async fn gsaasd_side(
+    hosts: usize,
+    asks: &Arc<Vec<u64>>,
+    clients: usize,
+) -> (Outcome, OverAllocation) {
     let (mut config, _dir) = support::test_config(Store::Sqlite);
     config.inventory = common::inventory(hosts, GPUS_PER_HOST, GPU_MIB);
     let CloudConfig::Sim { sim } = &mut config.cloud else { unreachable!() };
@@ -426,13 +469,13 @@ async fn gsaasd_side(hosts: usize, asks: &Arc<Vec<u64>>, clients: usize) -> Outc
     let launched = std::mem::take(&mut *launched.lock().unwrap());
     assert_eq!(launched.len(), asks.len());
     let db = Db::connect(&config.database_url()).await.unwrap();
-    check_gsaasd(&db, &launched).await;
+    let over = check_gsaasd(&db, &launched).await;
     svc.abort();
-    outcome
+    (outcome, over)
 }
 
-/// Every launched VM ready with its one cGPU; no GPU booked past its memory.
-async fn check_gsaasd(db: &Db, launched: &[(String, u64)]) {
+/// Every launched VM ready with its one cGPU, and the GPUs booked past their memory.
+async fn check_gsaasd(db: &Db, launched: &[(String, u64)]) -> OverAllocation {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let row = sqlx::query("SELECT COUNT(*) FROM vms WHERE state = 'ready'")
@@ -464,13 +507,13 @@ async fn check_gsaasd(db: &Db, launched: &[(String, u64)]) {
     .fetch_all(&mut *db.conn().await.unwrap())
     .await
     .unwrap();
-    let per_gpu: BTreeMap<String, (i64, i64)> = rows
-        .iter()
-        .map(|r| (sqlx::Row::get(r, 0), (sqlx::Row::get(r, 1), sqlx::Row::get(r, 2))))
-        .collect();
-    for (gpu, (sum, memory)) in &per_gpu {
-        assert!(sum <= memory, "GPU {gpu} over-allocated: {sum} of {memory} MiB");
+    let mut over = OverAllocation::default();
+    for row in &rows {
+        let memory: i64 = sqlx::Row::get(row, 2);
+        assert_eq!(memory as u64, GPU_MIB, "every GPU of the inventory is an H100 of 96 GiB");
+        over.add(sqlx::Row::get::<i64, _>(row, 1) as u64);
     }
+    over
 }
 
 async fn run(gpus: usize, claims: usize, clients: usize) {
@@ -478,16 +521,18 @@ async fn run(gpus: usize, claims: usize, clients: usize) {
     let asks = Arc::new(stream(claims));
     println!("\n{hosts} hosts, {} GPUs of 96 GiB; {claims} claims of one shared cGPU of 4/8/16 GiB, {clients} clients", hosts * GPUS_PER_HOST);
     let placement = Placement::new().await;
-    let peer = placement_side(&placement, hosts, &asks, clients).await;
-    let ours = gsaasd_side(hosts, &asks, clients).await;
-    for (who, outcome) in [("Placement", &peer), ("gsaasd", &ours)] {
+    let (peer, peer_over) = placement_side(&placement, hosts, &asks, clients).await;
+    let (ours, our_over) = gsaasd_side(hosts, &asks, clients).await;
+    for (who, outcome, over) in [("Placement", &peer, &peer_over), ("gsaasd", &ours, &our_over)] {
         let (p50, p99) = outcome.p50_p99_ms();
         println!(
-            "  {who}: {:.1} claims/s ({} in {:.2} s), p50 {p50:.2} ms, p99 {p99:.2} ms, retries {}; every claim checked",
+            "  {who}: {:.1} claims/s ({} in {:.2} s), p50 {p50:.2} ms, p99 {p99:.2} ms, \
+             retries {}; every claim read back: {}",
             outcome.per_second(),
             outcome.claims,
             outcome.wall.as_secs_f64(),
             outcome.retries,
+            over.describe(),
         );
     }
     println!(
@@ -495,6 +540,7 @@ async fn run(gpus: usize, claims: usize, clients: usize) {
         ours.per_second() / peer.per_second(),
         peer.p50_p99_ms().1 / ours.p50_p99_ms().1
     );
+    assert_eq!(our_over.gpus, 0, "gsaasd over-allocated: {}", our_over.describe());
 }
 
 fn main() {
@@ -506,10 +552,15 @@ fn main() {
         .first()
         .map(|a| a.split(',').map(|s| s.parse().expect("GPU counts")).collect())
         .unwrap_or_else(|| vec![1_000, 10_000]);
-    let claims: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2_000);
+    // One count for every size, or one per size.
+    let claims: Vec<usize> = args
+        .get(1)
+        .map(|a| a.split(',').map(|s| s.parse().expect("claim counts")).collect())
+        .unwrap_or_else(|| vec![1_000, 300]);
     let clients: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(4);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    for gpus in sizes {
+    for (i, gpus) in sizes.into_iter().enumerate() {
+        let claims = claims.get(i).or(claims.last()).copied().expect("a claim count");
         runtime.block_on(run(gpus, claims, clients));
     }
 }

@@ -99,6 +99,7 @@ async fn create_server(sim: &SimCloud, vm: VmId, host: usize) -> (String, String
         user_data: Vec::new(),
         host: HostConstraint::Pinned(HostId::new(host_name(host)).unwrap()),
         tenant: None,
+        checked: None,
     };
     let id = sim.create_server(&spec).await.expect("the simulated Nova creates the server");
     let info = sim.wait_active(&id, Duration::from_secs(60)).await.expect("active");

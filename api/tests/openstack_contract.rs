@@ -27,7 +27,8 @@ use gpgpums::{HostId, VmId};
 use gsaasd::auth::Role;
 use gsaasd::cloud::nova::{vm_tag, NovaCloud, NovaConfig, VM_ID_METADATA};
 use gsaasd::cloud::{
-    Cloud, CloudError, HostConstraint, ServerId, ServerSpec, ServerStatus, TenantToken, VmRequest,
+    Checked, Cloud, CloudError, HostConstraint, ServerId, ServerSpec, ServerStatus, TenantToken,
+    VmRequest,
 };
 use gsaasd::openstack::keystone::{AdminScope, ValidatorSettings};
 use gsaasd::openstack::time::format_rfc3339;
@@ -242,6 +243,7 @@ fn spec(vm: VmId, host: HostConstraint) -> ServerSpec {
         user_data: b"#cloud-config\nwrite_files: []\n".to_vec(),
         host,
         tenant: None,
+        checked: None,
     }
 }
 
@@ -375,9 +377,13 @@ async fn check_finds_flavors_by_name_and_refuses_unknown_parts() {
     let mut by_name = request();
     by_name.flavor = "m1.tiny".into();
     by_name.networks = vec!["private".into()];
-    cloud.check(&by_name, None).await.unwrap();
+    let checked = cloud.check(&by_name, None).await.unwrap();
+    let flavor = fixture_json("nova/flavors_flavor-get-resp.json")["flavor"]["id"].clone();
+    assert_eq!(json!(checked.flavor), flavor, "the flavor's id, found by its name");
+    assert_eq!(checked.image, IMAGE_ID);
+    assert_eq!(checked.networks, json!([{ "uuid": NETWORK_ID }]));
 
-    let field = |r: Result<(), CloudError>| match r {
+    let field = |r: Result<Checked, CloudError>| match r {
         Err(CloudError::Invalid { field, .. }) => field,
         other => panic!("expected Invalid, got {other:?}"),
     };
@@ -398,15 +404,20 @@ async fn check_finds_flavors_by_name_and_refuses_unknown_parts() {
     assert_eq!(mock.count(&Method::GET, &format!("{NOVA}/images")), 0);
 }
 
-#[tokio::test]
-async fn create_sends_the_upstream_request_shape() {
-    let mock = Mock::start(|req, base| {
+/// A cloud whose Nova creates servers, answering with the upstream sample.
+async fn nova_that_creates() -> Mock {
+    Mock::start(|req, base| {
         if req.is(&Method::POST, &format!("{NOVA}/servers")) {
             return reply(202, fixture("nova/servers_v2.74_server-create-resp.json"));
         }
         standard(req, base)
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn create_sends_the_upstream_request_shape() {
+    let mock = nova_that_creates().await;
     let cloud = nova(&mock);
     let vm = VmId::new_random();
     let spec = spec(vm, pinned("openstack-node-01"));
@@ -448,6 +459,44 @@ async fn create_sends_the_upstream_request_shape() {
         .decode(ours["user_data"].as_str().unwrap())
         .unwrap();
     assert_eq!(user_data, spec.user_data);
+}
+
+/// A launch's first creation follows its check at once: no search for an earlier server, no
+/// second lookup of the flavor, image and networks; the one POST carries the check's ids.
+#[tokio::test]
+async fn a_launchs_first_creation_is_one_post_with_the_checks_ids() {
+    let mock = nova_that_creates().await;
+    let cloud = nova(&mock);
+    let checked = Checked {
+        flavor: "flavor-id-from-the-check".into(),
+        image: IMAGE_ID.into(),
+        networks: json!([{ "uuid": NETWORK_ID }]),
+    };
+    let first = ServerSpec {
+        checked: Some(checked.clone()),
+        ..spec(VmId::new_random(), pinned("openstack-node-01"))
+    };
+    cloud.create_server(&first).await.unwrap();
+    let sent: Vec<(Method, String)> = mock
+        .requests()
+        .into_iter()
+        .filter(|r| !r.path.starts_with("/identity"))
+        .map(|r| (r.method, r.path))
+        .collect();
+    assert_eq!(sent, vec![(Method::POST, format!("{NOVA}/servers"))], "only the creation");
+    let post = &mock
+        .requests()
+        .into_iter()
+        .find(|r| r.method == Method::POST && r.path.ends_with("/servers"))
+        .unwrap();
+    let server = post.json()["server"].clone();
+    assert_eq!(server["flavorRef"], "flavor-id-from-the-check");
+    assert_eq!(server["imageRef"], IMAGE_ID);
+    assert_eq!(server["networks"], json!([{ "uuid": NETWORK_ID }]));
+
+    // A retry (no `checked`) looks for the server a lost answer may have created.
+    cloud.create_server(&spec(VmId::new_random(), pinned("openstack-node-01"))).await.unwrap();
+    assert!(mock.requests().iter().any(|r| r.path.contains("/servers/detail?")));
 }
 
 /// Created for a tenant, the server is the tenant's: every request of the creation carries the
@@ -512,13 +561,7 @@ async fn a_tenants_server_is_created_with_the_tenants_token_in_zones() {
 
 #[tokio::test]
 async fn remote_servers_go_to_the_configured_zone_or_one_listed_host() {
-    let mock = Mock::start(|req, base| {
-        if req.is(&Method::POST, &format!("{NOVA}/servers")) {
-            return reply(202, fixture("nova/servers_v2.74_server-create-resp.json"));
-        }
-        standard(req, base)
-    })
-    .await;
+    let mock = nova_that_creates().await;
     let hosts: Vec<HostId> =
         ["compute0-rgpu", "compute1-rgpu"].iter().map(|h| HostId::new(*h).unwrap()).collect();
     let zoned = NovaConfig { availability_zone: Some("rgpu".into()), ..config() };
@@ -812,13 +855,7 @@ async fn too_large_user_data_is_refused_before_any_request() {
     assert!(matches!(err, CloudError::Invalid { field: "user_data", .. }), "{err:?}");
     assert!(mock.requests().is_empty());
     spec.user_data.truncate(49_149);
-    let mock = Mock::start(|req, base| {
-        if req.is(&Method::POST, &format!("{NOVA}/servers")) {
-            return reply(202, fixture("nova/servers_v2.74_server-create-resp.json"));
-        }
-        standard(req, base)
-    })
-    .await;
+    let mock = nova_that_creates().await;
     nova(&mock).create_server(&spec).await.unwrap();
 }
 

@@ -44,6 +44,7 @@ fn spec_on(vm: VmId, constraint: HostConstraint) -> ServerSpec {
         user_data: format!("#cloud-config\n# {vm}\n").into_bytes(),
         host: constraint,
         tenant: None,
+        checked: None,
     }
 }
 

@@ -79,6 +79,9 @@ pub struct App {
     /// The tenants' cloud credentials of launches whose server is not created yet: kept in memory
     /// only, for the saga that creates the server as the tenant (see [`saga`]).
     tenant_tokens: Mutex<HashMap<VmId, crate::cloud::TenantToken>>,
+    /// What the cloud's check of a launch found, for its saga's first creation attempt (see
+    /// [`crate::cloud::ServerSpec::checked`]); taken when the saga starts.
+    checked_launches: Mutex<HashMap<VmId, crate::cloud::Checked>>,
     /// Serializes this process's pushes to each host, and lets one push stand for the pushes
     /// requested before it read the host's routes (see [`App::push_routes`]).
     host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
@@ -132,6 +135,7 @@ impl App {
             instance: uuid::Uuid::new_v4().to_string(),
             running: Mutex::new(HashMap::new()),
             tenant_tokens: Mutex::new(HashMap::new()),
+            checked_launches: Mutex::new(HashMap::new()),
             host_locks: Mutex::new(HashMap::new()),
             reconciler: reconciler::Reconciler::default(),
             cloud_seen: Mutex::new(None),

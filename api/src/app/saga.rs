@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use super::bookings::{Ending, VM_CHANGED};
 use super::vms::{rcuda_env, VmDetails};
 use super::{App, RunningSaga};
-use crate::cloud::{CloudError, HostConstraint, ServerSpec};
+use crate::cloud::{Checked, CloudError, HostConstraint, ServerSpec};
 use crate::cloudinit;
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
@@ -131,6 +131,7 @@ impl App {
                 }
             };
             app.tenant_tokens.lock().expect("tenant tokens").remove(&id);
+            app.checked_launches.lock().expect("checked launches").remove(&id);
             if !released {
                 if let Ok(mut conn) = app.db.conn().await {
                     let _ = db::release_saga(&mut conn, id, &app.instance).await;
@@ -178,9 +179,12 @@ impl App {
         let mut cgpus: Option<Vec<CgpuRecord>> = None;
         // Where the undo steps' withdrawal could not be confirmed (see [`super::fences`]).
         let mut fence_on: Option<HostId> = None;
+        // The launch's check, when this run is the first of a VM the launch just wrote as ours.
+        let mut checked: Option<Checked> = None;
         if let Some(start) = start {
             current = Some(start.vm);
             cgpus = Some(start.cgpus);
+            checked = self.checked_launches.lock().expect("checked launches").remove(&id);
         }
         loop {
             // Ours when it comes from our own write: a write that ends the saga releases the lease.
@@ -188,6 +192,8 @@ impl App {
             let mut vm = match current.take() {
                 Some(vm) => vm,
                 None => {
+                    // Someone else may have written it, even tried its creation: no shortcuts.
+                    checked = None;
                     let now = now_ms();
                     let mut conn = self.db.conn().await?;
                     let claimed =
@@ -213,7 +219,8 @@ impl App {
                 continue;
             }
             let step = vm.step;
-            let outcome = self.run_step(&mut vm, &mut cgpus, &mut fence_on, wake).await;
+            let outcome =
+                self.run_step(&mut vm, &mut cgpus, &mut checked, &mut fence_on, wake).await;
             match outcome {
                 Ok(Progress::Unrecorded) => current = Some(vm),
                 Ok(Progress::Recorded) => current = Some(vm),
@@ -274,6 +281,7 @@ impl App {
         self: &Arc<Self>,
         vm: &mut VmRecord,
         cgpus: &mut Option<Vec<CgpuRecord>>,
+        checked: &mut Option<Checked>,
         fence_on: &mut Option<HostId>,
         wake: &Notify,
     ) -> Result<Progress, StepError> {
@@ -281,11 +289,12 @@ impl App {
             SagaStep::CheckCloud => {
                 let tenant = self.tenant_credential(vm.id).await?;
                 let check = self.cloud.check(&vm.spec.vm, tenant.as_ref()).await;
-                check.map_err(|e| cloud_failure("check", &e))?;
+                // Creation comes next in this run, so its first attempt is the first ever.
+                *checked = Some(check.map_err(|e| cloud_failure("check", &e))?);
                 vm.step = SagaStep::CreateVm;
             }
             SagaStep::CreateVm => {
-                self.create_vm(vm, cgpus).await?;
+                self.create_vm(vm, cgpus, checked.take()).await?;
                 return Ok(Progress::Unrecorded);
             }
             SagaStep::WaitActive => {
@@ -374,6 +383,7 @@ impl App {
         &self,
         vm: &mut VmRecord,
         known_cgpus: &mut Option<Vec<CgpuRecord>>,
+        checked: Option<Checked>,
     ) -> Result<(), StepError> {
         let started = Instant::now();
         let cgpus = match known_cgpus.take() {
@@ -402,7 +412,8 @@ impl App {
             Locality::Any => HostConstraint::AnyOf(self.vm_hosts(false).await?),
         };
         let tenant = self.tenant_credential(vm.id).await?;
-        let spec = ServerSpec { vm: vm.id, request: vm.spec.vm.clone(), user_data, host, tenant };
+        let request = vm.spec.vm.clone();
+        let spec = ServerSpec { vm: vm.id, request, user_data, host, tenant, checked };
         let server =
             self.cloud.create_server(&spec).await.map_err(|e| cloud_failure("create", &e))?;
         // Created: what follows is the service user's, and the tenant's token is not kept.

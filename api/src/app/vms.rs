@@ -141,10 +141,11 @@ impl App {
                  (X-Auth-Token), not a gsaasd token",
             ));
         }
-        self.cloud.check(&input.spec.vm, input.tenant.as_ref()).await.map_err(|e| {
-            inc(&self.metrics.launches_refused);
-            cloud_error(e)
-        })?;
+        let checked =
+            self.cloud.check(&input.spec.vm, input.tenant.as_ref()).await.map_err(|e| {
+                inc(&self.metrics.launches_refused);
+                cloud_error(e)
+            })?;
         let check = received.elapsed().as_secs_f64();
 
         // Time-ordered (UUIDv7): VMs launched together sit together in the id indexes, so a batch
@@ -226,6 +227,7 @@ impl App {
         if let Some(tenant) = input.tenant.clone() {
             self.tenant_tokens.lock().expect("tenant tokens").insert(id, tenant);
         }
+        self.checked_launches.lock().expect("checked launches").insert(id, checked);
         if let Some(seconds) = details.vm.timings.gpu_selection {
             self.metrics.decision_seconds.observe(seconds);
         }

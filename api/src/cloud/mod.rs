@@ -74,6 +74,17 @@ impl std::fmt::Debug for TenantToken {
     }
 }
 
+/// What a check found the request's names to be (Nova: the flavor's, image's and networks' ids).
+/// A launch's first creation, which follows its check at once, passes it back (see
+/// [`ServerSpec::checked`]) rather than looking everything up again.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Checked {
+    pub flavor: String,
+    pub image: String,
+    /// Nova's `networks` of `POST /servers` (a list of `{"uuid": ...}`, or `"auto"` / `"none"`).
+    pub networks: serde_json::Value,
+}
+
 /// Everything needed to create one server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerSpec {
@@ -86,6 +97,11 @@ pub struct ServerSpec {
     /// The tenant the server is created for, in its own project and with its own rights; `None`:
     /// as gsaasd's service user (the simulated cloud, and tests of the cloud itself).
     pub tenant: Option<TenantToken>,
+    /// Set on a launch's first creation attempt only, by the process that checked the launch a
+    /// moment before: no server can exist for the VM yet, so the cloud skips its search for one
+    /// and uses these ids as they are (Nova still authorizes each on creation). `None`: a retry,
+    /// a resumed saga or a queued launch, which look for an earlier server and resolve again.
+    pub checked: Option<Checked>,
 }
 
 /// Nova's server states that matter here.
@@ -158,12 +174,12 @@ impl CloudError {
 #[async_trait]
 pub trait Cloud: Send + Sync + std::fmt::Debug {
     /// Checks that the cloud can run the VM part of a request (flavor, image and networks exist,
-    /// and `tenant`, when given, may use them).
+    /// and `tenant`, when given, may use them), and what it found them to be.
     async fn check(
         &self,
         request: &VmRequest,
         tenant: Option<&TenantToken>,
-    ) -> Result<(), CloudError>;
+    ) -> Result<Checked, CloudError>;
 
     /// Whether servers must be created as their tenant ([`ServerSpec::tenant`]): a real cloud's
     /// projects own their servers and authorize their images and networks.

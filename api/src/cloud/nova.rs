@@ -48,8 +48,8 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 
 use super::{
-    Cloud, CloudError, Delegation, HostConstraint, ServerId, ServerInfo, ServerSeen, ServerSpec,
-    ServerStatus, TenantToken, VmRequest,
+    Checked, Cloud, CloudError, Delegation, HostConstraint, ServerId, ServerInfo, ServerSeen,
+    ServerSpec, ServerStatus, TenantToken, VmRequest,
 };
 use crate::cloudinit::{base64_len, NOVA_USER_DATA_MAX_BASE64};
 use crate::error::ErrorChain;
@@ -605,11 +605,11 @@ impl NovaCloud {
         &self,
         request: &VmRequest,
         tenant: Option<&TenantToken>,
-    ) -> Result<(String, String, Value), CloudError> {
+    ) -> Result<Checked, CloudError> {
         let flavor = self.resolve_flavor(&request.flavor, tenant).await?;
         let image = self.resolve_image(&request.image, tenant).await?;
         let networks = self.networks(request, tenant).await?;
-        Ok((flavor, image, networks))
+        Ok(Checked { flavor, image, networks })
     }
 
     async fn get_server(&self, id: &ServerId) -> Result<NovaServer, CloudError> {
@@ -759,8 +759,8 @@ impl Cloud for NovaCloud {
         &self,
         request: &VmRequest,
         tenant: Option<&TenantToken>,
-    ) -> Result<(), CloudError> {
-        self.resolve(request, tenant).await.map(|_| ())
+    ) -> Result<Checked, CloudError> {
+        self.resolve(request, tenant).await
     }
 
     fn needs_tenant_token(&self) -> bool {
@@ -827,10 +827,16 @@ impl Cloud for NovaCloud {
         }
         let tenant = spec.tenant.as_ref();
         let placement = self.placement(spec.vm, &spec.host, tenant.is_some())?;
-        if let Some(id) = self.find_server_as(spec.vm, tenant).await? {
-            return Ok(id);
-        }
-        let (flavor, image, networks) = self.resolve(&spec.request, tenant).await?;
+        let Checked { flavor, image, networks } = match &spec.checked {
+            // The launch's first attempt, checked a moment ago: nothing to find, nothing to resolve.
+            Some(checked) => checked.clone(),
+            None => {
+                if let Some(id) = self.find_server_as(spec.vm, tenant).await? {
+                    return Ok(id);
+                }
+                self.resolve(&spec.request, tenant).await?
+            }
+        };
         let mut server = json!({
             "name": spec.request.name,
             "imageRef": image,

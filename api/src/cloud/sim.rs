@@ -40,8 +40,8 @@ use uuid::Uuid;
 
 use super::sim_netns::{NetnsConfig, SimNetns};
 use super::{
-    Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSeen, ServerSpec, ServerStatus,
-    TenantToken, VmRequest,
+    Checked, Cloud, CloudError, HostConstraint, ServerId, ServerInfo, ServerSeen, ServerSpec,
+    ServerStatus, TenantToken, VmRequest,
 };
 
 /// The simulated cloud's settings (`[cloud.sim]` in gsaasd's config).
@@ -773,11 +773,14 @@ impl Cloud for SimCloud {
         &self,
         request: &VmRequest,
         _tenant: Option<&TenantToken>,
-    ) -> Result<(), CloudError> {
+    ) -> Result<Checked, CloudError> {
         if self.strikes() || take(&mut self.shared.state().faults.check) {
             return Err(injected_outage("the check"));
         }
-        self.shared.validate(request)
+        self.shared.validate(request)?;
+        // The simulated cloud knows its flavors and images by name.
+        let networks = serde_json::json!(request.networks);
+        Ok(Checked { flavor: request.flavor.clone(), image: request.image.clone(), networks })
     }
 
     async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError> {

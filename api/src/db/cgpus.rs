@@ -14,6 +14,7 @@ use crate::model::*;
 pub(super) const CGPU_COLUMNS: &str =
     "c.vm, c.idx, c.gpu, g.host, c.memory_mib, c.mode, c.masked_address, c.masked_port, \
      g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number, c.seq, c.state";
+pub(super) const CGPU_COLUMN_COUNT: usize = 13;
 
 /// The order of a VM's cGPUs: as attached, a launch's by index.
 pub(super) const CGPU_ORDER: &str = "c.seq, c.idx";

@@ -4,7 +4,7 @@ use gpgpums::{HostId, VmId};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use super::cgpus::{cgpu_from_row_at, CGPU_COLUMNS, CGPU_ORDER};
+use super::cgpus::{cgpu_from_row_at, CGPU_COLUMNS, CGPU_COLUMN_COUNT};
 use super::{corrupt, fetch_batched, keys, Param, MAX_ROWS};
 use crate::cloud::ServerId;
 use crate::error::Error;
@@ -16,55 +16,81 @@ pub(super) const VM_COLUMNS: &str = "v.id, v.project, v.owner, v.name, v.request
 pub(super) const VM_COLUMN_COUNT: usize = 18;
 
 pub(super) fn vm_from_row(row: &AnyRow) -> Result<VmRecord, Error> {
-    let id: String = row.try_get(0)?;
-    let request: String = row.try_get(4)?;
-    let state: String = row.try_get(6)?;
-    let step: String = row.try_get(8)?;
-    let host: Option<String> = row.try_get(10)?;
-    let fixed_ip: Option<String> = row.try_get(11)?;
-    let timings: String = row.try_get(14)?;
+    vm_from_row_at(row, 0)
+}
+
+/// A VM from [`VM_COLUMNS`] starting at column `at`.
+fn vm_from_row_at(row: &AnyRow, at: usize) -> Result<VmRecord, Error> {
+    let id: String = row.try_get(at)?;
+    let request: String = row.try_get(at + 4)?;
+    let state: String = row.try_get(at + 6)?;
+    let step: String = row.try_get(at + 8)?;
+    let host: Option<String> = row.try_get(at + 10)?;
+    let fixed_ip: Option<String> = row.try_get(at + 11)?;
+    let timings: String = row.try_get(at + 14)?;
     Ok(VmRecord {
         id: id.parse().map_err(|_| corrupt("VM id", &id))?,
-        project: row.try_get(1)?,
-        owner: row.try_get(2)?,
-        name: row.try_get(3)?,
+        project: row.try_get(at + 1)?,
+        owner: row.try_get(at + 2)?,
+        name: row.try_get(at + 3)?,
         spec: serde_json::from_str(&request).map_err(|_| corrupt("launch request", &request))?,
-        policy: row.try_get(5)?,
+        policy: row.try_get(at + 5)?,
         state: VmState::parse(&state).ok_or_else(|| corrupt("VM state", &state))?,
-        error: row.try_get(7)?,
+        error: row.try_get(at + 7)?,
         step: SagaStep::parse(&step).ok_or_else(|| corrupt("saga step", &step))?,
-        server_id: row.try_get::<Option<String>, _>(9)?.map(ServerId),
+        server_id: row.try_get::<Option<String>, _>(at + 9)?.map(ServerId),
         host: host.map(|h| HostId::new(&h).map_err(|_| corrupt("host name", &h))).transpose()?,
         fixed_ip: fixed_ip
             .map(|ip| ip.parse().map_err(|_| corrupt("fixed IP", &ip)))
             .transpose()?,
-        tap: row.try_get(12)?,
-        routes_on: row.try_get::<i64, _>(13)? != 0,
+        tap: row.try_get(at + 12)?,
+        routes_on: row.try_get::<i64, _>(at + 13)? != 0,
         timings: serde_json::from_str(&timings).map_err(|_| corrupt("timings", &timings))?,
-        created_ms: row.try_get(15)?,
-        updated_ms: row.try_get(16)?,
-        version: row.try_get(17)?,
+        created_ms: row.try_get(at + 15)?,
+        updated_ms: row.try_get(at + 16)?,
+        version: row.try_get(at + 17)?,
     })
 }
 
-/// Rows of VMs joined with their cGPUs (none: NULL cGPU columns), grouped back into VMs in order.
+/// The rows of [`vms_and_cgpus`], grouped back into VMs in order.
 fn vms_with_cgpus_from_rows(rows: &[AnyRow]) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
     let mut out: Vec<(VmRecord, Vec<CgpuRecord>)> = Vec::new();
     for row in rows {
-        let id: String = row.try_get(0)?;
-        if out.last().is_none_or(|(vm, _)| vm.id.to_string() != id) {
-            out.push((vm_from_row(row)?, Vec::new()));
+        if row.try_get::<i64, _>(2)? == 0 {
+            out.push((vm_from_row_at(row, 3)?, Vec::new()));
+            continue;
         }
-        if row.try_get::<Option<String>, _>(VM_COLUMN_COUNT)?.is_some() {
-            let cgpu = cgpu_from_row_at(row, VM_COLUMN_COUNT)?;
-            out.last_mut().expect("pushed above").1.push(cgpu);
+        let cgpu = cgpu_from_row_at(row, 3 + VM_COLUMN_COUNT)?;
+        match out.last_mut() {
+            Some((vm, cgpus)) if vm.id == cgpu.vm => cgpus.push(cgpu),
+            _ => return Err(corrupt("cGPU of no VM read before it", &cgpu.vm.to_string())),
         }
     }
     Ok(out)
 }
 
-const VMS_WITH_CGPUS: &str =
-    "FROM vms v LEFT JOIN cgpus c ON c.vm = v.id LEFT JOIN gpus g ON g.id = c.gpu";
+/// One statement that reads the VMs `wanted` selects (`id, created_ms` of each) and their cGPUs
+/// without repeating a VM's columns on each of its cGPUs' rows, as a join would: at 75 cGPUs a
+/// join decoded the VM's 18 columns (its launch request among them) 75 times, and a VM's view is
+/// read on every poll of it. Each row is `(created_ms, id, kind, VM columns, cGPU columns)`: kind
+/// 0 is the VM's row (NULL cGPU columns), kind 1 a cGPU's (NULL VM columns), the VM's first.
+/// `newest_first` orders the VMs as lists do; otherwise by id.
+fn vms_and_cgpus(wanted: &str, newest_first: bool) -> String {
+    let nulls = |n: usize| vec!["NULL"; n].join(", ");
+    let (vm_nulls, cgpu_nulls) = (nulls(VM_COLUMN_COUNT), nulls(CGPU_COLUMN_COUNT));
+    // Output positions: 3 kind, then the cGPU's seq and idx (see CGPU_COLUMNS).
+    let (seq, idx) = (4 + VM_COLUMN_COUNT + 11, 4 + VM_COLUMN_COUNT + 1);
+    let order = if newest_first { "1 DESC, 2 DESC" } else { "2" };
+    format!(
+        "WITH wanted (id, created_ms) AS ({wanted}) \
+         SELECT w.created_ms, w.id, CAST(0 AS BIGINT), {VM_COLUMNS}, {cgpu_nulls} \
+         FROM wanted w JOIN vms v ON v.id = w.id \
+         UNION ALL \
+         SELECT w.created_ms, w.id, CAST(1 AS BIGINT), {vm_nulls}, {CGPU_COLUMNS} \
+         FROM wanted w JOIN cgpus c ON c.vm = w.id JOIN gpus g ON g.id = c.gpu \
+         ORDER BY {order}, 3, {seq}, {idx}"
+    )
+}
 
 /// VMs and their cGPUs, in one query per [`MAX_ROWS`] ids; unknown ids are left out.
 pub async fn vms_with_cgpus_by_id(
@@ -73,9 +99,9 @@ pub async fn vms_with_cgpus_by_id(
 ) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
     let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
     let rows = fetch_batched(conn, keys(ids.iter().map(String::as_str)), MAX_ROWS, |values| {
-        format!(
-            "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.id IN (VALUES {values}) \
-             ORDER BY v.id, {CGPU_ORDER}"
+        vms_and_cgpus(
+            &format!("SELECT id, created_ms FROM vms WHERE id IN (VALUES {values})"),
+            false,
         )
     })
     .await?;
@@ -158,10 +184,12 @@ pub async fn vm_page(
     } else {
         format!("WHERE {}", conditions.join(" AND "))
     };
-    let sql = format!(
-        "SELECT {VM_COLUMNS}, {CGPU_COLUMNS} {VMS_WITH_CGPUS} WHERE v.id IN ( \
-             SELECT id FROM vms {filter_sql} ORDER BY created_ms DESC, id DESC LIMIT ${limit_param}) \
-         ORDER BY v.created_ms DESC, v.id DESC, {CGPU_ORDER}"
+    let sql = vms_and_cgpus(
+        &format!(
+            "SELECT id, created_ms FROM vms {filter_sql} \
+             ORDER BY created_ms DESC, id DESC LIMIT ${limit_param}"
+        ),
+        true,
     );
     let mut query = sqlx::query(&sql);
     for text in texts {
