@@ -74,7 +74,9 @@ fn vms_with_cgpus_from_rows(rows: &[AnyRow]) -> Result<Vec<(VmRecord, Vec<CgpuRe
 /// join decoded the VM's 18 columns (its launch request among them) 75 times, and a VM's view is
 /// read on every poll of it. Each row is `(created_ms, id, kind, VM columns, cGPU columns)`: kind
 /// 0 is the VM's row (NULL cGPU columns), kind 1 a cGPU's (NULL VM columns), the VM's first.
-/// `newest_first` orders the VMs as lists do; otherwise by id.
+/// `newest_first` orders the VMs as lists do; otherwise by id. `CROSS JOIN` keeps `wanted` the
+/// outer loop: with a plain join SQLite 3.46 chose to scan every cGPU and probe `wanted` (176 ms
+/// at 400,000 cGPUs, 1.4 s at a million, against 2 ms).
 fn vms_and_cgpus(wanted: &str, newest_first: bool) -> String {
     let nulls = |n: usize| vec!["NULL"; n].join(", ");
     let (vm_nulls, cgpu_nulls) = (nulls(VM_COLUMN_COUNT), nulls(CGPU_COLUMN_COUNT));
@@ -84,10 +86,10 @@ fn vms_and_cgpus(wanted: &str, newest_first: bool) -> String {
     format!(
         "WITH wanted (id, created_ms) AS ({wanted}) \
          SELECT w.created_ms, w.id, CAST(0 AS BIGINT), {VM_COLUMNS}, {cgpu_nulls} \
-         FROM wanted w JOIN vms v ON v.id = w.id \
+         FROM wanted w CROSS JOIN vms v WHERE v.id = w.id \
          UNION ALL \
          SELECT w.created_ms, w.id, CAST(1 AS BIGINT), {vm_nulls}, {CGPU_COLUMNS} \
-         FROM wanted w JOIN cgpus c ON c.vm = w.id JOIN gpus g ON g.id = c.gpu \
+         FROM wanted w CROSS JOIN cgpus c JOIN gpus g ON g.id = c.gpu WHERE c.vm = w.id \
          ORDER BY {order}, 3, {seq}, {idx}"
     )
 }
