@@ -54,6 +54,22 @@ pub(crate) struct HostDirectory {
     hosts: Mutex<Option<Arc<Directory>>>,
 }
 
+/// The schedulable hosts a VM may run on, in name order: compute-rGPU hosts only (`rgpu_only`,
+/// remote locality), or any host with an agent.
+pub(crate) fn vm_hosts_of<'a>(
+    hosts: impl Iterator<Item = (&'a HostId, HostKind, HostState)>,
+    rgpu_only: bool,
+) -> Arc<[HostId]> {
+    let may_run =
+        |kind: HostKind| if rgpu_only { kind == HostKind::ComputeRgpu } else { kind.has_agent() };
+    let mut names: Vec<HostId> = hosts
+        .filter(|(_, kind, state)| *state == HostState::Schedulable && may_run(*kind))
+        .map(|(name, _, _)| name.clone())
+        .collect();
+    names.sort_unstable();
+    names.into()
+}
+
 /// One publication of the [`HostDirectory`]: the hosts, and where a VM may run, worked out once per
 /// change of hosts rather than for every launch (thousands of names at a cloud's scale).
 #[derive(Debug)]
@@ -71,20 +87,10 @@ impl HostDirectory {
             .hosts()
             .map(|(name, kind, state)| HostSummary { name: name.clone(), kind, state })
             .collect();
-        let schedulable = |may_run: fn(HostKind) -> bool| -> Arc<[HostId]> {
-            let mut names: Vec<HostId> = hosts
-                .iter()
-                .filter(|h| h.state == HostState::Schedulable && may_run(h.kind))
-                .map(|h| h.name.clone())
-                .collect();
-            names.sort_unstable();
-            names.into()
-        };
-        let directory = Directory {
-            rgpu_hosts: schedulable(|kind| kind == HostKind::ComputeRgpu),
-            agent_hosts: schedulable(HostKind::has_agent),
-            hosts,
-        };
+        let schedulable =
+            |rgpu_only| vm_hosts_of(hosts.iter().map(|h| (&h.name, h.kind, h.state)), rgpu_only);
+        let directory =
+            Directory { rgpu_hosts: schedulable(true), agent_hosts: schedulable(false), hosts };
         *self.hosts.lock().expect("host directory") = Some(Arc::new(directory));
     }
 
@@ -92,8 +98,7 @@ impl HostDirectory {
         self.directory().map(|d| d.hosts.clone())
     }
 
-    /// The schedulable hosts a VM may run on, in name order: compute-rGPU hosts only (`rgpu_only`),
-    /// or any host with an agent.
+    /// [`vm_hosts_of`] the published hosts.
     pub(crate) fn vm_hosts(&self, rgpu_only: bool) -> Option<Arc<[HostId]>> {
         self.directory()
             .map(|d| if rgpu_only { d.rgpu_hosts.clone() } else { d.agent_hosts.clone() })

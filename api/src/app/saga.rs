@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpgpums::{HostId, HostKind, HostState, Locality, VmId};
+use gpgpums::{HostId, Locality, VmId};
 use tokio::sync::Notify;
 
 use super::bookings::{Ending, VM_CHANGED};
@@ -430,17 +430,8 @@ impl App {
             return Ok(hosts);
         }
         let mut conn = self.db.conn().await?;
-        let mut hosts: Vec<HostId> = db::hosts(&mut conn)
-            .await?
-            .into_iter()
-            .filter(|h| {
-                h.state == HostState::Schedulable
-                    && if rgpu_only { h.kind == HostKind::ComputeRgpu } else { h.kind.has_agent() }
-            })
-            .map(|h| h.name)
-            .collect();
-        hosts.sort_unstable();
-        Ok(hosts.into())
+        let hosts = db::hosts(&mut conn).await?;
+        Ok(super::pool::vm_hosts_of(hosts.iter().map(|h| (&h.name, h.kind, h.state)), rgpu_only))
     }
 
     async fn host_has_agent(&self, host: &HostId) -> Result<bool, Error> {

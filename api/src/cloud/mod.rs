@@ -77,7 +77,7 @@ impl std::fmt::Debug for TenantToken {
 /// What a check found the request's names to be (Nova: the flavor's, image's and networks' ids).
 /// A launch's first creation, which follows its check at once, passes it back (see
 /// [`ServerSpec::checked`]) rather than looking everything up again.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked {
     pub flavor: String,
     pub image: String,
