@@ -276,6 +276,7 @@ async fn run(store: Store, hosts: usize, runs: usize) {
     drop(servers);
 
     let before = rss_mib();
+    eprintln!("restarting gsaasd on the seeded database");
     let started = Instant::now();
     let service = start(&config, &sim).await;
     let serving = started.elapsed();

@@ -170,6 +170,40 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// On SQLite the one connection never stops a request to copy its log into the database file
+/// (its automatic checkpoint is a backstop far above what a pass of the checkpointer leaves): a
+/// second connection does it, so committed writes reach the file without it.
+#[tokio::test]
+async fn sqlite_writes_reach_the_database_file_without_the_connection_checkpointing() {
+    let (config, dir) = support::test_config(Store::Sqlite);
+    let db = Db::connect(&config.database_url()).await.unwrap();
+    let backstop = count(&db, "PRAGMA wal_autocheckpoint").await;
+    assert!(backstop >= 10_000, "the one connection checkpoints every {backstop} pages");
+
+    let file = config.data_dir.join("gsaas.sqlite");
+    let before = std::fs::metadata(&file).unwrap().len();
+    let mut tx = db.begin().await.unwrap();
+    let padding = "x".repeat(4_000);
+    for i in 0..2_000 {
+        sqlx::query("INSERT INTO revoked_tokens (id, expires_ms, revoked_ms) VALUES ($1, 0, 0)")
+            .bind(format!("{i}-{padding}"))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    // About 2,000 pages more: past SQLite's default threshold, far below the backstop.
+    let grown = before + 4_000_000;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::metadata(&file).unwrap().len() < grown {
+        assert!(std::time::Instant::now() < deadline, "the log was never checkpointed");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM revoked_tokens").await, 2_000);
+    drop(db);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
     a_vm_keeps_only_its_latest_events_in_order,

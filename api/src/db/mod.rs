@@ -5,13 +5,15 @@
 //! its whole page cache whenever another connection has committed, so with a commit every
 //! millisecond separate reader connections read cold pages (a `pread` per page) and take file
 //! locks for every read; the one connection keeps its cache warm, and writers queue for it instead
-//! of failing with SQLITE_BUSY. Reads are batched ([`crate::app`]), so serializing them costs
+//! of failing with SQLITE_BUSY (a second connection only checkpoints the log, off the request path:
+//! see [`checkpoint`]). Reads are batched ([`crate::app`]), so serializing them costs
 //! little, and a 2-core machine gains nothing from parallel readers. On PostgreSQL a pool serves
 //! side by side and row locks order writers. Queries are plain functions over a connection
 //! ([`Db::conn`], or a transaction from [`Db::begin`]) so the application layer composes them
 //! inside one transaction.
 
 mod cgpus;
+mod checkpoint;
 mod delegations;
 mod events;
 mod fences;
@@ -167,9 +169,8 @@ impl Db {
         } else {
             return Err(Error::invalid("database_url", "must start with sqlite: or postgres:"));
         };
-        if backend == Backend::Sqlite {
-            prepare_sqlite_file(url).map_err(|e| Error::unavailable("database", e))?;
-        }
+        let in_memory = backend == Backend::Sqlite
+            && prepare_sqlite_file(url).map_err(|e| Error::unavailable("database", e))?;
         let options: AnyConnectOptions = url.parse().map_err(|e| {
             Error::unavailable("database", Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         })?;
@@ -183,13 +184,18 @@ impl Db {
                     "PRAGMA synchronous = NORMAL",
                     "PRAGMA busy_timeout = 10000",
                     "PRAGMA foreign_keys = ON",
+                    &format!("PRAGMA wal_autocheckpoint = {}", checkpoint::BACKSTOP_PAGES),
                 ] {
                     sqlx::query(pragma)
                         .execute(&mut conn)
                         .await
                         .map_err(|e| Error::unavailable("database", e))?;
                 }
-                Conns::One(Arc::new(tokio::sync::Mutex::new(conn)))
+                let conn = Arc::new(tokio::sync::Mutex::new(conn));
+                if !in_memory {
+                    checkpoint::spawn_checkpointer(options, Arc::downgrade(&conn));
+                }
+                Conns::One(conn)
             }
             Backend::Postgres => Conns::Pool(
                 AnyPoolOptions::new()
@@ -245,13 +251,14 @@ impl Db {
 /// Prepares a SQLite database file for tenants' data: its directory 0700 and the file (with its
 /// WAL and shared-memory files, which SQLite creates with the database file's mode) 0600, created
 /// empty if it does not exist yet. Directories that exist already are closed where gsaasd may
-/// (a mounted volume's root may not be its own).
-fn prepare_sqlite_file(url: &str) -> std::io::Result<()> {
+/// (a mounted volume's root may not be its own). Returns whether the database lives in memory
+/// (no file to prepare).
+fn prepare_sqlite_file(url: &str) -> std::io::Result<bool> {
     use rodvr_agent::files::{create_private_dir, open_private, restrict, FILE_MODE};
     let path = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
     let path = std::path::Path::new(path.split('?').next().unwrap_or(path));
     if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" {
-        return Ok(());
+        return Ok(true);
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if let Err(e) = create_private_dir(dir) {
@@ -272,7 +279,7 @@ fn prepare_sqlite_file(url: &str) -> std::io::Result<()> {
             restrict(file, FILE_MODE)?;
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 /// The backend's aggregate that joins text with a separator: reads that return a row per parent
