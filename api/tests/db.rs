@@ -204,8 +204,117 @@ async fn sqlite_writes_reach_the_database_file_without_the_connection_checkpoint
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The first pass's read of every host's routes at once gives what the reads per host give: each
+/// routed VM's live cGPUs in attach order, one row for a routed VM with none, and nothing of VMs
+/// not routed, of detaching or lost cGPUs, or of hosts with nothing to route.
+async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
+    use gpgpums::{HostId, HostKind, VmId};
+    use gsaasd::db::{insert_host, routed_cgpus_everywhere, routed_cgpus_on};
+    let (config, dir) = support::test_config(store);
+    let db = Db::connect(&config.database_url()).await.unwrap();
+    let mut tx = db.begin().await.unwrap();
+    let hosts: Vec<HostId> = ["h1", "h2", "h3"].iter().map(|h| HostId::new(*h).unwrap()).collect();
+    for host in &hosts {
+        insert_host(&mut tx, host, HostKind::ComputeGpu, None, 0).await.unwrap();
+        for idx in 0..2 {
+            sqlx::query(
+                "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
+                 rcuda_gpu_number) VALUES ($1, $2, $3, 'H100', 98304, $4, $5, $3)",
+            )
+            .bind(format!("{host}:gpu{idx}"))
+            .bind(host.as_str())
+            .bind(idx)
+            .bind(format!("10.0.0.{}", idx + 1))
+            .bind(8308 + idx)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+    }
+    // (host, routes on, fixed IP, tap, cGPUs as (index, seq, state, GPU))
+    type Cgpu = (i64, i64, &'static str, &'static str);
+    type Vm = (&'static str, i64, Option<&'static str>, Option<&'static str>, Vec<Cgpu>);
+    let vms: [Vm; 6] = [
+        (
+            "h1",
+            1,
+            Some("10.1.0.2"),
+            Some("tap-a"),
+            vec![
+                (0, 1, "live", "h2:gpu0"),
+                (1, 0, "live", "h1:gpu1"),
+                (2, 1, "attaching", "h1:gpu0"),
+            ],
+        ),
+        (
+            "h1",
+            1,
+            Some("10.1.0.3"),
+            Some("tap-b"),
+            vec![(0, 0, "detaching", "h1:gpu0"), (1, 0, "lost", "h1:gpu1")],
+        ),
+        ("h1", 1, Some("10.1.0.4"), Some("tap-c"), vec![]),
+        ("h2", 1, None, None, vec![(0, 0, "live", "h1:gpu0")]),
+        ("h2", 0, Some("10.1.0.6"), Some("tap-e"), vec![(0, 0, "live", "h2:gpu1")]),
+        ("h3", 0, Some("10.1.0.7"), Some("tap-f"), vec![(0, 0, "live", "h3:gpu1")]),
+    ];
+    for (host, routes_on, fixed_ip, tap, cgpus) in vms {
+        let vm = VmId::new_random().to_string();
+        sqlx::query(
+            "INSERT INTO vms (id, project, owner, name, request, policy, state, step, host, \
+             fixed_ip, tap, routes_on, timings, created_ms, updated_ms) VALUES \
+             ($1, 'p', 'o', 'n', '{}', 'first-fit', 'ready', 'done', $2, $3, $4, $5, '{}', 0, 0)",
+        )
+        .bind(&vm)
+        .bind(host)
+        .bind(fixed_ip)
+        .bind(tap)
+        .bind(routes_on)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        for (idx, seq, state, gpu) in cgpus {
+            sqlx::query(
+                "INSERT INTO cgpus (vm, idx, gpu, memory_mib, mode, masked_address, masked_port, \
+                 seq, state) VALUES ($1, $2, $3, 1024, 'shared', '100.127.0.1', $4, $5, $6)",
+            )
+            .bind(&vm)
+            .bind(idx)
+            .bind(gpu)
+            .bind(9000 + idx)
+            .bind(seq)
+            .bind(state)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        }
+    }
+    tx.commit().await.unwrap();
+
+    let mut conn = db.conn().await.unwrap();
+    let at_once = routed_cgpus_everywhere(&mut conn).await.unwrap();
+    let mut by_host = routed_cgpus_on(&mut conn, &hosts).await.unwrap();
+    by_host.retain(|_, routed| !routed.is_empty());
+    assert_eq!(at_once, by_host);
+    // What the two agree on: h1's first VM's live and attaching cGPUs in attach order, its second
+    // and third VMs without cGPUs, h2's routed VM with no address yet, and nothing on h3.
+    let ports = |host: &HostId| -> Vec<Option<u16>> {
+        at_once[host].iter().map(|r| r.cgpu.as_ref().map(|c| c.masked.port())).collect()
+    };
+    assert_eq!(at_once.keys().collect::<Vec<_>>(), vec![&hosts[0], &hosts[1]]);
+    let h1 = ports(&hosts[0]);
+    assert_eq!(h1.iter().flatten().collect::<Vec<_>>(), vec![&9001, &9000, &9002]);
+    assert_eq!(h1.iter().filter(|p| p.is_none()).count(), 2);
+    assert_eq!(ports(&hosts[1]), vec![Some(9000)]);
+    let h2 = &at_once[&hosts[1]][0];
+    assert!(h2.fixed_ip.is_none() && h2.tap.is_none());
+    drop(conn);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
     a_vm_keeps_only_its_latest_events_in_order,
-    a_legacy_database_is_adopted_and_a_changed_migration_refused
+    a_legacy_database_is_adopted_and_a_changed_migration_refused,
+    every_table_at_once_matches_the_tables_host_by_host
 );

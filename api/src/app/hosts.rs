@@ -359,19 +359,37 @@ impl App {
     /// that succeeds covers every ticket taken before its read, and a caller whose ticket is
     /// covered when it gets the lock returns at once.
     pub(crate) async fn push_routes(&self, host: &HostId) -> Result<(), Error> {
+        self.push_routes_from(host, None).await
+    }
+
+    /// [`Self::push_routes`], with the host's table read ahead (see [`Self::read_tables_ahead`])
+    /// if it has one: it stands for this push's read if no change of the host took a ticket
+    /// since that read began.
+    pub(crate) async fn push_routes_from(
+        &self,
+        host: &HostId,
+        ahead: Option<ReadAhead>,
+    ) -> Result<(), Error> {
         use std::sync::atomic::Ordering;
         let pushes = self.host_lock(host);
         let ticket = pushes.ticket.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut ahead = ahead.filter(|ahead| ahead.ticket + 1 == ticket);
         let mut covered = pushes.covered.lock().await;
         if *covered >= ticket {
             return Ok(());
         }
         let timeout = Duration::from_millis(self.config.launch.agent_timeout_ms);
         for _ in 0..3 {
-            // Every ticket up to here was taken after its change committed, so the read below sees it.
-            let reading = pushes.ticket.load(Ordering::SeqCst);
+            // Every ticket up to here was taken after its change committed, so the read below sees
+            // it; a table read ahead covers the tickets before it, and this push's own.
+            let (reading, (record, routed)) = match ahead.take() {
+                Some(ahead) => (ticket, ahead.table),
+                None => (
+                    pushes.ticket.load(Ordering::SeqCst),
+                    self.route_tables.submit(host.clone()).await?,
+                ),
+            };
             let (record, table) = {
-                let (record, routed) = self.route_tables.submit(host.clone()).await?;
                 // A route matches the VM's tap and fixed IP together: the tap cannot be spoofed
                 // from inside a VM, and tells VMs apart where tenant networks overlap. A VM
                 // without both (none since the saga requires them) gets no route.
@@ -494,6 +512,14 @@ impl App {
 /// A host's table as read under a new generation: the host, and its routes.
 pub(crate) type TableRead = (HostRecord, Vec<RoutedCgpu>);
 
+/// A host's table read before its push, under a generation of its own, and the host's push ticket
+/// when the read began (see [`App::push_routes_from`]).
+#[derive(Debug)]
+pub(crate) struct ReadAhead {
+    ticket: u64,
+    table: TableRead,
+}
+
 /// Starts new generations of the queued hosts' tables and reads their routes (the
 /// [`super::batch::Batcher`] task's work). A batch that fails as a whole is retried host by host.
 pub(crate) fn read_route_tables(
@@ -564,6 +590,38 @@ impl App {
     /// newer one: on PostgreSQL, whose replicas push side by side, one transaction holds the
     /// hosts' rows locked from the new generation to the read. On SQLite one process serves the
     /// database through one connection, and holding it between the two statements is enough.
+    /// Starts new generations of the hosts' tables and reads every host's routes at once (see
+    /// [`db::routed_cgpus_everywhere`]): for a pass that pushes most tables, where reading them 64
+    /// hosts at a time costs several times as much. On PostgreSQL the generations commit before
+    /// the read, so the hosts' rows are not locked while it runs; what commits meanwhile takes a
+    /// ticket after the tickets taken here, and its push reads again.
+    pub(crate) async fn read_tables_ahead(
+        &self,
+        hosts: &[HostId],
+    ) -> Result<HashMap<HostId, ReadAhead>, Error> {
+        use std::sync::atomic::Ordering;
+        let tickets: HashMap<&HostId, u64> =
+            hosts.iter().map(|h| (h, self.host_lock(h).ticket.load(Ordering::SeqCst))).collect();
+        let (records, mut routed) = if self.db.backend() == db::Backend::Sqlite {
+            let mut conn = self.db.conn().await?;
+            let records = db::next_routes_generations(&mut conn, hosts).await?;
+            (records, db::routed_cgpus_everywhere(&mut conn).await?)
+        } else {
+            let mut tx = self.db.begin().await?;
+            let records = db::next_routes_generations(&mut tx, hosts).await?;
+            tx.commit().await?;
+            (records, db::routed_cgpus_everywhere(&mut *self.db.conn().await?).await?)
+        };
+        Ok(records
+            .into_iter()
+            .filter_map(|record| {
+                let ticket = *tickets.get(&record.name)?;
+                let routes = routed.remove(&record.name).unwrap_or_default();
+                Some((record.name.clone(), ReadAhead { ticket, table: (record, routes) }))
+            })
+            .collect())
+    }
+
     async fn next_tables(&self, hosts: &[HostId]) -> Result<BTreeMap<HostId, TableRead>, Error> {
         let (records, mut routed) = if self.db.backend() == db::Backend::Sqlite {
             let mut conn = self.db.conn().await?;
