@@ -585,16 +585,12 @@ pub(crate) fn write_applied_generations(
 }
 
 impl App {
-    /// New generations of the hosts' tables with the routes read under them. A generation's table
-    /// must be read after the generation was taken, and no older table may be read later than a
-    /// newer one: on PostgreSQL, whose replicas push side by side, one transaction holds the
-    /// hosts' rows locked from the new generation to the read. On SQLite one process serves the
-    /// database through one connection, and holding it between the two statements is enough.
-    /// Starts new generations of the hosts' tables and reads every host's routes at once (see
+    /// [`Self::next_tables`] of `hosts`, each with its push ticket from before the read (see
+    /// [`App::push_routes_from`]), reading every host's routes at once (see
     /// [`db::routed_cgpus_everywhere`]): for a pass that pushes most tables, where reading them 64
-    /// hosts at a time costs several times as much. On PostgreSQL the generations commit before
-    /// the read, so the hosts' rows are not locked while it runs; what commits meanwhile takes a
-    /// ticket after the tickets taken here, and its push reads again.
+    /// hosts at a time costs several times as much. The same rule holds: on PostgreSQL the hosts'
+    /// rows stay locked from their new generations to the read (a second or two at a million
+    /// cGPUs, during which other pushes to these hosts wait).
     pub(crate) async fn read_tables_ahead(
         &self,
         hosts: &[HostId],
@@ -609,8 +605,9 @@ impl App {
         } else {
             let mut tx = self.db.begin().await?;
             let records = db::next_routes_generations(&mut tx, hosts).await?;
+            let routed = db::routed_cgpus_everywhere(&mut tx).await?;
             tx.commit().await?;
-            (records, db::routed_cgpus_everywhere(&mut *self.db.conn().await?).await?)
+            (records, routed)
         };
         Ok(records
             .into_iter()
@@ -622,6 +619,11 @@ impl App {
             .collect())
     }
 
+    /// New generations of the hosts' tables with the routes read under them. A generation's table
+    /// must be read after the generation was taken, and no older table may be read later than a
+    /// newer one: on PostgreSQL, whose replicas push side by side, one transaction holds the
+    /// hosts' rows locked from the new generation to the read. On SQLite one process serves the
+    /// database through one connection, and holding it between the two statements is enough.
     async fn next_tables(&self, hosts: &[HostId]) -> Result<BTreeMap<HostId, TableRead>, Error> {
         let (records, mut routed) = if self.db.backend() == db::Backend::Sqlite {
             let mut conn = self.db.conn().await?;
