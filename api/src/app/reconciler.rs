@@ -21,6 +21,7 @@ use std::time::Duration;
 use gpgpums::HostId;
 use serde::Serialize;
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 
 use super::App;
 use crate::config::HostsBackend;
@@ -196,20 +197,15 @@ impl App {
                 }
             }
         }
+        let pushes = in_flight(behind, "a route push", |host| {
+            let (app, table) = (self.clone(), ahead.remove(&host));
+            async move { app.push_routes_from(&host, table).await }
+        });
         let mut pushed = 0;
-        let mut behind = behind.into_iter();
-        let mut in_flight = tokio::task::JoinSet::new();
-        loop {
-            while in_flight.len() < PUSHES_IN_FLIGHT {
-                let Some(host) = behind.next() else { break };
-                let (app, table) = (self.clone(), ahead.remove(&host));
-                in_flight.spawn(async move { app.push_routes_from(&host, table).await });
-            }
-            match in_flight.join_next().await {
-                None => break,
-                Some(Ok(Ok(()))) => pushed += 1,
-                Some(Ok(Err(e))) => errors.push(e),
-                Some(Err(e)) => errors.push(Error::internal(format!("a route push failed: {e}"))),
+        for push in pushes.await {
+            match push {
+                Ok(()) => pushed += 1,
+                Err(e) => errors.push(e),
             }
         }
         (pushed, errors)
@@ -221,35 +217,56 @@ impl App {
         self: &Arc<Self>,
         hosts: Vec<crate::model::HostRecord>,
     ) -> (Vec<HostId>, Vec<Error>) {
-        let (mut behind, mut errors) = (Vec::new(), Vec::new());
-        let mut hosts = hosts.into_iter();
-        let mut in_flight = tokio::task::JoinSet::new();
-        loop {
-            while in_flight.len() < PUSHES_IN_FLIGHT {
-                let Some(host) = hosts.next() else { break };
-                let app = self.clone();
-                in_flight.spawn(async move {
-                    let applied = app.agents.applied_generation(&host).await;
-                    let drifted = match applied {
-                        Ok(applied) => applied.unwrap_or(0) != host.applied_generation,
-                        Err(e) => return Err(Error::unavailable("host agent", e)),
-                    };
-                    let behind = host.applied_generation < host.routes_generation;
-                    Ok((behind || drifted).then_some(host.name))
-                });
+        let checks = in_flight(hosts, "an agent check", |host| {
+            let app = self.clone();
+            async move {
+                let applied = app.agents.applied_generation(&host).await;
+                let drifted = match applied {
+                    Ok(applied) => applied.unwrap_or(0) != host.applied_generation,
+                    Err(e) => return Err(Error::unavailable("host agent", e)),
+                };
+                let behind = host.applied_generation < host.routes_generation;
+                Ok((behind || drifted).then_some(host.name))
             }
-            match in_flight.join_next().await {
-                None => break,
-                Some(Ok(Ok(Some(host)))) => behind.push(host),
-                Some(Ok(Ok(None))) => {}
-                Some(Ok(Err(e))) => errors.push(e),
-                Some(Err(e)) => errors.push(Error::internal(format!("an agent check failed: {e}"))),
+        });
+        let (mut behind, mut errors) = (Vec::new(), Vec::new());
+        for check in checks.await {
+            match check {
+                Ok(Some(host)) => behind.push(host),
+                Ok(None) => {}
+                Err(e) => errors.push(e),
             }
         }
         // In name order, as the hosts came: the pushes go out in a stable order.
         behind.sort_unstable();
         (behind, errors)
     }
+}
+
+/// Runs `task` on each item, each in a task of its own, [`PUSHES_IN_FLIGHT`] at a time; what they
+/// return, in the order they end (`what` names one in the error of a task that panicked).
+async fn in_flight<T, O, Task>(
+    items: impl IntoIterator<Item = T>,
+    what: &str,
+    mut task: impl FnMut(T) -> Task,
+) -> Vec<Result<O, Error>>
+where
+    Task: std::future::Future<Output = Result<O, Error>> + Send + 'static,
+    O: Send + 'static,
+{
+    let (mut items, mut running, mut ended) = (items.into_iter(), JoinSet::new(), Vec::new());
+    loop {
+        while running.len() < PUSHES_IN_FLIGHT {
+            let Some(item) = items.next() else { break };
+            running.spawn(task(item));
+        }
+        match running.join_next().await {
+            None => break,
+            Some(Ok(result)) => ended.push(result),
+            Some(Err(e)) => ended.push(Err(Error::internal(format!("{what} failed: {e}")))),
+        }
+    }
+    ended
 }
 
 /// How many hosts one reconciler pass checks and pushes to at once.

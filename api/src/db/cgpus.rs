@@ -167,9 +167,10 @@ const ROWIDS_PER_READ: i64 = 65_536;
 /// Hands `each` the `entry` (text without a comma) of every row of `table` that passes `filter`,
 /// in no particular order, reading them as text lists rather than rows (see [`held_cgpus`]): on
 /// SQLite [`ROWIDS_PER_READ`] rowids a statement, a scan in the table's order; on PostgreSQL one
-/// statement, whose one text reaches PostgreSQL's 1 GB limit at some 14 million cGPUs (the
-/// first pass then reads its tables per host, see `App::read_tables_ahead`). Statements after the first may see later commits unless the caller holds what
-/// changes the table (SQLite's one connection, or a lock the writers take).
+/// statement, whose one text reaches PostgreSQL's 1 GB limit at some 14 million cGPUs (the first
+/// pass then reads its tables per host, see `App::read_tables_ahead`). Statements after the
+/// first may see later commits unless the caller holds what changes the table (SQLite's one
+/// connection, or a lock the writers take).
 async fn listed(
     conn: &mut AnyConnection,
     table: &str,
@@ -406,9 +407,8 @@ pub async fn routed_cgpus_on(
 /// endpoints, the routed VMs and their cGPUs are each listed in table order (see [`listed`]) and
 /// joined here, where the join per host looks up every cGPU and its GPU by key (at a million cGPUs
 /// 0.6 s of statements against 3.5 s). Hosts with nothing to route are left out; a VM's fixed IP
-/// or tap that is NULL or empty is read as none. The caller holds off what changes the tables
-/// (SQLite's one connection) or takes their changes' push tickets before reading (see
-/// `App::push_routes_from`).
+/// or tap that is NULL or empty is read as none. A change committed during the read may show in
+/// part: the caller takes the hosts' push tickets before it (see `App::push_routes_from`).
 pub async fn routed_cgpus_everywhere(
     conn: &mut AnyConnection,
 ) -> Result<BTreeMap<HostId, Vec<RoutedCgpu>>, Error> {
