@@ -530,7 +530,7 @@ pub(crate) fn read_route_tables(
         let mut hosts: Vec<HostId> = queued.iter().map(|(host, _)| host.clone()).collect();
         hosts.sort_unstable();
         hosts.dedup();
-        match app.next_tables(&hosts).await {
+        match app.next_tables(&hosts, false).await {
             Ok(tables) => {
                 for (host, reply) in queued {
                     let _ = reply.send(table_of(&tables, &host));
@@ -541,7 +541,7 @@ pub(crate) fn read_route_tables(
                 tracing::debug!(error = %e, "batch of route table reads failed; one host at a time");
                 for (host, reply) in queued {
                     let table = app
-                        .next_tables(std::slice::from_ref(&host))
+                        .next_tables(std::slice::from_ref(&host), false)
                         .await
                         .and_then(|tables| table_of(&tables, &host));
                     let _ = reply.send(table);
@@ -598,23 +598,13 @@ impl App {
         use std::sync::atomic::Ordering;
         let tickets: HashMap<&HostId, u64> =
             hosts.iter().map(|h| (h, self.host_lock(h).ticket.load(Ordering::SeqCst))).collect();
-        let (records, mut routed) = if self.db.backend() == db::Backend::Sqlite {
-            let mut conn = self.db.conn().await?;
-            let records = db::next_routes_generations(&mut conn, hosts).await?;
-            (records, db::routed_cgpus_everywhere(&mut conn).await?)
-        } else {
-            let mut tx = self.db.begin().await?;
-            let records = db::next_routes_generations(&mut tx, hosts).await?;
-            let routed = db::routed_cgpus_everywhere(&mut tx).await?;
-            tx.commit().await?;
-            (records, routed)
-        };
-        Ok(records
+        Ok(self
+            .next_tables(hosts, true)
+            .await?
             .into_iter()
-            .filter_map(|record| {
-                let ticket = *tickets.get(&record.name)?;
-                let routes = routed.remove(&record.name).unwrap_or_default();
-                Some((record.name.clone(), ReadAhead { ticket, table: (record, routes) }))
+            .filter_map(|(name, table)| {
+                let ticket = *tickets.get(&name)?;
+                Some((name, ReadAhead { ticket, table }))
             })
             .collect())
     }
@@ -624,15 +614,32 @@ impl App {
     /// newer one: on PostgreSQL, whose replicas push side by side, one transaction holds the
     /// hosts' rows locked from the new generation to the read. On SQLite one process serves the
     /// database through one connection, and holding it between the two statements is enough.
-    async fn next_tables(&self, hosts: &[HostId]) -> Result<BTreeMap<HostId, TableRead>, Error> {
+    /// `every_host`: the routes are read for every host at once (see
+    /// [`db::routed_cgpus_everywhere`]) rather than for `hosts` alone.
+    async fn next_tables(
+        &self,
+        hosts: &[HostId],
+        every_host: bool,
+    ) -> Result<BTreeMap<HostId, TableRead>, Error> {
+        async fn routes(
+            conn: &mut sqlx::AnyConnection,
+            hosts: &[HostId],
+            every_host: bool,
+        ) -> Result<BTreeMap<HostId, Vec<RoutedCgpu>>, Error> {
+            if every_host {
+                db::routed_cgpus_everywhere(conn).await
+            } else {
+                db::routed_cgpus_on(conn, hosts).await
+            }
+        }
         let (records, mut routed) = if self.db.backend() == db::Backend::Sqlite {
             let mut conn = self.db.conn().await?;
             let records = db::next_routes_generations(&mut conn, hosts).await?;
-            (records, db::routed_cgpus_on(&mut conn, hosts).await?)
+            (records, routes(&mut conn, hosts, every_host).await?)
         } else {
             let mut tx = self.db.begin().await?;
             let records = db::next_routes_generations(&mut tx, hosts).await?;
-            let routed = db::routed_cgpus_on(&mut tx, hosts).await?;
+            let routed = routes(&mut tx, hosts, every_host).await?;
             tx.commit().await?;
             (records, routed)
         };
