@@ -312,9 +312,71 @@ async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The first pass's text listing of every VM with a server reads what the rows say, whatever a
+/// cloud's server ids hold (spaces, commas, `%` and what looks like its escapes).
+async fn every_vm_with_a_server_is_listed_as_stored(store: Store) {
+    use gsaasd::cloud::ServerId;
+    use gsaasd::db::{vms_on_servers, vms_with_servers};
+    let (config, dir) = support::test_config(store);
+    let db = Db::connect(&config.database_url()).await.unwrap();
+    // (server, host, state, step, updated_ms)
+    type Vm = (Option<&'static str>, Option<&'static str>, &'static str, &'static str, i64);
+    let vms: [Vm; 7] = [
+        (Some("3f1c9a52-8d0e-4b7a-9c1e-2a6b5d4e3f21"), Some("h1"), "ready", "done", 10),
+        (Some("odd id, with %2C and 100% in it"), Some("h2"), "ready", "routes", 20),
+        (Some("%25,%"), None, "creating", "server", 30),
+        (Some("deleting-server"), Some("h1"), "deleting", "done", 40),
+        (Some("deleted-server"), Some("h1"), "deleted", "done", 50),
+        (None, None, "creating", "reserve", 60),
+        (Some(" lead and trail "), Some("h3"), "ready", "done", 70),
+    ];
+    let mut conn = db.conn().await.unwrap();
+    for (server, host, state, step, updated_ms) in vms {
+        sqlx::query(
+            "INSERT INTO vms (id, project, owner, name, request, policy, state, step, host, \
+             server_id, timings, created_ms, updated_ms) VALUES \
+             ($1, 'p', 'o', 'n', '{}', 'first-fit', $2, $3, $4, $5, '{}', 0, $6)",
+        )
+        .bind(gpgpums::VmId::new_random().to_string())
+        .bind(state)
+        .bind(step)
+        .bind(host)
+        .bind(server)
+        .bind(updated_ms)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+    let mut listed = vms_with_servers(&mut conn).await.unwrap();
+    let servers: Vec<ServerId> =
+        vms.iter().filter_map(|vm| vm.0).map(|s| ServerId(s.to_owned())).collect();
+    let mut read = vms_on_servers(&mut conn, &servers).await.unwrap();
+    listed.sort_by_key(|vm| vm.updated_ms);
+    read.sort_by_key(|vm| vm.updated_ms);
+    assert_eq!(listed, read);
+    let seen: Vec<(&str, Option<&str>, bool, bool)> = listed
+        .iter()
+        .map(|vm| {
+            (vm.server.0.as_str(), vm.host.as_ref().map(|h| h.as_str()), vm.ready, vm.settled)
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("3f1c9a52-8d0e-4b7a-9c1e-2a6b5d4e3f21", Some("h1"), true, true),
+            ("odd id, with %2C and 100% in it", Some("h2"), true, false),
+            ("%25,%", None, false, false),
+            (" lead and trail ", Some("h3"), true, true),
+        ]
+    );
+    drop(conn);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
     a_vm_keeps_only_its_latest_events_in_order,
     a_legacy_database_is_adopted_and_a_changed_migration_refused,
-    every_table_at_once_matches_the_tables_host_by_host
+    every_table_at_once_matches_the_tables_host_by_host,
+    every_vm_with_a_server_is_listed_as_stored
 );

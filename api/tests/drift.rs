@@ -11,6 +11,7 @@ use support::{shared_launch, Store, TestService};
 on_both_stores!(
     a_server_deleted_outside_gsaas_ends_its_vm_and_frees_its_cgpus,
     a_vm_moved_to_another_host_takes_its_routes_along,
+    a_server_the_cloud_forgot_while_gsaasd_was_down_ends_its_vm,
 );
 
 async fn admin_vm(t: &TestService, id: &str) -> Value {
@@ -47,6 +48,35 @@ async fn a_server_deleted_outside_gsaas_ends_its_vm_and_frees_its_cgpus(store: S
     assert_eq!(t.get(&member, &format!("/v1/vms/{keep}")).await.1["state"], "ready");
     // Seen again in the next window, it is not ended twice.
     assert_eq!(app.reconcile_once().await.servers_deleted, 0);
+}
+
+/// Deleted and archived while no gsaasd looked, the server is in no listing, not even as deleted:
+/// the first pass after the start, which lists every server, ends its VM by its absence.
+async fn a_server_the_cloud_forgot_while_gsaasd_was_down_ends_its_vm(store: Store) {
+    let mut t = TestService::start(store).await;
+    let member = t.member();
+    let gone = t.launch(&member, &shared_launch(2, 1024)).await;
+    t.wait_state(&member, &gone, "ready").await;
+    let keep = t.launch(&member, &shared_launch(1, 1024)).await;
+    t.wait_state(&member, &keep, "ready").await;
+    let server = ServerId(admin_vm(&t, &gone).await["server_id"].as_str().unwrap().to_owned());
+
+    let sim = t.crash().expect("the simulated cloud");
+    sim.delete_outside(&server).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sim.servers().iter().any(|s| s.id == server) {
+        assert!(std::time::Instant::now() < deadline, "the server is never removed");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    sim.archive_deleted();
+    t.start_again(Some(sim)).await;
+
+    let vm = t.wait_state(&member, &gone, "deleted").await;
+    assert!(vm["error"].as_str().unwrap().contains("deleted outside GSaaS"), "{vm}");
+    assert_eq!(allocated(&t).await, 1024, "its cGPUs are free; the other VM's stay");
+    assert_eq!(t.get(&member, &format!("/v1/vms/{keep}")).await.1["state"], "ready");
+    let status = t.service().app.reconcile_once().await;
+    assert_eq!(status.servers_deleted, 0, "ended once: {status:?}");
 }
 
 async fn a_vm_moved_to_another_host_takes_its_routes_along(store: Store) {

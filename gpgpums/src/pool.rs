@@ -502,6 +502,18 @@ impl Pool {
 
     // ---- placement ----
 
+    /// Builds now what the next decision under `policy` would build first (the policy's indexes
+    /// over every GPU, the pool's limits): a service that has just loaded the pool calls it, so
+    /// its first launch does not pay for it (some 20 ms at 100,000 GPUs).
+    pub fn prepare(&mut self, policy: &str) -> Result<(), Error> {
+        self.views_for(policy)?;
+        if self.views_stale {
+            self.rebuild_views();
+        }
+        self.limits();
+        Ok(())
+    }
+
     /// Places every cGPU of `request` for `vm` under `policy`, or changes nothing.
     pub fn place(&mut self, vm: VmId, request: &Request, policy: &str) -> Result<Placement, Error> {
         if self.vms.contains_key(&vm) {
@@ -801,7 +813,7 @@ impl Pool {
             self.take(slot, cgpu.memory_mib, cgpu.mode, new_gpu, new_host);
             booked.push((slot, cgpu.memory_mib, cgpu.mode));
         }
-        self.hold(placement.vm, &placement.cgpus);
+        self.hold_on(placement.vm, &slots);
         self.vms.insert(placement.vm, placement);
         self.changes += 1;
         Ok(())
@@ -905,7 +917,7 @@ impl Pool {
 
     /// Runs `change`, which may alter anything the slots' candidates depend on, keeping indexes right.
     fn reindexing(&mut self, slots: &[u32], change: impl FnOnce(&mut Self)) {
-        let live = !self.views_stale && self.selector == Selector::Indexed;
+        let live = self.indexes_live();
         if live {
             for view in 0..self.views.len() {
                 for &slot in slots {
@@ -923,6 +935,21 @@ impl Pool {
         }
     }
 
+    /// [`Self::reindexing`] over every slot of `host`.
+    fn reindexing_host(&mut self, host: usize, change: impl FnOnce(&mut Self)) {
+        if self.indexes_live() {
+            let slots = self.hosts[host].slots.clone();
+            self.reindexing(&slots, change);
+        } else {
+            change(self);
+        }
+    }
+
+    /// Whether indexes exist and are kept current (not while stale: the next decision rebuilds them).
+    fn indexes_live(&self) -> bool {
+        !self.views_stale && self.selector == Selector::Indexed && !self.views.is_empty()
+    }
+
     fn set_masked(&mut self, slots: &[u32], masked: bool) {
         self.reindexing(slots, |pool| {
             for &slot in slots {
@@ -933,8 +960,13 @@ impl Pool {
 
     /// Records `vm` as the holder of `cgpus` on their GPUs.
     fn hold(&mut self, vm: VmId, cgpus: &[CgpuAssignment]) {
-        for cgpu in cgpus {
-            let slot = self.gpu_by_id[&cgpu.gpu];
+        let slots: Vec<u32> = cgpus.iter().map(|cgpu| self.gpu_by_id[&cgpu.gpu]).collect();
+        self.hold_on(vm, &slots);
+    }
+
+    /// [`Self::hold`] with the cGPUs' slots known.
+    fn hold_on(&mut self, vm: VmId, slots: &[u32]) {
+        for &slot in slots {
             self.gpus[slot as usize].holders.push(vm);
         }
     }
@@ -960,8 +992,7 @@ impl Pool {
         });
         if new_host {
             let host = self.gpus[slot as usize].host as usize;
-            let slots = self.hosts[host].slots.clone();
-            self.reindexing(&slots, |pool| pool.hosts[host].vms += 1);
+            self.reindexing_host(host, |pool| pool.hosts[host].vms += 1);
         }
     }
 
@@ -984,8 +1015,7 @@ impl Pool {
         });
         if last_on_host {
             let host = self.gpus[slot as usize].host as usize;
-            let slots = self.hosts[host].slots.clone();
-            self.reindexing(&slots, |pool| pool.hosts[host].vms -= 1);
+            self.reindexing_host(host, |pool| pool.hosts[host].vms -= 1);
         }
     }
 

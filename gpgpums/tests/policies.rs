@@ -4,7 +4,8 @@ mod common;
 
 use common::{add_gpu_host, gpu, gpu_spec, host, paper_testbed};
 use gpgpums::{
-    Error, GpuId, HostKind, HostState, Locality, Mode, Pool, Request, VmHost, VmId, DEFAULT_POLICY,
+    Error, GpuId, HostKind, HostState, Locality, Mode, PolicyRegistry, Pool, Request, Selector,
+    VmHost, VmId, DEFAULT_POLICY,
 };
 
 fn place(pool: &mut Pool, request: &Request, policy: &str) -> Result<Vec<GpuId>, Error> {
@@ -362,6 +363,65 @@ fn restore_replays_stored_placements_and_rejects_what_no_longer_fits() {
     assert!(matches!(replica.restore(too_big), Err(Error::Conflict(_))));
     assert_eq!(replica.gpu_usage(), before);
     replica.audit().unwrap();
+}
+
+/// A pool prepared after its placements were restored (a service's start) decides as one whose
+/// indexes were kept while they were restored, and as the reference that scans every GPU.
+#[test]
+fn preparing_after_a_restore_decides_as_indexes_kept_all_along() {
+    let testbed = |pool: &mut Pool| {
+        paper_testbed(pool);
+        add_gpu_host(pool, "compute-gpu2", &[16384, 8192]);
+        add_gpu_host(pool, "compute-gpu3", &[8192, 8192, 8192]);
+    };
+    let mut original = Pool::new();
+    testbed(&mut original);
+    let mut stored = Vec::new();
+    for (request, policy) in [
+        (Request::shared(3, 4096), "first-fit"),
+        (Request::exclusive(1), "best-fit"),
+        (Request::shared(2, 2048), "fewer-jobs-node+best-fit"),
+    ] {
+        stored.push(original.place(VmId::new_random(), &request, policy).unwrap());
+    }
+    let replica = |selector: Selector, prepare_before: bool, prepare_after: bool| {
+        let mut pool = Pool::with(PolicyRegistry::builtin(), selector);
+        testbed(&mut pool);
+        if prepare_before {
+            pool.prepare("fewer-jobs-node+best-fit").unwrap();
+        }
+        for placement in &stored {
+            pool.restore(placement.clone()).unwrap();
+        }
+        if prepare_after {
+            pool.prepare("fewer-jobs-node+best-fit").unwrap();
+        }
+        pool.audit().unwrap();
+        pool
+    };
+    let mut pools = [
+        replica(Selector::Indexed, true, false),
+        replica(Selector::Indexed, false, true),
+        replica(Selector::Scan, false, false),
+    ];
+    let unknown = pools[0].prepare("no-such-policy");
+    assert!(matches!(unknown, Err(Error::InvalidRequest { field: "policy", .. })));
+    let vms: Vec<VmId> = (0..12).map(|_| VmId::new_random()).collect();
+    let policies = ["fewer-jobs-node+best-fit", "fewer-jobs-node+first-fit", "best-fit"];
+    let decisions: Vec<Vec<_>> = pools
+        .iter_mut()
+        .map(|pool| {
+            let decided = vms
+                .iter()
+                .zip(policies.iter().cycle())
+                .map(|(vm, policy)| pool.place(*vm, &Request::shared(1, 1024), policy).unwrap())
+                .collect();
+            pool.audit().unwrap();
+            decided
+        })
+        .collect();
+    assert_eq!(decisions[0], decisions[2]);
+    assert_eq!(decisions[1], decisions[2]);
 }
 
 #[test]

@@ -34,6 +34,20 @@ pub const OVERLAP: Duration = Duration::from_secs(60);
 /// Why gsaasd ended a VM whose server was deleted outside GSaaS.
 pub const SERVER_DELETED: &str = "its server was deleted outside GSaaS";
 
+/// A listing of every server, begun at `began_ms`.
+#[derive(Debug, Clone, Copy)]
+struct Listing {
+    began_ms: i64,
+}
+
+impl Listing {
+    /// Whether a VM whose server this listing lacks was gone before it began: a VM ready since
+    /// before the listing (one that became ready later may have a server the listing missed).
+    fn lacks(&self, vm: &db::VmServer) -> bool {
+        vm.ready && vm.updated_ms < self.began_ms
+    }
+}
+
 /// What a pass found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Drift {
@@ -54,41 +68,44 @@ impl App {
             .changed_servers(since.map(|t| t - OVERLAP))
             .await
             .map_err(|e| Error::unavailable("cloud", e))?;
-        let listed: Option<std::collections::HashSet<_>> = since
-            .is_none()
-            .then(|| seen.iter().filter(|s| !s.gone).map(|s| s.id.clone()).collect());
-        let mut drift = self.apply_drift(seen, since.is_none()).await?;
-        if let Some(listed) = listed {
-            drift.deleted += self.end_unlisted(&listed, started_ms).await?;
-        }
+        let full = since.is_none().then_some(Listing { began_ms: started_ms });
+        let drift = self.apply_drift(seen, full).await?;
         *self.cloud_seen.lock().expect("cloud seen") = Some(started);
         Ok(drift)
     }
 
-    /// Follows what `seen` says of each VM's server; `full`: `seen` lists every server (one
-    /// read of every VM with a server, rather than a lookup per server).
+    /// Follows what `seen` says of each VM's server. With `full`, `seen` lists every server: one
+    /// read of every VM with a server (rather than a lookup per server), and the ready VMs whose
+    /// servers it lacks are ended too.
     async fn apply_drift(
         self: &Arc<Self>,
         seen: Vec<ServerSeen>,
-        full: bool,
+        full: Option<Listing>,
     ) -> Result<Drift, Error> {
         let mut drift = Drift::default();
-        if seen.is_empty() {
+        if seen.is_empty() && full.is_none() {
             return Ok(drift);
         }
         let vms = {
             let mut conn = self.db.conn().await?;
-            if full {
+            if full.is_some() {
                 db::vms_with_servers(&mut conn).await?
             } else {
                 let ids: Vec<_> = seen.iter().map(|s| s.id.clone()).collect();
                 db::vms_on_servers(&mut conn, &ids).await?
             }
         };
-        let seen: HashMap<_, _> = seen.into_iter().map(|s| (s.id.clone(), s)).collect();
+        let seen: HashMap<_, _> = seen.iter().map(|s| (&s.id, s)).collect();
         let gsaasd = Caller { subject: "gsaasd".into(), project: None, role: Role::Admin };
         for vm in vms {
-            let Some(server) = seen.get(&vm.server) else { continue };
+            let Some(server) = seen.get(&vm.server) else {
+                if full.is_some_and(|listing| listing.lacks(&vm)) {
+                    tracing::warn!(vm = %vm.vm, "the cloud lists no server for the VM; terminating it");
+                    self.terminate_because(&gsaasd, vm.vm, Some(SERVER_DELETED)).await?;
+                    drift.deleted += 1;
+                }
+                continue;
+            };
             if server.gone {
                 tracing::warn!(vm = %vm.vm, server = %server.id, "server deleted outside GSaaS; terminating its VM");
                 self.terminate_because(&gsaasd, vm.vm, Some(SERVER_DELETED)).await?;
@@ -111,28 +128,6 @@ impl App {
             }
         }
         Ok(drift)
-    }
-
-    /// Ends the ready VMs (ready before `before_ms`) whose servers a full listing lacks.
-    async fn end_unlisted(
-        self: &Arc<Self>,
-        listed: &std::collections::HashSet<crate::cloud::ServerId>,
-        before_ms: i64,
-    ) -> Result<u32, Error> {
-        let vms = {
-            let mut conn = self.db.conn().await?;
-            db::ready_vms_with_servers(&mut conn, before_ms).await?
-        };
-        let gsaasd = Caller { subject: "gsaasd".into(), project: None, role: Role::Admin };
-        let mut ended = 0;
-        for vm in vms {
-            if !listed.contains(&vm.server) {
-                tracing::warn!(vm = %vm.vm, "the cloud lists no server for the VM; terminating it");
-                self.terminate_because(&gsaasd, vm.vm, Some(SERVER_DELETED)).await?;
-                ended += 1;
-            }
-        }
-        Ok(ended)
     }
 
     /// Moves the VM's routes to `host`, where its server runs now. False: the VM changed

@@ -316,6 +316,9 @@ impl App {
         let started = std::time::Instant::now();
         cached.generation = -1;
         (cached.pool, cached.quotas) = load(tx, self.config.quotas.quota()).await?;
+        if let Err(e) = cached.pool.prepare(&self.config.default_policy) {
+            tracing::warn!(error = %e, "the default policy's indexes are built at the first launch");
+        }
         cached.generation = generation;
         tracing::debug!(generation, load_ms = started.elapsed().as_millis() as u64, "pool loaded");
         self.pool.hosts.publish(&cached.pool);

@@ -697,6 +697,12 @@ impl SimCloud {
         servers
     }
 
+    /// Forgets the deleted servers, as `nova-manage db archive_deleted_rows` does: listings no
+    /// longer report them, not even as deleted.
+    pub fn archive_deleted(&self) {
+        self.shared.state().tombstones.clear();
+    }
+
     /// Whether a chaos fault strikes now (see [`SimConfig::fault_per_mille`]).
     fn strikes(&self) -> bool {
         let per_mille = self.shared.config.fault_per_mille;

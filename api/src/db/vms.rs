@@ -384,10 +384,13 @@ pub struct VmServer {
     pub host: Option<HostId>,
     /// Ready, with no saga step left (a VM still launching learns its host from its saga).
     pub settled: bool,
+    pub ready: bool,
+    pub updated_ms: i64,
 }
 
 /// [`VmServer`]'s columns, read by [`vm_server_from_row`].
-const VM_SERVER_SELECT: &str = "SELECT v.id, v.server_id, v.host, v.state, v.step FROM vms v";
+const VM_SERVER_SELECT: &str =
+    "SELECT v.id, v.server_id, v.host, v.state, v.step, v.updated_ms FROM vms v";
 
 fn vm_server_from_row(row: &AnyRow) -> Result<VmServer, Error> {
     let id: String = row.try_get(0)?;
@@ -399,6 +402,8 @@ fn vm_server_from_row(row: &AnyRow) -> Result<VmServer, Error> {
         server: ServerId(row.try_get(1)?),
         host: host.map(|h| HostId::new(&h).map_err(|_| corrupt("host name", &h))).transpose()?,
         settled: state == "ready" && step == "done",
+        ready: state == "ready",
+        updated_ms: row.try_get(5)?,
     })
 }
 
@@ -418,30 +423,45 @@ pub async fn vms_on_servers(
     rows.iter().map(vm_server_from_row).collect()
 }
 
-/// Every creating and ready VM with a server.
+/// Every creating and ready VM with a server, in no particular order. A first pass reads all
+/// of them (a quarter of a million at the scale bench's size), so they are listed as text (see
+/// [`super::cgpus::listed`]), each "id updated-ms state step host server", with no host as an
+/// empty field and the server id last, its `%` and commas escaped (Nova's are UUIDs; others may
+/// hold anything).
 pub async fn vms_with_servers(conn: &mut AnyConnection) -> Result<Vec<VmServer>, Error> {
-    let rows = sqlx::query(&format!(
-        "{VM_SERVER_SELECT} WHERE v.server_id IS NOT NULL AND v.state IN ('creating', 'ready')"
-    ))
-    .fetch_all(conn)
+    let entry = "id || ' ' || updated_ms || ' ' || state || ' ' || step || ' ' \
+                 || coalesce(host, '') || ' ' || replace(replace(server_id, '%', '%25'), ',', '%2C')";
+    let filter = "server_id IS NOT NULL AND state IN ('creating', 'ready')";
+    let mut vms = Vec::new();
+    super::cgpus::listed(conn, "vms", entry, filter, |listed| {
+        let bad = || corrupt("VM with a server", listed);
+        let mut fields = listed.splitn(6, ' ');
+        let mut field = || fields.next().ok_or_else(bad);
+        let (id, updated_ms, state, step, host, server) =
+            (field()?, field()?, field()?, field()?, field()?, field()?);
+        vms.push(VmServer {
+            vm: id.parse().map_err(|_| corrupt("VM id", id))?,
+            server: ServerId(unescape_listed(server)),
+            host: match host {
+                "" => None,
+                host => Some(HostId::new(host).map_err(|_| corrupt("host name", host))?),
+            },
+            settled: state == "ready" && step == "done",
+            ready: state == "ready",
+            updated_ms: updated_ms.parse().map_err(|_| bad())?,
+        });
+        Ok(())
+    })
     .await?;
-    rows.iter().map(vm_server_from_row).collect()
+    Ok(vms)
 }
 
-/// Ready VMs with a server, last written before `before_ms` (cloud drift: a full listing of the
-/// cloud's servers must show theirs).
-pub async fn ready_vms_with_servers(
-    conn: &mut AnyConnection,
-    before_ms: i64,
-) -> Result<Vec<VmServer>, Error> {
-    let rows = sqlx::query(&format!(
-        "{VM_SERVER_SELECT} \
-         WHERE v.state = 'ready' AND v.server_id IS NOT NULL AND v.updated_ms < $1"
-    ))
-    .bind(before_ms)
-    .fetch_all(conn)
-    .await?;
-    rows.iter().map(vm_server_from_row).collect()
+/// Undoes the escaping of `%` (`%25`) and `,` (`%2C`) in a listed field.
+fn unescape_listed(field: &str) -> String {
+    if !field.contains('%') {
+        return field.to_owned();
+    }
+    field.split("%25").map(|part| part.replace("%2C", ",")).collect::<Vec<_>>().join("%")
 }
 
 /// How many VMs are in each state.

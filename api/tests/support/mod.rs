@@ -11,9 +11,11 @@ pub mod postgres;
 pub mod slow;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gsaasd::auth::Role;
+use gsaasd::cloud::sim::SimCloud;
 use gsaasd::config::Config;
 use gsaasd::service::{self, Service};
 use serde_json::Value;
@@ -97,7 +99,7 @@ impl TestService {
     pub async fn start_config_with_sim(
         config: Config,
         dir: PathBuf,
-        sim: Option<std::sync::Arc<gsaasd::cloud::sim::SimCloud>>,
+        sim: Option<Arc<SimCloud>>,
     ) -> TestService {
         let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
         let service =
@@ -217,18 +219,23 @@ impl TestService {
         self.wait_vm(token, id, |vm| vm["state"] == state).await
     }
 
-    /// Stops the service abruptly (no graceful anything), as a crash would.
-    pub fn crash(&mut self) {
-        if let Some(service) = self.service.take() {
-            service.abort();
-        }
+    /// Stops the service abruptly (no graceful anything), as a crash would. Returns the
+    /// simulated cloud, which lives on, as Nova would.
+    pub fn crash(&mut self) -> Option<Arc<SimCloud>> {
+        let service = self.service.take()?;
+        let sim = service.sim.clone();
+        service.abort();
+        sim
     }
 
-    /// Crashes gsaasd and starts it again on the same storage; the simulated cloud lives on, as
-    /// Nova would.
+    /// Crashes gsaasd and starts it again on the same storage and the same simulated cloud.
     pub async fn restart(&mut self) {
-        let sim = self.service().sim.clone();
-        self.crash();
+        let sim = self.crash();
+        self.start_again(sim).await;
+    }
+
+    /// Starts gsaasd again after a [`Self::crash`], on the same storage and `sim`.
+    pub async fn start_again(&mut self, sim: Option<Arc<SimCloud>>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let service = service::start_with_sim(self.config.clone(), listener, sim)
             .await
