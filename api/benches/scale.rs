@@ -17,7 +17,9 @@
 //! Measured after a restart on that database, with the same cloud:
 //! - start -> ready: from `service::start` to the end of the reconciler's first pass (the pool
 //!   and quota ledger loaded from the database, each host's route table pushed to its agent, the
-//!   cloud's full server listing followed).
+//!   cloud's full server listing followed), and the CPU seconds the process used meanwhile (every
+//!   thread; PostgreSQL's own work is not in it): the work a start does, which the machine's
+//!   neighbours disturb less than its wall-clock time.
 //! - RSS: the process's resident memory when ready, and that minus the RSS before the restart
 //!   (the bench process also holds the simulated Nova's servers and the seeding's leftovers).
 //! - launch and terminate: one client, sequential HTTP requests over one connection; a launch (2
