@@ -358,8 +358,7 @@ impl Pool {
             .host_by_id
             .get(id)
             .ok_or_else(|| Error::inventory("host", format!("host {id} is not registered")))?;
-        let slots = self.hosts[host as usize].slots.clone();
-        self.reindexing(&slots, |pool| pool.hosts[host as usize].state = state);
+        self.reindexing_host(host as usize, |pool| pool.hosts[host as usize].state = state);
         self.limits = None;
         self.changes += 1;
         self.host_changes += 1;
