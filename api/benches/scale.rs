@@ -22,7 +22,8 @@
 //!   neighbours disturb less than its wall-clock time.
 //! - RSS: the process's resident memory when ready, and that minus the RSS before the restart
 //!   (the bench process also holds the simulated Nova's servers and the seeding's leftovers).
-//! - launch and terminate: one client, sequential HTTP requests over one connection; a launch (2
+//! - launch and terminate: one client (on a thread and runtime of its own, as another process
+//!   would be), sequential HTTP requests over one connection; a launch (2
 //!   shared cGPUs of 8 GiB) timed from its `POST /v1/vms` to the 202 (the reservation), then each
 //!   terminated, `DELETE` to 202. p50 and p99 over the runs.
 //! - pages: `GET /v1/vms?limit=100` as an admin (every project's VMs) and as a member (one
@@ -223,6 +224,22 @@ async fn database_mib(db: &Db, config: &Config) -> f64 {
     }
 }
 
+/// Runs the bench's HTTP client on a thread and runtime of its own, as a client in another
+/// process would be: as a task of gsaasd's runtime, each response would wait for a worker behind
+/// gsaasd's background work (the sagas of the launches before, the agents' pushes), and that
+/// wait would be timed as gsaasd's.
+async fn as_client<T, F>(work: impl FnOnce(reqwest::Client) -> F + Send + 'static) -> T
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T>,
+{
+    let client = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(work(reqwest::Client::new()))
+    });
+    tokio::task::spawn_blocking(move || client.join().expect("the client thread")).await.unwrap()
+}
+
 /// p50 and p99 in milliseconds.
 fn p50_p99(mut samples: Vec<f64>) -> (f64, f64) {
     samples.sort_by(f64::total_cmp);
@@ -311,35 +328,42 @@ async fn run(store: Store, hosts: usize, runs: usize) {
     assert!(status.last_error.is_none(), "first pass: {:?}", status.last_error);
 
     let url = service.url();
-    let http = reqwest::Client::new();
     let member = app.keys.issue("p007", Some("p007"), Role::Member, Duration::from_secs(3600));
     let admin = app.keys.issue("ops", Some("ops"), Role::Admin, Duration::from_secs(3600));
     let launch = serde_json::json!({
         "image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 2,
         "gpu_memory_mib": CGPU_MIB, "mode": "shared"
     });
-    let (mut launches, mut terminations, mut ids) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..runs {
-        let started = Instant::now();
-        let response =
-            http.post(format!("{url}/v1/vms")).bearer_auth(&member).json(&launch).send().await;
-        let response = response.unwrap();
-        launches.push(started.elapsed().as_secs_f64());
-        assert_eq!(response.status(), 202);
-        let vm: serde_json::Value = response.json().await.unwrap();
-        ids.push(vm["id"].as_str().unwrap().to_owned());
-    }
-    for id in &ids {
-        let started = Instant::now();
-        let response =
-            http.delete(format!("{url}/v1/vms/{id}")).bearer_auth(&member).send().await.unwrap();
-        terminations.push(started.elapsed().as_secs_f64());
-        assert_eq!(response.status(), 202);
-    }
-    let page_runs = runs.min(200);
-    let admin_vms = pages(&http, &url, &admin, "/v1/vms?limit=100", page_runs).await;
-    let member_vms = pages(&http, &url, &member, "/v1/vms?limit=100", page_runs).await;
-    let pool = pages(&http, &url, &admin, "/v1/pool", page_runs).await;
+    let (launches, terminations, admin_vms, member_vms, pool) = as_client(move |http| async move {
+        let (mut launches, mut terminations, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let started = Instant::now();
+            let response =
+                http.post(format!("{url}/v1/vms")).bearer_auth(&member).json(&launch).send().await;
+            let response = response.unwrap();
+            launches.push(started.elapsed().as_secs_f64());
+            assert_eq!(response.status(), 202);
+            let vm: serde_json::Value = response.json().await.unwrap();
+            ids.push(vm["id"].as_str().unwrap().to_owned());
+        }
+        for id in &ids {
+            let started = Instant::now();
+            let response = http
+                .delete(format!("{url}/v1/vms/{id}"))
+                .bearer_auth(&member)
+                .send()
+                .await
+                .unwrap();
+            terminations.push(started.elapsed().as_secs_f64());
+            assert_eq!(response.status(), 202);
+        }
+        let page_runs = runs.min(200);
+        let admin_vms = pages(&http, &url, &admin, "/v1/vms?limit=100", page_runs).await;
+        let member_vms = pages(&http, &url, &member, "/v1/vms?limit=100", page_runs).await;
+        let pool = pages(&http, &url, &admin, "/v1/pool", page_runs).await;
+        (launches, terminations, admin_vms, member_vms, pool)
+    })
+    .await;
     let size = database_mib(&db, &config).await;
     let rss_after = rss_mib();
     let (launch50, launch99) = p50_p99(launches);

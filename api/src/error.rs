@@ -165,9 +165,19 @@ impl From<sqlx::Error> for Error {
             sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
                 Error::unavailable("database", e)
             }
+            sqlx::Error::Database(ref db) if db.code().is_some_and(|c| server_unavailable(&c)) => {
+                Error::unavailable("database", e)
+            }
             e => Error::internal(e),
         }
     }
+}
+
+/// Whether a SQLSTATE says the database server cannot serve now rather than that the statement is
+/// wrong: a connection exception (class 08), insufficient resources (53: out of disk, memory or
+/// connections), or operator intervention (57: a backend ended by an administrator or a shutdown).
+fn server_unavailable(sqlstate: &str) -> bool {
+    ["08", "53", "57"].iter().any(|class| sqlstate.starts_with(class))
 }
 
 /// One invalid field of a request.

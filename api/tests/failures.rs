@@ -364,3 +364,92 @@ async fn auto_rehome_moves_failed_gpus_cgpus_and_loses_what_fits_nowhere(store: 
     t.wait_vm(&member, &id, |vm| vm["cgpus"].as_array().unwrap().len() == 1).await;
     assert_eq!(quota_cgpus(&t).await, 1, "the quota stops counting it");
 }
+
+/// The backend (its process id) that waits on `pool_state`'s row lock, as `observer` sees it
+/// (outside a transaction: within one, PostgreSQL shows the activity as it was at its start).
+async fn backend_waiting_on_pool_state(observer: &mut sqlx::PgConnection) -> i32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let waiting: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query LIKE 'UPDATE pool_state%'",
+        )
+        .fetch_optional(&mut *observer)
+        .await
+        .unwrap();
+        if let Some(pid) = waiting {
+            return pid;
+        }
+        assert!(std::time::Instant::now() < deadline, "no pool transaction waits on the lock");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// PostgreSQL: pool transactions keep the connection they last committed on (`app::pool`). When
+/// that connection dies while idle (an administrator ends its backend, the server restarts), the
+/// next launch takes another one instead of failing. The test finds the kept connection's
+/// backend by holding the lock every pool transaction takes first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_takes_another_connection_when_the_kept_one_died_idle() {
+    use sqlx::Connection;
+    let t = TestService::start(Store::Postgres).await;
+    let member = t.member();
+    let first = t.launch(&member, &support::shared_launch(1, 1024)).await;
+    t.wait_state(&member, &first, "ready").await;
+
+    let url = t.config.database_url();
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut observer = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT generation FROM pool_state WHERE id = 1 FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let body = support::shared_launch(1, 1024);
+    let ((status, second), writer) = tokio::join!(t.post(&member, "/v1/vms", &body), async {
+        let pid = backend_waiting_on_pool_state(&mut observer).await;
+        sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+        pid
+    });
+    assert_eq!(status, 202, "{second}");
+
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 10000)")
+        .bind(writer)
+        .fetch_one(&mut observer)
+        .await
+        .unwrap();
+    assert!(ended, "backend {writer} did not end");
+    let (status, third) = t.post(&member, "/v1/vms", &body).await;
+    assert_eq!(status, 202, "{third}");
+    for vm in [&second, &third] {
+        t.wait_state(&member, vm["id"].as_str().unwrap(), "ready").await;
+    }
+
+    // Ended in the middle of a launch's transaction: 503 (the database is down for it, not a
+    // bug), nothing booked, and the next launch books as if it never happened.
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT generation FROM pool_state WHERE id = 1 FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let ((status, problem), ()) = tokio::join!(t.post(&member, "/v1/vms", &body), async {
+        let pid = backend_waiting_on_pool_state(&mut observer).await;
+        sqlx::query("SELECT pg_terminate_backend($1, 10000)")
+            .bind(pid)
+            .execute(&mut observer)
+            .await
+            .unwrap();
+        sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    });
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (503, Some("dependency_unavailable")),
+        "{problem}"
+    );
+    let (status, fourth) = t.post(&member, "/v1/vms", &body).await;
+    assert_eq!(status, 202, "{fourth}");
+    let (_, list) = t.get(&member, "/v1/vms").await;
+    assert_eq!(list["vms"].as_array().unwrap().len(), 4, "{list}");
+    let (_, quota) = t.get(&member, "/v1/quotas/alpha").await;
+    assert_eq!(quota["usage"]["cgpus"], 4, "{quota}");
+}

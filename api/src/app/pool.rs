@@ -15,11 +15,20 @@
 //! host has an agent, several times per launch, instead of reading the hosts table each time.
 //! It is as current as this process's pool: another replica's drain shows here with this
 //! process's next pool transaction.
+//!
+//! Pool transactions run one at a time (the pool's lock), so on PostgreSQL they keep the pooled
+//! connection they last committed on rather than taking the pool's next idle one: a launch's
+//! statements are prepared and planned once per process, not once per connection of the pool
+//! (after a start, the first launches on each of 16 cold connections took 2-3 times as long).
+//! A transaction that fails lets its connection go back to the pool, and the next one takes
+//! another; so does one whose kept connection broke while idle, or has been kept for as long as
+//! the pool keeps any.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use gpgpums::{
     CgpuAssignment, HostId, HostKind, HostState, Placement, Pool, ProjectId, Quota, QuotaLedger,
@@ -116,6 +125,20 @@ struct Cached {
     quotas: QuotaLedger,
     /// The generation `pool` and `quotas` reflect; -1 when they must be reloaded.
     generation: i64,
+    /// The pooled connection the last pool transaction committed on (see the module docs).
+    writer: Option<Writer>,
+}
+
+/// How long pool transactions keep one connection before letting it go back to the pool: as
+/// long as the pool keeps any (sqlx's default `max_lifetime`), so that a connection is renewed
+/// as the pool's others are.
+const WRITER_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+#[derive(Debug)]
+struct Writer {
+    conn: db::Conn,
+    /// When pool transactions first kept it.
+    since: Instant,
 }
 
 impl PoolCache {
@@ -125,6 +148,7 @@ impl PoolCache {
                 pool: Pool::new(),
                 quotas: QuotaLedger::default(),
                 generation: -1,
+                writer: None,
             }),
             hosts: HostDirectory::default(),
         }
@@ -223,6 +247,8 @@ pub(crate) struct PoolTx<'a> {
     cached: tokio::sync::MutexGuard<'a, Cached>,
     directory: &'a HostDirectory,
     tx: Option<WriteTx>,
+    /// Since when pool transactions keep `tx`'s connection; `None`: taken from the pool now.
+    writer_since: Option<Instant>,
     generation: i64,
     changes_before: u64,
     quota_changes_before: u64,
@@ -243,8 +269,12 @@ impl PoolTx<'_> {
 
     pub(crate) async fn commit(mut self) -> Result<(), Error> {
         let tx = self.tx.take().expect("open until committed");
-        match tx.commit().await {
-            Ok(()) => {
+        match tx.commit_keeping().await {
+            Ok(conn) => {
+                if conn.is_pooled() {
+                    let since = self.writer_since.unwrap_or_else(Instant::now);
+                    self.cached.writer = Some(Writer { conn, since });
+                }
                 self.cached.generation = self.generation;
                 if self.cached.pool.host_changes() != self.host_changes_before {
                     self.directory.publish(&self.cached.pool);
@@ -274,7 +304,7 @@ impl App {
     /// reloads the pool if another replica changed it since.
     pub(crate) async fn pool_tx(&self) -> Result<PoolTx<'_>, Error> {
         let mut cached = self.pool.inner.lock().await;
-        let mut tx = self.db.begin().await?;
+        let (mut tx, writer_since) = self.begin_writing(&mut cached).await?;
         let generation = db::bump_generation(&mut tx).await?;
         if cached.generation != generation - 1 {
             self.reload(&mut cached, &mut tx, generation - 1).await?;
@@ -286,11 +316,32 @@ impl App {
             cached,
             directory: &self.pool.hosts,
             tx: Some(tx),
+            writer_since,
             generation,
             changes_before,
             quota_changes_before,
             host_changes_before,
         })
+    }
+
+    /// Begins a pool transaction on the kept connection (see the module docs), and says since
+    /// when it is kept; or on one of the pool's, when none is kept, it is due for renewal, or it
+    /// broke while idle (the server restarted, an administrator ended it: nothing ran on it yet).
+    async fn begin_writing(
+        &self,
+        cached: &mut Cached,
+    ) -> Result<(WriteTx, Option<Instant>), Error> {
+        if let Some(Writer { conn, since }) = cached.writer.take() {
+            if since.elapsed() < WRITER_LIFETIME {
+                match db::Db::begin_on(conn).await {
+                    Ok(tx) => return Ok((tx, Some(since))),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the pool's kept connection failed; taking another")
+                    }
+                }
+            }
+        }
+        Ok((self.db.begin().await?, None))
     }
 
     /// Runs `change` on the pool inside a [`PoolTx`] and commits it if `change` succeeds.
@@ -313,7 +364,7 @@ impl App {
         tx: &mut WriteTx,
         generation: i64,
     ) -> Result<(), Error> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         cached.generation = -1;
         (cached.pool, cached.quotas) = load(tx, self.config.quotas.quota()).await?;
         if let Err(e) = cached.pool.prepare(&self.config.default_policy) {

@@ -98,6 +98,14 @@ pub enum Conn {
     One(tokio::sync::OwnedMutexGuard<AnyConnection>),
 }
 
+impl Conn {
+    /// Whether this connection is one of a pool's, which its holder may keep between uses
+    /// without keeping others waiting (SQLite's single connection must be let go).
+    pub fn is_pooled(&self) -> bool {
+        matches!(self, Conn::Pooled(_))
+    }
+}
+
 impl std::ops::Deref for Conn {
     type Target = AnyConnection;
     fn deref(&self) -> &AnyConnection {
@@ -121,22 +129,29 @@ impl std::ops::DerefMut for Conn {
 /// rollback is queued on the connection ahead of its next use).
 #[derive(Debug)]
 pub struct WriteTx {
-    conn: Conn,
+    /// Always `Some` until [`WriteTx::commit_keeping`] takes it back.
+    conn: Option<Conn>,
     open: bool,
 }
 
 impl WriteTx {
-    pub async fn commit(mut self) -> Result<(), Error> {
-        AnyTransactionManager::commit(&mut self.conn).await?;
+    pub async fn commit(self) -> Result<(), Error> {
+        self.commit_keeping().await.map(drop)
+    }
+
+    /// Commits and hands the connection back, for a caller that keeps one (see
+    /// [`Conn::is_pooled`]). On an error the connection goes back to its pool instead.
+    pub async fn commit_keeping(mut self) -> Result<Conn, Error> {
+        AnyTransactionManager::commit(&mut self).await?;
         self.open = false;
-        Ok(())
+        Ok(self.conn.take().expect("held until committed"))
     }
 }
 
 impl Drop for WriteTx {
     fn drop(&mut self) {
         if self.open {
-            AnyTransactionManager::start_rollback(&mut self.conn);
+            AnyTransactionManager::start_rollback(self);
         }
     }
 }
@@ -144,13 +159,13 @@ impl Drop for WriteTx {
 impl std::ops::Deref for WriteTx {
     type Target = AnyConnection;
     fn deref(&self) -> &AnyConnection {
-        &self.conn
+        self.conn.as_ref().expect("held until committed")
     }
 }
 
 impl std::ops::DerefMut for WriteTx {
     fn deref_mut(&mut self) -> &mut AnyConnection {
-        &mut self.conn
+        self.conn.as_mut().expect("held until committed")
     }
 }
 
@@ -228,9 +243,13 @@ impl Db {
     }
 
     pub async fn begin(&self) -> Result<WriteTx, Error> {
-        let mut conn = self.conn().await?;
+        Self::begin_on(self.conn().await?).await
+    }
+
+    /// Begins a transaction on a connection the caller kept (see [`WriteTx::commit_keeping`]).
+    pub async fn begin_on(mut conn: Conn) -> Result<WriteTx, Error> {
         AnyTransactionManager::begin(&mut conn, None).await?;
-        Ok(WriteTx { conn, open: true })
+        Ok(WriteTx { conn: Some(conn), open: true })
     }
 
     async fn migrate(&self) -> Result<(), Error> {

@@ -32,6 +32,7 @@ use crate::app::vms::LaunchInput;
 use crate::app::App;
 use crate::auth::{Caller, Role};
 use crate::error::{Error, FieldError, Problem};
+use crate::model::VmState;
 use views::*;
 
 /// Largest request body accepted.
@@ -250,7 +251,7 @@ fn location(id: &str) -> String {
         (status = 400, description = "Malformed request", body = Problem),
         (status = 401, description = "No or invalid token", body = Problem),
         (status = 422, description = "Invalid field", body = Problem),
-        (status = 503, description = "The cloud is unavailable", body = Problem),
+        (status = 503, description = "The cloud or the database is unavailable", body = Problem),
         (status = 403, description = "Over the project's quota (`quota_exceeded`); nothing changed", body = Problem),
         (status = 507, description = "Not enough GPU capacity", body = Problem),
         (status = 429, description = "With `queue`: the project already has `queue.max_waiting_per_project` requests waiting", body = Problem),
@@ -265,9 +266,15 @@ async fn launch_vm(
     let idempotency_key = idempotency_key(&headers)?;
     let (spec, policy, queue) = request.into_spec();
     let tenant = crate::auth::tenant_token(&headers, &caller, &app);
-    let (details, _created) =
+    let (details, created) =
         app.launch(&caller, LaunchInput { spec, policy, idempotency_key, tenant, queue }).await?;
-    let view = vm_view(&app, &details, caller.is_admin()).await?;
+    let view = if created && details.vm.state != VmState::Queued {
+        // Just reserved, as the reservation wrote it: a VM that did not wait has no queue entry,
+        // and its events (preemptions, moves, attaches) all come later.
+        VmView::new(&details, caller.is_admin())
+    } else {
+        vm_view(&app, &details, caller.is_admin()).await?
+    };
     let location = location(&view.id);
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view)).into_response())
 }
