@@ -31,8 +31,9 @@
 //!   and the tenth page of each by its `next` link. p50 and p99.
 //! - the database's size: SQLite's files, or `pg_database_size`.
 //!
-//! Run: `cargo bench -p gsaasd --bench scale` (args: `-- [hosts] [sqlite|postgres|both] [runs]`;
-//! 12500 hosts, both stores, 1000 runs by default; the PostgreSQL store starts a throwaway server
+//! Run: `cargo bench -p gsaasd --bench scale` (args: `-- [hosts] [sqlite|postgres|both] [runs]
+//! [pace_ms]`; 12500 hosts, both stores, 1000 runs, launches back to back by default (`pace_ms`:
+//! one launch every so many milliseconds instead); the PostgreSQL store starts a throwaway server
 //! as the tests do, so run as root).
 #![allow(clippy::print_stdout)]
 
@@ -278,7 +279,7 @@ async fn pages(
     (p50_p99(samples), deepest)
 }
 
-async fn run(store: Store, hosts: usize, runs: usize) {
+async fn run(store: Store, hosts: usize, runs: usize, pace: Duration) {
     let gpus = hosts * GPUS_PER_HOST;
     let vm_count = gpus * 10 / CGPUS_PER_VM;
     let (mut config, _dir) = support::test_config(store);
@@ -336,7 +337,10 @@ async fn run(store: Store, hosts: usize, runs: usize) {
     });
     let (launches, terminations, admin_vms, member_vms, pool) = as_client(move |http| async move {
         let (mut launches, mut terminations, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+        let mut due = tokio::time::Instant::now();
         for _ in 0..runs {
+            tokio::time::sleep_until(due).await;
+            due += pace;
             let started = Instant::now();
             let response =
                 http.post(format!("{url}/v1/vms")).bearer_auth(&member).json(&launch).send().await;
@@ -388,7 +392,13 @@ async fn run(store: Store, hosts: usize, runs: usize) {
         "  RSS when ready {rss:.0} MiB ({:.0} MiB more than before the restart); after the runs {rss_after:.0} MiB",
         rss - before
     );
-    println!("  launch (POST -> 202) p50 {launch50:.2} ms, p99 {launch99:.2} ms ({runs} runs)");
+    let paced = match pace.as_secs_f64() * 1e3 {
+        0.0 => "back to back".to_owned(),
+        ms => format!("one every {ms} ms"),
+    };
+    println!(
+        "  launch (POST -> 202) p50 {launch50:.2} ms, p99 {launch99:.2} ms ({runs} runs, {paced})"
+    );
     println!("  terminate (DELETE -> 202) p50 {term50:.2} ms, p99 {term99:.2} ms");
     for (what, ((p50, p99), (depth, deepest))) in [
         ("GET /v1/vms?limit=100 (admin)", admin_vms),
@@ -414,8 +424,9 @@ fn main() {
         _ => vec![Store::Sqlite, Store::Postgres],
     };
     let runs: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000);
+    let pace = Duration::from_millis(args.get(3).and_then(|a| a.parse().ok()).unwrap_or(0));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     for store in stores {
-        runtime.block_on(run(store, hosts, runs));
+        runtime.block_on(run(store, hosts, runs, pace));
     }
 }
