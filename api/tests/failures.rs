@@ -365,6 +365,16 @@ async fn auto_rehome_moves_failed_gpus_cgpus_and_loses_what_fits_nowhere(store: 
     assert_eq!(quota_cgpus(&t).await, 1, "the quota stops counting it");
 }
 
+/// Takes `pool_state`'s row lock, which every pool transaction takes first, in a transaction of
+/// `holder`'s that the caller ends.
+async fn hold_pool_state(holder: &mut sqlx::PgConnection) {
+    sqlx::query("BEGIN").execute(&mut *holder).await.unwrap();
+    sqlx::query("SELECT generation FROM pool_state WHERE id = 1 FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+}
+
 /// The backend (its process id) that waits on `pool_state`'s row lock, as `observer` sees it
 /// (outside a transaction: within one, PostgreSQL shows the activity as it was at its start).
 async fn backend_waiting_on_pool_state(observer: &mut sqlx::PgConnection) -> i32 {
@@ -394,18 +404,14 @@ async fn a_launch_takes_another_connection_when_the_kept_one_died_idle() {
     use sqlx::Connection;
     let t = TestService::start(Store::Postgres).await;
     let member = t.member();
-    let first = t.launch(&member, &support::shared_launch(1, 1024)).await;
+    let body = support::shared_launch(1, 1024);
+    let first = t.launch(&member, &body).await;
     t.wait_state(&member, &first, "ready").await;
 
     let url = t.config.database_url();
     let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
     let mut observer = sqlx::PgConnection::connect(&url).await.unwrap();
-    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
-    sqlx::query("SELECT generation FROM pool_state WHERE id = 1 FOR UPDATE")
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    let body = support::shared_launch(1, 1024);
+    hold_pool_state(&mut holder).await;
     let ((status, second), writer) = tokio::join!(t.post(&member, "/v1/vms", &body), async {
         let pid = backend_waiting_on_pool_state(&mut observer).await;
         sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
@@ -427,11 +433,7 @@ async fn a_launch_takes_another_connection_when_the_kept_one_died_idle() {
 
     // Ended in the middle of a launch's transaction: 503 (the database is down for it, not a
     // bug), nothing booked, and the next launch books as if it never happened.
-    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
-    sqlx::query("SELECT generation FROM pool_state WHERE id = 1 FOR UPDATE")
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    hold_pool_state(&mut holder).await;
     let ((status, problem), ()) = tokio::join!(t.post(&member, "/v1/vms", &body), async {
         let pid = backend_waiting_on_pool_state(&mut observer).await;
         sqlx::query("SELECT pg_terminate_backend($1, 10000)")
