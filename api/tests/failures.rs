@@ -382,7 +382,7 @@ async fn backend_waiting_on_pool_state(observer: &mut sqlx::PgConnection) -> i32
     loop {
         let waiting: Option<i32> = sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND query LIKE 'UPDATE pool_state%'",
+             AND wait_event_type = 'Lock' AND query LIKE '%UPDATE pool_state%'",
         )
         .fetch_optional(&mut *observer)
         .await
@@ -431,16 +431,23 @@ async fn a_launch_takes_another_connection_when_the_kept_one_died_idle() {
         t.wait_state(&member, vm["id"].as_str().unwrap(), "ready").await;
     }
 
-    // Ended in the middle of a launch's transaction: 503 (the database is down for it, not a
-    // bug), nothing booked, and the next launch books as if it never happened.
+    // Ended in the middle of a launch's transaction, the kept connection and then the one the
+    // launch takes instead: 503 (the database is down for it, not a bug), nothing booked, and
+    // the next launch books as if it never happened.
     hold_pool_state(&mut holder).await;
     let ((status, problem), ()) = tokio::join!(t.post(&member, "/v1/vms", &body), async {
-        let pid = backend_waiting_on_pool_state(&mut observer).await;
-        sqlx::query("SELECT pg_terminate_backend($1, 10000)")
-            .bind(pid)
-            .execute(&mut observer)
-            .await
-            .unwrap();
+        let mut ended = Vec::new();
+        while ended.len() < 2 {
+            let pid = backend_waiting_on_pool_state(&mut observer).await;
+            if !ended.contains(&pid) {
+                sqlx::query("SELECT pg_terminate_backend($1, 10000)")
+                    .bind(pid)
+                    .execute(&mut observer)
+                    .await
+                    .unwrap();
+                ended.push(pid);
+            }
+        }
         sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
     });
     assert_eq!(
@@ -454,4 +461,55 @@ async fn a_launch_takes_another_connection_when_the_kept_one_died_idle() {
     assert_eq!(list["vms"].as_array().unwrap().len(), 4, "{list}");
     let (_, quota) = t.get(&member, "/v1/quotas/alpha").await;
     assert_eq!(quota["usage"]["cgpus"], 4, "{quota}");
+}
+
+/// PostgreSQL: a pool transaction begins with BEGIN and the generation's bump in one message
+/// (`db::begin_pool_write`). When the bump fails after the BEGIN, the connection is in a failed
+/// transaction that sqlx does not know of: it must be closed, not handed back to the pool, where
+/// every later request that drew it would fail ("current transaction is aborted").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_bump_leaves_no_connection_in_a_failed_transaction() {
+    use sqlx::Connection;
+    let t = TestService::start(Store::Postgres).await;
+    let member = t.member();
+    let body = support::shared_launch(1, 1024);
+    let first = t.launch(&member, &body).await;
+    t.wait_state(&member, &first, "ready").await;
+
+    let mut admin = sqlx::PgConnection::connect(&t.config.database_url()).await.unwrap();
+    for statement in [
+        "CREATE FUNCTION refuse_bump() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'no bumps now' USING ERRCODE = '53400'; END $$",
+        "CREATE TRIGGER refuse_bump BEFORE UPDATE ON pool_state FOR EACH ROW \
+         EXECUTE FUNCTION refuse_bump()",
+    ] {
+        sqlx::query(statement).execute(&mut admin).await.unwrap();
+    }
+    let (status, problem) = t.post(&member, "/v1/vms", &body).await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (503, Some("dependency_unavailable")),
+        "{problem}"
+    );
+    sqlx::query("DROP TRIGGER refuse_bump ON pool_state").execute(&mut admin).await.unwrap();
+
+    // Every connection of the pool (16) serves again, the pool transactions' and the reads'.
+    let mut launched = vec![first];
+    for _ in 0..20 {
+        let (status, vm) = t.post(&member, "/v1/vms", &body).await;
+        assert_eq!(status, 202, "{vm}");
+        launched.push(vm["id"].as_str().unwrap().to_owned());
+        let (status, list) = t.get(&member, "/v1/vms?limit=1").await;
+        assert_eq!(status, 200, "{list}");
+    }
+    let in_failed_transaction: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND state = 'idle in transaction (aborted)'",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(in_failed_transaction, 0);
+    let (_, quota) = t.get(&member, "/v1/quotas/alpha").await;
+    assert_eq!(quota["usage"]["cgpus"], launched.len(), "{quota}");
 }

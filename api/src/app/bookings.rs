@@ -175,6 +175,7 @@ impl App {
         bookings: &[Booking],
     ) -> Result<Vec<Result<Booked, Error>>, Error> {
         let mut pool_tx = self.pool_tx().await?;
+        let queue_head = pool_tx.queue_head();
         let (pool, quotas, tx) = pool_tx.parts_with_quotas();
         let mut outcomes: Vec<Option<Result<Booked, Error>>> =
             bookings.iter().map(|_| None).collect();
@@ -246,7 +247,7 @@ impl App {
         let max_waiting = self.config.queue.max_waiting_per_project;
         let books = |b: &Booking| matches!(b, Booking::Reserve(_) | Booking::Attach(_));
         let mut gate = HeadGate {
-            head: if bookings.iter().any(books) { db::queue_head(tx).await? } else { None },
+            head: if bookings.iter().any(books) { queue_head } else { None },
             backfill: self.config.queue.backfill,
             max_passes: self.config.queue.max_passes,
             passes: 0,
@@ -306,7 +307,9 @@ impl App {
                     }
                 })
                 .collect();
-            db::insert_vms(tx, &new).await?;
+            let cgpus: Vec<CgpuRecord> =
+                reserved.iter().flat_map(|(_, details)| details.cgpus.iter().cloned()).collect();
+            db::insert_vms_with_cgpus(tx, &new, &cgpus).await?;
             let deadline = self.queue_deadline(now);
             for (_, details) in reserved.iter().filter(|(_, d)| d.vm.state == VmState::Queued) {
                 let ticket = db::NewTicket {
@@ -317,9 +320,6 @@ impl App {
                 };
                 db::enqueue(tx, ticket).await?;
             }
-            let cgpus: Vec<CgpuRecord> =
-                reserved.iter().flat_map(|(_, details)| details.cgpus.iter().cloned()).collect();
-            db::insert_cgpus(tx, &cgpus).await?;
             for (i, details) in reserved {
                 outcomes[i] = Some(Ok(Booked::Reserved(Box::new(details))));
             }

@@ -253,12 +253,20 @@ pub(crate) struct PoolTx<'a> {
     changes_before: u64,
     quota_changes_before: u64,
     host_changes_before: u64,
+    /// The queue's head as this transaction began.
+    queue_head: Option<db::QueueHead>,
 }
 
 impl PoolTx<'_> {
     /// The pool to decide on and the transaction to write the decision in.
     pub(crate) fn parts(&mut self) -> (&mut Pool, &mut WriteTx) {
         (&mut self.cached.pool, self.tx.as_mut().expect("open until committed"))
+    }
+
+    /// The queue's head as the transaction began (it holds the pool's lock: only this
+    /// transaction changes it until it ends).
+    pub(crate) fn queue_head(&self) -> Option<db::QueueHead> {
+        self.queue_head
     }
 
     /// [`Self::parts`] with the quota ledger, which changes with the pool.
@@ -304,8 +312,8 @@ impl App {
     /// reloads the pool if another replica changed it since.
     pub(crate) async fn pool_tx(&self) -> Result<PoolTx<'_>, Error> {
         let mut cached = self.pool.inner.lock().await;
-        let (mut tx, writer_since) = self.begin_writing(&mut cached).await?;
-        let generation = db::bump_generation(&mut tx).await?;
+        let (mut tx, writer_since, db::PoolWrite { generation, queue_head }) =
+            self.begin_writing(&mut cached).await?;
         if cached.generation != generation - 1 {
             self.reload(&mut cached, &mut tx, generation - 1).await?;
         }
@@ -321,27 +329,30 @@ impl App {
             changes_before,
             quota_changes_before,
             host_changes_before,
+            queue_head,
         })
     }
 
-    /// Begins a pool transaction on the kept connection (see the module docs), and says since
-    /// when it is kept; or on one of the pool's, when none is kept, it is due for renewal, or it
-    /// broke while idle (the server restarted, an administrator ended it: nothing ran on it yet).
+    /// Begins a pool transaction (see [`db::begin_pool_write`]) on the kept connection (see the
+    /// module docs), and says since when it is kept; or on one of the pool's, when none is kept,
+    /// it is due for renewal, or it broke while idle (the server restarted, an administrator
+    /// ended it: nothing ran on it yet).
     async fn begin_writing(
         &self,
         cached: &mut Cached,
-    ) -> Result<(WriteTx, Option<Instant>), Error> {
+    ) -> Result<(WriteTx, Option<Instant>, db::PoolWrite), Error> {
         if let Some(Writer { conn, since }) = cached.writer.take() {
             if since.elapsed() < WRITER_LIFETIME {
-                match db::Db::begin_on(conn).await {
-                    Ok(tx) => return Ok((tx, Some(since))),
+                match db::begin_pool_write(conn).await {
+                    Ok((tx, state)) => return Ok((tx, Some(since), state)),
                     Err(e) => {
                         tracing::warn!(error = %e, "the pool's kept connection failed; taking another")
                     }
                 }
             }
         }
-        Ok((self.db.begin().await?, None))
+        let (tx, state) = db::begin_pool_write(self.db.conn().await?).await?;
+        Ok((tx, None, state))
     }
 
     /// Runs `change` on the pool inside a [`PoolTx`] and commits it if `change` succeeds.

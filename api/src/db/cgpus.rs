@@ -51,33 +51,39 @@ pub(super) fn cgpu_from_row_at(row: &AnyRow, at: usize) -> Result<CgpuRecord, Er
     })
 }
 
-const CGPU_INSERT_COLUMNS: &str =
+pub(super) const CGPU_INSERT_COLUMNS: &str =
     "vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, state";
+
+/// The most cGPUs one insert carries: wider than VMs, as a VM may hold a thousand cGPUs.
+pub(super) const CGPU_ROWS: usize = 8 * MAX_ROWS;
+
+pub(super) fn cgpu_params(cgpu: &CgpuRecord) -> Vec<Param> {
+    vec![
+        Param::text(cgpu.vm.to_string()),
+        Param::Int(Some(i64::from(cgpu.index))),
+        Param::text(cgpu.gpu.as_str()),
+        Param::Int(Some(cgpu.memory_mib as i64)),
+        Param::text(mode_str(cgpu.mode)),
+        Param::text(cgpu.masked_address.to_string()),
+        Param::Int(Some(i64::from(cgpu.masked_port))),
+        Param::Int(Some(cgpu.seq)),
+        Param::text(cgpu.state.as_str()),
+    ]
+}
+
+/// The insert of the cGPUs whose rows are listed as `values`, from the `WITH` list `c` named.
+pub(super) fn insert_cgpus_from(c: &str) -> String {
+    format!(
+        "INSERT INTO cgpus ({CGPU_INSERT_COLUMNS}) SELECT {CGPU_INSERT_COLUMNS} FROM {c} \
+         WHERE vm IS NOT NULL"
+    )
+}
 
 /// Books cGPUs.
 pub async fn insert_cgpus(conn: &mut AnyConnection, cgpus: &[CgpuRecord]) -> Result<(), Error> {
-    let rows = cgpus
-        .iter()
-        .map(|cgpu| {
-            vec![
-                Param::text(cgpu.vm.to_string()),
-                Param::Int(Some(i64::from(cgpu.index))),
-                Param::text(cgpu.gpu.as_str()),
-                Param::Int(Some(cgpu.memory_mib as i64)),
-                Param::text(mode_str(cgpu.mode)),
-                Param::text(cgpu.masked_address.to_string()),
-                Param::Int(Some(i64::from(cgpu.masked_port))),
-                Param::Int(Some(cgpu.seq)),
-                Param::text(cgpu.state.as_str()),
-            ]
-        })
-        .collect();
-    // Wider chunks than VMs: a VM may hold a thousand cGPUs.
-    fetch_batched(conn, rows, 8 * MAX_ROWS, |values| {
-        format!(
-            "WITH v ({CGPU_INSERT_COLUMNS}) AS (VALUES {values}) INSERT INTO cgpus ({CGPU_INSERT_COLUMNS}) \
-             SELECT {CGPU_INSERT_COLUMNS} FROM v WHERE vm IS NOT NULL"
-        )
+    let rows = cgpus.iter().map(cgpu_params).collect();
+    fetch_batched(conn, rows, CGPU_ROWS, |values| {
+        format!("WITH c ({CGPU_INSERT_COLUMNS}) AS (VALUES {values}) {}", insert_cgpus_from("c"))
     })
     .await?;
     Ok(())

@@ -319,7 +319,7 @@ fn corrupt(what: &str, value: &str) -> Error {
 // ---- pool generation ----
 
 /// Bumps the pool generation; the first statement of every transaction that changes bookings or
-/// inventory. Returns the new generation.
+/// inventory (see [`begin_pool_write`]). Returns the new generation.
 pub async fn bump_generation(conn: &mut AnyConnection) -> Result<i64, Error> {
     let row = sqlx::query(
         "UPDATE pool_state SET generation = generation + 1 WHERE id = 1 RETURNING generation",
@@ -328,6 +328,52 @@ pub async fn bump_generation(conn: &mut AnyConnection) -> Result<i64, Error> {
     .await?;
     Ok(row.try_get::<i64, _>(0)?)
 }
+
+/// The pool as a write transaction sees it once it holds the pool's row lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolWrite {
+    /// The generation, bumped by this transaction.
+    pub generation: i64,
+    pub queue_head: Option<QueueHead>,
+}
+
+/// BEGIN and the bump of [`bump_generation`], as one simple-protocol message on PostgreSQL.
+const BEGIN_BUMPING: &str = "BEGIN; UPDATE pool_state SET generation = generation + 1 WHERE id = 1";
+
+/// Begins a transaction on `conn` that bumps the pool generation (which orders the writers of
+/// bookings: the row lock is held until it ends), and reads the new generation with the queue's
+/// head. On PostgreSQL the BEGIN and the bump go out in one message, a round trip fewer for
+/// every launch: each round trip is a hand-off between processes that a busy 2-core machine
+/// delays now and then, and the launch's tail is made of those delays. Should that message fail
+/// after its BEGIN, the connection may be left in a failed transaction that sqlx does not know
+/// of, so it is closed rather than given back to its pool.
+pub async fn begin_pool_write(mut conn: Conn) -> Result<(WriteTx, PoolWrite), Error> {
+    let mut tx = if conn.backend_name() == "PostgreSQL" {
+        if let Err(e) = AnyTransactionManager::begin(&mut conn, Some(BEGIN_BUMPING.into())).await {
+            if let Conn::Pooled(conn) = conn {
+                // Already failing: the close's own outcome adds nothing.
+                let _ = conn.close().await;
+            }
+            return Err(e.into());
+        }
+        WriteTx { conn: Some(conn), open: true }
+    } else {
+        let mut tx = Db::begin_on(conn).await?;
+        sqlx::query("UPDATE pool_state SET generation = generation + 1 WHERE id = 1")
+            .execute(&mut *tx)
+            .await?;
+        tx
+    };
+    let row = sqlx::query(&format!(
+        "SELECT p.generation, {QUEUE_HEAD_COLUMNS} FROM pool_state p \
+         LEFT JOIN queue q ON q.head > 0 WHERE p.id = 1"
+    ))
+    .fetch_one(&mut *tx)
+    .await?;
+    let state = PoolWrite { generation: row.try_get(0)?, queue_head: queue_head_at(&row, 1)? };
+    Ok((tx, state))
+}
+
 // Batched statements. Group commit (`app::batch`) writes many VMs per statement; every batched
 // statement takes its rows from a `VALUES` list (`WITH v (...) AS (VALUES ...)`, or
 // `IN (VALUES ...)` for keys), which SQLite and PostgreSQL read alike and whose length PostgreSQL's
@@ -358,9 +404,19 @@ impl Param {
     }
 }
 
-/// `rows` tuples of `columns` placeholders: `($1, $2), ($3, $4)`, or `(?, ?), (?, ?)` on SQLite,
-/// where numbered parameters cost a lookup each that grows with their count.
-fn placeholders(conn: &AnyConnection, rows: usize, columns: usize) -> String {
+impl Param {
+    fn bind_to(self, query: AnyQuery<'_>) -> AnyQuery<'_> {
+        match self {
+            Param::Text(text) => query.bind(text),
+            Param::Int(int) => query.bind(int),
+        }
+    }
+}
+
+/// `rows` tuples of `columns` placeholders: `($1, $2), ($3, $4)` (numbered after the statement's
+/// first `before` parameters), or `(?, ?), (?, ?)` on SQLite, where numbered parameters cost a
+/// lookup each that grows with their count.
+fn placeholders(conn: &AnyConnection, rows: usize, columns: usize, before: usize) -> String {
     let sqlite = conn.backend_name() == "SQLite";
     let mut out = String::with_capacity(rows * columns * 5);
     for row in 0..rows {
@@ -372,7 +428,7 @@ fn placeholders(conn: &AnyConnection, rows: usize, columns: usize) -> String {
             if sqlite {
                 out.push('?');
             } else {
-                out.push_str(&format!("${}", row * columns + column + 1));
+                out.push_str(&format!("${}", before + row * columns + column + 1));
             }
         }
         out.push(')');
@@ -380,10 +436,26 @@ fn placeholders(conn: &AnyConnection, rows: usize, columns: usize) -> String {
     out
 }
 
-/// Runs `sql(values)` once per `chunk` rows and returns every row it answers: `values` is the
-/// chunk's `(?, ?), (?, ?)` list, padded to a power of two with rows of NULLs (which match
-/// nothing), so a statement comes in a few shapes that the statement caches keep prepared. The
-/// rows must all have the same shape.
+/// A `VALUES` list of rows (all of the same shape, at least one) and its parameters, padded to a
+/// power of two with rows of NULLs (which match nothing), so a statement comes in a few shapes
+/// that the statement caches keep prepared.
+struct Values {
+    sql: String,
+    params: Vec<Param>,
+}
+
+fn padded_values(conn: &AnyConnection, rows: &[Vec<Param>], before: usize) -> Values {
+    let padding: Vec<Param> = rows[0].iter().map(Param::null_like).collect();
+    let padded_len = rows.len().next_power_of_two();
+    let padding_rows = std::iter::repeat_n(&padding, padded_len - rows.len());
+    Values {
+        sql: placeholders(conn, padded_len, padding.len(), before),
+        params: rows.iter().chain(padding_rows).flatten().cloned().collect(),
+    }
+}
+
+/// Runs `sql(values)` once per `chunk` rows (see [`padded_values`]) and returns every row it
+/// answers.
 async fn fetch_batched(
     conn: &mut AnyConnection,
     rows: Vec<Vec<Param>>,
@@ -392,16 +464,11 @@ async fn fetch_batched(
 ) -> Result<Vec<AnyRow>, sqlx::Error> {
     let mut answered = Vec::new();
     for chunk in rows.chunks(chunk) {
-        let padding: Vec<Param> = chunk[0].iter().map(Param::null_like).collect();
-        let padded_len = chunk.len().next_power_of_two();
-        let sql = sql(&placeholders(conn, padded_len, padding.len()));
+        let values = padded_values(conn, chunk, 0);
+        let sql = sql(&values.sql);
         let mut query: AnyQuery<'_> = sqlx::query(&sql);
-        let padding_rows = std::iter::repeat_n(&padding, padded_len - chunk.len());
-        for param in chunk.iter().chain(padding_rows).flatten() {
-            query = match param {
-                Param::Text(text) => query.bind(text.clone()),
-                Param::Int(int) => query.bind(*int),
-            };
+        for param in values.params {
+            query = param.bind_to(query);
         }
         answered.extend(query.fetch_all(&mut *conn).await?);
     }

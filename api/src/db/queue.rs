@@ -4,6 +4,7 @@
 
 use gpgpums::{Request, TicketId, VmId};
 use serde::{Deserialize, Serialize};
+use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
 use super::corrupt;
@@ -190,24 +191,24 @@ pub async fn set_head(
     Ok(())
 }
 
-/// The head of the queue, if the last round found one that is still waiting.
-pub async fn queue_head(conn: &mut AnyConnection) -> Result<Option<QueueHead>, Error> {
-    let row = sqlx::query("SELECT ticket, priority, passed, head FROM queue WHERE head > 0")
-        .fetch_optional(conn)
-        .await?;
-    row.map(|row| {
-        let ticket: i64 = row.try_get(0)?;
-        let priority: i64 = row.try_get(1)?;
-        let passed: i64 = row.try_get(2)?;
-        Ok(QueueHead {
-            ticket: TicketId(ticket as u64),
-            priority: i32::try_from(priority)
-                .map_err(|_| corrupt("priority", &priority.to_string()))?,
-            passed: u32::try_from(passed).unwrap_or(u32::MAX),
-            awaiting_reclaim: row.try_get::<i64, _>(3)? == 2,
-        })
-    })
-    .transpose()
+/// The columns of the queue's head, read with [`queue_head_at`] (`q`: the queue).
+pub(super) const QUEUE_HEAD_COLUMNS: &str = "q.ticket, q.priority, q.passed, q.head";
+
+/// The head of the queue from [`QUEUE_HEAD_COLUMNS`] starting at column `at`, if the last round
+/// found one that is still waiting (NULLs: none).
+pub(super) fn queue_head_at(row: &AnyRow, at: usize) -> Result<Option<QueueHead>, Error> {
+    let Some(ticket) = row.try_get::<Option<i64>, _>(at)? else {
+        return Ok(None);
+    };
+    let priority: i64 = row.try_get(at + 1)?;
+    let passed: i64 = row.try_get(at + 2)?;
+    Ok(Some(QueueHead {
+        ticket: TicketId(ticket as u64),
+        priority: i32::try_from(priority)
+            .map_err(|_| corrupt("priority", &priority.to_string()))?,
+        passed: u32::try_from(passed).unwrap_or(u32::MAX),
+        awaiting_reclaim: row.try_get::<i64, _>(at + 3)? == 2,
+    }))
 }
 
 /// Counts `passes` more starts ahead of the head.
