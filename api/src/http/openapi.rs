@@ -109,7 +109,8 @@ fn add_common_responses(doc: &mut Value) {
             if has("path") {
                 common.push(("404", "Not found, or not the caller's to see"));
             }
-            if path.starts_with("/v1/") {
+            // `/metrics` counts VMs and fences in the database too.
+            if path.starts_with("/v1/") || path == "/metrics" {
                 common.push(("503", "A dependency (the database, the cloud) is unavailable"));
             }
             let Some(responses) = operation["responses"].as_object_mut() else { continue };
