@@ -463,12 +463,14 @@ async fn a_launch_takes_another_connection_when_the_kept_one_died_idle() {
     assert_eq!(quota["usage"]["cgpus"], 4, "{quota}");
 }
 
-/// PostgreSQL: a pool transaction begins with BEGIN and the generation's bump in one message
-/// (`db::begin_pool_write`). When the bump fails after the BEGIN, the connection is in a failed
-/// transaction that sqlx does not know of: it must be closed, not handed back to the pool, where
-/// every later request that drew it would fail ("current transaction is aborted").
+/// PostgreSQL: a pool transaction sends BEGIN and the generation's bump as one message
+/// (`db::begin_pool_write`). A connection left in a failed or open transaction must not serve
+/// again as it is: handed back to the pool, every later request that drew it would fail
+/// ("current transaction is aborted") or run inside it. Both ways: the bump fails after the
+/// BEGIN (sqlx never learns of the transaction: the connection is closed), and a later statement
+/// of the launch fails (the transaction is rolled back before the connection's next use).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_bump_leaves_no_connection_in_a_failed_transaction() {
+async fn a_failed_pool_transaction_leaves_no_connection_in_it() {
     use sqlx::Connection;
     let t = TestService::start(Store::Postgres).await;
     let member = t.member();
@@ -477,39 +479,51 @@ async fn a_failed_bump_leaves_no_connection_in_a_failed_transaction() {
     t.wait_state(&member, &first, "ready").await;
 
     let mut admin = sqlx::PgConnection::connect(&t.config.database_url()).await.unwrap();
-    for statement in [
-        "CREATE FUNCTION refuse_bump() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN RAISE EXCEPTION 'no bumps now' USING ERRCODE = '53400'; END $$",
-        "CREATE TRIGGER refuse_bump BEFORE UPDATE ON pool_state FOR EACH ROW \
-         EXECUTE FUNCTION refuse_bump()",
-    ] {
-        sqlx::query(statement).execute(&mut admin).await.unwrap();
-    }
-    let (status, problem) = t.post(&member, "/v1/vms", &body).await;
-    assert_eq!(
-        (status, problem["code"].as_str()),
-        (503, Some("dependency_unavailable")),
-        "{problem}"
-    );
-    sqlx::query("DROP TRIGGER refuse_bump ON pool_state").execute(&mut admin).await.unwrap();
-
-    // Every connection of the pool (16) serves again, the pool transactions' and the reads'.
-    let mut launched = vec![first];
-    for _ in 0..20 {
-        let (status, vm) = t.post(&member, "/v1/vms", &body).await;
-        assert_eq!(status, 202, "{vm}");
-        launched.push(vm["id"].as_str().unwrap().to_owned());
-        let (status, list) = t.get(&member, "/v1/vms?limit=1").await;
-        assert_eq!(status, 200, "{list}");
-    }
-    let in_failed_transaction: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-         AND state = 'idle in transaction (aborted)'",
+    sqlx::query(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = '53400'; END $$",
     )
-    .fetch_one(&mut admin)
+    .execute(&mut admin)
     .await
     .unwrap();
-    assert_eq!(in_failed_transaction, 0);
+    let mut launched = vec![first];
+    for (table, event) in [("pool_state", "UPDATE"), ("vms", "INSERT")] {
+        sqlx::query(&format!(
+            "CREATE TRIGGER refuse BEFORE {event} ON {table} FOR EACH ROW EXECUTE FUNCTION refuse()"
+        ))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        let (status, problem) = t.post(&member, "/v1/vms", &body).await;
+        assert_eq!(
+            (status, problem["code"].as_str()),
+            (503, Some("dependency_unavailable")),
+            "{table}: {problem}"
+        );
+        sqlx::query(&format!("DROP TRIGGER refuse ON {table}")).execute(&mut admin).await.unwrap();
+
+        // Every connection of the pool (16) serves again, the pool transactions' and the reads'
+        // (the testbed has room for 21 of these VMs).
+        for i in 0..20 {
+            if i % 2 == 0 {
+                let (status, vm) = t.post(&member, "/v1/vms", &body).await;
+                assert_eq!(status, 202, "{table}: {vm}");
+                launched.push(vm["id"].as_str().unwrap().to_owned());
+            }
+            let (status, list) = t.get(&member, "/v1/vms?limit=1").await;
+            assert_eq!(status, 200, "{table}: {list}");
+        }
+        let in_transaction: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND state LIKE 'idle in transaction%'",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        assert_eq!(in_transaction, 0, "{table}");
+    }
+    let (_, list) = t.get(&member, "/v1/vms?limit=100").await;
+    assert_eq!(list["vms"].as_array().unwrap().len(), launched.len(), "{list}");
     let (_, quota) = t.get(&member, "/v1/quotas/alpha").await;
     assert_eq!(quota["usage"]["cgpus"], launched.len(), "{quota}");
 }
