@@ -71,7 +71,7 @@ pub(super) fn cgpu_params(cgpu: &CgpuRecord) -> Vec<Param> {
     ]
 }
 
-/// The insert of the cGPUs whose rows are listed as `values`, from the `WITH` list `c` named.
+/// The insert of the cGPUs listed in the `WITH` list named `c`.
 pub(super) fn insert_cgpus_from(c: &str) -> String {
     format!(
         "INSERT INTO cgpus ({CGPU_INSERT_COLUMNS}) SELECT {CGPU_INSERT_COLUMNS} FROM {c} \

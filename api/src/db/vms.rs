@@ -245,7 +245,7 @@ fn new_vm_params(new: &NewVm<'_>) -> Vec<Param> {
     ]
 }
 
-/// The insert of the VMs whose rows are listed as `values`, from the `WITH` list `v` named.
+/// The insert of the VMs listed in the `WITH` list named `v`.
 fn insert_vms_from(v: &str) -> String {
     format!(
         "INSERT INTO vms ({NEW_VM_COLUMNS}) SELECT {NEW_VM_COLUMNS} FROM {v} WHERE id IS NOT NULL"
