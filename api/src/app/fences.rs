@@ -113,10 +113,9 @@ impl App {
     /// no agent, or when it was forgotten (its routes count as gone). Storage errors are errors.
     pub(crate) async fn withdraw_routes(&self, host: &HostId) -> Result<Option<HostId>, Error> {
         // A host that is up (the usual case) is known from the host directory, with no read.
-        let up = self.host_directory().and_then(|hosts| {
-            let h = hosts.iter().find(|h| &h.name == host)?;
-            (h.state != HostState::Unavailable).then(|| h.kind.has_agent())
-        });
+        let up = self
+            .directory_host(host)
+            .and_then(|(kind, state)| (state != HostState::Unavailable).then(|| kind.has_agent()));
         match up {
             Some(false) => return Ok(None),
             Some(true) => return self.push_or_fence(host).await,

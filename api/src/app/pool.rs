@@ -49,11 +49,11 @@ pub(crate) struct PoolCache {
 }
 
 /// One host as the [`HostDirectory`] knows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct HostSummary {
-    pub name: HostId,
-    pub kind: HostKind,
-    pub state: HostState,
+#[derive(Debug)]
+struct HostSummary {
+    name: HostId,
+    kind: HostKind,
+    state: HostState,
 }
 
 /// The hosts of this process's pool, readable without its lock; see the module docs.
@@ -83,7 +83,8 @@ pub(crate) fn vm_hosts_of<'a>(
 /// change of hosts rather than for every launch (thousands of names at a cloud's scale).
 #[derive(Debug)]
 struct Directory {
-    hosts: Arc<[HostSummary]>,
+    /// In name order, so that a host is found without reading them all.
+    hosts: Vec<HostSummary>,
     /// Schedulable compute-rGPU hosts (remote locality), in name order.
     rgpu_hosts: Arc<[HostId]>,
     /// Schedulable hosts with an agent (any locality), in name order.
@@ -92,10 +93,11 @@ struct Directory {
 
 impl HostDirectory {
     fn publish(&self, pool: &Pool) {
-        let hosts: Arc<[HostSummary]> = pool
+        let mut hosts: Vec<HostSummary> = pool
             .hosts()
             .map(|(name, kind, state)| HostSummary { name: name.clone(), kind, state })
             .collect();
+        hosts.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let schedulable =
             |rgpu_only| vm_hosts_of(hosts.iter().map(|h| (&h.name, h.kind, h.state)), rgpu_only);
         let directory =
@@ -103,8 +105,12 @@ impl HostDirectory {
         *self.hosts.lock().expect("host directory") = Some(Arc::new(directory));
     }
 
-    pub(crate) fn get(&self) -> Option<Arc<[HostSummary]>> {
-        self.directory().map(|d| d.hosts.clone())
+    /// The host's kind and state; `None` when it is not in the directory (or none is published
+    /// yet).
+    pub(crate) fn host(&self, name: &HostId) -> Option<(HostKind, HostState)> {
+        let directory = self.directory()?;
+        let at = directory.hosts.binary_search_by(|h| h.name.cmp(name)).ok()?;
+        Some((directory.hosts[at].kind, directory.hosts[at].state))
     }
 
     /// [`vm_hosts_of`] the published hosts.
@@ -387,9 +393,9 @@ impl App {
         Ok(())
     }
 
-    /// The hosts as of this process's pool (see [`HostDirectory`]).
-    pub(crate) fn host_directory(&self) -> Option<Arc<[HostSummary]>> {
-        self.pool.hosts.get()
+    /// A host's kind and state as of this process's pool (see [`HostDirectory::host`]).
+    pub(crate) fn directory_host(&self, name: &HostId) -> Option<(HostKind, HostState)> {
+        self.pool.hosts.host(name)
     }
 
     /// Where a VM may run as of this process's pool (see [`HostDirectory::vm_hosts`]).
@@ -422,4 +428,44 @@ async fn current_generation(conn: &mut sqlx::AnyConnection) -> Result<i64, Error
     use sqlx::Row;
     let row = sqlx::query("SELECT generation FROM pool_state WHERE id = 1").fetch_one(conn).await?;
     Ok(row.try_get::<i64, _>(0)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use gpgpums::{HostId, HostKind, HostState, Pool};
+
+    use super::HostDirectory;
+
+    fn host(name: &str) -> HostId {
+        HostId::new(name).unwrap()
+    }
+
+    /// Hosts are registered in any order; the directory finds each by name, knows no other, and
+    /// knows none before a pool is published.
+    #[test]
+    fn the_directory_finds_hosts_by_name_whatever_their_pool_order() {
+        let directory = HostDirectory::default();
+        assert_eq!(directory.host(&host("node-b")), None);
+
+        let mut pool = Pool::new();
+        let registered = [
+            ("node-c", HostKind::ComputeGpu),
+            ("node-a", HostKind::Compute),
+            ("node-d", HostKind::ComputeRgpu),
+            ("node-b", HostKind::ComputeGpu),
+        ];
+        for (name, kind) in registered {
+            pool.add_host(host(name), kind).unwrap();
+        }
+        pool.set_host_state(&host("node-d"), HostState::Drained).unwrap();
+        directory.publish(&pool);
+
+        for (name, kind) in registered {
+            let state = if name == "node-d" { HostState::Drained } else { HostState::Schedulable };
+            assert_eq!(directory.host(&host(name)), Some((kind, state)), "{name}");
+        }
+        for unknown in ["node-0", "node-bb", "node-e"] {
+            assert_eq!(directory.host(&host(unknown)), None, "{unknown}");
+        }
+    }
 }

@@ -435,11 +435,8 @@ impl App {
     }
 
     async fn host_has_agent(&self, host: &HostId) -> Result<bool, Error> {
-        let known = self
-            .host_directory()
-            .and_then(|hosts| hosts.iter().find(|h| &h.name == host).map(|h| h.kind.has_agent()));
-        if let Some(has_agent) = known {
-            return Ok(has_agent);
+        if let Some((kind, _)) = self.directory_host(host) {
+            return Ok(kind.has_agent());
         }
         let mut conn = self.db.conn().await?;
         Ok(db::host(&mut conn, host).await?.is_some_and(|h| h.kind.has_agent()))
