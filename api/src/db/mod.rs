@@ -359,9 +359,7 @@ pub async fn begin_pool_write(mut conn: Conn) -> Result<(WriteTx, PoolWrite), Er
         WriteTx { conn: Some(conn), open: true }
     } else {
         let mut tx = Db::begin_on(conn).await?;
-        sqlx::query("UPDATE pool_state SET generation = generation + 1 WHERE id = 1")
-            .execute(&mut *tx)
-            .await?;
+        bump_generation(&mut tx).await?;
         tx
     };
     let row = sqlx::query(&format!(
@@ -402,9 +400,7 @@ impl Param {
             Param::Int(_) => Param::Int(None),
         }
     }
-}
 
-impl Param {
     fn bind_to(self, query: AnyQuery<'_>) -> AnyQuery<'_> {
         match self {
             Param::Text(text) => query.bind(text),
