@@ -17,6 +17,7 @@ pub mod dashboard;
 pub mod db;
 pub mod error;
 pub mod http;
+pub mod lanes;
 pub mod metrics;
 pub mod model;
 pub mod openstack;

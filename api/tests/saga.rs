@@ -187,3 +187,41 @@ async fn a_crash_at_any_step_is_resumed_after_restart(store: Store) {
         assert_nothing_left(&t, &id).await;
     }
 }
+
+/// PostgreSQL: background work has connections of its own (`gsaasd::lanes`): the sagas write
+/// through at most `BACKGROUND_CONNECTIONS` of them, named apart from the requests' in
+/// `pg_stat_activity`, and never through a request's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sagas_write_through_the_background_lanes_own_connections() {
+    use sqlx::Connection;
+    let t = TestService::start(Store::Postgres).await;
+    let member = t.member();
+    let body = shared_launch(1, 1024);
+    let mut launched = Vec::new();
+    for _ in 0..6 {
+        launched.push(t.launch(&member, &body).await);
+    }
+    for id in &launched {
+        t.wait_state(&member, id, "ready").await;
+    }
+    let mut observer = sqlx::PgConnection::connect(&t.config.database_url()).await.unwrap();
+    let sessions: Vec<(String, String)> = sqlx::query_as(
+        "SELECT application_name, query FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&mut observer)
+    .await
+    .unwrap();
+    let lane = |name: &str| sessions.iter().filter(|(n, _)| n == name).collect::<Vec<_>>();
+    let (requests, background) = (lane("gsaasd"), lane("gsaasd-background"));
+    assert_eq!(requests.len() + background.len(), sessions.len(), "{sessions:?}");
+    assert!(!requests.is_empty(), "{sessions:?}");
+    assert!(
+        (1..=gsaasd::lanes::BACKGROUND_CONNECTIONS as usize).contains(&background.len()),
+        "{sessions:?}"
+    );
+    // The saga's last writes (a VM ready, a host's applied generation) were the background's.
+    for (_, query) in &requests {
+        assert!(!query.contains("applied_generation"), "a request's connection: {query}");
+    }
+}

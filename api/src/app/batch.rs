@@ -10,7 +10,7 @@
 //!
 //! A batch runs in its own task, not in a caller's future: a caller that goes away (a client
 //! hanging up) cannot cut the others' batch short. On SQLite these tasks run on a thread of their
-//! own ([`WriterThread`]): they take SQLite's one connection in turn and wait on its worker
+//! own ([`crate::lanes::LaneThread::writer`]): they take SQLite's one connection in turn and wait on its worker
 //! thread between statements, so each step of theirs must not queue behind HTTP work on the
 //! main runtime's busy workers. On PostgreSQL they stay on the main runtime, whose I/O driver
 //! serves the connections they use.
@@ -24,7 +24,13 @@ use super::App;
 use crate::error::Error;
 
 /// The most operations one batch takes; the rest wait for the next.
-const MAX_BATCH: usize = 256;
+pub(crate) const MAX_BATCH: usize = 256;
+/// The most one batch of the background lane takes while requests keep coming, where it has
+/// connections of its own: its batches pile up while it yields to requests (see
+/// [`crate::lanes`]), and a batch of 64 hosts' route tables is a statement of 20-30 ms on
+/// PostgreSQL at 100,000 GPUs, a core held that long; a batch of 8 takes 2-4 ms. (Taking at most
+/// 8 at all times cost clients that wait for their VMs a third of their cycles.)
+pub(crate) const MAX_BACKGROUND_BATCH: usize = 8;
 
 /// A caller's operation and where its outcome goes.
 pub(crate) type Queued<Op, Out> = (Op, oneshot::Sender<Result<Out, Error>>);
@@ -32,42 +38,56 @@ pub(crate) type Queued<Op, Out> = (Op, oneshot::Sender<Result<Out, Error>>);
 /// Writes one batch and answers every caller in it.
 pub(crate) type WriteBatch<Op, Out> = fn(Arc<App>, Vec<Queued<Op, Out>>) -> BoxFuture<'static, ()>;
 
-/// The queue of one kind of write.
+/// The queue of one kind of write, or one per lane (see [`crate::lanes`]): a lane's callers are
+/// batched together and written by a task in that lane, with that lane's connections, so a
+/// request never waits behind a batch of background writes, nor in the background lane's queue.
 #[derive(Debug)]
 pub(crate) struct Batcher<Op, Out> {
+    requests: Queue<Op, Out>,
+    /// None: the background lane's callers share the requests' queue.
+    background: Option<Queue<Op, Out>>,
+}
+
+#[derive(Debug)]
+struct Queue<Op, Out> {
     sender: mpsc::UnboundedSender<Queued<Op, Out>>,
     /// Taken by [`Batcher::start`].
     receiver: Mutex<Option<mpsc::UnboundedReceiver<Queued<Op, Out>>>>,
 }
 
-impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
-    pub(crate) fn new() -> Self {
+impl<Op: Send + 'static, Out: Send + 'static> Queue<Op, Out> {
+    fn new() -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
-        Batcher { sender, receiver: Mutex::new(Some(receiver)) }
+        Queue { sender, receiver: Mutex::new(Some(receiver)) }
     }
 
-    /// Queues `op` and waits for the outcome of its batch.
-    pub(crate) async fn submit(&self, op: Op) -> Result<Out, Error> {
-        let (reply, outcome) = oneshot::channel();
-        self.sender.send((op, reply)).map_err(|_| stopped())?;
-        outcome.await.map_err(|_| stopped())?
-    }
-
-    /// Starts the task that writes this queue's batches with `write` on `runtime`, until `app` is
-    /// dropped.
-    pub(crate) fn start(
+    fn start(
         &self,
         runtime: &tokio::runtime::Handle,
         app: Weak<App>,
         write: WriteBatch<Op, Out>,
+        under_load: Option<usize>,
     ) -> tokio::task::AbortHandle {
         let mut receiver =
             self.receiver.lock().expect("batch receiver").take().expect("a batcher starts once");
         runtime
             .spawn(async move {
                 let mut batch = Vec::new();
-                while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+                loop {
+                    if receiver.recv_many(&mut batch, 1).await == 0 {
+                        return;
+                    }
                     let Some(app) = app.upgrade() else { return };
+                    let max = match under_load {
+                        Some(max) if app.db.requests().busy() => max,
+                        _ => MAX_BATCH,
+                    };
+                    while batch.len() < max {
+                        match receiver.try_recv() {
+                            Ok(queued) => batch.push(queued),
+                            Err(_) => break,
+                        }
+                    }
                     write(app, std::mem::take(&mut batch)).await;
                 }
             })
@@ -75,29 +95,44 @@ impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
     }
 }
 
-/// A thread with a runtime of its own for the batch tasks (see the module docs). It stops when
-/// this is dropped. The runtime has timers but no I/O driver: the tasks reach SQLite's worker
-/// thread over channels, and a runtime without sockets to poll parks on a futex, which is quicker
-/// to wake than epoll.
-#[derive(Debug)]
-pub(crate) struct WriterThread {
-    runtime: tokio::runtime::Handle,
-    _stop: oneshot::Sender<()>,
-}
-
-impl WriterThread {
-    pub(crate) fn start() -> std::io::Result<WriterThread> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
-        let handle = runtime.handle().clone();
-        let (stop, stopped) = oneshot::channel::<()>();
-        std::thread::Builder::new().name("gsaasd-writer".into()).spawn(move || {
-            let _ = runtime.block_on(stopped);
-        })?;
-        Ok(WriterThread { runtime: handle, _stop: stop })
+impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
+    /// One queue for both lanes: for writes that serialize anyway (the pool's bookings, under
+    /// the pool's lock), where a background batch would hold the lock at the background's pace.
+    pub(crate) fn shared() -> Self {
+        Batcher { requests: Queue::new(), background: None }
     }
 
-    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
-        &self.runtime
+    /// A queue per lane.
+    pub(crate) fn per_lane() -> Self {
+        Batcher { requests: Queue::new(), background: Some(Queue::new()) }
+    }
+
+    /// Queues `op` in the caller's lane and waits for the outcome of its batch.
+    pub(crate) async fn submit(&self, op: Op) -> Result<Out, Error> {
+        let queue = match &self.background {
+            Some(background) if crate::lanes::on_background() => background,
+            _ => &self.requests,
+        };
+        let (reply, outcome) = oneshot::channel();
+        queue.sender.send((op, reply)).map_err(|_| stopped())?;
+        outcome.await.map_err(|_| stopped())?
+    }
+
+    /// Starts the tasks that write this batcher's batches with `write`, the requests' on
+    /// `requests` and the background lane's on `background` (at most `under_load` operations a
+    /// batch while requests keep coming, if given), until `app` is dropped.
+    pub(crate) fn start(
+        &self,
+        requests: &tokio::runtime::Handle,
+        (background, under_load): (&tokio::runtime::Handle, Option<usize>),
+        app: Weak<App>,
+        write: WriteBatch<Op, Out>,
+    ) -> Vec<tokio::task::AbortHandle> {
+        let mut tasks = vec![self.requests.start(requests, app.clone(), write, None)];
+        if let Some(queue) = &self.background {
+            tasks.push(queue.start(background, app, write, under_load));
+        }
+        tasks
     }
 }
 
@@ -179,8 +214,8 @@ mod tests {
 
     #[tokio::test]
     async fn callers_get_their_own_outcomes_and_an_error_once_the_writer_is_gone() {
-        let batcher: Batcher<u32, u32> = Batcher::new();
-        let mut receiver = batcher.receiver.lock().unwrap().take().unwrap();
+        let batcher: Batcher<u32, u32> = Batcher::shared();
+        let mut receiver = batcher.requests.receiver.lock().unwrap().take().unwrap();
         let writer = tokio::spawn(async move {
             let mut batch = Vec::new();
             receiver.recv_many(&mut batch, MAX_BATCH).await;
@@ -194,5 +229,41 @@ mod tests {
         writer.await.unwrap();
         let gone = batcher.submit(3).await.unwrap_err();
         assert_eq!(gone.code(), "dependency_unavailable");
+    }
+
+    #[tokio::test]
+    async fn each_lane_queues_its_own_callers_and_a_shared_batcher_queues_both_together() {
+        let lane = crate::lanes::LaneThread::background().unwrap();
+        let per_lane: Arc<Batcher<u32, u32>> = Arc::new(Batcher::per_lane());
+        let mut requests = per_lane.requests.receiver.lock().unwrap().take().unwrap();
+        let background = per_lane.background.as_ref().unwrap();
+        let mut background = background.receiver.lock().unwrap().take().unwrap();
+        let from_request = tokio::spawn({
+            let batcher = per_lane.clone();
+            async move { batcher.submit(1).await }
+        });
+        let from_background = lane.runtime().spawn({
+            let batcher = per_lane.clone();
+            async move { batcher.submit(2).await }
+        });
+        let (op, reply) = requests.recv().await.unwrap();
+        assert_eq!(op, 1);
+        let _ = reply.send(Ok(10));
+        let (op, reply) = background.recv().await.unwrap();
+        assert_eq!(op, 2);
+        let _ = reply.send(Ok(20));
+        assert_eq!(from_request.await.unwrap().unwrap(), 10);
+        assert_eq!(from_background.await.unwrap().unwrap(), 20);
+
+        let shared: Arc<Batcher<u32, u32>> = Arc::new(Batcher::shared());
+        let mut queue = shared.requests.receiver.lock().unwrap().take().unwrap();
+        let from_background = lane.runtime().spawn({
+            let batcher = shared.clone();
+            async move { batcher.submit(3).await }
+        });
+        let (op, reply) = queue.recv().await.unwrap();
+        assert_eq!(op, 3);
+        let _ = reply.send(Ok(30));
+        assert_eq!(from_background.await.unwrap().unwrap(), 30);
     }
 }

@@ -50,6 +50,7 @@ use crate::cloud::sim::SimCloud;
 use crate::cloud::Cloud;
 use crate::config::Config;
 use crate::db::{Backend, Db, VmWrite, Written};
+use crate::lanes::LaneThread;
 use crate::metrics::Metrics;
 use crate::model::VmRecord;
 use crate::openstack::TokenValidator;
@@ -105,7 +106,9 @@ pub struct App {
     /// The batch writers' tasks.
     batch_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     /// Where the batch tasks run on SQLite (see [`batch`]).
-    writer: Option<batch::WriterThread>,
+    writer: Option<LaneThread>,
+    /// Where background work runs (see [`crate::lanes`]).
+    background: LaneThread,
 }
 
 impl App {
@@ -117,7 +120,7 @@ impl App {
         backends: Backends,
     ) -> Result<Arc<App>, std::io::Error> {
         let writer = match db.backend() {
-            Backend::Sqlite => Some(batch::WriterThread::start()?),
+            Backend::Sqlite => Some(LaneThread::writer()?),
             Backend::Postgres => None,
         };
         let app = Arc::new(App {
@@ -141,26 +144,48 @@ impl App {
             cloud_seen: Mutex::new(None),
             queue: queue::QueueServer::default(),
             watchers: watch::VmWatchers::default(),
-            bookings: batch::Batcher::new(),
-            vm_reads: batch::Batcher::new(),
-            vm_writes: batch::Batcher::new(),
-            route_tables: batch::Batcher::new(),
-            applied_generations: batch::Batcher::new(),
+            bookings: batch::Batcher::shared(),
+            vm_reads: batch::Batcher::per_lane(),
+            vm_writes: batch::Batcher::per_lane(),
+            route_tables: batch::Batcher::per_lane(),
+            applied_generations: batch::Batcher::per_lane(),
             batch_tasks: Mutex::new(Vec::new()),
             writer,
+            background: LaneThread::background()?,
         });
         let main = tokio::runtime::Handle::current();
-        let runtime = app.writer.as_ref().map_or(&main, |writer| writer.runtime());
+        // On SQLite both lanes' batches are written from the writer's thread, through the one
+        // connection, as they come.
+        let requests = app.writer.as_ref().map_or(&main, |writer| writer.runtime());
+        let background = match &app.writer {
+            Some(writer) => (writer.runtime(), None),
+            None => (app.background.runtime(), Some(batch::MAX_BACKGROUND_BATCH)),
+        };
         let this = Arc::downgrade(&app);
-        let tasks = vec![
-            app.bookings.start(runtime, this.clone(), bookings::write_bookings),
-            app.vm_reads.start(runtime, this.clone(), vms::read_vms),
-            app.vm_writes.start(runtime, this.clone(), vms::write_vms),
-            app.route_tables.start(runtime, this.clone(), hosts::read_route_tables),
-            app.applied_generations.start(runtime, this, hosts::write_applied_generations),
-        ];
+        let tasks = [
+            app.bookings.start(requests, background, this.clone(), bookings::write_bookings),
+            app.vm_reads.start(requests, background, this.clone(), vms::read_vms),
+            app.vm_writes.start(requests, background, this.clone(), vms::write_vms),
+            app.route_tables.start(requests, background, this.clone(), hosts::read_route_tables),
+            app.applied_generations.start(
+                requests,
+                background,
+                this,
+                hosts::write_applied_generations,
+            ),
+        ]
+        .concat();
         *app.batch_tasks.lock().expect("batch tasks") = tasks;
         Ok(app)
+    }
+
+    /// Starts background work in the background lane (see [`crate::lanes`]).
+    pub(crate) fn spawn_background<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.background.runtime().spawn(work)
     }
 
     fn host_lock(&self, host: &HostId) -> Arc<HostPushes> {

@@ -68,7 +68,7 @@ impl App {
     /// Runs passes forever: every `reconcile_interval_secs`, and when triggered.
     pub fn spawn_reconciler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let app = self.clone();
-        tokio::spawn(async move {
+        self.spawn_background(async move {
             let interval = Duration::from_secs(app.config.hosts.reconcile_interval_secs.max(1));
             loop {
                 app.reconcile_once().await;

@@ -95,7 +95,7 @@ impl App {
             wake
         };
         let app = self.clone();
-        let task = tokio::spawn(async move {
+        let task = self.spawn_background(async move {
             let renew_every = Duration::from_millis((app.lease_ms() / 3).max(1) as u64);
             let renew = async {
                 loop {

@@ -122,8 +122,12 @@ impl App {
                 if now >= deadline {
                     return self.visible_vm(caller, id).await;
                 }
-                let timed_out =
-                    tokio::time::timeout_at(deadline.min(fallback), signal.as_mut()).await.is_err();
+                let timed_out = crate::lanes::parked(tokio::time::timeout_at(
+                    deadline.min(fallback),
+                    signal.as_mut(),
+                ))
+                .await
+                .is_err();
                 if timed_out {
                     break;
                 }

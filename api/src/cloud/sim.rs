@@ -470,9 +470,20 @@ struct Shared {
     config: SimConfig,
     network: Arc<dyn SimVmNetwork>,
     state: Mutex<State>,
+    /// Where the servers' lifecycles run: the runtime the cloud was made in, if any. A real Nova
+    /// outlives the gsaasd that calls it (tests restart gsaasd on the same cloud), and the
+    /// background lane gsaasd calls it from stops with that gsaasd (see [`crate::lanes`]).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Shared {
+    fn spawn(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        match &self.runtime {
+            Some(runtime) => drop(runtime.spawn(work)),
+            None => drop(tokio::spawn(work)),
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -634,7 +645,8 @@ impl SimCloud {
         let chaos = gpgpums::seeded::SplitMix64::new(config.fault_seed);
         let mut state = State { chaos, ..State::default() };
         state.hosts.set(hosts);
-        Self { shared: Arc::new(Shared { config, network, state: Mutex::new(state) }) }
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        Self { shared: Arc::new(Shared { config, network, state: Mutex::new(state), runtime }) }
     }
 
     pub fn config(&self) -> &SimConfig {
@@ -715,7 +727,7 @@ impl SimCloud {
             record.observed.send_modify(|o| o.lifecycle = Lifecycle::Deleting);
         }
         state.remove_live(vm, id);
-        tokio::spawn(Arc::clone(&self.shared).run_removal(id.clone()));
+        self.shared.spawn(Arc::clone(&self.shared).run_removal(id.clone()));
     }
 
     /// Deletes the server as a user of the cloud would behind GSaaS's back (`openstack server
@@ -835,7 +847,7 @@ impl Cloud for SimCloud {
             state.add_live(spec.vm, id.clone(), &host);
             id
         };
-        tokio::spawn(Arc::clone(&self.shared).run_lifecycle(id.clone()));
+        self.shared.spawn(Arc::clone(&self.shared).run_lifecycle(id.clone()));
         tokio::time::sleep(Duration::from_millis(self.shared.config.creation_delay_ms)).await;
         Ok(id)
     }

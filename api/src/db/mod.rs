@@ -79,12 +79,15 @@ pub enum Backend {
 pub struct Db {
     conns: Conns,
     backend: Backend,
+    /// The requests served on this database, which its background lane yields to.
+    requests: Arc<crate::lanes::Requests>,
 }
 
 #[derive(Debug, Clone)]
 enum Conns {
-    /// PostgreSQL: connections side by side.
-    Pool(AnyPool),
+    /// PostgreSQL: connections side by side, the requests' and the background lane's (see
+    /// [`crate::lanes`]).
+    Pool { requests: AnyPool, background: AnyPool },
     /// SQLite: the process's one connection (see the module docs), held directly rather than in a
     /// pool of one: a pool pings every connection given back to it, a round trip to SQLite's worker
     /// thread for every checkout.
@@ -212,19 +215,35 @@ impl Db {
                 }
                 Conns::One(conn)
             }
-            Backend::Postgres => Conns::Pool(
-                AnyPoolOptions::new()
-                    // A ping per checkout doubles the round trips of a one-query read; a broken
-                    // connection surfaces as an error of the query instead, and the pool
-                    // replaces it.
-                    .test_before_acquire(false)
-                    .max_connections(16)
-                    .connect_with(options)
-                    .await
-                    .map_err(|e| Error::unavailable("database", e))?,
-            ),
+            Backend::Postgres => {
+                // A ping per checkout doubles the round trips of a one-query read; a broken
+                // connection surfaces as an error of the query instead, and the pool replaces it.
+                let pool = || AnyPoolOptions::new().test_before_acquire(false);
+                // Each lane's connections named in `pg_stat_activity`, unless the URL names them.
+                let named = |name: &str| -> Result<AnyConnectOptions, Error> {
+                    if url.contains("application_name=") {
+                        return Ok(options.clone());
+                    }
+                    let separator = if url.contains('?') { '&' } else { '?' };
+                    format!("{url}{separator}application_name={name}")
+                        .parse()
+                        .map_err(|e| Error::unavailable("database", e))
+                };
+                Conns::Pool {
+                    requests: pool()
+                        .max_connections(16)
+                        .connect_with(named("gsaasd")?)
+                        .await
+                        .map_err(|e| Error::unavailable("database", e))?,
+                    // Connected when first used, from the background lane, whose runtime then
+                    // drives them.
+                    background: pool()
+                        .max_connections(crate::lanes::BACKGROUND_CONNECTIONS)
+                        .connect_lazy_with(named("gsaasd-background")?),
+                }
+            }
         };
-        let db = Db { conns, backend };
+        let db = Db { conns, backend, requests: Default::default() };
         db.migrate().await?;
         Ok(db)
     }
@@ -233,11 +252,24 @@ impl Db {
         self.backend
     }
 
+    /// The requests served on this database (see [`crate::lanes`]).
+    pub fn requests(&self) -> &Arc<crate::lanes::Requests> {
+        &self.requests
+    }
+
     /// A connection: SQLite's one, or one of PostgreSQL's pool. A single write statement is atomic
     /// by itself (autocommit) and saves the BEGIN and COMMIT round trips of a [`WriteTx`].
     pub async fn conn(&self) -> Result<Conn, Error> {
         Ok(match &self.conns {
-            Conns::Pool(pool) => Conn::Pooled(pool.acquire().await?),
+            Conns::Pool { requests, background } => {
+                let pool = if crate::lanes::on_background() {
+                    self.requests.admit_background().await;
+                    background
+                } else {
+                    requests
+                };
+                Conn::Pooled(pool.acquire().await?)
+            }
             Conns::One(conn) => Conn::One(conn.clone().lock_owned().await),
         })
     }

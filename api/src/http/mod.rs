@@ -193,7 +193,17 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(middleware::from_fn_with_state(app.config.http.body_timeout(), read_body))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(requests::trace_requests))
+        .layer(middleware::from_fn_with_state(app.db.requests().clone(), count_requests))
         .with_state(app)
+}
+
+/// Counts the request in flight while it is served: background work yields to it.
+async fn count_requests(
+    State(requests): State<Arc<crate::lanes::Requests>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    requests.serve(next.run(request)).await
 }
 
 /// Reads the whole body (at most [`MAX_BODY`]) within `http.body_timeout_secs`.
