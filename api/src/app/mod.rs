@@ -107,8 +107,9 @@ pub struct App {
     batch_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     /// Where the batch tasks run on SQLite (see [`batch`]).
     writer: Option<LaneThread>,
-    /// Where background work runs (see [`crate::lanes`]).
-    background: LaneThread,
+    /// Where background work runs on PostgreSQL (see [`crate::lanes`]). On SQLite one
+    /// connection serves both lanes, so background work stays on the requests' runtime.
+    background: Option<LaneThread>,
 }
 
 impl App {
@@ -119,6 +120,10 @@ impl App {
         keys: Keys,
         backends: Backends,
     ) -> Result<Arc<App>, std::io::Error> {
+        let background = match db.backend() {
+            Backend::Sqlite => None,
+            Backend::Postgres => Some(LaneThread::background()?),
+        };
         let writer = match db.backend() {
             Backend::Sqlite => Some(LaneThread::writer()?),
             Backend::Postgres => None,
@@ -151,15 +156,15 @@ impl App {
             applied_generations: batch::Batcher::per_lane(),
             batch_tasks: Mutex::new(Vec::new()),
             writer,
-            background: LaneThread::background()?,
+            background,
         });
         let main = tokio::runtime::Handle::current();
         // On SQLite both lanes' batches are written from the writer's thread, through the one
         // connection, as they come.
         let requests = app.writer.as_ref().map_or(&main, |writer| writer.runtime());
-        let background = match &app.writer {
-            Some(writer) => (writer.runtime(), None),
-            None => (app.background.runtime(), Some(batch::MAX_BACKGROUND_BATCH)),
+        let background = match (&app.writer, &app.background) {
+            (_, Some(lane)) => (lane.runtime(), Some(batch::MAX_BACKGROUND_BATCH)),
+            (writer, None) => (writer.as_ref().map_or(&main, |w| w.runtime()), None),
         };
         let this = Arc::downgrade(&app);
         let tasks = [
@@ -185,7 +190,10 @@ impl App {
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.background.runtime().spawn(work)
+        match &self.background {
+            Some(lane) => lane.runtime().spawn(work),
+            None => tokio::spawn(work),
+        }
     }
 
     fn host_lock(&self, host: &HostId) -> Arc<HostPushes> {
