@@ -25,7 +25,7 @@
 //! Under a sustained load of requests the sagas still advance, a batch every interval; a burst
 //! leaves them behind and they catch up when it ends. But while a request is parked in a long
 //! poll ([`parked`]), a client waits for background work, and it is admitted at once: clients
-//! that launch and wait for their VMs (the cycles bench: 1,452-1,864 cycles/s on PostgreSQL)
+//! that launch and wait for their VMs (the cycles bench: 885 and 1,000 cycles/s on PostgreSQL)
 //! fell to 440-460/s when their sagas waited for the interval. Which lane code runs in follows
 //! from its thread: [`on_background`].
 //!

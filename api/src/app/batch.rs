@@ -29,7 +29,7 @@ pub(crate) const MAX_BATCH: usize = 256;
 /// connections of its own: its batches pile up while it yields to requests (see
 /// [`crate::lanes`]), and a batch of 64 hosts' route tables is a statement of 20-30 ms on
 /// PostgreSQL at 100,000 GPUs, a core held that long; a batch of 8 takes 2-4 ms. (Taking at most
-/// 8 at all times cost clients that wait for their VMs a third of their cycles.)
+/// 8 at all times cost clients that wait for their VMs 16-39% of their cycles.)
 pub(crate) const MAX_BACKGROUND_BATCH: usize = 8;
 
 /// A caller's operation and where its outcome goes.
