@@ -206,8 +206,8 @@ async fn sagas_write_through_the_background_lanes_own_connections() {
     }
     let mut observer = sqlx::PgConnection::connect(&t.config.database_url()).await.unwrap();
     let sessions: Vec<(String, String)> = sqlx::query_as(
-        "SELECT application_name, query FROM pg_stat_activity \
-         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        "SELECT application_name, query FROM pg_stat_activity WHERE datname = current_database() \
+         AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
     )
     .fetch_all(&mut observer)
     .await
