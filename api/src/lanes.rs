@@ -178,8 +178,12 @@ impl Requests {
         if self.parked.load(Ordering::SeqCst) > 0 {
             return false;
         }
-        self.in_flight.load(Ordering::SeqCst) > 0
-            || Instant::now() < *self.last_ended.lock().expect("requests") + QUIET
+        self.in_flight.load(Ordering::SeqCst) > 0 || Instant::now() < self.quiet_from()
+    }
+
+    /// When background work may start at once if no request comes meanwhile.
+    fn quiet_from(&self) -> Instant {
+        *self.last_ended.lock().expect("requests") + QUIET
     }
 
     /// Waits until background work may start: at once when a request waits for it (a parked
@@ -191,15 +195,15 @@ impl Requests {
             let idle = self.idle.notified();
             tokio::pin!(idle);
             idle.as_mut().enable();
-            let now = Instant::now();
-            let busy = self.in_flight.load(Ordering::SeqCst) > 0;
-            let awaited = self.parked.load(Ordering::SeqCst) > 0;
-            let quiet_from = *self.last_ended.lock().expect("requests") + QUIET;
             let due = *admitted + ADMIT_EVERY_UNDER_LOAD;
-            if awaited || (!busy && now >= quiet_from) || now >= due {
+            if !self.busy() || Instant::now() >= due {
                 break;
             }
-            let wake = if busy { due } else { due.min(quiet_from) };
+            let wake = if self.in_flight.load(Ordering::SeqCst) > 0 {
+                due
+            } else {
+                due.min(self.quiet_from())
+            };
             tokio::select! {
                 () = idle => {}
                 () = tokio::time::sleep_until(wake) => {}

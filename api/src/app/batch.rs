@@ -10,10 +10,11 @@
 //!
 //! A batch runs in its own task, not in a caller's future: a caller that goes away (a client
 //! hanging up) cannot cut the others' batch short. On SQLite these tasks run on a thread of their
-//! own ([`crate::lanes::LaneThread::writer`]): they take SQLite's one connection in turn and wait on its worker
-//! thread between statements, so each step of theirs must not queue behind HTTP work on the
-//! main runtime's busy workers. On PostgreSQL they stay on the main runtime, whose I/O driver
-//! serves the connections they use.
+//! own ([`crate::lanes::LaneThread::writer`]): they take SQLite's one connection in turn and wait
+//! on its worker thread between statements, so each step of theirs must not queue behind HTTP
+//! work on the main runtime's busy workers. On PostgreSQL the requests' batches are written on
+//! the main runtime, whose I/O driver serves the requests' connections, and the background lane's
+//! on the lane's runtime, with its connections (see [`crate::lanes`]).
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -102,9 +103,9 @@ impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
         Batcher { requests: Queue::new(), background: None }
     }
 
-    /// A queue per lane.
-    pub(crate) fn per_lane() -> Self {
-        Batcher { requests: Queue::new(), background: Some(Queue::new()) }
+    /// A queue per lane, where there is a background lane (`lane`); else one queue.
+    pub(crate) fn for_lanes(lane: bool) -> Self {
+        Batcher { requests: Queue::new(), background: lane.then(Queue::new) }
     }
 
     /// Queues `op` in the caller's lane and waits for the outcome of its batch.
@@ -119,18 +120,20 @@ impl<Op: Send + 'static, Out: Send + 'static> Batcher<Op, Out> {
     }
 
     /// Starts the tasks that write this batcher's batches with `write`, the requests' on
-    /// `requests` and the background lane's on `background` (at most `under_load` operations a
-    /// batch while requests keep coming, if given), until `app` is dropped.
+    /// `requests` and, for a batcher with a queue per lane, the background lane's on its runtime
+    /// (at most the given number of operations a batch while requests keep coming), until `app`
+    /// is dropped.
     pub(crate) fn start(
         &self,
         requests: &tokio::runtime::Handle,
-        (background, under_load): (&tokio::runtime::Handle, Option<usize>),
+        background: Option<(&tokio::runtime::Handle, usize)>,
         app: Weak<App>,
         write: WriteBatch<Op, Out>,
     ) -> Vec<tokio::task::AbortHandle> {
         let mut tasks = vec![self.requests.start(requests, app.clone(), write, None)];
         if let Some(queue) = &self.background {
-            tasks.push(queue.start(background, app, write, under_load));
+            let (runtime, under_load) = background.expect("a batcher per lane has a lane");
+            tasks.push(queue.start(runtime, app, write, Some(under_load)));
         }
         tasks
     }
@@ -234,7 +237,7 @@ mod tests {
     #[tokio::test]
     async fn each_lane_queues_its_own_callers_and_a_shared_batcher_queues_both_together() {
         let lane = crate::lanes::LaneThread::background().unwrap();
-        let per_lane: Arc<Batcher<u32, u32>> = Arc::new(Batcher::per_lane());
+        let per_lane: Arc<Batcher<u32, u32>> = Arc::new(Batcher::for_lanes(true));
         let mut requests = per_lane.requests.receiver.lock().unwrap().take().unwrap();
         let background = per_lane.background.as_ref().unwrap();
         let mut background = background.receiver.lock().unwrap().take().unwrap();

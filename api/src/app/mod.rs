@@ -124,6 +124,7 @@ impl App {
             Backend::Sqlite => None,
             Backend::Postgres => Some(LaneThread::background()?),
         };
+        let lane = background.is_some();
         let writer = match db.backend() {
             Backend::Sqlite => Some(LaneThread::writer()?),
             Backend::Postgres => None,
@@ -150,22 +151,18 @@ impl App {
             queue: queue::QueueServer::default(),
             watchers: watch::VmWatchers::default(),
             bookings: batch::Batcher::shared(),
-            vm_reads: batch::Batcher::per_lane(),
-            vm_writes: batch::Batcher::per_lane(),
-            route_tables: batch::Batcher::per_lane(),
-            applied_generations: batch::Batcher::per_lane(),
+            vm_reads: batch::Batcher::for_lanes(lane),
+            vm_writes: batch::Batcher::for_lanes(lane),
+            route_tables: batch::Batcher::for_lanes(lane),
+            applied_generations: batch::Batcher::for_lanes(lane),
             batch_tasks: Mutex::new(Vec::new()),
             writer,
             background,
         });
         let main = tokio::runtime::Handle::current();
-        // On SQLite both lanes' batches are written from the writer's thread, through the one
-        // connection, as they come.
         let requests = app.writer.as_ref().map_or(&main, |writer| writer.runtime());
-        let background = match (&app.writer, &app.background) {
-            (_, Some(lane)) => (lane.runtime(), Some(batch::MAX_BACKGROUND_BATCH)),
-            (writer, None) => (writer.as_ref().map_or(&main, |w| w.runtime()), None),
-        };
+        let background =
+            app.background.as_ref().map(|lane| (lane.runtime(), batch::MAX_BACKGROUND_BATCH));
         let this = Arc::downgrade(&app);
         let tasks = [
             app.bookings.start(requests, background, this.clone(), bookings::write_bookings),
