@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 pub use rodvr_agent::metrics::{header, inc, Histogram};
 
-use crate::model::Timings;
+use crate::model::{AlertKind, Timings};
 
 /// The launch stages of the dissertation's Equation 5.1, as metric labels.
 pub const STAGES: [&str; 7] = [
@@ -55,6 +55,8 @@ pub struct Metrics {
     pub queue_wait_seconds: Histogram,
     /// Attaches and detaches of cGPUs on running VMs, by outcome, and their latencies.
     pub elastic: ElasticMetrics,
+    /// Host alerts recorded, in [`AlertKind::ALL`] order.
+    host_alerts: [AtomicU64; AlertKind::ALL.len()],
 }
 
 /// One counter per outcome of attaches and of detaches, and a latency histogram of each.
@@ -159,11 +161,17 @@ impl Default for Metrics {
             decision_seconds: Histogram::seconds(),
             queue_wait_seconds: Histogram::seconds(),
             elastic: ElasticMetrics::default(),
+            host_alerts: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
 
 impl Metrics {
+    pub fn count_host_alert(&self, kind: AlertKind) {
+        let i = AlertKind::ALL.iter().position(|&k| k == kind).expect("every kind is listed");
+        inc(&self.host_alerts[i]);
+    }
+
     /// Records the stage timings of a launch that became ready.
     pub fn observe_launch(&self, timings: &Timings) {
         let values = [
@@ -240,6 +248,16 @@ impl Metrics {
         );
         self.queue_wait_seconds.render(out, "gsaas_queue_wait_seconds", "");
         self.elastic.render(out);
+        header(
+            out,
+            "gsaas_host_alerts_total",
+            "counter",
+            "Host alerts (an agent's refused claim or refusal, fences it never confirmed), by kind.",
+        );
+        for (kind, c) in AlertKind::ALL.iter().zip(&self.host_alerts) {
+            let _ =
+                writeln!(out, "gsaas_host_alerts_total{{kind=\"{}\"}} {}", kind.as_str(), get(c));
+        }
     }
 }
 

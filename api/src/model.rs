@@ -367,3 +367,27 @@ pub fn parse_mode(s: &str) -> Option<Mode> {
         _ => return None,
     })
 }
+
+/// What an alert is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlertKind {
+    /// A report claimed an rCUDA endpoint another host's GPU holds (recorded on both hosts).
+    EndpointConflict,
+    /// An agent refused routes naming a GPU of another host as at fault.
+    ForeignRefusal,
+    /// Fences a host's agent never confirmed were released after `hosts.fence_timeout_secs`.
+    FenceExpired,
+}
+
+impl AlertKind {
+    pub const ALL: [AlertKind; 3] =
+        [AlertKind::EndpointConflict, AlertKind::ForeignRefusal, AlertKind::FenceExpired];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AlertKind::EndpointConflict => "endpoint_conflict",
+            AlertKind::ForeignRefusal => "foreign_refusal",
+            AlertKind::FenceExpired => "fence_expired",
+        }
+    }
+}

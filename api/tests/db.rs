@@ -108,6 +108,15 @@ const LEGACY: [&str; 12] = [
     include_str!("../../migrations/0012_fencing.sql"),
 ];
 
+/// The migrations after the legacy ones and before 0015, which made rCUDA endpoints unique.
+const BEFORE_UNIQUE_ENDPOINTS: [&str; 2] = [
+    include_str!("../../migrations/0013_list_indexes.sql"),
+    include_str!("../../migrations/0014_quota_counts.sql"),
+];
+
+/// How many migrations the binary has.
+const MIGRATIONS: i64 = 15;
+
 async fn count(db: &Db, sql: &str) -> i64 {
     sqlx::query(sql).fetch_one(&mut *db.conn().await.unwrap()).await.unwrap().get(0)
 }
@@ -144,7 +153,7 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
     raw.close().await.unwrap();
 
     let db = Db::connect(&url).await.unwrap();
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations WHERE success").await, 14);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations WHERE success").await, MIGRATIONS);
     assert_eq!(count(&db, "SELECT cgpus FROM quotas WHERE project = 'kept'").await, 3);
     assert_eq!(count(&db, "SELECT COUNT(*) FROM vms WHERE created_ms > 0").await, 0);
     assert_eq!(
@@ -155,7 +164,7 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
     drop(db);
     // Connecting again changes nothing.
     let db = Db::connect(&url).await.unwrap();
-    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations").await, 14);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations").await, MIGRATIONS);
 
     // An applied migration that is not the binary's (edited since) stops the start.
     sqlx::query("UPDATE _sqlx_migrations SET checksum = $1 WHERE version = 7")
@@ -167,6 +176,94 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
     let err = Db::connect(&url).await.unwrap_err();
     let chain = format!("{}", gsaasd::error::ErrorChain(&err));
     assert!(chain.contains('7') && chain.contains("modified"), "{chain}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A database where two hosts' GPUs claimed one rCUDA endpoint (before endpoints were unique)
+/// still starts: the GPU registered first keeps the endpoint, the later one is quarantined
+/// (tainted, its cGPU kept), simulated loopback endpoints claim nothing; and from then on the
+/// database itself refuses a second claim, whatever wrote it.
+async fn endpoints_claimed_twice_before_are_quarantined_and_never_again(store: Store) {
+    use sqlx::Connection;
+    let (config, dir) = support::test_config(store);
+    std::fs::create_dir_all(&config.data_dir).unwrap();
+    let url = config.database_url();
+    sqlx::any::install_default_drivers();
+    let mut raw = sqlx::AnyConnection::connect(&url).await.unwrap();
+    for sql in LEGACY.iter().chain(&BEFORE_UNIQUE_ENDPOINTS) {
+        sqlx::raw_sql(sql).execute(&mut raw).await.unwrap();
+    }
+    sqlx::raw_sql(
+        "CREATE TABLE schema_migrations \
+         (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ms BIGINT NOT NULL); \
+         INSERT INTO hosts (name, seq, kind, state, last_seen_ms) VALUES \
+           ('gpu2', 2, 'compute-gpu', 'schedulable', 0), \
+           ('gpu1', 1, 'compute-gpu', 'schedulable', 0), \
+           ('sim1', 3, 'compute-gpu', 'schedulable', 0), \
+           ('sim2', 4, 'compute-gpu', 'schedulable', 0); \
+         INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
+           rcuda_gpu_number) VALUES \
+           ('gpu2:0', 'gpu2', 0, 'K20m', 4800, '10.78.0.1', 8308, 0), \
+           ('gpu2:1', 'gpu2', 1, 'K20m', 4800, '10.78.0.2', 8308, 0), \
+           ('gpu1:0', 'gpu1', 0, 'K20m', 4800, '10.78.0.1', 8308, 0), \
+           ('gpu1:1', 'gpu1', 1, 'K20m', 4800, '10.78.0.1', 8308, 1), \
+           ('sim1:0', 'sim1', 0, 'K20m', 4800, '127.0.0.1', 8308, 0), \
+           ('sim2:0', 'sim2', 0, 'K20m', 4800, '127.0.0.1', 8308, 0);",
+    )
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    for version in 1..=14i64 {
+        sqlx::query(
+            "INSERT INTO schema_migrations (version, name, applied_ms) VALUES ($1, 'x', 0)",
+        )
+        .bind(version)
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    }
+    raw.close().await.unwrap();
+
+    let db = Db::connect(&url).await.unwrap();
+    let claimed = "SELECT id FROM gpus WHERE rcuda_claimed = 1 ORDER BY id";
+    let rows = sqlx::query(claimed).fetch_all(&mut *db.conn().await.unwrap()).await.unwrap();
+    let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(ids, ["gpu1:0", "gpu1:1", "gpu2:1"], "the first registered keeps its endpoint");
+    let rows = sqlx::query("SELECT id, taint FROM gpus WHERE taint IS NOT NULL")
+        .fetch_all(&mut *db.conn().await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<String, _>(0), "gpu2:0");
+    assert!(rows[0].get::<String, _>(1).contains("10.78.0.1:8308"));
+
+    // gpu2's first GPU cannot claim it back, by any path.
+    let mut tx = db.begin().await.unwrap();
+    let id = gpgpums::GpuId::new("gpu2:0").unwrap();
+    let err = gsaasd::db::claim_rcuda_endpoint(&mut tx, &id).await.unwrap_err();
+    assert!(matches!(err, gsaasd::error::Error::Conflict(_)), "{err}");
+    drop(tx);
+    let mut tx = db.begin().await.unwrap();
+    let claim = sqlx::query("UPDATE gpus SET rcuda_claimed = 1 WHERE id = 'gpu2:0'")
+        .execute(&mut *tx)
+        .await;
+    assert!(claim.is_err(), "the database refuses a second claim");
+    drop(tx);
+    let mut tx = db.begin().await.unwrap();
+    let gpu = gsaasd::model::GpuRecord {
+        id: gpgpums::GpuId::new("gpu3:0").unwrap(),
+        host: gpgpums::HostId::new("gpu1").unwrap(),
+        index: 7,
+        model: "K20m".into(),
+        memory_mib: 4800,
+        rcuda_address: "10.78.0.2".parse().unwrap(),
+        rcuda_port: 8308,
+        rcuda_gpu_number: 0,
+        health: None,
+    };
+    let err = gsaasd::db::insert_gpu(&mut tx, &gpu).await.unwrap_err();
+    assert!(matches!(err, gsaasd::error::Error::Conflict(_)), "{err}");
+    drop(tx);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -214,7 +311,7 @@ async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
     let db = Db::connect(&config.database_url()).await.unwrap();
     let mut tx = db.begin().await.unwrap();
     let hosts: Vec<HostId> = ["h1", "h2", "h3"].iter().map(|h| HostId::new(*h).unwrap()).collect();
-    for host in &hosts {
+    for (h, host) in hosts.iter().enumerate() {
         insert_host(&mut tx, host, HostKind::ComputeGpu, None, 0).await.unwrap();
         for idx in 0..2 {
             sqlx::query(
@@ -224,7 +321,7 @@ async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
             .bind(format!("{host}:gpu{idx}"))
             .bind(host.as_str())
             .bind(idx)
-            .bind(format!("10.0.0.{}", idx + 1))
+            .bind(format!("10.0.{h}.{}", idx + 1))
             .bind(8308 + idx)
             .execute(&mut *tx)
             .await
@@ -377,6 +474,7 @@ on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
     a_vm_keeps_only_its_latest_events_in_order,
     a_legacy_database_is_adopted_and_a_changed_migration_refused,
+    endpoints_claimed_twice_before_are_quarantined_and_never_again,
     every_table_at_once_matches_the_tables_host_by_host,
     every_vm_with_a_server_is_listed_as_stored
 );

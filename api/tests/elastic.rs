@@ -5,12 +5,13 @@
 
 mod support;
 
+use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
 use rodvr_agent::protocol::VmPort;
 use serde_json::{json, Value};
 use support::agents::{agent_cloud, agent_cloud_with, remote_launch, Behaviour, TestAgent};
-use support::{shared_launch, Store, TestService};
+use support::{rcuda_address, shared_launch, Store, TestService};
 
 on_both_stores!(
     a_crash_during_an_attach_or_a_detach_is_resumed,
@@ -244,7 +245,8 @@ async fn an_attach_the_agent_refuses_is_undone_and_the_vm_stays_ready(store: Sto
     let id = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &id, "ready").await;
     // First fit would share GPU-0; distinct GPUs take GPU-1, whose routes the agent refuses.
-    vm_host.set(Behaviour::RefuseTarget("10.78.1.2:8309".parse().unwrap()));
+    let refused = SocketAddrV4::new(rcuda_address("cg-1"), 8309);
+    vm_host.set(Behaviour::RefuseTarget(refused));
     let mut body = attach_body(1, 1024);
     body["distinct_gpus"] = json!(true);
     let (status, vm) = t.post(&member, &format!("/v1/vms/{id}/cgpus"), &body).await;
@@ -253,7 +255,7 @@ async fn an_attach_the_agent_refuses_is_undone_and_the_vm_stays_ready(store: Sto
     assert_eq!(vm["state"], "ready", "{vm}");
     let error = vm["error"].as_str().unwrap_or_default();
     assert!(error.contains("attaching cGPUs failed"), "{vm}");
-    for secret in ["crg-a", "cg-1", "10.78.1.2", "8309"] {
+    for secret in ["crg-a", "cg-1", &refused.ip().to_string(), "8309"] {
         assert!(!error.contains(secret), "{secret} in {error:?}");
     }
     assert_eq!(allocated(&t).await, 1024);

@@ -50,6 +50,14 @@ pub fn check_text(field: &str, value: &str, max: usize) -> Result<(), Error> {
     checks.finish()
 }
 
+/// `text` cut after `max` characters: how much of an agent's or a cloud's words gsaasd keeps.
+pub fn truncate_chars(text: &str, max: usize) -> &str {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => &text[..cut],
+        None => text,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,7 +26,7 @@ use crate::config::{HostsBackend, InventoryHost};
 use crate::db::{self, now_ms, RoutedCgpu};
 use crate::error::Error;
 use crate::metrics::inc;
-use crate::model::{GpuRecord, HostRecord};
+use crate::model::{AlertKind, GpuRecord, HostRecord};
 
 /// Why a GPU that still backs cGPUs but that its host no longer reports is unhealthy.
 pub const GONE_FROM_REPORT: &str = "gone from its host's report";
@@ -166,6 +166,12 @@ impl App {
                 });
             }
         }
+        let stored_gpus = existing.as_ref().map_or(&[][..], |(_, gpus)| &gpus[..]);
+        if let Some((claimed, holder)) =
+            self.foreign_endpoint_claim(&registration, stored_gpus).await?
+        {
+            return Err(self.refuse_endpoint_claim(&claimed, &holder).await);
+        }
         let name = registration.name.clone();
         let kind = registration.kind;
         let failed = self.with_pool(move |pool, tx| {
@@ -217,6 +223,16 @@ impl App {
                 }
                 for gpu in &registration.gpus {
                     if !stored_gpus.iter().any(|stored| stored.same_device(gpu)) {
+                        // Checked before, and again here: another replica may have taken it since.
+                        if let Some(holder) = db::rcuda_endpoint_holder(tx, gpu).await? {
+                            if holder.host != gpu.host {
+                                return Err(endpoint_claimed(gpu));
+                            }
+                            // A GPU of its own host that left its report but still backs
+                            // cGPUs: the new one joins once that one is released.
+                            tracing::warn!(gpu = %gpu.id, holder = %holder.id, "rCUDA endpoint still held by a GPU gone from the report; the GPU joins later");
+                            continue;
+                        }
                         pool.add_gpu(gpu.spec())?;
                         pool.set_gpu_health(&gpu.id, gpu.health.clone())?;
                         db::insert_gpu(tx, gpu).await?;
@@ -241,6 +257,46 @@ impl App {
         db::host(&mut conn, &name)
             .await?
             .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })
+    }
+
+    /// The first of the registration's new GPUs whose rCUDA endpoint a GPU of another host holds,
+    /// with that GPU.
+    async fn foreign_endpoint_claim(
+        &self,
+        registration: &Registration,
+        stored: &[GpuRecord],
+    ) -> Result<Option<(GpuRecord, GpuRecord)>, Error> {
+        let mut conn = self.db.conn().await?;
+        for gpu in &registration.gpus {
+            if stored.iter().any(|s| s.same_device(gpu)) {
+                continue;
+            }
+            if let Some(holder) = db::rcuda_endpoint_holder(&mut conn, gpu).await? {
+                if holder.host != gpu.host {
+                    return Ok(Some((gpu.clone(), holder)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Refuses a report that claims `holder`'s rCUDA endpoint for `claimed`, telling admins on
+    /// both hosts.
+    async fn refuse_endpoint_claim(&self, claimed: &GpuRecord, holder: &GpuRecord) -> Error {
+        let endpoint = format!("{}:{}", claimed.rcuda_address, claimed.rcuda_port);
+        let kind = AlertKind::EndpointConflict;
+        let detail = format!(
+            "its report claimed rCUDA endpoint {endpoint} for GPU {}, which GPU {} of host {} \
+             holds: the report was refused",
+            claimed.id, holder.id, holder.host
+        );
+        self.alert_host(&claimed.host, kind, detail).await;
+        let detail = format!(
+            "host {} claimed rCUDA endpoint {endpoint} of GPU {}: its report was refused",
+            claimed.host, holder.id
+        );
+        self.alert_host(&holder.host, kind, detail).await;
+        endpoint_claimed(claimed)
     }
 
     /// Tells the simulated cloud (if it is the backend) about every registered host with an agent.
@@ -287,6 +343,14 @@ impl App {
         let mut conn = self.db.conn().await?;
         db::touch_hosts(&mut conn, &unchanged, now_ms()).await?;
         Ok(())
+    }
+
+    /// Every host, and the alerts of those that have some.
+    pub async fn hosts_with_alerts(
+        &self,
+    ) -> Result<(Vec<HostRecord>, HashMap<HostId, Vec<db::HostAlert>>), Error> {
+        let mut conn = self.db.conn().await?;
+        Ok((db::hosts(&mut conn).await?, db::host_alerts(&mut conn).await?))
     }
 
     pub async fn hosts(&self) -> Result<Vec<HostRecord>, Error> {
@@ -482,6 +546,15 @@ impl App {
     }
 }
 
+/// The refusal of a report that claims another host's rCUDA endpoint for `claimed`: the agent
+/// learns which of its GPUs, not whose endpoint it is.
+fn endpoint_claimed(claimed: &GpuRecord) -> Error {
+    Error::Conflict(format!(
+        "GPU {}: rCUDA endpoint {}:{} belongs to another host's GPU; an admin sees the conflict",
+        claimed.id, claimed.rcuda_address, claimed.rcuda_port
+    ))
+}
+
 /// The rCUDA endpoint of the route an agent named as at fault, if it named a route's target.
 fn refused_target(entry: &str, targets: &[SocketAddrV4]) -> Option<SocketAddrV4> {
     let index = entry.strip_prefix("routes[")?.strip_suffix("].target")?;
@@ -489,7 +562,9 @@ fn refused_target(entry: &str, targets: &[SocketAddrV4]) -> Option<SocketAddrV4>
 }
 
 impl App {
-    /// Taints the GPU served at `target`, which the agent of `host` refused to route to.
+    /// Taints the GPU served at `target`, which the agent of `host` refused to route to, if it is
+    /// one of `host`'s own: an agent can take only its own GPUs out of service. A refusal that
+    /// blames another host's GPU is recorded against the refusing host instead.
     async fn taint_refused_target(
         &self,
         host: &HostId,
@@ -498,12 +573,21 @@ impl App {
     ) -> Result<(), Error> {
         let gpu = {
             let mut conn = self.db.conn().await?;
-            db::gpu_serving(&mut conn, target).await?
+            db::gpu_serving(&mut conn, host, target).await?
         };
-        if let Some(gpu) = gpu {
-            tracing::warn!(%gpu, %host, reason, "an agent refused routes to a GPU; tainting it");
-            let taint = format!("the agent of host {host} refused routes to it: {reason}");
-            self.set_gpu_taint(&gpu, Some(taint)).await?;
+        match gpu {
+            Some(gpu) => {
+                tracing::warn!(%gpu, %host, reason, "an agent refused routes to its GPU; tainting it");
+                let taint = format!("the agent of host {host} refused routes to it: {reason}");
+                self.set_gpu_taint(&gpu, Some(taint)).await?;
+            }
+            None => {
+                let detail = format!(
+                    "refused its routes, blaming rCUDA endpoint {target}, which is not one of \
+                     its GPUs: {reason}"
+                );
+                self.alert_host(host, AlertKind::ForeignRefusal, detail).await;
+            }
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 //! - [`vms`]: launch and terminate, as requests.
 //! - [`saga`]: the launch/terminate saga that runs after the request returns, resumable after a crash.
 //! - [`hosts`]: host registration, heartbeats, drain, route tables pushed to agents.
+//! - [`alerts`]: what a host's agent tried that admins should know of.
 //! - [`gpus`]: GPU taints, by admins or after an agent refused routes to a GPU.
 //! - [`fences`]: bookings kept while a host that cannot be reached may still route to them.
 //! - [`rehome`]: moving cGPUs to other GPUs (evacuations, failed GPUs) behind the same masked
@@ -18,6 +19,7 @@
 //! - [`tokens`]: revoked tokens reloaded on every replica; agents' token renewal.
 //! - [`watch`]: waiting for a VM to settle (long-polling).
 
+pub mod alerts;
 pub mod batch;
 pub mod bookings;
 pub mod delegations;

@@ -5,7 +5,7 @@
 //! Unknown fields are errors (a typo must not silently fall back to a default), and every error
 //! carries the file's path.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
@@ -376,6 +376,9 @@ pub struct HostsConfig {
     pub backend: HostsBackend,
     /// A host whose agent has not reported for this long takes no new cGPUs.
     pub heartbeat_timeout_secs: u64,
+    /// The longest a fence holds its bookings when the host's agent never confirms the routes
+    /// withdrawn (see `app::fences`); then they are released and admins get an alert.
+    pub fence_timeout_secs: u64,
     /// How often the reconciler runs.
     pub reconcile_interval_secs: u64,
     /// The reconciler moves the cGPUs of GPUs that failed (unhealthy, or on a host that stopped
@@ -398,6 +401,7 @@ impl Default for HostsConfig {
         HostsConfig {
             backend: HostsBackend::InProcess,
             heartbeat_timeout_secs: 30,
+            fence_timeout_secs: 86_400,
             reconcile_interval_secs: 10,
             auto_rehome: false,
             agent_urls: BTreeMap::new(),
@@ -425,6 +429,9 @@ impl HostsConfig {
             }
             check_agent_url(&template.replace("{host}", "host"))
                 .map_err(|why| format!("hosts.agent_url_template: {why}"))?;
+        }
+        if !(1..=crate::auth::MAX_TOKEN_TTL_SECS).contains(&self.fence_timeout_secs) {
+            return Err("hosts.fence_timeout_secs: must be between 1 and a year".into());
         }
         Ok(())
     }
@@ -612,7 +619,18 @@ impl Config {
             CloudConfig::Nova { .. } => {}
         }
         self.hosts.check()?;
+        // An rCUDA server belongs to one host (see migration 0015).
+        let mut gpu_networks: HashMap<Ipv4Addr, &HostId> = HashMap::new();
         for host in &self.inventory {
+            if let Some(address) = host.gpu_network_address {
+                if let Some(first) = gpu_networks.insert(address, &host.name) {
+                    return Err(format!(
+                        "inventory: hosts {first} and {} have the same gpu_network_address \
+                         {address}: an rCUDA server belongs to one host",
+                        host.name
+                    ));
+                }
+            }
             if host.kind != HostKind::ComputeGpu && !host.gpus.is_empty() {
                 return Err(format!(
                     "inventory: host {} is {}, only compute-gpu hosts have GPUs",
@@ -700,6 +718,14 @@ mod tests {
         .unwrap();
         let err = Config::load(Some(&path)).unwrap_err();
         assert!(err.to_string().contains("at most /30"), "{err}");
+        std::fs::write(
+            &path,
+            "[[inventory]]\nname = \"g1\"\nkind = \"compute-gpu\"\ngpu_network_address = \"10.78.0.1\"\n\
+             [[inventory]]\nname = \"g2\"\nkind = \"compute-gpu\"\ngpu_network_address = \"10.78.0.1\"\n",
+        )
+        .unwrap();
+        let err = Config::load(Some(&path)).unwrap_err();
+        assert!(err.to_string().contains("g1 and g2 have the same gpu_network_address"), "{err}");
         std::fs::write(&path, "default_policy = \"worst-fit\"\n").unwrap();
         let err = Config::load(Some(&path)).unwrap_err();
         assert!(

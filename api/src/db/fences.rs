@@ -190,19 +190,40 @@ pub async fn fences(conn: &mut AnyConnection) -> Result<Vec<FenceRecord>, Error>
     Ok(out)
 }
 
-/// Fences whose host's agent confirmed a table without their routes, or whose host an admin
-/// forgot (its routes count as gone).
-pub async fn releasable_fences(conn: &mut AnyConnection) -> Result<Vec<FenceId>, Error> {
+/// A fence that may be released, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleasableFence {
+    pub id: FenceId,
+    pub host: HostId,
+    /// Neither confirmed by the host's agent nor forgotten: older than the bound on fences.
+    pub expired: bool,
+}
+
+/// The fences whose host's agent confirmed a table at or past their generation, whose host was
+/// forgotten, or that were opened before `opened_before_ms` (however the host's agent behaves).
+pub async fn releasable_fences(
+    conn: &mut AnyConnection,
+    opened_before_ms: i64,
+) -> Result<Vec<ReleasableFence>, Error> {
     let rows = sqlx::query(
-        "SELECT f.id FROM fences f JOIN hosts h ON h.name = f.host \
-         WHERE h.applied_generation >= f.generation OR h.forgotten = 1 ORDER BY f.id",
+        "SELECT f.id, f.host, \
+           CASE WHEN h.applied_generation >= f.generation OR h.forgotten = 1 THEN 0 ELSE 1 END \
+         FROM fences f JOIN hosts h ON h.name = f.host \
+         WHERE h.applied_generation >= f.generation OR h.forgotten = 1 OR f.created_ms < $1 \
+         ORDER BY f.id",
     )
+    .bind(opened_before_ms)
     .fetch_all(conn)
     .await?;
     rows.iter()
         .map(|row| {
             let id: String = row.try_get(0)?;
-            id.parse().map_err(|_| corrupt("fence id", &id))
+            let host: String = row.try_get(1)?;
+            Ok(ReleasableFence {
+                id: id.parse().map_err(|_| corrupt("fence id", &id))?,
+                host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
+                expired: row.try_get::<i64, _>(2)? == 1,
+            })
         })
         .collect()
 }

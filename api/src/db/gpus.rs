@@ -55,10 +55,12 @@ pub async fn gpus_of_host(
     rows.iter().map(gpu_from_row).collect()
 }
 
+/// Adds a GPU, claiming its rCUDA endpoint (see [`rcuda_endpoint_holder`]): a claim another GPU
+/// holds already is a conflict, whichever replica wrote it (the database's unique index).
 pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(), Error> {
-    sqlx::query(
+    let inserted = sqlx::query(
         "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
-         rcuda_gpu_number, health) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+         rcuda_gpu_number, health, rcuda_claimed) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(gpu.id.as_str())
     .bind(gpu.host.as_str())
@@ -69,9 +71,83 @@ pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(),
     .bind(i64::from(gpu.rcuda_port))
     .bind(i64::from(gpu.rcuda_gpu_number))
     .bind(gpu.health.as_deref())
+    .bind(i64::from(claims_endpoint(gpu)))
     .execute(conn)
+    .await;
+    match inserted {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(d)) if d.is_unique_violation() => Err(endpoint_taken(gpu)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether the GPU's rCUDA endpoint is one only it may hold: every routable one. Simulated hosts
+/// (in-process agents without a GPU network address) serve nothing, at loopback endpoints.
+fn claims_endpoint(gpu: &GpuRecord) -> bool {
+    !gpu.rcuda_address.is_loopback()
+}
+
+fn endpoint_taken(gpu: &GpuRecord) -> Error {
+    Error::Conflict(format!(
+        "GPU {}: rCUDA endpoint {}:{} device {} is another GPU's",
+        gpu.id, gpu.rcuda_address, gpu.rcuda_port, gpu.rcuda_gpu_number
+    ))
+}
+
+/// The GPU that holds `gpu`'s rCUDA endpoint already, if one does: a GPU of another host at the
+/// same rCUDA server (an address and port belong to one host), or another GPU of the same host
+/// at the same server and device number.
+pub async fn rcuda_endpoint_holder(
+    conn: &mut AnyConnection,
+    gpu: &GpuRecord,
+) -> Result<Option<GpuRecord>, Error> {
+    if !claims_endpoint(gpu) {
+        return Ok(None);
+    }
+    let row = sqlx::query(&format!(
+        "SELECT {GPU_COLUMNS} FROM gpus g WHERE g.rcuda_claimed = 1 AND g.rcuda_address = $1 \
+         AND g.rcuda_port = $2 AND g.id <> $3 AND (g.host <> $4 OR g.rcuda_gpu_number = $5) \
+         LIMIT 1"
+    ))
+    .bind(gpu.rcuda_address.to_string())
+    .bind(i64::from(gpu.rcuda_port))
+    .bind(gpu.id.as_str())
+    .bind(gpu.host.as_str())
+    .bind(i64::from(gpu.rcuda_gpu_number))
+    .fetch_optional(conn)
     .await?;
-    Ok(())
+    row.as_ref().map(gpu_from_row).transpose()
+}
+
+/// Claims the rCUDA endpoint of a GPU that holds none although it is routable (one quarantined
+/// when endpoints became unique, see migration 0015), before it is untainted. Another GPU's
+/// claim is a conflict; a GPU that holds its claim, or that is not there, is left as it is.
+pub async fn claim_rcuda_endpoint(conn: &mut AnyConnection, id: &GpuId) -> Result<(), Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {GPU_COLUMNS} FROM gpus g WHERE g.id = $1 AND g.rcuda_claimed = 0"
+    ))
+    .bind(id.as_str())
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(gpu) = row.as_ref().map(gpu_from_row).transpose()? else { return Ok(()) };
+    if !claims_endpoint(&gpu) {
+        return Ok(());
+    }
+    if let Some(holder) = rcuda_endpoint_holder(conn, &gpu).await? {
+        return Err(Error::Conflict(format!(
+            "GPU {id} cannot take cGPUs again: its rCUDA endpoint {}:{} is GPU {}'s (host {})",
+            gpu.rcuda_address, gpu.rcuda_port, holder.id, holder.host
+        )));
+    }
+    let claimed = sqlx::query("UPDATE gpus SET rcuda_claimed = 1 WHERE id = $1")
+        .bind(id.as_str())
+        .execute(conn)
+        .await;
+    match claimed {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(d)) if d.is_unique_violation() => Err(endpoint_taken(&gpu)),
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub async fn delete_gpu(conn: &mut AnyConnection, id: &GpuId) -> Result<(), Error> {
@@ -106,16 +182,21 @@ pub async fn set_gpu_taint(
     Ok(updated == 1)
 }
 
-/// The GPU whose rCUDA server is at `endpoint`, if one is.
+/// The GPU of `host` whose rCUDA server is at `endpoint`, if one is.
 pub async fn gpu_serving(
     conn: &mut AnyConnection,
+    host: &HostId,
     endpoint: SocketAddrV4,
 ) -> Result<Option<GpuId>, Error> {
-    let row = sqlx::query("SELECT id FROM gpus WHERE rcuda_address = $1 AND rcuda_port = $2")
-        .bind(endpoint.ip().to_string())
-        .bind(i64::from(endpoint.port()))
-        .fetch_optional(conn)
-        .await?;
+    let row = sqlx::query(
+        "SELECT id FROM gpus WHERE host = $1 AND rcuda_address = $2 AND rcuda_port = $3 \
+         ORDER BY idx LIMIT 1",
+    )
+    .bind(host.as_str())
+    .bind(endpoint.ip().to_string())
+    .bind(i64::from(endpoint.port()))
+    .fetch_optional(conn)
+    .await?;
     row.map(|row| {
         let id: String = row.try_get(0)?;
         GpuId::new(&id).map_err(|_| corrupt("GPU id", &id))

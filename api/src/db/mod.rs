@@ -12,6 +12,7 @@
 //! ([`Db::conn`], or a transaction from [`Db::begin`]) so the application layer composes them
 //! inside one transaction.
 
+mod alerts;
 mod cgpus;
 mod checkpoint;
 mod delegations;
@@ -26,6 +27,7 @@ mod quotas;
 mod tokens;
 mod vms;
 
+pub use alerts::*;
 pub use cgpus::*;
 pub use delegations::*;
 pub use events::*;
@@ -67,6 +69,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (12, "fencing", include_str!("../../../migrations/0012_fencing.sql")),
     (13, "list_indexes", include_str!("../../../migrations/0013_list_indexes.sql")),
     (14, "quota_counts", include_str!("../../../migrations/0014_quota_counts.sql")),
+    (15, "rcuda_endpoints", include_str!("../../../migrations/0015_rcuda_endpoints.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -375,8 +375,12 @@ async fn terminate_vm(
     security(("bearer" = [])))]
 async fn list_hosts(State(app): State<AppState>, caller: Caller) -> Result<Json<HostList>, Error> {
     caller.require_admin()?;
-    let hosts = app.hosts().await?;
-    Ok(Json(HostList { hosts: hosts.iter().map(HostView::from).collect() }))
+    let (hosts, mut alerts) = app.hosts_with_alerts().await?;
+    let hosts = hosts
+        .iter()
+        .map(|h| HostView::with_alerts(h, alerts.remove(&h.name).unwrap_or_default()))
+        .collect();
+    Ok(Json(HostList { hosts }))
 }
 
 /// Register a host or heartbeat (its agent, or an admin), with its GPU inventory.

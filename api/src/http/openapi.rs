@@ -49,7 +49,7 @@ impl utoipa::Modify for BearerAuth {
         quotas::QuotaList, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest,
         crate::model::CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView,
         QueueLengthView, QueuedRequestView, GpuRequestView, PoolView, PoolTotals, PoolHostView,
-        GpuView, HostView, HostList, failures::EvacuationView, failures::FenceView,
+        GpuView, HostView, HostAlertView, HostList, failures::EvacuationView, failures::FenceView,
         failures::FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody,
         RcudaBody, Health, Readiness, ModeParam, LocalityParam, crate::model::Timings,
         crate::app::ReconcilerStatus, crate::model::VmState)),

@@ -12,7 +12,7 @@ use crate::app::elastic::AttachInput;
 use crate::app::queue::QueueEntry;
 use crate::app::vms::{rcuda_env, VmDetails};
 use crate::cloud::VmRequest;
-use crate::db::{QueueRow, Queued, VmEvent};
+use crate::db::{HostAlert, QueueRow, Queued, VmEvent};
 use crate::model::{host_state_str, mode_str, CgpuState, HostRecord, LaunchSpec, Timings};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -615,6 +615,32 @@ pub struct HostView {
     pub applied_generation: u64,
     /// An admin declared it dead; it takes part again once its agent registers.
     pub forgotten: bool,
+    /// What its agent tried that was refused or outlived its bound, newest first (the last 20);
+    /// in admins' host lists only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<Vec<HostAlertView>>,
+}
+
+/// A host alert (see `GET /v1/hosts`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HostAlertView {
+    pub at_ms: i64,
+    /// `endpoint_conflict` (a report claimed an rCUDA endpoint another host's GPU holds),
+    /// `foreign_refusal` (its agent refused routes blaming another host's GPU) or
+    /// `fence_expired` (fences its agent never confirmed were released).
+    pub kind: String,
+    pub detail: String,
+}
+
+impl HostView {
+    /// The host as admins list it, with its alerts.
+    pub fn with_alerts(h: &HostRecord, alerts: Vec<HostAlert>) -> Self {
+        let alerts = alerts
+            .into_iter()
+            .map(|a| HostAlertView { at_ms: a.at_ms, kind: a.kind, detail: a.detail })
+            .collect();
+        HostView { alerts: Some(alerts), ..HostView::from(h) }
+    }
 }
 
 impl From<&HostRecord> for HostView {
@@ -628,6 +654,7 @@ impl From<&HostRecord> for HostView {
             routes_generation: h.routes_generation,
             applied_generation: h.applied_generation,
             forgotten: h.forgotten,
+            alerts: None,
         }
     }
 }

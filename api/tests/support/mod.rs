@@ -262,13 +262,24 @@ pub async fn status_json(response: reqwest::Response) -> (u16, Value) {
     (status, value)
 }
 
-/// A host's report as its agent sends it: GPU `i` (4,800 MiB) at 10.78.1.2:8308+i.
+/// The address of `host`'s rCUDA servers in [`host_report`]: one of its own in 10.78.0.0/16
+/// (an rCUDA server belongs to one host), the same every time.
+pub fn rcuda_address(host: &str) -> std::net::Ipv4Addr {
+    // FNV-1a: distinct for the few hosts a test names.
+    let hash =
+        host.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    let [_, _, c, d] = hash.to_be_bytes();
+    std::net::Ipv4Addr::new(10, 78, c.max(1), d.clamp(1, 254))
+}
+
+/// A host's report as its agent sends it: GPU `i` (4,800 MiB) at [`rcuda_address`]:8308+i.
 pub fn host_report(host: &str, kind: &str, agent_url: &str, gpus: usize) -> Value {
+    let address = rcuda_address(host).to_string();
     serde_json::json!({
         "host": host, "kind": kind, "agent_url": agent_url,
         "gpus": (0..gpus).map(|i| serde_json::json!({
             "id": format!("{host}:GPU-{i}"), "index": i, "model": "Tesla K20m", "memory_mib": 4800,
-            "rcuda": {"address": "10.78.1.2", "port": 8308 + i, "gpu_number": 0}
+            "rcuda": {"address": address, "port": 8308 + i, "gpu_number": 0}
         })).collect::<Vec<_>>(),
         "applied_generation": null
     })

@@ -3,16 +3,16 @@
 //! routes. Each agent here is a real agent core behind its HTTP API (`support::agents`), turned
 //! hostile where the test says.
 
-mod support;
-
+use std::net::SocketAddrV4;
 use std::time::Duration;
 
+use crate::on_both_stores;
+use crate::support::agents::{agent_cloud, agent_cloud_with, remote_launch, Behaviour, TestAgent};
+use crate::support::{host_report, rcuda_address, shared_launch, test_config, Store, TestService};
 use gsaasd::auth::Keys;
 use gsaasd::config::HostsBackend;
 use rodvr_agent::protocol::HostKind;
 use serde_json::{json, Value};
-use support::agents::{agent_cloud, remote_launch, Behaviour, TestAgent};
-use support::{host_report, shared_launch, test_config, Store, TestService};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_data_directory_and_tenants_data_are_owner_only() {
@@ -56,13 +56,14 @@ async fn clients_that_stall_are_cut_off_and_gsaasd_keeps_serving() {
     .await;
     let addr = t.service().addr;
     let headers =
-        support::slow::stall(addr, b"GET /v1/vms HTTP/1.1\r\nHost: gsaas\r\nAuthor", 100).await;
+        crate::support::slow::stall(addr, b"GET /v1/vms HTTP/1.1\r\nHost: gsaas\r\nAuthor", 100)
+            .await;
     let body = format!(
         "POST /v1/vms HTTP/1.1\r\nHost: gsaas\r\nAuthorization: Bearer {}\r\n\
          Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"ncgpus\": 1",
         t.member()
     );
-    let mut bodies = support::slow::stall(addr, body.as_bytes(), 20).await;
+    let mut bodies = crate::support::slow::stall(addr, body.as_bytes(), 20).await;
     // A body that stalls is answered 408 before the connection closes.
     let mut first = bodies.remove(0);
     let mut answer = String::new();
@@ -72,8 +73,8 @@ async fn clients_that_stall_are_cut_off_and_gsaasd_keeps_serving() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("request_timeout"), "{answer}");
     let limit = Duration::from_secs(60);
-    assert_eq!(support::slow::still_open_after(headers, limit).await, 0, "stalled headers");
-    assert_eq!(support::slow::still_open_after(bodies, limit).await, 0, "stalled bodies");
+    assert_eq!(crate::support::slow::still_open_after(headers, limit).await, 0, "stalled headers");
+    assert_eq!(crate::support::slow::still_open_after(bodies, limit).await, 0, "stalled bodies");
     assert_eq!(t.get(&t.member(), "/v1/vms").await.0, 200);
 }
 
@@ -81,8 +82,8 @@ async fn clients_that_stall_are_cut_off_and_gsaasd_keeps_serving() {
 /// an agent impostor with another CA's certificate at a host's address gets no token and no table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_gsaasd_and_its_agents_trust_only_the_configured_ca() {
+    use crate::support::certs::Ca;
     use rodvr_agent::httpd::{http_client, TlsFiles};
-    use support::certs::Ca;
     let (mut config, dir) = test_config(Store::Sqlite);
     let ca = Ca::new("gsaas test CA");
     let names = ["127.0.0.1", "localhost"];
@@ -164,6 +165,8 @@ on_both_stores!(
     hosts_report_only_their_own_gpus_at_routable_endpoints,
     an_agent_claiming_an_impossible_generation_cannot_corrupt_gsaasd,
     a_gpu_whose_routes_an_agent_refuses_takes_no_new_cgpus,
+    an_agent_cannot_claim_another_hosts_rcuda_server,
+    an_agent_that_never_confirms_holds_fences_only_so_long,
 );
 
 /// gsaasd with real-agent hosts: a compute-GPU host `cg-1` with `gpus` GPUs (registered by its
@@ -251,22 +254,58 @@ async fn an_agent_claiming_an_impossible_generation_cannot_corrupt_gsaasd(store:
     t.wait_state(&member, &id, "ready").await;
 }
 
+/// The GPU of `id` in an admin's pool view.
+fn pool_gpu(pool: &Value, id: &str) -> Value {
+    let hosts = pool["hosts"].as_array().unwrap();
+    let mut gpus = hosts.iter().flat_map(|h| h["gpus"].as_array().unwrap().iter());
+    gpus.find(|g| g["id"] == id).cloned().unwrap_or_else(|| panic!("no {id} in {pool}"))
+}
+
+async fn fence_count(t: &TestService) -> usize {
+    t.get(&t.admin(), "/v1/fences").await.1["fences"].as_array().unwrap().len()
+}
+
+/// The alerts an admin sees on `host`.
+async fn host_alerts(t: &TestService, host: &str) -> Vec<Value> {
+    let (status, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(status, 200, "{hosts}");
+    let hosts = hosts["hosts"].as_array().unwrap();
+    let host = hosts.iter().find(|h| h["name"] == host).unwrap_or_else(|| panic!("no {host}"));
+    host["alerts"].as_array().unwrap().clone()
+}
+
+/// A host's agent can take only its own GPUs out of service: one that refuses routes blaming
+/// another host's GPU taints nothing (it is recorded against the refusing host, for admins),
+/// while the GPU host's own agent refusing its GPU taints it.
 async fn a_gpu_whose_routes_an_agent_refuses_takes_no_new_cgpus(store: Store) {
-    let (t, vm_host, _) = agent_cloud(store, 2).await;
+    let (t, vm_host, gpu_host) = agent_cloud(store, 2).await;
     let (member, admin) = (t.member(), t.admin());
-    // The VM host's agent refuses routes to the first GPU's rCUDA server (as an agent whose masked
-    // range covers it would); first-fit would pick that GPU for every launch.
-    vm_host.set(Behaviour::RefuseTarget("10.78.1.2:8308".parse().unwrap()));
+    // The VM host's agent refuses routes to the first GPU's rCUDA server, which is cg-1's: first
+    // fit picks that GPU for every remote launch.
+    let gpu0 = SocketAddrV4::new(rcuda_address("cg-1"), 8308);
+    vm_host.set(Behaviour::RefuseTarget(gpu0));
     let failed = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &failed, "error").await;
-    let gpu = |pool: &Value, id: &str| {
-        let hosts = pool["hosts"].as_array().unwrap();
-        let mut gpus = hosts.iter().flat_map(|h| h["gpus"].as_array().unwrap().iter());
-        gpus.find(|g| g["id"] == id).cloned().unwrap_or_else(|| panic!("no {id} in {pool}"))
-    };
     let (_, pool) = t.get(&admin, "/v1/pool").await;
-    let taint = gpu(&pool, "cg-1:GPU-0")["taint"].as_str().unwrap_or_default().to_owned();
-    assert!(taint.contains("crg-a") && taint.contains("refused"), "{pool}");
+    assert_eq!(pool_gpu(&pool, "cg-1:GPU-0")["taint"], Value::Null, "crg-a tainted cg-1's GPU");
+    let alerts = host_alerts(&t, "crg-a").await;
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(alerts[0]["kind"], "foreign_refusal");
+    assert!(alerts[0]["detail"].as_str().unwrap().contains(&gpu0.to_string()), "{alerts:?}");
+    assert!(host_alerts(&t, "cg-1").await.is_empty());
+    vm_host.set(Behaviour::Honest);
+
+    // cg-1's own agent refuses routes to its own GPU-0 (a VM of its own, local): GPU-0 is tainted.
+    gpu_host.set(Behaviour::RefuseTarget(gpu0));
+    let mut local = shared_launch(1, 1024);
+    local["locality"] = json!("local");
+    local["policy"] = json!("first-fit");
+    let failed = t.launch(&member, &local).await;
+    t.wait_state(&member, &failed, "error").await;
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    let taint = pool_gpu(&pool, "cg-1:GPU-0")["taint"].as_str().unwrap_or_default().to_owned();
+    assert!(taint.contains("cg-1") && taint.contains("refused"), "{pool}");
+    gpu_host.set(Behaviour::Honest);
 
     let id = t.launch(&member, &remote_launch(1)).await;
     t.wait_state(&member, &id, "ready").await;
@@ -282,9 +321,114 @@ async fn a_gpu_whose_routes_an_agent_refuses_takes_no_new_cgpus(store: Store) {
     let (status, body) = t.post(&admin, untaint, &json!({})).await;
     assert_eq!((status, &body["taint"]), (200, &Value::Null), "{body}");
     let (_, pool) = t.get(&admin, "/v1/pool").await;
-    assert_eq!(gpu(&pool, "cg-1:GPU-0")["taint"], Value::Null);
+    assert_eq!(pool_gpu(&pool, "cg-1:GPU-0")["taint"], Value::Null);
     let (status, body) =
         t.post(&admin, "/v1/gpus/cg-1:GPU-0/taint", &json!({"reason": "XID 79"})).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["taint"], "ops: XID 79");
+}
+
+/// An rCUDA endpoint belongs to one GPU of one host: the agent of another host that registers
+/// a GPU at it (the same device, or another device of the same rCUDA server) is refused with 409,
+/// changes nothing, and admins see the attempt on both hosts. Two tenants' exclusive cGPUs can
+/// then never be routed to one device.
+async fn an_agent_cannot_claim_another_hosts_rcuda_server(store: Store) {
+    let (t, _, gpu_host) = agent_cloud_with(store, 1, |c| {
+        c.hosts.agent_url_template = Some("http://{host}.invalid:7450".into());
+    })
+    .await;
+    let admin = t.admin();
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    let before = pool["hosts"].clone();
+    let victim = SocketAddrV4::new(rcuda_address("cg-1"), 8308);
+    let token = t.agent_token("cg-2");
+    for gpu_number in [0, 1] {
+        let mut claim = host_report("cg-2", "compute-gpu", &gpu_host.url, 1);
+        claim["gpus"][0]["rcuda"] =
+            json!({"address": victim.ip().to_string(), "port": 8308, "gpu_number": gpu_number});
+        let (status, problem) = t.report_host(&token, "cg-2", &claim).await;
+        assert_eq!(status, 409, "device {gpu_number}: {problem}");
+        assert!(problem["detail"].as_str().unwrap().contains("another host"), "{problem}");
+    }
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    assert_eq!(pool["hosts"], before, "a refused claim changed the pool");
+    let alerts = host_alerts(&t, "cg-1").await;
+    assert_eq!(alerts.len(), 2, "{alerts:?}");
+    assert!(alerts.iter().all(|a| a["kind"] == "endpoint_conflict"), "{alerts:?}");
+    assert!(alerts[0]["detail"].as_str().unwrap().contains("cg-2"), "{alerts:?}");
+
+    // Registered with a GPU of its own, cg-2 still cannot add cg-1's server to its report.
+    let honest = host_report("cg-2", "compute-gpu", &gpu_host.url, 1);
+    assert_eq!(t.report_host(&token, "cg-2", &honest).await.0, 200);
+    let mut claim = host_report("cg-2", "compute-gpu", &gpu_host.url, 2);
+    claim["gpus"][1]["rcuda"] =
+        json!({"address": victim.ip().to_string(), "port": 8308, "gpu_number": 3});
+    let (status, problem) = t.report_host(&token, "cg-2", &claim).await;
+    assert_eq!(status, 409, "{problem}");
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    assert_eq!(pool["totals"]["gpus"], 2, "{pool}");
+    let alerts = host_alerts(&t, "cg-2").await;
+    assert!(alerts.iter().any(|a| a["kind"] == "endpoint_conflict"), "{alerts:?}");
+
+    // Two exclusive launches get two devices.
+    let member = t.member();
+    let mut exclusive = remote_launch(1);
+    exclusive["mode"] = json!("exclusive");
+    exclusive.as_object_mut().unwrap().remove("gpu_memory_mib");
+    let a = t.launch(&member, &exclusive).await;
+    let b = t.launch(&t.token("beta", gsaasd::auth::Role::Member), &exclusive).await;
+    let (_, a) = t.get(&admin, &format!("/v1/vms/{a}")).await;
+    let (_, b) = t.get(&admin, &format!("/v1/vms/{b}")).await;
+    let endpoint = |vm: &Value| vm["cgpus"][0]["rcuda_endpoint"].as_str().unwrap().to_owned();
+    assert_ne!(endpoint(&a), endpoint(&b), "{a} {b}");
+}
+
+/// Replicas on one database cannot be raced into a shared endpoint: each registration runs in
+/// the pool's transaction, and the database's unique index refuses a second claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_refuse_a_claim_on_an_endpoint_the_other_registered() {
+    let (a, b) = TestService::two_replicas().await;
+    let endpoint = |host: &str| {
+        let mut report = host_report(host, "compute-gpu", "http://unused.invalid:7450", 1);
+        report["gpus"][0]["rcuda"] = json!({"address": "10.78.9.9", "port": 8308, "gpu_number": 0});
+        report
+    };
+    let (status, body) = a.report_host(&a.admin(), "gpu-a", &endpoint("gpu-a")).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = b.report_host(&b.admin(), "gpu-b", &endpoint("gpu-b")).await;
+    assert_eq!(status, 409, "{body}");
+    let (_, hosts) = a.get(&a.admin(), "/v1/hosts").await;
+    let names: Vec<&Value> =
+        hosts["hosts"].as_array().unwrap().iter().map(|h| &h["name"]).collect();
+    assert!(names.contains(&&json!("gpu-a")) && !names.contains(&&json!("gpu-b")), "{hosts}");
+}
+
+/// An agent that never confirms its routes withdrawn (answers every push with an error while its
+/// host heartbeats on) keeps the GPUs fenced at most `hosts.fence_timeout_secs`: then they are
+/// placeable again, and admins get an alert on that host.
+async fn an_agent_that_never_confirms_holds_fences_only_so_long(store: Store) {
+    let (t, vm_host, _) = agent_cloud_with(store, 1, |c| c.hosts.fence_timeout_secs = 1).await;
+    let member = t.member();
+    let mut exclusive = remote_launch(1);
+    exclusive["mode"] = json!("exclusive");
+    exclusive.as_object_mut().unwrap().remove("gpu_memory_mib");
+    let id = t.launch(&member, &exclusive).await;
+    t.wait_state(&member, &id, "ready").await;
+    vm_host.set(Behaviour::Down);
+    t.delete(&member, &format!("/v1/vms/{id}")).await;
+    t.wait_state(&member, &id, "deleted").await;
+    assert_eq!(fence_count(&t).await, 1);
+    let (status, _) = t.post(&member, "/v1/vms", &exclusive).await;
+    assert_eq!(status, 507, "the fenced GPU is not placeable");
+    assert!(host_alerts(&t, "crg-a").await.is_empty());
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let status = t.service().app.reconcile_once().await;
+    assert_eq!(status.fences_released, 1, "{status:?}");
+    assert_eq!(fence_count(&t).await, 0);
+    let alerts = host_alerts(&t, "crg-a").await;
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(alerts[0]["kind"], "fence_expired");
+    let (status, problem) = t.post(&member, "/v1/vms", &exclusive).await;
+    assert_eq!(status, 202, "the GPU is placeable again: {problem}");
 }

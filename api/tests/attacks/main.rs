@@ -1,0 +1,9 @@
+//! The standing attacker suite: each module is one kind of attacker, each test one threat, tried
+//! as that attacker would (a hostile tenant or agent as a small client or server in the test, a
+//! forged or replayed token, a flood). README's security model names the test that proves each
+//! threat is held; a new feature adds its threat here.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod hostile_agents;
