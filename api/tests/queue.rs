@@ -470,9 +470,9 @@ async fn a_project_cannot_fill_the_queue(store: Store) {
     assert_eq!((status, vm["state"].as_str()), (202, Some("queued")), "{vm}");
 }
 
-/// Launches that do not wait in the queue pass its head like backfill does, a bounded number of
-/// times; then they are held (507, or queued with `queue: true`) until it starts, unless they are
-/// of higher priority.
+/// Launches of other projects that do not wait in the queue pass its head like backfill does, a
+/// bounded number of times; then they are held (507, or queued with `queue: true`) until it
+/// starts (for at most `queue.max_hold_secs`), unless they are of higher priority.
 async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     let t = TestService::start_with(store, |config| {
         any_priority(config);
@@ -481,6 +481,7 @@ async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     })
     .await;
     let member = t.member();
+    let other = t.token("beta", Role::Member);
     let app = t.service().app.clone();
     let big = t.launch(&member, &exclusive(3, false, 0)).await;
     t.wait_state(&member, &big, "ready").await;
@@ -489,15 +490,15 @@ async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     app.serve_queue_once().await.expect("a round");
     // Two small launches pass it, each taking the free GPU and giving it back.
     for _ in 0..2 {
-        let (status, small) = launch_and_end(&t, &member).await;
+        let (status, small) = launch_and_end(&t, &other).await;
         assert_eq!(status, 202, "{small}");
         app.serve_queue_once().await.expect("a round");
     }
     // The third is held: the free GPU is the head's to wait for.
-    let (status, problem) = t.post(&member, "/v1/vms", &exclusive(1, false, 0)).await;
+    let (status, problem) = t.post(&other, "/v1/vms", &exclusive(1, false, 0)).await;
     assert_eq!((status, problem["code"].as_str()), (507, Some("insufficient_gpu_capacity")));
     assert!(problem["detail"].as_str().unwrap().contains("held for requests waiting"), "{problem}");
-    let (status, behind) = t.post(&member, "/v1/vms", &exclusive(1, true, 0)).await;
+    let (status, behind) = t.post(&other, "/v1/vms", &exclusive(1, true, 0)).await;
     assert_eq!((status, behind["state"].as_str()), (202, Some("queued")), "{behind}");
     assert_eq!(behind["queue_position"], 2, "{behind}");
     // A request of higher priority goes first.
@@ -510,7 +511,7 @@ async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     }
     t.wait_state(&member, &head, "ready").await;
     let behind = behind["id"].as_str().unwrap();
-    t.wait_state(&member, behind, "ready").await;
+    t.wait_state(&other, behind, "ready").await;
 }
 
 /// Launches one exclusive cGPU without the queue; if accepted, waits until it is ready, then

@@ -95,6 +95,7 @@ fn bed(best_effort: bool) -> Bed {
             policy: "first-fit".into(),
             priority: 1,
             passed: 0,
+            holding_since_ms: None,
         })
         .collect();
     Bed { pool, quotas, vms_in_use, preemptible, running, queue }
@@ -115,6 +116,7 @@ fn sample(bed: &mut Bed, rng: &mut Rng, rules: &Rules) -> (Duration, usize) {
             vms_in_use: &mut bed.vms_in_use,
             preemptible: &bed.preemptible,
             reclaiming: &[],
+            now_ms: 0,
         };
         plan(&mut books, &bed.queue, rules)
     };

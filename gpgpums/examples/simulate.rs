@@ -233,6 +233,7 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
                     policy: policy.to_string(),
                     priority: if job.best_effort { 0 } else { 1 },
                     passed: 0,
+                    holding_since_ms: None,
                 });
                 next_ticket += 1;
             }
@@ -266,6 +267,7 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
                     vms_in_use: &mut vms_in_use,
                     preemptible: &preemptible,
                     reclaiming: &[],
+                    now_ms: now as i64,
                 };
                 plan(&mut books, &queue, &rules)
             };
@@ -273,9 +275,7 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
                 && planned.refused.is_empty()
                 && planned.preemption.is_none()
             {
-                if let Some((ticket, passed)) = planned.head {
-                    set_passed(&mut queue, ticket, passed);
-                }
+                planned.record_passes(&mut queue);
                 break;
             }
             for started in &planned.started {
@@ -303,9 +303,7 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
             refused += planned.refused.len() as u64;
             done.extend(planned.refused.iter().map(|(t, _)| *t));
             queue.retain(|w| !done.contains(&w.ticket));
-            if let Some((ticket, passed)) = planned.head {
-                set_passed(&mut queue, ticket, passed);
-            }
+            planned.record_passes(&mut queue);
             // The simulated agents withdraw routes at once: what is taken is released now, and
             // the shrunk VM waits for it back.
             if let Some(preemption) = planned.preemption {
@@ -328,6 +326,7 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
                             policy: policy.to_string(),
                             priority: 0,
                             passed: 0,
+                            holding_since_ms: None,
                         });
                         next_ticket += 1;
                     }
@@ -363,12 +362,6 @@ fn uuid_of(i: usize) -> uuid::Uuid {
 
 fn index_of(vm: VmId) -> usize {
     vm.as_uuid().as_u128() as usize - 1
-}
-
-fn set_passed(queue: &mut [Waiting], ticket: TicketId, passed: u32) {
-    if let Some(w) = queue.iter_mut().find(|w| w.ticket == ticket) {
-        w.passed = passed;
-    }
 }
 
 fn main() {

@@ -50,6 +50,10 @@ pub struct Shortfall {
     /// Set when the GPUs may be free but are held for requests waiting in the queue ahead of it.
     #[serde(default)]
     pub held_for_queue: bool,
+    /// Set when it could not be placed even were every GPU free (see `Pool::could_ever_fit`):
+    /// waiting would not help.
+    #[serde(default)]
+    pub never_fits: bool,
 }
 
 impl Shortfall {
@@ -63,12 +67,19 @@ impl Shortfall {
             locality: request.locality,
             no_vm_host,
             held_for_queue: false,
+            never_fits: false,
         }
     }
 
     /// `request` may not take free GPUs now: they are held for requests waiting ahead of it.
     pub fn held_for_queue(request: &Request) -> Self {
         Shortfall { held_for_queue: true, ..Shortfall::of(request, 0, false) }
+    }
+
+    /// `request`, of which `placeable` cGPUs could be placed now, could not be placed even on an
+    /// empty pool.
+    pub fn never_fits(request: &Request, placeable: u32) -> Self {
+        Shortfall { never_fits: true, ..Shortfall::of(request, placeable, false) }
     }
 }
 
@@ -80,7 +91,17 @@ impl fmt::Display for Shortfall {
             write!(f, " of {mib} MiB")?;
         }
         write!(f, " with locality {}", self.locality)?;
-        if self.held_for_queue {
+        if self.never_fits {
+            let which = match self.locality {
+                Locality::Local => "one compute-gpu host's",
+                _ => "the pool's",
+            };
+            write!(
+                f,
+                ", which {which} schedulable GPUs could not hold even with every GPU free: it can \
+                 never fit, so it is not queued"
+            )
+        } else if self.held_for_queue {
             write!(
                 f,
                 ", but the free GPUs are held for requests waiting in the queue ahead of it \
@@ -116,6 +137,7 @@ mod tests {
             locality: Locality::Any,
             no_vm_host: false,
             held_for_queue: false,
+            never_fits: false,
         });
         assert_eq!(
             e.to_string(),

@@ -144,6 +144,35 @@ struct Limits {
     schedulable_agent_host: bool,
 }
 
+/// What a kind of schedulable compute-gpu host has that takes new cGPUs: its GPUs' memory sizes,
+/// each with how many GPUs of that size, and how many hosts are made up so. A fleet has few.
+#[derive(Debug, Clone)]
+struct HostMakeup {
+    gpus_by_mib: Vec<(u64, u64)>,
+    hosts: u64,
+}
+
+impl HostMakeup {
+    /// How many cGPUs of `request`'s kind one such host could hold were its GPUs empty.
+    fn room(&self, request: &Request) -> u64 {
+        self.gpus_by_mib.iter().map(|&(mib, gpus)| gpus * empty_gpu_room(mib, request)).sum()
+    }
+}
+
+/// How many cGPUs of `request`'s kind an empty GPU of `memory_mib` could hold.
+fn empty_gpu_room(memory_mib: u64, request: &Request) -> u64 {
+    if request.gpu_memory_mib.is_some_and(|mib| mib > memory_mib) {
+        return 0;
+    }
+    if request.mode == Mode::Exclusive || request.distinct_gpus {
+        return 1;
+    }
+    match request.gpu_memory_mib {
+        Some(mib) if mib > 0 => memory_mib / mib,
+        _ => 0,
+    }
+}
+
 /// The GPU pool. See the module docs.
 #[derive(Debug)]
 pub struct Pool {
@@ -160,6 +189,9 @@ pub struct Pool {
     /// The inventory changed since the indexes were built: rebuild before the next decision.
     views_stale: bool,
     limits: Option<Limits>,
+    /// The make-ups of the hosts' GPUs that take new cGPUs (see [`Pool::could_ever_fit`]),
+    /// computed on first use since the inventory last changed.
+    makeups: Option<Vec<HostMakeup>>,
     /// Slots hidden from decisions for the current placement (distinct GPUs, hosts tried for `local`).
     masked: Vec<bool>,
     /// Counts successful changes, so a caller can tell whether a failed operation touched the pool.
@@ -193,6 +225,7 @@ impl Pool {
             view_by_name: HashMap::new(),
             views_stale: false,
             limits: None,
+            makeups: None,
             masked: Vec::new(),
             changes: 0,
             host_changes: 0,
@@ -239,7 +272,7 @@ impl Pool {
             slots: vec![],
             vms: 0,
         });
-        self.limits = None;
+        self.inventory_changed();
         self.changes += 1;
         self.host_changes += 1;
         Ok(())
@@ -312,7 +345,7 @@ impl Pool {
         self.hosts[host as usize].slots.push(slot);
         self.gpus.push(gpu);
         self.masked.push(false);
-        self.limits = None;
+        self.inventory_changed();
         if !self.views_stale {
             for view in 0..self.views.len() {
                 self.index_into(view, slot);
@@ -349,7 +382,7 @@ impl Pool {
         }
         self.masked = vec![false; self.gpus.len()];
         self.views_stale = true;
-        self.limits = None;
+        self.inventory_changed();
     }
 
     /// Drains, undrains or marks a host unavailable. Its cGPUs stay; it only stops taking new ones.
@@ -359,7 +392,7 @@ impl Pool {
             .get(id)
             .ok_or_else(|| Error::inventory("host", format!("host {id} is not registered")))?;
         self.reindexing_host(host as usize, |pool| pool.hosts[host as usize].state = state);
-        self.limits = None;
+        self.inventory_changed();
         self.changes += 1;
         self.host_changes += 1;
         Ok(())
@@ -373,6 +406,7 @@ impl Pool {
             .get(id)
             .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
         self.reindexing(&[slot], |pool| pool.gpus[slot as usize].taint = taint);
+        self.inventory_changed();
         self.changes += 1;
         Ok(())
     }
@@ -385,6 +419,7 @@ impl Pool {
             .get(id)
             .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
         self.reindexing(&[slot], |pool| pool.gpus[slot as usize].health = health);
+        self.inventory_changed();
         self.changes += 1;
         Ok(())
     }
@@ -499,6 +534,89 @@ impl Pool {
         })
     }
 
+    /// Whether `request` could be placed were every booking gone: on today's GPUs that take new
+    /// cGPUs (untainted, healthy, on schedulable hosts), with its locality and distinct-GPU rules,
+    /// `on_host` when given (an attach to a `local` VM). A request that fails this waits for
+    /// nothing that any release could bring, so a queue should not take it. Costs one pass over
+    /// the GPUs per kind of cGPU after each inventory change, then a lookup.
+    pub fn could_ever_fit(&mut self, request: &Request, on_host: Option<&HostId>) -> bool {
+        let n = u64::from(request.ncgpus);
+        if let Some(host) = on_host {
+            let Some(&h) = self.host_by_id.get(host) else { return false };
+            let host = &self.hosts[h as usize];
+            let gpus = host.slots.iter().map(|&s| &self.gpus[s as usize]);
+            let room: u64 = gpus
+                .filter(|gpu| gpu.takes_new())
+                .map(|gpu| empty_gpu_room(gpu.spec.memory_mib, request))
+                .sum();
+            return host.state == HostState::Schedulable && room >= n;
+        }
+        let limits = self.limits();
+        let (total, one_host) = self.makeups().iter().fold((0u64, 0u64), |(total, best), m| {
+            let room = m.room(request);
+            (total.saturating_add(room.saturating_mul(m.hosts)), best.max(room))
+        });
+        match request.locality {
+            Locality::Local => one_host >= n,
+            Locality::Any => limits.schedulable_agent_host && total >= n,
+            Locality::Remote => limits.schedulable_rgpu_host && total >= n,
+        }
+    }
+
+    /// [`Self::could_ever_fit`] for cGPUs added to a running VM (which needs no host to run on):
+    /// anywhere, or `on_host`.
+    pub fn could_ever_attach(&mut self, request: &Request, on_host: Option<&HostId>) -> bool {
+        match on_host {
+            Some(_) => self.could_ever_fit(request, on_host),
+            None => {
+                let any = Request { locality: Locality::Any, ..request.clone() };
+                let total: u64 = self.makeups().iter().map(|m| m.room(&any) * m.hosts).sum();
+                total >= u64::from(request.ncgpus)
+            }
+        }
+    }
+
+    /// The make-ups of the schedulable compute-gpu hosts (see [`HostMakeup`]).
+    fn makeups(&mut self) -> &[HostMakeup] {
+        if self.makeups.is_none() {
+            let mut by_makeup: HashMap<Vec<(u64, u64)>, u64> = HashMap::new();
+            for host in &self.hosts {
+                if host.state != HostState::Schedulable || host.kind != HostKind::ComputeGpu {
+                    continue;
+                }
+                let mut sizes: Vec<u64> = host
+                    .slots
+                    .iter()
+                    .map(|&s| &self.gpus[s as usize])
+                    .filter(|gpu| gpu.takes_new())
+                    .map(|gpu| gpu.spec.memory_mib)
+                    .collect();
+                sizes.sort_unstable();
+                let mut makeup: Vec<(u64, u64)> = Vec::new();
+                for mib in sizes {
+                    match makeup.last_mut() {
+                        Some((last, n)) if *last == mib => *n += 1,
+                        _ => makeup.push((mib, 1)),
+                    }
+                }
+                *by_makeup.entry(makeup).or_default() += 1;
+            }
+            let mut makeups: Vec<HostMakeup> = by_makeup
+                .into_iter()
+                .map(|(gpus_by_mib, hosts)| HostMakeup { gpus_by_mib, hosts })
+                .collect();
+            makeups.sort_by(|a, b| a.gpus_by_mib.cmp(&b.gpus_by_mib));
+            self.makeups = Some(makeups);
+        }
+        self.makeups.as_deref().expect("computed above")
+    }
+
+    /// Forgets what was derived from the inventory (limits, capacities) after it changed.
+    fn inventory_changed(&mut self) {
+        self.limits = None;
+        self.makeups = None;
+    }
+
     // ---- placement ----
 
     /// Builds now what the next decision under `policy` would build first (the policy's indexes
@@ -541,6 +659,9 @@ impl Pool {
         };
         let (cgpus, vm_host) = match outcome {
             Ok(done) => done,
+            Err(placeable) if !self.could_ever_fit(request, None) => {
+                return Err(Error::InsufficientCapacity(Shortfall::never_fits(request, placeable)))
+            }
             Err(placeable) => return Err(shortfall(placeable, false)),
         };
         let placement = Placement { vm, policy: self.views[view].policy.name(), vm_host, cgpus };
@@ -737,8 +858,13 @@ impl Pool {
         if self.views_stale {
             self.rebuild_views();
         }
-        let (mut cgpus, _) =
-            self.place_on(request, view, within.as_deref(), &held).map_err(shortfall)?;
+        let (mut cgpus, _) = match self.place_on(request, view, within.as_deref(), &held) {
+            Ok(placed) => placed,
+            Err(placeable) if !self.could_ever_attach(request, on_host) => {
+                return Err(Error::InsufficientCapacity(Shortfall::never_fits(request, placeable)))
+            }
+            Err(placeable) => return Err(shortfall(placeable)),
+        };
         let policy = self.views[view].policy.name();
         let placement = self.vms.entry(vm).or_insert_with(|| Placement {
             vm,

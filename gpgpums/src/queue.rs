@@ -13,10 +13,16 @@
 //! as in DRF: the largest of use/limit over its limited resources), then arrival.
 //!
 //! Backfill: a request that fits may start while one ahead of it (the head: the first that does
-//! not fit) waits. Each such start passes the head once; once passed [`Rules::max_passes`] times
-//! the head becomes a barrier, and nothing behind it starts until it does. So under a steady stream
-//! of small requests a large one waits for at most `max_passes` starts plus the releases of what
-//! was running when it became a barrier.
+//! not fit) waits. Each start of another project's request passes the head once (a project's own
+//! starts never do: it cannot turn its own head into a barrier); once passed
+//! [`Rules::max_passes`] times the head becomes a barrier, and nothing behind it starts until it
+//! does, so under a steady stream of small requests a large one gets the capacity that frees. A
+//! barrier holds for at most [`Rules::max_hold_ms`]: a project whose barrier has held that long
+//! (its capacity did not free, as when it waits on VMs that never end) stops holding, and every
+//! request of it must be passed `max_passes` times by other projects' starts again before it holds
+//! again; so does a project whose barrier started. A request that could not fit even on an empty
+//! pool is never the head: it holds nobody back. So no project keeps another's request that fits
+//! waiting for longer than `max_hold_ms` at a time.
 //!
 //! Preemption by shrinking: when a request cannot start, the planner may take cGPUs from running
 //! VMs that are preemptible and of strictly lower priority, never from others. It frees room one
@@ -53,8 +59,10 @@ pub struct Waiting {
     pub request: Request,
     pub policy: String,
     pub priority: i32,
-    /// How many requests behind it have started while it waited at the head.
+    /// How many requests of other projects have started while it waited at the head.
     pub passed: u32,
+    /// Since when it holds others back as a barrier, if it does.
+    pub holding_since_ms: Option<i64>,
 }
 
 /// How the planner serves the queue.
@@ -64,13 +72,15 @@ pub struct Rules {
     pub backfill: bool,
     /// How many starts may pass the head before it becomes a barrier.
     pub max_passes: u32,
+    /// How long a project's barrier holds others back at most (with backfill).
+    pub max_hold_ms: i64,
     /// Take cGPUs from preemptible VMs of lower priority.
     pub preemption: bool,
 }
 
 impl Default for Rules {
     fn default() -> Self {
-        Rules { backfill: true, max_passes: 16, preemption: true }
+        Rules { backfill: true, max_passes: 16, max_hold_ms: 600_000, preemption: true }
     }
 }
 
@@ -85,6 +95,8 @@ pub struct Books<'a> {
     pub preemptible: &'a BTreeMap<VmId, i32>,
     /// cGPUs being taken back: routes withdrawn, still booked until the caller releases them.
     pub reclaiming: &'a [(VmId, u32)],
+    /// The time of the round, in milliseconds (barriers' holds are measured against it).
+    pub now_ms: i64,
 }
 
 /// A request that starts: its cGPUs are booked on the pool and charged to its project.
@@ -151,10 +163,39 @@ pub struct Plan {
     /// Requests that can never start as written (the pool changed under them), with why.
     pub refused: Vec<(TicketId, Error)>,
     pub preemption: Option<Preemption>,
-    /// The first request that could not start, and how often it has been passed in all.
-    pub head: Option<(TicketId, u32)>,
+    /// The first request that could not start (and could on an empty pool).
+    pub head: Option<Head>,
     /// The head fits once what is being reclaimed is released: the planner kept it for the head.
     pub awaiting_reclaim: bool,
+    /// Projects whose requests' passes and holds end (before [`Plan::head`]'s are recorded): their
+    /// barrier held for `max_hold_ms`, or started.
+    pub reset: BTreeSet<ProjectId>,
+}
+
+impl Plan {
+    /// Records in `queue` what the round decided of passes and holds (as a caller stores them):
+    /// [`Plan::reset`], then [`Plan::head`].
+    pub fn record_passes(&self, queue: &mut [Waiting]) {
+        for w in queue.iter_mut().filter(|w| self.reset.contains(&w.project)) {
+            (w.passed, w.holding_since_ms) = (0, None);
+        }
+        if let Some(head) = &self.head {
+            if let Some(w) = queue.iter_mut().find(|w| w.ticket == head.ticket) {
+                (w.passed, w.holding_since_ms) = (head.passed, head.holding_since_ms);
+            }
+        }
+    }
+}
+
+/// The head of the queue after a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub ticket: TicketId,
+    pub project: ProjectId,
+    /// How often other projects' starts passed it, in all.
+    pub passed: u32,
+    /// Since when it holds others back as a barrier; `None`: it does not.
+    pub holding_since_ms: Option<i64>,
 }
 
 /// Plans one round over `queue` (in any order; the planner orders it). See the module docs.
@@ -169,6 +210,30 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
         stop: false,
     };
     round.lowest_preemptible = round.books.preemptible.values().min().copied();
+    // Barriers that held for max_hold_ms: their projects hold nobody back any more.
+    let now = round.books.now_ms;
+    round.plan.reset = queue
+        .iter()
+        .filter(|w| {
+            rules.backfill
+                && w.holding_since_ms
+                    .is_some_and(|since| since.saturating_add(rules.max_hold_ms) <= now)
+        })
+        .map(|w| w.project.clone())
+        .collect();
+    let reset: Vec<Waiting>;
+    let queue = if round.plan.reset.is_empty() {
+        queue
+    } else {
+        reset = queue
+            .iter()
+            .map(|w| match round.plan.reset.contains(&w.project) {
+                true => Waiting { passed: 0, holding_since_ms: None, ..w.clone() },
+                false => w.clone(),
+            })
+            .collect();
+        &reset
+    };
 
     let mut levels: BTreeMap<Reverse<i32>, Vec<&Waiting>> = BTreeMap::new();
     for waiting in queue {
@@ -211,6 +276,8 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
 /// Why a request did not start.
 enum Held {
     Capacity,
+    /// It could not fit even on an empty pool (the pool changed since it was queued).
+    Never,
     Quota,
     Refused(Error),
 }
@@ -284,18 +351,32 @@ impl Round<'_, '_> {
             .as_ref()
             .and_then(|s| self.failed_shapes.get(s))
             .is_some_and(|&n| n <= w.request.ncgpus);
+        // A project whose barrier started earlier in this round has its passes reset.
+        let (passed, holding_since_ms) = match self.plan.reset.contains(&w.project) {
+            true => (0, None),
+            false => (w.passed, w.holding_since_ms),
+        };
+        let barrier = self.rules.backfill && passed >= self.rules.max_passes;
         let outcome = if known_to_fail { Err(Held::Capacity) } else { self.start(w) };
         match outcome {
             Ok(started) => {
                 self.plan.started.push(started);
-                if let Some((_, passed)) = &mut self.plan.head {
-                    *passed += 1;
-                    if *passed >= self.rules.max_passes {
-                        self.stop = true;
+                if barrier {
+                    // A barrier that got its capacity: its project earns its next one anew.
+                    self.plan.reset.insert(w.project.clone());
+                }
+                let (max_passes, now) = (self.rules.max_passes, self.books.now_ms);
+                if let Some(head) = &mut self.plan.head {
+                    if head.project != w.project {
+                        head.passed += 1;
+                        if head.passed >= max_passes {
+                            head.holding_since_ms.get_or_insert(now);
+                            self.stop = true;
+                        }
                     }
                 }
             }
-            Err(Held::Quota) => {}
+            Err(Held::Quota | Held::Never) => {}
             Err(Held::Refused(e)) => self.plan.refused.push((w.ticket, e)),
             Err(Held::Capacity) => {
                 if let Some(shape) = &shape {
@@ -304,7 +385,12 @@ impl Round<'_, '_> {
                 }
                 let is_head = self.plan.head.is_none();
                 if is_head {
-                    self.plan.head = Some((w.ticket, w.passed));
+                    self.plan.head = Some(Head {
+                        ticket: w.ticket,
+                        project: w.project.clone(),
+                        passed,
+                        holding_since_ms,
+                    });
                     if !self.books.reclaiming.is_empty() && self.fits_after_reclaim(w) {
                         self.plan.awaiting_reclaim = true;
                         self.stop = true;
@@ -322,7 +408,10 @@ impl Round<'_, '_> {
                         self.failed_preemptions.insert((shape, w.request.ncgpus, w.priority));
                     }
                 }
-                if is_head && (!self.rules.backfill || w.passed >= self.rules.max_passes) {
+                if is_head && (!self.rules.backfill || barrier) {
+                    if let Some(head) = self.plan.head.as_mut().filter(|_| barrier) {
+                        head.holding_since_ms.get_or_insert(self.books.now_ms);
+                    }
                     self.stop = true;
                 }
             }
@@ -361,6 +450,9 @@ impl Round<'_, '_> {
         };
         let (cgpus, vm_host, policy) = match placed {
             Ok(placed) => placed,
+            Err(Error::InsufficientCapacity(shortfall)) if shortfall.never_fits => {
+                return Err(Held::Never)
+            }
             Err(Error::InsufficientCapacity(_)) => return Err(Held::Capacity),
             Err(e) => return Err(Held::Refused(e)),
         };

@@ -197,6 +197,7 @@ fn distinct_gpus_keeps_a_vms_cgpus_apart() {
         place(&mut pool, &Request::shared(5, 1024).with_distinct_gpus(), "first-fit").unwrap_err();
     let Error::InsufficientCapacity(shortfall) = err else { panic!("{err:?}") };
     assert_eq!(shortfall.placeable, 4);
+    assert!(shortfall.never_fits, "no release can bring a fifth GPU: {shortfall:?}");
 }
 
 #[test]
@@ -514,4 +515,41 @@ fn removing_an_idle_gpu_takes_it_out_of_scheduling() {
         Err(Error::InsufficientCapacity(_))
     ));
     pool.audit().unwrap();
+}
+
+/// What could fit on an empty pool: today's schedulable, untainted, healthy GPUs, with the
+/// request's locality and distinct-GPU rules; whatever is booked now does not count.
+#[test]
+fn could_ever_fit_counts_the_gpus_that_take_new_cgpus_as_if_empty() {
+    let mut pool = Pool::new();
+    add_gpu_host(&mut pool, "a", &[8192, 8192]);
+    add_gpu_host(&mut pool, "b", &[16384]);
+    let fits = |pool: &mut Pool, request: Request| pool.could_ever_fit(&request, None);
+    assert!(fits(&mut pool, Request::exclusive(3)));
+    assert!(!fits(&mut pool, Request::exclusive(4)));
+    assert!(fits(&mut pool, Request::exclusive(2).with_locality(Locality::Local)));
+    assert!(!fits(&mut pool, Request::exclusive(3).with_locality(Locality::Local)));
+    // Shared: 16 of 2,048 MiB on host a and b alike, but only 3 on distinct GPUs.
+    assert!(fits(&mut pool, Request::shared(16, 2048)));
+    assert!(!fits(&mut pool, Request::shared(17, 2048).with_locality(Locality::Local)));
+    assert!(!fits(&mut pool, Request::shared(4, 2048).with_distinct_gpus()));
+    assert!(!fits(&mut pool, Request::shared(2, 10_000)));
+    assert!(
+        !fits(&mut pool, Request::exclusive(1).with_locality(Locality::Remote)),
+        "no rgpu host"
+    );
+    // Bookings do not count; taints, health and drains do.
+    place(&mut pool, &Request::exclusive(3), "first-fit").unwrap();
+    assert!(fits(&mut pool, Request::exclusive(3)));
+    pool.set_gpu_taint(&gpu("a", 0), Some("XID 79".into())).unwrap();
+    assert!(!fits(&mut pool, Request::exclusive(3)));
+    pool.set_gpu_taint(&gpu("a", 0), None).unwrap();
+    pool.set_gpu_health(&gpu("b", 0), Some("ECC".into())).unwrap();
+    assert!(!fits(&mut pool, Request::exclusive(3)));
+    pool.set_gpu_health(&gpu("b", 0), None).unwrap();
+    pool.set_host_state(&host("a"), HostState::Drained).unwrap();
+    assert!(!fits(&mut pool, Request::exclusive(2)));
+    assert!(fits(&mut pool, Request::exclusive(1)));
+    assert!(pool.could_ever_fit(&Request::exclusive(1), Some(&host("b"))));
+    assert!(!pool.could_ever_fit(&Request::exclusive(1), Some(&host("a"))));
 }

@@ -31,6 +31,7 @@ fn launch(ticket: u64, project_name: &str, priority: i32, request: Request) -> W
         policy: "first-fit".into(),
         priority,
         passed: 0,
+        holding_since_ms: None,
     }
 }
 
@@ -41,6 +42,8 @@ struct World {
     vms: HashMap<ProjectId, u64>,
     preemptible: BTreeMap<VmId, i32>,
     reclaiming: Vec<(VmId, u32)>,
+    /// The time of the next round.
+    now_ms: i64,
 }
 
 impl World {
@@ -53,6 +56,7 @@ impl World {
             vms: HashMap::new(),
             preemptible: BTreeMap::new(),
             reclaiming: Vec::new(),
+            now_ms: 0,
         }
     }
 
@@ -72,6 +76,7 @@ impl World {
             vms_in_use: &mut self.vms,
             preemptible: &self.preemptible,
             reclaiming: &self.reclaiming,
+            now_ms: self.now_ms,
         };
         plan(&mut books, queue, rules)
     }
@@ -97,6 +102,11 @@ impl World {
     }
 }
 
+/// The plan's head and how often it was passed.
+fn head(plan: &Plan) -> Option<(TicketId, u32)> {
+    plan.head.as_ref().map(|h| (h.ticket, h.passed))
+}
+
 fn tickets(plan: &Plan) -> Vec<u64> {
     plan.started.iter().map(|s| s.ticket.0).collect()
 }
@@ -117,7 +127,7 @@ fn priority_comes_first_then_the_smaller_share_of_quota_then_arrival() {
     let planned = world.plan(&queue, &Rules::default());
     // Priority 5 first; then "big" (1/4 < 1/2); then nothing fits for "small".
     assert_eq!(tickets(&planned), [5, 4]);
-    assert_eq!(planned.head, Some((TicketId(3), 0)));
+    assert_eq!(head(&planned), Some((TicketId(3), 0)));
     world.pool.audit().unwrap();
 }
 
@@ -131,7 +141,7 @@ fn a_request_over_its_quota_waits_without_blocking_others() {
     ];
     let planned = world.plan(&queue, &Rules::default());
     assert_eq!(tickets(&planned), [2]);
-    assert_eq!(planned.head, None);
+    assert_eq!(head(&planned), None);
 }
 
 #[test]
@@ -140,7 +150,7 @@ fn backfill_lets_small_requests_pass_the_head_a_bounded_number_of_times() {
     let mut world = World::new(&[8192; 4]);
     world.run(&launch(1, "p", 0, Request::exclusive(1)), false);
     let mut big = launch(2, "p", 0, Request::exclusive(4));
-    let smalls: Vec<Waiting> = (3..8).map(|t| launch(t, "p", 0, Request::exclusive(1))).collect();
+    let smalls: Vec<Waiting> = (3..8).map(|t| launch(t, "q", 0, Request::exclusive(1))).collect();
     let queue: Vec<Waiting> = std::iter::once(big.clone()).chain(smalls.clone()).collect();
     // Without backfill nothing passes the head.
     let mut strict = World::new(&[8192; 4]);
@@ -150,13 +160,14 @@ fn backfill_lets_small_requests_pass_the_head_a_bounded_number_of_times() {
     // With it, the three free GPUs go to small requests; the head is passed three times.
     let planned = world.plan(&queue, &rules);
     assert_eq!(tickets(&planned), [3, 4, 5]);
-    assert_eq!(planned.head, Some((TicketId(2), 3)));
+    assert_eq!(head(&planned), Some((TicketId(2), 3)));
+    assert_eq!(planned.head.as_ref().unwrap().holding_since_ms, Some(world.now_ms));
     // Passed as often as allowed, the head is a barrier: a GPU freed now waits for it.
     big.passed = 3;
     world.release(&vm(1000 + 3));
     let planned = world.plan(&[big, smalls[3].clone()], &rules);
     assert!(planned.started.is_empty(), "{planned:?}");
-    assert_eq!(planned.head, Some((TicketId(2), 3)));
+    assert_eq!(head(&planned), Some((TicketId(2), 3)));
 }
 
 /// Under a steady stream of small requests (one arrives with each release), a large request at the
@@ -179,9 +190,7 @@ fn the_head_is_placed_within_a_bounded_number_of_releases_under_a_stream_of_smal
         for started in &planned.started {
             running.push_back(started.vm);
         }
-        if let Some((ticket, passed)) = planned.head {
-            queue.iter_mut().find(|w| w.ticket == ticket).unwrap().passed = passed;
-        }
+        planned.record_passes(&mut queue);
         let started: Vec<TicketId> = planned.started.iter().map(|s| s.ticket).collect();
         queue.retain(|w| !started.contains(&w.ticket));
         if started.contains(&TicketId(0)) {
@@ -297,6 +306,72 @@ fn a_local_request_frees_room_on_one_host() {
     assert_eq!(hosts, [host("cg0"), host("cg0")]);
 }
 
+#[test]
+fn a_projects_own_starts_never_pass_its_head() {
+    let rules = Rules { max_passes: 2, ..Rules::default() };
+    let mut world = World::new(&[8192; 4]);
+    world.run(&launch(1, "a", 0, Request::exclusive(1)), false);
+    let big = launch(2, "a", 0, Request::exclusive(4));
+    let own: Vec<Waiting> = (3..6).map(|t| launch(t, "a", 0, Request::exclusive(1))).collect();
+    let queue: Vec<Waiting> = std::iter::once(big).chain(own).collect();
+    let planned = world.plan(&queue, &rules);
+    // Its own small requests take the free GPUs; the head is passed by none of them.
+    assert_eq!(tickets(&planned), [3, 4, 5]);
+    assert_eq!(head(&planned), Some((TicketId(2), 0)));
+    assert_eq!(planned.head.unwrap().holding_since_ms, None);
+}
+
+/// A head that has held for `max_hold_ms` without its capacity freeing stops holding: what fits
+/// starts, and its project's requests must be passed `max_passes` times again before one holds.
+#[test]
+fn a_barrier_holds_for_at_most_max_hold_then_lets_others_start() {
+    let rules = Rules { max_passes: 2, max_hold_ms: 60_000, ..Rules::default() };
+    let mut world = World::new(&[8192; 4]);
+    world.run(&launch(1, "a", 0, Request::exclusive(1)), false);
+    let mut big = launch(2, "a", 0, Request::exclusive(4));
+    let mut other = launch(3, "a", 0, Request::exclusive(4));
+    (big.passed, other.passed) = (2, 2);
+    let small = launch(4, "b", 0, Request::exclusive(1));
+
+    // Armed: it holds, from now.
+    world.now_ms = 1_000;
+    let mut queue = vec![big, other.clone(), small];
+    let planned = world.plan(&queue, &rules);
+    assert!(planned.started.is_empty(), "{planned:?}");
+    assert_eq!(planned.head.as_ref().unwrap().holding_since_ms, Some(1_000));
+    planned.record_passes(&mut queue);
+    // Still within the bound.
+    world.now_ms = 60_999;
+    let planned = world.plan(&queue, &rules);
+    assert!(planned.started.is_empty(), "{planned:?}");
+    planned.record_passes(&mut queue);
+    // Past it: the small request starts, and no request of "a" holds, the armed one included.
+    world.now_ms = 61_000;
+    let planned = world.plan(&queue, &rules);
+    assert_eq!(tickets(&planned), [4]);
+    assert_eq!(planned.reset.iter().map(|p| p.as_str()).collect::<Vec<_>>(), ["a"]);
+    planned.record_passes(&mut queue);
+    assert!(queue.iter().all(|w| w.holding_since_ms.is_none()), "{queue:?}");
+    assert_eq!(queue.iter().find(|w| w.ticket == other.ticket).unwrap().passed, 0);
+    assert_eq!(head(&planned), Some((TicketId(2), 1)), "passed once more, by the small one");
+}
+
+/// A request that could not fit even on an empty pool (five GPUs of four) is no head: it holds
+/// nobody back, however often it was passed.
+#[test]
+fn a_request_that_could_never_fit_is_never_the_head() {
+    let rules = Rules { max_passes: 1, ..Rules::default() };
+    let mut world = World::new(&[8192; 4]);
+    let mut impossible = launch(1, "a", 0, Request::exclusive(5));
+    impossible.passed = 9;
+    let queue = [impossible, launch(2, "b", 0, Request::exclusive(1))];
+    let planned = world.plan(&queue, &rules);
+    assert_eq!(tickets(&planned), [2]);
+    assert_eq!(head(&planned), None);
+    let fits = world.pool.could_ever_fit(&Request::exclusive(4), None);
+    assert!(fits && !world.pool.could_ever_fit(&Request::exclusive(5), None));
+}
+
 // ---- properties ----
 
 #[derive(Debug, Clone)]
@@ -330,7 +405,7 @@ fn case() -> impl Strategy<Value = Case> {
             running,
             limits,
             queue,
-            rules: Rules { backfill, max_passes, preemption },
+            rules: Rules { backfill, max_passes, preemption, ..Rules::default() },
         })
 }
 
@@ -408,13 +483,147 @@ proptest! {
         }
 
         // The head is not starved: once passed `max_passes` times, nothing behind it starts.
-        if let Some((ticket, passed)) = planned.head {
+        if let Some((ticket, passed)) = head(&planned) {
             let w = queue.iter().find(|w| w.ticket == ticket).unwrap();
             if case.rules.backfill {
                 prop_assert!(passed <= case.rules.max_passes.max(w.passed));
             } else {
                 prop_assert_eq!(passed, w.passed);
             }
+        }
+    }
+}
+
+/// What one project does to the queue between two rounds.
+#[derive(Debug, Clone)]
+enum Move {
+    Enqueue(Request),
+    Cancel(usize),
+    EndVm(usize),
+    Nothing,
+}
+
+#[derive(Debug, Clone)]
+struct Siege {
+    sizes: Vec<u64>,
+    /// Project "a"'s VMs (those that fit) and its waiting requests, with their passes and since
+    /// when they hold (ms before the first round).
+    running: Vec<Request>,
+    waiting: Vec<(Request, u32, Option<i64>)>,
+    /// Project "b"'s request, which fits when it arrives.
+    victim: Request,
+    moves: Vec<Move>,
+    max_passes: u32,
+}
+
+fn siege() -> impl Strategy<Value = Siege> {
+    let mv = prop_oneof![
+        request().prop_map(Move::Enqueue),
+        (0usize..8).prop_map(Move::Cancel),
+        (0usize..8).prop_map(Move::EndVm),
+        Just(Move::Nothing),
+    ];
+    (
+        prop::collection::vec(prop::sample::select(vec![4096u64, 8192]), 1..6),
+        prop::collection::vec(request(), 0..6),
+        prop::collection::vec((request(), 0u32..6, prop::option::of(0i64..HOLD_MS * 2)), 0..5),
+        prop_oneof![Just(Request::exclusive(1)), Just(Request::shared(1, 1024))],
+        prop::collection::vec(mv, ROUNDS),
+        1u32..4,
+    )
+        .prop_map(|(sizes, running, waiting, victim, moves, max_passes)| Siege {
+            sizes,
+            running,
+            waiting: waiting.into_iter().map(|(r, p, ago)| (r, p, ago.map(|a| -a))).collect(),
+            victim,
+            moves,
+            max_passes,
+        })
+}
+
+const HOLD_MS: i64 = 60_000;
+const ROUND_MS: i64 = 5_000;
+const ROUNDS: usize = 40;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// No sequence of one project's requests (any shapes, cancels, its VMs ending, at the same
+    /// priority, from any state of passes and holds) keeps another project's request that fits
+    /// waiting behind a barrier for longer than `max_hold_ms`: in every round where the victim's
+    /// request is not started although it still fits once the round's starts are booked, a
+    /// barrier of the attacker holds it, and such rounds span at most `max_hold_ms`.
+    #[test]
+    fn no_project_holds_another_projects_fitting_request_past_the_bound(case in siege()) {
+        let rules = Rules { max_passes: case.max_passes, max_hold_ms: HOLD_MS, preemption: false, ..Rules::default() };
+        let mut world = World::new(&case.sizes);
+        let mut running: Vec<VmId> = Vec::new();
+        for (i, request) in case.running.iter().enumerate() {
+            let w = launch(i as u64, "a", 0, request.clone());
+            if !world.plan(std::slice::from_ref(&w), &rules).started.is_empty() {
+                running.push(w.vm);
+            }
+        }
+        let mut queue: Vec<Waiting> = case
+            .waiting
+            .iter()
+            .enumerate()
+            .map(|(i, (request, passed, since))| Waiting {
+                passed: *passed,
+                holding_since_ms: *since,
+                ..launch(100 + i as u64, "a", 0, request.clone())
+            })
+            .collect();
+        let victim = launch(500, "b", 0, case.victim.clone());
+        // It arrives fitting (else it would not wait behind anyone).
+        let fits = world.pool.place(victim.vm, &victim.request, &victim.policy).is_ok();
+        world.pool.release(&victim.vm);
+        prop_assume!(fits);
+        queue.push(victim.clone());
+
+        let mut next = 600;
+        let mut held_rounds = Vec::new();
+        for (round, mv) in case.moves.iter().enumerate() {
+            world.now_ms = round as i64 * ROUND_MS;
+            match mv {
+                Move::Enqueue(request) => {
+                    queue.push(launch(next, "a", 0, request.clone()));
+                    next += 1;
+                }
+                Move::Cancel(i) => {
+                    let theirs: Vec<TicketId> = queue.iter().filter(|w| w.project.as_str() == "a").map(|w| w.ticket).collect();
+                    if let Some(ticket) = theirs.get(i % theirs.len().max(1)) {
+                        queue.retain(|w| w.ticket != *ticket);
+                    }
+                }
+                Move::EndVm(i) => {
+                    if !running.is_empty() {
+                        let vm = running.remove(i % running.len());
+                        world.release(&vm);
+                    }
+                }
+                Move::Nothing => {}
+            }
+            let planned = world.plan(&queue, &rules);
+            if planned.started.iter().any(|s| s.ticket == victim.ticket) {
+                return Ok(());
+            }
+            let still_fits = world.pool.place(victim.vm, &victim.request, &victim.policy).is_ok();
+            world.pool.release(&victim.vm);
+            if still_fits {
+                let head = planned.head.clone();
+                prop_assert!(head.as_ref().is_some_and(|h| h.project.as_str() == "a"), "held by no barrier of a's: {planned:?}");
+                let since = head.and_then(|h| h.holding_since_ms);
+                prop_assert!(since.is_some_and(|since| world.now_ms < since + HOLD_MS), "held past the bound: {planned:?}");
+                held_rounds.push(world.now_ms);
+            }
+            let started: Vec<TicketId> = planned.started.iter().map(|s| s.ticket).collect();
+            running.extend(planned.started.iter().map(|s| s.vm));
+            planned.record_passes(&mut queue);
+            queue.retain(|w| !started.contains(&w.ticket));
+        }
+        if let (Some(first), Some(last)) = (held_rounds.first(), held_rounds.last()) {
+            prop_assert!(last - first < HOLD_MS, "held from {first} to {last} ms");
         }
     }
 }

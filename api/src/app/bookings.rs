@@ -248,8 +248,8 @@ impl App {
         let books = |b: &Booking| matches!(b, Booking::Reserve(_) | Booking::Attach(_));
         let mut gate = HeadGate {
             head: if bookings.iter().any(books) { queue_head } else { None },
-            backfill: self.config.queue.backfill,
-            max_passes: self.config.queue.max_passes,
+            rules: self.config.queue.rules(),
+            now_ms: now,
             passes: 0,
         };
         // Requests waiting per project, as the batch's queued ones add to them.
@@ -261,10 +261,10 @@ impl App {
                 let held = gate.holds(priority);
                 match place_cgpus(&mut ledgers, &self.config.masking, &reservation.record, held) {
                     Ok(details) => {
-                        gate.started(priority);
+                        gate.started(&reservation.record.project, priority);
                         reserved.push((i, details));
                     }
-                    Err(Error::InsufficientCapacity(_)) if reservation.queue => {
+                    Err(Error::InsufficientCapacity(s)) if reservation.queue && !s.never_fits => {
                         let project = &reservation.record.project;
                         let n = match waiting.get(project) {
                             Some(n) => *n,
@@ -344,7 +344,7 @@ impl App {
                     )
                     .await?;
                     if matches!(outcome, Ok(Booked::Attached(..))) {
-                        gate.started(priority);
+                        gate.started(&attachment.vm.project, priority);
                     }
                     outcome
                 }
@@ -383,14 +383,15 @@ async fn attach_cgpus(
     if let Err(e) = quotas.check(&project, Usage::asked(&attachment.request), 0) {
         return Ok(Err(e.into()));
     }
-    let placed = if held {
+    let on_host = attachment.on_host.as_ref();
+    let placed = if held && pool.could_ever_attach(&attachment.request, on_host) {
         Err(gpgpums::Error::InsufficientCapacity(Shortfall::held_for_queue(&attachment.request)))
     } else {
-        pool.attach(id, &attachment.request, &attachment.policy, attachment.on_host.as_ref())
+        pool.attach(id, &attachment.request, &attachment.policy, on_host)
     };
     let placed = match placed {
         Ok(placed) => placed,
-        Err(gpgpums::Error::InsufficientCapacity(_)) if attachment.queue => {
+        Err(gpgpums::Error::InsufficientCapacity(s)) if attachment.queue && !s.never_fits => {
             if db::waiting_in_project(tx, &attachment.vm.project).await? >= queue.max_waiting {
                 return Ok(Err(too_many_waiting(queue.max_waiting)));
             }
@@ -462,40 +463,47 @@ async fn attach_cgpus(
 }
 
 /// What the queue's head allows requests that do not wait in the queue: starting ahead of the
-/// head passes it once (backfill), and once it has been passed `max_passes` times, or while
-/// capacity is being reclaimed for it, nothing of its priority or lower starts ahead of it. So
-/// requests that skip the queue cannot starve it either.
+/// head passes it once when of another project (backfill); once it has been passed
+/// `max_passes` times (for at most `rules.max_hold_ms` from then), or while capacity is being
+/// reclaimed for it, nothing of its priority or lower starts ahead of it. So requests that skip
+/// the queue cannot starve it either, and it cannot hold them for longer than its planner
+/// would (see `gpgpums::queue`).
 #[derive(Debug)]
 struct HeadGate {
     head: Option<db::QueueHead>,
-    backfill: bool,
-    max_passes: u32,
-    /// Starts ahead of the head in this batch.
+    rules: gpgpums::queue::Rules,
+    now_ms: i64,
+    /// Starts ahead of the head in this batch, of other projects than its own.
     passes: u32,
 }
 
 impl HeadGate {
     /// Whether a request of `priority` must leave the free GPUs to the head.
     fn holds(&self, priority: i32) -> bool {
-        self.head.is_some_and(|head| {
-            head.priority >= priority
-                && (head.awaiting_reclaim
-                    || !self.backfill
-                    || head.passed.saturating_add(self.passes) >= self.max_passes)
+        let rules = &self.rules;
+        self.head.as_ref().is_some_and(|head| {
+            let lapsed = head
+                .holding_since_ms
+                .is_some_and(|since| since.saturating_add(rules.max_hold_ms) <= self.now_ms);
+            let barrier = head.passed.saturating_add(self.passes) >= rules.max_passes && !lapsed;
+            head.priority >= priority && (head.awaiting_reclaim || !rules.backfill || barrier)
         })
     }
 
-    /// A request of `priority` started.
-    fn started(&mut self, priority: i32) {
-        if self.head.is_some_and(|head| head.priority >= priority) {
+    /// A request of `project` and `priority` started.
+    fn started(&mut self, project: &str, priority: i32) {
+        if self.head.as_ref().is_some_and(|h| h.priority >= priority && h.project != project) {
             self.passes += 1;
         }
     }
 
     /// Records the passes.
     async fn write(&self, tx: &mut sqlx::AnyConnection) -> Result<(), Error> {
-        match self.head {
-            Some(head) if self.passes > 0 => db::pass_head(tx, head.ticket, self.passes).await,
+        match &self.head {
+            Some(head) if self.passes > 0 => {
+                let (max, now) = (self.rules.max_passes, self.now_ms);
+                db::pass_head(tx, head.ticket, self.passes, max, now).await
+            }
             _ => Ok(()),
         }
     }
@@ -613,10 +621,10 @@ fn place_cgpus(
         }
     }
     booked.quotas.check(&project, Usage::vm_with(Usage::asked(&record.spec.gpus)), vms)?;
-    if held_for_queue {
+    let pool = &mut *booked.pool;
+    if held_for_queue && pool.could_ever_fit(&record.spec.gpus, None) {
         return Err(Error::InsufficientCapacity(Shortfall::held_for_queue(&record.spec.gpus)));
     }
-    let pool = &mut *booked.pool;
     let started = Instant::now();
     let placement = pool.place(id, &record.spec.gpus, &record.policy)?;
     record.timings.gpu_selection = Some(started.elapsed().as_secs_f64());

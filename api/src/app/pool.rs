@@ -272,7 +272,7 @@ impl PoolTx<'_> {
     /// The queue's head as the transaction began (it holds the pool's lock: only this
     /// transaction changes it until it ends).
     pub(crate) fn queue_head(&self) -> Option<db::QueueHead> {
-        self.queue_head
+        self.queue_head.clone()
     }
 
     /// [`Self::parts`] with the quota ledger, which changes with the pool.

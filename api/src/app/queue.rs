@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpgpums::queue::{plan, Ask, Books, Rules, Waiting};
+use gpgpums::queue::{plan, Ask, Books, Waiting};
 use gpgpums::{ProjectId, TicketId, Usage, VmId};
 use tokio::sync::Notify;
 
@@ -159,17 +159,14 @@ impl App {
                 policy,
                 priority: q.priority,
                 passed: q.passed,
+                holding_since_ms: q.holding_since_ms,
             });
         }
         let mut vms_in_use = db::counted_vms(tx, None).await?;
         let preemptible = db::preemptible_vms(tx).await?;
         let reclaim_wait_ms = settings.reclaim_wait_secs.saturating_mul(1000) as i64;
         let reclaiming = db::reclaiming_cgpus(tx, now.saturating_sub(reclaim_wait_ms)).await?;
-        let rules = Rules {
-            backfill: settings.backfill,
-            max_passes: settings.max_passes,
-            preemption: settings.preemption,
-        };
+        let rules = settings.rules();
         let planned = {
             let mut books = Books {
                 pool: &mut *pool,
@@ -177,6 +174,7 @@ impl App {
                 vms_in_use: &mut vms_in_use,
                 preemptible: &preemptible,
                 reclaiming: &reclaiming,
+                now_ms: now,
             };
             plan(&mut books, &waiting, &rules)
         };
@@ -279,8 +277,7 @@ impl App {
             }
             round.refused.push(q.vm.id);
         }
-        let head = planned.head.map(|(ticket, passed)| (ticket, passed, planned.awaiting_reclaim));
-        db::set_head(tx, head).await?;
+        db::set_head(tx, &planned.reset, planned.head.as_ref(), planned.awaiting_reclaim).await?;
         let Outcome { mut writes, new_cgpus, done, events, .. } = out;
         // The VMs whose sagas this round took: a saga another replica still holds (a change it
         // ended a moment ago and has not let go of) is resumed by that replica or the reconciler.

@@ -103,8 +103,13 @@ pub struct QueueConfig {
     pub queue_timeout_secs: u64,
     /// Let launches that fit start ahead of one that does not.
     pub backfill: bool,
-    /// How often launches may start ahead of the head of the queue before it stops them.
+    /// How often other projects' launches may start ahead of the head of the queue before it
+    /// stops them.
     pub max_passes: u32,
+    /// How long the head of the queue stops other projects' launches at most (its project's
+    /// barrier); then they start where they fit, and it holds again only after `max_passes`
+    /// more of them started.
+    pub max_hold_secs: u64,
     /// The highest priority a launch may ask for (the lowest is 0).
     pub max_priority: i32,
     /// Take cGPUs back from preemptible VMs of lower priority for a launch that does not fit.
@@ -124,11 +129,24 @@ impl Default for QueueConfig {
             queue_timeout_secs: 3600,
             backfill: true,
             max_passes: 16,
+            max_hold_secs: 600,
             max_priority: 100,
             preemption: true,
             serve_interval_secs: 5,
             max_waiting_per_project: 1000,
             reclaim_wait_secs: 120,
+        }
+    }
+}
+
+impl QueueConfig {
+    /// The planner's rules (`gpgpums::queue`) these settings give.
+    pub fn rules(&self) -> gpgpums::queue::Rules {
+        gpgpums::queue::Rules {
+            backfill: self.backfill,
+            max_passes: self.max_passes,
+            max_hold_ms: i64::try_from(self.max_hold_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
+            preemption: self.preemption,
         }
     }
 }
@@ -559,8 +577,16 @@ impl Config {
         if i64::from(self.quotas.max_priority) > i64::from(self.queue.max_priority) {
             return Err("quotas.max_priority: must be at most queue.max_priority".into());
         }
-        if self.queue.serve_interval_secs == 0 || self.queue.max_passes == 0 {
-            return Err("queue.serve_interval_secs and queue.max_passes: must be at least 1".into());
+        if self.queue.serve_interval_secs == 0
+            || self.queue.max_passes == 0
+            || self.queue.max_hold_secs == 0
+        {
+            return Err("queue.serve_interval_secs, queue.max_passes and queue.max_hold_secs: \
+                        must be at least 1"
+                .into());
+        }
+        if self.queue.max_hold_secs > crate::auth::MAX_TOKEN_TTL_SECS {
+            return Err("queue.max_hold_secs: must be at most a year".into());
         }
         if self.queue.queue_timeout_secs > crate::auth::MAX_TOKEN_TTL_SECS {
             return Err("queue.queue_timeout_secs: must be at most a year".into());

@@ -70,6 +70,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (13, "list_indexes", include_str!("../../../migrations/0013_list_indexes.sql")),
     (14, "quota_counts", include_str!("../../../migrations/0014_quota_counts.sql")),
     (15, "rcuda_endpoints", include_str!("../../../migrations/0015_rcuda_endpoints.sql")),
+    (16, "queue_holds", include_str!("../../../migrations/0016_queue_holds.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -365,7 +366,7 @@ pub async fn bump_generation(conn: &mut AnyConnection) -> Result<i64, Error> {
 }
 
 /// The pool as a write transaction sees it once it holds the pool's row lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolWrite {
     /// The generation, bumped by this transaction.
     pub generation: i64,

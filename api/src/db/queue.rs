@@ -2,7 +2,10 @@
 //! (its VM in state `queued`), and per attach a running VM waits for (asked by its owner, or
 //! the cGPUs it lost to a preemption, to be given back).
 
-use gpgpums::{Request, TicketId, VmId};
+use std::collections::BTreeSet;
+
+use gpgpums::queue::Head;
+use gpgpums::{ProjectId, Request, TicketId, VmId};
 use serde::{Deserialize, Serialize};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
@@ -65,8 +68,10 @@ pub struct QueuedVm {
     pub vm: VmRecord,
     pub queued: Queued,
     pub priority: i32,
-    /// How often requests started ahead of it while it was the head.
+    /// How often other projects' requests started ahead of it while it was the head.
     pub passed: u32,
+    /// Since when it holds other projects' requests back, if it does.
+    pub holding_since_ms: Option<i64>,
     pub enqueued_ms: i64,
     pub deadline_ms: Option<i64>,
 }
@@ -112,7 +117,8 @@ pub async fn queued_vms(
     let filter = if of.is_some() { "WHERE q.vm = $1" } else { "" };
     let sql = format!(
         "SELECT {VM_COLUMNS}, q.ticket, q.passed, q.enqueued_ms, q.deadline_ms, q.priority, \
-         q.kind, q.attach FROM queue q JOIN vms v ON v.id = q.vm {filter} ORDER BY q.ticket"
+         q.kind, q.attach, q.holding_since_ms FROM queue q JOIN vms v ON v.id = q.vm {filter} \
+         ORDER BY q.ticket"
     );
     let mut query = sqlx::query(&sql);
     if let Some(vm) = of {
@@ -138,6 +144,7 @@ pub async fn queued_vms(
                 priority: i32::try_from(priority)
                     .map_err(|_| corrupt("priority", &priority.to_string()))?,
                 passed: u32::try_from(passed).unwrap_or(u32::MAX),
+                holding_since_ms: row.try_get(at + 7)?,
                 enqueued_ms: row.try_get(at + 2)?,
                 deadline_ms: row.try_get(at + 3)?,
             })
@@ -163,36 +170,52 @@ pub async fn dequeue_vm(conn: &mut AnyConnection, vm: VmId) -> Result<(), Error>
 }
 
 /// The head of the queue as the last round planned it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueHead {
     pub ticket: TicketId,
+    pub project: String,
     pub priority: i32,
-    /// How often requests started ahead of it while it was the head.
+    /// How often other projects' requests started ahead of it while it was the head.
     pub passed: u32,
+    /// Since when it holds other projects' requests back, if it does.
+    pub holding_since_ms: Option<i64>,
     /// Capacity is being taken back from preemptible VMs for it.
     pub awaiting_reclaim: bool,
 }
 
-/// Records the head a round planned (`None`: no request is blocked), with how often it has been
-/// passed.
+/// Records what a round planned of passes and holds: the projects in `reset` hold nobody back
+/// any more and their requests' passes start again; then the head (`None`: no request is
+/// blocked), with how often it has been passed and since when it holds.
 pub async fn set_head(
     conn: &mut AnyConnection,
-    head: Option<(TicketId, u32, bool)>,
+    reset: &BTreeSet<ProjectId>,
+    head: Option<&Head>,
+    awaiting_reclaim: bool,
 ) -> Result<(), Error> {
     sqlx::query("UPDATE queue SET head = 0 WHERE head > 0").execute(&mut *conn).await?;
-    if let Some((ticket, passed, awaiting_reclaim)) = head {
-        sqlx::query("UPDATE queue SET head = $1, passed = $2 WHERE ticket = $3")
-            .bind(if awaiting_reclaim { 2_i64 } else { 1 })
-            .bind(i64::from(passed))
-            .bind(ticket.0 as i64)
-            .execute(conn)
+    for project in reset {
+        sqlx::query("UPDATE queue SET passed = 0, holding_since_ms = NULL WHERE project = $1")
+            .bind(project.as_str())
+            .execute(&mut *conn)
             .await?;
+    }
+    if let Some(head) = head {
+        sqlx::query(
+            "UPDATE queue SET head = $1, passed = $2, holding_since_ms = $3 WHERE ticket = $4",
+        )
+        .bind(if awaiting_reclaim { 2_i64 } else { 1 })
+        .bind(i64::from(head.passed))
+        .bind(head.holding_since_ms)
+        .bind(head.ticket.0 as i64)
+        .execute(conn)
+        .await?;
     }
     Ok(())
 }
 
 /// The columns of the queue's head, read with [`queue_head_at`] (`q`: the queue).
-pub(super) const QUEUE_HEAD_COLUMNS: &str = "q.ticket, q.priority, q.passed, q.head";
+pub(super) const QUEUE_HEAD_COLUMNS: &str =
+    "q.ticket, q.priority, q.passed, q.head, q.project, q.holding_since_ms";
 
 /// The head of the queue from [`QUEUE_HEAD_COLUMNS`] starting at column `at`, if the last round
 /// found one that is still waiting (NULLs: none).
@@ -204,24 +227,36 @@ pub(super) fn queue_head_at(row: &AnyRow, at: usize) -> Result<Option<QueueHead>
     let passed: i64 = row.try_get(at + 2)?;
     Ok(Some(QueueHead {
         ticket: TicketId(ticket as u64),
+        project: row.try_get(at + 4)?,
         priority: i32::try_from(priority)
             .map_err(|_| corrupt("priority", &priority.to_string()))?,
         passed: u32::try_from(passed).unwrap_or(u32::MAX),
+        holding_since_ms: row.try_get(at + 5)?,
         awaiting_reclaim: row.try_get::<i64, _>(at + 3)? == 2,
     }))
 }
 
-/// Counts `passes` more starts ahead of the head.
+/// Counts `passes` more starts of other projects' requests ahead of the head; one that makes it
+/// a barrier (`max_passes` in all) starts its hold at `now_ms`.
 pub async fn pass_head(
     conn: &mut AnyConnection,
     ticket: TicketId,
     passes: u32,
+    max_passes: u32,
+    now_ms: i64,
 ) -> Result<(), Error> {
-    sqlx::query("UPDATE queue SET passed = passed + $1 WHERE ticket = $2")
-        .bind(i64::from(passes))
-        .bind(ticket.0 as i64)
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "UPDATE queue SET passed = passed + $1, holding_since_ms = CASE \
+           WHEN holding_since_ms IS NULL AND passed + $1 >= $2 THEN $3 \
+           ELSE holding_since_ms END \
+         WHERE ticket = $4",
+    )
+    .bind(i64::from(passes))
+    .bind(i64::from(max_passes))
+    .bind(now_ms)
+    .bind(ticket.0 as i64)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 

@@ -7,3 +7,4 @@
 mod support;
 
 mod hostile_agents;
+mod hostile_tenants;

@@ -1,0 +1,98 @@
+//! A hostile tenant against other projects, through the queue: a request that can never fit, a
+//! head made into a barrier that waits on VMs that never end.
+
+use std::time::Duration;
+
+use gsaasd::auth::Role;
+use serde_json::{json, Value};
+
+use crate::on_both_stores;
+use crate::support::{Store, TestService};
+
+on_both_stores!(
+    a_request_that_can_never_fit_is_refused_not_queued,
+    one_project_cannot_hold_other_projects_launches_past_the_bound,
+);
+
+fn exclusive(ncgpus: u32, queue: bool) -> Value {
+    json!({
+        "name": "siege", "image": "cirros-0.6.2", "flavor": "m1.small",
+        "ncgpus": ncgpus, "mode": "exclusive", "queue": queue
+    })
+}
+
+fn shared(queue: bool) -> Value {
+    json!({
+        "name": "siege", "image": "cirros-0.6.2", "flavor": "m1.small",
+        "ncgpus": 1, "gpu_memory_mib": 1024, "mode": "shared", "queue": queue
+    })
+}
+
+/// Five exclusive cGPUs on the testbed's four GPUs can never start: with `queue: true` it is
+/// refused at once (507, saying so), never queued, and holds nobody back, with the default
+/// settings (no quotas, everyone at priority 0).
+async fn a_request_that_can_never_fit_is_refused_not_queued(store: Store) {
+    let t = TestService::start(store).await;
+    let attacker = t.token("mallory", Role::Member);
+    for _ in 0..20 {
+        let (status, problem) = t.post(&attacker, "/v1/vms", &exclusive(5, true)).await;
+        assert_eq!(status, 507, "{problem}");
+        assert!(problem["detail"].as_str().unwrap().contains("never fit"), "{problem}");
+    }
+    let (_, queue) = t.get(&t.admin(), "/v1/queue").await;
+    assert_eq!(queue["requests"].as_array().map(Vec::len), Some(0), "{queue}");
+    // Nor can it be attached into the queue.
+    let id = t.launch(&attacker, &shared(false)).await;
+    t.wait_state(&attacker, &id, "ready").await;
+    let body = json!({"ncgpus": 5, "mode": "exclusive", "queue": true});
+    let (status, problem) = t.post(&attacker, &format!("/v1/vms/{id}/cgpus"), &body).await;
+    assert_eq!(status, 507, "{problem}");
+    // Every other project launches as before.
+    let victim = t.token("alice", Role::Member);
+    let id = t.launch(&victim, &exclusive(2, false)).await;
+    t.wait_state(&victim, &id, "ready").await;
+}
+
+/// A tenant queues a request that fits the pool but waits on its own VM, which never ends. Its
+/// own launches never pass its head; other projects' starts do, and after `queue.max_passes` of
+/// them the head holds the free GPUs: but for `queue.max_hold_secs` at most, after which other
+/// projects launch again where the GPUs are free.
+async fn one_project_cannot_hold_other_projects_launches_past_the_bound(store: Store) {
+    let t = TestService::start_with(store, |c| {
+        c.queue.max_passes = 2;
+        c.queue.max_hold_secs = 1;
+        c.queue.serve_interval_secs = 3600;
+    })
+    .await;
+    let app = t.service().app.clone();
+    let attacker = t.token("mallory", Role::Member);
+    let (other, victim) = (t.token("carol", Role::Member), t.token("alice", Role::Member));
+    let anchor = t.launch(&attacker, &shared(false)).await;
+    t.wait_state(&attacker, &anchor, "ready").await;
+    let (status, head) = t.post(&attacker, "/v1/vms", &exclusive(4, true)).await;
+    assert_eq!((status, head["state"].as_str()), (202, Some("queued")), "{head}");
+    app.serve_queue_once().await.expect("a round");
+    // Its own launches start, and do not make its head a barrier.
+    for _ in 0..3 {
+        let (status, vm) = t.post(&attacker, "/v1/vms", &shared(false)).await;
+        assert_eq!(status, 202, "{vm}");
+    }
+    // Two of another project's pass it: now it holds.
+    for _ in 0..2 {
+        let (status, vm) = t.post(&other, "/v1/vms", &shared(false)).await;
+        assert_eq!(status, 202, "{vm}");
+    }
+    let (status, problem) = t.post(&victim, "/v1/vms", &shared(false)).await;
+    assert_eq!(status, 507, "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("held for requests waiting"));
+    // For a second at most.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (status, vm) = t.post(&victim, "/v1/vms", &shared(false)).await;
+    assert_eq!(status, 202, "held past queue.max_hold_secs: {vm}");
+    // A round records the hold's end: the head must be passed twice again before it holds.
+    app.serve_queue_once().await.expect("a round");
+    let (status, vm) = t.post(&victim, "/v1/vms", &shared(false)).await;
+    assert_eq!(status, 202, "{vm}");
+    let (_, head) = t.get(&attacker, &format!("/v1/vms/{}", head["id"].as_str().unwrap())).await;
+    assert_eq!(head["state"], "queued", "{head}");
+}
