@@ -310,12 +310,14 @@ impl Keys {
         let mut validation = Validation::new(Algorithm::EdDSA);
         validation.set_audience(&[API_AUDIENCE]);
         validation.set_required_spec_claims(&["exp", "aud", "sub"]);
+        validation.validate_nbf = true;
         validation.leeway = 5;
         let data =
             jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation).map_err(|e| {
                 Error::Unauthenticated(
                     match e.kind() {
                         ErrorKind::ExpiredSignature => "token expired; issue a new one",
+                        ErrorKind::ImmatureSignature => "token is not valid yet (nbf)",
                         ErrorKind::InvalidSignature => {
                             "token signature is not valid for this service"
                         }
@@ -502,6 +504,14 @@ mod tests {
         assert!(keys.verify(&old).unwrap_err().to_string().contains("expired"));
         assert!(keys.verify(&expired).is_ok(), "within leeway");
         assert!(keys.verify("garbage").unwrap_err().to_string().contains("malformed"));
+        let now = unix_now();
+        let future = serde_json::json!({
+            "sub": "alice", "aud": API_AUDIENCE, "iat": now, "nbf": now + 3600,
+            "exp": now + 7200, "project": "p1", "roles": ["admin"],
+        });
+        let future =
+            jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &future, &keys.encoding).unwrap();
+        assert!(keys.verify(&future).unwrap_err().to_string().contains("not valid yet"));
         let agent_token = keys.agent_signer().sign(&gpgpums::HostId::new("h1").unwrap(), hour);
         assert!(
             keys.verify(&agent_token).is_err(),

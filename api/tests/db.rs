@@ -115,7 +115,7 @@ const BEFORE_UNIQUE_ENDPOINTS: [&str; 2] = [
 ];
 
 /// How many migrations the binary has.
-const MIGRATIONS: i64 = 16;
+const MIGRATIONS: i64 = 17;
 
 async fn count(db: &Db, sql: &str) -> i64 {
     sqlx::query(sql).fetch_one(&mut *db.conn().await.unwrap()).await.unwrap().get(0)

@@ -55,6 +55,7 @@ impl TokenVerifier {
         let mut validation = Validation::new(Algorithm::EdDSA);
         validation.set_audience(&[AGENT_AUDIENCE]);
         validation.set_required_spec_claims(&["exp", "aud"]);
+        validation.validate_nbf = true;
         validation.leeway = 5;
         Ok(Self { key, validation, host })
     }
@@ -168,5 +169,13 @@ mod tests {
         let hostless =
             jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &hostless, &signer.key).unwrap();
         assert!(!verifier.verify(&hostless));
+        // One not valid yet (`nbf` an hour ahead) opens nothing until then.
+        let future = serde_json::json!({
+            "aud": AGENT_AUDIENCE, "iat": now, "nbf": now + 3600, "exp": now + 7200,
+            "sub": "gsaasd", "host": "h1",
+        });
+        let future =
+            jsonwebtoken::encode(&Header::new(Algorithm::EdDSA), &future, &signer.key).unwrap();
+        assert!(!verifier.verify(&future));
     }
 }

@@ -6,12 +6,34 @@
 
 use crate::error::{Error, FieldError};
 
-/// What [`FieldChecks::text`] accepts, as a JSON Schema (ECMA-262) pattern: no control
-/// character (Unicode `Cc`), and at least one character that is not white space (Unicode
+/// What [`FieldChecks::text`] accepts, as a JSON Schema (ECMA-262) pattern: no character
+/// [`is_hidden`] finds, and at least one that is neither hidden nor white space (Unicode
 /// `White_Space`, as Rust's `char::is_whitespace`).
-pub const TEXT_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]*\
-    [^\\u0000-\\u0020\\u007f-\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]\
-    [^\\u0000-\\u001f\\u007f-\\u009f]*$";
+pub const TEXT_PATTERN: &str =
+    "^[^\\u0000-\\u001f\\u007f-\\u009f\\u061c\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u2064\
+    \\u2066-\\u206f\\ufeff\\ufff9-\\ufffb]*\
+    [^\\u0000-\\u0020\\u007f-\\u00a0\\u061c\\u1680\\u2000-\\u200f\\u2028-\\u202f\\u205f-\\u2064\
+    \\u2066-\\u206f\\u3000\\ufeff\\ufff9-\\ufffb]\
+    [^\\u0000-\\u001f\\u007f-\\u009f\\u061c\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u2064\
+    \\u2066-\\u206f\\ufeff\\ufff9-\\ufffb]*$";
+
+/// Whether a name may not hold `c`: a control character (Unicode `Cc`), or one that hides or
+/// reorders what a reader sees (bidirectional embeddings, overrides, isolates and marks, zero-width
+/// characters, line and paragraph separators, the byte-order mark, interlinear annotations), with
+/// which a name can pass for another in a list or a log.
+pub fn is_hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+        )
+}
 
 /// The problems found so far in one request.
 #[derive(Debug, Default)]
@@ -32,8 +54,12 @@ impl FieldChecks {
             self.fail(field, "must not be empty");
         } else if value.chars().count() > max {
             self.fail(field, format!("must be at most {max} characters"));
-        } else if value.chars().any(char::is_control) {
-            self.fail(field, "must not contain control characters");
+        } else if value.chars().any(is_hidden) {
+            self.fail(
+                field,
+                "must not contain control or invisible formatting characters (such as \
+                 bidirectional overrides or zero-width characters)",
+            );
         }
     }
 
@@ -73,6 +99,24 @@ mod tests {
         let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
         assert_eq!(fields, ["image", "flavor", "name"]);
         assert_eq!(errors[1].detail, "must be at most 10 characters");
+    }
+
+    /// The OpenAPI document's pattern says exactly what the check does, for every character
+    /// (a client that validates first must never be surprised either way).
+    #[test]
+    fn the_documented_pattern_and_the_check_agree() {
+        let pattern = regex::Regex::new(TEXT_PATTERN).unwrap();
+        let astral = (0x1_0000..=0x10_FFFF_u32).step_by(0x7FF);
+        for c in (0..=0xFFFF_u32).chain(astral).filter_map(char::from_u32) {
+            for text in [format!("a{c}"), c.to_string()] {
+                let checked = check_text("name", &text, 10).is_ok();
+                assert_eq!(pattern.is_match(&text), checked, "U+{:04X} in {text:?}", c as u32);
+            }
+        }
+        for spoof in ["admin\u{202E}nimda", "a\u{200B}b", "x\u{2066}y", "\u{FEFF}z"] {
+            let err = check_text("name", spoof, 64).unwrap_err().to_string();
+            assert!(err.contains("invisible"), "{spoof:?}: {err}");
+        }
     }
 
     #[test]

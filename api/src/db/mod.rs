@@ -71,6 +71,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (14, "quota_counts", include_str!("../../../migrations/0014_quota_counts.sql")),
     (15, "rcuda_endpoints", include_str!("../../../migrations/0015_rcuda_endpoints.sql")),
     (16, "queue_holds", include_str!("../../../migrations/0016_queue_holds.sql")),
+    (17, "lasting_revocations", include_str!("../../../migrations/0017_lasting_revocations.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,8 @@ use sqlx::{AnyConnection, Row};
 
 use crate::error::Error;
 
-/// Revokes the token id `id`, which would expire at `expires_ms` anyway. Revoking again is a no-op.
+/// Revokes the token line `id` until `expires_ms`, when no token of it can be valid any more.
+/// Revoking again keeps the later of the two.
 pub async fn revoke_token(
     conn: &mut AnyConnection,
     id: &str,
@@ -15,7 +16,9 @@ pub async fn revoke_token(
 ) -> Result<(), Error> {
     sqlx::query(
         "INSERT INTO revoked_tokens (id, expires_ms, revoked_ms) VALUES ($1, $2, $3) \
-         ON CONFLICT (id) DO NOTHING",
+         ON CONFLICT (id) DO UPDATE SET expires_ms = \
+           CASE WHEN excluded.expires_ms > revoked_tokens.expires_ms \
+           THEN excluded.expires_ms ELSE revoked_tokens.expires_ms END",
     )
     .bind(id)
     .bind(expires_ms)
@@ -25,7 +28,7 @@ pub async fn revoke_token(
     Ok(())
 }
 
-/// The revoked ids of tokens that have not expired yet; rows of expired ones are dropped.
+/// The revoked lines some token of which may still be valid; the rows of the others are dropped.
 pub async fn revoked_tokens(
     conn: &mut AnyConnection,
     now_ms: i64,

@@ -48,6 +48,29 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     type Rejection = Error;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Error> {
+        Unparsed::<T>::from_request(req, state).await?.parse().map(Body)
+    }
+}
+
+/// A JSON body read but not parsed yet: for routes that check who calls before they say what is
+/// wrong with a body (a caller who may not use the route learns nothing of its fields).
+#[derive(Debug)]
+pub struct Unparsed<T>(Bytes, std::marker::PhantomData<T>);
+
+impl<T: DeserializeOwned> Unparsed<T> {
+    /// The body as a `T`, or every field of it that is wrong (see [`Body`]).
+    pub fn parse(self) -> Result<T, Error> {
+        let value: serde_json::Value = serde_json::from_slice(&self.0).map_err(|e| {
+            Error::Malformed { field: "body".into(), reason: format!("not valid JSON: {e}") }
+        })?;
+        parse_body(value)
+    }
+}
+
+impl<S: Send + Sync, T> FromRequest<S> for Unparsed<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Error> {
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 Error::TooLarge(format!("request body is larger than {} KiB", MAX_BODY / 1024))
@@ -55,10 +78,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
                 Error::Malformed { field: "body".into(), reason: "cannot be read".into() }
             }
         })?;
-        let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-            Error::Malformed { field: "body".into(), reason: format!("not valid JSON: {e}") }
-        })?;
-        parse_body(value).map(Body)
+        Ok(Unparsed(bytes, std::marker::PhantomData))
     }
 }
 
@@ -394,7 +414,7 @@ async fn register_host(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-    Body(report): Body<rodvr_agent::protocol::HostReport>,
+    report: Unparsed<rodvr_agent::protocol::HostReport>,
 ) -> Result<Json<HostView>, Error> {
     let allowed = match caller.role {
         Role::Admin => true,
@@ -404,6 +424,7 @@ async fn register_host(
     if !allowed {
         return Err(Error::NotFound { kind: "host", id: name });
     }
+    let report = report.parse()?;
     if report.host.as_str() != name {
         return Err(Error::invalid(
             "host",
@@ -475,9 +496,10 @@ async fn taint_gpu(
     State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    Body(request): Body<TaintRequest>,
+    request: Unparsed<TaintRequest>,
 ) -> Result<Json<GpuTaintView>, Error> {
     caller.require_admin()?;
+    let request = request.parse()?;
     let gpu = gpu_id(&id)?;
     let reason = request.reason.trim();
     crate::app::fields::check_text("reason", reason, crate::app::gpus::MAX_TAINT_LEN)?;

@@ -7,7 +7,7 @@ use gpgpums::Quota;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{AppState, Body};
+use super::{AppState, Unparsed};
 use crate::app::quotas::QuotaStatus;
 use crate::auth::Caller;
 use crate::error::{Error, Problem};
@@ -140,8 +140,10 @@ pub(super) async fn put_quota(
     State(app): State<AppState>,
     caller: Caller,
     Path(project): Path<String>,
-    Body(limits): Body<QuotaLimits>,
+    limits: Unparsed<QuotaLimits>,
 ) -> Result<Json<QuotaView>, Error> {
+    caller.require_admin()?;
+    let limits = limits.parse()?;
     Ok(Json(app.set_quota(&caller, &project, Some(limits.into())).await?.into()))
 }
 

@@ -96,3 +96,55 @@ async fn one_project_cannot_hold_other_projects_launches_past_the_bound(store: S
     let (_, head) = t.get(&attacker, &format!("/v1/vms/{}", head["id"].as_str().unwrap())).await;
     assert_eq!(head["state"], "queued", "{head}");
 }
+
+/// A tenant who may not use an admin's (or an agent's) route learns nothing of it, not even the
+/// fields its body takes: 404 before any body is read, whatever it sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_a_tenant_may_not_use_say_nothing_of_their_bodies() {
+    let t = TestService::start(Store::Sqlite).await;
+    let member = t.member();
+    for body in [json!({}), json!({"bogus": 1}), json!([1]), json!({"cgpus": "many"})] {
+        for (method, path) in [
+            ("PUT", "/v1/quotas/alpha"),
+            ("POST", "/v1/gpus/compute-gpu:0/taint"),
+            ("PUT", "/v1/hosts/compute-gpu"),
+        ] {
+            let url = t.url(path);
+            let request = match method {
+                "PUT" => t.http.put(url),
+                _ => t.http.post(url),
+            };
+            let response = request.bearer_auth(&member).json(&body).send().await.unwrap();
+            let (status, problem) = crate::support::status_json(response).await;
+            assert_eq!(status, 404, "{method} {path} {body}: {problem}");
+            assert!(problem.get("errors").is_none() && problem.get("field").is_none(), "{problem}");
+        }
+    }
+}
+
+/// Names (of VMs, images, flavors, networks) cannot hide what they say: bidirectional
+/// overrides, zero-width and other invisible characters are refused like control characters;
+/// a policy layer cannot wrap itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_cannot_hide_what_they_say_and_policies_do_not_nest() {
+    let t = TestService::start(Store::Sqlite).await;
+    let member = t.member();
+    for (field, value) in [
+        ("name", "invoice\u{202E}fdp.exe"),
+        ("name", "a\u{200B}dmin"),
+        ("image", "cirros\u{2066}-0.6.2"),
+        ("flavor", "\u{FEFF}m1.small"),
+    ] {
+        let mut body = shared(false);
+        body[field] = json!(value);
+        let (status, problem) = t.post(&member, "/v1/vms", &body).await;
+        assert_eq!(status, 422, "{value:?}: {problem}");
+        assert_eq!(problem["errors"][0]["field"], field, "{problem}");
+    }
+    for policy in ["fewer-jobs-node+fewer-jobs-node", "fewer-jobs-node+fewer-jobs-node+best-fit"] {
+        let mut body = shared(false);
+        body["policy"] = json!(policy);
+        let (status, problem) = t.post(&member, "/v1/vms", &body).await;
+        assert_eq!(status, 422, "{policy}: {problem}");
+    }
+}

@@ -8,3 +8,4 @@ mod support;
 
 mod hostile_agents;
 mod hostile_tenants;
+mod tokens;

@@ -8,7 +8,7 @@
 //! ([`CandidateIndex`]) that answers "the least GPU with at least `need` MiB free" in O(log n) without
 //! scanning; the property tests check that index and definition agree on random pools.
 //!
-//! Layers wrap another policy (`fewer-jobs-node+best-fit`): the registry composes them by name, so
+//! Layers wrap a policy (`fewer-jobs-node+best-fit`): the registry composes them by name, so
 //! adding a policy or a layer is one `register` call and touches no other policy.
 
 use std::cmp::Ordering;
@@ -134,7 +134,8 @@ impl PolicyRegistry {
         self.layers.insert(name.to_owned(), Layer { wrap, default_inner });
     }
 
-    /// Resolves `name` (`policy`, `layer`, `layer+policy`, `layer+layer+policy`...).
+    /// Resolves `name`: `policy`, `layer` (over its default policy) or `layer+policy`. A layer
+    /// wraps a policy, never another layer (`fewer-jobs-node+fewer-jobs-node` means nothing).
     pub fn resolve(&self, name: &str) -> Result<Arc<dyn Policy>, Error> {
         self.resolve_inner(name).ok_or_else(|| {
             Error::invalid(
@@ -153,8 +154,8 @@ impl PolicyRegistry {
             None => (name, None),
         };
         let layer = self.layers.get(head)?;
-        let inner = self.resolve_inner(rest.unwrap_or(&layer.default_inner))?;
-        Some((layer.wrap)(inner))
+        let inner = self.policies.get(rest.unwrap_or(&layer.default_inner))?;
+        Some((layer.wrap)(inner.clone()))
     }
 
     /// Every policy, and every layer over every policy, by name.
@@ -196,6 +197,11 @@ mod tests {
         assert_eq!(field, "policy");
         assert!(reason.contains("\"worst-fit\"") && reason.contains("fewer-jobs-node+first-fit"));
         assert!(registry.resolve("fewer-jobs-node+nope").is_err());
+        for nested in
+            ["fewer-jobs-node+fewer-jobs-node", "fewer-jobs-node+fewer-jobs-node+best-fit"]
+        {
+            assert!(registry.resolve(nested).is_err(), "{nested}");
+        }
         assert!(registry.resolve("").is_err());
     }
 }

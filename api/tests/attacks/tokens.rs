@@ -2,16 +2,18 @@
 //! agents renew their own token and nothing else, and `gsaasd token` refuses what would produce a
 //! useless or wrapped token.
 
-mod support;
-
 use std::process::Command;
 use std::time::Duration;
 
+use crate::on_both_stores;
+use crate::support::{test_config, Store, TestService};
 use gsaasd::auth::Role;
 use serde_json::json;
-use support::{test_config, Store, TestService};
 
-on_both_stores!(revoked_tokens_are_refused_and_agents_renew_only_their_own);
+on_both_stores!(
+    revoked_tokens_are_refused_and_agents_renew_only_their_own,
+    a_revoked_line_stays_revoked_after_the_token_given_expires,
+);
 
 async fn renew(t: &TestService, host: &str, token: &str) -> (u16, serde_json::Value) {
     t.post(token, &format!("/v1/hosts/{host}/token"), &json!({})).await
@@ -117,4 +119,35 @@ async fn a_revocation_reaches_every_replica() {
     }
     a.service().app.refresh_revocations().await.unwrap();
     assert_eq!(a.get(&member, "/v1/vms").await.0, 401);
+}
+
+/// Revoking an agent's line with its first token (even one at its expiry already) ends every
+/// renewal of it for as long as any could be valid, not only until the token given expires:
+/// purges after that expiry keep the line's row.
+async fn a_revoked_line_stays_revoked_after_the_token_given_expires(store: Store) {
+    let t = TestService::start(store).await;
+    let app = &t.service().app;
+    let mut renewed = Vec::new();
+    for life in [Duration::from_secs(60), Duration::ZERO] {
+        let first = app.keys.issue("compute-gpu", None, Role::Agent, life);
+        let (status, body) = renew(&t, "compute-gpu", &first).await;
+        assert_eq!(status, 200, "{body}");
+        renewed.push(body["token"].as_str().unwrap().to_owned());
+        let (ok, out, err) = t.gsaasd(&["token", "revoke", "--token", &first]);
+        assert!(ok, "{err}");
+        assert!(out.starts_with("revoked "), "{out}");
+    }
+    // The reload an hour later, past both first tokens' expiry, purges what can no longer be
+    // valid: the lines' rows stay.
+    let an_hour_later = gsaasd::db::now_ms() + 3_600_000;
+    let revoked = {
+        let mut conn = app.db.conn().await.unwrap();
+        gsaasd::db::revoked_tokens(&mut conn, an_hour_later).await.unwrap()
+    };
+    app.keys.set_revoked(revoked);
+    for token in &renewed {
+        let (status, problem) = renew(&t, "compute-gpu", token).await;
+        assert_eq!(status, 401, "{problem}");
+        assert!(problem["detail"].as_str().unwrap().contains("revoked"), "{problem}");
+    }
 }
