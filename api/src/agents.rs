@@ -76,6 +76,7 @@ impl InProcessAgents {
             gpu_interface: "gpu0".into(),
             local_rcuda: vec![],
             metadata_listener: None,
+            agent_api: None,
         };
         let facts = HostFacts {
             host: host.name.clone(),

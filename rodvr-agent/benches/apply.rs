@@ -21,6 +21,7 @@ fn params() -> TableParams {
         gpu_interface: "gpu0".into(),
         local_rcuda: vec![],
         metadata_listener: None,
+        agent_api: None,
     }
 }
 

@@ -17,10 +17,21 @@ use crate::protocol::{AppliedState, ApplyStatus, ErrorBody, Health, HostReport, 
 
 const TOKEN_TTL: Duration = Duration::from_secs(60);
 
+/// The most of an answer either side reads: a table read back is at most what an agent takes
+/// in a push.
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+/// The most of an error answer either side reads: the other side may be hostile, and an error
+/// says what it has to say in far less.
+pub const MAX_ERROR_BYTES: usize = 64 << 10;
+/// The most of an error's message kept (in logs, taints and alerts).
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("request to {url} failed")]
     Transport { url: String, source: reqwest::Error },
+    #[error("{url} answered with more than {limit} bytes; the rest was not read")]
+    Oversized { url: String, limit: usize },
     #[error("{url} answered {status}: {message}")]
     Status {
         url: String,
@@ -36,7 +47,7 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             Self::Status { status, .. } => Some(*status),
-            Self::Transport { .. } => None,
+            Self::Transport { .. } | Self::Oversized { .. } => None,
         }
     }
 
@@ -44,17 +55,44 @@ impl ClientError {
     pub fn entry(&self) -> Option<&str> {
         match self {
             Self::Status { entry, .. } => entry.as_deref(),
-            Self::Transport { .. } => None,
+            Self::Transport { .. } | Self::Oversized { .. } => None,
         }
     }
 }
 
-/// The error an answer with a non-2xx `status` carries.
+/// The answer's body, read chunk by chunk: `None` once it passes `limit` (what is left is not
+/// read, and the connection is dropped).
+async fn read_capped(
+    mut response: Response,
+    limit: usize,
+) -> Result<Option<Vec<u8>>, reqwest::Error> {
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Ok(None);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > limit {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(body))
+}
+
+/// The error an answer with a non-2xx `status` carries: the first [`MAX_ERROR_BYTES`] of its
+/// body at most, and of its message [`MAX_ERROR_MESSAGE_CHARS`].
 async fn status_error(url: String, status: reqwest::StatusCode, response: Response) -> ClientError {
-    let (message, entry) = match response.json::<ErrorBody>().await {
-        Ok(body) => (body.error, body.entry),
-        Err(_) => (status.canonical_reason().unwrap_or("error").to_owned(), None),
+    let reason = || status.canonical_reason().unwrap_or("error").to_owned();
+    let body = read_capped(response, MAX_ERROR_BYTES).await.ok().flatten();
+    let (message, entry) = match body.and_then(|b| serde_json::from_slice::<ErrorBody>(&b).ok()) {
+        Some(body) => (body.error, body.entry),
+        None => (reason(), None),
     };
+    let message = match message.char_indices().nth(MAX_ERROR_MESSAGE_CHARS) {
+        Some((cut, _)) => format!("{}...", &message[..cut]),
+        None => message,
+    };
+    let entry = entry.filter(|e| e.len() <= 256);
     ClientError::Status { url, status: status.as_u16(), message, entry }
 }
 
@@ -68,10 +106,18 @@ async fn send<T: DeserializeOwned>(url: String, request: RequestBuilder) -> Resu
     let transport = |source| ClientError::Transport { url: url.clone(), source };
     let response: Response = request.send().await.map_err(transport)?;
     let status = response.status();
-    if status.is_success() {
-        return response.json().await.map_err(transport);
+    if !status.is_success() {
+        return Err(status_error(url, status, response).await);
     }
-    Err(status_error(url, status, response).await)
+    let Some(body) = read_capped(response, MAX_ANSWER_BYTES).await.map_err(transport)? else {
+        return Err(ClientError::Oversized { url, limit: MAX_ANSWER_BYTES });
+    };
+    serde_json::from_slice(&body).map_err(|e| ClientError::Status {
+        url: url.clone(),
+        status: status.as_u16(),
+        message: format!("the answer is not the expected JSON: {e}"),
+        entry: None,
+    })
 }
 
 /// The controller's client for one host's agent.

@@ -70,6 +70,9 @@ pub struct Config {
     /// metadata endpoint gsaasd names. None: no live environment (VMs keep their boot values).
     #[serde(default)]
     pub metadata_listen: Option<std::net::SocketAddrV4>,
+    /// Connections one VM may hold on the metadata listener at once.
+    #[serde(default = "default_metadata_connections_per_vm")]
+    pub metadata_max_connections_per_vm: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -140,6 +143,9 @@ fn default_heartbeat_secs() -> u64 {
 fn default_rcuda_port() -> u16 {
     8308
 }
+fn default_metadata_connections_per_vm() -> usize {
+    8
+}
 
 impl Config {
     /// Reads and checks the config at `path`, and the controller token file it names.
@@ -197,6 +203,18 @@ impl Config {
             }
         }
         config.http.check().map_err(invalid)?;
+        if config.listen.ip().is_unspecified() {
+            return Err(invalid(format!(
+                "listen {} must be the host's management address, not every address: VMs \
+                 would reach the agent through their gateway",
+                config.listen
+            )));
+        }
+        if !(1..=config.http.max_connections).contains(&config.metadata_max_connections_per_vm) {
+            return Err(invalid(
+                "metadata_max_connections_per_vm must be between 1 and http.max_connections".into(),
+            ));
+        }
         if let Some(listen) = config.metadata_listen {
             let ip = *listen.ip();
             if listen.port() == 0
@@ -263,6 +281,22 @@ mod tests {
         let err = load("token_file = '/nonexistent/token'\n").unwrap_err().to_string();
         assert!(err.contains("/nonexistent/token"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_agent_listens_on_one_address_only() {
+        let config = |listen: &str| {
+            format!(
+                "host = 'h'\nlisten = '{listen}'\nstate_file = '/s'\ncontroller_public_key = '/k'\n\
+                 masked_range = '100.127.0.0/16'\ngpu_interface = 'gpu0'\n"
+            )
+        };
+        let path = Path::new("agent.toml");
+        for every in ["0.0.0.0:7450", "[::]:7450"] {
+            let err = Config::parse(&config(every), path).unwrap_err().to_string();
+            assert!(err.contains("management address"), "{every}: {err}");
+        }
+        assert!(Config::parse(&config("10.0.0.11:7450"), path).is_ok());
     }
 
     #[test]

@@ -621,6 +621,7 @@ mod tests {
             gpu_interface: "gpu0".into(),
             local_rcuda: vec![],
             metadata_listener: None,
+            agent_api: None,
         }
     }
 

@@ -6,16 +6,22 @@
 //!   (hyper's header read timeout, which needs a timer that `axum::serve` does not give it).
 //! - A request's whole body must arrive within [`HttpLimits::body_timeout_secs`]
 //!   ([`read_body_within`], called by each server's middleware, which answers 408).
+//! - An answer must make progress: a connection whose client stops reading (pipelining requests
+//!   and never reading the answers) is closed once a write has waited
+//!   [`HttpLimits::write_timeout_secs`].
 //! - At most [`HttpLimits::max_connections`] connections are served at once; more wait in the
-//!   kernel's accept queue instead of taking memory and file descriptors.
+//!   kernel's accept queue instead of taking memory and file descriptors. One client address
+//!   holds at most [`HttpLimits::max_connections_per_client`] of them (more are closed at once),
+//!   so one client cannot take the server from the others (probes included).
 //! - With [`TlsFiles`], every connection is TLS (1.2 or later, through the system's OpenSSL); the
 //!   handshake must end within the header timeout. Bearer tokens then never cross the network in
 //!   clear. [`http_client`] is the other side: it trusts the configured CA bundle only.
 //!
 //! Each request carries its peer's address as axum's `ConnectInfo<SocketAddr>`.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +34,7 @@ use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+use tokio_io_timeout::TimeoutStream;
 use tokio_native_tls::TlsAcceptor;
 use tower::ServiceExt;
 
@@ -125,13 +132,25 @@ pub struct HttpLimits {
     pub header_timeout_secs: u64,
     /// Seconds a client has to send a request's whole body.
     pub body_timeout_secs: u64,
+    /// Seconds a write of an answer may wait for the client to read before the connection is
+    /// closed.
+    pub write_timeout_secs: u64,
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections one client address may hold at once (behind a proxy that hides clients'
+    /// addresses, raise it to what the proxy opens).
+    pub max_connections_per_client: usize,
 }
 
 impl Default for HttpLimits {
     fn default() -> Self {
-        HttpLimits { header_timeout_secs: 15, body_timeout_secs: 30, max_connections: 1024 }
+        HttpLimits {
+            header_timeout_secs: 15,
+            body_timeout_secs: 30,
+            write_timeout_secs: 30,
+            max_connections: 1024,
+            max_connections_per_client: 64,
+        }
     }
 }
 
@@ -141,6 +160,7 @@ impl HttpLimits {
         for (field, secs) in [
             ("header_timeout_secs", self.header_timeout_secs),
             ("body_timeout_secs", self.body_timeout_secs),
+            ("write_timeout_secs", self.write_timeout_secs),
         ] {
             if !(1..=3600).contains(&secs) {
                 return Err(format!("http.{field}: must be between 1 and 3600"));
@@ -148,6 +168,11 @@ impl HttpLimits {
         }
         if !(1..=1_000_000).contains(&self.max_connections) {
             return Err("http.max_connections: must be between 1 and 1000000".into());
+        }
+        if !(1..=self.max_connections).contains(&self.max_connections_per_client) {
+            return Err("http.max_connections_per_client: must be between 1 and \
+                        http.max_connections"
+                .into());
         }
         Ok(())
     }
@@ -200,8 +225,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let clients = Arc::new(ClientConnections::default());
     let (stop, stopping) = watch::channel(false);
     let header_timeout = Duration::from_secs(limits.header_timeout_secs);
+    let write_timeout = Duration::from_secs(limits.write_timeout_secs);
     let tls = tls.map(Arc::new);
     tokio::pin!(shutdown);
     loop {
@@ -222,8 +249,16 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let Some(held) = clients.clone().hold(peer.ip(), limits.max_connections_per_client) else {
+            // Over its share: closed at once, its permit back.
+            continue;
+        };
+        let mut stream = TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(write_timeout));
+        let stream = Box::pin(stream);
         let (app, stopping, tls) = (app.clone(), stopping.clone(), tls.clone());
         tokio::spawn(async move {
+            let _held = held;
             match tls {
                 None => connection(stream, peer, app, header_timeout, stopping).await,
                 Some(tls) => {
@@ -242,6 +277,43 @@ pub async fn serve(
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(header_timeout, permits.acquire_many(all)).await;
     Ok(())
+}
+
+/// How many connections each client address holds.
+#[derive(Debug, Default)]
+struct ClientConnections(std::sync::Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection of `ip`'s, counted until dropped.
+#[derive(Debug)]
+struct HeldConnection {
+    clients: Arc<ClientConnections>,
+    ip: IpAddr,
+}
+
+impl ClientConnections {
+    /// Counts a connection of `ip`'s, unless it holds `limit` already.
+    fn hold(self: Arc<Self>, ip: IpAddr, limit: usize) -> Option<HeldConnection> {
+        let mut held = self.0.lock().expect("client connections");
+        let n = held.entry(ip).or_default();
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        drop(held);
+        Some(HeldConnection { clients: self, ip })
+    }
+}
+
+impl Drop for HeldConnection {
+    fn drop(&mut self) {
+        let mut held = self.clients.0.lock().expect("client connections");
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Serves one connection until it closes, or gracefully once `stopping` turns true.

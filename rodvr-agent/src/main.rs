@@ -87,18 +87,19 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         Arc::from(default_discovery(&config.gpus));
     let found = discovery.gpus()?;
     let gpus = inventory(&config.host, found, config.rcuda.as_ref())?;
-    let params = TableParams {
-        masked_range: config.masked_range,
-        gpu_interface: config.gpu_interface.clone(),
-        local_rcuda: gpus.iter().map(|g| g.rcuda.socket_addr()).collect(),
-        metadata_listener: config.metadata_listen,
-    };
     let ledger = Ledger::load(&config.state_file)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| StartError::Bind { addr: config.listen, source })?;
     let bound =
         listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+    let params = TableParams {
+        masked_range: config.masked_range,
+        gpu_interface: config.gpu_interface.clone(),
+        local_rcuda: gpus.iter().map(|g| g.rcuda.socket_addr()).collect(),
+        metadata_listener: config.metadata_listen,
+        agent_api: Some(bound),
+    };
 
     let facts = HostFacts {
         host: config.host.clone(),
@@ -123,7 +124,12 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
             .await
             .map_err(|source| StartError::Bind { addr: addr.into(), source })?;
         let app = rodvr_agent::metadata::router(agent.clone());
-        let limits = config.http;
+        // One VM (one address: the DNAT keeps it) holds only so many of the listener's
+        // connections, so it cannot starve its neighbours' environments.
+        let limits = httpd::HttpLimits {
+            max_connections_per_client: config.metadata_max_connections_per_vm,
+            ..config.http
+        };
         tokio::spawn(async move {
             if let Err(e) = httpd::serve(listener, app, limits, None, shutdown_signal()).await {
                 log_error("the metadata server stopped", &e);

@@ -44,7 +44,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 use nftables::schema::{Chain, NfCmd, NfListObject, Table};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
@@ -74,6 +74,10 @@ pub struct TableParams {
     /// table that names a metadata endpoint gets a route from it to here, and reaches it no other
     /// way.
     pub metadata_listener: Option<SocketAddrV4>,
+    /// Where the agent's own API (and `/metrics`) listens: the host's management address. A
+    /// packet to it that arrives on an interface other than the one holding that address (a VM's
+    /// tap, through the VM's gateway) is dropped.
+    pub agent_api: Option<SocketAddr>,
 }
 
 impl TableParams {
@@ -505,6 +509,9 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
             ],
         ),
     ]);
+    if let Some(api) = params.agent_api.filter(SocketAddr::is_ipv4) {
+        cmds.push(agent_api_guard(api));
+    }
     let local: Vec<SocketAddrV4> = params.local_endpoints().collect();
     if !local.is_empty() {
         let elems: Vec<Value> =
@@ -537,6 +544,9 @@ fn ipv6_commands(params: &TableParams) -> Vec<Value> {
         ),
         base_chain_in(NfFamily::IP6, "input", NfChainType::Filter, NfHook::Input, 0),
     ];
+    if let Some(api) = params.agent_api.filter(SocketAddr::is_ipv6) {
+        cmds.push(agent_api_guard(api));
+    }
     let mut ports: Vec<u16> = params.local_endpoints().map(|e| e.port()).collect();
     ports.sort_unstable();
     ports.dedup();
@@ -552,6 +562,28 @@ fn ipv6_commands(params: &TableParams) -> Vec<Value> {
         ));
     }
     cmds
+}
+
+/// The agent's API answers only on the interface that holds its address: a packet to it from
+/// elsewhere but the host itself (a VM's tap: the VM sends it to its gateway, which routes it up
+/// to the host) is dropped (`fib daddr . iif type != local`).
+fn agent_api_guard(api: SocketAddr) -> Value {
+    let family = if api.is_ipv6() { "ip6" } else { "ip" };
+    rule_in(
+        family,
+        "input",
+        vec![
+            matches("!=", meta("iifname"), json!("lo")),
+            matches("==", payload(family, "daddr"), json!(api.ip().to_string())),
+            matches("==", payload("tcp", "dport"), json!(api.port())),
+            matches(
+                "!=",
+                json!({"fib": {"result": "type", "flags": ["daddr", "iif"]}}),
+                json!("local"),
+            ),
+            json!({"drop": null}),
+        ],
+    )
 }
 
 /// Writes `{"concat":["tap","vm ip","masked ip",port]}`.
@@ -631,6 +663,7 @@ mod tests {
             gpu_interface: "gpu0".into(),
             local_rcuda: vec!["10.78.0.1:8308".parse().unwrap()],
             metadata_listener: None,
+            agent_api: None,
         }
     }
 

@@ -24,6 +24,7 @@ fn params() -> TableParams {
         gpu_interface: "gpu0".into(),
         local_rcuda: vec![],
         metadata_listener: None,
+        agent_api: None,
     }
 }
 
@@ -417,7 +418,13 @@ heartbeat_interval_secs = 1
 async fn clients_that_stall_are_cut_off_and_the_agent_keeps_serving() {
     let state = TempDir::new("api-slow");
     let (private, public) = key_pair(41);
-    let limits = HttpLimits { header_timeout_secs: 1, body_timeout_secs: 1, max_connections: 8 };
+    let limits = HttpLimits {
+        header_timeout_secs: 1,
+        body_timeout_secs: 1,
+        max_connections: 8,
+        max_connections_per_client: 8,
+        ..HttpLimits::default()
+    };
     let addr = serve_with(new_agent(&state), &public, limits).await;
     let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
     let token = signer.sign(&crg0(), Duration::from_secs(600));

@@ -217,6 +217,17 @@ fn ask_from(ns: &Netns, src: &str, addr: &str) -> Option<String> {
 /// Writes an agent config for `host` in `dir` (controller key pair from `seed`, the masked range and
 /// GPU interface every test uses, then `extra` TOML); returns its path and the controller's private key.
 fn write_agent_config(dir: &TempDir, host: &str, seed: u8, extra: &str) -> (PathBuf, String) {
+    write_agent_config_on(dir, host, seed, "127.0.0.1:0", extra)
+}
+
+/// [`write_agent_config`], the agent listening on `listen`.
+fn write_agent_config_on(
+    dir: &TempDir,
+    host: &str,
+    seed: u8,
+    listen: &str,
+    extra: &str,
+) -> (PathBuf, String) {
     let (private, public) = key_pair(seed);
     std::fs::write(dir.path().join("controller.pub.pem"), public).unwrap();
     let config = dir.path().join("agent.toml");
@@ -224,7 +235,7 @@ fn write_agent_config(dir: &TempDir, host: &str, seed: u8, extra: &str) -> (Path
         &config,
         format!(
             r#"host = "{host}"
-listen = "127.0.0.1:0"
+listen = "{listen}"
 state_file = "{dir}/routes.json"
 controller_public_key = "{dir}/controller.pub.pem"
 masked_range = "100.127.0.0/16"
@@ -625,6 +636,75 @@ fn each_vm_reads_only_its_own_environment_at_the_metadata_endpoint() {
     assert_eq!(env(&t.vm2, None, "/rcuda.env"), Some((200, vm2_env.into())));
 }
 
+/// One VM that opens connection after connection to the metadata endpoint and never asks
+/// anything (1,100 of them, more than the agent serves at once) holds only its own share of the
+/// listener: its neighbour still reads its environment.
+#[test]
+fn one_vm_cannot_starve_its_neighbours_environment() {
+    require_root_tools();
+    let t = topology();
+    let dir = TempDir::new("netns-metadata-flood");
+    let listen = "metadata_listen = \"10.231.1.1:8775\"\n";
+    let (config, private) = write_agent_config(&dir, "crg3", 26, listen);
+    let agent = AgentProcess::start(&t.ch, &config);
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let client = AgentClient::new(&agent.url, HostId::new("crg3").unwrap(), signer);
+    let metadata = "100.127.0.1:80";
+    let table = RouteTable {
+        generation: 1,
+        routes: vec![
+            route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308"),
+            route(2, "tap2", "10.231.2.2", "100.127.0.1:9000", "10.232.0.2:8309"),
+        ],
+        metadata: Some(metadata.parse().unwrap()),
+        vms_without_cgpus: vec![],
+    };
+    with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
+
+    let addr: SocketAddr = metadata.parse().unwrap();
+    let flood: Vec<TcpStream> = t.vm1.run(|| {
+        (0..1100)
+            .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok())
+            .collect()
+    });
+    assert!(flood.len() > 1024, "the flood opened only {} connections", flood.len());
+    let vm2_env = "export RCUDA_DEVICE_COUNT=1\nexport RCUDA_DEVICE_0=100.127.0.1@9000:0\n";
+    assert_eq!(
+        http_get(&t.vm2, None, metadata, "/rcuda.env"),
+        Some((200, vm2_env.into())),
+        "VM1's idle connections starved VM2's environment"
+    );
+    drop(flood);
+}
+
+/// The agent's own API (and its `/metrics`) answers on the management address's interface only:
+/// a VM that sends to that address through its gateway gets nothing, while the management side
+/// is served.
+#[test]
+fn a_vm_cannot_reach_its_hosts_agent() {
+    require_root_tools();
+    let t = topology();
+    let ctl = Netns::new("ctl");
+    veth(&ctl, "eth0", "10.240.0.2/24", &t.ch, "mgmt0", "10.240.0.1/24");
+    let dir = TempDir::new("netns-agent-api");
+    let (config, private) = write_agent_config_on(&dir, "crg3", 27, "10.240.0.1:7450", "");
+    let agent = AgentProcess::start(&t.ch, &config);
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let client = AgentClient::new(&agent.url, HostId::new("crg3").unwrap(), signer);
+    let table = RouteTable {
+        generation: 1,
+        routes: vec![route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308")],
+        metadata: None,
+        vms_without_cgpus: vec![],
+    };
+    with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
+    let from_management = http_get(&ctl, None, "10.240.0.1:7450", "/metrics");
+    assert_eq!(from_management.map(|r| r.0), Some(200), "the management side is not served");
+    assert_eq!(http_get(&t.vm1, None, "10.240.0.1:7450", "/metrics"), None, "a VM read /metrics");
+    assert_eq!(http_get(&t.vm1, None, "10.231.1.1:7450", "/metrics"), None);
+    assert_eq!(http_get(&t.vm2, None, "10.240.0.1:7450", "/v1/health"), None);
+}
+
 /// Masked endpoints are IPv4; over IPv6 a VM reaches nothing on the GPU network.
 #[test]
 fn a_vm_reaches_nothing_on_the_gpu_network_over_ipv6() {
@@ -685,6 +765,7 @@ fn the_nft_firewall_reports_each_failed_transaction_and_goes_on() {
         gpu_interface: "gpu0".into(),
         local_rcuda: vec![],
         metadata_listener: None,
+        agent_api: None,
     };
     let mut fw = NftFirewall::new(
         &ns.command_prefix().into_iter().chain(["nft".into()]).collect::<Vec<_>>(),

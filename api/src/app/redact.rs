@@ -2,9 +2,9 @@
 //!
 //! gsaasd's own messages to tenants name no host, GPU or rCUDA server. The cloud's do not promise
 //! that (Nova's faults and scheduler errors may name hosts), so every failure reason that becomes
-//! a VM's `error` first passes [`App::tenant_message`], which hides each word that is the name of a
-//! host, the id of a GPU, or the address of an rCUDA server the pool knows. The whole reason goes
-//! to the log, for operators.
+//! a VM's `error` first passes [`App::tenant_message`], which hides each word, and each part of a
+//! word, that is the name of a host, the id of a GPU, or the address of an rCUDA server the pool
+//! knows. The whole reason goes to the log, for operators.
 
 use std::collections::HashSet;
 
@@ -23,9 +23,12 @@ fn is_name_char(c: char) -> bool {
 /// go.
 pub const EMBEDDED_MIN_LEN: usize = 6;
 
-/// `message` with every word in `secret`, and every word containing one of `embedded`, replaced
-/// by [`HIDDEN`]. A word is a run of name characters; a trailing full stop (the end of a
-/// sentence) is not part of it.
+/// `message` with every word in `secret`, and every part of a word that is one, replaced by
+/// [`HIDDEN`]. A word is a run of name characters; a trailing full stop (the end of a sentence) is
+/// not part of it. A word that is not a secret whole is looked at part by part, whatever the
+/// secrets' length: its parts between `:` (`cg1:nova-compute`, the `cg1:7450` of
+/// `http://cg1:7450/routes`), and the dot-separated labels of each (`cg1.gpu.example`). A part that
+/// contains one of `embedded` (long host names) is hidden too.
 pub fn hide_words(message: &str, secret: &HashSet<String>, embedded: &[String]) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
@@ -35,16 +38,23 @@ pub fn hide_words(message: &str, secret: &HashSet<String>, embedded: &[String]) 
         let len = rest.find(|c| !is_name_char(c)).unwrap_or(rest.len());
         let word = &rest[..len];
         let bare = word.trim_end_matches('.');
-        let hidden_bare =
-            secret.contains(bare) || embedded.iter().any(|n| bare.contains(n.as_str()));
         if secret.contains(word) {
             out.push_str(HIDDEN);
-        } else if hidden_bare {
+        } else if secret.contains(bare) {
             // The full stop after it stays.
             out.push_str(HIDDEN);
             out.push_str(&word[bare.len()..]);
         } else {
-            out.push_str(word);
+            for (i, part) in bare.split(':').enumerate() {
+                if i > 0 {
+                    out.push(':');
+                }
+                let hidden = secret.contains(part)
+                    || part.split('.').any(|label| secret.contains(label))
+                    || embedded.iter().any(|n| part.contains(n.as_str()));
+                out.push_str(if hidden { HIDDEN } else { part });
+            }
+            out.push_str(&word[bare.len()..]);
         }
         rest = &rest[len..];
     }
@@ -100,8 +110,17 @@ mod tests {
             "No valid host was found. Host \"(hidden)\" failed ((hidden), (hidden)), XID on \
              (hidden) at (hidden)."
         );
-        // Short names hide only as whole words; long host names inside longer words too.
+        // Short names hide as whole words and as parts of words, whatever their length; long
+        // host names inside longer words too.
         assert_eq!(hide_words("a-b and ab", &secret, &embedded), "a-b and ab");
+        assert_eq!(
+            hide_words(
+                "at a:nova-compute, http://a:7450/routes and a.gpu.example.",
+                &secret,
+                &embedded
+            ),
+            "at (hidden):nova-compute, http://(hidden):7450/routes and (hidden)."
+        );
         assert_eq!(
             hide_words("zone gsaas-gpu-host-1 is not available.", &secret, &embedded),
             "zone (hidden) is not available."

@@ -583,5 +583,8 @@ pub fn metrics_router(app: Arc<App>) -> Router {
 /// This API's OpenAPI document.
 #[utoipa::path(get, path = "/openapi.json", tag = "service", responses((status = 200, description = "OpenAPI 3.1 document")))]
 async fn openapi_json() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], openapi_document()).into_response()
+    // Built once: anyone may ask for it, as often as they like.
+    static DOCUMENT: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    let document = DOCUMENT.get_or_init(|| Bytes::from(openapi_document())).clone();
+    ([(header::CONTENT_TYPE, "application/json")], document).into_response()
 }

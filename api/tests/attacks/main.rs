@@ -8,4 +8,5 @@ mod support;
 
 mod hostile_agents;
 mod hostile_tenants;
+mod slow_clients;
 mod tokens;

@@ -72,6 +72,7 @@ impl TestAgent {
             gpu_interface: "gpu0".into(),
             local_rcuda: vec![],
             metadata_listener: None,
+            agent_api: None,
         };
         let facts = HostFacts { host: host.clone(), kind, agent_url: String::new(), gpus: vec![] };
         let agent =
