@@ -58,11 +58,50 @@ refuse "without a signing key" --set-file auth.publicKey="$out/public.pem"
 printf -- '-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIHJlcGxhY2UtbWUtd2l0aC15b3VyLW93bi1rZXktMTIz\n-----END PRIVATE KEY-----\n' \
   > "$out/published.pem"
 refuse "with the example key earlier versions published" "${keys[@]}" --set-file auth.signingKey="$out/published.pem"
+# The same example key by its public half, whatever the private half's encoding.
+printf -- '-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA7uPyDauzbvsSd30x3v3ejpIWDbrjs1oQ3oe7LQ8IEco=\n-----END PUBLIC KEY-----\n' \
+  > "$out/published.pub"
+refuse "with the example key's public half" "${keys[@]}" --set-file auth.publicKey="$out/published.pub"
 refuse "a node without a token" "${keys[@]}" --set agent.nodes.node-3.role=gpu
 refuse "a node of an unknown role" "${keys[@]}" --set agent.nodes.node-1.role=compute
 "$tools/venv/bin/kubernetes-validate" --strict --quiet -k 1.30 "$out/sqlite.yaml" "$out/postgres.yaml"
 grep -q 'replicas: 1' "$out/sqlite.yaml"
 grep -q 'replicas: 2' "$out/postgres.yaml"
+if grep -q 'https://' "$out/sqlite.yaml"; then
+  echo "check-deploy: the chart rendered https without tls.enabled" >&2
+  exit 1
+fi
+
+# TLS: a throwaway CA that signs gsaasd's certificate and each node's agent's.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=gsaas-check-ca \
+  -keyout "$out/ca.key" -out "$out/ca.pem" 2>/dev/null
+issue() {
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$1" \
+    -keyout "$out/$1.key" -out "$out/$1.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:%s\n' "$1" > "$out/$1.ext"
+  openssl x509 -req -in "$out/$1.csr" -CA "$out/ca.pem" -CAkey "$out/ca.key" -CAcreateserial \
+    -days 1 -extfile "$out/$1.ext" -out "$out/$1.crt" 2>/dev/null
+}
+for name in gsaas-gsaas node-1 node-2; do issue "$name"; done
+tls=(--set tls.enabled=true --set-file tls.ca="$out/ca.pem"
+  --set-file tls.cert="$out/gsaas-gsaas.crt" --set-file tls.key="$out/gsaas-gsaas.key")
+nodes_tls=(--set-file agent.nodes.node-1.tlsCert="$out/node-1.crt" --set-file agent.nodes.node-1.tlsKey="$out/node-1.key"
+  --set-file agent.nodes.node-2.tlsCert="$out/node-2.crt" --set-file agent.nodes.node-2.tlsKey="$out/node-2.key")
+"$helm" template gsaas helm/gsaas "${keys[@]}" "${tls[@]}" "${nodes_tls[@]}" > "$out/tls.yaml"
+"$tools/venv/bin/kubernetes-validate" --strict --quiet -k 1.30 "$out/tls.yaml"
+for expected in 'agent_url_template = "https://{host}:7450"' 'agent_ca = "/etc/gsaas/config/ca.pem"' \
+  'url = "https://gsaas-gsaas:8080"' 'ca = "/etc/rodvr-agent/config/ca.pem"' 'scheme: HTTPS' \
+  'cert = "/etc/gsaas/secret/tls.crt"' 'cert = "/etc/rodvr-agent/token/tls.crt"'; do
+  if ! grep -qF "$expected" "$out/tls.yaml"; then
+    echo "check-deploy: the TLS rendering lacks: $expected" >&2
+    exit 1
+  fi
+done
+refuse "TLS without the agents' certificates" "${keys[@]}" "${tls[@]}"
+refuse "TLS without a CA" "${keys[@]}" "${nodes_tls[@]}" --set tls.enabled=true \
+  --set-file tls.cert="$out/gsaas-gsaas.crt" --set-file tls.key="$out/gsaas-gsaas.key"
+refuse "TLS with an http agent URL" "${keys[@]}" "${tls[@]}" "${nodes_tls[@]}" \
+  --set 'agent.urlTemplate=http://{host}:7450'
 
 # The gsaasd.toml the chart renders must load.
 python3 - "$out/sqlite.yaml" "$out/gsaasd.toml" <<'PY'

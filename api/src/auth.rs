@@ -147,7 +147,18 @@ pub enum KeyError {
     },
     #[error("signing key {path} is not an Ed25519 PKCS#8 PEM key")]
     Format { path: String },
+    #[error(
+        "signing key {path} is the example key earlier versions of the Helm chart published \
+         (whatever its encoding): anyone can sign tokens with it; generate your own \
+         (openssl genpkey -algorithm ed25519)"
+    )]
+    Published { path: String },
 }
+
+/// The public half of the example signing key earlier versions of the Helm chart published: a
+/// key with this public key is anyone's, however its private half is encoded.
+pub const PUBLISHED_EXAMPLE_PUBLIC_KEY: &str =
+    "MCowBQYDK2VwAyEA7uPyDauzbvsSd30x3v3ejpIWDbrjs1oQ3oe7LQ8IEco=";
 
 /// gsaasd's signing key.
 #[derive(Clone)]
@@ -190,8 +201,12 @@ impl Keys {
             return Ok(keys);
         }
         let pem = std::fs::read_to_string(path).map_err(io)?;
-        Keys::from_private_pem(&pem)
-            .ok_or_else(|| KeyError::Format { path: path.display().to_string() })
+        let keys = Keys::from_private_pem(&pem)
+            .ok_or_else(|| KeyError::Format { path: path.display().to_string() })?;
+        if keys.public_pem.contains(PUBLISHED_EXAMPLE_PUBLIC_KEY) {
+            return Err(KeyError::Published { path: path.display().to_string() });
+        }
+        Ok(keys)
     }
 
     pub fn from_private_pem(pem: &str) -> Option<Keys> {
@@ -565,6 +580,18 @@ mod tests {
             .contains("PUBLIC KEY"));
         std::fs::write(&path, "nope").unwrap();
         assert!(matches!(Keys::load_or_create(&path), Err(KeyError::Format { .. })));
+        // The example key the chart once published, in both PKCS#8 encodings (v1, and v2 with
+        // its public key), is nobody's own.
+        let published = ed25519_dalek::SigningKey::from_bytes(b"replace-me-with-your-own-key-123");
+        let v1 = "-----BEGIN PRIVATE KEY-----\n\
+                  MC4CAQAwBQYDK2VwBCIEIHJlcGxhY2UtbWUtd2l0aC15b3VyLW93bi1rZXktMTIz\n\
+                  -----END PRIVATE KEY-----\n";
+        let v2 = published.to_pkcs8_pem(LineEnding::LF).unwrap().to_string();
+        assert_ne!(v1, v2, "two encodings of one key");
+        for pem in [v1.to_owned(), v2] {
+            std::fs::write(&path, pem).unwrap();
+            assert!(matches!(Keys::load_or_create(&path), Err(KeyError::Published { .. })));
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

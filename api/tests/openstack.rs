@@ -150,7 +150,6 @@ async fn a_queued_launch_is_created_as_its_tenant_through_a_trust() {
     };
     let first = gsaasd.launch(&alpha.token, &exclusive("e2e-first", false)).await;
     assert_eq!(gsaasd.until(&first, &alpha.token, &["ready", "error"]).await["state"], "ready");
-    let trusts_before = beta.own_trusts(&http).await.len();
 
     // Beta's launch waits; Keystone holds beta's trust for it, and beta logs out.
     let (status, queued) = gsaasd
@@ -158,9 +157,14 @@ async fn a_queued_launch_is_created_as_its_tenant_through_a_trust() {
         .await;
     assert_eq!((status, queued["state"].as_str()), (202, Some("queued")), "{queued}");
     let queued = queued["id"].as_str().unwrap().to_owned();
+    // Other tests delegate for beta too: this launch's trust, by its id.
+    let trust_id = {
+        let app = &gsaasd.service.as_ref().unwrap().app;
+        let mut conn = app.db.conn().await.unwrap();
+        gsaasd::db::delegation_of(&mut conn, queued.parse().unwrap()).await.unwrap().unwrap()
+    };
     let trusts = beta.own_trusts(&http).await;
-    assert_eq!(trusts.len(), trusts_before + 1, "{trusts:?}");
-    let trust = trusts.last().unwrap();
+    let trust = trusts.iter().find(|t| t["id"] == trust_id.as_str()).expect("the launch's trust");
     assert_eq!(trust["project_id"], beta.project_id.as_str(), "{trust}");
     assert_eq!(trust["impersonation"], true, "{trust}");
     assert!(trust["expires_at"].is_string(), "a trust that never ends: {trust}");
@@ -182,13 +186,86 @@ async fn a_queued_launch_is_created_as_its_tenant_through_a_trust() {
 
     // The trust has done its work and is gone.
     eventually("the trust deleted", || async {
-        (beta.own_trusts(&http).await.len() == trusts_before).then_some(())
+        let trusts = beta.own_trusts(&http).await;
+        trusts.iter().all(|t| t["id"] != trust_id.as_str()).then_some(())
     })
     .await;
     let (status, _) =
         gsaasd.call(Method::DELETE, &format!("/v1/vms/{queued}"), &beta.token, None).await;
     assert_eq!(status, 202);
     assert_eq!(gsaasd.until(&queued, &beta.token, &["deleted", "error"]).await["state"], "deleted");
+}
+
+/// Keystone trusts cannot outlive their use: one made with `queue_timeout_secs = 0` (a queue
+/// that waits for ever) still has an expiry; a trust whose deletion failed (gsaasd's
+/// delegation row left for a launch that ended) is deleted in Keystone by the next reconciler
+/// pass, and only then is its row forgotten; `gsaasd db purge` never forgets an undeleted one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keystone_trusts_always_end_and_a_failed_deletion_is_retried() {
+    let http = client();
+    let alpha = Login::new(&http, "alpha").await;
+    let beta = Login::new(&http, "beta").await;
+    let gsaasd = Gsaasd::start_configured(1, |c| c.queue.queue_timeout_secs = 0).await;
+    let app = gsaasd.service.as_ref().unwrap().app.clone();
+    // Beta's trusts by id (other tests delegate for beta too).
+    let trust_of = |id: String| {
+        let (http, beta) = (&http, &beta);
+        async move { beta.own_trusts(http).await.into_iter().find(|t| t["id"] == id.as_str()) }
+    };
+    let delegation_of = |vm: gpgpums::VmId| {
+        let app = app.clone();
+        async move {
+            let mut conn = app.db.conn().await.unwrap();
+            gsaasd::db::delegation_of(&mut conn, vm).await.unwrap()
+        }
+    };
+    let exclusive = |name: &str, queue: bool| {
+        json!({"name": name, "image": IMAGE, "flavor": FLAVOR, "ncgpus": 1, "mode": "exclusive",
+               "locality": "local", "queue": queue})
+    };
+    let first = gsaasd.launch(&alpha.token, &exclusive("e2e-holder", false)).await;
+    assert_eq!(gsaasd.until(&first, &alpha.token, &["ready", "error"]).await["state"], "ready");
+    let (status, queued) = gsaasd
+        .call(Method::POST, "/v1/vms", &beta.token, Some(&exclusive("e2e-waits", true)))
+        .await;
+    assert_eq!((status, queued["state"].as_str()), (202, Some("queued")), "{queued}");
+    let queued = queued["id"].as_str().unwrap().to_owned();
+    let trust_id = delegation_of(queued.parse().unwrap()).await.expect("a delegation");
+    let trust = trust_of(trust_id.clone()).await.expect("the trust in Keystone");
+    assert!(trust["expires_at"].is_string(), "a trust that never ends: {trust}");
+    let (status, _) =
+        gsaasd.call(Method::DELETE, &format!("/v1/vms/{queued}"), &beta.token, None).await;
+    assert_eq!(status, 202);
+    gsaasd.until(&queued, &beta.token, &["deleted"]).await;
+    eventually("the cancelled launch's trust deleted", || {
+        let trust = trust_of(trust_id.clone());
+        async move { trust.await.is_none().then_some(()) }
+    })
+    .await;
+
+    // A deletion that failed leaves the trust and its row behind (made here as gsaasd makes
+    // them, for the launch that ended): purge keeps the row and the VM; the next pass deletes the
+    // trust, and only then do they go.
+    let tenant = gsaasd::cloud::TenantToken {
+        token: beta.token.clone(),
+        user_id: beta.user_id.clone(),
+        project_id: beta.project_id.clone(),
+    };
+    let until = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    let delegation = app.cloud.delegate(&tenant, Some(until)).await.expect("a trust");
+    let orphan: gpgpums::VmId = queued.parse().unwrap();
+    let mut conn = app.db.conn().await.unwrap();
+    gsaasd::db::insert_delegation(&mut conn, orphan, &delegation.0, 0).await.unwrap();
+    drop(conn);
+    assert!(trust_of(delegation.0.clone()).await.is_some());
+    let purge = || gsaasd::db::purge_deleted_vms(&app.db, i64::MAX, 100, false);
+    assert_eq!(purge().await.unwrap().vms, 0, "a VM with an undeleted trust was purged");
+    assert_eq!(delegation_of(orphan).await.as_deref(), Some(delegation.0.as_str()), "purged");
+    let status = app.reconcile_once().await;
+    assert_eq!(status.delegations_ended, 1, "{status:?}");
+    assert!(trust_of(delegation.0.clone()).await.is_none(), "the trust lives on");
+    assert_eq!(delegation_of(orphan).await, None);
+    assert_eq!(purge().await.unwrap().vms, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,9 +15,14 @@ pub const FILE_MODE: u32 = 0o600;
 /// Mode of the directories that hold them.
 pub const DIR_MODE: u32 = 0o700;
 
-/// Creates `dir` (and missing parents) as 0700, or makes an existing `dir` 0700.
+/// Creates `dir` (and missing parents) as 0700, or makes an existing `dir` 0700; but a shared
+/// directory (sticky, as `/tmp`) is never anyone's to close: it is left as it is, and what goes
+/// in it is 0600 all the same.
 pub fn create_private_dir(dir: &Path) -> io::Result<()> {
     fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)?;
+    if fs::metadata(dir)?.permissions().mode() & 0o1000 != 0 {
+        return Ok(());
+    }
     restrict(dir, DIR_MODE)
 }
 
@@ -67,6 +72,12 @@ mod tests {
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
         create_private_dir(&dir).unwrap();
         assert_eq!(mode(&dir), 0o700, "an open directory is closed");
+        // A shared (sticky) directory, as /tmp, is not closed for a key put in it.
+        let shared = root.join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+        create_private_dir(&shared).unwrap();
+        assert_eq!(fs::metadata(&shared).unwrap().permissions().mode() & 0o7777, 0o1777);
         fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -4,7 +4,10 @@
 //! The launch delegates before it is reserved, so whichever replica's round starts it finds the
 //! delegation. The saga redeems it for the tenant's credential (kept in memory, like a token
 //! handed in by the launch), and the delegation ends once the server is up, or the launch ends
-//! without one; one that cannot be ended expires at the queue deadline.
+//! without one. One that cannot be ended then (Keystone down) is ended by a later reconciler pass,
+//! and its row (which `gsaasd db purge` keeps) goes only once Keystone confirms the trust gone.
+//! Every trust ends by itself too: at the queue deadline, and a queued launch on such a cloud
+//! waits at most [`MAX_DELEGATED_WAIT`].
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -21,6 +24,13 @@ use crate::error::{Error, ErrorChain};
 /// the deadline still has the time its server takes to become active.
 const DELEGATION_MARGIN: Duration = Duration::from_secs(60);
 
+/// The longest a queued launch waits on a cloud that creates servers as their tenant, whatever
+/// `queue.queue_timeout_secs` says (0 included): every trust gsaasd holds has an end.
+pub const MAX_DELEGATED_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How many delegations one reconciler pass ends at most.
+const ENDED_PER_PASS: i64 = 100;
+
 impl App {
     /// Delegates `tenant`'s right to create `vm`'s server until the launch may still start (its
     /// queue deadline, and the time to become active).
@@ -31,12 +41,15 @@ impl App {
         now_ms: i64,
     ) -> Result<Delegation, Error> {
         let active = Duration::from_secs(self.config.launch.active_timeout_secs);
-        let until = self.queue_deadline(now_ms).map(|deadline_ms| {
+        let deadline_ms = self
+            .queue_deadline(now_ms)
+            .unwrap_or_else(|| now_ms.saturating_add(MAX_DELEGATED_WAIT.as_millis() as i64));
+        let until = Some(
             SystemTime::UNIX_EPOCH
                 + Duration::from_millis(deadline_ms.max(0) as u64)
                 + active
-                + DELEGATION_MARGIN
-        });
+                + DELEGATION_MARGIN,
+        );
         let delegation =
             self.cloud.delegate(tenant, until).await.map_err(super::vms::cloud_error)?;
         let stored = async {
@@ -80,10 +93,25 @@ impl App {
         Ok(Some(token))
     }
 
+    /// Ends the delegations of VMs that no longer need them (see [`db::delegations_to_end`]): the
+    /// ones whose ending failed (Keystone down), or that a crash left. Returns how many ended.
+    pub(crate) async fn end_stale_delegations(&self) -> Result<usize, Error> {
+        if !self.cloud.needs_tenant_token() {
+            return Ok(0);
+        }
+        let vms = db::delegations_to_end(&mut *self.db.conn().await?, ENDED_PER_PASS).await?;
+        let mut ended = 0;
+        for vm in vms {
+            ended += usize::from(self.end_delegation(vm, None).await);
+        }
+        Ok(ended)
+    }
+
     /// Ends `vm`'s delegation, if it has one: with `tenant` (the launch's own token) or the
-    /// redeemed credential, and forgets the credential. Failures are logged: the delegation
-    /// expires anyway.
-    async fn end_delegation(&self, vm: VmId, tenant: Option<TenantToken>) {
+    /// redeemed credential, and forgets the credential. Its row goes only once Keystone confirms
+    /// the trust gone (deleted now, or expired or deleted before); a failure is logged, and the
+    /// reconciler tries again ([`Self::end_stale_delegations`]). Whether it ended.
+    async fn end_delegation(&self, vm: VmId, tenant: Option<TenantToken>) -> bool {
         // Without the launch's own token, the credential redeemed for the server, if kept.
         let tenant = match tenant {
             Some(tenant) => Some(tenant),
@@ -111,8 +139,12 @@ impl App {
             }
             db::delete_delegation(&mut *self.db.conn().await?, vm).await
         };
-        if let Err(e) = ended.await {
-            tracing::warn!(vm = %vm, error = %ErrorChain(&e), "ending a delegation; it expires by itself");
+        match ended.await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(vm = %vm, error = %ErrorChain(&e), "ending a delegation; the reconciler tries again");
+                false
+            }
         }
     }
 
@@ -122,6 +154,8 @@ impl App {
             return;
         }
         let app = self.clone();
-        tokio::spawn(async move { app.end_delegation(vm, tenant).await });
+        tokio::spawn(async move {
+            app.end_delegation(vm, tenant).await;
+        });
     }
 }

@@ -45,6 +45,9 @@ pub struct ReconcilerStatus {
     pub hosts_marked_unavailable: usize,
     pub tables_pushed: usize,
     pub fences_released: usize,
+    /// Keystone trusts of launches that no longer need them, deleted by the last pass after an
+    /// earlier deletion failed (see [`super::delegations`]).
+    pub delegations_ended: usize,
     /// VMs whose servers the last pass found deleted or moved outside GSaaS.
     pub servers_deleted: u32,
     pub servers_moved: u32,
@@ -143,6 +146,12 @@ impl App {
         status.fences_released = 0;
         match self.release_fences().await {
             Ok(n) => status.fences_released = n,
+            Err(e) => note(e),
+        }
+
+        status.delegations_ended = 0;
+        match self.end_stale_delegations().await {
+            Ok(n) => status.delegations_ended = n,
             Err(e) => note(e),
         }
 

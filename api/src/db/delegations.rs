@@ -36,3 +36,24 @@ pub async fn delete_delegation(conn: &mut AnyConnection, vm: VmId) -> Result<(),
     sqlx::query("DELETE FROM delegations WHERE vm = $1").bind(vm.to_string()).execute(conn).await?;
     Ok(())
 }
+
+/// The VMs whose delegation has done its work or can no longer do it, and must be ended (each
+/// trust deleted in Keystone, then its row): VMs gone, ended (`deleted`, `error`) or running
+/// (`ready`). A queued launch's, and a starting one's (whose saga may still act as its tenant
+/// with it), are kept. At most `limit`, oldest first.
+pub async fn delegations_to_end(conn: &mut AnyConnection, limit: i64) -> Result<Vec<VmId>, Error> {
+    let rows = sqlx::query(
+        "SELECT d.vm FROM delegations d LEFT JOIN vms v ON v.id = d.vm \
+         WHERE v.id IS NULL OR v.state IN ('deleted', 'error', 'ready') \
+         ORDER BY d.created_ms LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let id: String = row.try_get(0)?;
+            id.parse().map_err(|_| super::corrupt("VM id", &id))
+        })
+        .collect()
+}

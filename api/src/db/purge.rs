@@ -15,11 +15,13 @@ pub struct Purged {
 }
 
 /// The tables that keep rows about a VM, purged before the VM's own row.
-const KEPT_ABOUT_A_VM: [&str; 4] = ["vm_events", "attach_keys", "queue", "delegations"];
+const KEPT_ABOUT_A_VM: [&str; 3] = ["vm_events", "attach_keys", "queue"];
 
 /// Deletes up to `batch` VMs at a time that were deleted (their last change) before `before_ms`,
-/// each with its events, attach keys, queue tickets and delegation, a transaction per batch, until
-/// none is left. A VM whose bookings a fence still holds stays. `dry_run`: counts, deletes nothing.
+/// each with its events, attach keys and queue tickets, a transaction per batch, until none is
+/// left. A VM whose bookings a fence still holds stays, and so does one whose delegation (a
+/// Keystone trust that lets gsaasd act as its tenant) Keystone has not confirmed deleted yet:
+/// forgetting it would leave a live trust nobody knows of. `dry_run`: counts, deletes nothing.
 pub async fn purge_deleted_vms(
     db: &Db,
     before_ms: i64,
@@ -28,7 +30,8 @@ pub async fn purge_deleted_vms(
 ) -> Result<Purged, Error> {
     const PURGEABLE: &str = "FROM vms v WHERE v.state = 'deleted' AND v.updated_ms < $1 \
         AND NOT EXISTS (SELECT 1 FROM cgpus c WHERE c.vm = v.id) \
-        AND NOT EXISTS (SELECT 1 FROM fences f WHERE f.vm = v.id)";
+        AND NOT EXISTS (SELECT 1 FROM fences f WHERE f.vm = v.id) \
+        AND NOT EXISTS (SELECT 1 FROM delegations d WHERE d.vm = v.id)";
     if dry_run {
         let row = sqlx::query(&format!("SELECT COUNT(*) {PURGEABLE}"))
             .bind(before_ms)

@@ -428,10 +428,8 @@ async fn an_agents_endless_error_body_is_cut_off() {
         }
         sent
     });
-    let keys = Keys::load_or_create(
-        &std::env::temp_dir().join(format!("endless-{}.pem", std::process::id())),
-    )
-    .unwrap();
+    let (config, dir) = test_config(Store::Sqlite);
+    let keys = Keys::load_or_create(&config.signing_key_path()).unwrap();
     let host = gpgpums::HostId::new("cg-1").unwrap();
     let client = AgentClient::new(format!("http://{addr}"), host, keys.agent_signer());
     let table =
@@ -442,4 +440,5 @@ async fn an_agents_endless_error_body_is_cut_off() {
     assert!(err.to_string().chars().count() < MAX_ERROR_MESSAGE_CHARS + 200, "{err}");
     let sent = tokio::time::timeout(Duration::from_secs(20), agent).await.unwrap().unwrap();
     assert!(sent < 256 * MAX_ERROR_BYTES, "it read {sent} bytes");
+    let _ = std::fs::remove_dir_all(dir);
 }

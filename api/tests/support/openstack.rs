@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use gpgpums::{HostId, HostKind};
 use gsaasd::cloud::nova::NovaConfig;
-use gsaasd::config::{AuthConfig, AuthMode, CloudConfig, InventoryGpu, InventoryHost};
+use gsaasd::config::{AuthConfig, AuthMode, CloudConfig, Config, InventoryGpu, InventoryHost};
 use gsaasd::openstack::AuthSettings;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -259,8 +259,21 @@ impl Gsaasd {
         Self::start_polling(inventory, 50).await
     }
 
+    /// [`Gsaasd::start_polling`], its config changed by `tweak`.
+    pub async fn start_configured(gpus: u32, tweak: impl FnOnce(&mut Config)) -> Gsaasd {
+        Self::start_tweaked(inventory(gpus), 50, tweak).await
+    }
+
     /// [`Gsaasd::start_with`], polling Nova and Neutron every `poll_interval_ms`.
     pub async fn start_polling(inventory: Vec<InventoryHost>, poll_interval_ms: u64) -> Gsaasd {
+        Self::start_tweaked(inventory, poll_interval_ms, |_| {}).await
+    }
+
+    async fn start_tweaked(
+        inventory: Vec<InventoryHost>,
+        poll_interval_ms: u64,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Gsaasd {
         let clouds = clouds_yaml();
         let (mut config, dir) = test_config(Store::Sqlite);
         config.auth = AuthConfig { mode: AuthMode::Keystone, ..AuthConfig::default() };
@@ -284,6 +297,7 @@ impl Gsaasd {
         config.launch.active_timeout_secs = 60;
         config.launch.deploy_timeout_secs = 60;
         config.inventory = inventory;
+        tweak(&mut config);
         let service = tokio::time::timeout(BOUND, gsaasd::service::start(config))
             .await
             .expect("gsaasd starts in time")
