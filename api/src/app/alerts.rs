@@ -21,11 +21,8 @@ impl App {
         tracing::warn!(%host, kind = kind.as_str(), %detail, "host alert");
         self.metrics.count_host_alert(kind);
         let alert = HostAlert { at_ms: now_ms(), kind: kind.as_str().into(), detail };
-        let recorded = async {
-            let mut tx = self.db.begin().await?;
-            db::insert_host_alert(&mut tx, host, &alert).await?;
-            tx.commit().await
-        };
+        let recorded =
+            async { db::insert_host_alert(&mut *self.db.conn().await?, host, &alert).await };
         if let Err(e) = recorded.await {
             tracing::warn!(%host, error = %ErrorChain(&e), "recording a host alert");
         }
