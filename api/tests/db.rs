@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::path::PathBuf;
+
 use gsaasd::db::Db;
 use sqlx::Row;
 use support::Store;
@@ -121,27 +123,27 @@ async fn count(db: &Db, sql: &str) -> i64 {
     sqlx::query(sql).fetch_one(&mut *db.conn().await.unwrap()).await.unwrap().get(0)
 }
 
-/// A database the old runner migrated is adopted by sqlx's migrator with its data, and a
-/// database whose applied migrations differ from the binary's is refused.
-async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Store) {
+/// A database a gsaasd of before sqlx's migrator left behind: `migrations` applied and recorded
+/// in `schema_migrations` (versions 1 on), then `data` run. Its URL and the test's directory.
+async fn legacy_database(store: Store, migrations: &[&str], data: &str) -> (String, PathBuf) {
     use sqlx::Connection;
     let (config, dir) = support::test_config(store);
     std::fs::create_dir_all(&config.data_dir).unwrap();
     let url = config.database_url();
     sqlx::any::install_default_drivers();
     let mut raw = sqlx::AnyConnection::connect(&url).await.unwrap();
-    for sql in LEGACY {
+    for sql in migrations {
         sqlx::raw_sql(sql).execute(&mut raw).await.unwrap();
     }
     sqlx::raw_sql(
         "CREATE TABLE schema_migrations \
-         (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ms BIGINT NOT NULL); \
-         INSERT INTO quotas (project, cgpus, updated_ms) VALUES ('kept', 3, 0);",
+         (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ms BIGINT NOT NULL);",
     )
     .execute(&mut raw)
     .await
     .unwrap();
-    for version in 1..=12i64 {
+    sqlx::raw_sql(data).execute(&mut raw).await.unwrap();
+    for version in 1..=migrations.len() as i64 {
         sqlx::query(
             "INSERT INTO schema_migrations (version, name, applied_ms) VALUES ($1, 'x', 0)",
         )
@@ -151,6 +153,14 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
         .unwrap();
     }
     raw.close().await.unwrap();
+    (url, dir)
+}
+
+/// A database the old runner migrated is adopted by sqlx's migrator with its data, and a
+/// database whose applied migrations differ from the binary's is refused.
+async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Store) {
+    let data = "INSERT INTO quotas (project, cgpus, updated_ms) VALUES ('kept', 3, 0);";
+    let (url, dir) = legacy_database(store, &LEGACY, data).await;
 
     let db = Db::connect(&url).await.unwrap();
     assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations WHERE success").await, MIGRATIONS);
@@ -184,19 +194,8 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
 /// (tainted, its cGPU kept), simulated loopback endpoints claim nothing; and from then on the
 /// database itself refuses a second claim, whatever wrote it.
 async fn endpoints_claimed_twice_before_are_quarantined_and_never_again(store: Store) {
-    use sqlx::Connection;
-    let (config, dir) = support::test_config(store);
-    std::fs::create_dir_all(&config.data_dir).unwrap();
-    let url = config.database_url();
-    sqlx::any::install_default_drivers();
-    let mut raw = sqlx::AnyConnection::connect(&url).await.unwrap();
-    for sql in LEGACY.iter().chain(&BEFORE_UNIQUE_ENDPOINTS) {
-        sqlx::raw_sql(sql).execute(&mut raw).await.unwrap();
-    }
-    sqlx::raw_sql(
-        "CREATE TABLE schema_migrations \
-         (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_ms BIGINT NOT NULL); \
-         INSERT INTO hosts (name, seq, kind, state, last_seen_ms) VALUES \
+    let migrations: Vec<&str> = LEGACY.iter().chain(&BEFORE_UNIQUE_ENDPOINTS).copied().collect();
+    let data = "INSERT INTO hosts (name, seq, kind, state, last_seen_ms) VALUES \
            ('gpu2', 2, 'compute-gpu', 'schedulable', 0), \
            ('gpu1', 1, 'compute-gpu', 'schedulable', 0), \
            ('sim1', 3, 'compute-gpu', 'schedulable', 0), \
@@ -208,21 +207,8 @@ async fn endpoints_claimed_twice_before_are_quarantined_and_never_again(store: S
            ('gpu1:0', 'gpu1', 0, 'K20m', 4800, '10.78.0.1', 8308, 0), \
            ('gpu1:1', 'gpu1', 1, 'K20m', 4800, '10.78.0.1', 8308, 1), \
            ('sim1:0', 'sim1', 0, 'K20m', 4800, '127.0.0.1', 8308, 0), \
-           ('sim2:0', 'sim2', 0, 'K20m', 4800, '127.0.0.1', 8308, 0);",
-    )
-    .execute(&mut raw)
-    .await
-    .unwrap();
-    for version in 1..=14i64 {
-        sqlx::query(
-            "INSERT INTO schema_migrations (version, name, applied_ms) VALUES ($1, 'x', 0)",
-        )
-        .bind(version)
-        .execute(&mut raw)
-        .await
-        .unwrap();
-    }
-    raw.close().await.unwrap();
+           ('sim2:0', 'sim2', 0, 'K20m', 4800, '127.0.0.1', 8308, 0);";
+    let (url, dir) = legacy_database(store, &migrations, data).await;
 
     let db = Db::connect(&url).await.unwrap();
     let claimed = "SELECT id FROM gpus WHERE rcuda_claimed = 1 ORDER BY id";

@@ -149,7 +149,7 @@ impl Default for HttpLimits {
             body_timeout_secs: 30,
             write_timeout_secs: 30,
             max_connections: 1024,
-            max_connections_per_client: 64,
+            max_connections_per_client: 256,
         }
     }
 }

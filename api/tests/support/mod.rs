@@ -75,6 +75,9 @@ pub fn test_config(store: Store) -> (Config, PathBuf) {
         ..Config::default()
     };
     config.hosts.reconcile_interval_secs = 3600;
+    // Tests and benches are one address (127.0.0.1) acting as many clients: it may hold all the
+    // connections the server serves (the attacker suite sets its own share).
+    config.http.max_connections_per_client = config.http.max_connections;
     // Scrapes see every change at once (the gauge cache has its own test).
     config.metrics.gauge_refresh_ms = 0;
     (config, dir)
