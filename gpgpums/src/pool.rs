@@ -15,7 +15,7 @@
 //! [`Selector::SortEachRequest`] decide by the policy's definition instead: the first is the reference
 //! the tests compare against, the second the paper's per-request sort, the benchmark's baseline.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::error::{Error, Shortfall};
@@ -406,7 +406,8 @@ impl Pool {
             .get(id)
             .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
         self.reindexing(&[slot], |pool| pool.gpus[slot as usize].taint = taint);
-        self.inventory_changed();
+        // The limits do not depend on taints; the make-ups do.
+        self.makeups = None;
         self.changes += 1;
         Ok(())
     }
@@ -419,7 +420,7 @@ impl Pool {
             .get(id)
             .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
         self.reindexing(&[slot], |pool| pool.gpus[slot as usize].health = health);
-        self.inventory_changed();
+        self.makeups = None;
         self.changes += 1;
         Ok(())
     }
@@ -538,7 +539,7 @@ impl Pool {
     /// cGPUs (untainted, healthy, on schedulable hosts), with its locality and distinct-GPU rules,
     /// `on_host` when given (an attach to a `local` VM). A request that fails this waits for
     /// nothing that any release could bring, so a queue should not take it. Costs one pass over
-    /// the GPUs per kind of cGPU after each inventory change, then a lookup.
+    /// the GPUs after each inventory change, then one over the hosts' make-ups (a fleet has few).
     pub fn could_ever_fit(&mut self, request: &Request, on_host: Option<&HostId>) -> bool {
         let n = u64::from(request.ncgpus);
         if let Some(host) = on_host {
@@ -552,10 +553,7 @@ impl Pool {
             return host.state == HostState::Schedulable && room >= n;
         }
         let limits = self.limits();
-        let (total, one_host) = self.makeups().iter().fold((0u64, 0u64), |(total, best), m| {
-            let room = m.room(request);
-            (total.saturating_add(room.saturating_mul(m.hosts)), best.max(room))
-        });
+        let (total, one_host) = self.empty_room(request);
         match request.locality {
             Locality::Local => one_host >= n,
             Locality::Any => limits.schedulable_agent_host && total >= n,
@@ -568,12 +566,17 @@ impl Pool {
     pub fn could_ever_attach(&mut self, request: &Request, on_host: Option<&HostId>) -> bool {
         match on_host {
             Some(_) => self.could_ever_fit(request, on_host),
-            None => {
-                let any = Request { locality: Locality::Any, ..request.clone() };
-                let total: u64 = self.makeups().iter().map(|m| m.room(&any) * m.hosts).sum();
-                total >= u64::from(request.ncgpus)
-            }
+            None => self.empty_room(request).0 >= u64::from(request.ncgpus),
         }
+    }
+
+    /// How many cGPUs of `request`'s kind the schedulable compute-gpu hosts could hold were they
+    /// empty: in all, and on the one that could hold the most.
+    fn empty_room(&mut self, request: &Request) -> (u64, u64) {
+        self.makeups().iter().fold((0, 0), |(total, best), m| {
+            let room = m.room(request);
+            (total.saturating_add(room.saturating_mul(m.hosts)), best.max(room))
+        })
     }
 
     /// The make-ups of the schedulable compute-gpu hosts (see [`HostMakeup`]).
@@ -584,22 +587,12 @@ impl Pool {
                 if host.state != HostState::Schedulable || host.kind != HostKind::ComputeGpu {
                     continue;
                 }
-                let mut sizes: Vec<u64> = host
-                    .slots
-                    .iter()
-                    .map(|&s| &self.gpus[s as usize])
-                    .filter(|gpu| gpu.takes_new())
-                    .map(|gpu| gpu.spec.memory_mib)
-                    .collect();
-                sizes.sort_unstable();
-                let mut makeup: Vec<(u64, u64)> = Vec::new();
-                for mib in sizes {
-                    match makeup.last_mut() {
-                        Some((last, n)) if *last == mib => *n += 1,
-                        _ => makeup.push((mib, 1)),
-                    }
+                let mut by_mib: BTreeMap<u64, u64> = BTreeMap::new();
+                let gpus = host.slots.iter().map(|&s| &self.gpus[s as usize]);
+                for gpu in gpus.filter(|gpu| gpu.takes_new()) {
+                    *by_mib.entry(gpu.spec.memory_mib).or_default() += 1;
                 }
-                *by_makeup.entry(makeup).or_default() += 1;
+                *by_makeup.entry(by_mib.into_iter().collect()).or_default() += 1;
             }
             let mut makeups: Vec<HostMakeup> = by_makeup
                 .into_iter()

@@ -78,6 +78,16 @@ pub struct Rules {
     pub preemption: bool,
 }
 
+impl Rules {
+    /// Whether a hold that began at `holding_since_ms` has run its course by `now_ms` (with
+    /// backfill; without, the head holds until it starts).
+    pub fn hold_lapsed(&self, holding_since_ms: Option<i64>, now_ms: i64) -> bool {
+        self.backfill
+            && holding_since_ms
+                .is_some_and(|since| since.saturating_add(self.max_hold_ms) <= now_ms)
+    }
+}
+
 impl Default for Rules {
     fn default() -> Self {
         Rules { backfill: true, max_passes: 16, max_hold_ms: 600_000, preemption: true }
@@ -214,11 +224,7 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
     let now = round.books.now_ms;
     round.plan.reset = queue
         .iter()
-        .filter(|w| {
-            rules.backfill
-                && w.holding_since_ms
-                    .is_some_and(|since| since.saturating_add(rules.max_hold_ms) <= now)
-        })
+        .filter(|w| rules.hold_lapsed(w.holding_since_ms, now))
         .map(|w| w.project.clone())
         .collect();
     let reset: Vec<Waiting>;

@@ -489,9 +489,7 @@ impl HeadGate {
     fn holds(&self, priority: i32) -> bool {
         let rules = &self.rules;
         self.head.as_ref().is_some_and(|head| {
-            let lapsed = head
-                .holding_since_ms
-                .is_some_and(|since| since.saturating_add(rules.max_hold_ms) <= self.now_ms);
+            let lapsed = rules.hold_lapsed(head.holding_since_ms, self.now_ms);
             let barrier = head.passed.saturating_add(self.passes) >= rules.max_passes && !lapsed;
             head.priority >= priority && (head.awaiting_reclaim || !rules.backfill || barrier)
         })

@@ -166,6 +166,9 @@ impl App {
                 });
             }
         }
+        // Before the pool transaction: a refused claim bumps no generation (a hostile agent's
+        // repeated claims would otherwise make every replica reload its pool), and the alert
+        // needs the holder, which a rolled-back transaction's error would not carry.
         let stored_gpus = existing.as_ref().map_or(&[][..], |(_, gpus)| &gpus[..]);
         if let Some((claimed, holder)) =
             self.foreign_endpoint_claim(&registration, stored_gpus).await?
