@@ -273,6 +273,10 @@ fn main() {
         Some("poll") => Follow::Poll,
         _ => Follow::LongPoll,
     };
+    // RUST_LOG=sqlx::query=debug lists every statement (to count them per cycle).
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let mut rows = Vec::new();

@@ -67,7 +67,9 @@ pub(crate) struct Ending {
 #[derive(Debug)]
 pub(crate) enum Booked {
     Reserved(Box<VmDetails>),
-    Released(Box<VmRecord>),
+    /// The VM as written, and whether requests wait in the queue (the freed room may serve
+    /// them).
+    Released(Box<VmRecord>, bool),
     /// The VM as written, its new cGPUs, and whether the write claimed its saga.
     Attached(Box<VmRecord>, Vec<CgpuRecord>, bool),
     /// The attach waits in the queue, with this ticket; the VM is as it was.
@@ -135,8 +137,10 @@ impl App {
     /// [`Booking::Release`]).
     pub(crate) async fn release(&self, ending: Ending) -> Result<VmRecord, Error> {
         match self.bookings.submit(Booking::Release(Box::new(ending))).await? {
-            Booked::Released(ended) => {
-                self.trigger_queue();
+            Booked::Released(ended, queue_waits) => {
+                if queue_waits {
+                    self.trigger_queue();
+                }
                 Ok(*ended)
             }
             _ => Err(Error::internal("a release answered as something else")),
@@ -168,8 +172,10 @@ impl App {
     /// [`Booking::Detach`]).
     pub(crate) async fn release_detached(&self, ending: Ending) -> Result<VmRecord, Error> {
         match self.bookings.submit(Booking::Detach(Box::new(ending))).await? {
-            Booked::Released(ended) => {
-                self.trigger_queue();
+            Booked::Released(ended, queue_waits) => {
+                if queue_waits {
+                    self.trigger_queue();
+                }
                 Ok(*ended)
             }
             _ => Err(Error::internal("a detach answered as something else")),
@@ -183,6 +189,7 @@ impl App {
     ) -> Result<Vec<Result<Booked, Error>>, Error> {
         let mut pool_tx = self.pool_tx().await?;
         let queue_head = pool_tx.queue_head();
+        let queue_waits = pool_tx.queue_waits();
         let (pool, quotas, tx) = pool_tx.parts_with_quotas();
         let mut outcomes: Vec<Option<Result<Booked, Error>>> =
             bookings.iter().map(|_| None).collect();
@@ -215,12 +222,17 @@ impl App {
                             fences::fence_cgpus(pool, tx, &end.vm, host, db::Fenced::All).await?;
                         }
                         released.push(end.vm.id);
-                        Ok(Booked::Released(Box::new(end.vm)))
+                        Ok(Booked::Released(Box::new(end.vm), queue_waits))
                     }
                 });
             }
             if !released.is_empty() {
                 db::delete_cgpus(tx, &released).await?;
+                // What the VMs still wait for (an attach) ends with them; a round would take it
+                // out too, later.
+                if queue_waits {
+                    db::dequeue_vms(tx, &released).await?;
+                }
                 for id in &released {
                     // Fenced cGPUs have left the VM's placement already.
                     pool.release(id);
@@ -355,7 +367,9 @@ impl App {
                     }
                     outcome
                 }
-                Booking::Detach(ending) => detach_cgpus(pool, quotas, tx, ending).await?,
+                Booking::Detach(ending) => {
+                    detach_cgpus(pool, quotas, tx, ending, queue_waits).await?
+                }
                 _ => continue,
             };
             wrote |= outcome.is_ok();
@@ -535,6 +549,7 @@ async fn detach_cgpus(
     quotas: &mut QuotaLedger,
     tx: &mut sqlx::AnyConnection,
     ending: &Ending,
+    queue_waits: bool,
 ) -> Result<Result<Booked, Error>, Error> {
     let mut write = [VmWrite { vm: ending.ended.clone(), claim: None }];
     if db::update_vms(tx, &mut write).await?.first() != Some(&Written::Done { claimed: false }) {
@@ -557,7 +572,7 @@ async fn detach_cgpus(
             quotas.refund(&vm.id, Usage::of_cgpus([&cgpu]));
         }
     }
-    Ok(Ok(Booked::Released(Box::new(vm))))
+    Ok(Ok(Booked::Released(Box::new(vm), queue_waits)))
 }
 
 /// The reason of the conflict that refuses an attach or detach whose VM changed meanwhile.

@@ -99,6 +99,8 @@ pub struct App {
     bookings: batch::Batcher<bookings::Booking, bookings::Booked>,
     /// Reads of VMs with their cGPUs, in batches.
     vm_reads: batch::Batcher<VmId, Option<Box<vms::VmDetails>>>,
+    /// Reads of what VMs' views show besides the VMs, in batches.
+    view_extras: batch::Batcher<VmId, queue::ViewExtras>,
     /// The saga's and terminations' conditional VM writes, written in batches.
     vm_writes: batch::Batcher<VmWrite, (VmRecord, Written)>,
     /// New generations of hosts' route tables, read in batches.
@@ -154,6 +156,7 @@ impl App {
             watchers: watch::VmWatchers::default(),
             bookings: batch::Batcher::shared(),
             vm_reads: batch::Batcher::for_lanes(lane),
+            view_extras: batch::Batcher::for_lanes(lane),
             vm_writes: batch::Batcher::for_lanes(lane),
             route_tables: batch::Batcher::for_lanes(lane),
             applied_generations: batch::Batcher::for_lanes(lane),
@@ -169,6 +172,7 @@ impl App {
         let tasks = [
             app.bookings.start(requests, background, this.clone(), bookings::write_bookings),
             app.vm_reads.start(requests, background, this.clone(), vms::read_vms),
+            app.view_extras.start(requests, background, this.clone(), queue::read_view_extras),
             app.vm_writes.start(requests, background, this.clone(), vms::write_vms),
             app.route_tables.start(requests, background, this.clone(), hosts::read_route_tables),
             app.applied_generations.start(

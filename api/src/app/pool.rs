@@ -261,6 +261,7 @@ pub(crate) struct PoolTx<'a> {
     host_changes_before: u64,
     /// The queue's head as this transaction began.
     queue_head: Option<db::QueueHead>,
+    queue_waits: bool,
 }
 
 impl PoolTx<'_> {
@@ -273,6 +274,11 @@ impl PoolTx<'_> {
     /// transaction changes it until it ends).
     pub(crate) fn queue_head(&self) -> Option<db::QueueHead> {
         self.queue_head.clone()
+    }
+
+    /// Whether any request waited in the queue when this transaction began.
+    pub(crate) fn queue_waits(&self) -> bool {
+        self.queue_waits
     }
 
     /// [`Self::parts`] with the quota ledger, which changes with the pool.
@@ -318,7 +324,7 @@ impl App {
     /// reloads the pool if another replica changed it since.
     pub(crate) async fn pool_tx(&self) -> Result<PoolTx<'_>, Error> {
         let mut cached = self.pool.inner.lock().await;
-        let (mut tx, writer_since, db::PoolWrite { generation, queue_head }) =
+        let (mut tx, writer_since, db::PoolWrite { generation, queue_head, queue_waits }) =
             self.begin_writing(&mut cached).await?;
         if cached.generation != generation - 1 {
             self.reload(&mut cached, &mut tx, generation - 1).await?;
@@ -336,6 +342,7 @@ impl App {
             quota_changes_before,
             host_changes_before,
             queue_head,
+            queue_waits,
         })
     }
 

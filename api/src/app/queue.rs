@@ -20,8 +20,10 @@ use gpgpums::queue::{plan, Ask, Books, Waiting};
 use gpgpums::{ProjectId, TicketId, Usage, VmId};
 use tokio::sync::Notify;
 
+use super::batch::{fail_all, Queued};
 use super::bookings::{cgpu_record, check_user_data};
 use super::elastic::attach_host;
+use super::pool::BoxFuture;
 use super::vms::VmDetails;
 use super::App;
 use crate::auth::Caller;
@@ -85,7 +87,7 @@ impl App {
         let settings = self.config.queue;
         let mut pool_tx = self.pool_tx().await?;
         let (pool, quotas, tx) = pool_tx.parts_with_quotas();
-        let queued = db::queued_vms(tx, None).await?;
+        let queued = db::queued_vms(tx).await?;
         let mut round = QueueRound { waiting: queued.len(), ..QueueRound::default() };
         let mut out = Outcome { now, ..Outcome::default() };
         let mut waiting = Vec::new();
@@ -333,50 +335,33 @@ impl App {
         Ok(round)
     }
 
-    /// What the VM waits for in the queue, in ticket order, each with its place in the queue.
-    pub async fn queue_entries(&self, vm: VmId) -> Result<Vec<QueueEntry>, Error> {
-        let mut conn = self.db.conn().await?;
-        let tickets = db::queued_vms(&mut conn, Some(vm)).await?;
-        let positions: HashMap<TicketId, u64> =
-            db::queue_positions(&mut conn, vm).await?.into_iter().collect();
-        Ok(tickets
-            .into_iter()
-            .filter_map(|q| {
-                Some(QueueEntry {
-                    position: *positions.get(&q.ticket)?,
-                    queued: q.queued,
-                    enqueued_ms: q.enqueued_ms,
-                    deadline_ms: q.deadline_ms,
-                })
-            })
-            .collect())
-    }
-
-    /// What `vms` (of `project`, every project's for `None`) wait for in the queue, and their
-    /// last `events_per_vm` events: what a page of VMs shows, in a few queries.
+    /// What `vms` wait for in the queue, and their last `events_per_vm` events: what a page of
+    /// VMs, or a batch of single VMs' views, shows, in two queries per
+    /// [`db::MAX_ROWS`](crate::db) VMs.
     pub async fn queue_and_events(
         &self,
-        project: Option<&str>,
         vms: &[VmId],
         events_per_vm: usize,
     ) -> Result<QueueAndEvents, Error> {
         let mut conn = self.db.conn().await?;
-        // Events first, as for one VM (see `http::vm_view`).
+        // Events first: an attach leaves the queue in the transaction that records its event,
+        // so the queue read after an event never still shows it.
         let events = db::events_of_vms(&mut conn, vms, events_per_vm).await?;
-        let on_page: HashSet<VmId> = vms.iter().copied().collect();
         let mut entries: HashMap<VmId, Vec<QueueEntry>> = HashMap::new();
-        for row in db::queue_rows(&mut conn, project).await? {
-            if !on_page.contains(&row.vm) {
-                continue;
-            }
-            entries.entry(row.vm).or_default().push(QueueEntry {
-                position: row.position,
-                queued: row.queued,
-                enqueued_ms: row.enqueued_ms,
-                deadline_ms: row.deadline_ms,
+        for place in db::queue_places(&mut conn, vms).await? {
+            entries.entry(place.vm).or_default().push(QueueEntry {
+                position: place.position,
+                queued: place.queued,
+                enqueued_ms: place.enqueued_ms,
+                deadline_ms: place.deadline_ms,
             });
         }
         Ok(QueueAndEvents { entries, events })
+    }
+
+    /// The VM's requests in the queue and its latest events, read in the next batch.
+    pub async fn view_extras(&self, vm: VmId) -> Result<ViewExtras, Error> {
+        self.view_extras.submit(vm).await
     }
 
     /// The queue as `caller` may see it: its project's requests (an admin's: every project's) in
@@ -390,19 +375,6 @@ impl App {
         let rows = db::queue_rows(&mut conn, project).await?;
         let lengths = db::queue_lengths(&mut conn).await?;
         Ok((rows, lengths))
-    }
-
-    /// Takes what a VM being terminated waits for out of the queue (a round would, later).
-    pub(crate) async fn dequeue_terminated(&self, vm: VmId) {
-        let dequeued = async { db::dequeue_vm(&mut *self.db.conn().await?, vm).await };
-        if let Err(e) = dequeued.await {
-            tracing::warn!(vm = %vm, error = %ErrorChain(&e), "dequeueing a terminated VM's attaches");
-        }
-    }
-
-    /// The VM's events, oldest first.
-    pub async fn vm_events(&self, vm: VmId) -> Result<Vec<db::VmEvent>, Error> {
-        db::events_of(&mut *self.db.conn().await?, vm).await
     }
 
     /// Cancels a queued launch: the VM ends `deleted` and leaves the queue. `Stale`: it changed
@@ -533,4 +505,37 @@ fn ended(vm: &VmRecord, state: VmState, error: String, now: i64) -> VmWrite {
     vm.step = SagaStep::Done;
     vm.updated_ms = now;
     VmWrite { vm, claim: None }
+}
+
+/// What a VM's view shows besides the VM: its requests in the queue and its latest events.
+#[derive(Debug, Default)]
+pub struct ViewExtras {
+    pub entries: Vec<QueueEntry>,
+    pub events: Vec<db::VmEvent>,
+}
+
+/// Reads one batch of views' extras (the [`super::batch::Batcher`] task's work): every view a
+/// poll answers needs them, so they are read for many VMs at once, as the VMs are.
+pub(crate) fn read_view_extras(
+    app: Arc<App>,
+    queued: Vec<Queued<VmId, ViewExtras>>,
+) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let mut ids: Vec<VmId> = queued.iter().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let per_vm = usize::try_from(db::EVENTS_PER_VM).unwrap_or(usize::MAX);
+        match app.queue_and_events(&ids, per_vm).await {
+            Ok(QueueAndEvents { entries, events }) => {
+                for (id, reply) in queued {
+                    let extras = ViewExtras {
+                        entries: entries.get(&id).cloned().unwrap_or_default(),
+                        events: events.get(&id).cloned().unwrap_or_default(),
+                    };
+                    let _ = reply.send(Ok(extras));
+                }
+            }
+            Err(e) => fail_all(queued, e),
+        }
+    })
 }

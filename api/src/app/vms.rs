@@ -306,7 +306,7 @@ impl App {
         let more = vms.len() > limit;
         vms.truncate(limit);
         let ids: Vec<VmId> = vms.iter().map(|d| d.vm.id).collect();
-        let extras = self.queue_and_events(filter.project, &ids, LIST_EVENTS_PER_VM).await?;
+        let extras = self.queue_and_events(&ids, LIST_EVENTS_PER_VM).await?;
         Ok(VmPage { vms, more, extras })
     }
 
@@ -370,7 +370,6 @@ impl App {
                 *vm = written_vm;
                 self.watchers.changed(vm);
                 inc(&self.metrics.terminations);
-                self.dequeue_terminated(id).await;
                 self.wake_saga(id);
                 self.spawn_saga_from(id, claimed.then(|| details.clone()));
                 return Ok(details);

@@ -372,6 +372,9 @@ pub struct PoolWrite {
     /// The generation, bumped by this transaction.
     pub generation: i64,
     pub queue_head: Option<QueueHead>,
+    /// Whether any request waits in the queue: only then is a release worth a queue round.
+    /// Requests join the queue only in pool transactions, so this is exact until commit.
+    pub queue_waits: bool,
 }
 
 /// BEGIN and the bump of [`bump_generation`], as one simple-protocol message on PostgreSQL.
@@ -400,12 +403,18 @@ pub async fn begin_pool_write(mut conn: Conn) -> Result<(WriteTx, PoolWrite), Er
         tx
     };
     let row = sqlx::query(&format!(
-        "SELECT p.generation, {QUEUE_HEAD_COLUMNS} FROM pool_state p \
+        "SELECT p.generation, \
+             (SELECT COUNT(*) FROM (SELECT 1 FROM queue LIMIT 1) AS waiting), \
+             {QUEUE_HEAD_COLUMNS} FROM pool_state p \
          LEFT JOIN queue q ON q.head > 0 WHERE p.id = 1"
     ))
     .fetch_one(&mut *tx)
     .await?;
-    let state = PoolWrite { generation: row.try_get(0)?, queue_head: queue_head_at(&row, 1)? };
+    let state = PoolWrite {
+        generation: row.try_get(0)?,
+        queue_waits: row.try_get::<i64, _>(1)? > 0,
+        queue_head: queue_head_at(&row, 2)?,
+    };
     Ok((tx, state))
 }
 

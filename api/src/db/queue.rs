@@ -109,22 +109,14 @@ pub async fn enqueue(conn: &mut AnyConnection, new: NewTicket<'_>) -> Result<Tic
     Ok(TicketId(ticket as u64))
 }
 
-/// Every ticket with its VM, in ticket order; `of`: only that VM's.
-pub async fn queued_vms(
-    conn: &mut AnyConnection,
-    of: Option<VmId>,
-) -> Result<Vec<QueuedVm>, Error> {
-    let filter = if of.is_some() { "WHERE q.vm = $1" } else { "" };
+/// Every ticket with its VM, in ticket order.
+pub async fn queued_vms(conn: &mut AnyConnection) -> Result<Vec<QueuedVm>, Error> {
     let sql = format!(
         "SELECT {VM_COLUMNS}, q.ticket, q.passed, q.enqueued_ms, q.deadline_ms, q.priority, \
-         q.kind, q.attach, q.holding_since_ms FROM queue q JOIN vms v ON v.id = q.vm {filter} \
+         q.kind, q.attach, q.holding_since_ms FROM queue q JOIN vms v ON v.id = q.vm \
          ORDER BY q.ticket"
     );
-    let mut query = sqlx::query(&sql);
-    if let Some(vm) = of {
-        query = query.bind(vm.to_string());
-    }
-    let rows = query.fetch_all(conn).await?;
+    let rows = sqlx::query(&sql).fetch_all(conn).await?;
     rows.iter()
         .map(|row| {
             let at = VM_COLUMN_COUNT;
@@ -165,7 +157,19 @@ pub async fn dequeue(conn: &mut AnyConnection, tickets: &[TicketId]) -> Result<(
 
 /// Takes every ticket of the VM out of the queue.
 pub async fn dequeue_vm(conn: &mut AnyConnection, vm: VmId) -> Result<(), Error> {
-    sqlx::query("DELETE FROM queue WHERE vm = $1").bind(vm.to_string()).execute(conn).await?;
+    dequeue_vms(conn, &[vm]).await
+}
+
+/// Takes every ticket of `vms` out of the queue, in one statement per [`super::MAX_ROWS`] VMs.
+pub async fn dequeue_vms(conn: &mut AnyConnection, vms: &[VmId]) -> Result<(), Error> {
+    let ids: Vec<String> = vms.iter().map(VmId::to_string).collect();
+    super::fetch_batched(
+        conn,
+        super::keys(ids.iter().map(String::as_str)),
+        super::MAX_ROWS,
+        |values| format!("DELETE FROM queue WHERE vm IN (VALUES {values})"),
+    )
+    .await?;
     Ok(())
 }
 
@@ -260,26 +264,63 @@ pub async fn pass_head(
     Ok(())
 }
 
-/// The places of the VM's tickets in the queue (1: next), by ticket: each counts the tickets of
-/// higher priority, or of equal priority and earlier.
-pub async fn queue_positions(
+/// A VM's ticket as its owner sees it: what it waits for and its place in the whole queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuePlace {
+    pub vm: VmId,
+    pub ticket: TicketId,
+    pub queued: Queued,
+    pub enqueued_ms: i64,
+    pub deadline_ms: Option<i64>,
+    /// 1: next. Each ticket counts the tickets of higher priority, or of equal priority and
+    /// earlier.
+    pub position: u64,
+}
+
+/// The tickets of `vms` with their places in the queue, in ticket order: one query per
+/// [`super::MAX_ROWS`] VMs.
+pub async fn queue_places(
     conn: &mut AnyConnection,
-    vm: VmId,
-) -> Result<Vec<(TicketId, u64)>, Error> {
-    let rows = sqlx::query(
-        "SELECT q.ticket, (SELECT COUNT(*) FROM queue o WHERE o.priority > q.priority \
-             OR (o.priority = q.priority AND o.ticket < q.ticket)) + 1 \
-         FROM queue q WHERE q.vm = $1 ORDER BY q.ticket",
+    vms: &[VmId],
+) -> Result<Vec<QueuePlace>, Error> {
+    let ids: Vec<String> = vms.iter().map(VmId::to_string).collect();
+    let rows = super::fetch_batched(
+        conn,
+        super::keys(ids.iter().map(String::as_str)),
+        super::MAX_ROWS,
+        |values| {
+            format!(
+                "SELECT q.vm, q.ticket, q.kind, q.attach, q.enqueued_ms, q.deadline_ms, \
+                     (SELECT COUNT(*) FROM queue o WHERE o.priority > q.priority \
+                      OR (o.priority = q.priority AND o.ticket < q.ticket)) + 1 \
+                 FROM queue q WHERE q.vm IN (VALUES {values}) ORDER BY q.ticket"
+            )
+        },
     )
-    .bind(vm.to_string())
-    .fetch_all(conn)
     .await?;
-    rows.iter()
+    let mut places = rows
+        .iter()
         .map(|row| {
-            let ticket: i64 = row.try_get(0)?;
-            Ok((TicketId(ticket as u64), row.try_get::<i64, _>(1)? as u64))
+            let vm: String = row.try_get(0)?;
+            let ticket: i64 = row.try_get(1)?;
+            let kind: String = row.try_get(2)?;
+            let position: i64 = row.try_get(6)?;
+            Ok(QueuePlace {
+                vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+                ticket: TicketId(
+                    u64::try_from(ticket).map_err(|_| corrupt("ticket", &ticket.to_string()))?,
+                ),
+                queued: Queued::from_row(&kind, row.try_get::<Option<String>, _>(3)?.as_deref())?,
+                enqueued_ms: row.try_get(4)?,
+                deadline_ms: row.try_get(5)?,
+                position: u64::try_from(position)
+                    .map_err(|_| corrupt("queue position", &position.to_string()))?,
+            })
         })
-        .collect()
+        .collect::<Result<Vec<_>, Error>>()?;
+    // Chunks come back in chunk order: the whole answer in ticket order.
+    places.sort_by_key(|p| p.ticket);
+    Ok(places)
 }
 
 /// A ticket as the queue's views show it, with its VM's name and what it asks for.

@@ -366,12 +366,8 @@ async fn vm_view(
     details: &crate::app::vms::VmDetails,
     admin: bool,
 ) -> Result<VmView, Error> {
-    // Events first: an attach leaves the queue in the transaction that records its event, so
-    // the queue read after an event never still shows it.
-    let events = app.vm_events(details.vm.id).await?;
-    let entries = app.queue_entries(details.vm.id).await?;
-    let view = VmView::new(details, admin).with_queue_and_events(&entries, events);
-    Ok(view)
+    let extras = app.view_extras(details.vm.id).await?;
+    Ok(VmView::new(details, admin).with_queue_and_events(&extras.entries, extras.events))
 }
 
 /// Terminate a VM: withdraw its routes, delete it, release its cGPUs. Idempotent.

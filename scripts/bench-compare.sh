@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Builds one bench at two commits and runs the two builds alternately on this machine, so a
+# performance claim compares like with like (same machine, same load, same moment).
+#
+#   scripts/bench-compare.sh OLD NEW BENCH [ARGS...]
+#
+# OLD and NEW are commits (or WORKTREE for the working tree as it is); BENCH is `crate:bench`
+# (`gsaasd:cycles`) or a bench of gsaasd (`cycles`); ARGS go to the bench after `--`.
+# ROUNDS (default 3) sets how many times each build runs: OLD, NEW, OLD, NEW, ...
+#
+# Each commit is checked out in a worktree of its own under target/bench-compare/ and built with a
+# target directory of its own: a shared one would mix the commits' sources through cargo's
+# dep-info. The first build of a commit takes minutes; later runs reuse it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ $# -lt 3 ]; then
+  sed -n '2,12p' "$0" >&2
+  exit 2
+fi
+old=$1 new=$2 bench=$3
+shift 3
+case $bench in
+  *:*) crate=${bench%%:*} bench=${bench#*:} ;;
+  *) crate=gsaasd ;;
+esac
+rounds=${ROUNDS:-3}
+root=$PWD
+base=$root/target/bench-compare
+
+# Prints the bench's crate directory and executable, built from commit $1, a tab between.
+build() {
+  local rev=$1 dir target label
+  if [ "$rev" = WORKTREE ]; then
+    dir=$root
+    target=$root/target
+  else
+    local sha
+    sha=$(git rev-parse --short=12 "$rev^{commit}")
+    dir=$base/$sha
+    target=$base/target-$sha
+    if [ ! -d "$dir" ]; then
+      git worktree add --detach "$dir" "$sha" >&2
+    fi
+  fi
+  label=$rev
+  echo "bench-compare: building $crate:$bench at $label" >&2
+  (cd "$dir" && CARGO_TARGET_DIR=$target cargo bench -p "$crate" --bench "$bench" --locked --no-run \
+    --message-format=json 2>/dev/null) |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["manifest_path"].rsplit("/", 1)[0] + "\t" + m["executable"])
+' "$bench" | tail -n 1
+}
+
+IFS=$'\t' read -r old_dir old_bin <<<"$(build "$old")" || true
+IFS=$'\t' read -r new_dir new_bin <<<"$(build "$new")" || true
+[ -x "${old_bin:-}" ] || { echo "bench-compare: no $bench executable for $old" >&2; exit 1; }
+[ -x "${new_bin:-}" ] || { echo "bench-compare: no $bench executable for $new" >&2; exit 1; }
+
+echo "bench-compare: $crate:$bench $* on $(hostname), $(nproc) cores, $(date -u +%FT%TZ)"
+echo "  old = $old ($(git rev-parse --short "$old" 2>/dev/null || echo worktree))"
+echo "  new = $new ($(git rev-parse --short "$new" 2>/dev/null || echo worktree))"
+for round in $(seq 1 "$rounds"); do
+  for side in old new; do
+    if [ $side = old ]; then bin=$old_bin dir=$old_dir; else bin=$new_bin dir=$new_dir; fi
+    echo "=== round $round: $side"
+    # Benches run from their crate's directory, as cargo bench runs them.
+    (cd "$dir" && "$bin" --bench "$@")
+  done
+done
