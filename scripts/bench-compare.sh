@@ -45,8 +45,9 @@ build() {
   fi
   label=$rev
   echo "bench-compare: building $crate:$bench at $label" >&2
+  mkdir -p "$base"
   (cd "$dir" && CARGO_TARGET_DIR=$target cargo bench -p "$crate" --bench "$bench" --locked --no-run \
-    --message-format=json 2>/dev/null) |
+    --message-format=json 2>"$base/build-$bench.log") |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -61,8 +62,8 @@ for line in sys.stdin:
 
 IFS=$'\t' read -r old_dir old_bin <<<"$(build "$old")" || true
 IFS=$'\t' read -r new_dir new_bin <<<"$(build "$new")" || true
-[ -x "${old_bin:-}" ] || { echo "bench-compare: no $bench executable for $old" >&2; exit 1; }
-[ -x "${new_bin:-}" ] || { echo "bench-compare: no $bench executable for $new" >&2; exit 1; }
+[ -x "${old_bin:-}" ] || { tail -n 20 "$base/build-$bench.log" >&2; echo "bench-compare: no $bench executable for $old" >&2; exit 1; }
+[ -x "${new_bin:-}" ] || { tail -n 20 "$base/build-$bench.log" >&2; echo "bench-compare: no $bench executable for $new" >&2; exit 1; }
 
 echo "bench-compare: $crate:$bench $* on $(hostname), $(nproc) cores, $(date -u +%FT%TZ)"
 echo "  old = $old ($(git rev-parse --short "$old" 2>/dev/null || echo worktree))"
