@@ -43,6 +43,10 @@ else
 fi
 export GSAAS_OPENSTACK_CLOUDS=$clouds
 
+# No import circle between a crate's modules, no arrow up gsaasd's layers (docs/architecture.md).
+python3 scripts/check-modules.py --self-test
+python3 scripts/check-modules.py
+
 # Benches are not run here (they are long and print figures); clippy --all-targets compiles them.
 cargo test --workspace --locked "$@"
 # The Helm chart, its rendered manifests and config, and the systemd units.

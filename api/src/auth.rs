@@ -34,21 +34,9 @@ use crate::openstack::{TokenValidator, ValidationError};
 /// Audience of tokens for gsaasd's own API.
 pub const API_AUDIENCE: &str = "gsaas";
 
-/// The longest lifetime a token may be issued with: a year.
-pub const MAX_TOKEN_TTL_SECS: u64 = 366 * 24 * 3600;
+pub use crate::config::MAX_TOKEN_TTL_SECS;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// A tenant: acts on its project's VMs.
-    Member,
-    /// An operator: sees and acts on everything.
-    Admin,
-    /// A host's RODVR agent: registers its host and heartbeats, nothing else.
-    Agent,
-    /// A metrics scraper (Prometheus): reads `/metrics`, nothing else.
-    Metrics,
-}
+pub use crate::caller::{Caller, Role};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Claims {
@@ -91,50 +79,6 @@ struct Verified {
     exp: u64,
     /// The ids whose revocation revokes the token.
     ids: Vec<String>,
-}
-
-/// An authenticated caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    pub subject: String,
-    pub project: Option<String>,
-    pub role: Role,
-}
-
-impl Caller {
-    pub fn is_admin(&self) -> bool {
-        self.role == Role::Admin
-    }
-
-    /// The caller's project, for what happens in one (a launch); agents have none and are
-    /// refused, and so is an admin whose token is scoped to no project (Keystone's system scope).
-    pub fn tenant_project(&self) -> Result<&str, Error> {
-        match (self.role, &self.project) {
-            (Role::Member | Role::Admin, Some(project)) => Ok(project),
-            (Role::Admin, None) => Err(Error::invalid(
-                "token",
-                "is scoped to no project: use a project-scoped token to act in a project",
-            )),
-            _ => Err(Error::NotFound { kind: "resource", id: String::new() }),
-        }
-    }
-
-    /// Whose VMs the caller sees: every project's (`None`, admins) or its own.
-    pub fn visible_project(&self) -> Result<Option<&str>, Error> {
-        match (self.role, &self.project) {
-            (Role::Admin, _) => Ok(None),
-            (Role::Member, Some(project)) => Ok(Some(project)),
-            _ => Err(Error::NotFound { kind: "resource", id: String::new() }),
-        }
-    }
-
-    pub fn require_admin(&self) -> Result<(), Error> {
-        if self.is_admin() {
-            Ok(())
-        } else {
-            Err(Error::NotFound { kind: "resource", id: String::new() })
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -10,6 +10,17 @@ use gpgpums::Shortfall;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+tokio::task_local! {
+    /// The id of the request this task serves (set by `http::requests::trace_requests`): every
+    /// error answer names it.
+    pub(crate) static REQUEST_ID: String;
+}
+
+/// The id of the request being served by this task, if any.
+pub fn current_request_id() -> Option<String> {
+    REQUEST_ID.try_with(Clone::clone).ok()
+}
+
 type Source = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
@@ -271,7 +282,7 @@ impl IntoResponse for Error {
                 }),
                 _ => None,
             },
-            request_id: crate::http::requests::current_request_id(),
+            request_id: current_request_id(),
         };
         let body = serde_json::to_vec(&problem).expect("problem serializes");
         (status, [(header::CONTENT_TYPE, "application/problem+json")], body).into_response()

@@ -10,6 +10,7 @@
 pub mod agents;
 pub mod app;
 pub mod auth;
+pub mod caller;
 pub mod cloud;
 pub mod cloudinit;
 pub mod config;

@@ -6,6 +6,7 @@
 
 mod args;
 mod client;
+mod failure;
 mod openstack;
 mod output;
 

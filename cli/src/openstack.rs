@@ -17,7 +17,7 @@ use std::time::Duration;
 use openstack_config::{AuthSettings, ConfigError};
 use serde_json::Value;
 
-use crate::client::{exit, unreachable, Failure};
+use crate::failure::{exit, unreachable, Failure};
 
 /// OpenStack credentials found in the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]

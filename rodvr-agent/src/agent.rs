@@ -10,7 +10,6 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::firewall::{Dataplane, Firewall, FirewallError};
-use crate::metadata::EnvError;
 use crate::metrics::{inc, AgentMetrics};
 use crate::protocol::{
     AppliedState, ApplyOutcome, ApplyStatus, GpuReport, Health, HostKind, HostReport, InvalidEntry,
@@ -18,6 +17,7 @@ use crate::protocol::{
 };
 use crate::render::route_map;
 use crate::state::{Admission, GenerationConflict, Ledger, StateFileError};
+use crate::vm_env::EnvError;
 use gpgpums::ids::HostId;
 
 #[derive(Debug, thiserror::Error)]
@@ -172,12 +172,12 @@ impl<F: Firewall> Agent<F> {
         self.metrics.render(routes, generation)
     }
 
-    /// The rCUDA environment of the VM at `ip`, per the table in force (see [`crate::metadata`]).
+    /// The rCUDA environment of the VM at `ip`, per the table in force (see [`crate::vm_env`]).
     pub fn environment(&self, ip: std::net::Ipv4Addr) -> Result<RcudaEnv, EnvError> {
         let inner = self.lock();
         match inner.ledger.current() {
             Some(table) if inner.applied_generation == Some(table.generation) => {
-                crate::metadata::environment_of(table, ip)
+                crate::vm_env::environment_of(table, ip)
             }
             _ => Err(EnvError::NotApplied),
         }

@@ -22,3 +22,4 @@ pub mod protocol;
 pub mod render;
 pub mod server;
 pub mod state;
+pub mod vm_env;

@@ -14,7 +14,7 @@
 //! either getting the other's.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -26,41 +26,8 @@ use axum::{Json, Router};
 use crate::agent::Agent;
 use crate::firewall::Firewall;
 use crate::httpd;
-use crate::protocol::{RcudaDevice, RcudaEnv, RouteTable};
-
-/// Why the agent has no environment for a caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum EnvError {
-    /// No route table is in force yet (the agent just started, or applying failed).
-    #[error("no route table is applied yet")]
-    NotApplied,
-    /// No VM of this host has the caller's address.
-    #[error("no VM of this host has this address")]
-    Unknown,
-    /// More than one VM of this host has the caller's address.
-    #[error("more than one VM of this host has this address")]
-    Ambiguous,
-}
-
-/// The rCUDA environment of the VM at `ip` in `table`: its routes' masked endpoints, in order
-/// (none for a VM whose cGPUs were all detached).
-pub fn environment_of(table: &RouteTable, ip: Ipv4Addr) -> Result<RcudaEnv, EnvError> {
-    let routes = table.routes.iter().filter(|r| r.vm_ip == ip);
-    let idle = table.vms_without_cgpus.iter().filter(|p| p.vm_ip == ip);
-    let mut taps = routes.clone().map(|r| &r.vm_tap).chain(idle.map(|p| &p.vm_tap));
-    let tap = taps.next().ok_or(EnvError::Unknown)?;
-    if taps.any(|other| other != tap) {
-        return Err(EnvError::Ambiguous);
-    }
-    let devices = routes
-        .map(|route| RcudaDevice {
-            address: *route.masked.ip(),
-            port: route.masked.port(),
-            gpu_number: route.gpu_number,
-        })
-        .collect();
-    Ok(RcudaEnv { devices })
-}
+use crate::protocol::RcudaEnv;
+use crate::vm_env::EnvError;
 
 /// The metadata server's routes; the caller is the request's peer (see [`httpd::serve`]).
 pub fn router<F: Firewall + 'static>(agent: Arc<Agent<F>>) -> Router {
@@ -109,7 +76,8 @@ async fn env_json<F: Firewall + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Route, VmPort};
+    use crate::protocol::{Route, RouteTable, VmPort};
+    use crate::vm_env::environment_of;
     use gpgpums::VmId;
 
     fn route(vm: u128, tap: &str, ip: &str, port: u16, gpu_number: u32) -> Route {

@@ -20,7 +20,7 @@ use gpgpums::{Pool, ProjectId, QuotaLedger, Shortfall, Usage};
 use super::batch::Queued;
 use super::fences;
 use super::pool::BoxFuture;
-use super::vms::{rcuda_env, VmDetails};
+use super::shared::{rcuda_env, VmDetails, MAX_DELEGATED_WAIT};
 use super::App;
 use crate::cloudinit;
 use crate::config::MaskingConfig;
@@ -157,14 +157,12 @@ impl App {
 
     /// When a request queued at `now` ends with `queue_timeout`; `None`: never. On a cloud that
     /// creates servers as their tenant a launch waits on a trust, and every trust ends: there it
-    /// is at most [`super::delegations::MAX_DELEGATED_WAIT`] away.
+    /// is at most [`MAX_DELEGATED_WAIT`] away.
     pub(crate) fn queue_deadline(&self, now: i64) -> Option<i64> {
         let timeout_secs = self.config.queue.queue_timeout_secs;
         let timeout_ms = (timeout_secs > 0).then(|| timeout_secs as i64 * 1000);
-        let delegated_ms = self
-            .cloud
-            .needs_tenant_token()
-            .then(|| super::delegations::MAX_DELEGATED_WAIT.as_millis() as i64);
+        let delegated_ms =
+            self.cloud.needs_tenant_token().then(|| MAX_DELEGATED_WAIT.as_millis() as i64);
         [timeout_ms, delegated_ms].into_iter().flatten().min().map(|ms| now + ms)
     }
 

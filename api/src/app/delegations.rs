@@ -24,9 +24,7 @@ use crate::error::{Error, ErrorChain};
 /// the deadline still has the time its server takes to become active.
 const DELEGATION_MARGIN: Duration = Duration::from_secs(60);
 
-/// The longest a queued launch waits on a cloud that creates servers as their tenant, whatever
-/// `queue.queue_timeout_secs` says (0 included): every trust gsaasd holds has an end.
-pub const MAX_DELEGATED_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+pub use super::shared::MAX_DELEGATED_WAIT;
 
 /// How many delegations one reconciler pass ends at most.
 const ENDED_PER_PASS: i64 = 100;

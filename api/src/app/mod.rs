@@ -36,6 +36,7 @@ pub mod reconciler;
 pub mod redact;
 pub mod rehome;
 pub mod saga;
+mod shared;
 pub mod tokens;
 pub mod vms;
 pub mod watch;

@@ -24,7 +24,8 @@ use super::batch::{fail_all, Queued};
 use super::bookings::{cgpu_record, check_user_data};
 use super::elastic::attach_host;
 use super::pool::BoxFuture;
-use super::vms::VmDetails;
+use super::shared::VmDetails;
+pub use super::shared::{QueueAndEvents, QueueEntry};
 use super::App;
 use crate::auth::Caller;
 use crate::db::{self, now_ms, Claim, VmWrite, Written};
@@ -452,23 +453,6 @@ async fn shrink_vm(
     db::insert_event(tx, shrink.vm, &event).await?;
     let [write] = write;
     Ok(write)
-}
-
-/// A request waiting in the queue, as its VM's owner sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueueEntry {
-    /// 1: next.
-    pub position: u64,
-    pub queued: db::Queued,
-    pub enqueued_ms: i64,
-    pub deadline_ms: Option<i64>,
-}
-
-/// What a list of VMs shows of the queue and of events (see [`App::queue_and_events`]).
-#[derive(Debug, Default)]
-pub struct QueueAndEvents {
-    pub entries: HashMap<VmId, Vec<QueueEntry>>,
-    pub events: HashMap<VmId, Vec<db::VmEvent>>,
 }
 
 /// What a round writes besides the planner's bookings.

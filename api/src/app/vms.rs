@@ -14,14 +14,14 @@ use super::batch::{fail_all, Queued};
 use super::bookings::Reservation;
 use super::fields::{check_text, FieldChecks};
 use super::pool::BoxFuture;
+pub use super::shared::{rcuda_env, VmDetails};
 use super::App;
 use crate::auth::Caller;
 use crate::cloud::{CloudError, TenantToken};
-use crate::cloudinit::{RcudaDevice, RcudaEnv};
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::Error;
 use crate::metrics::inc;
-use crate::model::{CgpuRecord, CgpuState, LaunchSpec, SagaStep, Timings, VmRecord, VmState};
+use crate::model::{LaunchSpec, SagaStep, Timings, VmRecord, VmState};
 
 /// A launch request, validated by the HTTP layer for shape.
 #[derive(Debug, Clone)]
@@ -34,13 +34,6 @@ pub struct LaunchInput {
     pub tenant: Option<TenantToken>,
     /// Wait in the queue rather than fail when the GPUs are not there now.
     pub queue: bool,
-}
-
-/// A VM with its cGPUs.
-#[derive(Debug, Clone)]
-pub struct VmDetails {
-    pub vm: VmRecord,
-    pub cgpus: Vec<CgpuRecord>,
 }
 
 /// The longest name (of the VM, an image, a flavor, a network) a launch may give, in characters
@@ -95,21 +88,6 @@ pub(crate) fn cloud_error(e: CloudError) -> Error {
         CloudError::Invalid { field, reason } => Error::invalid(field, reason),
         CloudError::Quota(reason) => Error::Conflict(format!("cloud quota exceeded: {reason}")),
         e => Error::unavailable("cloud", e),
-    }
-}
-
-/// The rCUDA environment of a VM's cGPUs (in attach order): its live ones, numbered from 0.
-pub fn rcuda_env(cgpus: &[CgpuRecord]) -> RcudaEnv {
-    RcudaEnv {
-        devices: cgpus
-            .iter()
-            .filter(|c| c.state == CgpuState::Live)
-            .map(|c| RcudaDevice {
-                address: c.masked_address,
-                port: c.masked_port,
-                gpu_number: c.rcuda_gpu_number,
-            })
-            .collect(),
     }
 }
 
@@ -479,5 +457,5 @@ pub struct VmPage {
     /// More VMs follow the last of `vms`.
     pub more: bool,
     /// What they wait for in the queue, and their latest events.
-    pub extras: super::queue::QueueAndEvents,
+    pub extras: super::shared::QueueAndEvents,
 }

@@ -45,7 +45,7 @@ use async_trait::async_trait;
 use gpgpums::{HostId, VmId};
 use serde::{Deserialize, Serialize};
 
-use super::sim::{Ipv4Cidr, SimAddressPool, SimVmNetwork, VmPort};
+use super::sim_network::{Ipv4Cidr, SimAddressPool, SimVmNetwork, VmPort};
 use super::{CloudError, ServerId};
 
 /// How long one `ip` command may take before the attach or detach fails.

@@ -19,6 +19,9 @@ pub mod sources;
 use crate::cloud::nova::NovaConfig;
 use crate::cloud::sim::{SimConfig, SimVmNetworkConfig};
 
+/// The longest lifetime a token may be issued with: a year.
+pub const MAX_TOKEN_TTL_SECS: u64 = 366 * 24 * 3600;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}")]
@@ -448,7 +451,7 @@ impl HostsConfig {
             check_agent_url(&template.replace("{host}", "host"))
                 .map_err(|why| format!("hosts.agent_url_template: {why}"))?;
         }
-        if !(1..=crate::auth::MAX_TOKEN_TTL_SECS).contains(&self.fence_timeout_secs) {
+        if !(1..=MAX_TOKEN_TTL_SECS).contains(&self.fence_timeout_secs) {
             return Err("hosts.fence_timeout_secs: must be between 1 and a year".into());
         }
         Ok(())
@@ -559,7 +562,7 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
-        let max_ttl = crate::auth::MAX_TOKEN_TTL_SECS;
+        let max_ttl = MAX_TOKEN_TTL_SECS;
         for (field, ttl) in [
             ("auth.token_ttl_secs", self.auth.token_ttl_secs),
             ("auth.agent_token_ttl_secs", self.auth.agent_token_ttl_secs),
@@ -585,10 +588,10 @@ impl Config {
                         must be at least 1"
                 .into());
         }
-        if self.queue.max_hold_secs > crate::auth::MAX_TOKEN_TTL_SECS {
+        if self.queue.max_hold_secs > MAX_TOKEN_TTL_SECS {
             return Err("queue.max_hold_secs: must be at most a year".into());
         }
-        if self.queue.queue_timeout_secs > crate::auth::MAX_TOKEN_TTL_SECS {
+        if self.queue.queue_timeout_secs > MAX_TOKEN_TTL_SECS {
             return Err("queue.queue_timeout_secs: must be at most a year".into());
         }
         if self.queue.reclaim_wait_secs > 86_400 {

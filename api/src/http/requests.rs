@@ -18,14 +18,8 @@ use tracing::Instrument;
 /// The response header that carries the request's id.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-tokio::task_local! {
-    static REQUEST_ID: String;
-}
-
-/// The id of the request being served by this task, if any.
-pub fn current_request_id() -> Option<String> {
-    REQUEST_ID.try_with(Clone::clone).ok()
-}
+pub use crate::error::current_request_id;
+use crate::error::REQUEST_ID;
 
 /// Names the request, serves it inside its span and logs its answer: method, route, status and
 /// latency.

@@ -27,7 +27,7 @@ use serde::Deserialize;
 
 use super::time::parse_rfc3339;
 use super::AuthSettings;
-use crate::auth::{Caller, Role};
+use crate::caller::{Caller, Role};
 
 /// The header that carries a token to a service, and Keystone's answer header.
 pub const AUTH_TOKEN: &str = "X-Auth-Token";

@@ -17,10 +17,10 @@ use rodvr_agent::agent::{Agent, HostFacts};
 use rodvr_agent::auth::TokenVerifier;
 use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
 use rodvr_agent::httpd::{self, HttpLimits, TlsFiles};
-use rodvr_agent::metadata::EnvError;
 use rodvr_agent::protocol::{AppliedState, ErrorBody, HostKind, RcudaEnv, RouteTable};
 use rodvr_agent::render::TableParams;
 use rodvr_agent::state::Ledger;
+use rodvr_agent::vm_env::EnvError;
 
 /// How a [`TestAgent`] answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
