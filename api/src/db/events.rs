@@ -77,22 +77,16 @@ pub async fn events_of_vms(
     vms: &[VmId],
     per_vm: usize,
 ) -> Result<HashMap<VmId, Vec<VmEvent>>, Error> {
-    let ids: Vec<String> = vms.iter().map(VmId::to_string).collect();
     let per_vm = i64::try_from(per_vm).unwrap_or(i64::MAX);
-    let rows = super::fetch_batched(
-        conn,
-        super::keys(ids.iter().map(String::as_str)),
-        super::MAX_ROWS,
-        |values| {
-            format!(
-                "SELECT vm, at_ms, kind, detail FROM ( \
+    let rows = super::fetch_for_vms(conn, vms, |values| {
+        format!(
+            "SELECT vm, at_ms, kind, detail FROM ( \
                      SELECT e.vm, e.seq, e.at_ms, e.kind, e.detail, \
                          ROW_NUMBER() OVER (PARTITION BY e.vm ORDER BY e.seq DESC) AS latest \
                      FROM vm_events e WHERE e.vm IN (VALUES {values}) \
                  ) ranked WHERE latest <= {per_vm} ORDER BY vm, seq"
-            )
-        },
-    )
+        )
+    })
     .await?;
     let mut events: HashMap<VmId, Vec<VmEvent>> = HashMap::new();
     for row in rows {

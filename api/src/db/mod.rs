@@ -517,6 +517,17 @@ async fn fetch_batched(
     Ok(answered)
 }
 
+/// The rows `sql` reads for `vms`, in one statement per [`MAX_ROWS`] VMs (`sql` names them as
+/// `IN (VALUES {values})`).
+async fn fetch_for_vms(
+    conn: &mut AnyConnection,
+    vms: &[gpgpums::VmId],
+    sql: impl Fn(&str) -> String,
+) -> Result<Vec<AnyRow>, sqlx::Error> {
+    let ids: Vec<String> = vms.iter().map(gpgpums::VmId::to_string).collect();
+    fetch_batched(conn, keys(ids.iter().map(String::as_str)), MAX_ROWS, sql).await
+}
+
 /// The rows of a batch keyed by one text column each.
 fn keys<'a>(keys: impl Iterator<Item = &'a str>) -> Vec<Vec<Param>> {
     keys.map(|key| vec![Param::text(key)]).collect()

@@ -162,13 +162,9 @@ pub async fn dequeue_vm(conn: &mut AnyConnection, vm: VmId) -> Result<(), Error>
 
 /// Takes every ticket of `vms` out of the queue, in one statement per [`super::MAX_ROWS`] VMs.
 pub async fn dequeue_vms(conn: &mut AnyConnection, vms: &[VmId]) -> Result<(), Error> {
-    let ids: Vec<String> = vms.iter().map(VmId::to_string).collect();
-    super::fetch_batched(
-        conn,
-        super::keys(ids.iter().map(String::as_str)),
-        super::MAX_ROWS,
-        |values| format!("DELETE FROM queue WHERE vm IN (VALUES {values})"),
-    )
+    super::fetch_for_vms(conn, vms, |values| {
+        format!("DELETE FROM queue WHERE vm IN (VALUES {values})")
+    })
     .await?;
     Ok(())
 }
@@ -283,20 +279,14 @@ pub async fn queue_places(
     conn: &mut AnyConnection,
     vms: &[VmId],
 ) -> Result<Vec<QueuePlace>, Error> {
-    let ids: Vec<String> = vms.iter().map(VmId::to_string).collect();
-    let rows = super::fetch_batched(
-        conn,
-        super::keys(ids.iter().map(String::as_str)),
-        super::MAX_ROWS,
-        |values| {
-            format!(
-                "SELECT q.vm, q.ticket, q.kind, q.attach, q.enqueued_ms, q.deadline_ms, \
+    let rows = super::fetch_for_vms(conn, vms, |values| {
+        format!(
+            "SELECT q.vm, q.ticket, q.kind, q.attach, q.enqueued_ms, q.deadline_ms, \
                      (SELECT COUNT(*) FROM queue o WHERE o.priority > q.priority \
                       OR (o.priority = q.priority AND o.ticket < q.ticket)) + 1 \
                  FROM queue q WHERE q.vm IN (VALUES {values}) ORDER BY q.ticket"
-            )
-        },
-    )
+        )
+    })
     .await?;
     let mut places = rows
         .iter()
