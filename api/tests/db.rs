@@ -94,30 +94,22 @@ async fn a_vm_keeps_only_its_latest_events_in_order(store: Store) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The migrations a gsaasd of before sqlx's migrator recorded in `schema_migrations`.
-const LEGACY: [&str; 12] = [
-    include_str!("../../migrations/0001_init.sql"),
-    include_str!("../../migrations/0002_pending_indexes.sql"),
-    include_str!("../../migrations/0003_drop_unused_vm_indexes.sql"),
-    include_str!("../../migrations/0004_gpu_taints.sql"),
-    include_str!("../../migrations/0005_revoked_tokens.sql"),
-    include_str!("../../migrations/0006_elastic_cgpus.sql"),
-    include_str!("../../migrations/0007_quotas.sql"),
-    include_str!("../../migrations/0008_queue.sql"),
-    include_str!("../../migrations/0009_preemption.sql"),
-    include_str!("../../migrations/0010_queued_attaches.sql"),
-    include_str!("../../migrations/0011_queue_bounds.sql"),
-    include_str!("../../migrations/0012_fencing.sql"),
-];
+/// The SQL of the binary's migrations `from..to` (versions, `to` excluded).
+fn migrations(from: i64, to: i64) -> Vec<&'static str> {
+    gsaasd::db::MIGRATIONS
+        .iter()
+        .filter(|(version, _, _)| (from..to).contains(version))
+        .map(|(_, _, sql)| *sql)
+        .collect()
+}
 
-/// The migrations after the legacy ones and before 0015, which made rCUDA endpoints unique.
-const BEFORE_UNIQUE_ENDPOINTS: [&str; 2] = [
-    include_str!("../../migrations/0013_list_indexes.sql"),
-    include_str!("../../migrations/0014_quota_counts.sql"),
-];
+/// The migrations a gsaasd of before sqlx's migrator recorded in `schema_migrations` (1-12).
+fn legacy() -> Vec<&'static str> {
+    migrations(1, 13)
+}
 
 /// How many migrations the binary has.
-const MIGRATIONS: i64 = 17;
+const MIGRATIONS: i64 = gsaasd::db::MIGRATIONS.len() as i64;
 
 async fn count(db: &Db, sql: &str) -> i64 {
     sqlx::query(sql).fetch_one(&mut *db.conn().await.unwrap()).await.unwrap().get(0)
@@ -160,7 +152,7 @@ async fn legacy_database(store: Store, migrations: &[&str], data: &str) -> (Stri
 /// database whose applied migrations differ from the binary's is refused.
 async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Store) {
     let data = "INSERT INTO quotas (project, cgpus, updated_ms) VALUES ('kept', 3, 0);";
-    let (url, dir) = legacy_database(store, &LEGACY, data).await;
+    let (url, dir) = legacy_database(store, &legacy(), data).await;
 
     let db = Db::connect(&url).await.unwrap();
     assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations WHERE success").await, MIGRATIONS);
@@ -194,7 +186,8 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
 /// (tainted, its cGPU kept), simulated loopback endpoints claim nothing; and from then on the
 /// database itself refuses a second claim, whatever wrote it.
 async fn endpoints_claimed_twice_before_are_quarantined_and_never_again(store: Store) {
-    let migrations: Vec<&str> = LEGACY.iter().chain(&BEFORE_UNIQUE_ENDPOINTS).copied().collect();
+    // The migrations before 0015, which made rCUDA endpoints unique.
+    let migrations = migrations(1, 15);
     let data = "INSERT INTO hosts (name, seq, kind, state, last_seen_ms) VALUES \
            ('gpu2', 2, 'compute-gpu', 'schedulable', 0), \
            ('gpu1', 1, 'compute-gpu', 'schedulable', 0), \

@@ -536,15 +536,13 @@ impl NovaCloud {
             let path = format!("/v2/images?name={}", encode(image));
             self.get_listing::<Listing>("image", &path, tenant).await?.images
         };
-        let invalid = |reason: String| CloudError::Invalid { field: "image", reason };
-        match candidates.as_slice() {
-            [] => Err(invalid(format!("no image {image:?}"))),
-            [one] if one.status.as_deref().is_some_and(|s| s != "active") => Err(invalid(format!(
-                "image {image:?} is {}, not active",
-                one.status.as_deref().unwrap_or_default()
-            ))),
-            [one] => Ok(one.id.clone()),
-            _ => Err(invalid(format!("several images are named {image:?}; name it by id"))),
+        let one = the_one(candidates, "image", "image", image)?;
+        match one.status.as_deref() {
+            Some(status) if status != "active" => Err(CloudError::Invalid {
+                field: "image",
+                reason: format!("image {image:?} is {status}, not active"),
+            }),
+            _ => Ok(one.id),
         }
     }
 
@@ -553,29 +551,23 @@ impl NovaCloud {
         network: &str,
         tenant: Option<&TenantToken>,
     ) -> Result<String, CloudError> {
-        let invalid = |reason: String| CloudError::Invalid { field: "networks", reason };
-        if uuid::Uuid::parse_str(network).is_ok() {
+        let candidates = if uuid::Uuid::parse_str(network).is_ok() {
             #[derive(Deserialize)]
             struct One {
                 network: IdOnly,
             }
             let path = format!("/v2.0/networks/{}", encode(network));
-            return match self.get_optional::<One>("network", &path, tenant).await? {
-                Some(one) => Ok(one.network.id),
-                None => Err(invalid(format!("no network {network:?}"))),
-            };
-        }
-        #[derive(Deserialize)]
-        struct Listing {
-            networks: Vec<IdOnly>,
-        }
-        let path = format!("/v2.0/networks?name={}", encode(network));
-        let networks = self.get_listing::<Listing>("network", &path, tenant).await?.networks;
-        match networks.as_slice() {
-            [] => Err(invalid(format!("no network {network:?}"))),
-            [one] => Ok(one.id.clone()),
-            _ => Err(invalid(format!("several networks are named {network:?}; name it by id"))),
-        }
+            let one = self.get_optional::<One>("network", &path, tenant).await?;
+            one.map(|one| one.network).into_iter().collect()
+        } else {
+            #[derive(Deserialize)]
+            struct Listing {
+                networks: Vec<IdOnly>,
+            }
+            let path = format!("/v2.0/networks?name={}", encode(network));
+            self.get_listing::<Listing>("network", &path, tenant).await?.networks
+        };
+        Ok(the_one(candidates, "networks", "network", network)?.id)
     }
 
     /// Nova's `networks` for the request.
@@ -995,5 +987,40 @@ impl Cloud for NovaCloud {
             }
         };
         Self::bounded(timeout, gone).await
+    }
+}
+
+/// The one `kind` that `name` (a name or an id) finds among `candidates`, or why not: there is
+/// none, or several share the name (then it must be named by id). `field` is the request's.
+fn the_one<T>(
+    candidates: Vec<T>,
+    field: &'static str,
+    kind: &str,
+    name: &str,
+) -> Result<T, CloudError> {
+    let mut candidates = candidates.into_iter();
+    let reason = match (candidates.next(), candidates.next()) {
+        (Some(one), None) => return Ok(one),
+        (None, _) => format!("no {kind} {name:?}"),
+        (Some(_), Some(_)) => format!("several {kind}s are named {name:?}; name it by id"),
+    };
+    Err(CloudError::Invalid { field, reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_finds_one_resource_or_says_why_not() {
+        let reason = |e: CloudError| match e {
+            CloudError::Invalid { field, reason } => format!("{field}: {reason}"),
+            other => panic!("not a refusal of the request: {other:?}"),
+        };
+        assert_eq!(the_one(vec![7], "image", "image", "cirros").unwrap(), 7);
+        let none = the_one(Vec::<u8>::new(), "networks", "network", "private").unwrap_err();
+        assert_eq!(reason(none), "networks: no network \"private\"");
+        let several = the_one(vec![1, 2], "image", "image", "cirros").unwrap_err();
+        assert_eq!(reason(several), "image: several images are named \"cirros\"; name it by id");
     }
 }

@@ -48,9 +48,10 @@ use sqlx::{AnyConnection, AnyPool, Connection, Row, TransactionManager};
 
 use crate::error::Error;
 
-/// The migrations, in order, embedded so the binary carries its schema. sqlx's migrator applies
-/// them (see [`migrations`]).
-const MIGRATIONS: &[(i64, &str, &str)] = &[
+/// The migrations, in order (version, name, SQL), embedded so the binary carries its schema.
+/// sqlx's migrator applies them (see [`migrations`]); the upgrade tests build older schemas from
+/// their first ones.
+pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../../../migrations/0001_init.sql")),
     (2, "pending_indexes", include_str!("../../../migrations/0002_pending_indexes.sql")),
     (

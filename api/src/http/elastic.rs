@@ -25,11 +25,8 @@ use crate::error::{Error, Problem};
         ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: one attach per key and project")),
     responses(
         (status = 202, description = "Accepted; the new cGPUs are being routed", body = VmView),
-        (status = 400, description = "Malformed request", body = Problem),
-        (status = 401, description = "No or invalid token", body = Problem),
         (status = 404, description = "No such VM", body = Problem),
         (status = 409, description = "The VM is not ready, or its cGPUs are changing", body = Problem),
-        (status = 422, description = "Invalid field", body = Problem),
         (status = 403, description = "Over the project's quota (`quota_exceeded`); nothing changed", body = Problem),
         (status = 507, description = "Not enough GPU capacity and `queue` not set; nothing changed", body = Problem),
         (status = 429, description = "With `queue`: the project already has `queue.max_waiting_per_project` requests waiting", body = Problem),
@@ -59,7 +56,6 @@ pub(super) async fn attach_cgpus(
         ("index" = u32, Path, description = "The cGPU's index")),
     responses(
         (status = 202, description = "Accepted; the cGPU is being detached", body = VmView),
-        (status = 401, description = "No or invalid token", body = Problem),
         (status = 404, description = "No such VM, or no such cGPU on it", body = Problem),
         (status = 409, description = "The VM is not ready, or its cGPUs are changing", body = Problem),
     ),

@@ -29,8 +29,7 @@ pub(super) struct ForgetQuery {
 /// 409 while its agent heartbeats, unless `force=true`.
 #[utoipa::path(post, path = "/v1/hosts/{name}/forget", tag = "hosts",
     params(("name" = String, Path, description = "The host's name"), ForgetQuery),
-    responses((status = 200, body = HostView), (status = 400, body = Problem), (status = 401, body = Problem),
-        (status = 404, body = Problem), (status = 409, description = "Its agent is alive and `force` is not set", body = Problem)),
+    responses((status = 200, body = HostView), (status = 409, description = "Its agent is alive and `force` is not set", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn forget_host(
     State(app): State<AppState>,
@@ -72,7 +71,7 @@ impl From<Rehomed> for EvacuationView {
 /// keep new cGPUs off it.
 #[utoipa::path(post, path = "/v1/gpus/{id}/evacuate", tag = "gpus",
     params(("id" = String, Path, description = "The GPU's id")),
-    responses((status = 200, body = EvacuationView), (status = 401, body = Problem), (status = 404, body = Problem),
+    responses((status = 200, body = EvacuationView),
         (status = 409, description = "A VM with a cGPU there is changing; nothing moved", body = Problem),
         (status = 507, description = "Some cGPU fits on no other GPU; nothing moved", body = Problem)),
     security(("bearer" = [])))]
@@ -89,7 +88,7 @@ pub(super) async fn evacuate_gpu(
 /// first to keep new cGPUs off it.
 #[utoipa::path(post, path = "/v1/hosts/{name}/evacuate", tag = "hosts",
     params(("name" = String, Path, description = "The host's name")),
-    responses((status = 200, body = EvacuationView), (status = 401, body = Problem), (status = 404, body = Problem),
+    responses((status = 200, body = EvacuationView),
         (status = 409, description = "A VM with a cGPU there is changing; nothing moved", body = Problem),
         (status = 507, description = "Some cGPU fits on no other GPU; nothing moved", body = Problem)),
     security(("bearer" = [])))]
@@ -139,7 +138,7 @@ pub struct FenceList {
 
 /// List the fences (admins).
 #[utoipa::path(get, path = "/v1/fences", tag = "hosts",
-    responses((status = 200, body = FenceList), (status = 401, body = Problem), (status = 404, body = Problem)),
+    responses((status = 200, body = FenceList), (status = 404, description = "Not the caller's to see: anyone but an admin is answered as if it did not exist", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn list_fences(
     State(app): State<AppState>,

@@ -91,8 +91,7 @@ const QUERY_VALUE: &percent_encoding::AsciiSet =
 /// Deleted VMs are left out unless asked for. A page holds at most `limit` VMs; `next`, when
 /// present, is the link to the page after it.
 #[utoipa::path(get, path = "/v1/vms", tag = "vms", params(VmListQuery),
-    responses((status = 200, body = VmList), (status = 401, body = Problem),
-        (status = 422, body = Problem)),
+    responses((status = 200, body = VmList)),
     security(("bearer" = [])))]
 pub(super) async fn list_vms(
     State(app): State<AppState>,
@@ -159,8 +158,7 @@ pub(super) struct PoolQuery {
 /// GPU pool capacity and use (admins: per host and GPU, with rCUDA endpoints and holders, a page
 /// of hosts at a time, in registration order).
 #[utoipa::path(get, path = "/v1/pool", tag = "pool", params(PoolQuery),
-    responses((status = 200, body = PoolView), (status = 401, body = Problem),
-        (status = 422, body = Problem)),
+    responses((status = 200, body = PoolView)),
     security(("bearer" = [])))]
 pub(super) async fn get_pool(
     State(app): State<AppState>,

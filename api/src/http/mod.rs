@@ -278,10 +278,6 @@ fn location(id: &str) -> String {
     responses(
         (status = 202, description = "Accepted; the VM is being created", body = VmView,
             headers(("Location" = String, description = "The VM's URL"))),
-        (status = 400, description = "Malformed request", body = Problem),
-        (status = 401, description = "No or invalid token", body = Problem),
-        (status = 422, description = "Invalid field", body = Problem),
-        (status = 503, description = "The cloud or the database is unavailable", body = Problem),
         (status = 403, description = "Over the project's quota (`quota_exceeded`); nothing changed", body = Problem),
         (status = 507, description = "Not enough GPU capacity", body = Problem),
         (status = 429, description = "With `queue`: the project already has `queue.max_waiting_per_project` requests waiting", body = Problem),
@@ -314,7 +310,7 @@ async fn launch_vm(
 /// Requests of the caller's project (admins: of every project), each with its place in the whole
 /// queue, and how many requests wait at each priority in all.
 #[utoipa::path(get, path = "/v1/queue", tag = "vms",
-    responses((status = 200, body = QueueView), (status = 401, body = Problem)),
+    responses((status = 200, body = QueueView)),
     security(("bearer" = [])))]
 async fn get_queue(State(app): State<AppState>, caller: Caller) -> Result<Json<QueueView>, Error> {
     let (rows, lengths) = app.queue_of(&caller).await?;
@@ -333,8 +329,7 @@ struct GetVmQuery {
 /// Show a VM: state, cGPUs, rCUDA environment, stage timings.
 #[utoipa::path(get, path = "/v1/vms/{id}", tag = "vms",
     params(("id" = String, Path, description = "The VM's id"), GetVmQuery),
-    responses((status = 200, body = VmView), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 404, body = Problem)),
+    responses((status = 200, body = VmView)),
     security(("bearer" = [])))]
 async fn get_vm(
     State(app): State<AppState>,
@@ -373,8 +368,7 @@ async fn vm_view(
 /// Terminate a VM: withdraw its routes, delete it, release its cGPUs. Idempotent.
 #[utoipa::path(delete, path = "/v1/vms/{id}", tag = "vms",
     params(("id" = String, Path, description = "The VM's id")),
-    responses((status = 202, description = "Terminating (or already terminated)", body = VmView),
-        (status = 401, body = Problem), (status = 404, body = Problem)),
+    responses((status = 202, description = "Terminating (or already terminated)", body = VmView)),
     security(("bearer" = [])))]
 async fn terminate_vm(
     State(app): State<AppState>,
@@ -387,7 +381,7 @@ async fn terminate_vm(
 
 /// List hosts (admins).
 #[utoipa::path(get, path = "/v1/hosts", tag = "hosts",
-    responses((status = 200, body = HostList), (status = 401, body = Problem), (status = 404, body = Problem)),
+    responses((status = 200, body = HostList), (status = 404, description = "Not the caller's to see: anyone but an admin is answered as if it did not exist", body = Problem)),
     security(("bearer" = [])))]
 async fn list_hosts(State(app): State<AppState>, caller: Caller) -> Result<Json<HostList>, Error> {
     caller.require_admin()?;
@@ -403,8 +397,8 @@ async fn list_hosts(State(app): State<AppState>, caller: Caller) -> Result<Json<
 #[utoipa::path(put, path = "/v1/hosts/{name}", tag = "hosts",
     params(("name" = String, Path, description = "The host's name")),
     request_body = HostReportBody,
-    responses((status = 200, body = HostView), (status = 401, body = Problem), (status = 404, body = Problem),
-        (status = 409, body = Problem), (status = 422, body = Problem)),
+    responses((status = 200, body = HostView),
+        (status = 409, body = Problem)),
     security(("bearer" = [])))]
 async fn register_host(
     State(app): State<AppState>,
@@ -434,7 +428,7 @@ async fn register_host(
 /// line (revoking the line's first id revokes both).
 #[utoipa::path(post, path = "/v1/hosts/{name}/token", tag = "hosts",
     params(("name" = String, Path, description = "The host's name")),
-    responses((status = 200, body = AgentToken), (status = 401, body = Problem), (status = 404, body = Problem)),
+    responses((status = 200, body = AgentToken)),
     security(("bearer" = [])))]
 async fn renew_agent_token(
     State(app): State<AppState>,
@@ -452,7 +446,7 @@ async fn renew_agent_token(
 /// Drain a host: no new cGPUs there (admins).
 #[utoipa::path(post, path = "/v1/hosts/{name}/drain", tag = "hosts",
     params(("name" = String, Path, description = "The host's name")),
-    responses((status = 200, body = HostView), (status = 401, body = Problem), (status = 404, body = Problem)),
+    responses((status = 200, body = HostView)),
     security(("bearer" = [])))]
 async fn drain_host(
     State(app): State<AppState>,
@@ -466,7 +460,7 @@ async fn drain_host(
 /// Undrain a host (admins).
 #[utoipa::path(post, path = "/v1/hosts/{name}/undrain", tag = "hosts",
     params(("name" = String, Path, description = "The host's name")),
-    responses((status = 200, body = HostView), (status = 401, body = Problem), (status = 404, body = Problem)),
+    responses((status = 200, body = HostView)),
     security(("bearer" = [])))]
 async fn undrain_host(
     State(app): State<AppState>,
@@ -485,8 +479,7 @@ fn gpu_id(raw: &str) -> Result<GpuId, Error> {
 #[utoipa::path(post, path = "/v1/gpus/{id}/taint", tag = "gpus",
     params(("id" = String, Path, description = "The GPU's id")),
     request_body = TaintRequest,
-    responses((status = 200, body = GpuTaintView), (status = 401, body = Problem),
-        (status = 404, body = Problem), (status = 422, body = Problem)),
+    responses((status = 200, body = GpuTaintView)),
     security(("bearer" = [])))]
 async fn taint_gpu(
     State(app): State<AppState>,
@@ -507,7 +500,7 @@ async fn taint_gpu(
 /// Untaint a GPU: it takes new cGPUs again (admins).
 #[utoipa::path(post, path = "/v1/gpus/{id}/untaint", tag = "gpus",
     params(("id" = String, Path, description = "The GPU's id")),
-    responses((status = 200, body = GpuTaintView), (status = 401, body = Problem), (status = 404, body = Problem)),
+    responses((status = 200, body = GpuTaintView)),
     security(("bearer" = [])))]
 async fn untaint_gpu(
     State(app): State<AppState>,
@@ -550,8 +543,8 @@ async fn readyz(State(app): State<AppState>) -> (StatusCode, Json<Readiness>) {
 /// Metrics in the Prometheus text format (admins and `metrics` tokens; per GPU and host, so never
 /// tenants).
 #[utoipa::path(get, path = "/metrics", tag = "service",
-    responses((status = 200, body = String, content_type = "text/plain"), (status = 401, body = Problem),
-        (status = 404, body = Problem)),
+    responses((status = 200, body = String, content_type = "text/plain"),
+        (status = 404, description = "Not the caller's to see: anyone but a metrics scraper or an admin is answered as if it did not exist", body = Problem)),
     security(("bearer" = [])))]
 async fn metrics(State(app): State<AppState>, caller: Caller) -> Result<Response, Error> {
     if !matches!(caller.role, Role::Admin | Role::Metrics) {

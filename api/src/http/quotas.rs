@@ -104,7 +104,7 @@ pub struct QuotaList {
 /// The caller's project's quota (tenants), or every project's with limits of its own or cGPUs
 /// held (admins).
 #[utoipa::path(get, path = "/v1/quotas", tag = "quotas",
-    responses((status = 200, body = QuotaList), (status = 401, body = Problem)),
+    responses((status = 200, body = QuotaList)),
     security(("bearer" = [])))]
 pub(super) async fn list_quotas(
     State(app): State<AppState>,
@@ -117,7 +117,7 @@ pub(super) async fn list_quotas(
 /// A project's quota limits and use (admins: any project; tenants: their own).
 #[utoipa::path(get, path = "/v1/quotas/{project}", tag = "quotas",
     params(("project" = String, Path, description = "The project's id")),
-    responses((status = 200, body = QuotaView), (status = 401, body = Problem),
+    responses((status = 200, body = QuotaView),
         (status = 404, description = "No such project, or not the caller's", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn get_quota(
@@ -132,8 +132,7 @@ pub(super) async fn get_quota(
 #[utoipa::path(put, path = "/v1/quotas/{project}", tag = "quotas",
     request_body = QuotaLimits,
     params(("project" = String, Path, description = "The project's id")),
-    responses((status = 200, body = QuotaView), (status = 400, body = Problem),
-        (status = 401, body = Problem), (status = 404, body = Problem),
+    responses((status = 200, body = QuotaView),
         (status = 422, description = "A limit out of range", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn put_quota(
@@ -150,8 +149,7 @@ pub(super) async fn put_quota(
 /// Give a project the default quota limits again (admins).
 #[utoipa::path(delete, path = "/v1/quotas/{project}", tag = "quotas",
     params(("project" = String, Path, description = "The project's id")),
-    responses((status = 200, body = QuotaView), (status = 401, body = Problem),
-        (status = 404, body = Problem)),
+    responses((status = 200, body = QuotaView)),
     security(("bearer" = [])))]
 pub(super) async fn delete_quota(
     State(app): State<AppState>,
