@@ -18,7 +18,7 @@ use crate::app::fields::FieldChecks;
 use crate::app::vms::MAX_NAME;
 use crate::auth::Caller;
 use crate::db::VmFilter;
-use crate::error::{Error, Problem};
+use crate::error::Error;
 use crate::model::VmState;
 
 /// The most VMs a page holds, and how many it holds unless asked for fewer (as Nova's
