@@ -344,6 +344,10 @@ async fn a_queued_attach_waits_beside_its_running_vm_and_starts_when_capacity_fr
     assert!(metrics.contains("gsaas_cgpu_attaches_total{outcome=\"queued\"} 2"), "{metrics}");
     let (status, _) = t.delete(&member, &format!("/v1/vms/{doomed}")).await;
     assert_eq!(status, 202);
+    // At once, not at a later round or the VM's release: a terminated VM's attach neither counts
+    // against its project's waiting requests nor holds others back as the queue's head.
+    let (_, metrics) = scrape(&t, &admin).await;
+    assert!(metrics.contains("gsaas_queue_length{priority=\"0\"} 1"), "{metrics}");
     t.wait_state(&member, &doomed, "deleted").await;
 
     // The freed GPU went to the waiting attach: it is routed, and the owner sees how it came;

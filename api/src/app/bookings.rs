@@ -187,7 +187,9 @@ impl App {
     ) -> Result<Vec<Result<Booked, Error>>, Error> {
         let mut pool_tx = self.pool_tx().await?;
         let queue_head = pool_tx.queue_head();
-        let queue_waits = pool_tx.queue_waits();
+        // Whether a request waits; the batch's own queued requests count too, for the detaches
+        // after them.
+        let mut queue_waits = pool_tx.queue_waits();
         let (pool, quotas, tx) = pool_tx.parts_with_quotas();
         let mut outcomes: Vec<Option<Result<Booked, Error>>> =
             bookings.iter().map(|_| None).collect();
@@ -226,11 +228,6 @@ impl App {
             }
             if !released.is_empty() {
                 db::delete_cgpus(tx, &released).await?;
-                // What the VMs still wait for (an attach) ends with them; a round would take it
-                // out too, later.
-                if queue_waits {
-                    db::dequeue_vms(tx, &released).await?;
-                }
                 for id in &released {
                     // Fenced cGPUs have left the VM's placement already.
                     pool.release(id);
@@ -336,6 +333,7 @@ impl App {
                     deadline_ms: deadline,
                 };
                 db::enqueue(tx, ticket).await?;
+                queue_waits = true;
             }
             for (i, details) in reserved {
                 outcomes[i] = Some(Ok(Booked::Reserved(Box::new(details))));
@@ -360,8 +358,10 @@ impl App {
                         held,
                     )
                     .await?;
-                    if matches!(outcome, Ok(Booked::Attached(..))) {
-                        gate.started(&attachment.vm.project, priority);
+                    match outcome {
+                        Ok(Booked::Attached(..)) => gate.started(&attachment.vm.project, priority),
+                        Ok(Booked::AttachQueued(_)) => queue_waits = true,
+                        _ => {}
                     }
                     outcome
                 }

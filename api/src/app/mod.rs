@@ -52,7 +52,7 @@ use crate::auth::{HasKeys, Keys};
 use crate::cloud::sim::SimCloud;
 use crate::cloud::Cloud;
 use crate::config::Config;
-use crate::db::{Backend, Db, VmWrite, Written};
+use crate::db::{Backend, Db, Written};
 use crate::lanes::LaneThread;
 use crate::metrics::Metrics;
 use crate::model::VmRecord;
@@ -103,7 +103,7 @@ pub struct App {
     /// Reads of what VMs' views show besides the VMs, in batches.
     view_extras: batch::Batcher<VmId, queue::ViewExtras>,
     /// The saga's and terminations' conditional VM writes, written in batches.
-    vm_writes: batch::Batcher<VmWrite, (VmRecord, Written)>,
+    vm_writes: batch::Batcher<vms::BatchedVmWrite, (VmRecord, Written)>,
     /// New generations of hosts' route tables, read in batches.
     route_tables: batch::Batcher<HostId, hosts::TableRead>,
     /// Generations the hosts' agents confirmed, written in batches.

@@ -19,7 +19,7 @@ use super::App;
 use crate::auth::Caller;
 use crate::cloud::{CloudError, TenantToken};
 use crate::db::{self, now_ms, VmWrite, Written};
-use crate::error::Error;
+use crate::error::{Error, ErrorChain};
 use crate::metrics::inc;
 use crate::model::{LaunchSpec, SagaStep, Timings, VmRecord, VmState};
 
@@ -343,7 +343,7 @@ impl App {
                 until_ms: now + self.lease_ms(),
             };
             let (written_vm, written) =
-                self.write_vm(VmWrite { vm: vm.clone(), claim: Some(claim) }).await?;
+                self.write_termination(VmWrite { vm: vm.clone(), claim: Some(claim) }).await?;
             if let Written::Done { claimed } = written {
                 *vm = written_vm;
                 self.watchers.changed(vm);
@@ -356,23 +356,53 @@ impl App {
     }
 }
 
+/// A VM write waiting for its batch.
+#[derive(Debug)]
+pub(crate) struct BatchedVmWrite {
+    write: VmWrite,
+    /// A termination's: once written, what the VM waits for leaves the queue at once (a round
+    /// would end it later, but until then it would count against its project's waiting
+    /// requests and could hold others back as the queue's head).
+    leaves_queue: bool,
+}
+
 /// Writes one batch of VM writes (the [`super::batch::Batcher`] task's work): one statement per
-/// round, and a VM written twice in the batch has its second write in the next round.
+/// round, and a VM written twice in the batch has its second write in the next round; then what
+/// the terminated VMs waited for leaves the queue, in one statement.
 pub(crate) fn write_vms(
     app: Arc<App>,
-    queued: Vec<Queued<VmWrite, (VmRecord, Written)>>,
+    queued: Vec<Queued<BatchedVmWrite, (VmRecord, Written)>>,
 ) -> BoxFuture<'static, ()> {
     Box::pin(async move {
         let mut pending = queued;
         while !pending.is_empty() {
             let mut in_round = std::collections::HashSet::new();
             let (round, later): (Vec<_>, Vec<_>) =
-                pending.into_iter().partition(|(write, _)| in_round.insert(write.vm.id));
+                pending.into_iter().partition(|(op, _)| in_round.insert(op.write.vm.id));
             pending = later;
-            let (mut writes, replies): (Vec<_>, Vec<_>) = round.into_iter().unzip();
+            let (ops, replies): (Vec<_>, Vec<_>) = round.into_iter().unzip();
+            let leaving: Vec<bool> = ops.iter().map(|op| op.leaves_queue).collect();
+            let mut writes: Vec<VmWrite> = ops.into_iter().map(|op| op.write).collect();
             let outcome = async {
                 let mut conn = app.db.conn().await?;
-                db::update_vms(&mut conn, &mut writes).await
+                let written = db::update_vms(&mut conn, &mut writes).await?;
+                let terminated: Vec<VmId> = writes
+                    .iter()
+                    .zip(&written)
+                    .zip(&leaving)
+                    .filter(|((_, written), leaves)| {
+                        **leaves && matches!(written, Written::Done { .. })
+                    })
+                    .map(|((write, _), _)| write.vm.id)
+                    .collect();
+                if !terminated.is_empty() {
+                    if let Err(e) = db::dequeue_vms(&mut conn, &terminated).await {
+                        // The VMs are written; a round takes their requests out later.
+                        let error = ErrorChain(&e);
+                        tracing::warn!(vms = terminated.len(), %error, "dequeueing terminated VMs");
+                    }
+                }
+                Ok::<_, Error>(written)
             }
             .await;
             match outcome {
@@ -431,7 +461,13 @@ impl App {
     /// Writes the VM if nobody changed it since it was read (see [`db::update_vms`]), in the
     /// next batch. Returns the VM as written (its new version) or as given, and how it went.
     pub(crate) async fn write_vm(&self, write: VmWrite) -> Result<(VmRecord, Written), Error> {
-        self.vm_writes.submit(write).await
+        self.vm_writes.submit(BatchedVmWrite { write, leaves_queue: false }).await
+    }
+
+    /// [`Self::write_vm`] for a termination: once written, what the VM waits for leaves the
+    /// queue.
+    async fn write_termination(&self, write: VmWrite) -> Result<(VmRecord, Written), Error> {
+        self.vm_writes.submit(BatchedVmWrite { write, leaves_queue: true }).await
     }
 }
 
