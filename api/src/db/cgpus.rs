@@ -33,7 +33,7 @@ pub(super) fn cgpu_from_row_at(row: &AnyRow, at: usize) -> Result<CgpuRecord, Er
     let rcuda: String = row.try_get(at + 8)?;
     let state: String = row.try_get(at + 12)?;
     Ok(CgpuRecord {
-        vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+        vm: super::vm_id(&vm)?,
         index: row.try_get::<i64, _>(at + 1)? as u32,
         seq: row.try_get(at + 11)?,
         state: CgpuState::parse(&state).ok_or_else(|| corrupt("cGPU state", &state))?,
@@ -132,7 +132,7 @@ pub async fn held_cgpus(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error> 
     let entry = "vm || ' ' || idx || ' ' || seq || ' ' || memory_mib || ' ' || mode || ' ' || gpu";
     listed(conn, "cgpus", entry, "1 = 1", |listed| {
         let (vm, rest) = listed.split_once(' ').ok_or_else(|| corrupt("cGPU", listed))?;
-        let vm: VmId = vm.parse().map_err(|_| corrupt("VM id", vm))?;
+        let vm: VmId = super::vm_id(vm)?;
         let (seq, cgpu) = held_cgpu(rest).ok_or_else(|| corrupt("cGPU", listed))?;
         cgpus.push((vm, seq, cgpu));
         Ok(())
@@ -143,7 +143,7 @@ pub async fn held_cgpus(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error> 
     let holders: std::collections::HashSet<VmId> = cgpus.iter().map(|(vm, ..)| *vm).collect();
     listed(conn, "vms", "id || ' ' || project", "1 = 1", |listed| {
         let (vm, project) = listed.split_once(' ').ok_or_else(|| corrupt("VM", listed))?;
-        let vm: VmId = vm.parse().map_err(|_| corrupt("VM id", vm))?;
+        let vm: VmId = super::vm_id(vm)?;
         if holders.contains(&vm) {
             projects.insert(vm, project.to_owned());
         }
@@ -232,7 +232,7 @@ async fn held_cgpus_by_vm(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error
             .collect::<Result<Vec<_>, _>>()?;
         cgpus.sort_by_key(|(seq, cgpu)| (*seq, cgpu.index));
         held.push(HeldVm {
-            vm: vm.parse().map_err(|_| corrupt("VM id", vm))?,
+            vm: super::vm_id(vm)?,
             project: row.try_get(1)?,
             cgpus: cgpus.into_iter().map(|(_, cgpu)| cgpu).collect(),
         });
@@ -309,7 +309,7 @@ pub async fn attach_by_idempotency_key(
     .await?;
     row.map(|row| {
         let vm: String = row.try_get(0)?;
-        Ok((vm.parse().map_err(|_| corrupt("VM id", &vm))?, row.try_get(1)?))
+        Ok((super::vm_id(&vm)?, row.try_get(1)?))
     })
     .transpose()
 }
@@ -385,7 +385,7 @@ pub async fn routed_cgpus_on(
         }
         let host = host.clone().expect("set above");
         let vm: &str = row.try_get(1)?;
-        let vm: VmId = vm.parse().map_err(|_| corrupt("VM id", vm))?;
+        let vm: VmId = super::vm_id(vm)?;
         let fixed_ip = match row.try_get::<Option<&str>, _>(2)? {
             Some(ip) => Some(ip.parse().map_err(|_| corrupt("fixed IP", ip))?),
             None => None,
@@ -441,7 +441,7 @@ pub async fn routed_cgpus_everywhere(
         let mut fields = listed.split(' ');
         let mut field = || fields.next().ok_or_else(|| corrupt("routed VM", listed));
         let (id, host, fixed_ip, tap) = (field()?, field()?, field()?, field()?);
-        let vm: VmId = id.parse().map_err(|_| corrupt("VM id", id))?;
+        let vm: VmId = super::vm_id(id)?;
         let host = match hosts.get(host) {
             Some(known) => known.clone(),
             None => {
@@ -465,7 +465,7 @@ pub async fn routed_cgpus_everywhere(
         let bad = || corrupt("routed cGPU", listed);
         let (vm, rest) = listed.split_once(' ').ok_or_else(bad)?;
         let (masked, gpu) = rest.rsplit_once(' ').ok_or_else(bad)?;
-        let vm: VmId = vm.parse().map_err(|_| corrupt("VM id", vm))?;
+        let vm: VmId = super::vm_id(vm)?;
         // As the join per host: a cGPU of a VM not routed, or of a GPU gone, is not listed.
         let (Some(routed), Some(&(target, gpu_number))) = (vms.get_mut(&vm), endpoints.get(gpu))
         else {

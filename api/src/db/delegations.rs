@@ -53,7 +53,7 @@ pub async fn delegations_to_end(conn: &mut AnyConnection, limit: i64) -> Result<
     rows.iter()
         .map(|row| {
             let id: String = row.try_get(0)?;
-            id.parse().map_err(|_| super::corrupt("VM id", &id))
+            super::vm_id(&id)
         })
         .collect()
 }

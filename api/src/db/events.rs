@@ -91,7 +91,7 @@ pub async fn events_of_vms(
     let mut events: HashMap<VmId, Vec<VmEvent>> = HashMap::new();
     for row in rows {
         let vm: String = row.try_get(0)?;
-        let vm: VmId = vm.parse().map_err(|_| super::corrupt("VM id", &vm))?;
+        let vm: VmId = super::vm_id(&vm)?;
         events.entry(vm).or_default().push(event(&row, 1)?);
     }
     Ok(events)

@@ -136,7 +136,7 @@ pub async fn recover_lost_cgpus(
     rows.iter()
         .map(|row| {
             let vm: String = row.try_get(0)?;
-            Ok((vm.parse().map_err(|_| corrupt("VM id", &vm))?, row.try_get::<i64, _>(1)? as u32))
+            Ok((super::vm_id(&vm)?, row.try_get::<i64, _>(1)? as u32))
         })
         .collect()
 }
@@ -160,7 +160,7 @@ pub async fn fences(conn: &mut AnyConnection) -> Result<Vec<FenceRecord>, Error>
             let host: String = row.try_get(2)?;
             out.push(FenceRecord {
                 id,
-                vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+                vm: super::vm_id(&vm)?,
                 host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
                 generation: row.try_get::<i64, _>(3)? as u64,
                 reason: row.try_get(4)?,

@@ -354,6 +354,11 @@ fn corrupt(what: &str, value: &str) -> Error {
     Error::internal(format!("stored {what} {value:?} is not valid"))
 }
 
+/// A stored VM id.
+fn vm_id(stored: &str) -> Result<gpgpums::VmId, Error> {
+    stored.parse().map_err(|_| corrupt("VM id", stored))
+}
+
 // ---- pool generation ----
 
 /// Bumps the pool generation; the first statement of every transaction that changes bookings or

@@ -296,7 +296,7 @@ pub async fn queue_places(
             let kind: String = row.try_get(2)?;
             let position: i64 = row.try_get(6)?;
             Ok(QueuePlace {
-                vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+                vm: super::vm_id(&vm)?,
                 ticket: TicketId(
                     u64::try_from(ticket).map_err(|_| corrupt("ticket", &ticket.to_string()))?,
                 ),
@@ -373,7 +373,7 @@ pub async fn queue_rows(
         };
         rows.push(QueueRow {
             ticket: TicketId(ticket as u64),
-            vm: vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+            vm: super::vm_id(&vm)?,
             vm_name: row.try_get(2)?,
             project: row.try_get(3)?,
             priority: i32::try_from(priority)
@@ -419,7 +419,7 @@ pub async fn preemptible_vms(
         .map(|row| {
             let id: String = row.try_get(0)?;
             let priority: i64 = row.try_get(1)?;
-            let id: VmId = id.parse().map_err(|_| corrupt("VM id", &id))?;
+            let id: VmId = super::vm_id(&id)?;
             Ok((
                 id,
                 i32::try_from(priority).map_err(|_| corrupt("priority", &priority.to_string()))?,
@@ -466,7 +466,7 @@ pub async fn reclaiming_cgpus(
             let vm: String = row.try_get(0)?;
             let index: i64 = row.try_get(1)?;
             Ok((
-                vm.parse().map_err(|_| corrupt("VM id", &vm))?,
+                super::vm_id(&vm)?,
                 u32::try_from(index).map_err(|_| corrupt("cGPU index", &index.to_string()))?,
             ))
         })

@@ -32,7 +32,7 @@ fn vm_from_row_at(row: &AnyRow, at: usize) -> Result<VmRecord, Error> {
     let fixed_ip: Option<String> = row.try_get(at + 11)?;
     let timings: String = row.try_get(at + 14)?;
     Ok(VmRecord {
-        id: id.parse().map_err(|_| corrupt("VM id", &id))?,
+        id: super::vm_id(&id)?,
         project: row.try_get(at + 1)?,
         owner: row.try_get(at + 2)?,
         name: row.try_get(at + 3)?,
@@ -477,7 +477,7 @@ fn vm_server_from_row(row: &AnyRow) -> Result<VmServer, Error> {
     let state: String = row.try_get(3)?;
     let step: String = row.try_get(4)?;
     Ok(VmServer {
-        vm: id.parse().map_err(|_| corrupt("VM id", &id))?,
+        vm: super::vm_id(&id)?,
         server: ServerId(row.try_get(1)?),
         host: host.map(|h| HostId::new(&h).map_err(|_| corrupt("host name", &h))).transpose()?,
         settled: state == "ready" && step == "done",
@@ -519,7 +519,7 @@ pub async fn vms_with_servers(conn: &mut AnyConnection) -> Result<Vec<VmServer>,
         let (id, updated_ms, state, step, host, server) =
             (field()?, field()?, field()?, field()?, field()?, field()?);
         vms.push(VmServer {
-            vm: id.parse().map_err(|_| corrupt("VM id", id))?,
+            vm: super::vm_id(id)?,
             server: ServerId(unescape_listed(server)),
             host: match host {
                 "" => None,
@@ -568,7 +568,7 @@ pub async fn vm_by_idempotency_key(
         Some(row) => {
             let id: String = row.try_get(0)?;
             let digest: Option<String> = row.try_get(1)?;
-            Ok(Some((id.parse().map_err(|_| corrupt("VM id", &id))?, digest.unwrap_or_default())))
+            Ok(Some((super::vm_id(&id)?, digest.unwrap_or_default())))
         }
     }
 }
@@ -584,7 +584,7 @@ pub async fn sagas_to_resume(conn: &mut AnyConnection, now: i64) -> Result<Vec<V
     rows.iter()
         .map(|row| {
             let id: String = row.try_get(0)?;
-            id.parse().map_err(|_| corrupt("VM id", &id))
+            super::vm_id(&id)
         })
         .collect()
 }
