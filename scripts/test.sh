@@ -46,6 +46,11 @@ export GSAAS_OPENSTACK_CLOUDS=$clouds
 # No import circle between a crate's modules, no arrow up gsaasd's layers (docs/architecture.md).
 python3 scripts/check-modules.py --self-test
 python3 scripts/check-modules.py
+# The host parts (nftables, NVML) stay in the agent binary: gsaasd links only its contract and core.
+if cargo tree --locked -p gsaasd -e normal --prefix none | grep -E '^(nftables|nvml-wrapper|rodvr-agent) '; then
+  echo "gsaasd links the agent's host parts (above): depend on rodvr-contract / rodvr-core" >&2
+  exit 1
+fi
 
 # Benches are not run here (they are long and print figures); clippy --all-targets compiles them.
 cargo test --workspace --locked "$@"

@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use gpgpums::HostId;
-use rodvr_agent::agent::{Agent, AgentError as CoreError, HostFacts};
-use rodvr_agent::auth::TokenSigner;
-use rodvr_agent::client::AgentClient;
-use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
-use rodvr_agent::protocol::{check_generation, HostKind as AgentHostKind, Ipv4Cidr, RouteTable};
-use rodvr_agent::render::TableParams;
-use rodvr_agent::state::{GenerationConflict, Ledger};
+use rodvr_contract::auth::TokenSigner;
+use rodvr_contract::client::AgentClient;
+use rodvr_contract::protocol::{check_generation, HostKind as AgentHostKind, Ipv4Cidr, RouteTable};
+use rodvr_core::agent::{Agent, AgentError as CoreError, HostFacts};
+use rodvr_core::firewall::{Dataplane, MemoryFirewall};
+use rodvr_core::render::TableParams;
+use rodvr_core::state::{GenerationConflict, Ledger};
 
 use crate::config::HostsConfig;
 use crate::model::HostRecord;
@@ -171,7 +171,7 @@ impl RemoteAgents {
         Ok(AgentClient::with_http(http, url, host.name.clone(), signer))
     }
 
-    fn map(host: &HostRecord, offered: u64, e: rodvr_agent::client::ClientError) -> AgentError {
+    fn map(host: &HostRecord, offered: u64, e: rodvr_contract::client::ClientError) -> AgentError {
         match e.status() {
             Some(409) => AgentError::Stale { host: host.name.clone(), offered },
             Some(status) if (400..500).contains(&status) => AgentError::Refused {

@@ -25,7 +25,7 @@ use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
 use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey, EncodePublicKey};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
-use rodvr_agent::auth::TokenSigner;
+use rodvr_contract::auth::TokenSigner;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -137,7 +137,7 @@ impl Keys {
             let key = ed25519_dalek::SigningKey::generate(&mut rand_core::OsRng);
             let pem = key.to_pkcs8_pem(LineEnding::LF).expect("PKCS#8 encoding").to_string();
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                rodvr_agent::files::create_private_dir(dir).map_err(io)?;
+                gsaas_infra::files::create_private_dir(dir).map_err(io)?;
             }
             write_private(path, &pem).map_err(io)?;
             let keys = Keys::from_private_pem(&pem).expect("a key generated here loads");
@@ -364,7 +364,7 @@ fn looks_like_jwt(token: &str) -> bool {
 
 fn write_private(path: &Path, pem: &str) -> std::io::Result<()> {
     use std::io::Write;
-    rodvr_agent::files::open_private(path, true)?.write_all(pem.as_bytes())
+    gsaas_infra::files::open_private(path, true)?.write_all(pem.as_bytes())
 }
 
 fn unix_now() -> u64 {

@@ -45,7 +45,7 @@ pub const ENVIRONMENT_PATH: &str = "/etc/environment";
 /// cloud-init's merge rule that appends lists (`write_files`, `runcmd`) rather than replacing them.
 pub const MERGE_TYPE: &str = "list(append)+dict(no_replace,recurse_list)+str()";
 
-pub use rodvr_agent::protocol::{RcudaDevice, RcudaEnv};
+pub use rodvr_contract::protocol::{RcudaDevice, RcudaEnv};
 
 /// The command that prints the VM's rCUDA environment as `export` lines: live from the host's
 /// agent when it answers, else the values written at boot.

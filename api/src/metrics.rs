@@ -1,6 +1,6 @@
 //! Metrics for `/metrics`, in the Prometheus text format (0.0.4).
 //!
-//! Plain atomics and fixed-bucket histograms (shared with the agents, `rodvr_agent::metrics`),
+//! Plain atomics and fixed-bucket histograms (shared with the agents, `gsaas_infra::metrics`),
 //! and an exposition written here rather than by the `prometheus-client` crate, for a measured
 //! reason: that crate writes only OpenMetrics text, whose counter families are named without
 //! `_total` (`# TYPE gsaas_launches counter` over `gsaas_launches_total` samples) and end with
@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use rodvr_agent::metrics::{header, inc, Histogram};
+pub use gsaas_infra::metrics::{header, inc, Histogram};
 
 use crate::model::{AlertKind, Timings};
 

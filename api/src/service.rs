@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rodvr_agent::httpd;
+use gsaas_infra::httpd;
 use tokio::net::TcpListener;
 
 use crate::agents::{HostAgents, InProcessAgents, RemoteAgents};

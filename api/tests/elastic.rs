@@ -8,7 +8,7 @@ mod support;
 use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
-use rodvr_agent::protocol::VmPort;
+use rodvr_contract::protocol::VmPort;
 use serde_json::{json, Value};
 use support::agents::{agent_cloud, agent_cloud_with, remote_launch, Behaviour, TestAgent};
 use support::{rcuda_address, shared_launch, Store, TestService};

@@ -65,7 +65,7 @@ async fn metrics_parse_and_follow_what_happens() {
     assert!(text.contains("gsaas_route_pushes_total 1\n"), "{text}");
 
     // Every metric the Grafana dashboard charts is exported, by gsaasd or by the agents.
-    let agent_text = rodvr_agent::metrics::AgentMetrics::default().render(0, None);
+    let agent_text = rodvr_core::metrics::AgentMetrics::default().render(0, None);
     let dashboard = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../deploy/grafana/gsaas.json"

@@ -11,8 +11,9 @@ use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rodvr_agent::firewall::{Dataplane, Firewall, NftFirewall};
-use rodvr_agent::render::{RouteKey, RouteMap, TableParams, Transaction};
+use rodvr_agent::nft::NftFirewall;
+use rodvr_core::firewall::{Dataplane, Firewall};
+use rodvr_core::render::{RouteKey, RouteMap, TableParams, Transaction};
 use support::netns::{require_root_tools, veth, Netns};
 
 fn params() -> TableParams {

@@ -17,9 +17,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use gpgpums::ids::{HostId, VmId};
-use rodvr_agent::auth::TokenSigner;
-use rodvr_agent::client::AgentClient;
-use rodvr_agent::protocol::{Route, RouteTable};
+use rodvr_contract::auth::TokenSigner;
+use rodvr_contract::client::AgentClient;
+use rodvr_contract::protocol::{Route, RouteTable};
 use support::netns::{connect, greet_and_echo, require_root_tools, veth, Netns};
 use support::{key_pair, TempDir};
 

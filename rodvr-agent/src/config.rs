@@ -11,8 +11,8 @@ use std::time::Duration;
 use gpgpums::ids::HostId;
 use serde::Deserialize;
 
-use crate::httpd::{HttpLimits, TlsFiles};
-use crate::protocol::Ipv4Cidr;
+use gsaas_infra::httpd::{HttpLimits, TlsFiles};
+use rodvr_contract::protocol::Ipv4Cidr;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

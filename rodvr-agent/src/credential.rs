@@ -60,7 +60,7 @@ pub fn current_token(configured: &str, renewed: &Path) -> String {
 /// Writes a renewed token to `path` (0600, whole or not at all).
 pub fn keep(path: &Path, token: &str) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
-    crate::files::open_private(&tmp, false)?.write_all(token.as_bytes())?;
+    gsaas_infra::files::open_private(&tmp, false)?.write_all(token.as_bytes())?;
     std::fs::rename(&tmp, path)
 }
 
@@ -87,7 +87,7 @@ mod tests {
         assert!(!needs_renewal("not-a-jwt"), "an opaque token is never renewed");
 
         let dir = std::env::temp_dir().join(format!("rodvr-cred-{}", std::process::id()));
-        crate::files::create_private_dir(&dir).unwrap();
+        gsaas_infra::files::create_private_dir(&dir).unwrap();
         let kept = renewed_token_path(&dir.join("routes.json"));
         let configured = token(t - 100, t + 1000);
         assert_eq!(current_token(&configured, &kept), configured, "nothing renewed yet");

@@ -10,7 +10,7 @@
 use gpgpums::ids::{GpuId, HostId};
 
 use crate::config::{GpuConfig, RcudaConfig};
-use crate::protocol::{GpuReport, HostKind, RcudaEndpoint};
+use rodvr_contract::protocol::{GpuReport, HostKind, RcudaEndpoint};
 
 /// A GPU as found, before an rCUDA endpoint is assigned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,7 +227,7 @@ pub fn inventory(
                 model: g.model,
                 memory_mib: g.memory_mib,
                 rcuda: RcudaEndpoint { address: rcuda.address, port, gpu_number: 0 },
-                unhealthy: g.unhealthy.as_deref().map(crate::protocol::health_reason),
+                unhealthy: g.unhealthy.as_deref().map(rodvr_contract::protocol::health_reason),
             })
         })
         .collect()

@@ -2,24 +2,14 @@
 //! masked IP:port that this host reroutes to the real rCUDA server, hides where that server is,
 //! and keeps VMs away from GPUs that are not theirs.
 //!
-//! The crate is a library first so the controller (`gsaasd`) shares the wire types
-//! ([`protocol`]), the client ([`client`]) and the renderer plus in-memory firewall
-//! ([`render`], [`firewall`]) with the agent binary; nothing here needs root except
-//! [`firewall::NftFirewall`].
+//! This crate is the agent on its host: the kernel's firewall ([`nft`]: `nft` and `conntrack`),
+//! GPU discovery over NVML ([`discovery`]), its configuration and credential, its HTTP API
+//! ([`server`]) and the VMs' metadata server ([`metadata`]). The agent's logic is `rodvr-core`'s
+//! (shared with `gsaasd`'s in-process agents), the wire contract `rodvr-contract`'s.
 
-pub mod agent;
-pub mod auth;
-pub mod client;
 pub mod config;
 pub mod credential;
 pub mod discovery;
-pub mod files;
-pub mod firewall;
-pub mod httpd;
 pub mod metadata;
-pub mod metrics;
-pub mod protocol;
-pub mod render;
+pub mod nft;
 pub mod server;
-pub mod state;
-pub mod vm_env;

@@ -10,18 +10,19 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rodvr_agent::agent::{Agent, HostFacts};
-use rodvr_agent::auth::{KeyError, TokenVerifier};
-use rodvr_agent::client::ControllerClient;
+use gsaas_infra::httpd;
 use rodvr_agent::config::{Config, ConfigError};
 use rodvr_agent::credential;
 use rodvr_agent::discovery::{default_discovery, host_kind, inventory, DiscoveryError};
-use rodvr_agent::firewall::{Dataplane, Firewall, NftFirewall};
-use rodvr_agent::httpd;
-use rodvr_agent::protocol::InvalidEntry;
-use rodvr_agent::render::TableParams;
+use rodvr_agent::nft::NftFirewall;
 use rodvr_agent::server::{log_error, router};
-use rodvr_agent::state::{Ledger, StateFileError};
+use rodvr_contract::auth::{KeyError, TokenVerifier};
+use rodvr_contract::client::ControllerClient;
+use rodvr_contract::protocol::InvalidEntry;
+use rodvr_core::agent::{Agent, HostFacts};
+use rodvr_core::firewall::{Dataplane, Firewall};
+use rodvr_core::render::TableParams;
+use rodvr_core::state::{Ledger, StateFileError};
 
 #[derive(Debug, thiserror::Error)]
 enum StartError {

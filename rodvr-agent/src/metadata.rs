@@ -23,11 +23,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 
-use crate::agent::Agent;
-use crate::firewall::Firewall;
-use crate::httpd;
-use crate::protocol::RcudaEnv;
-use crate::vm_env::EnvError;
+use gsaas_infra::httpd;
+use rodvr_contract::protocol::RcudaEnv;
+use rodvr_core::agent::Agent;
+use rodvr_core::firewall::Firewall;
+use rodvr_core::vm_env::EnvError;
 
 /// The metadata server's routes; the caller is the request's peer (see [`httpd::serve`]).
 pub fn router<F: Firewall + 'static>(agent: Arc<Agent<F>>) -> Router {
@@ -37,14 +37,24 @@ pub fn router<F: Firewall + 'static>(agent: Arc<Agent<F>>) -> Router {
         .with_state(agent)
 }
 
-impl IntoResponse for EnvError {
+/// An [`EnvError`] as the metadata server answers it.
+#[derive(Debug)]
+struct EnvAnswer(EnvError);
+
+impl From<EnvError> for EnvAnswer {
+    fn from(error: EnvError) -> Self {
+        Self(error)
+    }
+}
+
+impl IntoResponse for EnvAnswer {
     fn into_response(self) -> Response {
-        let status = match self {
+        let status = match self.0 {
             EnvError::NotApplied => StatusCode::SERVICE_UNAVAILABLE,
             EnvError::Unknown => StatusCode::NOT_FOUND,
             EnvError::Ambiguous => StatusCode::CONFLICT,
         };
-        (status, format!("{self}\n")).into_response()
+        (status, format!("{}\n", self.0)).into_response()
     }
 }
 
@@ -61,7 +71,7 @@ fn caller_env<F: Firewall>(agent: &Agent<F>, request: &Request) -> Result<RcudaE
 async fn env_lines<F: Firewall + 'static>(
     State(agent): State<Arc<Agent<F>>>,
     request: Request,
-) -> Result<Response, EnvError> {
+) -> Result<Response, EnvAnswer> {
     let env = caller_env(&agent, &request)?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], env.export_lines()).into_response())
 }
@@ -69,16 +79,16 @@ async fn env_lines<F: Firewall + 'static>(
 async fn env_json<F: Firewall + 'static>(
     State(agent): State<Arc<Agent<F>>>,
     request: Request,
-) -> Result<Json<BTreeMap<String, String>>, EnvError> {
+) -> Result<Json<BTreeMap<String, String>>, EnvAnswer> {
     Ok(Json(caller_env(&agent, &request)?.variables().into_iter().collect()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Route, RouteTable, VmPort};
-    use crate::vm_env::environment_of;
     use gpgpums::VmId;
+    use rodvr_contract::protocol::{Route, RouteTable, VmPort};
+    use rodvr_core::vm_env::environment_of;
 
     fn route(vm: u128, tap: &str, ip: &str, port: u16, gpu_number: u32) -> Route {
         Route {

@@ -1,4 +1,5 @@
-//! The agent's HTTP API (axum), and the one place [`AgentError`] becomes an HTTP status.
+//! The agent's HTTP API (axum), and the one place an [`AgentError`] becomes an HTTP status
+//! ([`ApiError`]).
 //!
 //! Every endpoint, health included, requires a controller token: the agent has nothing to say to
 //! anyone else, except `/metrics`, which tells only counts and timings, for Prometheus. Handlers do no retries; applying runs on the blocking pool because `nft` is a
@@ -16,11 +17,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 
-use crate::agent::{Agent, AgentError};
-use crate::auth::TokenVerifier;
-use crate::firewall::Firewall;
-use crate::httpd::{read_body_within, BodyError};
-use crate::protocol::{AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable};
+use gsaas_infra::httpd::{read_body_within, BodyError};
+use rodvr_contract::auth::TokenVerifier;
+use rodvr_contract::protocol::{
+    AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable,
+};
+use rodvr_core::agent::{Agent, AgentError};
+use rodvr_core::firewall::Firewall;
 
 /// Large enough for tens of thousands of routes.
 const MAX_BODY_BYTES: usize = 64 << 20;
@@ -36,21 +39,34 @@ pub fn log_error(context: &str, err: &dyn std::error::Error) {
     eprintln!("{line}");
 }
 
-impl IntoResponse for AgentError {
+/// An [`AgentError`] as the API answers it.
+#[derive(Debug)]
+pub struct ApiError(pub AgentError);
+
+impl From<AgentError> for ApiError {
+    fn from(error: AgentError) -> Self {
+        Self(error)
+    }
+}
+
+impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, message) = match &self {
-            Self::Unauthorized => (StatusCode::UNAUTHORIZED, self.to_string()),
-            Self::Malformed(_) => (StatusCode::BAD_REQUEST, self.to_string()),
-            Self::Invalid(entry) => (StatusCode::UNPROCESSABLE_ENTITY, format!("{self}: {entry}")),
-            Self::Conflict(why) => (StatusCode::CONFLICT, format!("{self}: {why}")),
-            Self::Persist(_) => (StatusCode::INTERNAL_SERVER_ERROR, self.to_string()),
-            Self::Apply(_) => (StatusCode::SERVICE_UNAVAILABLE, self.to_string()),
+        let error = &self.0;
+        let (status, message) = match error {
+            AgentError::Unauthorized => (StatusCode::UNAUTHORIZED, error.to_string()),
+            AgentError::Malformed(_) => (StatusCode::BAD_REQUEST, error.to_string()),
+            AgentError::Invalid(entry) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, format!("{error}: {entry}"))
+            }
+            AgentError::Conflict(why) => (StatusCode::CONFLICT, format!("{error}: {why}")),
+            AgentError::Persist(_) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+            AgentError::Apply(_) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()),
         };
         if status.is_server_error() {
-            log_error("request failed", &self);
+            log_error("request failed", error);
         }
-        let entry = match &self {
-            Self::Invalid(invalid) => Some(invalid.entry.clone()),
+        let entry = match error {
+            AgentError::Invalid(invalid) => Some(invalid.entry.clone()),
             _ => None,
         };
         (status, Json(ErrorBody { error: message, entry })).into_response()
@@ -80,7 +96,7 @@ async fn require_controller(
     State(verifier): State<Arc<TokenVerifier>>,
     request: Request,
     next: Next,
-) -> Result<Response, AgentError> {
+) -> Result<Response, ApiError> {
     let token = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -88,11 +104,11 @@ async fn require_controller(
         .and_then(|v| v.strip_prefix("Bearer "));
     match token {
         Some(token) if verifier.verify(token) => Ok(next.run(request).await),
-        _ => Err(AgentError::Unauthorized),
+        _ => Err(AgentError::Unauthorized.into()),
     }
 }
 
-/// Reads the whole body within the deadline (see [`crate::httpd`]).
+/// Reads the whole body within the deadline (see [`gsaas_infra::httpd`]).
 async fn read_body(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
     match read_body_within(request, MAX_BODY_BYTES, timeout).await {
         Ok(request) => next.run(request).await,
@@ -129,10 +145,10 @@ async fn get_routes<F: Firewall + 'static>(
 async fn put_routes<F: Firewall + 'static>(
     State(agent): State<Arc<Agent<F>>>,
     body: Bytes,
-) -> Result<Json<ApplyStatus>, AgentError> {
+) -> Result<Json<ApplyStatus>, ApiError> {
     let table = parse_table(&body)?;
     match tokio::task::spawn_blocking(move || agent.put_table(table)).await {
-        Ok(result) => result.map(Json),
+        Ok(result) => result.map(Json).map_err(ApiError),
         Err(join) => std::panic::resume_unwind(join.into_panic()),
     }
 }

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpgpums::ids::{HostId, VmId};
-use rodvr_agent::agent::{Agent, HostFacts};
-use rodvr_agent::auth::{TokenSigner, TokenVerifier};
-use rodvr_agent::client::AgentClient;
-use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
-use rodvr_agent::httpd::{self, HttpLimits};
-use rodvr_agent::protocol::{ApplyOutcome, HostKind, Route, RouteTable};
-use rodvr_agent::render::TableParams;
-use rodvr_agent::state::Ledger;
+use gsaas_infra::httpd::{self, HttpLimits};
+use rodvr_contract::auth::{TokenSigner, TokenVerifier};
+use rodvr_contract::client::AgentClient;
+use rodvr_contract::protocol::{ApplyOutcome, HostKind, Route, RouteTable};
+use rodvr_core::agent::{Agent, HostFacts};
+use rodvr_core::firewall::{Dataplane, MemoryFirewall};
+use rodvr_core::render::TableParams;
+use rodvr_core::state::Ledger;
 use support::{key_pair, TempDir};
 
 fn params() -> TableParams {
@@ -228,8 +228,8 @@ async fn a_restarted_agent_restores_its_table_from_the_state_file() {
 async fn the_agent_registers_with_its_own_token() {
     use axum::extract::{Path, State};
     use axum::http::HeaderMap;
-    use rodvr_agent::client::ControllerClient;
-    use rodvr_agent::protocol::HostReport;
+    use rodvr_contract::client::ControllerClient;
+    use rodvr_contract::protocol::HostReport;
 
     type Seen = tokio::sync::mpsc::UnboundedSender<(String, Option<String>, HostReport)>;
     async fn put_host(

@@ -22,9 +22,9 @@ use std::time::Duration;
 
 use axum::Json;
 use gpgpums::ids::{HostId, VmId};
-use rodvr_agent::auth::TokenSigner;
-use rodvr_agent::client::AgentClient;
-use rodvr_agent::protocol::{HostKind, HostReport, Route, RouteTable, VmPort};
+use rodvr_contract::auth::TokenSigner;
+use rodvr_contract::client::AgentClient;
+use rodvr_contract::protocol::{HostKind, HostReport, Route, RouteTable, VmPort};
 use serde_json::Value;
 use support::netns::{connect, greet_and_echo, require_root_tools, still_open, veth, Netns};
 use support::{key_pair, TempDir};
@@ -731,8 +731,8 @@ fn a_vm_reaches_nothing_on_the_gpu_network_over_ipv6() {
     assert_eq!(ask(&t.vm2, "[fd00:232::2]:8308"), None, "a VM reached the GPU network over IPv6");
 }
 
-fn routes_to(n: u32, target: &str) -> rodvr_agent::render::RouteMap {
-    use rodvr_agent::render::RouteKey;
+fn routes_to(n: u32, target: &str) -> rodvr_core::render::RouteMap {
+    use rodvr_core::render::RouteKey;
     (0..n)
         .map(|i| {
             let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 64, 0, 0)) + i);
@@ -756,8 +756,9 @@ fn map_len(ns: &Netns, map: &str) -> usize {
 
 #[test]
 fn the_nft_firewall_reports_each_failed_transaction_and_goes_on() {
-    use rodvr_agent::firewall::{Firewall, FirewallError, NftFirewall, SESSION_MAX_DOC};
-    use rodvr_agent::render::{target_ids, TableParams, Transaction};
+    use rodvr_agent::nft::{NftFirewall, SESSION_MAX_DOC};
+    use rodvr_core::firewall::{Firewall, FirewallError};
+    use rodvr_core::render::{target_ids, TableParams, Transaction};
     require_root_tools();
     let ns = Netns::new("fw");
     let params = TableParams {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpgpums::{GpuId, HostId, HostKind, HostState};
-use rodvr_agent::protocol::{HostKind as AgentHostKind, HostReport, Route, RouteTable, VmPort};
+use rodvr_contract::protocol::{HostKind as AgentHostKind, HostReport, Route, RouteTable, VmPort};
 
 use super::batch::{fail_all, Queued};
 use super::pool::BoxFuture;

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use gpgpums::{HostId, VmId};
-pub use rodvr_agent::protocol::Ipv4Cidr;
+pub use rodvr_contract::protocol::Ipv4Cidr;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -498,8 +498,8 @@ async fn record_user_data(dir: &Path, vm: VmId, user_data: &[u8]) -> Result<(), 
     let (dir, bytes, written) = (dir.to_owned(), user_data.to_vec(), partial.clone());
     let result = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
         use std::io::Write;
-        rodvr_agent::files::create_private_dir(&dir)?;
-        rodvr_agent::files::open_private(&written, true)?.write_all(&bytes)
+        gsaas_infra::files::create_private_dir(&dir)?;
+        gsaas_infra::files::open_private(&written, true)?.write_all(&bytes)
     });
     let result = async {
         result.await.map_err(std::io::Error::other)??;

@@ -12,7 +12,7 @@ use gpgpums::{HostId, VmId};
 use uuid::Uuid;
 
 use super::{CloudError, ServerId};
-pub use rodvr_agent::protocol::Ipv4Cidr;
+pub use rodvr_contract::protocol::Ipv4Cidr;
 
 /// The first and last offsets in `range` a VM may get: .1 is the gateway, the last is broadcast.
 /// A range of /31 or /32 has none (`first > last`).

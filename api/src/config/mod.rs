@@ -10,8 +10,8 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 
 use gpgpums::{HostId, HostKind, DEFAULT_POLICY};
-use rodvr_agent::httpd::{HttpLimits, TlsFiles};
-use rodvr_agent::protocol::Ipv4Cidr;
+use gsaas_infra::httpd::{HttpLimits, TlsFiles};
+use rodvr_contract::protocol::Ipv4Cidr;
 use serde::Deserialize;
 
 pub mod sources;
@@ -526,7 +526,9 @@ impl InventoryHost {
 
     /// The checks an agent's report of the same host gets: sizes and routable endpoints.
     fn check(&self, masked_range: Ipv4Cidr) -> Result<(), String> {
-        use rodvr_agent::protocol::{check_rcuda_endpoint, MAX_GPUS_PER_HOST, MAX_GPU_MEMORY_MIB};
+        use rodvr_contract::protocol::{
+            check_rcuda_endpoint, MAX_GPUS_PER_HOST, MAX_GPU_MEMORY_MIB,
+        };
         let count: u64 = self.gpus.iter().map(|g| u64::from(g.count)).sum();
         if count > MAX_GPUS_PER_HOST as u64 {
             return Err(format!("more than {MAX_GPUS_PER_HOST} GPUs"));

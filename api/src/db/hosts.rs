@@ -141,7 +141,7 @@ pub async fn raise_routes_generation(
     name: &HostId,
     generation: u64,
 ) -> Result<(), Error> {
-    rodvr_agent::protocol::check_generation(generation).map_err(Error::internal)?;
+    rodvr_contract::protocol::check_generation(generation).map_err(Error::internal)?;
     sqlx::query(
         "UPDATE hosts SET routes_generation = $1 WHERE name = $2 AND routes_generation < $1",
     )

@@ -311,7 +311,7 @@ impl Db {
 /// (a mounted volume's root may not be its own). Returns whether the database lives in memory
 /// (no file to prepare).
 fn prepare_sqlite_file(url: &str) -> std::io::Result<bool> {
-    use rodvr_agent::files::{create_private_dir, open_private, restrict, FILE_MODE};
+    use gsaas_infra::files::{create_private_dir, open_private, restrict, FILE_MODE};
     let path = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
     let path = std::path::Path::new(path.split('?').next().unwrap_or(path));
     if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" {

@@ -228,7 +228,7 @@ async fn count_requests(
 
 /// Reads the whole body (at most [`MAX_BODY`]) within `http.body_timeout_secs`.
 async fn read_body(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
-    use rodvr_agent::httpd::{read_body_within, BodyError};
+    use gsaas_infra::httpd::{read_body_within, BodyError};
     match read_body_within(request, MAX_BODY, timeout).await {
         Ok(request) => next.run(request).await,
         Err(e) => {
@@ -404,7 +404,7 @@ async fn register_host(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-    report: Unparsed<rodvr_agent::protocol::HostReport>,
+    report: Unparsed<rodvr_contract::protocol::HostReport>,
 ) -> Result<Json<HostView>, Error> {
     let allowed = match caller.role {
         Role::Admin => true,

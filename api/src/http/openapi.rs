@@ -194,7 +194,7 @@ const ID_PATTERN: &str = "^[A-Za-z0-9._:-]+$";
 fn constrain_request_fields(doc: &mut Value) {
     use crate::app::vms::{MAX_NAME, MAX_NETWORKS, MAX_USER_DATA};
     use gpgpums::{PolicyRegistry, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};
-    use rodvr_agent::protocol as agent;
+    use rodvr_contract::protocol as agent;
 
     let text = |max: usize| json!({ "minLength": 1, "maxLength": max, "pattern": TEXT_PATTERN });
     let ncgpus = json!({ "minimum": 1, "maximum": MAX_CGPUS_PER_VM });

@@ -11,7 +11,7 @@ use crate::support::agents::{agent_cloud, agent_cloud_with, remote_launch, Behav
 use crate::support::{host_report, rcuda_address, shared_launch, test_config, Store, TestService};
 use gsaasd::auth::Keys;
 use gsaasd::config::HostsBackend;
-use rodvr_agent::protocol::HostKind;
+use rodvr_contract::protocol::HostKind;
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,7 +50,7 @@ async fn the_data_directory_and_tenants_data_are_owner_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_gsaasd_and_its_agents_trust_only_the_configured_ca() {
     use crate::support::certs::Ca;
-    use rodvr_agent::httpd::{http_client, TlsFiles};
+    use gsaas_infra::httpd::{http_client, TlsFiles};
     let (mut config, dir) = test_config(Store::Sqlite);
     let ca = Ca::new("gsaas test CA");
     let names = ["127.0.0.1", "localhost"];
@@ -405,8 +405,8 @@ async fn an_agent_that_never_confirms_holds_fences_only_so_long(store: Store) {
 /// hangs up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agents_endless_error_body_is_cut_off() {
-    use rodvr_agent::client::{AgentClient, MAX_ERROR_BYTES, MAX_ERROR_MESSAGE_CHARS};
-    use rodvr_agent::protocol::RouteTable;
+    use rodvr_contract::client::{AgentClient, MAX_ERROR_BYTES, MAX_ERROR_MESSAGE_CHARS};
+    use rodvr_contract::protocol::RouteTable;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

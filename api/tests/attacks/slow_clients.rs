@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rodvr_agent::httpd::HttpLimits;
+use gsaas_infra::httpd::HttpLimits;
 use tokio::io::AsyncWriteExt;
 
 use crate::support::{Store, TestService};

@@ -13,14 +13,14 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gpgpums::HostId;
-use rodvr_agent::agent::{Agent, HostFacts};
-use rodvr_agent::auth::TokenVerifier;
-use rodvr_agent::firewall::{Dataplane, MemoryFirewall};
-use rodvr_agent::httpd::{self, HttpLimits, TlsFiles};
-use rodvr_agent::protocol::{AppliedState, ErrorBody, HostKind, RcudaEnv, RouteTable};
-use rodvr_agent::render::TableParams;
-use rodvr_agent::state::Ledger;
-use rodvr_agent::vm_env::EnvError;
+use gsaas_infra::httpd::{self, HttpLimits, TlsFiles};
+use rodvr_contract::auth::TokenVerifier;
+use rodvr_contract::protocol::{AppliedState, ErrorBody, HostKind, RcudaEnv, RouteTable};
+use rodvr_core::agent::{Agent, HostFacts};
+use rodvr_core::firewall::{Dataplane, MemoryFirewall};
+use rodvr_core::render::TableParams;
+use rodvr_core::state::Ledger;
+use rodvr_core::vm_env::EnvError;
 
 /// How a [`TestAgent`] answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::protocol::RouteTable;
+use rodvr_contract::protocol::RouteTable;
 
 /// A state-file problem; always names the file.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +53,7 @@ impl Ledger {
         let path = path.into();
         let current = match fs::read(&path) {
             Ok(bytes) => {
-                crate::files::restrict(&path, crate::files::FILE_MODE)
+                gsaas_infra::files::restrict(&path, gsaas_infra::files::FILE_MODE)
                     .map_err(|source| StateFileError::Write { path: path.clone(), source })?;
                 Some(
                     serde_json::from_slice(&bytes)
@@ -116,7 +116,7 @@ fn write_atomically(path: &Path, table: &RouteTable) -> Result<(), StateFileErro
     let tmp = dir.join(format!(".{}.tmp", file_name.as_deref().unwrap_or("state")));
     let bytes = serde_json::to_vec_pretty(table).expect("route tables always serialize");
     let write = || -> io::Result<()> {
-        let mut f = crate::files::open_private(&tmp, false)?;
+        let mut f = gsaas_infra::files::open_private(&tmp, false)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
@@ -128,8 +128,8 @@ fn write_atomically(path: &Path, table: &RouteTable) -> Result<(), StateFileErro
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Route;
     use gpgpums::ids::VmId;
+    use rodvr_contract::protocol::Route;
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("rodvr-state-{name}-{}", std::process::id()));

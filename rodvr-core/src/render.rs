@@ -37,8 +37,8 @@
 //! IPv6 gets no routes (masked endpoints are IPv4), only filters, in a `table ip6 rodvr` replaced
 //! in the same transaction: nothing a VM sends over IPv6 is forwarded into the GPU network, and on
 //! a compute-GPU host VMs cannot reach the local rCUDA servers' ports over IPv6 either. `ct original ip daddr` matches use
-//! the `"ip daddr"` key form, which nft 1.0.6 byte-orders correctly. The nftables crate's typed
-//! structures build table and chain objects; rules are raw JSON values, and map elements are
+//! the `"ip daddr"` key form, which nft 1.0.6 byte-orders correctly. Table and chain objects and
+//! rules are JSON values, and map elements are
 //! written straight into the document string (building a `serde_json::Value` per element made
 //! rendering 10,000 routes cost as much as nft's own work).
 
@@ -46,11 +46,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
-use nftables::schema::{Chain, NfCmd, NfListObject, Table};
-use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use serde_json::{json, Value};
 
-use crate::protocol::{Ipv4Cidr, RouteTable};
+use rodvr_contract::protocol::{Ipv4Cidr, RouteTable};
 
 /// The agent's tables: `ip rodvr` (routes and IPv4 filters) and `ip6 rodvr` (IPv6 filters).
 pub const TABLE: &str = "rodvr";
@@ -70,7 +68,7 @@ pub struct TableParams {
     pub gpu_interface: String,
     /// This host's own rCUDA servers (compute-GPU hosts); VMs reach them only through a route.
     pub local_rcuda: Vec<SocketAddrV4>,
-    /// Where the agent serves VMs their rCUDA environment (see [`crate::metadata`]): each VM of a
+    /// Where the agent serves VMs their rCUDA environment (see the agent's `metadata` module): each VM of a
     /// table that names a metadata endpoint gets a route from it to here, and reaches it no other
     /// way.
     pub metadata_listener: Option<SocketAddrV4>,
@@ -262,35 +260,19 @@ impl Transaction {
     }
 }
 
-fn typed(cmd: &NfCmd<'_>) -> Value {
-    serde_json::to_value(cmd).expect("nftables schema types always serialize")
+/// `{"add"|"delete": {"table": {"family": .., "name": "rodvr"}}}`.
+fn table_command(verb: &str, family: &str) -> Value {
+    json!({ verb: {"table": {"family": family, "name": TABLE}}})
 }
 
-fn table(family: NfFamily) -> Table<'static> {
-    Table { family, name: TABLE.into(), handle: None }
+fn base_chain(name: &str, kind: &str, hook: &str, prio: i32) -> Value {
+    base_chain_in("ip", name, kind, hook, prio)
 }
 
-fn base_chain(name: &'static str, kind: NfChainType, hook: NfHook, prio: i32) -> Value {
-    base_chain_in(NfFamily::IP, name, kind, hook, prio)
-}
-
-fn base_chain_in(
-    family: NfFamily,
-    name: &'static str,
-    kind: NfChainType,
-    hook: NfHook,
-    prio: i32,
-) -> Value {
-    typed(&NfCmd::Add(NfListObject::Chain(Chain {
-        family,
-        table: TABLE.into(),
-        name: name.into(),
-        _type: Some(kind),
-        hook: Some(hook),
-        prio: Some(prio),
-        policy: Some(NfChainPolicy::Accept),
-        ..Chain::default()
-    })))
+/// A base chain (attached to `hook`) whose policy is accept.
+fn base_chain_in(family: &str, name: &str, kind: &str, hook: &str, prio: i32) -> Value {
+    json!({"add": {"chain": {"family": family, "table": TABLE, "name": name, "type": kind,
+        "hook": hook, "prio": prio, "policy": "accept"}}})
 }
 
 /// A JSON object built by moving `pairs` in (`json!` would clone interpolated values).
@@ -385,12 +367,7 @@ fn target_chain_commands(target: SocketAddrV4, carrier: Carrier) -> [Value; 2] {
         Carrier::Packet => target_chain(target),
         Carrier::Conntrack => target_chain_ct(target),
     };
-    let chain = typed(&NfCmd::Add(NfListObject::Chain(Chain {
-        family: NfFamily::IP,
-        table: TABLE.into(),
-        name: name.as_str().into(),
-        ..Chain::default()
-    })));
+    let chain = json!({"add": {"chain": {"family": "ip", "table": TABLE, "name": name}}});
     let reset = obj([("mangle", obj([("key", mark(carrier)), ("value", 0.into())]))]);
     let dnat = obj([(
         "dnat",
@@ -448,20 +425,20 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
     let gpu_if = params.gpu_interface.as_str();
     let map = |name: &str, key: Value, data: &str| json!({"add": {"map": {"family": "ip", "table": TABLE, "name": name, "type": key, "map": data}}});
     let mut cmds = vec![
-        typed(&NfCmd::Add(NfListObject::Table(table(NfFamily::IP)))),
-        typed(&NfCmd::Delete(NfListObject::Table(table(NfFamily::IP)))),
-        typed(&NfCmd::Add(NfListObject::Table(table(NfFamily::IP)))),
+        table_command("add", "ip"),
+        table_command("delete", "ip"),
+        table_command("add", "ip"),
         map(MAP_ROUTES, json!(["ifname", "ipv4_addr", "ipv4_addr", "inet_service"]), "mark"),
         map(MAP_TARGETS, json!("mark"), "verdict"),
         map(MAP_TARGETS_CT, json!("mark"), "verdict"),
         json!({"add": {"set": {"family": "ip", "table": TABLE, "name": SET_LOCAL_RCUDA,
             "type": ["ipv4_addr", "inet_service"]}}}),
-        base_chain("prerouting", NfChainType::NAT, NfHook::Prerouting, -100),
+        base_chain("prerouting", "nat", "prerouting", -100),
         // A VM's packet to a masked endpoint jumps to its route's target chain, which rewrites it
         // to the real rCUDA endpoint.
         dispatch_via(masked, Carrier::Packet),
         dispatch_via(masked, Carrier::Conntrack),
-        base_chain("postrouting", NfChainType::NAT, NfHook::Postrouting, 100),
+        base_chain("postrouting", "nat", "postrouting", 100),
         // The GPU server sees the compute host, never the VM.
         rule(
             "postrouting",
@@ -471,7 +448,7 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
                 json!({"masquerade": null}),
             ],
         ),
-        base_chain("forward", NfChainType::Filter, NfHook::Forward, 0),
+        base_chain("forward", "filter", "forward", 0),
         // A masked address that was not rewritten has no route for this VM.
         rule(
             "forward",
@@ -490,7 +467,7 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
                 json!({"drop": null}),
             ],
         ),
-        base_chain("input", NfChainType::Filter, NfHook::Input, 0),
+        base_chain("input", "filter", "input", 0),
     ]);
     cmds.extend(still_routed_rules("input", masked));
     cmds.extend([
@@ -529,10 +506,10 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
 fn ipv6_commands(params: &TableParams) -> Vec<Value> {
     let gpu_if = params.gpu_interface.as_str();
     let mut cmds = vec![
-        typed(&NfCmd::Add(NfListObject::Table(table(NfFamily::IP6)))),
-        typed(&NfCmd::Delete(NfListObject::Table(table(NfFamily::IP6)))),
-        typed(&NfCmd::Add(NfListObject::Table(table(NfFamily::IP6)))),
-        base_chain_in(NfFamily::IP6, "forward", NfChainType::Filter, NfHook::Forward, 0),
+        table_command("add", "ip6"),
+        table_command("delete", "ip6"),
+        table_command("add", "ip6"),
+        base_chain_in("ip6", "forward", "filter", "forward", 0),
         rule_in(
             "ip6",
             "forward",
@@ -542,7 +519,7 @@ fn ipv6_commands(params: &TableParams) -> Vec<Value> {
                 json!({"drop": null}),
             ],
         ),
-        base_chain_in(NfFamily::IP6, "input", NfChainType::Filter, NfHook::Input, 0),
+        base_chain_in("ip6", "input", "filter", "input", 0),
     ];
     if let Some(api) = params.agent_api.filter(SocketAddr::is_ipv6) {
         cmds.push(agent_api_guard(api));

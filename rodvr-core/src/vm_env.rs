@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 
-use crate::protocol::{RcudaDevice, RcudaEnv, RouteTable};
+use rodvr_contract::protocol::{RcudaDevice, RcudaEnv, RouteTable};
 
 /// Why the agent has no environment for a caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -97,9 +97,9 @@ async fn status_error(url: String, status: reqwest::StatusCode, response: Respon
 }
 
 /// A client that trusts the system's CAs (tests and tools; the binaries build theirs with
-/// [`crate::httpd::http_client`] and their configured CA).
+/// [`gsaas_infra::httpd::http_client`] and their configured CA).
 pub fn http_client() -> reqwest::Client {
-    crate::httpd::http_client(None).expect("a client without a CA bundle always builds")
+    gsaas_infra::httpd::http_client(None).expect("a client without a CA bundle always builds")
 }
 
 async fn send<T: DeserializeOwned>(url: String, request: RequestBuilder) -> Result<T, ClientError> {

@@ -10,15 +10,16 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::firewall::{Dataplane, Firewall, FirewallError};
-use crate::metrics::{inc, AgentMetrics};
-use crate::protocol::{
-    AppliedState, ApplyOutcome, ApplyStatus, GpuReport, Health, HostKind, HostReport, InvalidEntry,
-    RcudaEnv, RouteTable,
-};
+use crate::metrics::AgentMetrics;
 use crate::render::route_map;
 use crate::state::{Admission, GenerationConflict, Ledger, StateFileError};
 use crate::vm_env::EnvError;
 use gpgpums::ids::HostId;
+use gsaas_infra::metrics::inc;
+use rodvr_contract::protocol::{
+    AppliedState, ApplyOutcome, ApplyStatus, GpuReport, Health, HostKind, HostReport, InvalidEntry,
+    RcudaEnv, RouteTable,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -73,7 +74,7 @@ impl<F: Firewall> Agent<F> {
         }
     }
 
-    /// Records each GPU's health now (by index; see [`crate::discovery::GpuDiscovery::health`]),
+    /// Records each GPU's health now (by index; see the agent's `discovery::GpuDiscovery::health`),
     /// for the next report.
     pub fn set_gpu_health(&self, health: Vec<(u32, Option<String>)>) {
         *self.gpu_health.lock().unwrap_or_else(|p| p.into_inner()) = health.into_iter().collect();
@@ -150,7 +151,7 @@ impl<F: Firewall> Agent<F> {
                 let mut gpus = self.facts.gpus.clone();
                 for gpu in &mut gpus {
                     if let Some(now) = health.get(&gpu.index) {
-                        gpu.unhealthy = now.as_deref().map(crate::protocol::health_reason);
+                        gpu.unhealthy = now.as_deref().map(rodvr_contract::protocol::health_reason);
                     }
                 }
                 gpus

@@ -38,7 +38,7 @@ pub struct RouteTable {
     /// Each VM's routes in the order of its rCUDA devices (`RCUDA_DEVICE_0`, ...).
     pub routes: Vec<Route>,
     /// The masked endpoint where each VM of the table reads its own rCUDA environment from the
-    /// agent (see [`crate::metadata`]); none: the agent serves no environment.
+    /// agent (see the agent's `metadata` module); none: the agent serves no environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<SocketAddrV4>,
     /// The host's VMs that have no cGPU left (all detached): no route carries their traffic, but

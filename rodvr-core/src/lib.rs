@@ -1,0 +1,16 @@
+//! The RODVR agent's core (dissertation section 5.2.1) with no host attached: a route table
+//! rendered as nftables transactions ([`render`], pure), where they go ([`firewall`]: the
+//! [`firewall::Firewall`] trait, the in-memory firewall with the kernel's semantics, and the
+//! dataplane that diffs or replaces), the ledger of applied generations ([`state`]), the VMs'
+//! rCUDA environments ([`vm_env`]) and the [`agent::Agent`] that ties them together.
+//!
+//! The agent binary (`rodvr-agent`) adds the host: `nft`, conntrack, NVML, its HTTP servers.
+//! `gsaasd` runs this core in-process over the memory firewall, so it links neither nftables
+//! nor NVML.
+
+pub mod agent;
+pub mod firewall;
+pub mod metrics;
+pub mod render;
+pub mod state;
+pub mod vm_env;
