@@ -23,8 +23,7 @@
 //! Run: `cargo bench -p gsaasd --bench cycles` (args: `-- [secs] [concurrency,...] [sqlite|postgres|both] [long-poll|poll]`).
 #![allow(clippy::print_stdout)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use gsaas_test_support as support;
 
 mod common;
 

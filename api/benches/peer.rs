@@ -42,8 +42,7 @@
 //! default `1000,10000 1000,300 4`).
 #![allow(clippy::print_stdout)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use gsaas_test_support as support;
 
 mod common;
 

@@ -37,8 +37,7 @@
 //! as the tests do, so run as root).
 #![allow(clippy::print_stdout)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use gsaas_test_support as support;
 
 mod common;
 

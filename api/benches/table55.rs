@@ -2,7 +2,7 @@
 //! split into Equation 5.1's stages, against the OpenStack of `scripts/openstack-dev.sh` (Keystone,
 //! Placement, Glance, Nova 34 with the fake virt driver; Neutron is a stand-in).
 //!
-//! gsaasd runs in this process as in the e2e test (`tests/support/openstack.rs`): Keystone mode, the
+//! gsaasd runs in this process as in the e2e test (`gsaas-test-support`'s `openstack` module): Keystone mode, the
 //! Nova backend as the service user, in-process agents on the paper's testbed (gpu-host-1: 4 x
 //! Quadro M4000 of 8 GiB; rgpu-host-1). Each run: project alpha's member POSTs a VM (the paper's
 //! flavor is 1 vCPU / 768 MB; here `gsaas.tiny`, which the fake driver does not boot anyway) of N
@@ -27,8 +27,7 @@
 //! (args: `-- [runs] [sizes,...]`, default `20 0,25,50,75`; one warm-up run per size is dropped).
 #![allow(clippy::print_stdout)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use gsaas_test_support as support;
 
 use std::time::{Duration, Instant};
 

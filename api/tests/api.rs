@@ -2,7 +2,7 @@
 //! on PostgreSQL: launch to ready, views per role, termination, isolation between projects, auth,
 //! every kind of bad input, idempotent retries.
 
-mod support;
+use crate::{on_both_stores, support};
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! it). Without Python the test fails, it does not skip. `GSAAS_SCHEMATHESIS_SEED` picks another
 //! seed than the fixed one.
 
-mod support;
+use crate::{on_both_stores, support};
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

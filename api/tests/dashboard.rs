@@ -11,10 +11,10 @@
 //! `GSAAS_DASHBOARD_SCREENSHOTS` (relative to the workspace root) to refresh the ones in `docs/`:
 //!
 //! ```text
-//! GSAAS_DASHBOARD_SCREENSHOTS=docs cargo test -p gsaasd --test dashboard
+//! GSAAS_DASHBOARD_SCREENSHOTS=docs cargo test -p gsaasd --test integration dashboard::
 //! ```
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -2,7 +2,7 @@
 //! leaves nothing behind and does not hold up the next user of the connection (on SQLite the
 //! process has one connection, and the rollback is queued on it, not awaited).
 
-mod support;
+use crate::{on_both_stores, support};
 
 use std::path::PathBuf;
 

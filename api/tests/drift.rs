@@ -1,7 +1,7 @@
 //! Cloud drift (issue [4/5]): servers deleted or moved behind GSaaS's back, on the simulated
 //! cloud (the real Nova's are in `openstack.rs`).
 
-mod support;
+use crate::{on_both_stores, support};
 
 use gsaasd::auth::{Caller, Role};
 use gsaasd::cloud::ServerId;

@@ -3,7 +3,7 @@
 //! terminations that take over, an agent that refuses the new routes, and a crash in the middle
 //! of each, resumed on SQLite and PostgreSQL.
 
-mod support;
+use crate::{on_both_stores, support};
 
 use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};

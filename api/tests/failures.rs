@@ -4,7 +4,7 @@
 //! The hosts have real agents over HTTP ([`support::agents`]); a test turns one `Down` (every
 //! request answered 503, as a host that is gone) and back.
 
-mod support;
+use crate::{on_both_stores, support};
 
 use serde_json::{json, Value};
 use support::agents::{agent_cloud, agent_cloud_with, remote_launch, Behaviour, TestAgent};

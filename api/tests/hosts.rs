@@ -1,7 +1,7 @@
 //! Hosts: agents register and heartbeat with their GPU inventory, silent hosts become unavailable,
 //! drift in an agent's table is repaired by the reconciler, and locality places VMs where asked.
 
-mod support;
+use crate::{on_both_stores, support};
 
 use std::time::Duration;
 

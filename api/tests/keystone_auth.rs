@@ -10,8 +10,7 @@
 //! keeps the servers it is asked to create (ACTIVE at once, on the asked-for host, the upstream
 //! server and port samples), so a launch goes all the way to `ready` and a termination to `deleted`.
 
-#[path = "support/upstream.rs"]
-mod upstream;
+use crate::support::upstream;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

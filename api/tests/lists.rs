@@ -2,7 +2,7 @@
 //! filters; deleted VMs are left out unless asked for, and an operator purges them. On both
 //! stores.
 
-mod support;
+use crate::{on_both_stores, support};
 
 use serde_json::Value;
 use support::{shared_launch, Store, TestService};

@@ -2,7 +2,7 @@
 //! what the dashboards chart: pool use per GPU and host, VMs by state, launches by outcome, the
 //! Equation 5.1 stage histograms and policy decision times.
 
-mod support;
+use crate::support;
 
 use support::{shared_launch, Store, TestService};
 

@@ -5,7 +5,7 @@
 //! checked through Nova's own API as admin. Only Neutron is a stand-in (it reports each server's
 //! port on the host Nova placed the server on).
 
-mod support;
+use crate::support;
 
 use base64::Engine as _;
 use reqwest::Method;

@@ -7,8 +7,7 @@
 //! and the requests it builds have the shape (method, path, headers, JSON body) of the upstream
 //! request samples. Timing-dependent cases use short real timeouts, always bounded.
 
-#[path = "support/upstream.rs"]
-mod upstream;
+use crate::support::upstream;
 
 use std::collections::BTreeSet;
 use std::error::Error as _;

@@ -2,7 +2,7 @@
 //! order, JSON logs, and a request id on every answer, in its problem document and in the log
 //! line of the request.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};

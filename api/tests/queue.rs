@@ -4,7 +4,7 @@
 //! the same way beside a running VM, and so do the cGPUs a preemption took, to be given back. On
 //! both stores; two replicas serving one queue on PostgreSQL never place a launch twice.
 
-mod support;
+use crate::{on_both_stores, support};
 
 use std::time::Duration;
 

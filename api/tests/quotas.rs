@@ -2,7 +2,7 @@
 //! 403 `quota_exceeded` naming the resource, the limit, the use and the request, and change
 //! nothing; on both stores. Two replicas racing on one PostgreSQL cannot pass a limit together.
 
-mod support;
+use crate::{on_both_stores, support};
 
 use gsaasd::auth::Role;
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! both fill the pool exactly, every launch past capacity gets 507, and terminations free capacity
 //! that either replica can then use.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 

@@ -2,7 +2,7 @@
 //! left, every cGPU released, no route left), termination mid-launch, and a crash at any step resumed
 //! by the next gsaasd, on SQLite and PostgreSQL.
 
-mod support;
+use crate::{on_both_stores, support};
 
 use std::time::{Duration, Instant};
 

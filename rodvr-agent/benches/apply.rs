@@ -3,8 +3,7 @@
 //! dissertation's 0.31 s per cGPU), and what a masked route costs in TCP bulk throughput.
 //! Everything runs in network namespaces the bench creates and deletes.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use gsaas_test_support as support;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};

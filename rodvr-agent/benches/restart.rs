@@ -7,8 +7,7 @@
 //! spawn: the VM's first connection through its masked endpoint that reaches the server (routes
 //! live), and the agent's "listening" line (it listens only after re-applying its state file).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use gsaas_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};

@@ -1,7 +1,7 @@
 //! The agent's HTTP API in process, over the in-memory firewall: auth, validation, generation
 //! rules, read-back, and restoring from the state file.
 
-mod support;
+use gsaas_test_support as support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -11,7 +11,7 @@
 //! that first). Needs root, `ip` and `nft` (CI runs it as root);
 //! without them it fails with a message saying so.
 
-mod support;
+use gsaas_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,5 +1,5 @@
-//! What the end-to-end test needs around the real binaries: network namespaces and veths (the
-//! kernel tests' module of rodvr-agent, included by path), processes run inside a namespace (killed
+//! What the end-to-end test needs around the real binaries: network namespaces and veths (from
+//! `gsaas-test-support`), processes run inside a namespace (killed
 //! by drop guards), stand-in rCUDA servers, TCP probes and HTTP calls made from inside a namespace,
 //! and the binaries themselves.
 //!
@@ -12,10 +12,7 @@
 // Shared by the e2e and chaos tests: each uses part of it.
 #![allow(dead_code, unused_imports)]
 
-#[path = "../../rodvr-agent/tests/support/netns.rs"]
-mod netns;
-
-pub use netns::{
+pub use gsaas_test_support::netns::{
     connect, enter_and_run, greet_and_echo, namespaces, require_root_tools, run_prefix, still_open,
     veth, Netns,
 };

@@ -3,9 +3,6 @@
 //! forged or replayed token, a flood). README's security model names the test that proves each
 //! threat is held; a new feature adds its threat here.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod hostile_agents;
 mod hostile_tenants;
 mod slow_clients;

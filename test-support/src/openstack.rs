@@ -16,7 +16,7 @@ use gsaasd::openstack::AuthSettings;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use super::{status_json, test_config, Store};
+use crate::{status_json, test_config, Store};
 
 pub const CLOUDS_VAR: &str = "GSAAS_OPENSTACK_CLOUDS";
 /// gsaasd's service user (Keystone admin) and the two tenants.
@@ -244,6 +244,7 @@ pub fn inventory_named(gpu_host: &str, gpus: u32) -> Vec<InventoryHost> {
 
 /// gsaasd in Keystone mode on the dev cloud: the Nova backend as `gsaas-service`, in-process
 /// agents on [`inventory`], its own SQLite database, port 0.
+#[derive(Debug)]
 pub struct Gsaasd {
     pub service: Option<gsaasd::service::Service>,
     pub http: reqwest::Client,

@@ -1,12 +1,10 @@
 //! Network namespaces for kernel tests: created with `ip`, deleted by a drop guard, entered by
 //! threads (a thread's sockets stay in the namespace it was in when they were created).
 //!
-//! Shared by rodvr-agent's tests and bench and by the workspace's end-to-end test, which includes
-//! this file by path. Programs that must see namespaces created after they start (gsaasd's
+//! Shared by rodvr-agent's tests and benches and by the workspace's end-to-end and chaos tests. Programs that must see namespaces created after they start (gsaasd's
 //! simulated cloud adds the VMs' namespaces) enter theirs with [`Netns::command`] (`nsenter
 //! --net=`): `ip netns exec`, as [`Netns::exec`] uses, also gives the program a private mount
 //! namespace in which later `/run/netns` mounts are invisible.
-#![allow(dead_code)]
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -12,6 +12,7 @@ use openssl::pkey::{PKey, Private};
 use openssl::x509::extension::{BasicConstraints, KeyUsage, SubjectAlternativeName};
 use openssl::x509::{X509NameBuilder, X509};
 
+#[derive(Debug)]
 pub struct Ca {
     key: PKey<Private>,
     cert: X509,

@@ -1,6 +1,5 @@
-//! The upstream OpenStack samples of `tests/fixtures/openstack` (Apache-2.0 data), as the fake
+//! The upstream OpenStack samples of `api/tests/fixtures/openstack` (Apache-2.0 data), as the fake
 //! services of the contract and Keystone-mode tests serve them.
-#![allow(dead_code)]
 
 use std::path::Path;
 use std::time::SystemTime;
@@ -9,7 +8,8 @@ use gsaasd::openstack::time::format_rfc3339;
 use serde_json::{json, Value};
 
 pub fn fixture(path: &str) -> String {
-    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/openstack").join(path);
+    let full =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../api/tests/fixtures/openstack").join(path);
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
 }
 

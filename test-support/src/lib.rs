@@ -1,19 +1,28 @@
-//! Starting a real gsaasd for tests: its own data directory and database, port 0, the simulated
-//! cloud at zero delay and in-process agents unless a test says otherwise.
-#![allow(dead_code)]
+//! What the workspace's tests and benches share, in one crate instead of files included by path.
+//!
+//! - A real gsaasd for a test (this module): its own data directory and database (SQLite, or a
+//!   fresh database on a throwaway PostgreSQL 15: [`postgres`]), port 0, the simulated cloud at zero
+//!   delay and in-process agents unless a test says otherwise; [`on_both_stores!`] runs a test on
+//!   both stores.
+//! - Agents a test controls ([`agents`]: real agent cores over HTTP, or hostile ones), the real
+//!   dev OpenStack ([`openstack`]) and upstream API samples ([`upstream`]).
+//! - The kernel and the network: namespaces and veths ([`netns`]), certificates ([`certs`]),
+//!   clients that stall ([`slow`]), key pairs and temporary directories.
 
 pub mod agents;
-#[path = "../../../rodvr-agent/tests/support/certs.rs"]
 pub mod certs;
+pub mod netns;
 pub mod openstack;
 pub mod postgres;
-#[path = "../../../rodvr-agent/tests/support/slow.rs"]
 pub mod slow;
+pub mod upstream;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ed25519_dalek::pkcs8::{spki::der::pem::LineEnding, EncodePrivateKey, EncodePublicKey};
 use gsaasd::auth::Role;
 use gsaasd::cloud::sim::SimCloud;
 use gsaasd::config::Config;
@@ -33,16 +42,17 @@ macro_rules! on_both_stores {
         mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn sqlite() {
-                super::$name($crate::support::Store::Sqlite).await
+                super::$name($crate::Store::Sqlite).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
-                super::$name($crate::support::Store::Postgres).await
+                super::$name($crate::Store::Postgres).await
             }
         }
     )*};
 }
 
+#[derive(Debug)]
 pub struct TestService {
     pub service: Option<Service>,
     pub config: Config,
@@ -51,7 +61,6 @@ pub struct TestService {
 }
 
 fn temp_dir() -> PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
         "gsaasd-test-{}-{}",
@@ -136,7 +145,7 @@ impl TestService {
             text.push_str(&format!("database_url = {url:?}\n"));
         }
         std::fs::write(&config, text).unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gsaasd"))
+        let out = std::process::Command::new(gsaasd_binary())
             .args(args)
             .arg("-c")
             .arg(&config)
@@ -332,4 +341,49 @@ where
     })
     .await;
     outputs.into_iter().map(|o| o.expect("every future finished")).collect()
+}
+
+/// The `gsaasd` binary cargo built beside the running test (`target/<profile>/gsaasd`; a test
+/// binary runs from `target/<profile>/deps/`).
+pub fn gsaasd_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let bin = exe.parent().and_then(|deps| deps.parent()).map(|dir| dir.join("gsaasd"));
+    match bin {
+        Some(bin) if bin.exists() => bin,
+        _ => panic!("no gsaasd binary beside {}: cargo build -p gsaasd", exe.display()),
+    }
+}
+
+/// An Ed25519 key pair derived from `seed`: (private PKCS#8 PEM, public PEM).
+pub fn key_pair(seed: u8) -> (String, String) {
+    let key = ed25519_dalek::SigningKey::from_bytes(&[seed; 32]);
+    let private = key.to_pkcs8_pem(LineEnding::LF).unwrap().to_string();
+    let public = key.verifying_key().to_public_key_pem(LineEnding::LF).unwrap();
+    (private, public)
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh directory for one test, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("rodvr-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

@@ -145,19 +145,19 @@ impl TestAgent {
 /// A cloud whose hosts have real agents (over HTTP): compute-rGPU host `crg-a`, and compute-GPU
 /// host `cg-1` with `gpus` GPUs of 4,800 MiB; returns gsaasd and the two agents.
 pub async fn agent_cloud(
-    store: super::Store,
+    store: crate::Store,
     gpus: usize,
-) -> (super::TestService, TestAgent, TestAgent) {
+) -> (crate::TestService, TestAgent, TestAgent) {
     agent_cloud_with(store, gpus, |_| {}).await
 }
 
 /// [`agent_cloud`], with gsaasd's config changed by `tweak`.
 pub async fn agent_cloud_with(
-    store: super::Store,
+    store: crate::Store,
     gpus: usize,
     tweak: impl FnOnce(&mut gsaasd::config::Config),
-) -> (super::TestService, TestAgent, TestAgent) {
-    let (mut config, dir) = super::test_config(store);
+) -> (crate::TestService, TestAgent, TestAgent) {
+    let (mut config, dir) = crate::test_config(store);
     tweak(&mut config);
     config.hosts.backend = gsaasd::config::HostsBackend::Agent;
     let keys = gsaasd::auth::Keys::load_or_create(&config.signing_key_path()).unwrap();
@@ -165,12 +165,12 @@ pub async fn agent_cloud_with(
     let gpu_host = TestAgent::start("cg-1", HostKind::ComputeGpu, keys.public_pem()).await;
     config.hosts.agent_urls.insert("crg-a".parse().unwrap(), vm_host.url.clone());
     config.hosts.agent_urls.insert("cg-1".parse().unwrap(), gpu_host.url.clone());
-    let t = super::TestService::start_config(config, dir).await;
+    let t = crate::TestService::start_config(config, dir).await;
     for (host, kind, agent, n) in
         [("cg-1", "compute-gpu", &gpu_host, gpus), ("crg-a", "compute-rgpu", &vm_host, 0)]
     {
         let token = t.agent_token(host);
-        let report = super::host_report(host, kind, &agent.url, n);
+        let report = crate::host_report(host, kind, &agent.url, n);
         let (status, body) = t.report_host(&token, host, &report).await;
         assert_eq!(status, 200, "{body}");
     }
@@ -179,7 +179,7 @@ pub async fn agent_cloud_with(
 
 /// A launch of `ncgpus` shared 1,024 MiB cGPUs, first fit, the VM on a compute-rGPU host.
 pub fn remote_launch(ncgpus: u32) -> serde_json::Value {
-    let mut request = super::shared_launch(ncgpus, 1024);
+    let mut request = crate::shared_launch(ncgpus, 1024);
     request["locality"] = serde_json::json!("remote");
     request["policy"] = serde_json::json!("first-fit");
     request

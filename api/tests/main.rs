@@ -1,0 +1,30 @@
+//! gsaasd's integration tests, one binary: every test links all of gsaasd, so one binary links it
+//! once instead of once per file. Each module is one area (a file of `api/tests/`); run one area
+//! with `cargo test -p gsaasd --test integration queue::`. Shared helpers come from the
+//! `gsaas-test-support` crate.
+
+use gsaas_test_support as support;
+use gsaas_test_support::on_both_stores;
+
+mod api;
+mod attacks;
+mod cloudinit;
+mod conformance;
+mod dashboard;
+mod db;
+mod drift;
+mod elastic;
+mod failures;
+mod hosts;
+mod keystone_auth;
+mod lists;
+mod metrics;
+mod openapi;
+mod openstack;
+mod openstack_contract;
+mod operability;
+mod queue;
+mod quotas;
+mod replicas;
+mod saga;
+mod sim_cloud;
