@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use gpgpums::VmId;
 
-use super::saga::StepError;
+use super::sagas::StepError;
 use super::App;
 use crate::cloud::{CloudError, Delegation, TenantToken};
 use crate::db;
@@ -85,7 +85,7 @@ impl App {
             CloudError::NotFound(what) => {
                 StepError::Failed(format!("cannot create the server as its tenant: {what}"))
             }
-            e => super::saga::cloud_failure("create", &e),
+            e => super::sagas::cloud_failure("create", &e),
         })?;
         self.tenant_tokens.lock().expect("tenant tokens").insert(vm, token.clone());
         Ok(Some(token))

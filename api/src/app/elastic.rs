@@ -2,11 +2,11 @@
 //!
 //! A cGPU is one masked endpoint more or less on the VM's host, so nothing in the VM has to move:
 //! - **attach** books the new cGPUs (`attaching`) and writes the VM's step `attach_cgpus` in one
-//!   pool transaction, all or nothing; the saga step pushes the host's table (which serves live
+//!   pool transaction, all or nothing; the saga step ([`super::sagas`]' `attach.rs`) pushes the host's table (which serves live
 //!   and attaching cGPUs), then marks them live. If the push fails, the attach turns into a detach
 //!   of the same cGPUs, and the VM's error says why;
 //! - **detach** marks the cGPU `detaching` and writes the step `detach_cgpus` in one transaction;
-//!   the saga step pushes the table without it (the agent cuts open connections), then releases
+//!   the saga step (`detach.rs`) pushes the table without it (the agent cuts open connections), then releases
 //!   the booking in the same transaction that ends the step.
 //!
 //! Every write is conditional on the VM's version, like the launch saga's: one change at a time
@@ -21,12 +21,12 @@ use std::sync::Arc;
 
 use gpgpums::{Locality, Mode, Request, VmId};
 
-use super::bookings::{Attachment, Booked, Ending, VM_CHANGED, VM_CHANGED_CGPUS};
+use super::bookings::{Attachment, Booked, VM_CHANGED_CGPUS};
 use super::fields::{check_text, FieldChecks};
 use super::vms::{digest, VmDetails, MAX_NAME};
 use super::App;
 use crate::auth::Caller;
-use crate::db::{self, now_ms, Claim, VmWrite, Written};
+use crate::db::{self, now_ms, Claim, VmWrite};
 use crate::error::Error;
 use crate::metrics::inc;
 use crate::model::{CgpuState, SagaStep, VmRecord, VmState};
@@ -207,22 +207,11 @@ impl App {
             },
             claim: Some(self.claim_now()),
         }];
-        let mut tx = self.db.begin().await?;
-        let written = db::update_vms(&mut tx, &mut write).await?;
-        let Some(&Written::Done { claimed }) = written.first() else {
-            return Err(refused(Error::Conflict(VM_CHANGED_CGPUS.into())));
-        };
         // A lost cGPU (its GPU failed, nowhere to re-home it) is detached like a live one.
         let from = details.cgpus[at].state;
-        let moved =
-            db::set_cgpu_states(&mut tx, id, Some(index), from, CgpuState::Detaching).await?;
-        if moved != 1 {
-            return Err(Error::internal(format!(
-                "VM {id}: cGPU {index} was not {} when its VM's version said so",
-                from.as_str()
-            )));
-        }
-        tx.commit().await?;
+        let Some(claimed) = self.db.begin_detach(&mut write, index, from).await? else {
+            return Err(refused(Error::Conflict(VM_CHANGED_CGPUS.into())));
+        };
         inc(&self.metrics.elastic.detaches_accepted);
         let [VmWrite { vm, .. }] = write;
         self.watchers.changed(&vm);
@@ -230,70 +219,5 @@ impl App {
         details.cgpus[at].state = CgpuState::Detaching;
         self.spawn_saga_from(id, claimed.then(|| details.clone()));
         Ok(details)
-    }
-
-    /// The saga's attach step: the host's table with the new cGPUs, then they go live. A failed
-    /// push turns the attach into a detach of the new cGPUs (the outer error: storage failed, to
-    /// be retried). Returns false when the VM changed meanwhile (reload and decide again).
-    pub(super) async fn attach_step(&self, vm: &mut VmRecord) -> Result<bool, Error> {
-        let host = vm.host.clone().ok_or_else(|| Error::internal("a ready VM without a host"))?;
-        let pushed = self.push_routes(&host).await;
-        let mut next = vm.clone();
-        let (from, to) = match &pushed {
-            Ok(()) => {
-                next.step = SagaStep::Done;
-                (CgpuState::Attaching, CgpuState::Live)
-            }
-            Err(e) => {
-                tracing::warn!(vm = %vm.id, error = %crate::error::ErrorChain(e), "attach failed; detaching");
-                next.step = SagaStep::DetachCgpus;
-                let reason = self.tenant_message(&e.to_string()).await;
-                next.error =
-                    Some(format!("attaching cGPUs failed, so they are detached: {reason}"));
-                (CgpuState::Attaching, CgpuState::Detaching)
-            }
-        };
-        next.updated_ms = now_ms();
-        let mut write = [VmWrite { vm: next, claim: None }];
-        let mut tx = self.db.begin().await?;
-        if db::update_vms(&mut tx, &mut write).await?.first() == Some(&Written::Stale) {
-            return Ok(false);
-        }
-        db::set_cgpu_states(&mut tx, vm.id, None, from, to).await?;
-        tx.commit().await?;
-        let [VmWrite { vm: written, .. }] = write;
-        let elapsed = (written.updated_ms - vm.updated_ms).max(0) as f64 / 1000.0;
-        match pushed {
-            Ok(()) => {
-                inc(&self.metrics.elastic.attaches_done);
-                self.metrics.elastic.attach_seconds.observe(elapsed);
-                // The VM may have more attaches waiting, held back while this one ran.
-                self.trigger_queue();
-            }
-            Err(_) => inc(&self.metrics.elastic.attaches_failed),
-        }
-        *vm = written;
-        self.watchers.changed(vm);
-        Ok(true)
-    }
-
-    /// The saga's detach step: the host's table without the `detaching` cGPUs (the agent cuts
-    /// their connections), then their bookings go with the step's end. Returns false when the VM
-    /// changed meanwhile.
-    pub(super) async fn detach_step(&self, vm: &mut VmRecord) -> Result<bool, Error> {
-        let host = vm.host.clone().ok_or_else(|| Error::internal("a ready VM without a host"))?;
-        let fence_on = self.withdraw_routes(&host).await?;
-        let ended = VmRecord { step: SagaStep::Done, updated_ms: now_ms(), ..vm.clone() };
-        let ended = match self.release_detached(Ending { ended, fence_on }).await {
-            Ok(ended) => ended,
-            Err(Error::Conflict(reason)) if reason == VM_CHANGED => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        inc(&self.metrics.elastic.detaches_done);
-        let elapsed = (ended.updated_ms - vm.updated_ms).max(0) as f64 / 1000.0;
-        self.metrics.elastic.detach_seconds.observe(elapsed);
-        *vm = ended;
-        self.watchers.changed(vm);
-        Ok(true)
     }
 }

@@ -11,7 +11,6 @@
 //! default): an agent that never confirms (hostile, or cut off that long) cannot hold other hosts'
 //! GPUs for ever; admins get an alert on its host when that bound releases a fence. Re-homed cGPUs leave their old GPU through a fence too.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use super::App;
 use crate::config::HostsBackend;
 use crate::db::{self, now_ms, Fenced};
 use crate::error::Error;
-use crate::model::{AlertKind, FenceId, FenceRecord, HostRecord, VmRecord};
+use crate::model::{FenceId, FenceRecord, HostRecord, VmRecord};
 
 /// Moves the VM's cGPUs that `which` names into a new fence on `host`, in the database and the
 /// pool (inside the caller's pool transaction); returns them. The caller deletes the cGPUs' rows
@@ -81,52 +80,6 @@ pub(crate) async fn open_fence(
 }
 
 impl App {
-    /// Releases the fences whose host's agent confirmed their routes gone, whose host was
-    /// forgotten, or that are older than `hosts.fence_timeout_secs`: an agent that never confirms
-    /// (a hostile one, or one cut off for that long) cannot keep other hosts' GPUs fenced for
-    /// ever. Each host whose fences expired gets an alert. Returns how many were released.
-    pub(crate) async fn release_fences(&self) -> Result<usize, Error> {
-        let timeout_ms = self.config.hosts.fence_timeout_secs.saturating_mul(1000) as i64;
-        let opened_before = now_ms().saturating_sub(timeout_ms);
-        let any = {
-            let mut conn = self.db.conn().await?;
-            !db::releasable_fences(&mut conn, opened_before).await?.is_empty()
-        };
-        if !any {
-            return Ok(0);
-        }
-        let released = self
-            .with_pool(move |pool, tx| {
-                Box::pin(async move {
-                    let fences = db::releasable_fences(tx, opened_before).await?;
-                    let ids: Vec<FenceId> = fences.iter().map(|f| f.id).collect();
-                    db::delete_fences(tx, &ids).await?;
-                    for id in &ids {
-                        pool.release(&id.holder());
-                    }
-                    Ok(fences)
-                })
-            })
-            .await?;
-        let mut expired: BTreeMap<&HostId, usize> = BTreeMap::new();
-        for fence in released.iter().filter(|f| f.expired) {
-            *expired.entry(&fence.host).or_default() += 1;
-        }
-        for (host, n) in expired {
-            let detail = format!(
-                "its agent never confirmed the routes of {n} fence(s) withdrawn within \
-                 hosts.fence_timeout_secs ({} s): their bookings were released",
-                self.config.hosts.fence_timeout_secs
-            );
-            self.alert_host(host, AlertKind::FenceExpired, detail).await;
-        }
-        if !released.is_empty() {
-            tracing::info!(fences = released.len(), "fences released");
-            self.trigger_queue();
-        }
-        Ok(released.len())
-    }
-
     /// Withdraws routes from `host` (a termination's or a detach's): pushes its table, which no
     /// longer has them. Returns where the cGPUs must be fenced: `host` when its agent is known
     /// down (not waited for) or did not confirm the table; `None` when it did, when the host has

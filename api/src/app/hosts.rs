@@ -156,10 +156,9 @@ impl App {
                 && registration.gpus.iter().all(|g| gpus.contains(g));
             if same_gpus && host.state != HostState::Unavailable {
                 // A plain heartbeat: no pool change.
-                let mut tx = self.db.begin().await?;
-                db::touch_host(&mut tx, &host.name, registration.agent_url.as_deref(), now_ms())
+                let mut conn = self.db.conn().await?;
+                db::touch_host(&mut conn, &host.name, registration.agent_url.as_deref(), now_ms())
                     .await?;
-                tx.commit().await?;
                 return Ok(HostRecord {
                     agent_url: registration.agent_url.clone(),
                     ..host.clone()
@@ -502,9 +501,8 @@ impl App {
                         .await
                         .map_err(|e| Error::unavailable("host agent", e))?
                         .unwrap_or(0);
-                    let mut tx = self.db.begin().await?;
-                    db::raise_routes_generation(&mut tx, host, applied).await?;
-                    tx.commit().await?;
+                    let mut conn = self.db.conn().await?;
+                    db::raise_routes_generation(&mut conn, host, applied).await?;
                 }
                 Ok(Err(AgentError::Refused { reason, entry: Some(entry), .. })) => {
                     inc(&self.metrics.route_push_failures);
@@ -696,40 +694,14 @@ impl App {
             .collect())
     }
 
-    /// New generations of the hosts' tables with the routes read under them. A generation's table
-    /// must be read after the generation was taken, and no older table may be read later than a
-    /// newer one: on PostgreSQL, whose replicas push side by side, one transaction holds the
-    /// hosts' rows locked from the new generation to the read. On SQLite one process serves the
-    /// database through one connection, and holding it between the two statements is enough.
-    /// `every_host`: the routes are read for every host at once (see
-    /// [`db::routed_cgpus_everywhere`]) rather than for `hosts` alone.
+    /// New generations of the hosts' tables with the routes read under them (see
+    /// [`db::Db::next_route_tables`]).
     async fn next_tables(
         &self,
         hosts: &[HostId],
         every_host: bool,
     ) -> Result<BTreeMap<HostId, TableRead>, Error> {
-        async fn routes(
-            conn: &mut sqlx::AnyConnection,
-            hosts: &[HostId],
-            every_host: bool,
-        ) -> Result<BTreeMap<HostId, Vec<RoutedCgpu>>, Error> {
-            if every_host {
-                db::routed_cgpus_everywhere(conn).await
-            } else {
-                db::routed_cgpus_on(conn, hosts).await
-            }
-        }
-        let (records, mut routed) = if self.db.backend() == db::Backend::Sqlite {
-            let mut conn = self.db.conn().await?;
-            let records = db::next_routes_generations(&mut conn, hosts).await?;
-            (records, routes(&mut conn, hosts, every_host).await?)
-        } else {
-            let mut tx = self.db.begin().await?;
-            let records = db::next_routes_generations(&mut tx, hosts).await?;
-            let routed = routes(&mut tx, hosts, every_host).await?;
-            tx.commit().await?;
-            (records, routed)
-        };
+        let (records, mut routed) = self.db.next_route_tables(hosts, every_host).await?;
         Ok(records
             .into_iter()
             .map(|record| {

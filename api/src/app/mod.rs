@@ -6,24 +6,25 @@
 //!   [`bookings`] (reservations and releases of cGPUs), the saga's VM writes, reads of VMs and the
 //!   database side of route pushes go through it.
 //! - [`vms`]: launch and terminate, as requests.
-//! - [`saga`]: the launch/terminate saga that runs after the request returns, resumable after a crash.
+//! - [`sagas`]: the sagas that run after a request returns (launch, attach, detach, terminate; one
+//!   file each), resumable after a crash.
 //! - [`hosts`]: host registration, heartbeats, drain, route tables pushed to agents.
 //! - [`alerts`]: what a host's agent tried that admins should know of.
 //! - [`gpus`]: GPU taints, by admins or after an agent refused routes to a GPU.
 //! - [`fences`]: bookings kept while a host that cannot be reached may still route to them.
-//! - [`rehome`]: moving cGPUs to other GPUs (evacuations, failed GPUs) behind the same masked
-//!   endpoints.
-//! - [`reconciler`]: the background loop that converges what drifted.
-//! - [`drift`]: VMs whose servers were deleted or moved outside GSaaS.
+//! - [`background`]: work on a timer and on trigger, one file per task: the reconciler, drift,
+//!   re-homing (moving cGPUs to other GPUs behind the same masked endpoints), releasing fences,
+//!   the queue's rounds, token revocations.
+//! - [`queue`]: the queue as requests and views see it.
 //! - [`redact`]: failure reasons as tenants may read them (no host, GPU or rCUDA server named).
-//! - [`tokens`]: revoked tokens reloaded on every replica; agents' token renewal.
+//! - [`tokens`]: revoking tokens; agents' token renewal.
 //! - [`watch`]: waiting for a VM to settle (long-polling).
 
 pub mod alerts;
+pub mod background;
 pub mod batch;
 pub mod bookings;
 pub mod delegations;
-pub mod drift;
 pub mod elastic;
 pub mod fences;
 pub mod fields;
@@ -32,10 +33,8 @@ pub mod hosts;
 pub mod pool;
 pub mod queue;
 pub mod quotas;
-pub mod reconciler;
 pub mod redact;
-pub mod rehome;
-pub mod saga;
+pub mod sagas;
 mod shared;
 pub mod tokens;
 pub mod vms;
@@ -58,7 +57,7 @@ use crate::metrics::Metrics;
 use crate::model::VmRecord;
 use crate::openstack::TokenValidator;
 
-pub use reconciler::ReconcilerStatus;
+pub use background::reconciler::ReconcilerStatus;
 
 /// The service: configuration, storage, side-effect backends and shared state.
 #[derive(Debug)]
@@ -81,7 +80,7 @@ pub struct App {
     /// Sagas running in this process, with the signal that wakes them for a termination.
     running: Mutex<HashMap<VmId, RunningSaga>>,
     /// The tenants' cloud credentials of launches whose server is not created yet: kept in memory
-    /// only, for the saga that creates the server as the tenant (see [`saga`]).
+    /// only, for the saga that creates the server as the tenant (see [`sagas`]).
     tenant_tokens: Mutex<HashMap<VmId, crate::cloud::TenantToken>>,
     /// What the cloud's check of a launch found, for its saga's first creation attempt (see
     /// [`crate::cloud::ServerSpec::checked`]); taken when the saga starts.
@@ -89,11 +88,11 @@ pub struct App {
     /// Serializes this process's pushes to each host, and lets one push stand for the pushes
     /// requested before it read the host's routes (see [`App::push_routes`]).
     host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
-    reconciler: reconciler::Reconciler,
+    reconciler: background::reconciler::Reconciler,
     /// When this process last looked at the cloud's changed servers (see [`drift`]).
     cloud_seen: Mutex<Option<std::time::SystemTime>>,
     /// Wakes the queue's rounds.
-    queue: queue::QueueServer,
+    queue: background::queue_rounds::QueueServer,
     /// Requests waiting for a VM to settle.
     watchers: watch::VmWatchers,
     /// Reservations and releases of cGPUs, written in batches.
@@ -151,9 +150,9 @@ impl App {
             tenant_tokens: Mutex::new(HashMap::new()),
             checked_launches: Mutex::new(HashMap::new()),
             host_locks: Mutex::new(HashMap::new()),
-            reconciler: reconciler::Reconciler::default(),
+            reconciler: background::reconciler::Reconciler::default(),
             cloud_seen: Mutex::new(None),
-            queue: queue::QueueServer::default(),
+            queue: background::queue_rounds::QueueServer::default(),
             watchers: watch::VmWatchers::default(),
             bookings: batch::Batcher::shared(),
             vm_reads: batch::Batcher::for_lanes(lane),

@@ -161,29 +161,29 @@ impl PoolCache {
     }
 }
 
-/// Builds the pool and the quota ledger from the database.
-async fn load(tx: &mut WriteTx, default_quota: Quota) -> Result<(Pool, QuotaLedger), Error> {
+/// Builds the pool and the quota ledger from the database's rows.
+fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger), Error> {
+    let db::PoolRows { hosts, gpus, taints, quotas: limits, held, fences } = rows;
     let mut pool = Pool::new();
-    for host in db::hosts(tx).await? {
+    for host in hosts {
         pool.add_host(host.name.clone(), host.kind)?;
         pool.set_host_state(&host.name, host.state)?;
     }
-    let gpus = db::gpus(tx).await?;
     for gpu in &gpus {
         pool.add_gpu(gpu.spec())?;
         if gpu.health.is_some() {
             pool.set_gpu_health(&gpu.id, gpu.health.clone())?;
         }
     }
-    for (gpu, taint) in db::gpu_taints(tx).await? {
+    for (gpu, taint) in taints {
         pool.set_gpu_taint(&gpu, Some(taint))?;
     }
     let mut quotas = QuotaLedger::new(default_quota);
-    for (project, quota) in db::quotas(tx).await? {
+    for (project, quota) in limits {
         quotas.set_limits(project, Some(quota));
     }
     let gpus: HashMap<&str, &GpuRecord> = gpus.iter().map(|g| (g.id.as_str(), g)).collect();
-    for held in db::held_cgpus(tx).await? {
+    for held in held {
         let vm = held.vm;
         let cgpus = match held_assignments(&held, &gpus) {
             Ok(cgpus) => cgpus,
@@ -205,7 +205,7 @@ async fn load(tx: &mut WriteTx, default_quota: Quota) -> Result<(Pool, QuotaLedg
         }
     }
     // Fences hold their bookings under their own holders; no project is charged for them.
-    for fence in db::fences(tx).await? {
+    for fence in fences {
         let placement = Placement {
             vm: fence.id.holder(),
             policy: String::new(),
@@ -327,7 +327,8 @@ impl App {
         let (mut tx, writer_since, db::PoolWrite { generation, queue_head, queue_waits }) =
             self.begin_writing(&mut cached).await?;
         if cached.generation != generation - 1 {
-            self.reload(&mut cached, &mut tx, generation - 1).await?;
+            let rows = db::read_pool_rows(&mut tx).await?;
+            self.reload(&mut cached, rows, generation - 1)?;
         }
         let changes_before = cached.pool.changes();
         let quota_changes_before = cached.quotas.changes();
@@ -382,20 +383,24 @@ impl App {
     }
 
     /// Replaces the cached pool with the database's, as of `generation`, and publishes its hosts.
-    async fn reload(
+    fn reload(
         &self,
         cached: &mut Cached,
-        tx: &mut WriteTx,
+        rows: db::PoolRows,
         generation: i64,
     ) -> Result<(), Error> {
         let started = Instant::now();
         cached.generation = -1;
-        (cached.pool, cached.quotas) = load(tx, self.config.quotas.quota()).await?;
+        (cached.pool, cached.quotas) = build(rows, self.config.quotas.quota())?;
         if let Err(e) = cached.pool.prepare(&self.config.default_policy) {
             tracing::warn!(error = %e, "the default policy's indexes are built at the first launch");
         }
         cached.generation = generation;
-        tracing::debug!(generation, load_ms = started.elapsed().as_millis() as u64, "pool loaded");
+        tracing::debug!(
+            generation,
+            build_ms = started.elapsed().as_millis() as u64,
+            "pool rebuilt"
+        );
         self.pool.hosts.publish(&cached.pool);
         Ok(())
     }
@@ -421,20 +426,12 @@ impl App {
         read: impl FnOnce(&Pool, &QuotaLedger) -> T,
     ) -> Result<T, Error> {
         let mut cached = self.pool.inner.lock().await;
-        if cached.generation != current_generation(&mut *self.db.conn().await?).await? {
-            let mut tx = self.db.begin().await?;
-            let generation = current_generation(&mut tx).await?;
-            self.reload(&mut cached, &mut tx, generation).await?;
-            tx.commit().await?;
+        if cached.generation != db::pool_generation(&mut *self.db.conn().await?).await? {
+            let (generation, rows) = self.db.pool_snapshot().await?;
+            self.reload(&mut cached, rows, generation)?;
         }
         Ok(read(&cached.pool, &cached.quotas))
     }
-}
-
-async fn current_generation(conn: &mut sqlx::AnyConnection) -> Result<i64, Error> {
-    use sqlx::Row;
-    let row = sqlx::query("SELECT generation FROM pool_state WHERE id = 1").fetch_one(conn).await?;
-    Ok(row.try_get::<i64, _>(0)?)
 }
 
 #[cfg(test)]

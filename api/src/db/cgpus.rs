@@ -261,6 +261,53 @@ pub async fn delete_cgpus(conn: &mut AnyConnection, vms: &[VmId]) -> Result<(), 
     Ok(())
 }
 
+impl super::Db {
+    /// A detach request: `write` (the VM's step `detach_cgpus`, claimed) and its cGPU `index`
+    /// from `from` to `detaching`, together. `None`: the VM changed since it was read, and
+    /// nothing was written; else whether the claim was taken.
+    pub async fn begin_detach(
+        &self,
+        write: &mut [super::VmWrite; 1],
+        index: u32,
+        from: CgpuState,
+    ) -> Result<Option<bool>, Error> {
+        let vm = write[0].vm.id;
+        let mut tx = self.begin().await?;
+        let Some(&super::Written::Done { claimed }) =
+            super::update_vms(&mut tx, write).await?.first()
+        else {
+            return Ok(None);
+        };
+        let moved = set_cgpu_states(&mut tx, vm, Some(index), from, CgpuState::Detaching).await?;
+        if moved != 1 {
+            return Err(Error::internal(format!(
+                "VM {vm}: cGPU {index} was not {} when its VM's version said so",
+                from.as_str()
+            )));
+        }
+        tx.commit().await?;
+        Ok(Some(claimed))
+    }
+
+    /// An attach step's end: `write` (the VM's next step) and its `attaching` cGPUs to `to`
+    /// (live, or detaching when the push failed), together. False: the VM changed since it was
+    /// read, and nothing was written.
+    pub async fn end_attach(
+        &self,
+        write: &mut [super::VmWrite; 1],
+        to: CgpuState,
+    ) -> Result<bool, Error> {
+        let vm = write[0].vm.id;
+        let mut tx = self.begin().await?;
+        if super::update_vms(&mut tx, write).await?.first() == Some(&super::Written::Stale) {
+            return Ok(false);
+        }
+        set_cgpu_states(&mut tx, vm, None, CgpuState::Attaching, to).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}
+
 /// Moves the VM's cGPUs in state `from` to state `to` (all of them, or those of `index`).
 pub async fn set_cgpu_states(
     conn: &mut AnyConnection,

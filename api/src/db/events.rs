@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use gpgpums::VmId;
 use sqlx::{AnyConnection, Row};
 
+use super::Db;
 use crate::error::Error;
 
 /// One event of a VM.
@@ -18,6 +19,21 @@ pub struct VmEvent {
 
 /// How many events each VM keeps: the oldest go as new ones come.
 pub const EVENTS_PER_VM: i64 = 100;
+
+impl Db {
+    /// Records `event` for each of `vms`, all or none.
+    pub async fn record_events(
+        &self,
+        vms: impl IntoIterator<Item = VmId>,
+        event: &VmEvent,
+    ) -> Result<(), Error> {
+        let mut tx = self.begin().await?;
+        for vm in vms {
+            insert_event(&mut tx, vm, event).await?;
+        }
+        tx.commit().await
+    }
+}
 
 /// Records the event as the VM's latest, and forgets the VM's events beyond [`EVENTS_PER_VM`].
 pub async fn insert_event(

@@ -1,5 +1,7 @@
 //! Hosts: registration, state, and the generations of their route tables.
 
+use std::collections::BTreeMap;
+
 use gpgpums::{HostId, HostKind, HostState};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
@@ -133,6 +135,43 @@ pub async fn next_routes_generations(
     })
     .await?;
     rows.iter().map(host_from_row).collect()
+}
+
+impl super::Db {
+    /// New generations of the hosts' tables (see [`next_routes_generations`]) with the routes
+    /// read under them. A generation's table must be read after the generation was taken, and no
+    /// older table may be read later than a newer one: on PostgreSQL, whose replicas push side by
+    /// side, one transaction holds the hosts' rows locked from the new generation to the read. On
+    /// SQLite one process serves the database through one connection, and holding it between the
+    /// two statements is enough. `every_host`: the routes are read for every host at once (see
+    /// [`super::routed_cgpus_everywhere`]) rather than for `hosts` alone.
+    pub async fn next_route_tables(
+        &self,
+        hosts: &[HostId],
+        every_host: bool,
+    ) -> Result<(Vec<HostRecord>, BTreeMap<HostId, Vec<super::RoutedCgpu>>), Error> {
+        async fn read(
+            conn: &mut AnyConnection,
+            hosts: &[HostId],
+            every_host: bool,
+        ) -> Result<(Vec<HostRecord>, BTreeMap<HostId, Vec<super::RoutedCgpu>>), Error> {
+            let records = next_routes_generations(conn, hosts).await?;
+            let routes = if every_host {
+                super::routed_cgpus_everywhere(conn).await?
+            } else {
+                super::routed_cgpus_on(conn, hosts).await?
+            };
+            Ok((records, routes))
+        }
+        if self.backend() == super::Backend::Sqlite {
+            read(&mut *self.conn().await?, hosts, every_host).await
+        } else {
+            let mut tx = self.begin().await?;
+            let tables = read(&mut tx, hosts, every_host).await?;
+            tx.commit().await?;
+            Ok(tables)
+        }
+    }
 }
 
 /// Moves the host's table generation past `generation` (an agent holds a newer one than we know).

@@ -424,6 +424,46 @@ pub async fn begin_pool_write(mut conn: Conn) -> Result<(WriteTx, PoolWrite), Er
     Ok((tx, state))
 }
 
+/// Everything the in-memory pool is built from, read in one transaction (see [`read_pool_rows`]).
+#[derive(Debug)]
+pub struct PoolRows {
+    pub hosts: Vec<crate::model::HostRecord>,
+    pub gpus: Vec<crate::model::GpuRecord>,
+    pub taints: Vec<(gpgpums::GpuId, String)>,
+    pub quotas: Vec<(gpgpums::ProjectId, gpgpums::Quota)>,
+    pub held: Vec<HeldVm>,
+    pub fences: Vec<crate::model::FenceRecord>,
+}
+
+/// Reads what the pool is built from, on `conn` (a pool transaction's, when it reloads).
+pub async fn read_pool_rows(conn: &mut AnyConnection) -> Result<PoolRows, Error> {
+    Ok(PoolRows {
+        hosts: hosts(conn).await?,
+        gpus: gpus(conn).await?,
+        taints: gpu_taints(conn).await?,
+        quotas: quotas(conn).await?,
+        held: held_cgpus(conn).await?,
+        fences: fences(conn).await?,
+    })
+}
+
+/// The pool generation (moved by every pool transaction).
+pub async fn pool_generation(conn: &mut AnyConnection) -> Result<i64, Error> {
+    let row = sqlx::query("SELECT generation FROM pool_state WHERE id = 1").fetch_one(conn).await?;
+    Ok(row.try_get::<i64, _>(0)?)
+}
+
+impl Db {
+    /// The pool's rows and their generation as of one moment: one read transaction.
+    pub async fn pool_snapshot(&self) -> Result<(i64, PoolRows), Error> {
+        let mut tx = self.begin().await?;
+        let generation = pool_generation(&mut tx).await?;
+        let rows = read_pool_rows(&mut tx).await?;
+        tx.commit().await?;
+        Ok((generation, rows))
+    }
+}
+
 // Batched statements. Group commit (`app::batch`) writes many VMs per statement; every batched
 // statement takes its rows from a `VALUES` list (`WITH v (...) AS (VALUES ...)`, or
 // `IN (VALUES ...)` for keys), which SQLite and PostgreSQL read alike and whose length PostgreSQL's

@@ -155,9 +155,19 @@ pub async fn dequeue(conn: &mut AnyConnection, tickets: &[TicketId]) -> Result<(
     Ok(())
 }
 
-/// Takes every ticket of the VM out of the queue.
-pub async fn dequeue_vm(conn: &mut AnyConnection, vm: VmId) -> Result<(), Error> {
-    dequeue_vms(conn, &[vm]).await
+impl super::Db {
+    /// Ends a queued launch: `write` (the VM's end, not claimed) and its tickets out of the
+    /// queue, together. False: the VM changed since it was read, and nothing was written.
+    pub async fn cancel_queued(&self, write: &mut [super::VmWrite; 1]) -> Result<bool, Error> {
+        let mut tx = self.begin().await?;
+        let written = super::update_vms(&mut tx, write).await?;
+        if written.first() != Some(&super::Written::Done { claimed: false }) {
+            return Ok(false);
+        }
+        dequeue_vms(&mut tx, &[write[0].vm.id]).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
 }
 
 /// Takes every ticket of `vms` out of the queue, in one statement per [`super::MAX_ROWS`] VMs.

@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 
 use super::views::HostView;
 use super::{gpu_id, host_id, query, AppState, QueryResult};
-use crate::app::rehome::{Evacuate, Rehomed};
+use crate::app::background::rehome::{Evacuate, Rehomed};
 use crate::auth::Caller;
 use crate::error::{Error, Problem};
 use crate::model::FenceRecord;

@@ -443,7 +443,7 @@ pub struct VmEventView {
 
 /// The code a VM's error starts with, when it is one clients can act on.
 fn error_code(error: &str) -> Option<String> {
-    let code = crate::app::queue::QUEUE_TIMEOUT;
+    let code = crate::app::background::queue_rounds::QUEUE_TIMEOUT;
     error.strip_prefix(code).filter(|rest| rest.starts_with(':')).map(|_| code.to_owned())
 }
 

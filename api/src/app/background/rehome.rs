@@ -5,7 +5,7 @@
 //! before), its row keeps its index and so its masked address and port, and the VM's host agent
 //! re-targets the route. New connections reach the new GPU; connections open to the old one are
 //! cut by the agent (a CUDA context on the old GPU is lost: the application must reconnect). The
-//! old booking is fenced (see [`super::fences`]) until the agent confirms the new table, so no
+//! old booking is fenced (see [`crate::app::fences`]) until the agent confirms the new table, so no
 //! other VM gets the old GPU while this one may still reach it.
 //!
 //! Admins evacuate a GPU or a host (all or nothing: 507 when anything has nowhere to go). With
@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use gpgpums::{GpuId, HostId, Locality, Rehome, VmId};
 
-use super::fences::open_fence;
-use super::App;
+use crate::app::fences::open_fence;
+use crate::app::App;
 use crate::db::{self, now_ms, Fenced};
 use crate::db::{VmWrite, Written};
 use crate::error::Error;
@@ -96,12 +96,7 @@ impl App {
         };
         let mut done = Rehomed::default();
         if lost_back {
-            let recovered = {
-                let mut tx = self.db.begin().await?;
-                let recovered = db::recover_lost_cgpus(&mut tx).await?;
-                tx.commit().await?;
-                recovered
-            };
+            let recovered = db::recover_lost_cgpus(&mut *self.db.conn().await?).await?;
             done.recovered = recovered.len() as u32;
             let vms: BTreeSet<VmId> = recovered.iter().map(|(vm, _)| *vm).collect();
             self.record_events(
@@ -251,12 +246,7 @@ impl App {
         kind: &str,
         detail: &str,
     ) -> Result<(), Error> {
-        let mut tx = self.db.begin().await?;
-        for id in vms {
-            let event = db::VmEvent { at_ms: now_ms(), kind: kind.into(), detail: detail.into() };
-            db::insert_event(&mut tx, id, &event).await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        let event = db::VmEvent { at_ms: now_ms(), kind: kind.into(), detail: detail.into() };
+        self.db.record_events(vms, &event).await
     }
 }

@@ -15,18 +15,25 @@
 //! A failed forward step turns into the undo steps with the VM in `error`. A failed undo step is
 //! retried a few times, then left for the reconciler. A ready VM's attach and detach steps (see
 //! [`super::elastic`]) run in the same loop, and are retried like undo steps.
+//!
+//! This module runs the steps (claim, lease, write, unwind); each saga's steps, with their undo
+//! beside them, have a file: [`launch`], [`attach`], [`detach`], [`terminate`] (the undo steps,
+//! which carry out terminations and unwind failed launches).
+
+mod attach;
+mod detach;
+mod launch;
+mod terminate;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use gpgpums::{HostId, Locality, VmId};
+use gpgpums::{HostId, VmId};
 use tokio::sync::Notify;
 
-use super::bookings::{Ending, VM_CHANGED};
-use super::vms::{rcuda_env, VmDetails};
+use super::vms::VmDetails;
 use super::{App, RunningSaga};
-use crate::cloud::{Checked, CloudError, HostConstraint, ServerSpec};
-use crate::cloudinit;
+use crate::cloud::{Checked, CloudError};
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
 use crate::metrics::inc;
@@ -101,13 +108,11 @@ impl App {
                 loop {
                     tokio::time::sleep(renew_every).await;
                     let now = now_ms();
-                    if let Ok(mut tx) = app.db.begin().await {
-                        if db::claim_saga(&mut tx, id, &app.instance, now, now + app.lease_ms())
-                            .await
-                            .is_ok()
-                        {
-                            let _ = tx.commit().await;
-                        }
+                    if let Ok(mut conn) = app.db.conn().await {
+                        // Renewed as it was claimed; a failed renewal is tried again next time.
+                        let _ =
+                            db::claim_saga(&mut conn, id, &app.instance, now, now + app.lease_ms())
+                                .await;
                     }
                 }
             };
@@ -286,13 +291,8 @@ impl App {
         wake: &Notify,
     ) -> Result<Progress, StepError> {
         match vm.step {
-            SagaStep::CheckCloud => {
-                let tenant = self.tenant_credential(vm.id).await?;
-                let check = self.cloud.check(&vm.spec.vm, tenant.as_ref()).await;
-                // Creation comes next in this run, so its first attempt is the first ever.
-                *checked = Some(check.map_err(|e| cloud_failure("check", &e))?);
-                vm.step = SagaStep::CreateVm;
-            }
+            // Launch (launch.rs).
+            SagaStep::CheckCloud => *checked = Some(self.check_cloud(vm).await?),
             SagaStep::CreateVm => {
                 self.create_vm(vm, cgpus, checked.take()).await?;
                 return Ok(Progress::Unrecorded);
@@ -304,214 +304,15 @@ impl App {
                 self.spawn_end_delegation(vm.id, None);
             }
             SagaStep::ConfigureRoutes => self.configure_routes(vm, wake).await?,
-            SagaStep::AttachCgpus => {
-                if !self.attach_step(vm).await? {
-                    return Err(StepError::Interrupted);
-                }
-                return Ok(Progress::Recorded);
-            }
-            SagaStep::DetachCgpus => {
-                if !self.detach_step(vm).await? {
-                    return Err(StepError::Interrupted);
-                }
-                return Ok(Progress::Recorded);
-            }
-            SagaStep::WithdrawRoutes => {
-                if let Some(host) = vm.host.clone() {
-                    if vm.routes_on {
-                        vm.routes_on = false;
-                        if !self.save(vm).await? {
-                            return Err(StepError::Interrupted);
-                        }
-                    }
-                    *fence_on = self.withdraw_routes(&host).await?;
-                }
-                vm.step = SagaStep::DeleteServer;
-                return Ok(Progress::Unrecorded);
-            }
-            SagaStep::DeleteServer => {
-                let server = match vm.server_id.clone() {
-                    Some(server) => Some(server),
-                    None => self
-                        .cloud
-                        .find_server(vm.id)
-                        .await
-                        .map_err(|e| cloud_failure("delete", &e))?,
-                };
-                if let Some(server) = server {
-                    let timeout = Duration::from_secs(self.config.launch.active_timeout_secs);
-                    match self.cloud.delete_server(&server, timeout).await {
-                        Ok(()) | Err(CloudError::NotFound(_)) => {}
-                        Err(e) => return Err(cloud_failure("delete", &e)),
-                    }
-                }
-                vm.step = SagaStep::ReleaseGpus;
-                return Ok(Progress::Unrecorded);
-            }
-            SagaStep::ReleaseGpus => {
-                self.spawn_end_delegation(vm.id, None);
-                // The release and the VM's end in one transaction: if the VM changed meanwhile (a
-                // termination of a VM unwinding from an error), neither is written and the saga
-                // reads the VM again.
-                let mut ended = vm.clone();
-                if ended.state == VmState::Deleting {
-                    ended.state = VmState::Deleted;
-                }
-                ended.step = SagaStep::Done;
-                ended.updated_ms = now_ms();
-                let ending = Ending { ended, fence_on: fence_on.take() };
-                let ended = match self.release(ending).await {
-                    Ok(ended) => ended,
-                    Err(Error::Conflict(reason)) if reason == VM_CHANGED => {
-                        return Err(StepError::Interrupted)
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                self.watchers.changed(&ended);
-                if ended.state == VmState::Deleted {
-                    inc(&self.metrics.terminations_done);
-                }
-                *vm = ended;
-                return Ok(Progress::Recorded);
-            }
+            // A ready VM's cGPUs (attach.rs, detach.rs).
+            SagaStep::AttachCgpus => return self.attach_step(vm).await,
+            SagaStep::DetachCgpus => return self.detach_step(vm).await,
+            // Undo: termination, and a failed launch's unwinding (terminate.rs).
+            SagaStep::WithdrawRoutes => return self.withdraw_routes_step(vm, fence_on).await,
+            SagaStep::DeleteServer => return self.delete_server_step(vm).await,
+            SagaStep::ReleaseGpus => return self.release_gpus_step(vm, fence_on).await,
             SagaStep::Done => {}
         }
         Ok(Progress::ToRecord)
-    }
-
-    async fn create_vm(
-        &self,
-        vm: &mut VmRecord,
-        known_cgpus: &mut Option<Vec<CgpuRecord>>,
-        checked: Option<Checked>,
-    ) -> Result<(), StepError> {
-        let started = Instant::now();
-        let cgpus = match known_cgpus.take() {
-            Some(cgpus) => cgpus,
-            None => {
-                let mut conn = self.db.conn().await?;
-                db::cgpus_of(&mut conn, vm.id).await?
-            }
-        };
-        let env = rcuda_env(&cgpus);
-        let metadata = self.config.masking.metadata_endpoint();
-        let user_data = cloudinit::user_data(
-            &cloudinit::BootEnv { env: &env, metadata },
-            vm.spec.user_data.as_deref().map(str::as_bytes),
-        )
-        .map_err(|e| StepError::Failed(format!("user_data: {e}")))?;
-        let host = match vm.spec.gpus.locality {
-            Locality::Local => {
-                let host = cgpus
-                    .first()
-                    .map(|c| c.host.clone())
-                    .ok_or_else(|| StepError::Failed("local VM without cGPUs".into()))?;
-                HostConstraint::Pinned(host)
-            }
-            Locality::Remote => HostConstraint::AnyOf(self.vm_hosts(true).await?),
-            Locality::Any => HostConstraint::AnyOf(self.vm_hosts(false).await?),
-        };
-        let tenant = self.tenant_credential(vm.id).await?;
-        let request = vm.spec.vm.clone();
-        let spec = ServerSpec { vm: vm.id, request, user_data, host, tenant, checked };
-        let server =
-            self.cloud.create_server(&spec).await.map_err(|e| cloud_failure("create", &e))?;
-        // Created: what follows is the service user's, and the tenant's token is not kept.
-        self.tenant_tokens.lock().expect("tenant tokens").remove(&vm.id);
-        vm.server_id = Some(server);
-        vm.timings.vm_creation = Some(started.elapsed().as_secs_f64());
-        vm.step = SagaStep::WaitActive;
-        Ok(())
-    }
-
-    /// Schedulable hosts a VM may run on: compute-rGPU hosts, or every host with an agent.
-    async fn vm_hosts(&self, rgpu_only: bool) -> Result<Arc<[HostId]>, Error> {
-        if let Some(hosts) = self.directory_vm_hosts(rgpu_only) {
-            return Ok(hosts);
-        }
-        let mut conn = self.db.conn().await?;
-        let hosts = db::hosts(&mut conn).await?;
-        Ok(super::pool::vm_hosts_of(hosts.iter().map(|h| (&h.name, h.kind, h.state)), rgpu_only))
-    }
-
-    async fn host_has_agent(&self, host: &HostId) -> Result<bool, Error> {
-        if let Some((kind, _)) = self.directory_host(host) {
-            return Ok(kind.has_agent());
-        }
-        let mut conn = self.db.conn().await?;
-        Ok(db::host(&mut conn, host).await?.is_some_and(|h| h.kind.has_agent()))
-    }
-
-    async fn wait_active(&self, vm: &mut VmRecord, wake: &Notify) -> Result<(), StepError> {
-        let started = Instant::now();
-        let server = vm
-            .server_id
-            .clone()
-            .ok_or_else(|| StepError::Failed("no server to wait for".into()))?;
-        let timeout = Duration::from_secs(self.config.launch.active_timeout_secs);
-        let info = tokio::select! {
-            info = self.cloud.wait_active(&server, timeout) => info.map_err(|e| cloud_failure("activation", &e))?,
-            _ = wake.notified() => return Err(StepError::Interrupted),
-        };
-        let host = info
-            .host
-            .ok_or_else(|| StepError::Failed("the cloud reported no host for the VM".into()))?;
-        if !self.host_has_agent(&host).await? {
-            tracing::warn!(vm = %vm.id, %host, "the cloud put the VM on a host without a RODVR agent");
-            return Err(StepError::Failed(
-                "the cloud put the VM on a host without a RODVR agent, where its cGPUs cannot be \
-                 routed"
-                    .into(),
-            ));
-        }
-        if info.fixed_ip.is_none() || info.tap.is_none() {
-            return Err(StepError::Failed(
-                "the cloud reported no fixed IPv4 address or no tap device for the VM's port: \
-                 GSaaS routes cGPUs only to packets from both"
-                    .into(),
-            ));
-        }
-        vm.host = Some(host);
-        vm.fixed_ip = info.fixed_ip;
-        vm.tap = info.tap;
-        vm.timings.vm_activation = Some(started.elapsed().as_secs_f64());
-        vm.step = SagaStep::ConfigureRoutes;
-        // Recorded with the host and address, in the same write: the next step pushes them.
-        vm.routes_on = true;
-        Ok(())
-    }
-
-    async fn configure_routes(&self, vm: &mut VmRecord, wake: &Notify) -> Result<(), StepError> {
-        let host =
-            vm.host.clone().ok_or_else(|| StepError::Failed("no host to configure".into()))?;
-        let server = vm.server_id.clone().ok_or_else(|| StepError::Failed("no server".into()))?;
-        if !vm.routes_on {
-            vm.routes_on = true;
-            if !self.save(vm).await? {
-                return Err(StepError::Interrupted);
-            }
-        }
-        let deploy_timeout = Duration::from_secs(self.config.launch.deploy_timeout_secs);
-        let deployment = async {
-            let started = Instant::now();
-            self.cloud.wait_deployed(&server, deploy_timeout).await.map(|()| started.elapsed())
-        };
-        let routes = async {
-            let started = Instant::now();
-            self.push_routes(&host).await.map(|()| started.elapsed())
-        };
-        let (deployed, routed) = tokio::select! {
-            both = async { tokio::join!(deployment, routes) } => both,
-            _ = wake.notified() => return Err(StepError::Interrupted),
-        };
-        let routed = routed?;
-        let deployed = deployed.map_err(|e| cloud_failure("deployment", &e))?;
-        vm.timings.vm_deployment = Some(deployed.as_secs_f64());
-        vm.timings.rodvr_configuration = Some(routed.as_secs_f64());
-        let since_recorded = (now_ms() - vm.created_ms).max(0) as f64 / 1000.0;
-        vm.timings.total = Some(vm.timings.check.unwrap_or(0.0) + since_recorded);
-        vm.state = VmState::Ready;
-        vm.step = SagaStep::Done;
-        Ok(())
     }
 }

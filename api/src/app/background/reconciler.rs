@@ -9,7 +9,7 @@
 //!   them (see [`super::drift`]);
 //! - with `hosts.auto_rehome`, the cGPUs of failed GPUs move to healthy ones (see
 //!   [`super::rehome`]), and lost cGPUs whose GPU works again go live;
-//! - fences whose host's agent confirmed their routes gone are released (see [`super::fences`]);
+//! - fences whose host's agent confirmed their routes gone are released (see [`crate::app::fences`]);
 //! - sagas with work left and no live owner (a crashed gsaasd) are resumed.
 //!
 //! The next pass is the retry; a pass records what it did and its first error for `/readyz`.
@@ -23,7 +23,7 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use super::App;
+use crate::app::App;
 use crate::config::HostsBackend;
 use crate::db::{self, now_ms};
 use crate::error::{Error, ErrorChain};
@@ -46,7 +46,7 @@ pub struct ReconcilerStatus {
     pub tables_pushed: usize,
     pub fences_released: usize,
     /// Keystone trusts of launches that no longer need them, deleted by the last pass after an
-    /// earlier deletion failed (see [`super::delegations`]).
+    /// earlier deletion failed (see [`crate::app::delegations`]).
     pub delegations_ended: usize,
     /// VMs whose servers the last pass found deleted or moved outside GSaaS.
     pub servers_deleted: u32,

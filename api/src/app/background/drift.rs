@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 
 use gpgpums::HostId;
 
-use super::App;
+use crate::app::App;
 use crate::auth::{Caller, Role};
 use crate::cloud::ServerSeen;
 use crate::db::{self, now_ms, VmWrite, Written};

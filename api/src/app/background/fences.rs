@@ -1,0 +1,60 @@
+//! Releasing fences: a fence keeps a withdrawn VM's cGPUs booked while its host's agent may still
+//! route to them (see [`crate::app::fences`]); each pass releases those whose agent confirmed the
+//! routes gone, whose host was forgotten, or that outlived `hosts.fence_timeout_secs`.
+
+use std::collections::BTreeMap;
+
+use gpgpums::HostId;
+
+use crate::app::App;
+use crate::db::{self, now_ms};
+use crate::error::Error;
+use crate::model::{AlertKind, FenceId};
+
+impl App {
+    /// Releases the fences whose host's agent confirmed their routes gone, whose host was
+    /// forgotten, or that are older than `hosts.fence_timeout_secs`: an agent that never confirms
+    /// (a hostile one, or one cut off for that long) cannot keep other hosts' GPUs fenced for
+    /// ever. Each host whose fences expired gets an alert. Returns how many were released.
+    pub(crate) async fn release_fences(&self) -> Result<usize, Error> {
+        let timeout_ms = self.config.hosts.fence_timeout_secs.saturating_mul(1000) as i64;
+        let opened_before = now_ms().saturating_sub(timeout_ms);
+        let any = {
+            let mut conn = self.db.conn().await?;
+            !db::releasable_fences(&mut conn, opened_before).await?.is_empty()
+        };
+        if !any {
+            return Ok(0);
+        }
+        let released = self
+            .with_pool(move |pool, tx| {
+                Box::pin(async move {
+                    let fences = db::releasable_fences(tx, opened_before).await?;
+                    let ids: Vec<FenceId> = fences.iter().map(|f| f.id).collect();
+                    db::delete_fences(tx, &ids).await?;
+                    for id in &ids {
+                        pool.release(&id.holder());
+                    }
+                    Ok(fences)
+                })
+            })
+            .await?;
+        let mut expired: BTreeMap<&HostId, usize> = BTreeMap::new();
+        for fence in released.iter().filter(|f| f.expired) {
+            *expired.entry(&fence.host).or_default() += 1;
+        }
+        for (host, n) in expired {
+            let detail = format!(
+                "its agent never confirmed the routes of {n} fence(s) withdrawn within \
+                 hosts.fence_timeout_secs ({} s): their bookings were released",
+                self.config.hosts.fence_timeout_secs
+            );
+            self.alert_host(host, AlertKind::FenceExpired, detail).await;
+        }
+        if !released.is_empty() {
+            tracing::info!(fences = released.len(), "fences released");
+            self.trigger_queue();
+        }
+        Ok(released.len())
+    }
+}

@@ -1,0 +1,178 @@
+//! The launch saga's forward steps: check the VM part with the cloud, create the server with
+//! cloud-init carrying the masked rCUDA environment, wait for ACTIVE (learn host, fixed IP and
+//! tap), then wait for the VM's network while the host's routes are pushed. Their undo is
+//! [`super::terminate`]'s: withdraw the routes, delete the server, release the cGPUs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpgpums::{HostId, Locality};
+use tokio::sync::Notify;
+
+use super::{cloud_failure, StepError};
+use crate::app::shared::rcuda_env;
+use crate::app::App;
+use crate::cloud::{Checked, HostConstraint, ServerSpec};
+use crate::cloudinit;
+use crate::db::{self, now_ms};
+use crate::error::Error;
+use crate::model::{CgpuRecord, SagaStep, VmRecord, VmState};
+
+impl App {
+    /// The cloud's check of the VM part (image, flavor, networks), as the tenant.
+    pub(super) async fn check_cloud(&self, vm: &mut VmRecord) -> Result<Checked, StepError> {
+        let tenant = self.tenant_credential(vm.id).await?;
+        let check = self.cloud.check(&vm.spec.vm, tenant.as_ref()).await;
+        // Creation comes next in this run, so its first attempt is the first ever.
+        let checked = check.map_err(|e| cloud_failure("check", &e))?;
+        vm.step = SagaStep::CreateVm;
+        Ok(checked)
+    }
+
+    pub(super) async fn create_vm(
+        &self,
+        vm: &mut VmRecord,
+        known_cgpus: &mut Option<Vec<CgpuRecord>>,
+        checked: Option<Checked>,
+    ) -> Result<(), StepError> {
+        let started = Instant::now();
+        let cgpus = match known_cgpus.take() {
+            Some(cgpus) => cgpus,
+            None => {
+                let mut conn = self.db.conn().await?;
+                db::cgpus_of(&mut conn, vm.id).await?
+            }
+        };
+        let env = rcuda_env(&cgpus);
+        let metadata = self.config.masking.metadata_endpoint();
+        let user_data = cloudinit::user_data(
+            &cloudinit::BootEnv { env: &env, metadata },
+            vm.spec.user_data.as_deref().map(str::as_bytes),
+        )
+        .map_err(|e| StepError::Failed(format!("user_data: {e}")))?;
+        let host = match vm.spec.gpus.locality {
+            Locality::Local => {
+                let host = cgpus
+                    .first()
+                    .map(|c| c.host.clone())
+                    .ok_or_else(|| StepError::Failed("local VM without cGPUs".into()))?;
+                HostConstraint::Pinned(host)
+            }
+            Locality::Remote => HostConstraint::AnyOf(self.vm_hosts(true).await?),
+            Locality::Any => HostConstraint::AnyOf(self.vm_hosts(false).await?),
+        };
+        let tenant = self.tenant_credential(vm.id).await?;
+        let request = vm.spec.vm.clone();
+        let spec = ServerSpec { vm: vm.id, request, user_data, host, tenant, checked };
+        let server =
+            self.cloud.create_server(&spec).await.map_err(|e| cloud_failure("create", &e))?;
+        // Created: what follows is the service user's, and the tenant's token is not kept.
+        self.tenant_tokens.lock().expect("tenant tokens").remove(&vm.id);
+        vm.server_id = Some(server);
+        vm.timings.vm_creation = Some(started.elapsed().as_secs_f64());
+        vm.step = SagaStep::WaitActive;
+        Ok(())
+    }
+
+    /// Schedulable hosts a VM may run on: compute-rGPU hosts, or every host with an agent.
+    async fn vm_hosts(&self, rgpu_only: bool) -> Result<Arc<[HostId]>, Error> {
+        if let Some(hosts) = self.directory_vm_hosts(rgpu_only) {
+            return Ok(hosts);
+        }
+        let mut conn = self.db.conn().await?;
+        let hosts = db::hosts(&mut conn).await?;
+        Ok(crate::app::pool::vm_hosts_of(
+            hosts.iter().map(|h| (&h.name, h.kind, h.state)),
+            rgpu_only,
+        ))
+    }
+
+    async fn host_has_agent(&self, host: &HostId) -> Result<bool, Error> {
+        if let Some((kind, _)) = self.directory_host(host) {
+            return Ok(kind.has_agent());
+        }
+        let mut conn = self.db.conn().await?;
+        Ok(db::host(&mut conn, host).await?.is_some_and(|h| h.kind.has_agent()))
+    }
+
+    pub(super) async fn wait_active(
+        &self,
+        vm: &mut VmRecord,
+        wake: &Notify,
+    ) -> Result<(), StepError> {
+        let started = Instant::now();
+        let server = vm
+            .server_id
+            .clone()
+            .ok_or_else(|| StepError::Failed("no server to wait for".into()))?;
+        let timeout = Duration::from_secs(self.config.launch.active_timeout_secs);
+        let info = tokio::select! {
+            info = self.cloud.wait_active(&server, timeout) => info.map_err(|e| cloud_failure("activation", &e))?,
+            _ = wake.notified() => return Err(StepError::Interrupted),
+        };
+        let host = info
+            .host
+            .ok_or_else(|| StepError::Failed("the cloud reported no host for the VM".into()))?;
+        if !self.host_has_agent(&host).await? {
+            tracing::warn!(vm = %vm.id, %host, "the cloud put the VM on a host without a RODVR agent");
+            return Err(StepError::Failed(
+                "the cloud put the VM on a host without a RODVR agent, where its cGPUs cannot be \
+                 routed"
+                    .into(),
+            ));
+        }
+        if info.fixed_ip.is_none() || info.tap.is_none() {
+            return Err(StepError::Failed(
+                "the cloud reported no fixed IPv4 address or no tap device for the VM's port: \
+                 GSaaS routes cGPUs only to packets from both"
+                    .into(),
+            ));
+        }
+        vm.host = Some(host);
+        vm.fixed_ip = info.fixed_ip;
+        vm.tap = info.tap;
+        vm.timings.vm_activation = Some(started.elapsed().as_secs_f64());
+        vm.step = SagaStep::ConfigureRoutes;
+        // Recorded with the host and address, in the same write: the next step pushes them.
+        vm.routes_on = true;
+        Ok(())
+    }
+
+    pub(super) async fn configure_routes(
+        &self,
+        vm: &mut VmRecord,
+        wake: &Notify,
+    ) -> Result<(), StepError> {
+        let host =
+            vm.host.clone().ok_or_else(|| StepError::Failed("no host to configure".into()))?;
+        let server = vm.server_id.clone().ok_or_else(|| StepError::Failed("no server".into()))?;
+        if !vm.routes_on {
+            vm.routes_on = true;
+            if !self.save(vm).await? {
+                return Err(StepError::Interrupted);
+            }
+        }
+        let deploy_timeout = Duration::from_secs(self.config.launch.deploy_timeout_secs);
+        let deployment = async {
+            let started = Instant::now();
+            self.cloud.wait_deployed(&server, deploy_timeout).await.map(|()| started.elapsed())
+        };
+        let routes = async {
+            let started = Instant::now();
+            self.push_routes(&host).await.map(|()| started.elapsed())
+        };
+        let (deployed, routed) = tokio::select! {
+            both = async { tokio::join!(deployment, routes) } => both,
+            _ = wake.notified() => return Err(StepError::Interrupted),
+        };
+        let routed = routed?;
+        let deployed = deployed.map_err(|e| cloud_failure("deployment", &e))?;
+        vm.timings.vm_deployment = Some(deployed.as_secs_f64());
+        vm.timings.rodvr_configuration = Some(routed.as_secs_f64());
+        let since_recorded = (now_ms() - vm.created_ms).max(0) as f64 / 1000.0;
+        vm.timings.total = Some(vm.timings.check.unwrap_or(0.0) + since_recorded);
+        vm.state = VmState::Ready;
+        vm.step = SagaStep::Done;
+        Ok(())
+    }
+}
