@@ -46,7 +46,7 @@ pub struct ReconcilerStatus {
     pub tables_pushed: usize,
     pub fences_released: usize,
     /// Keystone trusts of launches that no longer need them, deleted by the last pass after an
-    /// earlier deletion failed (see [`crate::app::delegations`]).
+    /// earlier deletion failed.
     pub delegations_ended: usize,
     /// VMs whose servers the last pass found deleted or moved outside GSaaS.
     pub servers_deleted: u32,
