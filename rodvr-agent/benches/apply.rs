@@ -12,18 +12,9 @@ use std::time::{Duration, Instant};
 
 use rodvr_agent::nft::NftFirewall;
 use rodvr_core::firewall::{Dataplane, Firewall};
-use rodvr_core::render::{RouteKey, RouteMap, TableParams, Transaction};
+use rodvr_core::fixtures::params;
+use rodvr_core::render::{RouteKey, RouteMap, Transaction};
 use support::netns::{require_root_tools, veth, Netns};
-
-fn params() -> TableParams {
-    TableParams {
-        masked_range: "100.127.0.0/16".parse().unwrap(),
-        gpu_interface: "gpu0".into(),
-        local_rcuda: vec![],
-        metadata_listener: None,
-        agent_api: None,
-    }
-}
 
 /// Route `i`: VM 10.(64 + i / 65536).(i / 256 % 256).(i % 256) on tap `tap<i>` ->
 /// 100.127.0.1:9000 -> a GPU port.

@@ -87,18 +87,13 @@ async fn env_json<F: Firewall + 'static>(
 mod tests {
     use super::*;
     use gpgpums::VmId;
+    use rodvr_contract::fixtures;
     use rodvr_contract::protocol::{Route, RouteTable, VmPort};
     use rodvr_core::vm_env::environment_of;
 
     fn route(vm: u128, tap: &str, ip: &str, port: u16, gpu_number: u32) -> Route {
-        Route {
-            vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
-            vm_ip: ip.parse().unwrap(),
-            vm_tap: tap.into(),
-            masked: format!("100.127.0.1:{port}").parse().unwrap(),
-            target: "10.1.0.2:8308".parse().unwrap(),
-            gpu_number,
-        }
+        let masked = format!("100.127.0.1:{port}");
+        Route { gpu_number, ..fixtures::route(vm, tap, ip, &masked, "10.1.0.2:8308") }
     }
 
     fn port(vm: u128, tap: &str, ip: &str) -> VmPort {

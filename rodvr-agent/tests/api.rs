@@ -7,26 +7,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpgpums::ids::{HostId, VmId};
+use gpgpums::ids::HostId;
 use gsaas_infra::httpd::{self, HttpLimits};
 use rodvr_contract::auth::{TokenSigner, TokenVerifier};
 use rodvr_contract::client::AgentClient;
-use rodvr_contract::protocol::{ApplyOutcome, HostKind, Route, RouteTable};
+use rodvr_contract::fixtures::route;
+use rodvr_contract::protocol::{ApplyOutcome, HostKind, RouteTable};
 use rodvr_core::agent::{Agent, HostFacts};
 use rodvr_core::firewall::{Dataplane, MemoryFirewall};
-use rodvr_core::render::TableParams;
+use rodvr_core::fixtures::params;
 use rodvr_core::state::Ledger;
 use support::{key_pair, TempDir};
-
-fn params() -> TableParams {
-    TableParams {
-        masked_range: "100.127.0.0/16".parse().unwrap(),
-        gpu_interface: "gpu0".into(),
-        local_rcuda: vec![],
-        metadata_listener: None,
-        agent_api: None,
-    }
-}
 
 fn new_agent(state: &TempDir) -> Arc<Agent<MemoryFirewall>> {
     let ledger = Ledger::load(state.path().join("routes.json")).unwrap();
@@ -79,23 +70,12 @@ async fn serve_tls(
 }
 
 /// A route of VM `vm`, on tap `tap<vm>`.
-fn route(vm: u128, ip: &str, masked: &str, target: &str) -> Route {
-    Route {
-        vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
-        vm_ip: ip.parse().unwrap(),
-        vm_tap: format!("tap{vm}"),
-        masked: masked.parse().unwrap(),
-        target: target.parse().unwrap(),
-        gpu_number: 0,
-    }
-}
-
 fn table(generation: u64) -> RouteTable {
     RouteTable {
         generation,
         routes: vec![
-            route(1, "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308"),
-            route(2, "10.0.0.3", "100.127.0.1:9000", "10.1.0.2:8309"),
+            route(1, "tap1", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8308"),
+            route(2, "tap2", "10.0.0.3", "100.127.0.1:9000", "10.1.0.2:8309"),
         ],
         metadata: None,
         vms_without_cgpus: vec![],
@@ -156,7 +136,7 @@ async fn bad_tables_and_stale_generations_change_nothing() {
     assert_eq!(client.put_routes(&table(5)).await.unwrap().outcome, ApplyOutcome::Unchanged);
 
     let mut dup = table(6);
-    dup.routes.push(route(1, "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8310"));
+    dup.routes.push(route(1, "tap1", "10.0.0.2", "100.127.0.1:9000", "10.1.0.2:8310"));
     let err = client.put_routes(&dup).await.unwrap_err();
     assert_eq!(err.status(), Some(422));
     assert!(err.to_string().contains("routes[2].masked"), "{err}");

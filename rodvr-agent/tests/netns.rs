@@ -21,9 +21,10 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use axum::Json;
-use gpgpums::ids::{HostId, VmId};
+use gpgpums::ids::HostId;
 use rodvr_contract::auth::TokenSigner;
 use rodvr_contract::client::AgentClient;
+use rodvr_contract::fixtures::route;
 use rodvr_contract::protocol::{HostKind, HostReport, Route, RouteTable, VmPort};
 use serde_json::Value;
 use support::netns::{connect, greet_and_echo, require_root_tools, still_open, veth, Netns};
@@ -181,17 +182,6 @@ fn foreign_ruleset(ns: &Netns) -> Vec<Value> {
         })
         .cloned()
         .collect()
-}
-
-fn route(vm: u128, tap: &str, ip: &str, masked: &str, target: &str) -> Route {
-    Route {
-        vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
-        vm_ip: ip.parse().unwrap(),
-        vm_tap: tap.into(),
-        masked: masked.parse().unwrap(),
-        target: target.parse().unwrap(),
-        gpu_number: 0,
-    }
 }
 
 /// Like [`ask`], from source address `src` (one `ns` holds).

@@ -5,4 +5,6 @@
 
 pub mod auth;
 pub mod client;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod protocol;

@@ -533,6 +533,7 @@ impl HostReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::route;
 
     #[test]
     fn health_reasons_are_printable_short_and_never_empty() {
@@ -541,17 +542,6 @@ mod tests {
         assert_eq!(health_reason("\n\t"), "unhealthy");
         let long = health_reason(&"é".repeat(1000));
         assert!(long.len() <= MAX_HEALTH_LEN && long.chars().all(|c| c == 'é'), "{long}");
-    }
-
-    fn route(vm: u128, tap: &str, ip: &str, masked: &str, target: &str) -> Route {
-        Route {
-            vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
-            vm_ip: ip.parse().unwrap(),
-            vm_tap: tap.into(),
-            masked: masked.parse().unwrap(),
-            target: target.parse().unwrap(),
-            gpu_number: 0,
-        }
     }
 
     #[test]

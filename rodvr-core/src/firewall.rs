@@ -260,17 +260,8 @@ impl<F: Firewall> Dataplane<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::params;
     use crate::render::Target;
-
-    fn params() -> TableParams {
-        TableParams {
-            masked_range: "100.127.0.0/16".parse().unwrap(),
-            gpu_interface: "gpu0".into(),
-            local_rcuda: vec![],
-            metadata_listener: None,
-            agent_api: None,
-        }
-    }
 
     fn routes(n: u8) -> RouteMap {
         (0..n)

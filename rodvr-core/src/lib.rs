@@ -10,6 +10,8 @@
 
 pub mod agent;
 pub mod firewall;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod metrics;
 pub mod render;
 pub mod state;

@@ -634,13 +634,11 @@ pub fn resolve(
 mod tests {
     use super::*;
 
+    /// With a local rCUDA server.
     fn params() -> TableParams {
         TableParams {
-            masked_range: "100.127.0.0/16".parse().unwrap(),
-            gpu_interface: "gpu0".into(),
             local_rcuda: vec!["10.78.0.1:8308".parse().unwrap()],
-            metadata_listener: None,
-            agent_api: None,
+            ..crate::fixtures::params()
         }
     }
 
