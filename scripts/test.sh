@@ -52,6 +52,12 @@ if cargo tree --locked -p gsaasd -e normal --prefix none | grep -E '^(nftables|n
   exit 1
 fi
 
+# The app layer begins no transaction: datastore methods own theirs (docs/architecture.md).
+if grep -rnE '\.begin\(\)|begin_on\(' api/src/app; then
+  echo "the app layer begins a transaction (above): add a datastore method that owns it" >&2
+  exit 1
+fi
+
 # Benches are not run here (they are long and print figures); clippy --all-targets compiles them.
 cargo test --workspace --locked "$@"
 # The Helm chart, its rendered manifests and config, and the systemd units.

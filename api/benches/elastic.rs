@@ -31,7 +31,7 @@ use gpgpums::{Mode, VmId};
 use gsaasd::app::elastic::AttachInput;
 use gsaasd::app::vms::LaunchInput;
 use gsaasd::auth::{Caller, Role};
-use gsaasd::http::views::LaunchRequest;
+use gsaasd::http::views::{launch_spec, LaunchRequest};
 use gsaasd::model::{CgpuState, VmState};
 
 const METADATA_LISTEN: &str = "127.0.0.1:8775";
@@ -65,7 +65,7 @@ impl Bench {
             "ncgpus": ncgpus, "gpu_memory_mib": 100, "mode": "shared"
         }))
         .unwrap();
-        let (spec, policy, queue) = request.into_spec();
+        let (spec, policy, queue) = launch_spec(request);
         let input = LaunchInput { spec, policy, idempotency_key: None, tenant: None, queue };
         let (details, _) = self.bed.app.launch(&self.caller, input).await.expect("launch");
         let id = details.vm.id;

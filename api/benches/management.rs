@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use common::{percentile, RealAgentBed};
 use gsaasd::app::vms::LaunchInput;
 use gsaasd::auth::{Caller, Role};
-use gsaasd::http::views::LaunchRequest;
+use gsaasd::http::views::{launch_spec, LaunchRequest};
 use gsaasd::model::VmState;
 
 #[derive(Default)]
@@ -60,7 +60,7 @@ async fn run(runs: usize, sizes: &[u32]) {
                 "ncgpus": n, "gpu_memory_mib": 100, "mode": "shared"
             }))
             .unwrap();
-            let (spec, policy, queue) = request.into_spec();
+            let (spec, policy, queue) = launch_spec(request);
             let began = Instant::now();
             let launched = app
                 .launch(

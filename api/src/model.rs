@@ -6,6 +6,7 @@
 use std::net::Ipv4Addr;
 
 use gpgpums::{GpuId, HostId, HostKind, HostState, Mode, Request, VmId};
+pub use gsaas_api_types::{CgpuState, Timings};
 use serde::{Deserialize, Serialize};
 
 /// A VM's life, as tenants see it.
@@ -131,25 +132,6 @@ fn give_back_by_default() -> bool {
     true
 }
 
-/// Per-stage times in seconds, named after the dissertation's Equation 5.1.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Timings {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub check: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gpu_selection: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub vm_creation: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub vm_activation: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub vm_deployment: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rodvr_configuration: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub total: Option<f64>,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct VmRecord {
     pub id: VmId,
@@ -171,42 +153,6 @@ pub struct VmRecord {
     pub updated_ms: i64,
     /// Bumped by every write; writes are conditional on it.
     pub version: i64,
-}
-
-/// Where a cGPU is in its life on a running VM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum CgpuState {
-    /// Booked and routed (or, on a VM still launching, about to be).
-    Live,
-    /// Booked; its route is being installed.
-    Attaching,
-    /// Its route is withdrawn; its booking is released next.
-    Detaching,
-    /// Its GPU failed and no other GPU could take it: no route, booked where it was until it can
-    /// be re-homed or its owner detaches it.
-    Lost,
-}
-
-impl CgpuState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CgpuState::Live => "live",
-            CgpuState::Attaching => "attaching",
-            CgpuState::Detaching => "detaching",
-            CgpuState::Lost => "lost",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "live" => CgpuState::Live,
-            "attaching" => CgpuState::Attaching,
-            "detaching" => CgpuState::Detaching,
-            "lost" => CgpuState::Lost,
-            _ => return None,
-        })
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

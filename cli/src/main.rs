@@ -15,6 +15,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use gsaas_api_types::{
+    AttachRequest, CgpuState, LaunchRequest, LocalityParam, ModeParam, QuotaView, TaintRequest,
+    VmView, LAUNCH_STAGES,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use args::{Cli, Command, Format, Launch, Limit, QuotaCommand};
@@ -91,9 +97,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Env { id } => {
             let vm = client.get(&format!("/v1/vms/{}", path_segment(&id)?))?;
             match format {
-                Format::Json => print(format, &vm["rcuda_env"], |_| String::new()),
+                Format::Json => print(format, &vm["rcuda_env"], |_: &Value| String::new()),
                 Format::Table => {
-                    print!("{}", output::env(&vm));
+                    print!("{}", output::env(&typed(&vm)?));
                     Ok(())
                 }
             }
@@ -139,7 +145,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Taint { gpu, reason } => {
             let path = format!("/v1/gpus/{}/taint", path_segment(&gpu)?);
-            print(format, &client.post(&path, &json!({ "reason": reason }), None)?, output::taint)
+            let body = body(&TaintRequest { reason });
+            print(format, &client.post(&path, &body, None)?, output::taint)
         }
         Command::Untaint { gpu } => {
             let path = format!("/v1/gpus/{}/untaint", path_segment(&gpu)?);
@@ -174,18 +181,24 @@ fn quota(client: &Client, format: Format, command: QuotaCommand) -> Result<(), F
                 ));
             }
             let path = format!("/v1/quotas/{}", path_segment(&project)?);
-            let mut limits = client.get(&path)?["limits"].clone();
-            for (name, limit) in given {
+            let mut limits = typed::<QuotaView>(&client.get(&path)?)?.limits;
+            let slots = [
+                &mut limits.cgpus,
+                &mut limits.memory_mib,
+                &mut limits.exclusive_gpus,
+                &mut limits.vms,
+            ];
+            for (slot, (_, limit)) in slots.into_iter().zip(given) {
                 match limit {
-                    Some(Limit::At(n)) => limits[name] = json!(n),
-                    Some(Limit::Unlimited) => limits[name] = Value::Null,
+                    Some(Limit::At(n)) => *slot = Some(n),
+                    Some(Limit::Unlimited) => *slot = None,
                     None => {}
                 }
             }
             if let Some(priority) = max_priority {
-                limits["max_priority"] = json!(priority);
+                limits.max_priority = Some(priority);
             }
-            print(format, &client.put(&path, &limits)?, output::quota)
+            print(format, &client.put(&path, &body(&limits))?, output::quota)
         }
         QuotaCommand::Reset { project } => print(
             format,
@@ -205,12 +218,31 @@ fn path_segment(value: &str) -> Result<&str, Failure> {
     Ok(value)
 }
 
-fn print(format: Format, value: &Value, table: impl Fn(&Value) -> String) -> Result<(), Failure> {
+/// Prints the service's answer: as it came (`-f json`), or read into its API type `T` and shown by
+/// `table`.
+fn print<T: DeserializeOwned>(
+    format: Format,
+    value: &Value,
+    table: impl Fn(&T) -> String,
+) -> Result<(), Failure> {
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(value).expect("JSON prints")),
-        Format::Table => print!("{}", table(value)),
+        Format::Table => print!("{}", table(&typed(value)?)),
     }
     Ok(())
+}
+
+/// The service's answer read into its API type.
+fn typed<T: DeserializeOwned>(value: &Value) -> Result<T, Failure> {
+    T::deserialize(value).map_err(|e| Failure {
+        message: format!("the service's answer does not read as the API's type: {e}"),
+        code: exit::UNAVAILABLE,
+    })
+}
+
+/// A request body as JSON.
+fn body(request: &impl Serialize) -> Value {
+    serde_json::to_value(request).expect("API requests serialize")
 }
 
 fn launch_vm(
@@ -232,93 +264,79 @@ fn launch_vm(
         ),
         None => None,
     };
-    let mut body = json!({
-        "image": image,
-        "flavor": flavor,
-        "ncgpus": launch.ncgpus,
-        "mode": mode_name(launch.mode),
-        "locality": match launch.locality {
-            args::Locality::Any => "any",
-            args::Locality::Local => "local",
-            args::Locality::Remote => "remote",
+    let request = LaunchRequest {
+        name: launch.name,
+        image,
+        flavor,
+        networks: launch.networks,
+        user_data,
+        ncgpus: launch.ncgpus,
+        gpu_memory_mib: launch.poolmem,
+        mode: mode_param(launch.mode),
+        locality: match launch.locality {
+            args::Locality::Any => LocalityParam::Any,
+            args::Locality::Local => LocalityParam::Local,
+            args::Locality::Remote => LocalityParam::Remote,
         },
-        "distinct_gpus": launch.distinct_gpus,
-        "queue": launch.queue,
-        "priority": launch.priority,
-        "preemptible": launch.preemptible,
-        "give_back": !launch.no_give_back,
-    });
-    let fields = [
-        ("gpu_memory_mib", launch.poolmem.map(Value::from)),
-        ("name", launch.name.map(Value::from)),
-        ("user_data", user_data.map(Value::from)),
-        ("policy", launch.policy.map(Value::from)),
-        ("networks", (!launch.networks.is_empty()).then(|| Value::from(launch.networks))),
-    ];
-    for (key, value) in fields {
-        if let Some(value) = value {
-            body[key] = value;
-        }
-    }
-    let vm = client.post("/v1/vms", &body, launch.idempotency_key.as_deref())?;
+        policy: launch.policy,
+        distinct_gpus: launch.distinct_gpus,
+        queue: launch.queue,
+        priority: launch.priority,
+        preemptible: launch.preemptible,
+        give_back: !launch.no_give_back,
+    };
+    let vm = client.post("/v1/vms", &body(&request), launch.idempotency_key.as_deref())?;
     if !launch.wait {
         return print(format, &vm, output::vm);
     }
-    let id = vm["id"].as_str().unwrap_or_default().to_owned();
+    let id = typed::<VmView>(&vm)?.id;
     let vm = follow(client, &id, &["ready", "error"], format, true)?;
     print(format, &vm, output::vm)?;
-    if vm["state"] == "error" {
+    let vm: VmView = typed(&vm)?;
+    if vm.state == "error" {
         return Err(Failure {
-            message: format!(
-                "VM {id} failed: {}",
-                vm["error"].as_str().unwrap_or("unknown reason")
-            ),
+            message: format!("VM {id} failed: {}", vm.error.as_deref().unwrap_or("unknown reason")),
             code: exit::REFUSED,
         });
     }
     Ok(())
 }
 
-fn mode_name(mode: args::Mode) -> &'static str {
+fn mode_param(mode: args::Mode) -> ModeParam {
     match mode {
-        args::Mode::Exclusive => "exclusive",
-        args::Mode::Shared => "shared",
+        args::Mode::Exclusive => ModeParam::Exclusive,
+        args::Mode::Shared => ModeParam::Shared,
     }
 }
 
 fn attach_cgpus(client: &Client, format: Format, attach: args::Attach) -> Result<(), Failure> {
-    let mut body = json!({
-        "ncgpus": attach.ncgpus,
-        "mode": mode_name(attach.mode),
-        "distinct_gpus": attach.distinct_gpus,
-        "queue": attach.queue,
-    });
-    if let Some(mib) = attach.poolmem {
-        body["gpu_memory_mib"] = mib.into();
-    }
-    if let Some(policy) = attach.policy {
-        body["policy"] = policy.into();
-    }
+    let request = AttachRequest {
+        ncgpus: attach.ncgpus,
+        gpu_memory_mib: attach.poolmem,
+        mode: mode_param(attach.mode),
+        distinct_gpus: attach.distinct_gpus,
+        policy: attach.policy,
+        queue: attach.queue,
+    };
     let path = format!("/v1/vms/{}/cgpus", path_segment(&attach.id)?);
-    let vm = client.post(&path, &body, attach.idempotency_key.as_deref())?;
+    let vm = client.post(&path, &body(&request), attach.idempotency_key.as_deref())?;
     if !attach.wait {
         return print(format, &vm, output::vm);
     }
-    let waiting = queued_attaches(&vm);
+    let waiting = queued_attaches(&typed(&vm)?);
     if waiting > 0 {
         follow_queued_attach(client, &attach.id, waiting)?;
     }
     let vm = follow_cgpus(client, &attach.id)?;
     print(format, &vm, output::vm)?;
-    let gave_up = vm["events"].as_array().and_then(|events| {
-        let since = events.len().saturating_sub(1);
-        events[since..]
-            .iter()
-            .find(|e| matches!(e["kind"].as_str(), Some("queue_timeout" | "attach_refused")))
-            .filter(|_| waiting > 0)
-            .map(|e| e["detail"].as_str().unwrap_or_default().to_owned())
-    });
-    match vm["error"].as_str().map(str::to_owned).or(gave_up) {
+    let vm: VmView = typed(&vm)?;
+    let gave_up = vm
+        .events
+        .last()
+        .filter(|e| matches!(e.kind.as_str(), "queue_timeout" | "attach_refused"))
+        .filter(|_| waiting > 0)
+        .map(|e| e.detail.clone());
+    match vm.error.or(gave_up) {
         Some(error) => {
             Err(Failure { message: format!("VM {}: {error}", attach.id), code: exit::REFUSED })
         }
@@ -327,10 +345,8 @@ fn attach_cgpus(client: &Client, format: Format, attach: args::Attach) -> Result
 }
 
 /// How many attaches asked for (not given back) the VM waits for.
-fn queued_attaches(vm: &Value) -> usize {
-    vm["queued_attaches"]
-        .as_array()
-        .map_or(0, |queued| queued.iter().filter(|q| q["kind"] == "attach").count())
+fn queued_attaches(vm: &VmView) -> usize {
+    vm.queued_attaches.iter().filter(|q| q.kind == "attach").count()
 }
 
 /// Polls the VM until fewer than `waiting` of its attaches wait in the queue (the newest one
@@ -339,11 +355,11 @@ fn queued_attaches(vm: &Value) -> usize {
 fn follow_queued_attach(client: &Client, id: &str, waiting: usize) -> Result<(), Failure> {
     let mut position = None;
     loop {
-        let vm = client.get(&format!("/v1/vms/{id}"))?;
-        if queued_attaches(&vm) < waiting || vm["state"] != "ready" {
+        let vm: VmView = typed(&client.get(&format!("/v1/vms/{id}"))?)?;
+        if queued_attaches(&vm) < waiting || vm.state != "ready" {
             return Ok(());
         }
-        let now = vm["queue_position"].as_u64();
+        let now = vm.queue_position;
         if now != position {
             match now {
                 Some(p) => eprintln!("queued: position {p}"),
@@ -359,11 +375,11 @@ fn follow_queued_attach(client: &Client, id: &str, waiting: usize) -> Result<(),
 fn follow_cgpus(client: &Client, id: &str) -> Result<Value, Failure> {
     let started = Instant::now();
     loop {
-        let vm = client.get(&format!("/v1/vms/{id}"))?;
-        let changing =
-            vm["cgpus"].as_array().is_some_and(|cgpus| cgpus.iter().any(|c| c["state"] != "live"));
-        if !changing || vm["state"] != "ready" {
-            return Ok(vm);
+        let answer = client.get(&format!("/v1/vms/{id}"))?;
+        let vm: VmView = typed(&answer)?;
+        let changing = vm.cgpus.iter().any(|c| c.state != CgpuState::Live);
+        if !changing || vm.state != "ready" {
+            return Ok(answer);
         }
         if started.elapsed() > WAIT_LIMIT {
             return Err(Failure {
@@ -378,15 +394,9 @@ fn follow_cgpus(client: &Client, id: &str) -> Result<Value, Failure> {
     }
 }
 
-/// The launch stages, named after Equation 5.1, in the order they complete.
-const STAGES: [(&str, &str); 6] = [
-    ("check", "checking"),
-    ("gpu_selection", "selecting GPUs"),
-    ("vm_creation", "creating VM"),
-    ("vm_activation", "activating"),
-    ("vm_deployment", "deploying"),
-    ("rodvr_configuration", "configuring routes"),
-];
+/// What a launch is doing while each of [`LAUNCH_STAGES`] runs, in the same order.
+const STAGE_LABELS: [&str; LAUNCH_STAGES.len()] =
+    ["checking", "selecting GPUs", "creating VM", "activating", "deploying", "configuring routes"];
 
 /// Polls the VM until its state is one of `until`, reporting launch stages as they complete when
 /// `stages` (a progress line on a terminal, plain lines otherwise; all on stderr, so stdout keeps
@@ -400,17 +410,18 @@ fn follow(
 ) -> Result<Value, Failure> {
     let terminal = std::io::stderr().is_terminal();
     let started = Instant::now();
-    let mut reported = if stages { 0 } else { STAGES.len() };
+    let mut reported = if stages { 0 } else { LAUNCH_STAGES.len() };
     let spinner = ['|', '/', '-', '\\'];
     let mut tick = 0usize;
     let mut queue_position = None;
     let mut waited_in_queue = Duration::ZERO;
     loop {
-        let vm = client.get(&format!("/v1/vms/{id}"))?;
-        let state = vm["state"].as_str().unwrap_or_default();
-        while reported < STAGES.len() && vm["timings"][STAGES[reported].0].is_number() {
-            let (key, label) = STAGES[reported];
-            let seconds = vm["timings"][key].as_f64().unwrap_or_default();
+        let answer = client.get(&format!("/v1/vms/{id}"))?;
+        let vm: VmView = typed(&answer)?;
+        let state = vm.state.as_str();
+        while let Some(seconds) = LAUNCH_STAGES.get(reported).and_then(|stage| vm.timings.of(stage))
+        {
+            let label = STAGE_LABELS[reported];
             if terminal {
                 eprint!("\r\x1b[K");
             }
@@ -424,11 +435,11 @@ fn follow(
             if format == Format::Table {
                 eprintln!("{state} after {:.1} s", started.elapsed().as_secs_f64());
             }
-            return Ok(vm);
+            return Ok(answer);
         }
         if state == "queued" {
             // Waiting for GPUs has no limit here: the service ends it (queue_timeout).
-            let position = vm["queue_position"].as_u64();
+            let position = vm.queue_position;
             if position != queue_position {
                 if terminal {
                     eprint!("\r\x1b[K");
@@ -448,7 +459,7 @@ fn follow(
             });
         }
         if terminal {
-            let next = STAGES.get(reported).map_or(state, |(_, label)| label);
+            let next = STAGE_LABELS.get(reported).copied().unwrap_or(state);
             eprint!("\r\x1b[K{} {next}", spinner[tick % spinner.len()]);
             let _ = std::io::stderr().flush();
             tick += 1;

@@ -1,11 +1,17 @@
-//! Human output: aligned tables and key-value blocks from the API's JSON.
+//! Human output: aligned tables and key-value blocks from the API's answers, read into the API's
+//! own types (`gsaas-api-types`).
 //!
-//! Each printer takes the API's JSON as it is (the same value `-f json` prints), so the two outputs
-//! never disagree; a field the caller may not see (admins-only ones) is simply absent.
+//! `-f json` prints the answer exactly as the service sent it; these printers show the same
+//! answer, so the two outputs never disagree. A field the caller may not see (admins-only ones)
+//! is absent, and shown as such.
 
+use std::fmt::Display;
 use std::fmt::Write;
 
-use serde_json::Value;
+use gsaas_api_types::{
+    EvacuationView, FenceList, GpuTaintView, GpuView, HostList, HostView, PoolView, QueueView,
+    QuotaList, QuotaView, VmList, VmView, LAUNCH_STAGES,
+};
 
 /// Left-aligned columns, two spaces apart.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -28,67 +34,64 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-fn text(value: &Value) -> String {
-    match value {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// The value, or `-` when there is none.
+fn or_dash(value: Option<impl Display>) -> String {
+    value.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-pub fn vm(vm: &Value) -> String {
+pub fn vm(vm: &VmView) -> String {
     let mut out = String::new();
-    let gpus = &vm["gpus"];
+    let gpus = &vm.gpus;
     let mut fields =
-        vec![("id", text(&vm["id"])), ("name", text(&vm["name"])), ("state", text(&vm["state"]))];
-    if !vm["error"].is_null() {
-        fields.push(("error", text(&vm["error"])));
+        vec![("id", vm.id.clone()), ("name", vm.name.clone()), ("state", vm.state.clone())];
+    if let Some(error) = &vm.error {
+        fields.push(("error", error.clone()));
     }
-    if let Some(position) = vm["queue_position"].as_u64() {
+    if let Some(position) = vm.queue_position {
         fields.push(("queue position", position.to_string()));
     }
     fields.extend([
-        ("project", text(&vm["project"])),
-        ("image / flavor", format!("{} / {}", text(&vm["image"]), text(&vm["flavor"]))),
+        ("project", vm.project.clone()),
+        ("image / flavor", format!("{} / {}", vm.image, vm.flavor)),
         (
             "launched with",
             format!(
                 "{} {} (memory {}, locality {}, policy {})",
-                text(&gpus["ncgpus"]),
-                text(&gpus["mode"]),
-                gpus["gpu_memory_mib"].as_u64().map_or("whole GPU".into(), |m| format!("{m} MiB")),
-                text(&gpus["locality"]),
-                text(&gpus["policy"]),
+                gpus.ncgpus,
+                gpus.mode.as_str(),
+                gpus.gpu_memory_mib.map_or("whole GPU".into(), |m| format!("{m} MiB")),
+                gpus.locality.as_str(),
+                gpus.policy,
             ),
         ),
-        ("server", text(&vm["server_id"])),
-        ("fixed IP", text(&vm["fixed_ip"])),
+        ("server", or_dash(vm.server_id.as_ref())),
+        ("fixed IP", or_dash(vm.fixed_ip.as_ref())),
     ]);
-    if vm.get("host").is_some() {
-        fields.push(("host", text(&vm["host"])));
+    if let Some(host) = &vm.host {
+        fields.push(("host", host.clone()));
     }
     for (key, value) in fields {
         let _ = writeln!(out, "{key:<15} {value}");
     }
-    let cgpus = vm["cgpus"].as_array().cloned().unwrap_or_default();
-    if !cgpus.is_empty() {
-        let admin = cgpus[0].get("gpu").is_some();
+    if !vm.cgpus.is_empty() {
+        let admin = vm.cgpus[0].gpu.is_some();
         let mut headers = vec!["cGPU", "state", "masked endpoint", "memory MiB", "mode"];
         if admin {
             headers.extend(["GPU", "rCUDA endpoint"]);
         }
-        let rows: Vec<Vec<String>> = cgpus
+        let rows: Vec<Vec<String>> = vm
+            .cgpus
             .iter()
             .map(|c| {
                 let mut row = vec![
-                    text(&c["index"]),
-                    text(&c["state"]),
-                    text(&c["masked_endpoint"]),
-                    text(&c["memory_mib"]),
-                    text(&c["mode"]),
+                    c.index.to_string(),
+                    c.state.as_str().into(),
+                    c.masked_endpoint.clone(),
+                    c.memory_mib.to_string(),
+                    c.mode.clone(),
                 ];
                 if admin {
-                    row.extend([text(&c["gpu"]), text(&c["rcuda_endpoint"])]);
+                    row.extend([or_dash(c.gpu.as_ref()), or_dash(c.rcuda_endpoint.as_ref())]);
                 }
                 row
             })
@@ -96,55 +99,40 @@ pub fn vm(vm: &Value) -> String {
         out.push('\n');
         out.push_str(&table(&headers, &rows));
     }
-    let queued = vm["queued_attaches"].as_array().cloned().unwrap_or_default();
-    if !queued.is_empty() {
-        let rows: Vec<Vec<String>> = queued
+    if !vm.queued_attaches.is_empty() {
+        let rows: Vec<Vec<String>> = vm
+            .queued_attaches
             .iter()
             .map(|q| {
                 vec![
-                    text(&q["position"]),
-                    text(&q["kind"]),
-                    text(&q["ncgpus"]),
-                    text(&q["mode"]),
-                    text(&q["gpu_memory_mib"]),
+                    q.position.to_string(),
+                    q.kind.clone(),
+                    q.ncgpus.to_string(),
+                    q.mode.as_str().into(),
+                    or_dash(q.gpu_memory_mib),
                 ]
             })
             .collect();
         out.push('\n');
         out.push_str(&table(&["queued", "kind", "cGPUs", "mode", "memory MiB"], &rows));
     }
-    let events = vm["events"].as_array().cloned().unwrap_or_default();
-    if !events.is_empty() {
-        let rows: Vec<Vec<String>> = events
+    if !vm.events.is_empty() {
+        let rows: Vec<Vec<String>> = vm
+            .events
             .iter()
-            .map(|e| {
-                let at = e["at_ms"].as_i64().map_or("-".into(), utc);
-                vec![at, text(&e["kind"]), text(&e["detail"])]
-            })
+            .map(|e| vec![utc(e.at_ms), e.kind.clone(), e.detail.clone()])
             .collect();
         out.push('\n');
         out.push_str(&table(&["event at (UTC)", "kind", "detail"], &rows));
     }
-    let timings = vm["timings"].as_object().cloned().unwrap_or_default();
-    if !timings.is_empty() {
-        let order = [
-            "check",
-            "gpu_selection",
-            "vm_creation",
-            "vm_activation",
-            "vm_deployment",
-            "rodvr_configuration",
-            "total",
-        ];
-        let rows: Vec<Vec<String>> = order
-            .iter()
-            .filter_map(|k| {
-                timings
-                    .get(*k)
-                    .and_then(Value::as_f64)
-                    .map(|s| vec![(*k).to_owned(), format!("{s:.4}")])
-            })
-            .collect();
+    let rows: Vec<Vec<String>> = LAUNCH_STAGES
+        .iter()
+        .chain(&["total"])
+        .filter_map(|stage| {
+            vm.timings.of(stage).map(|s| vec![(*stage).to_owned(), format!("{s:.4}")])
+        })
+        .collect();
+    if !rows.is_empty() {
         out.push('\n');
         out.push_str(&table(&["stage", "seconds"], &rows));
     }
@@ -170,23 +158,20 @@ fn utc(ms: i64) -> String {
     format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}")
 }
 
-pub fn vm_list(list: &Value) -> String {
-    let rows: Vec<Vec<String>> = list["vms"]
-        .as_array()
-        .map(|vms| {
-            vms.iter()
-                .map(|vm| {
-                    vec![
-                        text(&vm["id"]),
-                        text(&vm["name"]),
-                        text(&vm["state"]),
-                        vm["cgpus"].as_array().map_or(0, Vec::len).to_string(),
-                        text(&vm["fixed_ip"]),
-                    ]
-                })
-                .collect()
+pub fn vm_list(list: &VmList) -> String {
+    let rows: Vec<Vec<String>> = list
+        .vms
+        .iter()
+        .map(|vm| {
+            vec![
+                vm.id.clone(),
+                vm.name.clone(),
+                vm.state.clone(),
+                vm.cgpus.len().to_string(),
+                or_dash(vm.fixed_ip.as_ref()),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     if rows.is_empty() {
         return "no VMs\n".into();
     }
@@ -194,57 +179,40 @@ pub fn vm_list(list: &Value) -> String {
 }
 
 /// `export` lines, shell-quoted, for `eval "$(gsaas env ID)"`.
-pub fn env(vm: &Value) -> String {
+pub fn env(vm: &VmView) -> String {
     let mut out = String::new();
-    if let Some(vars) = vm["rcuda_env"].as_object() {
-        for (key, value) in vars {
-            let value = value.as_str().unwrap_or_default().replace('\'', r"'\''");
-            let _ = writeln!(out, "export {key}='{value}'");
-        }
+    for (key, value) in &vm.rcuda_env {
+        let value = value.replace('\'', r"'\''");
+        let _ = writeln!(out, "export {key}='{value}'");
     }
     out
 }
 
-pub fn queue(queue: &Value) -> String {
-    let lengths: Vec<String> = queue["lengths"]
-        .as_array()
-        .map(|lengths| {
-            lengths
-                .iter()
-                .map(|l| format!("{} at priority {}", text(&l["waiting"]), text(&l["priority"])))
-                .collect()
-        })
-        .unwrap_or_default();
+pub fn queue(queue: &QueueView) -> String {
+    let lengths: Vec<String> =
+        queue.lengths.iter().map(|l| format!("{} at priority {}", l.waiting, l.priority)).collect();
     if lengths.is_empty() {
         return "nothing waits\n".into();
     }
     let mut out = format!("waiting: {}\n", lengths.join(", "));
-    let rows: Vec<Vec<String>> = queue["requests"]
-        .as_array()
-        .map(|requests| {
-            requests
-                .iter()
-                .map(|r| {
-                    let memory = r["gpu_memory_mib"].as_u64().map(|m| format!(", {m} MiB"));
-                    vec![
-                        text(&r["position"]),
-                        text(&r["vm"]),
-                        text(&r["vm_name"]),
-                        text(&r["project"]),
-                        text(&r["kind"]),
-                        format!(
-                            "{} {}{}",
-                            text(&r["ncgpus"]),
-                            text(&r["mode"]),
-                            memory.unwrap_or_default()
-                        ),
-                        text(&r["priority"]),
-                        r["enqueued_ms"].as_i64().map_or("-".into(), utc),
-                    ]
-                })
-                .collect()
+    let rows: Vec<Vec<String>> = queue
+        .requests
+        .iter()
+        .map(|r| {
+            let w = &r.waiting;
+            let memory = w.gpu_memory_mib.map(|m| format!(", {m} MiB")).unwrap_or_default();
+            vec![
+                w.position.to_string(),
+                r.vm.clone(),
+                r.vm_name.clone(),
+                r.project.clone(),
+                w.kind.clone(),
+                format!("{} {}{memory}", w.ncgpus, w.mode.as_str()),
+                r.priority.to_string(),
+                utc(w.enqueued_ms),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     if !rows.is_empty() {
         out.push('\n');
         let headers =
@@ -254,41 +222,31 @@ pub fn queue(queue: &Value) -> String {
     out
 }
 
-pub fn pool(pool: &Value) -> String {
-    let t = &pool["totals"];
+pub fn pool(pool: &PoolView) -> String {
+    let t = &pool.totals;
     let mut out = format!(
         "GPUs {} ({} idle), memory {} of {} MiB booked, {} cGPUs\n",
-        text(&t["gpus"]),
-        text(&t["idle_gpus"]),
-        text(&t["allocated_mib"]),
-        text(&t["memory_mib"]),
-        text(&t["cgpus"])
+        t.gpus, t.idle_gpus, t.allocated_mib, t.memory_mib, t.cgpus
     );
-    if let Some(hosts) = pool["hosts"].as_array() {
+    if let Some(hosts) = &pool.hosts {
         let rows: Vec<Vec<String>> = hosts
             .iter()
             .flat_map(|h| {
-                let gpus = h["gpus"].as_array().cloned().unwrap_or_default();
-                if gpus.is_empty() {
-                    return vec![vec![
-                        text(&h["name"]),
-                        text(&h["state"]),
-                        "-".into(),
-                        "-".into(),
-                        "-".into(),
-                        "-".into(),
-                        "-".into(),
-                    ]];
+                if h.gpus.is_empty() {
+                    let mut row = vec![h.name.clone(), h.state.clone()];
+                    row.extend(std::iter::repeat_n("-".to_owned(), 5));
+                    return vec![row];
                 }
-                gpus.iter()
+                h.gpus
+                    .iter()
                     .map(|g| {
                         vec![
-                            text(&h["name"]),
-                            text(&h["state"]),
-                            text(&g["id"]),
-                            format!("{}/{}", text(&g["allocated_mib"]), text(&g["memory_mib"])),
-                            text(&g["cgpus"]),
-                            text(&g["rcuda_endpoint"]),
+                            h.name.clone(),
+                            h.state.clone(),
+                            g.id.clone(),
+                            format!("{}/{}", g.allocated_mib, g.memory_mib),
+                            g.cgpus.to_string(),
+                            g.rcuda_endpoint.clone(),
                             gpu_condition(g),
                         ]
                     })
@@ -305,16 +263,16 @@ pub fn pool(pool: &Value) -> String {
 }
 
 /// A GPU's health, taint and fenced bookings, in a few words (`ok` when none applies).
-fn gpu_condition(g: &Value) -> String {
+fn gpu_condition(g: &GpuView) -> String {
     let mut parts = Vec::new();
-    if let Some(health) = g["health"].as_str() {
+    if let Some(health) = &g.health {
         parts.push(format!("unhealthy: {health}"));
     }
-    if let Some(taint) = g["taint"].as_str() {
+    if let Some(taint) = &g.taint {
         parts.push(format!("tainted: {taint}"));
     }
-    if let Some(n @ 1..) = g["fenced"].as_u64() {
-        parts.push(format!("{n} fenced"));
+    if g.fenced > 0 {
+        parts.push(format!("{} fenced", g.fenced));
     }
     if parts.is_empty() {
         "ok".into()
@@ -324,105 +282,96 @@ fn gpu_condition(g: &Value) -> String {
 }
 
 /// What an evacuation moved.
-pub fn evacuation(done: &Value) -> String {
-    let vms = done["vms"].as_array().map_or(0, Vec::len);
+pub fn evacuation(done: &EvacuationView) -> String {
     format!(
-        "moved {} cGPU(s) of {vms} VM(s); their masked endpoints are unchanged\n",
-        text(&done["moved"])
+        "moved {} cGPU(s) of {} VM(s); their masked endpoints are unchanged\n",
+        done.moved,
+        done.vms.len()
     )
 }
 
 /// A GPU's taint after a taint or untaint.
-pub fn taint(view: &Value) -> String {
-    match view["taint"].as_str() {
-        Some(taint) => format!("{} tainted: {taint}\n", text(&view["id"])),
-        None => format!("{} untainted\n", text(&view["id"])),
+pub fn taint(view: &GpuTaintView) -> String {
+    match &view.taint {
+        Some(taint) => format!("{} tainted: {taint}\n", view.id),
+        None => format!("{} untainted\n", view.id),
     }
 }
 
 /// The fences: bookings kept while a host may still route to them.
-pub fn fences(list: &Value) -> String {
-    let rows: Vec<Vec<String>> = list["fences"]
-        .as_array()
-        .map(|fs| {
-            fs.iter()
-                .map(|f| {
-                    let gpus: Vec<String> = f["gpus"]
-                        .as_array()
-                        .map(|g| g.iter().map(text).collect())
-                        .unwrap_or_default();
-                    vec![
-                        text(&f["id"]),
-                        text(&f["vm"]),
-                        text(&f["host"]),
-                        text(&f["generation"]),
-                        gpus.join(", "),
-                        text(&f["reason"]),
-                    ]
-                })
-                .collect()
+pub fn fences(list: &FenceList) -> String {
+    let rows: Vec<Vec<String>> = list
+        .fences
+        .iter()
+        .map(|f| {
+            vec![
+                f.id.clone(),
+                f.vm.clone(),
+                f.host.clone(),
+                f.generation.to_string(),
+                f.gpus.join(", "),
+                f.reason.clone(),
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     table(&["fence", "VM", "host", "until generation", "GPUs", "why"], &rows)
 }
 
-pub fn hosts(hosts: &Value) -> String {
-    let rows: Vec<Vec<String>> =
-        hosts["hosts"].as_array().map(|hs| hs.iter().map(host_row).collect()).unwrap_or_default();
+pub fn hosts(hosts: &HostList) -> String {
+    let rows: Vec<Vec<String>> = hosts.hosts.iter().map(host_row).collect();
     table(&["host", "kind", "state", "agent", "routes applied"], &rows)
 }
 
-fn host_row(h: &Value) -> Vec<String> {
-    let state = match h["forgotten"].as_bool() {
-        Some(true) => format!("{} (forgotten)", text(&h["state"])),
-        _ => text(&h["state"]),
-    };
+fn host_row(h: &HostView) -> Vec<String> {
+    let state = if h.forgotten { format!("{} (forgotten)", h.state) } else { h.state.clone() };
     vec![
-        text(&h["name"]),
-        text(&h["kind"]),
+        h.name.clone(),
+        h.kind.clone(),
         state,
-        text(&h["agent_url"]),
-        format!("{}/{}", text(&h["applied_generation"]), text(&h["routes_generation"])),
+        or_dash(h.agent_url.as_ref()),
+        format!("{}/{}", h.applied_generation, h.routes_generation),
     ]
 }
 
-pub fn host(host: &Value) -> String {
+pub fn host(host: &HostView) -> String {
     table(&["host", "kind", "state", "agent", "routes applied"], &[host_row(host)])
 }
 
-const QUOTA_RESOURCES: [&str; 4] = ["cgpus", "memory_mib", "exclusive_gpus", "vms"];
-
-/// `used / limit` of one resource (`none`: no limit).
-fn quota_use(quota: &Value, resource: &str) -> String {
-    let used = quota["usage"][resource].as_u64().unwrap_or(0);
-    match quota["limits"][resource].as_u64() {
+/// Each resource with `used / limit` (`none`: no limit).
+fn quota_uses(quota: &QuotaView) -> [(&'static str, String); 4] {
+    let (u, l) = (&quota.usage, &quota.limits);
+    let of = |used: u64, limit: Option<u64>| match limit {
         Some(limit) => format!("{used} / {limit}"),
         None => format!("{used} / none"),
-    }
+    };
+    [
+        ("cgpus", of(u.cgpus, l.cgpus)),
+        ("memory_mib", of(u.memory_mib, l.memory_mib)),
+        ("exclusive_gpus", of(u.exclusive_gpus, l.exclusive_gpus)),
+        ("vms", of(u.vms, l.vms)),
+    ]
 }
 
-pub fn quota(quota: &Value) -> String {
-    let whose = if quota["own_limits"] == true { "its own limits" } else { "the default limits" };
+pub fn quota(quota: &QuotaView) -> String {
+    let whose = if quota.own_limits { "its own limits" } else { "the default limits" };
     let rows: Vec<Vec<String>> =
-        QUOTA_RESOURCES.iter().map(|r| vec![(*r).to_owned(), quota_use(quota, r)]).collect();
+        quota_uses(quota).into_iter().map(|(r, uses)| vec![r.to_owned(), uses]).collect();
     format!(
         "project {} ({whose})\n{}highest priority: {}\n",
-        quota["project"].as_str().unwrap_or("?"),
+        quota.project,
         table(&["resource", "used / limit"], &rows),
-        quota["limits"]["max_priority"]
+        or_dash(quota.limits.max_priority)
     )
 }
 
-pub fn quota_list(list: &Value) -> String {
-    let rows: Vec<Vec<String>> = list["quotas"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+pub fn quota_list(list: &QuotaList) -> String {
+    let rows: Vec<Vec<String>> = list
+        .quotas
         .iter()
         .map(|q| {
-            let mut row = vec![q["project"].as_str().unwrap_or("?").to_owned()];
-            row.extend(QUOTA_RESOURCES.iter().map(|r| quota_use(q, r)));
-            row.push(if q["own_limits"] == true { "own" } else { "default" }.to_owned());
+            let mut row = vec![q.project.clone()];
+            row.extend(quota_uses(q).into_iter().map(|(_, uses)| uses));
+            row.push(if q.own_limits { "own" } else { "default" }.to_owned());
             row
         })
         .collect();
@@ -437,8 +386,17 @@ mod tests {
     fn tables_align_and_env_quotes() {
         let t = table(&["a", "bb"], &[vec!["xxx".into(), "y".into()]]);
         assert_eq!(t, "a    bb\nxxx  y\n");
-        let vm =
-            serde_json::json!({"rcuda_env": {"RCUDA_DEVICE_0": "100.127.0.1@8308:0", "X": "it's"}});
+        let mut vm: VmView = serde_json::from_value(serde_json::json!({
+            "id": "x", "name": "x", "project": "p", "state": "ready", "priority": 0,
+            "preemptible": false, "give_back": true, "image": "i", "flavor": "f",
+            "server_id": null, "fixed_ip": null, "rcuda_env": {},
+            "gpus": {"ncgpus": 1, "gpu_memory_mib": null, "mode": "exclusive", "locality": "any",
+                "distinct_gpus": false, "policy": "p"},
+            "cgpus": [], "timings": {}, "created_ms": 0, "updated_ms": 0
+        }))
+        .unwrap();
+        vm.rcuda_env.insert("RCUDA_DEVICE_0".into(), "100.127.0.1@8308:0".into());
+        vm.rcuda_env.insert("X".into(), "it's".into());
         assert_eq!(env(&vm), "export RCUDA_DEVICE_0='100.127.0.1@8308:0'\nexport X='it'\\''s'\n");
     }
 

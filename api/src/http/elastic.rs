@@ -6,7 +6,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::views::{AttachRequest, VmView};
+use super::views::{attach_input, vm_record_view, AttachRequest, VmView};
 use super::{idempotency_key, location, vm_id, vm_view, AppState, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Problem};
@@ -40,7 +40,7 @@ pub(super) async fn attach_cgpus(
     Body(request): Body<AttachRequest>,
 ) -> Result<Response, Error> {
     let key = idempotency_key(&headers)?;
-    let details = app.attach(&caller, vm_id(&id)?, request.into_input(), key).await?;
+    let details = app.attach(&caller, vm_id(&id)?, attach_input(request), key).await?;
     let view = vm_view(&app, &details, caller.is_admin()).await?;
     let location = location(&view.id);
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view)).into_response())
@@ -69,5 +69,5 @@ pub(super) async fn detach_cgpu(
     let index: u32 =
         index.parse().map_err(|_| Error::NotFound { kind: "cGPU", id: index.clone() })?;
     let details = app.detach(&caller, id, index).await?;
-    Ok((StatusCode::ACCEPTED, Json(VmView::new(&details, caller.is_admin()))))
+    Ok((StatusCode::ACCEPTED, Json(vm_record_view(&details, caller.is_admin()))))
 }

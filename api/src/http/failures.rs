@@ -3,8 +3,8 @@
 
 use axum::extract::{Path, State};
 use axum::Json;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+pub use gsaas_api_types::{EvacuationView, FenceList, FenceView};
+use serde::Deserialize;
 
 use super::views::HostView;
 use super::{gpu_id, host_id, query, AppState, QueryResult};
@@ -41,15 +41,6 @@ pub(super) async fn forget_host(
     let query = query(params)?;
     let host = app.forget_host(&host_id(&name)?, query.force).await?;
     Ok(Json(HostView::from(&host)))
-}
-
-/// What an evacuation moved.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct EvacuationView {
-    /// cGPUs moved to other GPUs; their VMs keep their masked endpoints.
-    pub moved: u32,
-    /// The VMs whose cGPUs moved.
-    pub vms: Vec<String>,
 }
 
 impl From<Rehomed> for EvacuationView {
@@ -101,22 +92,6 @@ pub(super) async fn evacuate_host(
     Ok(Json(app.evacuate(Evacuate::Host(host_id(&name)?)).await?.into()))
 }
 
-/// A fence: cGPU bookings kept while a host may still route to them.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct FenceView {
-    pub id: String,
-    /// The VM whose routes they were.
-    pub vm: String,
-    /// The host whose agent must confirm them gone (or be forgotten).
-    pub host: String,
-    /// Released once that agent applied a table of at least this generation.
-    pub generation: u64,
-    pub reason: String,
-    pub created_ms: i64,
-    /// The GPUs they hold, one entry per cGPU.
-    pub gpus: Vec<String>,
-}
-
 impl From<&FenceRecord> for FenceView {
     fn from(f: &FenceRecord) -> Self {
         FenceView {
@@ -129,11 +104,6 @@ impl From<&FenceRecord> for FenceView {
             gpus: f.cgpus.iter().map(|c| c.gpu.to_string()).collect(),
         }
     }
-}
-
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct FenceList {
-    pub fences: Vec<FenceView>,
 }
 
 /// List the fences (admins).

@@ -138,7 +138,7 @@ pub(super) async fn list_vms(
             let id = d.vm.id;
             let entries = page.extras.entries.get(&id).map_or(&[][..], Vec::as_slice);
             let events = page.extras.events.remove(&id).unwrap_or_default();
-            VmView::new(d, caller.is_admin()).with_queue_and_events(entries, events)
+            with_queue_and_events(vm_record_view(d, caller.is_admin()), entries, events)
         })
         .collect();
     Ok(Json(VmList { vms, next }))
@@ -173,13 +173,12 @@ pub(super) async fn get_pool(
         parse_marker(&mut checks, q.marker.as_deref(), "a host name", |m| HostId::new(m).ok());
     checks.finish()?;
     if !caller.is_admin() {
-        return app.read_pool(PoolView::totals).await.map(Json);
+        return app.read_pool(pool_totals).await.map(Json);
     }
     let limit = q.limit.unwrap_or(DEFAULT_HOST_PAGE);
     let fences: HashSet<VmId> = app.fences().await?.iter().map(|f| f.id.holder()).collect();
-    let page = app
-        .read_pool(|pool| PoolView::page(pool, marker.as_ref(), limit as usize, &fences))
-        .await?;
+    let page =
+        app.read_pool(|pool| pool_page(pool, marker.as_ref(), limit as usize, &fences)).await?;
     let Some((mut view, more)) = page else {
         let marker = q.marker.unwrap_or_default();
         return Err(Error::invalid("marker", format!("no host {marker} to continue after")));

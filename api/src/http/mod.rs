@@ -290,14 +290,14 @@ async fn launch_vm(
     Body(request): Body<LaunchRequest>,
 ) -> Result<Response, Error> {
     let idempotency_key = idempotency_key(&headers)?;
-    let (spec, policy, queue) = request.into_spec();
+    let (spec, policy, queue) = launch_spec(request);
     let tenant = crate::auth::tenant_token(&headers, &caller, &app);
     let (details, created) =
         app.launch(&caller, LaunchInput { spec, policy, idempotency_key, tenant, queue }).await?;
     let view = if created && details.vm.state != VmState::Queued {
         // Just reserved, as the reservation wrote it: a VM that did not wait has no queue entry,
         // and its events (preemptions, moves, attaches) all come later.
-        VmView::new(&details, caller.is_admin())
+        vm_record_view(&details, caller.is_admin())
     } else {
         vm_view(&app, &details, caller.is_admin()).await?
     };
@@ -314,7 +314,7 @@ async fn launch_vm(
     security(("bearer" = [])))]
 async fn get_queue(State(app): State<AppState>, caller: Caller) -> Result<Json<QueueView>, Error> {
     let (rows, lengths) = app.queue_of(&caller).await?;
-    Ok(Json(QueueView::new(&rows, &lengths)))
+    Ok(Json(queue_view(&rows, &lengths)))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -362,7 +362,7 @@ async fn vm_view(
     admin: bool,
 ) -> Result<VmView, Error> {
     let extras = app.view_extras(details.vm.id).await?;
-    Ok(VmView::new(details, admin).with_queue_and_events(&extras.entries, extras.events))
+    Ok(with_queue_and_events(vm_record_view(details, admin), &extras.entries, extras.events))
 }
 
 /// Terminate a VM: withdraw its routes, delete it, release its cGPUs. Idempotent.
@@ -376,7 +376,7 @@ async fn terminate_vm(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<VmView>), Error> {
     let details = app.terminate(&caller, vm_id(&id)?).await?;
-    Ok((StatusCode::ACCEPTED, Json(VmView::new(&details, caller.is_admin()))))
+    Ok((StatusCode::ACCEPTED, Json(vm_record_view(&details, caller.is_admin()))))
 }
 
 /// List hosts (admins).
@@ -388,7 +388,7 @@ async fn list_hosts(State(app): State<AppState>, caller: Caller) -> Result<Json<
     let (hosts, mut alerts) = app.hosts_with_alerts().await?;
     let hosts = hosts
         .iter()
-        .map(|h| HostView::with_alerts(h, alerts.remove(&h.name).unwrap_or_default()))
+        .map(|h| host_view_with_alerts(h, alerts.remove(&h.name).unwrap_or_default()))
         .collect();
     Ok(Json(HostList { hosts }))
 }

@@ -18,7 +18,7 @@
 use serde_json::{json, Value};
 use utoipa::OpenApi;
 
-use super::{failures, quotas, views::*};
+use super::views::*;
 use crate::app::fields::TEXT_PATTERN;
 use crate::error::{FieldError, Problem};
 
@@ -45,14 +45,14 @@ impl utoipa::Modify for BearerAuth {
         super::failures::forget_host, super::failures::evacuate_host, super::failures::list_fences,
         super::failures::evacuate_gpu, super::taint_gpu, super::untaint_gpu, super::healthz,
         super::readyz, super::metrics, super::openapi_json),
-    components(schemas(Problem, FieldError, crate::error::QuotaProblem, quotas::QuotaView,
-        quotas::QuotaList, quotas::QuotaLimits, quotas::QuotaUsage, LaunchRequest, AttachRequest,
-        crate::model::CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView,
+    components(schemas(Problem, FieldError, QuotaProblem, QuotaView,
+        QuotaList, QuotaLimits, QuotaUsage, LaunchRequest, AttachRequest,
+        CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView,
         QueueLengthView, QueuedRequestView, GpuRequestView, PoolView, PoolTotals, PoolHostView,
-        GpuView, HostView, HostAlertView, HostList, failures::EvacuationView, failures::FenceView,
-        failures::FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody,
-        RcudaBody, Health, Readiness, ModeParam, LocalityParam, crate::model::Timings,
-        crate::app::ReconcilerStatus, crate::model::VmState)),
+        GpuView, HostView, HostAlertView, HostList, EvacuationView, FenceView,
+        FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody,
+        RcudaBody, Health, Readiness, ModeParam, LocalityParam, Timings,
+        ReconcilerStatus, crate::model::VmState)),
     modifiers(&BearerAuth),
 )]
 struct ApiDoc;

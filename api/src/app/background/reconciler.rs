@@ -19,9 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpgpums::HostId;
-use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
+
+pub use gsaas_api_types::ReconcilerStatus;
 
 use crate::app::App;
 use crate::config::HostsBackend;
@@ -33,29 +34,6 @@ use crate::metrics::inc;
 pub(crate) struct Reconciler {
     trigger: Notify,
     status: Mutex<ReconcilerStatus>,
-}
-
-/// What the last pass did.
-#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
-pub struct ReconcilerStatus {
-    pub passes: u64,
-    pub last_pass_ms: Option<i64>,
-    /// The first error of the last pass, if any.
-    pub last_error: Option<String>,
-    pub hosts_marked_unavailable: usize,
-    pub tables_pushed: usize,
-    pub fences_released: usize,
-    /// Keystone trusts of launches that no longer need them, deleted by the last pass after an
-    /// earlier deletion failed.
-    pub delegations_ended: usize,
-    /// VMs whose servers the last pass found deleted or moved outside GSaaS.
-    pub servers_deleted: u32,
-    pub servers_moved: u32,
-    /// cGPUs the last pass re-homed, left lost, and brought back (see [`super::rehome`]).
-    pub cgpus_rehomed: u32,
-    pub cgpus_lost: u32,
-    pub cgpus_recovered: u32,
-    pub sagas_resumed: usize,
 }
 
 impl App {

@@ -1,0 +1,98 @@
+//! Hosts as admins see them, their agents' registrations and tokens, and fences.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A renewed agent token.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AgentToken {
+    pub token: String,
+}
+
+/// A host as gsaasd knows it (admins only).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HostView {
+    pub name: String,
+    pub kind: String,
+    /// `schedulable`, `drained` or `unavailable`.
+    pub state: String,
+    pub agent_url: Option<String>,
+    pub last_seen_ms: i64,
+    /// Generation of the last route table computed for the host.
+    pub routes_generation: u64,
+    /// Generation its agent confirmed.
+    pub applied_generation: u64,
+    /// An admin declared it dead; it takes part again once its agent registers.
+    pub forgotten: bool,
+    /// What its agent tried that was refused or outlived its bound, newest first (the last 20);
+    /// in admins' host lists only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<Vec<HostAlertView>>,
+}
+
+/// A host alert (see `GET /v1/hosts`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HostAlertView {
+    pub at_ms: i64,
+    /// `endpoint_conflict` (a report claimed an rCUDA endpoint another host's GPU holds),
+    /// `foreign_refusal` (its agent refused routes blaming another host's GPU) or
+    /// `fence_expired` (fences its agent never confirmed were released).
+    pub kind: String,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HostList {
+    pub hosts: Vec<HostView>,
+}
+
+/// `PUT /v1/hosts/{name}`: an agent's registration and heartbeat (rodvr-agent's `HostReport`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HostReportBody {
+    pub host: String,
+    pub kind: String,
+    pub agent_url: String,
+    pub gpus: Vec<GpuReportBody>,
+    #[serde(default)]
+    pub applied_generation: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GpuReportBody {
+    pub id: String,
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    pub rcuda: RcudaBody,
+    /// Why the GPU is unhealthy; absent: healthy.
+    #[serde(default)]
+    pub unhealthy: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RcudaBody {
+    pub address: String,
+    pub port: u16,
+    pub gpu_number: u32,
+}
+
+/// A fence: cGPU bookings kept while a host may still route to them.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FenceView {
+    pub id: String,
+    /// The VM whose routes they were.
+    pub vm: String,
+    /// The host whose agent must confirm them gone (or be forgotten).
+    pub host: String,
+    /// Released once that agent applied a table of at least this generation.
+    pub generation: u64,
+    pub reason: String,
+    pub created_ms: i64,
+    /// The GPUs they hold, one entry per cGPU.
+    pub gpus: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FenceList {
+    pub fences: Vec<FenceView>,
+}

@@ -1,0 +1,86 @@
+//! The pool: totals for everyone, hosts and GPUs for admins, GPU taints and evacuations.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Pool totals, for everyone.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PoolTotals {
+    pub gpus: u64,
+    pub memory_mib: u64,
+    pub allocated_mib: u64,
+    pub cgpus: u64,
+    /// GPUs with nothing on them, on schedulable hosts.
+    pub idle_gpus: u64,
+}
+
+/// One GPU (admins only).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GpuView {
+    pub id: String,
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    pub allocated_mib: u64,
+    pub exclusive: bool,
+    pub cgpus: u32,
+    pub jobs: u32,
+    pub rcuda_endpoint: String,
+    /// VMs with cGPUs here, and how many each.
+    pub vms: BTreeMap<String, u32>,
+    /// Why the GPU takes no new cGPUs, when it is tainted.
+    pub taint: Option<String>,
+    /// Why its host reports it unhealthy (it takes no new cGPUs); `null`: healthy.
+    pub health: Option<String>,
+    /// cGPU bookings fences hold here (routes that may still be live on a host that could not
+    /// be reached, or a re-homed cGPU's old GPU): not placeable until released.
+    pub fenced: u32,
+}
+
+/// `POST /v1/gpus/{id}/taint`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaintRequest {
+    /// Why the GPU must take no new cGPUs (kept with the admin's name).
+    pub reason: String,
+}
+
+/// A GPU's taint after a taint or untaint.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GpuTaintView {
+    pub id: String,
+    /// The reason given, or `null` when the GPU takes cGPUs again.
+    pub taint: Option<String>,
+}
+
+/// One host's share of the pool (admins only).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PoolHostView {
+    pub name: String,
+    pub kind: String,
+    pub state: String,
+    pub vms: u32,
+    pub gpus: Vec<GpuView>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PoolView {
+    pub totals: PoolTotals,
+    /// Per host and GPU (admins only), a page of hosts in registration order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<PoolHostView>>,
+    /// The next page of hosts (admins), absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// What an evacuation moved.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EvacuationView {
+    /// cGPUs moved to other GPUs; their VMs keep their masked endpoints.
+    pub moved: u32,
+    /// The VMs whose cGPUs moved.
+    pub vms: Vec<String>,
+}

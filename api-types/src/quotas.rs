@@ -1,0 +1,77 @@
+//! Project quotas: limits per resource and what a project uses.
+
+use gpgpums::Quota;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Limits per resource; `null` (or absent) is no limit.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaLimits {
+    /// cGPUs held at once.
+    #[serde(default)]
+    pub cgpus: Option<u64>,
+    /// GPU memory booked at once, MiB (an exclusive cGPU books its whole GPU).
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// Whole GPUs held exclusively at once.
+    #[serde(default)]
+    pub exclusive_gpus: Option<u64>,
+    /// VMs being created or ready.
+    #[serde(default)]
+    pub vms: Option<u64>,
+    /// The highest `priority` the project's launches may ask for (0 to the service's
+    /// `queue.max_priority`). Unlike the others, `null` (or absent) in a `PUT` is the service's
+    /// default (`quotas.max_priority`, 0 unless configured); a view always shows the number.
+    #[serde(default)]
+    pub max_priority: Option<u32>,
+}
+
+/// What a project uses of each resource.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+pub struct QuotaUsage {
+    pub cgpus: u64,
+    pub memory_mib: u64,
+    pub exclusive_gpus: u64,
+    pub vms: u64,
+}
+
+/// A project's quota: its limits and what it uses.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct QuotaView {
+    pub project: String,
+    pub limits: QuotaLimits,
+    /// `true`: the project's own limits; `false`: the service's defaults.
+    pub own_limits: bool,
+    pub usage: QuotaUsage,
+}
+
+/// Quotas as a list.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct QuotaList {
+    pub quotas: Vec<QuotaView>,
+}
+
+impl From<QuotaLimits> for Quota {
+    fn from(l: QuotaLimits) -> Quota {
+        Quota {
+            cgpus: l.cgpus,
+            memory_mib: l.memory_mib,
+            exclusive_gpus: l.exclusive_gpus,
+            vms: l.vms,
+            max_priority: l.max_priority,
+        }
+    }
+}
+
+impl From<Quota> for QuotaLimits {
+    fn from(q: Quota) -> QuotaLimits {
+        QuotaLimits {
+            cgpus: q.cgpus,
+            memory_mib: q.memory_mib,
+            exclusive_gpus: q.exclusive_gpus,
+            vms: q.vms,
+            max_priority: q.max_priority,
+        }
+    }
+}

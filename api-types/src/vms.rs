@@ -1,0 +1,385 @@
+//! VMs: a launch and an attach as requested, a VM as viewed, and the launch's stage timings.
+
+use std::collections::BTreeMap;
+
+use gpgpums::{Locality, Mode};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeParam {
+    /// Each cGPU takes a whole idle GPU (the default, as in the dissertation).
+    #[default]
+    Exclusive,
+    /// Each cGPU reserves `gpu_memory_mib` on a GPU others may share.
+    Shared,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum LocalityParam {
+    /// GPUs anywhere; the cloud picks the VM's host.
+    #[default]
+    Any,
+    /// Every cGPU on one compute-GPU host, and the VM there too.
+    Local,
+    /// The VM on a compute-rGPU host; GPUs anywhere.
+    Remote,
+}
+
+/// `POST /v1/vms`: the VM part and the GPU part of a launch.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchRequest {
+    /// The VM's name; default `gsaas-<first 8 characters of its id>`.
+    #[serde(default)]
+    pub name: Option<String>,
+    pub image: String,
+    pub flavor: String,
+    /// Network names or ids; the cloud's default when empty.
+    #[serde(default)]
+    pub networks: Vec<String>,
+    /// Your own cloud-init user_data (text); it runs beside GSaaS's.
+    #[serde(default)]
+    pub user_data: Option<String>,
+    /// Number of cGPUs (the dissertation's `-ncgpus`).
+    pub ncgpus: u32,
+    /// Memory per cGPU in MiB (`-poolmem`); required in shared mode.
+    #[serde(default)]
+    pub gpu_memory_mib: Option<u64>,
+    #[serde(default)]
+    pub mode: ModeParam,
+    #[serde(default)]
+    pub locality: LocalityParam,
+    /// Placement policy; the service default when absent.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Never put two of this VM's cGPUs on one physical GPU.
+    #[serde(default)]
+    pub distinct_gpus: bool,
+    /// When the GPUs are not there now, wait in the queue (state `queued`, answered 202) instead
+    /// of failing with 507.
+    #[serde(default)]
+    pub queue: bool,
+    /// Higher goes first in the queue: 0 (the default) to the service's `queue.max_priority`.
+    #[serde(default)]
+    pub priority: i32,
+    /// Best effort: the VM's cGPUs may be taken back for requests of higher priority.
+    #[serde(default)]
+    pub preemptible: bool,
+    /// For a preemptible VM: whether cGPUs taken back wait in the queue to be given back
+    /// (default true).
+    #[serde(default = "yes")]
+    pub give_back: bool,
+}
+
+/// `POST /v1/vms/{id}/cgpus`: cGPUs to attach to a ready VM. They follow the VM's locality.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    /// Number of cGPUs to add.
+    pub ncgpus: u32,
+    /// Memory per cGPU in MiB; required in shared mode.
+    #[serde(default)]
+    pub gpu_memory_mib: Option<u64>,
+    #[serde(default)]
+    pub mode: ModeParam,
+    /// Never put two of this VM's cGPUs (old or new) on one physical GPU.
+    #[serde(default)]
+    pub distinct_gpus: bool,
+    /// Placement policy; the VM's when absent.
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// When the GPUs are not there now, wait in the queue (answered 202, the VM unchanged, the
+    /// attach in its `queued_attaches`) instead of failing with 507.
+    #[serde(default)]
+    pub queue: bool,
+}
+
+/// One cGPU of a VM.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CgpuView {
+    /// The cGPU's number for its whole life (it fixes its masked endpoint); detach it by this.
+    pub index: u32,
+    /// `live`; `attaching` while its route is installed; `detaching` while it is withdrawn.
+    pub state: CgpuState,
+    /// Where the VM reaches this cGPU (`ip:port`).
+    pub masked_endpoint: String,
+    pub memory_mib: u64,
+    pub mode: String,
+    /// The physical GPU (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    /// The GPU's host (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The real rCUDA server (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rcuda_endpoint: Option<String>,
+}
+
+/// The GPU part of the request, as accepted.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GpuRequestView {
+    pub ncgpus: u32,
+    pub gpu_memory_mib: Option<u64>,
+    pub mode: ModeParam,
+    pub locality: LocalityParam,
+    pub distinct_gpus: bool,
+    /// The policy that placed the cGPUs.
+    pub policy: String,
+}
+
+/// A cGPU-enabled VM.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VmView {
+    pub id: String,
+    pub name: String,
+    pub project: String,
+    /// `queued`, `creating`, `ready`, `error`, `deleting` or `deleted`.
+    pub state: String,
+    /// Why the VM is in `error`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// A machine-readable cause of `error`, when it has one (`queue_timeout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
+    /// While it waits in the queue (`queued`, or an attach in `queued_attaches`): its place
+    /// (1: next), by priority and arrival.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u64>,
+    /// Attaches the VM waits for, in ticket order: asked with `queue: true`, or cGPUs a
+    /// preemption took, to be given back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queued_attaches: Vec<WaitingView>,
+    pub priority: i32,
+    pub preemptible: bool,
+    /// Whether cGPUs taken back from this VM are given back when capacity returns.
+    pub give_back: bool,
+    /// What happened to the VM that its owner should know of, oldest first (the last 100 on
+    /// `GET /v1/vms/{id}`, the last 20 in lists): `preempted` (cGPUs of a preemptible VM taken
+    /// back), `given_back`, `attached` (a queued attach started), `queue_timeout` (a queued
+    /// attach waited too long), `attach_refused`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<VmEventView>,
+    pub image: String,
+    pub flavor: String,
+    /// The cloud's server id, once the server is active.
+    pub server_id: Option<String>,
+    /// The VM's host (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The VM's fixed IP, once known.
+    pub fixed_ip: Option<String>,
+    pub gpus: GpuRequestView,
+    pub cgpus: Vec<CgpuView>,
+    /// The rCUDA environment the VM's cloud-init sets.
+    pub rcuda_env: BTreeMap<String, String>,
+    /// Seconds per stage of the dissertation's Equation 5.1.
+    pub timings: Timings,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+/// One event of a VM.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VmEventView {
+    pub at_ms: i64,
+    pub kind: String,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VmList {
+    pub vms: Vec<VmView>,
+    /// The next page, absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// What a request in the queue waits for, and since when.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WaitingView {
+    /// Its place in the whole queue (1: next), by priority and arrival.
+    pub position: u64,
+    /// `launch`, `attach` (asked with `queue: true`) or `give_back` (cGPUs a preemption took).
+    pub kind: String,
+    pub ncgpus: u32,
+    pub gpu_memory_mib: Option<u64>,
+    pub mode: ModeParam,
+    pub enqueued_ms: i64,
+    /// When it ends with `queue_timeout`; absent: never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<i64>,
+}
+
+impl From<Mode> for ModeParam {
+    fn from(mode: Mode) -> ModeParam {
+        match mode {
+            Mode::Exclusive => ModeParam::Exclusive,
+            Mode::Shared => ModeParam::Shared,
+        }
+    }
+}
+
+impl From<ModeParam> for Mode {
+    fn from(mode: ModeParam) -> Mode {
+        match mode {
+            ModeParam::Exclusive => Mode::Exclusive,
+            ModeParam::Shared => Mode::Shared,
+        }
+    }
+}
+
+impl ModeParam {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModeParam::Exclusive => "exclusive",
+            ModeParam::Shared => "shared",
+        }
+    }
+}
+
+impl LocalityParam {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LocalityParam::Any => "any",
+            LocalityParam::Local => "local",
+            LocalityParam::Remote => "remote",
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl From<Locality> for LocalityParam {
+    fn from(locality: Locality) -> LocalityParam {
+        match locality {
+            Locality::Any => LocalityParam::Any,
+            Locality::Local => LocalityParam::Local,
+            Locality::Remote => LocalityParam::Remote,
+        }
+    }
+}
+
+impl From<LocalityParam> for Locality {
+    fn from(locality: LocalityParam) -> Locality {
+        match locality {
+            LocalityParam::Any => Locality::Any,
+            LocalityParam::Local => Locality::Local,
+            LocalityParam::Remote => Locality::Remote,
+        }
+    }
+}
+
+/// The launch stages of Equation 5.1, in the order a launch completes them (`total` is their
+/// sum with the time before the first).
+pub const LAUNCH_STAGES: [&str; 6] = [
+    "check",
+    "gpu_selection",
+    "vm_creation",
+    "vm_activation",
+    "vm_deployment",
+    "rodvr_configuration",
+];
+
+/// Per-stage times in seconds, named after the dissertation's Equation 5.1.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Timings {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_selection: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_creation: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_activation: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_deployment: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rodvr_configuration: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+}
+
+/// Where a cGPU is in its life on a running VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CgpuState {
+    /// Booked and routed (or, on a VM still launching, about to be).
+    Live,
+    /// Booked; its route is being installed.
+    Attaching,
+    /// Its route is withdrawn; its booking is released next.
+    Detaching,
+    /// Its GPU failed and no other GPU could take it: no route, booked where it was until it can
+    /// be re-homed or its owner detaches it.
+    Lost,
+}
+
+impl CgpuState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgpuState::Live => "live",
+            CgpuState::Attaching => "attaching",
+            CgpuState::Detaching => "detaching",
+            CgpuState::Lost => "lost",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "live" => CgpuState::Live,
+            "attaching" => CgpuState::Attaching,
+            "detaching" => CgpuState::Detaching,
+            "lost" => CgpuState::Lost,
+            _ => return None,
+        })
+    }
+}
+
+impl Timings {
+    /// The seconds of `stage` (one of [`LAUNCH_STAGES`], or `total`), once it completed.
+    pub fn of(&self, stage: &str) -> Option<f64> {
+        match stage {
+            "check" => self.check,
+            "gpu_selection" => self.gpu_selection,
+            "vm_creation" => self.vm_creation,
+            "vm_activation" => self.vm_activation,
+            "vm_deployment" => self.vm_deployment,
+            "rodvr_configuration" => self.rodvr_configuration,
+            "total" => self.total,
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_launch_stage_is_a_timings_field() {
+        for stage in LAUNCH_STAGES.iter().chain(&["total"]) {
+            let timings: Timings =
+                serde_json::from_value(serde_json::json!({ *stage: 1.5 })).unwrap();
+            assert_eq!(timings.of(stage), Some(1.5), "{stage}");
+            let back = serde_json::to_value(&timings).unwrap();
+            assert_eq!(back, serde_json::json!({ *stage: 1.5 }), "{stage}");
+        }
+        assert_eq!(Timings::default().of("check"), None);
+        assert_eq!(Timings::default().of("no_such_stage"), None);
+    }
+
+    #[test]
+    fn requests_refuse_unknown_fields_and_views_accept_them() {
+        let launch = serde_json::json!({"image": "i", "flavor": "f", "ncgpus": 1, "ncpgus": 2});
+        let err = serde_json::from_value::<LaunchRequest>(launch).unwrap_err().to_string();
+        assert!(err.contains("ncpgus"), "{err}");
+        let event = serde_json::json!({"at_ms": 1, "kind": "k", "detail": "d", "new_field": 1});
+        assert!(serde_json::from_value::<VmEventView>(event).is_ok());
+    }
+}
