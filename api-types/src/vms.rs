@@ -342,6 +342,11 @@ impl CgpuState {
 }
 
 impl Timings {
+    /// Its fields' names: [`LAUNCH_STAGES`], then `total`.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        LAUNCH_STAGES.into_iter().chain(["total"])
+    }
+
     /// The seconds of `stage` (one of [`LAUNCH_STAGES`], or `total`), once it completed.
     pub fn of(&self, stage: &str) -> Option<f64> {
         match stage {

@@ -22,18 +22,9 @@ use std::time::{Duration, Instant};
 
 pub use gsaas_infra::metrics::{header, inc, Histogram};
 
-use crate::model::{AlertKind, Timings};
+use gsaas_api_types::LAUNCH_STAGES;
 
-/// The launch stages of the dissertation's Equation 5.1, as metric labels.
-pub const STAGES: [&str; 7] = [
-    "check",
-    "gpu_selection",
-    "vm_creation",
-    "vm_activation",
-    "vm_deployment",
-    "rodvr_configuration",
-    "total",
-];
+use crate::model::{AlertKind, Timings};
 
 #[derive(Debug)]
 pub struct Metrics {
@@ -47,8 +38,8 @@ pub struct Metrics {
     pub route_push_failures: AtomicU64,
     pub reconciler_runs: AtomicU64,
     pub reconciler_errors: AtomicU64,
-    /// Per Equation 5.1 stage of launches that became ready, in [`STAGES`] order.
-    pub stage_seconds: [Histogram; 7],
+    /// Per Equation 5.1 stage of launches that became ready, in [`Timings::names`] order.
+    pub stage_seconds: [Histogram; LAUNCH_STAGES.len() + 1],
     /// Time GPGPUMS took to place a request's cGPUs.
     pub decision_seconds: Histogram,
     /// How long queued launches waited before they started.
@@ -174,17 +165,8 @@ impl Metrics {
 
     /// Records the stage timings of a launch that became ready.
     pub fn observe_launch(&self, timings: &Timings) {
-        let values = [
-            timings.check,
-            timings.gpu_selection,
-            timings.vm_creation,
-            timings.vm_activation,
-            timings.vm_deployment,
-            timings.rodvr_configuration,
-            timings.total,
-        ];
-        for (histogram, value) in self.stage_seconds.iter().zip(values) {
-            if let Some(seconds) = value {
+        for (histogram, stage) in self.stage_seconds.iter().zip(Timings::names()) {
+            if let Some(seconds) = timings.of(stage) {
                 histogram.observe(seconds);
             }
         }
@@ -230,7 +212,7 @@ impl Metrics {
             "histogram",
             "Seconds per stage (dissertation Equation 5.1) of launches that became ready.",
         );
-        for (stage, histogram) in STAGES.iter().zip(&self.stage_seconds) {
+        for (stage, histogram) in Timings::names().zip(&self.stage_seconds) {
             histogram.render(out, "gsaas_launch_stage_seconds", &format!("stage=\"{stage}\""));
         }
         header(

@@ -38,7 +38,7 @@ async fn launch_becomes_ready_with_masked_cgpus_and_terminate_releases(store: St
     assert_eq!(vm["cgpus"][1]["masked_endpoint"], "100.127.0.1:8309");
     assert_eq!(vm["rcuda_env"]["RCUDA_DEVICE_COUNT"], "2");
     assert_eq!(vm["rcuda_env"]["RCUDA_DEVICE_1"], "100.127.0.1@8309:0");
-    for stage in gsaasd::metrics::STAGES {
+    for stage in gsaasd::model::Timings::names() {
         assert!(vm["timings"][stage].as_f64().is_some(), "stage {stage} missing: {vm}");
     }
     assert!(vm["server_id"].is_string() && vm["fixed_ip"].is_string());

@@ -50,7 +50,7 @@ async fn metrics_parse_and_follow_what_happens() {
     assert_eq!(value(&scrape, "gsaas_host_cgpus", Some(("host", "compute-gpu"))), 2.0);
     assert_eq!(value(&scrape, "gsaas_terminations_total", Some(("outcome", "accepted"))), 0.0);
     assert_eq!(value(&scrape, "gsaas_host_schedulable", Some(("host", "compute0-rgpu"))), 1.0);
-    for stage in gsaasd::metrics::STAGES {
+    for stage in gsaasd::model::Timings::names() {
         let count = scrape
             .samples
             .iter()

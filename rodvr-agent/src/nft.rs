@@ -374,20 +374,7 @@ impl Drop for NftSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
-
-    fn routes(n: u8) -> RouteMap {
-        (0..n)
-            .map(|i| {
-                let key = RouteKey {
-                    tap: format!("tap{i}"),
-                    ip: Ipv4Addr::new(10, 77, 0, i),
-                    masked: SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000),
-                };
-                (key, SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 2), 8300 + u16::from(i)))
-            })
-            .collect()
-    }
+    use rodvr_core::fixtures::routes;
 
     #[test]
     fn a_sweep_finds_connections_sent_elsewhere_than_their_route() {

@@ -748,16 +748,10 @@ fn map_len(ns: &Netns, map: &str) -> usize {
 fn the_nft_firewall_reports_each_failed_transaction_and_goes_on() {
     use rodvr_agent::nft::{NftFirewall, SESSION_MAX_DOC};
     use rodvr_core::firewall::{Firewall, FirewallError};
-    use rodvr_core::render::{target_ids, TableParams, Transaction};
+    use rodvr_core::render::{target_ids, Transaction};
     require_root_tools();
     let ns = Netns::new("fw");
-    let params = TableParams {
-        masked_range: "100.127.0.0/16".parse().unwrap(),
-        gpu_interface: "gpu0".into(),
-        local_rcuda: vec![],
-        metadata_listener: None,
-        agent_api: None,
-    };
+    let params = rodvr_core::fixtures::params();
     let mut fw = NftFirewall::new(
         &ns.command_prefix().into_iter().chain(["nft".into()]).collect::<Vec<_>>(),
     );

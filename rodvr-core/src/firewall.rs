@@ -260,21 +260,8 @@ impl<F: Firewall> Dataplane<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fixtures::params;
+    use crate::fixtures::{params, routes};
     use crate::render::Target;
-
-    fn routes(n: u8) -> RouteMap {
-        (0..n)
-            .map(|i| {
-                let key = RouteKey {
-                    tap: format!("tap{i}"),
-                    ip: Ipv4Addr::new(10, 77, 0, i),
-                    masked: SocketAddrV4::new(Ipv4Addr::new(100, 127, 0, 1), 9000),
-                };
-                (key, SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 2), 8300 + u16::from(i)))
-            })
-            .collect()
-    }
 
     #[test]
     fn memory_updates_are_all_or_nothing() {

@@ -18,7 +18,6 @@ use rodvr_contract::auth::TokenVerifier;
 use rodvr_contract::protocol::{AppliedState, ErrorBody, HostKind, RcudaEnv, RouteTable};
 use rodvr_core::agent::{Agent, HostFacts};
 use rodvr_core::firewall::{Dataplane, MemoryFirewall};
-use rodvr_core::render::TableParams;
 use rodvr_core::state::Ledger;
 use rodvr_core::vm_env::EnvError;
 
@@ -67,13 +66,7 @@ impl TestAgent {
         tls: Option<TlsFiles>,
     ) -> TestAgent {
         let host = HostId::new(host).unwrap();
-        let params = TableParams {
-            masked_range: "100.127.0.0/16".parse().unwrap(),
-            gpu_interface: "gpu0".into(),
-            local_rcuda: vec![],
-            metadata_listener: None,
-            agent_api: None,
-        };
+        let params = rodvr_core::fixtures::params();
         let facts = HostFacts { host: host.clone(), kind, agent_url: String::new(), gpus: vec![] };
         let agent =
             Agent::new(Ledger::in_memory(), Dataplane::new(MemoryFirewall::new(), params), facts);
