@@ -86,6 +86,29 @@ impl Rules {
             && holding_since_ms
                 .is_some_and(|since| since.saturating_add(self.max_hold_ms) <= now_ms)
     }
+
+    /// Whether a request of `priority` that does not wait in the queue must leave the free GPUs
+    /// to the queue's `head`, which other projects' requests have passed `passed` times (its
+    /// stored count and this batch's starts). Starting ahead of the head passes it (backfill);
+    /// once it has been passed [`Rules::max_passes`] times (for at most `max_hold_ms` from
+    /// then), or while capacity is being reclaimed for it, nothing of its priority or lower
+    /// starts ahead of it. So requests that skip the queue cannot starve it, and it cannot hold
+    /// them longer than the planner would.
+    pub fn head_holds(&self, head: &HeadState, passed: u32, priority: i32, now_ms: i64) -> bool {
+        let lapsed = self.hold_lapsed(head.holding_since_ms, now_ms);
+        let barrier = passed >= self.max_passes && !lapsed;
+        head.priority >= priority && (head.awaiting_reclaim || !self.backfill || barrier)
+    }
+}
+
+/// The queue's head as requests that do not wait meet it (see [`Rules::head_holds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadState {
+    pub priority: i32,
+    /// Since when it holds others back as a barrier, if it does.
+    pub holding_since_ms: Option<i64>,
+    /// Capacity is being taken back from preemptible VMs for it.
+    pub awaiting_reclaim: bool,
 }
 
 impl Default for Rules {

@@ -627,3 +627,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_head_holds_requests_that_skip_the_queue_only_as_its_rules_say() {
+    use gpgpums::queue::HeadState;
+    let rules = Rules { backfill: true, max_passes: 2, max_hold_ms: 1_000, preemption: true };
+    let head = HeadState { priority: 5, holding_since_ms: None, awaiting_reclaim: false };
+    // Backfill: passed fewer than max_passes times, requests of any priority go ahead.
+    assert!(!rules.head_holds(&head, 1, 5, 0));
+    // Passed max_passes times: a barrier for its priority and lower, not for higher ones.
+    assert!(rules.head_holds(&head, 2, 5, 0));
+    assert!(rules.head_holds(&head, 2, 0, 0));
+    assert!(!rules.head_holds(&head, 2, 6, 0));
+    // A barrier that has held for max_hold_ms has lapsed.
+    let holding = HeadState { holding_since_ms: Some(100), ..head };
+    assert!(rules.head_holds(&holding, 2, 5, 1_099));
+    assert!(!rules.head_holds(&holding, 2, 5, 1_100));
+    // While capacity is reclaimed for it, or without backfill, it always holds its priority.
+    let reclaiming = HeadState { awaiting_reclaim: true, ..holding };
+    assert!(rules.head_holds(&reclaiming, 0, 5, 1_100));
+    let strict = Rules { backfill: false, ..rules };
+    assert!(strict.head_holds(&head, 0, 5, 0));
+    assert!(!strict.head_holds(&head, 0, 6, 0));
+}

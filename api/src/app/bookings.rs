@@ -127,7 +127,7 @@ pub(crate) fn write_bookings(
 impl App {
     /// Reserves the launch's cGPUs and records its VM, in the next batch.
     pub(crate) async fn reserve(&self, reservation: Reservation) -> Result<VmDetails, Error> {
-        match self.bookings.submit(Booking::Reserve(Box::new(reservation))).await? {
+        match self.batchers.bookings.submit(Booking::Reserve(Box::new(reservation))).await? {
             Booked::Reserved(details) => Ok(*details),
             _ => Err(Error::internal("a reservation answered as something else")),
         }
@@ -136,7 +136,7 @@ impl App {
     /// Releases (or fences) the VM's cGPUs and writes the VM, in the next batch (see
     /// [`Booking::Release`]).
     pub(crate) async fn release(&self, ending: Ending) -> Result<VmRecord, Error> {
-        match self.bookings.submit(Booking::Release(Box::new(ending))).await? {
+        match self.batchers.bookings.submit(Booking::Release(Box::new(ending))).await? {
             Booked::Released(ended, queue_waits) => {
                 if queue_waits {
                     self.trigger_queue();
@@ -149,7 +149,7 @@ impl App {
 
     /// Books the attachment's cGPUs and writes its VM, or queues it, in the next batch.
     pub(crate) async fn book_attachment(&self, attachment: Attachment) -> Result<Booked, Error> {
-        match self.bookings.submit(Booking::Attach(Box::new(attachment))).await? {
+        match self.batchers.bookings.submit(Booking::Attach(Box::new(attachment))).await? {
             booked @ (Booked::Attached(..) | Booked::AttachQueued(_)) => Ok(booked),
             _ => Err(Error::internal("an attachment answered as something else")),
         }
@@ -169,7 +169,7 @@ impl App {
     /// Releases the VM's `detaching` cGPUs and writes `ended`, in the next batch (see
     /// [`Booking::Detach`]).
     pub(crate) async fn release_detached(&self, ending: Ending) -> Result<VmRecord, Error> {
-        match self.bookings.submit(Booking::Detach(Box::new(ending))).await? {
+        match self.batchers.bookings.submit(Booking::Detach(Box::new(ending))).await? {
             Booked::Released(ended, queue_waits) => {
                 if queue_waits {
                     self.trigger_queue();
@@ -481,12 +481,8 @@ async fn attach_cgpus(
     Ok(Ok(Booked::Attached(Box::new(vm), cgpus, claimed)))
 }
 
-/// What the queue's head allows requests that do not wait in the queue: starting ahead of the
-/// head passes it once when of another project (backfill); once it has been passed
-/// `max_passes` times (for at most `rules.max_hold_ms` from then), or while capacity is being
-/// reclaimed for it, nothing of its priority or lower starts ahead of it. So requests that skip
-/// the queue cannot starve it either, and it cannot hold them for longer than its planner
-/// would (see `gpgpums::queue`).
+/// The queue's head as this batch meets it: the rule is [`gpgpums::queue::Rules::head_holds`];
+/// this counts the batch's passes and records them.
 #[derive(Debug)]
 struct HeadGate {
     head: Option<db::QueueHead>,
@@ -499,11 +495,14 @@ struct HeadGate {
 impl HeadGate {
     /// Whether a request of `priority` must leave the free GPUs to the head.
     fn holds(&self, priority: i32) -> bool {
-        let rules = &self.rules;
         self.head.as_ref().is_some_and(|head| {
-            let lapsed = rules.hold_lapsed(head.holding_since_ms, self.now_ms);
-            let barrier = head.passed.saturating_add(self.passes) >= rules.max_passes && !lapsed;
-            head.priority >= priority && (head.awaiting_reclaim || !rules.backfill || barrier)
+            let state = gpgpums::queue::HeadState {
+                priority: head.priority,
+                holding_since_ms: head.holding_since_ms,
+                awaiting_reclaim: head.awaiting_reclaim,
+            };
+            let passed = head.passed.saturating_add(self.passes);
+            self.rules.head_holds(&state, passed, priority, self.now_ms)
         })
     }
 

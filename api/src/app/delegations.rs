@@ -67,7 +67,9 @@ impl App {
         &self,
         vm: VmId,
     ) -> Result<Option<TenantToken>, StepError> {
-        if let Some(token) = self.tenant_tokens.lock().expect("tenant tokens").get(&vm).cloned() {
+        if let Some(token) =
+            self.sagas.tenant_tokens.lock().expect("tenant tokens").get(&vm).cloned()
+        {
             return Ok(Some(token));
         }
         if !self.cloud.needs_tenant_token() {
@@ -87,7 +89,7 @@ impl App {
             }
             e => super::sagas::cloud_failure("create", &e),
         })?;
-        self.tenant_tokens.lock().expect("tenant tokens").insert(vm, token.clone());
+        self.sagas.tenant_tokens.lock().expect("tenant tokens").insert(vm, token.clone());
         Ok(Some(token))
     }
 
@@ -113,7 +115,7 @@ impl App {
         // Without the launch's own token, the credential redeemed for the server, if kept.
         let tenant = match tenant {
             Some(tenant) => Some(tenant),
-            None => self.tenant_tokens.lock().expect("tenant tokens").remove(&vm),
+            None => self.sagas.tenant_tokens.lock().expect("tenant tokens").remove(&vm),
         };
         let ended = async {
             let mut conn = self.db.conn().await?;

@@ -452,7 +452,7 @@ impl App {
                 Some(ahead) => (ticket, ahead.table),
                 None => (
                     pushes.ticket.load(Ordering::SeqCst),
-                    self.route_tables.submit(host.clone()).await?,
+                    self.batchers.route_tables.submit(host.clone()).await?,
                 ),
             };
             let (record, table) = {
@@ -488,7 +488,7 @@ impl App {
             let outcome = tokio::time::timeout(timeout, self.agents.apply(&record, table)).await;
             match outcome {
                 Ok(Ok(())) => {
-                    self.applied_generations.submit((host.clone(), generation)).await?;
+                    self.batchers.applied_generations.submit((host.clone(), generation)).await?;
                     *covered = reading;
                     return Ok(());
                 }

@@ -77,14 +77,8 @@ pub struct App {
     pool: pool::PoolCache,
     /// This process's id as a saga owner.
     instance: String,
-    /// Sagas running in this process, with the signal that wakes them for a termination.
-    running: Mutex<HashMap<VmId, RunningSaga>>,
-    /// The tenants' cloud credentials of launches whose server is not created yet: kept in memory
-    /// only, for the saga that creates the server as the tenant (see [`sagas`]).
-    tenant_tokens: Mutex<HashMap<VmId, crate::cloud::TenantToken>>,
-    /// What the cloud's check of a launch found, for its saga's first creation attempt (see
-    /// [`crate::cloud::ServerSpec::checked`]); taken when the saga starts.
-    checked_launches: Mutex<HashMap<VmId, crate::cloud::Checked>>,
+    /// Sagas running in this process and what only they carry.
+    sagas: SagaRegistry,
     /// Serializes this process's pushes to each host, and lets one push stand for the pushes
     /// requested before it read the host's routes (see [`App::push_routes`]).
     host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
@@ -95,25 +89,46 @@ pub struct App {
     queue: background::queue_rounds::QueueServer,
     /// Requests waiting for a VM to settle.
     watchers: watch::VmWatchers,
-    /// Reservations and releases of cGPUs, written in batches.
-    bookings: batch::Batcher<bookings::Booking, bookings::Booked>,
-    /// Reads of VMs with their cGPUs, in batches.
-    vm_reads: batch::Batcher<VmId, Option<Box<vms::VmDetails>>>,
-    /// Reads of what VMs' views show besides the VMs, in batches.
-    view_extras: batch::Batcher<VmId, queue::ViewExtras>,
-    /// The saga's and terminations' conditional VM writes, written in batches.
-    vm_writes: batch::Batcher<vms::BatchedVmWrite, (VmRecord, Written)>,
-    /// New generations of hosts' route tables, read in batches.
-    route_tables: batch::Batcher<HostId, hosts::TableRead>,
-    /// Generations the hosts' agents confirmed, written in batches.
-    applied_generations: batch::Batcher<(HostId, u64), ()>,
-    /// The batch writers' tasks.
-    batch_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
-    /// Where the batch tasks run on SQLite (see [`batch`]).
-    writer: Option<LaneThread>,
+    /// Group commit: the batched reads and writes, their tasks and the SQLite writer lane.
+    batchers: Batchers,
     /// Where background work runs on PostgreSQL (see [`crate::lanes`]). On SQLite one
     /// connection serves both lanes, so background work stays on the requests' runtime.
     background: Option<LaneThread>,
+}
+
+/// Group commit (see [`batch`]): one batcher per kind of batched read or write, the tasks that
+/// write them, and where those run on SQLite.
+#[derive(Debug)]
+struct Batchers {
+    /// Reservations and releases of cGPUs.
+    bookings: batch::Batcher<bookings::Booking, bookings::Booked>,
+    /// Reads of VMs with their cGPUs.
+    vm_reads: batch::Batcher<VmId, Option<Box<vms::VmDetails>>>,
+    /// Reads of what VMs' views show besides the VMs.
+    view_extras: batch::Batcher<VmId, queue::ViewExtras>,
+    /// The sagas' and terminations' conditional VM writes.
+    vm_writes: batch::Batcher<vms::BatchedVmWrite, (VmRecord, Written)>,
+    /// New generations of hosts' route tables.
+    route_tables: batch::Batcher<HostId, hosts::TableRead>,
+    /// Generations the hosts' agents confirmed.
+    applied_generations: batch::Batcher<(HostId, u64), ()>,
+    /// The batch writers' tasks.
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Where the batch tasks run on SQLite.
+    writer: Option<LaneThread>,
+}
+
+/// The sagas running in this process (see [`sagas`]), and what only they carry.
+#[derive(Debug, Default)]
+struct SagaRegistry {
+    /// Each running saga, with the signal that wakes it for a termination.
+    running: Mutex<HashMap<VmId, RunningSaga>>,
+    /// The tenants' cloud credentials of launches whose server is not created yet: kept in memory
+    /// only, for the saga that creates the server as the tenant.
+    tenant_tokens: Mutex<HashMap<VmId, crate::cloud::TenantToken>>,
+    /// What the cloud's check of a launch found, for its saga's first creation attempt (see
+    /// [`crate::cloud::ServerSpec::checked`]); taken when the saga starts.
+    checked_launches: Mutex<HashMap<VmId, crate::cloud::Checked>>,
 }
 
 impl App {
@@ -146,36 +161,51 @@ impl App {
             gauges: crate::metrics::GaugeCache::default(),
             pool: pool::PoolCache::new(),
             instance: uuid::Uuid::new_v4().to_string(),
-            running: Mutex::new(HashMap::new()),
-            tenant_tokens: Mutex::new(HashMap::new()),
-            checked_launches: Mutex::new(HashMap::new()),
+            sagas: SagaRegistry::default(),
             host_locks: Mutex::new(HashMap::new()),
             reconciler: background::reconciler::Reconciler::default(),
             cloud_seen: Mutex::new(None),
             queue: background::queue_rounds::QueueServer::default(),
             watchers: watch::VmWatchers::default(),
-            bookings: batch::Batcher::shared(),
-            vm_reads: batch::Batcher::for_lanes(lane),
-            view_extras: batch::Batcher::for_lanes(lane),
-            vm_writes: batch::Batcher::for_lanes(lane),
-            route_tables: batch::Batcher::for_lanes(lane),
-            applied_generations: batch::Batcher::for_lanes(lane),
-            batch_tasks: Mutex::new(Vec::new()),
-            writer,
+            batchers: Batchers {
+                bookings: batch::Batcher::shared(),
+                vm_reads: batch::Batcher::for_lanes(lane),
+                view_extras: batch::Batcher::for_lanes(lane),
+                vm_writes: batch::Batcher::for_lanes(lane),
+                route_tables: batch::Batcher::for_lanes(lane),
+                applied_generations: batch::Batcher::for_lanes(lane),
+                tasks: Mutex::new(Vec::new()),
+                writer,
+            },
             background,
         });
         let main = tokio::runtime::Handle::current();
-        let requests = app.writer.as_ref().map_or(&main, |writer| writer.runtime());
+        let requests = app.batchers.writer.as_ref().map_or(&main, |writer| writer.runtime());
         let background =
             app.background.as_ref().map(|lane| (lane.runtime(), batch::MAX_BACKGROUND_BATCH));
         let this = Arc::downgrade(&app);
         let tasks = [
-            app.bookings.start(requests, background, this.clone(), bookings::write_bookings),
-            app.vm_reads.start(requests, background, this.clone(), vms::read_vms),
-            app.view_extras.start(requests, background, this.clone(), queue::read_view_extras),
-            app.vm_writes.start(requests, background, this.clone(), vms::write_vms),
-            app.route_tables.start(requests, background, this.clone(), hosts::read_route_tables),
-            app.applied_generations.start(
+            app.batchers.bookings.start(
+                requests,
+                background,
+                this.clone(),
+                bookings::write_bookings,
+            ),
+            app.batchers.vm_reads.start(requests, background, this.clone(), vms::read_vms),
+            app.batchers.view_extras.start(
+                requests,
+                background,
+                this.clone(),
+                queue::read_view_extras,
+            ),
+            app.batchers.vm_writes.start(requests, background, this.clone(), vms::write_vms),
+            app.batchers.route_tables.start(
+                requests,
+                background,
+                this.clone(),
+                hosts::read_route_tables,
+            ),
+            app.batchers.applied_generations.start(
                 requests,
                 background,
                 this,
@@ -183,7 +213,7 @@ impl App {
             ),
         ]
         .concat();
-        *app.batch_tasks.lock().expect("batch tasks") = tasks;
+        *app.batchers.tasks.lock().expect("batch tasks") = tasks;
         Ok(app)
     }
 
@@ -242,12 +272,12 @@ impl App {
     /// Stops every saga task and batch writer of this process where it stands, as a crash would
     /// (tests).
     pub fn abort_sagas(&self) {
-        for (_, saga) in self.running.lock().expect("running sagas").drain() {
+        for (_, saga) in self.sagas.running.lock().expect("running sagas").drain() {
             if let Some(task) = saga.task {
                 task.abort();
             }
         }
-        for task in self.batch_tasks.lock().expect("batch tasks").drain(..) {
+        for task in self.batchers.tasks.lock().expect("batch tasks").drain(..) {
             task.abort();
         }
     }

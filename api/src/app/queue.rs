@@ -44,7 +44,7 @@ impl App {
 
     /// The VM's requests in the queue and its latest events, read in the next batch.
     pub async fn view_extras(&self, vm: VmId) -> Result<ViewExtras, Error> {
-        self.view_extras.submit(vm).await
+        self.batchers.view_extras.submit(vm).await
     }
 
     /// The queue as `caller` may see it: its project's requests (an admin's: every project's) in

@@ -203,9 +203,9 @@ impl App {
             self.spawn_end_delegation(id, input.tenant.clone());
         }
         if let Some(tenant) = input.tenant.clone() {
-            self.tenant_tokens.lock().expect("tenant tokens").insert(id, tenant);
+            self.sagas.tenant_tokens.lock().expect("tenant tokens").insert(id, tenant);
         }
-        self.checked_launches.lock().expect("checked launches").insert(id, checked);
+        self.sagas.checked_launches.lock().expect("checked launches").insert(id, checked);
         if let Some(seconds) = details.vm.timings.gpu_selection {
             self.metrics.decision_seconds.observe(seconds);
         }
@@ -237,7 +237,7 @@ impl App {
 
     /// The VM with its cGPUs as stored, read in the next batch of reads.
     pub(crate) async fn details(&self, id: VmId) -> Result<Option<VmDetails>, Error> {
-        self.vm_reads.submit(id).await.map(|details| details.map(|d| *d))
+        self.batchers.vm_reads.submit(id).await.map(|details| details.map(|d| *d))
     }
 
     /// A VM the caller may see: its project's, or any for admins. Anything else is "not found".
@@ -311,7 +311,7 @@ impl App {
             if vm.state == VmState::Queued {
                 let (cancelled, written) = self.cancel_queued(vm).await?;
                 if written != Written::Stale {
-                    self.tenant_tokens.lock().expect("tenant tokens").remove(&id);
+                    self.sagas.tenant_tokens.lock().expect("tenant tokens").remove(&id);
                     inc(&self.metrics.terminations);
                     inc(&self.metrics.terminations_done);
                     details.vm = cancelled;
@@ -461,13 +461,13 @@ impl App {
     /// Writes the VM if nobody changed it since it was read (see [`db::update_vms`]), in the
     /// next batch. Returns the VM as written (its new version) or as given, and how it went.
     pub(crate) async fn write_vm(&self, write: VmWrite) -> Result<(VmRecord, Written), Error> {
-        self.vm_writes.submit(BatchedVmWrite { write, leaves_queue: false }).await
+        self.batchers.vm_writes.submit(BatchedVmWrite { write, leaves_queue: false }).await
     }
 
     /// [`Self::write_vm`] for a termination: once written, what the VM waits for leaves the
     /// queue.
     async fn write_termination(&self, write: VmWrite) -> Result<(VmRecord, Written), Error> {
-        self.vm_writes.submit(BatchedVmWrite { write, leaves_queue: true }).await
+        self.batchers.vm_writes.submit(BatchedVmWrite { write, leaves_queue: true }).await
     }
 }
 

@@ -67,7 +67,7 @@ impl App {
         let server =
             self.cloud.create_server(&spec).await.map_err(|e| cloud_failure("create", &e))?;
         // Created: what follows is the service user's, and the tenant's token is not kept.
-        self.tenant_tokens.lock().expect("tenant tokens").remove(&vm.id);
+        self.sagas.tenant_tokens.lock().expect("tenant tokens").remove(&vm.id);
         vm.server_id = Some(server);
         vm.timings.vm_creation = Some(started.elapsed().as_secs_f64());
         vm.step = SagaStep::WaitActive;

@@ -92,7 +92,7 @@ impl App {
     /// the saga starts from `start` instead of claiming and reading it again.
     pub(crate) fn spawn_saga_from(self: &Arc<Self>, id: VmId, mut start: Option<VmDetails>) {
         let wake = {
-            let mut running = self.running.lock().expect("running sagas");
+            let mut running = self.sagas.running.lock().expect("running sagas");
             if let Some(saga) = running.get_mut(&id) {
                 saga.again = true;
                 return;
@@ -126,7 +126,7 @@ impl App {
                     tracing::warn!(vm = %id, error = %ErrorChain(&e), "saga stopped; the reconciler resumes it");
                     false
                 });
-                let mut running = app.running.lock().expect("running sagas");
+                let mut running = app.sagas.running.lock().expect("running sagas");
                 match running.get_mut(&id) {
                     Some(saga) if saga.again => saga.again = false,
                     _ => {
@@ -135,22 +135,22 @@ impl App {
                     }
                 }
             };
-            app.tenant_tokens.lock().expect("tenant tokens").remove(&id);
-            app.checked_launches.lock().expect("checked launches").remove(&id);
+            app.sagas.tenant_tokens.lock().expect("tenant tokens").remove(&id);
+            app.sagas.checked_launches.lock().expect("checked launches").remove(&id);
             if !released {
                 if let Ok(mut conn) = app.db.conn().await {
                     let _ = db::release_saga(&mut conn, id, &app.instance).await;
                 }
             }
         });
-        if let Some(saga) = self.running.lock().expect("running sagas").get_mut(&id) {
+        if let Some(saga) = self.sagas.running.lock().expect("running sagas").get_mut(&id) {
             saga.task = Some(task.abort_handle());
         }
     }
 
     /// Wakes the VM's saga if it waits in this process (a termination arrived).
     pub(crate) fn wake_saga(&self, id: VmId) {
-        if let Some(saga) = self.running.lock().expect("running sagas").get(&id) {
+        if let Some(saga) = self.sagas.running.lock().expect("running sagas").get(&id) {
             saga.wake.notify_one();
         }
     }
@@ -189,7 +189,7 @@ impl App {
         if let Some(start) = start {
             current = Some(start.vm);
             cgpus = Some(start.cgpus);
-            checked = self.checked_launches.lock().expect("checked launches").remove(&id);
+            checked = self.sagas.checked_launches.lock().expect("checked launches").remove(&id);
         }
         loop {
             // Ours when it comes from our own write: a write that ends the saga releases the lease.
