@@ -1,5 +1,5 @@
 //! When things break (admins): forgetting a dead host, evacuating GPUs and hosts, and the fences
-//! that hold bookings meanwhile (see [`crate::app::fences`] and [`crate::app::rehome`]).
+//! that hold bookings meanwhile (see [`crate::app::fences`] and [`crate::app::background::rehome`]).
 
 use axum::extract::{Path, State};
 use axum::Json;
