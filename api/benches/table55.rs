@@ -2,9 +2,9 @@
 //! split into Equation 5.1's stages, against the OpenStack of `scripts/openstack-dev.sh` (Keystone,
 //! Placement, Glance, Nova 34 with the fake virt driver; Neutron is a stand-in).
 //!
-//! gsaasd runs in this process as in the e2e test (`gsaas-test-support`'s `openstack` module): Keystone mode, the
-//! Nova backend as the service user, in-process agents on the paper's testbed (gpu-host-1: 4 x
-//! Quadro M4000 of 8 GiB; rgpu-host-1). Each run: project alpha's member POSTs a VM (the paper's
+//! gsaasd runs in this process as in the e2e test (`gsaas-test-support`'s `openstack` module):
+//! Keystone mode, the Nova backend as the service user, in-process agents on the paper's testbed
+//! (gpu-host-1: 4 x Quadro M4000 of 8 GiB; rgpu-host-1). Each run: project alpha's member POSTs a VM (the paper's
 //! flavor is 1 vCPU / 768 MB; here `gsaas.tiny`, which the fake driver does not boot anyway) of N
 //! shared cGPUs of 100 MiB, locality local (in gpu-host-1's availability zone), polls it every 20
 //! ms until `ready`, reads gsaasd's `timings`, terminates it and waits for `deleted`. gsaasd polls

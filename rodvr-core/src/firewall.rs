@@ -1,10 +1,11 @@
 //! Where rendered transactions go: the kernel (`nft`) or an in-memory model of the same table.
 //!
-//! [`Firewall`] is the one side effect of the data plane. The agent binary's `NftFirewall` sends
-//! the rendered JSON to `nft -j` (one kernel transaction per document). [`MemoryFirewall`] applies the same
-//! [`Transaction`]s to an in-memory table with the kernel's all-or-nothing semantics and its
-//! element rules (deleting a missing element fails), and answers where a VM's connection would
-//! be sent; `gsaasd` runs it as its default host backend and tests use it without root.
+//! [`Firewall`] is the one side effect of the data plane. The agent binary's `NftFirewall`
+//! sends the rendered JSON to `nft -j` (one kernel transaction per document). [`MemoryFirewall`]
+//! applies the same [`Transaction`]s to an in-memory table with the kernel's all-or-nothing
+//! semantics and its element rules (deleting a missing element fails), and answers where a VM's
+//! connection would be sent; `gsaasd` runs it as its default host backend and tests use it
+//! without root.
 //!
 //! [`Dataplane`] decides *how* to reach a desired route set: an element diff against what it last
 //! installed, or a full table replace when nothing is known to be installed or the diff fails

@@ -68,9 +68,9 @@ pub struct TableParams {
     pub gpu_interface: String,
     /// This host's own rCUDA servers (compute-GPU hosts); VMs reach them only through a route.
     pub local_rcuda: Vec<SocketAddrV4>,
-    /// Where the agent serves VMs their rCUDA environment (see the agent's `metadata` module): each VM of a
-    /// table that names a metadata endpoint gets a route from it to here, and reaches it no other
-    /// way.
+    /// Where the agent serves VMs their rCUDA environment (see the agent's `metadata` module):
+    /// each VM of a table that names a metadata endpoint gets a route from it to here, and reaches
+    /// it no other way.
     pub metadata_listener: Option<SocketAddrV4>,
     /// Where the agent's own API (and `/metrics`) listens: the host's management address. A
     /// packet to it that arrives on an interface other than the one holding that address (a VM's

@@ -3,11 +3,11 @@
 //! A cGPU is one masked endpoint more or less on the VM's host, so nothing in the VM has to move:
 //! - **attach** books the new cGPUs (`attaching`) and writes the VM's step `attach_cgpus` in one
 //!   pool transaction, all or nothing; the saga step (`sagas/attach.rs`) pushes the host's table
-//!   (which serves live and attaching cGPUs), then marks them live. If the push fails, the attach turns into a detach
-//!   of the same cGPUs, and the VM's error says why;
+//!   (which serves live and attaching cGPUs), then marks them live. If the push fails, the attach
+//!   turns into a detach of the same cGPUs, and the VM's error says why;
 //! - **detach** marks the cGPU `detaching` and writes the step `detach_cgpus` in one transaction;
-//!   the saga step (`sagas/detach.rs`) pushes the table without it (the agent cuts open connections), then releases
-//!   the booking in the same transaction that ends the step.
+//!   the saga step (`sagas/detach.rs`) pushes the table without it (the agent cuts open
+//!   connections), then releases the booking in the same transaction that ends the step.
 //!
 //! Every write is conditional on the VM's version, like the launch saga's: one change at a time
 //! per VM (another gets 409), and a termination arriving meanwhile takes over (its undo steps
