@@ -31,7 +31,7 @@ pub struct ReconcilerStatus {
     /// VMs whose servers the last pass found deleted or moved outside GSaaS.
     pub servers_deleted: u32,
     pub servers_moved: u32,
-    /// cGPUs the last pass re-homed, left lost, and brought back (see [`super::rehome`]).
+    /// cGPUs the last pass re-homed, left lost, and brought back.
     pub cgpus_rehomed: u32,
     pub cgpus_lost: u32,
     pub cgpus_recovered: u32,

@@ -43,7 +43,7 @@ pub struct QueueEntry {
     pub deadline_ms: Option<i64>,
 }
 
-/// What a list of VMs shows of the queue and of events (see [`App::queue_and_events`]).
+/// What a list of VMs shows of the queue and of events (see [`super::App::queue_and_events`]).
 #[derive(Debug, Default)]
 pub struct QueueAndEvents {
     pub entries: HashMap<VmId, Vec<QueueEntry>>,

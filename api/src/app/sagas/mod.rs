@@ -17,7 +17,7 @@
 //! [`super::elastic`]) run in the same loop, and are retried like undo steps.
 //!
 //! This module runs the steps (claim, lease, write, unwind); each saga's steps, with their undo
-//! beside them, have a file: [`launch`], [`attach`], [`detach`], [`terminate`] (the undo steps,
+//! beside them, have a file: `launch.rs`, `attach.rs`, `detach.rs`, `terminate.rs` (the undo steps,
 //! which carry out terminations and unwind failed launches).
 
 mod attach;
