@@ -8,6 +8,11 @@
 //! `$RODVR_AGENT`), a compute-GPU host with 8 GPUs of 80 GiB that registers with gsaasd over HTTP.
 #![allow(dead_code, clippy::print_stdout)]
 
+/// The allocator of the `gsaasd` binary (see `api/src/main.rs`), so the benches measure gsaasd as
+/// it is deployed.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

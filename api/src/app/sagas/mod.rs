@@ -167,7 +167,8 @@ impl App {
     /// server id) before routes are pushed (the push reads them), and the end. The server's
     /// creation is not recorded by itself: the cloud finds the server it created for a VM, so a
     /// creation repeated after a crash, or a deletion that finds no recorded id, gets the same
-    /// server. The undo steps are idempotent too, so withdrawing routes and deleting the server
+    /// server; nor is the cloud check's (repeated after a crash, it checks again). The undo steps
+    /// are idempotent too, so withdrawing routes and deleting the server
     /// are not recorded one by one: the release of the cGPUs records the end in its own
     /// transaction, and a crash before it repeats the undo from the recorded step.
     async fn run_saga(
@@ -292,7 +293,12 @@ impl App {
     ) -> Result<Progress, StepError> {
         match vm.step {
             // Launch (launch.rs).
-            SagaStep::CheckCloud => *checked = Some(self.check_cloud(vm).await?),
+            SagaStep::CheckCloud => {
+                // Not recorded: a check repeated after a crash costs a check, and the creation's
+                // result is recorded with the server's host (WaitActive).
+                *checked = Some(self.check_cloud(vm).await?);
+                return Ok(Progress::Unrecorded);
+            }
             SagaStep::CreateVm => {
                 self.create_vm(vm, cgpus, checked.take()).await?;
                 return Ok(Progress::Unrecorded);
