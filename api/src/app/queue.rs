@@ -27,11 +27,9 @@ impl App {
         events_per_vm: usize,
     ) -> Result<QueueAndEvents, Error> {
         let mut conn = self.db.conn().await?;
-        // Events first: an attach leaves the queue in the transaction that records its event,
-        // so the queue read after an event never still shows it.
-        let events = db::events_of_vms(&mut conn, vms, events_per_vm).await?;
+        let (places, events) = db::queue_places_and_events(&mut conn, vms, events_per_vm).await?;
         let mut entries: HashMap<VmId, Vec<QueueEntry>> = HashMap::new();
-        for place in db::queue_places(&mut conn, vms).await? {
+        for place in places {
             entries.entry(place.vm).or_default().push(QueueEntry {
                 position: place.position,
                 queued: place.queued,

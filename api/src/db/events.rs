@@ -1,7 +1,5 @@
 //! VM events: what happened to a VM that its owner should know of, such as cGPUs taken back.
 
-use std::collections::HashMap;
-
 use gpgpums::VmId;
 use sqlx::{AnyConnection, Row};
 
@@ -83,32 +81,5 @@ pub async fn events_of(conn: &mut AnyConnection, vm: VmId) -> Result<Vec<VmEvent
     .await?;
     let mut events = rows.iter().map(|row| event(row, 0)).collect::<Result<Vec<_>, Error>>()?;
     events.reverse();
-    Ok(events)
-}
-
-/// The last `per_vm` events of each of `vms`, oldest first, in one query per [`super::MAX_ROWS`]
-/// VMs.
-pub async fn events_of_vms(
-    conn: &mut AnyConnection,
-    vms: &[VmId],
-    per_vm: usize,
-) -> Result<HashMap<VmId, Vec<VmEvent>>, Error> {
-    let per_vm = i64::try_from(per_vm).unwrap_or(i64::MAX);
-    let rows = super::fetch_for_vms(conn, vms, |values| {
-        format!(
-            "SELECT vm, at_ms, kind, detail FROM ( \
-                     SELECT e.vm, e.seq, e.at_ms, e.kind, e.detail, \
-                         ROW_NUMBER() OVER (PARTITION BY e.vm ORDER BY e.seq DESC) AS latest \
-                     FROM vm_events e WHERE e.vm IN (VALUES {values}) \
-                 ) ranked WHERE latest <= {per_vm} ORDER BY vm, seq"
-        )
-    })
-    .await?;
-    let mut events: HashMap<VmId, Vec<VmEvent>> = HashMap::new();
-    for row in rows {
-        let vm: String = row.try_get(0)?;
-        let vm: VmId = super::vm_id(&vm)?;
-        events.entry(vm).or_default().push(event(&row, 1)?);
-    }
     Ok(events)
 }

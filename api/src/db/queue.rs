@@ -2,7 +2,7 @@
 //! (its VM in state `queued`), and per attach a running VM waits for (asked by its owner, or
 //! the cGPUs it lost to a preemption, to be given back).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use gpgpums::queue::Head;
 use gpgpums::{ProjectId, Request, TicketId, VmId};
@@ -11,6 +11,7 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
 use super::corrupt;
+use super::events::VmEvent;
 use super::vms::{vm_from_row, VM_COLUMNS, VM_COLUMN_COUNT};
 use crate::error::Error;
 use crate::model::VmRecord;
@@ -283,44 +284,68 @@ pub struct QueuePlace {
     pub position: u64,
 }
 
-/// The tickets of `vms` with their places in the queue, in ticket order: one query per
-/// [`super::MAX_ROWS`] VMs.
-pub async fn queue_places(
+/// The tickets of `vms` with their places in the queue (in ticket order) and the last `per_vm`
+/// events of each (oldest first): what a VM's view shows besides the VM. One statement per
+/// [`super::MAX_ROWS`] VMs reads both, so they come from one snapshot (an attach leaves the
+/// queue in the transaction that records its event: no view shows both), and a view costs one
+/// round trip for them, not two: for nearly every VM both are empty.
+pub async fn queue_places_and_events(
     conn: &mut AnyConnection,
     vms: &[VmId],
-) -> Result<Vec<QueuePlace>, Error> {
+    per_vm: usize,
+) -> Result<(Vec<QueuePlace>, HashMap<VmId, Vec<VmEvent>>), Error> {
+    let per_vm = i64::try_from(per_vm).unwrap_or(i64::MAX);
+    // Row kind 0: a ticket (vm, ticket, enqueued_ms, kind, attach, deadline_ms, position); 1: an
+    // event (vm, seq, at_ms, kind, detail). Tickets first: SQLite's rows take their columns'
+    // types from the first SELECT, so it is the one without NULL columns.
     let rows = super::fetch_for_vms(conn, vms, |values| {
         format!(
-            "SELECT q.vm, q.ticket, q.kind, q.attach, q.enqueued_ms, q.deadline_ms, \
-                     (SELECT COUNT(*) FROM queue o WHERE o.priority > q.priority \
-                      OR (o.priority = q.priority AND o.ticket < q.ticket)) + 1 \
-                 FROM queue q WHERE q.vm IN (VALUES {values}) ORDER BY q.ticket"
+            "WITH wanted (vm) AS (VALUES {values}) \
+             SELECT CAST(0 AS BIGINT), q.vm, q.ticket, q.enqueued_ms, q.kind, q.attach, \
+                 q.deadline_ms, (SELECT COUNT(*) FROM queue o WHERE o.priority > q.priority \
+                     OR (o.priority = q.priority AND o.ticket < q.ticket)) + 1 \
+             FROM queue q WHERE q.vm IN (SELECT vm FROM wanted) \
+             UNION ALL \
+             SELECT CAST(1 AS BIGINT), vm, seq, at_ms, kind, detail, NULL, NULL FROM ( \
+                 SELECT e.vm, e.seq, e.at_ms, e.kind, e.detail, \
+                     ROW_NUMBER() OVER (PARTITION BY e.vm ORDER BY e.seq DESC) AS latest \
+                 FROM vm_events e WHERE e.vm IN (SELECT vm FROM wanted) \
+             ) ranked WHERE latest <= {per_vm} \
+             ORDER BY 1, 2, 3"
         )
     })
     .await?;
-    let mut places = rows
-        .iter()
-        .map(|row| {
-            let vm: String = row.try_get(0)?;
-            let ticket: i64 = row.try_get(1)?;
-            let kind: String = row.try_get(2)?;
-            let position: i64 = row.try_get(6)?;
-            Ok(QueuePlace {
-                vm: super::vm_id(&vm)?,
-                ticket: TicketId(
-                    u64::try_from(ticket).map_err(|_| corrupt("ticket", &ticket.to_string()))?,
-                ),
-                queued: Queued::from_row(&kind, row.try_get::<Option<String>, _>(3)?.as_deref())?,
-                enqueued_ms: row.try_get(4)?,
-                deadline_ms: row.try_get(5)?,
-                position: u64::try_from(position)
-                    .map_err(|_| corrupt("queue position", &position.to_string()))?,
-            })
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
+    let mut places = Vec::new();
+    let mut events: HashMap<VmId, Vec<VmEvent>> = HashMap::new();
+    for row in &rows {
+        let vm: String = row.try_get(1)?;
+        let vm = super::vm_id(&vm)?;
+        if row.try_get::<i64, _>(0)? == 1 {
+            events.entry(vm).or_default().push(VmEvent {
+                at_ms: row.try_get(3)?,
+                kind: row.try_get(4)?,
+                detail: row.try_get(5)?,
+            });
+            continue;
+        }
+        let ticket: i64 = row.try_get(2)?;
+        let kind: String = row.try_get(4)?;
+        let position: i64 = row.try_get(7)?;
+        places.push(QueuePlace {
+            vm,
+            ticket: TicketId(
+                u64::try_from(ticket).map_err(|_| corrupt("ticket", &ticket.to_string()))?,
+            ),
+            queued: Queued::from_row(&kind, row.try_get::<Option<String>, _>(5)?.as_deref())?,
+            enqueued_ms: row.try_get(3)?,
+            deadline_ms: row.try_get(6)?,
+            position: u64::try_from(position)
+                .map_err(|_| corrupt("queue position", &position.to_string()))?,
+        });
+    }
     // Chunks come back in chunk order: the whole answer in ticket order.
     places.sort_by_key(|p| p.ticket);
-    Ok(places)
+    Ok((places, events))
 }
 
 /// A ticket as the queue's views show it, with its VM's name and what it asks for.
@@ -350,7 +375,7 @@ pub async fn queue_rows(
     const ORDER: &str = "ORDER BY q.priority DESC, q.ticket";
     let order =
         sqlx::query(&format!("SELECT q.ticket FROM queue q {ORDER}")).fetch_all(&mut *conn).await?;
-    let mut positions = std::collections::HashMap::new();
+    let mut positions = HashMap::new();
     for (i, row) in order.iter().enumerate() {
         positions.insert(row.try_get::<i64, _>(0)?, i as u64 + 1);
     }
