@@ -62,7 +62,8 @@ pub async fn insert_event(
     Ok(())
 }
 
-fn event(row: &sqlx::any::AnyRow, first: usize) -> Result<VmEvent, Error> {
+/// An event from its columns `at_ms, kind, detail`, starting at column `first`.
+pub(super) fn event(row: &sqlx::any::AnyRow, first: usize) -> Result<VmEvent, Error> {
     Ok(VmEvent {
         at_ms: row.try_get(first)?,
         kind: row.try_get(first + 1)?,

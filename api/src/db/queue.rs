@@ -321,11 +321,7 @@ pub async fn queue_places_and_events(
         let vm: String = row.try_get(1)?;
         let vm = super::vm_id(&vm)?;
         if row.try_get::<i64, _>(0)? == 1 {
-            events.entry(vm).or_default().push(VmEvent {
-                at_ms: row.try_get(3)?,
-                kind: row.try_get(4)?,
-                detail: row.try_get(5)?,
-            });
+            events.entry(vm).or_default().push(super::events::event(row, 3)?);
             continue;
         }
         let ticket: i64 = row.try_get(2)?;

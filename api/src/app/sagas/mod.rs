@@ -168,9 +168,9 @@ impl App {
     /// creation is not recorded by itself: the cloud finds the server it created for a VM, so a
     /// creation repeated after a crash, or a deletion that finds no recorded id, gets the same
     /// server; nor is the cloud check's (repeated after a crash, it checks again). The undo steps
-    /// are idempotent too, so withdrawing routes and deleting the server
-    /// are not recorded one by one: the release of the cGPUs records the end in its own
-    /// transaction, and a crash before it repeats the undo from the recorded step.
+    /// are idempotent too, so withdrawing routes and deleting the server are not recorded one by
+    /// one: the release of the cGPUs records the end in its own transaction, and a crash before it
+    /// repeats the undo from the recorded step.
     async fn run_saga(
         self: &Arc<Self>,
         id: VmId,
