@@ -8,9 +8,12 @@
 # (`gsaasd:cycles`) or a bench of gsaasd (`cycles`); ARGS go to the bench after `--`.
 # ROUNDS (default 3) sets how many times each build runs: OLD, NEW, OLD, NEW, ...
 #
-# Each commit is checked out in a worktree of its own under target/bench-compare/ and built with a
-# target directory of its own: a shared one would mix the commits' sources through cargo's
-# dep-info. The first build of a commit takes minutes; later runs reuse it.
+# Each commit is checked out in a worktree of its own under $GSAAS_BENCH_COMPARE_DIR (default
+# /var/tmp/gsaas-bench-compare) and built with a target directory of its own: a shared one would mix
+# the commits' sources through cargo's dep-info. The folder is outside this checkout because cargo
+# reads .cargo/config.toml from every folder above the one it builds in: inside, an old commit
+# would be built with today's settings (its SQLite with today's compile options). The first build
+# of a commit takes minutes; later runs reuse it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +29,7 @@ case $bench in
 esac
 rounds=${ROUNDS:-3}
 root=$PWD
-base=$root/target/bench-compare
+base=${GSAAS_BENCH_COMPARE_DIR:-/var/tmp/gsaas-bench-compare}
 
 # Prints the bench's crate directory and executable, built from commit $1, a tab between.
 build() {

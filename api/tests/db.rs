@@ -280,6 +280,26 @@ async fn sqlite_writes_reach_the_database_file_without_the_connection_checkpoint
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// SQLite is built with the compile-time options `.cargo/config.toml` sets (no memory statistics,
+/// whose global mutex every allocation of the one connection's thread took): a build that lost
+/// them, such as one whose environment overrides `LIBSQLITE3_FLAGS`, fails here.
+#[tokio::test]
+async fn sqlite_is_built_with_the_workspace_compile_options() {
+    let (config, dir) = support::test_config(Store::Sqlite);
+    let db = Db::connect(&config.database_url()).await.unwrap();
+    let mut conn = db.conn().await.unwrap();
+    let options: Vec<String> =
+        sqlx::query_scalar("PRAGMA compile_options").fetch_all(&mut *conn).await.unwrap();
+    for wanted in
+        ["DEFAULT_MEMSTATUS=0", "USE_ALLOCA", "MAX_EXPR_DEPTH=0", "LIKE_DOESNT_MATCH_BLOBS"]
+    {
+        assert!(options.iter().any(|o| o == wanted), "SQLite built without {wanted}: {options:?}");
+    }
+    drop(conn);
+    drop(db);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The first pass's read of every host's routes at once gives what the reads per host give: each
 /// routed VM's live cGPUs in attach order, one row for a routed VM with none, and nothing of VMs
 /// not routed, of detaching or lost cGPUs, or of hosts with nothing to route.
