@@ -29,6 +29,8 @@
 
 use gsaas_test_support as support;
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use reqwest::Method;

@@ -469,11 +469,137 @@ async fn every_vm_with_a_server_is_listed_as_stored(store: Store) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The (index, state, GPU) of each cGPU a read holding the VM's cGPUs at `held` got (`None`:
+/// unchanged), and the version it read.
+async fn read_cgpus_at(
+    conn: &mut sqlx::AnyConnection,
+    vm: gpgpums::VmId,
+    held: Option<i64>,
+) -> (Option<Vec<(u32, gsaasd::model::CgpuState, String)>>, i64) {
+    let read = gsaasd::db::vms_with_cgpus_by_id(conn, &[(vm, held)]).await.unwrap().pop();
+    let read = read.expect("the VM");
+    let cgpus = read
+        .cgpus
+        .map(|cgpus| cgpus.iter().map(|c| (c.index, c.state, c.gpu.to_string())).collect());
+    (cgpus, read.cgpus_version)
+}
+
+/// Every change of a VM's cGPU rows changes its `cgpus_version`, so a read that holds the cGPUs
+/// as of the old version gets them again, changed; a read at the current version gets none.
+/// Several of these changes write no VM (a re-home, a lost cGPU, its recovery, a reclaim): with no
+/// version of their own they would leave polls showing the cGPUs as they were.
+async fn each_change_of_a_vms_cgpus_is_read_again(store: Store) {
+    use gpgpums::{GpuId, HostId, HostKind, Mode, VmId};
+    use gsaasd::db::{self as store_db, insert_host};
+    use gsaasd::model::{CgpuRecord, CgpuState};
+    let (config, dir) = support::test_config(store);
+    let db = Db::connect(&config.database_url()).await.unwrap();
+    let host = HostId::new("h1").unwrap();
+    let vm = VmId::new_random();
+    let mut tx = db.begin().await.unwrap();
+    insert_host(&mut tx, &host, HostKind::ComputeGpu, None, 0).await.unwrap();
+    for idx in 0..2 {
+        sqlx::query(
+            "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
+             rcuda_gpu_number) VALUES ($1, 'h1', $2, 'H100', 98304, '10.0.0.1', 8308, $2)",
+        )
+        .bind(format!("h1:gpu{idx}"))
+        .bind(idx)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO vms (id, project, owner, name, request, policy, state, step, timings, \
+         created_ms, updated_ms) VALUES ($1, 'p', 'o', 'n', $2, 'first-fit', 'ready', 'done', \
+         '{}', 0, 0)",
+    )
+    .bind(vm.to_string())
+    .bind(r#"{"vm": {"name": "n", "image": "i", "flavor": "f"}, "gpus": {"ncgpus": 2}}"#)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let cgpu = |index: u32, gpu: &str| CgpuRecord {
+        vm,
+        index,
+        seq: 0,
+        state: CgpuState::Live,
+        gpu: GpuId::new(gpu).unwrap(),
+        host: host.clone(),
+        memory_mib: 1024,
+        mode: Mode::Shared,
+        masked_address: "100.127.0.1".parse().unwrap(),
+        masked_port: 9000 + index as u16,
+        rcuda_address: "10.0.0.1".parse().unwrap(),
+        rcuda_port: 8308,
+        rcuda_gpu_number: 0,
+    };
+    let mut conn = db.conn().await.unwrap();
+    store_db::insert_cgpus(&mut conn, &[cgpu(0, "h1:gpu0"), cgpu(1, "h1:gpu0")]).await.unwrap();
+    let mut held = None;
+    let (first, version) = read_cgpus_at(&mut conn, vm, held).await;
+    let live = |gpu: &str| (CgpuState::Live, gpu.to_owned());
+    let with = |first: (CgpuState, String), second: (CgpuState, String)| {
+        Some(vec![(0, first.0, first.1), (1, second.0, second.1)])
+    };
+    assert_eq!(first, with(live("h1:gpu0"), live("h1:gpu0")));
+    held = Some(version);
+    assert_eq!(
+        read_cgpus_at(&mut conn, vm, held).await,
+        (None, version),
+        "unchanged: not read again"
+    );
+
+    store_db::set_cgpu_states(&mut conn, vm, Some(0), CgpuState::Live, CgpuState::Lost)
+        .await
+        .unwrap();
+    let (cgpus, v) = read_cgpus_at(&mut conn, vm, held).await;
+    assert_eq!(cgpus, with((CgpuState::Lost, "h1:gpu0".into()), live("h1:gpu0")), "lost");
+    held = Some(v);
+
+    store_db::recover_lost_cgpus(&mut conn).await.unwrap();
+    let (cgpus, v) = read_cgpus_at(&mut conn, vm, held).await;
+    assert_eq!(cgpus, with(live("h1:gpu0"), live("h1:gpu0")), "recovered");
+    held = Some(v);
+
+    store_db::move_cgpu(&mut conn, vm, 1, &GpuId::new("h1:gpu1").unwrap()).await.unwrap();
+    let (cgpus, v) = read_cgpus_at(&mut conn, vm, held).await;
+    assert_eq!(cgpus, with(live("h1:gpu0"), live("h1:gpu1")), "re-homed");
+    held = Some(v);
+
+    assert!(store_db::reclaim_cgpu(&mut conn, vm, 0, 1).await.unwrap());
+    let (cgpus, v) = read_cgpus_at(&mut conn, vm, held).await;
+    assert_eq!(cgpus, with((CgpuState::Detaching, "h1:gpu0".into()), live("h1:gpu1")), "reclaimed");
+    held = Some(v);
+
+    store_db::delete_cgpus_in_state(&mut conn, vm, CgpuState::Detaching).await.unwrap();
+    let (cgpus, v) = read_cgpus_at(&mut conn, vm, held).await;
+    assert_eq!(cgpus, Some(vec![(1, CgpuState::Live, "h1:gpu1".into())]), "detached");
+    held = Some(v);
+
+    store_db::insert_cgpus(&mut conn, &[cgpu(2, "h1:gpu0")]).await.unwrap();
+    let (cgpus, v) = read_cgpus_at(&mut conn, vm, held).await;
+    assert_eq!(
+        cgpus,
+        Some(vec![(1, CgpuState::Live, "h1:gpu1".into()), (2, CgpuState::Live, "h1:gpu0".into())]),
+        "attached"
+    );
+    held = Some(v);
+
+    store_db::delete_cgpus(&mut conn, &[vm]).await.unwrap();
+    let (cgpus, _) = read_cgpus_at(&mut conn, vm, held).await;
+    assert_eq!(cgpus, Some(vec![]), "released");
+    drop(conn);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
     a_vm_keeps_only_its_latest_events_in_order,
     a_legacy_database_is_adopted_and_a_changed_migration_refused,
     endpoints_claimed_twice_before_are_quarantined_and_never_again,
     every_table_at_once_matches_the_tables_host_by_host,
-    every_vm_with_a_server_is_listed_as_stored
+    every_vm_with_a_server_is_listed_as_stored,
+    each_change_of_a_vms_cgpus_is_read_again
 );

@@ -293,7 +293,10 @@ impl App {
                         let mut vm = reservation.record.clone();
                         vm.state = VmState::Queued;
                         vm.step = SagaStep::Done;
-                        reserved.push((i, VmDetails { vm, cgpus: Vec::new() }));
+                        reserved.push((
+                            i,
+                            VmDetails { vm, cgpus: Vec::new(), known_without_extras: false },
+                        ));
                     }
                     Err(e) => outcomes[i] = Some(Err(e)),
                 }
@@ -660,7 +663,7 @@ fn place_cgpus(
     match charged {
         Ok(cgpus) => {
             *booked.vms.entry(project).or_default() += 1;
-            Ok(VmDetails { vm: record, cgpus })
+            Ok(VmDetails { vm: record, cgpus, known_without_extras: false })
         }
         Err(e) => {
             booked.pool.release(&id);

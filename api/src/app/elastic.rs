@@ -120,7 +120,7 @@ impl App {
         }
         checks.finish().map_err(refused)?;
         check_changeable(&details.vm).map_err(refused)?;
-        let VmDetails { vm, cgpus } = details;
+        let VmDetails { vm, cgpus, .. } = details;
         let on_host = attach_host(&vm)?;
         let mut next = vm.clone();
         next.step = SagaStep::AttachCgpus;
@@ -142,7 +142,7 @@ impl App {
             Ok(Booked::AttachQueued(ticket)) => {
                 inc(&self.metrics.elastic.attaches_queued);
                 tracing::info!(vm = %id, ticket = ticket.0, "an attach waits in the queue");
-                return Ok(VmDetails { vm, cgpus });
+                return Ok(VmDetails { vm, cgpus, known_without_extras: false });
             }
             Ok(_) => return Err(Error::internal("an attachment answered as something else")),
             Err(Error::Conflict(_)) if idempotency_key.is_some() => {
@@ -159,7 +159,7 @@ impl App {
         self.watchers.changed(&written);
         let mut all = cgpus;
         all.extend(added);
-        let details = VmDetails { vm: written, cgpus: all };
+        let details = VmDetails { vm: written, cgpus: all, known_without_extras: false };
         self.spawn_saga_from(id, claimed.then(|| details.clone()));
         Ok(details)
     }

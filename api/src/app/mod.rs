@@ -104,6 +104,8 @@ struct Batchers {
     bookings: batch::Batcher<bookings::Booking, bookings::Booked>,
     /// Reads of VMs with their cGPUs.
     vm_reads: batch::Batcher<VmId, Option<Box<vms::VmDetails>>>,
+    /// The cGPUs those reads found, which the next reads skip while unchanged.
+    read_cgpus: vms::ReadCgpus,
     /// Reads of what VMs' views show besides the VMs.
     view_extras: batch::Batcher<VmId, queue::ViewExtras>,
     /// The sagas' and terminations' conditional VM writes.
@@ -170,6 +172,7 @@ impl App {
             batchers: Batchers {
                 bookings: batch::Batcher::shared(),
                 vm_reads: batch::Batcher::for_lanes(lane),
+                read_cgpus: vms::ReadCgpus::default(),
                 view_extras: batch::Batcher::for_lanes(lane),
                 vm_writes: batch::Batcher::for_lanes(lane),
                 route_tables: batch::Batcher::for_lanes(lane),

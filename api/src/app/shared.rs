@@ -16,6 +16,9 @@ use crate::model::{CgpuRecord, CgpuState, VmRecord};
 pub struct VmDetails {
     pub vm: VmRecord,
     pub cgpus: Vec<CgpuRecord>,
+    /// The read that gave it found neither queue entries nor events of the VM, in the same
+    /// snapshot as the VM: its view need not read them (false: not known).
+    pub known_without_extras: bool,
 }
 
 /// The rCUDA environment of a VM's cGPUs (in attach order): its live ones, numbered from 0.

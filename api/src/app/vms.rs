@@ -5,7 +5,8 @@
 //! request changes nothing. What follows (creating the VM, waiting for it, routes) runs in the saga,
 //! and the client follows the VM's state.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use gpgpums::VmId;
@@ -21,7 +22,7 @@ use crate::cloud::{CloudError, TenantToken};
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
 use crate::metrics::inc;
-use crate::model::{LaunchSpec, SagaStep, Timings, VmRecord, VmState};
+use crate::model::{CgpuRecord, LaunchSpec, SagaStep, Timings, VmRecord, VmState};
 
 /// A launch request, validated by the HTTP layer for shape.
 #[derive(Debug, Clone)]
@@ -278,7 +279,7 @@ impl App {
             db::vm_page(&mut conn, &filter, after.as_ref(), limit.saturating_add(1))
                 .await?
                 .into_iter()
-                .map(|(vm, cgpus)| VmDetails { vm, cgpus })
+                .map(|(vm, cgpus)| VmDetails { vm, cgpus, known_without_extras: false })
                 .collect();
         drop(conn);
         let more = vms.len() > limit;
@@ -420,7 +421,51 @@ pub(crate) fn write_vms(
     })
 }
 
-/// Reads one batch of VMs (the [`super::batch::Batcher`] task's work).
+/// The VMs' cGPUs as the reads of VMs last found them, each as of its VM's `cgpus_version`: a
+/// read asks the database for a VM's cGPUs only when they changed since (see
+/// [`db::vms_with_cgpus_by_id`]). A VM of 75 cGPUs polled every 20 ms otherwise read and
+/// converted its 75 cGPUs on every poll. Bounded: when full, it starts again empty.
+#[derive(Debug, Default)]
+pub(crate) struct ReadCgpus {
+    held: Mutex<HashMap<VmId, HeldCgpus>>,
+}
+
+/// A VM's cGPUs as of a `cgpus_version`.
+type HeldCgpus = (i64, Arc<[CgpuRecord]>);
+
+/// The most VMs whose cGPUs [`ReadCgpus`] keeps.
+const READ_CGPUS_KEPT: usize = 4096;
+
+impl ReadCgpus {
+    fn version_of(&self, vm: VmId) -> Option<i64> {
+        self.held.lock().expect("read cGPUs").get(&vm).map(|(version, _)| *version)
+    }
+
+    /// The VM's cGPUs as of `version` (held, or just read), keeping what was read.
+    fn settle(
+        &self,
+        vm: &VmRecord,
+        version: i64,
+        read: Option<Vec<CgpuRecord>>,
+    ) -> Option<Vec<CgpuRecord>> {
+        let mut held = self.held.lock().expect("read cGPUs");
+        let Some(read) = read else {
+            return held.get(&vm.id).filter(|(v, _)| *v == version).map(|(_, c)| c.to_vec());
+        };
+        if read.is_empty() || vm.state == VmState::Deleted {
+            held.remove(&vm.id);
+        } else {
+            if held.len() >= READ_CGPUS_KEPT {
+                held.clear();
+            }
+            held.insert(vm.id, (version, read.as_slice().into()));
+        }
+        Some(read)
+    }
+}
+
+/// Reads one batch of VMs (the [`super::batch::Batcher`] task's work), with their cGPUs from
+/// [`ReadCgpus`] where they did not change.
 pub(crate) fn read_vms(
     app: Arc<App>,
     queued: Vec<Queued<VmId, Option<Box<VmDetails>>>>,
@@ -429,17 +474,42 @@ pub(crate) fn read_vms(
         let mut ids: Vec<VmId> = queued.iter().map(|(id, _)| *id).collect();
         ids.sort_unstable();
         ids.dedup();
+        let cache = &app.batchers.read_cgpus;
+        let wanted: Vec<(VmId, Option<i64>)> =
+            ids.iter().map(|&id| (id, cache.version_of(id))).collect();
         let found = async {
             let mut conn = app.db.conn().await?;
-            db::vms_with_cgpus_by_id(&mut conn, &ids).await
+            let read = db::vms_with_cgpus_by_id(&mut conn, &wanted).await?;
+            drop(conn);
+            let mut by_id = HashMap::with_capacity(read.len());
+            let mut gone = Vec::new();
+            for db::ReadVm { vm, cgpus, cgpus_version, extras } in read {
+                match cache.settle(&vm, cgpus_version, cgpus) {
+                    Some(cgpus) => {
+                        let known_without_extras = !extras;
+                        by_id.insert(vm.id, VmDetails { vm, cgpus, known_without_extras });
+                    }
+                    // Dropped from the cache since the read began: read it again alone.
+                    None => gone.push(vm.id),
+                }
+            }
+            if !gone.is_empty() {
+                let wanted: Vec<(VmId, Option<i64>)> = gone.iter().map(|&id| (id, None)).collect();
+                let mut conn = app.db.conn().await?;
+                for db::ReadVm { vm, cgpus, cgpus_version, extras } in
+                    db::vms_with_cgpus_by_id(&mut conn, &wanted).await?
+                {
+                    let cgpus = cache.settle(&vm, cgpus_version, cgpus).unwrap_or_default();
+                    let known_without_extras = !extras;
+                    by_id.insert(vm.id, VmDetails { vm, cgpus, known_without_extras });
+                }
+            }
+            Ok::<_, Error>(by_id)
         }
         .await;
         match found {
-            Ok(found) => {
-                let mut by_id: std::collections::HashMap<VmId, VmDetails> =
-                    found.into_iter().map(|(vm, cgpus)| (vm.id, VmDetails { vm, cgpus })).collect();
-                let mut asked: std::collections::HashMap<VmId, usize> =
-                    std::collections::HashMap::new();
+            Ok(mut by_id) => {
+                let mut asked: HashMap<VmId, usize> = HashMap::new();
                 for (id, _) in &queued {
                     *asked.entry(*id).or_default() += 1;
                 }

@@ -1,4 +1,11 @@
 //! cGPUs: a VM's bookings on GPUs, and the routes they give each host.
+//!
+//! Every function here that changes a VM's cGPU rows bumps the VM's `cgpus_version` in the same
+//! transaction (the one exception: a launch's first cGPUs, inserted with their new VM). A reader
+//! that holds a VM's cGPUs as of one `cgpus_version` may then skip reading them again (see
+//! [`super::vms_with_cgpus_by_id`]). A cGPU also shows its GPU's host and rCUDA endpoint, which
+//! never change while a cGPU is booked on the GPU (a GPU row is only inserted or deleted, and
+//! the cGPUs' foreign key keeps it while booked), except by a re-home ([`super::move_cgpu`]).
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -51,6 +58,47 @@ pub(super) fn cgpu_from_row_at(row: &AnyRow, at: usize) -> Result<CgpuRecord, Er
     })
 }
 
+/// A cGPU as one text, for reads that list a VM's cGPUs in one column (`c` the cGPU, `g` its GPU):
+/// "seq index gpu host memory mode masked-address masked-port rcuda-address rcuda-port
+/// gpu-number state". No field holds a space or a comma: ids and host names are of letters,
+/// digits and `.-_:` (see `gpgpums::ids`), the rest numbers, addresses and fixed words.
+pub(super) const LISTED_CGPU: &str =
+    "c.seq || ' ' || c.idx || ' ' || c.gpu || ' ' || g.host || ' ' || c.memory_mib || ' ' \
+     || c.mode || ' ' || c.masked_address || ' ' || c.masked_port || ' ' || g.rcuda_address \
+     || ' ' || g.rcuda_port || ' ' || g.rcuda_gpu_number || ' ' || c.state";
+
+/// The cGPUs of `vm` from a list of [`LISTED_CGPU`]s joined by commas, as attached (by seq, then
+/// index: the list itself comes in no particular order).
+pub(super) fn listed_cgpus(vm: VmId, listed: &str) -> Result<Vec<CgpuRecord>, Error> {
+    let mut cgpus = listed
+        .split(',')
+        .map(|cgpu| listed_cgpu(vm, cgpu).ok_or_else(|| corrupt("cGPU", cgpu)))
+        .collect::<Result<Vec<_>, _>>()?;
+    cgpus.sort_unstable_by_key(|cgpu| (cgpu.seq, cgpu.index));
+    Ok(cgpus)
+}
+
+fn listed_cgpu(vm: VmId, listed: &str) -> Option<CgpuRecord> {
+    let mut fields = listed.split(' ');
+    let mut next = || fields.next();
+    let cgpu = CgpuRecord {
+        vm,
+        seq: next()?.parse().ok()?,
+        index: next()?.parse().ok()?,
+        gpu: GpuId::new(next()?).ok()?,
+        host: HostId::new(next()?).ok()?,
+        memory_mib: next()?.parse().ok()?,
+        mode: parse_mode(next()?)?,
+        masked_address: next()?.parse().ok()?,
+        masked_port: next()?.parse().ok()?,
+        rcuda_address: next()?.parse().ok()?,
+        rcuda_port: next()?.parse().ok()?,
+        rcuda_gpu_number: next()?.parse().ok()?,
+        state: CgpuState::parse(next()?)?,
+    };
+    next().is_none().then_some(cgpu)
+}
+
 pub(super) const CGPU_INSERT_COLUMNS: &str =
     "vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, state";
 
@@ -79,11 +127,37 @@ pub(super) fn insert_cgpus_from(c: &str) -> String {
     )
 }
 
-/// Books cGPUs.
+/// Books cGPUs of VMs that exist already (an attach, a queued attach's grant).
 pub async fn insert_cgpus(conn: &mut AnyConnection, cgpus: &[CgpuRecord]) -> Result<(), Error> {
+    insert_first_cgpus(conn, cgpus).await?;
+    let mut vms: Vec<VmId> = cgpus.iter().map(|c| c.vm).collect();
+    vms.sort_unstable();
+    vms.dedup();
+    bump_cgpus_versions(conn, &vms).await
+}
+
+/// Books the first cGPUs of VMs inserted in the same transaction: nobody has read them yet, so
+/// their `cgpus_version` stays.
+pub(super) async fn insert_first_cgpus(
+    conn: &mut AnyConnection,
+    cgpus: &[CgpuRecord],
+) -> Result<(), Error> {
     let rows = cgpus.iter().map(cgpu_params).collect();
     fetch_batched(conn, rows, CGPU_ROWS, |values| {
         format!("WITH c ({CGPU_INSERT_COLUMNS}) AS (VALUES {values}) {}", insert_cgpus_from("c"))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Marks the VMs' cGPU rows changed (see the module docs).
+pub(super) async fn bump_cgpus_versions(
+    conn: &mut AnyConnection,
+    vms: &[VmId],
+) -> Result<(), Error> {
+    let ids: Vec<String> = vms.iter().map(|id| id.to_string()).collect();
+    fetch_batched(conn, keys(ids.iter().map(String::as_str)), 4 * MAX_ROWS, |values| {
+        format!("UPDATE vms SET cgpus_version = cgpus_version + 1 WHERE id IN (VALUES {values})")
     })
     .await?;
     Ok(())
@@ -258,6 +332,7 @@ pub async fn delete_cgpus(conn: &mut AnyConnection, vms: &[VmId]) -> Result<(), 
         format!("DELETE FROM cgpus WHERE vm IN (VALUES {values})")
     })
     .await?;
+    bump_cgpus_versions(conn, vms).await?;
     Ok(())
 }
 
@@ -324,7 +399,11 @@ pub async fn set_cgpu_states(
     if let Some(index) = index {
         query = query.bind(i64::from(index));
     }
-    Ok(query.execute(conn).await?.rows_affected())
+    let moved = query.execute(&mut *conn).await?.rows_affected();
+    if moved > 0 {
+        bump_cgpus_versions(conn, &[vm]).await?;
+    }
+    Ok(moved)
 }
 
 /// Releases the VM's cGPUs in `state`; returns their indexes.
@@ -336,8 +415,11 @@ pub async fn delete_cgpus_in_state(
     let rows = sqlx::query("DELETE FROM cgpus WHERE vm = $1 AND state = $2 RETURNING idx")
         .bind(vm.to_string())
         .bind(state.as_str())
-        .fetch_all(conn)
+        .fetch_all(&mut *conn)
         .await?;
+    if !rows.is_empty() {
+        bump_cgpus_versions(conn, &[vm]).await?;
+    }
     rows.iter().map(|row| Ok(row.try_get::<i64, _>(0)? as u32)).collect()
 }
 

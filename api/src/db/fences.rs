@@ -71,9 +71,9 @@ pub async fn move_cgpu(
     .bind(gpu.as_str())
     .bind(vm.to_string())
     .bind(i64::from(index))
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
-    Ok(())
+    super::cgpus::bump_cgpus_versions(conn, &[vm]).await
 }
 
 /// The cGPUs on `gpus` that a re-home moves (all but those being detached), by VM.
@@ -122,23 +122,31 @@ pub async fn has_recoverable_lost_cgpus(conn: &mut AnyConnection) -> Result<bool
 }
 
 /// Lost cGPUs whose GPU works again (healthy, on a host that is up): they can go live where
-/// they are. Returns them, marked live.
+/// they are. Returns them, marked live (with their VMs' `cgpus_version`, in one transaction).
 pub async fn recover_lost_cgpus(
     conn: &mut AnyConnection,
 ) -> Result<Vec<(gpgpums::VmId, u32)>, Error> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     let rows = sqlx::query(
         "UPDATE cgpus SET state = 'live' WHERE state = 'lost' AND gpu IN \
          (SELECT g.id FROM gpus g JOIN hosts h ON h.name = g.host \
           WHERE g.health IS NULL AND h.state <> 'unavailable') RETURNING vm, idx",
     )
-    .fetch_all(conn)
+    .fetch_all(&mut *tx)
     .await?;
-    rows.iter()
+    let recovered = rows
+        .iter()
         .map(|row| {
             let vm: String = row.try_get(0)?;
             Ok((super::vm_id(&vm)?, row.try_get::<i64, _>(1)? as u32))
         })
-        .collect()
+        .collect::<Result<Vec<_>, Error>>()?;
+    let mut vms: Vec<gpgpums::VmId> = recovered.iter().map(|(vm, _)| *vm).collect();
+    vms.sort_unstable();
+    vms.dedup();
+    super::cgpus::bump_cgpus_versions(&mut tx, &vms).await?;
+    tx.commit().await?;
+    Ok(recovered)
 }
 
 /// Every fence with its bookings.

@@ -73,6 +73,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (15, "rcuda_endpoints", include_str!("../../../migrations/0015_rcuda_endpoints.sql")),
     (16, "queue_holds", include_str!("../../../migrations/0016_queue_holds.sql")),
     (17, "lasting_revocations", include_str!("../../../migrations/0017_lasting_revocations.sql")),
+    (18, "cgpus_version", include_str!("../../../migrations/0018_cgpus_version.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

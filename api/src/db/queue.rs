@@ -474,9 +474,13 @@ pub async fn reclaim_cgpu(
     .bind(now_ms)
     .bind(vm.to_string())
     .bind(i64::from(index))
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
-    Ok(moved.rows_affected() == 1)
+    if moved.rows_affected() == 0 {
+        return Ok(false);
+    }
+    super::cgpus::bump_cgpus_versions(conn, &[vm]).await?;
+    Ok(true)
 }
 
 /// cGPUs a preemption began taking back at `since_ms` or later and that are still booked: free

@@ -5,10 +5,10 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
 use super::cgpus::{
-    cgpu_from_row_at, cgpu_params, insert_cgpus, insert_cgpus_from, CGPU_COLUMNS,
-    CGPU_COLUMN_COUNT, CGPU_INSERT_COLUMNS, CGPU_ORDER, CGPU_ROWS,
+    cgpu_from_row_at, cgpu_params, insert_cgpus_from, insert_first_cgpus, listed_cgpus,
+    CGPU_COLUMNS, CGPU_COLUMN_COUNT, CGPU_INSERT_COLUMNS, CGPU_ROWS, LISTED_CGPU,
 };
-use super::{corrupt, fetch_batched, keys, padded_values, Param, MAX_ROWS};
+use super::{corrupt, fetch_batched, keys, padded_values, string_agg, Param, MAX_ROWS};
 use crate::cloud::ServerId;
 use crate::error::Error;
 use crate::model::*;
@@ -97,52 +97,68 @@ fn vms_and_cgpus(wanted: &str, newest_first: bool) -> String {
     )
 }
 
-/// VMs and their cGPUs, by id; unknown ids are left out.
+/// A VM as [`vms_with_cgpus_by_id`] read it.
+#[derive(Debug)]
+pub struct ReadVm {
+    pub vm: VmRecord,
+    /// Its cGPUs, unless they are as of the `cgpus_version` the reader said it holds.
+    pub cgpus: Option<Vec<CgpuRecord>>,
+    /// The version of its cGPU rows (see [`super::cgpus`]'s module docs).
+    pub cgpus_version: i64,
+    /// Whether it has queue entries or events (what its view shows besides it, see
+    /// [`super::queue_places_and_events`]), as of the same snapshot.
+    pub extras: bool,
+}
+
+/// VMs and their cGPUs, by id, each with the `cgpus_version` the caller holds its cGPUs as of
+/// (`None`: it holds none); unknown ids are left out. Answers in id order.
 ///
-/// On PostgreSQL one statement per [`MAX_ROWS`] ids ([`vms_and_cgpus`]): its snapshot shows a VM
-/// and its cGPUs as one write left them, though other connections write between statements. On
-/// SQLite this process's one connection is held across statements, so nobody writes between
-/// them: there the VMs and their cGPUs are read apart, each row with its own columns only. Every
-/// column of every row costs a conversion (sqlx's `Any` rows), and the combined rows carry both
-/// kinds' columns: apart, a batch of one-cGPU VMs reads in 40% of the time.
+/// One statement per [`MAX_ROWS`] ids, a row per VM with its cGPUs listed in one text column (see
+/// [`super::cgpus::LISTED_CGPU`]), or none when the caller's version is current: one snapshot of
+/// a VM and its cGPUs on either store, and one row to hand over and convert per VM. Every column
+/// of every row costs a conversion (sqlx's `Any` rows) and, on SQLite, a hand-over from its
+/// worker thread: a VM of 75 cGPUs was 76 rows of up to 31 columns, read and converted on every
+/// poll of its view, and a batch of one-cGPU VMs took two statements.
 pub async fn vms_with_cgpus_by_id(
     conn: &mut AnyConnection,
-    ids: &[VmId],
-) -> Result<Vec<(VmRecord, Vec<CgpuRecord>)>, Error> {
-    let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
-    if conn.backend_name() == "PostgreSQL" {
-        let rows = fetch_batched(conn, keys(ids.iter().map(String::as_str)), MAX_ROWS, |values| {
-            vms_and_cgpus(
-                &format!("SELECT id, created_ms FROM vms WHERE id IN (VALUES {values})"),
-                false,
-            )
-        })
-        .await?;
-        return vms_with_cgpus_from_rows(&rows);
-    }
-    let rows = fetch_batched(conn, keys(ids.iter().map(String::as_str)), MAX_ROWS, |values| {
-        format!("SELECT {VM_COLUMNS} FROM vms v WHERE v.id IN (VALUES {values}) ORDER BY v.id")
-    })
-    .await?;
-    let mut out: Vec<(VmRecord, Vec<CgpuRecord>)> =
-        rows.iter().map(|row| Ok((vm_from_row(row)?, Vec::new()))).collect::<Result<_, Error>>()?;
-    // Chunks come back in chunk order: the whole answer in id order.
-    out.sort_by_key(|(vm, _)| vm.id);
-    let found: Vec<String> = out.iter().map(|(vm, _)| vm.id.to_string()).collect();
-    let rows = fetch_batched(conn, keys(found.iter().map(String::as_str)), MAX_ROWS, |values| {
+    wanted: &[(VmId, Option<i64>)],
+) -> Result<Vec<ReadVm>, Error> {
+    let aggregate = string_agg(conn);
+    let rows = wanted
+        .iter()
+        .map(|(id, held)| vec![Param::text(id.to_string()), Param::Int(*held)])
+        .collect();
+    // `CROSS JOIN` keeps the wanted ids the outer loop (see [`vms_and_cgpus`]).
+    let rows = fetch_batched(conn, rows, MAX_ROWS, |values| {
         format!(
-            "SELECT {CGPU_COLUMNS} FROM cgpus c JOIN gpus g ON g.id = c.gpu \
-             WHERE c.vm IN (VALUES {values}) ORDER BY c.vm, {CGPU_ORDER}"
+            "WITH k (id, held) AS (VALUES {values}) \
+             SELECT {VM_COLUMNS}, v.cgpus_version, CASE WHEN v.cgpus_version = k.held THEN NULL \
+             ELSE (SELECT {aggregate}({LISTED_CGPU}, ',') \
+                   FROM cgpus c JOIN gpus g ON g.id = c.gpu WHERE c.vm = v.id) END, \
+             CAST(CASE WHEN EXISTS (SELECT 1 FROM queue q WHERE q.vm = v.id) \
+                 OR EXISTS (SELECT 1 FROM vm_events e WHERE e.vm = v.id) THEN 1 ELSE 0 END \
+                 AS BIGINT) \
+             FROM k CROSS JOIN vms v WHERE v.id = k.id"
         )
     })
     .await?;
+    let held: std::collections::HashMap<VmId, Option<i64>> = wanted.iter().copied().collect();
+    let mut out = Vec::with_capacity(rows.len());
     for row in &rows {
-        let cgpu = cgpu_from_row_at(row, 0)?;
-        match out.binary_search_by_key(&cgpu.vm, |(vm, _)| vm.id) {
-            Ok(at) => out[at].1.push(cgpu),
-            Err(_) => return Err(corrupt("cGPU of no VM read", &cgpu.vm.to_string())),
-        }
+        let vm = vm_from_row(row)?;
+        let cgpus_version: i64 = row.try_get(VM_COLUMN_COUNT)?;
+        let cgpus = if held.get(&vm.id).copied().flatten() == Some(cgpus_version) {
+            None
+        } else {
+            Some(match row.try_get::<Option<&str>, _>(VM_COLUMN_COUNT + 1)? {
+                Some(listed) => listed_cgpus(vm.id, listed)?,
+                None => Vec::new(),
+            })
+        };
+        let extras = row.try_get::<i64, _>(VM_COLUMN_COUNT + 2)? != 0;
+        out.push(ReadVm { vm, cgpus, cgpus_version, extras });
     }
+    out.sort_unstable_by_key(|read| read.vm.id);
     Ok(out)
 }
 
@@ -314,7 +330,7 @@ pub async fn insert_vms_with_cgpus(
     let fits = (1..=MAX_ROWS).contains(&new.len()) && (1..=CGPU_ROWS).contains(&cgpus.len());
     if conn.backend_name() != "PostgreSQL" || !fits {
         insert_vms(conn, new).await?;
-        return insert_cgpus(conn, cgpus).await;
+        return insert_first_cgpus(conn, cgpus).await;
     }
     let vms: Vec<Vec<Param>> = new.iter().map(new_vm_params).collect();
     let cgpus: Vec<Vec<Param>> = cgpus.iter().map(cgpu_params).collect();

@@ -361,8 +361,12 @@ async fn vm_view(
     details: &crate::app::vms::VmDetails,
     admin: bool,
 ) -> Result<VmView, Error> {
+    let view = vm_record_view(details, admin);
+    if details.known_without_extras {
+        return Ok(view);
+    }
     let extras = app.view_extras(details.vm.id).await?;
-    Ok(with_queue_and_events(vm_record_view(details, admin), &extras.entries, extras.events))
+    Ok(with_queue_and_events(view, &extras.entries, extras.events))
 }
 
 /// Terminate a VM: withdraw its routes, delete it, release its cGPUs. Idempotent.
