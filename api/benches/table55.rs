@@ -20,7 +20,9 @@
 //!
 //! Boot time = `timings.total` (request received -> VM ready). GSaaS management = GPU selection +
 //! RODVR configuration; it runs beside VM deployment, so it adds to the boot time only where it is
-//! longer. Overhead = boot time against the 0 column's, of the means and of the medians.
+//! longer. Overhead = boot time against the 0 column's, of the means (with two standard errors of
+//! the difference) and of the medians. CPU per boot = this process's user + system time over one
+//! run (boot, termination, and both sides' polls), in ticks of 10 ms.
 //!
 //! Run: `scripts/openstack-dev.sh start` (prints the clouds.yaml path), then
 //! `GSAAS_OPENSTACK_CLOUDS=<that path> cargo bench -p gsaasd --bench table55`
@@ -171,8 +173,10 @@ async fn bench(runs: usize, sizes: &[u32]) {
     // Sizes are interleaved run by run, so that drift of the shared machine (and of Nova's own
     // periodic work) spreads over every column instead of biasing one.
     let mut table: Vec<(u32, Vec<Run>)> = sizes.iter().map(|&n| (n, Vec::new())).collect();
+    // This process's CPU per boot, in ms, by size (as `table`).
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
     for i in 0..=runs {
-        for (n, samples) in &mut table {
+        for ((n, samples), cpu) in table.iter_mut().zip(&mut cpu) {
             let n = *n;
             let cpu_before = own_cpu_seconds();
             let run = if n == 0 {
@@ -183,10 +187,11 @@ async fn bench(runs: usize, sizes: &[u32]) {
             // Run 0 of each size warms up (connections, caches) and is dropped.
             if i > 0 {
                 let total = value(&run, "total").unwrap_or(f64::NAN);
-                let cpu = (own_cpu_seconds() - cpu_before) * 1e3;
+                let used = (own_cpu_seconds() - cpu_before) * 1e3;
                 eprintln!(
-                    "run {i}, {n} cGPUs: boot time {total:.4} s, this process's CPU {cpu:.0} ms"
+                    "run {i}, {n} cGPUs: boot time {total:.4} s, this process's CPU {used:.0} ms"
                 );
+                cpu.push(used);
                 samples.push(run);
             }
         }
@@ -229,18 +234,45 @@ async fn bench(runs: usize, sizes: &[u32]) {
     let cells: Vec<String> =
         table.iter().map(|(_, samples)| format!("{:.4}", median(&totals(samples)))).collect();
     println!("| total, median | {} |", cells.join(" | "));
+    // The process's CPU per boot (gsaasd and the bench's client; ticks of 10 ms).
+    let cells: Vec<String> = cpu
+        .iter()
+        .map(|xs| {
+            let mut xs = xs.clone();
+            xs.sort_by(f64::total_cmp);
+            format!("{:.0} ({:.0})", median(&xs), mean(&xs))
+        })
+        .collect();
+    println!("| this process's CPU per boot, ms: median (mean) | {} |", cells.join(" | "));
     let Some((_, base)) = table.iter().find(|(n, _)| *n == 0) else { return };
     let base = totals(base);
+    // The standard error of a mean of these samples.
+    let error = |xs: &[f64]| stdev(xs) / (xs.len() as f64).sqrt();
     for (label, pick) in [("mean", &mean as &dyn Fn(&[f64]) -> f64), ("median", &median)] {
         let cells: Vec<String> = table
             .iter()
             .map(|(_, samples)| {
-                let (ours, theirs) = (pick(&totals(samples)), pick(&base));
-                format!("{:+.1}% ({:+.0} ms)", (ours / theirs - 1.0) * 100.0, (ours - theirs) * 1e3)
+                let ours = totals(samples);
+                let (mine, theirs) = (pick(&ours), pick(&base));
+                let difference = format!(
+                    "{:+.1}% ({:+.0} ms",
+                    (mine / theirs - 1.0) * 100.0,
+                    (mine - theirs) * 1e3
+                );
+                if label == "mean" {
+                    // Two standard errors of the difference of two independent means.
+                    let two = 2.0 * error(&ours).hypot(error(&base)) * 1e3;
+                    format!("{difference}, 2 SE {two:.0} ms)")
+                } else {
+                    format!("{difference})")
+                }
             })
             .collect();
         println!("| boot time vs 0 cGPUs, {label} | {} |", cells.join(" | "));
     }
+    let cells: Vec<String> =
+        table.iter().map(|(_, samples)| format!("{:.1}", error(&totals(samples)) * 1e3)).collect();
+    println!("| total, standard error of the mean, ms | {} |", cells.join(" | "));
 }
 
 fn main() {

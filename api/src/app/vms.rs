@@ -424,21 +424,27 @@ pub(crate) fn write_vms(
 /// The VMs' cGPUs as the reads of VMs last found them, each as of its VM's `cgpus_version`: a
 /// read asks the database for a VM's cGPUs only when they changed since (see
 /// [`db::vms_with_cgpus_by_id`]). A VM of 75 cGPUs polled every 20 ms otherwise read and
-/// converted its 75 cGPUs on every poll. Bounded: when full, it starts again empty.
+/// converted its 75 cGPUs on every poll. Bounded by the cGPUs it holds (a few hundred bytes
+/// each): when full, it starts again empty.
 #[derive(Debug, Default)]
 pub(crate) struct ReadCgpus {
-    held: Mutex<HashMap<VmId, HeldCgpus>>,
+    held: Mutex<HeldCgpus>,
 }
 
-/// A VM's cGPUs as of a `cgpus_version`.
-type HeldCgpus = (i64, Arc<[CgpuRecord]>);
+#[derive(Debug, Default)]
+struct HeldCgpus {
+    /// Each VM's cGPUs and the `cgpus_version` they are as of.
+    by_vm: HashMap<VmId, (i64, Arc<[CgpuRecord]>)>,
+    /// How many cGPUs `by_vm` holds in all.
+    cgpus: usize,
+}
 
-/// The most VMs whose cGPUs [`ReadCgpus`] keeps.
-const READ_CGPUS_KEPT: usize = 4096;
+/// The most cGPUs [`ReadCgpus`] holds.
+const READ_CGPUS_KEPT: usize = 65_536;
 
 impl ReadCgpus {
     fn version_of(&self, vm: VmId) -> Option<i64> {
-        self.held.lock().expect("read cGPUs").get(&vm).map(|(version, _)| *version)
+        self.held.lock().expect("read cGPUs").by_vm.get(&vm).map(|(version, _)| *version)
     }
 
     /// The VM's cGPUs as of `version` (held, or just read), keeping what was read.
@@ -450,15 +456,18 @@ impl ReadCgpus {
     ) -> Option<Vec<CgpuRecord>> {
         let mut held = self.held.lock().expect("read cGPUs");
         let Some(read) = read else {
-            return held.get(&vm.id).filter(|(v, _)| *v == version).map(|(_, c)| c.to_vec());
+            let (held_version, cgpus) = held.by_vm.get(&vm.id)?;
+            return (*held_version == version).then(|| cgpus.to_vec());
         };
-        if read.is_empty() || vm.state == VmState::Deleted {
-            held.remove(&vm.id);
-        } else {
-            if held.len() >= READ_CGPUS_KEPT {
-                held.clear();
+        if let Some((_, gone)) = held.by_vm.remove(&vm.id) {
+            held.cgpus -= gone.len();
+        }
+        if !read.is_empty() && vm.state != VmState::Deleted && read.len() <= READ_CGPUS_KEPT {
+            if held.cgpus + read.len() > READ_CGPUS_KEPT {
+                *held = HeldCgpus::default();
             }
-            held.insert(vm.id, (version, read.as_slice().into()));
+            held.cgpus += read.len();
+            held.by_vm.insert(vm.id, (version, read.as_slice().into()));
         }
         Some(read)
     }
