@@ -484,34 +484,27 @@ pub(crate) fn read_vms(
         ids.sort_unstable();
         ids.dedup();
         let cache = &app.batchers.read_cgpus;
-        let wanted: Vec<(VmId, Option<i64>)> =
+        let mut wanted: Vec<(VmId, Option<i64>)> =
             ids.iter().map(|&id| (id, cache.version_of(id))).collect();
         let found = async {
-            let mut conn = app.db.conn().await?;
-            let read = db::vms_with_cgpus_by_id(&mut conn, &wanted).await?;
-            drop(conn);
-            let mut by_id = HashMap::with_capacity(read.len());
-            let mut gone = Vec::new();
-            for db::ReadVm { vm, cgpus, cgpus_version, extras } in read {
-                match cache.settle(&vm, cgpus_version, cgpus) {
-                    Some(cgpus) => {
-                        let known_without_extras = !extras;
-                        by_id.insert(vm.id, VmDetails { vm, cgpus, known_without_extras });
-                    }
-                    // Dropped from the cache since the read began: read it again alone.
-                    None => gone.push(vm.id),
-                }
-            }
-            if !gone.is_empty() {
-                let wanted: Vec<(VmId, Option<i64>)> = gone.iter().map(|&id| (id, None)).collect();
+            let mut by_id = HashMap::with_capacity(wanted.len());
+            // A VM whose held cGPUs were dropped since the read began is read again, whole (so
+            // at most twice).
+            while !wanted.is_empty() {
                 let mut conn = app.db.conn().await?;
-                for db::ReadVm { vm, cgpus, cgpus_version, extras } in
-                    db::vms_with_cgpus_by_id(&mut conn, &wanted).await?
-                {
-                    let cgpus = cache.settle(&vm, cgpus_version, cgpus).unwrap_or_default();
-                    let known_without_extras = !extras;
-                    by_id.insert(vm.id, VmDetails { vm, cgpus, known_without_extras });
+                let read = db::vms_with_cgpus_by_id(&mut conn, &wanted).await?;
+                drop(conn);
+                let mut again = Vec::new();
+                for db::ReadVm { vm, cgpus, cgpus_version, extras } in read {
+                    match cache.settle(&vm, cgpus_version, cgpus) {
+                        Some(cgpus) => {
+                            let known_without_extras = !extras;
+                            by_id.insert(vm.id, VmDetails { vm, cgpus, known_without_extras });
+                        }
+                        None => again.push((vm.id, None)),
+                    }
                 }
+                wanted = again;
             }
             Ok::<_, Error>(by_id)
         }

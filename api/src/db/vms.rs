@@ -72,20 +72,19 @@ fn vms_with_cgpus_from_rows(rows: &[AnyRow]) -> Result<Vec<(VmRecord, Vec<CgpuRe
     Ok(out)
 }
 
-/// One statement that reads the VMs `wanted` selects (`id, created_ms` of each) and their cGPUs
-/// without repeating a VM's columns on each of its cGPUs' rows, as a join would: at 75 cGPUs a
-/// join decoded the VM's 18 columns (its launch request among them) 75 times, and a VM's view is
-/// read on every poll of it. Each row is `(created_ms, id, kind, VM columns, cGPU columns)`: kind
-/// 0 is the VM's row (NULL cGPU columns), kind 1 a cGPU's (NULL VM columns), the VM's first.
-/// `newest_first` orders the VMs as lists do; otherwise by id. `CROSS JOIN` keeps `wanted` the
+/// One statement that reads the VMs `wanted` selects (`id, created_ms` of each, a list's page) and
+/// their cGPUs without repeating a VM's columns on each of its cGPUs' rows, as a join would: at 75
+/// cGPUs a join decoded the VM's 18 columns (its launch request among them) 75 times. Each row is
+/// `(created_ms, id, kind, VM columns, cGPU columns)`: kind 0 is the VM's row (NULL cGPU
+/// columns), kind 1 a cGPU's (NULL VM columns), the VM's first; the VMs newest first, as lists
+/// show them. `CROSS JOIN` keeps `wanted` the
 /// outer loop: with a plain join SQLite 3.46 chose to scan every cGPU and probe `wanted` (176 ms
 /// at 400,000 cGPUs, 1.4 s at a million, against 2 ms).
-fn vms_and_cgpus(wanted: &str, newest_first: bool) -> String {
+fn vms_and_cgpus(wanted: &str) -> String {
     let nulls = |n: usize| vec!["NULL"; n].join(", ");
     let (vm_nulls, cgpu_nulls) = (nulls(VM_COLUMN_COUNT), nulls(CGPU_COLUMN_COUNT));
     // Output positions: 3 kind, then the cGPU's seq and idx (see CGPU_COLUMNS).
     let (seq, idx) = (4 + VM_COLUMN_COUNT + 11, 4 + VM_COLUMN_COUNT + 1);
-    let order = if newest_first { "1 DESC, 2 DESC" } else { "2" };
     format!(
         "WITH wanted (id, created_ms) AS ({wanted}) \
          SELECT w.created_ms, w.id, CAST(0 AS BIGINT), {VM_COLUMNS}, {cgpu_nulls} \
@@ -93,7 +92,7 @@ fn vms_and_cgpus(wanted: &str, newest_first: bool) -> String {
          UNION ALL \
          SELECT w.created_ms, w.id, CAST(1 AS BIGINT), {vm_nulls}, {CGPU_COLUMNS} \
          FROM wanted w CROSS JOIN cgpus c JOIN gpus g ON g.id = c.gpu WHERE c.vm = w.id \
-         ORDER BY {order}, 3, {seq}, {idx}"
+         ORDER BY 1 DESC, 2 DESC, 3, {seq}, {idx}"
     )
 }
 
@@ -238,13 +237,10 @@ pub async fn vm_page(
     } else {
         format!("WHERE {}", conditions.join(" AND "))
     };
-    let sql = vms_and_cgpus(
-        &format!(
-            "SELECT id, created_ms FROM vms {filter_sql} \
-             ORDER BY created_ms DESC, id DESC LIMIT ${limit_param}"
-        ),
-        true,
-    );
+    let sql = vms_and_cgpus(&format!(
+        "SELECT id, created_ms FROM vms {filter_sql} \
+         ORDER BY created_ms DESC, id DESC LIMIT ${limit_param}"
+    ));
     let mut query = sqlx::query(&sql);
     for text in texts {
         query = query.bind(text);
