@@ -443,8 +443,10 @@ struct HeldCgpus {
 const READ_CGPUS_KEPT: usize = 65_536;
 
 impl ReadCgpus {
-    fn version_of(&self, vm: VmId) -> Option<i64> {
-        self.held.lock().expect("read cGPUs").by_vm.get(&vm).map(|(version, _)| *version)
+    /// Each VM with the `cgpus_version` its cGPUs are held as of (`None`: not held).
+    fn versions_of(&self, vms: &[VmId]) -> Vec<(VmId, Option<i64>)> {
+        let held = self.held.lock().expect("read cGPUs");
+        vms.iter().map(|&vm| (vm, held.by_vm.get(&vm).map(|(version, _)| *version))).collect()
     }
 
     /// The VM's cGPUs as of `version` (held, or just read), keeping what was read.
@@ -484,8 +486,7 @@ pub(crate) fn read_vms(
         ids.sort_unstable();
         ids.dedup();
         let cache = &app.batchers.read_cgpus;
-        let mut wanted: Vec<(VmId, Option<i64>)> =
-            ids.iter().map(|&id| (id, cache.version_of(id))).collect();
+        let mut wanted = cache.versions_of(&ids);
         let found = async {
             let mut by_id = HashMap::with_capacity(wanted.len());
             // A VM whose held cGPUs were dropped since the read began is read again, whole (so

@@ -130,10 +130,7 @@ pub(super) fn insert_cgpus_from(c: &str) -> String {
 /// Books cGPUs of VMs that exist already (an attach, a queued attach's grant).
 pub async fn insert_cgpus(conn: &mut AnyConnection, cgpus: &[CgpuRecord]) -> Result<(), Error> {
     insert_first_cgpus(conn, cgpus).await?;
-    let mut vms: Vec<VmId> = cgpus.iter().map(|c| c.vm).collect();
-    vms.sort_unstable();
-    vms.dedup();
-    bump_cgpus_versions(conn, &vms).await
+    bump_cgpus_versions(conn, cgpus.iter().map(|c| c.vm)).await
 }
 
 /// Books the first cGPUs of VMs inserted in the same transaction: nobody has read them yet, so
@@ -150,12 +147,13 @@ pub(super) async fn insert_first_cgpus(
     Ok(())
 }
 
-/// Marks the VMs' cGPU rows changed (see the module docs).
+/// Marks the VMs' cGPU rows changed (see the module docs), each VM once however often named.
 pub(super) async fn bump_cgpus_versions(
     conn: &mut AnyConnection,
-    vms: &[VmId],
+    vms: impl IntoIterator<Item = VmId>,
 ) -> Result<(), Error> {
-    let ids: Vec<String> = vms.iter().map(|id| id.to_string()).collect();
+    let ids: std::collections::BTreeSet<String> =
+        vms.into_iter().map(|id| id.to_string()).collect();
     fetch_batched(conn, keys(ids.iter().map(String::as_str)), 4 * MAX_ROWS, |values| {
         format!("UPDATE vms SET cgpus_version = cgpus_version + 1 WHERE id IN (VALUES {values})")
     })
@@ -347,7 +345,7 @@ pub async fn delete_cgpus(conn: &mut AnyConnection, vms: &[VmId]) -> Result<(), 
         format!("DELETE FROM cgpus WHERE vm IN (VALUES {values})")
     })
     .await?;
-    bump_cgpus_versions(conn, vms).await
+    bump_cgpus_versions(conn, vms.iter().copied()).await
 }
 
 impl super::Db {
@@ -415,7 +413,7 @@ pub async fn set_cgpu_states(
     }
     let moved = query.execute(&mut *conn).await?.rows_affected();
     if moved > 0 {
-        bump_cgpus_versions(conn, &[vm]).await?;
+        bump_cgpus_versions(conn, [vm]).await?;
     }
     Ok(moved)
 }
@@ -432,7 +430,7 @@ pub async fn delete_cgpus_in_state(
         .fetch_all(&mut *conn)
         .await?;
     if !rows.is_empty() {
-        bump_cgpus_versions(conn, &[vm]).await?;
+        bump_cgpus_versions(conn, [vm]).await?;
     }
     rows.iter().map(|row| Ok(row.try_get::<i64, _>(0)? as u32)).collect()
 }

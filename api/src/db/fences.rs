@@ -73,7 +73,7 @@ pub async fn move_cgpu(
     .bind(i64::from(index))
     .execute(&mut *conn)
     .await?;
-    super::cgpus::bump_cgpus_versions(conn, &[vm]).await
+    super::cgpus::bump_cgpus_versions(conn, [vm]).await
 }
 
 /// The cGPUs on `gpus` that a re-home moves (all but those being detached), by VM.
@@ -141,10 +141,7 @@ pub async fn recover_lost_cgpus(
             Ok((super::vm_id(&vm)?, row.try_get::<i64, _>(1)? as u32))
         })
         .collect::<Result<Vec<_>, Error>>()?;
-    let mut vms: Vec<gpgpums::VmId> = recovered.iter().map(|(vm, _)| *vm).collect();
-    vms.sort_unstable();
-    vms.dedup();
-    super::cgpus::bump_cgpus_versions(&mut tx, &vms).await?;
+    super::cgpus::bump_cgpus_versions(&mut tx, recovered.iter().map(|(vm, _)| *vm)).await?;
     tx.commit().await?;
     Ok(recovered)
 }

@@ -479,7 +479,7 @@ pub async fn reclaim_cgpu(
     if moved.rows_affected() == 0 {
         return Ok(false);
     }
-    super::cgpus::bump_cgpus_versions(conn, &[vm]).await?;
+    super::cgpus::bump_cgpus_versions(conn, [vm]).await?;
     Ok(true)
 }
 

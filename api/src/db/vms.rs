@@ -77,9 +77,9 @@ fn vms_with_cgpus_from_rows(rows: &[AnyRow]) -> Result<Vec<(VmRecord, Vec<CgpuRe
 /// cGPUs a join decoded the VM's 18 columns (its launch request among them) 75 times. Each row is
 /// `(created_ms, id, kind, VM columns, cGPU columns)`: kind 0 is the VM's row (NULL cGPU
 /// columns), kind 1 a cGPU's (NULL VM columns), the VM's first; the VMs newest first, as lists
-/// show them. `CROSS JOIN` keeps `wanted` the
-/// outer loop: with a plain join SQLite 3.46 chose to scan every cGPU and probe `wanted` (176 ms
-/// at 400,000 cGPUs, 1.4 s at a million, against 2 ms).
+/// show them. `CROSS JOIN` keeps `wanted` the outer loop: with a plain join SQLite 3.46 chose to
+/// scan every cGPU and probe `wanted` (176 ms at 400,000 cGPUs, 1.4 s at a million, against 2
+/// ms).
 fn vms_and_cgpus(wanted: &str) -> String {
     let nulls = |n: usize| vec!["NULL"; n].join(", ");
     let (vm_nulls, cgpu_nulls) = (nulls(VM_COLUMN_COUNT), nulls(CGPU_COLUMN_COUNT));
