@@ -26,7 +26,10 @@
 //!
 //! Run: `scripts/openstack-dev.sh start` (prints the clouds.yaml path), then
 //! `GSAAS_OPENSTACK_CLOUDS=<that path> cargo bench -p gsaasd --bench table55`
-//! (args: `-- [runs] [sizes,...]`, default `20 0,25,50,75`; one warm-up run per size is dropped).
+//! (args: `-- [runs] [sizes,...] [poll|wait]`, default `20 0,25,50,75 poll`; one warm-up run per
+//! size is dropped). `wait`: the client follows its VM with the API's long poll
+//! (`GET /v1/vms/{id}?wait=60`, answered when the VM settles) instead of polling every 20 ms;
+//! the plain boot polls Nova as before.
 #![allow(clippy::print_stdout)]
 
 use gsaas_test_support as support;
@@ -130,14 +133,32 @@ async fn plain_boot(admin: &Admin, tenant: &Admin, image: &str) -> Run {
     ]
 }
 
+/// How the client follows its VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Follow {
+    /// `GET /v1/vms/{id}` every 20 ms.
+    Poll,
+    /// `GET /v1/vms/{id}?wait=60`.
+    Wait,
+}
+
 /// One VM of `n` cGPUs through gsaasd: its `timings`.
-async fn gsaas_boot(gsaasd: &Gsaasd, token: &str, n: u32) -> Run {
+async fn gsaas_boot(gsaasd: &Gsaasd, token: &str, n: u32, follow: Follow) -> Run {
     let body = json!({
         "name": format!("table55-{n}"), "image": IMAGE, "flavor": FLAVOR, "ncgpus": n,
         "gpu_memory_mib": 100, "mode": "shared", "locality": "local",
     });
     let id = gsaasd.launch(token, &body).await;
-    let vm = gsaasd.until(&id, token, &["ready", "error"]).await;
+    let until = |states: &'static [&'static str]| {
+        let id = id.clone();
+        async move {
+            match follow {
+                Follow::Poll => gsaasd.until(&id, token, states).await,
+                Follow::Wait => gsaasd.until_settled(&id, token, states).await,
+            }
+        }
+    };
+    let vm = until(&["ready", "error"]).await;
     assert_eq!(vm["state"], "ready", "{vm}");
     let timings = &vm["timings"];
     let stages = STAGES
@@ -146,35 +167,41 @@ async fn gsaas_boot(gsaasd: &Gsaasd, token: &str, n: u32) -> Run {
         .collect();
     let (status, answer) = gsaasd.call(Method::DELETE, &format!("/v1/vms/{id}"), token, None).await;
     assert_eq!(status, 202, "{answer}");
-    let vm = gsaasd.until(&id, token, &["deleted", "error"]).await;
+    let vm = until(&["deleted", "error"]).await;
     assert_eq!(vm["state"], "deleted", "{vm}");
     stages
 }
 
-/// CPU time (user + system) of this process, gsaasd and the bench's client, in seconds.
-fn own_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+/// CPU time (user + system) in seconds, in ticks of 10 ms, from a `/proc` `stat` file: this
+/// process's (`/proc/self/stat`: gsaasd and the bench's client) or the calling thread's
+/// (`/proc/thread-self/stat`: the client's, which runs on the main thread alone).
+fn cpu_seconds(stat: &str) -> f64 {
+    let stat = std::fs::read_to_string(stat).unwrap_or_default();
     // The fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
     let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// (this process's, the client's) CPU so far, in seconds.
+fn own_cpu_seconds() -> (f64, f64) {
+    (cpu_seconds("/proc/self/stat"), cpu_seconds("/proc/thread-self/stat"))
+}
+
 fn value(run: &Run, stage: &str) -> Option<f64> {
     run.iter().find(|(s, _)| *s == stage).map(|(_, v)| *v)
 }
 
-async fn bench(runs: usize, sizes: &[u32]) {
+async fn bench(gsaasd: &Gsaasd, runs: usize, sizes: &[u32], follow: Follow) {
     let admin = Admin::new().await;
     let alpha = Login::new(&client(), "alpha").await;
     let tenant = Admin { http: client(), login: Login::new(&client(), "alpha").await };
-    let gsaasd = Gsaasd::start_polling(inventory(4), POLL.as_millis() as u64).await;
 
     // Sizes are interleaved run by run, so that drift of the shared machine (and of Nova's own
     // periodic work) spreads over every column instead of biasing one.
     let mut table: Vec<(u32, Vec<Run>)> = sizes.iter().map(|&n| (n, Vec::new())).collect();
-    // This process's CPU per boot, in ms, by size (as `table`).
-    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
+    // This process's CPU per boot and the client's share of it, in ms, by size (as `table`).
+    let mut cpu: Vec<Vec<(f64, f64)>> = vec![Vec::new(); sizes.len()];
     for i in 0..=runs {
         for ((n, samples), cpu) in table.iter_mut().zip(&mut cpu) {
             let n = *n;
@@ -182,14 +209,17 @@ async fn bench(runs: usize, sizes: &[u32]) {
             let run = if n == 0 {
                 plain_boot(&admin, &tenant, IMAGE).await
             } else {
-                gsaas_boot(&gsaasd, &alpha.token, n).await
+                gsaas_boot(gsaasd, &alpha.token, n, follow).await
             };
             // Run 0 of each size warms up (connections, caches) and is dropped.
             if i > 0 {
                 let total = value(&run, "total").unwrap_or(f64::NAN);
-                let used = (own_cpu_seconds() - cpu_before) * 1e3;
+                let (process, client) = own_cpu_seconds();
+                let used = ((process - cpu_before.0) * 1e3, (client - cpu_before.1) * 1e3);
                 eprintln!(
-                    "run {i}, {n} cGPUs: boot time {total:.4} s, this process's CPU {used:.0} ms"
+                    "run {i}, {n} cGPUs: boot time {total:.4} s, this process's CPU {:.0} ms \
+                     (the client's {:.0} ms)",
+                    used.0, used.1
                 );
                 cpu.push(used);
                 samples.push(run);
@@ -198,7 +228,12 @@ async fn bench(runs: usize, sizes: &[u32]) {
     }
 
     println!(
-        "\nTable 5.5 on Nova 34 (fake driver), mean of {runs} runs, seconds (sd in brackets)\n"
+        "\nTable 5.5 on Nova 34 (fake driver), mean of {runs} runs, seconds (sd in brackets); \
+         the client follows its VM by {}\n",
+        match follow {
+            Follow::Poll => "polling every 20 ms",
+            Follow::Wait => "long poll (?wait=60)",
+        }
     );
     let header: Vec<String> = sizes.iter().map(|n| format!("{n} cGPUs")).collect();
     println!("| stage | {} |", header.join(" | "));
@@ -234,16 +269,25 @@ async fn bench(runs: usize, sizes: &[u32]) {
     let cells: Vec<String> =
         table.iter().map(|(_, samples)| format!("{:.4}", median(&totals(samples)))).collect();
     println!("| total, median | {} |", cells.join(" | "));
-    // The process's CPU per boot (gsaasd and the bench's client; ticks of 10 ms).
-    let cells: Vec<String> = cpu
-        .iter()
-        .map(|xs| {
-            let mut xs = xs.clone();
-            xs.sort_by(f64::total_cmp);
-            format!("{:.0} ({:.0})", median(&xs), mean(&xs))
-        })
-        .collect();
-    println!("| this process's CPU per boot, ms: median (mean) | {} |", cells.join(" | "));
+    // The process's CPU per boot (gsaasd and the bench's client; ticks of 10 ms), and gsaasd's
+    // alone (all but the client's thread).
+    for (label, pick) in [
+        (
+            "this process's CPU per boot, ms: median (mean)",
+            &(|(p, _): (f64, f64)| p) as &dyn Fn(_) -> f64,
+        ),
+        ("of which gsaasd's (all but the client's thread)", &|(p, c): (f64, f64)| p - c),
+    ] {
+        let cells: Vec<String> = cpu
+            .iter()
+            .map(|runs| {
+                let mut xs: Vec<f64> = runs.iter().copied().map(pick).collect();
+                xs.sort_by(f64::total_cmp);
+                format!("{:.0} ({:.0})", median(&xs), mean(&xs))
+            })
+            .collect();
+        println!("| {label} | {} |", cells.join(" | "));
+    }
     let Some((_, base)) = table.iter().find(|(n, _)| *n == 0) else { return };
     let base = totals(base);
     // The standard error of a mean of these samples.
@@ -282,11 +326,25 @@ fn main() {
         .get(1)
         .map(|a| a.split(',').map(|n| n.parse().expect("sizes: numbers")).collect())
         .unwrap_or_else(|| vec![0, 25, 50, 75]);
+    let follow = match args.get(2).map_or("poll", String::as_str) {
+        "poll" => Follow::Poll,
+        "wait" => Follow::Wait,
+        other => panic!("{other}: poll or wait"),
+    };
     assert!(runs > 0, "runs must be at least 1");
-    tokio::runtime::Builder::new_multi_thread()
+    // gsaasd on a runtime of its own, as in its binary; the bench's client on the main thread
+    // alone, so that the CPU of each is known.
+    let server = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
+        .expect("a runtime");
+    let gsaasd = server.block_on(Gsaasd::start_polling(inventory(4), POLL.as_millis() as u64));
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
         .expect("a runtime")
-        .block_on(bench(runs, &sizes));
+        .block_on(bench(&gsaasd, runs, &sizes, follow));
+    let _in_server = server.enter();
+    drop(gsaasd);
 }

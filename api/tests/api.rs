@@ -19,6 +19,7 @@ on_both_stores!(
     capacity_runs_out_with_507_and_comes_back_after_terminate,
     drained_hosts_take_no_new_cgpus,
     long_polls_answer_once_the_vm_settles,
+    each_role_gets_its_own_view_and_every_change_shows_at_once,
     concurrent_launches_and_terminations_each_get_their_own_outcome,
 );
 
@@ -326,6 +327,74 @@ async fn drained_hosts_take_no_new_cgpus(store: Store) {
     t.launch(&t.member(), &shared_launch(1, 1024)).await;
     let (status, _) = t.post(&admin, "/v1/hosts/nowhere/drain", &json!({})).await;
     assert_eq!(status, 404);
+}
+
+/// The VM as `GET /v1/vms/{id}` shows it to `token`, asserted equal to the same VM in the list
+/// (which renders every VM afresh): a view kept from an earlier read is the one a read renders.
+/// The list is read between two reads of the VM, and compared when the VM did not change
+/// meanwhile.
+async fn shown(t: &TestService, token: &str, id: &str) -> Value {
+    let path = format!("/v1/vms/{id}");
+    for _ in 0..100 {
+        let (status, before) = t.get(token, &path).await;
+        assert_eq!(status, 200, "{before}");
+        let (status, list) = t.get(token, "/v1/vms?project=alpha").await;
+        assert_eq!(status, 200, "{list}");
+        let (_, after) = t.get(token, &path).await;
+        if before == after {
+            let listed = list["vms"].as_array().unwrap().iter().find(|v| v["id"] == id);
+            assert_eq!(Some(&before), listed, "the VM's own view against the list's");
+            return before;
+        }
+    }
+    panic!("VM {id} never held still for three reads");
+}
+
+/// A VM's view is kept per version and role (`app::rendered`): each role still gets its own, and
+/// every change shows at the next read, a change of its cGPUs alone included.
+async fn each_role_gets_its_own_view_and_every_change_shows_at_once(store: Store) {
+    let t = TestService::start(store).await;
+    let alpha = t.member();
+    let admin = t.admin();
+    let beta = t.token("beta", Role::Member);
+    let id = t.launch(&alpha, &shared_launch(2, 1024)).await;
+    t.wait_state(&alpha, &id, "ready").await;
+    let path = format!("/v1/vms/{id}");
+    // Roles in turn, each twice: a view kept for one role never answers another.
+    for _ in 0..2 {
+        let vm = shown(&t, &admin, &id).await;
+        assert!(vm["host"].is_string(), "{vm}");
+        assert!(vm["cgpus"][0]["rcuda_endpoint"].is_string(), "{vm}");
+        let vm = shown(&t, &alpha, &id).await;
+        assert!(vm.get("host").is_none(), "tenant sees the VM's host: {vm}");
+        assert!(vm["cgpus"][0].get("rcuda_endpoint").is_none(), "{vm}");
+        let (status, _) = t.get(&beta, &path).await;
+        assert_eq!(status, 404, "another project's VM must not exist for beta");
+    }
+    let states = |vm: &Value| -> Vec<String> {
+        let cgpus = vm["cgpus"].as_array().unwrap();
+        cgpus.iter().map(|c| c["state"].as_str().unwrap().to_owned()).collect()
+    };
+    let attach = json!({"ncgpus": 1, "gpu_memory_mib": 1024, "mode": "shared"});
+    let (status, answer) = t.post(&alpha, &format!("{path}/cgpus"), &attach).await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(states(&shown(&t, &alpha, &id).await).len(), 3, "the attach shows at once");
+    let vm = t.wait_vm(&alpha, &id, |vm| states(vm).iter().all(|s| s == "live")).await;
+    assert_eq!(states(&vm).len(), 3, "{vm}");
+    assert_eq!(shown(&t, &admin, &id).await["cgpus"].as_array().unwrap().len(), 3);
+    let (status, answer) = t.delete(&alpha, &format!("{path}/cgpus/0")).await;
+    assert_eq!(status, 202, "{answer}");
+    let vm = shown(&t, &alpha, &id).await;
+    let first = &vm["cgpus"][0];
+    assert!(first["index"] != 0 || first["state"] != "live", "the detach shows at once: {vm}");
+    let vm = t.wait_vm(&alpha, &id, |vm| states(vm).len() == 2).await;
+    assert_eq!(shown(&t, &alpha, &id).await, vm);
+    let (status, answer) = t.delete(&alpha, &path).await;
+    assert_eq!(status, 202, "{answer}");
+    // (Deleted VMs are not listed: this one is compared with nothing.)
+    let (_, vm) = t.get(&alpha, &path).await;
+    assert_ne!(vm["state"], "ready", "the termination shows at once: {vm}");
+    t.wait_state(&alpha, &id, "deleted").await;
 }
 
 /// `GET /v1/vms/{id}?wait=` answers once the VM is `ready`, `error` or `deleted`, or when the wait

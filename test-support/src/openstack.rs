@@ -370,6 +370,26 @@ impl Gsaasd {
     }
 }
 
+impl Gsaasd {
+    /// Follows the VM with the API's long poll (`?wait=60`, answered once the VM settles) until
+    /// its state is one of `states` (at most [`BOUND`]); returns that answer.
+    pub async fn until_settled(&self, id: &str, token: &str, states: &[&str]) -> Value {
+        let deadline = Instant::now() + BOUND;
+        loop {
+            let (status, vm) = self.get(&format!("/v1/vms/{id}?wait=60"), token).await;
+            assert_eq!(status, 200, "{vm}");
+            if vm["state"].as_str().is_some_and(|s| states.contains(&s)) {
+                return vm;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "VM {id} still {} after {BOUND:?}: {vm}",
+                vm["state"]
+            );
+        }
+    }
+}
+
 impl Drop for Gsaasd {
     fn drop(&mut self) {
         if let Some(service) = self.service.take() {

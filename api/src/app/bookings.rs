@@ -293,10 +293,8 @@ impl App {
                         let mut vm = reservation.record.clone();
                         vm.state = VmState::Queued;
                         vm.step = SagaStep::Done;
-                        reserved.push((
-                            i,
-                            VmDetails { vm, cgpus: Vec::new(), known_without_extras: false },
-                        ));
+                        reserved
+                            .push((i, VmDetails { vm, cgpus: Vec::new(), view_versions: None }));
                     }
                     Err(e) => outcomes[i] = Some(Err(e)),
                 }
@@ -663,7 +661,7 @@ fn place_cgpus(
     match charged {
         Ok(cgpus) => {
             *booked.vms.entry(project).or_default() += 1;
-            Ok(VmDetails { vm: record, cgpus, known_without_extras: false })
+            Ok(VmDetails { vm: record, cgpus, view_versions: None })
         }
         Err(e) => {
             booked.pool.release(&id);

@@ -142,7 +142,7 @@ impl App {
             Ok(Booked::AttachQueued(ticket)) => {
                 inc(&self.metrics.elastic.attaches_queued);
                 tracing::info!(vm = %id, ticket = ticket.0, "an attach waits in the queue");
-                return Ok(VmDetails { vm, cgpus, known_without_extras: false });
+                return Ok(VmDetails { vm, cgpus, view_versions: None });
             }
             Ok(_) => return Err(Error::internal("an attachment answered as something else")),
             Err(Error::Conflict(_)) if idempotency_key.is_some() => {
@@ -159,7 +159,7 @@ impl App {
         self.watchers.changed(&written);
         let mut all = cgpus;
         all.extend(added);
-        let details = VmDetails { vm: written, cgpus: all, known_without_extras: false };
+        let details = VmDetails { vm: written, cgpus: all, view_versions: None };
         self.spawn_saga_from(id, claimed.then(|| details.clone()));
         Ok(details)
     }

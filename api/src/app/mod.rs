@@ -34,6 +34,7 @@ pub mod pool;
 pub mod queue;
 pub mod quotas;
 pub mod redact;
+mod rendered;
 pub mod sagas;
 mod shared;
 pub mod tokens;
@@ -89,6 +90,8 @@ pub struct App {
     queue: background::queue_rounds::QueueServer,
     /// Requests waiting for a VM to settle.
     watchers: watch::VmWatchers,
+    /// Each VM's view as last rendered, while its versions hold.
+    rendered: rendered::RenderedViews,
     /// Group commit: the batched reads and writes, their tasks and the SQLite writer lane.
     batchers: Batchers,
     /// Where background work runs on PostgreSQL (see [`crate::lanes`]). On SQLite one
@@ -169,6 +172,7 @@ impl App {
             cloud_seen: Mutex::new(None),
             queue: background::queue_rounds::QueueServer::default(),
             watchers: watch::VmWatchers::default(),
+            rendered: rendered::RenderedViews::default(),
             batchers: Batchers {
                 bookings: batch::Batcher::shared(),
                 vm_reads: batch::Batcher::for_lanes(lane),

@@ -16,9 +16,19 @@ use crate::model::{CgpuRecord, CgpuState, VmRecord};
 pub struct VmDetails {
     pub vm: VmRecord,
     pub cgpus: Vec<CgpuRecord>,
-    /// The read that gave it found neither queue entries nor events of the VM, in the same
-    /// snapshot as the VM: its view need not read them (false: not known).
-    pub known_without_extras: bool,
+    /// Set by a read of the VM by id that found neither queue entries nor events of it, in the
+    /// same snapshot: its view need not read them, and is the same for every read at these
+    /// versions (see [`super::rendered`]). None: not known.
+    pub view_versions: Option<ViewVersions>,
+}
+
+/// The versions a VM's view depends on (see [`VmDetails::view_versions`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewVersions {
+    /// The VM's `version`.
+    pub vm: i64,
+    /// Its cGPUs' (`cgpus_version`).
+    pub cgpus: i64,
 }
 
 /// The rCUDA environment of a VM's cGPUs (in attach order): its live ones, numbered from 0.

@@ -15,7 +15,7 @@ use super::batch::{fail_all, Queued};
 use super::bookings::Reservation;
 use super::fields::{check_text, FieldChecks};
 use super::pool::BoxFuture;
-pub use super::shared::{rcuda_env, VmDetails};
+pub use super::shared::{rcuda_env, ViewVersions, VmDetails};
 use super::App;
 use crate::auth::Caller;
 use crate::cloud::{CloudError, TenantToken};
@@ -279,7 +279,7 @@ impl App {
             db::vm_page(&mut conn, &filter, after.as_ref(), limit.saturating_add(1))
                 .await?
                 .into_iter()
-                .map(|(vm, cgpus)| VmDetails { vm, cgpus, known_without_extras: false })
+                .map(|(vm, cgpus)| VmDetails { vm, cgpus, view_versions: None })
                 .collect();
         drop(conn);
         let more = vms.len() > limit;
@@ -499,8 +499,9 @@ pub(crate) fn read_vms(
                 for db::ReadVm { vm, cgpus, cgpus_version, extras } in read {
                     match cache.settle(&vm, cgpus_version, cgpus) {
                         Some(cgpus) => {
-                            let known_without_extras = !extras;
-                            by_id.insert(vm.id, VmDetails { vm, cgpus, known_without_extras });
+                            let view_versions = (!extras)
+                                .then_some(ViewVersions { vm: vm.version, cgpus: cgpus_version });
+                            by_id.insert(vm.id, VmDetails { vm, cgpus, view_versions });
                         }
                         None => again.push((vm.id, None)),
                     }

@@ -140,7 +140,7 @@ impl App {
                     // unless the write ended a saga that released them.
                     let released = vm.step == SagaStep::Done && vm.state != VmState::Ready;
                     let cgpus = if released { Vec::new() } else { details.cgpus };
-                    return Ok(VmDetails { vm, cgpus, known_without_extras: false });
+                    return Ok(VmDetails { vm, cgpus, view_versions: None });
                 }
                 signal.set(watch.signal.notified());
                 signal.as_mut().enable();

@@ -336,7 +336,7 @@ async fn get_vm(
     caller: Caller,
     Path(id): Path<String>,
     params: QueryResult<GetVmQuery>,
-) -> Result<Json<VmView>, Error> {
+) -> Result<Response, Error> {
     let query = query(params)?;
     let id = vm_id(&id)?;
     let details = match query.wait {
@@ -352,7 +352,15 @@ async fn get_vm(
             app.visible_vm_settled(&caller, id, Duration::from_secs_f64(wait)).await?
         }
     };
-    Ok(Json(vm_view(&app, &details, caller.is_admin()).await?))
+    let admin = caller.is_admin();
+    if details.view_versions.is_some() {
+        // The VM's view alone: the one rendered for its versions serves, if kept.
+        let body = app.rendered_view(&details, admin, || {
+            serde_json::to_vec(&vm_record_view(&details, admin)).expect("a view serializes").into()
+        });
+        return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
+    }
+    Ok(Json(vm_view(&app, &details, admin).await?).into_response())
 }
 
 /// The VM as the API shows it, with its place in the queue while it is queued.
@@ -362,7 +370,7 @@ async fn vm_view(
     admin: bool,
 ) -> Result<VmView, Error> {
     let view = vm_record_view(details, admin);
-    if details.known_without_extras {
+    if details.view_versions.is_some() {
         return Ok(view);
     }
     let extras = app.view_extras(details.vm.id).await?;

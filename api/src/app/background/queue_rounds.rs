@@ -206,7 +206,7 @@ impl App {
                             out.writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });
                             out.new_cgpus.extend(cgpus.iter().cloned());
                             out.done.push(q.ticket);
-                            started.push(VmDetails { vm, cgpus, known_without_extras: false });
+                            started.push(VmDetails { vm, cgpus, view_versions: None });
                             round.started.push(s.vm);
                         }
                         Err(e) => {
@@ -266,7 +266,7 @@ impl App {
                 ..vm.clone()
             };
             out.writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });
-            attached.push(VmDetails { vm, cgpus, known_without_extras: false });
+            attached.push(VmDetails { vm, cgpus, view_versions: None });
         }
         for (ticket, e) in &planned.refused {
             let q = by_ticket[ticket];
