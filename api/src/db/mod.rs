@@ -74,6 +74,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (16, "queue_holds", include_str!("../../../migrations/0016_queue_holds.sql")),
     (17, "lasting_revocations", include_str!("../../../migrations/0017_lasting_revocations.sql")),
     (18, "cgpus_version", include_str!("../../../migrations/0018_cgpus_version.sql")),
+    (19, "live_vm_indexes", include_str!("../../../migrations/0019_live_vm_indexes.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
