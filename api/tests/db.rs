@@ -650,10 +650,8 @@ async fn live_vm_lookups_read_their_partial_indexes(store: Store) {
         ),
     ] {
         let rows = sqlx::query(&format!("{explain} {query}")).fetch_all(&mut *conn).await.unwrap();
-        let plan: Vec<String> = rows
-            .iter()
-            .map(|row| sqlx::Row::get::<String, _>(row, if postgres { 0 } else { 3 }))
-            .collect();
+        let plan: Vec<String> =
+            rows.iter().map(|row| row.get::<String, _>(if postgres { 0 } else { 3 })).collect();
         let reads = |index: &&str| plan.iter().any(|line| line.contains(index));
         assert!(indexes.iter().any(reads), "{query}: {plan:#?}");
     }
