@@ -20,17 +20,6 @@ use std::time::{Duration, Instant};
 
 use support::{shared_launch, Store, TestService};
 
-/// This process's user + system CPU so far, in seconds (ticks of 10 ms).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command's name, which may hold spaces: utime and stime are the 12th
-    // and 13th of them, in USER_HZ ticks (100 a second on Linux).
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
 #[derive(serde::Deserialize)]
 struct Polled<'a> {
     #[serde(borrow)]
@@ -43,12 +32,12 @@ async fn measure(store: Store, polls: usize, ncgpus: u32, interval: Duration) {
     let id = service.launch(&token, &shared_launch(ncgpus, 100)).await;
     service.wait_state(&token, &id, "ready").await;
     // What the process spends with nothing asked of it (timers, background work).
-    let cpu = cpu_seconds();
+    let cpu = common::process_cpu_seconds();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    println!("{store:?} idle: CPU {:>6.1} ms/s", (cpu_seconds() - cpu) / 3.0 * 1e3);
+    println!("{store:?} idle: CPU {:>6.1} ms/s", (common::process_cpu_seconds() - cpu) / 3.0 * 1e3);
     // The floor: a request that reads nothing (no token, no database).
     let healthz = service.url("/healthz");
-    let cpu = cpu_seconds();
+    let cpu = common::process_cpu_seconds();
     for _ in 0..polls {
         let response = service.http.get(&healthz).send().await.expect("polled");
         assert_eq!(response.status(), 200);
@@ -59,12 +48,12 @@ async fn measure(store: Store, polls: usize, ncgpus: u32, interval: Duration) {
     }
     println!(
         "{store:?} GET /healthz, every {interval:?}: CPU {:>6.1} us/request",
-        (cpu_seconds() - cpu) / polls as f64 * 1e6
+        (common::process_cpu_seconds() - cpu) / polls as f64 * 1e6
     );
     let url = service.url(&format!("/v1/vms/{id}"));
     let mut walls = Vec::with_capacity(polls);
     let mut bytes = 0;
-    let cpu = cpu_seconds();
+    let cpu = common::process_cpu_seconds();
     let started = Instant::now();
     for _ in 0..polls {
         let t = Instant::now();
@@ -80,7 +69,7 @@ async fn measure(store: Store, polls: usize, ncgpus: u32, interval: Duration) {
         }
     }
     let wall = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds() - cpu;
+    let cpu = common::process_cpu_seconds() - cpu;
     walls.sort_by(f64::total_cmp);
     println!(
         "{store:?} {ncgpus:>3} cGPUs ({bytes:>6} B), every {interval:?}: CPU {:>6.1} us/poll, \

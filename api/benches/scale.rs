@@ -70,18 +70,6 @@ fn rss_mib() -> f64 {
     kib / 1024.0
 }
 
-/// CPU seconds this process (every thread, user and system) has used: the work a step did,
-/// which the machine's neighbours disturb less than its wall-clock time.
-fn cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // After the command's name (in parentheses), utime and stime are the 12th and 13th fields,
-    // in USER_HZ ticks (100 a second on Linux).
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').map(|(_, f)| f).unwrap_or("").split(' ').collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(12) + ticks(13)) / 100.0
-}
-
 async fn start(config: &Config, sim: &Arc<SimCloud>) -> Service {
     let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
     service::start_with_sim(config.clone(), listener, Some(sim.clone()))
@@ -314,7 +302,7 @@ async fn run(store: Store, hosts: usize, runs: usize, pace: Duration) {
 
     let before = rss_mib();
     eprintln!("restarting gsaasd on the seeded database");
-    let (started, cpu_before) = (Instant::now(), cpu_secs());
+    let (started, cpu_before) = (Instant::now(), common::process_cpu_seconds());
     let service = start(&config, &sim).await;
     let serving = started.elapsed();
     let app = service.app.clone();
@@ -322,7 +310,7 @@ async fn run(store: Store, hosts: usize, runs: usize, pace: Duration) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let ready = started.elapsed();
-    let ready_cpu = cpu_secs() - cpu_before;
+    let ready_cpu = common::process_cpu_seconds() - cpu_before;
     let rss = rss_mib();
     let status = app.reconciler_status();
     assert!(status.last_error.is_none(), "first pass: {:?}", status.last_error);

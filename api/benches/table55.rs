@@ -172,20 +172,10 @@ async fn gsaas_boot(gsaasd: &Gsaasd, token: &str, n: u32, follow: Follow) -> Run
     stages
 }
 
-/// CPU time (user + system) in seconds, in ticks of 10 ms, from a `/proc` `stat` file: this
-/// process's (`/proc/self/stat`: gsaasd and the bench's client) or the calling thread's
-/// (`/proc/thread-self/stat`: the client's, which runs on the main thread alone).
-fn cpu_seconds(stat: &str) -> f64 {
-    let stat = std::fs::read_to_string(stat).unwrap_or_default();
-    // The fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// (this process's, the client's) CPU so far, in seconds.
+/// (this process's, the client's) CPU so far, in seconds: the client runs on the main thread
+/// alone, so its share is the calling thread's.
 fn own_cpu_seconds() -> (f64, f64) {
-    (cpu_seconds("/proc/self/stat"), cpu_seconds("/proc/thread-self/stat"))
+    (common::process_cpu_seconds(), common::cpu_seconds("/proc/thread-self/stat"))
 }
 
 fn value(run: &Run, stage: &str) -> Option<f64> {

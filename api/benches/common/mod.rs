@@ -34,6 +34,25 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
+/// CPU seconds (user + system, in USER_HZ ticks of 10 ms) from a `/proc` `stat` file: the
+/// process's, every thread (`/proc/self/stat`), or the calling thread's
+/// (`/proc/thread-self/stat`). The work a step did, which the machine's neighbours disturb less
+/// than its wall-clock time.
+pub fn cpu_seconds(stat: &str) -> f64 {
+    let stat = std::fs::read_to_string(stat).unwrap_or_default();
+    // After the command's name (in parentheses, and it may hold spaces), utime and stime are the
+    // 12th and 13th fields.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map_or("", |(_, f)| f).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// [`cpu_seconds`] of this process, every thread.
+pub fn process_cpu_seconds() -> f64 {
+    cpu_seconds("/proc/self/stat")
+}
+
 /// The name of host `h` of a cloud of [`inventory`] size.
 pub fn host_name(h: usize) -> String {
     format!("gpu-{h:05}")
