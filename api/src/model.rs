@@ -153,6 +153,9 @@ pub struct VmRecord {
     pub updated_ms: i64,
     /// Bumped by every write; writes are conditional on it.
     pub version: i64,
+    /// Bumped with every queue entry or event added for the VM, as of the read or write that
+    /// gave this record (`migrations/0020_vm_extras_version.sql`).
+    pub extras_version: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,6 +19,7 @@ on_both_stores!(
     capacity_runs_out_with_507_and_comes_back_after_terminate,
     drained_hosts_take_no_new_cgpus,
     long_polls_answer_once_the_vm_settles,
+    a_long_poll_shows_events_recorded_while_it_waited,
     each_role_gets_its_own_view_and_every_change_shows_at_once,
     concurrent_launches_and_terminations_each_get_their_own_outcome,
 );
@@ -435,6 +436,59 @@ async fn long_polls_answer_once_the_vm_settles(store: Store) {
     assert_eq!(status, 202);
     let (status, vm) = t.get(&token, &format!("{path}?wait=30")).await;
     assert_eq!((status, vm["state"].as_str()), (200, Some("deleted")), "{vm}");
+    assert_eq!(t.get(&token, &path).await.1, vm);
+}
+
+/// A long-poll that read its VM with neither queue entries nor events is answered from the write
+/// that settled the VM, without reading them again, unless something was added meanwhile
+/// (`extras_version`, migration 0020): an event recorded while it waits, during the launch and
+/// during the termination, is in its answer. Fails when the write's answer ignores them.
+async fn a_long_poll_shows_events_recorded_while_it_waited(store: Store) {
+    use gsaasd::db::VmEvent;
+    let t = TestService::start_with(store, |c| {
+        let sim = c.cloud.sim_mut().unwrap();
+        sim.activation_delay_ms = 1500;
+        sim.deletion_delay_ms = 1500;
+        // One read per wait unless woken: nothing else finds the events.
+        c.launch.long_poll_reread_ms = 60_000;
+    })
+    .await;
+    let token = t.member();
+    let id = t.launch(&token, &shared_launch(1, 1024)).await;
+    let path = format!("/v1/vms/{id}");
+    let waiting = format!("{path}?wait=30");
+    let vm_id: gpgpums::VmId = id.parse().unwrap();
+    let record = |detail: &'static str| {
+        let db = t.service().app.db.clone();
+        async move {
+            // The waiter reads its VM within milliseconds; the cloud takes 1.5 s.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let event = VmEvent {
+                at_ms: gsaasd::db::now_ms(),
+                kind: "moved".into(),
+                detail: detail.into(),
+            };
+            db.record_events([vm_id], &event).await.unwrap();
+        }
+    };
+    let details = |vm: &Value| -> Vec<String> {
+        let events = vm["events"].as_array().cloned().unwrap_or_default();
+        events.iter().map(|e| e["detail"].as_str().unwrap_or_default().to_owned()).collect()
+    };
+
+    let (_, vm) = t.get(&token, &path).await;
+    assert_eq!((vm["state"].as_str(), details(&vm).len()), (Some("creating"), 0), "{vm}");
+    let ((status, vm), ()) = tokio::join!(t.get(&token, &waiting), record("during the launch"));
+    assert_eq!((status, vm["state"].as_str()), (200, Some("ready")), "{vm}");
+    assert_eq!(details(&vm), ["during the launch"], "{vm}");
+    assert_eq!(t.get(&token, &path).await.1, vm);
+
+    let (status, _) = t.delete(&token, &path).await;
+    assert_eq!(status, 202);
+    let ((status, vm), ()) =
+        tokio::join!(t.get(&token, &waiting), record("during the termination"));
+    assert_eq!((status, vm["state"].as_str()), (200, Some("deleted")), "{vm}");
+    assert_eq!(details(&vm), ["during the launch", "during the termination"], "{vm}");
     assert_eq!(t.get(&token, &path).await.1, vm);
 }
 

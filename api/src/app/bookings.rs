@@ -20,7 +20,7 @@ use gpgpums::{Pool, ProjectId, QuotaLedger, Shortfall, Usage};
 use super::batch::Queued;
 use super::fences;
 use super::pool::BoxFuture;
-use super::shared::{rcuda_env, VmDetails, MAX_DELEGATED_WAIT};
+use super::shared::{rcuda_env, Extras, VmDetails, MAX_DELEGATED_WAIT};
 use super::App;
 use crate::cloudinit;
 use crate::config::MaskingConfig;
@@ -293,8 +293,10 @@ impl App {
                         let mut vm = reservation.record.clone();
                         vm.state = VmState::Queued;
                         vm.step = SagaStep::Done;
-                        reserved
-                            .push((i, VmDetails { vm, cgpus: Vec::new(), view_versions: None }));
+                        reserved.push((
+                            i,
+                            VmDetails { vm, cgpus: Vec::new(), extras: Extras::Unknown },
+                        ));
                     }
                     Err(e) => outcomes[i] = Some(Err(e)),
                 }
@@ -661,7 +663,7 @@ fn place_cgpus(
     match charged {
         Ok(cgpus) => {
             *booked.vms.entry(project).or_default() += 1;
-            Ok(VmDetails { vm: record, cgpus, view_versions: None })
+            Ok(VmDetails { vm: record, cgpus, extras: Extras::Unknown })
         }
         Err(e) => {
             booked.pool.release(&id);

@@ -23,7 +23,7 @@ use gpgpums::{Locality, Mode, Request, VmId};
 
 use super::bookings::{Attachment, Booked, VM_CHANGED_CGPUS};
 use super::fields::{check_text, FieldChecks};
-use super::vms::{digest, VmDetails, MAX_NAME};
+use super::vms::{digest, Extras, VmDetails, MAX_NAME};
 use super::App;
 use crate::auth::Caller;
 use crate::db::{self, now_ms, Claim, VmWrite};
@@ -142,7 +142,7 @@ impl App {
             Ok(Booked::AttachQueued(ticket)) => {
                 inc(&self.metrics.elastic.attaches_queued);
                 tracing::info!(vm = %id, ticket = ticket.0, "an attach waits in the queue");
-                return Ok(VmDetails { vm, cgpus, view_versions: None });
+                return Ok(VmDetails { vm, cgpus, extras: Extras::Unknown });
             }
             Ok(_) => return Err(Error::internal("an attachment answered as something else")),
             Err(Error::Conflict(_)) if idempotency_key.is_some() => {
@@ -159,7 +159,7 @@ impl App {
         self.watchers.changed(&written);
         let mut all = cgpus;
         all.extend(added);
-        let details = VmDetails { vm: written, cgpus: all, view_versions: None };
+        let details = VmDetails { vm: written, cgpus: all, extras: Extras::Unknown };
         self.spawn_saga_from(id, claimed.then(|| details.clone()));
         Ok(details)
     }

@@ -4,7 +4,7 @@
 //! is an answer of 11-30 KB: rendering it (75 endpoints formatted, the rCUDA environment, the
 //! JSON) cost more than reading it. A view is a function of the VM's `version`, its
 //! `cgpus_version` and whether the caller is an admin, as long as the VM has neither queue
-//! entries nor events (the read by id says so in the same snapshot, see [`ViewVersions`]); every
+//! entries nor events (the read by id says so in the same snapshot, see [`super::shared::Extras`]); every
 //! write of a VM or of its cGPUs bumps one of the two versions (`db::update_vms`,
 //! `db::cgpus`' rule), so a view kept under them is the view the read would render.
 //!
@@ -78,7 +78,7 @@ impl super::App {
         admin: bool,
         render: impl FnOnce() -> Bytes,
     ) -> Bytes {
-        self.rendered.view(details.vm.id, admin, details.view_versions, render)
+        self.rendered.view(details.vm.id, admin, details.extras.versions(), render)
     }
 }
 

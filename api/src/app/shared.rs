@@ -16,13 +16,33 @@ use crate::model::{CgpuRecord, CgpuState, VmRecord};
 pub struct VmDetails {
     pub vm: VmRecord,
     pub cgpus: Vec<CgpuRecord>,
-    /// Set by a read of the VM by id that found neither queue entries nor events of it, in the
-    /// same snapshot: its view need not read them, and is the same for every read at these
-    /// versions (see [`super::rendered`]). None: not known.
-    pub view_versions: Option<ViewVersions>,
+    /// Whether its view needs the VM's queue entries and events read.
+    pub extras: Extras,
 }
 
-/// The versions a VM's view depends on (see [`VmDetails::view_versions`]).
+/// What a VM's view shows besides the VM and its cGPUs: its places in the queue and its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extras {
+    /// Not known: the view reads them.
+    Unknown,
+    /// Neither, as of the snapshot `vm` was read in (a read by id checks in the same statement),
+    /// or as of its write when nothing was added since such a read (see
+    /// [`VmRecord::extras_version`]). With `versions`, the view is the same for every read at
+    /// them (see [`super::rendered`]).
+    None { versions: Option<ViewVersions> },
+}
+
+impl Extras {
+    /// The versions a view without extras is kept under, if known.
+    pub fn versions(self) -> Option<ViewVersions> {
+        match self {
+            Extras::None { versions } => versions,
+            Extras::Unknown => None,
+        }
+    }
+}
+
+/// The versions a VM's view depends on (see [`Extras::None`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ViewVersions {
     /// The VM's `version`.

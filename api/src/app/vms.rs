@@ -15,7 +15,7 @@ use super::batch::{fail_all, Queued};
 use super::bookings::Reservation;
 use super::fields::{check_text, FieldChecks};
 use super::pool::BoxFuture;
-pub use super::shared::{rcuda_env, ViewVersions, VmDetails};
+pub use super::shared::{rcuda_env, Extras, ViewVersions, VmDetails};
 use super::App;
 use crate::auth::Caller;
 use crate::cloud::{CloudError, TenantToken};
@@ -165,6 +165,7 @@ impl App {
             created_ms: now,
             updated_ms: now,
             version: 0,
+            extras_version: 0,
         };
         let reservation = Reservation {
             record,
@@ -279,7 +280,7 @@ impl App {
             db::vm_page(&mut conn, &filter, after.as_ref(), limit.saturating_add(1))
                 .await?
                 .into_iter()
-                .map(|(vm, cgpus)| VmDetails { vm, cgpus, view_versions: None })
+                .map(|(vm, cgpus)| VmDetails { vm, cgpus, extras: Extras::Unknown })
                 .collect();
         drop(conn);
         let more = vms.len() > limit;
@@ -343,11 +344,13 @@ impl App {
                 now_ms: now,
                 until_ms: now + self.lease_ms(),
             };
-            let (written_vm, written) =
-                self.write_termination(VmWrite { vm: vm.clone(), claim: Some(claim) }).await?;
+            // A read that found nothing queued: the write tells whether anything was since.
+            let queue_empty_at = (details.extras != Extras::Unknown).then_some(vm.extras_version);
+            let write = VmWrite { vm: vm.clone(), claim: Some(claim) };
+            let (written_vm, written) = self.write_termination(write, queue_empty_at).await?;
             if let Written::Done { claimed } = written {
                 *vm = written_vm;
-                self.watchers.changed(vm);
+                self.watchers.changed_alone(vm);
                 inc(&self.metrics.terminations);
                 self.wake_saga(id);
                 self.spawn_saga_from(id, claimed.then(|| details.clone()));
@@ -365,6 +368,9 @@ pub(crate) struct BatchedVmWrite {
     /// would end it later, but until then it would count against its project's waiting
     /// requests and could hold others back as the queue's head).
     leaves_queue: bool,
+    /// The `extras_version` at which a read found nothing queued for the VM: if the write finds
+    /// it unchanged, nothing is, and the queue is left alone.
+    queue_empty_at: Option<i64>,
 }
 
 /// Writes one batch of VM writes (the [`super::batch::Batcher`] task's work): one statement per
@@ -382,7 +388,8 @@ pub(crate) fn write_vms(
                 pending.into_iter().partition(|(op, _)| in_round.insert(op.write.vm.id));
             pending = later;
             let (ops, replies): (Vec<_>, Vec<_>) = round.into_iter().unzip();
-            let leaving: Vec<bool> = ops.iter().map(|op| op.leaves_queue).collect();
+            let leaving: Vec<(bool, Option<i64>)> =
+                ops.iter().map(|op| (op.leaves_queue, op.queue_empty_at)).collect();
             let mut writes: Vec<VmWrite> = ops.into_iter().map(|op| op.write).collect();
             let outcome = async {
                 let mut conn = app.db.conn().await?;
@@ -391,8 +398,10 @@ pub(crate) fn write_vms(
                     .iter()
                     .zip(&written)
                     .zip(&leaving)
-                    .filter(|((_, written), leaves)| {
-                        **leaves && matches!(written, Written::Done { .. })
+                    .filter(|((write, written), (leaves, queue_empty_at))| {
+                        *leaves
+                            && matches!(written, Written::Done { .. })
+                            && *queue_empty_at != Some(write.vm.extras_version)
                     })
                     .map(|((write, _), _)| write.vm.id)
                     .collect();
@@ -499,9 +508,14 @@ pub(crate) fn read_vms(
                 for db::ReadVm { vm, cgpus, cgpus_version, extras } in read {
                     match cache.settle(&vm, cgpus_version, cgpus) {
                         Some(cgpus) => {
-                            let view_versions = (!extras)
-                                .then_some(ViewVersions { vm: vm.version, cgpus: cgpus_version });
-                            by_id.insert(vm.id, VmDetails { vm, cgpus, view_versions });
+                            let extras = if extras {
+                                Extras::Unknown
+                            } else {
+                                let versions =
+                                    ViewVersions { vm: vm.version, cgpus: cgpus_version };
+                                Extras::None { versions: Some(versions) }
+                            };
+                            by_id.insert(vm.id, VmDetails { vm, cgpus, extras });
                         }
                         None => again.push((vm.id, None)),
                     }
@@ -535,13 +549,19 @@ impl App {
     /// Writes the VM if nobody changed it since it was read (see [`db::update_vms`]), in the
     /// next batch. Returns the VM as written (its new version) or as given, and how it went.
     pub(crate) async fn write_vm(&self, write: VmWrite) -> Result<(VmRecord, Written), Error> {
-        self.batchers.vm_writes.submit(BatchedVmWrite { write, leaves_queue: false }).await
+        let write = BatchedVmWrite { write, leaves_queue: false, queue_empty_at: None };
+        self.batchers.vm_writes.submit(write).await
     }
 
     /// [`Self::write_vm`] for a termination: once written, what the VM waits for leaves the
-    /// queue.
-    async fn write_termination(&self, write: VmWrite) -> Result<(VmRecord, Written), Error> {
-        self.batchers.vm_writes.submit(BatchedVmWrite { write, leaves_queue: true }).await
+    /// queue (see [`BatchedVmWrite::queue_empty_at`]).
+    async fn write_termination(
+        &self,
+        write: VmWrite,
+        queue_empty_at: Option<i64>,
+    ) -> Result<(VmRecord, Written), Error> {
+        let write = BatchedVmWrite { write, leaves_queue: true, queue_empty_at };
+        self.batchers.vm_writes.submit(write).await
     }
 }
 

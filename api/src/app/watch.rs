@@ -4,7 +4,7 @@
 //! every poll is an HTTP request and two database reads. With `?wait=` the request parks on a
 //! per-VM signal that this process's saga and terminations raise, with the record written, on every
 //! write of the VM, and answers with that record once it is settled: one read per wait. Another replica's saga
-//! does not reach this process's signal, so a waiter also re-reads at a slow fallback interval: it
+//! does not reach this process's signal, so a waiter also re-reads every `launch.long_poll_reread_ms`: it
 //! never waits past a change by more than that.
 
 use std::collections::HashMap;
@@ -14,14 +14,12 @@ use std::time::Duration;
 use gpgpums::VmId;
 use tokio::sync::Notify;
 
-use super::vms::VmDetails;
+use super::shared::{Extras, ViewVersions, VmDetails};
 use super::App;
 use crate::auth::Caller;
 use crate::error::Error;
 use crate::model::{SagaStep, VmRecord, VmState};
 
-/// How often a waiter re-reads a VM whose saga may run in another replica.
-const FALLBACK_READ: Duration = Duration::from_millis(250);
 /// The longest a client may ask to wait.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
 
@@ -36,7 +34,16 @@ struct Watched {
     signal: Arc<Notify>,
     waiters: usize,
     /// The last write announced.
-    written: Option<VmRecord>,
+    written: Option<Announced>,
+}
+
+/// A write as announced to waiters.
+#[derive(Debug, Clone)]
+struct Announced {
+    vm: VmRecord,
+    /// Its transaction added no queue entry or event of the VM after writing it, so the VM's
+    /// `extras_version` as written is the one the transaction left.
+    alone: bool,
 }
 
 /// One waiter's registration; dropping it unregisters.
@@ -60,8 +67,18 @@ impl VmWatchers {
 
     /// Wakes everyone waiting on `vm`, just written as it is.
     pub(crate) fn changed(&self, vm: &VmRecord) {
+        self.announce(vm, false);
+    }
+
+    /// [`Self::changed`] for a write whose transaction added no queue entry or event of the VM
+    /// after the write: a waiter that read none may answer without reading them.
+    pub(crate) fn changed_alone(&self, vm: &VmRecord) {
+        self.announce(vm, true);
+    }
+
+    fn announce(&self, vm: &VmRecord, alone: bool) {
         if let Some(watched) = self.waiting.lock().expect("vm watchers").get_mut(&vm.id) {
-            watched.written = Some(vm.clone());
+            watched.written = Some(Announced { vm: vm.clone(), alone });
             watched.signal.notify_waiters();
         }
     }
@@ -69,10 +86,10 @@ impl VmWatchers {
 
 impl Watch<'_> {
     /// The last write announced, if it is newer than `version` and left the VM settled.
-    fn settled_write(&self, version: i64) -> Option<VmRecord> {
+    fn settled_write(&self, version: i64) -> Option<Announced> {
         let waiting = self.watchers.waiting.lock().expect("vm watchers");
         let written = waiting.get(&self.id)?.written.as_ref()?;
-        (written.version > version && settled(written)).then(|| written.clone())
+        (written.vm.version > version && settled(&written.vm)).then(|| written.clone())
     }
 }
 
@@ -116,7 +133,8 @@ impl App {
             }
             let read_version = details.vm.version;
             // Woken by writes that leave it unsettled, wait on without reading.
-            let fallback = tokio::time::Instant::now() + FALLBACK_READ;
+            let reread = Duration::from_millis(self.config.launch.long_poll_reread_ms);
+            let fallback = tokio::time::Instant::now() + reread;
             loop {
                 let now = tokio::time::Instant::now();
                 if now >= deadline {
@@ -131,7 +149,7 @@ impl App {
                 if timed_out {
                     break;
                 }
-                if let Some(vm) = watch.settled_write(read_version) {
+                if let Some(Announced { vm, alone }) = watch.settled_write(read_version) {
                     if details.vm.step.changes_cgpus() {
                         // An attach or detach ended: its cGPUs changed, so read them.
                         break;
@@ -140,7 +158,19 @@ impl App {
                     // unless the write ended a saga that released them.
                     let released = vm.step == SagaStep::Done && vm.state != VmState::Ready;
                     let cgpus = if released { Vec::new() } else { details.cgpus };
-                    return Ok(VmDetails { vm, cgpus, view_versions: None });
+                    // Nothing added besides the VM since the read that found nothing: none.
+                    let extras = match details.extras {
+                        Extras::None { versions }
+                            if alone && vm.extras_version == details.vm.extras_version =>
+                        {
+                            let versions = versions
+                                .filter(|_| !released)
+                                .map(|read| ViewVersions { vm: vm.version, cgpus: read.cgpus });
+                            Extras::None { versions }
+                        }
+                        _ => Extras::Unknown,
+                    };
+                    return Ok(VmDetails { vm, cgpus, extras });
                 }
                 signal.set(watch.signal.notified());
                 signal.as_mut().enable();

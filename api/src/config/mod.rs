@@ -324,6 +324,9 @@ pub struct LaunchConfig {
     /// How long a gsaasd's claim on a running saga lasts unless renewed; after a crash, another
     /// gsaasd (or the restarted one) resumes the saga once the claim runs out.
     pub saga_lease_secs: u64,
+    /// How often a long-poll (`GET /v1/vms/{id}?wait=`) reads its VM again when no write of this
+    /// gsaasd wakes it: at most how late it answers a VM settled by another replica's saga.
+    pub long_poll_reread_ms: u64,
 }
 
 impl Default for LaunchConfig {
@@ -333,6 +336,7 @@ impl Default for LaunchConfig {
             deploy_timeout_secs: 600,
             agent_timeout_ms: 10_000,
             saga_lease_secs: 30,
+            long_poll_reread_ms: 250,
         }
     }
 }
@@ -650,6 +654,9 @@ impl Config {
             CloudConfig::Nova { .. } => {}
         }
         self.hosts.check()?;
+        if !(10..=60_000).contains(&self.launch.long_poll_reread_ms) {
+            return Err("launch.long_poll_reread_ms: must be between 10 and 60000".into());
+        }
         // An rCUDA server belongs to one host (see migration 0015).
         let mut gpu_networks: HashMap<Ipv4Addr, &HostId> = HashMap::new();
         for host in &self.inventory {
@@ -757,6 +764,11 @@ mod tests {
         .unwrap();
         let err = Config::load(Some(&path)).unwrap_err();
         assert!(err.to_string().contains("g1 and g2 have the same gpu_network_address"), "{err}");
+        for bad in ["0", "9", "60001"] {
+            std::fs::write(&path, format!("[launch]\nlong_poll_reread_ms = {bad}\n")).unwrap();
+            let err = Config::load(Some(&path)).unwrap_err();
+            assert!(err.to_string().contains("long_poll_reread_ms: must be between"), "{err}");
+        }
         std::fs::write(&path, "default_policy = \"worst-fit\"\n").unwrap();
         let err = Config::load(Some(&path)).unwrap_err();
         assert!(

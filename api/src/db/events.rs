@@ -39,6 +39,7 @@ pub async fn insert_event(
     vm: VmId,
     event: &VmEvent,
 ) -> Result<(), Error> {
+    let vm_id = vm;
     let vm = vm.to_string();
     let seq: i64 = sqlx::query(
         "INSERT INTO vm_events (vm, seq, at_ms, kind, detail) \
@@ -52,6 +53,7 @@ pub async fn insert_event(
     .fetch_one(&mut *conn)
     .await?
     .try_get(0)?;
+    super::extras_added(&mut *conn, vm_id).await?;
     if seq > EVENTS_PER_VM {
         sqlx::query("DELETE FROM vm_events WHERE vm = $1 AND seq <= $2")
             .bind(&vm)

@@ -75,6 +75,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (17, "lasting_revocations", include_str!("../../../migrations/0017_lasting_revocations.sql")),
     (18, "cgpus_version", include_str!("../../../migrations/0018_cgpus_version.sql")),
     (19, "live_vm_indexes", include_str!("../../../migrations/0019_live_vm_indexes.sql")),
+    (20, "vm_extras_version", include_str!("../../../migrations/0020_vm_extras_version.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -105,8 +105,9 @@ pub async fn enqueue(conn: &mut AnyConnection, new: NewTicket<'_>) -> Result<Tic
     .bind(new.deadline_ms)
     .bind(new.queued.kind())
     .bind(attach)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
+    super::extras_added(conn, new.vm.id).await?;
     Ok(TicketId(ticket as u64))
 }
 

@@ -15,8 +15,8 @@ use crate::model::*;
 
 /// A VM's columns, read by position (see [`vm_from_row`]); `v.` names them in joins.
 pub(super) const VM_COLUMNS: &str = "v.id, v.project, v.owner, v.name, v.request, v.policy, v.state, v.error, v.step, \
-    v.server_id, v.host, v.fixed_ip, v.tap, v.routes_on, v.timings, v.created_ms, v.updated_ms, v.version";
-pub(super) const VM_COLUMN_COUNT: usize = 18;
+    v.server_id, v.host, v.fixed_ip, v.tap, v.routes_on, v.timings, v.created_ms, v.updated_ms, v.version, v.extras_version";
+pub(super) const VM_COLUMN_COUNT: usize = 19;
 
 pub(super) fn vm_from_row(row: &AnyRow) -> Result<VmRecord, Error> {
     vm_from_row_at(row, 0)
@@ -52,6 +52,7 @@ fn vm_from_row_at(row: &AnyRow, at: usize) -> Result<VmRecord, Error> {
         created_ms: row.try_get(at + 15)?,
         updated_ms: row.try_get(at + 16)?,
         version: row.try_get(at + 17)?,
+        extras_version: row.try_get(at + 18)?,
     })
 }
 
@@ -384,7 +385,8 @@ const VM_WRITE_COLUMNS: &str =
     timings, updated_ms, claim_owner, claim_now, claim_until";
 
 /// Writes everything the saga changes about each VM, if nobody else changed it since it was read,
-/// in one statement per [`MAX_ROWS`] writes. Written records get their new version. Writing the
+/// in one statement per [`MAX_ROWS`] writes. Written records get their new version and the VM's
+/// `extras_version` as of the write. Writing the
 /// end of a saga (step `done`) also releases its lease. The ids must be distinct.
 pub async fn update_vms(
     conn: &mut AnyConnection,
@@ -432,7 +434,7 @@ pub async fn update_vms(
              saga_lease_until_ms = CASE WHEN v.step = 'done' THEN 0 \
                  WHEN {CLAIMABLE} THEN v.claim_until ELSE vms.saga_lease_until_ms END \
              FROM v WHERE vms.id = v.id AND vms.version = v.version \
-             RETURNING vms.id, vms.saga_owner"
+             RETURNING vms.id, vms.saga_owner, vms.extras_version"
         )
     })
     .await?;
@@ -440,14 +442,16 @@ pub async fn update_vms(
     for row in answered {
         let id: String = row.try_get(0)?;
         let owner: Option<String> = row.try_get(1)?;
-        owners.insert(id, owner);
+        let extras_version: i64 = row.try_get(2)?;
+        owners.insert(id, (owner, extras_version));
     }
     Ok(writes
         .iter_mut()
         .map(|write| match owners.get(&write.vm.id.to_string()) {
             None => Written::Stale,
-            Some(owner) => {
+            Some((owner, extras_version)) => {
                 write.vm.version += 1;
+                write.vm.extras_version = *extras_version;
                 let claimed = write
                     .claim
                     .as_ref()
@@ -456,6 +460,16 @@ pub async fn update_vms(
             }
         })
         .collect())
+}
+
+/// Bumps the VM's `extras_version`: every statement that adds a queue entry or an event of the VM
+/// calls this in its transaction (see [`VmRecord::extras_version`]).
+pub(super) async fn extras_added(conn: &mut AnyConnection, vm: VmId) -> Result<(), Error> {
+    sqlx::query("UPDATE vms SET extras_version = extras_version + 1 WHERE id = $1")
+        .bind(vm.to_string())
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 pub async fn vm(conn: &mut AnyConnection, id: VmId) -> Result<Option<VmRecord>, Error> {

@@ -28,7 +28,7 @@ use gpgpums::{GpuId, HostId, VmId};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use crate::app::vms::LaunchInput;
+use crate::app::vms::{Extras, LaunchInput};
 use crate::app::App;
 use crate::auth::{Caller, Role};
 use crate::error::{Error, FieldError, Problem};
@@ -353,7 +353,7 @@ async fn get_vm(
         }
     };
     let admin = caller.is_admin();
-    if details.view_versions.is_some() {
+    if details.extras != Extras::Unknown {
         // The VM's view alone: the one rendered for its versions serves, if kept.
         let body = app.rendered_view(&details, admin, || {
             serde_json::to_vec(&vm_record_view(&details, admin)).expect("a view serializes").into()
@@ -370,7 +370,7 @@ async fn vm_view(
     admin: bool,
 ) -> Result<VmView, Error> {
     let view = vm_record_view(details, admin);
-    if details.view_versions.is_some() {
+    if details.extras != Extras::Unknown {
         return Ok(view);
     }
     let extras = app.view_extras(details.vm.id).await?;

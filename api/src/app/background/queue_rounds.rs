@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 
 use crate::app::bookings::{cgpu_record, check_user_data};
 use crate::app::elastic::attach_host;
-use crate::app::shared::VmDetails;
+use crate::app::shared::{Extras, VmDetails};
 pub use crate::app::shared::{QueueAndEvents, QueueEntry};
 use crate::app::App;
 use crate::db::{self, now_ms, Claim, VmWrite, Written};
@@ -206,7 +206,7 @@ impl App {
                             out.writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });
                             out.new_cgpus.extend(cgpus.iter().cloned());
                             out.done.push(q.ticket);
-                            started.push(VmDetails { vm, cgpus, view_versions: None });
+                            started.push(VmDetails { vm, cgpus, extras: Extras::Unknown });
                             round.started.push(s.vm);
                         }
                         Err(e) => {
@@ -266,7 +266,7 @@ impl App {
                 ..vm.clone()
             };
             out.writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });
-            attached.push(VmDetails { vm, cgpus, view_versions: None });
+            attached.push(VmDetails { vm, cgpus, extras: Extras::Unknown });
         }
         for (ticket, e) in &planned.refused {
             let q = by_ticket[ticket];

@@ -279,7 +279,7 @@ impl App {
             return Ok(false);
         }
         *vm = written_vm;
-        self.watchers.changed(vm);
+        self.watchers.changed_alone(vm);
         Ok(true)
     }
 
