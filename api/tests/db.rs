@@ -29,8 +29,7 @@ async fn insert_migration_row(tx: &mut gsaasd::db::WriteTx, version: i64) {
 }
 
 async fn an_uncommitted_transaction_rolls_back_when_dropped(store: Store) {
-    let (config, dir) = support::test_config(store);
-    let db = Db::connect(&config.database_url()).await.unwrap();
+    let db = support::FreshDb::open(store).await;
 
     let mut tx = db.begin().await.unwrap();
     insert_migration_row(&mut tx, 9001).await;
@@ -56,15 +55,13 @@ async fn an_uncommitted_transaction_rolls_back_when_dropped(store: Store) {
     drop(tx);
     assert_eq!(migration_rows(&db, 9003).await, 0);
     db.ping().await.unwrap();
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A VM keeps its latest events, in the order they came even within one millisecond, and no
 /// more than `EVENTS_PER_VM` of them however many come.
 async fn a_vm_keeps_only_its_latest_events_in_order(store: Store) {
     use gsaasd::db::{events_of, insert_event, VmEvent, EVENTS_PER_VM};
-    let (config, dir) = support::test_config(store);
-    let db = Db::connect(&config.database_url()).await.unwrap();
+    let db = support::FreshDb::open(store).await;
     let (vm, other) = (gpgpums::VmId::new_random(), gpgpums::VmId::new_random());
     let many = EVENTS_PER_VM + 25;
     let mut tx = db.begin().await.unwrap();
@@ -91,7 +88,6 @@ async fn a_vm_keeps_only_its_latest_events_in_order(store: Store) {
     assert_eq!(stored, EVENTS_PER_VM, "older events are forgotten");
     assert_eq!(events_of(&mut conn, other).await.unwrap().len(), 1);
     drop(conn);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The SQL of the binary's migrations `from..to` (versions, `to` excluded).
@@ -285,8 +281,7 @@ async fn sqlite_writes_reach_the_database_file_without_the_connection_checkpoint
 /// them, such as one whose environment overrides `LIBSQLITE3_FLAGS`, fails here.
 #[tokio::test]
 async fn sqlite_is_built_with_the_workspace_compile_options() {
-    let (config, dir) = support::test_config(Store::Sqlite);
-    let db = Db::connect(&config.database_url()).await.unwrap();
+    let db = support::FreshDb::open(Store::Sqlite).await;
     let mut conn = db.conn().await.unwrap();
     let options: Vec<String> =
         sqlx::query_scalar("PRAGMA compile_options").fetch_all(&mut *conn).await.unwrap();
@@ -297,7 +292,6 @@ async fn sqlite_is_built_with_the_workspace_compile_options() {
     }
     drop(conn);
     drop(db);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The first pass's read of every host's routes at once gives what the reads per host give: each
@@ -306,8 +300,7 @@ async fn sqlite_is_built_with_the_workspace_compile_options() {
 async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
     use gpgpums::{HostId, HostKind, VmId};
     use gsaasd::db::{insert_host, routed_cgpus_everywhere, routed_cgpus_on};
-    let (config, dir) = support::test_config(store);
-    let db = Db::connect(&config.database_url()).await.unwrap();
+    let db = support::FreshDb::open(store).await;
     let mut tx = db.begin().await.unwrap();
     let hosts: Vec<HostId> = ["h1", "h2", "h3"].iter().map(|h| HostId::new(*h).unwrap()).collect();
     for (h, host) in hosts.iter().enumerate() {
@@ -405,7 +398,6 @@ async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
     let h2 = &at_once[&hosts[1]][0];
     assert!(h2.fixed_ip.is_none() && h2.tap.is_none());
     drop(conn);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The first pass's text listing of every VM with a server reads what the rows say, whatever a
@@ -413,8 +405,7 @@ async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
 async fn every_vm_with_a_server_is_listed_as_stored(store: Store) {
     use gsaasd::cloud::ServerId;
     use gsaasd::db::{vms_on_servers, vms_with_servers};
-    let (config, dir) = support::test_config(store);
-    let db = Db::connect(&config.database_url()).await.unwrap();
+    let db = support::FreshDb::open(store).await;
     // (server, host, state, step, updated_ms)
     type Vm = (Option<&'static str>, Option<&'static str>, &'static str, &'static str, i64);
     let vms: [Vm; 7] = [
@@ -466,7 +457,6 @@ async fn every_vm_with_a_server_is_listed_as_stored(store: Store) {
         ]
     );
     drop(conn);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The (index, state, GPU) of each cGPU a read holding the VM's cGPUs at `held` got (`None`:
@@ -492,8 +482,7 @@ async fn each_change_of_a_vms_cgpus_is_read_again(store: Store) {
     use gpgpums::{GpuId, HostId, HostKind, Mode, VmId};
     use gsaasd::db::{self as store_db, insert_host};
     use gsaasd::model::{CgpuRecord, CgpuState};
-    let (config, dir) = support::test_config(store);
-    let db = Db::connect(&config.database_url()).await.unwrap();
+    let db = support::FreshDb::open(store).await;
     let host = HostId::new("h1").unwrap();
     let vm = VmId::new_random();
     let mut tx = db.begin().await.unwrap();
@@ -591,7 +580,6 @@ async fn each_change_of_a_vms_cgpus_is_read_again(store: Store) {
     let (cgpus, _) = read_cgpus_at(&mut conn, vm, held).await;
     assert_eq!(cgpus, Some(vec![]), "released");
     drop(conn);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The lookups of live VMs by server (`db::vms_on_servers`, `db::vms_with_servers`) and the quota
@@ -600,8 +588,7 @@ async fn each_change_of_a_vms_cgpus_is_read_again(store: Store) {
 /// scans a table this small), over 3,000 VMs of which a third live. The statements are those
 /// functions' shapes.
 async fn live_vm_lookups_read_their_partial_indexes(store: Store) {
-    let (config, dir) = support::test_config(store);
-    let db = Db::connect(&config.database_url()).await.unwrap();
+    let db = support::FreshDb::open(store).await;
     let mut conn = db.conn().await.unwrap();
     let (explain, postgres) = match store {
         Store::Sqlite => ("EXPLAIN QUERY PLAN", false),
@@ -656,7 +643,6 @@ async fn live_vm_lookups_read_their_partial_indexes(store: Store) {
         assert!(indexes.iter().any(reads), "{query}: {plan:#?}");
     }
     drop(conn);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 on_both_stores!(

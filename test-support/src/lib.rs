@@ -92,6 +92,34 @@ pub fn test_config(store: Store) -> (Config, PathBuf) {
     (config, dir)
 }
 
+/// A migrated database of a test's own, without a server; its directory goes when it is dropped.
+#[derive(Debug)]
+pub struct FreshDb {
+    db: gsaasd::db::Db,
+    dir: PathBuf,
+}
+
+impl FreshDb {
+    pub async fn open(store: Store) -> FreshDb {
+        let (config, dir) = test_config(store);
+        let db = gsaasd::db::Db::connect(&config.database_url()).await.expect("test database");
+        FreshDb { db, dir }
+    }
+}
+
+impl std::ops::Deref for FreshDb {
+    type Target = gsaasd::db::Db;
+    fn deref(&self) -> &gsaasd::db::Db {
+        &self.db
+    }
+}
+
+impl Drop for FreshDb {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl TestService {
     pub async fn start(store: Store) -> TestService {
         Self::start_with(store, |_| {}).await
