@@ -386,8 +386,8 @@ const VM_WRITE_COLUMNS: &str =
 
 /// Writes everything the saga changes about each VM, if nobody else changed it since it was read,
 /// in one statement per [`MAX_ROWS`] writes. Written records get their new version and the VM's
-/// `extras_version` as of the write. Writing the
-/// end of a saga (step `done`) also releases its lease. The ids must be distinct.
+/// `extras_version` as of the write. Writing the end of a saga (step `done`) also releases its
+/// lease. The ids must be distinct.
 pub async fn update_vms(
     conn: &mut AnyConnection,
     writes: &mut [VmWrite],
