@@ -4,9 +4,9 @@
 //! is an answer of 11-30 KB: rendering it (75 endpoints formatted, the rCUDA environment, the
 //! JSON) cost more than reading it. A view is a function of the VM's `version`, its
 //! `cgpus_version` and whether the caller is an admin, as long as the VM has neither queue
-//! entries nor events (the read by id says so in the same snapshot, see [`super::shared::Extras`]); every
-//! write of a VM or of its cGPUs bumps one of the two versions (`db::update_vms`,
-//! `db::cgpus`' rule), so a view kept under them is the view the read would render.
+//! entries nor events (see [`super::shared::Extras`]); every write of a VM or of its cGPUs bumps
+//! one of the two versions (`db::update_vms`, `db::cgpus`' rule), so a view kept under them is
+//! the view the read would render.
 //!
 //! Bounded by the bytes it holds; when full, it starts again empty.
 

@@ -2,10 +2,10 @@
 //!
 //! A client following a launch or a termination would otherwise poll `GET /v1/vms/{id}`, and
 //! every poll is an HTTP request and two database reads. With `?wait=` the request parks on a
-//! per-VM signal that this process's saga and terminations raise, with the record written, on every
-//! write of the VM, and answers with that record once it is settled: one read per wait. Another replica's saga
-//! does not reach this process's signal, so a waiter also re-reads every `launch.long_poll_reread_ms`: it
-//! never waits past a change by more than that.
+//! per-VM signal that this process's saga and terminations raise, with the record written, on
+//! every write of the VM, and answers with that record once it is settled: one read per wait.
+//! Another replica's saga does not reach this process's signal, so a waiter also re-reads every
+//! `launch.long_poll_reread_ms`: it never waits past a change by more than that.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

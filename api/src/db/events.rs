@@ -39,24 +39,23 @@ pub async fn insert_event(
     vm: VmId,
     event: &VmEvent,
 ) -> Result<(), Error> {
-    let vm_id = vm;
-    let vm = vm.to_string();
+    let key = vm.to_string();
     let seq: i64 = sqlx::query(
         "INSERT INTO vm_events (vm, seq, at_ms, kind, detail) \
          SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4 FROM vm_events WHERE vm = $1 \
          RETURNING seq",
     )
-    .bind(&vm)
+    .bind(&key)
     .bind(event.at_ms)
     .bind(&event.kind)
     .bind(&event.detail)
     .fetch_one(&mut *conn)
     .await?
     .try_get(0)?;
-    super::extras_added(&mut *conn, vm_id).await?;
+    super::extras_added(&mut *conn, vm).await?;
     if seq > EVENTS_PER_VM {
         sqlx::query("DELETE FROM vm_events WHERE vm = $1 AND seq <= $2")
-            .bind(&vm)
+            .bind(&key)
             .bind(seq - EVENTS_PER_VM)
             .execute(conn)
             .await?;
