@@ -645,6 +645,25 @@ async fn live_vm_lookups_read_their_partial_indexes(store: Store) {
     drop(conn);
 }
 
+/// gsaasd's PostgreSQL sessions cost a random page read as one in memory (see
+/// `db::RANDOM_PAGE_COST`: at the default, a small or churned `vms` was scanned whole for batches
+/// of 64 keys), and leave the setting alone when the URL sets it. Two reads, as the pool hands out
+/// a connection each time (both lanes' pools are built alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sessions_cost_pages_as_in_memory_unless_the_url_says() {
+    async fn random_page_cost(db: &Db) -> String {
+        let mut conn = db.conn().await.unwrap();
+        sqlx::query("SHOW random_page_cost").fetch_one(&mut *conn).await.unwrap().get(0)
+    }
+    let url = support::postgres::fresh_database();
+    let db = Db::connect(&url).await.unwrap();
+    assert_eq!(random_page_cost(&db).await, "1.1");
+    assert_eq!(random_page_cost(&db).await, "1.1");
+    drop(db);
+    let db = Db::connect(&format!("{url}?options=-c%20random_page_cost%3D3")).await.unwrap();
+    assert_eq!(random_page_cost(&db).await, "3");
+}
+
 on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
     live_vm_lookups_read_their_partial_indexes,
