@@ -75,7 +75,8 @@ for round in $(seq 1 "$rounds"); do
   for side in old new; do
     if [ $side = old ]; then bin=$old_bin dir=$old_dir; else bin=$new_bin dir=$new_dir; fi
     echo "=== round $round: $side"
-    # Benches run from their crate's directory, as cargo bench runs them.
-    (cd "$dir" && "$bin" --bench "$@")
+    # Benches run from their crate's directory, as cargo bench runs them; criterion's reports go
+    # to the build's own folder, not into the checkout.
+    (cd "$dir" && CRITERION_HOME="$base/criterion-$side" "$bin" --bench "$@")
   done
 done

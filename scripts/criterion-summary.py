@@ -49,3 +49,15 @@ print("|---|---|---|---|")
 for policy in policies:
     base = [mean_ns("paper_sort_each_request", policy, n) for n in sizes]
     print(f"| {policy.replace('_', '+')} | {' | '.join(fmt_time(x) for x in base)} |")
+if (root / "constrained").is_dir():
+    print()
+    print("Mixed fleet (8 models, 20 traits), requests cycling through 8 constraint sets:")
+    print()
+    print("| policy | 1k GPUs | 10k GPUs | 100k GPUs | placements/s at 100k | 100k/1k | unconstrained at 100k |")
+    print("|---|---|---|---|---|---|---|")
+    for policy in policies:
+        t = [mean_ns("constrained", policy, n) for n in sizes]
+        plain = mean_ns("indexed", policy, 100000)
+        rate = f"{1e9 / t[2]:,.0f}" if t[2] else "-"
+        scale = f"{t[2] / t[0]:.2f}" if t[0] and t[2] else "-"
+        print(f"| {policy.replace('_', '+')} | {' | '.join(fmt_time(x) for x in t)} | {rate} | {scale} | {fmt_time(plain)} |")

@@ -24,3 +24,6 @@ pub use problem::*;
 pub use queue::*;
 pub use quotas::*;
 pub use vms::*;
+
+/// A `major.minor` version (a compute capability, a CUDA version), as requests write it.
+pub use gpgpums::MajorMinor;

@@ -37,6 +37,20 @@ pub struct GpuView {
     /// cGPU bookings fences hold here (routes that may still be live on a host that could not
     /// be reached, or a re-homed cGPU's old GPU): not placeable until released.
     pub fenced: u32,
+    /// CUDA compute capability (`"8.0"`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub compute_capability: Option<gpgpums::MajorMinor>,
+    /// The CUDA version its driver supports, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub cuda_version: Option<gpgpums::MajorMinor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// Its traits, those its compute capability and CUDA version give it included: what
+    /// requests' `traits` match.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub traits: Vec<String>,
 }
 
 /// `POST /v1/gpus/{id}/taint`.

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use gpgpums::{Locality, Mode};
+use gpgpums::{Locality, MajorMinor, Mode};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -26,6 +26,46 @@ pub enum LocalityParam {
     Local,
     /// The VM on a compute-rGPU host; GPUs anywhere.
     Remote,
+}
+
+/// GPU models by exact name (as `GET /v1/pool` lists them): one, or a list of which any will do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum GpuModels {
+    One(String),
+    AnyOf(Vec<String>),
+}
+
+impl GpuModels {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            GpuModels::One(model) => vec![model],
+            GpuModels::AnyOf(models) => models,
+        }
+    }
+}
+
+/// Traits (os-traits names such as `HW_GPU_CUDA_COMPUTE_CAPABILITY_V8_0`, or the cloud's own
+/// `CUSTOM_...`) a VM's GPUs must have, must not have, should have, or should rather not have.
+/// Required and forbidden filter; preferred and avoided rank the GPUs left, one step per trait,
+/// before the placement policy decides among equals.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TraitsParam {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forbidden: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid: Vec<String>,
+}
+
+impl TraitsParam {
+    pub fn is_empty(&self) -> bool {
+        *self == TraitsParam::default()
+    }
 }
 
 /// `POST /v1/vms`: the VM part and the GPU part of a launch.
@@ -58,6 +98,21 @@ pub struct LaunchRequest {
     /// Never put two of this VM's cGPUs on one physical GPU.
     #[serde(default)]
     pub distinct_gpus: bool,
+    /// Only GPUs of this model, or of one of these. A model no GPU of the cloud is: 422.
+    #[serde(default)]
+    pub gpu_model: Option<GpuModels>,
+    /// Traits the GPUs must have, must not have, or are ranked by. A trait no GPU has, or
+    /// constraints no GPU meets together: 422 naming the first that rules every GPU out.
+    #[serde(default)]
+    pub traits: TraitsParam,
+    /// Only GPUs of at least this CUDA compute capability (`"8.0"`).
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "8.0")]
+    pub min_compute_capability: Option<MajorMinor>,
+    /// Only GPUs whose driver supports at least this CUDA version (`"12.2"`).
+    #[serde(default)]
+    #[schema(value_type = Option<String>, example = "12.2")]
+    pub min_cuda_version: Option<MajorMinor>,
     /// When the GPUs are not there now, wait in the queue (state `queued`, answered 202) instead
     /// of failing with 507.
     #[serde(default)]
@@ -127,6 +182,17 @@ pub struct GpuRequestView {
     pub mode: ModeParam,
     pub locality: LocalityParam,
     pub distinct_gpus: bool,
+    /// The models asked for (any of them); absent: any model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_model: Vec<String>,
+    #[serde(default, skip_serializing_if = "TraitsParam::is_empty")]
+    pub traits: TraitsParam,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub min_compute_capability: Option<MajorMinor>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub min_cuda_version: Option<MajorMinor>,
     /// The policy that placed the cGPUs.
     pub policy: String,
 }

@@ -264,6 +264,7 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
         let _ = writeln!(out, "gsaas_gpu_healthy{{{labels}}} {}", u8::from(g.health.is_none()));
         let _ = writeln!(out, "gsaas_gpu_tainted{{{labels}}} {}", u8::from(g.taint.is_some()));
     }
+    render_models(&mut out, &gpus);
     for (name, help) in [
         ("gsaas_host_memory_mib", "GPU memory, by host."),
         ("gsaas_host_allocated_mib", "GPU memory booked by cGPUs, by host."),
@@ -288,6 +289,50 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
         let _ = writeln!(out, "gsaas_host_schedulable{{{labels}}} {schedulable}");
     }
     out
+}
+
+/// The pool by GPU model: what a fleet of several generations is asked for and has left.
+fn render_models(out: &mut String, gpus: &[gpgpums::GpuUsage]) {
+    #[derive(Default)]
+    struct Sums {
+        gpus: u64,
+        memory: u64,
+        allocated: u64,
+        cgpus: u64,
+        idle: u64,
+    }
+    let mut by_model: std::collections::BTreeMap<&str, Sums> = Default::default();
+    for g in gpus {
+        let sums = by_model.entry(g.model.as_str()).or_default();
+        sums.gpus += 1;
+        sums.memory += g.memory_mib;
+        sums.allocated += g.allocated_mib;
+        sums.cgpus += u64::from(g.cgpus);
+        sums.idle += u64::from(g.cgpus == 0 && g.taint.is_none() && g.health.is_none());
+    }
+    type Series = (&'static str, &'static str, fn(&Sums) -> u64);
+    let series: [Series; 5] = [
+        ("gsaas_model_gpus", "GPUs, by model.", |s| s.gpus),
+        ("gsaas_model_memory_mib", "GPU memory, by model.", |s| s.memory),
+        ("gsaas_model_allocated_mib", "GPU memory booked by cGPUs, by model.", |s| s.allocated),
+        ("gsaas_model_cgpus", "cGPUs, by model.", |s| s.cgpus),
+        (
+            "gsaas_model_idle_gpus",
+            "GPUs without cGPUs that take new ones (healthy, untainted), by model.",
+            |s| s.idle,
+        ),
+    ];
+    for (name, help, value) in series {
+        header(out, name, "gauge", help);
+        for (model, sums) in &by_model {
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {}", label_value(model), value(sums));
+        }
+    }
+}
+
+/// `text` as a Prometheus label value: backslash, double quote and line feed escaped.
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// cGPU bookings held by fences, by GPU (see `app::fences`).

@@ -249,12 +249,20 @@ pub struct GpuRecord {
     pub rcuda_gpu_number: u32,
     /// Why the host's agent reports the GPU unhealthy; `None`: healthy.
     pub health: Option<String>,
+    /// Compute capability, CUDA version, UUID and traits, as far as known.
+    pub attributes: gpgpums::GpuAttributes,
 }
 
 impl GpuRecord {
-    /// The same device at the same place, whatever its health.
+    /// The same device at the same place, whatever its health and attributes (a driver upgrade
+    /// changes its CUDA version, an operator its traits: it keeps its cGPUs).
     pub fn same_device(&self, other: &GpuRecord) -> bool {
-        GpuRecord { health: None, ..self.clone() } == GpuRecord { health: None, ..other.clone() }
+        let bare = |gpu: &GpuRecord| GpuRecord {
+            health: None,
+            attributes: gpgpums::GpuAttributes::default(),
+            ..gpu.clone()
+        };
+        bare(self) == bare(other)
     }
 
     /// The GPU as the scheduler sees it.
@@ -270,6 +278,7 @@ impl GpuRecord {
                 port: self.rcuda_port,
                 gpu_number: self.rcuda_gpu_number,
             },
+            attributes: self.attributes.clone(),
         }
     }
 }

@@ -15,6 +15,7 @@ mod db;
 mod drift;
 mod elastic;
 mod failures;
+mod fleet;
 mod hosts;
 mod keystone_auth;
 mod lists;

@@ -88,7 +88,7 @@ pub enum Locality {
 pub enum Command {
     /// Launch a VM with cGPUs (the paper's `gsaas -l`).
     #[command(after_long_help = EXAMPLES)]
-    Launch(Launch),
+    Launch(Box<Launch>),
     /// Terminate a VM: withdraw its routes, delete it, release its cGPUs (`gsaas -t -id=`).
     Terminate {
         /// The VM's id.
@@ -256,6 +256,27 @@ pub struct Launch {
     /// Never put two of the VM's cGPUs on one physical GPU.
     #[arg(long)]
     pub distinct_gpus: bool,
+    /// Only GPUs of this model (repeat for any of several), as `gsaas pool` lists them.
+    #[arg(long = "gpu-model", value_name = "MODEL")]
+    pub gpu_models: Vec<String>,
+    /// A trait the GPUs must have (repeat for more): an os-traits name or `CUSTOM_...`.
+    #[arg(long = "require-trait", value_name = "TRAIT")]
+    pub require_traits: Vec<String>,
+    /// A trait the GPUs must not have (repeat for more).
+    #[arg(long = "forbid-trait", value_name = "TRAIT")]
+    pub forbid_traits: Vec<String>,
+    /// A trait that ranks a GPU higher (repeat for more).
+    #[arg(long = "prefer-trait", value_name = "TRAIT")]
+    pub prefer_traits: Vec<String>,
+    /// A trait that ranks a GPU lower (repeat for more).
+    #[arg(long = "avoid-trait", value_name = "TRAIT")]
+    pub avoid_traits: Vec<String>,
+    /// Only GPUs of at least this CUDA compute capability (8.0).
+    #[arg(long, value_name = "MAJOR.MINOR")]
+    pub min_compute_capability: Option<gsaas_api_types::MajorMinor>,
+    /// Only GPUs whose driver supports at least this CUDA version (12.2).
+    #[arg(long, value_name = "MAJOR.MINOR")]
+    pub min_cuda_version: Option<gsaas_api_types::MajorMinor>,
     /// Makes a retried launch return the same VM.
     #[arg(long)]
     pub idempotency_key: Option<String>,

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gsaas_api_types::{
-    AttachRequest, CgpuState, LaunchRequest, LocalityParam, ModeParam, QuotaView, TaintRequest,
-    VmView, LAUNCH_STAGES,
+    AttachRequest, CgpuState, GpuModels, LaunchRequest, LocalityParam, ModeParam, QuotaView,
+    TaintRequest, TraitsParam, VmView, LAUNCH_STAGES,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -59,7 +59,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let client = Client::new(&url, Auth::resolve(token)?);
     let format = cli.format;
     match cli.command {
-        Command::Launch(launch) => launch_vm(&client, format, launch, &file),
+        Command::Launch(launch) => launch_vm(&client, format, *launch, &file),
         Command::Terminate { id, wait } => {
             let vm = client.delete(&format!("/v1/vms/{}", path_segment(&id)?))?;
             if wait {
@@ -280,6 +280,15 @@ fn launch_vm(
         },
         policy: launch.policy,
         distinct_gpus: launch.distinct_gpus,
+        gpu_model: (!launch.gpu_models.is_empty()).then_some(GpuModels::AnyOf(launch.gpu_models)),
+        traits: TraitsParam {
+            required: launch.require_traits,
+            forbidden: launch.forbid_traits,
+            preferred: launch.prefer_traits,
+            avoid: launch.avoid_traits,
+        },
+        min_compute_capability: launch.min_compute_capability,
+        min_cuda_version: launch.min_cuda_version,
         queue: launch.queue,
         priority: launch.priority,
         preemptible: launch.preemptible,

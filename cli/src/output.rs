@@ -234,7 +234,7 @@ pub fn pool(pool: &PoolView) -> String {
             .flat_map(|h| {
                 if h.gpus.is_empty() {
                     let mut row = vec![h.name.clone(), h.state.clone()];
-                    row.extend(std::iter::repeat_n("-".to_owned(), 5));
+                    row.extend(std::iter::repeat_n("-".to_owned(), 6));
                     return vec![row];
                 }
                 h.gpus
@@ -244,6 +244,10 @@ pub fn pool(pool: &PoolView) -> String {
                             h.name.clone(),
                             h.state.clone(),
                             g.id.clone(),
+                            match g.compute_capability {
+                                Some(cc) => format!("{} ({cc})", g.model),
+                                None => g.model.clone(),
+                            },
                             format!("{}/{}", g.allocated_mib, g.memory_mib),
                             g.cgpus.to_string(),
                             g.rcuda_endpoint.clone(),
@@ -255,7 +259,16 @@ pub fn pool(pool: &PoolView) -> String {
             .collect();
         out.push('\n');
         out.push_str(&table(
-            &["host", "state", "GPU", "MiB booked", "cGPUs", "rCUDA endpoint", "condition"],
+            &[
+                "host",
+                "state",
+                "GPU",
+                "model",
+                "MiB booked",
+                "cGPUs",
+                "rCUDA endpoint",
+                "condition",
+            ],
             &rows,
         ));
     }

@@ -229,6 +229,15 @@ fn errors_are_one_line_with_distinct_exit_codes() {
     let mut args = vec!["launch", "--ncgpus", "1", "--mode", "shared"];
     args.extend(VM);
     check(server.gsaas(&token, &args), 2, "gpu_memory_mib");
+    let mut args = vec!["launch", "--ncgpus", "1", "--gpu-model", "V100"];
+    args.extend(VM);
+    check(server.gsaas(&token, &args), 2, "gpu_model");
+    let mut args = vec!["launch", "--ncgpus", "1", "--require-trait", "nvlink"];
+    args.extend(VM);
+    check(server.gsaas(&token, &args), 2, "traits.required");
+    let output =
+        server.gsaas(&token, &["launch", "--ncgpus", "1", "--min-compute-capability", "8"]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     // Not found.
     check(server.gsaas(&token, &["show", "00000000-0000-0000-0000-000000000000"]), 3, "not found");
     check(server.gsaas(&token, &["hosts"]), 3, "not found");
@@ -420,9 +429,15 @@ fn admins_taint_evacuate_and_forget_and_see_gpu_conditions() {
     let server = Server::start();
     let token = server.token("demo", Role::Member);
     let admin = server.token("ops", Role::Admin);
+    // The testbed's GPUs are Quadro M4000s, of compute capability 5.2.
     let mut args = vec!["-f", "json", "launch", "--ncgpus", "1", "--wait"];
+    args.extend(["--gpu-model", "NVIDIA Quadro M4000", "--min-compute-capability", "5.0"]);
+    args.extend(["--require-trait", "HW_GPU_CUDA_COMPUTE_CAPABILITY_V5_2"]);
+    args.extend(["--avoid-trait", "CUSTOM_NVLINK"]);
     args.extend(VM);
     let vm = json(&server.gsaas(&token, &args));
+    assert_eq!(vm["gpus"]["gpu_model"][0], "NVIDIA Quadro M4000", "{vm}");
+    assert_eq!(vm["gpus"]["traits"]["avoid"][0], "CUSTOM_NVLINK", "{vm}");
     let id = vm["id"].as_str().unwrap().to_owned();
     let shown = json(&server.gsaas(&admin, &["-f", "json", "show", &id]));
     let gpu = shown["cgpus"][0]["gpu"].as_str().unwrap().to_owned();
@@ -439,6 +454,7 @@ fn admins_taint_evacuate_and_forget_and_see_gpu_conditions() {
     let pool = server.gsaas(&admin, &["pool"]);
     let text = String::from_utf8_lossy(&pool.stdout);
     assert!(text.contains("tainted: ops: XID 79"), "{text}");
+    assert!(text.contains("NVIDIA Quadro M4000 (5.2)"), "{text}");
     assert!(server.gsaas(&admin, &["fences"]).status.success());
     let untainted = json(&server.gsaas(&admin, &["-f", "json", "untaint", &gpu]));
     assert!(untainted["taint"].is_null());

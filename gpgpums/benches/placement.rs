@@ -4,17 +4,21 @@
 //! One request is one single-cGPU shared VM (4 GiB) placed and then released, so the pool stays at 70%
 //! and the time includes the release. Run: `cargo bench -p gpgpums --bench placement`, then
 //! `python3 scripts/criterion-summary.py` for the table in BENCHMARKS.md.
+//!
+//! The group `constrained` does the same on a mixed fleet ([`mixed_gpu`]: 8 models, 20 traits)
+//! with requests that cycle through [`constraints`]: none, by model, by trait required, forbidden,
+//! preferred or avoided, by compute capability.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 mod common;
 
-use common::{add_gpu_host, Rng};
+use common::{add_gpu_host, add_gpu_host_of, Rng};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use gpgpums::{
-    CgpuAssignment, HostId, HostKind, Mode, Placement, PolicyRegistry, Pool, Request, Selector,
-    VmHost, VmId,
+    CgpuAssignment, GpuAttributes, GpuConstraints, HostId, HostKind, MajorMinor, Mode, Placement,
+    PolicyRegistry, Pool, Request, Selector, VmHost, VmId,
 };
 use uuid::Uuid;
 
@@ -30,9 +34,62 @@ const GPUS_PER_HOST: usize = 8;
 const GPU_SIZES_MIB: [u64; 4] = [16384, 24576, 40960, 81920];
 const CGPU_SIZES_MIB: [u64; 4] = [2048, 4096, 8192, 16384];
 
+const MODELS: [(&str, u16); 8] = [
+    ("T4", 75),
+    ("A10", 86),
+    ("L4", 89),
+    ("L40S", 89),
+    ("A100", 80),
+    ("H100", 90),
+    ("H200", 90),
+    ("B200", 100),
+];
+const RACKS: u32 = 10;
+
+/// Host `h`'s GPUs on a mixed fleet: each host one model, in one of 10 racks
+/// (`CUSTOM_RACK_R<n>`), 9 other custom traits in a pattern by host, NVLink on one host in
+/// three: 20 traits in all, besides the compute capability's.
+fn mixed_gpu(h: usize) -> (String, GpuAttributes) {
+    let (model, cc) = MODELS[h % MODELS.len()];
+    let mut traits = vec![format!("CUSTOM_RACK_R{}", h as u32 % RACKS)];
+    if h.is_multiple_of(3) {
+        traits.push("CUSTOM_NVLINK".to_owned());
+    }
+    traits.push(format!("CUSTOM_FEATURE_{}", h / 7 % 9));
+    let attributes = GpuAttributes {
+        compute_capability: Some(MajorMinor::new(cc / 10, cc % 10)),
+        traits: traits.into_iter().collect(),
+        ..GpuAttributes::default()
+    };
+    (model.to_owned(), attributes)
+}
+
+/// What the `constrained` group's requests ask, in turn.
+fn constraints() -> Vec<GpuConstraints> {
+    let traits = |t: &[&str]| t.iter().map(|t| (*t).to_owned()).collect::<Vec<_>>();
+    vec![
+        GpuConstraints::default(),
+        GpuConstraints { models: traits(&["A100"]), ..Default::default() },
+        GpuConstraints { models: traits(&["H100", "H200"]), ..Default::default() },
+        GpuConstraints { required: traits(&["CUSTOM_NVLINK"]), ..Default::default() },
+        GpuConstraints { forbidden: traits(&["CUSTOM_RACK_R3"]), ..Default::default() },
+        GpuConstraints { preferred: traits(&["CUSTOM_RACK_R1"]), ..Default::default() },
+        GpuConstraints {
+            min_compute_capability: Some(MajorMinor::new(8, 9)),
+            avoid: traits(&["CUSTOM_NVLINK"]),
+            ..Default::default()
+        },
+        GpuConstraints {
+            models: traits(&["L40S"]),
+            required: traits(&["CUSTOM_FEATURE_2"]),
+            ..Default::default()
+        },
+    ]
+}
+
 /// A pool of `gpus` GPUs with 70% of the memory booked by VMs of 1 to 4 cGPUs on random GPUs
-/// (2% of the bookings exclusive).
-fn fragmented_pool(gpus: usize, selector: Selector) -> Pool {
+/// (2% of the bookings exclusive); of one model, or `mixed` (see [`mixed_gpu`]).
+fn fragmented_pool(gpus: usize, selector: Selector, mixed: bool) -> Pool {
     let mut rng = Rng(0x5EED_0000 + gpus as u64);
     let mut pool = Pool::with(PolicyRegistry::builtin(), selector);
     let mut specs = Vec::with_capacity(gpus);
@@ -40,7 +97,14 @@ fn fragmented_pool(gpus: usize, selector: Selector) -> Pool {
         let sizes: Vec<u64> = (0..GPUS_PER_HOST.min(gpus - h * GPUS_PER_HOST))
             .map(|_| GPU_SIZES_MIB[rng.below(GPU_SIZES_MIB.len())])
             .collect();
-        specs.extend(add_gpu_host(&mut pool, h as u32, &sizes));
+        if mixed {
+            let (model, attributes) = mixed_gpu(h);
+            let gpus: Vec<_> =
+                sizes.iter().map(|&mib| (mib, model.clone(), attributes.clone())).collect();
+            specs.extend(add_gpu_host_of(&mut pool, h as u32, &gpus));
+        } else {
+            specs.extend(add_gpu_host(&mut pool, h as u32, &sizes));
+        }
     }
     pool.add_host(HostId::new("rg0").unwrap(), HostKind::ComputeRgpu).unwrap();
     let total: u64 = specs.iter().map(|s| s.memory_mib).sum();
@@ -93,7 +157,7 @@ fn place_and_release(c: &mut Criterion, group_name: &str, selector: Selector, si
     let request = Request::shared(1, 4096);
     for &gpus in sizes {
         for policy in POLICIES {
-            let mut pool = fragmented_pool(gpus, selector);
+            let mut pool = fragmented_pool(gpus, selector, false);
             let mut next_vm = u128::MAX / 2;
             group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
                 b.iter(|| {
@@ -110,9 +174,37 @@ fn place_and_release(c: &mut Criterion, group_name: &str, selector: Selector, si
     group.finish();
 }
 
+/// [`place_and_release`] on a mixed fleet, the requests cycling through [`constraints`].
+fn place_and_release_constrained(c: &mut Criterion, sizes: &[usize]) {
+    let mut group = c.benchmark_group("constrained");
+    let requests: Vec<Request> = constraints()
+        .into_iter()
+        .map(|constraints| Request::shared(1, 4096).with_constraints(constraints))
+        .collect();
+    for &gpus in sizes {
+        for policy in POLICIES {
+            let mut pool = fragmented_pool(gpus, Selector::Indexed, true);
+            let mut next_vm = u128::MAX / 2;
+            group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
+                b.iter(|| {
+                    next_vm += 1;
+                    let request = &requests[next_vm as usize % requests.len()];
+                    let vm = VmId::from_uuid(Uuid::from_u128(next_vm));
+                    let placement = pool.place(vm, request, policy).expect("the pool has room");
+                    black_box(&placement);
+                    pool.release(&vm);
+                })
+            });
+            pool.audit().expect("bookkeeping intact after the benchmark");
+        }
+    }
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
     let sizes = [1_000, 10_000, 100_000];
     place_and_release(c, "indexed", Selector::Indexed, &sizes);
+    place_and_release_constrained(c, &sizes);
     place_and_release(c, "paper_sort_each_request", Selector::SortEachRequest, &sizes);
 }
 

@@ -8,6 +8,7 @@
 //! - [`policy`]: the selection policies as plugins behind [`policy::Policy`], selected by name.
 //! - [`quota`]: project limits and the ledger of what each project holds.
 //! - [`queue`]: the order waiting requests start in, backfill, and preemption by shrinking.
+//! - [`traits`]: what a GPU is beyond model and memory, and the constraints a request puts on it.
 //! - [`seeded`]: a seeded generator for simulations and tests around the planner.
 //! - [`Error`]: the crate's one error type.
 
@@ -19,6 +20,7 @@ pub mod pool;
 pub mod queue;
 pub mod quota;
 pub mod seeded;
+pub mod traits;
 
 pub use error::{Error, Shortfall};
 pub use ids::{GpuId, HostId, IdError, ProjectId, TicketId, VmId, MAX_NAME_LEN};
@@ -29,3 +31,4 @@ pub use model::{
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
 pub use pool::{Pool, Rehome, Selector, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};
 pub use quota::{Quota, QuotaExceeded, QuotaLedger, Resource, Usage};
+pub use traits::{GpuAttributes, GpuConstraints, GpuKind, MajorMinor};

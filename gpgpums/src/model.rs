@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{GpuId, HostId, VmId};
+use crate::traits::{GpuAttributes, GpuConstraints};
 
 /// The role a host plays in the cloud (dissertation section 5.2.1, Figure 5.7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -75,6 +76,9 @@ pub struct GpuSpec {
     pub model: String,
     pub memory_mib: u64,
     pub rcuda: RcudaEndpoint,
+    /// Compute capability, CUDA version, UUID and traits, as far as known.
+    #[serde(default)]
+    pub attributes: GpuAttributes,
 }
 
 /// How a cGPU holds its GPU (dissertation section 5.2.1.3).
@@ -135,6 +139,9 @@ pub struct Request {
     /// Never put two cGPUs of this VM on the same physical GPU.
     #[serde(default)]
     pub distinct_gpus: bool,
+    /// Which GPUs it may take and which it prefers (models, traits, versions).
+    #[serde(default, skip_serializing_if = "GpuConstraints::is_empty")]
+    pub constraints: GpuConstraints,
 }
 
 impl Request {
@@ -146,6 +153,7 @@ impl Request {
             mode: Mode::Exclusive,
             locality: Locality::Any,
             distinct_gpus: false,
+            constraints: GpuConstraints::default(),
         }
     }
 
@@ -160,6 +168,10 @@ impl Request {
 
     pub fn with_distinct_gpus(self) -> Self {
         Request { distinct_gpus: true, ..self }
+    }
+
+    pub fn with_constraints(self, constraints: GpuConstraints) -> Self {
+        Request { constraints, ..self }
     }
 }
 
@@ -212,6 +224,8 @@ pub struct GpuUsage {
     /// Distinct VMs with a cGPU on this GPU.
     pub jobs: u32,
     pub rcuda: RcudaEndpoint,
+    #[serde(default)]
+    pub attributes: GpuAttributes,
     /// Why the GPU takes no new cGPUs, when it is tainted.
     pub taint: Option<String>,
     /// Why its host reports it unhealthy (it takes no new cGPUs either).

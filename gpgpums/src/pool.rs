@@ -14,6 +14,14 @@
 //! (rare) renumber the pool order and rebuild the indexes on the next placement. [`Selector::Scan`] and
 //! [`Selector::SortEachRequest`] decide by the policy's definition instead: the first is the reference
 //! the tests compare against, the second the paper's per-request sort, the benchmark's baseline.
+//!
+//! Requests may constrain which GPUs they take (models, traits, versions: [`GpuConstraints`]). The
+//! pool groups its GPUs by [`GpuKind`] (a fleet has a few kinds), so a request's constraints come
+//! down to a set of kinds, ranked in tiers by its soft constraints. A policy keeps, beside its
+//! indexes over every GPU, indexes over the GPUs of such a set of kinds ([`Subset`]), built the
+//! first time a request needs them and kept current from then on like the others: a constrained
+//! decision stays O(log n) per tier. At most [`MAX_SUBSETS`] are kept per policy, the least
+//! recently used dropped first.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -25,6 +33,7 @@ use crate::model::{
     Request, UsageTotals, VmHost,
 };
 use crate::policy::{Candidate, CandidateIndex, Policy, PolicyRegistry};
+use crate::traits::{GpuAttributes, GpuConstraints, GpuKind};
 
 mod rehome;
 
@@ -34,6 +43,8 @@ pub use rehome::Rehome;
 pub const MAX_CGPUS_PER_VM: u32 = 4096;
 /// The most memory one GPU may have, and so one cGPU may ask for: 16 TiB.
 pub const MAX_GPU_MEMORY_MIB: u64 = 16 << 20;
+/// The most sets of GPU kinds a policy keeps indexes over (see the module docs).
+pub const MAX_SUBSETS: usize = 64;
 
 /// How the pool finds the policy's choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,6 +73,8 @@ struct HostEntry {
 struct GpuEntry {
     spec: GpuSpec,
     host: u32,
+    /// Its kind (see [`Pool::kinds`]).
+    kind: u32,
     /// Why the GPU takes no new cGPUs (it keeps those it has); `None`: it takes them.
     taint: Option<String>,
     /// Why the GPU's host reports it unhealthy.
@@ -88,6 +101,7 @@ impl GpuEntry {
             cgpus: self.cgpus,
             jobs: self.jobs,
             rcuda: self.spec.rcuda,
+            attributes: self.spec.attributes.clone(),
             taint: self.taint.clone(),
             health: self.health.clone(),
         }
@@ -118,11 +132,75 @@ impl GpuEntry {
     }
 }
 
-/// A policy and, with [`Selector::Indexed`], its two indexes.
+/// A policy and, with [`Selector::Indexed`], its two indexes, and those over subsets of the GPUs.
 #[derive(Debug)]
 struct Views {
     policy: Arc<dyn Policy>,
     indexes: Option<[Box<dyn CandidateIndex>; 2]>,
+    /// Indexes over the GPUs of some kinds only (see the module docs); `None`: a free place.
+    subsets: Vec<Option<Subset>>,
+    subset_by_kinds: HashMap<Vec<u32>, usize>,
+    /// For each kind, the subsets that hold its GPUs.
+    subsets_of_kind: Vec<Vec<usize>>,
+}
+
+impl Views {
+    fn new(policy: Arc<dyn Policy>, indexes: Option<[Box<dyn CandidateIndex>; 2]>) -> Self {
+        Views {
+            policy,
+            indexes,
+            subsets: Vec::new(),
+            subset_by_kinds: HashMap::new(),
+            subsets_of_kind: Vec::new(),
+        }
+    }
+
+    fn drop_subsets(&mut self) {
+        self.subsets.clear();
+        self.subset_by_kinds.clear();
+        self.subsets_of_kind.clear();
+    }
+}
+
+/// A policy's two indexes over the GPUs of a set of kinds.
+#[derive(Debug)]
+struct Subset {
+    kinds: Vec<u32>,
+    indexes: [Box<dyn CandidateIndex>; 2],
+    /// When a decision last asked for it, in [`Pool::decisions`].
+    last_used: u64,
+}
+
+/// A kind of GPU the pool holds, and how many of its GPUs are registered.
+#[derive(Debug)]
+struct KindEntry {
+    kind: GpuKind,
+    gpus: u32,
+}
+
+/// How one request sees the pool's GPUs (see [`Pool::filter`]).
+#[derive(Debug, Clone, Default)]
+struct Filter {
+    /// Per kind, its rank when the request admits it (higher goes first); empty: every GPU
+    /// admitted, all of one rank.
+    ranks: Vec<Option<i32>>,
+    /// With [`Selector::Indexed`] and `ranks` set: the subsets of the admitted kinds, one per
+    /// rank, highest first.
+    tiers: Vec<usize>,
+}
+
+impl Filter {
+    fn is_everything(&self) -> bool {
+        self.ranks.is_empty()
+    }
+
+    /// The rank of a GPU of `kind`, or `None` when the request does not admit it.
+    fn rank(&self, kind: u32) -> Option<i32> {
+        if self.ranks.is_empty() {
+            return Some(0);
+        }
+        self.ranks[kind as usize]
+    }
 }
 
 /// Which of a policy's two indexes serves `mode`: [shared, exclusive].
@@ -144,18 +222,27 @@ struct Limits {
     schedulable_agent_host: bool,
 }
 
-/// What a kind of schedulable compute-gpu host has that takes new cGPUs: its GPUs' memory sizes,
-/// each with how many GPUs of that size, and how many hosts are made up so. A fleet has few.
+/// GPUs by kind and memory (MiB): `((kind, memory), how many)`, ascending.
+type GpusByKindMib = Vec<((u32, u64), u64)>;
+
+/// What a kind of schedulable compute-gpu host has that takes new cGPUs: its GPUs' kinds and
+/// memory sizes, each with how many GPUs of that kind and size, and how many hosts are made up so.
+/// A fleet has few.
 #[derive(Debug, Clone)]
 struct HostMakeup {
-    gpus_by_mib: Vec<(u64, u64)>,
+    gpus_by_kind_mib: GpusByKindMib,
     hosts: u64,
 }
 
 impl HostMakeup {
-    /// How many cGPUs of `request`'s kind one such host could hold were its GPUs empty.
-    fn room(&self, request: &Request) -> u64 {
-        self.gpus_by_mib.iter().map(|&(mib, gpus)| gpus * empty_gpu_room(mib, request)).sum()
+    /// How many cGPUs of `request`'s kind one such host could hold were its GPUs empty, on GPUs
+    /// the request's `filter` admits.
+    fn room(&self, request: &Request, filter: &Filter) -> u64 {
+        self.gpus_by_kind_mib
+            .iter()
+            .filter(|&&((kind, _), _)| filter.rank(kind).is_some())
+            .map(|&((_, mib), gpus)| gpus * empty_gpu_room(mib, request))
+            .sum()
     }
 }
 
@@ -183,6 +270,11 @@ pub struct Pool {
     /// In pool order: host registration order, then GPU index.
     gpus: Vec<GpuEntry>,
     gpu_by_id: HashMap<GpuId, u32>,
+    /// The kinds of GPU registered, in order of first registration (ids never change).
+    kinds: Vec<KindEntry>,
+    kind_by_key: HashMap<GpuKind, u32>,
+    /// Counts decisions that used subsets, to find the least recently used.
+    decisions: u64,
     vms: HashMap<VmId, Placement>,
     views: Vec<Views>,
     view_by_name: HashMap<String, usize>,
@@ -220,6 +312,9 @@ impl Pool {
             host_by_id: HashMap::new(),
             gpus: Vec::new(),
             gpu_by_id: HashMap::new(),
+            kinds: Vec::new(),
+            kind_by_key: HashMap::new(),
+            decisions: 0,
             vms: HashMap::new(),
             views: Vec::new(),
             view_by_name: HashMap::new(),
@@ -320,11 +415,16 @@ impl Pool {
                 format!("GPU {}: must be at least 1 MiB", spec.id),
             ));
         }
+        if let Some((field, reason)) = spec.attributes.problems().into_iter().next() {
+            return Err(Error::inventory(field, format!("GPU {}: {reason}", spec.id)));
+        }
+        let kind = self.kind_of(&spec);
         let key = (host, spec.index);
         let at = self.gpus.partition_point(|g| (g.host, g.spec.index) < key);
         let gpu = GpuEntry {
             spec,
             host,
+            kind,
             taint: None,
             health: None,
             used_mib: 0,
@@ -365,9 +465,26 @@ impl Pool {
             return Err(Error::Conflict(format!("GPU {id} still backs {} cGPU(s)", gpu.cgpus)));
         }
         let removed = self.gpus.remove(slot as usize);
+        self.kinds[removed.kind as usize].gpus -= 1;
         self.changes += 1;
         self.renumber();
         Ok(removed.spec)
+    }
+
+    /// The kind of the GPU `spec` describes, registered as one more of it.
+    fn kind_of(&mut self, spec: &GpuSpec) -> u32 {
+        let key = GpuKind::of(&spec.model, &spec.attributes);
+        let kind = match self.kind_by_key.get(&key) {
+            Some(&kind) => kind,
+            None => {
+                let kind = u32::try_from(self.kinds.len()).expect("fewer than 2^32 kinds");
+                self.kinds.push(KindEntry { kind: key.clone(), gpus: 0 });
+                self.kind_by_key.insert(key, kind);
+                kind
+            }
+        };
+        self.kinds[kind as usize].gpus += 1;
+        kind
     }
 
     fn renumber(&mut self) {
@@ -420,6 +537,35 @@ impl Pool {
             .get(id)
             .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
         self.reindexing(&[slot], |pool| pool.gpus[slot as usize].health = health);
+        self.makeups = None;
+        self.changes += 1;
+        Ok(())
+    }
+
+    /// Records what the GPU now is (a driver upgrade, an operator's new traits): it keeps the
+    /// cGPUs it backs, and new ones see its new kind.
+    pub fn set_gpu_attributes(
+        &mut self,
+        id: &GpuId,
+        attributes: GpuAttributes,
+    ) -> Result<(), Error> {
+        let &slot = self
+            .gpu_by_id
+            .get(id)
+            .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
+        if let Some((field, reason)) = attributes.problems().into_iter().next() {
+            return Err(Error::inventory(field, format!("GPU {id}: {reason}")));
+        }
+        let mut spec = self.gpus[slot as usize].spec.clone();
+        spec.attributes = attributes;
+        let old = self.gpus[slot as usize].kind;
+        let kind = self.kind_of(&spec);
+        self.reindexing(&[slot], |pool| {
+            let gpu = &mut pool.gpus[slot as usize];
+            gpu.spec = spec;
+            gpu.kind = kind;
+        });
+        self.kinds[old as usize].gpus -= 1;
         self.makeups = None;
         self.changes += 1;
         Ok(())
@@ -542,18 +688,19 @@ impl Pool {
     /// the GPUs after each inventory change, then one over the hosts' make-ups (a fleet has few).
     pub fn could_ever_fit(&mut self, request: &Request, on_host: Option<&HostId>) -> bool {
         let n = u64::from(request.ncgpus);
+        let filter = self.admission(&request.constraints);
         if let Some(host) = on_host {
             let Some(&h) = self.host_by_id.get(host) else { return false };
             let host = &self.hosts[h as usize];
             let gpus = host.slots.iter().map(|&s| &self.gpus[s as usize]);
             let room: u64 = gpus
-                .filter(|gpu| gpu.takes_new())
+                .filter(|gpu| gpu.takes_new() && filter.rank(gpu.kind).is_some())
                 .map(|gpu| empty_gpu_room(gpu.spec.memory_mib, request))
                 .sum();
             return host.state == HostState::Schedulable && room >= n;
         }
         let limits = self.limits();
-        let (total, one_host) = self.empty_room(request);
+        let (total, one_host) = self.empty_room(request, &filter);
         match request.locality {
             Locality::Local => one_host >= n,
             Locality::Any => limits.schedulable_agent_host && total >= n,
@@ -566,15 +713,18 @@ impl Pool {
     pub fn could_ever_attach(&mut self, request: &Request, on_host: Option<&HostId>) -> bool {
         match on_host {
             Some(_) => self.could_ever_fit(request, on_host),
-            None => self.empty_room(request).0 >= u64::from(request.ncgpus),
+            None => {
+                let filter = self.admission(&request.constraints);
+                self.empty_room(request, &filter).0 >= u64::from(request.ncgpus)
+            }
         }
     }
 
     /// How many cGPUs of `request`'s kind the schedulable compute-gpu hosts could hold were they
     /// empty: in all, and on the one that could hold the most.
-    fn empty_room(&mut self, request: &Request) -> (u64, u64) {
+    fn empty_room(&mut self, request: &Request, filter: &Filter) -> (u64, u64) {
         self.makeups().iter().fold((0, 0), |(total, best), m| {
-            let room = m.room(request);
+            let room = m.room(request, filter);
             (total.saturating_add(room.saturating_mul(m.hosts)), best.max(room))
         })
     }
@@ -582,23 +732,23 @@ impl Pool {
     /// The make-ups of the schedulable compute-gpu hosts (see [`HostMakeup`]).
     fn makeups(&mut self) -> &[HostMakeup] {
         if self.makeups.is_none() {
-            let mut by_makeup: HashMap<Vec<(u64, u64)>, u64> = HashMap::new();
+            let mut by_makeup: HashMap<GpusByKindMib, u64> = HashMap::new();
             for host in &self.hosts {
                 if host.state != HostState::Schedulable || host.kind != HostKind::ComputeGpu {
                     continue;
                 }
-                let mut by_mib: BTreeMap<u64, u64> = BTreeMap::new();
+                let mut by_kind_mib: BTreeMap<(u32, u64), u64> = BTreeMap::new();
                 let gpus = host.slots.iter().map(|&s| &self.gpus[s as usize]);
                 for gpu in gpus.filter(|gpu| gpu.takes_new()) {
-                    *by_mib.entry(gpu.spec.memory_mib).or_default() += 1;
+                    *by_kind_mib.entry((gpu.kind, gpu.spec.memory_mib)).or_default() += 1;
                 }
-                *by_makeup.entry(by_mib.into_iter().collect()).or_default() += 1;
+                *by_makeup.entry(by_kind_mib.into_iter().collect()).or_default() += 1;
             }
             let mut makeups: Vec<HostMakeup> = by_makeup
                 .into_iter()
-                .map(|(gpus_by_mib, hosts)| HostMakeup { gpus_by_mib, hosts })
+                .map(|(gpus_by_kind_mib, hosts)| HostMakeup { gpus_by_kind_mib, hosts })
                 .collect();
-            makeups.sort_by(|a, b| a.gpus_by_mib.cmp(&b.gpus_by_mib));
+            makeups.sort_by(|a, b| a.gpus_by_kind_mib.cmp(&b.gpus_by_kind_mib));
             self.makeups = Some(makeups);
         }
         self.makeups.as_deref().expect("computed above")
@@ -646,9 +796,10 @@ impl Pool {
         if self.views_stale {
             self.rebuild_views();
         }
+        let filter = self.filter(view, &request.constraints)?;
         let outcome = match request.locality {
-            Locality::Local => self.place_local(request, view),
-            Locality::Any | Locality::Remote => self.place_on(request, view, None, &[]),
+            Locality::Local => self.place_local(request, view, &filter),
+            Locality::Any | Locality::Remote => self.place_on(request, view, &filter, None, &[]),
         };
         let (cgpus, vm_host) = match outcome {
             Ok(done) => done,
@@ -670,16 +821,17 @@ impl Pool {
         &mut self,
         request: &Request,
         view: usize,
+        filter: &Filter,
     ) -> Result<(Vec<CgpuAssignment>, VmHost), u32> {
         let mut tried: Vec<u32> = Vec::new();
         let mut best_partial = 0;
         let outcome = loop {
-            let Some(first) = self.select(view, request, None) else {
+            let Some(first) = self.select(view, request, filter, None) else {
                 break Err(best_partial);
             };
             let host = self.gpus[first as usize].host;
             let slots = self.hosts[host as usize].slots.clone();
-            match self.place_on(request, view, Some(&slots), &[]) {
+            match self.place_on(request, view, filter, Some(&slots), &[]) {
                 Ok((cgpus, _)) => {
                     break Ok((cgpus, VmHost::Pinned(self.hosts[host as usize].id.clone())))
                 }
@@ -705,6 +857,7 @@ impl Pool {
         &mut self,
         request: &Request,
         view: usize,
+        filter: &Filter,
         within: Option<&[u32]>,
         held: &[u32],
     ) -> Result<(Vec<CgpuAssignment>, VmHost), u32> {
@@ -719,7 +872,7 @@ impl Pool {
             self.set_masked(&hidden, true);
         }
         for _ in 0..request.ncgpus {
-            let Some(slot) = self.select(view, request, within) else {
+            let Some(slot) = self.select(view, request, filter, within) else {
                 failed = true;
                 break;
             };
@@ -851,7 +1004,8 @@ impl Pool {
         if self.views_stale {
             self.rebuild_views();
         }
-        let (mut cgpus, _) = match self.place_on(request, view, within.as_deref(), &held) {
+        let filter = self.filter(view, &request.constraints)?;
+        let (mut cgpus, _) = match self.place_on(request, view, &filter, within.as_deref(), &held) {
             Ok(placed) => placed,
             Err(placeable) if !self.could_ever_attach(request, on_host) => {
                 return Err(Error::InsufficientCapacity(Shortfall::never_fits(request, placeable)))
@@ -952,7 +1106,7 @@ impl Pool {
                     let slots = self.gpus.len() as u32;
                     [policy.new_index(slots), policy.new_index(slots)]
                 });
-                self.views.push(Views { policy, indexes });
+                self.views.push(Views::new(policy, indexes));
                 let view = self.views.len() - 1;
                 if !self.views_stale {
                     for slot in 0..self.gpus.len() as u32 {
@@ -973,6 +1127,7 @@ impl Pool {
             if let Some(indexes) = &mut views.indexes {
                 *indexes = [views.policy.new_index(slots), views.policy.new_index(slots)];
             }
+            views.drop_subsets();
         }
         self.views_stale = false;
         for view in 0..self.views.len() {
@@ -1015,6 +1170,7 @@ impl Pool {
 
     /// Adds the slot's candidate to (or removes it from) the view's indexes it belongs in: the shared
     /// one when it can take a shared cGPU, the exclusive one when it is idle.
+    /// So are the subsets' indexes that hold its kind.
     fn update_indexes(&mut self, view: usize, slot: u32, insert: bool) {
         if !self.eligible(slot) {
             return;
@@ -1022,15 +1178,176 @@ impl Pool {
         let candidate = self.candidate(slot);
         let gpu = &self.gpus[slot as usize];
         let belongs = [gpu.can_take_shared(), gpu.is_idle()];
-        if let Some(indexes) = &mut self.views[view].indexes {
-            for (index, belongs) in indexes.iter_mut().zip(belongs) {
-                match (belongs, insert) {
-                    (false, _) => {}
-                    (true, true) => index.insert(&candidate),
-                    (true, false) => index.remove(&candidate),
+        let views = &mut self.views[view];
+        if let Some(indexes) = &mut views.indexes {
+            update_pair(indexes, &candidate, belongs, insert);
+        }
+        if let Some(subsets) = views.subsets_of_kind.get(gpu.kind as usize) {
+            for &at in subsets {
+                let subset = views.subsets[at].as_mut().expect("listed subsets are live");
+                update_pair(&mut subset.indexes, &candidate, belongs, insert);
+            }
+        }
+    }
+
+    /// Which kinds `constraints` admit and their ranks (no subsets: see [`Self::filter`]).
+    fn admission(&self, constraints: &GpuConstraints) -> Filter {
+        if constraints.is_empty() {
+            return Filter::default();
+        }
+        let ranks = self
+            .kinds
+            .iter()
+            .map(|k| constraints.admits(&k.kind).then(|| constraints.rank(&k.kind)))
+            .collect();
+        Filter { ranks, tiers: Vec::new() }
+    }
+
+    /// How a request with `constraints` sees the pool under `view`: the kinds it admits, ranked,
+    /// with the subsets that index them (built now when missing). Refuses constraints that no
+    /// registered GPU meets, naming the first such.
+    fn filter(&mut self, view: usize, constraints: &GpuConstraints) -> Result<Filter, Error> {
+        let mut filter = self.admission(constraints);
+        if filter.is_everything() {
+            return Ok(filter);
+        }
+        let admitted = |(k, rank): (&KindEntry, &Option<i32>)| k.gpus > 0 && rank.is_some();
+        if !self.kinds.iter().zip(&filter.ranks).any(admitted) {
+            return Err(self.unmet(constraints));
+        }
+        let mut ranks: Vec<i32> = filter.ranks.iter().flatten().copied().collect();
+        ranks.sort_unstable_by(|a, b| b.cmp(a));
+        ranks.dedup();
+        if ranks.len() == 1 && filter.ranks.iter().all(Option::is_some) {
+            // Every kind admitted, all alike: no constraint at all, in effect.
+            return Ok(Filter::default());
+        }
+        if self.selector != Selector::Indexed {
+            return Ok(filter);
+        }
+        self.decisions += 1;
+        for rank in ranks {
+            let kinds: Vec<u32> = (0..)
+                .zip(&filter.ranks)
+                .filter(|&(_, r)| *r == Some(rank))
+                .map(|(kind, _)| kind)
+                .collect();
+            filter.tiers.push(self.subset(view, kinds));
+        }
+        Ok(filter)
+    }
+
+    /// The refusal of constraints that no registered GPU meets: the first hard constraint (in
+    /// [`GpuConstraints::hard_checks`] order) that, with those before it, leaves none.
+    fn unmet(&self, constraints: &GpuConstraints) -> Error {
+        let mut left: Vec<&GpuKind> =
+            self.kinds.iter().filter(|k| k.gpus > 0).map(|k| &k.kind).collect();
+        if left.is_empty() {
+            return Error::invalid("gpu_model", "the pool has no GPU");
+        }
+        let checks = constraints.hard_checks(left[0]).count();
+        for check in 0..checks {
+            let field = constraints.hard_checks(left[0]).nth(check).expect("counted").0;
+            let before = left.clone();
+            left.retain(|kind| constraints.hard_checks(kind).nth(check).is_some_and(|c| c.1));
+            if !left.is_empty() {
+                continue;
+            }
+            let models = |kinds: &[&GpuKind]| {
+                let mut models: Vec<&str> = kinds.iter().map(|k| k.model.as_str()).collect();
+                models.sort_unstable();
+                models.dedup();
+                models.truncate(16);
+                models.join(", ")
+            };
+            let among = if check == 0 { String::new() } else { format!(" of {}", models(&before)) };
+            let reason = match field {
+                "gpu_model" => format!(
+                    "no GPU in the pool is a {}; its models: {}",
+                    constraints.models.join(" or "),
+                    models(&before)
+                ),
+                "min_compute_capability" => format!(
+                    "no GPU{among} has compute capability {} or higher",
+                    constraints.min_compute_capability.expect("checked")
+                ),
+                "min_cuda_version" => format!(
+                    "no GPU{among} has a driver for CUDA {} or higher",
+                    constraints.min_cuda_version.expect("checked")
+                ),
+                "traits.required" => {
+                    format!("no GPU{among} has every trait of {}", constraints.required.join(", "))
+                }
+                _ => format!(
+                    "every GPU{among} that meets the other constraints has a trait of {}",
+                    constraints.forbidden.join(", ")
+                ),
+            };
+            return Error::invalid(field, reason);
+        }
+        Error::invalid("gpu_model", "no GPU in the pool meets these constraints")
+    }
+
+    /// The subset of `view` over the GPUs of `kinds` (sorted), built now when missing; drops the
+    /// least recently used when [`MAX_SUBSETS`] are live, unless this decision uses them all.
+    fn subset(&mut self, view: usize, kinds: Vec<u32>) -> usize {
+        let now = self.decisions;
+        let kind_count = self.kinds.len();
+        let views = &mut self.views[view];
+        if let Some(&at) = views.subset_by_kinds.get(&kinds) {
+            views.subsets[at].as_mut().expect("mapped subsets are live").last_used = now;
+            return at;
+        }
+        let live = views.subsets.iter().flatten().count();
+        if live >= MAX_SUBSETS {
+            let oldest = (views.subsets.iter().enumerate())
+                .filter_map(|(at, s)| s.as_ref().map(|s| (s.last_used, at)))
+                .filter(|&(used, _)| used < now)
+                .min();
+            if let Some((_, at)) = oldest {
+                let gone = views.subsets[at].take().expect("found live");
+                views.subset_by_kinds.remove(&gone.kinds);
+                for &kind in &gone.kinds {
+                    views.subsets_of_kind[kind as usize].retain(|&s| s != at);
                 }
             }
         }
+        let slots = self.gpus.len() as u32;
+        let policy = &views.policy;
+        let subset = Subset {
+            kinds: kinds.clone(),
+            indexes: [policy.new_index(slots), policy.new_index(slots)],
+            last_used: now,
+        };
+        let at = match views.subsets.iter().position(Option::is_none) {
+            Some(at) => {
+                views.subsets[at] = Some(subset);
+                at
+            }
+            None => {
+                views.subsets.push(Some(subset));
+                views.subsets.len() - 1
+            }
+        };
+        views.subsets_of_kind.resize_with(kind_count, Vec::new);
+        for &kind in &kinds {
+            views.subsets_of_kind[kind as usize].push(at);
+        }
+        views.subset_by_kinds.insert(kinds, at);
+        if self.indexes_live() {
+            for slot in 0..slots {
+                let gpu = &self.gpus[slot as usize];
+                let subset = self.views[view].subsets[at].as_ref().expect("made above");
+                if !self.eligible(slot) || subset.kinds.binary_search(&gpu.kind).is_err() {
+                    continue;
+                }
+                let belongs = [gpu.can_take_shared(), gpu.is_idle()];
+                let candidate = self.candidate(slot);
+                let subset = self.views[view].subsets[at].as_mut().expect("made above");
+                update_pair(&mut subset.indexes, &candidate, belongs, true);
+            }
+        }
+        at
     }
 
     /// Runs `change`, which may alter anything the slots' candidates depend on, keeping indexes right.
@@ -1138,28 +1455,45 @@ impl Pool {
     }
 
     /// The policy's choice for the next cGPU, among all GPUs or among `within`.
-    fn select(&self, view: usize, request: &Request, within: Option<&[u32]>) -> Option<u32> {
+    /// The policy's choice for the next cGPU, among all GPUs or among `within`, of the kinds
+    /// `filter` admits: the highest rank first, the policy's order among equals.
+    fn select(
+        &self,
+        view: usize,
+        request: &Request,
+        filter: &Filter,
+        within: Option<&[u32]>,
+    ) -> Option<u32> {
         let need = request_need(request);
         let mode = request.mode;
         if let Some(slots) = within {
-            return self.scan(view, mode, need, slots.iter().copied());
+            return self.scan(view, mode, need, filter, slots.iter().copied());
         }
         let all = 0..self.gpus.len() as u32;
         match self.selector {
             Selector::Indexed => {
-                let indexes =
-                    self.views[view].indexes.as_ref().expect("indexed views have indexes");
-                indexes[index_for(mode)].best(need)
+                let views = &self.views[view];
+                if filter.is_everything() {
+                    let indexes = views.indexes.as_ref().expect("indexed views have indexes");
+                    return indexes[index_for(mode)].best(need);
+                }
+                filter.tiers.iter().find_map(|&at| {
+                    let subset = views.subsets[at].as_ref().expect("a filter's subsets are live");
+                    subset.indexes[index_for(mode)].best(need)
+                })
             }
-            Selector::Scan => self.scan(view, mode, need, all),
+            Selector::Scan => self.scan(view, mode, need, filter, all),
             Selector::SortEachRequest => {
                 let policy = &self.views[view].policy;
-                let mut candidates: Vec<Candidate> = all
+                let mut candidates: Vec<(i32, Candidate)> = all
                     .filter(|&s| self.eligible(s) && self.gpus[s as usize].takes(mode))
-                    .map(|s| self.candidate(s))
+                    .filter_map(|s| {
+                        Some((filter.rank(self.gpus[s as usize].kind)?, self.candidate(s)))
+                    })
                     .collect();
-                candidates.sort_by(|a, b| policy.compare(a, b));
-                candidates.iter().find(|c| c.free_mib >= need).map(|c| c.slot)
+                candidates
+                    .sort_by(|(ra, a), (rb, b)| rb.cmp(ra).then_with(|| policy.compare(a, b)));
+                candidates.iter().find(|(_, c)| c.free_mib >= need).map(|(_, c)| c.slot)
             }
         }
     }
@@ -1169,6 +1503,7 @@ impl Pool {
         view: usize,
         mode: Mode,
         need: u64,
+        filter: &Filter,
         slots: impl Iterator<Item = u32>,
     ) -> Option<u32> {
         let policy = &self.views[view].policy;
@@ -1178,9 +1513,9 @@ impl Pool {
                     && self.gpus[s as usize].takes(mode)
                     && self.gpus[s as usize].free_mib() >= need
             })
-            .map(|s| self.candidate(s))
-            .min_by(|a, b| policy.compare(a, b))
-            .map(|c| c.slot)
+            .filter_map(|s| Some((filter.rank(self.gpus[s as usize].kind)?, self.candidate(s))))
+            .min_by(|(ra, a), (rb, b)| rb.cmp(ra).then_with(|| policy.compare(a, b)))
+            .map(|(_, c)| c.slot)
     }
 
     fn limits(&mut self) -> Limits {
@@ -1280,6 +1615,23 @@ pub(crate) struct Room {
     pub cgpus: u32,
 }
 
+/// Adds `candidate` to (or removes it from) the indexes of a pair it `belongs` in: [shared,
+/// exclusive].
+fn update_pair(
+    indexes: &mut [Box<dyn CandidateIndex>; 2],
+    candidate: &Candidate,
+    belongs: [bool; 2],
+    insert: bool,
+) {
+    for (index, belongs) in indexes.iter_mut().zip(belongs) {
+        match (belongs, insert) {
+            (false, _) => {}
+            (true, true) => index.insert(candidate),
+            (true, false) => index.remove(candidate),
+        }
+    }
+}
+
 /// Memory a cGPU books on `gpu`: its share when shared, the whole GPU when exclusive.
 fn request_memory(request: &Request, gpu: &GpuEntry) -> u64 {
     match request.mode {
@@ -1313,6 +1665,7 @@ impl Request {
             }
             _ => {}
         }
+        problems.extend(self.constraints.problems());
         problems
     }
 }

@@ -1,21 +1,24 @@
 //! Properties over random pools and random sequences of placements, releases and host changes, for
 //! every policy: capacity is never exceeded, exclusive GPUs are never shared, placement is all-or-nothing,
 //! release restores, results are deterministic, and the indexed pool decides exactly as the reference
-//! scan and the paper's sort-per-request do.
+//! scan and the paper's sort-per-request do. Pools mix GPU kinds (models, traits, compute
+//! capabilities) and requests constrain them: a hard constraint is never broken, and the indexed
+//! pool's subsets decide as the scan does.
 
 mod common;
 
-use common::{add_gpu_host, gpu_spec, host};
+use common::{gpu_spec, host};
 use gpgpums::{
-    Error, HostKind, HostState, Locality, Mode, Placement, PolicyRegistry, Pool, Request, Selector,
-    VmId,
+    Error, GpuAttributes, GpuConstraints, GpuKind, GpuSpec, HostId, HostKind, HostState, Locality,
+    MajorMinor, Mode, Placement, PolicyRegistry, Pool, Request, Selector, VmId,
 };
 use proptest::prelude::*;
 use uuid::Uuid;
 
 #[derive(Debug, Clone)]
 struct PoolShape {
-    gpu_hosts: Vec<Vec<u64>>,
+    /// Each GPU's memory and variant (see [`variant_spec`]).
+    gpu_hosts: Vec<Vec<(u64, u8)>>,
     rgpu_hosts: usize,
 }
 
@@ -48,6 +51,7 @@ enum Op {
     AddGpu {
         host: usize,
         memory_mib: u64,
+        variant: u8,
     },
 }
 
@@ -55,23 +59,66 @@ fn policies() -> Vec<String> {
     PolicyRegistry::builtin().known_names()
 }
 
+const MODELS: [&str; 3] = ["T4", "A100", "H100"];
+const TRAITS: [&str; 3] = ["CUSTOM_A", "CUSTOM_B", "CUSTOM_C"];
+
+/// A GPU of one of 12 variants: its model, compute capability and custom traits follow the bits.
+fn variant_spec(host: &HostId, index: u32, memory_mib: u64, variant: u8) -> GpuSpec {
+    let model = MODELS[usize::from(variant % 3)];
+    let traits = TRAITS.iter().enumerate().filter(|(i, _)| (variant >> 1) & (1 << i) != 0);
+    GpuSpec {
+        model: model.into(),
+        attributes: GpuAttributes {
+            compute_capability: Some(MajorMinor::new(7 + u16::from(variant % 3), 0)),
+            traits: traits.map(|(_, t)| (*t).to_owned()).collect(),
+            ..GpuAttributes::default()
+        },
+        ..gpu_spec(host, index, memory_mib)
+    }
+}
+
 fn shape() -> impl Strategy<Value = PoolShape> {
     let sizes = prop::sample::select(vec![1024u64, 2048, 4096, 6000, 8192, 16384]);
-    (prop::collection::vec(prop::collection::vec(sizes, 1..5), 1..5), 0usize..3)
+    let gpu = (sizes, 0u8..12);
+    (prop::collection::vec(prop::collection::vec(gpu, 1..5), 1..5), 0usize..3)
         .prop_map(|(gpu_hosts, rgpu_hosts)| PoolShape { gpu_hosts, rgpu_hosts })
+}
+
+fn traits() -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec(prop::sample::select(TRAITS.to_vec()), 0..2)
+        .prop_map(|t| t.into_iter().map(str::to_owned).collect())
+}
+
+/// Constraints over [`variant_spec`]'s GPUs: none half the time.
+fn constraints() -> impl Strategy<Value = GpuConstraints> {
+    let models = prop::collection::vec(prop::sample::select(MODELS.to_vec()), 0..3);
+    let capability = prop_oneof![Just(None), (7u16..10).prop_map(|m| Some(MajorMinor::new(m, 0)))];
+    let some = (models, traits(), traits(), traits(), traits(), capability).prop_map(
+        |(models, required, forbidden, preferred, avoid, min_compute_capability)| GpuConstraints {
+            models: models.into_iter().map(str::to_owned).collect(),
+            required,
+            forbidden,
+            preferred,
+            avoid,
+            min_compute_capability,
+            min_cuda_version: None,
+        },
+    );
+    prop_oneof![Just(GpuConstraints::default()), some]
 }
 
 fn request() -> impl Strategy<Value = Request> {
     let memory = prop_oneof![Just(None), (1u64..9000).prop_map(Some), Just(Some(4096))];
     let mode = prop_oneof![Just(Mode::Shared), Just(Mode::Exclusive)];
     let locality = prop_oneof![Just(Locality::Any), Just(Locality::Local), Just(Locality::Remote)];
-    (0u32..6, memory, mode, locality, any::<bool>()).prop_map(
-        |(ncgpus, gpu_memory_mib, mode, locality, distinct_gpus)| Request {
+    (0u32..6, memory, mode, locality, any::<bool>(), constraints()).prop_map(
+        |(ncgpus, gpu_memory_mib, mode, locality, distinct_gpus, constraints)| Request {
             ncgpus,
             gpu_memory_mib,
             mode,
             locality,
             distinct_gpus,
+            constraints,
         },
     )
 }
@@ -87,7 +134,7 @@ fn op(policies: usize) -> impl Strategy<Value = Op> {
         2 => (request(), 0..policies).prop_map(|(request, policy)| Op::Probe { request, policy }),
         3 => (0u8..12).prop_map(|vm| Op::Release { vm }),
         1 => (0usize..6, state).prop_map(|(host, state)| Op::SetState { host, state }),
-        1 => (0usize..4, prop::sample::select(vec![2048u64, 8192])).prop_map(|(host, memory_mib)| Op::AddGpu { host, memory_mib }),
+        1 => (0usize..4, prop::sample::select(vec![2048u64, 8192]), 0u8..12).prop_map(|(host, memory_mib, variant)| Op::AddGpu { host, memory_mib, variant }),
         1 => (0usize..4, 0u32..3, any::<bool>()).prop_map(|(host, index, schedulable)| Op::Taint { host, index, schedulable }),
     ]
 }
@@ -95,9 +142,12 @@ fn op(policies: usize) -> impl Strategy<Value = Op> {
 fn build(shape: &PoolShape, selector: Selector) -> (Pool, Vec<String>) {
     let mut pool = Pool::with(PolicyRegistry::builtin(), selector);
     let mut hosts = Vec::new();
-    for (i, sizes) in shape.gpu_hosts.iter().enumerate() {
+    for (i, gpus) in shape.gpu_hosts.iter().enumerate() {
         let name = format!("cg{i}");
-        add_gpu_host(&mut pool, &name, sizes);
+        pool.add_host(host(&name), HostKind::ComputeGpu).unwrap();
+        for (index, &(memory_mib, variant)) in gpus.iter().enumerate() {
+            pool.add_gpu(variant_spec(&host(&name), index as u32, memory_mib, variant)).unwrap();
+        }
         hosts.push(name);
     }
     for i in 0..shape.rgpu_hosts {
@@ -144,6 +194,17 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
                             let first = &placement.cgpus[0].host;
                             prop_assert!(placement.cgpus.iter().all(|c| &c.host == first));
                         }
+                        let usage = pool.gpu_usage();
+                        for cgpu in &placement.cgpus {
+                            let gpu = usage.iter().find(|g| g.id == cgpu.gpu).expect("its GPU");
+                            let kind = GpuKind::of(&gpu.model, &gpu.attributes);
+                            prop_assert!(
+                                request.constraints.admits(&kind),
+                                "{:?} placed on {:?}",
+                                request.constraints,
+                                kind
+                            );
+                        }
                     }
                     Err(_) => {
                         prop_assert_eq!(
@@ -186,9 +247,10 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
                 }
                 Outcome::State
             }
-            Op::AddGpu { host: h, memory_mib } => {
+            Op::AddGpu { host: h, memory_mib, variant } => {
                 if let Some(count) = gpus_per_host.get_mut(*h) {
-                    pool.add_gpu(gpu_spec(&host(&hosts[*h]), *count, *memory_mib)).unwrap();
+                    let spec = variant_spec(&host(&hosts[*h]), *count, *memory_mib, *variant);
+                    pool.add_gpu(spec).unwrap();
                     *count += 1;
                 }
                 Outcome::State

@@ -168,7 +168,7 @@ fn a_local_vm_s_cgpu_stays_on_its_host_and_distinct_gpus_stay_distinct() {
         pool.place(id, &Request::shared(2, 1024).with_distinct_gpus(), "first-fit").unwrap();
     let (first, second) = (placed.cgpus[0].gpu.clone(), placed.cgpus[1].gpu.clone());
     let on_a = host("a");
-    let to = Rehome { on_host: Some(&on_a), distinct_gpus: true };
+    let to = Rehome { on_host: Some(&on_a), distinct_gpus: true, ..Rehome::default() };
     let moved = pool.rehome(&id, 0, "first-fit", &to, None).unwrap();
     assert_eq!(moved.host, on_a);
     assert!(moved.gpu != first && moved.gpu != second, "{moved:?}");

@@ -126,6 +126,29 @@ pub struct GpuConfig {
     /// no new cGPUs on it); hosts with NVML report health from the driver instead.
     #[serde(default)]
     pub unhealthy: Option<String>,
+    /// Compute capability (`"8.0"`), as far as the operator states it (NVML reads it where a
+    /// driver is loaded, as it reads the next two).
+    #[serde(default)]
+    pub compute_capability: Option<gpgpums::MajorMinor>,
+    /// The CUDA version its driver supports (`"12.4"`).
+    #[serde(default)]
+    pub cuda_version: Option<gpgpums::MajorMinor>,
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// os-traits names or the operator's own (`CUSTOM_...`).
+    #[serde(default)]
+    pub traits: std::collections::BTreeSet<String>,
+}
+
+impl GpuConfig {
+    pub fn attributes(&self) -> gpgpums::GpuAttributes {
+        gpgpums::GpuAttributes {
+            compute_capability: self.compute_capability,
+            cuda_version: self.cuda_version,
+            uuid: self.uuid.clone(),
+            traits: self.traits.clone(),
+        }
+    }
 }
 
 fn default_nft_command() -> Vec<String> {

@@ -8,6 +8,7 @@
 //! `gpu<index>`): gsaasd accepts from each host only ids under its own name.
 
 use gpgpums::ids::{GpuId, HostId};
+use gpgpums::{GpuAttributes, MajorMinor};
 
 use crate::config::{GpuConfig, RcudaConfig};
 use rodvr_contract::protocol::{GpuReport, HostKind, RcudaEndpoint};
@@ -22,6 +23,7 @@ pub struct FoundGpu {
     pub rcuda_port: Option<u16>,
     /// Why the GPU is unhealthy when found; none: healthy.
     pub unhealthy: Option<String>,
+    pub attributes: GpuAttributes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +64,7 @@ impl GpuDiscovery for ConfiguredGpus {
                 memory_mib: g.memory_mib,
                 rcuda_port: g.rcuda_port,
                 unhealthy: g.unhealthy.clone(),
+                attributes: g.attributes(),
             })
             .collect())
     }
@@ -142,16 +145,34 @@ impl GpuDiscovery for NvmlGpus {
         let count = self.nvml.device_count().map_err(DiscoveryError::Nvml)?;
         let health: std::collections::HashMap<u32, Option<String>> =
             self.health().into_iter().collect();
+        // The driver's CUDA version, as NVML encodes it: 12040 is 12.4.
+        let cuda_version = self.nvml.sys_cuda_driver_version().ok().and_then(|v| {
+            let v = u16::try_from(v).ok()?;
+            Some(MajorMinor::new(v / 1000, v % 1000 / 10))
+        });
         (0..count)
             .map(|index| {
                 let dev = self.nvml.device_by_index(index).map_err(DiscoveryError::Nvml)?;
+                let uuid = dev.uuid().map_err(DiscoveryError::Nvml)?;
+                let compute_capability = dev.cuda_compute_capability().ok().and_then(|cc| {
+                    Some(MajorMinor::new(
+                        u16::try_from(cc.major).ok()?,
+                        u16::try_from(cc.minor).ok()?,
+                    ))
+                });
                 Ok(FoundGpu {
                     index,
-                    id: Some(dev.uuid().map_err(DiscoveryError::Nvml)?),
+                    id: Some(uuid.clone()),
                     model: dev.name().map_err(DiscoveryError::Nvml)?,
                     memory_mib: dev.memory_info().map_err(DiscoveryError::Nvml)?.total >> 20,
                     rcuda_port: None,
                     unhealthy: health.get(&index).cloned().flatten(),
+                    attributes: GpuAttributes {
+                        compute_capability,
+                        cuda_version,
+                        uuid: Some(uuid),
+                        traits: Default::default(),
+                    },
                 })
             })
             .collect()
@@ -228,6 +249,7 @@ pub fn inventory(
                 memory_mib: g.memory_mib,
                 rcuda: RcudaEndpoint { address: rcuda.address, port, gpu_number: 0 },
                 unhealthy: g.unhealthy.as_deref().map(rodvr_contract::protocol::health_reason),
+                attributes: g.attributes,
             })
         })
         .collect()
@@ -257,6 +279,10 @@ mod tests {
                 id: None,
                 rcuda_port: None,
                 unhealthy: None,
+                compute_capability: None,
+                cuda_version: None,
+                uuid: None,
+                traits: Default::default(),
             },
             GpuConfig {
                 index: 1,
@@ -265,6 +291,10 @@ mod tests {
                 id: Some("GPU-1".into()),
                 rcuda_port: None,
                 unhealthy: Some("fan failed".into()),
+                compute_capability: Some(MajorMinor::new(3, 5)),
+                cuda_version: None,
+                uuid: None,
+                traits: ["CUSTOM_RACK_R1".to_owned()].into(),
             },
         ]);
         let rcuda = RcudaConfig { address: "10.232.0.2".parse().unwrap(), base_port: 8308 };
@@ -273,6 +303,8 @@ mod tests {
         assert_eq!(inv[1].id.as_str(), "cg0:GPU-1");
         assert_eq!(inv[1].rcuda.socket_addr(), "10.232.0.2:8309".parse().unwrap());
         assert!(inv.iter().all(|g| g.rcuda.gpu_number == 0));
+        assert_eq!(inv[1].attributes.compute_capability, Some(MajorMinor::new(3, 5)));
+        assert!(inv[1].attributes.traits.contains("CUSTOM_RACK_R1"));
         assert_eq!(
             (inv[0].unhealthy.as_deref(), inv[1].unhealthy.as_deref()),
             (None, Some("fan failed"))

@@ -381,6 +381,11 @@ pub struct GpuReport {
     /// host's config says); absent: healthy. An unhealthy GPU takes no new cGPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unhealthy: Option<String>,
+    /// Compute capability, CUDA version, UUID and traits, as far as the agent knows them (NVML,
+    /// its config): `compute_capability`, `cuda_version`, `uuid`, `traits` beside the fields
+    /// above, each left out when unknown.
+    #[serde(flatten)]
+    pub attributes: gpgpums::GpuAttributes,
 }
 
 /// The longest reason a GPU report may give for a GPU being unhealthy.
@@ -508,6 +513,9 @@ impl HostReport {
                     field("memory_mib"),
                     format!("must be between 1 and {MAX_GPU_MEMORY_MIB}"),
                 ));
+            }
+            if let Some((name, reason)) = gpu.attributes.problems().into_iter().next() {
+                return Err(bad(field(name), reason));
             }
             let endpoint = gpu.rcuda.socket_addr();
             check_rcuda_endpoint(endpoint, masked_range).map_err(|r| bad(field("rcuda"), r))?;
@@ -661,6 +669,7 @@ mod tests {
                         gpu_number: 0,
                     },
                     unhealthy: None,
+                    attributes: Default::default(),
                 })
                 .collect(),
             applied_generation: Some(3),
@@ -702,6 +711,28 @@ mod tests {
         assert_eq!(entry(&|r| r.gpus[0].model = "x".repeat(4096)), "gpus[0].model");
         assert_eq!(entry(&|r| r.gpus[0].model = "K20\n\u{1b}[2J".into()), "gpus[0].model");
         assert_eq!(entry(&|r| r.agent_url = "x".repeat(1 << 20)), "agent_url");
+        // A GPU's traits and UUID: names only, bounded.
+        let traits = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+        let bad_trait = |r: &mut HostReport| r.gpus[0].attributes.traits = traits(&["nvlink"]);
+        assert_eq!(entry(&bad_trait), "gpus[0].traits");
+        let many_traits = |r: &mut HostReport| {
+            r.gpus[0].attributes.traits = (0..65).map(|i| format!("CUSTOM_T{i}")).collect();
+        };
+        assert_eq!(entry(&many_traits), "gpus[0].traits");
+        let hostile_uuid = |r: &mut HostReport| r.gpus[0].attributes.uuid = Some("a\n;".into());
+        assert_eq!(entry(&hostile_uuid), "gpus[0].uuid");
+        let fine = |r: &mut HostReport| {
+            r.gpus[0].attributes.traits = traits(&["CUSTOM_NVLINK", "HW_GPU_CUDA_SDK_V12_4"]);
+        };
+        let mut with_traits = report(2);
+        fine(&mut with_traits);
+        assert_eq!(with_traits.validate(range), Ok(()));
+        // On the wire beside the other fields, left out when unknown.
+        let wire = serde_json::to_value(&with_traits.gpus[0]).unwrap();
+        assert_eq!(wire["traits"][0], "CUSTOM_NVLINK");
+        assert!(wire.get("compute_capability").is_none());
+        let back: GpuReport = serde_json::from_value(wire).unwrap();
+        assert_eq!(back, with_traits.gpus[0]);
         let many = report(MAX_GPUS_PER_HOST + 1);
         assert_eq!(many.validate(range).unwrap_err().entry, "gpus");
         let mut rgpu = report(1);

@@ -225,12 +225,7 @@ pub fn inventory_named(gpu_host: &str, gpus: u32) -> Vec<InventoryHost> {
         InventoryHost {
             name: HostId::new(gpu_host).expect("a host name"),
             kind: HostKind::ComputeGpu,
-            gpus: vec![InventoryGpu {
-                model: "NVIDIA Quadro M4000".into(),
-                memory_mib: 8192,
-                count: gpus,
-                unhealthy: None,
-            }],
+            gpus: vec![InventoryGpu::of("NVIDIA Quadro M4000", 8192, gpus)],
             gpu_network_address: Some(Ipv4Addr::new(10, 78, 0, 1)),
         },
         InventoryHost {

@@ -406,7 +406,8 @@
     return el('div', { class: 'gpu', data: { gpu: gpu.id } },
       el('div', { class: 'gpu-label' },
         el('span', { class: 'gpu-model', title: gpu.id },
-          el('span', { class: 'gpu-id', text: `GPU ${gpu.index}` }), ` ${gpu.model}`),
+          el('span', { class: 'gpu-id', text: `GPU ${gpu.index}` }),
+          ` ${gpu.model}${gpu.compute_capability ? ` (${gpu.compute_capability})` : ''}`),
         el('span', { class: 'gpu-use', text: `${mem(gpu.allocated_mib)} / ${gib(gpu.memory_mib)} · ${use}` })),
       el('div', { class: `gpu-bar${gpu.exclusive ? ' exclusive' : ''}`, role: 'img',
         'aria-label': `GPU ${gpu.index}: ${mem(gpu.allocated_mib)} of ${gib(gpu.memory_mib)} booked` }, segments),
@@ -445,8 +446,15 @@
     const changing = vm.cgpus.some((c) => c.state !== 'live');
     const changeable = vm.state === 'ready' && !changing;
     const g = vm.gpus;
+    const t = g.traits || {};
+    const asked = [
+      g.gpu_model && g.gpu_model.length ? g.gpu_model.join(' or ') : '',
+      g.min_compute_capability ? `compute capability ≥ ${g.min_compute_capability}` : '',
+      g.min_cuda_version ? `CUDA ≥ ${g.min_cuda_version}` : '',
+      ...['required', 'forbidden', 'preferred', 'avoid'].map((k) => (t[k] && t[k].length ? `${k} ${t[k].join(', ')}` : '')),
+    ].filter(Boolean);
     const request = `${g.ncgpus} × ${g.mode}${g.gpu_memory_mib ? `, ${mem(g.gpu_memory_mib)} each` : ''}`
-      + `, ${g.locality}${g.distinct_gpus ? ', distinct GPUs' : ''}`;
+      + `, ${g.locality}${g.distinct_gpus ? ', distinct GPUs' : ''}${asked.length ? `, ${asked.join('; ')}` : ''}`;
     const live = vm.cgpus.filter((c) => c.state === 'live').length;
     const facts = [
       ['Image', `${vm.image} · ${vm.flavor}`],
@@ -612,6 +620,16 @@
     if ($('f-user_data').value.trim()) body.user_data = $('f-user_data').value;
     if (value('gpu_memory_mib') !== '') body.gpu_memory_mib = Number(value('gpu_memory_mib'));
     if (value('policy')) body.policy = value('policy');
+    const list = (name) => value(name).split(',').map((s) => s.trim()).filter(Boolean);
+    if (list('gpu_model').length) body.gpu_model = list('gpu_model');
+    for (const name of ['min_compute_capability', 'min_cuda_version']) {
+      if (value(name)) body[name] = value(name);
+    }
+    const traits = {};
+    for (const strength of ['required', 'forbidden', 'preferred', 'avoid']) {
+      if (list(`traits_${strength}`).length) traits[strength] = list(`traits_${strength}`);
+    }
+    if (Object.keys(traits).length) body.traits = traits;
     return body;
   }
 
@@ -620,6 +638,8 @@
     let field = problem.field || '';
     const missing = /missing field `([a-z_]+)`/.exec(problem.detail || '');
     if (field === 'body' && missing) field = missing[1];
+    // `traits.required` has an input of its own.
+    if (field.startsWith('traits.')) field = field.replace('.', '_');
     field = field.split(/[[.]/)[0];
     return document.querySelector(`#${form} [data-error-for="${CSS.escape(field)}"]`) ? field : null;
   }

@@ -64,12 +64,7 @@ pub fn inventory(hosts: usize, gpus_per_host: usize, gpu_mib: u64) -> Vec<Invent
         .map(|h| InventoryHost {
             name: HostId::new(host_name(h)).unwrap(),
             kind: HostKind::ComputeGpu,
-            gpus: vec![InventoryGpu {
-                model: "H100".into(),
-                memory_mib: gpu_mib,
-                count: gpus_per_host as u32,
-                unhealthy: None,
-            }],
+            gpus: vec![InventoryGpu::of("H100", gpu_mib, gpus_per_host as u32)],
             gpu_network_address: None,
         })
         .collect()

@@ -113,6 +113,8 @@ impl App {
             mode: input.mode,
             locality: details.vm.spec.gpus.locality,
             distinct_gpus: input.distinct_gpus,
+            // New cGPUs follow the VM's own constraints: the GPU its code was built for.
+            constraints: details.vm.spec.gpus.constraints.clone(),
         };
         let mut checks = FieldChecks::new();
         for (field, reason) in request.problems() {

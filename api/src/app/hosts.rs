@@ -63,6 +63,7 @@ impl Registration {
                     rcuda_port: g.rcuda.port,
                     rcuda_gpu_number: g.rcuda.gpu_number,
                     health: g.unhealthy.clone(),
+                    attributes: g.attributes.clone(),
                 })
                 .collect(),
         }
@@ -82,6 +83,7 @@ impl Registration {
                 rcuda_port: rcuda.port(),
                 rcuda_gpu_number: 0,
                 health: gpu.unhealthy.clone(),
+                attributes: gpu.attributes(),
             })
             .collect();
         Registration { name: host.name.clone(), kind: host.kind, agent_url: None, gpus }
@@ -203,7 +205,14 @@ impl App {
                 let stored_gpus = db::gpus_of_host(tx, &registration.name).await?;
                 let mut failed = false;
                 for gpu in &stored_gpus {
-                    let health = match registration.gpus.iter().find(|g| g.same_device(gpu)) {
+                    let reported = registration.gpus.iter().find(|g| g.same_device(gpu));
+                    if let Some(reported) = reported.filter(|r| r.attributes != gpu.attributes) {
+                        // A driver upgrade or an operator's new traits: the GPU keeps its cGPUs.
+                        tracing::info!(gpu = %gpu.id, "GPU attributes changed");
+                        pool.set_gpu_attributes(&gpu.id, reported.attributes.clone())?;
+                        db::set_gpu_attributes(tx, &gpu.id, &reported.attributes).await?;
+                    }
+                    let health = match reported {
                         Some(reported) => reported.health.clone(),
                         None => match pool.remove_gpu(&gpu.id) {
                             Ok(_) => {

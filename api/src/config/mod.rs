@@ -503,6 +503,43 @@ pub struct InventoryGpu {
     /// Set by an operator to take these GPUs out of service (why); they take no new cGPUs.
     #[serde(default)]
     pub unhealthy: Option<String>,
+    /// Compute capability (`"8.0"`).
+    #[serde(default)]
+    pub compute_capability: Option<gpgpums::MajorMinor>,
+    /// The CUDA version their driver supports (`"12.4"`).
+    #[serde(default)]
+    pub cuda_version: Option<gpgpums::MajorMinor>,
+    /// Only with `count = 1`: a UUID names one GPU.
+    #[serde(default)]
+    pub uuid: Option<String>,
+    /// os-traits names or the operator's own (`CUSTOM_` and A-Z, 0-9, _).
+    #[serde(default)]
+    pub traits: std::collections::BTreeSet<String>,
+}
+
+impl InventoryGpu {
+    /// `count` healthy GPUs of `model` and `memory_mib`, nothing more known of them.
+    pub fn of(model: &str, memory_mib: u64, count: u32) -> InventoryGpu {
+        InventoryGpu {
+            model: model.to_owned(),
+            memory_mib,
+            count,
+            unhealthy: None,
+            compute_capability: None,
+            cuda_version: None,
+            uuid: None,
+            traits: Default::default(),
+        }
+    }
+
+    pub fn attributes(&self) -> gpgpums::GpuAttributes {
+        gpgpums::GpuAttributes {
+            compute_capability: self.compute_capability,
+            cuda_version: self.cuda_version,
+            uuid: self.uuid.clone(),
+            traits: self.traits.clone(),
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -536,6 +573,14 @@ impl InventoryHost {
         let count: u64 = self.gpus.iter().map(|g| u64::from(g.count)).sum();
         if count > MAX_GPUS_PER_HOST as u64 {
             return Err(format!("more than {MAX_GPUS_PER_HOST} GPUs"));
+        }
+        for gpu in &self.gpus {
+            if let Some((field, why)) = gpu.attributes().problems().into_iter().next() {
+                return Err(format!("gpus: {field}: {why}"));
+            }
+            if gpu.uuid.is_some() && gpu.count != 1 {
+                return Err("gpus: uuid names one GPU: it needs count = 1".to_owned());
+            }
         }
         for (_, gpu, rcuda) in self.gpus() {
             if !(1..=MAX_GPU_MEMORY_MIB).contains(&gpu.memory_mib) {
@@ -705,10 +750,9 @@ impl Config {
         };
         let mut gpu_host = host("compute-gpu", HostKind::ComputeGpu);
         gpu_host.gpus = vec![InventoryGpu {
-            model: "NVIDIA Quadro M4000".into(),
-            memory_mib: 8192,
-            count: 4,
-            unhealthy: None,
+            // The Quadro M4000 is a Maxwell GM204: compute capability 5.2.
+            compute_capability: Some(gpgpums::MajorMinor::new(5, 2)),
+            ..InventoryGpu::of("NVIDIA Quadro M4000", 8192, 4)
         }];
         gpu_host.gpu_network_address = Some(Ipv4Addr::new(10, 78, 0, 1));
         let mut hosts = vec![gpu_host];

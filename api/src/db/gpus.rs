@@ -14,6 +14,7 @@ fn gpu_from_row(row: &AnyRow) -> Result<GpuRecord, Error> {
     let id: String = row.try_get("id")?;
     let host: String = row.try_get("host")?;
     let address: String = row.try_get("rcuda_address")?;
+    let attributes: String = row.try_get("attributes")?;
     Ok(GpuRecord {
         id: GpuId::new(&id).map_err(|_| corrupt("GPU id", &id))?,
         host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
@@ -24,12 +25,14 @@ fn gpu_from_row(row: &AnyRow) -> Result<GpuRecord, Error> {
         rcuda_port: row.try_get::<i64, _>("rcuda_port")? as u16,
         rcuda_gpu_number: row.try_get::<i64, _>("rcuda_gpu_number")? as u32,
         health: row.try_get("health")?,
+        attributes: serde_json::from_str(&attributes)
+            .map_err(|_| corrupt("GPU attributes", &attributes))?,
     })
 }
 
 const GPU_COLUMNS: &str =
     "g.id, g.host, g.idx, g.model, g.memory_mib, g.rcuda_address, g.rcuda_port, \
-     g.rcuda_gpu_number, g.health";
+     g.rcuda_gpu_number, g.health, g.attributes";
 
 /// Every GPU, in pool order.
 pub async fn gpus(conn: &mut AnyConnection) -> Result<Vec<GpuRecord>, Error> {
@@ -60,7 +63,8 @@ pub async fn gpus_of_host(
 pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(), Error> {
     let inserted = sqlx::query(
         "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
-         rcuda_gpu_number, health, rcuda_claimed) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+         rcuda_gpu_number, health, rcuda_claimed, attributes) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(gpu.id.as_str())
     .bind(gpu.host.as_str())
@@ -72,6 +76,7 @@ pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(),
     .bind(i64::from(gpu.rcuda_gpu_number))
     .bind(gpu.health.as_deref())
     .bind(i64::from(claims_endpoint(gpu)))
+    .bind(serde_json::to_string(&gpu.attributes).map_err(|e| Error::internal(e.to_string()))?)
     .execute(conn)
     .await;
     match inserted {
@@ -212,6 +217,21 @@ pub async fn set_gpu_health(
 ) -> Result<(), Error> {
     sqlx::query("UPDATE gpus SET health = $1 WHERE id = $2")
         .bind(health)
+        .bind(id.as_str())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Records what the GPU is as its agent now reports it (see [`GpuRecord::attributes`]).
+pub async fn set_gpu_attributes(
+    conn: &mut AnyConnection,
+    id: &GpuId,
+    attributes: &gpgpums::GpuAttributes,
+) -> Result<(), Error> {
+    let text = serde_json::to_string(attributes).map_err(|e| Error::internal(e.to_string()))?;
+    sqlx::query("UPDATE gpus SET attributes = $1 WHERE id = $2")
+        .bind(text)
         .bind(id.as_str())
         .execute(conn)
         .await?;

@@ -76,6 +76,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (18, "cgpus_version", include_str!("../../../migrations/0018_cgpus_version.sql")),
     (19, "live_vm_indexes", include_str!("../../../migrations/0019_live_vm_indexes.sql")),
     (20, "vm_extras_version", include_str!("../../../migrations/0020_vm_extras_version.sql")),
+    (21, "gpu_attributes", include_str!("../../../migrations/0021_gpu_attributes.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,6 +24,15 @@ pub fn launch_spec(request: LaunchRequest) -> (LaunchSpec, Option<String>, bool)
         mode: request.mode.into(),
         locality: request.locality.into(),
         distinct_gpus: request.distinct_gpus,
+        constraints: gpgpums::GpuConstraints {
+            models: request.gpu_model.map(GpuModels::into_vec).unwrap_or_default(),
+            required: request.traits.required,
+            forbidden: request.traits.forbidden,
+            preferred: request.traits.preferred,
+            avoid: request.traits.avoid,
+            min_compute_capability: request.min_compute_capability,
+            min_cuda_version: request.min_cuda_version,
+        },
     };
     let vm = VmRequest {
         name: request.name.unwrap_or_default(),
@@ -82,6 +91,15 @@ pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
             mode: gpus.mode.into(),
             locality: gpus.locality.into(),
             distinct_gpus: gpus.distinct_gpus,
+            gpu_model: gpus.constraints.models.clone(),
+            traits: TraitsParam {
+                required: gpus.constraints.required.clone(),
+                forbidden: gpus.constraints.forbidden.clone(),
+                preferred: gpus.constraints.preferred.clone(),
+                avoid: gpus.constraints.avoid.clone(),
+            },
+            min_compute_capability: gpus.constraints.min_compute_capability,
+            min_cuda_version: gpus.constraints.min_cuda_version,
             policy: vm.policy.clone(),
         },
         cgpus: details
@@ -244,6 +262,10 @@ pub fn pool_page(
                         taint: g.taint,
                         health: g.health,
                         fenced,
+                        compute_capability: g.attributes.compute_capability,
+                        cuda_version: g.attributes.cuda_version,
+                        traits: g.attributes.all_traits().into_iter().collect(),
+                        uuid: g.attributes.uuid,
                     }
                 })
                 .collect(),

@@ -91,8 +91,11 @@ async function signOut() {
 async function fillLaunch(fields) {
   const all = { name: '', image: 'cirros-0.6.2', flavor: 'm1.small', networks: '', user_data: '', ncgpus: '1',
     gpu_memory_mib: '', mode: 'exclusive', locality: 'any', policy: '', distinct_gpus: false, queue: false,
-    priority: '0', preemptible: false, ...fields };
-  for (const name of ['name', 'image', 'flavor', 'networks', 'user_data', 'ncgpus', 'gpu_memory_mib', 'policy']) {
+    priority: '0', preemptible: false, gpu_model: '', min_compute_capability: '', min_cuda_version: '',
+    traits_required: '', traits_forbidden: '', traits_preferred: '', traits_avoid: '', ...fields };
+  for (const name of ['name', 'image', 'flavor', 'networks', 'user_data', 'ncgpus', 'gpu_memory_mib', 'policy',
+    'gpu_model', 'min_compute_capability', 'min_cuda_version', 'traits_required', 'traits_forbidden',
+    'traits_preferred', 'traits_avoid']) {
     await page.fill(`#f-${name}`, all[name]);
   }
   await page.selectOption('#f-mode', all.mode);
@@ -171,9 +174,24 @@ try {
   await page.waitForSelector('[data-error-for="gpu_memory_mib"]:not(:empty)');
   check(await page.locator('[data-error-for="ncgpus"]:not(:empty)').count() === 0, 'the old error is cleared');
 
+  // A trait that is no trait name, then a model no GPU is: each named beside its own field.
+  await fillLaunch({ name: 'dash-one', traits_required: 'nvlink' });
+  await page.click('#launch-submit');
+  const traitError = await page.waitForSelector('[data-error-for="traits_required"]:not(:empty)');
+  check(/nvlink/.test(await traitError.textContent()), 'the bad trait is named');
+  check(await page.getAttribute('#f-traits_required', 'aria-invalid') === 'true', 'traits_required marked invalid');
+  await fillLaunch({ name: 'dash-one', gpu_model: 'V100' });
+  await page.click('#launch-submit');
+  const modelError = await page.waitForSelector('[data-error-for="gpu_model"]:not(:empty)');
+  check(/V100/.test(await modelError.textContent()), 'the missing model is named');
+  check(await page.locator('.vm').count() === 0, 'the refused requests launched nothing');
+
   // One shared cGPU through the form, to ready, with every stage timed.
-  result.deleted = await launch({ name: 'dash-one', ncgpus: '1', mode: 'shared', gpu_memory_mib: '2048' });
+  result.deleted = await launch({ name: 'dash-one', ncgpus: '1', mode: 'shared', gpu_memory_mib: '2048',
+    gpu_model: 'NVIDIA Quadro M4000', min_compute_capability: '5.0', traits_avoid: 'CUSTOM_NVLINK' });
   const card = vmCard(result.deleted);
+  const asked = await page.textContent(card);
+  check(asked.includes('NVIDIA Quadro M4000') && asked.includes('avoid CUSTOM_NVLINK'), `the card shows what was asked: ${asked}`);
   check(await page.locator(`${card} .stage:not(.pending)`).count() === 7, 'all 6 stages and the total are timed');
   check(await page.locator(`${card} .cgpu`).count() === 1, 'one cGPU listed');
   check((await page.textContent(`${card} .cgpus`)).includes('100.127.'), 'the cGPU shows its masked endpoint');

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use gpgpums::{GpuId, GpuSpec, HostId, HostKind, Pool, RcudaEndpoint};
+use gpgpums::{GpuAttributes, GpuId, GpuSpec, HostId, HostKind, Pool, RcudaEndpoint};
 
 /// xorshift64*: a fixed, dependency-free stream, so every run builds the same state.
 pub struct Rng(pub u64);
@@ -24,21 +24,32 @@ impl Rng {
 /// Registers compute-gpu host `cg<h>` with one GPU of each of `sizes` (MiB), one rCUDA daemon
 /// each; returns their specs.
 pub fn add_gpu_host(pool: &mut Pool, h: u32, sizes: &[u64]) -> Vec<GpuSpec> {
+    let gpus: Vec<(u64, String, GpuAttributes)> =
+        sizes.iter().map(|&mib| (mib, "bench".to_owned(), GpuAttributes::default())).collect();
+    add_gpu_host_of(pool, h, &gpus)
+}
+
+/// [`add_gpu_host`] with each GPU's memory (MiB), model and attributes.
+pub fn add_gpu_host_of(
+    pool: &mut Pool,
+    h: u32,
+    gpus: &[(u64, String, GpuAttributes)],
+) -> Vec<GpuSpec> {
     let host = HostId::new(format!("cg{h}")).unwrap();
     pool.add_host(host.clone(), HostKind::ComputeGpu).unwrap();
     let address = IpAddr::V4(Ipv4Addr::new(10, (h >> 16) as u8, (h >> 8) as u8, h as u8));
-    sizes
-        .iter()
+    gpus.iter()
         .enumerate()
-        .map(|(index, &memory_mib)| {
+        .map(|(index, (memory_mib, model, attributes))| {
             let index = index as u32;
             let spec = GpuSpec {
                 id: GpuId::on_host(&host, index),
                 host: host.clone(),
                 index,
-                model: "bench".into(),
-                memory_mib,
+                model: model.clone(),
+                memory_mib: *memory_mib,
                 rcuda: RcudaEndpoint { address, port: 8308 + index as u16, gpu_number: index },
+                attributes: attributes.clone(),
             };
             pool.add_gpu(spec.clone()).unwrap();
             spec

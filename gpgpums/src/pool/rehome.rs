@@ -16,14 +16,25 @@ use super::Pool;
 use crate::error::{Error, Shortfall};
 use crate::ids::{HostId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
+use crate::traits::GpuConstraints;
 
 /// Where a re-homed cGPU may go.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Rehome<'a> {
     /// On this host only (a `local` VM's host).
     pub on_host: Option<&'a HostId>,
     /// Off every other GPU the VM holds (a VM launched with `distinct_gpus`).
     pub distinct_gpus: bool,
+    /// Onto a GPU its VM's request admits, ranked as it ranks them.
+    pub constraints: &'a GpuConstraints,
+}
+
+/// Anywhere, onto any GPU.
+impl Default for Rehome<'_> {
+    fn default() -> Self {
+        static ANY_GPU: GpuConstraints = GpuConstraints::NONE;
+        Rehome { on_host: None, distinct_gpus: false, constraints: &ANY_GPU }
+    }
 }
 
 impl Pool {
@@ -93,6 +104,7 @@ impl Pool {
             mode: old.mode,
             locality: if to.on_host.is_some() { Locality::Local } else { Locality::Any },
             distinct_gpus: to.distinct_gpus,
+            constraints: to.constraints.clone(),
         };
         let shortfall = || Error::InsufficientCapacity(Shortfall::of(&request, 0, false));
         let within = match to.on_host {
@@ -105,6 +117,8 @@ impl Pool {
         if self.views_stale {
             self.rebuild_views();
         }
+        // Constraints no GPU meets any more (its kind withdrawn): no GPU takes it.
+        let filter = self.filter(view, &request.constraints).map_err(|_| shortfall())?;
         // The VM still holds the old slot while the new one is taken (it counts among its GPUs and
         // hosts), and must not get it back.
         let mut held = kept.clone();
@@ -116,7 +130,7 @@ impl Pool {
             .collect();
         hidden.push(old_slot);
         self.set_masked(&hidden, true);
-        let placed = self.place_on(&request, view, within.as_deref(), &held);
+        let placed = self.place_on(&request, view, &filter, within.as_deref(), &held);
         self.set_masked(&hidden, false);
         let (mut cgpus, _) = placed.map_err(|_| shortfall())?;
         let mut new = cgpus.pop().expect("one cGPU placed");

@@ -30,6 +30,7 @@ pub fn gpu_spec(host: &HostId, index: u32, memory_mib: u64) -> GpuSpec {
             port: 8308 + index as u16,
             gpu_number: 0,
         },
+        attributes: Default::default(),
     }
 }
 

@@ -157,6 +157,7 @@ impl App {
                     on_host: (vm.spec.gpus.locality == Locality::Local)
                         .then_some(vm.host.as_ref().unwrap_or(&cgpu.host)),
                     distinct_gpus: vm.spec.gpus.distinct_gpus,
+                    constraints: &vm.spec.gpus.constraints,
                 };
                 // Routes may be live where the VM runs: the old booking waits there in a fence,
                 // written only once the cGPU has somewhere to go.

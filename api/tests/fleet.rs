@@ -1,0 +1,238 @@
+//! A fleet of several GPU models (issue [3/6]): requests by model, trait and version through the
+//! API on both stores, refusals that name the constraint and book nothing, attaches that follow
+//! the VM's constraints, and the pool and /metrics showing what each GPU is.
+
+use crate::{on_both_stores, support};
+
+use gpgpums::HostKind;
+use gsaasd::config::{InventoryGpu, InventoryHost};
+use serde_json::{json, Value};
+use support::{shared_launch, Store, TestService};
+
+fn gpus(model: &str, cc: &str, traits: &[&str], count: u32) -> InventoryGpu {
+    InventoryGpu {
+        compute_capability: Some(cc.parse().unwrap()),
+        cuda_version: Some("12.4".parse().unwrap()),
+        traits: traits.iter().map(|t| (*t).to_owned()).collect(),
+        ..InventoryGpu::of(model, 16384, count)
+    }
+}
+
+/// g1: 2 T4 and 2 A100 with NVLink; g2: 2 H100; and a compute-rgpu host.
+async fn fleet(store: Store) -> TestService {
+    TestService::start_with(store, |config| {
+        let host = |name: &str, kind, gpus| InventoryHost {
+            name: name.parse().unwrap(),
+            kind,
+            gpus,
+            gpu_network_address: None,
+        };
+        config.inventory = vec![
+            host(
+                "g1",
+                HostKind::ComputeGpu,
+                vec![gpus("T4", "7.5", &[], 2), gpus("A100", "8.0", &["CUSTOM_NVLINK"], 2)],
+            ),
+            host("g2", HostKind::ComputeGpu, vec![gpus("H100", "9.0", &["CUSTOM_RACK_R2"], 2)]),
+            host("r1", HostKind::ComputeRgpu, vec![]),
+        ];
+    })
+    .await
+}
+
+fn launch(ncgpus: u32, extra: Value) -> Value {
+    let mut body = shared_launch(ncgpus, 4096);
+    let Value::Object(extra) = extra else { panic!("{extra} is no object") };
+    for (key, value) in extra {
+        body[key] = value;
+    }
+    body
+}
+
+/// The models of the VM's GPUs, as an admin sees them.
+async fn models_of(t: &TestService, id: &str) -> Vec<String> {
+    let (_, vm) = t.get(&t.admin(), &format!("/v1/vms/{id}")).await;
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    let model_of = |gpu: &str| -> String {
+        let hosts = pool["hosts"].as_array().unwrap();
+        let all = hosts.iter().flat_map(|h| h["gpus"].as_array().unwrap());
+        all.filter(|g| g["id"] == gpu)
+            .map(|g| g["model"].as_str().unwrap().to_owned())
+            .next()
+            .unwrap_or_else(|| panic!("no GPU {gpu} in {pool}"))
+    };
+    vm["cgpus"].as_array().unwrap().iter().map(|c| model_of(c["gpu"].as_str().unwrap())).collect()
+}
+
+async fn allocated(t: &TestService) -> u64 {
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    pool["totals"]["allocated_mib"].as_u64().unwrap()
+}
+
+async fn requests_by_model_and_trait_land_on_those_gpus_and_attaches_follow(store: Store) {
+    let t = fleet(store).await;
+    let member = t.member();
+    let body = launch(2, json!({"gpu_model": "A100", "distinct_gpus": true}));
+    let a100 = t.launch(&member, &body).await;
+    let vm = t.wait_state(&member, &a100, "ready").await;
+    assert_eq!(vm["gpus"]["gpu_model"], json!(["A100"]), "the view shows what was asked: {vm}");
+    assert_eq!(models_of(&t, &a100).await, ["A100", "A100"]);
+    // An attach follows the VM's own constraints: both A100s hold it already, distinct GPUs
+    // asked, so no room, though T4s and H100s are idle.
+    let attach =
+        json!({"ncgpus": 1, "gpu_memory_mib": 4096, "mode": "shared", "distinct_gpus": true});
+    let (status, problem) = t.post(&member, &format!("/v1/vms/{a100}/cgpus"), &attach).await;
+    assert_eq!(status, 507, "{problem}");
+    // Compute capability 8.0 or more, NVLink avoided: an H100.
+    let body =
+        launch(1, json!({"min_compute_capability": "8.0", "traits": {"avoid": ["CUSTOM_NVLINK"]}}));
+    let newer = t.launch(&member, &body).await;
+    t.wait_state(&member, &newer, "ready").await;
+    assert_eq!(models_of(&t, &newer).await, ["H100"]);
+    // Required by a trait the compute capability gives, from a list of models.
+    let body = launch(
+        1,
+        json!({"gpu_model": ["T4", "H100"], "traits": {"required": ["HW_GPU_CUDA_COMPUTE_CAPABILITY_V7_5"]}}),
+    );
+    let t4 = t.launch(&member, &body).await;
+    t.wait_state(&member, &t4, "ready").await;
+    assert_eq!(models_of(&t, &t4).await, ["T4"]);
+    // The pool says what each GPU is; /metrics sums by model.
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    let h100 = pool["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "g2").unwrap();
+    let gpu = &h100["gpus"][0];
+    assert_eq!(gpu["compute_capability"], "9.0", "{gpu}");
+    assert_eq!(gpu["cuda_version"], "12.4", "{gpu}");
+    let traits = gpu["traits"].as_array().unwrap();
+    for name in ["CUSTOM_RACK_R2", "HW_GPU_CUDA_COMPUTE_CAPABILITY_V9_0", "HW_GPU_CUDA_SDK_V12_4"] {
+        assert!(traits.contains(&json!(name)), "{name} in {gpu}");
+    }
+    let text = t.http.get(t.url("/metrics")).bearer_auth(t.admin()).send().await.unwrap();
+    let text = text.text().await.unwrap();
+    for line in [
+        "gsaas_model_gpus{model=\"A100\"} 2",
+        "gsaas_model_allocated_mib{model=\"A100\"} 8192",
+        "gsaas_model_cgpus{model=\"H100\"} 1",
+        "gsaas_model_idle_gpus{model=\"T4\"} 1",
+    ] {
+        assert!(text.contains(line), "no {line:?} in /metrics");
+    }
+}
+
+async fn constraints_no_gpu_meets_are_refused_naming_them_and_book_nothing(store: Store) {
+    let t = fleet(store).await;
+    let member = t.member();
+    let cases = [
+        (json!({"gpu_model": "V100"}), "gpu_model", "V100"),
+        (
+            json!({"gpu_model": ["T4"], "min_compute_capability": "8.0"}),
+            "min_compute_capability",
+            "8.0",
+        ),
+        (
+            json!({"traits": {"required": ["CUSTOM_NVLINK", "CUSTOM_RACK_R2"]}}),
+            "traits.required",
+            "CUSTOM_RACK_R2",
+        ),
+        (json!({"traits": {"required": ["nvlink"]}}), "traits.required", "nvlink"),
+        (
+            json!({"traits": {"required": ["CUSTOM_A"], "forbidden": ["CUSTOM_A"]}}),
+            "traits.required",
+            "CUSTOM_A",
+        ),
+        (json!({"traits": {"preferred": ["CUSTOM_lower"]}}), "traits.preferred", "CUSTOM_lower"),
+        (json!({"min_cuda_version": "13.0"}), "min_cuda_version", "13.0"),
+    ];
+    for (extra, field, names) in cases {
+        let (status, problem) = t.post(&member, "/v1/vms", &launch(1, extra.clone())).await;
+        assert_eq!(status, 422, "{extra}: {problem}");
+        let text = problem.to_string();
+        assert!(text.contains(field) && text.contains(names), "{extra}: {problem}");
+        // Never queued either: waiting would not bring such a GPU.
+        let mut queued = launch(1, extra.clone());
+        queued["queue"] = json!(true);
+        let (status, problem) = t.post(&member, "/v1/vms", &queued).await;
+        assert_eq!(status, 422, "{extra} with queue: {problem}");
+    }
+    // Malformed and hostile values: refused before anything is looked at.
+    let many: Vec<String> = (0..65).map(|i| format!("CUSTOM_T{i}")).collect();
+    for extra in [
+        json!({"min_compute_capability": "eight"}),
+        json!({"min_compute_capability": 8}),
+        json!({"gpu_model": {"name": "A100"}}),
+        json!({"traits": {"required": many}}),
+        json!({"traits": {"wanted": ["CUSTOM_A"]}}),
+        json!({"traits": {"required": ["X".repeat(100_000)]}}),
+        json!({"gpu_model": vec!["A100"; 100]}),
+    ] {
+        let (status, problem) = t.post(&member, "/v1/vms", &launch(1, extra.clone())).await;
+        assert!(status == 400 || status == 422, "{extra}: {status} {problem}");
+    }
+    // More H100s than there are: 507, never queued.
+    let mut body = launch(3, json!({"gpu_model": "H100", "mode": "exclusive"}));
+    body.as_object_mut().unwrap().remove("gpu_memory_mib");
+    body["queue"] = json!(true);
+    let (status, problem) = t.post(&member, "/v1/vms", &body).await;
+    assert_eq!(status, 507, "{problem}");
+    let (_, vms) = t.get(&member, "/v1/vms").await;
+    assert_eq!(vms["vms"].as_array().map(Vec::len), Some(0), "{vms}");
+    assert_eq!(allocated(&t).await, 0);
+}
+
+/// What an agent says its GPUs are: checked like the rest of its report, stored, and changed in
+/// place when it changes (a driver upgrade), the GPU keeping its cGPUs. Real agents over HTTP.
+async fn agents_report_what_their_gpus_are_and_a_change_keeps_their_cgpus(store: Store) {
+    let (t, _vm_host, gpu_host) = support::agents::agent_cloud(store, 0).await;
+    let token = t.agent_token("cg-1");
+    let report = |traits: Value, cuda: &str| {
+        let mut report = support::host_report("cg-1", "compute-gpu", &gpu_host.url, 2);
+        for gpu in report["gpus"].as_array_mut().unwrap() {
+            gpu["traits"] = traits.clone();
+            gpu["compute_capability"] = json!("8.9");
+            gpu["cuda_version"] = json!(cuda);
+        }
+        report
+    };
+    // Hostile or malformed: refused, nothing registered.
+    let many: Vec<String> = (0..65).map(|i| format!("CUSTOM_T{i}")).collect();
+    for (traits, cuda) in [
+        (json!(["nvlink"]), "12.4"),
+        (json!(many), "12.4"),
+        (json!(["CUSTOM_NVLINK"]), "twelve"),
+        (json!("CUSTOM_NVLINK"), "12.4"),
+    ] {
+        let (status, problem) = t.report_host(&token, "cg-1", &report(traits.clone(), cuda)).await;
+        assert!(status == 400 || status == 422, "{traits} {cuda}: {status} {problem}");
+    }
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    assert_eq!(pool["totals"]["gpus"], 0, "{pool}");
+    let (status, host) =
+        t.report_host(&token, "cg-1", &report(json!(["CUSTOM_NVLINK"]), "12.4")).await;
+    assert_eq!(status, 200, "{host}");
+    let mut body = support::agents::remote_launch(1);
+    body["traits"] = json!({"required": ["CUSTOM_NVLINK", "HW_GPU_CUDA_SDK_V12_4"]});
+    let id = t.launch(&t.member(), &body).await;
+    t.wait_state(&t.member(), &id, "ready").await;
+    // The driver is upgraded: the GPUs keep their cGPU, and requests see the new version.
+    let (status, _) =
+        t.report_host(&token, "cg-1", &report(json!(["CUSTOM_NVLINK"]), "12.8")).await;
+    assert_eq!(status, 200);
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    let host = pool["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "cg-1").unwrap();
+    let gpus = host["gpus"].as_array().unwrap();
+    assert!(gpus.iter().all(|g| g["cuda_version"] == "12.8" && g["health"].is_null()), "{pool}");
+    assert_eq!(pool["totals"]["cgpus"], 1, "{pool}");
+    let vm = t.wait_state(&t.member(), &id, "ready").await;
+    assert_eq!(vm["cgpus"].as_array().map(Vec::len), Some(1), "{vm}");
+    let (status, problem) = t.post(&t.member(), "/v1/vms", &body).await;
+    assert_eq!(status, 422, "no GPU has SDK 12.4 any more: {problem}");
+    let mut newer = support::agents::remote_launch(1);
+    newer["min_cuda_version"] = json!("12.8");
+    assert_eq!(t.post(&t.member(), "/v1/vms", &newer).await.0, 202);
+}
+
+on_both_stores!(
+    requests_by_model_and_trait_land_on_those_gpus_and_attaches_follow,
+    constraints_no_gpu_meets_are_refused_naming_them_and_book_nothing,
+    agents_report_what_their_gpus_are_and_a_change_keeps_their_cgpus
+);
