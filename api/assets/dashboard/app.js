@@ -447,14 +447,14 @@
     const changeable = vm.state === 'ready' && !changing;
     const g = vm.gpus;
     const t = g.traits || {};
-    const asked = [
+    const choice = [
       g.gpu_model && g.gpu_model.length ? g.gpu_model.join(' or ') : '',
       g.min_compute_capability ? `compute capability ≥ ${g.min_compute_capability}` : '',
       g.min_cuda_version ? `CUDA ≥ ${g.min_cuda_version}` : '',
       ...['required', 'forbidden', 'preferred', 'avoid'].map((k) => (t[k] && t[k].length ? `${k} ${t[k].join(', ')}` : '')),
     ].filter(Boolean);
     const request = `${g.ncgpus} × ${g.mode}${g.gpu_memory_mib ? `, ${mem(g.gpu_memory_mib)} each` : ''}`
-      + `, ${g.locality}${g.distinct_gpus ? ', distinct GPUs' : ''}${asked.length ? `, ${asked.join('; ')}` : ''}`;
+      + `, ${g.locality}${g.distinct_gpus ? ', distinct GPUs' : ''}${choice.length ? `, ${choice.join('; ')}` : ''}`;
     const live = vm.cgpus.filter((c) => c.state === 'live').length;
     const facts = [
       ['Image', `${vm.image} · ${vm.flavor}`],
