@@ -45,6 +45,9 @@ pub const MAX_CGPUS_PER_VM: u32 = 4096;
 pub const MAX_GPU_MEMORY_MIB: u64 = 16 << 20;
 /// The most sets of GPU kinds a policy keeps indexes over (see the module docs).
 pub const MAX_SUBSETS: usize = 64;
+/// The most distinct constraints whose filters are kept (per policy, and for admission alone);
+/// past it the cache starts over.
+const MAX_CACHED_FILTERS: usize = 1024;
 
 /// How the pool finds the policy's choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -142,6 +145,9 @@ struct Views {
     subset_by_kinds: HashMap<Vec<u32>, usize>,
     /// For each kind, the subsets that hold its GPUs.
     subsets_of_kind: Vec<Vec<usize>>,
+    /// The filters of the constraints decided under this policy (a fleet's kinds can be many:
+    /// working a filter out costs a pass over them).
+    filters: HashMap<GpuConstraints, Arc<Filter>>,
 }
 
 impl Views {
@@ -152,6 +158,7 @@ impl Views {
             subsets: Vec::new(),
             subset_by_kinds: HashMap::new(),
             subsets_of_kind: Vec::new(),
+            filters: HashMap::new(),
         }
     }
 
@@ -159,6 +166,7 @@ impl Views {
         self.subsets.clear();
         self.subset_by_kinds.clear();
         self.subsets_of_kind.clear();
+        self.filters.clear();
     }
 }
 
@@ -275,6 +283,10 @@ pub struct Pool {
     kind_by_key: HashMap<GpuKind, u32>,
     /// Counts decisions that used subsets, to find the least recently used.
     decisions: u64,
+    /// [`Self::admission`]'s answers, by constraints.
+    admissions: HashMap<GpuConstraints, Arc<Filter>>,
+    /// The filter of no constraint.
+    everything: Arc<Filter>,
     vms: HashMap<VmId, Placement>,
     views: Vec<Views>,
     view_by_name: HashMap<String, usize>,
@@ -315,6 +327,8 @@ impl Pool {
             kinds: Vec::new(),
             kind_by_key: HashMap::new(),
             decisions: 0,
+            admissions: HashMap::new(),
+            everything: Arc::new(Filter::default()),
             vms: HashMap::new(),
             views: Vec::new(),
             view_by_name: HashMap::new(),
@@ -466,6 +480,7 @@ impl Pool {
         }
         let removed = self.gpus.remove(slot as usize);
         self.kinds[removed.kind as usize].gpus -= 1;
+        self.forget_filters();
         self.changes += 1;
         self.renumber();
         Ok(removed.spec)
@@ -480,6 +495,7 @@ impl Pool {
                 let kind = u32::try_from(self.kinds.len()).expect("fewer than 2^32 kinds");
                 self.kinds.push(KindEntry { kind: key.clone(), gpus: 0 });
                 self.kind_by_key.insert(key, kind);
+                self.forget_filters();
                 kind
             }
         };
@@ -566,6 +582,7 @@ impl Pool {
             gpu.kind = kind;
         });
         self.kinds[old as usize].gpus -= 1;
+        self.forget_filters();
         self.makeups = None;
         self.changes += 1;
         Ok(())
@@ -1190,11 +1207,32 @@ impl Pool {
         }
     }
 
-    /// Which kinds `constraints` admit and their ranks (no subsets: see [`Self::filter`]).
-    fn admission(&self, constraints: &GpuConstraints) -> Filter {
-        if constraints.is_empty() {
-            return Filter::default();
+    /// Forgets every filter worked out (the kinds or their counts changed).
+    fn forget_filters(&mut self) {
+        self.admissions.clear();
+        for views in &mut self.views {
+            views.filters.clear();
         }
+    }
+
+    /// Which kinds `constraints` admit and their ranks (no subsets: see [`Self::filter`]).
+    fn admission(&mut self, constraints: &GpuConstraints) -> Arc<Filter> {
+        if constraints.is_empty() {
+            return self.everything.clone();
+        }
+        if let Some(filter) = self.admissions.get(constraints) {
+            return filter.clone();
+        }
+        let filter = Arc::new(self.admitted_kinds(constraints));
+        if self.admissions.len() >= MAX_CACHED_FILTERS {
+            self.admissions.clear();
+        }
+        self.admissions.insert(constraints.clone(), filter.clone());
+        filter
+    }
+
+    /// [`Self::admission`] worked out: a pass over the kinds.
+    fn admitted_kinds(&self, constraints: &GpuConstraints) -> Filter {
         let ranks = self
             .kinds
             .iter()
@@ -1205,9 +1243,37 @@ impl Pool {
 
     /// How a request with `constraints` sees the pool under `view`: the kinds it admits, ranked,
     /// with the subsets that index them (built now when missing). Refuses constraints that no
-    /// registered GPU meets, naming the first such.
-    fn filter(&mut self, view: usize, constraints: &GpuConstraints) -> Result<Filter, Error> {
-        let mut filter = self.admission(constraints);
+    /// registered GPU meets, naming the first such. Kept per policy until the kinds change.
+    fn filter(&mut self, view: usize, constraints: &GpuConstraints) -> Result<Arc<Filter>, Error> {
+        if constraints.is_empty() {
+            return Ok(self.everything.clone());
+        }
+        if let Some(filter) = self.views[view].filters.get(constraints).cloned() {
+            // Its subsets were used now, for the least-recently-used count.
+            self.decisions += 1;
+            let views = &mut self.views[view];
+            for &at in &filter.tiers {
+                views.subsets[at].as_mut().expect("a kept filter's subsets are live").last_used =
+                    self.decisions;
+            }
+            return Ok(filter);
+        }
+        let filter = Arc::new(self.work_out_filter(view, constraints)?);
+        let filters = &mut self.views[view].filters;
+        if filters.len() >= MAX_CACHED_FILTERS {
+            filters.clear();
+        }
+        filters.insert(constraints.clone(), filter.clone());
+        Ok(filter)
+    }
+
+    /// [`Self::filter`] worked out: a pass over the kinds, and the subsets found or built.
+    fn work_out_filter(
+        &mut self,
+        view: usize,
+        constraints: &GpuConstraints,
+    ) -> Result<Filter, Error> {
+        let mut filter = self.admitted_kinds(constraints);
         if filter.is_everything() {
             return Ok(filter);
         }
@@ -1310,6 +1376,8 @@ impl Pool {
                 for &kind in &gone.kinds {
                     views.subsets_of_kind[kind as usize].retain(|&s| s != at);
                 }
+                // Kept filters may name it.
+                views.filters.clear();
             }
         }
         let slots = self.gpus.len() as u32;
@@ -1352,9 +1420,26 @@ impl Pool {
 
     /// Runs `change`, which may alter anything the slots' candidates depend on, keeping indexes right.
     fn reindexing(&mut self, slots: &[u32], change: impl FnOnce(&mut Self)) {
+        self.reindexing_views(slots, false, change);
+    }
+
+    /// [`Self::reindexing`], in the views whose policy ranks by host load only when
+    /// `host_load_only` (`change` alters nothing else).
+    fn reindexing_views(
+        &mut self,
+        slots: &[u32],
+        host_load_only: bool,
+        change: impl FnOnce(&mut Self),
+    ) {
         let live = self.indexes_live();
+        let touched = |pool: &Self, view: usize| {
+            !host_load_only || pool.views[view].policy.ranks_by_host_load()
+        };
         if live {
             for view in 0..self.views.len() {
+                if !touched(self, view) {
+                    continue;
+                }
                 for &slot in slots {
                     self.unindex_from(view, slot);
                 }
@@ -1363,6 +1448,9 @@ impl Pool {
         change(self);
         if live {
             for view in 0..self.views.len() {
+                if !touched(self, view) {
+                    continue;
+                }
                 for &slot in slots {
                     self.index_into(view, slot);
                 }
@@ -1375,6 +1463,18 @@ impl Pool {
         if self.indexes_live() {
             let slots = self.hosts[host].slots.clone();
             self.reindexing(&slots, change);
+        } else {
+            change(self);
+        }
+    }
+
+    /// Changes the host's count of VMs (`change`), re-indexing its GPUs only for the policies
+    /// that rank by it: the others' indexes hold nothing that depends on it.
+    fn changing_host_load(&mut self, host: usize, change: impl FnOnce(&mut Self)) {
+        let ranked = self.views.iter().any(|v| v.policy.ranks_by_host_load());
+        if self.indexes_live() && ranked {
+            let slots = self.hosts[host].slots.clone();
+            self.reindexing_views(&slots, true, change);
         } else {
             change(self);
         }
@@ -1427,7 +1527,7 @@ impl Pool {
         });
         if new_host {
             let host = self.gpus[slot as usize].host as usize;
-            self.reindexing_host(host, |pool| pool.hosts[host].vms += 1);
+            self.changing_host_load(host, |pool| pool.hosts[host].vms += 1);
         }
     }
 
@@ -1450,7 +1550,7 @@ impl Pool {
         });
         if last_on_host {
             let host = self.gpus[slot as usize].host as usize;
-            self.reindexing_host(host, |pool| pool.hosts[host].vms -= 1);
+            self.changing_host_load(host, |pool| pool.hosts[host].vms -= 1);
         }
     }
 

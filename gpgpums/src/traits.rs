@@ -203,7 +203,7 @@ impl GpuAttributes {
 /// soft ones rank those left before the policy decides among equals. Strengths as the device
 /// preferences of the framework seed ("002"): required, preferred, allowed (unnamed), avoided,
 /// forbidden.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct GpuConstraints {
     /// One of these models, by exact name; any model when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

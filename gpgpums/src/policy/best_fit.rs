@@ -23,6 +23,10 @@ impl Policy for BestFit {
     fn new_index(&self, _slots: u32) -> Box<dyn CandidateIndex> {
         Box::<BestFitIndex>::default()
     }
+
+    fn ranks_by_host_load(&self) -> bool {
+        false
+    }
 }
 
 /// Candidates by (free, slot): the first at or after `(need, 0)` is the choice.

@@ -28,6 +28,10 @@ impl Policy for FewerJobsGpu {
     fn new_index(&self, _slots: u32) -> Box<dyn CandidateIndex> {
         Box::<FewerJobsGpuIndex>::default()
     }
+
+    fn ranks_by_host_load(&self) -> bool {
+        false
+    }
 }
 
 #[derive(Debug, Default)]

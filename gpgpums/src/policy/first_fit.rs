@@ -23,6 +23,10 @@ impl Policy for FirstFit {
     fn new_index(&self, slots: u32) -> Box<dyn CandidateIndex> {
         Box::new(FirstFitIndex(SparseMaxTree::new(slots)))
     }
+
+    fn ranks_by_host_load(&self) -> bool {
+        false
+    }
 }
 
 /// Free memory by slot; the answer is the leftmost slot with enough.

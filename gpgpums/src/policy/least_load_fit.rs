@@ -24,6 +24,10 @@ impl Policy for LeastLoadFit {
     fn new_index(&self, _slots: u32) -> Box<dyn CandidateIndex> {
         Box::<LeastLoadIndex>::default()
     }
+
+    fn ranks_by_host_load(&self) -> bool {
+        false
+    }
 }
 
 /// Candidates by (most free, slot): the first one is the choice if anything fits.

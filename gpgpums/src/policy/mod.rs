@@ -59,6 +59,13 @@ pub trait Policy: Send + Sync + fmt::Debug {
 
     /// An empty index for slots in `0..slots` that agrees with [`Policy::compare`].
     fn new_index(&self, slots: u32) -> Box<dyn CandidateIndex>;
+
+    /// Whether its order, and so its index, looks at the host's load
+    /// ([`Candidate::host_vms`]). Those indexes see every change of a host's VMs, a re-index of
+    /// all the host's GPUs; the others are spared it. A policy that does not say is taken to.
+    fn ranks_by_host_load(&self) -> bool {
+        true
+    }
 }
 
 /// A set of candidates that finds the policy's choice among those with enough free memory.
