@@ -258,7 +258,6 @@ pub async fn serve(
         let stream = Box::pin(stream);
         let (app, stopping, tls) = (app.clone(), stopping.clone(), tls.clone());
         tokio::spawn(async move {
-            let _held = held;
             match tls {
                 None => connection(stream, peer, app, header_timeout, stopping).await,
                 Some(tls) => {
@@ -269,6 +268,9 @@ pub async fn serve(
                     }
                 }
             }
+            // The address's count first: a permit free means its holder no longer counts, so a
+            // client at its share may connect again as soon as one of its connections closes.
+            drop(held);
             drop(permit);
         });
     }
