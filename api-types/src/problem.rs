@@ -44,6 +44,9 @@ pub struct Problem {
 pub struct QuotaProblem {
     /// `cgpus`, `memory_mib`, `exclusive_gpus` or `vms`.
     pub resource: String,
+    /// The GPU model whose limit it is; absent: the project's total.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     pub limit: u64,
     pub in_use: u64,
     pub requested: u64,

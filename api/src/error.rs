@@ -163,6 +163,15 @@ impl From<gpgpums::Error> for Error {
     }
 }
 
+impl From<gpgpums::Refusal> for Error {
+    fn from(e: gpgpums::Refusal) -> Self {
+        match e {
+            gpgpums::Refusal::Quota(e) => e.into(),
+            gpgpums::Refusal::Pool(e) => e.into(),
+        }
+    }
+}
+
 impl From<gpgpums::QuotaExceeded> for Error {
     fn from(e: gpgpums::QuotaExceeded) -> Self {
         Error::QuotaExceeded(e)
@@ -229,6 +238,7 @@ impl IntoResponse for Error {
             quota: match &self {
                 Error::QuotaExceeded(e) => Some(QuotaProblem {
                     resource: e.resource.as_str().to_owned(),
+                    model: e.model.clone(),
                     limit: e.limit,
                     in_use: e.in_use,
                     requested: e.requested,

@@ -13,7 +13,7 @@
 //! drift; that takes the pool's lock and a count over the VMs, so the [`GaugeCache`] does it at
 //! most once per `metrics.gauge_refresh_ms`, however many scrape.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -301,7 +301,7 @@ fn render_models(out: &mut String, gpus: &[gpgpums::GpuUsage]) {
         cgpus: u64,
         idle: u64,
     }
-    let mut by_model: std::collections::BTreeMap<&str, Sums> = Default::default();
+    let mut by_model: BTreeMap<&str, Sums> = Default::default();
     for g in gpus {
         let sums = by_model.entry(g.model.as_str()).or_default();
         sums.gpus += 1;
@@ -336,7 +336,7 @@ fn label_value(text: &str) -> String {
 }
 
 /// cGPU bookings held by fences, by GPU (see `app::fences`).
-pub fn render_fenced(fenced: &std::collections::BTreeMap<gpgpums::GpuId, u32>) -> String {
+pub fn render_fenced(fenced: &BTreeMap<gpgpums::GpuId, u32>) -> String {
     let mut out = String::new();
     let help = "cGPU bookings fences hold on the GPU (routes not yet confirmed gone).";
     header(&mut out, "gsaas_gpu_fenced_cgpus", "gauge", help);
@@ -369,7 +369,9 @@ pub fn render_queue(lengths: &[(i64, i64)]) -> String {
 
 /// Each project's quota limits and use, by resource: `gsaas_quota_limit` (none for a resource
 /// without a limit) and `gsaas_quota_usage`, for every project that has limits of its own, holds
-/// cGPUs, or has VMs (`vms`: those being created or ready, by project).
+/// cGPUs, or has VMs (`vms`: those being created or ready, by project); and per GPU model,
+/// `gsaas_quota_model_limit` for each model limited and `gsaas_quota_model_usage` for each held or
+/// limited.
 pub fn render_quotas(
     quotas: &gpgpums::QuotaLedger,
     vms: &HashMap<gpgpums::ProjectId, u64>,
@@ -377,6 +379,9 @@ pub fn render_quotas(
     let mut out = String::new();
     header(&mut out, "gsaas_quota_limit", "gauge", "Quota limits, by project and resource.");
     header(&mut out, "gsaas_quota_usage", "gauge", "Quota use, by project and resource.");
+    let (model_limit, model_usage) = ("gsaas_quota_model_limit", "gsaas_quota_model_usage");
+    header(&mut out, model_limit, "gauge", "Quota limits per GPU model, by project and resource.");
+    header(&mut out, model_usage, "gauge", "Quota use per GPU model, by project and resource.");
     let mut projects: Vec<&gpgpums::ProjectId> = quotas.projects().chain(vms.keys()).collect();
     projects.sort();
     projects.dedup();
@@ -390,6 +395,26 @@ pub fn render_quotas(
                 let _ = writeln!(out, "gsaas_quota_limit{{{labels}}} {limit}");
             }
             let _ = writeln!(out, "gsaas_quota_usage{{{labels}}} {}", usage.get(resource));
+        }
+        let held: BTreeMap<&str, gpgpums::Usage> = quotas.model_usage(project).collect();
+        let mut models: Vec<&str> = held.keys().copied().collect();
+        models.extend(limits.models.keys().map(String::as_str));
+        models.sort_unstable();
+        models.dedup();
+        for model in models {
+            let limits = limits.models.get(model).copied().unwrap_or_default();
+            let usage = held.get(model).copied().unwrap_or_default();
+            let model = label_value(model);
+            for resource in
+                gpgpums::Resource::ALL.into_iter().filter(|r| *r != gpgpums::Resource::Vms)
+            {
+                let labels =
+                    format!("project=\"{project}\",model=\"{model}\",resource=\"{resource}\"");
+                if let Some(limit) = limits.get(resource) {
+                    let _ = writeln!(out, "{model_limit}{{{labels}}} {limit}");
+                }
+                let _ = writeln!(out, "{model_usage}{{{labels}}} {}", usage.get(resource));
+            }
         }
     }
     out

@@ -143,9 +143,12 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
     .await;
     let tenant = t.member();
     let admin = t.admin();
-    // The tenant's project has limits of its own, which the page shows and enforces.
-    let (status, quota) =
-        t.put(&admin, "/v1/quotas/alpha", &serde_json::json!({"cgpus": 100, "vms": 2})).await;
+    // The tenant's project has limits of its own, which the page shows and enforces; one per
+    // GPU model too.
+    let limits = serde_json::json!({
+        "cgpus": 100, "vms": 2, "models": {"NVIDIA Quadro M4000": {"cgpus": 80}}
+    });
+    let (status, quota) = t.put(&admin, "/v1/quotas/alpha", &limits).await;
     assert_eq!(status, 200, "{quota}");
 
     // What a tenant must never see: host names, GPU ids, real rCUDA endpoints and addresses.

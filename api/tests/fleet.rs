@@ -1,6 +1,6 @@
 //! A fleet of several GPU models (issue [3/6]): requests by model, trait and version through the
 //! API on both stores, refusals that name the constraint and book nothing, attaches that follow
-//! the VM's constraints, and the pool and /metrics showing what each GPU is.
+//! the VM's constraints, and the pool and /metrics showing what each GPU is; quotas per model.
 
 use crate::{on_both_stores, support};
 
@@ -232,7 +232,107 @@ async fn agents_report_what_their_gpus_are_and_a_change_keeps_their_cgpus(store:
 }
 
 on_both_stores!(
+    per_model_limits_steer_launches_refuse_naming_the_model_and_show_use,
     requests_by_model_and_trait_land_on_those_gpus_and_attaches_follow,
     constraints_no_gpu_meets_are_refused_naming_them_and_book_nothing,
     agents_report_what_their_gpus_are_and_a_change_keeps_their_cgpus
 );
+
+/// Limits per GPU model: a launch that names no model goes to the models the project has room
+/// on, one for a model at its limit is refused naming the model (403) and books nothing, other
+/// projects are not held, and the views, /metrics and a restart keep what was set and used.
+async fn per_model_limits_steer_launches_refuse_naming_the_model_and_show_use(store: Store) {
+    let mut t = fleet(store).await;
+    let (admin, member) = (t.admin(), t.member());
+    let limits = json!({"models": {"H100": {"cgpus": 1}, "A100": {"memory_mib": 8192}}});
+    let (status, quota) = t.put(&admin, "/v1/quotas/alpha", &limits).await;
+    assert_eq!(status, 200, "{quota}");
+    assert_eq!(
+        quota["limits"]["models"],
+        json!({
+            "A100": {"cgpus": null, "memory_mib": 8192, "exclusive_gpus": null},
+            "H100": {"cgpus": 1, "memory_mib": null, "exclusive_gpus": null}
+        })
+    );
+    // Bad limits per model are refused naming the field, and change nothing.
+    for (body, field) in [
+        (json!({"models": {"": {"cgpus": 1}}}), "models"),
+        (json!({"models": {"H100": {"gpus": 1}}}), "models"),
+        (json!({"models": {"H100": {"cgpus": 1u64 << 60}}}), "models.H100.cgpus"),
+    ] {
+        let (status, problem) = t.put(&admin, "/v1/quotas/alpha", &body).await;
+        assert_eq!(status, 422, "{body}: {problem}");
+        let named = problem["field"].as_str().unwrap_or_default();
+        assert!(named.starts_with(field), "{body}: {problem}");
+    }
+    let (_, quota) = t.get(&member, "/v1/quotas/alpha").await;
+    assert_eq!(quota["limits"]["models"]["H100"]["cgpus"], 1, "{quota}");
+
+    let h100 = t.launch(&member, &launch(1, json!({"gpu_model": "H100"}))).await;
+    t.wait_state(&member, &h100, "ready").await;
+    let before = allocated(&t).await;
+    let (status, problem) =
+        t.post(&member, "/v1/vms", &launch(1, json!({"gpu_model": "H100"}))).await;
+    assert_eq!((status, problem["code"].as_str()), (403, Some("quota_exceeded")), "{problem}");
+    assert_eq!(
+        problem["quota"],
+        json!({"resource": "cgpus", "model": "H100", "limit": 1, "in_use": 1, "requested": 1})
+    );
+    assert!(problem["detail"].as_str().unwrap().contains("of GPU model H100"), "{problem}");
+    // Waiting would not help: it is refused, not queued.
+    let queued = launch(1, json!({"gpu_model": "H100", "queue": true}));
+    assert_eq!(t.post(&member, "/v1/vms", &queued).await.0, 403);
+    assert_eq!(allocated(&t).await, before, "a refusal booked something");
+
+    // Naming no model, and preferring the H100s' rack: the H100s are out, and a model whose
+    // room left cannot take the whole request (A100's memory, for the second launch when the
+    // first took A100s) is out too.
+    let mut models = Vec::new();
+    for _ in 0..2 {
+        let body = json!({"distinct_gpus": true, "traits": {"preferred": ["CUSTOM_RACK_R2"]}});
+        let any = t.launch(&member, &launch(2, body)).await;
+        t.wait_state(&member, &any, "ready").await;
+        models.extend(models_of(&t, &any).await);
+    }
+    assert!(!models.contains(&"H100".to_owned()), "{models:?}");
+    assert!(models.iter().filter(|m| *m == "A100").count() <= 2, "{models:?}");
+    // An attach to the H100 VM follows its model, at its limit: refused the same way.
+    let attach = json!({"ncgpus": 1, "gpu_memory_mib": 4096});
+    let (status, problem) = t.post(&member, &format!("/v1/vms/{h100}/cgpus"), &attach).await;
+    assert_eq!((status, problem["quota"]["model"].as_str()), (403, Some("H100")), "{problem}");
+
+    // Another project is not held by alpha's limits.
+    let beta = t.token("beta", gsaasd::auth::Role::Member);
+    let theirs = t.launch(&beta, &launch(1, json!({"gpu_model": "H100"}))).await;
+    t.wait_state(&beta, &theirs, "ready").await;
+
+    // The use per model, in the quota view and /metrics, and after a restart (which reads the
+    // limits back from the database and the use from the bookings).
+    let usage_of = |quota: &Value, model: &str| quota["usage"]["models"][model]["cgpus"].as_u64();
+    let (_, quota) = t.get(&member, "/v1/quotas/alpha").await;
+    assert_eq!(usage_of(&quota, "H100"), Some(1), "{quota}");
+    let placed = |m: &str| models.iter().filter(|x| *x == m).count() as u64;
+    for model in ["A100", "T4"] {
+        assert_eq!(usage_of(&quota, model).unwrap_or(0), placed(model), "{model}: {quota}");
+    }
+    assert_eq!(quota["usage"]["cgpus"], 5, "{quota}");
+    let text = t.http.get(t.url("/metrics")).bearer_auth(&admin).send().await.unwrap();
+    let text = text.text().await.unwrap();
+    for line in [
+        "gsaas_quota_model_limit{project=\"alpha\",model=\"H100\",resource=\"cgpus\"} 1",
+        "gsaas_quota_model_usage{project=\"alpha\",model=\"H100\",resource=\"cgpus\"} 1",
+        "gsaas_quota_model_limit{project=\"alpha\",model=\"A100\",resource=\"memory_mib\"} 8192",
+    ] {
+        assert!(text.contains(line), "no {line:?} in /metrics");
+    }
+    t.restart().await;
+    let (_, after) = t.get(&member, "/v1/quotas/alpha").await;
+    assert_eq!((&after["limits"], &after["usage"]), (&quota["limits"], &quota["usage"]));
+    let (status, _) = t.post(&member, "/v1/vms", &launch(1, json!({"gpu_model": "H100"}))).await;
+    assert_eq!(status, 403, "the limit per model was lost in the restart");
+    // Ending the H100 VM gives its model back.
+    assert_eq!(t.delete(&member, &format!("/v1/vms/{h100}")).await.0, 202);
+    t.wait_state(&member, &h100, "deleted").await;
+    let again = t.launch(&member, &launch(1, json!({"gpu_model": "H100"}))).await;
+    t.wait_state(&member, &again, "ready").await;
+}

@@ -65,7 +65,10 @@ async fn limits_are_enforced_on_launches_and_attaches_and_refusals_change_nothin
     assert_eq!(quota["own_limits"], true);
     assert_eq!(
         quota["limits"],
-        json!({"cgpus": 3, "memory_mib": null, "exclusive_gpus": null, "vms": 2, "max_priority": 0})
+        json!({
+            "cgpus": 3, "memory_mib": null, "exclusive_gpus": null, "vms": 2, "max_priority": 0,
+            "models": {}
+        })
     );
 
     // Bad limits are refused, naming the field, and change nothing.
@@ -127,7 +130,10 @@ async fn limits_are_enforced_on_launches_and_attaches_and_refusals_change_nothin
     let (_, quota) = t.get(&member, "/v1/quotas/alpha").await;
     assert_eq!(
         quota["usage"],
-        json!({"cgpus": 4, "memory_mib": 4096, "exclusive_gpus": 0, "vms": 2}),
+        json!({
+            "cgpus": 4, "memory_mib": 4096, "exclusive_gpus": 0, "vms": 2,
+            "models": {"NVIDIA Quadro M4000": {"cgpus": 4, "memory_mib": 4096, "exclusive_gpus": 0}}
+        }),
         "{quota}"
     );
     let projects = |list: &Value| -> Vec<String> {

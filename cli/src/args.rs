@@ -185,8 +185,13 @@ pub enum QuotaCommand {
     /// A project's quota limits and use; without PROJECT, your project's (admins: every project's).
     Show { project: Option<String> },
     /// Set a project's own limits (admins); limits not given stay as they are, `none` is no limit.
+    /// With --model, --cgpus, --memory-mib and --exclusive-gpus are the limits on that GPU model
+    /// (a model left with no limit is dropped).
     Set {
         project: String,
+        /// The GPU model (exact name, as `gsaas pool` shows it) the limits are on.
+        #[arg(long)]
+        model: Option<String>,
         /// cGPUs held at once.
         #[arg(long, value_parser = parse_limit)]
         cgpus: Option<Limit>,

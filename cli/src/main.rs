@@ -157,6 +157,42 @@ fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
+/// `gsaas quota set` without --model: the totals given (cGPUs, memory, exclusive GPUs, VMs) and
+/// the priority ceiling; the rest stay.
+fn set_total_limits(
+    client: &Client,
+    format: Format,
+    path: &str,
+    given: [Option<Limit>; 4],
+    max_priority: Option<u32>,
+) -> Result<(), Failure> {
+    if given.iter().all(Option::is_none) && max_priority.is_none() {
+        return Err(Failure::usage(
+            "give at least one limit: --cgpus, --memory-mib, --exclusive-gpus, --vms or \
+             --max-priority",
+        ));
+    }
+    let mut limits = typed::<QuotaView>(&client.get(path)?)?.limits;
+    let slots =
+        [&mut limits.cgpus, &mut limits.memory_mib, &mut limits.exclusive_gpus, &mut limits.vms];
+    set_limits(slots, given);
+    if let Some(priority) = max_priority {
+        limits.max_priority = Some(priority);
+    }
+    print(format, &client.put(path, &body(&limits))?, output::quota)
+}
+
+/// Sets each of `slots` to its limit given (`none`: no limit); those not given stay.
+fn set_limits<const N: usize>(slots: [&mut Option<u64>; N], given: [Option<Limit>; N]) {
+    for (slot, limit) in slots.into_iter().zip(given) {
+        match limit {
+            Some(Limit::At(n)) => *slot = Some(n),
+            Some(Limit::Unlimited) => *slot = None,
+            None => {}
+        }
+    }
+}
+
 fn quota(client: &Client, format: Format, command: QuotaCommand) -> Result<(), Failure> {
     match command {
         QuotaCommand::Show { project: None } => {
@@ -167,36 +203,38 @@ fn quota(client: &Client, format: Format, command: QuotaCommand) -> Result<(), F
             &client.get(&format!("/v1/quotas/{}", path_segment(&project)?))?,
             output::quota,
         ),
-        QuotaCommand::Set { project, cgpus, memory_mib, exclusive_gpus, vms, max_priority } => {
-            let given = [
-                ("cgpus", cgpus),
-                ("memory_mib", memory_mib),
-                ("exclusive_gpus", exclusive_gpus),
-                ("vms", vms),
-            ];
-            if given.iter().all(|(_, limit)| limit.is_none()) && max_priority.is_none() {
+        QuotaCommand::Set {
+            project,
+            model,
+            cgpus,
+            memory_mib,
+            exclusive_gpus,
+            vms,
+            max_priority,
+        } => {
+            let path = format!("/v1/quotas/{}", path_segment(&project)?);
+            let Some(model) = model else {
+                let given = [cgpus, memory_mib, exclusive_gpus, vms];
+                return set_total_limits(client, format, &path, given, max_priority);
+            };
+            if vms.is_some() || max_priority.is_some() {
                 return Err(Failure::usage(
-                    "give at least one limit: --cgpus, --memory-mib, --exclusive-gpus, --vms or \
-                     --max-priority",
+                    "--vms and --max-priority are not per model: give them without --model",
                 ));
             }
-            let path = format!("/v1/quotas/{}", path_segment(&project)?);
-            let mut limits = typed::<QuotaView>(&client.get(&path)?)?.limits;
-            let slots = [
-                &mut limits.cgpus,
-                &mut limits.memory_mib,
-                &mut limits.exclusive_gpus,
-                &mut limits.vms,
-            ];
-            for (slot, (_, limit)) in slots.into_iter().zip(given) {
-                match limit {
-                    Some(Limit::At(n)) => *slot = Some(n),
-                    Some(Limit::Unlimited) => *slot = None,
-                    None => {}
-                }
+            let given = [cgpus, memory_mib, exclusive_gpus];
+            if given.iter().all(Option::is_none) {
+                return Err(Failure::usage(
+                    "give at least one limit on the model: --cgpus, --memory-mib or \
+                     --exclusive-gpus",
+                ));
             }
-            if let Some(priority) = max_priority {
-                limits.max_priority = Some(priority);
+            let mut limits = typed::<QuotaView>(&client.get(&path)?)?.limits;
+            let entry = limits.models.entry(model.clone()).or_default();
+            let slots = [&mut entry.cgpus, &mut entry.memory_mib, &mut entry.exclusive_gpus];
+            set_limits(slots, given);
+            if [entry.cgpus, entry.memory_mib, entry.exclusive_gpus].iter().all(Option::is_none) {
+                limits.models.remove(&model);
             }
             print(format, &client.put(&path, &body(&limits))?, output::quota)
         }

@@ -369,12 +369,38 @@ pub fn quota(quota: &QuotaView) -> String {
     let whose = if quota.own_limits { "its own limits" } else { "the default limits" };
     let rows: Vec<Vec<String>> =
         quota_uses(quota).into_iter().map(|(r, uses)| vec![r.to_owned(), uses]).collect();
-    format!(
+    let mut out = format!(
         "project {} ({whose})\n{}highest priority: {}\n",
         quota.project,
         table(&["resource", "used / limit"], &rows),
         or_dash(quota.limits.max_priority)
-    )
+    );
+    // Per GPU model: those limited or held.
+    let mut models: Vec<&String> =
+        quota.limits.models.keys().chain(quota.usage.models.keys()).collect();
+    models.sort();
+    models.dedup();
+    if !models.is_empty() {
+        let rows: Vec<Vec<String>> = models
+            .into_iter()
+            .map(|model| {
+                let limits = quota.limits.models.get(model).copied().unwrap_or_default();
+                let used = quota.usage.models.get(model);
+                let of = |used: Option<u64>, limit: Option<u64>| {
+                    let limit = limit.map_or_else(|| "none".to_owned(), |l| l.to_string());
+                    format!("{} / {limit}", used.unwrap_or(0))
+                };
+                vec![
+                    model.clone(),
+                    of(used.map(|u| u.cgpus), limits.cgpus),
+                    of(used.map(|u| u.memory_mib), limits.memory_mib),
+                    of(used.map(|u| u.exclusive_gpus), limits.exclusive_gpus),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["model", "cgpus", "memory_mib", "exclusive_gpus"], &rows));
+    }
+    out
 }
 
 pub fn quota_list(list: &QuotaList) -> String {

@@ -339,6 +339,26 @@ fn quotas_are_shown_set_and_enforced_with_their_own_exit_message() {
     assert!(text.contains("its own limits") && text.contains("0 / 3"), "{text}");
     let other = server.gsaas(&member, &["quota", "show", "beta"]);
     assert_eq!(other.status.code(), Some(3), "{}", stderr(&other));
+    // Limits per GPU model: set, shown in a table of their own, enforced naming the model, and
+    // dropped once none is left.
+    let m4000 = "NVIDIA Quadro M4000";
+    let on_model = ["quota", "set", "alpha", "--model", m4000];
+    let set =
+        json(&server.gsaas(&admin, &[&["-f", "json"][..], &on_model, &["--cgpus", "1"]].concat()));
+    assert_eq!(set["limits"]["models"][m4000]["cgpus"], 1, "{set}");
+    assert_eq!(set["limits"]["cgpus"], 2, "the totals stay: {set}");
+    let not_per_model = server.gsaas(&admin, &[&on_model[..], &["--vms", "1"]].concat());
+    assert_eq!(not_per_model.status.code(), Some(2), "{}", stderr(&not_per_model));
+    let shown = server.gsaas(&member, &["quota", "show", "alpha"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("model") && text.contains(m4000) && text.contains("0 / 1"), "{text}");
+    let two = ["launch", "--ncgpus", "2", "--poolmem", "512", "--mode", "shared"];
+    let over = server.gsaas(&member, &[&two[..], &VM[..]].concat());
+    assert_eq!(over.status.code(), Some(1), "{}", stderr(&over));
+    assert!(stderr(&over).contains(&format!("of GPU model {m4000}")), "{}", stderr(&over));
+    let cleared = [&["-f", "json"][..], &on_model, &["--cgpus", "none"]].concat();
+    let set = json(&server.gsaas(&admin, &cleared));
+    assert_eq!(set["limits"]["models"], serde_json::json!({}), "{set}");
     let reset = json(&server.gsaas(&admin, &["-f", "json", "quota", "reset", "alpha"]));
     assert_eq!(reset["own_limits"], false, "{reset}");
 }

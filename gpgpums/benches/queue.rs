@@ -4,19 +4,25 @@
 //! sample is then undone (what started is released, the VM put back), so every sample sees the same
 //! state. Run: `cargo bench -p gpgpums --bench queue`.
 //!
-//! Two loads: every running VM is protected (nothing to preempt), or 30% are best effort, the
-//! queue's requests outrank them, and the planner searches for cGPUs to take.
+//! Three loads: every running VM is protected (nothing to preempt); 30% are best effort, the
+//! queue's requests outrank them, and the planner searches for cGPUs to take; or a fleet of 8
+//! models (a host's GPUs are all of one), where every project has limits on 2 models and 40% of
+//! the requests (running and waiting) name one model or two. `GSAAS_QUEUE_LOADS=models` (or a
+//! comma-separated list) runs only those.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use gpgpums::queue::{plan, Ask, Books, Rules, Waiting};
-use gpgpums::{Placement, Pool, ProjectId, Quota, QuotaLedger, Request, TicketId, Usage, VmId};
+use gpgpums::{
+    GpuAttributes, GpuConstraints, ModelLimits, Placement, Pool, ProjectId, Quota, QuotaLedger,
+    Request, TicketId, VmId,
+};
 use uuid::Uuid;
 
 mod common;
 
-use common::{add_gpu_host, Rng};
+use common::{add_gpu_host_of, Rng};
 
 const GPUS: u32 = 100_000;
 const GPUS_PER_HOST: u32 = 8;
@@ -25,16 +31,35 @@ const QUEUED: usize = 10_000;
 const PROJECTS: usize = 8;
 const SAMPLES: usize = 300;
 const APP_MIB: [u64; 6] = [1599, 876, 151, 3319, 2104, 145];
+const MODELS: [&str; 8] = ["T4", "A10", "L4", "L40S", "A30", "A100", "H100", "H200"];
+
+/// What runs and waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Load {
+    Protected,
+    BestEffort,
+    Models,
+}
 
 /// The trace's draws.
 trait Draws {
-    fn request(&mut self) -> Request;
+    fn request(&mut self, load: Load) -> Request;
     fn project(&mut self) -> ProjectId;
 }
 
 impl Draws for Rng {
-    fn request(&mut self) -> Request {
-        Request::shared(1 + self.below(4) as u32, APP_MIB[self.below(APP_MIB.len())])
+    fn request(&mut self, load: Load) -> Request {
+        let request = Request::shared(1 + self.below(4) as u32, APP_MIB[self.below(APP_MIB.len())]);
+        if load != Load::Models || self.below(10) >= 4 {
+            return request;
+        }
+        let mut models = vec![MODELS[self.below(MODELS.len())].to_owned()];
+        if self.below(4) == 0 {
+            models.push(MODELS[self.below(MODELS.len())].to_owned());
+        }
+        models.sort();
+        models.dedup();
+        request.with_constraints(GpuConstraints { models, ..GpuConstraints::default() })
     }
 
     fn project(&mut self) -> ProjectId {
@@ -55,14 +80,31 @@ fn vm(n: u64) -> VmId {
     VmId::from_uuid(Uuid::from_u128(u128::from(n) + 1))
 }
 
-fn bed(best_effort: bool) -> Bed {
-    let mut rng = Rng(0x5EED_0000 + u64::from(best_effort));
+fn bed(load: Load) -> Bed {
+    let mut rng = Rng(0x5EED_0000 + load as u64);
     let mut pool = Pool::new();
     for h in 0..GPUS / GPUS_PER_HOST {
-        add_gpu_host(&mut pool, h, &[GPU_MIB; GPUS_PER_HOST as usize]);
+        let model = if load == Load::Models { MODELS[h as usize % MODELS.len()] } else { "bench" };
+        let gpus =
+            vec![(GPU_MIB, model.to_owned(), GpuAttributes::default()); GPUS_PER_HOST as usize];
+        add_gpu_host_of(&mut pool, h, &gpus);
     }
     let capacity = u64::from(GPUS) * GPU_MIB;
     let mut quotas = QuotaLedger::new(Quota { memory_mib: Some(capacity / 4), ..Quota::default() });
+    if load == Load::Models {
+        // Each project may hold at most a third of each of two models' memory.
+        let per_model = capacity / MODELS.len() as u64 / 3;
+        let limit = ModelLimits { memory_mib: Some(per_model), ..ModelLimits::default() };
+        for p in 0..PROJECTS {
+            let models = [MODELS[p % MODELS.len()], MODELS[(p + 3) % MODELS.len()]];
+            let quota = Quota {
+                memory_mib: Some(capacity / 4),
+                models: models.iter().map(|m| ((*m).to_owned(), limit)).collect(),
+                ..Quota::default()
+            };
+            quotas.set_limits(ProjectId::new(format!("project-{p}")).unwrap(), Some(quota));
+        }
+    }
     let mut vms_in_use: HashMap<ProjectId, u64> = HashMap::new();
     let mut preemptible = BTreeMap::new();
     let mut running = Vec::new();
@@ -70,14 +112,14 @@ fn bed(best_effort: bool) -> Bed {
     let mut misses = 0;
     while misses < 200 {
         n += 1;
-        let request = rng.request();
+        let request = rng.request(load);
         match pool.place(vm(n), &request, "first-fit") {
             Ok(placement) => {
                 misses = 0;
                 let project = rng.project();
-                quotas.restore(vm(n), &project, Usage::vm_with(Usage::of_cgpus(&placement.cgpus)));
+                quotas.restore(vm(n), &project, &pool.holding(&placement.cgpus).vm_with());
                 *vms_in_use.entry(project.clone()).or_default() += 1;
-                if best_effort && rng.below(10) < 3 {
+                if load == Load::BestEffort && rng.below(10) < 3 {
                     preemptible.insert(vm(n), 0);
                 }
                 running.push((placement, project));
@@ -91,7 +133,7 @@ fn bed(best_effort: bool) -> Bed {
             vm: vm(10_000_000 + t),
             project: rng.project(),
             ask: Ask::Launch,
-            request: rng.request(),
+            request: rng.request(load),
             policy: "first-fit".into(),
             priority: 1,
             passed: 0,
@@ -106,8 +148,9 @@ fn sample(bed: &mut Bed, rng: &mut Rng, rules: &Rules) -> (Duration, usize) {
     let at = rng.below(bed.running.len());
     let (placement, project) = bed.running[at].clone();
     let started = Instant::now();
+    let held = bed.pool.holding(&placement.cgpus);
     bed.pool.release(&placement.vm);
-    let held = bed.quotas.release(&placement.vm).unwrap_or_default();
+    bed.quotas.release(&placement.vm);
     *bed.vms_in_use.get_mut(&project).unwrap() -= 1;
     let planned = {
         let mut books = Books {
@@ -128,7 +171,7 @@ fn sample(bed: &mut Bed, rng: &mut Rng, rules: &Rules) -> (Duration, usize) {
         *bed.vms_in_use.get_mut(&w.project).unwrap() -= 1;
     }
     bed.pool.restore(placement.clone()).expect("the VM fits where it was");
-    bed.quotas.restore(placement.vm, &project, held);
+    bed.quotas.restore(placement.vm, &project, &held);
     *bed.vms_in_use.get_mut(&project).unwrap() += 1;
     (took, planned.started.len() + usize::from(planned.preemption.is_some()))
 }
@@ -139,10 +182,16 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 
 fn main() {
     // `cargo bench` passes `--bench`; filters are not supported.
-    println!("| running VMs | preemptible | queued | p50 (ms) | p99 (ms) | max (ms) | decisions per sample |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for best_effort in [false, true] {
-        let mut bed = bed(best_effort);
+    println!("| load | running VMs | preemptible | queued | p50 (ms) | p99 (ms) | max (ms) | decisions per sample |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    // GSAAS_QUEUE_LOADS (e.g. "models" or "protected,besteffort") runs only those loads.
+    let only = std::env::var("GSAAS_QUEUE_LOADS").unwrap_or_default().to_lowercase();
+    let loads = [Load::Protected, Load::BestEffort, Load::Models];
+    let chosen = |load: &Load| {
+        only.is_empty() || only.split(',').any(|l| l == format!("{load:?}").to_lowercase())
+    };
+    for load in loads.into_iter().filter(chosen) {
+        let mut bed = bed(load);
         let rules = Rules::default();
         let mut rng = Rng(7);
         // One round first, so that the queue holds only what does not fit (as it would).
@@ -157,7 +206,7 @@ fn main() {
         bed.pool.audit().expect("bookkeeping intact after the benchmark");
         times.sort();
         println!(
-            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.1} |",
+            "| {load:?} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.1} |",
             bed.running.len(),
             bed.preemptible.len(),
             bed.queue.len(),

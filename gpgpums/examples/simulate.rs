@@ -20,7 +20,8 @@ mod common;
 use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
 use gpgpums::seeded::SplitMix64;
 use gpgpums::{
-    CgpuAssignment, GpuId, Pool, ProjectId, Quota, QuotaLedger, Request, TicketId, Usage, VmId,
+    CgpuAssignment, GpuConstraints, GpuId, Pool, ProjectId, Quota, QuotaLedger, Request, TicketId,
+    VmId,
 };
 
 /// Table 4.1: the applications' GPU memory (MB, used as MiB).
@@ -310,13 +311,14 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
                 for shrink in preemption.victims {
                     preempted += 1;
                     for cgpu in &shrink.cgpus {
+                        let held = pool.holding([cgpu]);
                         if let Some(taken) = pool.detach(&shrink.vm, cgpu.index) {
                             gauges.change(&taken, false);
-                            quotas.refund(&shrink.vm, Usage::of_cgpus([&taken]));
+                            quotas.refund(&shrink.vm, &held);
                         }
                     }
                     let project = jobs[index_of(shrink.vm)].project.clone();
-                    for (request, on_host) in shrink.give_back() {
+                    for (request, on_host) in shrink.give_back(&GpuConstraints::NONE) {
                         queue.push(Waiting {
                             ticket: TicketId(next_ticket),
                             vm: shrink.vm,

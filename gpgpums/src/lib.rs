@@ -30,5 +30,8 @@ pub use model::{
 };
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
 pub use pool::{Pool, Rehome, Selector, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};
-pub use quota::{Quota, QuotaExceeded, QuotaLedger, Resource, Usage};
+pub use quota::{
+    Holding, ModelLimits, Quota, QuotaExceeded, QuotaLedger, Refusal, Resource, Usage,
+    MAX_MODEL_LIMITS,
+};
 pub use traits::{GpuAttributes, GpuConstraints, GpuKind, MajorMinor};

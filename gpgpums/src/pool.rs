@@ -33,6 +33,7 @@ use crate::model::{
     Request, UsageTotals, VmHost,
 };
 use crate::policy::{Candidate, CandidateIndex, Policy, PolicyRegistry};
+use crate::quota::{Holding, Usage};
 use crate::traits::{GpuAttributes, GpuConstraints, GpuKind};
 
 mod rehome;
@@ -281,6 +282,8 @@ pub struct Pool {
     /// The kinds of GPU registered, in order of first registration (ids never change).
     kinds: Vec<KindEntry>,
     kind_by_key: HashMap<GpuKind, u32>,
+    /// The models of the kinds with GPUs, each once, in name order (see [`Self::models`]).
+    models: Vec<String>,
     /// Counts decisions that used subsets, to find the least recently used.
     decisions: u64,
     /// [`Self::admission`]'s answers, by constraints.
@@ -325,6 +328,7 @@ impl Pool {
             gpus: Vec::new(),
             gpu_by_id: HashMap::new(),
             kinds: Vec::new(),
+            models: Vec::new(),
             kind_by_key: HashMap::new(),
             decisions: 0,
             admissions: HashMap::new(),
@@ -479,7 +483,7 @@ impl Pool {
             return Err(Error::Conflict(format!("GPU {id} still backs {} cGPU(s)", gpu.cgpus)));
         }
         let removed = self.gpus.remove(slot as usize);
-        self.kinds[removed.kind as usize].gpus -= 1;
+        self.count_kind(removed.kind, false);
         self.forget_filters();
         self.changes += 1;
         self.renumber();
@@ -499,8 +503,22 @@ impl Pool {
                 kind
             }
         };
-        self.kinds[kind as usize].gpus += 1;
+        self.count_kind(kind, true);
         kind
+    }
+
+    /// One GPU more (`up`) or fewer of `kind`; the models follow when it gains its first or
+    /// loses its last.
+    fn count_kind(&mut self, kind: u32, up: bool) {
+        let gpus = &mut self.kinds[kind as usize].gpus;
+        *gpus = if up { *gpus + 1 } else { *gpus - 1 };
+        if *gpus == u32::from(up) {
+            let mut models: Vec<String> =
+                self.kinds.iter().filter(|k| k.gpus > 0).map(|k| k.kind.model.clone()).collect();
+            models.sort_unstable();
+            models.dedup();
+            self.models = models;
+        }
     }
 
     fn renumber(&mut self) {
@@ -581,7 +599,7 @@ impl Pool {
             gpu.spec = spec;
             gpu.kind = kind;
         });
-        self.kinds[old as usize].gpus -= 1;
+        self.count_kind(old, false);
         self.forget_filters();
         self.makeups = None;
         self.changes += 1;
@@ -681,16 +699,41 @@ impl Pool {
         self.vms.values()
     }
 
-    /// What one GPU holds and whether it takes new cGPUs (untainted, on a schedulable host), for
-    /// the queue's preemption planning. `None`: no such GPU.
-    pub(crate) fn room(&self, gpu: &GpuId) -> Option<Room> {
+    /// The models of the GPUs in the pool, each once, in name order.
+    pub fn models(&self) -> &[String] {
+        &self.models
+    }
+
+    /// The model of a GPU in the pool.
+    pub fn model_of(&self, gpu: &GpuId) -> Option<&str> {
+        let slot = *self.gpu_by_id.get(gpu)?;
+        Some(&self.gpus[slot as usize].spec.model)
+    }
+
+    /// What `cgpus` hold, in all and per model of their GPUs (a GPU no longer in the pool counts
+    /// in the totals only).
+    pub fn holding<'a>(&self, cgpus: impl IntoIterator<Item = &'a CgpuAssignment>) -> Holding {
+        let mut holding = Holding::default();
+        for cgpu in cgpus {
+            match self.model_of(&cgpu.gpu) {
+                Some(model) => holding.add(model, cgpu),
+                None => holding.usage = Usage::of_cgpus([cgpu]).plus(holding.usage),
+            }
+        }
+        holding
+    }
+
+    /// What one GPU holds and whether it takes new cGPUs (untainted, on a schedulable host, and
+    /// admitted by `constraints`), for the queue's preemption planning. `None`: no such GPU.
+    pub(crate) fn room(&self, gpu: &GpuId, constraints: &GpuConstraints) -> Option<Room> {
         let slot = *self.gpu_by_id.get(gpu)?;
         let entry = &self.gpus[slot as usize];
         let host = &self.hosts[entry.host as usize];
+        let admitted = constraints.admits(&self.kinds[entry.kind as usize].kind);
         Some(Room {
             slot,
             host: host.id.clone(),
-            takes_new: entry.takes_new() && host.state == HostState::Schedulable,
+            takes_new: admitted && entry.takes_new() && host.state == HostState::Schedulable,
             memory_mib: entry.spec.memory_mib,
             free_mib: entry.free_mib(),
             exclusive: entry.exclusive,

@@ -31,6 +31,7 @@
 //! request fits; if it never does, nothing is taken. A `local` request frees room on one host only.
 //! One preemption per plan: the next plan sees what is being reclaimed.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -38,7 +39,8 @@ use crate::error::Error;
 use crate::ids::{HostId, ProjectId, TicketId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
 use crate::pool::{Pool, Room};
-use crate::quota::{QuotaLedger, Resource, Usage};
+use crate::quota::{QuotaLedger, Refusal, Shares, Usage};
+use crate::traits::GpuConstraints;
 
 /// What a waiting request asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -155,8 +157,8 @@ pub struct Shrink {
 
 impl Shrink {
     /// The attaches that give the VM back what it loses, one per kind of cGPU taken, with the host
-    /// they must go on.
-    pub fn give_back(&self) -> Vec<(Request, Option<HostId>)> {
+    /// they must go on, each asking what the VM asked of its GPUs (`constraints`).
+    pub fn give_back(&self, constraints: &GpuConstraints) -> Vec<(Request, Option<HostId>)> {
         let mut kinds: BTreeMap<(bool, u64), u32> = BTreeMap::new();
         for cgpu in &self.cgpus {
             let exclusive = cgpu.mode == Mode::Exclusive;
@@ -173,7 +175,8 @@ impl Shrink {
             .map(|((exclusive, mib), n)| {
                 let request =
                     if exclusive { Request::exclusive(n) } else { Request::shared(n, mib) };
-                (request.with_locality(locality), on_host.clone())
+                let request = request.with_locality(locality).with_constraints(constraints.clone());
+                (request, on_host.clone())
             })
             .collect()
     }
@@ -239,6 +242,7 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
         plan: Plan::default(),
         failed_shapes: HashMap::new(),
         failed_preemptions: HashSet::new(),
+        interned: Interned::default(),
         lowest_preemptible: None,
         stop: false,
     };
@@ -272,34 +276,68 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
         level.sort_by_key(|w| w.ticket);
         let starving = |w: &Waiting| round.rules.backfill && round.rules.max_passes <= w.passed;
         let mut first: VecDeque<&Waiting> = level.iter().copied().filter(|w| starving(w)).collect();
-        let mut by_project: BTreeMap<&ProjectId, VecDeque<&Waiting>> = BTreeMap::new();
+        let mut by_project: BTreeMap<&ProjectId, Lane> = BTreeMap::new();
         for w in level.iter().copied().filter(|w| !starving(w)) {
-            by_project.entry(&w.project).or_default().push_back(w);
+            let lane = by_project.entry(&w.project).or_insert_with(|| Lane {
+                project: &w.project,
+                waiting: VecDeque::new(),
+                shares: round.shares(&w.project),
+                turn: None,
+            });
+            lane.waiting.push_back(w);
         }
-        let mut turns: BTreeSet<(u64, TicketId, &ProjectId)> = by_project
-            .iter()
-            .map(|(project, waiting)| (round.share(project), waiting[0].ticket, *project))
-            .collect();
+        let mut turns: BTreeSet<(u64, TicketId, &ProjectId)> = BTreeSet::new();
+        for lane in by_project.values_mut() {
+            lane.next_turn(&mut turns);
+        }
         while !round.stop {
             let waiting = if let Some(w) = first.pop_front() {
                 w
             } else if let Some((_, _, project)) = turns.pop_first() {
-                let queued = by_project.get_mut(project).expect("a turn has its project");
-                let w = queued.pop_front().expect("a turn has a request");
-                if let Some(next) = queued.front() {
-                    turns.insert((round.share(project), next.ticket, project));
-                }
-                w
+                let lane = by_project.get_mut(project).expect("a turn has its project");
+                lane.turn = None;
+                lane.waiting.pop_front().expect("a turn has a request")
             } else {
                 break;
             };
+            let started = round.plan.started.len();
             round.consider(waiting);
+            if let Some(lane) = by_project.get_mut(&waiting.project) {
+                if round.plan.started.len() > started {
+                    // What it holds changed: its next request's turn moves with its share.
+                    lane.shares = round.shares(&waiting.project);
+                    if let Some((share, ticket)) = lane.turn.take() {
+                        turns.remove(&(share, ticket, lane.project));
+                    }
+                }
+                lane.next_turn(&mut turns);
+            }
         }
         if round.stop {
             break;
         }
     }
     round.plan
+}
+
+/// One project's waiting requests of a priority level, in arrival order, and its place in the
+/// turns: its next request's share and ticket, while it has one there.
+struct Lane<'w> {
+    project: &'w ProjectId,
+    waiting: VecDeque<&'w Waiting>,
+    shares: Shares,
+    turn: Option<(u64, TicketId)>,
+}
+
+impl<'w> Lane<'w> {
+    /// Puts its next request in `turns`, unless one is there already.
+    fn next_turn(&mut self, turns: &mut BTreeSet<(u64, TicketId, &'w ProjectId)>) {
+        if let (None, Some(next)) = (self.turn, self.waiting.front()) {
+            let turn = (self.shares.of(&next.request.constraints.models), next.ticket);
+            turns.insert((turn.0, turn.1, self.project));
+            self.turn = Some(turn);
+        }
+    }
 }
 
 /// Why a request did not start.
@@ -315,26 +353,62 @@ enum Held {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Shape {
     ask: Ask,
+    /// The request's constraints and policy, by their number in the round ([`Interned`]).
+    constraints: u32,
     mode: Mode,
     locality: Locality,
     distinct_gpus: bool,
     gpu_memory_mib: Option<u64>,
-    policy: String,
+    policy: u32,
 }
 
-impl Shape {
-    /// `None` where a failure says nothing about other requests (an attach that avoids its VM's GPUs).
-    fn of(w: &Waiting) -> Option<Shape> {
-        if w.request.distinct_gpus && w.ask != Ask::Launch {
+/// Numbers for the constraints and policies of a round's requests, so that a shape is a few
+/// words to hash and compare, not the strings it stands for.
+#[derive(Default)]
+struct Interned {
+    constraints: HashMap<GpuConstraints, u32>,
+    /// A registry has a handful: a look along them beats hashing.
+    policies: Vec<String>,
+}
+
+impl Interned {
+    /// 0 for no constraint (most requests), without hashing.
+    fn constraints(&mut self, constraints: &GpuConstraints) -> u32 {
+        if constraints.is_empty() {
+            return 0;
+        }
+        let next = self.constraints.len() as u32 + 1;
+        match self.constraints.get(constraints) {
+            Some(&id) => id,
+            None => *self.constraints.entry(constraints.clone()).or_insert(next),
+        }
+    }
+
+    fn policy(&mut self, policy: &str) -> u32 {
+        let id = match self.policies.iter().position(|p| p == policy) {
+            Some(id) => id,
+            None => {
+                self.policies.push(policy.to_owned());
+                self.policies.len() - 1
+            }
+        };
+        id as u32
+    }
+
+    /// The shape of `w` asking `request` (its own, or on the models its limits leave it); `None`
+    /// where a failure says nothing about other requests (an attach that avoids its VM's GPUs).
+    fn shape(&mut self, w: &Waiting, request: &Request) -> Option<Shape> {
+        if request.distinct_gpus && w.ask != Ask::Launch {
             return None;
         }
         Some(Shape {
             ask: w.ask.clone(),
-            mode: w.request.mode,
-            locality: w.request.locality,
-            distinct_gpus: w.request.distinct_gpus,
-            gpu_memory_mib: w.request.gpu_memory_mib,
-            policy: w.policy.clone(),
+            constraints: self.constraints(&request.constraints),
+            mode: request.mode,
+            locality: request.locality,
+            distinct_gpus: request.distinct_gpus,
+            gpu_memory_mib: request.gpu_memory_mib,
+            policy: self.policy(&w.policy),
         })
     }
 }
@@ -347,35 +421,29 @@ struct Round<'b, 'a> {
     /// (the round only books, so capacity only shrinks).
     failed_shapes: HashMap<Shape, u32>,
     failed_preemptions: HashSet<(Shape, u32, i32)>,
+    interned: Interned,
     lowest_preemptible: Option<i32>,
     stop: bool,
 }
 
 impl Round<'_, '_> {
-    /// The project's dominant share of its quota, in millionths (0 without limits).
-    fn share(&self, project: &ProjectId) -> u64 {
-        let (quota, _) = self.books.quotas.limits(project);
-        let usage = Usage {
-            vms: self.books.vms_in_use.get(project).copied().unwrap_or(0),
-            ..self.books.quotas.usage(project)
-        };
-        Resource::ALL
-            .iter()
-            .filter_map(|&r| quota.get(r).map(|limit| (usage.get(r), limit)))
-            .map(|(used, limit)| match limit {
-                0 if used == 0 => 0,
-                0 => u64::MAX,
-                _ => {
-                    let share = u128::from(used) * 1_000_000 / u128::from(limit);
-                    u64::try_from(share).unwrap_or(u64::MAX)
-                }
-            })
-            .max()
-            .unwrap_or(0)
+    /// The project's dominant shares ([`QuotaLedger::shares`]).
+    fn shares(&self, project: &ProjectId) -> Shares {
+        let vms = self.books.vms_in_use.get(project).copied().unwrap_or(0);
+        self.books.quotas.shares(project, vms)
+    }
+
+    /// `w`'s request on the models its project's limits leave it
+    /// ([`QuotaLedger::within_model_limits`]); `None`: none is left, it waits on its quota.
+    fn narrowed<'w>(&self, w: &'w Waiting) -> Option<Cow<'w, Request>> {
+        let pool = &*self.books.pool;
+        self.books.quotas.within_model_limits(&w.project, &w.request, pool.models()).ok()
     }
 
     fn consider(&mut self, w: &Waiting) {
-        let shape = Shape::of(w);
+        // Capacity and preemption are about the GPUs the request may still use.
+        let Some(request) = self.narrowed(w) else { return };
+        let shape = self.interned.shape(w, &request);
         let known_to_fail = shape
             .as_ref()
             .and_then(|s| self.failed_shapes.get(s))
@@ -420,14 +488,14 @@ impl Round<'_, '_> {
                         passed,
                         holding_since_ms,
                     });
-                    if !self.books.reclaiming.is_empty() && self.fits_after_reclaim(w) {
+                    if !self.books.reclaiming.is_empty() && self.fits_after_reclaim(w, &request) {
                         self.plan.awaiting_reclaim = true;
                         self.stop = true;
                         return;
                     }
                 }
-                if self.may_preempt(w) {
-                    if let Some(preemption) = self.preempt(w) {
+                if self.may_preempt(w, shape.as_ref()) {
+                    if let Some(preemption) = self.preempt(w, &request) {
                         self.plan.preemption = Some(preemption);
                         // What is reclaimed is kept for the request it is taken for.
                         self.stop = true;
@@ -447,12 +515,12 @@ impl Round<'_, '_> {
         }
     }
 
-    fn may_preempt(&self, w: &Waiting) -> bool {
+    fn may_preempt(&self, w: &Waiting, shape: Option<&Shape>) -> bool {
         self.rules.preemption
             && self.plan.preemption.is_none()
             && self.lowest_preemptible.is_some_and(|lowest| lowest < w.priority)
-            && Shape::of(w).is_none_or(|shape| {
-                !self.failed_preemptions.contains(&(shape, w.request.ncgpus, w.priority))
+            && shape.is_none_or(|shape| {
+                !self.failed_preemptions.contains(&(shape.clone(), w.request.ncgpus, w.priority))
             })
     }
 
@@ -464,29 +532,45 @@ impl Round<'_, '_> {
         if self.books.quotas.check(&w.project, with_vm(Usage::asked(&w.request)), vms).is_err() {
             return Err(Held::Quota);
         }
-        let pool = &mut *self.books.pool;
+        let (quotas, pool) = (&*self.books.quotas, &mut *self.books.pool);
         let placed = match &w.ask {
-            Ask::Launch => pool.place(w.vm, &w.request, &w.policy).map(|p| {
-                let Placement { policy, vm_host, cgpus, .. } = p;
-                (cgpus, Some(vm_host), policy)
-            }),
-            Ask::Attach { on_host } => {
-                pool.attach(w.vm, &w.request, &w.policy, on_host.as_ref()).map(|cgpus| {
-                    let policy = pool.placement(&w.vm).map(|p| p.policy.clone());
-                    (cgpus, None, policy.unwrap_or_else(|| w.policy.clone()))
-                })
-            }
+            Ask::Launch => quotas.book_within_model_limits(
+                &w.project,
+                &w.request,
+                pool,
+                |pool, request| pool.could_ever_fit(request, None),
+                |pool, request| {
+                    pool.place(w.vm, request, &w.policy).map(|p| {
+                        let Placement { policy, vm_host, cgpus, .. } = p;
+                        (cgpus, Some(vm_host), policy)
+                    })
+                },
+            ),
+            Ask::Attach { on_host } => quotas.book_within_model_limits(
+                &w.project,
+                &w.request,
+                pool,
+                |pool, request| pool.could_ever_attach(request, on_host.as_ref()),
+                |pool, request| {
+                    pool.attach(w.vm, request, &w.policy, on_host.as_ref()).map(|cgpus| {
+                        let policy = pool.placement(&w.vm).map(|p| p.policy.clone());
+                        (cgpus, None, policy.unwrap_or_else(|| w.policy.clone()))
+                    })
+                },
+            ),
         };
         let (cgpus, vm_host, policy) = match placed {
             Ok(placed) => placed,
-            Err(Error::InsufficientCapacity(shortfall)) if shortfall.never_fits => {
+            Err(Refusal::Quota(_)) => return Err(Held::Quota),
+            Err(Refusal::Pool(Error::InsufficientCapacity(shortfall))) if shortfall.never_fits => {
                 return Err(Held::Never)
             }
-            Err(Error::InsufficientCapacity(_)) => return Err(Held::Capacity),
-            Err(e) => return Err(Held::Refused(e)),
+            Err(Refusal::Pool(Error::InsufficientCapacity(_))) => return Err(Held::Capacity),
+            Err(Refusal::Pool(e)) => return Err(Held::Refused(e)),
         };
-        let usage = with_vm(Usage::of_cgpus(&cgpus));
-        if self.books.quotas.charge(w.vm, &w.project, usage, vms).is_err() {
+        let holding = self.books.pool.holding(&cgpus);
+        let holding = if launch { holding.vm_with() } else { holding };
+        if self.books.quotas.charge(w.vm, &w.project, &holding, vms).is_err() {
             unbook(self.books.pool, w, &cgpus);
             return Err(Held::Quota);
         }
@@ -497,11 +581,11 @@ impl Round<'_, '_> {
     }
 
     /// Whether `w` would fit if what is being reclaimed were released. Changes nothing.
-    fn fits_after_reclaim(&mut self, w: &Waiting) -> bool {
+    fn fits_after_reclaim(&mut self, w: &Waiting, request: &Request) -> bool {
         let reclaiming = self.books.reclaiming.to_vec();
         let pool = &mut *self.books.pool;
         let originals = detach_all(pool, &reclaiming);
-        let fits = fits(pool, w);
+        let fits = fits(pool, w, request);
         put_back(pool, originals);
         fits
     }
@@ -511,7 +595,7 @@ impl Round<'_, '_> {
     /// Victims are looked at VM by VM (in id order) and indexed by GPU as they come: a GPU where
     /// taking one cGPU makes room is as cheap as any, so the search stops at the first; only when
     /// there is none are all victims looked at for the cheapest.
-    fn preempt(&mut self, w: &Waiting) -> Option<Preemption> {
+    fn preempt(&mut self, w: &Waiting, request: &Request) -> Option<Preemption> {
         let pool = &mut *self.books.pool;
         let reclaiming: HashSet<(VmId, u32)> = self.books.reclaiming.iter().copied().collect();
         let mut candidates = self
@@ -526,21 +610,21 @@ impl Round<'_, '_> {
             Ask::Attach { on_host } => on_host.clone(),
             Ask::Launch => None,
         };
-        let one_host = w.request.locality == Locality::Local;
+        let one_host = request.locality == Locality::Local;
         let mut originals: BTreeMap<VmId, Placement> = BTreeMap::new();
         let mut taken: Vec<(VmId, CgpuAssignment)> = Vec::new();
         let cost_at = |pool: &Pool,
                        on_host: &Option<HostId>,
                        victims: &[(VmId, CgpuAssignment)]|
          -> Option<(Vec<usize>, HostId)> {
-            let room = pool.room(&victims.first()?.1.gpu)?;
+            let room = pool.room(&victims.first()?.1.gpu, &request.constraints)?;
             if on_host.as_ref().is_some_and(|h| *h != room.host) {
                 return None;
             }
-            cheapest_room(&room, victims, &w.request).map(|picked| (picked, room.host))
+            cheapest_room(&room, victims, request).map(|picked| (picked, room.host))
         };
         let fitted = loop {
-            if fits(pool, w) {
+            if fits(pool, w, request) {
                 break true;
             }
             // (cost, slot, picked victims, host)
@@ -565,7 +649,7 @@ impl Round<'_, '_> {
                     if reclaiming.contains(&(vm, cgpu.index)) {
                         continue;
                     }
-                    if let Some(room) = pool.room(&cgpu.gpu) {
+                    if let Some(room) = pool.room(&cgpu.gpu, &GpuConstraints::NONE) {
                         on_gpu.entry(room.slot).or_default().push((vm, cgpu.clone()));
                         touched.push(room.slot);
                     }
@@ -660,11 +744,11 @@ fn cheapest_room(
     }
 }
 
-/// Whether `w` would fit on the pool now, ignoring quotas. Changes nothing.
-fn fits(pool: &mut Pool, w: &Waiting) -> bool {
+/// Whether `w` asking `request` would fit on the pool now. Changes nothing.
+fn fits(pool: &mut Pool, w: &Waiting, request: &Request) -> bool {
     let placed = match &w.ask {
-        Ask::Launch => pool.place(w.vm, &w.request, &w.policy).map(|p| p.cgpus),
-        Ask::Attach { on_host } => pool.attach(w.vm, &w.request, &w.policy, on_host.as_ref()),
+        Ask::Launch => pool.place(w.vm, request, &w.policy).map(|p| p.cgpus),
+        Ask::Attach { on_host } => pool.attach(w.vm, request, &w.policy, on_host.as_ref()),
     };
     match placed {
         Ok(cgpus) => {

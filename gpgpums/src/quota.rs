@@ -12,14 +12,26 @@
 //! A check happens where something is booked: a VM (its launch's cGPUs, and the VM itself) or an
 //! attach (its cGPUs). What is already held is never taken back when a limit is lowered below it:
 //! the project just cannot book more until it is under again.
+//!
+//! Limits may also be per GPU model (a project's share of the scarce H100s, beside its totals:
+//! KAI's users ask for quotas per GPU type). Which model a request lands on is known only once it
+//! is placed, unless it names one, so a model the project has no room left on is taken out of
+//! the request before it is placed ([`QuotaLedger::within_model_limits`]): the request lands on
+//! the models it still may use, and is refused, naming the model, only when none is left. The
+//! ledger keeps each VM's use per model (from the pool, which knows each GPU's model:
+//! [`crate::Pool::holding`]) so that a release gives each model back what it held.
 
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Error;
 use crate::ids::{ProjectId, VmId};
 use crate::model::{CgpuAssignment, Mode, Request};
+use crate::pool::Pool;
 
 /// What a project holds, or asks for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,12 +82,27 @@ impl Usage {
         }
     }
 
-    fn plus(self, other: Usage) -> Usage {
+    /// What a model's limits count of it (a VM is not of any model).
+    fn of_model(self) -> Usage {
+        Usage { vms: 0, ..self }
+    }
+
+    pub(crate) fn plus(self, other: Usage) -> Usage {
         Usage {
             cgpus: self.cgpus.saturating_add(other.cgpus),
             memory_mib: self.memory_mib.saturating_add(other.memory_mib),
             exclusive_gpus: self.exclusive_gpus.saturating_add(other.exclusive_gpus),
             vms: self.vms.saturating_add(other.vms),
+        }
+    }
+
+    /// Each resource's smaller of the two.
+    fn min(self, other: Usage) -> Usage {
+        Usage {
+            cgpus: self.cgpus.min(other.cgpus),
+            memory_mib: self.memory_mib.min(other.memory_mib),
+            exclusive_gpus: self.exclusive_gpus.min(other.exclusive_gpus),
+            vms: self.vms.min(other.vms),
         }
     }
 
@@ -89,8 +116,11 @@ impl Usage {
     }
 }
 
+/// The most GPU models a project's limits may name.
+pub const MAX_MODEL_LIMITS: usize = 64;
+
 /// The limits of one project; `None`: no limit on that resource.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Quota {
     pub cgpus: Option<u64>,
     pub memory_mib: Option<u64>,
@@ -100,6 +130,31 @@ pub struct Quota {
     /// booked against it). `None` in a project's own limits: the default limits' ceiling; in the
     /// default limits: none.
     pub max_priority: Option<u32>,
+    /// Limits on what the project holds of one GPU model, by the model's exact name, beside the
+    /// totals above (a model without an entry is limited by the totals only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub models: BTreeMap<String, ModelLimits>,
+}
+
+/// A project's limits on one GPU model; `None`: no limit on that resource.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelLimits {
+    pub cgpus: Option<u64>,
+    pub memory_mib: Option<u64>,
+    pub exclusive_gpus: Option<u64>,
+}
+
+impl ModelLimits {
+    /// The limit on `resource` (never one on VMs: a VM is of no model).
+    pub fn get(&self, resource: Resource) -> Option<u64> {
+        match resource {
+            Resource::Cgpus => self.cgpus,
+            Resource::MemoryMib => self.memory_mib,
+            Resource::ExclusiveGpus => self.exclusive_gpus,
+            Resource::Vms => None,
+        }
+    }
 }
 
 impl Quota {
@@ -114,30 +169,47 @@ impl Quota {
 
     /// Whether a project that holds `in_use` may book `requested` more: the first resource whose
     /// limit the two together would pass, if any. A resource not requested is never refused, even
-    /// when it is over its limit already (a limit lowered below use).
+    /// when it is over its limit already (a limit lowered below use). Totals only: see
+    /// [`Quota::check_model`].
     pub fn check(
         &self,
         project: &ProjectId,
         in_use: Usage,
         requested: Usage,
     ) -> Result<(), QuotaExceeded> {
-        for resource in Resource::ALL {
-            let (wanted, held) = (requested.get(resource), in_use.get(resource));
-            match self.get(resource) {
-                Some(limit) if wanted > 0 && held.saturating_add(wanted) > limit => {
-                    return Err(QuotaExceeded {
-                        project: project.clone(),
-                        resource,
-                        limit,
-                        in_use: held,
-                        requested: wanted,
-                    })
-                }
-                _ => {}
-            }
-        }
-        Ok(())
+        exceeded(|r| self.get(r), in_use, requested).map_or(Ok(()), |(resource, limit)| {
+            Err(QuotaExceeded::new(project, None, resource, limit, in_use, requested))
+        })
     }
+
+    /// As [`Quota::check`], against the limits on `model` and what the project holds of it.
+    pub fn check_model(
+        &self,
+        project: &ProjectId,
+        model: &str,
+        in_use: Usage,
+        requested: Usage,
+    ) -> Result<(), QuotaExceeded> {
+        let Some(limits) = self.models.get(model) else { return Ok(()) };
+        exceeded(|r| limits.get(r), in_use, requested).map_or(Ok(()), |(resource, limit)| {
+            Err(QuotaExceeded::new(project, Some(model), resource, limit, in_use, requested))
+        })
+    }
+}
+
+/// The first resource whose limit `in_use` and `requested` together pass, with the limit; a
+/// resource not requested is never refused.
+fn exceeded(
+    limit: impl Fn(Resource) -> Option<u64>,
+    in_use: Usage,
+    requested: Usage,
+) -> Option<(Resource, u64)> {
+    Resource::ALL.into_iter().find_map(|resource| {
+        let (wanted, held) = (requested.get(resource), in_use.get(resource));
+        limit(resource)
+            .filter(|&limit| wanted > 0 && held.saturating_add(wanted) > limit)
+            .map(|limit| (resource, limit))
+    })
 }
 
 /// A resource a quota limits.
@@ -172,18 +244,98 @@ impl fmt::Display for Resource {
 }
 
 /// A booking that would take a project past a limit (Nova's convention: the resource, the limit,
-/// what is in use and what was requested).
+/// what is in use and what was requested), and the GPU model where the limit is that model's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "quota exceeded for {resource} in project {project}: limit {limit}, in use {in_use}, \
-     requested {requested}"
-)]
 pub struct QuotaExceeded {
     pub project: ProjectId,
+    pub model: Option<String>,
     pub resource: Resource,
     pub limit: u64,
     pub in_use: u64,
     pub requested: u64,
+}
+
+impl QuotaExceeded {
+    fn new(
+        project: &ProjectId,
+        model: Option<&str>,
+        resource: Resource,
+        limit: u64,
+        in_use: Usage,
+        requested: Usage,
+    ) -> Self {
+        QuotaExceeded {
+            project: project.clone(),
+            model: model.map(str::to_owned),
+            resource,
+            limit,
+            in_use: in_use.get(resource),
+            requested: requested.get(resource),
+        }
+    }
+}
+
+impl fmt::Display for QuotaExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "quota exceeded for {}", self.resource)?;
+        if let Some(model) = &self.model {
+            write!(f, " of GPU model {model}")?;
+        }
+        write!(
+            f,
+            " in project {}: limit {}, in use {}, requested {}",
+            self.project, self.limit, self.in_use, self.requested
+        )
+    }
+}
+
+/// What some cGPUs hold: in all ([`Usage::of_cgpus`]), and per GPU model (from
+/// [`crate::Pool::holding`], which knows each GPU's model).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holding {
+    pub usage: Usage,
+    /// By model, each once, in name order; their `vms` is 0.
+    pub models: Vec<(String, Usage)>,
+}
+
+impl Holding {
+    /// One VM more, with what its cGPUs hold.
+    pub fn vm_with(self) -> Holding {
+        Holding { usage: Usage::vm_with(self.usage), ..self }
+    }
+
+    /// Adds one cGPU on a GPU of `model`.
+    pub(crate) fn add(&mut self, model: &str, cgpu: &CgpuAssignment) {
+        let one = Usage::of_cgpus([cgpu]);
+        self.usage = self.usage.plus(one);
+        match self.models.binary_search_by(|(m, _)| m.as_str().cmp(model)) {
+            Ok(i) => self.models[i].1 = self.models[i].1.plus(one),
+            Err(i) => self.models.insert(i, (model.to_owned(), one)),
+        }
+    }
+}
+
+impl From<Usage> for Holding {
+    /// What holds no cGPU of a known model (a VM alone, or a test's round numbers).
+    fn from(usage: Usage) -> Holding {
+        Holding { usage, models: Vec::new() }
+    }
+}
+
+/// Why something could not be booked within a project's limits: a limit, or the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    Quota(QuotaExceeded),
+    Pool(Error),
+}
+
+/// What one VM holds, and the project it is charged to.
+#[derive(Debug, Clone)]
+struct Holder {
+    project: ProjectId,
+    usage: Usage,
+    /// By model, each once (names shared through [`QuotaLedger::names`]).
+    models: Vec<(Arc<str>, Usage)>,
 }
 
 /// Every project's limits and what each holds, by VM; see the module docs.
@@ -192,7 +344,11 @@ pub struct QuotaLedger {
     default: Quota,
     limits: BTreeMap<ProjectId, Quota>,
     usage: HashMap<ProjectId, Usage>,
-    holders: HashMap<VmId, (ProjectId, Usage)>,
+    /// What each project holds of each GPU model.
+    model_usage: HashMap<ProjectId, BTreeMap<Arc<str>, Usage>>,
+    holders: HashMap<VmId, Holder>,
+    /// Every model name held, once: a million VMs share a few names.
+    names: HashSet<Arc<str>>,
     changes: u64,
 }
 
@@ -207,7 +363,13 @@ impl QuotaLedger {
         self.changes
     }
 
-    /// Whether `project` may book `usage` more, with `vms_in_use` as in [`Self::charge`].
+    /// The project's own limits, or the default's, as stored (see [`Self::limits`]).
+    fn quota(&self, project: &ProjectId) -> &Quota {
+        self.limits.get(project).unwrap_or(&self.default)
+    }
+
+    /// Whether `project` may book `usage` more, with `vms_in_use` as in [`Self::charge`]. Totals
+    /// only: which models `usage` is of is known once it is placed ([`Self::within_model_limits`]).
     pub fn check(
         &self,
         project: &ProjectId,
@@ -215,12 +377,113 @@ impl QuotaLedger {
         vms_in_use: u64,
     ) -> Result<(), QuotaExceeded> {
         let in_use = Usage { vms: vms_in_use, ..self.usage(project) };
-        self.limits(project).0.check(project, in_use, usage)
+        self.quota(project).check(project, in_use, usage)
+    }
+
+    /// `request` as the project's limits per GPU model let it be placed: without the models it
+    /// has no room left on for what the request asks ([`Usage::asked`]), among those it names or
+    /// (naming none) `fleet_models`. Unchanged (borrowed) when no model it could use is taken
+    /// out; refused, naming the first such model, when every one is.
+    pub fn within_model_limits<'r>(
+        &self,
+        project: &ProjectId,
+        request: &'r Request,
+        fleet_models: &[String],
+    ) -> Result<Cow<'r, Request>, QuotaExceeded> {
+        let quota = self.quota(project);
+        if quota.models.is_empty() {
+            return Ok(Cow::Borrowed(request));
+        }
+        let asked = Usage::asked(request).of_model();
+        let named = &request.constraints.models;
+        let candidates = if named.is_empty() { fleet_models } else { named.as_slice() };
+        // Cheap first (a project limits few models; the fleet's are sorted): most requests have
+        // room on every model they may use.
+        let candidate = |model: &str| match named.is_empty() {
+            true => fleet_models.binary_search_by(|m| m.as_str().cmp(model)).is_ok(),
+            false => named.iter().any(|m| m == model),
+        };
+        let is_blocked = |(model, limits, in_use): (&str, &ModelLimits, Usage)| {
+            candidate(model) && exceeded(|r| limits.get(r), in_use, asked).is_some()
+        };
+        if !self.model_rooms(project, quota).any(is_blocked) {
+            return Ok(Cow::Borrowed(request));
+        }
+        let held = self.model_usage.get(project);
+        let blocked = |model: &str| -> Option<QuotaExceeded> {
+            let in_use = held.and_then(|h| h.get(model)).copied().unwrap_or_default();
+            quota.check_model(project, model, in_use, asked).err()
+        };
+        let mut allowed: Vec<String> =
+            candidates.iter().filter(|m| blocked(m).is_none()).cloned().collect();
+        if allowed.is_empty() {
+            let first = candidates.iter().find_map(|m| blocked(m)).expect("one is blocked");
+            return Err(first);
+        }
+        allowed.sort_unstable();
+        allowed.dedup();
+        let mut narrowed = request.clone();
+        narrowed.constraints.models = allowed;
+        Ok(Cow::Owned(narrowed))
+    }
+
+    /// Books `request` for `project` with `book` on the models its limits per model leave it
+    /// ([`Self::within_model_limits`], the fleet's models from `pool`). Where taking models out
+    /// leaves a request that could never be placed while the whole one could
+    /// (`could_ever`), the refusal is the quota's; otherwise it is the pool's, as for the
+    /// request as asked. Books nothing when it refuses; the caller still charges what is booked
+    /// ([`Self::charge`]), which checks the limits again on what was placed.
+    pub fn book_within_model_limits<T>(
+        &self,
+        project: &ProjectId,
+        request: &Request,
+        pool: &mut Pool,
+        could_ever: impl FnOnce(&mut Pool, &Request) -> bool,
+        mut book: impl FnMut(&mut Pool, &Request) -> Result<T, Error>,
+    ) -> Result<T, Refusal> {
+        let narrowed =
+            self.within_model_limits(project, request, pool.models()).map_err(Refusal::Quota)?;
+        let Cow::Owned(narrowed) = narrowed else {
+            return book(pool, request).map_err(Refusal::Pool);
+        };
+        match book(pool, &narrowed) {
+            Ok(booked) => Ok(booked),
+            Err(Error::InvalidRequest { .. })
+            | Err(Error::InsufficientCapacity(crate::Shortfall { never_fits: true, .. })) => {
+                if could_ever(pool, request) {
+                    let first = self
+                        .within_model_limits(project, request, &[])
+                        .err()
+                        .or_else(|| self.first_blocked(project, request, &narrowed));
+                    Err(Refusal::Quota(first.expect("a model was taken out for a limit")))
+                } else {
+                    // As asked, it never fits either: the pool says why.
+                    book(pool, request).map_err(Refusal::Pool)
+                }
+            }
+            Err(e) => Err(Refusal::Pool(e)),
+        }
+    }
+
+    /// The limit that took a model out of `request` to make `narrowed`.
+    fn first_blocked(
+        &self,
+        project: &ProjectId,
+        request: &Request,
+        narrowed: &Request,
+    ) -> Option<QuotaExceeded> {
+        let quota = self.quota(project);
+        let asked = Usage::asked(request).of_model();
+        let held = self.model_usage.get(project);
+        quota.models.keys().filter(|m| !narrowed.constraints.models.contains(m)).find_map(|model| {
+            let in_use = held.and_then(|h| h.get(model.as_str())).copied().unwrap_or_default();
+            quota.check_model(project, model, in_use, asked).err()
+        })
     }
 
     /// The highest priority `project`'s requests may ask for, if any (see [`Quota::max_priority`]).
     pub fn max_priority(&self, project: &ProjectId) -> Option<u32> {
-        self.limits(project).0.max_priority
+        self.quota(project).max_priority.or(self.default.max_priority)
     }
 
     /// The project's own limits (`Some`), or back to the default (`None`).
@@ -235,18 +498,63 @@ impl QuotaLedger {
     /// The project's limits, and whether they are its own rather than the default. Its own
     /// limits without a `max_priority` have the default's.
     pub fn limits(&self, project: &ProjectId) -> (Quota, bool) {
-        match self.limits.get(project) {
-            Some(quota) => {
-                let max_priority = quota.max_priority.or(self.default.max_priority);
-                (Quota { max_priority, ..*quota }, true)
-            }
-            None => (self.default, false),
-        }
+        let quota =
+            Quota { max_priority: self.max_priority(project), ..self.quota(project).clone() };
+        (quota, self.limits.contains_key(project))
     }
 
     /// What the project's VMs hold (its `vms` is 0: the caller counts VMs).
     pub fn usage(&self, project: &ProjectId) -> Usage {
         self.usage.get(project).copied().unwrap_or_default()
+    }
+
+    /// What the project's VMs hold of each GPU model, in name order.
+    pub fn model_usage(&self, project: &ProjectId) -> impl Iterator<Item = (&str, Usage)> {
+        self.model_usage.get(project).into_iter().flatten().map(|(m, u)| (&**m, *u))
+    }
+
+    /// The project's dominant shares of its limits (as in DRF: the largest of use/limit), as the
+    /// queue orders projects by them: of its totals, and of its limits on each model, so that
+    /// what it holds of one model does not hold back its requests for another
+    /// ([`Shares::of`]). `vms_in_use` as in [`Self::charge`].
+    pub fn shares(&self, project: &ProjectId, vms_in_use: u64) -> Shares {
+        let quota = self.quota(project);
+        let usage = Usage { vms: vms_in_use, ..self.usage(project) };
+        let total = Resource::ALL
+            .iter()
+            .filter_map(|&r| quota.get(r).map(|limit| share(usage.get(r), limit)))
+            .max()
+            .unwrap_or(0);
+        let models = self
+            .model_rooms(project, quota)
+            .map(|(model, limits, usage)| {
+                let most = Resource::ALL
+                    .iter()
+                    .filter_map(|&r| limits.get(r).map(|limit| share(usage.get(r), limit)))
+                    .max();
+                (model.to_owned(), most.unwrap_or(0))
+            })
+            .collect();
+        Shares { total, models }
+    }
+
+    /// Each model `quota` limits, with its limits and what `project` holds of it: both sorted
+    /// by model, walked side by side (this is on the queue's path for every waiting request).
+    fn model_rooms<'q>(
+        &'q self,
+        project: &ProjectId,
+        quota: &'q Quota,
+    ) -> impl Iterator<Item = (&'q str, &'q ModelLimits, Usage)> + 'q {
+        let held = match quota.models.is_empty() {
+            true => None,
+            false => self.model_usage.get(project),
+        };
+        let mut held = held.into_iter().flatten().peekable();
+        quota.models.iter().map(move |(model, limits)| {
+            while held.next_if(|(m, _)| &***m < model.as_str()).is_some() {}
+            let in_use = held.next_if(|(m, _)| &***m == model.as_str()).map(|(_, u)| *u);
+            (model.as_str(), limits, in_use.unwrap_or_default())
+        })
     }
 
     /// Every project that holds something or has limits of its own.
@@ -259,70 +567,154 @@ impl QuotaLedger {
 
     /// The project `vm` is charged to, if it holds anything.
     pub fn project_of(&self, vm: &VmId) -> Option<&ProjectId> {
-        self.holders.get(vm).map(|(project, _)| project)
+        self.holders.get(vm).map(|holder| &holder.project)
     }
 
-    /// Charges `usage` to `vm` of `project` if the project's limits allow it, with `vms_in_use`
-    /// the project's VMs as the caller counts them (`usage.vms` is 1 for a new VM); nothing
-    /// changes otherwise. A VM is charged to one project only.
+    /// Charges `holding` to `vm` of `project` if the project's limits allow it, in all and per
+    /// model, with `vms_in_use` the project's VMs as the caller counts them (`holding.usage.vms`
+    /// is 1 for a new VM); nothing changes otherwise. A VM is charged to one project only.
     pub fn charge(
         &mut self,
         vm: VmId,
         project: &ProjectId,
-        usage: Usage,
+        holding: &Holding,
         vms_in_use: u64,
     ) -> Result<(), QuotaExceeded> {
-        if let Some((owner, _)) = self.holders.get(&vm) {
-            assert_eq!(owner, project, "VM {vm} is charged to another project");
+        if let Some(holder) = self.holders.get(&vm) {
+            assert_eq!(&holder.project, project, "VM {vm} is charged to another project");
         }
-        self.check(project, usage, vms_in_use)?;
-        self.record(vm, project, usage);
+        self.check(project, holding.usage, vms_in_use)?;
+        let quota = self.quota(project);
+        let held = self.model_usage.get(project);
+        for (model, usage) in &holding.models {
+            let in_use = held.and_then(|h| h.get(model.as_str())).copied().unwrap_or_default();
+            quota.check_model(project, model, in_use, *usage)?;
+        }
+        self.record(vm, project, holding);
         Ok(())
     }
 
-    /// Charges `usage` without checking: what storage says is held (a restart, another
+    /// Charges `holding` without checking: what storage says is held (a restart, another
     /// replica's booking) is held, whatever the limits say now.
-    pub fn restore(&mut self, vm: VmId, project: &ProjectId, usage: Usage) {
-        self.record(vm, project, usage);
+    pub fn restore(&mut self, vm: VmId, project: &ProjectId, holding: &Holding) {
+        self.record(vm, project, holding);
     }
 
-    /// Records `usage` but its `vms` (which the caller counts).
-    fn record(&mut self, vm: VmId, project: &ProjectId, usage: Usage) {
-        let usage = Usage { vms: 0, ..usage };
+    /// Records `holding` but its `vms` (which the caller counts).
+    fn record(&mut self, vm: VmId, project: &ProjectId, holding: &Holding) {
+        let usage = holding.usage.of_model();
         self.changes += 1;
-        let held = self.holders.entry(vm).or_insert_with(|| (project.clone(), Usage::default()));
-        held.1 = held.1.plus(usage);
+        let holder = self.holders.entry(vm).or_insert_with(|| Holder {
+            project: project.clone(),
+            usage: Usage::default(),
+            models: Vec::new(),
+        });
+        holder.usage = holder.usage.plus(usage);
         let total = self.usage.entry(project.clone()).or_default();
         *total = total.plus(usage);
+        if holding.models.is_empty() {
+            return;
+        }
+        let by_model = self.model_usage.entry(project.clone()).or_default();
+        for (model, usage) in &holding.models {
+            let usage = usage.of_model();
+            let name = match self.names.get(model.as_str()) {
+                Some(name) => name.clone(),
+                None => {
+                    let name: Arc<str> = Arc::from(model.as_str());
+                    self.names.insert(name.clone());
+                    name
+                }
+            };
+            match holder.models.iter_mut().find(|(m, _)| **m == **model) {
+                Some((_, held)) => *held = held.plus(usage),
+                None => holder.models.push((name.clone(), usage)),
+            }
+            let total = by_model.entry(name).or_default();
+            *total = total.plus(usage);
+        }
     }
 
-    /// Gives back part of what `vm` holds (a detached cGPU); never more than it holds.
-    pub fn refund(&mut self, vm: &VmId, usage: Usage) {
-        let Some((project, held)) = self.holders.get_mut(vm) else { return };
+    /// Gives back part of what `vm` holds (detached cGPUs); never more than it holds, in all or
+    /// of a model.
+    pub fn refund(&mut self, vm: &VmId, holding: &Holding) {
+        let Some(holder) = self.holders.get_mut(vm) else { return };
         self.changes += 1;
-        let usage = Usage {
-            cgpus: usage.cgpus.min(held.cgpus),
-            memory_mib: usage.memory_mib.min(held.memory_mib),
-            exclusive_gpus: usage.exclusive_gpus.min(held.exclusive_gpus),
-            vms: usage.vms.min(held.vms),
-        };
-        *held = held.minus(usage);
-        if let Some(total) = self.usage.get_mut(project) {
+        let usage = holding.usage.min(holder.usage);
+        holder.usage = holder.usage.minus(usage);
+        if let Some(total) = self.usage.get_mut(&holder.project) {
             *total = total.minus(usage);
+        }
+        let mut by_model = self.model_usage.get_mut(&holder.project);
+        for (model, usage) in &holding.models {
+            let Some(i) = holder.models.iter().position(|(m, _)| **m == **model) else { continue };
+            let usage = usage.min(holder.models[i].1);
+            holder.models[i].1 = holder.models[i].1.minus(usage);
+            if holder.models[i].1 == Usage::default() {
+                holder.models.swap_remove(i);
+            }
+            if let Some(by_model) = by_model.as_deref_mut() {
+                take_from(by_model, model, usage);
+            }
         }
     }
 
     /// Gives back all `vm` holds (a VM that ended); what it held.
     pub fn release(&mut self, vm: &VmId) -> Option<Usage> {
-        let (project, held) = self.holders.remove(vm)?;
+        let holder = self.holders.remove(vm)?;
         self.changes += 1;
-        if let Some(total) = self.usage.get_mut(&project) {
-            *total = total.minus(held);
+        if let Some(total) = self.usage.get_mut(&holder.project) {
+            *total = total.minus(holder.usage);
             if *total == Usage::default() {
-                self.usage.remove(&project);
+                self.usage.remove(&holder.project);
             }
         }
-        Some(held)
+        if let Some(by_model) = self.model_usage.get_mut(&holder.project) {
+            for (model, usage) in &holder.models {
+                take_from(by_model, model, *usage);
+            }
+            if by_model.is_empty() {
+                self.model_usage.remove(&holder.project);
+            }
+        }
+        Some(holder.usage)
+    }
+}
+
+/// `used` of `limit`, in millionths.
+fn share(used: u64, limit: u64) -> u64 {
+    match limit {
+        0 if used == 0 => 0,
+        0 => u64::MAX,
+        _ => u64::try_from(u128::from(used) * 1_000_000 / u128::from(limit)).unwrap_or(u64::MAX),
+    }
+}
+
+/// A project's dominant shares, in millionths (0 without limits): see [`QuotaLedger::shares`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shares {
+    total: u64,
+    /// Per model it has limits on, in name order.
+    models: Vec<(String, u64)>,
+}
+
+impl Shares {
+    /// The share a request for `models` (any model when empty) is ordered by: the largest of the
+    /// totals' and of the limited models it may land on.
+    pub fn of(&self, models: &[String]) -> u64 {
+        let admits = |model: &str| models.is_empty() || models.iter().any(|m| m == model);
+        let per_model = self.models.iter().filter(|(m, _)| admits(m)).map(|(_, share)| *share);
+        per_model.fold(self.total, u64::max)
+    }
+}
+
+/// Takes `usage` from what `by_model` counts of `model`, forgetting the model at zero.
+fn take_from(by_model: &mut BTreeMap<Arc<str>, Usage>, model: &str, usage: Usage) {
+    if let Some(total) = by_model.get_mut(model) {
+        *total = total.minus(usage);
+        if *total == Usage::default() {
+            by_model.remove(model);
+        }
     }
 }
 
@@ -340,9 +732,9 @@ mod tests {
         let mut ledger =
             QuotaLedger::new(Quota { cgpus: Some(4), vms: Some(2), ..Quota::default() });
         let two = Usage { cgpus: 2, memory_mib: 2048, ..Usage::default() };
-        ledger.charge(vm(1), &alpha, Usage::vm_with(two), 0).unwrap();
+        ledger.charge(vm(1), &alpha, &Holding::from(Usage::vm_with(two)), 0).unwrap();
         let more = Usage::vm_with(Usage { cgpus: 3, ..two });
-        let err = ledger.charge(vm(2), &alpha, more, 1).unwrap_err();
+        let err = ledger.charge(vm(2), &alpha, &Holding::from(more), 1).unwrap_err();
         assert_eq!(
             (err.resource, err.limit, err.in_use, err.requested),
             (Resource::Cgpus, 4, 2, 3)
@@ -353,11 +745,16 @@ mod tests {
         );
         assert_eq!(ledger.usage(&alpha), two);
         // The rest fits; a third VM does not.
-        ledger.charge(vm(2), &alpha, Usage::vm_with(two), 1).unwrap();
-        let err = ledger.charge(vm(3), &alpha, Usage::vm_with(Usage::default()), 2).unwrap_err();
+        ledger.charge(vm(2), &alpha, &Holding::from(Usage::vm_with(two)), 1).unwrap();
+        let err = ledger
+            .charge(vm(3), &alpha, &Holding::from(Usage::vm_with(Usage::default())), 2)
+            .unwrap_err();
         assert_eq!((err.resource, err.in_use, err.requested), (Resource::Vms, 2, 1));
         // Releasing gives everything back; refunds give back only what is held.
-        ledger.refund(&vm(1), Usage { cgpus: 5, memory_mib: 1024, ..Usage::default() });
+        ledger.refund(
+            &vm(1),
+            &Holding::from(Usage { cgpus: 5, memory_mib: 1024, ..Usage::default() }),
+        );
         let left = Usage { cgpus: 2, memory_mib: 3072, ..Usage::default() };
         assert_eq!(ledger.usage(&alpha), left);
         assert_eq!(ledger.release(&vm(1)), Some(Usage { memory_mib: 1024, ..Usage::default() }));
@@ -366,19 +763,64 @@ mod tests {
     }
 
     #[test]
+    fn models_at_their_limit_are_taken_out_of_requests_and_shares_count_per_model() {
+        let alpha = ProjectId::new("alpha").unwrap();
+        let limit = |cgpus| ModelLimits { cgpus: Some(cgpus), ..ModelLimits::default() };
+        let models = [("A100", limit(2)), ("H100", limit(1)), ("L4", limit(4)), ("T4", limit(8))];
+        let quota = Quota {
+            models: models.iter().map(|(m, l)| ((*m).to_owned(), *l)).collect(),
+            ..Quota::default()
+        };
+        let mut ledger = QuotaLedger::new(Quota::default());
+        ledger.set_limits(alpha.clone(), Some(quota));
+        // Held: 1 H100 (at its limit), 2 L4 (half), and a model without limits.
+        let mut holding = Holding::default();
+        for (model, n) in [("H100", 1), ("L4", 2), ("B200", 3)] {
+            let one = Usage { cgpus: 1, ..Usage::default() };
+            holding.models.push((model.to_owned(), Usage { cgpus: n, ..Usage::default() }));
+            holding.usage = (0..n).fold(holding.usage, |u, _| u.plus(one));
+        }
+        holding.models.sort_by(|a, b| a.0.cmp(&b.0));
+        ledger.charge(vm(1), &alpha, &holding, 0).unwrap();
+        let fleet: Vec<String> =
+            ["A100", "B200", "H100", "L4", "T4"].iter().map(|m| (*m).to_owned()).collect();
+        let one = Request::shared(1, 1024);
+        let narrowed = ledger.within_model_limits(&alpha, &one, &fleet).unwrap();
+        assert_eq!(narrowed.constraints.models, ["A100", "B200", "L4", "T4"]);
+        // Three cGPUs: L4 (2 + 3 > 4) and A100 (3 > 2) are out too.
+        let three = Request::shared(3, 1024);
+        let narrowed = ledger.within_model_limits(&alpha, &three, &fleet).unwrap();
+        assert_eq!(narrowed.constraints.models, ["B200", "T4"]);
+        // Naming only models at their limit: refused, naming the first named.
+        let mut named = three.clone();
+        named.constraints.models = vec!["L4".into(), "H100".into()];
+        let err = ledger.within_model_limits(&alpha, &named, &fleet).unwrap_err();
+        assert_eq!((err.model.as_deref(), err.in_use, err.limit), (Some("L4"), 2, 4));
+        // Naming a model with room: unchanged.
+        named.constraints.models = vec!["T4".into()];
+        assert!(matches!(ledger.within_model_limits(&alpha, &named, &fleet), Ok(Cow::Borrowed(_))));
+        // Shares: of the H100s, all; of the L4s, half; of the T4s, none.
+        let shares = ledger.shares(&alpha, 0);
+        let share = |model: &str| shares.of(&[model.to_owned()]);
+        assert_eq!((share("H100"), share("L4"), share("T4")), (1_000_000, 500_000, 0));
+        assert_eq!(shares.of(&[]), 1_000_000, "a request for any model: the largest");
+    }
+
+    #[test]
     fn own_limits_replace_the_default_and_a_lowered_limit_refuses_only_more() {
         let (alpha, beta) = (ProjectId::new("alpha").unwrap(), ProjectId::new("beta").unwrap());
         let mut ledger = QuotaLedger::new(Quota { cgpus: Some(2), ..Quota::default() });
         ledger.set_limits(beta.clone(), Some(Quota::default()));
         let many = Usage::vm_with(Usage { cgpus: 100, ..Usage::default() });
-        ledger.charge(vm(1), &beta, many, 0).unwrap();
-        assert!(ledger.charge(vm(2), &alpha, many, 0).is_err());
+        ledger.charge(vm(1), &beta, &Holding::from(many), 0).unwrap();
+        assert!(ledger.charge(vm(2), &alpha, &Holding::from(many), 0).is_err());
         ledger.set_limits(beta.clone(), Some(Quota { cgpus: Some(10), ..Quota::default() }));
         assert_eq!(ledger.limits(&beta), (Quota { cgpus: Some(10), ..Quota::default() }, true));
         // Over its new limit, beta keeps what it holds and may still add what is not limited.
-        ledger.charge(vm(3), &beta, Usage::vm_with(Usage::default()), 1).unwrap();
-        let err =
-            ledger.charge(vm(3), &beta, Usage { cgpus: 1, ..Usage::default() }, 2).unwrap_err();
+        ledger.charge(vm(3), &beta, &Holding::from(Usage::vm_with(Usage::default())), 1).unwrap();
+        let err = ledger
+            .charge(vm(3), &beta, &Holding::from(Usage { cgpus: 1, ..Usage::default() }), 2)
+            .unwrap_err();
         assert_eq!((err.limit, err.in_use, err.requested), (10, 100, 1));
         ledger.set_limits(beta.clone(), None);
         assert_eq!(ledger.limits(&beta), (Quota { cgpus: Some(2), ..Quota::default() }, false));

@@ -28,6 +28,12 @@ pub const MAX_MODELS: usize = 64;
 /// The longest model name.
 pub const MAX_MODEL_LEN: usize = 255;
 
+/// Why `name` cannot be a GPU model's name, if it cannot.
+pub fn model_name_problem(name: &str) -> Option<String> {
+    let bad = name.is_empty() || name.len() > MAX_MODEL_LEN || name.chars().any(char::is_control);
+    bad.then(|| format!("a model name must be 1 to {MAX_MODEL_LEN} printable characters"))
+}
+
 const OS_TRAITS: &str = include_str!("../data/os-traits.txt");
 const CUSTOM: &str = "CUSTOM_";
 const COMPUTE_CAPABILITY: &str = "HW_GPU_CUDA_COMPUTE_CAPABILITY_V";
@@ -322,17 +328,8 @@ impl GpuConstraints {
                 format!("{} models are more than {MAX_MODELS}", self.models.len()),
             ));
         }
-        for model in &self.models {
-            if model.is_empty()
-                || model.len() > MAX_MODEL_LEN
-                || model.chars().any(char::is_control)
-            {
-                problems.push((
-                    "gpu_model",
-                    format!("a model name must be 1 to {MAX_MODEL_LEN} printable characters"),
-                ));
-                break;
-            }
+        if let Some(problem) = self.models.iter().find_map(|m| model_name_problem(m)) {
+            problems.push(("gpu_model", problem));
         }
         let lists: [(&'static str, &[String]); 4] = [
             ("traits.required", &self.required),

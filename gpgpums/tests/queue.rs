@@ -5,10 +5,11 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 
-use common::{add_gpu_host, gpu, host};
+use common::{add_gpu_host, add_model_host, gpu, host};
 use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
 use gpgpums::{
-    Locality, Pool, ProjectId, Quota, QuotaLedger, Request, Resource, TicketId, Usage, VmId,
+    GpuConstraints, Locality, ModelLimits, Pool, ProjectId, Quota, QuotaLedger, Request, Resource,
+    TicketId, VmId,
 };
 use proptest::prelude::*;
 use uuid::Uuid;
@@ -94,8 +95,9 @@ impl World {
     fn reclaim(&mut self, plan: &Plan) {
         for shrink in &plan.preemption.as_ref().expect("a preemption").victims {
             for cgpu in &shrink.cgpus {
-                let taken = self.pool.detach(&shrink.vm, cgpu.index).unwrap();
-                self.quotas.refund(&shrink.vm, Usage::of_cgpus([&taken]));
+                let held = self.pool.holding([cgpu]);
+                self.pool.detach(&shrink.vm, cgpu.index).unwrap();
+                self.quotas.refund(&shrink.vm, &held);
             }
         }
         self.reclaiming.clear();
@@ -260,7 +262,7 @@ fn preemption_shrinks_the_lower_priority_preemptible_vm_that_gives_up_the_fewest
     assert!(planned.awaiting_reclaim && planned.started.is_empty() && planned.preemption.is_none());
     // Once released, it starts; the shrunk VM's give-back waits with its own priority.
     world.reclaim(&planned_preemption(&preemption));
-    let give_back = preemption.victims[0].give_back();
+    let give_back = preemption.victims[0].give_back(&GpuConstraints::NONE);
     assert_eq!(give_back, vec![(Request::shared(1, 8192), None)]);
     let planned = world.plan(&[urgent], &Rules::default());
     assert_eq!(tickets(&planned), [3]);
@@ -379,6 +381,8 @@ struct Case {
     sizes: Vec<u64>,
     running: Vec<(Request, u8, i32, bool)>,
     limits: Vec<Option<u64>>,
+    /// Each project's limit on cGPUs of model "A" (the pool's even GPUs; "B" the odd ones).
+    model_limits: Vec<Option<u64>>,
     queue: Vec<(Request, u8, i32, u32)>,
     rules: Rules,
 }
@@ -392,28 +396,48 @@ fn request() -> impl Strategy<Value = Request> {
     ]
 }
 
+/// A request for any model, for model "A" or for "B".
+fn of_any_model() -> impl Strategy<Value = Request> {
+    (request(), 0u8..3).prop_map(|(request, model)| match model {
+        0 => request,
+        1 => of_models(request, &["A"]),
+        _ => of_models(request, &["B"]),
+    })
+}
+
 fn case() -> impl Strategy<Value = Case> {
     (
         prop::collection::vec(prop::sample::select(vec![4096u64, 8192, 16384]), 1..6),
-        prop::collection::vec((request(), 0u8..3, 0i32..3, any::<bool>()), 0..8),
+        prop::collection::vec((of_any_model(), 0u8..3, 0i32..3, any::<bool>()), 0..8),
         prop::collection::vec(prop::option::of(2u64..10), 3),
-        prop::collection::vec((request(), 0u8..3, 0i32..4, 0u32..4), 1..12),
+        prop::collection::vec(prop::option::of(0u64..4), 3),
+        prop::collection::vec((of_any_model(), 0u8..3, 0i32..4, 0u32..4), 1..12),
         (any::<bool>(), 1u32..4, any::<bool>()),
     )
-        .prop_map(|(sizes, running, limits, queue, (backfill, max_passes, preemption))| Case {
-            sizes,
-            running,
-            limits,
-            queue,
-            rules: Rules { backfill, max_passes, preemption, ..Rules::default() },
-        })
+        .prop_map(
+            |(sizes, running, limits, model_limits, queue, (backfill, max_passes, preemption))| {
+                Case {
+                    sizes,
+                    running,
+                    limits,
+                    model_limits,
+                    queue,
+                    rules: Rules { backfill, max_passes, preemption, ..Rules::default() },
+                }
+            },
+        )
 }
 
 /// Builds the world of `case`: its running VMs start where they fit.
 fn build(case: &Case) -> (World, Vec<Waiting>) {
-    let mut world = World::new(&case.sizes);
-    for (p, limit) in case.limits.iter().enumerate() {
-        let quota = Quota { cgpus: *limit, ..Quota::default() };
+    let mut world = World::new(&[]);
+    let gpus: Vec<(&str, u64)> =
+        case.sizes.iter().enumerate().map(|(i, &mib)| (["A", "B"][i % 2], mib)).collect();
+    add_model_host(&mut world.pool, "cg0", &gpus);
+    for (p, (limit, on_a)) in case.limits.iter().zip(&case.model_limits).enumerate() {
+        let a =
+            on_a.map(|n| ("A".to_owned(), ModelLimits { cgpus: Some(n), ..Default::default() }));
+        let quota = Quota { cgpus: *limit, models: a.into_iter().collect(), ..Quota::default() };
         world.quotas.set_limits(project(&format!("p{p}")), Some(quota));
     }
     for (i, (request, p, priority, preemptible)) in case.running.iter().enumerate() {
@@ -449,13 +473,22 @@ proptest! {
 
         // No GPU is over-allocated.
         prop_assert!(world.pool.audit().is_ok(), "{:?}", world.pool.audit());
-        // No quota is exceeded by what started.
+        // No quota is exceeded by what started, in all or on model "A"; no cGPU lands on a
+        // model its request rules out.
         for started in &planned.started {
             let w = queue.iter().find(|w| w.ticket == started.ticket).unwrap();
             let (quota, _) = world.quotas.limits(&w.project);
             let usage = world.quotas.usage(&w.project);
             let limit = quota.get(Resource::Cgpus).unwrap_or(u64::MAX);
             prop_assert!(usage.cgpus <= limit, "{} holds {} cGPUs, limit {}", w.project, usage.cgpus, limit);
+            let on_a = world.quotas.model_usage(&w.project).find(|(m, _)| *m == "A").map_or(0, |(_, u)| u.cgpus);
+            let limit = quota.models.get("A").and_then(|l| l.cgpus).unwrap_or(u64::MAX);
+            prop_assert!(on_a <= limit, "{} holds {} cGPUs of A, limit {}", w.project, on_a, limit);
+            for cgpu in &started.cgpus {
+                let model = world.pool.model_of(&cgpu.gpu).unwrap().to_owned();
+                let models = &w.request.constraints.models;
+                prop_assert!(models.is_empty() || models.contains(&model), "{model} for {models:?}");
+            }
         }
         // The plan books what started and nothing else (preemption trials leave no trace).
         let mut undone = World { pool: std::mem::take(&mut world.pool), ..World::new(&[]) };
@@ -469,6 +502,11 @@ proptest! {
         if let Some(preemption) = &planned.preemption {
             let w = queue.iter().find(|w| w.ticket == preemption.ticket).unwrap();
             for shrink in &preemption.victims {
+                for cgpu in &shrink.cgpus {
+                    let model = world.pool.model_of(&cgpu.gpu).unwrap().to_owned();
+                    let models = &w.request.constraints.models;
+                    prop_assert!(models.is_empty() || models.contains(&model), "took {model} for {models:?}");
+                }
                 let priority = world.preemptible.get(&shrink.vm);
                 prop_assert!(priority.is_some_and(|&p| p < w.priority), "shrunk {:?}", shrink.vm);
                 prop_assert!(!shrink.cgpus.is_empty());
@@ -649,4 +687,144 @@ fn the_head_holds_requests_that_skip_the_queue_only_as_its_rules_say() {
     let strict = Rules { backfill: false, ..rules };
     assert!(strict.head_holds(&head, 0, 5, 0));
     assert!(!strict.head_holds(&head, 0, 6, 0));
+}
+
+/// A world of one host: two H100s (GPUs 0 and 1), then two T4s (GPUs 2 and 3).
+fn mixed_world() -> World {
+    let mut world = World::new(&[]);
+    world.pool = Pool::new();
+    add_model_host(
+        &mut world.pool,
+        "mixed",
+        &[("H100", 81920), ("H100", 81920), ("T4", 16384), ("T4", 16384)],
+    );
+    world
+}
+
+fn of_models(request: Request, models: &[&str]) -> Request {
+    let models = models.iter().map(|m| (*m).to_owned()).collect();
+    request.with_constraints(GpuConstraints { models, ..GpuConstraints::default() })
+}
+
+fn models_of(world: &World, vm: &VmId) -> Vec<String> {
+    let placement = world.pool.placement(vm).expect("placed");
+    placement.cgpus.iter().map(|c| world.pool.model_of(&c.gpu).unwrap().to_owned()).collect()
+}
+
+/// A request for one model that cannot start says nothing of requests of the same shape for any
+/// model: they start behind it.
+#[test]
+fn a_request_for_a_full_model_does_not_hold_back_requests_for_any_model() {
+    let mut world = mixed_world();
+    for n in [1, 2] {
+        world.run(&launch(n, "a", 0, of_models(Request::exclusive(1), &["H100"])), false);
+    }
+    let queue = [
+        launch(3, "a", 0, of_models(Request::exclusive(1), &["H100"])),
+        launch(4, "b", 0, Request::exclusive(1)),
+    ];
+    let planned = world.plan(&queue, &Rules::default());
+    assert_eq!(tickets(&planned), [4]);
+    assert_eq!(models_of(&world, &queue[1].vm), ["T4"]);
+    assert_eq!(head(&planned), Some((TicketId(3), 1)));
+}
+
+/// Preemption for a request of one model takes cGPUs only from GPUs of that model, and what a
+/// shrunk VM gets back asks what it asked.
+#[test]
+fn preemption_takes_only_from_gpus_the_request_may_use() {
+    let mut world = mixed_world();
+    // Low-priority VMs fill every GPU; the T4s' come first in VM order.
+    for (n, model) in [(1, "T4"), (2, "T4"), (3, "H100"), (4, "H100")] {
+        world.run(&launch(n, "low", 0, of_models(Request::exclusive(1), &[model])), true);
+    }
+    let urgent = launch(5, "high", 10, of_models(Request::exclusive(1), &["H100"]));
+    let planned = world.plan(std::slice::from_ref(&urgent), &Rules::default());
+    let preemption = planned.preemption.clone().expect("a preemption");
+    let victims: Vec<VmId> = preemption.victims.iter().map(|s| s.vm).collect();
+    assert_eq!(victims, [vm(1003)], "{preemption:?}");
+    let constraints = of_models(Request::exclusive(1), &["H100"]).constraints;
+    let give_back = preemption.victims[0].give_back(&constraints);
+    assert!(give_back.iter().all(|(r, _)| r.constraints == constraints), "{give_back:?}");
+    world.reclaim(&planned);
+    assert_eq!(tickets(&world.plan(std::slice::from_ref(&urgent), &Rules::default())), [5]);
+    assert_eq!(models_of(&world, &urgent.vm), ["H100"]);
+}
+
+fn model_limit(model: &str, cgpus: u64) -> Quota {
+    let limits = ModelLimits { cgpus: Some(cgpus), ..ModelLimits::default() };
+    Quota { models: [(model.to_owned(), limits)].into(), ..Quota::default() }
+}
+
+/// A project at its limit on one model has its requests placed on the others (first-fit would
+/// take the H100s first), a request for that model alone waits without holding anyone back, and
+/// another project's request for it starts.
+#[test]
+fn a_limit_on_one_model_steers_requests_to_the_others_and_holds_only_that_model() {
+    let mut world = mixed_world();
+    world.quotas.set_limits(project("a"), Some(model_limit("H100", 1)));
+    world.run(&launch(1, "a", 0, Request::exclusive(1)), false);
+    assert_eq!(models_of(&world, &vm(1001)), ["H100"]);
+    let queue = [
+        launch(2, "a", 0, of_models(Request::exclusive(1), &["H100"])),
+        launch(3, "a", 0, Request::exclusive(1)),
+        launch(4, "b", 0, of_models(Request::exclusive(1), &["H100"])),
+    ];
+    let planned = world.plan(&queue, &Rules::default());
+    // "b" first: "a" holds its whole share of H100s.
+    assert_eq!(tickets(&planned), [4, 3]);
+    assert_eq!(models_of(&world, &vm(1003)), ["T4"]);
+    assert_eq!(head(&planned), None, "a request over its quota is never the head");
+    let held: Vec<(String, u64)> =
+        world.quotas.model_usage(&project("a")).map(|(m, u)| (m.to_owned(), u.cgpus)).collect();
+    assert_eq!(held, [("H100".to_owned(), 1), ("T4".to_owned(), 1)]);
+    // Once its H100 is released, its request for one starts.
+    world.release(&vm(1001));
+    assert_eq!(tickets(&world.plan(&queue[..1], &Rules::default())), [2]);
+    world.pool.audit().unwrap();
+}
+
+/// Fair share per model: a project that holds much of one model's share is not behind for
+/// another model's GPU.
+#[test]
+fn fair_share_counts_the_models_a_request_may_use() {
+    let mut world = mixed_world();
+    let limits = |h100, t4| {
+        let limit = |n| ModelLimits { cgpus: Some(n), ..ModelLimits::default() };
+        Quota {
+            models: [("H100".into(), limit(h100)), ("T4".into(), limit(t4))].into(),
+            ..Quota::default()
+        }
+    };
+    world.quotas.set_limits(project("a"), Some(limits(4, 2)));
+    world.quotas.set_limits(project("b"), Some(limits(4, 2)));
+    // "a" holds all its T4s (share 1); "b" one H100 (share 1/4).
+    for n in [1, 2] {
+        world.run(&launch(n, "a", 0, of_models(Request::exclusive(1), &["T4"])), false);
+    }
+    world.run(&launch(3, "b", 0, of_models(Request::exclusive(1), &["H100"])), false);
+    // One H100 left; "b" asked first, but for H100s "a" holds the smaller share.
+    let queue = [
+        launch(4, "b", 0, of_models(Request::exclusive(1), &["H100"])),
+        launch(5, "a", 0, of_models(Request::exclusive(1), &["H100"])),
+    ];
+    let planned = world.plan(&queue, &Rules::default());
+    assert_eq!(tickets(&planned), [5]);
+}
+
+/// A request that starts moves its project's next request behind projects that now hold a
+/// smaller share, within the same round.
+#[test]
+fn a_start_moves_its_projects_next_request_behind_smaller_shares() {
+    let mut world = World::new(&[8192; 4]);
+    for p in ["a", "b"] {
+        world.quotas.set_limits(project(p), Some(Quota { cgpus: Some(4), ..Quota::default() }));
+    }
+    let queue = [
+        launch(1, "a", 0, Request::exclusive(1)),
+        launch(2, "a", 0, Request::exclusive(1)),
+        launch(3, "b", 0, Request::exclusive(1)),
+    ];
+    let planned = world.plan(&queue, &Rules::default());
+    assert_eq!(tickets(&planned), [1, 3, 2]);
 }

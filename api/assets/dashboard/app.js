@@ -295,23 +295,41 @@
       : [el('div', { class: 'empty', text: 'No project has limits of its own or holds cGPUs.' })]));
   }
 
-  function renderQuota(q) {
-    const rows = QUOTA_RESOURCES.map(([key, label, format]) => {
-      const used = q.usage[key];
-      const limit = q.limits[key];
-      const limited = typeof limit === 'number';
-      const full = limited && used >= limit;
-      return el('div', { class: `quota-row${full ? ' full' : ''}`, data: { resource: key } },
-        el('span', { class: 'quota-label', text: label }),
-        el('div', { class: 'meter', role: 'img', 'aria-label': `${label}: ${used} of ${limited ? limit : 'no limit'}` },
-          limited ? el('span', { style: { width: `${limit > 0 ? Math.min(100, (used / limit) * 100) : 100}%` } }) : null),
-        el('span', { class: 'quota-text', text: limited ? `${format(used)} of ${format(limit)}` : `${format(used)} · no limit` }));
+  // One resource's bar: what is used of its limit, if it has one.
+  function quotaRow([key, label, format], used, limit) {
+    const limited = typeof limit === 'number';
+    const full = limited && used >= limit;
+    return el('div', { class: `quota-row${full ? ' full' : ''}`, data: { resource: key } },
+      el('span', { class: 'quota-label', text: label }),
+      el('div', { class: 'meter', role: 'img', 'aria-label': `${label}: ${used} of ${limited ? limit : 'no limit'}` },
+        limited ? el('span', { style: { width: `${limit > 0 ? Math.min(100, (used / limit) * 100) : 100}%` } }) : null),
+      el('span', { class: 'quota-text', text: limited ? `${format(used)} of ${format(limit)}` : `${format(used)} · no limit` }));
+  }
+
+  // Per GPU model (those limited or held): cGPUs always, the other resources where limited.
+  function renderModelQuotas(q) {
+    const limits = q.limits.models || {};
+    const usage = q.usage.models || {};
+    const models = [...new Set([...Object.keys(limits), ...Object.keys(usage)])].sort();
+    return models.map((model) => {
+      const limit = limits[model] || {};
+      const used = usage[model] || {};
+      const rows = QUOTA_RESOURCES.filter(([key]) => key !== 'vms')
+        .filter(([key]) => key === 'cgpus' || typeof limit[key] === 'number')
+        .map((resource) => quotaRow(resource, used[resource[0]] || 0, limit[resource[0]]));
+      return el('div', { class: 'quota-model', data: { model } },
+        el('div', { class: 'quota-model-name', text: model }), rows);
     });
+  }
+
+  function renderQuota(q) {
+    const rows = QUOTA_RESOURCES.map((resource) => quotaRow(resource, q.usage[resource[0]], q.limits[resource[0]]));
     return el('div', { class: 'quota', data: { project: q.project } },
       el('div', { class: 'quota-head' },
         el('span', { class: 'quota-project', text: `project ${q.project}` }),
         el('span', { class: 'badge', text: q.own_limits ? 'own limits' : 'defaults' })),
       rows,
+      renderModelQuotas(q),
       el('div', { class: 'quota-priority', text: `Highest priority: ${q.limits.max_priority}` }));
   }
 

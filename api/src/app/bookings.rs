@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use std::collections::HashMap;
 
-use gpgpums::{Pool, ProjectId, QuotaLedger, Shortfall, Usage};
+use gpgpums::{Pool, ProjectId, QuotaLedger, Refusal, Shortfall, Usage};
 
 use super::batch::Queued;
 use super::fences;
@@ -407,13 +407,22 @@ async fn attach_cgpus(
     }
     let on_host = attachment.on_host.as_ref();
     let placed = if held && pool.could_ever_attach(&attachment.request, on_host) {
-        Err(gpgpums::Error::InsufficientCapacity(Shortfall::held_for_queue(&attachment.request)))
+        let shortfall = Shortfall::held_for_queue(&attachment.request);
+        Err(Refusal::Pool(gpgpums::Error::InsufficientCapacity(shortfall)))
     } else {
-        pool.attach(id, &attachment.request, &attachment.policy, on_host)
+        quotas.book_within_model_limits(
+            &project,
+            &attachment.request,
+            pool,
+            |pool, request| pool.could_ever_attach(request, on_host),
+            |pool, request| pool.attach(id, request, &attachment.policy, on_host),
+        )
     };
     let placed = match placed {
         Ok(placed) => placed,
-        Err(gpgpums::Error::InsufficientCapacity(s)) if attachment.queue && !s.never_fits => {
+        Err(Refusal::Pool(gpgpums::Error::InsufficientCapacity(s)))
+            if attachment.queue && !s.never_fits =>
+        {
             if db::waiting_in_project(tx, &attachment.vm.project).await? >= queue.max_waiting {
                 return Ok(Err(too_many_waiting(queue.max_waiting)));
             }
@@ -441,8 +450,8 @@ async fn attach_cgpus(
         }
         Err(e) => return Ok(Err(e.into())),
     };
-    let usage = Usage::of_cgpus(&placed);
-    if let Err(e) = quotas.charge(id, &project, usage, 0) {
+    let holding = pool.holding(&placed);
+    if let Err(e) = quotas.charge(id, &project, &holding, 0) {
         for cgpu in &placed {
             pool.detach(&id, cgpu.index);
         }
@@ -452,7 +461,7 @@ async fn attach_cgpus(
         for cgpu in &placed {
             pool.detach(&id, cgpu.index);
         }
-        quotas.refund(&id, usage);
+        quotas.refund(&id, &holding);
     };
     let cgpus = match placed.iter().map(|c| cgpu_record(id, c, masking)).collect() {
         Ok(cgpus) => cgpus,
@@ -569,7 +578,7 @@ async fn detach_cgpus(
             None => pool.detach(&vm.id, index),
         };
         if let Some(cgpu) = cgpu {
-            quotas.refund(&vm.id, Usage::of_cgpus([&cgpu]));
+            quotas.refund(&vm.id, &pool.holding([&cgpu]));
         }
     }
     Ok(Ok(Booked::Released(Box::new(vm), queue_waits)))
@@ -646,7 +655,13 @@ fn place_cgpus(
         return Err(Error::InsufficientCapacity(Shortfall::held_for_queue(&record.spec.gpus)));
     }
     let started = Instant::now();
-    let placement = pool.place(id, &record.spec.gpus, &record.policy)?;
+    let placement = booked.quotas.book_within_model_limits(
+        &project,
+        &record.spec.gpus,
+        pool,
+        |pool, request| pool.could_ever_fit(request, None),
+        |pool, request| pool.place(id, request, &record.policy),
+    )?;
     record.timings.gpu_selection = Some(started.elapsed().as_secs_f64());
     record.policy = placement.policy.clone();
     let cgpus = placement
@@ -655,9 +670,9 @@ fn place_cgpus(
         .map(|c| cgpu_record(id, c, masking))
         .collect::<Result<Vec<_>, Error>>()
         .and_then(|cgpus| check_user_data(&record, &cgpus, masking).map(|()| cgpus));
-    let usage = Usage::vm_with(Usage::of_cgpus(&placement.cgpus));
+    let holding = booked.pool.holding(&placement.cgpus).vm_with();
     let charged = cgpus.and_then(|cgpus| {
-        booked.quotas.charge(id, &project, usage, vms)?;
+        booked.quotas.charge(id, &project, &holding, vms)?;
         Ok(cgpus)
     });
     match charged {

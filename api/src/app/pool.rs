@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use gpgpums::{
     CgpuAssignment, HostId, HostKind, HostState, Placement, Pool, ProjectId, Quota, QuotaLedger,
-    RcudaEndpoint, Usage, VmHost,
+    RcudaEndpoint, VmHost,
 };
 
 use super::App;
@@ -193,7 +193,7 @@ fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger)
             }
         };
         match ProjectId::new(&held.project) {
-            Ok(project) => quotas.restore(vm, &project, Usage::of_cgpus(&cgpus)),
+            Ok(project) => quotas.restore(vm, &project, &pool.holding(&cgpus)),
             Err(_) => tracing::error!(%vm, "stored cGPUs of a VM with an invalid project"),
         }
         let placement =

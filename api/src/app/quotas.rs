@@ -4,7 +4,7 @@
 //! Limits change in a pool transaction, like bookings: the generation moves, so every replica
 //! reloads its ledger before its next booking and no replica books against old limits.
 
-use gpgpums::{ProjectId, Quota, Usage};
+use gpgpums::{ProjectId, Quota, QuotaLedger, Usage};
 
 use super::App;
 use crate::auth::Caller;
@@ -20,6 +20,8 @@ pub struct QuotaStatus {
     /// Whether the limits are the project's own rather than the defaults.
     pub own: bool,
     pub usage: Usage,
+    /// What it holds of each GPU model, in name order.
+    pub model_usage: Vec<(String, Usage)>,
 }
 
 /// The project a caller names, if the caller may see it: admins any, a tenant its own.
@@ -31,19 +33,22 @@ fn visible_project(caller: &Caller, project: &str) -> Result<ProjectId, Error> {
     }
 }
 
+/// The project's limits and what it holds as the ledger knows them (VMs are counted apart).
+fn status(quotas: &QuotaLedger, project: ProjectId) -> QuotaStatus {
+    let (limits, own) = quotas.limits(&project);
+    let usage = quotas.usage(&project);
+    let model_usage = quotas.model_usage(&project).map(|(m, u)| (m.to_owned(), u)).collect();
+    QuotaStatus { project, limits, own, usage, model_usage }
+}
+
 impl App {
     /// The project's limits and what it uses (its VMs being created or ready, and their cGPUs).
     pub async fn quota(&self, caller: &Caller, project: &str) -> Result<QuotaStatus, Error> {
         let project = visible_project(caller, project)?;
-        let (limits, own, usage) = self
-            .read_pool_and_quotas(|_, quotas| {
-                let (limits, own) = quotas.limits(&project);
-                (limits, own, quotas.usage(&project))
-            })
-            .await?;
-        let vms = db::counted_vms(&mut *self.db.conn().await?, Some(&[&project])).await?;
-        let vms = vms.get(&project).copied().unwrap_or(0);
-        Ok(QuotaStatus { project, limits, own, usage: Usage { vms, ..usage } })
+        let mut status = self.read_pool_and_quotas(|_, quotas| status(quotas, project)).await?;
+        let vms = db::counted_vms(&mut *self.db.conn().await?, Some(&[&status.project])).await?;
+        status.usage.vms = vms.get(&status.project).copied().unwrap_or(0);
+        Ok(status)
     }
 
     /// The quotas a caller may see: a tenant's own project's; for admins, every project that has
@@ -56,14 +61,7 @@ impl App {
                     Some(own) => ProjectId::new(own).into_iter().collect(),
                     None => quotas.projects().cloned().collect(),
                 };
-                projects
-                    .into_iter()
-                    .map(|project| {
-                        let (limits, own) = quotas.limits(&project);
-                        let usage = quotas.usage(&project);
-                        QuotaStatus { project, limits, own, usage }
-                    })
-                    .collect()
+                projects.into_iter().map(|project| status(quotas, project)).collect()
             })
             .await?;
         let projects: Vec<&ProjectId> = statuses.iter().map(|s| &s.project).collect();

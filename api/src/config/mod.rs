@@ -74,7 +74,7 @@ pub struct Config {
 }
 
 /// Default limits per project; an absent limit is no limit.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QuotaDefaults {
     pub cgpus: Option<u64>,
@@ -84,6 +84,8 @@ pub struct QuotaDefaults {
     /// The highest priority a project's launches may ask for (0: none above the lowest, so no
     /// tenant jumps the queue or preempts others unless an admin lets its project).
     pub max_priority: u32,
+    /// Limits per GPU model, by the model's exact name (`[quotas.models."H100 80GB"]`).
+    pub models: BTreeMap<String, gpgpums::ModelLimits>,
 }
 
 impl QuotaDefaults {
@@ -94,6 +96,7 @@ impl QuotaDefaults {
             exclusive_gpus: self.exclusive_gpus,
             vms: self.vms,
             max_priority: Some(self.max_priority),
+            models: self.models.clone(),
         }
     }
 }
@@ -169,6 +172,25 @@ pub fn check_quota(quota: &gpgpums::Quota, prefix: &str) -> Result<(), (String, 
                 format!("{prefix}{resource}"),
                 format!("{limit} is above the maximum {MAX_QUOTA_LIMIT}"),
             ));
+        }
+    }
+    let models = &quota.models;
+    if models.len() > gpgpums::MAX_MODEL_LIMITS {
+        let most = gpgpums::MAX_MODEL_LIMITS;
+        let reason = format!("{} models are more than {most}", models.len());
+        return Err((format!("{prefix}models"), reason));
+    }
+    for (model, limits) in models {
+        if let Some(problem) = gpgpums::traits::model_name_problem(model) {
+            return Err((format!("{prefix}models"), problem));
+        }
+        for resource in gpgpums::Resource::ALL {
+            if let Some(limit) = limits.get(resource).filter(|l| *l > MAX_QUOTA_LIMIT) {
+                return Err((
+                    format!("{prefix}models.{model}.{resource}"),
+                    format!("{limit} is above the maximum {MAX_QUOTA_LIMIT}"),
+                ));
+            }
         }
     }
     Ok(())

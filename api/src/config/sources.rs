@@ -320,7 +320,10 @@ mod tests {
     #[test]
     fn settings_that_go_together_come_from_separate_variables_and_sections_merge() {
         let dir = scratch("together");
-        let file = write(&dir, "[quotas]\nvms = 5\nmax_priority = 3\n");
+        let file = write(
+            &dir,
+            "[quotas]\nvms = 5\nmax_priority = 3\n[quotas.models.\"H100 80GB\"]\ncgpus = 4\n",
+        );
         let env = vars(&[
             ("GSAAS_TLS__CERT", "/etc/gsaas/tls.crt"),
             ("GSAAS_TLS__KEY", "/etc/gsaas/tls.key"),
@@ -333,6 +336,7 @@ mod tests {
             (Some(8), Some(5), 3),
             "a section given whole adds to the file's"
         );
+        assert_eq!(config.quotas.models["H100 80GB"].cgpus, Some(4), "limits per model");
         let err = resolve(Some(&file), vars(&[("GSAAS_TLS__CERT", "/x")]), &[]).unwrap_err();
         assert!(err.to_string().starts_with("GSAAS_TLS__CERT"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

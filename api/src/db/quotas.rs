@@ -1,8 +1,8 @@
 //! Projects' own quota limits (see [`gpgpums::quota`]), and what the ledger is loaded from.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use gpgpums::{ProjectId, Quota};
+use gpgpums::{ModelLimits, ProjectId, Quota};
 use sqlx::{AnyConnection, Row};
 
 use super::{corrupt, fetch_batched, keys, MAX_ROWS};
@@ -11,8 +11,8 @@ use crate::error::Error;
 /// Every project's own limits.
 pub async fn quotas(conn: &mut AnyConnection) -> Result<Vec<(ProjectId, Quota)>, Error> {
     let rows = sqlx::query(
-        "SELECT project, cgpus, memory_mib, exclusive_gpus, vms, max_priority FROM quotas \
-         ORDER BY project",
+        "SELECT project, cgpus, memory_mib, exclusive_gpus, vms, max_priority, models \
+         FROM quotas ORDER BY project",
     )
     .fetch_all(conn)
     .await?;
@@ -39,10 +39,19 @@ pub async fn quotas(conn: &mut AnyConnection) -> Result<Vec<(ProjectId, Quota)>,
                     Some(u32::try_from(n).map_err(|_| corrupt("max_priority", &n.to_string()))?)
                 }
             },
+            models: match row.try_get::<Option<String>, _>(6)? {
+                None => BTreeMap::new(),
+                Some(json) => serde_json::from_str(&json).map_err(|_| corrupt("models", &json))?,
+            },
         };
         out.push((project, quota));
     }
     Ok(out)
+}
+
+/// Limits per model as stored: JSON by model, or NULL for none.
+fn models_json(models: &BTreeMap<String, ModelLimits>) -> Option<String> {
+    (!models.is_empty()).then(|| serde_json::to_string(models).expect("limits serialize"))
 }
 
 /// Sets the project's own limits (`Some`), or removes them (`None`: back to the defaults).
@@ -61,8 +70,8 @@ pub async fn set_quota(
         let limit = |n: Option<u64>| n.map(|n| n as i64);
         sqlx::query(
             "INSERT INTO quotas \
-             (project, cgpus, memory_mib, exclusive_gpus, vms, updated_ms, max_priority) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             (project, cgpus, memory_mib, exclusive_gpus, vms, updated_ms, max_priority, models) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(project.as_str())
         .bind(limit(quota.cgpus))
@@ -71,6 +80,7 @@ pub async fn set_quota(
         .bind(limit(quota.vms))
         .bind(now_ms)
         .bind(quota.max_priority.map(i64::from))
+        .bind(models_json(&quota.models))
         .execute(conn)
         .await?;
     }

@@ -210,6 +210,9 @@ try {
   check(await page.textContent(`${quotaRow('vms')} .quota-text`) === '2 of 2', 'the VMs bar says 2 of 2');
   check(await page.textContent(`${quotaRow('cgpus')} .quota-text`) === '3 of 100', 'the cGPUs bar says 3 of 100');
   check((await page.textContent(`${quotaRow('memory_mib')} .quota-text`)).endsWith('no limit'), 'memory has no limit');
+  // Per GPU model: a bar for the model's limit, which counts the model's cGPUs.
+  const modelRow = '.quota[data-project="alpha"] .quota-model[data-model="NVIDIA Quadro M4000"] .quota-row[data-resource="cgpus"]';
+  check(await page.textContent(`${modelRow} .quota-text`) === '3 of 80', `the model's bar says ${await page.textContent(`${modelRow} .quota-text`)}`);
   await fillLaunch({ name: 'dash-three', ncgpus: '1', mode: 'shared', gpu_memory_mib: '1024' });
   await page.click('#launch-submit');
   const overQuota = await page.waitForSelector('#launch-error:not(:empty)');

@@ -45,3 +45,13 @@ pub fn paper_testbed(pool: &mut Pool) {
 pub fn gpu(host_name: &str, index: u32) -> GpuId {
     GpuId::on_host(&host(host_name), index)
 }
+
+/// Adds a compute-gpu host with GPUs of the given models and sizes (MiB), indexed from 0.
+pub fn add_model_host(pool: &mut Pool, name: &str, gpus: &[(&str, u64)]) {
+    let id = host(name);
+    pool.add_host(id.clone(), HostKind::ComputeGpu).unwrap();
+    for (index, &(model, memory_mib)) in gpus.iter().enumerate() {
+        let spec = GpuSpec { model: model.into(), ..gpu_spec(&id, index as u32, memory_mib) };
+        pool.add_gpu(spec).unwrap();
+    }
+}

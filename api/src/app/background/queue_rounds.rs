@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpgpums::queue::{plan, Ask, Books, Waiting};
-use gpgpums::{ProjectId, TicketId, Usage, VmId};
+use gpgpums::{ProjectId, TicketId, VmId};
 use tokio::sync::Notify;
 
 use crate::app::bookings::{cgpu_record, check_user_data};
@@ -239,7 +239,7 @@ impl App {
                     for cgpu in &s.cgpus {
                         pool.detach(&s.vm, cgpu.index);
                     }
-                    quotas.refund(&s.vm, Usage::of_cgpus(&s.cgpus));
+                    quotas.refund(&s.vm, &pool.holding(&s.cgpus));
                     out.event(q, "attach_refused", e.to_string());
                     round.refused.push(s.vm);
                     continue;
@@ -363,7 +363,7 @@ async fn shrink_vm(
     let indexes: Vec<String> = shrink.cgpus.iter().map(|c| c.index.to_string()).collect();
     let vm = &write[0].vm;
     let after = if vm.spec.give_back {
-        for (request, _) in shrink.give_back() {
+        for (request, _) in shrink.give_back(&vm.spec.gpus.constraints) {
             let attach = db::QueuedAttach { request, policy: vm.policy.clone() };
             let queued = db::Queued::Attach { attach, give_back: true };
             let ticket =
