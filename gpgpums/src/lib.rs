@@ -12,6 +12,7 @@
 //! - [`seeded`]: a seeded generator for simulations and tests around the planner.
 //! - [`Error`]: the crate's one error type.
 
+pub mod booking;
 pub mod error;
 pub mod ids;
 pub mod model;
@@ -22,6 +23,7 @@ pub mod quota;
 pub mod seeded;
 pub mod traits;
 
+pub use booking::{book_within_model_limits, Refusal};
 pub use error::{Error, Shortfall};
 pub use ids::{GpuId, HostId, IdError, ProjectId, TicketId, VmId, MAX_NAME_LEN};
 pub use model::{
@@ -31,7 +33,6 @@ pub use model::{
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
 pub use pool::{Pool, Rehome, Selector, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};
 pub use quota::{
-    Holding, ModelLimits, Quota, QuotaExceeded, QuotaLedger, Refusal, Resource, Usage,
-    MAX_MODEL_LIMITS,
+    Holding, ModelLimits, Quota, QuotaExceeded, QuotaLedger, Resource, Usage, MAX_MODEL_LIMITS,
 };
 pub use traits::{GpuAttributes, GpuConstraints, GpuKind, MajorMinor};

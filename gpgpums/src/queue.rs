@@ -35,11 +35,12 @@ use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
+use crate::booking::{book_within_model_limits, Refusal};
 use crate::error::Error;
 use crate::ids::{HostId, ProjectId, TicketId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
 use crate::pool::{Pool, Room};
-use crate::quota::{QuotaLedger, Refusal, Shares, Usage};
+use crate::quota::{QuotaLedger, Shares, Usage};
 use crate::traits::GpuConstraints;
 
 /// What a waiting request asks for.
@@ -534,7 +535,8 @@ impl Round<'_, '_> {
         }
         let (quotas, pool) = (&*self.books.quotas, &mut *self.books.pool);
         let placed = match &w.ask {
-            Ask::Launch => quotas.book_within_model_limits(
+            Ask::Launch => book_within_model_limits(
+                quotas,
                 &w.project,
                 &w.request,
                 pool,
@@ -546,7 +548,8 @@ impl Round<'_, '_> {
                     })
                 },
             ),
-            Ask::Attach { on_host } => quotas.book_within_model_limits(
+            Ask::Attach { on_host } => book_within_model_limits(
+                quotas,
                 &w.project,
                 &w.request,
                 pool,

@@ -16,7 +16,8 @@
 //! Limits may also be per GPU model (a project's share of the scarce H100s, beside its totals:
 //! KAI's users ask for quotas per GPU type). Which model a request lands on is known only once it
 //! is placed, unless it names one, so a model the project has no room left on is taken out of
-//! the request before it is placed ([`QuotaLedger::within_model_limits`]): the request lands on
+//! the request before it is placed ([`QuotaLedger::within_model_limits`], and
+//! [`crate::booking`] books it so): the request lands on
 //! the models it still may use, and is refused, naming the model, only when none is left. The
 //! ledger keeps each VM's use per model (from the pool, which knows each GPU's model:
 //! [`crate::Pool::holding`]) so that a release gives each model back what it held.
@@ -28,10 +29,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Error;
 use crate::ids::{ProjectId, VmId};
 use crate::model::{CgpuAssignment, Mode, Request};
-use crate::pool::Pool;
 
 /// What a project holds, or asks for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -322,13 +321,6 @@ impl From<Usage> for Holding {
     }
 }
 
-/// Why something could not be booked within a project's limits: a limit, or the pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
-    Quota(QuotaExceeded),
-    Pool(Error),
-}
-
 /// What one VM holds, and the project it is charged to.
 #[derive(Debug, Clone)]
 struct Holder {
@@ -427,46 +419,8 @@ impl QuotaLedger {
         Ok(Cow::Owned(narrowed))
     }
 
-    /// Books `request` for `project` with `book` on the models its limits per model leave it
-    /// ([`Self::within_model_limits`], the fleet's models from `pool`). Where taking models out
-    /// leaves a request that could never be placed while the whole one could
-    /// (`could_ever`), the refusal is the quota's; otherwise it is the pool's, as for the
-    /// request as asked. Books nothing when it refuses; the caller still charges what is booked
-    /// ([`Self::charge`]), which checks the limits again on what was placed.
-    pub fn book_within_model_limits<T>(
-        &self,
-        project: &ProjectId,
-        request: &Request,
-        pool: &mut Pool,
-        could_ever: impl FnOnce(&mut Pool, &Request) -> bool,
-        mut book: impl FnMut(&mut Pool, &Request) -> Result<T, Error>,
-    ) -> Result<T, Refusal> {
-        let narrowed =
-            self.within_model_limits(project, request, pool.models()).map_err(Refusal::Quota)?;
-        let Cow::Owned(narrowed) = narrowed else {
-            return book(pool, request).map_err(Refusal::Pool);
-        };
-        match book(pool, &narrowed) {
-            Ok(booked) => Ok(booked),
-            Err(Error::InvalidRequest { .. })
-            | Err(Error::InsufficientCapacity(crate::Shortfall { never_fits: true, .. })) => {
-                if could_ever(pool, request) {
-                    let first = self
-                        .within_model_limits(project, request, &[])
-                        .err()
-                        .or_else(|| self.first_blocked(project, request, &narrowed));
-                    Err(Refusal::Quota(first.expect("a model was taken out for a limit")))
-                } else {
-                    // As asked, it never fits either: the pool says why.
-                    book(pool, request).map_err(Refusal::Pool)
-                }
-            }
-            Err(e) => Err(Refusal::Pool(e)),
-        }
-    }
-
     /// The limit that took a model out of `request` to make `narrowed`.
-    fn first_blocked(
+    pub(crate) fn first_blocked(
         &self,
         project: &ProjectId,
         request: &Request,

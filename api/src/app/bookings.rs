@@ -410,7 +410,8 @@ async fn attach_cgpus(
         let shortfall = Shortfall::held_for_queue(&attachment.request);
         Err(Refusal::Pool(gpgpums::Error::InsufficientCapacity(shortfall)))
     } else {
-        quotas.book_within_model_limits(
+        gpgpums::book_within_model_limits(
+            quotas,
             &project,
             &attachment.request,
             pool,
@@ -655,7 +656,8 @@ fn place_cgpus(
         return Err(Error::InsufficientCapacity(Shortfall::held_for_queue(&record.spec.gpus)));
     }
     let started = Instant::now();
-    let placement = booked.quotas.book_within_model_limits(
+    let placement = gpgpums::book_within_model_limits(
+        booked.quotas,
         &project,
         &record.spec.gpus,
         pool,
