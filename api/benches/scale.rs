@@ -35,6 +35,11 @@
 //! [pace_ms]`; 12500 hosts, both stores, 1000 runs, launches back to back by default (`pace_ms`:
 //! one launch every so many milliseconds instead); the PostgreSQL store starts a throwaway server
 //! as the tests do, so run as root).
+//!
+//! `GSAAS_SCALE_FLEET=mixed`: a fleet of 8 models ([`common::mixed_inventory`]: racks, NVLink,
+//! compute capabilities), the launching project with limits on two models, and launches that
+//! cycle through [`MIXED_LAUNCHES`]' constraints (by model, by trait required, forbidden or
+//! preferred, by compute capability, and none).
 #![allow(clippy::print_stdout)]
 
 use gsaas_test_support as support;
@@ -59,6 +64,17 @@ const CGPUS_PER_VM: usize = 4;
 const GPU_MIB: u64 = 98_304;
 const CGPU_MIB: u64 = 8_192;
 const PROJECTS: usize = 100;
+
+/// What the mixed fleet's launches ask of their GPUs, in turn.
+const MIXED_LAUNCHES: [&str; 7] = [
+    r#"{}"#,
+    r#"{"gpu_model": "A100"}"#,
+    r#"{"gpu_model": ["H100", "H200"]}"#,
+    r#"{"traits": {"required": ["CUSTOM_NVLINK"]}}"#,
+    r#"{"traits": {"forbidden": ["CUSTOM_RACK_R3"]}}"#,
+    r#"{"traits": {"preferred": ["CUSTOM_RACK_R1"]}}"#,
+    r#"{"min_compute_capability": "8.9"}"#,
+];
 
 fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -270,7 +286,11 @@ async fn run(store: Store, hosts: usize, runs: usize, pace: Duration) {
     let gpus = hosts * GPUS_PER_HOST;
     let vm_count = gpus * 10 / CGPUS_PER_VM;
     let (mut config, _dir) = support::test_config(store);
-    config.inventory = common::inventory(hosts, GPUS_PER_HOST, GPU_MIB);
+    let mixed = std::env::var("GSAAS_SCALE_FLEET").is_ok_and(|f| f == "mixed");
+    config.inventory = match mixed {
+        true => common::mixed_inventory(hosts, GPUS_PER_HOST, GPU_MIB),
+        false => common::inventory(hosts, GPUS_PER_HOST, GPU_MIB),
+    };
     // The reconciler's first pass is the one measured; later passes wait.
     config.hosts.reconcile_interval_secs = 3600;
     let CloudConfig::Sim { sim: sim_config } = &mut config.cloud else { unreachable!() };
@@ -322,15 +342,37 @@ async fn run(store: Store, hosts: usize, runs: usize, pace: Duration) {
         "image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 2,
         "gpu_memory_mib": CGPU_MIB, "mode": "shared"
     });
+    // Limits on two models, far above what the runs book: checked, never refusing.
+    let limits = mixed.then(|| {
+        serde_json::json!({"models": {
+            "A100": {"cgpus": 1_000_000}, "H100": {"memory_mib": 1u64 << 40}
+        }})
+    });
+    let bodies: Vec<serde_json::Value> = match mixed {
+        false => vec![launch],
+        true => (MIXED_LAUNCHES.iter())
+            .map(|extra| {
+                let mut body = launch.clone();
+                let extra: serde_json::Value = serde_json::from_str(extra).unwrap();
+                body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+                body
+            })
+            .collect(),
+    };
     let (launches, terminations, admin_vms, member_vms, pool) = as_client(move |http| async move {
+        if let Some(limits) = &limits {
+            let put = http.put(format!("{url}/v1/quotas/p007")).bearer_auth(&admin).json(limits);
+            assert_eq!(put.send().await.unwrap().status(), 200);
+        }
         let (mut launches, mut terminations, mut ids) = (Vec::new(), Vec::new(), Vec::new());
         let mut due = tokio::time::Instant::now();
-        for _ in 0..runs {
+        for run in 0..runs {
             tokio::time::sleep_until(due).await;
             due += pace;
+            let launch = &bodies[run % bodies.len()];
             let started = Instant::now();
             let response =
-                http.post(format!("{url}/v1/vms")).bearer_auth(&member).json(&launch).send().await;
+                http.post(format!("{url}/v1/vms")).bearer_auth(&member).json(launch).send().await;
             let response = response.unwrap();
             launches.push(started.elapsed().as_secs_f64());
             assert_eq!(response.status(), 202);
@@ -360,8 +402,9 @@ async fn run(store: Store, hosts: usize, runs: usize, pace: Duration) {
     let (launch50, launch99) = p50_p99(launches);
     let (term50, term99) = p50_p99(terminations);
 
+    let fleet = if mixed { "a mixed fleet of 8 models, constrained launches" } else { "one model" };
     println!(
-        "\n{store:?}: {hosts} hosts, {gpus} GPUs, {vm_count} VMs, {} cGPUs booked",
+        "\n{store:?}: {hosts} hosts, {gpus} GPUs, {vm_count} VMs, {} cGPUs booked ({fleet})",
         vm_count * CGPUS_PER_VM
     );
     println!(

@@ -7,7 +7,8 @@
 //!
 //! The group `constrained` does the same on a mixed fleet ([`mixed_gpu`]: 8 models, 20 traits)
 //! with requests that cycle through [`constraints`]: none, by model, by trait required, forbidden,
-//! preferred or avoided, by compute capability.
+//! preferred or avoided, by compute capability. `constrained_cycling` cycles through all 255 sets
+//! of its models instead, as a tenant trying to make the pool build an index per request would.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -201,10 +202,43 @@ fn place_and_release_constrained(c: &mut Criterion, sizes: &[usize]) {
     group.finish();
 }
 
+/// A tenant cycling through every set of the mixed fleet's models (255 of 8), one request each,
+/// as an attacker would to make the pool build an index per request.
+fn place_and_release_cycling(c: &mut Criterion, sizes: &[usize]) {
+    let mut group = c.benchmark_group("constrained_cycling");
+    let requests: Vec<Request> = (1u32..256)
+        .map(|set| {
+            let models = (0..MODELS.len()).filter(|b| set & (1 << b) != 0);
+            let models = models.map(|b| MODELS[b].0.to_owned()).collect();
+            let constraints = GpuConstraints { models, ..GpuConstraints::default() };
+            Request::shared(1, 4096).with_constraints(constraints)
+        })
+        .collect();
+    for &gpus in sizes {
+        for policy in ["first-fit", "least-load-fit"] {
+            let mut pool = fragmented_pool(gpus, Selector::Indexed, true);
+            let mut next_vm = u128::MAX / 2;
+            group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
+                b.iter(|| {
+                    next_vm += 1;
+                    let request = &requests[next_vm as usize % requests.len()];
+                    let vm = VmId::from_uuid(Uuid::from_u128(next_vm));
+                    let placement = pool.place(vm, request, policy).expect("the pool has room");
+                    black_box(&placement);
+                    pool.release(&vm);
+                })
+            });
+            pool.audit().expect("bookkeeping intact after the benchmark");
+        }
+    }
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
     let sizes = [1_000, 10_000, 100_000];
     place_and_release(c, "indexed", Selector::Indexed, &sizes);
     place_and_release_constrained(c, &sizes);
+    place_and_release_cycling(c, &sizes[1..]);
     place_and_release(c, "paper_sort_each_request", Selector::SortEachRequest, &sizes);
 }
 

@@ -31,7 +31,7 @@ pub use model::{
     RcudaEndpoint, Request, UsageTotals, VmHost,
 };
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
-pub use pool::{Pool, Rehome, Selector, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};
+pub use pool::{Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};
 pub use quota::{
     Holding, ModelLimits, Quota, QuotaExceeded, QuotaLedger, Resource, Usage, MAX_MODEL_LIMITS,
 };

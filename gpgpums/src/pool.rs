@@ -18,10 +18,15 @@
 //! Requests may constrain which GPUs they take (models, traits, versions: [`GpuConstraints`]). The
 //! pool groups its GPUs by [`GpuKind`] (a fleet has a few kinds), so a request's constraints come
 //! down to a set of kinds, ranked in tiers by its soft constraints. A policy keeps, beside its
-//! indexes over every GPU, indexes over the GPUs of such a set of kinds ([`Subset`]), built the
-//! first time a request needs them and kept current from then on like the others: a constrained
-//! decision stays O(log n) per tier. At most [`MAX_SUBSETS`] are kept per policy, the least
-//! recently used dropped first.
+//! indexes over every GPU, indexes over the GPUs of each kind ([`Subset`]s of one kind, built the
+//! first time a request needs that kind and kept current from then on like the others), so a
+//! tier of k kinds is decided by asking each kind's index for its best and taking the policy's
+//! best of those: O(k log n), whatever the constraints, never a pass over the GPUs. A set of kinds
+//! used enough gets an index of its own (O(log n) again), once the queries it cost past one per
+//! decision add up to what building it costs (a pass over its kinds' GPUs): so a tenant who cycles
+//! through constraint sets pays for each build with as much work of its own first, and cannot make
+//! other requests rebuild theirs at every decision. At most [`MAX_SUBSETS`] sets are kept per
+//! policy, the least recently used dropped first; the kinds' own indexes are always kept.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -144,6 +149,9 @@ struct Views {
     /// Indexes over the GPUs of some kinds only (see the module docs); `None`: a free place.
     subsets: Vec<Option<Subset>>,
     subset_by_kinds: HashMap<Vec<u32>, usize>,
+    /// For each set of several kinds decided by merging its kinds' indexes: the index queries
+    /// that cost beyond one per decision, until it has an index of its own.
+    merge_work: HashMap<Vec<u32>, u64>,
     /// For each kind, the subsets that hold its GPUs.
     subsets_of_kind: Vec<Vec<usize>>,
     /// The filters of the constraints decided under this policy (a fleet's kinds can be many:
@@ -158,6 +166,7 @@ impl Views {
             indexes,
             subsets: Vec::new(),
             subset_by_kinds: HashMap::new(),
+            merge_work: HashMap::new(),
             subsets_of_kind: Vec::new(),
             filters: HashMap::new(),
         }
@@ -166,6 +175,7 @@ impl Views {
     fn drop_subsets(&mut self) {
         self.subsets.clear();
         self.subset_by_kinds.clear();
+        self.merge_work.clear();
         self.subsets_of_kind.clear();
         self.filters.clear();
     }
@@ -176,8 +186,37 @@ impl Views {
 struct Subset {
     kinds: Vec<u32>,
     indexes: [Box<dyn CandidateIndex>; 2],
-    /// When a decision last asked for it, in [`Pool::decisions`].
+    /// When a decision last asked for it, in [`Pool::decisions`] (a kind's own index is kept
+    /// whatever its age).
     last_used: u64,
+}
+
+impl Subset {
+    /// A kind's own index, never dropped.
+    fn is_one_kind(&self) -> bool {
+        self.kinds.len() == 1
+    }
+}
+
+/// What the indexes over subsets of the GPUs have cost since the pool was made (see the module
+/// docs), in index operations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubsetStats {
+    /// Subsets built (a kind's own, or a set's).
+    pub builds: u64,
+    /// GPUs put in subsets as they were built.
+    pub built_gpus: u64,
+    /// Index queries of decisions on merged tiers (a query per kind per decision).
+    pub merged_queries: u64,
+}
+
+/// One rank of a request's admitted kinds, as decisions read it.
+#[derive(Debug, Clone)]
+enum Tier {
+    /// The subset over exactly its kinds.
+    Subset(usize),
+    /// Its kinds' own subsets, merged at each decision (the policy's best of their bests).
+    Merged { kinds: Vec<u32>, subsets: Vec<usize> },
 }
 
 /// A kind of GPU the pool holds, and how many of its GPUs are registered.
@@ -193,9 +232,9 @@ struct Filter {
     /// Per kind, its rank when the request admits it (higher goes first); empty: every GPU
     /// admitted, all of one rank.
     ranks: Vec<Option<i32>>,
-    /// With [`Selector::Indexed`] and `ranks` set: the subsets of the admitted kinds, one per
+    /// With [`Selector::Indexed`] and `ranks` set: the admitted kinds' indexes, one tier per
     /// rank, highest first.
-    tiers: Vec<usize>,
+    tiers: Vec<Tier>,
 }
 
 impl Filter {
@@ -286,6 +325,7 @@ pub struct Pool {
     models: Vec<String>,
     /// Counts decisions that used subsets, to find the least recently used.
     decisions: u64,
+    subset_stats: SubsetStats,
     /// [`Self::admission`]'s answers, by constraints.
     admissions: HashMap<GpuConstraints, Arc<Filter>>,
     /// The filter of no constraint.
@@ -331,6 +371,7 @@ impl Pool {
             models: Vec::new(),
             kind_by_key: HashMap::new(),
             decisions: 0,
+            subset_stats: SubsetStats::default(),
             admissions: HashMap::new(),
             everything: Arc::new(Filter::default()),
             vms: HashMap::new(),
@@ -343,6 +384,11 @@ impl Pool {
             changes: 0,
             host_changes: 0,
         }
+    }
+
+    /// What the indexes over subsets of the GPUs have cost so far (see the module docs).
+    pub fn subset_stats(&self) -> SubsetStats {
+        self.subset_stats
     }
 
     /// How many changes (bookings, releases, inventory) the pool has taken. A failed call leaves it as
@@ -856,7 +902,7 @@ impl Pool {
         if self.views_stale {
             self.rebuild_views();
         }
-        let filter = self.filter(view, &request.constraints)?;
+        let filter = self.filter(view, &request.constraints, request.ncgpus)?;
         let outcome = match request.locality {
             Locality::Local => self.place_local(request, view, &filter),
             Locality::Any | Locality::Remote => self.place_on(request, view, &filter, None, &[]),
@@ -1064,7 +1110,7 @@ impl Pool {
         if self.views_stale {
             self.rebuild_views();
         }
-        let filter = self.filter(view, &request.constraints)?;
+        let filter = self.filter(view, &request.constraints, request.ncgpus)?;
         let (mut cgpus, _) = match self.place_on(request, view, &filter, within.as_deref(), &held) {
             Ok(placed) => placed,
             Err(placeable) if !self.could_ever_attach(request, on_host) => {
@@ -1285,23 +1331,34 @@ impl Pool {
     }
 
     /// How a request with `constraints` sees the pool under `view`: the kinds it admits, ranked,
-    /// with the subsets that index them (built now when missing). Refuses constraints that no
-    /// registered GPU meets, naming the first such. Kept per policy until the kinds change.
-    fn filter(&mut self, view: usize, constraints: &GpuConstraints) -> Result<Arc<Filter>, Error> {
+    /// with the indexes that serve them (a kind's own built now when missing; a set of kinds'
+    /// own once its merges have cost as much, see the module docs). `cgpus`: how many decisions
+    /// the request will make with it. Refuses constraints that no registered GPU meets, naming the
+    /// first such. Kept per policy until the kinds change.
+    fn filter(
+        &mut self,
+        view: usize,
+        constraints: &GpuConstraints,
+        cgpus: u32,
+    ) -> Result<Arc<Filter>, Error> {
         if constraints.is_empty() {
             return Ok(self.everything.clone());
         }
         if let Some(filter) = self.views[view].filters.get(constraints).cloned() {
-            // Its subsets were used now, for the least-recently-used count.
-            self.decisions += 1;
-            let views = &mut self.views[view];
-            for &at in &filter.tiers {
-                views.subsets[at].as_mut().expect("a kept filter's subsets are live").last_used =
-                    self.decisions;
+            if !self.merges_outgrown(view, &filter, cgpus) {
+                // Its subsets were used now, for the least-recently-used count.
+                self.decisions += 1;
+                let views = &mut self.views[view];
+                for tier in &filter.tiers {
+                    if let Tier::Subset(at) = tier {
+                        let subset = views.subsets[*at].as_mut().expect("a kept filter's are live");
+                        subset.last_used = self.decisions;
+                    }
+                }
+                return Ok(filter);
             }
-            return Ok(filter);
         }
-        let filter = Arc::new(self.work_out_filter(view, constraints)?);
+        let filter = Arc::new(self.work_out_filter(view, constraints, cgpus)?);
         let filters = &mut self.views[view].filters;
         if filters.len() >= MAX_CACHED_FILTERS {
             filters.clear();
@@ -1310,11 +1367,48 @@ impl Pool {
         Ok(filter)
     }
 
-    /// [`Self::filter`] worked out: a pass over the kinds, and the subsets found or built.
+    /// Counts the work `cgpus` decisions will cost `filter`'s merged tiers beyond one query each;
+    /// whether a tier has now cost what an index of its own would, or has one since (another
+    /// filter's decisions built it): then the filter is worked out again, and uses it.
+    fn merges_outgrown(&mut self, view: usize, filter: &Filter, cgpus: u32) -> bool {
+        let mut outgrown = false;
+        for tier in &filter.tiers {
+            if let Tier::Merged { kinds, .. } = tier {
+                if self.views[view].subset_by_kinds.contains_key(kinds) {
+                    return true;
+                }
+                let work = self.merge_work(view, kinds, cgpus);
+                outgrown |= work >= self.build_cost(kinds);
+            }
+        }
+        outgrown
+    }
+
+    /// Adds the extra queries of `cgpus` merged decisions over `kinds`; the total so far.
+    fn merge_work(&mut self, view: usize, kinds: &[u32], cgpus: u32) -> u64 {
+        let extra = (kinds.len() as u64 - 1) * u64::from(cgpus.max(1));
+        self.subset_stats.merged_queries += extra + u64::from(cgpus.max(1));
+        let work = &mut self.views[view].merge_work;
+        if work.len() >= MAX_CACHED_FILTERS && !work.contains_key(kinds) {
+            // Bounded: an attacker's sets start over, and so do everyone's (they only build later).
+            work.clear();
+        }
+        let total = work.entry(kinds.to_vec()).or_default();
+        *total += extra;
+        *total
+    }
+
+    /// What building the index of `kinds` costs, in index operations: its GPUs, and a floor.
+    fn build_cost(&self, kinds: &[u32]) -> u64 {
+        8 + kinds.iter().map(|&k| u64::from(self.kinds[k as usize].gpus)).sum::<u64>()
+    }
+
+    /// [`Self::filter`] worked out: a pass over the kinds, and the indexes found or built.
     fn work_out_filter(
         &mut self,
         view: usize,
         constraints: &GpuConstraints,
+        cgpus: u32,
     ) -> Result<Filter, Error> {
         let mut filter = self.admitted_kinds(constraints);
         if filter.is_everything() {
@@ -1336,14 +1430,130 @@ impl Pool {
         }
         self.decisions += 1;
         for rank in ranks {
+            // Kinds without GPUs have nothing to index.
             let kinds: Vec<u32> = (0..)
                 .zip(&filter.ranks)
-                .filter(|&(_, r)| *r == Some(rank))
+                .filter(|&(kind, r)| *r == Some(rank) && self.kinds[kind as usize].gpus > 0)
                 .map(|(kind, _)| kind)
                 .collect();
-            filter.tiers.push(self.subset(view, kinds));
+            if kinds.is_empty() {
+                continue;
+            }
+            let tier = if kinds.len() == 1 {
+                Tier::Subset(self.kind_subsets(view, &kinds)[0])
+            } else if let Some(&at) = self.views[view].subset_by_kinds.get(&kinds) {
+                self.views[view].subsets[at].as_mut().expect("mapped subsets are live").last_used =
+                    self.decisions;
+                Tier::Subset(at)
+            } else if self.merge_work(view, &kinds, cgpus) >= self.build_cost(&kinds) {
+                self.views[view].merge_work.remove(&kinds);
+                Tier::Subset(self.subset(view, kinds))
+            } else {
+                let subsets = self.kind_subsets(view, &kinds);
+                Tier::Merged { kinds, subsets }
+            };
+            filter.tiers.push(tier);
         }
         Ok(filter)
+    }
+
+    /// The subsets of one kind each of `kinds` (sorted), those missing built now in one pass over
+    /// the GPUs.
+    fn kind_subsets(&mut self, view: usize, kinds: &[u32]) -> Vec<usize> {
+        let missing: Vec<u32> = kinds
+            .iter()
+            .copied()
+            .filter(|&k| !self.views[view].subset_by_kinds.contains_key(&vec![k]))
+            .collect();
+        if !missing.is_empty() {
+            self.build_subsets(view, missing.iter().map(|&k| vec![k]).collect());
+        }
+        let views = &self.views[view];
+        kinds.iter().map(|&k| views.subset_by_kinds[&vec![k]]).collect()
+    }
+
+    /// The subset of `view` over the GPUs of `kinds` (sorted, several), built now; drops the
+    /// least recently used set when [`MAX_SUBSETS`] are live, unless this decision uses them all.
+    fn subset(&mut self, view: usize, kinds: Vec<u32>) -> usize {
+        let now = self.decisions;
+        let views = &mut self.views[view];
+        let live = views.subsets.iter().flatten().filter(|s| !s.is_one_kind()).count();
+        if live >= MAX_SUBSETS {
+            let oldest = (views.subsets.iter().enumerate())
+                .filter_map(|(at, s)| s.as_ref().map(|s| (s, at)))
+                .filter(|(s, _)| !s.is_one_kind() && s.last_used < now)
+                .map(|(s, at)| (s.last_used, at))
+                .min();
+            if let Some((_, at)) = oldest {
+                let gone = views.subsets[at].take().expect("found live");
+                views.subset_by_kinds.remove(&gone.kinds);
+                for &kind in &gone.kinds {
+                    views.subsets_of_kind[kind as usize].retain(|&s| s != at);
+                }
+                // Kept filters may name it.
+                views.filters.clear();
+            }
+        }
+        self.build_subsets(view, vec![kinds])[0]
+    }
+
+    /// Makes a subset over each of `sets` (sorted kinds) and fills them in one pass over the GPUs.
+    fn build_subsets(&mut self, view: usize, sets: Vec<Vec<u32>>) -> Vec<usize> {
+        let now = self.decisions;
+        let kind_count = self.kinds.len();
+        let slots = self.gpus.len() as u32;
+        let views = &mut self.views[view];
+        views.subsets_of_kind.resize_with(kind_count, Vec::new);
+        let mut made = Vec::with_capacity(sets.len());
+        for kinds in sets {
+            let policy = &views.policy;
+            let subset = Subset {
+                kinds: kinds.clone(),
+                indexes: [policy.new_index(slots), policy.new_index(slots)],
+                last_used: now,
+            };
+            let at = match views.subsets.iter().position(Option::is_none) {
+                Some(at) => {
+                    views.subsets[at] = Some(subset);
+                    at
+                }
+                None => {
+                    views.subsets.push(Some(subset));
+                    views.subsets.len() - 1
+                }
+            };
+            for &kind in &kinds {
+                views.subsets_of_kind[kind as usize].push(at);
+            }
+            views.subset_by_kinds.insert(kinds, at);
+            made.push(at);
+        }
+        self.subset_stats.builds += made.len() as u64;
+        if self.indexes_live() {
+            // Per kind, the new subsets its GPUs go in.
+            let mut into: Vec<Vec<usize>> = vec![Vec::new(); kind_count];
+            for &at in &made {
+                let subset = self.views[view].subsets[at].as_ref().expect("made above");
+                for &kind in &subset.kinds {
+                    into[kind as usize].push(at);
+                }
+            }
+            for slot in 0..slots {
+                let gpu = &self.gpus[slot as usize];
+                let into = &into[gpu.kind as usize];
+                if into.is_empty() || !self.eligible(slot) {
+                    continue;
+                }
+                self.subset_stats.built_gpus += into.len() as u64;
+                let belongs = [gpu.can_take_shared(), gpu.is_idle()];
+                let candidate = self.candidate(slot);
+                for &at in into {
+                    let subset = self.views[view].subsets[at].as_mut().expect("made above");
+                    update_pair(&mut subset.indexes, &candidate, belongs, true);
+                }
+            }
+        }
+        made
     }
 
     /// The refusal of constraints that no registered GPU meets: the first hard constraint (in
@@ -1395,70 +1605,6 @@ impl Pool {
             return Error::invalid(field, reason);
         }
         Error::invalid("gpu_model", "no GPU in the pool meets these constraints")
-    }
-
-    /// The subset of `view` over the GPUs of `kinds` (sorted), built now when missing; drops the
-    /// least recently used when [`MAX_SUBSETS`] are live, unless this decision uses them all.
-    fn subset(&mut self, view: usize, kinds: Vec<u32>) -> usize {
-        let now = self.decisions;
-        let kind_count = self.kinds.len();
-        let views = &mut self.views[view];
-        if let Some(&at) = views.subset_by_kinds.get(&kinds) {
-            views.subsets[at].as_mut().expect("mapped subsets are live").last_used = now;
-            return at;
-        }
-        let live = views.subsets.iter().flatten().count();
-        if live >= MAX_SUBSETS {
-            let oldest = (views.subsets.iter().enumerate())
-                .filter_map(|(at, s)| s.as_ref().map(|s| (s.last_used, at)))
-                .filter(|&(used, _)| used < now)
-                .min();
-            if let Some((_, at)) = oldest {
-                let gone = views.subsets[at].take().expect("found live");
-                views.subset_by_kinds.remove(&gone.kinds);
-                for &kind in &gone.kinds {
-                    views.subsets_of_kind[kind as usize].retain(|&s| s != at);
-                }
-                // Kept filters may name it.
-                views.filters.clear();
-            }
-        }
-        let slots = self.gpus.len() as u32;
-        let policy = &views.policy;
-        let subset = Subset {
-            kinds: kinds.clone(),
-            indexes: [policy.new_index(slots), policy.new_index(slots)],
-            last_used: now,
-        };
-        let at = match views.subsets.iter().position(Option::is_none) {
-            Some(at) => {
-                views.subsets[at] = Some(subset);
-                at
-            }
-            None => {
-                views.subsets.push(Some(subset));
-                views.subsets.len() - 1
-            }
-        };
-        views.subsets_of_kind.resize_with(kind_count, Vec::new);
-        for &kind in &kinds {
-            views.subsets_of_kind[kind as usize].push(at);
-        }
-        views.subset_by_kinds.insert(kinds, at);
-        if self.indexes_live() {
-            for slot in 0..slots {
-                let gpu = &self.gpus[slot as usize];
-                let subset = self.views[view].subsets[at].as_ref().expect("made above");
-                if !self.eligible(slot) || subset.kinds.binary_search(&gpu.kind).is_err() {
-                    continue;
-                }
-                let belongs = [gpu.can_take_shared(), gpu.is_idle()];
-                let candidate = self.candidate(slot);
-                let subset = self.views[view].subsets[at].as_mut().expect("made above");
-                update_pair(&mut subset.indexes, &candidate, belongs, true);
-            }
-        }
-        at
     }
 
     /// Runs `change`, which may alter anything the slots' candidates depend on, keeping indexes right.
@@ -1620,9 +1766,18 @@ impl Pool {
                     let indexes = views.indexes.as_ref().expect("indexed views have indexes");
                     return indexes[index_for(mode)].best(need);
                 }
-                filter.tiers.iter().find_map(|&at| {
+                let best = |at: usize| {
                     let subset = views.subsets[at].as_ref().expect("a filter's subsets are live");
                     subset.indexes[index_for(mode)].best(need)
+                };
+                filter.tiers.iter().find_map(|tier| match tier {
+                    Tier::Subset(at) => best(*at),
+                    Tier::Merged { subsets, .. } => subsets
+                        .iter()
+                        .filter_map(|&at| best(at))
+                        .map(|slot| self.candidate(slot))
+                        .min_by(|a, b| views.policy.compare(a, b))
+                        .map(|c| c.slot),
                 })
             }
             Selector::Scan => self.scan(view, mode, need, filter, all),

@@ -311,3 +311,56 @@ fn a_gpu_whose_attributes_change_keeps_its_cgpus_and_is_chosen_by_its_new_kind()
         pool.audit().unwrap();
     }
 }
+
+/// A tenant that cycles through every set of models (255 of 8) cannot make the pool build an
+/// index per request: a set gets an index of its own only once merging its kinds' indexes has
+/// cost as many index operations as building it, so what builds cost stays within what the
+/// requests themselves cost (plus one pass for the kinds' own indexes). Another tenant's set is
+/// decided all along, the same as the reference scan would.
+#[test]
+fn cycling_through_constraint_sets_cannot_force_an_index_build_per_request() {
+    const MODELS: [&str; 8] = ["T4", "A10", "L4", "L40S", "A30", "A100", "H100", "H200"];
+    let mut pools: Vec<Pool> = [Selector::Indexed, Selector::Scan]
+        .into_iter()
+        .map(|selector| {
+            let mut pool = Pool::with(gpgpums::PolicyRegistry::builtin(), selector);
+            for (h, &model) in MODELS.iter().enumerate() {
+                add_model_host(&mut pool, &format!("h{h}"), &[(model, 16384); 50]);
+            }
+            pool
+        })
+        .collect();
+    let gpus = 400;
+    let victim = Request::shared(1, 1024).with_constraints(GpuConstraints {
+        models: strings(&["A100", "H100", "H200"]),
+        ..GpuConstraints::default()
+    });
+    let mut decisions = 0u64;
+    for round in 0..4u128 {
+        for set in 1u32..256 {
+            let models = (0..8).filter(|b| set & (1 << b) != 0).map(|b| MODELS[b].to_owned());
+            let constraints = GpuConstraints { models: models.collect(), ..Default::default() };
+            let attacker = Request::shared(1, 1024).with_constraints(constraints);
+            let n = round * 1000 + u128::from(set);
+            let mut placed = Vec::new();
+            for pool in &mut pools {
+                let a = pool.place(vm(n), &attacker, "least-load-fit").unwrap();
+                let v = pool.place(vm(1_000_000 + n), &victim, "least-load-fit").unwrap();
+                placed.push((a.cgpus, v.cgpus));
+                pool.release(&vm(n));
+                pool.release(&vm(1_000_000 + n));
+            }
+            assert_eq!(placed[0], placed[1], "indexed and reference disagree at set {set}");
+            decisions += 2;
+        }
+    }
+    let stats = pools[0].subset_stats();
+    assert!(stats.merged_queries > 0, "{stats:?}");
+    assert!(
+        stats.built_gpus <= stats.merged_queries + gpus,
+        "building cost {} GPU insertions for {} decisions that queried {} times: {stats:?}",
+        stats.built_gpus,
+        decisions,
+        stats.merged_queries
+    );
+}

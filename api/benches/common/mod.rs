@@ -70,6 +70,38 @@ pub fn inventory(hosts: usize, gpus_per_host: usize, gpu_mib: u64) -> Vec<Invent
         .collect()
 }
 
+/// The models of [`mixed_inventory`], with their compute capability.
+pub const MIXED_MODELS: [(&str, &str); 8] = [
+    ("T4", "7.5"),
+    ("A10", "8.6"),
+    ("L4", "8.9"),
+    ("L40S", "8.9"),
+    ("A100", "8.0"),
+    ("H100", "9.0"),
+    ("H200", "9.0"),
+    ("B200", "10.0"),
+];
+
+/// [`inventory`] of a mixed fleet: host `h` has GPUs of one model (`h` mod 8), in rack `h` mod
+/// 10 (`CUSTOM_RACK_R<n>`), with NVLink on one host in three.
+pub fn mixed_inventory(hosts: usize, gpus_per_host: usize, gpu_mib: u64) -> Vec<InventoryHost> {
+    let mut inventory = inventory(hosts, gpus_per_host, gpu_mib);
+    for (h, host) in inventory.iter_mut().enumerate() {
+        let (model, cc) = MIXED_MODELS[h % MIXED_MODELS.len()];
+        let mut traits = std::collections::BTreeSet::from([format!("CUSTOM_RACK_R{}", h % 10)]);
+        if h % 3 == 0 {
+            traits.insert("CUSTOM_NVLINK".to_owned());
+        }
+        host.gpus = vec![InventoryGpu {
+            compute_capability: Some(cc.parse().unwrap()),
+            cuda_version: Some("12.4".parse().unwrap()),
+            traits,
+            ..InventoryGpu::of(model, gpu_mib, gpus_per_host as u32)
+        }];
+    }
+    inventory
+}
+
 pub fn sh(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));

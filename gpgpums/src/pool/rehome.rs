@@ -118,7 +118,8 @@ impl Pool {
             self.rebuild_views();
         }
         // Constraints no GPU meets any more (its kind withdrawn): no GPU takes it.
-        let filter = self.filter(view, &request.constraints).map_err(|_| shortfall())?;
+        let filter =
+            self.filter(view, &request.constraints, request.ncgpus).map_err(|_| shortfall())?;
         // The VM still holds the old slot while the new one is taken (it counts among its GPUs and
         // hosts), and must not get it back.
         let mut held = kept.clone();
