@@ -177,35 +177,16 @@ fn place_and_release(c: &mut Criterion, group_name: &str, selector: Selector, si
 
 /// [`place_and_release`] on a mixed fleet, the requests cycling through [`constraints`].
 fn place_and_release_constrained(c: &mut Criterion, sizes: &[usize]) {
-    let mut group = c.benchmark_group("constrained");
     let requests: Vec<Request> = constraints()
         .into_iter()
         .map(|constraints| Request::shared(1, 4096).with_constraints(constraints))
         .collect();
-    for &gpus in sizes {
-        for policy in POLICIES {
-            let mut pool = fragmented_pool(gpus, Selector::Indexed, true);
-            let mut next_vm = u128::MAX / 2;
-            group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
-                b.iter(|| {
-                    next_vm += 1;
-                    let request = &requests[next_vm as usize % requests.len()];
-                    let vm = VmId::from_uuid(Uuid::from_u128(next_vm));
-                    let placement = pool.place(vm, request, policy).expect("the pool has room");
-                    black_box(&placement);
-                    pool.release(&vm);
-                })
-            });
-            pool.audit().expect("bookkeeping intact after the benchmark");
-        }
-    }
-    group.finish();
+    place_and_release_cycling(c, "constrained", &requests, sizes, &POLICIES);
 }
 
 /// A tenant cycling through every set of the mixed fleet's models (255 of 8), one request each,
 /// as an attacker would to make the pool build an index per request.
-fn place_and_release_cycling(c: &mut Criterion, sizes: &[usize]) {
-    let mut group = c.benchmark_group("constrained_cycling");
+fn place_and_release_model_sets(c: &mut Criterion, sizes: &[usize]) {
     let requests: Vec<Request> = (1u32..256)
         .map(|set| {
             let models = (0..MODELS.len()).filter(|b| set & (1 << b) != 0);
@@ -214,8 +195,21 @@ fn place_and_release_cycling(c: &mut Criterion, sizes: &[usize]) {
             Request::shared(1, 4096).with_constraints(constraints)
         })
         .collect();
+    let policies = ["first-fit", "least-load-fit"];
+    place_and_release_cycling(c, "constrained_cycling", &requests, sizes, &policies);
+}
+
+/// [`place_and_release`] on a mixed fleet, each request the next of `requests`.
+fn place_and_release_cycling(
+    c: &mut Criterion,
+    group_name: &str,
+    requests: &[Request],
+    sizes: &[usize],
+    policies: &[&str],
+) {
+    let mut group = c.benchmark_group(group_name);
     for &gpus in sizes {
-        for policy in ["first-fit", "least-load-fit"] {
+        for &policy in policies {
             let mut pool = fragmented_pool(gpus, Selector::Indexed, true);
             let mut next_vm = u128::MAX / 2;
             group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
@@ -238,7 +232,7 @@ fn benches(c: &mut Criterion) {
     let sizes = [1_000, 10_000, 100_000];
     place_and_release(c, "indexed", Selector::Indexed, &sizes);
     place_and_release_constrained(c, &sizes);
-    place_and_release_cycling(c, &sizes[1..]);
+    place_and_release_model_sets(c, &sizes[1..]);
     place_and_release(c, "paper_sort_each_request", Selector::SortEachRequest, &sizes);
 }
 

@@ -323,6 +323,9 @@ pub struct Pool {
     kind_by_key: HashMap<GpuKind, u32>,
     /// The models of the kinds with GPUs, each once, in name order (see [`Self::models`]).
     models: Vec<String>,
+    /// The kind of the GPU whose kind was last worked out, with its model and attributes (see
+    /// [`Self::kind_of`]).
+    last_kind: Option<(u32, String, GpuAttributes)>,
     /// Counts decisions that used subsets, to find the least recently used.
     decisions: u64,
     subset_stats: SubsetStats,
@@ -369,6 +372,7 @@ impl Pool {
             gpu_by_id: HashMap::new(),
             kinds: Vec::new(),
             models: Vec::new(),
+            last_kind: None,
             kind_by_key: HashMap::new(),
             decisions: 0,
             subset_stats: SubsetStats::default(),
@@ -538,6 +542,20 @@ impl Pool {
 
     /// The kind of the GPU `spec` describes, registered as one more of it.
     fn kind_of(&mut self, spec: &GpuSpec) -> u32 {
+        // A host's GPUs come one after another and are mostly alike: the last kind first, by
+        // what makes it (not the UUID), before working out a key (a loaded pool adds 100,000).
+        if let Some((kind, model, last)) = &self.last_kind {
+            let a = &spec.attributes;
+            if *model == spec.model
+                && last.compute_capability == a.compute_capability
+                && last.cuda_version == a.cuda_version
+                && last.traits == a.traits
+            {
+                let kind = *kind;
+                self.count_kind(kind, true);
+                return kind;
+            }
+        }
         let key = GpuKind::of(&spec.model, &spec.attributes);
         let kind = match self.kind_by_key.get(&key) {
             Some(&kind) => kind,
@@ -550,6 +568,8 @@ impl Pool {
             }
         };
         self.count_kind(kind, true);
+        let attributes = GpuAttributes { uuid: None, ..spec.attributes.clone() };
+        self.last_kind = Some((kind, spec.model.clone(), attributes));
         kind
     }
 

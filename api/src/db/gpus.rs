@@ -10,11 +10,29 @@ use super::corrupt;
 use crate::error::Error;
 use crate::model::*;
 
-fn gpu_from_row(row: &AnyRow) -> Result<GpuRecord, Error> {
+/// The attributes stored as `text`, parsed once per run of rows that store the same (a host's
+/// GPUs mostly do; a pool's load reads 100,000): `last` keeps the last parsed.
+fn attributes(
+    text: String,
+    last: &mut Option<(String, gpgpums::GpuAttributes)>,
+) -> Result<gpgpums::GpuAttributes, Error> {
+    if let Some((_, parsed)) = last.as_ref().filter(|(seen, _)| *seen == text) {
+        return Ok(parsed.clone());
+    }
+    let parsed: gpgpums::GpuAttributes =
+        serde_json::from_str(&text).map_err(|_| corrupt("GPU attributes", &text))?;
+    *last = Some((text, parsed.clone()));
+    Ok(parsed)
+}
+
+fn gpu_from_row(
+    row: &AnyRow,
+    last: &mut Option<(String, gpgpums::GpuAttributes)>,
+) -> Result<GpuRecord, Error> {
     let id: String = row.try_get("id")?;
     let host: String = row.try_get("host")?;
     let address: String = row.try_get("rcuda_address")?;
-    let attributes: String = row.try_get("attributes")?;
+    let attributes = attributes(row.try_get("attributes")?, last)?;
     Ok(GpuRecord {
         id: GpuId::new(&id).map_err(|_| corrupt("GPU id", &id))?,
         host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
@@ -25,8 +43,7 @@ fn gpu_from_row(row: &AnyRow) -> Result<GpuRecord, Error> {
         rcuda_port: row.try_get::<i64, _>("rcuda_port")? as u16,
         rcuda_gpu_number: row.try_get::<i64, _>("rcuda_gpu_number")? as u32,
         health: row.try_get("health")?,
-        attributes: serde_json::from_str(&attributes)
-            .map_err(|_| corrupt("GPU attributes", &attributes))?,
+        attributes,
     })
 }
 
@@ -41,7 +58,8 @@ pub async fn gpus(conn: &mut AnyConnection) -> Result<Vec<GpuRecord>, Error> {
     ))
     .fetch_all(conn)
     .await?;
-    rows.iter().map(gpu_from_row).collect()
+    let mut last = None;
+    rows.iter().map(|row| gpu_from_row(row, &mut last)).collect()
 }
 
 /// One host's GPUs, in index order: a registration or heartbeat reads its own host's, not the
@@ -55,7 +73,8 @@ pub async fn gpus_of_host(
             .bind(host.as_str())
             .fetch_all(conn)
             .await?;
-    rows.iter().map(gpu_from_row).collect()
+    let mut last = None;
+    rows.iter().map(|row| gpu_from_row(row, &mut last)).collect()
 }
 
 /// Adds a GPU, claiming its rCUDA endpoint (see [`rcuda_endpoint_holder`]): a claim another GPU
@@ -121,7 +140,7 @@ pub async fn rcuda_endpoint_holder(
     .bind(i64::from(gpu.rcuda_gpu_number))
     .fetch_optional(conn)
     .await?;
-    row.as_ref().map(gpu_from_row).transpose()
+    row.as_ref().map(|row| gpu_from_row(row, &mut None)).transpose()
 }
 
 /// Claims the rCUDA endpoint of a GPU that holds none although it is routable (one quarantined
@@ -134,7 +153,9 @@ pub async fn claim_rcuda_endpoint(conn: &mut AnyConnection, id: &GpuId) -> Resul
     .bind(id.as_str())
     .fetch_optional(&mut *conn)
     .await?;
-    let Some(gpu) = row.as_ref().map(gpu_from_row).transpose()? else { return Ok(()) };
+    let Some(gpu) = row.as_ref().map(|row| gpu_from_row(row, &mut None)).transpose()? else {
+        return Ok(());
+    };
     if !claims_endpoint(&gpu) {
         return Ok(());
     }
