@@ -795,7 +795,8 @@ impl Pool {
         let slot = *self.gpu_by_id.get(gpu)?;
         let entry = &self.gpus[slot as usize];
         let host = &self.hosts[entry.host as usize];
-        let admitted = constraints.admits(&self.kinds[entry.kind as usize].kind);
+        let admitted =
+            constraints.is_empty() || constraints.admits(&self.kinds[entry.kind as usize].kind);
         Some(Room {
             slot,
             host: host.id.clone(),
