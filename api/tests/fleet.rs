@@ -255,10 +255,13 @@ async fn per_model_limits_steer_launches_refuse_naming_the_model_and_show_use(st
         })
     );
     // Bad limits per model are refused naming the field, and change nothing.
+    let many_models: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("M{i}"), json!({"cgpus": 1}))).collect();
     for (body, field) in [
         (json!({"models": {"": {"cgpus": 1}}}), "models"),
         (json!({"models": {"H100": {"gpus": 1}}}), "models"),
         (json!({"models": {"H100": {"cgpus": 1u64 << 60}}}), "models.H100.cgpus"),
+        (json!({"models": many_models}), "models"),
     ] {
         let (status, problem) = t.put(&admin, "/v1/quotas/alpha", &body).await;
         assert_eq!(status, 422, "{body}: {problem}");

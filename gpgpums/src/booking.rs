@@ -43,10 +43,7 @@ pub fn book_within_model_limits<T>(
         Err(Error::InvalidRequest { .. })
         | Err(Error::InsufficientCapacity(Shortfall { never_fits: true, .. })) => {
             if could_ever(pool, request) {
-                let first = quotas
-                    .within_model_limits(project, request, &[])
-                    .err()
-                    .or_else(|| quotas.first_blocked(project, request, &narrowed));
+                let first = quotas.first_blocked(project, request, &narrowed);
                 Err(Refusal::Quota(first.expect("a model was taken out for a limit")))
             } else {
                 // As asked, it never fits either: the pool says why.
