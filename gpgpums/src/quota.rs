@@ -401,11 +401,7 @@ impl QuotaLedger {
         if !self.model_rooms(project, quota).any(is_blocked) {
             return Ok(Cow::Borrowed(request));
         }
-        let held = self.model_usage.get(project);
-        let blocked = |model: &str| -> Option<QuotaExceeded> {
-            let in_use = held.and_then(|h| h.get(model)).copied().unwrap_or_default();
-            quota.check_model(project, model, in_use, asked).err()
-        };
+        let blocked = |model: &str| self.check_model_use(project, quota, model, asked).err();
         let mut allowed: Vec<String> =
             candidates.iter().filter(|m| blocked(m).is_none()).cloned().collect();
         if allowed.is_empty() {
@@ -428,11 +424,22 @@ impl QuotaLedger {
     ) -> Option<QuotaExceeded> {
         let quota = self.quota(project);
         let asked = Usage::asked(request).of_model();
-        let held = self.model_usage.get(project);
-        quota.models.keys().filter(|m| !narrowed.constraints.models.contains(m)).find_map(|model| {
-            let in_use = held.and_then(|h| h.get(model.as_str())).copied().unwrap_or_default();
-            quota.check_model(project, model, in_use, asked).err()
-        })
+        let mut taken_out =
+            quota.models.keys().filter(|m| !narrowed.constraints.models.contains(m));
+        taken_out.find_map(|model| self.check_model_use(project, quota, model, asked).err())
+    }
+
+    /// Whether `project`, holding what it holds of `model`, may book `requested` more of it
+    /// under `quota`'s limits on that model.
+    fn check_model_use(
+        &self,
+        project: &ProjectId,
+        quota: &Quota,
+        model: &str,
+        requested: Usage,
+    ) -> Result<(), QuotaExceeded> {
+        let held = self.model_usage.get(project).and_then(|h| h.get(model));
+        quota.check_model(project, model, held.copied().unwrap_or_default(), requested)
     }
 
     /// The highest priority `project`'s requests may ask for, if any (see [`Quota::max_priority`]).
@@ -539,10 +546,8 @@ impl QuotaLedger {
         }
         self.check(project, holding.usage, vms_in_use)?;
         let quota = self.quota(project);
-        let held = self.model_usage.get(project);
         for (model, usage) in &holding.models {
-            let in_use = held.and_then(|h| h.get(model.as_str())).copied().unwrap_or_default();
-            quota.check_model(project, model, in_use, *usage)?;
+            self.check_model_use(project, quota, model, *usage)?;
         }
         self.record(vm, project, holding);
         Ok(())
