@@ -67,6 +67,22 @@ pub struct GpuReportBody {
     /// Why the GPU is unhealthy; absent: healthy.
     #[serde(default)]
     pub unhealthy: Option<String>,
+    /// CUDA compute capability (`"8.0"`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<String>,
+    /// The CUDA version its driver supports (`"12.4"`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// os-traits names or the operator's own (`CUSTOM_...`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub traits: Vec<String>,
+    /// Set for a partition (a MIG instance): `parent` is the id of another GPU of the report,
+    /// with a lower index and room for it (no partition bigger than its parent, and a parent's
+    /// partitions together no bigger either).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<crate::PartitionView>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

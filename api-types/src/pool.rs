@@ -51,6 +51,27 @@ pub struct GpuView {
     /// requests' `traits` match.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub traits: Vec<String>,
+    /// Set when it is a partition (a MIG instance) of another GPU of the host, whose taint,
+    /// health and evacuation cover it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<PartitionView>,
+    /// How many partitions it has: a partitioned GPU takes cGPUs through them only, never
+    /// whole. Left out when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub partitions: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Where a partition comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PartitionView {
+    /// The id of the GPU it is carved from.
+    pub parent: String,
+    /// Its profile, as NVIDIA names it (`1g.10gb`).
+    pub profile: String,
 }
 
 /// `POST /v1/gpus/{id}/taint`.

@@ -291,7 +291,8 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
     out
 }
 
-/// The pool by GPU model: what a fleet of several generations is asked for and has left.
+/// The pool by GPU model: what a fleet of several generations is asked for and has left. A
+/// partition (a MIG instance) is a GPU of its model (`A100 MIG 3g.40gb`).
 fn render_models(out: &mut String, gpus: &[gpgpums::GpuUsage]) {
     #[derive(Default)]
     struct Sums {
@@ -302,7 +303,8 @@ fn render_models(out: &mut String, gpus: &[gpgpums::GpuUsage]) {
         idle: u64,
     }
     let mut by_model: BTreeMap<&str, Sums> = Default::default();
-    for g in gpus {
+    // A partitioned GPU counts through its partitions (each of its model), as in the totals.
+    for g in gpus.iter().filter(|g| g.partitions == 0) {
         let sums = by_model.entry(g.model.as_str()).or_default();
         sums.gpus += 1;
         sums.memory += g.memory_mib;

@@ -251,11 +251,14 @@ pub struct GpuRecord {
     pub health: Option<String>,
     /// Compute capability, CUDA version, UUID and traits, as far as known.
     pub attributes: gpgpums::GpuAttributes,
+    /// Set for a partition (a MIG instance) of another GPU of the host.
+    pub partition: Option<gpgpums::Partition>,
 }
 
 impl GpuRecord {
     /// The same device at the same place, whatever its health and attributes (a driver upgrade
-    /// changes its CUDA version, an operator its traits: it keeps its cGPUs).
+    /// changes its CUDA version, an operator its traits: it keeps its cGPUs). A partition of
+    /// another parent or profile is another device.
     pub fn same_device(&self, other: &GpuRecord) -> bool {
         let bare = |gpu: &GpuRecord| GpuRecord {
             health: None,
@@ -279,6 +282,7 @@ impl GpuRecord {
                 gpu_number: self.rcuda_gpu_number,
             },
             attributes: self.attributes.clone(),
+            partition: self.partition.clone(),
         }
     }
 }

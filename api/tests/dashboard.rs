@@ -3,7 +3,8 @@
 //! tenant launches a VM through the form (after seeing a field error), sees it ready with its stage
 //! timings and no GPU locations, grows another by a cGPU and shrinks it (after seeing a field error
 //! and a 507), queues a launch and cancels it, queues an attach that starts when GPUs free,
-//! terminates one; an admin sees the hosts' GPU bars and drains a host.
+//! terminates one; an admin sees the hosts' GPU bars (partitions naming their parent) and drains a
+//! host.
 //!
 //! Needs `node` (18 or later) and `chromium` (`CHROMIUM` overrides `/usr/bin/chromium`); without them
 //! the test fails, it does not skip. `npm ci` runs in `api/tests/dashboard/` when playwright-core is
@@ -139,10 +140,28 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
         };
         // The launch form asks for priority 5.
         config.quotas.max_priority = 100;
+        // An A100 in two partitions, on a host drained below (so the testbed's room is as it was).
+        let mut a100 = gsaasd::config::InventoryGpu::of("A100", 81920, 1);
+        a100.partitions = vec![gsaasd::config::InventoryPartition {
+            profile: "3g.40gb".into(),
+            memory_mib: 40960,
+            count: 2,
+            model: None,
+            traits: Default::default(),
+        }];
+        config.inventory = config.inventory();
+        config.inventory.push(gsaasd::config::InventoryHost {
+            name: "mig0".parse().unwrap(),
+            kind: gpgpums::HostKind::ComputeGpu,
+            gpus: vec![a100],
+            gpu_network_address: None,
+        });
     })
     .await;
     let tenant = t.member();
     let admin = t.admin();
+    let (status, _) = t.post(&admin, "/v1/hosts/mig0/drain", &serde_json::json!({})).await;
+    assert_eq!(status, 200);
     // The tenant's project has limits of its own, which the page shows and enforces; one per
     // GPU model too.
     let limits = serde_json::json!({
@@ -259,7 +278,7 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
         .filter(|h| h["state"] == "drained")
         .map(|h| h["name"].as_str().unwrap())
         .collect();
-    assert_eq!(drained, [drain_host.as_str()]);
+    assert_eq!(drained, [drain_host.as_str(), "mig0"], "the browser drained its host");
 
     for name in
         ["dashboard-pool.png", "dashboard-vm.png", "dashboard-elastic.png", "dashboard-queue.png"]

@@ -236,6 +236,7 @@ async fn endpoints_claimed_twice_before_are_quarantined_and_never_again(store: S
         rcuda_gpu_number: 0,
         health: None,
         attributes: Default::default(),
+        partition: None,
     };
     let err = gsaasd::db::insert_gpu(&mut tx, &gpu).await.unwrap_err();
     assert!(matches!(err, gsaasd::error::Error::Conflict(_)), "{err}");

@@ -1,6 +1,7 @@
 //! A fleet of several GPU models (issue [3/6]): requests by model, trait and version through the
 //! API on both stores, refusals that name the constraint and book nothing, attaches that follow
-//! the VM's constraints, and the pool and /metrics showing what each GPU is; quotas per model.
+//! the VM's constraints, and the pool and /metrics showing what each GPU is; quotas per model;
+//! partitions of GPUs (MIG instances).
 
 use crate::{on_both_stores, support};
 
@@ -231,7 +232,211 @@ async fn agents_report_what_their_gpus_are_and_a_change_keeps_their_cgpus(store:
     assert_eq!(t.post(&t.member(), "/v1/vms", &newer).await.0, 202);
 }
 
+/// g1: an A100 of 80 GiB in two `3g.40gb` partitions, and a T4; a compute-rgpu host.
+async fn partitioned_fleet(store: Store) -> TestService {
+    TestService::start_with(store, |config| {
+        let mut a100 = gpus("A100", "8.0", &["CUSTOM_NVLINK"], 1);
+        a100.memory_mib = 81920;
+        a100.partitions = vec![gsaasd::config::InventoryPartition {
+            profile: "3g.40gb".into(),
+            memory_mib: 40960,
+            count: 2,
+            model: None,
+            traits: ["CUSTOM_MIG".to_owned()].into(),
+        }];
+        config.inventory = vec![
+            InventoryHost {
+                name: "g1".parse().unwrap(),
+                kind: HostKind::ComputeGpu,
+                gpus: vec![a100, gpus("T4", "7.5", &[], 1)],
+                gpu_network_address: None,
+            },
+            InventoryHost {
+                name: "r1".parse().unwrap(),
+                kind: HostKind::ComputeRgpu,
+                gpus: vec![],
+                gpu_network_address: None,
+            },
+        ];
+    })
+    .await
+}
+
+/// Partitions (MIG instances) through the API: each a GPU of its own with its model, profile
+/// and parent in the pool view, the partitioned GPU never booked whole (no model of the
+/// fleet's), the parent's taint covering its partitions, an evacuation of the parent moving
+/// its partitions' cGPUs off it (never onto a sibling), and /metrics counting partitions.
+async fn partitions_are_gpus_of_their_own_and_their_parent_covers_them(store: Store) {
+    let t = partitioned_fleet(store).await;
+    let (admin, member) = (t.admin(), t.member());
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    let gpus = pool["hosts"][0]["gpus"].as_array().unwrap().clone();
+    let gpu = |id: &str| gpus.iter().find(|g| g["id"] == id).unwrap_or_else(|| panic!("{id}"));
+    assert_eq!(gpu("g1:gpu0")["partitions"], 2, "{pool}");
+    assert!(gpu("g1:gpu1").get("partitions").is_none(), "left out when none: {pool}");
+    for id in ["g1:gpu2", "g1:gpu3"] {
+        assert_eq!(gpu(id)["partition"], json!({"parent": "g1:gpu0", "profile": "3g.40gb"}));
+        assert_eq!(gpu(id)["model"], "A100 MIG 3g.40gb");
+        let traits = gpu(id)["traits"].as_array().unwrap();
+        assert!(traits.contains(&json!("CUSTOM_MIG")) && traits.contains(&json!("CUSTOM_NVLINK")));
+    }
+    assert_eq!(pool["totals"]["gpus"], 3, "the A100 counts through its partitions: {pool}");
+    assert_eq!(pool["totals"]["memory_mib"], 2 * 40960 + 16384);
+
+    // A whole A100 is no model of the fleet's: refused at once, naming the models there are.
+    let (status, problem) =
+        t.post(&member, "/v1/vms", &launch(1, json!({"gpu_model": "A100"}))).await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("gpu_model")), "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("A100 MIG 3g.40gb"), "{problem}");
+    let by_trait = launch(1, json!({"traits": {"required": ["CUSTOM_MIG"]}}));
+    let on_part = t.launch(&member, &by_trait).await;
+    t.wait_state(&member, &on_part, "ready").await;
+    assert_eq!(models_of(&t, &on_part).await, ["A100 MIG 3g.40gb"]);
+
+    // The parent's taint covers its partitions: nothing new lands on them.
+    let taint = json!({"reason": "firmware update"});
+    let (status, _) = t.post(&admin, "/v1/gpus/g1:gpu0/taint", &taint).await;
+    assert_eq!(status, 200);
+    let (status, problem) = t.post(&member, "/v1/vms", &by_trait).await;
+    assert_eq!(status, 507, "{problem}");
+    let (status, _) = t.post(&admin, "/v1/gpus/g1:gpu0/untaint", &json!({})).await;
+    assert_eq!(status, 200);
+
+    // Evacuating the parent moves its partitions' cGPUs off the physical GPU: the sibling
+    // partition is free but no home, and the VM asked for MIG only, so nothing moves (507).
+    let before = cgpu_gpus(&t, &on_part).await;
+    let (status, problem) = t.post(&admin, "/v1/gpus/g1:gpu0/evacuate", &json!({})).await;
+    assert_eq!(status, 507, "{problem}");
+    assert_eq!(cgpu_gpus(&t, &on_part).await, before);
+    // One that may go anywhere moves to the T4.
+    let anywhere = t.launch(&member, &launch(1, json!({"gpu_model": "T4"}))).await;
+    t.wait_state(&member, &anywhere, "ready").await;
+    let (status, _) = t.delete(&member, &format!("/v1/vms/{on_part}")).await;
+    assert_eq!(status, 202);
+    t.wait_state(&member, &on_part, "deleted").await;
+    let free =
+        t.launch(&member, &launch(1, json!({"traits": {"preferred": ["CUSTOM_MIG"]}}))).await;
+    t.wait_state(&member, &free, "ready").await;
+    assert_eq!(models_of(&t, &free).await, ["A100 MIG 3g.40gb"]);
+    let (status, done) = t.post(&admin, "/v1/gpus/g1:gpu0/evacuate", &json!({})).await;
+    assert_eq!((status, &done["moved"]), (200, &json!(1)), "{done}");
+    assert_eq!(models_of(&t, &free).await, ["T4"]);
+
+    let text = t.http.get(t.url("/metrics")).bearer_auth(&admin).send().await.unwrap();
+    let text = text.text().await.unwrap();
+    assert!(text.contains("gsaas_model_gpus{model=\"A100 MIG 3g.40gb\"} 2"), "{text}");
+    assert!(
+        !text.contains("gsaas_model_gpus{model=\"A100\"}"),
+        "a partitioned GPU is no GPU of its own model"
+    );
+}
+
+/// The GPUs each cGPU of the VM is on, as an admin sees them.
+async fn cgpu_gpus(t: &TestService, id: &str) -> Vec<String> {
+    let (_, vm) = t.get(&t.admin(), &format!("/v1/vms/{id}")).await;
+    vm["cgpus"].as_array().unwrap().iter().map(|c| c["gpu"].as_str().unwrap().to_owned()).collect()
+}
+
+/// Agents report partitions beside their parents: hostile ones (bigger than the parent, over
+/// its memory together, naming a parent the report lacks or one listed after them) are refused
+/// naming the entry and register nothing; a good one registers the partitions.
+async fn agents_reports_of_partitions_are_checked_against_their_parents(store: Store) {
+    let (t, _vm_host, gpu_host) = support::agents::agent_cloud(store, 0).await;
+    let token = t.agent_token("cg-1");
+    let report = |sizes: &[u64]| {
+        let mut report =
+            support::host_report("cg-1", "compute-gpu", &gpu_host.url, 1 + sizes.len());
+        let gpus = report["gpus"].as_array_mut().unwrap();
+        gpus[0]["memory_mib"] = json!(81920);
+        for (i, size) in sizes.iter().enumerate() {
+            gpus[1 + i]["memory_mib"] = json!(size);
+            gpus[1 + i]["model"] = json!("A100 MIG 3g.40gb");
+            gpus[1 + i]["partition"] = json!({"parent": "cg-1:GPU-0", "profile": "3g.40gb"});
+        }
+        report
+    };
+    let orphan = {
+        let mut r = report(&[40960]);
+        r["gpus"][1]["partition"]["parent"] = json!("cg-1:GPU-7");
+        r
+    };
+    let before_parent = {
+        let mut r = report(&[40960]);
+        r["gpus"][0]["index"] = json!(5);
+        r
+    };
+    for (body, entry) in [
+        (report(&[81921]), "gpus[1].memory_mib"),
+        (report(&[40960, 40961]), "gpus[2].memory_mib"),
+        (orphan, "gpus[1].partition.parent"),
+        (before_parent, "gpus[1].index"),
+    ] {
+        let (status, problem) = t.report_host(&token, "cg-1", &body).await;
+        assert_eq!((status, problem["field"].as_str()), (422, Some(entry)), "{problem}");
+    }
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    assert_eq!(pool["totals"]["gpus"], 0, "{pool}");
+    let (status, host) = t.report_host(&token, "cg-1", &report(&[40960, 40960])).await;
+    assert_eq!(status, 200, "{host}");
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    assert_eq!(pool["totals"]["gpus"], 2, "{pool}");
+    let id = t.launch(&t.member(), &support::agents::remote_launch(2)).await;
+    t.wait_state(&t.member(), &id, "ready").await;
+    assert_eq!(cgpu_gpus(&t, &id).await.len(), 2);
+    assert!(cgpu_gpus(&t, &id).await.iter().all(|g| g != "cg-1:GPU-0"), "the parent booked whole");
+}
+
+/// A parent GPU that fails fails its partitions: the reconciler re-homes their cGPUs (here
+/// nowhere can take one, so it is lost, never moved to a sibling), and brings it back once the
+/// parent works again, though the partition itself never reported a fault.
+async fn a_failing_parent_takes_its_partitions_cgpus_with_it_and_brings_them_back(store: Store) {
+    let (t, vm_host, gpu_host) =
+        support::agents::agent_cloud_with(store, 0, |c| c.hosts.auto_rehome = true).await;
+    let token = t.agent_token("cg-1");
+    let mut report = support::host_report("cg-1", "compute-gpu", &gpu_host.url, 4);
+    {
+        let gpus = report["gpus"].as_array_mut().unwrap();
+        gpus[0]["memory_mib"] = json!(81920);
+        for gpu in &mut gpus[1..3] {
+            gpu["memory_mib"] = json!(40960);
+            gpu["model"] = json!("A100 MIG 3g.40gb");
+            gpu["partition"] = json!({"parent": "cg-1:GPU-0", "profile": "3g.40gb"});
+        }
+    }
+    assert_eq!(t.report_host(&token, "cg-1", &report).await.0, 200);
+    let member = t.member();
+    let mut body = support::agents::remote_launch(1);
+    body["gpu_model"] = json!("A100 MIG 3g.40gb");
+    let id = t.launch(&member, &body).await;
+    t.wait_state(&member, &id, "ready").await;
+    let on = cgpu_gpus(&t, &id).await;
+    assert_eq!(on, ["cg-1:GPU-1"]);
+    let states = |vm: &Value| -> Vec<String> {
+        let cgpus = vm["cgpus"].as_array().unwrap();
+        cgpus.iter().map(|c| c["state"].as_str().unwrap().to_owned()).collect()
+    };
+
+    let mut sick = report.clone();
+    sick["gpus"][0]["unhealthy"] = json!("XID 79");
+    assert_eq!(t.report_host(&token, "cg-1", &sick).await.0, 200);
+    t.service().app.reconcile_once().await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    assert_eq!(states(&vm), ["lost"], "{vm}");
+    assert_eq!(cgpu_gpus(&t, &id).await, on, "not moved to the sibling partition");
+    let (status, _) = t.post(&member, "/v1/vms", &body).await;
+    assert_eq!(status, 507, "the sibling takes nothing new either");
+
+    assert_eq!(t.report_host(&token, "cg-1", &report).await.0, 200);
+    t.service().app.reconcile_once().await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    assert_eq!(states(&vm), ["live"], "{vm}");
+    drop(vm_host);
+}
+
 on_both_stores!(
+    a_failing_parent_takes_its_partitions_cgpus_with_it_and_brings_them_back,
+    partitions_are_gpus_of_their_own_and_their_parent_covers_them,
+    agents_reports_of_partitions_are_checked_against_their_parents,
     per_model_limits_steer_launches_refuse_naming_the_model_and_show_use,
     requests_by_model_and_trait_land_on_those_gpus_and_attaches_follow,
     constraints_no_gpu_meets_are_refused_naming_them_and_book_nothing,

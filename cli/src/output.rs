@@ -243,7 +243,10 @@ pub fn pool(pool: &PoolView) -> String {
                         vec![
                             h.name.clone(),
                             h.state.clone(),
-                            g.id.clone(),
+                            match &g.partition {
+                                Some(p) => format!("{} ({} of {})", g.id, p.profile, p.parent),
+                                None => g.id.clone(),
+                            },
                             match g.compute_capability {
                                 Some(cc) => format!("{} ({cc})", g.model),
                                 None => g.model.clone(),
@@ -286,6 +289,9 @@ fn gpu_condition(g: &GpuView) -> String {
     }
     if g.fenced > 0 {
         parts.push(format!("{} fenced", g.fenced));
+    }
+    if g.partitions > 0 {
+        parts.push(format!("in {} partition(s), not booked whole", g.partitions));
     }
     if parts.is_empty() {
         "ok".into()
@@ -437,6 +443,34 @@ mod tests {
         vm.rcuda_env.insert("RCUDA_DEVICE_0".into(), "100.127.0.1@8308:0".into());
         vm.rcuda_env.insert("X".into(), "it's".into());
         assert_eq!(env(&vm), "export RCUDA_DEVICE_0='100.127.0.1@8308:0'\nexport X='it'\\''s'\n");
+    }
+
+    #[test]
+    fn the_pool_shows_partitions_and_their_parents() {
+        let gpu = |id: &str, extra: serde_json::Value| {
+            let mut gpu = serde_json::json!({
+                "id": id, "index": 0, "model": "A100 MIG 3g.40gb", "memory_mib": 40960,
+                "allocated_mib": 0, "exclusive": false, "cgpus": 0, "jobs": 0,
+                "rcuda_endpoint": "10.0.0.1:8308", "vms": {}, "taint": null, "health": null,
+                "fenced": 0
+            });
+            gpu.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            gpu
+        };
+        let view: PoolView = serde_json::from_value(serde_json::json!({
+            "totals": {"gpus": 1, "memory_mib": 40960, "allocated_mib": 0, "cgpus": 0,
+                "idle_gpus": 1},
+            "hosts": [{"name": "g1", "kind": "compute-gpu", "state": "schedulable", "vms": 0,
+                "gpus": [
+                    gpu("g1:gpu0", serde_json::json!({"model": "A100", "partitions": 1})),
+                    gpu("g1:gpu1", serde_json::json!(
+                        {"partition": {"parent": "g1:gpu0", "profile": "3g.40gb"}})),
+                ]}]
+        }))
+        .unwrap();
+        let text = pool(&view);
+        assert!(text.contains("in 1 partition(s), not booked whole"), "{text}");
+        assert!(text.contains("g1:gpu1 (3g.40gb of g1:gpu0)"), "{text}");
     }
 
     #[test]

@@ -27,8 +27,9 @@ pub use booking::{book_within_model_limits, Refusal};
 pub use error::{Error, Shortfall};
 pub use ids::{GpuId, HostId, IdError, ProjectId, TicketId, VmId, MAX_NAME_LEN};
 pub use model::{
-    CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage, Locality, Mode, Placement,
-    RcudaEndpoint, Request, UsageTotals, VmHost,
+    profile_name_problem, CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage,
+    Locality, Mode, Partition, Placement, RcudaEndpoint, Request, UsageTotals, VmHost,
+    MAX_PROFILE_LEN,
 };
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
 pub use pool::{Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};

@@ -66,7 +66,41 @@ pub struct RcudaEndpoint {
     pub gpu_number: u32,
 }
 
-/// A physical GPU as registered in the pool.
+/// The most characters of a partition's profile name.
+pub const MAX_PROFILE_LEN: usize = 32;
+
+/// Where a partition of a GPU (a MIG instance) comes from: the GPU it is carved from, on the
+/// same host, and its profile as NVIDIA names it (`1g.10gb`, `3g.40gb`, `1g.10gb+me`).
+///
+/// A partition is a GPU of its own in the pool, with its own memory, model and traits. A GPU
+/// with partitions serves through them only: it takes no cGPU whole, and its partitions take
+/// none while it still holds cGPUs booked whole (from before it was partitioned), so a GPU and
+/// its partitions are never booked together. The GPU's taint and health, and its host's state,
+/// cover its partitions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Partition {
+    pub parent: GpuId,
+    pub profile: String,
+}
+
+/// Why `profile` cannot be a partition's profile name, if it cannot: 1 to [`MAX_PROFILE_LEN`]
+/// lowercase letters, digits, `.` and `+`, starting with a digit.
+pub fn profile_name_problem(profile: &str) -> Option<String> {
+    let fine = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '+';
+    let good = !profile.is_empty()
+        && profile.len() <= MAX_PROFILE_LEN
+        && profile.starts_with(|c: char| c.is_ascii_digit())
+        && profile.chars().all(fine);
+    (!good).then(|| {
+        let shown: String = profile.chars().take(MAX_PROFILE_LEN + 1).collect();
+        format!(
+            "{shown:?} is no partition profile: 1 to {MAX_PROFILE_LEN} lowercase letters, digits, \
+             '.' and '+', starting with a digit (NVIDIA's names: 1g.10gb, 3g.40gb)"
+        )
+    })
+}
+
+/// A GPU as registered in the pool: a physical GPU, or a partition of one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuSpec {
     pub id: GpuId,
@@ -79,6 +113,9 @@ pub struct GpuSpec {
     /// Compute capability, CUDA version, UUID and traits, as far as known.
     #[serde(default)]
     pub attributes: GpuAttributes,
+    /// Set when it is a partition of another GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<Partition>,
 }
 
 /// How a cGPU holds its GPU (dissertation section 5.2.1.3).
@@ -231,6 +268,12 @@ pub struct GpuUsage {
     /// Why its host reports it unhealthy (it takes no new cGPUs either).
     #[serde(default)]
     pub health: Option<String>,
+    /// Set when it is a partition of another GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<Partition>,
+    /// How many partitions it has (then it takes no cGPU whole).
+    #[serde(default)]
+    pub partitions: u32,
 }
 
 /// The whole pool's sums ([`crate::Pool::totals`]).

@@ -27,6 +27,14 @@
 //! through constraint sets pays for each build with as much work of its own first, and cannot make
 //! other requests rebuild theirs at every decision. At most [`MAX_SUBSETS`] sets are kept per
 //! policy, the least recently used dropped first; the kinds' own indexes are always kept.
+//!
+//! A GPU may be partitioned (MIG instances, [`crate::model::Partition`]): each partition is a GPU
+//! of its own, with its own kind and memory. Eligibility carries the tie: a partitioned GPU takes
+//! no cGPU whole, and a partition takes none while its parent is tainted, unhealthy or still holds
+//! cGPUs booked whole from before it was partitioned. A change of the parent's taint, health or
+//! whole bookings re-indexes its partitions too (a GPU has at most a few), so decisions stay as
+//! they are: the indexes only ever hold GPUs that may take a cGPU now. Reports and limits count a
+//! partitioned GPU through its partitions.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -34,8 +42,8 @@ use std::sync::Arc;
 use crate::error::{Error, Shortfall};
 use crate::ids::{GpuId, HostId, VmId};
 use crate::model::{
-    CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage, Locality, Mode, Placement,
-    Request, UsageTotals, VmHost,
+    profile_name_problem, CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage,
+    Locality, Mode, Placement, Request, UsageTotals, VmHost,
 };
 use crate::policy::{Candidate, CandidateIndex, Policy, PolicyRegistry};
 use crate::quota::{Holding, Usage};
@@ -95,6 +103,10 @@ struct GpuEntry {
     /// Who holds its cGPUs: a VM (or fence) once per cGPU, in no order. Reports read it; decisions
     /// do not.
     holders: Vec<VmId>,
+    /// The slot of the GPU it is a partition of.
+    parent: Option<u32>,
+    /// The slots of its partitions, ascending: with any, it takes no cGPU whole.
+    partitions: Vec<u32>,
 }
 
 impl GpuEntry {
@@ -113,7 +125,14 @@ impl GpuEntry {
             attributes: self.spec.attributes.clone(),
             taint: self.taint.clone(),
             health: self.health.clone(),
+            partition: self.spec.partition.clone(),
+            partitions: self.partitions.len() as u32,
         }
+    }
+
+    /// It has partitions, so serves through them only (see [`crate::model::Partition`]).
+    fn is_partitioned(&self) -> bool {
+        !self.partitions.is_empty()
     }
 
     /// Untainted and healthy.
@@ -223,6 +242,8 @@ enum Tier {
 #[derive(Debug)]
 struct KindEntry {
     kind: GpuKind,
+    /// Its GPUs but those partitioned (which serve through their partitions): a kind whose GPUs
+    /// are all partitioned is none a request may ask for.
     gpus: u32,
 }
 
@@ -486,6 +507,14 @@ impl Pool {
         if let Some((field, reason)) = spec.attributes.problems().into_iter().next() {
             return Err(Error::inventory(field, format!("GPU {}: {reason}", spec.id)));
         }
+        let parent = self.partition_parent(&spec)?;
+        if let Some(parent) = parent {
+            let parent = &self.gpus[parent as usize];
+            if !parent.is_partitioned() {
+                // Its first partition: it counts through them from now on.
+                self.count_kind(parent.kind, false);
+            }
+        }
         let kind = self.kind_of(&spec);
         let key = (host, spec.index);
         let at = self.gpus.partition_point(|g| (g.host, g.spec.index) < key);
@@ -500,6 +529,8 @@ impl Pool {
             cgpus: 0,
             jobs: 0,
             holders: Vec::new(),
+            parent,
+            partitions: Vec::new(),
         };
         self.changes += 1;
         if at < self.gpus.len() {
@@ -514,6 +545,10 @@ impl Pool {
         self.gpus.push(gpu);
         self.masked.push(false);
         self.inventory_changed();
+        if let Some(parent) = parent {
+            // Partitioned now: the parent takes no cGPU whole.
+            self.reindexing(&[parent], |pool| pool.gpus[parent as usize].partitions.push(slot));
+        }
         if !self.views_stale {
             for view in 0..self.views.len() {
                 self.index_into(view, slot);
@@ -532,12 +567,74 @@ impl Pool {
         if gpu.cgpus > 0 {
             return Err(Error::Conflict(format!("GPU {id} still backs {} cGPU(s)", gpu.cgpus)));
         }
+        if gpu.is_partitioned() {
+            return Err(Error::Conflict(format!(
+                "GPU {id} has {} partition(s): they leave the pool first",
+                gpu.partitions.len()
+            )));
+        }
+        if let Some(parent) = gpu.parent {
+            let parent = &self.gpus[parent as usize];
+            if parent.partitions.len() == 1 {
+                // Its last partition: whole again.
+                self.count_kind(parent.kind, true);
+            }
+        }
         let removed = self.gpus.remove(slot as usize);
         self.count_kind(removed.kind, false);
         self.forget_filters();
         self.changes += 1;
         self.renumber();
         Ok(removed.spec)
+    }
+
+    /// The slot of the GPU that `spec` is a partition of, checked: registered, on the same host,
+    /// whole itself, and with room for it (a partition no bigger than its parent, its parent's
+    /// partitions together no bigger either). `None` for a whole GPU.
+    fn partition_parent(&self, spec: &GpuSpec) -> Result<Option<u32>, Error> {
+        let Some(partition) = &spec.partition else { return Ok(None) };
+        let id = &spec.id;
+        if let Some(problem) = profile_name_problem(&partition.profile) {
+            return Err(Error::inventory("partition.profile", format!("GPU {id}: {problem}")));
+        }
+        let bad = |reason: String| Err(Error::inventory("partition.parent", reason));
+        let Some(&slot) = self.gpu_by_id.get(&partition.parent) else {
+            return bad(format!("GPU {id}: its parent GPU {} is not registered", partition.parent));
+        };
+        let parent = &self.gpus[slot as usize];
+        if parent.spec.host != spec.host {
+            return bad(format!(
+                "GPU {id}: its parent GPU {} is on host {}, not {}",
+                partition.parent, parent.spec.host, spec.host
+            ));
+        }
+        if parent.spec.partition.is_some() {
+            return bad(format!(
+                "GPU {id}: its parent GPU {} is a partition itself",
+                partition.parent
+            ));
+        }
+        let taken: u64 =
+            parent.partitions.iter().map(|&p| self.gpus[p as usize].spec.memory_mib).sum();
+        let whole = parent.spec.memory_mib;
+        if spec.memory_mib > whole - taken.min(whole) {
+            let reason = if spec.memory_mib > whole {
+                format!(
+                    "GPU {id}: a partition of {} MiB is bigger than its parent GPU {} ({whole} MiB)",
+                    spec.memory_mib, partition.parent
+                )
+            } else {
+                format!(
+                    "GPU {id}: with its {} MiB, the partitions of GPU {} would have {} MiB of its \
+                     {whole}",
+                    spec.memory_mib,
+                    partition.parent,
+                    taken + spec.memory_mib
+                )
+            };
+            return Err(Error::inventory("memory_mib", reason));
+        }
+        Ok(Some(slot))
     }
 
     /// The kind of the GPU `spec` describes, registered as one more of it.
@@ -573,12 +670,13 @@ impl Pool {
         kind
     }
 
-    /// One GPU more (`up`) or fewer of `kind`; the models follow when it gains its first or
-    /// loses its last.
+    /// One GPU more (`up`) or fewer of `kind`; the models and the filters worked out follow
+    /// when it gains its first or loses its last.
     fn count_kind(&mut self, kind: u32, up: bool) {
         let gpus = &mut self.kinds[kind as usize].gpus;
         *gpus = if up { *gpus + 1 } else { *gpus - 1 };
         if *gpus == u32::from(up) {
+            self.forget_filters();
             let mut models: Vec<String> =
                 self.kinds.iter().filter(|k| k.gpus > 0).map(|k| k.kind.model.clone()).collect();
             models.sort_unstable();
@@ -596,6 +694,16 @@ impl Pool {
             let slot = u32::try_from(slot).expect("fewer than 2^32 GPUs");
             self.gpu_by_id.insert(gpu.spec.id.clone(), slot);
             self.hosts[gpu.host as usize].slots.push(slot);
+        }
+        for gpu in &mut self.gpus {
+            gpu.partitions.clear();
+        }
+        for slot in 0..self.gpus.len() {
+            let parent = self.gpus[slot].spec.partition.as_ref().map(|p| self.gpu_by_id[&p.parent]);
+            self.gpus[slot].parent = parent;
+            if let Some(parent) = parent {
+                self.gpus[parent as usize].partitions.push(slot as u32);
+            }
         }
         self.masked = vec![false; self.gpus.len()];
         self.views_stale = true;
@@ -622,7 +730,8 @@ impl Pool {
             .gpu_by_id
             .get(id)
             .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
-        self.reindexing(&[slot], |pool| pool.gpus[slot as usize].taint = taint);
+        let slots = self.with_partitions(slot);
+        self.reindexing(&slots, |pool| pool.gpus[slot as usize].taint = taint);
         // The limits do not depend on taints; the make-ups do.
         self.makeups = None;
         self.changes += 1;
@@ -636,7 +745,8 @@ impl Pool {
             .gpu_by_id
             .get(id)
             .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
-        self.reindexing(&[slot], |pool| pool.gpus[slot as usize].health = health);
+        let slots = self.with_partitions(slot);
+        self.reindexing(&slots, |pool| pool.gpus[slot as usize].health = health);
         self.makeups = None;
         self.changes += 1;
         Ok(())
@@ -659,17 +769,27 @@ impl Pool {
         let mut spec = self.gpus[slot as usize].spec.clone();
         spec.attributes = attributes;
         let old = self.gpus[slot as usize].kind;
+        let partitioned = self.gpus[slot as usize].is_partitioned();
         let kind = self.kind_of(&spec);
         self.reindexing(&[slot], |pool| {
             let gpu = &mut pool.gpus[slot as usize];
             gpu.spec = spec;
             gpu.kind = kind;
         });
-        self.count_kind(old, false);
+        // A partitioned GPU counts in no kind (see `KindEntry::gpus`).
+        self.count_kind(if partitioned { kind } else { old }, false);
         self.forget_filters();
         self.makeups = None;
         self.changes += 1;
         Ok(())
+    }
+
+    /// The slot and its partitions' slots: what a change of the GPU's taint, health or whole
+    /// bookings makes eligible or not.
+    fn with_partitions(&self, slot: u32) -> Vec<u32> {
+        let mut slots = vec![slot];
+        slots.extend_from_slice(&self.gpus[slot as usize].partitions);
+        slots
     }
 
     // ---- reports ----
@@ -692,10 +812,14 @@ impl Pool {
     pub fn totals(&self) -> UsageTotals {
         let mut totals = UsageTotals::default();
         for gpu in &self.gpus {
-            totals.gpus += 1;
-            totals.memory_mib += gpu.spec.memory_mib;
             totals.allocated_mib += gpu.used_mib;
             totals.cgpus += u64::from(gpu.cgpus);
+            if gpu.is_partitioned() {
+                // Counted through its partitions.
+                continue;
+            }
+            totals.gpus += 1;
+            totals.memory_mib += gpu.spec.memory_mib;
             if gpu.cgpus == 0 && self.hosts[gpu.host as usize].state == HostState::Schedulable {
                 totals.idle_gpus += 1;
             }
@@ -751,7 +875,11 @@ impl Pool {
             kind: h.kind,
             state: h.state,
             gpus: u32::try_from(h.slots.len()).expect("fewer than 2^32 GPUs"),
-            memory_mib: gpus.clone().map(|g| g.spec.memory_mib).sum(),
+            memory_mib: gpus
+                .clone()
+                .filter(|g| !g.is_partitioned())
+                .map(|g| g.spec.memory_mib)
+                .sum(),
             allocated_mib: gpus.map(|g| g.used_mib).sum(),
             vms: h.vms,
         }
@@ -800,7 +928,7 @@ impl Pool {
         Some(Room {
             slot,
             host: host.id.clone(),
-            takes_new: admitted && entry.takes_new() && host.state == HostState::Schedulable,
+            takes_new: admitted && self.eligible(slot),
             memory_mib: entry.spec.memory_mib,
             free_mib: entry.free_mib(),
             exclusive: entry.exclusive,
@@ -821,7 +949,7 @@ impl Pool {
             let host = &self.hosts[h as usize];
             let gpus = host.slots.iter().map(|&s| &self.gpus[s as usize]);
             let room: u64 = gpus
-                .filter(|gpu| gpu.takes_new() && filter.rank(gpu.kind).is_some())
+                .filter(|gpu| self.serves(gpu) && filter.rank(gpu.kind).is_some())
                 .map(|gpu| empty_gpu_room(gpu.spec.memory_mib, request))
                 .sum();
             return host.state == HostState::Schedulable && room >= n;
@@ -866,7 +994,7 @@ impl Pool {
                 }
                 let mut by_kind_mib: BTreeMap<(u32, u64), u64> = BTreeMap::new();
                 let gpus = host.slots.iter().map(|&s| &self.gpus[s as usize]);
-                for gpu in gpus.filter(|gpu| gpu.takes_new()) {
+                for gpu in gpus.filter(|gpu| self.serves(gpu)) {
                     *by_kind_mib.entry((gpu.kind, gpu.spec.memory_mib)).or_default() += 1;
                 }
                 *by_makeup.entry(by_kind_mib.into_iter().collect()).or_default() += 1;
@@ -1199,7 +1327,7 @@ impl Pool {
             let fits = match cgpu.mode {
                 Mode::Exclusive => gpu.is_idle() && cgpu.memory_mib == gpu.spec.memory_mib,
                 Mode::Shared => !gpu.exclusive && cgpu.memory_mib <= gpu.free_mib(),
-            };
+            } && !self.booked_with_relatives(gpu);
             if !fits || cgpu.memory_mib == 0 {
                 self.untake_all(&booked, &[]);
                 return Err(Error::Conflict(format!(
@@ -1280,11 +1408,29 @@ impl Pool {
 
     /// Whether the slot may take new cGPUs at all: it is untainted and healthy, its host schedulable and the
     /// slot not hidden.
+    /// A partition also needs its parent untainted, healthy and holding no cGPU whole; a
+    /// partitioned GPU takes none whole.
     fn eligible(&self, slot: u32) -> bool {
         let gpu = &self.gpus[slot as usize];
-        gpu.takes_new()
+        self.serves(gpu)
             && self.hosts[gpu.host as usize].state == HostState::Schedulable
             && !self.masked[slot as usize]
+            && gpu.parent.is_none_or(|p| self.gpus[p as usize].cgpus == 0)
+    }
+
+    /// Whether the GPU takes new cGPUs as far as it and its parent go, whatever is booked:
+    /// untainted, healthy, not partitioned, and its parent (if a partition) untainted and healthy.
+    fn serves(&self, gpu: &GpuEntry) -> bool {
+        gpu.takes_new()
+            && !gpu.is_partitioned()
+            && gpu.parent.is_none_or(|p| self.gpus[p as usize].takes_new())
+    }
+
+    /// Whether a cGPU on `gpu` would be booked beside one on its parent or on one of its
+    /// partitions.
+    fn booked_with_relatives(&self, gpu: &GpuEntry) -> bool {
+        gpu.parent.is_some_and(|p| self.gpus[p as usize].cgpus > 0)
+            || gpu.partitions.iter().any(|&p| self.gpus[p as usize].cgpus > 0)
     }
 
     fn index_into(&mut self, view: usize, slot: u32) {
@@ -1726,9 +1872,20 @@ impl Pool {
         }
     }
 
+    /// [`Self::reindexing`] for a booking on `slot`, which changes its partitions' eligibility
+    /// too (a partitioned GPU's bookings from before keep them out).
+    fn rebooking(&mut self, slot: u32, change: impl FnOnce(&mut Self)) {
+        if self.gpus[slot as usize].partitions.is_empty() {
+            self.reindexing(&[slot], change);
+        } else {
+            let slots = self.with_partitions(slot);
+            self.reindexing(&slots, change);
+        }
+    }
+
     /// Books one cGPU on `slot`. `new_gpu`/`new_host`: the VM had no cGPU on this GPU/host before.
     fn take(&mut self, slot: u32, memory: u64, mode: Mode, new_gpu: bool, new_host: bool) {
-        self.reindexing(&[slot], |pool| {
+        self.rebooking(slot, |pool| {
             let gpu = &mut pool.gpus[slot as usize];
             gpu.used_mib += memory;
             gpu.cgpus += 1;
@@ -1749,7 +1906,7 @@ impl Pool {
         last_on_gpu: bool,
         last_on_host: bool,
     ) {
-        self.reindexing(&[slot], |pool| {
+        self.rebooking(slot, |pool| {
             let gpu = &mut pool.gpus[slot as usize];
             gpu.used_mib -= memory;
             gpu.cgpus -= 1;
@@ -1847,12 +2004,15 @@ impl Pool {
             limits.rgpu_host_registered |= host.kind == HostKind::ComputeRgpu;
             limits.schedulable_rgpu_host |= schedulable && host.kind == HostKind::ComputeRgpu;
             limits.schedulable_agent_host |= schedulable && host.kind.has_agent();
-            limits.max_gpus_per_host = limits.max_gpus_per_host.max(host.slots.len() as u32);
-            let memory: u64 =
-                host.slots.iter().map(|&s| self.gpus[s as usize].spec.memory_mib).sum();
+            // A partitioned GPU counts through its partitions.
+            let gpus = host.slots.iter().map(|&s| &self.gpus[s as usize]);
+            let gpus = gpus.filter(|g| !g.is_partitioned());
+            limits.max_gpus_per_host = limits.max_gpus_per_host.max(gpus.clone().count() as u32);
+            let memory: u64 = gpus.map(|g| g.spec.memory_mib).sum();
             limits.max_host_mib = limits.max_host_mib.max(memory);
         }
-        limits.max_gpu_mib = self.gpus.iter().map(|g| g.spec.memory_mib).max().unwrap_or(0);
+        let whole = self.gpus.iter().filter(|g| !g.is_partitioned());
+        limits.max_gpu_mib = whole.map(|g| g.spec.memory_mib).max().unwrap_or(0);
         self.limits = Some(limits);
         limits
     }
@@ -1899,6 +2059,18 @@ impl Pool {
                     "GPU {id}: {} MiB allocated of {}",
                     gpu.used_mib, gpu.spec.memory_mib
                 ));
+            }
+            if let Some(parent) = gpu.parent {
+                let parent = &self.gpus[parent as usize];
+                if !parent.partitions.contains(&(slot as u32)) {
+                    return Err(format!("GPU {id}: its parent does not list it"));
+                }
+                if parent.cgpus > 0 && gpu.cgpus > 0 {
+                    return Err(format!(
+                        "GPU {id}: booked beside its parent GPU {}",
+                        parent.spec.id
+                    ));
+                }
             }
             if gpu.exclusive != exclusive[slot]
                 || (gpu.exclusive && (gpu.cgpus != 1 || gpu.used_mib != gpu.spec.memory_mib))

@@ -3,7 +3,9 @@
 //! release restores, results are deterministic, and the indexed pool decides exactly as the reference
 //! scan and the paper's sort-per-request do. Pools mix GPU kinds (models, traits, compute
 //! capabilities) and requests constrain them: a hard constraint is never broken, and the indexed
-//! pool's subsets decide as the scan does.
+//! pool's subsets decide as the scan does. GPUs are partitioned as the runs go (MIG instances,
+//! some while their parent is booked whole): a GPU and its partitions are never both booked, a
+//! partitioned GPU takes no cGPU whole, and a tainted parent's partitions take none.
 
 mod common;
 
@@ -51,6 +53,14 @@ enum Op {
     AddGpu {
         host: usize,
         memory_mib: u64,
+        variant: u8,
+    },
+    /// Partitions GPU `index` of a GPU host into `parts` equal partitions, if it is a whole GPU
+    /// without partitions: whatever it holds.
+    Partition {
+        host: usize,
+        index: u32,
+        parts: u8,
         variant: u8,
     },
 }
@@ -136,6 +146,7 @@ fn op(policies: usize) -> impl Strategy<Value = Op> {
         1 => (0usize..6, state).prop_map(|(host, state)| Op::SetState { host, state }),
         1 => (0usize..4, prop::sample::select(vec![2048u64, 8192]), 0u8..12).prop_map(|(host, memory_mib, variant)| Op::AddGpu { host, memory_mib, variant }),
         1 => (0usize..4, 0u32..3, any::<bool>()).prop_map(|(host, index, schedulable)| Op::Taint { host, index, schedulable }),
+        1 => (0usize..4, 0u32..4, 1u8..4, 0u8..12).prop_map(|(host, index, parts, variant)| Op::Partition { host, index, parts, variant }),
     ]
 }
 
@@ -175,6 +186,13 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
     let names = policies();
     let (mut pool, hosts) = build(shape, selector);
     let mut gpus_per_host: Vec<u32> = shape.gpu_hosts.iter().map(|g| g.len() as u32).collect();
+    // Per GPU host, by index: each GPU's memory, and whether it may be partitioned (whole, with
+    // no partitions yet).
+    let mut gpus: Vec<Vec<(u64, bool)>> = shape
+        .gpu_hosts
+        .iter()
+        .map(|g| g.iter().map(|&(memory, _)| (memory, true)).collect())
+        .collect();
     let mut outcomes = Vec::with_capacity(ops.len());
     for op in ops {
         let before = (pool.gpu_usage(), pool.host_usage());
@@ -197,6 +215,14 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
                         let usage = pool.gpu_usage();
                         for cgpu in &placement.cgpus {
                             let gpu = usage.iter().find(|g| g.id == cgpu.gpu).expect("its GPU");
+                            prop_assert_eq!(gpu.partitions, 0, "a partitioned GPU booked whole");
+                            if let Some(partition) = &gpu.partition {
+                                let parent = usage
+                                    .iter()
+                                    .find(|g| g.id == partition.parent)
+                                    .expect("parent");
+                                prop_assert!(parent.taint.is_none() && parent.health.is_none());
+                            }
                             let kind = GpuKind::of(&gpu.model, &gpu.attributes);
                             prop_assert!(
                                 request.constraints.admits(&kind),
@@ -252,6 +278,27 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
                     let spec = variant_spec(&host(&hosts[*h]), *count, *memory_mib, *variant);
                     pool.add_gpu(spec).unwrap();
                     *count += 1;
+                    gpus[*h].push((*memory_mib, true));
+                }
+                Outcome::State
+            }
+            Op::Partition { host: h, index, parts, variant } => {
+                let parent = gpus.get(*h).and_then(|g| g.get(*index as usize)).copied();
+                if let Some((memory, true)) = parent {
+                    let name = host(&hosts[*h]);
+                    for _ in 0..*parts {
+                        let count = &mut gpus_per_host[*h];
+                        let mut spec =
+                            variant_spec(&name, *count, memory / u64::from(*parts), *variant);
+                        spec.partition = Some(gpgpums::Partition {
+                            parent: gpgpums::GpuId::on_host(&name, *index),
+                            profile: format!("{parts}g.{}gb", memory / 1024),
+                        });
+                        pool.add_gpu(spec).unwrap();
+                        *count += 1;
+                        gpus[*h].push((memory, false));
+                    }
+                    gpus[*h][*index as usize].1 = false;
                 }
                 Outcome::State
             }

@@ -138,6 +138,12 @@ pub struct GpuConfig {
     /// os-traits names or the operator's own (`CUSTOM_...`).
     #[serde(default)]
     pub traits: std::collections::BTreeSet<String>,
+    /// A partition (a MIG instance): the index of the GPU it is carved from. With `profile`.
+    #[serde(default)]
+    pub parent: Option<u32>,
+    /// A partition's profile, as NVIDIA names it (`1g.10gb`). With `parent`.
+    #[serde(default)]
+    pub profile: Option<String>,
 }
 
 impl GpuConfig {
@@ -252,6 +258,14 @@ impl Config {
                 )));
             }
         }
+        for gpu in &config.gpus {
+            if gpu.parent.is_some() != gpu.profile.is_some() {
+                return Err(invalid(format!(
+                    "gpus: GPU {}: a partition has both parent and profile, a whole GPU neither",
+                    gpu.index
+                )));
+            }
+        }
         if !config.gpus.is_empty() && config.rcuda.is_none() {
             return Err(invalid(
                 "gpus are listed but [rcuda] (their server address) is not".into(),
@@ -320,6 +334,29 @@ mod tests {
             assert!(err.contains("management address"), "{every}: {err}");
         }
         assert!(Config::parse(&config("10.0.0.11:7450"), path).is_ok());
+    }
+
+    #[test]
+    fn a_partition_names_its_parent_and_profile_together() {
+        let config = |partition: &str| {
+            format!(
+                "host = 'h'\nlisten = '10.0.0.11:7450'\nstate_file = '/s'\n\
+                 controller_public_key = '/k'\nmasked_range = '100.127.0.0/16'\n\
+                 gpu_interface = 'gpu0'\n[rcuda]\naddress = '10.78.0.2'\n\
+                 [[gpus]]\nindex = 0\nmodel = 'A100'\nmemory_mib = 81920\n\
+                 [[gpus]]\nindex = 100\nmodel = 'A100 MIG 3g.40gb'\nmemory_mib = 40960\n{partition}"
+            )
+        };
+        let path = Path::new("agent.toml");
+        let both = Config::parse(&config("parent = 0\nprofile = '3g.40gb'\n"), path).unwrap();
+        assert_eq!(
+            (both.gpus[1].parent, both.gpus[1].profile.as_deref()),
+            (Some(0), Some("3g.40gb"))
+        );
+        for one in ["parent = 0\n", "profile = '3g.40gb'\n"] {
+            let err = Config::parse(&config(one), path).unwrap_err().to_string();
+            assert!(err.contains("both parent and profile"), "{one}: {err}");
+        }
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //! `base_port + index`, so a VM always addresses its cGPU as device 0 and learns nothing about the
 //! host's GPU layout. A GPU's id is `<host>:<local id>` (the NVML UUID, the configured id, or
 //! `gpu<index>`): gsaasd accepts from each host only ids under its own name.
+//!
+//! A GPU in MIG mode is reported with its MIG instances, each a GPU of its own (a partition)
+//! naming its parent: gsaasd books the partitions and never the parent whole. NVML numbers the
+//! instances per GPU; a partition's index here is [`partition_index`] of its parent's and its
+//! own, past any whole GPU's, so its rCUDA port stays put while other GPUs come and go.
 
 use gpgpums::ids::{GpuId, HostId};
 use gpgpums::{GpuAttributes, MajorMinor};
@@ -24,6 +29,23 @@ pub struct FoundGpu {
     /// Why the GPU is unhealthy when found; none: healthy.
     pub unhealthy: Option<String>,
     pub attributes: GpuAttributes,
+    /// Set for a partition: its parent's index and its profile.
+    pub partition: Option<(u32, String)>,
+}
+
+/// The index of MIG instance `mig` of the GPU at `parent`: 100 per GPU after the first 100
+/// (a host has far fewer whole GPUs, and a GPU at most 7 instances today).
+pub fn partition_index(parent: u32, mig: u32) -> u32 {
+    100 * (parent + 1) + mig
+}
+
+/// A MIG instance's profile from its NVML name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`), or, when
+/// the name has none, from its memory (`5gb`).
+pub fn mig_profile(name: &str, memory_mib: u64) -> String {
+    name.rsplit_once(" MIG ")
+        .map(|(_, profile)| profile.trim().to_owned())
+        .filter(|profile| gpgpums::profile_name_problem(profile).is_none())
+        .unwrap_or_else(|| format!("{}gb", memory_mib.div_ceil(1024)))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +60,8 @@ pub enum DiscoveryError {
     PortOverflow { index: u32, base: u16 },
     #[error("GPUs were found but no [rcuda] address is configured")]
     NoRcudaAddress,
+    #[error("GPU {index} is a partition of GPU {parent}, which is not found")]
+    NoParent { index: u32, parent: u32 },
 }
 
 pub trait GpuDiscovery: std::fmt::Debug + Send + Sync {
@@ -65,6 +89,7 @@ impl GpuDiscovery for ConfiguredGpus {
                 rcuda_port: g.rcuda_port,
                 unhealthy: g.unhealthy.clone(),
                 attributes: g.attributes(),
+                partition: g.parent.zip(g.profile.clone()),
             })
             .collect())
     }
@@ -150,32 +175,56 @@ impl GpuDiscovery for NvmlGpus {
             let v = u16::try_from(v).ok()?;
             Some(MajorMinor::new(v / 1000, v % 1000 / 10))
         });
-        (0..count)
-            .map(|index| {
-                let dev = self.nvml.device_by_index(index).map_err(DiscoveryError::Nvml)?;
-                let uuid = dev.uuid().map_err(DiscoveryError::Nvml)?;
-                let compute_capability = dev.cuda_compute_capability().ok().and_then(|cc| {
-                    Some(MajorMinor::new(
-                        u16::try_from(cc.major).ok()?,
-                        u16::try_from(cc.minor).ok()?,
-                    ))
-                });
-                Ok(FoundGpu {
-                    index,
+        let mut found = Vec::new();
+        for index in 0..count {
+            let dev = self.nvml.device_by_index(index).map_err(DiscoveryError::Nvml)?;
+            let uuid = dev.uuid().map_err(DiscoveryError::Nvml)?;
+            let compute_capability = dev.cuda_compute_capability().ok().and_then(|cc| {
+                Some(MajorMinor::new(u16::try_from(cc.major).ok()?, u16::try_from(cc.minor).ok()?))
+            });
+            let unhealthy = health.get(&index).cloned().flatten();
+            let attributes = |uuid: String| GpuAttributes {
+                compute_capability,
+                cuda_version,
+                uuid: Some(uuid),
+                traits: Default::default(),
+            };
+            found.push(FoundGpu {
+                index,
+                id: Some(uuid.clone()),
+                model: dev.name().map_err(DiscoveryError::Nvml)?,
+                memory_mib: dev.memory_info().map_err(DiscoveryError::Nvml)?.total >> 20,
+                rcuda_port: None,
+                unhealthy,
+                attributes: attributes(uuid),
+                partition: None,
+            });
+            // MIG mode on (1): its instances, each a partition of it. A slot without one answers
+            // NotFound.
+            if !matches!(dev.mig_mode(), Ok(mode) if mode.current == 1) {
+                continue;
+            }
+            let slots = dev.mig_device_count().map_err(DiscoveryError::Nvml)?;
+            for mig_index in 0..slots {
+                let Ok(instance) = dev.mig_device_by_index(mig_index) else { continue };
+                let uuid = instance.uuid().map_err(DiscoveryError::Nvml)?;
+                let name = instance.name().map_err(DiscoveryError::Nvml)?;
+                let memory_mib = instance.memory_info().map_err(DiscoveryError::Nvml)?.total >> 20;
+                found.push(FoundGpu {
+                    index: partition_index(index, mig_index),
                     id: Some(uuid.clone()),
-                    model: dev.name().map_err(DiscoveryError::Nvml)?,
-                    memory_mib: dev.memory_info().map_err(DiscoveryError::Nvml)?.total >> 20,
+                    partition: Some((index, mig_profile(&name, memory_mib))),
+                    model: name,
+                    memory_mib,
                     rcuda_port: None,
-                    unhealthy: health.get(&index).cloned().flatten(),
-                    attributes: GpuAttributes {
-                        compute_capability,
-                        cuda_version,
-                        uuid: Some(uuid),
-                        traits: Default::default(),
-                    },
-                })
-            })
-            .collect()
+                    // Its parent's health covers it (gsaasd's pool): the heartbeats' health
+                    // is the physical GPUs'.
+                    unhealthy: None,
+                    attributes: attributes(uuid),
+                });
+            }
+        }
+        Ok(found)
     }
 
     fn health(&self) -> Vec<(u32, Option<String>)> {
@@ -219,23 +268,37 @@ pub fn default_discovery(configured: &[GpuConfig]) -> Box<dyn GpuDiscovery> {
     }
 }
 
-/// Assigns each found GPU its id and rCUDA endpoint.
+/// Assigns each found GPU its id and rCUDA endpoint, and each partition its parent's id.
 pub fn inventory(
     host: &HostId,
     found: Vec<FoundGpu>,
     rcuda: Option<&RcudaConfig>,
 ) -> Result<Vec<GpuReport>, DiscoveryError> {
+    let gpu_id = |g: &FoundGpu| {
+        let local = g.id.clone().unwrap_or_else(|| format!("gpu{}", g.index));
+        if local.is_empty() || local.contains(':') {
+            return Err(DiscoveryError::LocalId { id: local });
+        }
+        let id = format!("{host}:{local}");
+        GpuId::new(id.clone()).map_err(|source| DiscoveryError::BadId { id, source })
+    };
+    let ids: Vec<(u32, GpuId)> =
+        found.iter().map(|g| Ok((g.index, gpu_id(g)?))).collect::<Result<_, _>>()?;
     found
         .into_iter()
-        .map(|g| {
+        .zip(ids.iter().map(|(_, id)| id.clone()))
+        .map(|(g, id)| {
             let rcuda = rcuda.ok_or(DiscoveryError::NoRcudaAddress)?;
-            let local = g.id.unwrap_or_else(|| format!("gpu{}", g.index));
-            if local.is_empty() || local.contains(':') {
-                return Err(DiscoveryError::LocalId { id: local });
-            }
-            let id = format!("{host}:{local}");
-            let id =
-                GpuId::new(id.clone()).map_err(|source| DiscoveryError::BadId { id, source })?;
+            let partition = match &g.partition {
+                None => None,
+                Some((parent, profile)) => {
+                    let (_, parent_id) = ids
+                        .iter()
+                        .find(|(index, _)| index == parent)
+                        .ok_or(DiscoveryError::NoParent { index: g.index, parent: *parent })?;
+                    Some(gpgpums::Partition { parent: parent_id.clone(), profile: profile.clone() })
+                }
+            };
             let port = match g.rcuda_port {
                 Some(p) => p,
                 None => u16::try_from(u32::from(rcuda.base_port) + g.index).map_err(|_| {
@@ -250,6 +313,7 @@ pub fn inventory(
                 rcuda: RcudaEndpoint { address: rcuda.address, port, gpu_number: 0 },
                 unhealthy: g.unhealthy.as_deref().map(rodvr_contract::protocol::health_reason),
                 attributes: g.attributes,
+                partition,
             })
         })
         .collect()
@@ -268,33 +332,35 @@ pub fn host_kind(gpus: &[GpuReport]) -> HostKind {
 mod tests {
     use super::*;
 
+    /// A whole GPU as an operator lists it, nothing more known.
+    fn whole_gpu(index: u32, model: &str, memory_mib: u64) -> GpuConfig {
+        GpuConfig {
+            index,
+            model: model.into(),
+            memory_mib,
+            id: None,
+            rcuda_port: None,
+            unhealthy: None,
+            compute_capability: None,
+            cuda_version: None,
+            uuid: None,
+            traits: Default::default(),
+            parent: None,
+            profile: None,
+        }
+    }
+
     #[test]
     fn one_rcuda_daemon_per_gpu() {
         let host = HostId::new("cg0").unwrap();
         let gpus = ConfiguredGpus(vec![
+            whole_gpu(0, "K20m", 4800),
             GpuConfig {
-                index: 0,
-                model: "K20m".into(),
-                memory_mib: 4800,
-                id: None,
-                rcuda_port: None,
-                unhealthy: None,
-                compute_capability: None,
-                cuda_version: None,
-                uuid: None,
-                traits: Default::default(),
-            },
-            GpuConfig {
-                index: 1,
-                model: "K20m".into(),
-                memory_mib: 4800,
                 id: Some("GPU-1".into()),
-                rcuda_port: None,
                 unhealthy: Some("fan failed".into()),
                 compute_capability: Some(MajorMinor::new(3, 5)),
-                cuda_version: None,
-                uuid: None,
                 traits: ["CUSTOM_RACK_R1".to_owned()].into(),
+                ..whole_gpu(1, "K20m", 4800)
             },
         ]);
         let rcuda = RcudaConfig { address: "10.232.0.2".parse().unwrap(), base_port: 8308 };
@@ -322,5 +388,58 @@ mod tests {
             inventory(&host, colon.gpus().unwrap(), Some(&rcuda)),
             Err(DiscoveryError::LocalId { .. })
         ));
+    }
+
+    #[test]
+    fn partitions_name_their_parent_and_keep_their_place() {
+        let host = HostId::new("cg0").unwrap();
+        let whole = GpuConfig { id: Some("GPU-a".into()), ..whole_gpu(0, "A100", 81920) };
+        let part = |mig: u32| GpuConfig {
+            index: partition_index(0, mig),
+            model: "A100 MIG 3g.40gb".into(),
+            memory_mib: 40960,
+            id: None,
+            parent: Some(0),
+            profile: Some("3g.40gb".into()),
+            ..whole.clone()
+        };
+        let gpus = ConfiguredGpus(vec![whole.clone(), part(0), part(1)]);
+        let rcuda = RcudaConfig { address: "10.232.0.2".parse().unwrap(), base_port: 8308 };
+        let inv = inventory(&host, gpus.gpus().unwrap(), Some(&rcuda)).unwrap();
+        assert_eq!(inv[0].partition, None);
+        let partition = inv[2].partition.as_ref().unwrap();
+        assert_eq!(
+            (partition.parent.as_str(), partition.profile.as_str()),
+            ("cg0:GPU-a", "3g.40gb")
+        );
+        assert_eq!((inv[1].id.as_str(), inv[2].index), ("cg0:gpu100", 101));
+        // Its own daemon, past the whole GPUs' ports.
+        assert_eq!(inv[2].rcuda.socket_addr(), "10.232.0.2:8409".parse().unwrap());
+        let range = "100.127.0.0/16".parse().unwrap();
+        let report = rodvr_contract::protocol::HostReport {
+            host: host.clone(),
+            kind: host_kind(&inv),
+            agent_url: "http://10.0.0.1:7450".into(),
+            gpus: inv,
+            applied_generation: None,
+        };
+        assert_eq!(report.validate(range), Ok(()));
+        // A partition of a GPU the host does not have.
+        let orphan = ConfiguredGpus(vec![whole.clone(), GpuConfig { parent: Some(7), ..part(0) }]);
+        assert!(matches!(
+            inventory(&host, orphan.gpus().unwrap(), Some(&rcuda)),
+            Err(DiscoveryError::NoParent { index: 100, parent: 7 })
+        ));
+    }
+
+    #[test]
+    fn mig_profiles_come_from_nvml_names() {
+        assert_eq!(mig_profile("NVIDIA A100-SXM4-40GB MIG 1g.5gb", 4864), "1g.5gb");
+        assert_eq!(mig_profile("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me", 9984), "1g.10gb+me");
+        // A name without one (or with garbage after MIG): its memory, rounded up.
+        assert_eq!(mig_profile("NVIDIA H100", 9984), "10gb");
+        assert_eq!(mig_profile("X MIG \u{1b}[2J", 9984), "10gb");
+        assert_eq!(partition_index(0, 0), 100);
+        assert_eq!(partition_index(7, 6), 806);
     }
 }

@@ -386,6 +386,10 @@ pub struct GpuReport {
     /// above, each left out when unknown.
     #[serde(flatten)]
     pub attributes: gpgpums::GpuAttributes,
+    /// Set when it is a partition (a MIG instance) of another GPU of the report: that GPU's id
+    /// and the partition's profile (`1g.10gb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<gpgpums::Partition>,
 }
 
 /// The longest reason a GPU report may give for a GPU being unhealthy.
@@ -534,6 +538,69 @@ impl HostReport {
             }
             endpoints.insert(served, i);
         }
+        self.validate_partitions()
+    }
+
+    /// Each partition's parent is a whole GPU of the report with a lower index, and has room
+    /// for it: a partition no bigger than its parent, its parent's partitions together no bigger
+    /// either.
+    fn validate_partitions(&self) -> Result<(), InvalidEntry> {
+        let at: HashMap<&GpuId, usize> =
+            self.gpus.iter().enumerate().map(|(i, gpu)| (&gpu.id, i)).collect();
+        let mut taken: HashMap<usize, u64> = HashMap::new();
+        for (i, gpu) in self.gpus.iter().enumerate() {
+            let Some(partition) = &gpu.partition else { continue };
+            let bad = |name: &str, reason: String| InvalidEntry {
+                entry: format!("gpus[{i}].{name}"),
+                reason,
+            };
+            if let Some(problem) = gpgpums::profile_name_problem(&partition.profile) {
+                return Err(bad("partition.profile", problem));
+            }
+            let parent = match at.get(&partition.parent) {
+                Some(&p) if p != i => p,
+                _ => {
+                    return Err(bad(
+                        "partition.parent",
+                        format!("{} is not another GPU of this report", partition.parent),
+                    ))
+                }
+            };
+            let whole = &self.gpus[parent];
+            if whole.partition.is_some() {
+                return Err(bad(
+                    "partition.parent",
+                    format!("{} is a partition itself (gpus[{parent}])", partition.parent),
+                ));
+            }
+            if gpu.index <= whole.index {
+                // So a partition comes after its parent in every listing by index.
+                return Err(bad(
+                    "index",
+                    format!("a partition's index must be above its parent's ({})", whole.index),
+                ));
+            }
+            if gpu.memory_mib > whole.memory_mib {
+                return Err(bad(
+                    "memory_mib",
+                    format!(
+                        "a partition of {} MiB is bigger than its parent gpus[{parent}] ({} MiB)",
+                        gpu.memory_mib, whole.memory_mib
+                    ),
+                ));
+            }
+            let sum = taken.entry(parent).or_default();
+            *sum += gpu.memory_mib;
+            if *sum > whole.memory_mib {
+                return Err(bad(
+                    "memory_mib",
+                    format!(
+                        "the partitions of gpus[{parent}] so far have {sum} MiB of its {} MiB",
+                        whole.memory_mib
+                    ),
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -670,6 +737,7 @@ mod tests {
                     },
                     unhealthy: None,
                     attributes: Default::default(),
+                    partition: None,
                 })
                 .collect(),
             applied_generation: Some(3),
@@ -738,6 +806,63 @@ mod tests {
         let mut rgpu = report(1);
         rgpu.kind = HostKind::ComputeRgpu;
         assert_eq!(rgpu.validate(range).unwrap_err().entry, "gpus");
+    }
+
+    /// A report of an 80 GiB GPU (gpus[0]) with `partitions` of the given sizes after it.
+    fn partitioned_report(partitions: &[u64]) -> HostReport {
+        let mut r = report(1 + partitions.len());
+        r.gpus[0].memory_mib = 81920;
+        for (i, &memory_mib) in partitions.iter().enumerate() {
+            let gpu = &mut r.gpus[1 + i];
+            gpu.memory_mib = memory_mib;
+            gpu.partition = Some(gpgpums::Partition {
+                parent: GpuId::new("cg0:GPU-0").unwrap(),
+                profile: "3g.40gb".into(),
+            });
+        }
+        r
+    }
+
+    #[test]
+    fn partitions_in_reports_are_checked_against_their_parents() {
+        let range: Ipv4Cidr = "100.127.0.0/16".parse().unwrap();
+        assert_eq!(partitioned_report(&[40960, 40960]).validate(range), Ok(()));
+        let refused = |r: HostReport| r.validate(range).expect_err("a bad report passed");
+        // Bigger than its parent; two over its parent's memory.
+        let big = refused(partitioned_report(&[81921]));
+        assert_eq!(big.entry, "gpus[1].memory_mib");
+        assert!(big.reason.contains("bigger than its parent gpus[0]"), "{}", big.reason);
+        let over = refused(partitioned_report(&[40960, 40961]));
+        assert_eq!(over.entry, "gpus[2].memory_mib");
+        assert!(over.reason.contains("81921 MiB of its 81920"), "{}", over.reason);
+        // A parent that is not in the report, itself, or a partition.
+        let mut r = partitioned_report(&[1024, 1024]);
+        r.gpus[1].partition.as_mut().unwrap().parent = GpuId::new("cg1:GPU-0").unwrap();
+        assert_eq!(refused(r).entry, "gpus[1].partition.parent");
+        let mut r = partitioned_report(&[1024]);
+        r.gpus[1].partition.as_mut().unwrap().parent = r.gpus[1].id.clone();
+        assert_eq!(refused(r).entry, "gpus[1].partition.parent");
+        let mut r = partitioned_report(&[1024, 1024]);
+        r.gpus[2].partition.as_mut().unwrap().parent = r.gpus[1].id.clone();
+        assert_eq!(refused(r).entry, "gpus[2].partition.parent");
+        // Listed by index, a partition comes after its parent.
+        let mut r = partitioned_report(&[1024]);
+        (r.gpus[0].index, r.gpus[1].index) = (7, 3);
+        assert_eq!(refused(r).entry, "gpus[1].index");
+        // Profiles are names, not text.
+        for profile in ["", "1G.10GB", "g1.10gb", "1g.10gb\n", &"1".repeat(33)] {
+            let mut r = partitioned_report(&[1024]);
+            r.gpus[1].partition.as_mut().unwrap().profile = profile.into();
+            assert_eq!(refused(r).entry, "gpus[1].partition.profile", "{profile:?}");
+        }
+        // On the wire as an object beside the other fields; left out for whole GPUs.
+        let r = partitioned_report(&[1024]);
+        let wire = serde_json::to_value(&r.gpus).unwrap();
+        assert!(wire[0].get("partition").is_none());
+        assert_eq!(wire[1]["partition"]["parent"], "cg0:GPU-0");
+        assert_eq!(wire[1]["partition"]["profile"], "3g.40gb");
+        let back: Vec<GpuReport> = serde_json::from_value(wire).unwrap();
+        assert_eq!(back, r.gpus);
     }
 
     #[test]

@@ -433,9 +433,16 @@
       renderGpuCondition(gpu));
   }
 
-  // Why a GPU takes no new cGPUs (unhealthy, tainted) and what fences hold on it; none when fine.
+  // Why a GPU takes no new cGPUs (unhealthy, tainted, partitioned), what fences hold on it, and
+  // which GPU a partition is carved from; none when fine.
   function renderGpuCondition(gpu) {
     const badges = [];
+    if (gpu.partitions) badges.push(el('span', { class: 'badge partitioned',
+      title: 'a partitioned GPU takes cGPUs through its partitions only, never whole',
+      text: `${gpu.partitions} partition${gpu.partitions === 1 ? '' : 's'}` }));
+    if (gpu.partition) badges.push(el('span', { class: 'badge partition',
+      title: `a partition (MIG instance) of ${gpu.partition.parent}: its taint, health and evacuation cover it`,
+      text: `${gpu.partition.profile} of ${gpu.partition.parent}` }));
     if (gpu.health) badges.push(el('span', { class: 'badge unhealthy', title: gpu.health, text: `unhealthy: ${gpu.health}` }));
     if (gpu.taint) badges.push(el('span', { class: 'badge tainted', title: gpu.taint, text: `tainted: ${gpu.taint}` }));
     if (gpu.fenced) badges.push(el('span', { class: 'badge fenced',

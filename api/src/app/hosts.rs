@@ -64,6 +64,7 @@ impl Registration {
                     rcuda_gpu_number: g.rcuda.gpu_number,
                     health: g.unhealthy.clone(),
                     attributes: g.attributes.clone(),
+                    partition: g.partition.clone(),
                 })
                 .collect(),
         }
@@ -73,17 +74,22 @@ impl Registration {
     pub fn from_inventory(host: &InventoryHost) -> Registration {
         let gpus = host
             .gpus()
-            .map(|(index, gpu, rcuda)| GpuRecord {
-                id: GpuId::on_host(&host.name, index),
+            .into_iter()
+            .map(|gpu| GpuRecord {
+                id: GpuId::on_host(&host.name, gpu.index),
                 host: host.name.clone(),
-                index,
-                model: gpu.model.clone(),
+                index: gpu.index,
+                model: gpu.model,
                 memory_mib: gpu.memory_mib,
-                rcuda_address: *rcuda.ip(),
-                rcuda_port: rcuda.port(),
+                rcuda_address: *gpu.rcuda.ip(),
+                rcuda_port: gpu.rcuda.port(),
                 rcuda_gpu_number: 0,
-                health: gpu.unhealthy.clone(),
-                attributes: gpu.attributes(),
+                health: gpu.unhealthy,
+                attributes: gpu.attributes,
+                partition: gpu.partition.map(|(parent, profile)| gpgpums::Partition {
+                    parent: GpuId::on_host(&host.name, parent),
+                    profile,
+                }),
             })
             .collect();
         Registration { name: host.name.clone(), kind: host.kind, agent_url: None, gpus }
@@ -202,7 +208,9 @@ impl App {
                         }
                     }
                 }
-                let stored_gpus = db::gpus_of_host(tx, &registration.name).await?;
+                let mut stored_gpus = db::gpus_of_host(tx, &registration.name).await?;
+                // Partitions leave the pool before their parents, and join after them.
+                stored_gpus.sort_by_key(|gpu| gpu.partition.is_none());
                 let mut failed = false;
                 for gpu in &stored_gpus {
                     let reported = registration.gpus.iter().find(|g| g.same_device(gpu));
@@ -232,7 +240,9 @@ impl App {
                         pool.set_gpu_health(&gpu.id, health)?;
                     }
                 }
-                for gpu in &registration.gpus {
+                let mut joining: Vec<&GpuRecord> = registration.gpus.iter().collect();
+                joining.sort_by_key(|gpu| gpu.partition.is_some());
+                for gpu in joining {
                     if !stored_gpus.iter().any(|stored| stored.same_device(gpu)) {
                         // Checked before, and again here: another replica may have taken it since.
                         if let Some(holder) = db::rcuda_endpoint_holder(tx, gpu).await? {

@@ -169,6 +169,8 @@ fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger)
         pool.add_host(host.name.clone(), host.kind)?;
         pool.set_host_state(&host.name, host.state)?;
     }
+    // In pool order, where a partition comes after its parent (a higher index, checked when
+    // reported), so each GPU joins at the end.
     for gpu in &gpus {
         pool.add_gpu(gpu.spec())?;
         if gpu.health.is_some() {

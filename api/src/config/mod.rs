@@ -537,6 +537,40 @@ pub struct InventoryGpu {
     /// os-traits names or the operator's own (`CUSTOM_` and A-Z, 0-9, _).
     #[serde(default)]
     pub traits: std::collections::BTreeSet<String>,
+    /// Each of these GPUs is partitioned so (MIG instances): it then serves through its
+    /// partitions only. They are indexed after every whole GPU of the host.
+    #[serde(default)]
+    pub partitions: Vec<InventoryPartition>,
+}
+
+/// Partitions of a GPU of the inventory, alike.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InventoryPartition {
+    /// As NVIDIA names it (`1g.10gb`).
+    pub profile: String,
+    pub memory_mib: u64,
+    #[serde(default = "one")]
+    pub count: u32,
+    /// Defaults to the GPU's model, ` MIG ` and the profile (as NVML names a MIG device).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Beside the GPU's own, which its partitions have too.
+    #[serde(default)]
+    pub traits: std::collections::BTreeSet<String>,
+}
+
+/// A GPU of an inventory host, whole or a partition, with its place.
+#[derive(Debug, Clone)]
+pub struct InventoryEntry {
+    pub index: u32,
+    pub model: String,
+    pub memory_mib: u64,
+    pub unhealthy: Option<String>,
+    pub attributes: gpgpums::GpuAttributes,
+    /// A partition's parent index and profile.
+    pub partition: Option<(u32, String)>,
+    pub rcuda: SocketAddrV4,
 }
 
 impl InventoryGpu {
@@ -551,6 +585,7 @@ impl InventoryGpu {
             cuda_version: None,
             uuid: None,
             traits: Default::default(),
+            partitions: Vec::new(),
         }
     }
 
@@ -572,19 +607,52 @@ fn one() -> u32 {
 pub const INVENTORY_RCUDA_BASE_PORT: u16 = 8308;
 
 impl InventoryHost {
-    /// The GPUs, each with its index and rCUDA endpoint.
-    pub fn gpus(&self) -> impl Iterator<Item = (u32, &InventoryGpu, SocketAddrV4)> {
+    /// The GPUs, each with its index and rCUDA endpoint: the whole ones, then each one's
+    /// partitions (so a GPU's index and port stay when partitions are added).
+    pub fn gpus(&self) -> Vec<InventoryEntry> {
         let address = self.gpu_network_address.unwrap_or(Ipv4Addr::LOCALHOST);
-        self.gpus
-            .iter()
-            .flat_map(|gpu| std::iter::repeat_n(gpu, gpu.count as usize))
-            .zip(0u32..)
-            .map(move |(gpu, index)| {
-                // At most MAX_GPUS_PER_HOST GPUs (checked at load): far below the last port.
-                let offset = u16::try_from(index).unwrap_or(u16::MAX);
-                let port = INVENTORY_RCUDA_BASE_PORT.saturating_add(offset);
-                (index, gpu, SocketAddrV4::new(address, port))
+        let rcuda = |index: u32| {
+            // At most MAX_GPUS_PER_HOST GPUs (checked at load): far below the last port.
+            let offset = u16::try_from(index).unwrap_or(u16::MAX);
+            SocketAddrV4::new(address, INVENTORY_RCUDA_BASE_PORT.saturating_add(offset))
+        };
+        let whole: Vec<&InventoryGpu> =
+            self.gpus.iter().flat_map(|gpu| std::iter::repeat_n(gpu, gpu.count as usize)).collect();
+        let mut entries: Vec<InventoryEntry> = (0u32..)
+            .zip(&whole)
+            .map(|(index, gpu)| InventoryEntry {
+                index,
+                model: gpu.model.clone(),
+                memory_mib: gpu.memory_mib,
+                unhealthy: gpu.unhealthy.clone(),
+                attributes: gpu.attributes(),
+                partition: None,
+                rcuda: rcuda(index),
             })
+            .collect();
+        let mut index = whole.len() as u32;
+        for (parent, gpu) in (0u32..).zip(&whole) {
+            let parts =
+                gpu.partitions.iter().flat_map(|p| std::iter::repeat_n(p, p.count as usize));
+            for part in parts {
+                let mut attributes = gpgpums::GpuAttributes { uuid: None, ..gpu.attributes() };
+                attributes.traits.extend(part.traits.iter().cloned());
+                entries.push(InventoryEntry {
+                    index,
+                    model: part
+                        .model
+                        .clone()
+                        .unwrap_or_else(|| format!("{} MIG {}", gpu.model, part.profile)),
+                    memory_mib: part.memory_mib,
+                    unhealthy: None,
+                    attributes,
+                    partition: Some((parent, part.profile.clone())),
+                    rcuda: rcuda(index),
+                });
+                index += 1;
+            }
+        }
+        entries
     }
 
     /// The checks an agent's report of the same host gets: sizes and routable endpoints.
@@ -592,9 +660,16 @@ impl InventoryHost {
         use rodvr_contract::protocol::{
             check_rcuda_endpoint, MAX_GPUS_PER_HOST, MAX_GPU_MEMORY_MIB,
         };
-        let count: u64 = self.gpus.iter().map(|g| u64::from(g.count)).sum();
+        let count: u64 = self
+            .gpus
+            .iter()
+            .map(|g| {
+                let parts: u64 = g.partitions.iter().map(|p| u64::from(p.count)).sum();
+                u64::from(g.count) * (1 + parts)
+            })
+            .sum();
         if count > MAX_GPUS_PER_HOST as u64 {
-            return Err(format!("more than {MAX_GPUS_PER_HOST} GPUs"));
+            return Err(format!("more than {MAX_GPUS_PER_HOST} GPUs (partitions count)"));
         }
         for gpu in &self.gpus {
             if let Some((field, why)) = gpu.attributes().problems().into_iter().next() {
@@ -603,14 +678,35 @@ impl InventoryHost {
             if gpu.uuid.is_some() && gpu.count != 1 {
                 return Err("gpus: uuid names one GPU: it needs count = 1".to_owned());
             }
+            let mut taken = 0u64;
+            for part in &gpu.partitions {
+                if let Some(why) = gpgpums::profile_name_problem(&part.profile) {
+                    return Err(format!("gpus: partitions: profile: {why}"));
+                }
+                if let Some(why) =
+                    part.model.as_deref().and_then(gpgpums::traits::model_name_problem)
+                {
+                    return Err(format!("gpus: partitions: model: {why}"));
+                }
+                taken = taken.saturating_add(part.memory_mib.saturating_mul(u64::from(part.count)));
+                if taken > gpu.memory_mib {
+                    return Err(format!(
+                        "gpus: partitions: memory_mib: the partitions of a {} of {} MiB have {taken} MiB",
+                        gpu.model, gpu.memory_mib
+                    ));
+                }
+            }
         }
-        for (_, gpu, rcuda) in self.gpus() {
-            if !(1..=MAX_GPU_MEMORY_MIB).contains(&gpu.memory_mib) {
+        for entry in self.gpus() {
+            if !(1..=MAX_GPU_MEMORY_MIB).contains(&entry.memory_mib) {
                 return Err(format!("gpus: memory_mib must be between 1 and {MAX_GPU_MEMORY_MIB}"));
+            }
+            if let Some((field, why)) = entry.attributes.problems().into_iter().next() {
+                return Err(format!("gpus: partitions: {field}: {why}"));
             }
             // Without an address the host is simulated (in-process agents): nothing is routed.
             if self.gpu_network_address.is_some() {
-                check_rcuda_endpoint(rcuda, masked_range)
+                check_rcuda_endpoint(entry.rcuda, masked_range)
                     .map_err(|why| format!("gpu_network_address: {why}"))?;
             }
         }
@@ -841,6 +937,40 @@ mod tests {
             err.to_string().contains("bad.toml") && err.to_string().contains("worst-fit"),
             "{err}"
         );
+        // Partitions: a good one takes its place after the whole GPUs; bad ones name the field.
+        let partitioned = |partitions: &str| {
+            format!(
+                "[[inventory]]\nname = \"g1\"\nkind = \"compute-gpu\"\ngpus = [\
+                 {{ model = \"A100\", memory_mib = 81920, count = 2, partitions = [{partitions}] }},\
+                 {{ model = \"T4\", memory_mib = 16384 }}]\n"
+            )
+        };
+        std::fs::write(&path, partitioned("{ profile = \"3g.40gb\", memory_mib = 40960 }"))
+            .unwrap();
+        let gpus = Config::load(Some(&path)).unwrap().inventory[0].gpus();
+        let places: Vec<(u32, Option<(u32, String)>)> =
+            gpus.iter().map(|g| (g.index, g.partition.clone())).collect();
+        assert_eq!(
+            places,
+            [
+                (0, None),
+                (1, None),
+                (2, None),
+                (3, Some((0, "3g.40gb".to_owned()))),
+                (4, Some((1, "3g.40gb".to_owned())))
+            ]
+        );
+        assert_eq!(gpus[3].model, "A100 MIG 3g.40gb");
+        for (partitions, why) in [
+            ("{ profile = \"3g.40gb\", memory_mib = 40960, count = 3 }", "have 122880 MiB"),
+            ("{ profile = \"3G\", memory_mib = 1024 }", "no partition profile"),
+            ("{ profile = \"1g.10gb\", memory_mib = 1024, traits = [\"mig\"] }", "traits"),
+            ("{ profile = \"1g.10gb\", memory_mib = 1024, count = 300 }", "more than 256 GPUs"),
+        ] {
+            std::fs::write(&path, partitioned(partitions)).unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains(why) && err.contains("inventory: host g1"), "{partitions}: {err}");
+        }
         let err = Config::load(Some(&dir.join("missing.toml"))).unwrap_err();
         assert!(err.to_string().contains("missing.toml"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -92,12 +92,14 @@ pub async fn cgpus_on_gpus(
     rows.iter().map(|row| super::cgpus::cgpu_from_row_at(row, 0)).collect()
 }
 
-/// GPUs that failed and still back cGPUs to re-home: unhealthy, or on a host that is down.
+/// GPUs that failed and still back cGPUs to re-home: unhealthy (or a partition of an unhealthy
+/// GPU), or on a host that is down.
 pub async fn failed_gpus_in_use(conn: &mut AnyConnection) -> Result<Vec<GpuId>, Error> {
     let rows = sqlx::query(
         "SELECT DISTINCT g.id FROM gpus g JOIN hosts h ON h.name = g.host \
-         JOIN cgpus c ON c.gpu = g.id \
-         WHERE c.state <> 'detaching' AND (g.health IS NOT NULL OR h.state = 'unavailable') \
+         JOIN cgpus c ON c.gpu = g.id LEFT JOIN gpus p ON p.id = g.parent_gpu \
+         WHERE c.state <> 'detaching' \
+         AND (g.health IS NOT NULL OR p.health IS NOT NULL OR h.state = 'unavailable') \
          ORDER BY g.id",
     )
     .fetch_all(conn)
@@ -114,7 +116,9 @@ pub async fn failed_gpus_in_use(conn: &mut AnyConnection) -> Result<Vec<GpuId>, 
 pub async fn has_recoverable_lost_cgpus(conn: &mut AnyConnection) -> Result<bool, Error> {
     let row = sqlx::query(
         "SELECT 1 FROM cgpus c JOIN gpus g ON g.id = c.gpu JOIN hosts h ON h.name = g.host \
-         WHERE c.state = 'lost' AND g.health IS NULL AND h.state <> 'unavailable' LIMIT 1",
+         LEFT JOIN gpus p ON p.id = g.parent_gpu \
+         WHERE c.state = 'lost' AND g.health IS NULL AND p.health IS NULL \
+         AND h.state <> 'unavailable' LIMIT 1",
     )
     .fetch_optional(conn)
     .await?;
@@ -130,7 +134,9 @@ pub async fn recover_lost_cgpus(
     let rows = sqlx::query(
         "UPDATE cgpus SET state = 'live' WHERE state = 'lost' AND gpu IN \
          (SELECT g.id FROM gpus g JOIN hosts h ON h.name = g.host \
-          WHERE g.health IS NULL AND h.state <> 'unavailable') RETURNING vm, idx",
+          LEFT JOIN gpus p ON p.id = g.parent_gpu \
+          WHERE g.health IS NULL AND p.health IS NULL AND h.state <> 'unavailable') \
+         RETURNING vm, idx",
     )
     .fetch_all(&mut *tx)
     .await?;

@@ -33,6 +33,15 @@ fn gpu_from_row(
     let host: String = row.try_get("host")?;
     let address: String = row.try_get("rcuda_address")?;
     let attributes = attributes(row.try_get("attributes")?, last)?;
+    let parent: Option<String> = row.try_get("parent_gpu")?;
+    let partition = match (parent, row.try_get::<Option<String>, _>("mig_profile")?) {
+        (None, None) => None,
+        (Some(parent), Some(profile)) => Some(gpgpums::Partition {
+            parent: GpuId::new(&parent).map_err(|_| corrupt("parent GPU id", &parent))?,
+            profile,
+        }),
+        _ => return Err(corrupt("GPU partition", &id)),
+    };
     Ok(GpuRecord {
         id: GpuId::new(&id).map_err(|_| corrupt("GPU id", &id))?,
         host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
@@ -44,12 +53,13 @@ fn gpu_from_row(
         rcuda_gpu_number: row.try_get::<i64, _>("rcuda_gpu_number")? as u32,
         health: row.try_get("health")?,
         attributes,
+        partition,
     })
 }
 
 const GPU_COLUMNS: &str =
     "g.id, g.host, g.idx, g.model, g.memory_mib, g.rcuda_address, g.rcuda_port, \
-     g.rcuda_gpu_number, g.health, g.attributes";
+     g.rcuda_gpu_number, g.health, g.attributes, g.parent_gpu, g.mig_profile";
 
 /// Every GPU, in pool order.
 pub async fn gpus(conn: &mut AnyConnection) -> Result<Vec<GpuRecord>, Error> {
@@ -82,8 +92,8 @@ pub async fn gpus_of_host(
 pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(), Error> {
     let inserted = sqlx::query(
         "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
-         rcuda_gpu_number, health, rcuda_claimed, attributes) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+         rcuda_gpu_number, health, rcuda_claimed, attributes, parent_gpu, mig_profile) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(gpu.id.as_str())
     .bind(gpu.host.as_str())
@@ -96,6 +106,8 @@ pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(),
     .bind(gpu.health.as_deref())
     .bind(i64::from(claims_endpoint(gpu)))
     .bind(serde_json::to_string(&gpu.attributes).map_err(|e| Error::internal(e.to_string()))?)
+    .bind(gpu.partition.as_ref().map(|p| p.parent.as_str()))
+    .bind(gpu.partition.as_ref().map(|p| p.profile.as_str()))
     .execute(conn)
     .await;
     match inserted {

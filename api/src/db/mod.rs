@@ -78,6 +78,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (20, "vm_extras_version", include_str!("../../../migrations/0020_vm_extras_version.sql")),
     (21, "gpu_attributes", include_str!("../../../migrations/0021_gpu_attributes.sql")),
     (22, "quota_models", include_str!("../../../migrations/0022_quota_models.sql")),
+    (23, "gpu_partitions", include_str!("../../../migrations/0023_gpu_partitions.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -266,6 +266,11 @@ pub fn pool_page(
                         cuda_version: g.attributes.cuda_version,
                         traits: g.attributes.all_traits().into_iter().collect(),
                         uuid: g.attributes.uuid,
+                        partition: g.partition.map(|p| PartitionView {
+                            parent: p.parent.to_string(),
+                            profile: p.profile,
+                        }),
+                        partitions: g.partitions,
                     }
                 })
                 .collect(),

@@ -353,6 +353,13 @@ try {
     method: 'POST', headers: { authorization: `Bearer ${adminToken}` } });
   await page.waitForSelector(`.gpu[data-gpu="${gpuId}"] .badge.tainted`, { state: 'detached', timeout: 15000 });
 
+  // A partitioned GPU and its partitions say so (the host with them is drained: it adds no room).
+  await page.waitForSelector('.gpu[data-gpu="mig0:gpu0"] .badge.partitioned');
+  check((await page.textContent('.gpu[data-gpu="mig0:gpu0"] .gpu-condition')).includes('2 partitions'),
+    'the partitioned GPU counts its partitions');
+  check((await page.textContent('.gpu[data-gpu="mig0:gpu2"] .badge.partition')) === '3g.40gb of mig0:gpu0',
+    'a partition names its profile and parent');
+
   const host = `.host[data-host="${drainHost}"]`;
   await page.click(`${host} button.drain`);
   await page.waitForSelector(`${host}[data-state="drained"] .badge.state.drained`);

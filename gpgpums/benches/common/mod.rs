@@ -50,6 +50,7 @@ pub fn add_gpu_host_of(
                 memory_mib: *memory_mib,
                 rcuda: RcudaEndpoint { address, port: 8308 + index as u16, gpu_number: index },
                 attributes: attributes.clone(),
+                partition: None,
             };
             pool.add_gpu(spec.clone()).unwrap();
             spec

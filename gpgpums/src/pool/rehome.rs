@@ -7,8 +7,8 @@
 //! the holder with [`Pool::release`] once the routes are known gone.
 //!
 //! Re-homing is the same move plus a new placement: the cGPU keeps its index (so its masked
-//! endpoint) and gets a GPU other than the one it leaves, chosen by the same policies and indexes
-//! as every placement; the old booking goes to a holder until the VM's host no longer routes to it.
+//! endpoint) and gets a GPU other than the one it leaves (and, off a partition, other than its
+//! parent's partitions), chosen by the same policies and indexes as every placement; the old booking goes to a holder until the VM's host no longer routes to it.
 
 use std::collections::HashSet;
 
@@ -130,6 +130,13 @@ impl Pool {
             .filter(|&s| self.gpus[s as usize].spec.rcuda.gpu_number != old.rcuda.gpu_number)
             .collect();
         hidden.push(old_slot);
+        // Off the physical GPU: a partition's siblings share what moves it (its parent's
+        // failure, an admin's evacuation of its parent).
+        if let Some(parent) = self.gpus[old_slot as usize].parent {
+            hidden.extend(&self.gpus[parent as usize].partitions);
+        }
+        hidden.sort_unstable();
+        hidden.dedup();
         self.set_masked(&hidden, true);
         let placed = self.place_on(&request, view, &filter, within.as_deref(), &held);
         self.set_masked(&hidden, false);

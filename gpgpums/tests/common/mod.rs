@@ -31,6 +31,27 @@ pub fn gpu_spec(host: &HostId, index: u32, memory_mib: u64) -> GpuSpec {
             gpu_number: 0,
         },
         attributes: Default::default(),
+        partition: None,
+    }
+}
+
+/// A partition `profile` of `memory_mib` of the GPU `parent` on `host`, at `index`, its model
+/// named after its parent's and its profile.
+pub fn partition_spec(
+    host: &HostId,
+    index: u32,
+    parent: u32,
+    parent_model: &str,
+    profile: &str,
+    memory_mib: u64,
+) -> GpuSpec {
+    GpuSpec {
+        model: format!("{parent_model} MIG {profile}"),
+        partition: Some(gpgpums::Partition {
+            parent: GpuId::on_host(host, parent),
+            profile: profile.into(),
+        }),
+        ..gpu_spec(host, index, memory_mib)
     }
 }
 

@@ -8,8 +8,8 @@
 //! old booking is fenced (see [`crate::app::fences`]) until the agent confirms the new table, so no
 //! other VM gets the old GPU while this one may still reach it.
 //!
-//! Admins evacuate a GPU or a host (all or nothing: 507 when anything has nowhere to go). With
-//! `hosts.auto_rehome`, the reconciler moves the cGPUs of GPUs that failed (unhealthy, or on a
+//! Admins evacuate a GPU (with its partitions) or a host (all or nothing: 507 when anything has
+//! nowhere to go). With `hosts.auto_rehome`, the reconciler moves the cGPUs of GPUs that failed (unhealthy, or on a
 //! host that is down); a cGPU that fits nowhere becomes `lost` (no route, still booked) and is
 //! tried again each pass, or goes live where it is once its GPU works again.
 
@@ -23,7 +23,7 @@ use crate::app::App;
 use crate::db::{self, now_ms, Fenced};
 use crate::db::{VmWrite, Written};
 use crate::error::Error;
-use crate::model::{CgpuRecord, CgpuState, FenceId, SagaStep, VmRecord};
+use crate::model::{CgpuRecord, CgpuState, FenceId, GpuRecord, SagaStep, VmRecord};
 
 /// What to move cGPUs off.
 #[derive(Debug, Clone)]
@@ -65,7 +65,11 @@ impl App {
                     if !all.iter().any(|g| &g.id == id) {
                         return Err(Error::NotFound { kind: "GPU", id: id.to_string() });
                     }
-                    vec![id.clone()]
+                    // A partitioned GPU's cGPUs are on its partitions.
+                    let of_it = |g: &GpuRecord| {
+                        &g.id == id || g.partition.as_ref().is_some_and(|p| &p.parent == id)
+                    };
+                    all.into_iter().filter(of_it).map(|g| g.id).collect()
                 }
                 Evacuate::Host(name) => {
                     if db::host(&mut conn, name).await?.is_none() {
