@@ -274,7 +274,7 @@ async fn partitions_are_gpus_of_their_own_and_their_parent_covers_them(store: St
     let gpu = |id: &str| gpus.iter().find(|g| g["id"] == id).unwrap_or_else(|| panic!("{id}"));
     assert_eq!(gpu("g1:gpu0")["partitions"], 2, "{pool}");
     assert!(gpu("g1:gpu1").get("partitions").is_none(), "left out when none: {pool}");
-    for id in ["g1:gpu2", "g1:gpu3"] {
+    for id in ["g1:gpu100", "g1:gpu101"] {
         assert_eq!(gpu(id)["partition"], json!({"parent": "g1:gpu0", "profile": "3g.40gb"}));
         assert_eq!(gpu(id)["model"], "A100 MIG 3g.40gb");
         let traits = gpu(id)["traits"].as_array().unwrap();
@@ -433,7 +433,67 @@ async fn a_failing_parent_takes_its_partitions_cgpus_with_it_and_brings_them_bac
     drop(vm_host);
 }
 
+/// A host's MIG layout changes while a partition backs a cGPU: every report still counts (the
+/// heartbeat, the GPUs that fit); the new partitions that do not fit beside the one in use join
+/// once it is released; and a parent whose own record changes takes its partitions with it and
+/// comes back with them.
+async fn a_host_repartitioned_while_in_use_keeps_reporting_and_its_new_partitions_join(
+    store: Store,
+) {
+    let (t, _vm_host, gpu_host) = support::agents::agent_cloud(store, 0).await;
+    let token = t.agent_token("cg-1");
+    // GPU-0: an A100 of 80 GiB; `parts` partitions of `mib` each at indexes `first..`.
+    let layout = |model: &str, first: usize, parts: usize, mib: u64| {
+        let mut report = support::host_report("cg-1", "compute-gpu", &gpu_host.url, first + parts);
+        let gpus = report["gpus"].as_array_mut().unwrap();
+        gpus[0]["memory_mib"] = json!(81920);
+        gpus[0]["model"] = json!(model);
+        for gpu in &mut gpus[first..] {
+            gpu["memory_mib"] = json!(mib);
+            gpu["model"] = json!("A100 MIG 1g.10gb");
+            gpu["partition"] = json!({"parent": "cg-1:GPU-0", "profile": "1g.10gb"});
+        }
+        // Indexes 1..first are no GPUs at all.
+        gpus.drain(1..first);
+        report
+    };
+    let partitions = |pool: &Value| -> usize {
+        let host = pool["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "cg-1");
+        let gpus = host.unwrap()["gpus"].as_array().unwrap();
+        gpus.iter().filter(|g| g.get("partition").is_some()).count()
+    };
+    let two = layout("A100", 1, 2, 40960);
+    assert_eq!(t.report_host(&token, "cg-1", &two).await.0, 200);
+    let id = t.launch(&t.member(), &support::agents::remote_launch(1)).await;
+    t.wait_state(&t.member(), &id, "ready").await;
+    assert_eq!(cgpu_gpus(&t, &id).await, ["cg-1:GPU-1"]);
+
+    // Seven 1g.10gb instances at indexes 3..10: GPU-1 stays (in use) with its 40 GiB, so four
+    // fit beside it; the report counts all the same.
+    let seven = layout("A100", 3, 7, 10240);
+    let (status, host) = t.report_host(&token, "cg-1", &seven).await;
+    assert_eq!(status, 200, "{host}");
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    assert_eq!(partitions(&pool), 5, "{pool}");
+    let (status, _) = t.delete(&t.member(), &format!("/v1/vms/{id}")).await;
+    assert_eq!(status, 202);
+    t.wait_state(&t.member(), &id, "deleted").await;
+    assert_eq!(t.report_host(&token, "cg-1", &seven).await.0, 200);
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    assert_eq!(partitions(&pool), 7, "{pool}");
+
+    // The parent's record changes (its model), its partitions' do not: all leave and come back.
+    let renamed = layout("A100-SXM4", 3, 7, 10240);
+    let (status, host) = t.report_host(&token, "cg-1", &renamed).await;
+    assert_eq!(status, 200, "{host}");
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    let gpus = pool["hosts"][0]["gpus"].as_array().unwrap();
+    assert_eq!((gpus[0]["model"].as_str(), &gpus[0]["partitions"]), (Some("A100-SXM4"), &json!(7)));
+    assert_eq!(pool["totals"]["gpus"], 7, "{pool}");
+}
+
 on_both_stores!(
+    a_host_repartitioned_while_in_use_keeps_reporting_and_its_new_partitions_join,
     a_failing_parent_takes_its_partitions_cgpus_with_it_and_brings_them_back,
     partitions_are_gpus_of_their_own_and_their_parent_covers_them,
     agents_reports_of_partitions_are_checked_against_their_parents,

@@ -874,7 +874,7 @@ impl Pool {
             id: h.id.clone(),
             kind: h.kind,
             state: h.state,
-            gpus: u32::try_from(h.slots.len()).expect("fewer than 2^32 GPUs"),
+            gpus: gpus.clone().filter(|g| !g.is_partitioned()).count() as u32,
             memory_mib: gpus
                 .clone()
                 .filter(|g| !g.is_partitioned())
@@ -2088,6 +2088,13 @@ impl Pool {
         }
         if self.masked.iter().any(|&m| m) {
             return Err("slots left hidden after a placement".into());
+        }
+        let mut of_kind = vec![0u32; self.kinds.len()];
+        for gpu in self.gpus.iter().filter(|g| !g.is_partitioned()) {
+            of_kind[gpu.kind as usize] += 1;
+        }
+        if self.kinds.iter().map(|k| k.gpus).ne(of_kind) {
+            return Err("kinds count other GPUs than the pool holds".into());
         }
         Ok(())
     }

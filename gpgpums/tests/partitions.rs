@@ -80,7 +80,7 @@ fn reports_count_a_partitioned_gpu_through_its_partitions() {
     let totals = pool.totals();
     assert_eq!((totals.gpus, totals.memory_mib, totals.idle_gpus), (3, 2 * 40960 + 16384, 3));
     let host = &pool.host_usage()[0];
-    assert_eq!((host.gpus, host.memory_mib), (4, 2 * 40960 + 16384));
+    assert_eq!((host.gpus, host.memory_mib), (3, 2 * 40960 + 16384));
     let usage = pool.gpu_usage();
     assert_eq!(usage[0].partitions, 2);
     assert_eq!(

@@ -10,13 +10,14 @@
 //! A GPU in MIG mode is reported with its MIG instances, each a GPU of its own (a partition)
 //! naming its parent: gsaasd books the partitions and never the parent whole. NVML numbers the
 //! instances per GPU; a partition's index here is [`partition_index`] of its parent's and its
-//! own, past any whole GPU's, so its rCUDA port stays put while other GPUs come and go.
+//! own, past any whole GPU's, so its rCUDA port stays put while other GPUs come and go (gsaasd's
+//! inventory numbers partitions so too).
 
 use gpgpums::ids::{GpuId, HostId};
 use gpgpums::{GpuAttributes, MajorMinor};
 
 use crate::config::{GpuConfig, RcudaConfig};
-use rodvr_contract::protocol::{GpuReport, HostKind, RcudaEndpoint};
+use rodvr_contract::protocol::{partition_index, GpuReport, HostKind, RcudaEndpoint};
 
 /// A GPU as found, before an rCUDA endpoint is assigned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,12 +32,6 @@ pub struct FoundGpu {
     pub attributes: GpuAttributes,
     /// Set for a partition: its parent's index and its profile.
     pub partition: Option<(u32, String)>,
-}
-
-/// The index of MIG instance `mig` of the GPU at `parent`: 100 per GPU after the first 100
-/// (a host has far fewer whole GPUs, and a GPU at most 7 instances today).
-pub fn partition_index(parent: u32, mig: u32) -> u32 {
-    100 * (parent + 1) + mig
 }
 
 /// A MIG instance's profile from its NVML name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`), or, when

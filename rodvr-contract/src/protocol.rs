@@ -430,6 +430,18 @@ impl RcudaEndpoint {
 
 /// The most GPUs one host may report.
 pub const MAX_GPUS_PER_HOST: usize = 256;
+
+/// The most whole GPUs a host may have for [`partition_index`] to number its partitions apart
+/// from them.
+pub const MAX_WHOLE_GPUS_WITH_PARTITIONS: u32 = 100;
+
+/// The index agents and gsaasd's inventory give partition `nth` of the GPU at index `parent`:
+/// 100 per GPU after the first 100 (a host with partitions has at most
+/// [`MAX_WHOLE_GPUS_WITH_PARTITIONS`] whole GPUs, and a GPU at most 7 MIG instances today), so a
+/// partition's index, and its rCUDA port, stay put when other GPUs come and go.
+pub fn partition_index(parent: u32, nth: u32) -> u32 {
+    100 * (parent + 1) + nth
+}
 /// The most memory one GPU may report: 16 TiB.
 pub const MAX_GPU_MEMORY_MIB: u64 = gpgpums::MAX_GPU_MEMORY_MIB;
 /// The highest device number an rCUDA daemon may give a GPU.

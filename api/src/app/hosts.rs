@@ -10,7 +10,7 @@
 //! them; the generations the agents confirmed) goes through group commit ([`super::batch`]), so
 //! pushes to many hosts at once cost a few statements, not a few per host.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddrV4;
 use std::sync::Arc;
 use std::time::Duration;
@@ -211,9 +211,23 @@ impl App {
                 let mut stored_gpus = db::gpus_of_host(tx, &registration.name).await?;
                 // Partitions leave the pool before their parents, and join after them.
                 stored_gpus.sort_by_key(|gpu| gpu.partition.is_none());
+                // The partitions of a GPU that leaves (gone, or changed) leave with it.
+                let leaving: HashSet<GpuId> = stored_gpus
+                    .iter()
+                    .filter(|s| !registration.gpus.iter().any(|g| g.same_device(s)))
+                    .map(|s| s.id.clone())
+                    .collect();
+                // The stored GPUs still registered after this report.
+                let mut kept: HashSet<GpuId> = HashSet::new();
                 let mut failed = false;
                 for gpu in &stored_gpus {
-                    let reported = registration.gpus.iter().find(|g| g.same_device(gpu));
+                    let parent_leaves =
+                        gpu.partition.as_ref().is_some_and(|p| leaving.contains(&p.parent));
+                    let reported = registration
+                        .gpus
+                        .iter()
+                        .find(|g| g.same_device(gpu))
+                        .filter(|_| !parent_leaves);
                     if let Some(reported) = reported.filter(|r| r.attributes != gpu.attributes) {
                         // A driver upgrade or an operator's new traits: the GPU keeps its cGPUs.
                         tracing::info!(gpu = %gpu.id, "GPU attributes changed");
@@ -233,6 +247,7 @@ impl App {
                             }
                         },
                     };
+                    kept.insert(gpu.id.clone());
                     if health != gpu.health {
                         tracing::warn!(gpu = %gpu.id, health = health.as_deref().unwrap_or("healthy"), "GPU health changed");
                         failed |= health.is_some();
@@ -243,7 +258,7 @@ impl App {
                 let mut joining: Vec<&GpuRecord> = registration.gpus.iter().collect();
                 joining.sort_by_key(|gpu| gpu.partition.is_some());
                 for gpu in joining {
-                    if !stored_gpus.iter().any(|stored| stored.same_device(gpu)) {
+                    if !stored_gpus.iter().any(|s| kept.contains(&s.id) && s.same_device(gpu)) {
                         // Checked before, and again here: another replica may have taken it since.
                         if let Some(holder) = db::rcuda_endpoint_holder(tx, gpu).await? {
                             if holder.host != gpu.host {
@@ -254,7 +269,14 @@ impl App {
                             tracing::warn!(gpu = %gpu.id, holder = %holder.id, "rCUDA endpoint still held by a GPU gone from the report; the GPU joins later");
                             continue;
                         }
-                        pool.add_gpu(gpu.spec())?;
+                        if let Err(e) = pool.add_gpu(gpu.spec()) {
+                            // It conflicts with what stays (a GPU gone from the report but still
+                            // backing cGPUs under its id, or a partition's parent that could not
+                            // join or has no room left): it joins at a later report. The rest of
+                            // the report, the heartbeat included, counts.
+                            tracing::warn!(gpu = %gpu.id, error = %e, "the GPU joins later");
+                            continue;
+                        }
                         pool.set_gpu_health(&gpu.id, gpu.health.clone())?;
                         db::insert_gpu(tx, gpu).await?;
                     }

@@ -608,7 +608,8 @@ pub const INVENTORY_RCUDA_BASE_PORT: u16 = 8308;
 
 impl InventoryHost {
     /// The GPUs, each with its index and rCUDA endpoint: the whole ones, then each one's
-    /// partitions (so a GPU's index and port stay when partitions are added).
+    /// partitions, numbered as agents number them (`partition_index`: a partition's index and port
+    /// stay when GPUs are added).
     pub fn gpus(&self) -> Vec<InventoryEntry> {
         let address = self.gpu_network_address.unwrap_or(Ipv4Addr::LOCALHOST);
         let rcuda = |index: u32| {
@@ -630,11 +631,11 @@ impl InventoryHost {
                 rcuda: rcuda(index),
             })
             .collect();
-        let mut index = whole.len() as u32;
         for (parent, gpu) in (0u32..).zip(&whole) {
             let parts =
                 gpu.partitions.iter().flat_map(|p| std::iter::repeat_n(p, p.count as usize));
-            for part in parts {
+            for (nth, part) in (0u32..).zip(parts) {
+                let index = rodvr_contract::protocol::partition_index(parent, nth);
                 let mut attributes = gpgpums::GpuAttributes { uuid: None, ..gpu.attributes() };
                 attributes.traits.extend(part.traits.iter().cloned());
                 entries.push(InventoryEntry {
@@ -649,7 +650,6 @@ impl InventoryHost {
                     partition: Some((parent, part.profile.clone())),
                     rcuda: rcuda(index),
                 });
-                index += 1;
             }
         }
         entries
@@ -665,11 +665,18 @@ impl InventoryHost {
             .iter()
             .map(|g| {
                 let parts: u64 = g.partitions.iter().map(|p| u64::from(p.count)).sum();
-                u64::from(g.count) * (1 + parts)
+                u64::from(g.count).saturating_mul(parts.saturating_add(1))
             })
-            .sum();
+            .fold(0, u64::saturating_add);
         if count > MAX_GPUS_PER_HOST as u64 {
             return Err(format!("more than {MAX_GPUS_PER_HOST} GPUs (partitions count)"));
+        }
+        let whole: u64 = self.gpus.iter().map(|g| u64::from(g.count)).sum();
+        let limit = rodvr_contract::protocol::MAX_WHOLE_GPUS_WITH_PARTITIONS;
+        if whole > u64::from(limit) && self.gpus.iter().any(|g| !g.partitions.is_empty()) {
+            return Err(format!(
+                "gpus: partitions: a host with partitions has at most {limit} whole GPUs"
+            ));
         }
         for gpu in &self.gpus {
             if let Some((field, why)) = gpu.attributes().problems().into_iter().next() {
@@ -937,7 +944,8 @@ mod tests {
             err.to_string().contains("bad.toml") && err.to_string().contains("worst-fit"),
             "{err}"
         );
-        // Partitions: a good one takes its place after the whole GPUs; bad ones name the field.
+        // Partitions: numbered as agents number them (100 per GPU after the first 100), so adding
+        // a whole GPU moves none; bad ones name the field.
         let partitioned = |partitions: &str| {
             format!(
                 "[[inventory]]\nname = \"g1\"\nkind = \"compute-gpu\"\ngpus = [\
@@ -956,16 +964,25 @@ mod tests {
                 (0, None),
                 (1, None),
                 (2, None),
-                (3, Some((0, "3g.40gb".to_owned()))),
-                (4, Some((1, "3g.40gb".to_owned())))
+                (100, Some((0, "3g.40gb".to_owned()))),
+                (200, Some((1, "3g.40gb".to_owned())))
             ]
         );
         assert_eq!(gpus[3].model, "A100 MIG 3g.40gb");
+        assert_eq!(gpus[3].rcuda.port(), INVENTORY_RCUDA_BASE_PORT + 100);
+        let many = "[[inventory]]\nname = \"g1\"\nkind = \"compute-gpu\"\ngpus = [\
+                    { model = \"T4\", memory_mib = 16384, count = 100 },\
+                    { model = \"A100\", memory_mib = 81920, partitions = [\
+                    { profile = \"7g.80gb\", memory_mib = 81920 }] }]\n";
+        std::fs::write(&path, many).unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("at most 100 whole GPUs"), "{err}");
         for (partitions, why) in [
             ("{ profile = \"3g.40gb\", memory_mib = 40960, count = 3 }", "have 122880 MiB"),
             ("{ profile = \"3G\", memory_mib = 1024 }", "no partition profile"),
             ("{ profile = \"1g.10gb\", memory_mib = 1024, traits = [\"mig\"] }", "traits"),
             ("{ profile = \"1g.10gb\", memory_mib = 1024, count = 300 }", "more than 256 GPUs"),
+            ("{ profile = \"1g.10gb\", memory_mib = 1, count = 4294967295 }", "more than 256 GPUs"),
         ] {
             std::fs::write(&path, partitioned(partitions)).unwrap();
             let err = Config::load(Some(&path)).unwrap_err().to_string();

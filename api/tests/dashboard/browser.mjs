@@ -357,7 +357,7 @@ try {
   await page.waitForSelector('.gpu[data-gpu="mig0:gpu0"] .badge.partitioned');
   check((await page.textContent('.gpu[data-gpu="mig0:gpu0"] .gpu-condition')).includes('2 partitions'),
     'the partitioned GPU counts its partitions');
-  check((await page.textContent('.gpu[data-gpu="mig0:gpu2"] .badge.partition')) === '3g.40gb of mig0:gpu0',
+  check((await page.textContent('.gpu[data-gpu="mig0:gpu101"] .badge.partition')) === '3g.40gb of mig0:gpu0',
     'a partition names its profile and parent');
 
   const host = `.host[data-host="${drainHost}"]`;
