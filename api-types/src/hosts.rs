@@ -24,6 +24,10 @@ pub struct HostView {
     pub applied_generation: u64,
     /// An admin declared it dead; it takes part again once its agent registers.
     pub forgotten: bool,
+    /// Where it sits in the network: its group at each of the operator's levels (`{"zone":
+    /// "z1", "rack": "r12"}`), from its agent's config or the inventory. Left out when none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub topology: std::collections::BTreeMap<String, String>,
     /// What its agent tried that was refused or outlived its bound, newest first (the last 20);
     /// in admins' host lists only.
     #[serde(skip_serializing_if = "Option::is_none")]

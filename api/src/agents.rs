@@ -86,6 +86,8 @@ impl InProcessAgents {
             },
             agent_url: "in-process".into(),
             gpus: vec![],
+            // The inventory registers the host, with its topology.
+            topology: Default::default(),
         };
         let agent =
             Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params), facts));

@@ -235,6 +235,8 @@ pub struct HostRecord {
     /// An admin declared the host dead (`POST /v1/hosts/{name}/forget`); cleared when its agent
     /// registers again.
     pub forgotten: bool,
+    /// Where it sits in the network (admins only).
+    pub topology: gpgpums::Topology,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -306,7 +306,9 @@ async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
     let mut tx = db.begin().await.unwrap();
     let hosts: Vec<HostId> = ["h1", "h2", "h3"].iter().map(|h| HostId::new(*h).unwrap()).collect();
     for (h, host) in hosts.iter().enumerate() {
-        insert_host(&mut tx, host, HostKind::ComputeGpu, None, 0).await.unwrap();
+        insert_host(&mut tx, host, HostKind::ComputeGpu, None, &Default::default(), 0)
+            .await
+            .unwrap();
         for idx in 0..2 {
             sqlx::query(
                 "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
@@ -488,7 +490,7 @@ async fn each_change_of_a_vms_cgpus_is_read_again(store: Store) {
     let host = HostId::new("h1").unwrap();
     let vm = VmId::new_random();
     let mut tx = db.begin().await.unwrap();
-    insert_host(&mut tx, &host, HostKind::ComputeGpu, None, 0).await.unwrap();
+    insert_host(&mut tx, &host, HostKind::ComputeGpu, None, &Default::default(), 0).await.unwrap();
     for idx in 0..2 {
         sqlx::query(
             "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \

@@ -27,6 +27,7 @@ async fn fleet(store: Store) -> TestService {
             kind,
             gpus,
             gpu_network_address: None,
+            topology: Default::default(),
         };
         config.inventory = vec![
             host(
@@ -250,12 +251,14 @@ async fn partitioned_fleet(store: Store) -> TestService {
                 kind: HostKind::ComputeGpu,
                 gpus: vec![a100, gpus("T4", "7.5", &[], 1)],
                 gpu_network_address: None,
+                topology: [("rack".to_owned(), "r1".to_owned())].into(),
             },
             InventoryHost {
                 name: "r1".parse().unwrap(),
                 kind: HostKind::ComputeRgpu,
                 gpus: vec![],
                 gpu_network_address: None,
+                topology: Default::default(),
             },
         ];
     })
@@ -281,6 +284,8 @@ async fn partitions_are_gpus_of_their_own_and_their_parent_covers_them(store: St
         assert!(traits.contains(&json!("CUSTOM_MIG")) && traits.contains(&json!("CUSTOM_NVLINK")));
     }
     assert_eq!(pool["totals"]["gpus"], 3, "the A100 counts through its partitions: {pool}");
+    let (_, hosts) = t.get(&admin, "/v1/hosts").await;
+    assert_eq!(hosts["hosts"][0]["topology"], json!({"rack": "r1"}), "the inventory's: {hosts}");
     assert_eq!(pool["totals"]["memory_mib"], 2 * 40960 + 16384);
 
     // A whole A100 is no model of the fleet's: refused at once, naming the models there are.
@@ -492,7 +497,53 @@ async fn a_host_repartitioned_while_in_use_keeps_reporting_and_its_new_partition
     assert_eq!(pool["totals"]["gpus"], 7, "{pool}");
 }
 
+/// Hosts carry where they sit in the network (the inventory's, or their agent's report):
+/// admins see it in the host list, a changed one is recorded at the next report, a hostile one is
+/// refused naming the level and changes nothing, and tenants see no host at all.
+async fn hosts_carry_their_topology_for_admins_only(store: Store) {
+    let (t, _vm_host, gpu_host) = support::agents::agent_cloud(store, 0).await;
+    let token = t.agent_token("cg-1");
+    let topology_of = |hosts: &Value, name: &str| -> Value {
+        let list = hosts["hosts"].as_array().unwrap();
+        list.iter().find(|h| h["name"] == name).map(|h| h["topology"].clone()).unwrap_or_default()
+    };
+    let mut report = support::host_report("cg-1", "compute-gpu", &gpu_host.url, 1);
+    report["topology"] = json!({"zone": "z1", "rack": "r12"});
+    assert_eq!(t.report_host(&token, "cg-1", &report).await.0, 200);
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(topology_of(&hosts, "cg-1"), json!({"rack": "r12", "zone": "z1"}), "{hosts}");
+    // Moved to another rack: recorded at its next report (a heartbeat with the same GPUs).
+    report["topology"]["rack"] = json!("r7");
+    assert_eq!(t.report_host(&token, "cg-1", &report).await.0, 200);
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(topology_of(&hosts, "cg-1")["rack"], "r7", "{hosts}");
+    // Hostile names: refused naming the level, nothing recorded.
+    let many: serde_json::Map<String, Value> =
+        (0..9).map(|i| (format!("l{i}"), json!("g"))).collect();
+    for (topology, field) in [
+        (json!({"rack": "r7; DROP TABLE hosts"}), "topology.rack"),
+        (json!({"rack": "\u{202e}r7"}), "topology.rack"),
+        (json!({"Rack": "r7"}), "topology"),
+        (json!(many), "topology"),
+    ] {
+        let mut hostile = report.clone();
+        hostile["topology"] = topology.clone();
+        let (status, problem) = t.report_host(&token, "cg-1", &hostile).await;
+        assert_eq!(
+            (status, problem["field"].as_str()),
+            (422, Some(field)),
+            "{topology}: {problem}"
+        );
+    }
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    assert_eq!(topology_of(&hosts, "cg-1")["rack"], "r7", "{hosts}");
+    // Tenants learn nothing of where hosts are.
+    let (status, _) = t.get(&t.member(), "/v1/hosts").await;
+    assert_ne!(status, 200);
+}
+
 on_both_stores!(
+    hosts_carry_their_topology_for_admins_only,
     a_host_repartitioned_while_in_use_keeps_reporting_and_its_new_partitions_join,
     a_failing_parent_takes_its_partitions_cgpus_with_it_and_brings_them_back,
     partitions_are_gpus_of_their_own_and_their_parent_covers_them,

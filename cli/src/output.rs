@@ -338,7 +338,7 @@ pub fn fences(list: &FenceList) -> String {
 
 pub fn hosts(hosts: &HostList) -> String {
     let rows: Vec<Vec<String>> = hosts.hosts.iter().map(host_row).collect();
-    table(&["host", "kind", "state", "agent", "routes applied"], &rows)
+    table(&["host", "kind", "state", "agent", "routes applied", "topology"], &rows)
 }
 
 fn host_row(h: &HostView) -> Vec<String> {
@@ -349,11 +349,18 @@ fn host_row(h: &HostView) -> Vec<String> {
         state,
         or_dash(h.agent_url.as_ref()),
         format!("{}/{}", h.applied_generation, h.routes_generation),
+        match h.topology.is_empty() {
+            true => "-".to_owned(),
+            false => {
+                let levels = h.topology.iter().map(|(level, group)| format!("{level}={group}"));
+                levels.collect::<Vec<_>>().join(",")
+            }
+        },
     ]
 }
 
 pub fn host(host: &HostView) -> String {
-    table(&["host", "kind", "state", "agent", "routes applied"], &[host_row(host)])
+    table(&["host", "kind", "state", "agent", "routes applied", "topology"], &[host_row(host)])
 }
 
 /// Each resource with `used / limit` (`none`: no limit).

@@ -10,6 +10,7 @@
 //! - [`queue`]: the order waiting requests start in, backfill, and preemption by shrinking.
 //! - [`traits`]: what a GPU is beyond model and memory, and the constraints a request puts on it.
 //! - [`seeded`]: a seeded generator for simulations and tests around the planner.
+//! - [`topology`]: where a host sits in the network (the operator's levels and groups).
 //! - [`Error`]: the crate's one error type.
 
 pub mod booking;
@@ -21,6 +22,7 @@ pub mod pool;
 pub mod queue;
 pub mod quota;
 pub mod seeded;
+pub mod topology;
 pub mod traits;
 
 pub use booking::{book_within_model_limits, Refusal};
@@ -36,4 +38,5 @@ pub use pool::{Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_ME
 pub use quota::{
     Holding, ModelLimits, Quota, QuotaExceeded, QuotaLedger, Resource, Usage, MAX_MODEL_LIMITS,
 };
+pub use topology::{topology_problem, Topology};
 pub use traits::{GpuAttributes, GpuConstraints, GpuKind, MajorMinor};

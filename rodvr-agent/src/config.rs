@@ -59,6 +59,10 @@ pub struct Config {
     /// GPUs of this host when NVML is not available.
     #[serde(default)]
     pub gpus: Vec<GpuConfig>,
+    /// Where this host sits in the network, reported to gsaasd: its group at each of the
+    /// operator's levels (`zone = "z1"`, `rack = "r12"`).
+    #[serde(default)]
+    pub topology: gpgpums::Topology,
     /// Limits of the agent's HTTP server.
     #[serde(default)]
     pub http: HttpLimits,
@@ -258,6 +262,10 @@ impl Config {
                 )));
             }
         }
+        if let Some((level, why)) = gpgpums::topology_problem(&config.topology) {
+            let at = level.map_or("topology".to_owned(), |level| format!("topology.{level}"));
+            return Err(invalid(format!("{at}: {why}")));
+        }
         for gpu in &config.gpus {
             if gpu.parent.is_some() != gpu.profile.is_some() {
                 return Err(invalid(format!(
@@ -336,13 +344,16 @@ mod tests {
         assert!(Config::parse(&config("10.0.0.11:7450"), path).is_ok());
     }
 
+    /// The least an agent's config holds.
+    const MINIMAL: &str = "host = 'h'\nlisten = '10.0.0.11:7450'\nstate_file = '/s'\n\
+                           controller_public_key = '/k'\nmasked_range = '100.127.0.0/16'\n\
+                           gpu_interface = 'gpu0'\n";
+
     #[test]
     fn a_partition_names_its_parent_and_profile_together() {
         let config = |partition: &str| {
             format!(
-                "host = 'h'\nlisten = '10.0.0.11:7450'\nstate_file = '/s'\n\
-                 controller_public_key = '/k'\nmasked_range = '100.127.0.0/16'\n\
-                 gpu_interface = 'gpu0'\n[rcuda]\naddress = '10.78.0.2'\n\
+                "{MINIMAL}[rcuda]\naddress = '10.78.0.2'\n\
                  [[gpus]]\nindex = 0\nmodel = 'A100'\nmemory_mib = 81920\n\
                  [[gpus]]\nindex = 100\nmodel = 'A100 MIG 3g.40gb'\nmemory_mib = 40960\n{partition}"
             )
@@ -357,6 +368,16 @@ mod tests {
             let err = Config::parse(&config(one), path).unwrap_err().to_string();
             assert!(err.contains("both parent and profile"), "{one}: {err}");
         }
+    }
+
+    #[test]
+    fn the_hosts_topology_is_names() {
+        let config = |topology: &str| format!("{MINIMAL}[topology]\n{topology}");
+        let path = Path::new("agent.toml");
+        let placed = Config::parse(&config("zone = 'z1'\nrack = 'r12'\n"), path).unwrap();
+        assert_eq!(placed.topology.get("rack").map(String::as_str), Some("r12"));
+        let err = Config::parse(&config("rack = 'r 12'\n"), path).unwrap_err().to_string();
+        assert!(err.contains("topology.rack") && err.contains("no group name"), "{err}");
     }
 
     #[test]

@@ -417,6 +417,7 @@ mod tests {
             agent_url: "http://10.0.0.1:7450".into(),
             gpus: inv,
             applied_generation: None,
+            topology: Default::default(),
         };
         assert_eq!(report.validate(range), Ok(()));
         // A partition of a GPU the host does not have.

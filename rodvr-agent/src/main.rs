@@ -107,6 +107,7 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         kind: host_kind(&gpus),
         agent_url: config.agent_url(bound),
         gpus,
+        topology: config.topology.clone(),
     };
     let firewall = NftFirewall::new(&config.nft_command).with_conntrack(&config.conntrack_command);
     let dataplane = Dataplane::new(firewall, params);

@@ -26,6 +26,7 @@ fn new_agent(state: &TempDir) -> Arc<Agent<MemoryFirewall>> {
         kind: HostKind::ComputeRgpu,
         agent_url: "http://agent".into(),
         gpus: vec![],
+        topology: Default::default(),
     };
     Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params()), facts))
 }

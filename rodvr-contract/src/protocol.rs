@@ -368,6 +368,10 @@ pub struct HostReport {
     pub gpus: Vec<GpuReport>,
     /// Generation of the route table in the host's firewall.
     pub applied_generation: Option<u64>,
+    /// Where the host sits in the network (its config's `[topology]`): its group at each of the
+    /// operator's levels. Left out when none.
+    #[serde(default, skip_serializing_if = "gpgpums::Topology::is_empty")]
+    pub topology: gpgpums::Topology,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -486,6 +490,10 @@ impl HostReport {
         }
         if self.agent_url.len() > MAX_URL_LEN {
             return Err(bad("agent_url".into(), format!("longer than {MAX_URL_LEN} bytes")));
+        }
+        if let Some((level, reason)) = gpgpums::topology_problem(&self.topology) {
+            let entry = level.map_or("topology".to_owned(), |level| format!("topology.{level}"));
+            return Err(bad(entry, reason));
         }
         if self.kind == HostKind::ComputeRgpu && !self.gpus.is_empty() {
             return Err(bad("gpus".into(), "a compute-rgpu host has no GPUs".into()));
@@ -753,6 +761,7 @@ mod tests {
                 })
                 .collect(),
             applied_generation: Some(3),
+            topology: Default::default(),
         }
     }
 
@@ -818,6 +827,21 @@ mod tests {
         let mut rgpu = report(1);
         rgpu.kind = HostKind::ComputeRgpu;
         assert_eq!(rgpu.validate(range).unwrap_err().entry, "gpus");
+        // Its topology: names, few levels.
+        let topology = |pairs: &[(&str, &str)]| -> gpgpums::Topology {
+            pairs.iter().map(|(l, g)| ((*l).to_owned(), (*g).to_owned())).collect()
+        };
+        let place = |t: gpgpums::Topology| move |r: &mut HostReport| r.topology = t.clone();
+        assert_eq!(entry(&place(topology(&[("rack", "r 1")]))), "topology.rack");
+        assert_eq!(entry(&place(topology(&[("Rack", "r1")]))), "topology");
+        let many = (0..9).map(|i| (format!("l{i}"), "g".to_owned())).collect();
+        assert_eq!(entry(&place(many)), "topology");
+        let mut placed = report(1);
+        placed.topology = topology(&[("zone", "z1"), ("rack", "r12")]);
+        assert_eq!(placed.validate(range), Ok(()));
+        let wire = serde_json::to_value(&placed).unwrap();
+        assert_eq!(wire["topology"], serde_json::json!({"rack": "r12", "zone": "z1"}));
+        assert!(serde_json::to_value(report(1)).unwrap().get("topology").is_none());
     }
 
     /// A report of an 80 GiB GPU (gpus[0]) with `partitions` of the given sizes after it.

@@ -44,6 +44,8 @@ pub struct HostFacts {
     pub kind: HostKind,
     pub agent_url: String,
     pub gpus: Vec<GpuReport>,
+    /// Where the host sits in the network (see [`gpgpums::topology`]).
+    pub topology: gpgpums::Topology,
 }
 
 #[derive(Debug)]
@@ -157,6 +159,7 @@ impl<F: Firewall> Agent<F> {
                 gpus
             },
             applied_generation: self.lock().applied_generation,
+            topology: self.facts.topology.clone(),
         }
     }
 

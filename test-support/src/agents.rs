@@ -67,7 +67,13 @@ impl TestAgent {
     ) -> TestAgent {
         let host = HostId::new(host).unwrap();
         let params = rodvr_core::fixtures::params();
-        let facts = HostFacts { host: host.clone(), kind, agent_url: String::new(), gpus: vec![] };
+        let facts = HostFacts {
+            host: host.clone(),
+            kind,
+            agent_url: String::new(),
+            gpus: vec![],
+            topology: Default::default(),
+        };
         let agent =
             Agent::new(Ledger::in_memory(), Dataplane::new(MemoryFirewall::new(), params), facts);
         let shared = Arc::new(Shared {

@@ -227,12 +227,14 @@ pub fn inventory_named(gpu_host: &str, gpus: u32) -> Vec<InventoryHost> {
             kind: HostKind::ComputeGpu,
             gpus: vec![InventoryGpu::of("NVIDIA Quadro M4000", 8192, gpus)],
             gpu_network_address: Some(Ipv4Addr::new(10, 78, 0, 1)),
+            topology: Default::default(),
         },
         InventoryHost {
             name: HostId::new(RGPU_HOST).expect("a host name"),
             kind: HostKind::ComputeRgpu,
             gpus: vec![],
             gpu_network_address: None,
+            topology: Default::default(),
         },
     ]
 }

@@ -38,6 +38,7 @@ pub struct Registration {
     pub kind: HostKind,
     pub agent_url: Option<String>,
     pub gpus: Vec<GpuRecord>,
+    pub topology: gpgpums::Topology,
 }
 
 impl Registration {
@@ -67,6 +68,7 @@ impl Registration {
                     partition: g.partition.clone(),
                 })
                 .collect(),
+            topology: report.topology.clone(),
         }
     }
 
@@ -92,7 +94,13 @@ impl Registration {
                 }),
             })
             .collect();
-        Registration { name: host.name.clone(), kind: host.kind, agent_url: None, gpus }
+        Registration {
+            name: host.name.clone(),
+            kind: host.kind,
+            agent_url: None,
+            gpus,
+            topology: host.topology.clone(),
+        }
     }
 }
 
@@ -162,7 +170,10 @@ impl App {
             }
             let same_gpus = gpus.len() == registration.gpus.len()
                 && registration.gpus.iter().all(|g| gpus.contains(g));
-            if same_gpus && host.state != HostState::Unavailable {
+            if same_gpus
+                && host.state != HostState::Unavailable
+                && host.topology == registration.topology
+            {
                 // A plain heartbeat: no pool change.
                 let mut conn = self.db.conn().await?;
                 db::touch_host(&mut conn, &host.name, registration.agent_url.as_deref(), now_ms())
@@ -190,12 +201,16 @@ impl App {
                 let stored = db::host(tx, &registration.name).await?;
                 match &stored {
                     None => {
-                        db::insert_host(tx, &registration.name, registration.kind, registration.agent_url.as_deref(), now)
+                        db::insert_host(tx, &registration.name, registration.kind, registration.agent_url.as_deref(), &registration.topology, now)
                             .await?;
                         pool.add_host(registration.name.clone(), registration.kind)?;
                     }
                     Some(host) => {
                         db::touch_host(tx, &host.name, registration.agent_url.as_deref(), now).await?;
+                        if host.topology != registration.topology {
+                            tracing::info!(host = %host.name, "the host's topology changed");
+                            db::set_host_topology(tx, &host.name, &registration.topology).await?;
+                        }
                         if host.state == HostState::Unavailable {
                             // Back (after a silence, or forgotten): as an operator left it.
                             let state = if host.drained {
@@ -370,7 +385,10 @@ impl App {
         for host in self.config.inventory() {
             let registration = Registration::from_inventory(&host);
             let stored = hosts.get(&registration.name).is_some_and(|h| {
-                h.kind == registration.kind && h.state != HostState::Unavailable && !h.forgotten
+                h.kind == registration.kind
+                    && h.state != HostState::Unavailable
+                    && !h.forgotten
+                    && h.topology == registration.topology
             });
             let same_gpus = gpus.get(&registration.name).is_some_and(|stored| {
                 stored.len() == registration.gpus.len()

@@ -512,6 +512,10 @@ pub struct InventoryHost {
     /// The host's address on the GPU network, where its rCUDA daemons listen.
     #[serde(default)]
     pub gpu_network_address: Option<Ipv4Addr>,
+    /// Where it sits in the network: its group at each of the operator's levels
+    /// (`{ zone = "z1", rack = "r12" }`).
+    #[serde(default)]
+    pub topology: gpgpums::Topology,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -655,8 +659,12 @@ impl InventoryHost {
         entries
     }
 
-    /// The checks an agent's report of the same host gets: sizes and routable endpoints.
+    /// The checks an agent's report of the same host gets: sizes, routable endpoints, topology.
     fn check(&self, masked_range: Ipv4Cidr) -> Result<(), String> {
+        if let Some((level, why)) = gpgpums::topology_problem(&self.topology) {
+            let at = level.map_or("topology".to_owned(), |level| format!("topology.{level}"));
+            return Err(format!("{at}: {why}"));
+        }
         use rodvr_contract::protocol::{
             check_rcuda_endpoint, MAX_GPUS_PER_HOST, MAX_GPU_MEMORY_MIB,
         };
@@ -872,6 +880,7 @@ impl Config {
             kind,
             gpus: vec![],
             gpu_network_address: None,
+            topology: Default::default(),
         };
         let mut gpu_host = host("compute-gpu", HostKind::ComputeGpu);
         gpu_host.gpus = vec![InventoryGpu {
@@ -988,6 +997,13 @@ mod tests {
             let err = Config::load(Some(&path)).unwrap_err().to_string();
             assert!(err.contains(why) && err.contains("inventory: host g1"), "{partitions}: {err}");
         }
+        std::fs::write(
+            &path,
+            "[[inventory]]\nname = \"g1\"\nkind = \"compute-gpu\"\ntopology = { rack = \"r 1\" }\n",
+        )
+        .unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("host g1: topology.rack: "), "{err}");
         let err = Config::load(Some(&dir.join("missing.toml"))).unwrap_err();
         assert!(err.to_string().contains("missing.toml"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

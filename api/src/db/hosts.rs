@@ -25,6 +25,10 @@ fn host_from_row(row: &AnyRow) -> Result<HostRecord, Error> {
         routes_generation: generation(row, "routes_generation")?,
         applied_generation: generation(row, "applied_generation")?,
         forgotten: row.try_get::<i64, _>("forgotten")? != 0,
+        topology: {
+            let text: String = row.try_get("topology")?;
+            serde_json::from_str(&text).map_err(|_| corrupt("host topology", &text))?
+        },
     })
 }
 
@@ -34,7 +38,7 @@ fn generation(row: &AnyRow, column: &str) -> Result<u64, Error> {
 }
 
 const HOST_COLUMNS: &str = "name, seq, kind, state, drained, agent_url, last_seen_ms, \
-     routes_generation, applied_generation, forgotten";
+     routes_generation, applied_generation, forgotten, topology";
 
 pub async fn hosts(conn: &mut AnyConnection) -> Result<Vec<HostRecord>, Error> {
     let rows = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts ORDER BY seq"))
@@ -56,18 +60,39 @@ pub async fn insert_host(
     name: &HostId,
     kind: HostKind,
     agent_url: Option<&str>,
+    topology: &gpgpums::Topology,
     now: i64,
 ) -> Result<(), Error> {
     sqlx::query(
-        "INSERT INTO hosts (name, seq, kind, state, drained, agent_url, last_seen_ms) \
-         VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM hosts), $2, 'schedulable', 0, $3, $4)",
+        "INSERT INTO hosts (name, seq, kind, state, drained, agent_url, last_seen_ms, topology) \
+         VALUES ($1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM hosts), $2, 'schedulable', 0, $3, $4, \
+         $5)",
     )
     .bind(name.as_str())
     .bind(kind.as_str())
     .bind(agent_url)
     .bind(now)
+    .bind(topology_json(topology)?)
     .execute(conn)
     .await?;
+    Ok(())
+}
+
+fn topology_json(topology: &gpgpums::Topology) -> Result<String, Error> {
+    serde_json::to_string(topology).map_err(|e| Error::internal(e.to_string()))
+}
+
+/// Records where the host now sits in the network.
+pub async fn set_host_topology(
+    conn: &mut AnyConnection,
+    name: &HostId,
+    topology: &gpgpums::Topology,
+) -> Result<(), Error> {
+    sqlx::query("UPDATE hosts SET topology = $1 WHERE name = $2")
+        .bind(topology_json(topology)?)
+        .bind(name.as_str())
+        .execute(conn)
+        .await?;
     Ok(())
 }
 

@@ -79,6 +79,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (21, "gpu_attributes", include_str!("../../../migrations/0021_gpu_attributes.sql")),
     (22, "quota_models", include_str!("../../../migrations/0022_quota_models.sql")),
     (23, "gpu_partitions", include_str!("../../../migrations/0023_gpu_partitions.sql")),
+    (24, "host_topology", include_str!("../../../migrations/0024_host_topology.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

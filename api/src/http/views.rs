@@ -299,6 +299,7 @@ impl From<&HostRecord> for HostView {
             routes_generation: h.routes_generation,
             applied_generation: h.applied_generation,
             forgotten: h.forgotten,
+            topology: h.topology.clone(),
             alerts: None,
         }
     }
