@@ -730,8 +730,7 @@ impl Pool {
             .gpu_by_id
             .get(id)
             .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
-        let slots = self.with_partitions(slot);
-        self.reindexing(&slots, |pool| pool.gpus[slot as usize].taint = taint);
+        self.reindexing_with_partitions(slot, |pool| pool.gpus[slot as usize].taint = taint);
         // The limits do not depend on taints; the make-ups do.
         self.makeups = None;
         self.changes += 1;
@@ -745,8 +744,7 @@ impl Pool {
             .gpu_by_id
             .get(id)
             .ok_or_else(|| Error::inventory("gpu", format!("GPU {id} is not registered")))?;
-        let slots = self.with_partitions(slot);
-        self.reindexing(&slots, |pool| pool.gpus[slot as usize].health = health);
+        self.reindexing_with_partitions(slot, |pool| pool.gpus[slot as usize].health = health);
         self.makeups = None;
         self.changes += 1;
         Ok(())
@@ -782,14 +780,6 @@ impl Pool {
         self.makeups = None;
         self.changes += 1;
         Ok(())
-    }
-
-    /// The slot and its partitions' slots: what a change of the GPU's taint, health or whole
-    /// bookings makes eligible or not.
-    fn with_partitions(&self, slot: u32) -> Vec<u32> {
-        let mut slots = vec![slot];
-        slots.extend_from_slice(&self.gpus[slot as usize].partitions);
-        slots
     }
 
     // ---- reports ----
@@ -870,16 +860,14 @@ impl Pool {
 
     fn usage_of(&self, h: &HostEntry) -> HostUsage {
         let gpus = h.slots.iter().map(|&s| &self.gpus[s as usize]);
+        // A partitioned GPU counts through its partitions.
+        let whole = gpus.clone().filter(|g| !g.is_partitioned());
         HostUsage {
             id: h.id.clone(),
             kind: h.kind,
             state: h.state,
-            gpus: gpus.clone().filter(|g| !g.is_partitioned()).count() as u32,
-            memory_mib: gpus
-                .clone()
-                .filter(|g| !g.is_partitioned())
-                .map(|g| g.spec.memory_mib)
-                .sum(),
+            gpus: whole.clone().count() as u32,
+            memory_mib: whole.map(|g| g.spec.memory_mib).sum(),
             allocated_mib: gpus.map(|g| g.used_mib).sum(),
             vms: h.vms,
         }
@@ -1872,20 +1860,21 @@ impl Pool {
         }
     }
 
-    /// [`Self::reindexing`] for a booking on `slot`, which changes its partitions' eligibility
-    /// too (a partitioned GPU's bookings from before keep them out).
-    fn rebooking(&mut self, slot: u32, change: impl FnOnce(&mut Self)) {
-        if self.gpus[slot as usize].partitions.is_empty() {
+    /// [`Self::reindexing`] for a change of `slot`'s taint, health or bookings, which changes
+    /// its partitions' eligibility too.
+    fn reindexing_with_partitions(&mut self, slot: u32, change: impl FnOnce(&mut Self)) {
+        let partitions = &self.gpus[slot as usize].partitions;
+        if partitions.is_empty() {
             self.reindexing(&[slot], change);
         } else {
-            let slots = self.with_partitions(slot);
+            let slots: Vec<u32> = std::iter::once(slot).chain(partitions.iter().copied()).collect();
             self.reindexing(&slots, change);
         }
     }
 
     /// Books one cGPU on `slot`. `new_gpu`/`new_host`: the VM had no cGPU on this GPU/host before.
     fn take(&mut self, slot: u32, memory: u64, mode: Mode, new_gpu: bool, new_host: bool) {
-        self.rebooking(slot, |pool| {
+        self.reindexing_with_partitions(slot, |pool| {
             let gpu = &mut pool.gpus[slot as usize];
             gpu.used_mib += memory;
             gpu.cgpus += 1;
@@ -1906,7 +1895,7 @@ impl Pool {
         last_on_gpu: bool,
         last_on_host: bool,
     ) {
-        self.rebooking(slot, |pool| {
+        self.reindexing_with_partitions(slot, |pool| {
             let gpu = &mut pool.gpus[slot as usize];
             gpu.used_mib -= memory;
             gpu.cgpus -= 1;

@@ -226,23 +226,21 @@ impl App {
                 let mut stored_gpus = db::gpus_of_host(tx, &registration.name).await?;
                 // Partitions leave the pool before their parents, and join after them.
                 stored_gpus.sort_by_key(|gpu| gpu.partition.is_none());
-                // The partitions of a GPU that leaves (gone, or changed) leave with it.
-                let leaving: HashSet<GpuId> = stored_gpus
+                // Each stored GPU's report, if the host still reports the same device.
+                let same: Vec<Option<&GpuRecord>> = stored_gpus
                     .iter()
-                    .filter(|s| !registration.gpus.iter().any(|g| g.same_device(s)))
-                    .map(|s| s.id.clone())
+                    .map(|s| registration.gpus.iter().find(|g| g.same_device(s)))
                     .collect();
+                // The partitions of a GPU that leaves (gone, or changed) leave with it.
+                let leaving: HashSet<&GpuId> =
+                    stored_gpus.iter().zip(&same).filter(|(_, r)| r.is_none()).map(|(s, _)| &s.id).collect();
                 // The stored GPUs still registered after this report.
                 let mut kept: HashSet<GpuId> = HashSet::new();
                 let mut failed = false;
-                for gpu in &stored_gpus {
+                for (gpu, reported) in stored_gpus.iter().zip(&same) {
                     let parent_leaves =
                         gpu.partition.as_ref().is_some_and(|p| leaving.contains(&p.parent));
-                    let reported = registration
-                        .gpus
-                        .iter()
-                        .find(|g| g.same_device(gpu))
-                        .filter(|_| !parent_leaves);
+                    let reported = reported.filter(|_| !parent_leaves);
                     if let Some(reported) = reported.filter(|r| r.attributes != gpu.attributes) {
                         // A driver upgrade or an operator's new traits: the GPU keeps its cGPUs.
                         tracing::info!(gpu = %gpu.id, "GPU attributes changed");
