@@ -413,8 +413,20 @@ memory_mib = 8192
 fn two_shared_cgpus_reached_from_the_vm_through_masked_endpoints_until_terminated() {
     let t = Testbed::start("e2e-launch");
 
-    // Launch 2 shared cGPUs on a remote (compute-rGPU) host, and wait for ready.
-    let (id, vm) = t.launch_ready(&remote_launch(2));
+    // The compute-rGPU host's agent measures its round trip to the GPU host's rCUDA endpoint
+    // (over the GPU network) and reports it.
+    let rtt = wait_for("a measured round trip to the GPU host", Duration::from_secs(15), || {
+        let hosts = t.api.get("/v1/hosts", &t.admin);
+        let host = hosts["hosts"].as_array()?.iter().find(|h| h["name"] == RGPU_HOST)?.clone();
+        host["rtt_us"][GPU_HOST].as_u64()
+    });
+    assert!((1..1_000_000).contains(&rtt), "{rtt} us between two namespaces");
+
+    // Launch 2 shared cGPUs on a remote (compute-rGPU) host within a round trip that the
+    // measurement allows, and wait for ready.
+    let mut request = remote_launch(2);
+    request["network"] = json!({"max_rtt_us": 1_000_000});
+    let (id, vm) = t.launch_ready(&request);
     let vm_path = format!("/v1/vms/{id}");
     let admin_view = t.api.get(&vm_path, &t.admin);
     assert_eq!(admin_view["host"], RGPU_HOST, "{admin_view}");

@@ -28,6 +28,10 @@ pub struct HostView {
     /// "z1", "rack": "r12"}`), from its agent's config or the inventory. Left out when none.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub topology: std::collections::BTreeMap<String, String>,
+    /// Round trips (microseconds) its agent measured to GPU hosts, by host: the medians last
+    /// recorded. Left out when none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub rtt_us: std::collections::BTreeMap<String, u32>,
     /// What its agent tried that was refused or outlived its bound, newest first (the last 20);
     /// in admins' host lists only.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -59,6 +63,27 @@ pub struct HostReportBody {
     pub gpus: Vec<GpuReportBody>,
     #[serde(default)]
     pub applied_generation: Option<u64>,
+    /// Where the host sits in the network: its group at each of the operator's levels.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub topology: std::collections::BTreeMap<String, String>,
+    /// Round trips (microseconds) to the GPU hosts `GET /v1/hosts/{name}/rtt-targets` named:
+    /// at most 64, each 1 to 10,000,000, never to the host itself.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub rtt_us: std::collections::BTreeMap<String, u32>,
+}
+
+/// `GET /v1/hosts/{name}/rtt-targets`: the GPU hosts whose round trips the host's agent
+/// measures (a TCP connect to each one's rCUDA endpoint), nearest first, at most 64.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RttTargetsBody {
+    pub targets: Vec<RttTargetBody>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RttTargetBody {
+    pub host: String,
+    pub address: String,
+    pub port: u16,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

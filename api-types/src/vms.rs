@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use gpgpums::{Locality, MajorMinor, Mode};
+use gpgpums::{Locality, MajorMinor, Mode, NetworkConstraint, Strength};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -68,6 +68,89 @@ impl TraitsParam {
     }
 }
 
+/// How firmly a launch wants its VM and GPUs in one group (`network.same`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrengthParam {
+    /// No group has room: the launch fails (507), or waits with `queue`.
+    #[default]
+    Required,
+    /// No group has room: the cGPUs go anywhere.
+    Preferred,
+}
+
+impl From<StrengthParam> for Strength {
+    fn from(strength: StrengthParam) -> Strength {
+        match strength {
+            StrengthParam::Required => Strength::Required,
+            StrengthParam::Preferred => Strength::Preferred,
+        }
+    }
+}
+
+impl From<Strength> for StrengthParam {
+    fn from(strength: Strength) -> StrengthParam {
+        match strength {
+            Strength::Required => StrengthParam::Required,
+            Strength::Preferred => StrengthParam::Preferred,
+        }
+    }
+}
+
+/// What a launch asks of the network between its VM and its GPUs. The cloud's operator names
+/// the levels (`zone`, `rack`, `switch`); where each host sits is never shown to tenants.
+/// Locality `local` meets all of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkParam {
+    /// The VM and every cGPU in one group at this level. A level no host has: 422.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "rack")]
+    pub same: Option<String>,
+    /// Whether `same` must hold (the default) or is preferred.
+    #[serde(default, skip_serializing_if = "is_required")]
+    pub strength: StrengthParam,
+    /// The longest round trip (microseconds) from the VM's host to each of its GPUs' hosts, as
+    /// the hosts' agents measure it: GPUs never measured from a host are too far from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rtt_us: Option<u32>,
+    /// Prefer GPUs in the VM's innermost group (same switch), then the next level out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nearest: bool,
+}
+
+fn is_required(strength: &StrengthParam) -> bool {
+    *strength == StrengthParam::Required
+}
+
+impl NetworkParam {
+    pub fn is_empty(&self) -> bool {
+        *self == NetworkParam::default()
+    }
+}
+
+impl From<NetworkParam> for NetworkConstraint {
+    fn from(network: NetworkParam) -> NetworkConstraint {
+        NetworkConstraint {
+            same: network.same,
+            strength: network.strength.into(),
+            max_rtt_us: network.max_rtt_us,
+            nearest: network.nearest,
+        }
+    }
+}
+
+impl From<&NetworkConstraint> for NetworkParam {
+    fn from(network: &NetworkConstraint) -> NetworkParam {
+        NetworkParam {
+            same: network.same.clone(),
+            strength: network.strength.into(),
+            max_rtt_us: network.max_rtt_us,
+            nearest: network.nearest,
+        }
+    }
+}
+
 /// `POST /v1/vms`: the VM part and the GPU part of a launch.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -113,6 +196,10 @@ pub struct LaunchRequest {
     #[serde(default)]
     #[schema(value_type = Option<String>, example = "12.2")]
     pub min_cuda_version: Option<MajorMinor>,
+    /// Where the GPUs may be in the network relative to the VM: one group at a level, a
+    /// longest round trip, the nearest. New cGPUs attached later follow it.
+    #[serde(default)]
+    pub network: NetworkParam,
     /// When the GPUs are not there now, wait in the queue (state `queued`, answered 202) instead
     /// of failing with 507.
     #[serde(default)]
@@ -193,6 +280,8 @@ pub struct GpuRequestView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub min_cuda_version: Option<MajorMinor>,
+    #[serde(default, skip_serializing_if = "NetworkParam::is_empty")]
+    pub network: NetworkParam,
     /// The policy that placed the cGPUs.
     pub policy: String,
 }

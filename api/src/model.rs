@@ -237,6 +237,8 @@ pub struct HostRecord {
     pub forgotten: bool,
     /// Where it sits in the network (admins only).
     pub topology: gpgpums::Topology,
+    /// Round trips (microseconds) its agent measured to GPU hosts, as last recorded.
+    pub rtt_us: std::collections::BTreeMap<HostId, u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

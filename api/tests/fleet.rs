@@ -542,7 +542,160 @@ async fn hosts_carry_their_topology_for_admins_only(store: Store) {
     assert_ne!(status, 200);
 }
 
+/// g1 in rack r1, where no VM may run; g2 in rack r2 with the compute-rgpu host v2; v3 alone in
+/// rack r3. One zone. Each GPU host has two GPUs of 16 GiB.
+async fn racks(store: Store) -> TestService {
+    TestService::start_with(store, |config| {
+        let host = |name: &str, kind, gpus, rack: &str| InventoryHost {
+            name: name.parse().unwrap(),
+            kind,
+            gpus,
+            gpu_network_address: None,
+            topology: [("rack".to_owned(), rack.to_owned()), ("zone".to_owned(), "z1".to_owned())]
+                .into(),
+        };
+        config.inventory = vec![
+            host("g1", HostKind::ComputeGpu, vec![gpus("A100", "8.0", &[], 2)], "r1"),
+            host("g2", HostKind::ComputeGpu, vec![gpus("A100", "8.0", &[], 2)], "r2"),
+            host("v2", HostKind::ComputeRgpu, vec![], "r2"),
+            host("v3", HostKind::ComputeRgpu, vec![], "r3"),
+        ];
+    })
+    .await
+}
+
+/// A launch asking for one rack gets its GPUs and its VM there, attaches follow the VM's host,
+/// a rack that could never hold the request is refused at once (even with `queue`), a preferred
+/// rack gives way, bad network requests are refused naming the field and book nothing, and
+/// tenants see what they asked, never where it went.
+async fn network_constraints_keep_the_vm_and_its_gpus_in_one_group(store: Store) {
+    let t = racks(store).await;
+    let (admin, member) = (t.admin(), t.member());
+    let remote =
+        |n: u32, network: Value| launch(n, json!({"locality": "remote", "network": network}));
+    for (network, field) in [
+        (json!({"same": "row"}), "network.same"),
+        (json!({"strength": "preferred"}), "network.strength"),
+        (json!({"max_rtt_us": 0}), "network.max_rtt_us"),
+        (json!({"same": "Rack 1"}), "network.same"),
+    ] {
+        let (status, problem) = t.post(&member, "/v1/vms", &remote(1, network.clone())).await;
+        assert_eq!((status, problem["field"].as_str()), (422, Some(field)), "{network}: {problem}");
+    }
+    let (status, problem) = t.post(&member, "/v1/vms", &remote(1, json!({"sam": "rack"}))).await;
+    assert!((400..500).contains(&status), "{problem}");
+    assert_eq!(allocated(&t).await, 0, "nothing booked");
+    // Rack r1's GPUs come first, but no VM may run there: rack r2.
+    let id = t.launch(&member, &remote(1, json!({"same": "rack"}))).await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    assert_eq!(vm["gpus"]["network"], json!({"same": "rack"}), "{vm}");
+    assert!(vm.get("host").is_none() && vm["cgpus"][0].get("host").is_none(), "{vm}");
+    let (_, seen) = t.get(&admin, &format!("/v1/vms/{id}")).await;
+    assert_eq!(
+        (seen["host"].as_str(), seen["cgpus"][0]["host"].as_str()),
+        (Some("v2"), Some("g2"))
+    );
+    // An attach follows the VM's host: rack r2 again.
+    let attach = json!({"ncgpus": 1, "gpu_memory_mib": 4096, "mode": "shared"});
+    let (status, body) = t.post(&member, &format!("/v1/vms/{id}/cgpus"), &attach).await;
+    assert_eq!(status, 202, "{body}");
+    t.wait_vm(&member, &id, |vm| {
+        vm["cgpus"]
+            .as_array()
+            .is_some_and(|c| c.len() == 2 && c.iter().all(|c| c["state"] == "live"))
+    })
+    .await;
+    let (_, seen) = t.get(&admin, &format!("/v1/vms/{id}")).await;
+    assert!(seen["cgpus"].as_array().unwrap().iter().all(|c| c["host"] == "g2"), "{seen}");
+    // Nine 4 GiB cGPUs: rack r2 holds eight at most, so never: refused now, even to the queue.
+    let never =
+        launch(9, json!({"locality": "remote", "network": {"same": "rack"}, "queue": true}));
+    let (status, problem) = t.post(&member, "/v1/vms", &never).await;
+    assert_eq!(status, 507, "{problem}");
+    assert_eq!(allocated(&t).await, 2 * 4096);
+    // Preferred: it gives way, and the VM runs on any compute-rgpu host.
+    let preferred = remote(9, json!({"same": "rack", "strength": "preferred"}));
+    let id = t.launch(&member, &preferred).await;
+    t.wait_state(&member, &id, "ready").await;
+    assert_eq!(allocated(&t).await, 11 * 4096);
+}
+
+/// Agents learn which GPU hosts to measure (theirs alone to ask), report round trips, and a
+/// launch with a round-trip limit runs only where they are short enough: unmeasured is far.
+/// Hostile reports (to the host itself, out of range, too many) are refused and change
+/// nothing; small moves are not recorded (no pool change per heartbeat), big ones are.
+async fn round_trips_agents_measure_limit_where_a_vm_may_run(store: Store) {
+    let (t, vm_host, _gpu_host) = support::agents::agent_cloud(store, 2).await;
+    let (admin, member) = (t.admin(), t.member());
+    let token = t.agent_token("crg-a");
+    let (status, targets) = t.get(&token, "/v1/hosts/crg-a/rtt-targets").await;
+    assert_eq!(status, 200, "{targets}");
+    assert_eq!(targets["targets"].as_array().unwrap().len(), 1, "{targets}");
+    assert_eq!(
+        (targets["targets"][0]["host"].as_str(), targets["targets"][0]["port"].as_u64()),
+        (Some("cg-1"), Some(8308))
+    );
+    for (who, host) in
+        [(t.agent_token("cg-1"), "crg-a"), (member.clone(), "crg-a"), (token.clone(), "nowhere")]
+    {
+        let (status, _) = t.get(&who, &format!("/v1/hosts/{host}/rtt-targets")).await;
+        assert_eq!(status, 404, "{host}");
+    }
+    let near = |us: u32| {
+        let mut body = support::agents::remote_launch(1);
+        body["network"] = json!({"max_rtt_us": us});
+        body
+    };
+    // Nothing measured yet: no host is near any GPU, now or ever.
+    let (status, problem) = t.post(&member, "/v1/vms", &near(500)).await;
+    assert_eq!(status, 507, "{problem}");
+    let mut report = support::host_report("crg-a", "compute-rgpu", &vm_host.url, 0);
+    let rtt_of = |hosts: &Value| {
+        hosts["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "crg-a").unwrap()["rtt_us"]
+            .clone()
+    };
+    report["rtt_us"] = json!({"cg-1": 180, "ghost": 40});
+    assert_eq!(t.report_host(&token, "crg-a", &report).await.0, 200);
+    let (_, hosts) = t.get(&admin, "/v1/hosts").await;
+    assert_eq!(rtt_of(&hosts), json!({"cg-1": 180, "ghost": 40}), "{hosts}");
+    let id = t.launch(&member, &near(500)).await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    assert_eq!(vm["gpus"]["network"], json!({"max_rtt_us": 500}));
+    let (status, problem) = t.post(&member, "/v1/vms", &near(100)).await;
+    assert_eq!(status, 507, "{problem}");
+    // Hostile reports: refused naming the entry, nothing recorded.
+    let many: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("h{i}"), json!(1))).collect();
+    for (rtt_us, entry) in [
+        (json!({"crg-a": 5}), "rtt_us.crg-a"),
+        (json!({"cg-1": 0}), "rtt_us.cg-1"),
+        (json!({"cg-1": 10_000_001}), "rtt_us.cg-1"),
+        (json!(many), "rtt_us"),
+    ] {
+        let mut hostile = report.clone();
+        hostile["rtt_us"] = rtt_us.clone();
+        let (status, problem) = t.report_host(&token, "crg-a", &hostile).await;
+        assert_eq!((status, problem["field"].as_str()), (422, Some(entry)), "{rtt_us}: {problem}");
+    }
+    // Another host's agent cannot report for crg-a.
+    let (status, _) = t.report_host(&t.agent_token("cg-1"), "crg-a", &report).await;
+    assert_eq!(status, 404);
+    // A small move is noise; a big one is recorded and placement follows it.
+    report["rtt_us"] = json!({"cg-1": 260, "ghost": 40});
+    assert_eq!(t.report_host(&token, "crg-a", &report).await.0, 200);
+    let (_, hosts) = t.get(&admin, "/v1/hosts").await;
+    assert_eq!(rtt_of(&hosts)["cg-1"], 180, "{hosts}");
+    report["rtt_us"] = json!({"cg-1": 60, "ghost": 40});
+    assert_eq!(t.report_host(&token, "crg-a", &report).await.0, 200);
+    let (_, hosts) = t.get(&admin, "/v1/hosts").await;
+    assert_eq!(rtt_of(&hosts)["cg-1"], 60, "{hosts}");
+    let id = t.launch(&member, &near(100)).await;
+    t.wait_state(&member, &id, "ready").await;
+}
+
 on_both_stores!(
+    round_trips_agents_measure_limit_where_a_vm_may_run,
+    network_constraints_keep_the_vm_and_its_gpus_in_one_group,
     hosts_carry_their_topology_for_admins_only,
     a_host_repartitioned_while_in_use_keeps_reporting_and_its_new_partitions_join,
     a_failing_parent_takes_its_partitions_cgpus_with_it_and_brings_them_back,

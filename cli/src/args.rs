@@ -282,6 +282,19 @@ pub struct Launch {
     /// Only GPUs whose driver supports at least this CUDA version (12.2).
     #[arg(long, value_name = "MAJOR.MINOR")]
     pub min_cuda_version: Option<gsaas_api_types::MajorMinor>,
+    /// The VM and every cGPU in one group at this level of the cloud's network (rack, zone:
+    /// the operator's names).
+    #[arg(long, value_name = "LEVEL")]
+    pub same: Option<String>,
+    /// With --same: prefer one group, but place anywhere when none has room.
+    #[arg(long, requires = "same")]
+    pub same_preferred: bool,
+    /// The longest round trip (microseconds) from the VM's host to each of its GPUs' hosts.
+    #[arg(long, value_name = "US")]
+    pub max_rtt_us: Option<u32>,
+    /// Prefer GPUs in the VM's innermost group, then the next level out.
+    #[arg(long)]
+    pub nearest: bool,
     /// Makes a retried launch return the same VM.
     #[arg(long)]
     pub idempotency_key: Option<String>,

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gsaas_api_types::{
-    AttachRequest, CgpuState, GpuModels, LaunchRequest, LocalityParam, ModeParam, QuotaView,
-    TaintRequest, TraitsParam, VmView, LAUNCH_STAGES,
+    AttachRequest, CgpuState, GpuModels, LaunchRequest, LocalityParam, ModeParam, NetworkParam,
+    QuotaView, StrengthParam, TaintRequest, TraitsParam, VmView, LAUNCH_STAGES,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -327,6 +327,16 @@ fn launch_vm(
         },
         min_compute_capability: launch.min_compute_capability,
         min_cuda_version: launch.min_cuda_version,
+        network: NetworkParam {
+            same: launch.same,
+            strength: if launch.same_preferred {
+                StrengthParam::Preferred
+            } else {
+                StrengthParam::Required
+            },
+            max_rtt_us: launch.max_rtt_us,
+            nearest: launch.nearest,
+        },
         queue: launch.queue,
         priority: launch.priority,
         preemptible: launch.preemptible,

@@ -235,6 +235,13 @@ fn errors_are_one_line_with_distinct_exit_codes() {
     let mut args = vec!["launch", "--ncgpus", "1", "--require-trait", "nvlink"];
     args.extend(VM);
     check(server.gsaas(&token, &args), 2, "traits.required");
+    // The testbed's hosts carry no topology: no level to ask for.
+    let mut args = vec!["launch", "--ncgpus", "1", "--same", "rack", "--same-preferred"];
+    args.extend(VM);
+    check(server.gsaas(&token, &args), 2, "network.same");
+    let mut args = vec!["launch", "--ncgpus", "1", "--max-rtt-us", "0"];
+    args.extend(VM);
+    check(server.gsaas(&token, &args), 2, "network.max_rtt_us");
     let output =
         server.gsaas(&token, &["launch", "--ncgpus", "1", "--min-compute-capability", "8"]);
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));

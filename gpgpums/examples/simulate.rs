@@ -16,25 +16,16 @@ use std::time::Instant;
 
 #[path = "../benches/common/mod.rs"]
 mod common;
+mod trace;
 
 use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
 use gpgpums::seeded::SplitMix64;
 use gpgpums::{
-    CgpuAssignment, GpuConstraints, GpuId, Pool, ProjectId, Quota, QuotaLedger, Request, TicketId,
-    VmId,
+    CgpuAssignment, GpuConstraints, GpuId, NetworkConstraint, Pool, ProjectId, Quota, QuotaLedger,
+    Request, TicketId, VmId,
 };
+use trace::{args_or_exit, Args, APPS, POLICIES};
 
-/// Table 4.1: the applications' GPU memory (MB, used as MiB).
-const APPS: [(&str, u64); 6] = [
-    ("GPU-Blast", 1599),
-    ("LAMMPS", 876),
-    ("mCUDA-MEME", 151),
-    ("BarraCUDA", 3319),
-    ("MUMmerGPU", 2104),
-    ("GPU-LIBSVM", 145),
-];
-const POLICIES: [&str; 5] =
-    ["first-fit", "best-fit", "least-load-fit", "fewer-jobs-gpu", "fewer-jobs-node"];
 const HOSTS: u32 = 64;
 const GPUS_PER_HOST: u32 = 4;
 const GPU_MIB: u64 = 8192;
@@ -44,31 +35,6 @@ const BEST_EFFORT_SHARE: f64 = 0.3;
 const QUEUE_TIMEOUT_MS: u64 = 3_600_000;
 /// Bounded slowdown's floor on run time (seconds), so that tiny jobs do not dominate.
 const SLOWDOWN_TAU_S: f64 = 10.0;
-
-struct Args {
-    requests: usize,
-    load: f64,
-    seed: u64,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args { requests: 100_000, load: 0.95, seed: 42 };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
-        match flag.as_str() {
-            "--requests" => args.requests = value.parse().map_err(|e| bad(&e))?,
-            "--load" => args.load = value.parse().map_err(|e| bad(&e))?,
-            "--seed" => args.seed = value.parse().map_err(|e| bad(&e))?,
-            _ => return Err(format!("unknown flag {flag} (use --requests, --load, --seed)")),
-        }
-    }
-    if args.requests == 0 || !(args.load > 0.0 && args.load < 10.0) {
-        return Err("--requests must be positive and --load in (0, 10)".into());
-    }
-    Ok(args)
-}
 
 /// The simulation's draws: [`SplitMix64`] and exponential gaps.
 struct Rng(SplitMix64);
@@ -318,7 +284,9 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
                         }
                     }
                     let project = jobs[index_of(shrink.vm)].project.clone();
-                    for (request, on_host) in shrink.give_back(&GpuConstraints::NONE) {
+                    for (request, on_host) in
+                        shrink.give_back(&GpuConstraints::NONE, &NetworkConstraint::NONE)
+                    {
                         queue.push(Waiting {
                             ticket: TicketId(next_ticket),
                             vm: shrink.vm,
@@ -367,13 +335,7 @@ fn index_of(vm: VmId) -> usize {
 }
 
 fn main() {
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("simulate: {e}");
-            std::process::exit(2);
-        }
-    };
+    let args = args_or_exit(Args { requests: 100_000, load: 0.95, seed: 42 });
     let jobs = trace(&args);
     println!(
         "{} requests, offered load {:.2}, {} GPUs of {} MiB on {} hosts, {}% best effort, seed {}\n",

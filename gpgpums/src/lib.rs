@@ -38,5 +38,5 @@ pub use pool::{Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_ME
 pub use quota::{
     Holding, ModelLimits, Quota, QuotaExceeded, QuotaLedger, Resource, Usage, MAX_MODEL_LIMITS,
 };
-pub use topology::{topology_problem, Topology};
+pub use topology::{topology_problem, NetworkConstraint, Strength, Topology, MAX_RTT_US};
 pub use traits::{GpuAttributes, GpuConstraints, GpuKind, MajorMinor};

@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{GpuId, HostId, VmId};
+use crate::topology::NetworkConstraint;
 use crate::traits::{GpuAttributes, GpuConstraints};
 
 /// The role a host plays in the cloud (dissertation section 5.2.1, Figure 5.7).
@@ -179,6 +180,9 @@ pub struct Request {
     /// Which GPUs it may take and which it prefers (models, traits, versions).
     #[serde(default, skip_serializing_if = "GpuConstraints::is_empty")]
     pub constraints: GpuConstraints,
+    /// What it asks of the network between the VM and its GPUs (groups, round trips).
+    #[serde(default, skip_serializing_if = "NetworkConstraint::is_empty")]
+    pub network: NetworkConstraint,
 }
 
 impl Request {
@@ -191,6 +195,7 @@ impl Request {
             locality: Locality::Any,
             distinct_gpus: false,
             constraints: GpuConstraints::default(),
+            network: NetworkConstraint::NONE,
         }
     }
 
@@ -209,6 +214,10 @@ impl Request {
 
     pub fn with_constraints(self, constraints: GpuConstraints) -> Self {
         Request { constraints, ..self }
+    }
+
+    pub fn with_network(self, network: NetworkConstraint) -> Self {
+        Request { network, ..self }
     }
 }
 

@@ -35,6 +35,10 @@
 //! whole bookings re-indexes its partitions too (a GPU has at most a few), so decisions stay as
 //! they are: the indexes only ever hold GPUs that may take a cGPU now. Reports and limits count a
 //! partitioned GPU through its partitions.
+//!
+//! Hosts sit in the network (their topology, the round trips their agents measured), and a
+//! request may ask for one group, a round-trip limit or the nearest GPUs: `pool/network.rs` places those
+//! group by group, over the same indexes, and says where the VM may then run.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -47,8 +51,10 @@ use crate::model::{
 };
 use crate::policy::{Candidate, CandidateIndex, Policy, PolicyRegistry};
 use crate::quota::{Holding, Usage};
+use crate::topology::Topology;
 use crate::traits::{GpuAttributes, GpuConstraints, GpuKind};
 
+mod network;
 mod rehome;
 
 pub use rehome::Rehome;
@@ -84,6 +90,10 @@ struct HostEntry {
     /// Slots of its GPUs, ascending.
     slots: Vec<u32>,
     vms: u32,
+    /// Its group at each level (see [`crate::topology`]).
+    topology: Topology,
+    /// Round-trip times (microseconds) its agent measured to other hosts, by host.
+    rtt_to: HashMap<u32, u32>,
 }
 
 #[derive(Debug)]
@@ -369,6 +379,8 @@ pub struct Pool {
     changes: u64,
     /// Counts changes of the hosts (registrations, states), for callers that mirror them.
     host_changes: u64,
+    /// The hosts' groups at each level, worked out on first use since the topology changed.
+    groups: std::sync::OnceLock<Arc<network::Groups>>,
 }
 
 impl Default for Pool {
@@ -408,6 +420,7 @@ impl Pool {
             masked: Vec::new(),
             changes: 0,
             host_changes: 0,
+            groups: std::sync::OnceLock::new(),
         }
     }
 
@@ -455,7 +468,10 @@ impl Pool {
             state: HostState::Schedulable,
             slots: vec![],
             vms: 0,
+            topology: Topology::new(),
+            rtt_to: HashMap::new(),
         });
+        self.groups.take();
         self.inventory_changed();
         self.changes += 1;
         self.host_changes += 1;
@@ -942,6 +958,9 @@ impl Pool {
                 .sum();
             return host.state == HostState::Schedulable && room >= n;
         }
+        if request.locality != Locality::Local && request.network.is_hard() {
+            return self.could_ever_fit_network(request, &filter);
+        }
         let limits = self.limits();
         let (total, one_host) = self.empty_room(request, &filter);
         match request.locality {
@@ -952,11 +971,16 @@ impl Pool {
     }
 
     /// [`Self::could_ever_fit`] for cGPUs added to a running VM (which needs no host to run on):
-    /// anywhere, or `on_host`.
+    /// on `on_host`, the VM's host, for a `local` VM; where its network constraint allows around
+    /// it for others; anywhere otherwise.
     pub fn could_ever_attach(&mut self, request: &Request, on_host: Option<&HostId>) -> bool {
         match on_host {
-            Some(_) => self.could_ever_fit(request, on_host),
-            None => {
+            Some(_) if request.locality == Locality::Local => self.could_ever_fit(request, on_host),
+            Some(host) if request.network.is_hard() => {
+                let filter = self.admission(&request.constraints);
+                self.could_ever_attach_near(request, &filter, host)
+            }
+            _ => {
                 let filter = self.admission(&request.constraints);
                 self.empty_room(request, &filter).0 >= u64::from(request.ncgpus)
             }
@@ -1039,10 +1063,18 @@ impl Pool {
         if self.views_stale {
             self.rebuild_views();
         }
+        if !request.network.is_empty() {
+            self.check_levels(&request.network)?;
+        }
         let filter = self.filter(view, &request.constraints, request.ncgpus)?;
         let outcome = match request.locality {
             Locality::Local => self.place_local(request, view, &filter),
-            Locality::Any | Locality::Remote => self.place_on(request, view, &filter, None, &[]),
+            Locality::Any | Locality::Remote if request.network.is_empty() => {
+                self.place_on(request, view, &filter, None, &[])
+            }
+            Locality::Any | Locality::Remote => self
+                .place_network(request, view, &filter)
+                .map(|cgpus| (cgpus, vm_host_of(request.locality))),
         };
         let (cgpus, vm_host) = match outcome {
             Ok(done) => done,
@@ -1160,11 +1192,7 @@ impl Pool {
                 }
             })
             .collect();
-        let vm_host = match request.locality {
-            Locality::Remote => VmHost::AnyRgpuHost,
-            _ => VmHost::AnyAgentHost,
-        };
-        Ok((cgpus, vm_host))
+        Ok((cgpus, vm_host_of(request.locality)))
     }
 
     /// Undoes `take` for `booked` cGPUs of one VM, given as (slot, memory, mode); the VM keeps the
@@ -1204,9 +1232,9 @@ impl Pool {
     }
 
     /// Adds `request.ncgpus` cGPUs to the VM under `policy` (the paper's progressive attach), or
-    /// changes nothing. A VM that holds no cGPUs (all detached) gets a new placement. The new cGPUs
-    /// go `on_host` when given (a `local` VM's host), anywhere otherwise; `request.locality` only
-    /// names the VM's locality in a shortfall. They take the lowest indexes the VM does not use,
+    /// changes nothing. A VM that holds no cGPUs (all detached) gets a new placement. `on_host`
+    /// is the VM's host when it has one: the new cGPUs go on it for a `local` VM, where the
+    /// request's network constraint allows around it for others, anywhere otherwise. They take the lowest indexes the VM does not use,
     /// so a live cGPU never changes its index, and come last in the VM's list (attach order).
     pub fn attach(
         &mut self,
@@ -1237,18 +1265,29 @@ impl Pool {
         }
         let shortfall =
             |placeable| Error::InsufficientCapacity(Shortfall::of(request, placeable, false));
-        let within = match on_host {
-            Some(host) => {
+        let tiers: Vec<Option<Vec<u32>>> = match on_host {
+            Some(host) if request.locality == Locality::Local => {
                 let Some(&h) = self.host_by_id.get(host) else { return Err(shortfall(0)) };
-                Some(self.hosts[h as usize].slots.clone())
+                vec![Some(self.hosts[h as usize].slots.clone())]
             }
-            None => None,
+            Some(host) if !request.network.is_empty() => {
+                self.check_levels(&request.network)?;
+                self.near_tiers(&request.network, host)
+            }
+            _ => vec![None],
         };
         if self.views_stale {
             self.rebuild_views();
         }
         let filter = self.filter(view, &request.constraints, request.ncgpus)?;
-        let (mut cgpus, _) = match self.place_on(request, view, &filter, within.as_deref(), &held) {
+        let mut placed = Err(0);
+        for within in &tiers {
+            placed = self.place_on(request, view, &filter, within.as_deref(), &held);
+            if placed.is_ok() {
+                break;
+            }
+        }
+        let (mut cgpus, _) = match placed {
             Ok(placed) => placed,
             Err(placeable) if !self.could_ever_attach(request, on_host) => {
                 return Err(Error::InsufficientCapacity(Shortfall::never_fits(request, placeable)))
@@ -1260,9 +1299,8 @@ impl Pool {
             vm,
             policy,
             vm_host: match on_host {
-                Some(host) => VmHost::Pinned(host.clone()),
-                None if request.locality == Locality::Remote => VmHost::AnyRgpuHost,
-                None => VmHost::AnyAgentHost,
+                Some(host) if request.locality == Locality::Local => VmHost::Pinned(host.clone()),
+                _ => vm_host_of(request.locality),
             },
             cgpus: Vec::new(),
         });
@@ -2153,7 +2191,16 @@ impl Request {
             _ => {}
         }
         problems.extend(self.constraints.problems());
+        problems.extend(self.network.problems());
         problems
+    }
+}
+
+/// Where a VM placed anywhere runs: a compute-rgpu host (`remote`) or any host with an agent.
+fn vm_host_of(locality: Locality) -> VmHost {
+    match locality {
+        Locality::Remote => VmHost::AnyRgpuHost,
+        _ => VmHost::AnyAgentHost,
     }
 }
 

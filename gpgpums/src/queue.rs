@@ -41,6 +41,7 @@ use crate::ids::{HostId, ProjectId, TicketId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
 use crate::pool::{Pool, Room};
 use crate::quota::{QuotaLedger, Shares, Usage};
+use crate::topology::NetworkConstraint;
 use crate::traits::GpuConstraints;
 
 /// What a waiting request asks for.
@@ -158,8 +159,13 @@ pub struct Shrink {
 
 impl Shrink {
     /// The attaches that give the VM back what it loses, one per kind of cGPU taken, with the host
-    /// they must go on, each asking what the VM asked of its GPUs (`constraints`).
-    pub fn give_back(&self, constraints: &GpuConstraints) -> Vec<(Request, Option<HostId>)> {
+    /// they must go on, each asking what the VM asked of its GPUs (`constraints`) and of the
+    /// network (`network`, around the host the VM runs on, which the caller knows).
+    pub fn give_back(
+        &self,
+        constraints: &GpuConstraints,
+        network: &NetworkConstraint,
+    ) -> Vec<(Request, Option<HostId>)> {
         let mut kinds: BTreeMap<(bool, u64), u32> = BTreeMap::new();
         for cgpu in &self.cgpus {
             let exclusive = cgpu.mode == Mode::Exclusive;
@@ -176,7 +182,10 @@ impl Shrink {
             .map(|((exclusive, mib), n)| {
                 let request =
                     if exclusive { Request::exclusive(n) } else { Request::shared(n, mib) };
-                let request = request.with_locality(locality).with_constraints(constraints.clone());
+                let request = request
+                    .with_locality(locality)
+                    .with_constraints(constraints.clone())
+                    .with_network(network.clone());
                 (request, on_host.clone())
             })
             .collect()
@@ -609,9 +618,11 @@ impl Round<'_, '_> {
             .map(|(&vm, _)| vm);
         // Victim cGPUs seen so far, by GPU slot.
         let mut on_gpu: BTreeMap<u32, Vec<(VmId, CgpuAssignment)>> = BTreeMap::new();
+        // A `local` VM's host; others' attaches look for victims anywhere (their network
+        // constraint is checked by the placement that decides whether they fit).
         let mut on_host = match &w.ask {
-            Ask::Attach { on_host } => on_host.clone(),
-            Ask::Launch => None,
+            Ask::Attach { on_host } if request.locality == Locality::Local => on_host.clone(),
+            Ask::Attach { .. } | Ask::Launch => None,
         };
         let one_host = request.locality == Locality::Local;
         let mut originals: BTreeMap<VmId, Placement> = BTreeMap::new();

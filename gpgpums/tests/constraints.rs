@@ -270,7 +270,7 @@ fn a_rehomed_cgpu_moves_only_to_a_gpu_its_vm_admits() {
     let placed =
         pool.place(vm(1), &Request::exclusive(1).with_constraints(h100.clone()), "first-fit");
     assert_eq!(models_of(&pool, &placed.unwrap()), ["H100"]);
-    let to = Rehome { on_host: None, distinct_gpus: false, constraints: &h100 };
+    let to = Rehome { on_host: None, distinct_gpus: false, constraints: &h100, near: None };
     let moved = pool.rehome(&vm(1), 0, "first-fit", &to, None).unwrap();
     let usage = pool.gpu_usage();
     assert_eq!(usage.iter().find(|g| g.id == moved.gpu).unwrap().model, "H100");

@@ -5,14 +5,17 @@
 //! capabilities) and requests constrain them: a hard constraint is never broken, and the indexed
 //! pool's subsets decide as the scan does. GPUs are partitioned as the runs go (MIG instances,
 //! some while their parent is booked whole): a GPU and its partitions are never both booked, a
-//! partitioned GPU takes no cGPU whole, and a tainted parent's partitions take none.
+//! partitioned GPU takes no cGPU whole, and a tainted parent's partitions take none. Hosts sit in
+//! racks and zones with measured round trips between some of them, and requests ask for the
+//! network: a required group or round-trip limit is never broken, and some host may run the VM.
 
 mod common;
 
 use common::{gpu_spec, host};
 use gpgpums::{
     Error, GpuAttributes, GpuConstraints, GpuKind, GpuSpec, HostId, HostKind, HostState, Locality,
-    MajorMinor, Mode, Placement, PolicyRegistry, Pool, Request, Selector, VmId,
+    MajorMinor, Mode, NetworkConstraint, Placement, PolicyRegistry, Pool, Request, Selector,
+    Strength, Topology, VmId,
 };
 use proptest::prelude::*;
 use uuid::Uuid;
@@ -117,18 +120,45 @@ fn constraints() -> impl Strategy<Value = GpuConstraints> {
     prop_oneof![Just(GpuConstraints::default()), some]
 }
 
+/// Network constraints over [`topology`] and [`rtt`]: none half the time.
+fn network() -> impl Strategy<Value = NetworkConstraint> {
+    let same = prop_oneof![Just(None), Just(Some("rack")), Just(Some("zone"))];
+    let strength = prop_oneof![Just(Strength::Required), Just(Strength::Preferred)];
+    let max_rtt = prop_oneof![2 => Just(None), 1 => prop::sample::select(vec![150u32, 300, 1000]).prop_map(Some)];
+    let some = (same, strength, max_rtt, any::<bool>()).prop_map(
+        |(same, strength, max_rtt_us, nearest)| NetworkConstraint {
+            same: same.map(str::to_owned),
+            strength: if same.is_some() { strength } else { Strength::Required },
+            max_rtt_us,
+            nearest,
+        },
+    );
+    prop_oneof![Just(NetworkConstraint::NONE), some]
+}
+
+/// Host `i` (in registration order) is in rack `r{i/2}` of zone `z{i/4}`.
+fn topology(i: usize) -> Topology {
+    [("rack".to_owned(), format!("r{}", i / 2)), ("zone".to_owned(), format!("z{}", i / 4))].into()
+}
+
+/// The round trip measured from host `i` to host `j`: none between some pairs.
+fn rtt(i: usize, j: usize) -> Option<u32> {
+    (!(i + j).is_multiple_of(5)).then(|| 100 * (1 + i.abs_diff(j) as u32))
+}
+
 fn request() -> impl Strategy<Value = Request> {
     let memory = prop_oneof![Just(None), (1u64..9000).prop_map(Some), Just(Some(4096))];
     let mode = prop_oneof![Just(Mode::Shared), Just(Mode::Exclusive)];
     let locality = prop_oneof![Just(Locality::Any), Just(Locality::Local), Just(Locality::Remote)];
-    (0u32..6, memory, mode, locality, any::<bool>(), constraints()).prop_map(
-        |(ncgpus, gpu_memory_mib, mode, locality, distinct_gpus, constraints)| Request {
+    (0u32..6, memory, mode, locality, any::<bool>(), constraints(), network()).prop_map(
+        |(ncgpus, gpu_memory_mib, mode, locality, distinct_gpus, constraints, network)| Request {
             ncgpus,
             gpu_memory_mib,
             mode,
             locality,
             distinct_gpus,
             constraints,
+            network,
         },
     )
 }
@@ -165,6 +195,12 @@ fn build(shape: &PoolShape, selector: Selector) -> (Pool, Vec<String>) {
         let name = format!("rg{i}");
         pool.add_host(host(&name), HostKind::ComputeRgpu).unwrap();
         hosts.push(name);
+    }
+    for (i, from) in hosts.iter().enumerate() {
+        pool.set_host_topology(&host(from), topology(i)).unwrap();
+        let measured = hosts.iter().enumerate().filter(|&(j, _)| j != i);
+        let rtts = measured.filter_map(|(j, to)| Some((host(to), rtt(i, j)?)));
+        pool.set_host_rtts(&host(from), rtts).unwrap();
     }
     (pool, hosts)
 }
@@ -211,6 +247,30 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
                         if request.locality == Locality::Local {
                             let first = &placement.cgpus[0].host;
                             prop_assert!(placement.cgpus.iter().all(|c| &c.host == first));
+                        } else if !request.network.is_empty() {
+                            let gpu_hosts: Vec<HostId> =
+                                placement.cgpus.iter().map(|c| c.host.clone()).collect();
+                            let vm_hosts = pool.vm_hosts_for(request, &gpu_hosts).expect("a set");
+                            prop_assert!(!vm_hosts.is_empty(), "no host may run the VM");
+                            let at = |h: &HostId| hosts.iter().position(|n| host(n) == *h).unwrap();
+                            for (vm_host, gpu_host) in
+                                vm_hosts.iter().flat_map(|v| gpu_hosts.iter().map(move |g| (v, g)))
+                            {
+                                let (v, g) = (at(vm_host), at(gpu_host));
+                                if let Some(level) = request.network.required_level() {
+                                    prop_assert_eq!(
+                                        topology(v).get(level).cloned(),
+                                        topology(g).get(level).cloned()
+                                    );
+                                }
+                                if let Some(max) = request.network.max_rtt_us {
+                                    let measured = if v == g { Some(0) } else { rtt(v, g) };
+                                    prop_assert!(
+                                        measured.is_some_and(|us| us <= max),
+                                        "{vm_host} -> {gpu_host}: {measured:?} > {max}"
+                                    );
+                                }
+                            }
                         }
                         let usage = pool.gpu_usage();
                         for cgpu in &placement.cgpus {

@@ -262,7 +262,8 @@ fn preemption_shrinks_the_lower_priority_preemptible_vm_that_gives_up_the_fewest
     assert!(planned.awaiting_reclaim && planned.started.is_empty() && planned.preemption.is_none());
     // Once released, it starts; the shrunk VM's give-back waits with its own priority.
     world.reclaim(&planned_preemption(&preemption));
-    let give_back = preemption.victims[0].give_back(&GpuConstraints::NONE);
+    let give_back =
+        preemption.victims[0].give_back(&GpuConstraints::NONE, &gpgpums::NetworkConstraint::NONE);
     assert_eq!(give_back, vec![(Request::shared(1, 8192), None)]);
     let planned = world.plan(&[urgent], &Rules::default());
     assert_eq!(tickets(&planned), [3]);
@@ -744,7 +745,8 @@ fn preemption_takes_only_from_gpus_the_request_may_use() {
     let victims: Vec<VmId> = preemption.victims.iter().map(|s| s.vm).collect();
     assert_eq!(victims, [vm(1003)], "{preemption:?}");
     let constraints = of_models(Request::exclusive(1), &["H100"]).constraints;
-    let give_back = preemption.victims[0].give_back(&constraints);
+    let give_back =
+        preemption.victims[0].give_back(&constraints, &gpgpums::NetworkConstraint::NONE);
     assert!(give_back.iter().all(|(r, _)| r.constraints == constraints), "{give_back:?}");
     world.reclaim(&planned);
     assert_eq!(tickets(&world.plan(std::slice::from_ref(&urgent), &Rules::default())), [5]);

@@ -92,6 +92,16 @@ pub struct ControllerConfig {
     pub token_file: Option<PathBuf>,
     #[serde(default = "default_heartbeat_secs")]
     pub heartbeat_interval_secs: u64,
+    /// How often the agent measures its round trips to the GPU hosts gsaasd names (one TCP
+    /// connect to each one's rCUDA endpoint); 0: never.
+    #[serde(default = "default_rtt_secs")]
+    pub rtt_interval_secs: u64,
+    /// How long one connect may take before it counts as no answer.
+    #[serde(default = "default_rtt_timeout_ms")]
+    pub rtt_timeout_ms: u64,
+    /// How often it asks gsaasd again which GPU hosts to measure.
+    #[serde(default = "default_rtt_targets_secs")]
+    pub rtt_targets_refresh_secs: u64,
     /// PEM bundle of the CAs the controller's certificate must chain to (an https `url`); the
     /// system's CAs when absent.
     #[serde(default)]
@@ -101,6 +111,17 @@ pub struct ControllerConfig {
 impl ControllerConfig {
     pub fn heartbeat_interval(&self) -> Duration {
         Duration::from_secs(self.heartbeat_interval_secs)
+    }
+
+    /// How often round trips are measured, and how long one connect may take; `None`: never.
+    pub fn rtt_schedule(&self) -> Option<(Duration, Duration, Duration)> {
+        (self.rtt_interval_secs > 0).then(|| {
+            (
+                Duration::from_secs(self.rtt_interval_secs),
+                Duration::from_millis(self.rtt_timeout_ms),
+                Duration::from_secs(self.rtt_targets_refresh_secs),
+            )
+        })
     }
 }
 
@@ -173,6 +194,15 @@ fn default_retry_secs() -> u64 {
 fn default_heartbeat_secs() -> u64 {
     10
 }
+fn default_rtt_secs() -> u64 {
+    20
+}
+fn default_rtt_timeout_ms() -> u64 {
+    1000
+}
+fn default_rtt_targets_secs() -> u64 {
+    300
+}
 fn default_rcuda_port() -> u16 {
     8308
 }
@@ -223,6 +253,19 @@ impl Config {
             if c.heartbeat_interval_secs == 0 {
                 return Err(invalid(
                     "controller.heartbeat_interval_secs must be at least 1".into(),
+                ));
+            }
+            if !(1..=10_000).contains(&c.rtt_timeout_ms) {
+                return Err(invalid("controller.rtt_timeout_ms must be 1 to 10000".into()));
+            }
+            if c.rtt_interval_secs > 0 && c.rtt_timeout_ms > c.rtt_interval_secs * 1000 {
+                return Err(invalid(
+                    "controller.rtt_timeout_ms must not be longer than rtt_interval_secs".into(),
+                ));
+            }
+            if c.rtt_targets_refresh_secs == 0 {
+                return Err(invalid(
+                    "controller.rtt_targets_refresh_secs must be at least 1".into(),
                 ));
             }
             match (c.token.is_empty(), &c.token_file) {

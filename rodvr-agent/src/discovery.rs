@@ -418,6 +418,7 @@ mod tests {
             gpus: inv,
             applied_generation: None,
             topology: Default::default(),
+            rtt_us: Default::default(),
         };
         assert_eq!(report.validate(range), Ok(()));
         // A partition of a GPU the host does not have.

@@ -4,7 +4,8 @@
 //!
 //! This crate is the agent on its host: the kernel's firewall ([`nft`]: `nft` and `conntrack`),
 //! GPU discovery over NVML ([`discovery`]), its configuration and credential, its HTTP API
-//! ([`server`]) and the VMs' metadata server ([`metadata`]). The agent's logic is `rodvr-core`'s
+//! ([`server`]), the VMs' metadata server ([`metadata`]) and its round trips to GPU hosts
+//! ([`rtt`]). The agent's logic is `rodvr-core`'s
 //! (shared with `gsaasd`'s in-process agents), the wire contract `rodvr-contract`'s.
 
 pub mod config;
@@ -12,4 +13,5 @@ pub mod credential;
 pub mod discovery;
 pub mod metadata;
 pub mod nft;
+pub mod rtt;
 pub mod server;

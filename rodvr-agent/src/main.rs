@@ -144,8 +144,16 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         let renewed = credential::renewed_token_path(&config.state_file);
         let token = credential::current_token(&controller.token, &renewed);
         let http = httpd::http_client(controller.ca.as_deref())?;
-        let client = ControllerClient::with_http(http, &controller.url, token);
+        let client = Arc::new(ControllerClient::with_http(http, &controller.url, token));
         let every = controller.heartbeat_interval();
+        if let Some(schedule) = controller.rtt_schedule() {
+            tokio::spawn(measure_rtts(
+                agent.clone(),
+                client.clone(),
+                config.host.clone(),
+                schedule,
+            ));
+        }
         tokio::spawn(heartbeat(agent.clone(), discovery, client, renewed, every));
     }
     let app = router(agent, Arc::new(verifier), config.http.body_timeout());
@@ -175,12 +183,43 @@ async fn retry_failed_applies<F: Firewall + 'static>(agent: Arc<Agent<F>>, every
     }
 }
 
+/// Measures round trips to the GPU hosts gsaasd names, every round of `schedule` (interval,
+/// connect timeout, how often the targets are asked again), for the heartbeats to report.
+async fn measure_rtts<F: Firewall + 'static>(
+    agent: Arc<Agent<F>>,
+    client: Arc<ControllerClient>,
+    host: gpgpums::HostId,
+    (every, timeout, refresh): (Duration, Duration, Duration),
+) {
+    let mut targets = Vec::new();
+    let mut asked: Option<std::time::Instant> = None;
+    let mut samples = rodvr_agent::rtt::RttSamples::default();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if asked.is_none_or(|at| at.elapsed() >= refresh) {
+            // Asked again next round when gsaasd does not answer; the old targets serve meanwhile.
+            match client.rtt_targets(&host).await {
+                Ok(named) => {
+                    targets = named;
+                    asked = Some(std::time::Instant::now());
+                }
+                Err(e) => log_error("asking the controller which GPU hosts to measure", &e),
+            }
+        }
+        let round = rodvr_agent::rtt::probe(&targets, timeout).await;
+        samples.record(&round);
+        agent.set_rtts(samples.medians());
+    }
+}
+
 /// Registers the host every `every`, renewing the agent's token (kept in `renewed`) once half of
 /// its life is gone.
 async fn heartbeat<F: Firewall + 'static>(
     agent: Arc<Agent<F>>,
     discovery: Arc<dyn rodvr_agent::discovery::GpuDiscovery>,
-    client: ControllerClient,
+    client: Arc<ControllerClient>,
     renewed: PathBuf,
     every: Duration,
 ) {

@@ -13,7 +13,10 @@ use serde::de::DeserializeOwned;
 use gpgpums::ids::HostId;
 
 use crate::auth::TokenSigner;
-use crate::protocol::{AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable};
+use crate::protocol::{
+    AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable, RttTarget, RttTargets,
+    MAX_RTT_TARGETS,
+};
 
 const TOKEN_TTL: Duration = Duration::from_secs(60);
 
@@ -222,6 +225,15 @@ impl ControllerClient {
             return Ok(());
         }
         Err(status_error(url, status, response).await)
+    }
+
+    /// The GPU hosts whose round trips the host's agent measures
+    /// (`GET /v1/hosts/{host}/rtt-targets`), at most [`MAX_RTT_TARGETS`] of them.
+    pub async fn rtt_targets(&self, host: &HostId) -> Result<Vec<RttTarget>, ClientError> {
+        let url = format!("{}/v1/hosts/{host}/rtt-targets", self.base);
+        let req = self.http.get(&url).bearer_auth(self.token());
+        let answer: RttTargets = send(url, req).await?;
+        Ok(answer.targets.into_iter().take(MAX_RTT_TARGETS).collect())
     }
 
     /// Trades the current token for a fresh one (`POST /v1/hosts/{host}/token`), which it

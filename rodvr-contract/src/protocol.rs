@@ -6,7 +6,7 @@
 //! restart. Validation lives here, next to the types, so both sides reject the same tables and name
 //! the offending entry the same way (`routes[3].masked: ...`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::str::FromStr;
@@ -372,6 +372,29 @@ pub struct HostReport {
     /// operator's levels. Left out when none.
     #[serde(default, skip_serializing_if = "gpgpums::Topology::is_empty")]
     pub topology: gpgpums::Topology,
+    /// Round trips (microseconds) from this host to the GPU hosts gsaasd named
+    /// ([`RttTargets`]): the median of the last few TCP connects to each one's rCUDA endpoint.
+    /// Left out when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rtt_us: BTreeMap<HostId, u32>,
+}
+
+/// The most GPU hosts an agent measures round trips to.
+pub const MAX_RTT_TARGETS: usize = 64;
+
+/// A GPU host whose round trip an agent measures: a TCP connect to its rCUDA endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RttTarget {
+    pub host: HostId,
+    pub address: std::net::IpAddr,
+    pub port: u16,
+}
+
+/// `GET /v1/hosts/{host}/rtt-targets`: the GPU hosts nearest the host (at most
+/// [`MAX_RTT_TARGETS`]), whose round trips its agent measures and reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RttTargets {
+    pub targets: Vec<RttTarget>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -494,6 +517,23 @@ impl HostReport {
         if let Some((level, reason)) = gpgpums::topology_problem(&self.topology) {
             let entry = level.map_or("topology".to_owned(), |level| format!("topology.{level}"));
             return Err(bad(entry, reason));
+        }
+        if self.rtt_us.len() > MAX_RTT_TARGETS {
+            return Err(bad(
+                "rtt_us".into(),
+                format!("{} hosts are more than {MAX_RTT_TARGETS}", self.rtt_us.len()),
+            ));
+        }
+        for (to, &us) in &self.rtt_us {
+            if *to == self.host {
+                return Err(bad(format!("rtt_us.{to}"), "is the host itself".into()));
+            }
+            if !(1..=gpgpums::MAX_RTT_US).contains(&us) {
+                return Err(bad(
+                    format!("rtt_us.{to}"),
+                    format!("must be between 1 and {} (10 s)", gpgpums::MAX_RTT_US),
+                ));
+            }
         }
         if self.kind == HostKind::ComputeRgpu && !self.gpus.is_empty() {
             return Err(bad("gpus".into(), "a compute-rgpu host has no GPUs".into()));
@@ -762,6 +802,7 @@ mod tests {
                 .collect(),
             applied_generation: Some(3),
             topology: Default::default(),
+            rtt_us: BTreeMap::new(),
         }
     }
 
@@ -842,6 +883,31 @@ mod tests {
         let wire = serde_json::to_value(&placed).unwrap();
         assert_eq!(wire["topology"], serde_json::json!({"rack": "r12", "zone": "z1"}));
         assert!(serde_json::to_value(report(1)).unwrap().get("topology").is_none());
+    }
+
+    #[test]
+    fn round_trips_are_bounded_in_number_and_value_and_never_to_the_host_itself() {
+        let range: Ipv4Cidr = "100.127.0.0/16".parse().unwrap();
+        let mut fine = report(1);
+        fine.rtt_us = [(HostId::new("cg1").unwrap(), 180)].into();
+        assert_eq!(fine.validate(range), Ok(()));
+        let text = serde_json::to_string(&fine).unwrap();
+        assert!(text.contains(r#""rtt_us":{"cg1":180}"#), "{text}");
+        assert!(!serde_json::to_string(&report(1)).unwrap().contains("rtt_us"));
+        let many = (0..=MAX_RTT_TARGETS).map(|i| (HostId::new(format!("h{i}")).unwrap(), 1));
+        let cases = [
+            (BTreeMap::from([(HostId::new("cg0").unwrap(), 5)]), "rtt_us.cg0"),
+            (BTreeMap::from([(HostId::new("cg1").unwrap(), 0)]), "rtt_us.cg1"),
+            (
+                BTreeMap::from([(HostId::new("cg1").unwrap(), gpgpums::MAX_RTT_US + 1)]),
+                "rtt_us.cg1",
+            ),
+            (many.collect(), "rtt_us"),
+        ];
+        for (rtt_us, entry) in cases {
+            let hostile = HostReport { rtt_us, ..report(1) };
+            assert_eq!(hostile.validate(range).unwrap_err().entry, entry);
+        }
     }
 
     /// A report of an 80 GiB GPU (gpus[0]) with `partitions` of the given sizes after it.

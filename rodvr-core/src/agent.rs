@@ -63,6 +63,8 @@ pub struct Agent<F> {
     facts: HostFacts,
     /// Each GPU's health as last asked (by index), over what discovery found at start.
     gpu_health: Mutex<std::collections::HashMap<u32, Option<String>>>,
+    /// Round trips to GPU hosts as last measured (microseconds), for the next report.
+    rtt_us: Mutex<std::collections::BTreeMap<HostId, u32>>,
 }
 
 impl<F: Firewall> Agent<F> {
@@ -73,7 +75,13 @@ impl<F: Firewall> Agent<F> {
             metrics: AgentMetrics::default(),
             facts,
             gpu_health: Mutex::default(),
+            rtt_us: Mutex::default(),
         }
+    }
+
+    /// Records the round trips measured to GPU hosts, for the next report.
+    pub fn set_rtts(&self, rtt_us: std::collections::BTreeMap<HostId, u32>) {
+        *self.rtt_us.lock().unwrap_or_else(|p| p.into_inner()) = rtt_us;
     }
 
     /// Records each GPU's health now (by index; see the agent's `discovery::GpuDiscovery::health`),
@@ -160,6 +168,7 @@ impl<F: Firewall> Agent<F> {
             },
             applied_generation: self.lock().applied_generation,
             topology: self.facts.topology.clone(),
+            rtt_us: self.rtt_us.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
 

@@ -299,7 +299,8 @@ pub fn gsaasd_cli(gsaasd: &Path, config: &Path, args: &[&str]) -> String {
 }
 
 /// An agent's config for `host`, serving at `address`:7450, its state and gsaasd's public key
-/// in `dir`, heartbeating every second to gsaasd at `controller` with `token`, then `extra`.
+/// in `dir`, heartbeating (and measuring its round trips to GPU hosts) every second to gsaasd
+/// at `controller` with `token`, then `extra`.
 pub fn agent_toml(
     host: &str,
     address: &str,
@@ -322,6 +323,8 @@ retry_interval_secs = 1
 url = "{controller}"
 token = "{token}"
 heartbeat_interval_secs = 1
+rtt_interval_secs = 1
+rtt_timeout_ms = 500
 "#
     )
 }

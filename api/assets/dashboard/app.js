@@ -477,6 +477,9 @@
       g.min_compute_capability ? `compute capability ≥ ${g.min_compute_capability}` : '',
       g.min_cuda_version ? `CUDA ≥ ${g.min_cuda_version}` : '',
       ...['required', 'forbidden', 'preferred', 'avoid'].map((k) => (t[k] && t[k].length ? `${k} ${t[k].join(', ')}` : '')),
+      g.network && g.network.same ? `same ${g.network.same}${g.network.strength === 'preferred' ? ' (preferred)' : ''}` : '',
+      g.network && g.network.max_rtt_us ? `round trip ≤ ${g.network.max_rtt_us} µs` : '',
+      g.network && g.network.nearest ? 'nearest GPUs' : '',
     ].filter(Boolean);
     const request = `${g.ncgpus} × ${g.mode}${g.gpu_memory_mib ? `, ${mem(g.gpu_memory_mib)} each` : ''}`
       + `, ${g.locality}${g.distinct_gpus ? ', distinct GPUs' : ''}${choice.length ? `, ${choice.join('; ')}` : ''}`;
@@ -655,6 +658,14 @@
       if (list(`traits_${strength}`).length) traits[strength] = list(`traits_${strength}`);
     }
     if (Object.keys(traits).length) body.traits = traits;
+    const network = {};
+    if (value('network_same')) {
+      network.same = value('network_same');
+      network.strength = $('f-network_strength').value;
+    }
+    if (value('network_max_rtt_us') !== '') network.max_rtt_us = Number(value('network_max_rtt_us'));
+    if ($('f-network_nearest').checked) network.nearest = true;
+    if (Object.keys(network).length) body.network = network;
     return body;
   }
 
@@ -664,7 +675,7 @@
     const missing = /missing field `([a-z_]+)`/.exec(problem.detail || '');
     if (field === 'body' && missing) field = missing[1];
     // `traits.required` has an input of its own.
-    if (field.startsWith('traits.')) field = field.replace('.', '_');
+    if (field.startsWith('traits.') || field.startsWith('network.')) field = field.replace('.', '_');
     field = field.split(/[[.]/)[0];
     return document.querySelector(`#${form} [data-error-for="${CSS.escape(field)}"]`) ? field : null;
   }

@@ -429,10 +429,10 @@ async fn attach_cgpus(
             }
             // It waits, holding nothing; the VM stays as it is.
             let queued = db::Queued::Attach {
-                attach: db::QueuedAttach {
+                attach: Box::new(db::QueuedAttach {
                     request: attachment.request.clone(),
                     policy: attachment.policy.clone(),
-                },
+                }),
                 give_back: false,
             };
             let now = now_ms();

@@ -49,6 +49,12 @@ pub(super) fn attach_host(vm: &VmRecord) -> Result<Option<gpgpums::HostId>, Erro
         Locality::Local => vm.host.clone().map(Some).ok_or_else(|| {
             Error::internal(format!("ready local VM {} has no host recorded", vm.id))
         }),
+        // New cGPUs go where the network constraint allows around the VM's host.
+        Locality::Any | Locality::Remote if !vm.spec.gpus.network.is_empty() => vm
+            .host
+            .clone()
+            .map(Some)
+            .ok_or_else(|| Error::internal(format!("ready VM {} has no host recorded", vm.id))),
         Locality::Any | Locality::Remote => Ok(None),
     }
 }
@@ -115,6 +121,8 @@ impl App {
             distinct_gpus: input.distinct_gpus,
             // New cGPUs follow the VM's own constraints: the GPU its code was built for.
             constraints: details.vm.spec.gpus.constraints.clone(),
+            // And its network: near the host it runs on.
+            network: details.vm.spec.gpus.network.clone(),
         };
         let mut checks = FieldChecks::new();
         for (field, reason) in request.problems() {

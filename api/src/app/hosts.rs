@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpgpums::{GpuId, HostId, HostKind, HostState};
-use rodvr_contract::protocol::{HostKind as AgentHostKind, HostReport, Route, RouteTable, VmPort};
+use rodvr_contract::protocol::{
+    HostKind as AgentHostKind, HostReport, Route, RouteTable, RttTarget, VmPort, MAX_RTT_TARGETS,
+};
 
 use super::batch::{fail_all, Queued};
 use super::pool::BoxFuture;
@@ -39,6 +41,24 @@ pub struct Registration {
     pub agent_url: Option<String>,
     pub gpus: Vec<GpuRecord>,
     pub topology: gpgpums::Topology,
+    /// Round trips its agent measured to GPU hosts; `None`: nothing measured (the inventory's
+    /// in-process hosts), what is stored stays.
+    pub rtt_us: Option<BTreeMap<HostId, u32>>,
+}
+
+/// Whether `reported` round trips differ from `stored` enough to matter to placement: another
+/// set of hosts, or one moved by more than half (and more than 100 us). Smaller moves are a
+/// LAN's noise, and recording them would change the pool at every heartbeat.
+pub fn rtts_moved(
+    stored: &BTreeMap<HostId, u32>,
+    reported: Option<&BTreeMap<HostId, u32>>,
+) -> bool {
+    let Some(reported) = reported else { return false };
+    stored.len() != reported.len()
+        || stored
+            .iter()
+            .zip(reported)
+            .any(|((a, &old), (b, &new))| a != b || old.abs_diff(new) > (old / 2).max(100))
 }
 
 impl Registration {
@@ -69,6 +89,7 @@ impl Registration {
                 })
                 .collect(),
             topology: report.topology.clone(),
+            rtt_us: Some(report.rtt_us.clone()),
         }
     }
 
@@ -100,6 +121,7 @@ impl Registration {
             agent_url: None,
             gpus,
             topology: host.topology.clone(),
+            rtt_us: None,
         }
     }
 }
@@ -173,6 +195,7 @@ impl App {
             if same_gpus
                 && host.state != HostState::Unavailable
                 && host.topology == registration.topology
+                && !rtts_moved(&host.rtt_us, registration.rtt_us.as_ref())
             {
                 // A plain heartbeat: no pool change.
                 let mut conn = self.db.conn().await?;
@@ -204,12 +227,22 @@ impl App {
                         db::insert_host(tx, &registration.name, registration.kind, registration.agent_url.as_deref(), &registration.topology, now)
                             .await?;
                         pool.add_host(registration.name.clone(), registration.kind)?;
+                        pool.set_host_topology(&registration.name, registration.topology.clone())?;
+                        if let Some(rtt_us) = registration.rtt_us.as_ref().filter(|r| !r.is_empty()) {
+                            db::set_host_rtts(tx, &registration.name, rtt_us).await?;
+                            pool.set_host_rtts(&registration.name, rtt_us.iter().map(|(h, us)| (h.clone(), *us)))?;
+                        }
                     }
                     Some(host) => {
                         db::touch_host(tx, &host.name, registration.agent_url.as_deref(), now).await?;
                         if host.topology != registration.topology {
                             tracing::info!(host = %host.name, "the host's topology changed");
                             db::set_host_topology(tx, &host.name, &registration.topology).await?;
+                            pool.set_host_topology(&host.name, registration.topology.clone())?;
+                        }
+                        if let Some(rtt_us) = registration.rtt_us.as_ref().filter(|r| rtts_moved(&host.rtt_us, Some(r))) {
+                            db::set_host_rtts(tx, &host.name, rtt_us).await?;
+                            pool.set_host_rtts(&host.name, rtt_us.iter().map(|(h, us)| (h.clone(), *us)))?;
                         }
                         if host.state == HostState::Unavailable {
                             // Back (after a silence, or forgotten): as an operator left it.
@@ -364,6 +397,23 @@ impl App {
             );
         }
         Ok(())
+    }
+
+    /// The GPU hosts whose round trips `host`'s agent measures (see
+    /// [`gpgpums::Pool::rtt_targets`]). A host not registered: 404.
+    pub async fn rtt_targets(&self, host: &HostId) -> Result<Vec<RttTarget>, Error> {
+        let asked = host.clone();
+        let targets = self
+            .read_pool(move |pool| {
+                let known = pool.hosts().any(|(id, _, _)| *id == asked);
+                known.then(|| pool.rtt_targets(&asked, MAX_RTT_TARGETS))
+            })
+            .await?
+            .ok_or_else(|| Error::NotFound { kind: "host", id: host.to_string() })?;
+        Ok(targets
+            .into_iter()
+            .map(|(host, rcuda)| RttTarget { host, address: rcuda.address, port: rcuda.port })
+            .collect())
     }
 
     /// Registers the configured inventory (in-process agents). Hosts stored as configured (the

@@ -165,9 +165,18 @@ impl PoolCache {
 fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger), Error> {
     let db::PoolRows { hosts, gpus, taints, quotas: limits, held, fences } = rows;
     let mut pool = Pool::new();
-    for host in hosts {
+    for host in &hosts {
         pool.add_host(host.name.clone(), host.kind)?;
         pool.set_host_state(&host.name, host.state)?;
+        if let Err(e) = pool.set_host_topology(&host.name, host.topology.clone()) {
+            tracing::error!(host = %host.name, error = %e, "stored topology refused: the host is in no group");
+        }
+    }
+    // Round trips after every host, so that each measured host is known.
+    for host in &hosts {
+        if !host.rtt_us.is_empty() {
+            pool.set_host_rtts(&host.name, host.rtt_us.iter().map(|(h, us)| (h.clone(), *us)))?;
+        }
     }
     // In pool order, where a partition comes after its parent (a higher index, checked when
     // reported), so each GPU joins at the end.

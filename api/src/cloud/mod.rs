@@ -32,6 +32,10 @@ pub enum HostConstraint {
     /// Any of these hosts, the cloud picks (remote: the compute-rGPU hosts; any: hosts with an
     /// agent). Shared, not copied per launch: a cloud has thousands.
     AnyOf(std::sync::Arc<[HostId]>),
+    /// One of exactly these hosts and no other (those a request's network constraint leaves):
+    /// the cloud picks among them, or, for a tenant's server, which may not name a host, the
+    /// availability zone of one of them.
+    OnlyOf(std::sync::Arc<[HostId]>),
 }
 
 /// A tenant's own credential, with which the cloud authorizes what is done in the tenant's name:

@@ -696,6 +696,25 @@ impl NovaCloud {
                 }
             }
             HostConstraint::Pinned(host) => Ok(Some(("host", host.as_str().to_owned()))),
+            HostConstraint::OnlyOf(hosts) if hosts.is_empty() => Err(CloudError::Invalid {
+                field: "network",
+                reason: "no schedulable host may run the VM within its network constraint"
+                    .to_owned(),
+            }),
+            HostConstraint::OnlyOf(hosts) => {
+                let pick = &hosts[(vm.as_uuid().as_u128() % hosts.len() as u128) as usize];
+                match (as_tenant, &self.config.local_availability_zone) {
+                    (false, _) => Ok(Some(("host", pick.as_str().to_owned()))),
+                    (true, Some(template)) => zone(template.replace("{host}", pick.as_str())),
+                    (true, None) => Err(CloudError::Invalid {
+                        field: "network",
+                        reason: "a network constraint needs an availability zone per host, \
+                                 and this cloud's GSaaS has none \
+                                 (cloud.nova.local_availability_zone)"
+                            .to_owned(),
+                    }),
+                }
+            }
             HostConstraint::AnyOf(_) if self.config.availability_zone.is_some() => {
                 zone(self.config.availability_zone.clone().unwrap_or_default())
             }

@@ -214,7 +214,7 @@ impl State {
                 "Host {host:?} is not a compute host of this cloud (known: {})",
                 join(&self.hosts.names)
             ))),
-            HostConstraint::AnyOf(candidates) => {
+            HostConstraint::AnyOf(candidates) | HostConstraint::OnlyOf(candidates) => {
                 self.hosts.least_loaded(candidates).ok_or_else(|| {
                     no_valid_host(format!(
                         "None of the candidate hosts ({}) is a compute host of this cloud",

@@ -29,6 +29,10 @@ fn host_from_row(row: &AnyRow) -> Result<HostRecord, Error> {
             let text: String = row.try_get("topology")?;
             serde_json::from_str(&text).map_err(|_| corrupt("host topology", &text))?
         },
+        rtt_us: {
+            let text: String = row.try_get("rtt_us")?;
+            serde_json::from_str(&text).map_err(|_| corrupt("host round trips", &text))?
+        },
     })
 }
 
@@ -38,7 +42,7 @@ fn generation(row: &AnyRow, column: &str) -> Result<u64, Error> {
 }
 
 const HOST_COLUMNS: &str = "name, seq, kind, state, drained, agent_url, last_seen_ms, \
-     routes_generation, applied_generation, forgotten, topology";
+     routes_generation, applied_generation, forgotten, topology, rtt_us";
 
 pub async fn hosts(conn: &mut AnyConnection) -> Result<Vec<HostRecord>, Error> {
     let rows = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts ORDER BY seq"))
@@ -90,6 +94,21 @@ pub async fn set_host_topology(
 ) -> Result<(), Error> {
     sqlx::query("UPDATE hosts SET topology = $1 WHERE name = $2")
         .bind(topology_json(topology)?)
+        .bind(name.as_str())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Records the round trips the host's agent measured.
+pub async fn set_host_rtts(
+    conn: &mut AnyConnection,
+    name: &HostId,
+    rtt_us: &BTreeMap<HostId, u32>,
+) -> Result<(), Error> {
+    let text = serde_json::to_string(rtt_us).map_err(|e| Error::internal(e.to_string()))?;
+    sqlx::query("UPDATE hosts SET rtt_us = $1 WHERE name = $2")
+        .bind(text)
         .bind(name.as_str())
         .execute(conn)
         .await?;

@@ -80,6 +80,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (22, "quota_models", include_str!("../../../migrations/0022_quota_models.sql")),
     (23, "gpu_partitions", include_str!("../../../migrations/0023_gpu_partitions.sql")),
     (24, "host_topology", include_str!("../../../migrations/0024_host_topology.sql")),
+    (25, "host_rtts", include_str!("../../../migrations/0025_host_rtts.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

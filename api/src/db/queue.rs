@@ -22,7 +22,7 @@ pub enum Queued {
     /// The VM's launch (the VM is `queued`).
     Launch,
     /// More cGPUs for the running VM; `give_back`: those a preemption took.
-    Attach { attach: QueuedAttach, give_back: bool },
+    Attach { attach: Box<QueuedAttach>, give_back: bool },
 }
 
 /// An attach as it waits: what to book, by which policy.
@@ -55,8 +55,8 @@ impl Queued {
         };
         match kind {
             "launch" => Ok(Queued::Launch),
-            "attach" => Ok(Queued::Attach { attach: attach()?, give_back: false }),
-            "give_back" => Ok(Queued::Attach { attach: attach()?, give_back: true }),
+            "attach" => Ok(Queued::Attach { attach: Box::new(attach()?), give_back: false }),
+            "give_back" => Ok(Queued::Attach { attach: Box::new(attach()?), give_back: true }),
             other => Err(corrupt("queue ticket kind", other)),
         }
     }

@@ -196,6 +196,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/hosts", get(list_hosts))
         .route("/v1/hosts/{name}", put(register_host))
         .route("/v1/hosts/{name}/token", post(renew_agent_token))
+        .route("/v1/hosts/{name}/rtt-targets", get(rtt_targets))
         .route("/v1/hosts/{name}/drain", post(drain_host))
         .route("/v1/hosts/{name}/undrain", post(undrain_host))
         .route("/v1/hosts/{name}/forget", post(failures::forget_host))
@@ -453,6 +454,38 @@ async fn renew_agent_token(
     }
     let token = app.renew_agent_token(crate::auth::bearer_token(&headers)?)?;
     Ok(Json(AgentToken { token }))
+}
+
+/// The GPU hosts whose round trips a host's agent measures (its agent, or an admin): the
+/// nearest by topology first, at most 64, each with the rCUDA endpoint to connect to.
+#[utoipa::path(get, path = "/v1/hosts/{name}/rtt-targets", tag = "hosts",
+    params(("name" = String, Path, description = "The host's name")),
+    responses((status = 200, body = RttTargetsBody),
+        (status = 404, description = "No such host, or not the caller's to see", body = Problem)),
+    security(("bearer" = [])))]
+async fn rtt_targets(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<RttTargetsBody>, Error> {
+    let allowed = match caller.role {
+        Role::Admin => true,
+        Role::Agent => caller.subject == name,
+        Role::Member | Role::Metrics => false,
+    };
+    let host = HostId::new(&name).ok().filter(|_| allowed);
+    let Some(host) = host else { return Err(Error::NotFound { kind: "host", id: name }) };
+    let targets = app.rtt_targets(&host).await?;
+    Ok(Json(RttTargetsBody {
+        targets: targets
+            .into_iter()
+            .map(|t| RttTargetBody {
+                host: t.host.to_string(),
+                address: t.address.to_string(),
+                port: t.port,
+            })
+            .collect(),
+    }))
 }
 
 /// Drain a host: no new cGPUs there (admins).

@@ -41,7 +41,7 @@ impl utoipa::Modify for BearerAuth {
         super::elastic::attach_cgpus, super::elastic::detach_cgpu,
         super::quotas::list_quotas, super::quotas::get_quota, super::quotas::put_quota,
         super::quotas::delete_quota, super::lists::get_pool, super::list_hosts, super::register_host,
-        super::renew_agent_token, super::drain_host, super::undrain_host,
+        super::renew_agent_token, super::rtt_targets, super::drain_host, super::undrain_host,
         super::failures::forget_host, super::failures::evacuate_host, super::failures::list_fences,
         super::failures::evacuate_gpu, super::taint_gpu, super::untaint_gpu, super::healthz,
         super::readyz, super::metrics, super::openapi_json),
@@ -51,7 +51,8 @@ impl utoipa::Modify for BearerAuth {
         QueueLengthView, QueuedRequestView, GpuRequestView, PoolView, PoolTotals, PoolHostView,
         GpuView, HostView, HostAlertView, HostList, EvacuationView, FenceView,
         FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody,
-        RcudaBody, Health, Readiness, ModeParam, LocalityParam, Timings,
+        RcudaBody, RttTargetsBody, RttTargetBody, Health, Readiness, ModeParam, LocalityParam,
+        NetworkParam, StrengthParam, Timings,
         ReconcilerStatus, crate::model::VmState)),
     modifiers(&BearerAuth),
 )]
@@ -286,6 +287,19 @@ fn constrain_request_fields(doc: &mut Value) {
     merge(doc, &format!("{host}/agent_url"), json!({ "maxLength": agent::MAX_URL_LEN }));
     merge(doc, &format!("{host}/gpus"), json!({ "maxItems": agent::MAX_GPUS_PER_HOST }));
     merge(doc, &format!("{host}/applied_generation"), json!({ "maximum": agent::MAX_GENERATION }));
+    merge(
+        doc,
+        &format!("{host}/rtt_us"),
+        json!({
+            "maxProperties": agent::MAX_RTT_TARGETS,
+            "additionalProperties": { "minimum": 1, "maximum": gpgpums::MAX_RTT_US }
+        }),
+    );
+    merge(
+        doc,
+        "/components/schemas/RttTargetsBody/properties/targets",
+        json!({ "maxItems": agent::MAX_RTT_TARGETS }),
+    );
     let gpu = "/components/schemas/GpuReportBody/properties";
     merge(doc, &format!("{gpu}/id"), id);
     merge(

@@ -33,6 +33,7 @@ pub fn launch_spec(request: LaunchRequest) -> (LaunchSpec, Option<String>, bool)
             min_compute_capability: request.min_compute_capability,
             min_cuda_version: request.min_cuda_version,
         },
+        network: request.network.into(),
     };
     let vm = VmRequest {
         name: request.name.unwrap_or_default(),
@@ -100,6 +101,7 @@ pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
             },
             min_compute_capability: gpus.constraints.min_compute_capability,
             min_cuda_version: gpus.constraints.min_cuda_version,
+            network: (&gpus.network).into(),
             policy: vm.policy.clone(),
         },
         cgpus: details
@@ -300,6 +302,7 @@ impl From<&HostRecord> for HostView {
             applied_generation: h.applied_generation,
             forgotten: h.forgotten,
             topology: h.topology.clone(),
+            rtt_us: h.rtt_us.iter().map(|(host, us)| (host.to_string(), *us)).collect(),
             alerts: None,
         }
     }

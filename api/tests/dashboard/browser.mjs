@@ -92,12 +92,15 @@ async function fillLaunch(fields) {
   const all = { name: '', image: 'cirros-0.6.2', flavor: 'm1.small', networks: '', user_data: '', ncgpus: '1',
     gpu_memory_mib: '', mode: 'exclusive', locality: 'any', policy: '', distinct_gpus: false, queue: false,
     priority: '0', preemptible: false, gpu_model: '', min_compute_capability: '', min_cuda_version: '',
-    traits_required: '', traits_forbidden: '', traits_preferred: '', traits_avoid: '', ...fields };
+    traits_required: '', traits_forbidden: '', traits_preferred: '', traits_avoid: '', network_same: '',
+    network_strength: 'required', network_max_rtt_us: '', network_nearest: false, ...fields };
   for (const name of ['name', 'image', 'flavor', 'networks', 'user_data', 'ncgpus', 'gpu_memory_mib', 'policy',
     'gpu_model', 'min_compute_capability', 'min_cuda_version', 'traits_required', 'traits_forbidden',
-    'traits_preferred', 'traits_avoid']) {
+    'traits_preferred', 'traits_avoid', 'network_same', 'network_max_rtt_us']) {
     await page.fill(`#f-${name}`, all[name]);
   }
+  await page.selectOption('#f-network_strength', all.network_strength);
+  await page.setChecked('#f-network_nearest', all.network_nearest);
   await page.selectOption('#f-mode', all.mode);
   await page.selectOption('#f-locality', all.locality);
   await page.setChecked('#f-distinct_gpus', all.distinct_gpus);
@@ -184,14 +187,21 @@ try {
   await page.click('#launch-submit');
   const modelError = await page.waitForSelector('[data-error-for="gpu_model"]:not(:empty)');
   check(/V100/.test(await modelError.textContent()), 'the missing model is named');
+  // A network level no host has (the testbed's hosts have no topology): named beside its field.
+  await fillLaunch({ name: 'dash-one', network_same: 'rack', network_strength: 'preferred' });
+  await page.click('#launch-submit');
+  const levelError = await page.waitForSelector('[data-error-for="network_same"]:not(:empty)');
+  check(/rack/.test(await levelError.textContent()), 'the unknown level is named');
   check(await page.locator('.vm').count() === 0, 'the refused requests launched nothing');
 
   // One shared cGPU through the form, to ready, with every stage timed.
   result.deleted = await launch({ name: 'dash-one', ncgpus: '1', mode: 'shared', gpu_memory_mib: '2048',
-    gpu_model: 'NVIDIA Quadro M4000', min_compute_capability: '5.0', traits_avoid: 'CUSTOM_NVLINK' });
+    gpu_model: 'NVIDIA Quadro M4000', min_compute_capability: '5.0', traits_avoid: 'CUSTOM_NVLINK',
+    network_nearest: true });
   const card = vmCard(result.deleted);
   const asked = await page.textContent(card);
-  check(asked.includes('NVIDIA Quadro M4000') && asked.includes('avoid CUSTOM_NVLINK'), `the card shows what was asked: ${asked}`);
+  check(asked.includes('NVIDIA Quadro M4000') && asked.includes('avoid CUSTOM_NVLINK') && asked.includes('nearest GPUs'),
+    `the card shows what was asked: ${asked}`);
   check(await page.locator(`${card} .stage:not(.pending)`).count() === 7, 'all 6 stages and the total are timed');
   check(await page.locator(`${card} .cgpu`).count() === 1, 'one cGPU listed');
   check((await page.textContent(`${card} .cgpus`)).includes('100.127.'), 'the cGPU shows its masked endpoint');

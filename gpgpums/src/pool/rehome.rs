@@ -16,6 +16,7 @@ use super::Pool;
 use crate::error::{Error, Shortfall};
 use crate::ids::{HostId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
+use crate::topology::NetworkConstraint;
 use crate::traits::GpuConstraints;
 
 /// Where a re-homed cGPU may go.
@@ -27,13 +28,15 @@ pub struct Rehome<'a> {
     pub distinct_gpus: bool,
     /// Onto a GPU its VM's request admits, ranked as it ranks them.
     pub constraints: &'a GpuConstraints,
+    /// Where the network constraint of its VM's request allows around the VM's host.
+    pub near: Option<(&'a HostId, &'a NetworkConstraint)>,
 }
 
 /// Anywhere, onto any GPU.
 impl Default for Rehome<'_> {
     fn default() -> Self {
         static ANY_GPU: GpuConstraints = GpuConstraints::NONE;
-        Rehome { on_host: None, distinct_gpus: false, constraints: &ANY_GPU }
+        Rehome { on_host: None, distinct_gpus: false, constraints: &ANY_GPU, near: None }
     }
 }
 
@@ -105,14 +108,16 @@ impl Pool {
             locality: if to.on_host.is_some() { Locality::Local } else { Locality::Any },
             distinct_gpus: to.distinct_gpus,
             constraints: to.constraints.clone(),
+            network: NetworkConstraint::NONE,
         };
         let shortfall = || Error::InsufficientCapacity(Shortfall::of(&request, 0, false));
-        let within = match to.on_host {
-            Some(host) => {
+        let tiers: Vec<Option<Vec<u32>>> = match (to.on_host, to.near) {
+            (Some(host), _) => {
                 let &h = self.host_by_id.get(host).ok_or_else(shortfall)?;
-                Some(self.hosts[h as usize].slots.clone())
+                vec![Some(self.hosts[h as usize].slots.clone())]
             }
-            None => None,
+            (None, Some((vm_host, network))) => self.near_tiers(network, vm_host),
+            (None, None) => vec![None],
         };
         if self.views_stale {
             self.rebuild_views();
@@ -138,7 +143,13 @@ impl Pool {
         hidden.sort_unstable();
         hidden.dedup();
         self.set_masked(&hidden, true);
-        let placed = self.place_on(&request, view, &filter, within.as_deref(), &held);
+        let mut placed = Err(0);
+        for within in &tiers {
+            placed = self.place_on(&request, view, &filter, within.as_deref(), &held);
+            if placed.is_ok() {
+                break;
+            }
+        }
         self.set_masked(&hidden, false);
         let (mut cgpus, _) = placed.map_err(|_| shortfall())?;
         let mut new = cgpus.pop().expect("one cGPU placed");

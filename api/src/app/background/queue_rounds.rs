@@ -363,8 +363,8 @@ async fn shrink_vm(
     let indexes: Vec<String> = shrink.cgpus.iter().map(|c| c.index.to_string()).collect();
     let vm = &write[0].vm;
     let after = if vm.spec.give_back {
-        for (request, _) in shrink.give_back(&vm.spec.gpus.constraints) {
-            let attach = db::QueuedAttach { request, policy: vm.policy.clone() };
+        for (request, _) in shrink.give_back(&vm.spec.gpus.constraints, &vm.spec.gpus.network) {
+            let attach = Box::new(db::QueuedAttach { request, policy: vm.policy.clone() });
             let queued = db::Queued::Attach { attach, give_back: true };
             let ticket =
                 db::NewTicket { vm, queued, now_ms: now, deadline_ms: give_back_deadline_ms };

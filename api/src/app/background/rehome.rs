@@ -162,6 +162,11 @@ impl App {
                         .then_some(vm.host.as_ref().unwrap_or(&cgpu.host)),
                     distinct_gpus: vm.spec.gpus.distinct_gpus,
                     constraints: &vm.spec.gpus.constraints,
+                    near: vm
+                        .host
+                        .as_ref()
+                        .filter(|_| !vm.spec.gpus.network.is_empty())
+                        .map(|host| (host, &vm.spec.gpus.network)),
                 };
                 // Routes may be live where the VM runs: the old booking waits there in a fence,
                 // written only once the cGPU has somewhere to go.

@@ -58,6 +58,21 @@ impl App {
                     .ok_or_else(|| StepError::Failed("local VM without cGPUs".into()))?;
                 HostConstraint::Pinned(host)
             }
+            Locality::Any | Locality::Remote if !vm.spec.gpus.network.is_empty() => {
+                let gpu_hosts: Vec<HostId> = cgpus.iter().map(|c| c.host.clone()).collect();
+                let request = vm.spec.gpus.clone();
+                let hosts = self
+                    .read_pool(move |pool| pool.vm_hosts_for(&request, &gpu_hosts))
+                    .await?
+                    .unwrap_or_default();
+                if hosts.is_empty() {
+                    return Err(StepError::Failed(
+                        "no schedulable host may run the VM within its network constraint now"
+                            .into(),
+                    ));
+                }
+                HostConstraint::OnlyOf(hosts.into())
+            }
             Locality::Remote => HostConstraint::AnyOf(self.vm_hosts(true).await?),
             Locality::Any => HostConstraint::AnyOf(self.vm_hosts(false).await?),
         };
@@ -120,6 +135,23 @@ impl App {
                  routed"
                     .into(),
             ));
+        }
+        if vm.spec.gpus.locality != Locality::Local && !vm.spec.gpus.network.is_empty() {
+            let mut conn = self.db.conn().await?;
+            let gpu_hosts: Vec<HostId> =
+                db::cgpus_of(&mut conn, vm.id).await?.into_iter().map(|c| c.host).collect();
+            drop(conn);
+            let request = vm.spec.gpus.clone();
+            let allowed = self
+                .read_pool(move |pool| pool.vm_hosts_for(&request, &gpu_hosts))
+                .await?
+                .unwrap_or_default();
+            if !allowed.contains(&host) {
+                tracing::warn!(vm = %vm.id, %host, "the cloud put the VM outside its network constraint");
+                return Err(StepError::Failed(
+                    "the cloud put the VM on a host outside its network constraint".into(),
+                ));
+            }
         }
         if info.fixed_ip.is_none() || info.tap.is_none() {
             return Err(StepError::Failed(

@@ -1,0 +1,49 @@
+//! What the examples' synthetic traces share: the dissertation's applications (Table 4.1), the
+//! policies compared, and the command line (`--requests N --load L --seed S`).
+
+/// Table 4.1: the applications' GPU memory (MB, used as MiB).
+pub const APPS: [(&str, u64); 6] = [
+    ("GPU-Blast", 1599),
+    ("LAMMPS", 876),
+    ("mCUDA-MEME", 151),
+    ("BarraCUDA", 3319),
+    ("MUMmerGPU", 2104),
+    ("GPU-LIBSVM", 145),
+];
+pub const POLICIES: [&str; 5] =
+    ["first-fit", "best-fit", "least-load-fit", "fewer-jobs-gpu", "fewer-jobs-node"];
+
+pub struct Args {
+    pub requests: usize,
+    pub load: f64,
+    pub seed: u64,
+}
+
+/// The command line over `defaults`; a bad one prints why and exits with status 2.
+pub fn args_or_exit(defaults: Args) -> Args {
+    match parse_args(defaults) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn parse_args(mut args: Args) -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = |e: &dyn std::fmt::Display| format!("{flag} {value}: {e}");
+        match flag.as_str() {
+            "--requests" => args.requests = value.parse().map_err(|e| bad(&e))?,
+            "--load" => args.load = value.parse().map_err(|e| bad(&e))?,
+            "--seed" => args.seed = value.parse().map_err(|e| bad(&e))?,
+            _ => return Err(format!("unknown flag {flag} (use --requests, --load, --seed)")),
+        }
+    }
+    if args.requests == 0 || !(args.load > 0.0 && args.load < 10.0) {
+        return Err("--requests must be positive and --load in (0, 10)".into());
+    }
+    Ok(args)
+}

@@ -1,0 +1,483 @@
+//! Placement that knows the network: groups of hosts at the operator's levels, round-trip times
+//! the agents measured, and requests that ask for either ([`NetworkConstraint`]).
+//!
+//! The VM's host is the cloud's to choose, after the cGPUs are placed. So a request with a
+//! network constraint is placed as `local` is, group by group: the policy's best GPU names a
+//! group (its host's group at the level), the cGPUs are placed among that group's GPUs, and the
+//! VM may then run on that group's hosts only ([`Pool::vm_hosts_for`] says which; the caller
+//! hands them to the cloud). A group that cannot take the request, or has no host the VM may
+//! run on, is hidden and the next best tried: every group is tried for the request's own level,
+//! so a refusal means none could; `nearest`'s extra levels (inside the request's own, or all)
+//! try at most [`NEAREST_TRIES`] groups each, being preferences. With a round-trip limit the
+//! group is the GPUs' host's neighbourhood instead: the hosts the VM may run on near it (the
+//! nearest [`RTT_VM_HOST_TRIES`]), each with the GPU hosts within the limit of it.
+//!
+//! cGPUs added to a running VM (attach, re-homing) go where its host allows: its groups at the
+//! preferred levels first, then all the hard constraints admit.
+//!
+//! Requests without a network constraint never come here: their cost is what it was.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::{empty_gpu_room, Filter, Pool};
+use crate::error::Error;
+use crate::ids::HostId;
+use crate::model::{CgpuAssignment, HostKind, HostState, Locality, RcudaEndpoint, Request};
+use crate::topology::{topology_problem, NetworkConstraint, Strength, Topology};
+
+/// Groups `nearest` tries at each level it adds before going out a level.
+pub const NEAREST_TRIES: usize = 8;
+/// With a round-trip limit: the hosts the VM may run on tried around each GPU host.
+pub const RTT_VM_HOST_TRIES: usize = 8;
+
+/// The hosts' groups at each level.
+#[derive(Debug, Default)]
+pub(super) struct Groups {
+    /// The levels hosts carry, innermost first: most groups first, ties by name.
+    levels: Vec<String>,
+    /// Per level, in `levels`' order: each group's hosts, ascending.
+    members: Vec<HashMap<String, Vec<u32>>>,
+}
+
+impl Groups {
+    fn level(&self, name: &str) -> Option<usize> {
+        self.levels.iter().position(|l| l == name)
+    }
+}
+
+impl Pool {
+    /// Sets where `id` sits in the network. Placements made stay where they are.
+    pub fn set_host_topology(&mut self, id: &HostId, topology: Topology) -> Result<(), Error> {
+        if let Some((level, why)) = topology_problem(&topology) {
+            let at = level.map(|l| format!(" (level {l})")).unwrap_or_default();
+            return Err(Error::inventory("topology", format!("host {id}{at}: {why}")));
+        }
+        let h = self.host_index(id)?;
+        if self.hosts[h as usize].topology != topology {
+            self.hosts[h as usize].topology = topology;
+            self.groups.take();
+            self.changes += 1;
+            self.host_changes += 1;
+        }
+        Ok(())
+    }
+
+    /// Replaces the round-trip times (microseconds) measured from `from` to other hosts.
+    /// Hosts not registered are skipped, and counted in the answer.
+    pub fn set_host_rtts(
+        &mut self,
+        from: &HostId,
+        rtts: impl IntoIterator<Item = (HostId, u32)>,
+    ) -> Result<usize, Error> {
+        let h = self.host_index(from)?;
+        let mut known = HashMap::new();
+        let mut unknown = 0;
+        for (to, us) in rtts {
+            match self.host_by_id.get(&to) {
+                Some(&t) if t != h => {
+                    known.insert(t, us);
+                }
+                Some(_) => {}
+                None => unknown += 1,
+            }
+        }
+        if self.hosts[h as usize].rtt_to != known {
+            self.hosts[h as usize].rtt_to = known;
+            self.changes += 1;
+        }
+        Ok(unknown)
+    }
+
+    /// The levels hosts carry, innermost first.
+    pub fn levels(&self) -> Vec<String> {
+        self.groups().levels.clone()
+    }
+
+    /// The round-trip time from `from` to `to` as measured (0 to itself).
+    pub fn rtt_us(&self, from: &HostId, to: &HostId) -> Option<u32> {
+        self.reach(*self.host_by_id.get(from)?, *self.host_by_id.get(to)?)
+    }
+
+    /// The compute-gpu hosts whose round trips `host`'s agent should measure, at most `max`:
+    /// those sharing its innermost group first, then the next level out, then the rest, each
+    /// in pool order; with the rCUDA endpoint of its first GPU to connect to. Not `host` itself.
+    pub fn rtt_targets(&self, host: &HostId, max: usize) -> Vec<(HostId, RcudaEndpoint)> {
+        let Some(&from) = self.host_by_id.get(host) else { return Vec::new() };
+        let groups = self.groups();
+        let topology = &self.hosts[from as usize].topology;
+        let distance = |h: u32| {
+            let other = &self.hosts[h as usize].topology;
+            groups
+                .levels
+                .iter()
+                .position(|level| topology.get(level).is_some_and(|g| other.get(level) == Some(g)))
+                .unwrap_or(groups.levels.len())
+        };
+        let mut targets: Vec<(usize, u32)> = (0..self.hosts.len() as u32)
+            .filter(|&h| h != from && self.hosts[h as usize].kind == HostKind::ComputeGpu)
+            .filter(|&h| !self.hosts[h as usize].slots.is_empty())
+            .map(|h| (distance(h), h))
+            .collect();
+        targets.sort_unstable();
+        targets
+            .into_iter()
+            .take(max)
+            .map(|(_, h)| {
+                let host = &self.hosts[h as usize];
+                (host.id.clone(), self.gpus[host.slots[0] as usize].spec.rcuda)
+            })
+            .collect()
+    }
+
+    /// The hosts a VM of `request` may run on now that its cGPUs are on `gpu_hosts`: its
+    /// locality's hosts, in the group of them all at the required level, within the round-trip
+    /// limit of each, and in the innermost group of them all that has one at a preferred level
+    /// (`nearest`: any level). In pool order. `None`: the request asks nothing of the network
+    /// (or is `local`), so its locality alone decides. Empty: no host will do.
+    pub fn vm_hosts_for(&self, request: &Request, gpu_hosts: &[HostId]) -> Option<Vec<HostId>> {
+        if request.locality == Locality::Local || request.network.is_empty() {
+            return None;
+        }
+        let mut hosts = Vec::with_capacity(gpu_hosts.len());
+        for host in gpu_hosts {
+            hosts.push(*self.host_by_id.get(host)?);
+        }
+        hosts.sort_unstable();
+        hosts.dedup();
+        let groups = self.groups();
+        let set = self.vm_host_set(request, &groups, &hosts);
+        Some(set.into_iter().map(|h| self.hosts[h as usize].id.clone()).collect())
+    }
+
+    /// A request's network level no host carries: 422 naming it.
+    pub(super) fn check_levels(&mut self, network: &NetworkConstraint) -> Result<(), Error> {
+        let Some(level) = &network.same else { return Ok(()) };
+        let groups = self.groups();
+        if groups.level(level).is_some() {
+            return Ok(());
+        }
+        let known = if groups.levels.is_empty() {
+            "no host has a topology".to_owned()
+        } else {
+            format!("the levels hosts have are {}", groups.levels.join(", "))
+        };
+        Err(Error::invalid("network.same", format!("no host is in a {level:?} group: {known}")))
+    }
+
+    /// Locality `any` or `remote` with a network constraint (see the module docs): the request's
+    /// levels in turn, innermost first, then (unless a level is required) anywhere.
+    pub(super) fn place_network(
+        &mut self,
+        request: &Request,
+        view: usize,
+        filter: &Filter,
+    ) -> Result<Vec<CgpuAssignment>, u32> {
+        let groups = self.groups();
+        let network = &request.network;
+        let own = network.same.as_deref().and_then(|l| groups.level(l));
+        let required = own.filter(|_| network.strength == Strength::Required);
+        let mut attempts: Vec<(Option<usize>, Option<usize>)> = Vec::new();
+        for level in 0..groups.levels.len() {
+            if Some(level) == own {
+                attempts.push((Some(level), None));
+                if required.is_some() {
+                    break;
+                }
+            } else if network.nearest {
+                attempts.push((Some(level), Some(NEAREST_TRIES)));
+            }
+        }
+        if required.is_none() {
+            attempts.push((None, None));
+        }
+        let mut best = 0;
+        for (level, bound) in attempts {
+            let outcome = match (level, network.max_rtt_us) {
+                (None, None) => self.place_on(request, view, filter, None, &[]).map(|(c, _)| c),
+                _ => self.place_in_groups(request, view, filter, &groups, level, bound),
+            };
+            match outcome {
+                Ok(cgpus) => return Ok(cgpus),
+                Err(placed) => best = best.max(placed),
+            }
+        }
+        Err(best)
+    }
+
+    /// Tries groups at `level` (`None`: round-trip neighbourhoods alone) in the order of their
+    /// best GPU, at most `bound` of them, hiding each that fails until the end.
+    fn place_in_groups(
+        &mut self,
+        request: &Request,
+        view: usize,
+        filter: &Filter,
+        groups: &Groups,
+        level: Option<usize>,
+        bound: Option<usize>,
+    ) -> Result<Vec<CgpuAssignment>, u32> {
+        let max = request.network.max_rtt_us;
+        let mut hidden: Vec<u32> = Vec::new();
+        let mut best = 0;
+        let mut tries = 0;
+        let outcome = loop {
+            if bound.is_some_and(|b| tries >= b) {
+                break Err(best);
+            }
+            let Some(first) = self.select(view, request, filter, None) else { break Err(best) };
+            tries += 1;
+            let around = self.gpus[first as usize].host;
+            let members: Vec<u32> = match level {
+                Some(l) => self.hosts[around as usize]
+                    .topology
+                    .get(&groups.levels[l])
+                    .map(|group| groups.members[l][group].clone())
+                    .unwrap_or_default(),
+                None => (0..self.hosts.len() as u32).collect(),
+            };
+            let mut vm_hosts: Vec<u32> = members
+                .iter()
+                .copied()
+                .filter(|&h| self.takes_vm(h, request.locality) && self.within(h, around, max))
+                .collect();
+            let mut placed = Err(0);
+            if max.is_none() {
+                if !vm_hosts.is_empty() {
+                    let within = self.slots_of(&members);
+                    placed = self.place_on(request, view, filter, Some(&within), &[]);
+                }
+            } else {
+                vm_hosts.sort_by_key(|&h| (self.reach(h, around), h));
+                for &h in vm_hosts.iter().take(RTT_VM_HOST_TRIES) {
+                    let near: Vec<u32> =
+                        members.iter().copied().filter(|&g| self.within(h, g, max)).collect();
+                    let within = self.slots_of(&near);
+                    placed = self.place_on(request, view, filter, Some(&within), &[]);
+                    match placed {
+                        Ok(_) => break,
+                        Err(n) => best = best.max(n),
+                    }
+                }
+            }
+            match placed {
+                Ok((cgpus, _)) => break Ok(cgpus),
+                Err(n) => {
+                    best = best.max(n);
+                    let hide = if max.is_none() && !members.is_empty() {
+                        self.slots_of(&members)
+                    } else {
+                        self.hosts[around as usize].slots.clone()
+                    };
+                    self.set_masked(&hide, true);
+                    hidden.extend(hide);
+                }
+            }
+        };
+        self.set_masked(&hidden, false);
+        outcome
+    }
+
+    /// For cGPUs of a VM running on `vm_host`: the slots to try in turn, the preferred levels'
+    /// groups first, then all its hard constraints admit (`None`: any GPU).
+    pub(super) fn near_tiers(
+        &mut self,
+        network: &NetworkConstraint,
+        vm_host: &HostId,
+    ) -> Vec<Option<Vec<u32>>> {
+        let Some(&at) = self.host_by_id.get(vm_host) else { return vec![Some(Vec::new())] };
+        let groups = self.groups();
+        let group_of = |pool: &Pool, level: usize| {
+            let group = pool.hosts[at as usize].topology.get(&groups.levels[level])?;
+            groups.members[level].get(group)
+        };
+        let allowed: Option<Vec<u32>> = network.is_hard().then(|| {
+            let required = network.required_level().and_then(|l| groups.level(l));
+            let hosts: Vec<u32> = match required {
+                Some(level) => group_of(self, level).cloned().unwrap_or_default(),
+                None => (0..self.hosts.len() as u32).collect(),
+            };
+            hosts.into_iter().filter(|&g| self.within(at, g, network.max_rtt_us)).collect()
+        });
+        let mut tiers = Vec::new();
+        for level in narrowing_levels(network, &groups) {
+            if let Some(members) = group_of(self, level) {
+                let hosts: Vec<u32> = members
+                    .iter()
+                    .copied()
+                    .filter(|h| allowed.as_ref().is_none_or(|a| a.binary_search(h).is_ok()))
+                    .collect();
+                tiers.push(Some(self.slots_of(&hosts)));
+            }
+        }
+        tiers.push(allowed.map(|hosts| self.slots_of(&hosts)));
+        tiers
+    }
+
+    /// [`Pool::could_ever_fit`] for a request with a hard network constraint, placed anew: some
+    /// group (or a VM host's neighbourhood) has a host the VM may run on and, were every booking
+    /// gone, room enough. One pass over the GPUs, then over the groups or the measured pairs.
+    pub(super) fn could_ever_fit_network(&mut self, request: &Request, filter: &Filter) -> bool {
+        let n = u64::from(request.ncgpus);
+        let room: Vec<u64> = self
+            .hosts
+            .iter()
+            .map(|host| {
+                if host.state != HostState::Schedulable || host.kind != HostKind::ComputeGpu {
+                    return 0;
+                }
+                let gpus = host.slots.iter().map(|&s| &self.gpus[s as usize]);
+                gpus.filter(|gpu| self.serves(gpu) && filter.rank(gpu.kind).is_some())
+                    .map(|gpu| empty_gpu_room(gpu.spec.memory_mib, request))
+                    .fold(0u64, u64::saturating_add)
+            })
+            .collect();
+        let groups = self.groups();
+        let required = request.network.required_level().and_then(|l| groups.level(l));
+        let Some(max) = request.network.max_rtt_us else {
+            let Some(level) = required else { return true };
+            return groups.members[level].values().any(|members| {
+                members.iter().any(|&h| self.takes_vm(h, request.locality))
+                    && members.iter().map(|&h| room[h as usize]).fold(0, u64::saturating_add) >= n
+            });
+        };
+        let level_name = required.map(|level| groups.levels[level].as_str());
+        (0..self.hosts.len() as u32).filter(|&h| self.takes_vm(h, request.locality)).any(|h| {
+            let host = &self.hosts[h as usize];
+            let group = level_name.map(|name| (name, host.topology.get(name)));
+            let same_group = |g: u32| match group {
+                None => true,
+                Some((_, None)) => false,
+                Some((name, Some(group))) => {
+                    self.hosts[g as usize].topology.get(name) == Some(group)
+                }
+            };
+            let near = host.rtt_to.iter().filter(|&(_, &us)| us <= max).map(|(&g, _)| g);
+            let reachable = std::iter::once(h).chain(near).filter(|&g| same_group(g));
+            reachable.map(|g| room[g as usize]).fold(0, u64::saturating_add) >= n
+        })
+    }
+
+    /// [`Pool::could_ever_attach`] for a VM on `vm_host` with a hard network constraint.
+    pub(super) fn could_ever_attach_near(
+        &mut self,
+        request: &Request,
+        filter: &Filter,
+        vm_host: &HostId,
+    ) -> bool {
+        let Some(Some(slots)) = self.near_tiers(&request.network, vm_host).pop() else {
+            return true;
+        };
+        let room: u64 = slots
+            .iter()
+            .map(|&s| &self.gpus[s as usize])
+            .filter(|gpu| {
+                self.serves(gpu)
+                    && self.hosts[gpu.host as usize].state == HostState::Schedulable
+                    && filter.rank(gpu.kind).is_some()
+            })
+            .map(|gpu| empty_gpu_room(gpu.spec.memory_mib, request))
+            .fold(0, u64::saturating_add);
+        room >= u64::from(request.ncgpus)
+    }
+
+    fn vm_host_set(&self, request: &Request, groups: &Groups, gpu_hosts: &[u32]) -> Vec<u32> {
+        let network = &request.network;
+        let mut candidates: Vec<u32> =
+            (0..self.hosts.len() as u32).filter(|&h| self.takes_vm(h, request.locality)).collect();
+        let Some(&first) = gpu_hosts.first() else { return candidates };
+        let shared_group = |level: usize| {
+            let name = &groups.levels[level];
+            let group = self.hosts[first as usize].topology.get(name)?;
+            gpu_hosts
+                .iter()
+                .all(|&g| self.hosts[g as usize].topology.get(name) == Some(group))
+                .then(|| &groups.members[level][group])
+        };
+        if let Some(level) = network.required_level() {
+            match groups.level(level).and_then(shared_group) {
+                Some(members) => candidates.retain(|h| members.binary_search(h).is_ok()),
+                None => return Vec::new(),
+            }
+        }
+        if let Some(max) = network.max_rtt_us {
+            candidates.retain(|&h| gpu_hosts.iter().all(|&g| self.within(h, g, Some(max))));
+        }
+        for level in narrowing_levels(network, groups) {
+            if let Some(members) = shared_group(level) {
+                let narrowed: Vec<u32> = candidates
+                    .iter()
+                    .copied()
+                    .filter(|h| members.binary_search(h).is_ok())
+                    .collect();
+                if !narrowed.is_empty() {
+                    return narrowed;
+                }
+            }
+        }
+        candidates
+    }
+
+    fn groups(&self) -> Arc<Groups> {
+        Arc::clone(self.groups.get_or_init(|| {
+            let mut by_level: BTreeMap<&str, HashMap<String, Vec<u32>>> = BTreeMap::new();
+            for (h, host) in self.hosts.iter().enumerate() {
+                for (level, group) in &host.topology {
+                    let level = by_level.entry(level).or_default();
+                    level.entry(group.clone()).or_default().push(h as u32);
+                }
+            }
+            let mut levels: Vec<(&str, HashMap<String, Vec<u32>>)> = by_level.into_iter().collect();
+            levels.sort_by(|(a, ga), (b, gb)| gb.len().cmp(&ga.len()).then_with(|| a.cmp(b)));
+            Arc::new(Groups {
+                levels: levels.iter().map(|(l, _)| (*l).to_owned()).collect(),
+                members: levels.into_iter().map(|(_, m)| m).collect(),
+            })
+        }))
+    }
+
+    fn host_index(&self, id: &HostId) -> Result<u32, Error> {
+        self.host_by_id
+            .get(id)
+            .copied()
+            .ok_or_else(|| Error::inventory("host", format!("host {id} is not registered")))
+    }
+
+    /// The measured round-trip time from `from` to `to` (0 to itself).
+    fn reach(&self, from: u32, to: u32) -> Option<u32> {
+        if from == to {
+            return Some(0);
+        }
+        self.hosts[from as usize].rtt_to.get(&to).copied()
+    }
+
+    /// Whether `to` is within `max` of `from` (any host is without a limit).
+    fn within(&self, from: u32, to: u32, max: Option<u32>) -> bool {
+        max.is_none_or(|max| self.reach(from, to).is_some_and(|us| us <= max))
+    }
+
+    /// Whether a VM of `locality` may run on host `h` now.
+    fn takes_vm(&self, h: u32, locality: Locality) -> bool {
+        let host = &self.hosts[h as usize];
+        host.state == HostState::Schedulable
+            && match locality {
+                Locality::Remote => host.kind == HostKind::ComputeRgpu,
+                Locality::Any | Locality::Local => host.kind.has_agent(),
+            }
+    }
+
+    fn slots_of(&self, hosts: &[u32]) -> Vec<u32> {
+        hosts.iter().flat_map(|&h| self.hosts[h as usize].slots.iter().copied()).collect()
+    }
+}
+
+/// The levels whose groups a request prefers, innermost first: every level with `nearest`, its
+/// own level when preferred.
+fn narrowing_levels(network: &NetworkConstraint, groups: &Groups) -> Vec<usize> {
+    if network.nearest {
+        return (0..groups.levels.len()).collect();
+    }
+    match (&network.same, network.strength) {
+        (Some(level), Strength::Preferred) => groups.level(level).into_iter().collect(),
+        _ => Vec::new(),
+    }
+}
