@@ -239,6 +239,8 @@ pub struct HostRecord {
     pub topology: gpgpums::Topology,
     /// Round trips (microseconds) its agent measured to GPU hosts, as last recorded.
     pub rtt_us: std::collections::BTreeMap<HostId, u32>,
+    /// When they were recorded (ms since the epoch; 0: never).
+    pub rtt_recorded_ms: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

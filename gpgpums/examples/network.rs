@@ -198,7 +198,7 @@ fn replay(jobs: &[Job], policy: &str, network: &NetworkConstraint, seed: u64) ->
 fn main() {
     let args = args_or_exit(Args { requests: 20_000, load: 0.8, seed: 42 });
     let jobs = trace(&args);
-    let variants: [(&str, NetworkConstraint); 4] = [
+    let variants: [(&str, NetworkConstraint); 5] = [
         ("none", NetworkConstraint::NONE),
         ("nearest", NetworkConstraint { nearest: true, ..NetworkConstraint::NONE }),
         (
@@ -212,6 +212,10 @@ fn main() {
         (
             "same switch, required",
             NetworkConstraint { same: Some("switch".into()), ..NetworkConstraint::NONE },
+        ),
+        (
+            "round trip <= 200 us",
+            NetworkConstraint { max_rtt_us: Some(200), ..NetworkConstraint::NONE },
         ),
     ];
     println!(

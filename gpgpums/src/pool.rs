@@ -381,6 +381,8 @@ pub struct Pool {
     host_changes: u64,
     /// The hosts' groups at each level, worked out on first use since the topology changed.
     groups: std::sync::OnceLock<Arc<network::Groups>>,
+    /// Who measured each host's round trip (see `pool/network.rs`), worked out on first use.
+    measured_by: std::sync::OnceLock<Arc<network::MeasuredBy>>,
 }
 
 impl Default for Pool {
@@ -421,6 +423,7 @@ impl Pool {
             changes: 0,
             host_changes: 0,
             groups: std::sync::OnceLock::new(),
+            measured_by: std::sync::OnceLock::new(),
         }
     }
 

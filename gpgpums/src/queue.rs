@@ -363,8 +363,10 @@ enum Held {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Shape {
     ask: Ask,
-    /// The request's constraints and policy, by their number in the round ([`Interned`]).
+    /// The request's constraints, network constraint and policy, by their number in the round
+    /// ([`Interned`]).
     constraints: u32,
+    network: u32,
     mode: Mode,
     locality: Locality,
     distinct_gpus: bool,
@@ -377,6 +379,7 @@ struct Shape {
 #[derive(Default)]
 struct Interned {
     constraints: HashMap<GpuConstraints, u32>,
+    networks: HashMap<NetworkConstraint, u32>,
     /// A registry has a handful: a look along them beats hashing.
     policies: Vec<String>,
 }
@@ -384,14 +387,12 @@ struct Interned {
 impl Interned {
     /// 0 for no constraint (most requests), without hashing.
     fn constraints(&mut self, constraints: &GpuConstraints) -> u32 {
-        if constraints.is_empty() {
-            return 0;
-        }
-        let next = self.constraints.len() as u32 + 1;
-        match self.constraints.get(constraints) {
-            Some(&id) => id,
-            None => *self.constraints.entry(constraints.clone()).or_insert(next),
-        }
+        intern(&mut self.constraints, constraints, constraints.is_empty())
+    }
+
+    /// 0 for none (most requests), without hashing.
+    fn network(&mut self, network: &NetworkConstraint) -> u32 {
+        intern(&mut self.networks, network, network.is_empty())
     }
 
     fn policy(&mut self, policy: &str) -> u32 {
@@ -414,12 +415,29 @@ impl Interned {
         Some(Shape {
             ask: w.ask.clone(),
             constraints: self.constraints(&request.constraints),
+            network: self.network(&request.network),
             mode: request.mode,
             locality: request.locality,
             distinct_gpus: request.distinct_gpus,
             gpu_memory_mib: request.gpu_memory_mib,
             policy: self.policy(&w.policy),
         })
+    }
+}
+
+/// `key`'s number in `numbers` (1 and up, given in order of first sight); 0 when `empty`.
+fn intern<K: std::hash::Hash + Eq + Clone>(
+    numbers: &mut HashMap<K, u32>,
+    key: &K,
+    empty: bool,
+) -> u32 {
+    if empty {
+        return 0;
+    }
+    let next = numbers.len() as u32 + 1;
+    match numbers.get(key) {
+        Some(&id) => id,
+        None => *numbers.entry(key.clone()).or_insert(next),
     }
 }
 

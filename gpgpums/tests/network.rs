@@ -186,12 +186,64 @@ fn round_trip_targets_are_the_nearest_gpu_hosts_first_and_bounded() {
     let names = |targets: Vec<(HostId, gpgpums::RcudaEndpoint)>| {
         targets.into_iter().map(|(h, _)| h.as_str().to_owned()).collect::<Vec<_>>()
     };
-    // vm-b1: its rack's GPU host, then its zone's (none other), then the rest in pool order.
-    assert_eq!(names(pool.rtt_targets(&host("vm-b1"), 8)), ["gpu-b1", "gpu-a1", "gpu-a2"]);
+    // vm-b1: its rack's GPU host, then the other zone's two (in an order of its own).
+    let targets = names(pool.rtt_targets(&host("vm-b1"), 8));
+    assert_eq!(targets[0], "gpu-b1");
+    let mut rest = targets[1..].to_vec();
+    rest.sort();
+    assert_eq!(rest, ["gpu-a1", "gpu-a2"]);
+    // vm-a2: its rack's, then its zone's.
     assert_eq!(names(pool.rtt_targets(&host("vm-a2"), 2)), ["gpu-a2", "gpu-a1"]);
     // A GPU host measures the others, never itself.
     assert_eq!(names(pool.rtt_targets(&host("gpu-a1"), 8)), ["gpu-a2", "gpu-b1"]);
     assert!(pool.rtt_targets(&host("nowhere"), 8).is_empty());
+    // At the endpoint of a GPU that serves.
     let (_, endpoint) = &pool.rtt_targets(&host("vm-b1"), 1)[0];
     assert_eq!(endpoint.port, 8308, "the first GPU's rCUDA endpoint");
+    let mut pool = pool;
+    pool.set_gpu_health(&gpgpums::GpuId::on_host(&host("gpu-b1"), 0), Some("XID 79".into()))
+        .unwrap();
+    let (_, endpoint) = &pool.rtt_targets(&host("vm-b1"), 1)[0];
+    assert_eq!(endpoint.port, 8309, "the first healthy GPU's");
+}
+
+/// Among equally near GPU hosts, each host measures a share of its own: with 100 GPU hosts in
+/// no group and 64 targets each, the fleet's hosts between them measure nearly every GPU host.
+#[test]
+fn hosts_measure_different_gpu_hosts_among_equals() {
+    let mut pool = Pool::new();
+    for g in 0..100 {
+        add_gpu_host(&mut pool, &format!("g{g}"), &[8192]);
+    }
+    for v in 0..20 {
+        pool.add_host(host(&format!("v{v}")), HostKind::ComputeRgpu).unwrap();
+    }
+    let mut measured = std::collections::BTreeSet::new();
+    for v in 0..20 {
+        let targets = pool.rtt_targets(&host(&format!("v{v}")), 64);
+        assert_eq!(targets.len(), 64);
+        measured.extend(targets.into_iter().map(|(h, _)| h));
+    }
+    assert!(measured.len() >= 99, "only {} GPU hosts measured", measured.len());
+}
+
+#[test]
+fn nearest_inner_levels_stay_inside_the_required_group_even_where_levels_do_not_nest() {
+    // gpu-x is on switch s1 but in no rack; gpu-y and the VM host are on s1 in rack r1.
+    let mut pool = Pool::new();
+    add_gpu_host(&mut pool, "gpu-x", &[8192; 2]);
+    pool.set_host_topology(&host("gpu-x"), at(&[("switch", "s1")])).unwrap();
+    for (name, switch) in [("gpu-y", "s1"), ("gpu-z", "s2"), ("gpu-w", "s3")] {
+        add_gpu_host(&mut pool, name, &[8192; 2]);
+        pool.set_host_topology(&host(name), at(&[("switch", switch), ("rack", "r1")])).unwrap();
+    }
+    pool.add_host(host("vm-1"), HostKind::ComputeRgpu).unwrap();
+    pool.set_host_topology(&host("vm-1"), at(&[("switch", "s1"), ("rack", "r1")])).unwrap();
+    assert_eq!(pool.levels(), ["switch", "rack"]);
+    let network = NetworkConstraint { nearest: true, ..same("rack") };
+    let request = Request::exclusive(1).with_locality(Locality::Remote).with_network(network);
+    // First fit's best GPU is gpu-x's: on the VM's switch, but outside every rack.
+    let placement = pool.place(vm(1), &request, "first-fit").unwrap();
+    assert_eq!(placement.cgpus[0].host.as_str(), "gpu-y", "{placement:?}");
+    assert_eq!(names(&hosts_of(&mut pool, &request, vm(1))), ["vm-1"]);
 }

@@ -122,7 +122,8 @@ fn constraints() -> impl Strategy<Value = GpuConstraints> {
 
 /// Network constraints over [`topology`] and [`rtt`]: none half the time.
 fn network() -> impl Strategy<Value = NetworkConstraint> {
-    let same = prop_oneof![Just(None), Just(Some("rack")), Just(Some("zone"))];
+    let same =
+        prop_oneof![Just(None), Just(Some("rack")), Just(Some("zone")), Just(Some("switch"))];
     let strength = prop_oneof![Just(Strength::Required), Just(Strength::Preferred)];
     let max_rtt = prop_oneof![2 => Just(None), 1 => prop::sample::select(vec![150u32, 300, 1000]).prop_map(Some)];
     let some = (same, strength, max_rtt, any::<bool>()).prop_map(
@@ -136,9 +137,19 @@ fn network() -> impl Strategy<Value = NetworkConstraint> {
     prop_oneof![Just(NetworkConstraint::NONE), some]
 }
 
-/// Host `i` (in registration order) is in rack `r{i/2}` of zone `z{i/4}`.
+/// Host `i` (in registration order) is in rack `r{i/2}` (but host 3 is in none) of zone
+/// `z{i/4}`, and on switch `s{i%3}`, which spans racks: levels need not nest.
 fn topology(i: usize) -> Topology {
-    [("rack".to_owned(), format!("r{}", i / 2)), ("zone".to_owned(), format!("z{}", i / 4))].into()
+    let mut topology: Topology = [
+        ("rack".to_owned(), format!("r{}", i / 2)),
+        ("zone".to_owned(), format!("z{}", i / 4)),
+        ("switch".to_owned(), format!("s{}", i % 3)),
+    ]
+    .into();
+    if i == 3 {
+        topology.remove("rack");
+    }
+    topology
 }
 
 /// The round trip measured from host `i` to host `j`: none between some pairs.
@@ -252,6 +263,12 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
                                 placement.cgpus.iter().map(|c| c.host.clone()).collect();
                             let vm_hosts = pool.vm_hosts_for(request, &gpu_hosts).expect("a set");
                             prop_assert!(!vm_hosts.is_empty(), "no host may run the VM");
+                            for vm_host in &vm_hosts {
+                                prop_assert!(
+                                    pool.meets_network(request, vm_host, &gpu_hosts),
+                                    "{vm_host}"
+                                );
+                            }
                             let at = |h: &HostId| hosts.iter().position(|n| host(n) == *h).unwrap();
                             for (vm_host, gpu_host) in
                                 vm_hosts.iter().flat_map(|v| gpu_hosts.iter().map(move |g| (v, g)))

@@ -730,6 +730,35 @@ fn a_request_for_a_full_model_does_not_hold_back_requests_for_any_model() {
     assert_eq!(head(&planned), Some((TicketId(3), 1)));
 }
 
+/// A request for one rack that no rack can take now (but one could, later) does not hold back
+/// the same request without the network constraint, which the GPUs of two racks can take.
+#[test]
+fn a_request_for_one_rack_does_not_hold_back_the_same_request_for_anywhere() {
+    let mut world = World::new(&[]);
+    world.pool = Pool::new();
+    for (name, rack, gpus) in [("cg0", "r0", 2), ("cg1", "r1", 1)] {
+        add_gpu_host(&mut world.pool, name, &vec![8192; gpus]);
+        world
+            .pool
+            .add_host(
+                gpgpums::HostId::new(format!("vm-{rack}")).unwrap(),
+                gpgpums::HostKind::ComputeRgpu,
+            )
+            .unwrap();
+        for host in [name.to_owned(), format!("vm-{rack}")] {
+            let topology = [("rack".to_owned(), rack.to_owned())].into();
+            world.pool.set_host_topology(&gpgpums::HostId::new(host).unwrap(), topology).unwrap();
+        }
+    }
+    // One of rack r0's two GPUs is taken: each rack has one free, so two in one rack must wait.
+    world.run(&launch(9, "c", 0, Request::exclusive(1)), false);
+    let two = Request::exclusive(2).with_locality(Locality::Remote);
+    let one_rack = gpgpums::NetworkConstraint { same: Some("rack".into()), ..Default::default() };
+    let queue = [launch(1, "a", 1, two.clone().with_network(one_rack)), launch(2, "b", 0, two)];
+    let planned = world.plan(&queue, &Rules::default());
+    assert_eq!(tickets(&planned), [2], "{planned:?}");
+}
+
 /// Preemption for a request of one model takes cGPUs only from GPUs of that model, and what a
 /// shrunk VM gets back asks what it asked.
 #[test]

@@ -418,7 +418,7 @@ mod tests {
             gpus: inv,
             applied_generation: None,
             topology: Default::default(),
-            rtt_us: Default::default(),
+            rtt_us: None,
         };
         assert_eq!(report.validate(range), Ok(()));
         // A partition of a GPU the host does not have.

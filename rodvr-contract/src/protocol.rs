@@ -374,9 +374,10 @@ pub struct HostReport {
     pub topology: gpgpums::Topology,
     /// Round trips (microseconds) from this host to the GPU hosts gsaasd named
     /// ([`RttTargets`]): the median of the last few TCP connects to each one's rCUDA endpoint.
-    /// Left out when none.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub rtt_us: BTreeMap<HostId, u32>,
+    /// Left out until the agent has measured (gsaasd keeps what it had), empty when it reached
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtt_us: Option<BTreeMap<HostId, u32>>,
 }
 
 /// The most GPU hosts an agent measures round trips to.
@@ -518,13 +519,14 @@ impl HostReport {
             let entry = level.map_or("topology".to_owned(), |level| format!("topology.{level}"));
             return Err(bad(entry, reason));
         }
-        if self.rtt_us.len() > MAX_RTT_TARGETS {
+        let rtt_us = self.rtt_us.as_ref();
+        if let Some(rtt_us) = rtt_us.filter(|r| r.len() > MAX_RTT_TARGETS) {
             return Err(bad(
                 "rtt_us".into(),
-                format!("{} hosts are more than {MAX_RTT_TARGETS}", self.rtt_us.len()),
+                format!("{} hosts are more than {MAX_RTT_TARGETS}", rtt_us.len()),
             ));
         }
-        for (to, &us) in &self.rtt_us {
+        for (to, &us) in rtt_us.into_iter().flatten() {
             if *to == self.host {
                 return Err(bad(format!("rtt_us.{to}"), "is the host itself".into()));
             }
@@ -802,7 +804,7 @@ mod tests {
                 .collect(),
             applied_generation: Some(3),
             topology: Default::default(),
-            rtt_us: BTreeMap::new(),
+            rtt_us: None,
         }
     }
 
@@ -889,11 +891,13 @@ mod tests {
     fn round_trips_are_bounded_in_number_and_value_and_never_to_the_host_itself() {
         let range: Ipv4Cidr = "100.127.0.0/16".parse().unwrap();
         let mut fine = report(1);
-        fine.rtt_us = [(HostId::new("cg1").unwrap(), 180)].into();
+        fine.rtt_us = Some([(HostId::new("cg1").unwrap(), 180)].into());
         assert_eq!(fine.validate(range), Ok(()));
         let text = serde_json::to_string(&fine).unwrap();
         assert!(text.contains(r#""rtt_us":{"cg1":180}"#), "{text}");
         assert!(!serde_json::to_string(&report(1)).unwrap().contains("rtt_us"));
+        let none_reached = HostReport { rtt_us: Some(BTreeMap::new()), ..report(1) };
+        assert!(serde_json::to_string(&none_reached).unwrap().contains(r#""rtt_us":{}"#));
         let many = (0..=MAX_RTT_TARGETS).map(|i| (HostId::new(format!("h{i}")).unwrap(), 1));
         let cases = [
             (BTreeMap::from([(HostId::new("cg0").unwrap(), 5)]), "rtt_us.cg0"),
@@ -905,7 +909,7 @@ mod tests {
             (many.collect(), "rtt_us"),
         ];
         for (rtt_us, entry) in cases {
-            let hostile = HostReport { rtt_us, ..report(1) };
+            let hostile = HostReport { rtt_us: Some(rtt_us), ..report(1) };
             assert_eq!(hostile.validate(range).unwrap_err().entry, entry);
         }
     }

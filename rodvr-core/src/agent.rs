@@ -63,8 +63,9 @@ pub struct Agent<F> {
     facts: HostFacts,
     /// Each GPU's health as last asked (by index), over what discovery found at start.
     gpu_health: Mutex<std::collections::HashMap<u32, Option<String>>>,
-    /// Round trips to GPU hosts as last measured (microseconds), for the next report.
-    rtt_us: Mutex<std::collections::BTreeMap<HostId, u32>>,
+    /// Round trips to GPU hosts as last measured (microseconds), for the next report; `None`
+    /// until measured.
+    rtt_us: Mutex<Option<std::collections::BTreeMap<HostId, u32>>>,
 }
 
 impl<F: Firewall> Agent<F> {
@@ -81,7 +82,7 @@ impl<F: Firewall> Agent<F> {
 
     /// Records the round trips measured to GPU hosts, for the next report.
     pub fn set_rtts(&self, rtt_us: std::collections::BTreeMap<HostId, u32>) {
-        *self.rtt_us.lock().unwrap_or_else(|p| p.into_inner()) = rtt_us;
+        *self.rtt_us.lock().unwrap_or_else(|p| p.into_inner()) = Some(rtt_us);
     }
 
     /// Records each GPU's health now (by index; see the agent's `discovery::GpuDiscovery::health`),

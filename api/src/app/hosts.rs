@@ -46,19 +46,26 @@ pub struct Registration {
     pub rtt_us: Option<BTreeMap<HostId, u32>>,
 }
 
-/// Whether `reported` round trips differ from `stored` enough to matter to placement: another
-/// set of hosts, or one moved by more than half (and more than 100 us). Smaller moves are a
-/// LAN's noise, and recording them would change the pool at every heartbeat.
-pub fn rtts_moved(
-    stored: &BTreeMap<HostId, u32>,
-    reported: Option<&BTreeMap<HostId, u32>>,
-) -> bool {
-    let Some(reported) = reported else { return false };
-    stored.len() != reported.len()
+/// The round trips to record of `host`'s `reported` ones at `now`: none unless they differ from
+/// what is stored enough to matter to placement (another set of hosts, or one moved by more
+/// than a fifth and 20 us: smaller moves are a LAN's noise) and the last recording is at least
+/// `every_ms` old (the first is recorded at once). Each recording changes the pool, which every
+/// replica then reloads: no agent may make that happen at every heartbeat.
+pub fn rtts_to_record<'r>(
+    host: &HostRecord,
+    reported: Option<&'r BTreeMap<HostId, u32>>,
+    now: i64,
+    every_ms: i64,
+) -> Option<&'r BTreeMap<HostId, u32>> {
+    let reported = reported?;
+    let stored = &host.rtt_us;
+    let moved = stored.len() != reported.len()
         || stored
             .iter()
             .zip(reported)
-            .any(|((a, &old), (b, &new))| a != b || old.abs_diff(new) > (old / 2).max(100))
+            .any(|((a, &old), (b, &new))| a != b || old.abs_diff(new) > (old / 5).max(20));
+    let due = host.rtt_recorded_ms == 0 || now.saturating_sub(host.rtt_recorded_ms) >= every_ms;
+    (moved && due).then_some(reported)
 }
 
 impl Registration {
@@ -89,7 +96,7 @@ impl Registration {
                 })
                 .collect(),
             topology: report.topology.clone(),
-            rtt_us: Some(report.rtt_us.clone()),
+            rtt_us: report.rtt_us.clone(),
         }
     }
 
@@ -171,6 +178,9 @@ impl App {
     /// reports leave it when unused (a GPU still backing cGPUs stays until they are released). A host
     /// that was unavailable becomes schedulable again, unless an operator drained it.
     pub async fn register_host(&self, registration: Registration) -> Result<HostRecord, Error> {
+        let rtt_every_ms =
+            i64::try_from(self.config.hosts.rtt_record_interval_secs.saturating_mul(1000))
+                .unwrap_or(i64::MAX);
         if registration.kind != HostKind::ComputeGpu && !registration.gpus.is_empty() {
             return Err(Error::invalid(
                 "gpus",
@@ -195,7 +205,8 @@ impl App {
             if same_gpus
                 && host.state != HostState::Unavailable
                 && host.topology == registration.topology
-                && !rtts_moved(&host.rtt_us, registration.rtt_us.as_ref())
+                && rtts_to_record(host, registration.rtt_us.as_ref(), now_ms(), rtt_every_ms)
+                    .is_none()
             {
                 // A plain heartbeat: no pool change.
                 let mut conn = self.db.conn().await?;
@@ -229,7 +240,7 @@ impl App {
                         pool.add_host(registration.name.clone(), registration.kind)?;
                         pool.set_host_topology(&registration.name, registration.topology.clone())?;
                         if let Some(rtt_us) = registration.rtt_us.as_ref().filter(|r| !r.is_empty()) {
-                            db::set_host_rtts(tx, &registration.name, rtt_us).await?;
+                            db::set_host_rtts(tx, &registration.name, rtt_us, now).await?;
                             pool.set_host_rtts(&registration.name, rtt_us.iter().map(|(h, us)| (h.clone(), *us)))?;
                         }
                     }
@@ -240,8 +251,8 @@ impl App {
                             db::set_host_topology(tx, &host.name, &registration.topology).await?;
                             pool.set_host_topology(&host.name, registration.topology.clone())?;
                         }
-                        if let Some(rtt_us) = registration.rtt_us.as_ref().filter(|r| rtts_moved(&host.rtt_us, Some(r))) {
-                            db::set_host_rtts(tx, &host.name, rtt_us).await?;
+                        if let Some(rtt_us) = rtts_to_record(host, registration.rtt_us.as_ref(), now, rtt_every_ms) {
+                            db::set_host_rtts(tx, &host.name, rtt_us, now).await?;
                             pool.set_host_rtts(&host.name, rtt_us.iter().map(|(h, us)| (h.clone(), *us)))?;
                         }
                         if host.state == HostState::Unavailable {
@@ -816,5 +827,54 @@ impl App {
                 (record.name.clone(), (record, routes))
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_with(rtt_us: &[(&str, u32)], recorded_ms: i64) -> HostRecord {
+        HostRecord {
+            name: "vm-1".parse().unwrap(),
+            seq: 1,
+            kind: HostKind::ComputeRgpu,
+            state: HostState::Schedulable,
+            drained: false,
+            agent_url: None,
+            last_seen_ms: 0,
+            routes_generation: 0,
+            applied_generation: 0,
+            forgotten: false,
+            topology: Default::default(),
+            rtt_us: rtts(rtt_us),
+            rtt_recorded_ms: recorded_ms,
+        }
+    }
+
+    fn rtts(pairs: &[(&str, u32)]) -> BTreeMap<HostId, u32> {
+        pairs.iter().map(|(h, us)| (h.parse().unwrap(), *us)).collect()
+    }
+
+    #[test]
+    fn round_trips_are_recorded_when_they_move_and_at_most_once_an_interval() {
+        let every = 60_000;
+        let never_recorded = host_with(&[], 0);
+        let first = rtts(&[("g1", 180)]);
+        // The first measurement at once; nothing reported, nothing recorded.
+        assert!(rtts_to_record(&never_recorded, Some(&first), 1_000, every).is_some());
+        assert!(rtts_to_record(&never_recorded, None, 1_000, every).is_none());
+        let recorded = host_with(&[("g1", 180)], 1_000);
+        let noise = rtts(&[("g1", 200)]);
+        let moved = rtts(&[("g1", 60)]);
+        let other_hosts = rtts(&[("g2", 180)]);
+        // Noise never; a move or another set of hosts once the interval is past.
+        for now in [1_500, 61_000] {
+            assert!(rtts_to_record(&recorded, Some(&noise), now, every).is_none(), "{now}");
+        }
+        for changed in [&moved, &other_hosts, &BTreeMap::new()] {
+            assert!(rtts_to_record(&recorded, Some(changed), 30_000, every).is_none());
+            assert_eq!(rtts_to_record(&recorded, Some(changed), 61_000, every), Some(changed));
+        }
     }
 }

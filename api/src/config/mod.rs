@@ -441,6 +441,10 @@ pub struct HostsConfig {
     /// PEM bundle of the CAs agents' certificates must chain to (https agent URLs); the system's
     /// CAs when absent.
     pub agent_ca: Option<PathBuf>,
+    /// The least time between two recordings of one host's round trips (each changes the pool,
+    /// which every replica then reloads), so that no agent, however its measurements swing,
+    /// changes the pool more often. Its first measurement is recorded at once.
+    pub rtt_record_interval_secs: u64,
 }
 
 impl Default for HostsConfig {
@@ -454,6 +458,7 @@ impl Default for HostsConfig {
             agent_urls: BTreeMap::new(),
             agent_url_template: None,
             agent_ca: None,
+            rtt_record_interval_secs: 60,
         }
     }
 }

@@ -33,6 +33,7 @@ fn host_from_row(row: &AnyRow) -> Result<HostRecord, Error> {
             let text: String = row.try_get("rtt_us")?;
             serde_json::from_str(&text).map_err(|_| corrupt("host round trips", &text))?
         },
+        rtt_recorded_ms: row.try_get("rtt_recorded_ms")?,
     })
 }
 
@@ -42,7 +43,7 @@ fn generation(row: &AnyRow, column: &str) -> Result<u64, Error> {
 }
 
 const HOST_COLUMNS: &str = "name, seq, kind, state, drained, agent_url, last_seen_ms, \
-     routes_generation, applied_generation, forgotten, topology, rtt_us";
+     routes_generation, applied_generation, forgotten, topology, rtt_us, rtt_recorded_ms";
 
 pub async fn hosts(conn: &mut AnyConnection) -> Result<Vec<HostRecord>, Error> {
     let rows = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts ORDER BY seq"))
@@ -100,15 +101,17 @@ pub async fn set_host_topology(
     Ok(())
 }
 
-/// Records the round trips the host's agent measured.
+/// Records the round trips the host's agent measured, at `now`.
 pub async fn set_host_rtts(
     conn: &mut AnyConnection,
     name: &HostId,
     rtt_us: &BTreeMap<HostId, u32>,
+    now: i64,
 ) -> Result<(), Error> {
     let text = serde_json::to_string(rtt_us).map_err(|e| Error::internal(e.to_string()))?;
-    sqlx::query("UPDATE hosts SET rtt_us = $1 WHERE name = $2")
+    sqlx::query("UPDATE hosts SET rtt_us = $1, rtt_recorded_ms = $2 WHERE name = $3")
         .bind(text)
+        .bind(now)
         .bind(name.as_str())
         .execute(conn)
         .await?;

@@ -8,28 +8,37 @@
 //! hands them to the cloud). A group that cannot take the request, or has no host the VM may
 //! run on, is hidden and the next best tried: every group is tried for the request's own level,
 //! so a refusal means none could; `nearest`'s extra levels (inside the request's own, or all)
-//! try at most [`NEAREST_TRIES`] groups each, being preferences. With a round-trip limit the
-//! group is the GPUs' host's neighbourhood instead: the hosts the VM may run on near it (the
-//! nearest [`RTT_VM_HOST_TRIES`]), each with the GPU hosts within the limit of it.
+//! try at most [`NEAREST_TRIES`] groups each, being preferences, and stay inside the group of
+//! the required level. With a round-trip limit the group is a neighbourhood instead: each host
+//! the VM may run on near the best GPU (nearest first), with the GPU hosts within the limit of
+//! it (what its agent measured: at most 64). A placement tries at most
+//! [`MAX_RTT_VM_HOST_TRIES`] VM hosts, so a request that fits no neighbourhood costs a bounded
+//! amount whatever the fleet's size; past the bound it fails now (507, or waits in the queue)
+//! though it might have fitted further on.
 //!
 //! cGPUs added to a running VM (attach, re-homing) go where its host allows: its groups at the
 //! preferred levels first, then all the hard constraints admit.
 //!
 //! Requests without a network constraint never come here: their cost is what it was.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{empty_gpu_room, Filter, Pool};
 use crate::error::Error;
 use crate::ids::HostId;
 use crate::model::{CgpuAssignment, HostKind, HostState, Locality, RcudaEndpoint, Request};
+use crate::seeded::SplitMix64;
 use crate::topology::{topology_problem, NetworkConstraint, Strength, Topology};
 
 /// Groups `nearest` tries at each level it adds before going out a level.
 pub const NEAREST_TRIES: usize = 8;
-/// With a round-trip limit: the hosts the VM may run on tried around each GPU host.
-pub const RTT_VM_HOST_TRIES: usize = 8;
+/// With a round-trip limit: the most hosts the VM may run on that one placement tries, each
+/// with its neighbourhood (a bound on what a request no neighbourhood can take costs).
+pub const MAX_RTT_VM_HOST_TRIES: usize = 64;
+
+/// Who measured each host: by host, (the measuring host, its round trip).
+pub(super) type MeasuredBy = HashMap<u32, Vec<(u32, u32)>>;
 
 /// The hosts' groups at each level.
 #[derive(Debug, Default)]
@@ -84,6 +93,7 @@ impl Pool {
         }
         if self.hosts[h as usize].rtt_to != known {
             self.hosts[h as usize].rtt_to = known;
+            self.measured_by.take();
             self.changes += 1;
         }
         Ok(unknown)
@@ -100,8 +110,10 @@ impl Pool {
     }
 
     /// The compute-gpu hosts whose round trips `host`'s agent should measure, at most `max`:
-    /// those sharing its innermost group first, then the next level out, then the rest, each
-    /// in pool order; with the rCUDA endpoint of its first GPU to connect to. Not `host` itself.
+    /// those sharing its innermost group first, then the next level out, then the rest; among
+    /// equals in an order of `host`'s own (a hash of both), so that a fleet's hosts do not all
+    /// measure the same few. Each with the rCUDA endpoint of a GPU that serves (its first if
+    /// none does) to connect to. Not `host` itself.
     pub fn rtt_targets(&self, host: &HostId, max: usize) -> Vec<(HostId, RcudaEndpoint)> {
         let Some(&from) = self.host_by_id.get(host) else { return Vec::new() };
         let groups = self.groups();
@@ -114,18 +126,22 @@ impl Pool {
                 .position(|level| topology.get(level).is_some_and(|g| other.get(level) == Some(g)))
                 .unwrap_or(groups.levels.len())
         };
-        let mut targets: Vec<(usize, u32)> = (0..self.hosts.len() as u32)
+        let shuffle = |h: u32| SplitMix64::new(u64::from(from) << 32 | u64::from(h)).next_u64();
+        let mut targets: Vec<(usize, u64, u32)> = (0..self.hosts.len() as u32)
             .filter(|&h| h != from && self.hosts[h as usize].kind == HostKind::ComputeGpu)
             .filter(|&h| !self.hosts[h as usize].slots.is_empty())
-            .map(|h| (distance(h), h))
+            .map(|h| (distance(h), shuffle(h), h))
             .collect();
         targets.sort_unstable();
         targets
             .into_iter()
             .take(max)
-            .map(|(_, h)| {
+            .map(|(_, _, h)| {
                 let host = &self.hosts[h as usize];
-                (host.id.clone(), self.gpus[host.slots[0] as usize].spec.rcuda)
+                let gpus = host.slots.iter().map(|&s| &self.gpus[s as usize]);
+                let serving = gpus.clone().find(|gpu| self.serves(gpu));
+                let gpu = serving.or_else(|| gpus.clone().next()).expect("a host with GPUs");
+                (host.id.clone(), gpu.spec.rcuda)
             })
             .collect()
     }
@@ -148,6 +164,29 @@ impl Pool {
         let groups = self.groups();
         let set = self.vm_host_set(request, &groups, &hosts);
         Some(set.into_iter().map(|h| self.hosts[h as usize].id.clone()).collect())
+    }
+
+    /// Whether a VM of `request` running on `vm_host`, its cGPUs on `gpu_hosts`, meets the hard
+    /// part of its network constraint: one group with them all at the required level, each
+    /// within the round-trip limit. Preferences and the hosts' states do not count: the cloud
+    /// has put the VM there already.
+    pub fn meets_network(&self, request: &Request, vm_host: &HostId, gpu_hosts: &[HostId]) -> bool {
+        if request.locality == Locality::Local || !request.network.is_hard() {
+            return true;
+        }
+        let Some(&v) = self.host_by_id.get(vm_host) else { return false };
+        let mut hosts = Vec::with_capacity(gpu_hosts.len());
+        for host in gpu_hosts {
+            let Some(&g) = self.host_by_id.get(host) else { return false };
+            hosts.push(g);
+        }
+        let network = &request.network;
+        let same_group = network.required_level().is_none_or(|level| {
+            let group = self.hosts[v as usize].topology.get(level);
+            group.is_some()
+                && hosts.iter().all(|&g| self.hosts[g as usize].topology.get(level) == group)
+        });
+        same_group && hosts.iter().all(|&g| self.within(v, g, network.max_rtt_us))
     }
 
     /// A request's network level no host carries: 422 naming it.
@@ -195,7 +234,7 @@ impl Pool {
         for (level, bound) in attempts {
             let outcome = match (level, network.max_rtt_us) {
                 (None, None) => self.place_on(request, view, filter, None, &[]).map(|(c, _)| c),
-                _ => self.place_in_groups(request, view, filter, &groups, level, bound),
+                _ => self.place_in_groups(request, view, filter, &groups, level, required, bound),
             };
             match outcome {
                 Ok(cgpus) => return Ok(cgpus),
@@ -206,7 +245,12 @@ impl Pool {
     }
 
     /// Tries groups at `level` (`None`: round-trip neighbourhoods alone) in the order of their
-    /// best GPU, at most `bound` of them, hiding each that fails until the end.
+    /// best GPU, at most `bound` of them, hiding each that fails until the end. Every group is
+    /// cut to the best GPU's host's group at the `required` level. With a round-trip limit, the
+    /// VM hosts near the best GPU are tried in turn (nearest first), each with the GPU hosts
+    /// within the limit of it; a VM host is tried once (what it failed to take it cannot take
+    /// later, as the hidden GPUs only grow), and at most [`MAX_RTT_VM_HOST_TRIES`] in all.
+    #[allow(clippy::too_many_arguments)]
     fn place_in_groups(
         &mut self,
         request: &Request,
@@ -214,59 +258,96 @@ impl Pool {
         filter: &Filter,
         groups: &Groups,
         level: Option<usize>,
+        required: Option<usize>,
         bound: Option<usize>,
     ) -> Result<Vec<CgpuAssignment>, u32> {
         let max = request.network.max_rtt_us;
+        let measured_by = max.map(|_| self.measured_by());
         let mut hidden: Vec<u32> = Vec::new();
+        let mut tried_vm_hosts: HashSet<u32> = HashSet::new();
         let mut best = 0;
         let mut tries = 0;
         let outcome = loop {
-            if bound.is_some_and(|b| tries >= b) {
+            if bound.is_some_and(|b| tries >= b) || tried_vm_hosts.len() >= MAX_RTT_VM_HOST_TRIES {
                 break Err(best);
             }
             let Some(first) = self.select(view, request, filter, None) else { break Err(best) };
             tries += 1;
             let around = self.gpus[first as usize].host;
-            let members: Vec<u32> = match level {
-                Some(l) => self.hosts[around as usize]
-                    .topology
-                    .get(&groups.levels[l])
-                    .map(|group| groups.members[l][group].clone())
-                    .unwrap_or_default(),
-                None => (0..self.hosts.len() as u32).collect(),
+            // The hosts the group holds (`None`: every host), ascending.
+            let group_at = |pool: &Pool, l: usize| -> Vec<u32> {
+                let group = pool.hosts[around as usize].topology.get(&groups.levels[l]);
+                group.map(|g| groups.members[l][g].clone()).unwrap_or_default()
             };
-            let mut vm_hosts: Vec<u32> = members
-                .iter()
-                .copied()
-                .filter(|&h| self.takes_vm(h, request.locality) && self.within(h, around, max))
-                .collect();
-            let mut placed = Err(0);
-            if max.is_none() {
-                if !vm_hosts.is_empty() {
-                    let within = self.slots_of(&members);
-                    placed = self.place_on(request, view, filter, Some(&within), &[]);
+            let mut members: Option<Vec<u32>> = level.or(required).map(|l| group_at(self, l));
+            if let (Some(r), Some(l), Some(hosts)) = (required, level, members.as_mut()) {
+                if r != l {
+                    let outer = group_at(self, r);
+                    hosts.retain(|h| outer.binary_search(h).is_ok());
                 }
-            } else {
-                vm_hosts.sort_by_key(|&h| (self.reach(h, around), h));
-                for &h in vm_hosts.iter().take(RTT_VM_HOST_TRIES) {
-                    let near: Vec<u32> =
-                        members.iter().copied().filter(|&g| self.within(h, g, max)).collect();
-                    let within = self.slots_of(&near);
-                    placed = self.place_on(request, view, filter, Some(&within), &[]);
-                    match placed {
-                        Ok(_) => break,
-                        Err(n) => best = best.max(n),
+            }
+            let in_group = |h: &u32| members.as_ref().is_none_or(|m| m.binary_search(h).is_ok());
+            let mut placed = Err(0);
+            let mut exhausted = true;
+            match (max, &measured_by) {
+                (Some(max), Some(measured_by)) => {
+                    let mut vm_hosts: Vec<(u32, u32)> = measured_by
+                        .get(&around)
+                        .into_iter()
+                        .flatten()
+                        .copied()
+                        .filter(|&(_, us)| us <= max)
+                        .chain(std::iter::once((around, 0)))
+                        .filter(|&(h, _)| {
+                            in_group(&h)
+                                && self.takes_vm(h, request.locality)
+                                && !tried_vm_hosts.contains(&h)
+                        })
+                        .map(|(h, us)| (us, h))
+                        .collect();
+                    vm_hosts.sort_unstable();
+                    for &(_, h) in &vm_hosts {
+                        if tried_vm_hosts.len() >= MAX_RTT_VM_HOST_TRIES {
+                            exhausted = false;
+                            break;
+                        }
+                        tried_vm_hosts.insert(h);
+                        let near: Vec<u32> = std::iter::once(h)
+                            .chain(
+                                self.hosts[h as usize]
+                                    .rtt_to
+                                    .iter()
+                                    .filter(|&(_, &us)| us <= max)
+                                    .map(|(&g, _)| g),
+                            )
+                            .filter(|g| in_group(g))
+                            .collect();
+                        let within = self.slots_of(&near);
+                        placed = self.place_on(request, view, filter, Some(&within), &[]);
+                        match placed {
+                            Ok(_) => break,
+                            Err(n) => best = best.max(n),
+                        }
+                    }
+                }
+                _ => {
+                    let members = members.as_deref().unwrap_or_default();
+                    if members.iter().any(|&h| self.takes_vm(h, request.locality)) {
+                        let within = self.slots_of(members);
+                        placed = self.place_on(request, view, filter, Some(&within), &[]);
                     }
                 }
             }
             match placed {
                 Ok((cgpus, _)) => break Ok(cgpus),
+                Err(_) if !exhausted => break Err(best),
                 Err(n) => {
                     best = best.max(n);
-                    let hide = if max.is_none() && !members.is_empty() {
-                        self.slots_of(&members)
-                    } else {
-                        self.hosts[around as usize].slots.clone()
+                    // Without a limit the whole group failed; with one, every VM host near the
+                    // best GPU's host did: that host is no use to any other.
+                    let hide = match (&members, max) {
+                        (Some(members), None) if !members.is_empty() => self.slots_of(members),
+                        _ => self.hosts[around as usize].slots.clone(),
                     };
                     self.set_masked(&hide, true);
                     hidden.extend(hide);
@@ -432,6 +513,19 @@ impl Pool {
                 levels: levels.iter().map(|(l, _)| (*l).to_owned()).collect(),
                 members: levels.into_iter().map(|(_, m)| m).collect(),
             })
+        }))
+    }
+
+    /// Who measured each host, by host: (the measuring host, its round trip).
+    fn measured_by(&self) -> Arc<MeasuredBy> {
+        Arc::clone(self.measured_by.get_or_init(|| {
+            let mut index = MeasuredBy::new();
+            for (from, host) in self.hosts.iter().enumerate() {
+                for (&to, &us) in &host.rtt_to {
+                    index.entry(to).or_default().push((from as u32, us));
+                }
+            }
+            Arc::new(index)
         }))
     }
 

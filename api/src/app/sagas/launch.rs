@@ -136,17 +136,14 @@ impl App {
                     .into(),
             ));
         }
-        if vm.spec.gpus.locality != Locality::Local && !vm.spec.gpus.network.is_empty() {
+        if vm.spec.gpus.locality != Locality::Local && vm.spec.gpus.network.is_hard() {
             let mut conn = self.db.conn().await?;
             let gpu_hosts: Vec<HostId> =
                 db::cgpus_of(&mut conn, vm.id).await?.into_iter().map(|c| c.host).collect();
             drop(conn);
-            let request = vm.spec.gpus.clone();
-            let allowed = self
-                .read_pool(move |pool| pool.vm_hosts_for(&request, &gpu_hosts))
-                .await?
-                .unwrap_or_default();
-            if !allowed.contains(&host) {
+            let (request, on) = (vm.spec.gpus.clone(), host.clone());
+            let meets = self.read_pool(move |pool| pool.meets_network(&request, &on, &gpu_hosts));
+            if !meets.await? {
                 tracing::warn!(vm = %vm.id, %host, "the cloud put the VM outside its network constraint");
                 return Err(StepError::Failed(
                     "the cloud put the VM on a host outside its network constraint".into(),
