@@ -51,7 +51,6 @@ use crate::model::{
 };
 use crate::policy::{Candidate, CandidateIndex, Policy, PolicyRegistry};
 use crate::quota::{Holding, Usage};
-use crate::topology::Topology;
 use crate::traits::{GpuAttributes, GpuConstraints, GpuKind};
 
 mod network;
@@ -90,10 +89,6 @@ struct HostEntry {
     /// Slots of its GPUs, ascending.
     slots: Vec<u32>,
     vms: u32,
-    /// Its group at each level (see [`crate::topology`]).
-    topology: Topology,
-    /// Round-trip times (microseconds) its agent measured to other hosts, by host.
-    rtt_to: HashMap<u32, u32>,
 }
 
 #[derive(Debug)]
@@ -345,6 +340,8 @@ pub struct Pool {
     registry: PolicyRegistry,
     selector: Selector,
     hosts: Vec<HostEntry>,
+    /// Where each host sits in the network, by the same index as `hosts`.
+    places: Vec<network::HostPlace>,
     host_by_id: HashMap<HostId, u32>,
     /// In pool order: host registration order, then GPU index.
     gpus: Vec<GpuEntry>,
@@ -402,6 +399,7 @@ impl Pool {
             registry,
             selector,
             hosts: Vec::new(),
+            places: Vec::new(),
             host_by_id: HashMap::new(),
             gpus: Vec::new(),
             gpu_by_id: HashMap::new(),
@@ -471,9 +469,8 @@ impl Pool {
             state: HostState::Schedulable,
             slots: vec![],
             vms: 0,
-            topology: Topology::new(),
-            rtt_to: HashMap::new(),
         });
+        self.places.push(network::HostPlace::default());
         self.groups.take();
         self.inventory_changed();
         self.changes += 1;

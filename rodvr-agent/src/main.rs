@@ -192,20 +192,24 @@ async fn measure_rtts<F: Firewall + 'static>(
     (every, timeout, refresh): (Duration, Duration, Duration),
 ) {
     let mut targets = Vec::new();
-    let mut asked: Option<std::time::Instant> = None;
+    let mut ask_at = std::time::Instant::now();
     let mut samples = rodvr_agent::rtt::RttSamples::default();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if asked.is_none_or(|at| at.elapsed() >= refresh) {
-            // Asked again next round when gsaasd does not answer; the old targets serve meanwhile.
+        if std::time::Instant::now() >= ask_at {
+            // A controller that does not answer (down, or too old to know the path) is asked
+            // again within a minute; the old targets serve meanwhile.
             match client.rtt_targets(&host).await {
                 Ok(named) => {
                     targets = named;
-                    asked = Some(std::time::Instant::now());
+                    ask_at = std::time::Instant::now() + refresh;
                 }
-                Err(e) => log_error("asking the controller which GPU hosts to measure", &e),
+                Err(e) => {
+                    log_error("asking the controller which GPU hosts to measure", &e);
+                    ask_at = std::time::Instant::now() + refresh.min(Duration::from_secs(60));
+                }
             }
         }
         let round = rodvr_agent::rtt::probe(&targets, timeout).await;

@@ -37,6 +37,16 @@ pub const NEAREST_TRIES: usize = 8;
 /// with its neighbourhood (a bound on what a request no neighbourhood can take costs).
 pub const MAX_RTT_VM_HOST_TRIES: usize = 64;
 
+/// Where a host sits in the network, beside its [`super::HostEntry`] (which decisions read at
+/// every step, so it stays small): its groups, and what its agent measured.
+#[derive(Debug, Default)]
+pub(super) struct HostPlace {
+    /// Its group at each level (see [`crate::topology`]).
+    pub(super) topology: Topology,
+    /// Round trips (microseconds) its agent measured to other hosts, by host.
+    pub(super) rtt_to: HashMap<u32, u32>,
+}
+
 /// Who measured each host: by host, (the measuring host, its round trip).
 pub(super) type MeasuredBy = HashMap<u32, Vec<(u32, u32)>>;
 
@@ -63,8 +73,8 @@ impl Pool {
             return Err(Error::inventory("topology", format!("host {id}{at}: {why}")));
         }
         let h = self.host_index(id)?;
-        if self.hosts[h as usize].topology != topology {
-            self.hosts[h as usize].topology = topology;
+        if self.places[h as usize].topology != topology {
+            self.places[h as usize].topology = topology;
             self.groups.take();
             self.changes += 1;
             self.host_changes += 1;
@@ -91,8 +101,8 @@ impl Pool {
                 None => unknown += 1,
             }
         }
-        if self.hosts[h as usize].rtt_to != known {
-            self.hosts[h as usize].rtt_to = known;
+        if self.places[h as usize].rtt_to != known {
+            self.places[h as usize].rtt_to = known;
             self.measured_by.take();
             self.changes += 1;
         }
@@ -117,9 +127,9 @@ impl Pool {
     pub fn rtt_targets(&self, host: &HostId, max: usize) -> Vec<(HostId, RcudaEndpoint)> {
         let Some(&from) = self.host_by_id.get(host) else { return Vec::new() };
         let groups = self.groups();
-        let topology = &self.hosts[from as usize].topology;
+        let topology = &self.places[from as usize].topology;
         let distance = |h: u32| {
-            let other = &self.hosts[h as usize].topology;
+            let other = &self.places[h as usize].topology;
             groups
                 .levels
                 .iter()
@@ -182,9 +192,9 @@ impl Pool {
         }
         let network = &request.network;
         let same_group = network.required_level().is_none_or(|level| {
-            let group = self.hosts[v as usize].topology.get(level);
+            let group = self.places[v as usize].topology.get(level);
             group.is_some()
-                && hosts.iter().all(|&g| self.hosts[g as usize].topology.get(level) == group)
+                && hosts.iter().all(|&g| self.places[g as usize].topology.get(level) == group)
         });
         same_group && hosts.iter().all(|&g| self.within(v, g, network.max_rtt_us))
     }
@@ -276,7 +286,7 @@ impl Pool {
             let around = self.gpus[first as usize].host;
             // The hosts the group holds (`None`: every host), ascending.
             let group_at = |pool: &Pool, l: usize| -> Vec<u32> {
-                let group = pool.hosts[around as usize].topology.get(&groups.levels[l]);
+                let group = pool.places[around as usize].topology.get(&groups.levels[l]);
                 group.map(|g| groups.members[l][g].clone()).unwrap_or_default()
             };
             let mut members: Option<Vec<u32>> = level.or(required).map(|l| group_at(self, l));
@@ -314,7 +324,7 @@ impl Pool {
                         tried_vm_hosts.insert(h);
                         let near: Vec<u32> = std::iter::once(h)
                             .chain(
-                                self.hosts[h as usize]
+                                self.places[h as usize]
                                     .rtt_to
                                     .iter()
                                     .filter(|&(_, &us)| us <= max)
@@ -368,7 +378,7 @@ impl Pool {
         let Some(&at) = self.host_by_id.get(vm_host) else { return vec![Some(Vec::new())] };
         let groups = self.groups();
         let group_of = |pool: &Pool, level: usize| {
-            let group = pool.hosts[at as usize].topology.get(&groups.levels[level])?;
+            let group = pool.places[at as usize].topology.get(&groups.levels[level])?;
             groups.members[level].get(group)
         };
         let allowed: Option<Vec<u32>> = network.is_hard().then(|| {
@@ -423,13 +433,13 @@ impl Pool {
         };
         let level_name = required.map(|level| groups.levels[level].as_str());
         (0..self.hosts.len() as u32).filter(|&h| self.takes_vm(h, request.locality)).any(|h| {
-            let host = &self.hosts[h as usize];
+            let host = &self.places[h as usize];
             let group = level_name.map(|name| (name, host.topology.get(name)));
             let same_group = |g: u32| match group {
                 None => true,
                 Some((_, None)) => false,
                 Some((name, Some(group))) => {
-                    self.hosts[g as usize].topology.get(name) == Some(group)
+                    self.places[g as usize].topology.get(name) == Some(group)
                 }
             };
             let near = host.rtt_to.iter().filter(|&(_, &us)| us <= max).map(|(&g, _)| g);
@@ -468,10 +478,10 @@ impl Pool {
         let Some(&first) = gpu_hosts.first() else { return candidates };
         let shared_group = |level: usize| {
             let name = &groups.levels[level];
-            let group = self.hosts[first as usize].topology.get(name)?;
+            let group = self.places[first as usize].topology.get(name)?;
             gpu_hosts
                 .iter()
-                .all(|&g| self.hosts[g as usize].topology.get(name) == Some(group))
+                .all(|&g| self.places[g as usize].topology.get(name) == Some(group))
                 .then(|| &groups.members[level][group])
         };
         if let Some(level) = network.required_level() {
@@ -501,8 +511,8 @@ impl Pool {
     fn groups(&self) -> Arc<Groups> {
         Arc::clone(self.groups.get_or_init(|| {
             let mut by_level: BTreeMap<&str, HashMap<String, Vec<u32>>> = BTreeMap::new();
-            for (h, host) in self.hosts.iter().enumerate() {
-                for (level, group) in &host.topology {
+            for (h, place) in self.places.iter().enumerate() {
+                for (level, group) in &place.topology {
                     let level = by_level.entry(level).or_default();
                     level.entry(group.clone()).or_default().push(h as u32);
                 }
@@ -520,8 +530,8 @@ impl Pool {
     fn measured_by(&self) -> Arc<MeasuredBy> {
         Arc::clone(self.measured_by.get_or_init(|| {
             let mut index = MeasuredBy::new();
-            for (from, host) in self.hosts.iter().enumerate() {
-                for (&to, &us) in &host.rtt_to {
+            for (from, place) in self.places.iter().enumerate() {
+                for (&to, &us) in &place.rtt_to {
                     index.entry(to).or_default().push((from as u32, us));
                 }
             }
@@ -541,7 +551,7 @@ impl Pool {
         if from == to {
             return Some(0);
         }
-        self.hosts[from as usize].rtt_to.get(&to).copied()
+        self.places[from as usize].rtt_to.get(&to).copied()
     }
 
     /// Whether `to` is within `max` of `from` (any host is without a limit).
