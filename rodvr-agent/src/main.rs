@@ -193,22 +193,28 @@ async fn measure_rtts<F: Firewall + 'static>(
 ) {
     let mut targets = Vec::new();
     let mut ask_at = std::time::Instant::now();
+    // After a failed ask: the next round first (the host may not be registered yet), then
+    // twice as long each time, up to a minute.
+    let mut retry = every;
     let mut samples = rodvr_agent::rtt::RttSamples::default();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if std::time::Instant::now() >= ask_at {
-            // A controller that does not answer (down, or too old to know the path) is asked
-            // again within a minute; the old targets serve meanwhile.
+        // Due within half a round: rounds and asks fall on the same ticks.
+        if std::time::Instant::now() + every / 2 >= ask_at {
+            // A controller that does not answer (down, not knowing the host yet, or too old to
+            // know the path) is asked again sooner; the old targets serve meanwhile.
             match client.rtt_targets(&host).await {
                 Ok(named) => {
                     targets = named;
                     ask_at = std::time::Instant::now() + refresh;
+                    retry = every;
                 }
                 Err(e) => {
                     log_error("asking the controller which GPU hosts to measure", &e);
-                    ask_at = std::time::Instant::now() + refresh.min(Duration::from_secs(60));
+                    ask_at = std::time::Instant::now() + retry.min(refresh);
+                    retry = (retry * 2).min(Duration::from_secs(60));
                 }
             }
         }
