@@ -187,23 +187,23 @@ fn round_trip_targets_are_the_nearest_gpu_hosts_first_and_bounded() {
         targets.into_iter().map(|(h, _)| h.as_str().to_owned()).collect::<Vec<_>>()
     };
     // vm-b1: its rack's GPU host, then the other zone's two (in an order of its own).
-    let targets = names(pool.rtt_targets(&host("vm-b1"), 8));
+    let targets = names(pool.rtt_targets(&host("vm-b1"), 8).unwrap());
     assert_eq!(targets[0], "gpu-b1");
     let mut rest = targets[1..].to_vec();
     rest.sort();
     assert_eq!(rest, ["gpu-a1", "gpu-a2"]);
     // vm-a2: its rack's, then its zone's.
-    assert_eq!(names(pool.rtt_targets(&host("vm-a2"), 2)), ["gpu-a2", "gpu-a1"]);
+    assert_eq!(names(pool.rtt_targets(&host("vm-a2"), 2).unwrap()), ["gpu-a2", "gpu-a1"]);
     // A GPU host measures the others, never itself.
-    assert_eq!(names(pool.rtt_targets(&host("gpu-a1"), 8)), ["gpu-a2", "gpu-b1"]);
-    assert!(pool.rtt_targets(&host("nowhere"), 8).is_empty());
+    assert_eq!(names(pool.rtt_targets(&host("gpu-a1"), 8).unwrap()), ["gpu-a2", "gpu-b1"]);
+    assert!(pool.rtt_targets(&host("nowhere"), 8).is_none());
     // At the endpoint of a GPU that serves.
-    let (_, endpoint) = &pool.rtt_targets(&host("vm-b1"), 1)[0];
+    let (_, endpoint) = &pool.rtt_targets(&host("vm-b1"), 1).unwrap()[0];
     assert_eq!(endpoint.port, 8308, "the first GPU's rCUDA endpoint");
     let mut pool = pool;
     pool.set_gpu_health(&gpgpums::GpuId::on_host(&host("gpu-b1"), 0), Some("XID 79".into()))
         .unwrap();
-    let (_, endpoint) = &pool.rtt_targets(&host("vm-b1"), 1)[0];
+    let (_, endpoint) = &pool.rtt_targets(&host("vm-b1"), 1).unwrap()[0];
     assert_eq!(endpoint.port, 8309, "the first healthy GPU's");
 }
 
@@ -220,7 +220,7 @@ fn hosts_measure_different_gpu_hosts_among_equals() {
     }
     let mut measured = std::collections::BTreeSet::new();
     for v in 0..20 {
-        let targets = pool.rtt_targets(&host(&format!("v{v}")), 64);
+        let targets = pool.rtt_targets(&host(&format!("v{v}")), 64).unwrap();
         assert_eq!(targets.len(), 64);
         measured.extend(targets.into_iter().map(|(h, _)| h));
     }

@@ -43,20 +43,17 @@ pub struct AttachInput {
     pub queue: bool,
 }
 
-/// Where cGPUs attached to the VM must be: a `local` VM's host; anywhere for the others.
+/// The VM's host, where cGPUs attached to it must be (a `local` VM's) or near which they must be
+/// (a VM with a network constraint); `None`: anywhere, for the others.
 pub(super) fn attach_host(vm: &VmRecord) -> Result<Option<gpgpums::HostId>, Error> {
-    match vm.spec.gpus.locality {
-        Locality::Local => vm.host.clone().map(Some).ok_or_else(|| {
-            Error::internal(format!("ready local VM {} has no host recorded", vm.id))
-        }),
-        // New cGPUs go where the network constraint allows around the VM's host.
-        Locality::Any | Locality::Remote if !vm.spec.gpus.network.is_empty() => vm
-            .host
-            .clone()
-            .map(Some)
-            .ok_or_else(|| Error::internal(format!("ready VM {} has no host recorded", vm.id))),
-        Locality::Any | Locality::Remote => Ok(None),
+    let anywhere = vm.spec.gpus.locality != Locality::Local && vm.spec.gpus.network.is_empty();
+    if anywhere {
+        return Ok(None);
     }
+    vm.host
+        .clone()
+        .map(Some)
+        .ok_or_else(|| Error::internal(format!("ready VM {} has no host recorded", vm.id)))
 }
 
 /// Why the VM cannot take an attach or detach now, if it cannot.

@@ -415,10 +415,7 @@ impl App {
     pub async fn rtt_targets(&self, host: &HostId) -> Result<Vec<RttTarget>, Error> {
         let asked = host.clone();
         let targets = self
-            .read_pool(move |pool| {
-                let known = pool.hosts().any(|(id, _, _)| *id == asked);
-                known.then(|| pool.rtt_targets(&asked, MAX_RTT_TARGETS))
-            })
+            .read_pool(move |pool| pool.rtt_targets(&asked, MAX_RTT_TARGETS))
             .await?
             .ok_or_else(|| Error::NotFound { kind: "host", id: host.to_string() })?;
         Ok(targets

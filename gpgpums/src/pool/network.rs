@@ -63,6 +63,11 @@ impl Groups {
     fn level(&self, name: &str) -> Option<usize> {
         self.levels.iter().position(|l| l == name)
     }
+
+    /// The hosts of the group `place` is in at `level` (ascending); `None`: it has no group there.
+    fn of(&self, place: &HostPlace, level: usize) -> Option<&Vec<u32>> {
+        self.members[level].get(place.topology.get(&self.levels[level])?)
+    }
 }
 
 impl Pool {
@@ -123,9 +128,9 @@ impl Pool {
     /// those sharing its innermost group first, then the next level out, then the rest; among
     /// equals in an order of `host`'s own (a hash of both), so that a fleet's hosts do not all
     /// measure the same few. Each with the rCUDA endpoint of a GPU that serves (its first if
-    /// none does) to connect to. Not `host` itself.
-    pub fn rtt_targets(&self, host: &HostId, max: usize) -> Vec<(HostId, RcudaEndpoint)> {
-        let Some(&from) = self.host_by_id.get(host) else { return Vec::new() };
+    /// none does) to connect to. Not `host` itself. `None`: `host` is not registered.
+    pub fn rtt_targets(&self, host: &HostId, max: usize) -> Option<Vec<(HostId, RcudaEndpoint)>> {
+        let &from = self.host_by_id.get(host)?;
         let groups = self.groups();
         let topology = &self.places[from as usize].topology;
         let distance = |h: u32| {
@@ -143,7 +148,7 @@ impl Pool {
             .map(|h| (distance(h), shuffle(h), h))
             .collect();
         targets.sort_unstable();
-        targets
+        let targets = targets
             .into_iter()
             .take(max)
             .map(|(_, _, h)| {
@@ -153,7 +158,8 @@ impl Pool {
                 let gpu = serving.or_else(|| gpus.clone().next()).expect("a host with GPUs");
                 (host.id.clone(), gpu.spec.rcuda)
             })
-            .collect()
+            .collect();
+        Some(targets)
     }
 
     /// The hosts a VM of `request` may run on now that its cGPUs are on `gpu_hosts`: its
@@ -165,10 +171,7 @@ impl Pool {
         if request.locality == Locality::Local || request.network.is_empty() {
             return None;
         }
-        let mut hosts = Vec::with_capacity(gpu_hosts.len());
-        for host in gpu_hosts {
-            hosts.push(*self.host_by_id.get(host)?);
-        }
+        let mut hosts = self.host_indexes(gpu_hosts)?;
         hosts.sort_unstable();
         hosts.dedup();
         let groups = self.groups();
@@ -185,11 +188,7 @@ impl Pool {
             return true;
         }
         let Some(&v) = self.host_by_id.get(vm_host) else { return false };
-        let mut hosts = Vec::with_capacity(gpu_hosts.len());
-        for host in gpu_hosts {
-            let Some(&g) = self.host_by_id.get(host) else { return false };
-            hosts.push(g);
-        }
+        let Some(hosts) = self.host_indexes(gpu_hosts) else { return false };
         let network = &request.network;
         let same_group = network.required_level().is_none_or(|level| {
             let group = self.places[v as usize].topology.get(level);
@@ -285,14 +284,12 @@ impl Pool {
             tries += 1;
             let around = self.gpus[first as usize].host;
             // The hosts the group holds (`None`: every host), ascending.
-            let group_at = |pool: &Pool, l: usize| -> Vec<u32> {
-                let group = pool.places[around as usize].topology.get(&groups.levels[l]);
-                group.map(|g| groups.members[l][g].clone()).unwrap_or_default()
-            };
-            let mut members: Option<Vec<u32>> = level.or(required).map(|l| group_at(self, l));
+            let place = &self.places[around as usize];
+            let group_at = |l: usize| groups.of(place, l).cloned().unwrap_or_default();
+            let mut members: Option<Vec<u32>> = level.or(required).map(group_at);
             if let (Some(r), Some(l), Some(hosts)) = (required, level, members.as_mut()) {
                 if r != l {
-                    let outer = group_at(self, r);
+                    let outer = group_at(r);
                     hosts.retain(|h| outer.binary_search(h).is_ok());
                 }
             }
@@ -377,10 +374,7 @@ impl Pool {
     ) -> Vec<Option<Vec<u32>>> {
         let Some(&at) = self.host_by_id.get(vm_host) else { return vec![Some(Vec::new())] };
         let groups = self.groups();
-        let group_of = |pool: &Pool, level: usize| {
-            let group = pool.places[at as usize].topology.get(&groups.levels[level])?;
-            groups.members[level].get(group)
-        };
+        let group_of = |pool: &Pool, level: usize| groups.of(&pool.places[at as usize], level);
         let allowed: Option<Vec<u32>> = network.is_hard().then(|| {
             let required = network.required_level().and_then(|l| groups.level(l));
             let hosts: Vec<u32> = match required {
@@ -477,12 +471,8 @@ impl Pool {
             (0..self.hosts.len() as u32).filter(|&h| self.takes_vm(h, request.locality)).collect();
         let Some(&first) = gpu_hosts.first() else { return candidates };
         let shared_group = |level: usize| {
-            let name = &groups.levels[level];
-            let group = self.places[first as usize].topology.get(name)?;
-            gpu_hosts
-                .iter()
-                .all(|&g| self.places[g as usize].topology.get(name) == Some(group))
-                .then(|| &groups.members[level][group])
+            let members = groups.of(&self.places[first as usize], level)?;
+            gpu_hosts.iter().all(|g| members.binary_search(g).is_ok()).then_some(members)
         };
         if let Some(level) = network.required_level() {
             match groups.level(level).and_then(shared_group) {
@@ -537,6 +527,11 @@ impl Pool {
             }
             Arc::new(index)
         }))
+    }
+
+    /// Each host's index; `None` when one is not registered.
+    fn host_indexes(&self, hosts: &[HostId]) -> Option<Vec<u32>> {
+        hosts.iter().map(|h| self.host_by_id.get(h).copied()).collect()
     }
 
     fn host_index(&self, id: &HostId) -> Result<u32, Error> {
