@@ -193,8 +193,8 @@ async fn measure_rtts<F: Firewall + 'static>(
 ) {
     let mut targets = Vec::new();
     let mut ask_at = std::time::Instant::now();
-    // After a failed ask: the next round first (the host may not be registered yet), then
-    // twice as long each time, up to a minute.
+    // After a failed ask, or one that named no host: the next round first (the host, or the
+    // GPU hosts, may not be registered yet), then twice as long each time, up to a minute.
     let mut retry = every;
     let mut samples = rodvr_agent::rtt::RttSamples::default();
     let mut tick = tokio::time::interval(every);
@@ -206,6 +206,13 @@ async fn measure_rtts<F: Firewall + 'static>(
             // A controller that does not answer (down, not knowing the host yet, or too old to
             // know the path) is asked again sooner; the old targets serve meanwhile.
             match client.rtt_targets(&host).await {
+                // None named yet (GPU hosts still registering): asked again sooner, as after
+                // a failure.
+                Ok(named) if named.is_empty() => {
+                    targets = named;
+                    ask_at = std::time::Instant::now() + retry.min(refresh);
+                    retry = (retry * 2).min(Duration::from_secs(60));
+                }
                 Ok(named) => {
                     targets = named;
                     ask_at = std::time::Instant::now() + refresh;
