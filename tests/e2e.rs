@@ -99,6 +99,16 @@ fn remote_launch(ncgpus: u32) -> Value {
 /// `/usr/local/bin`, and a shell in the VM's namespace sources the profile script, which runs
 /// `gsaas-env`, which asks the host's agent at the masked metadata endpoint.
 fn login_env(vm_ns: &str, user_data: &str, dir: &Path) -> BTreeMap<String, String> {
+    login_env_of(vm_ns, user_data, dir, &["RCUDA_"])
+}
+
+/// [`login_env`]'s variables whose names start with one of `prefixes`.
+fn login_env_of(
+    vm_ns: &str,
+    user_data: &str,
+    dir: &Path,
+    prefixes: &[&str],
+) -> BTreeMap<String, String> {
     use std::os::unix::fs::PermissionsExt;
     let config = user_data
         .split_once("#cloud-config\n")
@@ -146,7 +156,7 @@ fn login_env(vm_ns: &str, user_data: &str, dir: &Path) -> BTreeMap<String, Strin
     );
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|line| line.starts_with("RCUDA_"))
+        .filter(|line| prefixes.iter().any(|prefix| line.starts_with(prefix)))
         .filter_map(|line| line.split_once('='))
         .map(|(name, value)| (name.to_owned(), value.to_owned()))
         .collect()
@@ -177,7 +187,7 @@ fn taps(ns: &Netns) -> Vec<String> {
 /// One test's hosts, networks, processes and credentials. Fields drop in order: the processes
 /// first, the namespaces they ran in after them, the directory last.
 struct Testbed {
-    _agents: [Process; 2],
+    _agents: Vec<Process>,
     _gsaasd: Process,
     _stand_ins: Vec<StandIn>,
     _host_service: StandIn,
@@ -188,6 +198,7 @@ struct Testbed {
     _vms: SweepNamespaces,
     probe: Netns,
     _cg: Netns,
+    _cl: Option<Netns>,
     crg: Netns,
     _ctl: Netns,
     _mgmt: Netns,
@@ -197,6 +208,15 @@ struct Testbed {
 /// The stand-in rCUDA servers of the compute-GPU host: (name, port) of each GPU.
 const GPU_SERVERS: [(&str, u16); 2] = [("gpu0", 8308), ("gpu1", 8309)];
 
+/// The LUPINE GPU host of a mixed pool ([`Testbed::start_mixed`]): its name, its address on the
+/// GPU network, and its stand-in LUPINE servers, (name, port) of each GPU.
+const LUPINE_HOST: &str = "compute-gpu-lupine";
+const LUPINE_SERVER: &str = "10.232.0.3";
+const LUPINE_SERVERS: [(&str, u16); 2] = [("lupine0", 14833), ("lupine1", 14834)];
+
+/// Where VMs ask for their environment (gsaasd's default masked metadata endpoint).
+const MASKED_METADATA: &str = "100.127.0.1:80";
+
 /// The compute-rGPU host's own address where its agent serves the VMs' rCUDA environments.
 const METADATA_LISTEN: &str = "10.78.0.1:8775";
 
@@ -204,6 +224,16 @@ impl Testbed {
     /// Builds the topology above, starts gsaasd and both agents, and waits until both hosts are
     /// schedulable. `tag` keeps this test's directory and VM namespaces apart from other tests'.
     fn start(tag: &str) -> Testbed {
+        Testbed::start_with(tag, false)
+    }
+
+    /// [`Testbed::start`] with a third host on the GPU network, a compute-GPU host whose two
+    /// GPUs are served by LUPINE (stand-ins at [`LUPINE_SERVER`]), so the pool mixes layers.
+    fn start_mixed(tag: &str) -> Testbed {
+        Testbed::start_with(tag, true)
+    }
+
+    fn start_with(tag: &str, lupine: bool) -> Testbed {
         require_root_tools();
         let (gsaasd, agent) = binaries();
         let dir = TempDir::new(tag);
@@ -214,39 +244,54 @@ impl Testbed {
         let crg = Netns::new("crg");
         let cg = Netns::new("cg");
         let probe = Netns::new("probe");
+        let cl = lupine.then(|| Netns::new("cl"));
         let vms = SweepNamespaces { prefix: vm_prefix.clone() };
-        mgmt.ip(&["link", "add", "br0", "type", "bridge"]);
-        mgmt.ip(&["link", "set", "br0", "up"]);
-        for (ns, port, cidr) in [
+        // The management network and the GPU network: a bridge each.
+        for bridge in ["br0", "gbr0"] {
+            mgmt.ip(&["link", "add", bridge, "type", "bridge"]);
+            mgmt.ip(&["link", "set", bridge, "up"]);
+        }
+        let mut on_mgmt = vec![
             (&ctl, "p-ctl", format!("{CONTROLLER}/24")),
             (&crg, "p-crg", "10.240.0.11/24".to_owned()),
             (&cg, "p-cg", "10.240.0.12/24".to_owned()),
-        ] {
+        ];
+        let mut on_gpu_network = vec![(&crg, "g-crg", RGPU_GPU_SIDE), (&cg, "g-cg", GPU_SERVER)];
+        if let Some(cl) = &cl {
+            on_mgmt.push((cl, "p-cl", "10.240.0.13/24".to_owned()));
+            on_gpu_network.push((cl, "g-cl", LUPINE_SERVER));
+        }
+        for (ns, port, cidr) in on_mgmt {
             veth(ns, "mgmt0", &cidr, &mgmt, port, "");
             mgmt.ip(&["link", "set", port, "master", "br0"]);
         }
-        veth(
-            &crg,
-            "gpu0",
-            &format!("{RGPU_GPU_SIDE}/24"),
-            &cg,
-            "gpu0",
-            &format!("{GPU_SERVER}/24"),
-        );
+        for (ns, port, address) in on_gpu_network {
+            veth(ns, "gpu0", &format!("{address}/24"), &mgmt, port, "");
+            mgmt.ip(&["link", "set", port, "master", "gbr0"]);
+        }
         crg.enable_forwarding();
-        // The GPU host routes back to VMs, so only the agent's filter keeps them out.
-        cg.ip(&["route", "add", "10.77.0.0/24", "via", RGPU_GPU_SIDE]);
-        cg.ip(&["route", "add", "10.79.0.0/24", "via", RGPU_GPU_SIDE]);
+        // The GPU hosts route back to VMs, so only the agent's filter keeps them out.
+        for gpu_host in std::iter::once(&cg).chain(&cl) {
+            gpu_host.ip(&["route", "add", "10.77.0.0/24", "via", RGPU_GPU_SIDE]);
+            gpu_host.ip(&["route", "add", "10.79.0.0/24", "via", RGPU_GPU_SIDE]);
+        }
         veth(&probe, "eth0", "10.79.0.2/24", &crg, "probe0", "10.79.0.1/24");
         probe.ip(&["route", "add", "default", "via", "10.79.0.1"]);
         // A host-local address for the agent's metadata listener, as a dummy interface would hold.
         let metadata_ip = METADATA_LISTEN.split(':').next().unwrap_or_default();
         crg.ip(&["addr", "add", &format!("{metadata_ip}/32"), "dev", "lo"]);
 
-        let stand_ins: Vec<StandIn> = GPU_SERVERS
+        let mut stand_ins: Vec<StandIn> = GPU_SERVERS
             .iter()
             .map(|(name, port)| StandIn::start(&cg, &format!("{GPU_SERVER}:{port}"), name))
             .collect();
+        if let Some(cl) = &cl {
+            stand_ins.extend(
+                LUPINE_SERVERS.iter().map(|(name, port)| {
+                    StandIn::start(cl, &format!("{LUPINE_SERVER}:{port}"), name)
+                }),
+            );
+        }
         // Any address of the host, the VMs' gateway included (once a tap carries it).
         let host_service = StandIn::start(&crg, "0.0.0.0:7000", "crg");
         // Without agents, a VM-like namespace behind the compute-rGPU host reaches the GPU host.
@@ -280,15 +325,24 @@ record_dir = "{d}/user_data"
 
 [cloud.sim.vm_network]
 kind = "netns"
-namespaces = {{ "{RGPU_HOST}" = "{crg}", "{GPU_HOST}" = "{cg}" }}
+namespaces = {{ "{RGPU_HOST}" = "{crg}", "{GPU_HOST}" = "{cg}"{lupine_ns} }}
 vm_namespace_prefix = "{vm_prefix}"
 
 [hosts]
 backend = "agent"
-agent_urls = {{ "{RGPU_HOST}" = "http://10.240.0.11:7450", "{GPU_HOST}" = "http://10.240.0.12:7450" }}
+agent_urls = {{ "{RGPU_HOST}" = "http://10.240.0.11:7450", "{GPU_HOST}" = "http://10.240.0.12:7450"{lupine_url} }}
 "#,
                 crg = crg.name,
                 cg = cg.name,
+                lupine_ns = cl
+                    .as_ref()
+                    .map(|cl| format!(", \"{LUPINE_HOST}\" = \"{}\"", cl.name))
+                    .unwrap_or_default(),
+                lupine_url = if lupine {
+                    format!(", \"{LUPINE_HOST}\" = \"http://10.240.0.13:7450\"")
+                } else {
+                    String::new()
+                },
             ),
         )
         .expect("write gsaasd.toml");
@@ -330,9 +384,28 @@ model = "stand-in"
 memory_mib = 8192
 "#
         );
+        // The LUPINE host names its layer; its servers' port is LUPINE's own (14833 + index).
+        let lupine_inventory = format!(
+            r#"[gpu_servers]
+address = "{LUPINE_SERVER}"
+remoting = "lupine"
+
+[[gpus]]
+index = 0
+model = "stand-in"
+memory_mib = 8192
+
+[[gpus]]
+index = 1
+model = "stand-in"
+memory_mib = 8192
+"#
+        );
         let metadata = format!("metadata_listen = \"{METADATA_LISTEN}\"\n");
         let rgpu_agent = agent_config(&crg, RGPU_HOST, "10.240.0.11", &metadata);
         let gpu_agent = agent_config(&cg, GPU_HOST, "10.240.0.12", &gpu_inventory);
+        let lupine_agent =
+            cl.as_ref().map(|cl| agent_config(cl, LUPINE_HOST, "10.240.0.13", &lupine_inventory));
 
         let mut serve = ctl.command(&gsaasd);
         serve.arg("serve").arg("-c").arg(&config).env("RUST_LOG", "info,sqlx=warn");
@@ -341,14 +414,17 @@ memory_mib = 8192
             gsaasd_process.first_line,
             format!("gsaasd serving on http://{CONTROLLER}:8700")
         );
-        let agents = [
+        let mut agents = vec![
             Process::start(RGPU_HOST, rgpu_agent, dir.path().join("rgpu-agent.log")),
             Process::start(GPU_HOST, gpu_agent, dir.path().join("gpu-agent.log")),
         ];
+        if let Some(command) = lupine_agent {
+            agents.push(Process::start(LUPINE_HOST, command, dir.path().join("lupine-agent.log")));
+        }
         let api = Api { ns: ctl.name.clone(), base: format!("http://{CONTROLLER}:8700") };
 
-        // Both agents register over the management network.
-        wait_for("both hosts to register and be schedulable", Duration::from_secs(15), || {
+        // The agents register over the management network.
+        wait_for("the hosts to register and be schedulable", Duration::from_secs(15), || {
             let hosts = api.get("/v1/hosts", &admin);
             let ready = |name: &str| {
                 hosts["hosts"].as_array()?.iter().find(|h| h["name"] == name).map(|h| {
@@ -358,7 +434,9 @@ memory_mib = 8192
                             .is_some_and(|u| u.starts_with("http://10.240.0."))
                 })
             };
-            (ready(RGPU_HOST) == Some(true) && ready(GPU_HOST) == Some(true)).then_some(())
+            let lupine_ready = !lupine || ready(LUPINE_HOST) == Some(true);
+            (ready(RGPU_HOST) == Some(true) && ready(GPU_HOST) == Some(true) && lupine_ready)
+                .then_some(())
         });
         Testbed {
             _agents: agents,
@@ -372,6 +450,7 @@ memory_mib = 8192
             _vms: vms,
             probe,
             _cg: cg,
+            _cl: cl,
             crg,
             _ctl: ctl,
             _mgmt: mgmt,
@@ -577,4 +656,103 @@ fn cgpus_attached_to_and_detached_from_a_running_vm_come_and_go_inside_it() {
     // The other VM is untouched throughout.
     assert_eq!(login(&b_ns, &b), rcuda_variables(&[&b0.1]));
     assert_eq!(ask(&b_ns, &b0.1), greeting(&b0.2));
+}
+
+/// A pool that mixes layers, on the real kernel: an rCUDA VM and a LUPINE VM on one host, each
+/// with one cGPU at the same masked endpoint (cGPU 0), each reaching only a server of its own
+/// layer (the rCUDA VM an rCUDA stand-in, the LUPINE VM a LUPINE stand-in), each reading its own
+/// layer's environment live from the host's agent; neither reaches any GPU host directly, and
+/// LUPINE's servers, which authenticate nobody, are reached only through a VM's own route.
+#[test]
+fn a_pool_that_mixes_rcuda_and_lupine_serves_each_vm_in_its_layer() {
+    let t = Testbed::start_mixed("e2e-mixed");
+    let (rc, vm_rc) = t.launch_ready(&remote_launch(1));
+    let mut lupine_request = remote_launch(2);
+    lupine_request["remoting"] = json!("lupine");
+    let (lu, vm_lu) = t.launch_ready(&lupine_request);
+    assert_eq!(
+        (vm_rc["gpus"]["remoting"].as_str(), vm_lu["gpus"]["remoting"].as_str()),
+        (Some("rcuda"), Some("lupine"))
+    );
+    let (rc_ns, lu_ns) = (t.vm_namespace(&vm_rc), t.vm_namespace(&vm_lu));
+    let server_of = |id: &str| -> Vec<(String, String)> {
+        let vm = t.api.get(&format!("/v1/vms/{id}"), &t.admin);
+        let cgpus = vm["cgpus"].as_array().expect("cgpus").iter();
+        cgpus
+            .map(|c| {
+                let server = c["rcuda_endpoint"].as_str().expect("admins see it");
+                let all = GPU_SERVERS
+                    .iter()
+                    .map(|(name, port)| (*name, format!("{GPU_SERVER}:{port}")))
+                    .chain(
+                        LUPINE_SERVERS
+                            .iter()
+                            .map(|(name, port)| (*name, format!("{LUPINE_SERVER}:{port}"))),
+                    );
+                let (name, _) = all
+                    .into_iter()
+                    .find(|(_, endpoint)| endpoint == server)
+                    .unwrap_or_else(|| panic!("a cGPU on no stand-in: {vm}"));
+                (c["masked_endpoint"].as_str().expect("masked").to_owned(), name.to_owned())
+            })
+            .collect()
+    };
+    let rc_cgpus = server_of(&rc);
+    let lu_cgpus = server_of(&lu);
+    assert!(rc_cgpus[0].1.starts_with("gpu"), "the rCUDA VM's cGPU is on {rc_cgpus:?}");
+    assert!(lu_cgpus.iter().all(|(_, s)| s.starts_with("lupine")), "{lu_cgpus:?}");
+    assert_eq!(rc_cgpus[0].0, lu_cgpus[0].0, "both VMs' cGPU 0 answer at one masked endpoint");
+
+    // Each VM reaches its own server at that endpoint, seen from the compute host.
+    for (ns, cgpus) in [(&rc_ns, &rc_cgpus), (&lu_ns, &lu_cgpus)] {
+        for (masked, server) in cgpus {
+            assert_eq!(
+                ask(ns, masked),
+                Some(format!("{server} {RGPU_GPU_SIDE}")),
+                "{ns} at {masked}"
+            );
+        }
+    }
+    // No GPU host, of either layer, is reachable directly from a VM or from behind the host.
+    let direct = GPU_SERVERS
+        .iter()
+        .map(|(_, port)| format!("{GPU_SERVER}:{port}"))
+        .chain(LUPINE_SERVERS.iter().map(|(_, port)| format!("{LUPINE_SERVER}:{port}")));
+    for endpoint in direct {
+        for ns in [&rc_ns, &lu_ns, &t.probe.name] {
+            assert_eq!(ask(ns, &endpoint), None, "{ns} reached {endpoint} past the agent");
+        }
+    }
+
+    // Each VM's login shell: its layer's variables, live from the agent, naming its own devices.
+    let login = |ns: &str, id: &str| {
+        login_env_of(ns, &t.user_data(id), &t.dir.path().join(id), &["RCUDA_", "LUPINE_", "GSAAS_"])
+    };
+    let mut rcuda = rcuda_variables(&[&rc_cgpus[0].0]);
+    rcuda.insert("GSAAS_CGPUS".into(), "0".into());
+    rcuda.insert("GSAAS_CGPUS_MISSING".into(), String::new());
+    assert_eq!(login(&rc_ns, &rc), rcuda);
+    let servers: Vec<&str> = lu_cgpus.iter().map(|(masked, _)| masked.as_str()).collect();
+    let lupine = BTreeMap::from([
+        ("LUPINE_SERVER".to_owned(), servers.join(",")),
+        ("LUPINE_DISABLE_LOCAL".to_owned(), "1".to_owned()),
+        ("GSAAS_CGPUS".to_owned(), "0,1".to_owned()),
+        ("GSAAS_CGPUS_MISSING".to_owned(), String::new()),
+    ]);
+    assert_eq!(login(&lu_ns, &lu), lupine);
+    // The view says the same; the path of earlier releases answers an rCUDA VM's rCUDA
+    // variables as before, and refuses a LUPINE VM (they would be nonsense to its client).
+    let view = t.api.get(&format!("/v1/vms/{lu}"), &t.member)["gpu_env"].clone();
+    assert_eq!(view["LUPINE_SERVER"], servers.join(","), "{view}");
+    let status_in = |ns: &str, path: &str| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(["--max-time", "5", &format!("http://{MASKED_METADATA}{path}")])
+            .output()
+            .expect("run curl in the VM's namespace");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(status_in(&rc_ns, "/rcuda.env"), "200");
+    assert_eq!(status_in(&lu_ns, "/rcuda.env"), "404");
+    assert_eq!(status_in(&lu_ns, "/gpu.json"), "200");
 }

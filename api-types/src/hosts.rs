@@ -92,7 +92,11 @@ pub struct GpuReportBody {
     pub index: u32,
     pub model: String,
     pub memory_mib: u64,
+    /// Its server (one per GPU, on the host's GPU network address).
     pub rcuda: RcudaBody,
+    /// The layer its server speaks; rCUDA when absent. All of a host's GPUs speak one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remoting: Option<crate::RemotingParam>,
     /// Why the GPU is unhealthy; absent: healthy.
     #[serde(default)]
     pub unhealthy: Option<String>,

@@ -27,7 +27,10 @@ pub struct GpuView {
     pub exclusive: bool,
     pub cgpus: u32,
     pub jobs: u32,
+    /// Its server (one per GPU), and the layer it speaks.
     pub rcuda_endpoint: String,
+    #[serde(default)]
+    pub remoting: crate::RemotingParam,
     /// VMs with cGPUs here, and how many each.
     pub vms: BTreeMap<String, u32>,
     /// Why the GPU takes no new cGPUs, when it is tainted.

@@ -16,6 +16,35 @@ pub enum ModeParam {
     Shared,
 }
 
+/// The remote-GPU layer a GPU's server speaks, and so the client a VM uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RemotingParam {
+    /// rCUDA: `RCUDA_DEVICE_COUNT`, `RCUDA_DEVICE_<j>`.
+    #[default]
+    Rcuda,
+    /// LUPINE (formerly SCUDA): `LUPINE_SERVER`; at most 16 cGPUs per VM.
+    Lupine,
+}
+
+impl From<RemotingParam> for gpgpums::Remoting {
+    fn from(r: RemotingParam) -> Self {
+        match r {
+            RemotingParam::Rcuda => gpgpums::Remoting::Rcuda,
+            RemotingParam::Lupine => gpgpums::Remoting::Lupine,
+        }
+    }
+}
+
+impl From<gpgpums::Remoting> for RemotingParam {
+    fn from(r: gpgpums::Remoting) -> Self {
+        match r {
+            gpgpums::Remoting::Rcuda => RemotingParam::Rcuda,
+            gpgpums::Remoting::Lupine => RemotingParam::Lupine,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum LocalityParam {
@@ -181,6 +210,10 @@ pub struct LaunchRequest {
     /// Never put two of this VM's cGPUs on one physical GPU.
     #[serde(default)]
     pub distinct_gpus: bool,
+    /// The remote-GPU layer the VM's client speaks: every cGPU's server speaks it, now and after
+    /// attach or re-homing. The service's default when absent. A layer no GPU speaks: 422.
+    #[serde(default)]
+    pub remoting: Option<RemotingParam>,
     /// Only GPUs of this model, or of one of these. A model no GPU of the cloud is: 422.
     #[serde(default)]
     pub gpu_model: Option<GpuModels>,
@@ -256,7 +289,7 @@ pub struct CgpuView {
     /// The GPU's host (admins only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    /// The real rCUDA server (admins only).
+    /// The real GPU server, in the VM's layer (admins only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rcuda_endpoint: Option<String>,
 }
@@ -269,6 +302,9 @@ pub struct GpuRequestView {
     pub mode: ModeParam,
     pub locality: LocalityParam,
     pub distinct_gpus: bool,
+    /// The layer every cGPU of the VM speaks.
+    #[serde(default)]
+    pub remoting: RemotingParam,
     /// The models asked for (any of them); absent: any model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_model: Vec<String>,
@@ -329,7 +365,14 @@ pub struct VmView {
     pub fixed_ip: Option<String>,
     pub gpus: GpuRequestView,
     pub cgpus: Vec<CgpuView>,
-    /// The rCUDA environment the VM's cloud-init sets.
+    /// The VM's remote-GPU environment, as its cloud-init sets it and its host's agent answers
+    /// it: its layer's variables (rCUDA's `RCUDA_DEVICE_*`, LUPINE's `LUPINE_SERVER`) for its
+    /// live cGPUs in order, `GSAAS_CGPUS` (the cGPU index of each device) and
+    /// `GSAAS_CGPUS_MISSING` (cGPUs with no route now, whose devices are left out).
+    #[serde(default)]
+    pub gpu_env: BTreeMap<String, String>,
+    /// rCUDA's variables alone, for an rCUDA VM (empty for others): kept for clients that read
+    /// it before `gpu_env`.
     pub rcuda_env: BTreeMap<String, String>,
     /// Seconds per stage of the dissertation's Equation 5.1.
     pub timings: Timings,

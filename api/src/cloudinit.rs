@@ -1,12 +1,14 @@
-//! The cloud-init user_data of a cGPU VM: the rCUDA environment, combined with the user's own.
+//! The cloud-init user_data of a cGPU VM: the remote-GPU environment, combined with the user's own.
 //!
-//! A VM finds its cGPUs through rCUDA's client variables (`RCUDA_DEVICE_COUNT`,
-//! `RCUDA_DEVICE_<j>=<address>@<port>:<gpu>`), pointing at the masked addresses the host's agent
-//! routes. GSaaS sets them at first boot through cloud-init, and the tenant may bring user_data of
-//! their own, so both must run. Nova takes one user_data blob, so we build a MIME multipart
+//! A VM finds its cGPUs through its layer's client variables (rCUDA's `RCUDA_DEVICE_COUNT` and
+//! `RCUDA_DEVICE_<j>=<address>@<port>:<gpu>`, LUPINE's `LUPINE_SERVER=<address>:<port>,...`) and
+//! GSaaS's own (`GSAAS_CGPUS`, `GSAAS_CGPUS_MISSING`: see `rodvr_contract::env`), pointing at the
+//! masked addresses the host's agent routes. GSaaS sets them at first boot through cloud-init, and
+//! the tenant may bring user_data of their own, so both must run. Nova takes one user_data blob, so we build a MIME multipart
 //! archive, the form cloud-init reads as several parts: first ours, a `text/cloud-config` that
-//! writes `/etc/profile.d/rcuda.sh` (login shells) and appends to `/etc/environment` (everything
-//! else, through pam_env), then the user's.
+//! writes `/etc/profile.d/<layer>.sh` (login shells, live from the host through `gsaas-env`) and
+//! appends to `/etc/environment` (everything else, through pam_env, as at boot), then the
+//! user's.
 //!
 //! The user's data is typed the way cloud-init types it, by how it starts (`#cloud-config`, `#!`,
 //! ...); a MIME archive of their own has its parts carried into ours unchanged. cloud-init merges
@@ -35,33 +37,56 @@ pub fn base64_len(n: usize) -> usize {
     n.div_ceil(3).saturating_mul(4)
 }
 
-/// The rCUDA variables, `NAME=value` per line: written once, read by both of the files below, so
-/// that a VM with a thousand cGPUs still fits Nova's 65,535-byte user_data.
-pub const ENV_FILE_PATH: &str = "/etc/rcuda.env";
-/// Where the VM's login shells get the rCUDA variables (it exports what [`ENV_FILE_PATH`] sets).
-pub const PROFILE_PATH: &str = "/etc/profile.d/rcuda.sh";
-/// Where every other process of the VM gets them (pam_env); [`ENV_FILE_PATH`] is appended at boot.
+/// Where the VM's variables are written (`NAME=value` per line), once, read by both of the
+/// files below, so that a VM with a thousand cGPUs still fits Nova's 65,535-byte user_data. Per
+/// layer: an rCUDA VM's at the path it always had.
+pub fn env_file_path(remoting: Remoting) -> &'static str {
+    match remoting {
+        Remoting::Rcuda => "/etc/rcuda.env",
+        Remoting::Lupine => "/etc/lupine.env",
+    }
+}
+/// Where the VM's login shells get the variables (it exports what [`env_file_path`] sets).
+pub fn profile_path(remoting: Remoting) -> &'static str {
+    match remoting {
+        Remoting::Rcuda => "/etc/profile.d/rcuda.sh",
+        Remoting::Lupine => "/etc/profile.d/lupine.sh",
+    }
+}
+/// Where every other process of the VM gets them (pam_env); the env file is appended at boot.
 pub const ENVIRONMENT_PATH: &str = "/etc/environment";
 /// cloud-init's merge rule that appends lists (`write_files`, `runcmd`) rather than replacing them.
 pub const MERGE_TYPE: &str = "list(append)+dict(no_replace,recurse_list)+str()";
 
-pub use rodvr_contract::protocol::{RcudaDevice, RcudaEnv};
+use gpgpums::Remoting;
+pub use rodvr_contract::protocol::{GpuDevice, GpuEnv};
 
-/// The command that prints the VM's rCUDA environment as `export` lines: live from the host's
-/// agent when it answers, else the values written at boot.
+/// The command that prints the VM's environment as `export` lines: live from the host's agent
+/// when it answers, else the values written at boot.
 pub const GSAAS_ENV_PATH: &str = "/usr/local/bin/gsaas-env";
 
-/// What GSaaS's cloud-config sets up in a VM: its rCUDA environment at boot, and where the VM
-/// reads it live (the masked metadata endpoint its host's agent answers at), when configured.
+/// The names of the variables GSaaS sets, as `sed -E` and `grep -E` read them.
+const VARIABLE_NAMES: &str = "(RCUDA|LUPINE|GSAAS)_[A-Z0-9_]+";
+/// Their values: addresses, ports, numbers and commas (never quoted), possibly empty.
+const VARIABLE_VALUES: &str = "[0-9.@:,]*";
+
+/// What GSaaS's cloud-config sets up in a VM: its remote-GPU environment at boot, and where the
+/// VM reads it live (the masked metadata endpoint its host's agent answers at), when configured.
 #[derive(Debug, Clone, Copy)]
 pub struct BootEnv<'a> {
-    pub env: &'a RcudaEnv,
+    pub env: &'a GpuEnv,
     pub metadata: Option<std::net::SocketAddrV4>,
+    /// Where a LUPINE VM's image keeps the client libraries (`remoting.lupine_library_dir`).
+    pub lupine_library_dir: &'a str,
 }
 
 impl BootEnv<'_> {
-    /// The content of [`ENV_FILE_PATH`]. The values never need quoting (addresses and numbers), so
-    /// the same lines are valid shell assignments and valid `/etc/environment` entries.
+    fn remoting(&self) -> Remoting {
+        self.env.remoting
+    }
+
+    /// The content of [`env_file_path`]. The values never need quoting (addresses, numbers and
+    /// commas), so the same lines are valid shell assignments and `/etc/environment` entries.
     pub fn env_file(&self) -> String {
         let mut lines = String::new();
         for (name, value) in self.env.variables() {
@@ -70,28 +95,48 @@ impl BootEnv<'_> {
         lines
     }
 
-    /// The content of [`PROFILE_PATH`]: exports what [`GSAAS_ENV_PATH`] prints, or what
-    /// [`ENV_FILE_PATH`] sets when that command is gone.
-    pub fn profile_script() -> String {
-        format!(
-            "# rCUDA client environment, set by GSaaS: live from the host (cGPUs come and go), \
+    /// The content of [`profile_path`]: exports what [`GSAAS_ENV_PATH`] prints, or what the env
+    /// file sets when that command is gone; for LUPINE, also puts its client first on
+    /// `LD_LIBRARY_PATH` where the image has it.
+    pub fn profile_script(&self) -> String {
+        let env_file = env_file_path(self.remoting());
+        let mut script = format!(
+            "# {} client environment, set by GSaaS: live from the host (cGPUs come and go), \
              else as at boot.\n\
              if [ -x {GSAAS_ENV_PATH} ]; then eval \"$({GSAAS_ENV_PATH} 2>/dev/null)\"; \
-             else set -a; . {ENV_FILE_PATH}; set +a; fi\n"
-        )
+             else set -a; . {env_file}; set +a; fi\n",
+            match self.remoting() {
+                Remoting::Rcuda => "rCUDA",
+                Remoting::Lupine => "LUPINE",
+            }
+        );
+        if self.remoting() == Remoting::Lupine {
+            let dir = self.lupine_library_dir;
+            let _ = write!(
+                script,
+                "# LUPINE's client (libcuda.so.1, libnvidia-ml.so.1) before any other.\n\
+                 if [ -d {dir} ]; then export LD_LIBRARY_PATH={dir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}; fi\n"
+            );
+        }
+        script
     }
 
-    /// The content of [`GSAAS_ENV_PATH`]. What the agent answers is checked line by line (only
-    /// `export RCUDA_...=` with an address or number) before a shell evaluates it.
+    /// The content of [`GSAAS_ENV_PATH`]. What the agent answers (`/gpu.env`) is checked line by
+    /// line (only `export` of GSaaS's variables with addresses, numbers and commas, and the
+    /// layer's first variable among them) before a shell evaluates it.
     pub fn gsaas_env_script(&self) -> String {
+        let first = match self.remoting() {
+            Remoting::Rcuda => "RCUDA_DEVICE_COUNT=[0-9]",
+            Remoting::Lupine => "LUPINE_SERVER=",
+        };
         let live = match self.metadata {
             Some(endpoint) => format!(
-                "url=http://{endpoint}/rcuda.env\n\
+                "url=http://{endpoint}/gpu.env\n\
                  live=$( (curl -fsS --connect-timeout 1 --max-time 2 \"$url\" || \
                  wget -q -T 2 -O - \"$url\") 2>/dev/null)\n\
                  if [ -n \"$live\" ] \\\n\
-                 \x20 && ! printf '%s\\n' \"$live\" | grep -Evq '^export RCUDA_[A-Z0-9_]+=[0-9.@:]+$' \\\n\
-                 \x20 && printf '%s\\n' \"$live\" | grep -q '^export RCUDA_DEVICE_COUNT=[0-9]'; then\n\
+                 \x20 && ! printf '%s\\n' \"$live\" | grep -Evq '^export {VARIABLE_NAMES}={VARIABLE_VALUES}$' \\\n\
+                 \x20 && printf '%s\\n' \"$live\" | grep -q '^export {first}'; then\n\
                  \x20 printf '%s\\n' \"$live\"\n\
                  \x20 exit 0\n\
                  fi\n\
@@ -101,16 +146,20 @@ impl BootEnv<'_> {
         };
         format!(
             "#!/bin/sh\n\
-             # Prints this VM's rCUDA environment as export lines (GSaaS): eval \"$(gsaas-env)\".\n\
+             # Prints this VM's remote-GPU environment as export lines (GSaaS): eval \"$(gsaas-env)\".\n\
              {live}\
-             sed -n 's/^\\(RCUDA_[A-Z0-9_]*=[0-9.@:]*\\)$/export \\1/p' {ENV_FILE_PATH}\n"
+             sed -nE 's/^({VARIABLE_NAMES}={VARIABLE_VALUES})$/export \\1/p' {}\n",
+            env_file_path(self.remoting())
         )
     }
 
-    /// The boot command that appends [`ENV_FILE_PATH`] to [`ENVIRONMENT_PATH`] (after a newline, in
+    /// The boot command that appends the env file to [`ENVIRONMENT_PATH`] (after a newline, in
     /// case the file does not end with one).
-    pub fn environment_command() -> String {
-        format!("printf '\\n' >> {ENVIRONMENT_PATH} && cat {ENV_FILE_PATH} >> {ENVIRONMENT_PATH}")
+    pub fn environment_command(&self) -> String {
+        format!(
+            "printf '\\n' >> {ENVIRONMENT_PATH} && cat {} >> {ENVIRONMENT_PATH}",
+            env_file_path(self.remoting())
+        )
     }
 
     /// Our cloud-config document.
@@ -118,7 +167,7 @@ impl BootEnv<'_> {
         let config = serde_json::json!({
             "write_files": [
                 {
-                    "path": ENV_FILE_PATH,
+                    "path": env_file_path(self.remoting()),
                     "owner": "root:root",
                     "permissions": "0644",
                     "content": self.env_file(),
@@ -130,22 +179,22 @@ impl BootEnv<'_> {
                     "content": self.gsaas_env_script(),
                 },
                 {
-                    "path": PROFILE_PATH,
+                    "path": profile_path(self.remoting()),
                     "owner": "root:root",
                     "permissions": "0644",
-                    "content": Self::profile_script(),
+                    "content": self.profile_script(),
                 },
             ],
-            "runcmd": [["sh", "-c", Self::environment_command()]],
+            "runcmd": [["sh", "-c", self.environment_command()]],
         });
         format!("#cloud-config\n{config}\n")
     }
 }
 
-/// Why the user's user_data cannot be combined with the rCUDA configuration.
+/// Why the user's user_data cannot be combined with GSaaS's GPU configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UserDataError {
-    #[error("gzip-compressed data cannot be combined with the rCUDA configuration; send it uncompressed")]
+    #[error("gzip-compressed data cannot be combined with GSaaS's GPU configuration; send it uncompressed")]
     Compressed,
     #[error("not UTF-8 text (invalid byte at offset {offset})")]
     NotUtf8 { offset: usize },
@@ -241,7 +290,7 @@ fn base64_lines(data: &[u8]) -> String {
     lines
 }
 
-/// The complete user_data of a VM: the rCUDA environment, then the user's own, if any.
+/// The complete user_data of a VM: the remote-GPU environment, then the user's own, if any.
 pub fn user_data(boot: &BootEnv<'_>, user: Option<&[u8]>) -> Result<Vec<u8>, UserDataError> {
     let mut parts = vec![Part::new(CLOUD_CONFIG, "gsaas-rcuda.cfg", &boot.cloud_config(), true)];
     if let Some(user) = user.filter(|u| !u.trim_ascii().is_empty()) {

@@ -132,6 +132,21 @@ fn give_back_by_default() -> bool {
     true
 }
 
+impl LaunchSpec {
+    /// The layer its cGPUs speak: the one its launch asked for or was given (see
+    /// [`Self::with_stored_defaults`]).
+    pub fn remoting(&self) -> gpgpums::Remoting {
+        self.gpus.constraints.remoting.unwrap_or_default()
+    }
+
+    /// A spec as stored: one stored before layers were told apart is an rCUDA VM's, and says
+    /// so, so that attach and re-homing, which place with its constraints, keep to rCUDA.
+    pub fn with_stored_defaults(mut self) -> Self {
+        self.gpus.constraints.remoting.get_or_insert(gpgpums::Remoting::Rcuda);
+        self
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct VmRecord {
     pub id: VmId,
@@ -266,9 +281,14 @@ impl GpuRecord {
     /// changes its CUDA version, an operator its traits: it keeps its cGPUs). A partition of
     /// another parent or profile is another device.
     pub fn same_device(&self, other: &GpuRecord) -> bool {
+        // Its server's layer is part of the device: a GPU whose server now speaks another
+        // layer leaves and joins anew, so no VM's cGPU changes layer under it.
         let bare = |gpu: &GpuRecord| GpuRecord {
             health: None,
-            attributes: gpgpums::GpuAttributes::default(),
+            attributes: gpgpums::GpuAttributes {
+                remoting: gpu.attributes.remoting,
+                ..gpgpums::GpuAttributes::default()
+            },
             ..gpu.clone()
         };
         bare(self) == bare(other)

@@ -5,8 +5,9 @@ use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
+use gpgpums::Remoting;
 use gsaasd::cloudinit::{
-    base64_len, user_data, BootEnv, RcudaDevice, RcudaEnv, UserDataError, MERGE_TYPE,
+    base64_len, user_data, BootEnv, GpuDevice, GpuEnv, UserDataError, MERGE_TYPE,
     NOVA_USER_DATA_MAX_BASE64, RCUDA_DEFAULT_PORT,
 };
 use serde::Deserialize;
@@ -112,22 +113,30 @@ fn parse(archive: &[u8]) -> Parsed {
     parsed
 }
 
-fn two_devices() -> RcudaEnv {
-    RcudaEnv {
+fn two_devices() -> GpuEnv {
+    GpuEnv {
+        remoting: Remoting::Rcuda,
         devices: vec![
-            RcudaDevice {
+            GpuDevice {
                 address: Ipv4Addr::new(192, 168, 100, 1),
                 port: RCUDA_DEFAULT_PORT,
                 gpu_number: 0,
+                cgpu: 0,
             },
-            RcudaDevice { address: Ipv4Addr::new(192, 168, 100, 2), port: 9000, gpu_number: 3 },
+            GpuDevice {
+                address: Ipv4Addr::new(192, 168, 100, 2),
+                port: 9000,
+                gpu_number: 3,
+                cgpu: 1,
+            },
         ],
+        missing: vec![],
     }
 }
 
 /// Without a metadata endpoint: what cloud-init writes is the boot-time environment alone.
-fn boot(env: &RcudaEnv) -> BootEnv<'_> {
-    BootEnv { env, metadata: None }
+fn boot(env: &GpuEnv) -> BootEnv<'_> {
+    BootEnv { env, metadata: None, lupine_library_dir: "/opt/lupine/lib" }
 }
 
 const PROFILE: &str = "# rCUDA client environment, set by GSaaS: live from the host (cGPUs come \
@@ -136,7 +145,9 @@ const PROFILE: &str = "# rCUDA client environment, set by GSaaS: live from the h
 
 const ENV_FILE: &str = "RCUDA_DEVICE_COUNT=2\n\
     RCUDA_DEVICE_0=192.168.100.1@8308:0\n\
-    RCUDA_DEVICE_1=192.168.100.2@9000:3\n";
+    RCUDA_DEVICE_1=192.168.100.2@9000:3\n\
+    GSAAS_CGPUS=0,1\n\
+    GSAAS_CGPUS_MISSING=\n";
 
 /// Checks the first part is our cloud-config and returns its write_files.
 fn assert_rcuda_part(part: &ParsedPart) {
@@ -176,10 +187,15 @@ fn variables_name_each_device_with_its_masked_address() {
             ("RCUDA_DEVICE_COUNT", "2"),
             ("RCUDA_DEVICE_0", "192.168.100.1@8308:0"),
             ("RCUDA_DEVICE_1", "192.168.100.2@9000:3"),
+            ("GSAAS_CGPUS", "0,1"),
+            ("GSAAS_CGPUS_MISSING", ""),
         ])
     );
-    assert_eq!(RcudaEnv::default().variables(), pairs(&[("RCUDA_DEVICE_COUNT", "0")]));
-    assert_eq!(BootEnv::profile_script(), PROFILE);
+    assert_eq!(
+        GpuEnv::default().variables(),
+        pairs(&[("RCUDA_DEVICE_COUNT", "0"), ("GSAAS_CGPUS", ""), ("GSAAS_CGPUS_MISSING", "")])
+    );
+    assert_eq!(boot(&two_devices()).profile_script(), PROFILE);
     assert_eq!(boot(&two_devices()).env_file(), ENV_FILE);
 }
 
@@ -244,11 +260,11 @@ fn the_profile_script_exports_the_live_or_the_boot_variables_and_boot_fills_etc_
             .replace("/etc/environment", environment.to_str().unwrap())
             .replace("/usr/local/bin/gsaas-env", command.to_str().unwrap())
     };
-    std::fs::write(&profile, relocate(BootEnv::profile_script())).unwrap();
+    std::fs::write(&profile, relocate(boot(&env).profile_script())).unwrap();
     std::fs::write(&environment, "PATH=\"/usr/bin\"").unwrap();
     let boot_command = Command::new("sh")
         .arg("-c")
-        .arg(relocate(BootEnv::environment_command()))
+        .arg(relocate(boot(&env).environment_command()))
         .status()
         .unwrap();
     assert!(boot_command.success());
@@ -257,7 +273,7 @@ fn the_profile_script_exports_the_live_or_the_boot_variables_and_boot_fills_etc_
         format!("PATH=\"/usr/bin\"\n{ENV_FILE}")
     );
     let install = |metadata| {
-        let script = BootEnv { env: &env, metadata }.gsaas_env_script();
+        let script = BootEnv { metadata, ..boot(&env) }.gsaas_env_script();
         std::fs::write(&command, relocate(script)).unwrap();
         let status = Command::new("chmod").arg("0755").arg(&command).status().unwrap();
         assert!(status.success());
@@ -268,11 +284,15 @@ fn the_profile_script_exports_the_live_or_the_boot_variables_and_boot_fills_etc_
     assert_eq!(login_sees(&profile), boot_values);
     install(None);
     assert_eq!(login_sees(&profile), boot_values);
-    // The host answers: its live values (a cGPU was detached since boot).
+    // The host answers: its live values (cGPU 0 was lost since boot: the device is cGPU 1).
     install(Some(serve_once(
-        "export RCUDA_DEVICE_COUNT=1\nexport RCUDA_DEVICE_0=100.127.0.1@8309:0\n",
+        "export RCUDA_DEVICE_COUNT=1\nexport RCUDA_DEVICE_0=100.127.0.1@8309:0\n\
+         export GSAAS_CGPUS=1\nexport GSAAS_CGPUS_MISSING=0\n",
     )));
     assert_eq!(login_sees(&profile), "1|100.127.0.1@8309:0|\n");
+    // LUPINE's variables are the layer's too; anything else is not evaluated.
+    install(Some(serve_once("export RCUDA_DEVICE_COUNT=1\nexport LD_PRELOAD=/tmp/evil.so\n")));
+    assert_eq!(login_sees(&profile), boot_values);
     // An answer that is not only rCUDA variables is not evaluated.
     install(Some(serve_once("export RCUDA_DEVICE_COUNT=1\ntouch /tmp/owned\n")));
     assert_eq!(login_sees(&profile), boot_values);
@@ -284,6 +304,77 @@ fn the_profile_script_exports_the_live_or_the_boot_variables_and_boot_fills_etc_
     drop(closed);
     install(Some(closed_addr));
     assert_eq!(login_sees(&profile), boot_values);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_lupine_vm_gets_its_servers_in_order_and_its_client_first_on_the_library_path() {
+    let dir = std::env::temp_dir().join(format!("gsaas-lupine-{}", uuid::Uuid::new_v4()));
+    let lib = dir.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    let env = GpuEnv { remoting: Remoting::Lupine, missing: vec![2], ..two_devices() };
+    let boot_env = BootEnv { lupine_library_dir: lib.to_str().unwrap(), ..boot(&env) };
+    assert_eq!(
+        boot_env.env_file(),
+        "LUPINE_SERVER=192.168.100.1:8308,192.168.100.2:9000\nLUPINE_DISABLE_LOCAL=1\n\
+         GSAAS_CGPUS=0,1\nGSAAS_CGPUS_MISSING=2\n"
+    );
+    // Its own files, not rCUDA's.
+    let parsed = parse(&user_data(&boot_env, None).unwrap());
+    let document = parsed.parts[0].payload.strip_prefix("#cloud-config\n").unwrap();
+    let config: serde_json::Value = serde_json::from_str(document).unwrap();
+    let paths: Vec<&str> = config["write_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["/etc/lupine.env", "/usr/local/bin/gsaas-env", "/etc/profile.d/lupine.sh"]);
+    assert!(boot_env.environment_command().contains("cat /etc/lupine.env >> /etc/environment"));
+
+    let (env_file, profile, command) =
+        (dir.join("lupine.env"), dir.join("lupine.sh"), dir.join("gsaas-env"));
+    let relocate = |text: String| {
+        text.replace("/etc/lupine.env", env_file.to_str().unwrap())
+            .replace("/usr/local/bin/gsaas-env", command.to_str().unwrap())
+    };
+    std::fs::write(&env_file, boot_env.env_file()).unwrap();
+    std::fs::write(&profile, relocate(boot_env.profile_script())).unwrap();
+    let sees = |ld: &str| {
+        let output = Command::new("sh")
+            .args([
+                "-c",
+                r#". "$1" && sh -c 'printf "%s|%s|%s|%s\n" "$LUPINE_SERVER" "$LUPINE_DISABLE_LOCAL" "$GSAAS_CGPUS_MISSING" "$LD_LIBRARY_PATH"'"#,
+            ])
+            .arg("sh")
+            .arg(&profile)
+            .env("LD_LIBRARY_PATH", ld)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let servers = "192.168.100.1:8308,192.168.100.2:9000|1|2";
+    // Boot values (no gsaas-env), the client's directory first.
+    assert_eq!(sees(""), format!("{servers}|{}\n", lib.display()));
+    assert_eq!(sees("/usr/lib/x"), format!("{servers}|{}:/usr/lib/x\n", lib.display()));
+    // Live from the host: its answer for a LUPINE VM must hold LUPINE_SERVER.
+    let install = |metadata| {
+        let script = BootEnv { metadata, ..boot_env }.gsaas_env_script();
+        std::fs::write(&command, relocate(script)).unwrap();
+        assert!(Command::new("chmod").arg("0755").arg(&command).status().unwrap().success());
+    };
+    install(Some(serve_once(
+        "export LUPINE_SERVER=100.127.0.1:8308\nexport LUPINE_DISABLE_LOCAL=1\n\
+         export GSAAS_CGPUS=0\nexport GSAAS_CGPUS_MISSING=1,2\n",
+    )));
+    assert_eq!(sees(""), format!("100.127.0.1:8308|1|1,2|{}\n", lib.display()));
+    // An rCUDA answer is not this VM's: the boot values.
+    install(Some(serve_once("export RCUDA_DEVICE_COUNT=1\n")));
+    assert_eq!(sees(""), format!("{servers}|{}\n", lib.display()));
+    // Without the client's directory, the library path is left alone.
+    std::fs::remove_dir_all(&lib).unwrap();
+    assert_eq!(sees("/usr/lib/x"), format!("{servers}|/usr/lib/x\n"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -449,14 +540,17 @@ fn nova_size_limit_is_measured_in_base64() {
 
 #[test]
 fn a_thousand_cgpus_fit_in_novas_user_data_limit() {
-    let env = RcudaEnv {
+    let env = GpuEnv {
+        remoting: Remoting::Rcuda,
         devices: (0..1000)
-            .map(|j| RcudaDevice {
+            .map(|j| GpuDevice {
                 address: Ipv4Addr::new(100, 127, 0, 1),
                 port: 8308 + j,
                 gpu_number: 0,
+                cgpu: u32::from(j),
             })
             .collect(),
+        missing: vec![],
     };
     let archive = user_data(&boot(&env), None).unwrap();
     assert!(
@@ -472,6 +566,7 @@ fn assert_rcuda_vars(part: &ParsedPart, count: usize) {
     let document = part.payload.strip_prefix("#cloud-config\n").expect("a cloud-config");
     let config: serde_json::Value = serde_json::from_str(document).unwrap();
     let env = config["write_files"][0]["content"].as_str().unwrap();
-    assert_eq!(env.lines().count(), count + 1);
+    // The count, each device, and which cGPU each is and which are missing.
+    assert_eq!(env.lines().count(), count + 3);
     assert!(env.contains(&format!("RCUDA_DEVICE_COUNT={count}\n")));
 }

@@ -155,6 +155,8 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
             kind: gpgpums::HostKind::ComputeGpu,
             gpus: vec![a100],
             gpu_network_address: None,
+            remoting: Default::default(),
+            server_base_port: None,
             topology: Default::default(),
         });
     })

@@ -289,7 +289,10 @@ async fn a_vm_detached_to_no_cgpu_reads_an_empty_environment(store: Store) {
     let port = VmPort { vm: route.vm, vm_ip: route.vm_ip, vm_tap: route.vm_tap.clone() };
     assert_eq!(table.vms_without_cgpus, vec![port]);
     let env = vm_host.environment(route.vm_ip).unwrap();
-    assert_eq!(env.export_lines(), "export RCUDA_DEVICE_COUNT=0\n");
+    assert_eq!(
+        env.export_lines(),
+        "export RCUDA_DEVICE_COUNT=0\nexport GSAAS_CGPUS=\nexport GSAAS_CGPUS_MISSING=\n"
+    );
 
     // Growing again lists it among the routed VMs only.
     let (status, _) = t.post(&member, &format!("/v1/vms/{id}/cgpus"), &attach_body(1, 1024)).await;

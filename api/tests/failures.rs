@@ -17,6 +17,7 @@ on_both_stores!(
     unhealthy_gpus_take_no_new_cgpus_and_show_in_the_pool_and_metrics,
     an_evacuation_moves_cgpus_behind_the_same_masked_endpoints_or_nothing,
     auto_rehome_moves_failed_gpus_cgpus_and_loses_what_fits_nowhere,
+    an_agent_that_switches_its_gpus_layer_cannot_change_a_vms_layer,
 );
 
 fn exclusive_remote(ncgpus: u32) -> Value {
@@ -343,6 +344,17 @@ async fn auto_rehome_moves_failed_gpus_cgpus_and_loses_what_fits_nowhere(store: 
     assert_eq!(states, ["live", "lost"], "{vm}");
     assert!(vm["events"].as_array().unwrap().iter().any(|e| e["kind"] == "lost"), "{vm}");
     wait_routes(&vm_host, 1).await; // a lost cGPU has no route
+                                    // Its environment says so, in the view and live from the VM's host: device 0 is cGPU 0, and
+                                    // cGPU 1 is missing (not silently dropped, moving later devices down).
+    let env = &vm["gpu_env"];
+    assert_eq!(
+        (&env["RCUDA_DEVICE_COUNT"], &env["GSAAS_CGPUS"], &env["GSAAS_CGPUS_MISSING"]),
+        (&json!("1"), &json!("0"), &json!("1")),
+        "{vm}"
+    );
+    let table = vm_host.table().unwrap();
+    let live = vm_host.environment(table.routes[0].vm_ip).unwrap();
+    assert_eq!((live.devices.len(), live.devices[0].cgpu, live.missing.clone()), (1, 0, vec![1]));
     assert_eq!(quota_cgpus(&t).await, 2, "the VM still holds it");
     // The next pass tries again and loses nothing more.
     assert_eq!(app.reconcile_once().await.cgpus_lost, 0);
@@ -352,6 +364,8 @@ async fn auto_rehome_moves_failed_gpus_cgpus_and_loses_what_fits_nowhere(store: 
     let vm = t.wait_state(&member, &id, "ready").await;
     assert!(vm["cgpus"].as_array().unwrap().iter().all(|c| c["state"] == "live"), "{vm}");
     wait_routes(&vm_host, 2).await;
+    let back = vm_host.environment(table.routes[0].vm_ip).unwrap();
+    assert!(back.missing.is_empty() && back.devices.len() == 2, "{back:?}");
 
     // Lost again, the tenant gives it up: a lost cGPU detaches like a live one.
     assert_eq!(t.report_host(&token, "cg-1", &worse).await.0, 200);
@@ -363,6 +377,52 @@ async fn auto_rehome_moves_failed_gpus_cgpus_and_loses_what_fits_nowhere(store: 
     assert_eq!(status, 202, "{body}");
     t.wait_vm(&member, &id, |vm| vm["cgpus"].as_array().unwrap().len() == 1).await;
     assert_eq!(quota_cgpus(&t).await, 1, "the quota stops counting it");
+}
+
+/// A hostile (or reconfigured) agent reports its GPUs' servers as LUPINE while an rCUDA VM uses
+/// them: those GPUs are other devices now, so the old ones leave service (gone from the report,
+/// their cGPUs re-homed or lost, never switched), the new ones wait for their endpoints, and no
+/// VM's cGPU ever speaks another layer than its VM.
+async fn an_agent_that_switches_its_gpus_layer_cannot_change_a_vms_layer(store: Store) {
+    let (t, _, gpu_agent) = agent_cloud_with(store, 2, |c| c.hosts.auto_rehome = true).await;
+    let member = t.member();
+    let app = &t.service().app;
+    let id = t.launch(&member, &exclusive_remote(1)).await;
+    t.wait_state(&member, &id, "ready").await;
+    let before = cgpus_of(&t, &id).await;
+    let token = t.agent_token("cg-1");
+    let mut switched = host_report("cg-1", "compute-gpu", &gpu_agent.url, 2);
+    for gpu in switched["gpus"].as_array_mut().unwrap() {
+        gpu["remoting"] = json!("lupine");
+    }
+    let (status, body) = t.report_host(&token, "cg-1", &switched).await;
+    assert_eq!(status, 200, "{body}");
+    app.reconcile_once().await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    assert_eq!(vm["gpus"]["remoting"], "rcuda", "{vm}");
+    assert!(vm["gpu_env"].get("LUPINE_SERVER").is_none(), "{vm}");
+    // Its cGPU stayed on its rCUDA GPU, which now serves nothing new; it is lost (nothing of
+    // rCUDA is left to take it), not moved onto a LUPINE server.
+    let after = cgpus_of(&t, &id).await;
+    assert_eq!(after[0].2, before[0].2, "{vm}");
+    assert_eq!(vm["cgpus"][0]["state"], "lost", "{vm}");
+    let gpus = pool_gpus(&t).await;
+    let held = gpus.iter().find(|g| g["id"] == before[0].2.as_str()).unwrap();
+    assert_eq!(held["remoting"], "rcuda", "{held}");
+    assert!(held["health"].is_string(), "out of service: {held}");
+    // The free GPU left and came back as LUPINE: a LUPINE launch gets it, an rCUDA one finds
+    // nothing (the only rCUDA GPU left is out of service).
+    let mut body = exclusive_remote(1);
+    body["remoting"] = json!("lupine");
+    let lupine = t.launch(&member, &body).await;
+    t.wait_state(&member, &lupine, "ready").await;
+    let on = cgpus_of(&t, &lupine).await;
+    assert_ne!(on[0].2, before[0].2);
+    let gpus = pool_gpus(&t).await;
+    let taken = gpus.iter().find(|g| g["id"] == on[0].2.as_str()).unwrap();
+    assert_eq!(taken["remoting"], "lupine", "{taken}");
+    let (status, problem) = t.post(&member, "/v1/vms", &exclusive_remote(1)).await;
+    assert!(status == 507 || status == 422, "{status} {problem}");
 }
 
 /// Takes `pool_state`'s row lock, which every pool transaction takes first, in a transaction of

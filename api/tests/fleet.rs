@@ -27,6 +27,8 @@ async fn fleet(store: Store) -> TestService {
             kind,
             gpus,
             gpu_network_address: None,
+            remoting: Default::default(),
+            server_base_port: None,
             topology: Default::default(),
         };
         config.inventory = vec![
@@ -251,6 +253,8 @@ async fn partitioned_fleet(store: Store) -> TestService {
                 kind: HostKind::ComputeGpu,
                 gpus: vec![a100, gpus("T4", "7.5", &[], 1)],
                 gpu_network_address: None,
+                remoting: Default::default(),
+                server_base_port: None,
                 topology: [("rack".to_owned(), "r1".to_owned())].into(),
             },
             InventoryHost {
@@ -258,6 +262,8 @@ async fn partitioned_fleet(store: Store) -> TestService {
                 kind: HostKind::ComputeRgpu,
                 gpus: vec![],
                 gpu_network_address: None,
+                remoting: Default::default(),
+                server_base_port: None,
                 topology: Default::default(),
             },
         ];
@@ -551,6 +557,8 @@ async fn racks(store: Store) -> TestService {
             kind,
             gpus,
             gpu_network_address: None,
+            remoting: Default::default(),
+            server_base_port: None,
             topology: [("rack".to_owned(), rack.to_owned()), ("zone".to_owned(), "z1".to_owned())]
                 .into(),
         };

@@ -26,6 +26,7 @@ mod openstack_contract;
 mod operability;
 mod queue;
 mod quotas;
+mod remoting;
 mod replicas;
 mod saga;
 mod sim_cloud;

@@ -84,6 +84,12 @@ pub enum Locality {
     Remote,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Remoting {
+    Rcuda,
+    Lupine,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Launch a VM with cGPUs (the paper's `gsaas -l`).
@@ -261,6 +267,10 @@ pub struct Launch {
     /// Never put two of the VM's cGPUs on one physical GPU.
     #[arg(long)]
     pub distinct_gpus: bool,
+    /// The remote-GPU layer of the VM's client (every cGPU speaks it); the service's default
+    /// when left out. LUPINE: at most 16 cGPUs.
+    #[arg(long, value_enum)]
+    pub remoting: Option<Remoting>,
     /// Only GPUs of this model (repeat for any of several), as `gsaas pool` lists them.
     #[arg(long = "gpu-model", value_name = "MODEL")]
     pub gpu_models: Vec<String>,

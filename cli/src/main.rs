@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gsaas_api_types::{
     AttachRequest, CgpuState, GpuModels, LaunchRequest, LocalityParam, ModeParam, NetworkParam,
-    QuotaView, StrengthParam, TaintRequest, TraitsParam, VmView, LAUNCH_STAGES,
+    QuotaView, RemotingParam, StrengthParam, TaintRequest, TraitsParam, VmView, LAUNCH_STAGES,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -97,7 +97,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Env { id } => {
             let vm = client.get(&format!("/v1/vms/{}", path_segment(&id)?))?;
             match format {
-                Format::Json => print(format, &vm["rcuda_env"], |_: &Value| String::new()),
+                Format::Json => {
+                    let env = match &vm["gpu_env"] {
+                        Value::Object(env) if !env.is_empty() => &vm["gpu_env"],
+                        _ => &vm["rcuda_env"],
+                    };
+                    print(format, env, |_: &Value| String::new())
+                }
                 Format::Table => {
                     print!("{}", output::env(&typed(&vm)?));
                     Ok(())
@@ -318,6 +324,10 @@ fn launch_vm(
         },
         policy: launch.policy,
         distinct_gpus: launch.distinct_gpus,
+        remoting: launch.remoting.map(|r| match r {
+            args::Remoting::Rcuda => RemotingParam::Rcuda,
+            args::Remoting::Lupine => RemotingParam::Lupine,
+        }),
         gpu_model: (!launch.gpu_models.is_empty()).then_some(GpuModels::AnyOf(launch.gpu_models)),
         traits: TraitsParam {
             required: launch.require_traits,

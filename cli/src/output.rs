@@ -181,7 +181,9 @@ pub fn vm_list(list: &VmList) -> String {
 /// `export` lines, shell-quoted, for `eval "$(gsaas env ID)"`.
 pub fn env(vm: &VmView) -> String {
     let mut out = String::new();
-    for (key, value) in &vm.rcuda_env {
+    // A server that predates layers answers rCUDA's alone.
+    let env = if vm.gpu_env.is_empty() { &vm.rcuda_env } else { &vm.gpu_env };
+    for (key, value) in env {
         let value = value.replace('\'', r"'\''");
         let _ = writeln!(out, "export {key}='{value}'");
     }

@@ -9,6 +9,7 @@
 //! - [`quota`]: project limits and the ledger of what each project holds.
 //! - [`queue`]: the order waiting requests start in, backfill, and preemption by shrinking.
 //! - [`traits`]: what a GPU is beyond model and memory, and the constraints a request puts on it.
+//! - [`remoting`]: the remote-GPU layers (rCUDA, LUPINE) a GPU's server may speak.
 //! - [`seeded`]: a seeded generator for simulations and tests around the planner.
 //! - [`topology`]: where a host sits in the network (the operator's levels and groups).
 //! - [`Error`]: the crate's one error type.
@@ -21,6 +22,7 @@ pub mod policy;
 pub mod pool;
 pub mod queue;
 pub mod quota;
+pub mod remoting;
 pub mod seeded;
 pub mod topology;
 pub mod traits;
@@ -38,5 +40,6 @@ pub use pool::{Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_ME
 pub use quota::{
     Holding, ModelLimits, Quota, QuotaExceeded, QuotaLedger, Resource, Usage, MAX_MODEL_LIMITS,
 };
+pub use remoting::Remoting;
 pub use topology::{topology_problem, NetworkConstraint, Strength, Topology, MAX_RTT_US};
 pub use traits::{GpuAttributes, GpuConstraints, GpuKind, MajorMinor};

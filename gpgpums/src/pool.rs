@@ -663,6 +663,7 @@ impl Pool {
                 && last.compute_capability == a.compute_capability
                 && last.cuda_version == a.cuda_version
                 && last.traits == a.traits
+                && last.remoting == a.remoting
             {
                 let kind = *kind;
                 self.count_kind(kind, true);
@@ -1263,6 +1264,12 @@ impl Pool {
                 ),
             ));
         }
+        if let Some(problem) = request.constraints.remoting.and_then(|r| r.ncgpus_problem(total)) {
+            return Err(Error::invalid(
+                "ncgpus",
+                format!("the VM holds {} cGPUs: {problem}", held.len()),
+            ));
+        }
         let shortfall =
             |placeable| Error::InsufficientCapacity(Shortfall::of(request, placeable, false));
         let tiers: Vec<Option<Vec<u32>>> = match on_host {
@@ -1774,6 +1781,9 @@ impl Pool {
             };
             let among = if check == 0 { String::new() } else { format!(" of {}", models(&before)) };
             let reason = match field {
+                "remoting" => {
+                    format!("no GPU in the pool speaks {}", constraints.remoting.expect("checked"))
+                }
                 "gpu_model" => format!(
                     "no GPU in the pool is a {}; its models: {}",
                     constraints.models.join(" or "),
@@ -2189,6 +2199,11 @@ impl Request {
                 problems.push(("gpu_memory_mib", "is required in shared mode".to_owned()));
             }
             _ => {}
+        }
+        if let Some(problem) =
+            self.constraints.remoting.and_then(|r| r.ncgpus_problem(u64::from(n)))
+        {
+            problems.push(("ncgpus", problem));
         }
         problems.extend(self.constraints.problems());
         problems.extend(self.network.problems());

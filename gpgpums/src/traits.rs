@@ -19,6 +19,8 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::remoting::Remoting;
+
 /// Placement's limit on a trait name's length.
 pub const MAX_TRAIT_NAME_LEN: usize = 255;
 /// The most traits a GPU may carry, or one list of a request name.
@@ -172,6 +174,10 @@ pub struct GpuAttributes {
     /// Its declared traits (see the module docs), sorted.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub traits: BTreeSet<String>,
+    /// The remote-GPU layer its server speaks (rCUDA when not said: every GPU registered before
+    /// layers were told apart).
+    #[serde(default, skip_serializing_if = "Remoting::is_rcuda")]
+    pub remoting: Remoting,
 }
 
 impl GpuAttributes {
@@ -211,6 +217,10 @@ impl GpuAttributes {
 /// forbidden.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct GpuConstraints {
+    /// The remote-GPU layer every GPU's server must speak; any when unset. The API always sets
+    /// it (the request's, or the configured default), so that all of a VM's cGPUs speak one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remoting: Option<Remoting>,
     /// One of these models, by exact name; any model when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
@@ -236,6 +246,7 @@ pub struct GpuConstraints {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GpuKind {
     pub model: String,
+    pub remoting: Remoting,
     pub compute_capability: Option<MajorMinor>,
     pub cuda_version: Option<MajorMinor>,
     /// [`GpuAttributes::all_traits`].
@@ -246,6 +257,7 @@ impl GpuKind {
     pub fn of(model: &str, attributes: &GpuAttributes) -> Self {
         GpuKind {
             model: model.to_owned(),
+            remoting: attributes.remoting,
             compute_capability: attributes.compute_capability,
             cuda_version: attributes.cuda_version,
             traits: attributes.all_traits(),
@@ -256,6 +268,7 @@ impl GpuKind {
 impl GpuConstraints {
     /// No constraint: any GPU, none ranked above another.
     pub const NONE: GpuConstraints = GpuConstraints {
+        remoting: None,
         models: Vec::new(),
         required: Vec::new(),
         forbidden: Vec::new(),
@@ -277,7 +290,8 @@ impl GpuConstraints {
 
     /// Whether it filters GPUs (anything but ranking).
     pub fn filters(&self) -> bool {
-        !self.models.is_empty()
+        self.remoting.is_some()
+            || !self.models.is_empty()
             || !self.required.is_empty()
             || !self.forbidden.is_empty()
             || self.min_compute_capability.is_some()
@@ -295,6 +309,7 @@ impl GpuConstraints {
             Some(want) => have.is_some_and(|have| have >= want),
         };
         [
+            ("remoting", self.remoting.is_none_or(|r| r == kind.remoting)),
             ("gpu_model", self.models.is_empty() || self.models.contains(&kind.model)),
             (
                 "min_compute_capability",

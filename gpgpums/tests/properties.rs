@@ -14,8 +14,8 @@ mod common;
 use common::{gpu_spec, host};
 use gpgpums::{
     Error, GpuAttributes, GpuConstraints, GpuKind, GpuSpec, HostId, HostKind, HostState, Locality,
-    MajorMinor, Mode, NetworkConstraint, Placement, PolicyRegistry, Pool, Request, Selector,
-    Strength, Topology, VmId,
+    MajorMinor, Mode, NetworkConstraint, Placement, PolicyRegistry, Pool, Remoting, Request,
+    Selector, Strength, Topology, VmId,
 };
 use proptest::prelude::*;
 use uuid::Uuid;
@@ -77,6 +77,10 @@ const TRAITS: [&str; 3] = ["CUSTOM_A", "CUSTOM_B", "CUSTOM_C"];
 
 /// A GPU of one of 12 variants: its model, compute capability and custom traits follow the bits.
 fn variant_spec(host: &HostId, index: u32, memory_mib: u64, variant: u8) -> GpuSpec {
+    // 12 kinds in each layer: a GPU that differs from the one before in its layer alone is
+    // another kind.
+    let remoting = if variant >= 12 { Remoting::Lupine } else { Remoting::Rcuda };
+    let variant = variant % 12;
     let model = MODELS[usize::from(variant % 3)];
     let traits = TRAITS.iter().enumerate().filter(|(i, _)| (variant >> 1) & (1 << i) != 0);
     GpuSpec {
@@ -84,6 +88,8 @@ fn variant_spec(host: &HostId, index: u32, memory_mib: u64, variant: u8) -> GpuS
         attributes: GpuAttributes {
             compute_capability: Some(MajorMinor::new(7 + u16::from(variant % 3), 0)),
             traits: traits.map(|(_, t)| (*t).to_owned()).collect(),
+            // A pool that mixes layers: a request's layer is a hard constraint like a model.
+            remoting,
             ..GpuAttributes::default()
         },
         ..gpu_spec(host, index, memory_mib)
@@ -92,7 +98,7 @@ fn variant_spec(host: &HostId, index: u32, memory_mib: u64, variant: u8) -> GpuS
 
 fn shape() -> impl Strategy<Value = PoolShape> {
     let sizes = prop::sample::select(vec![1024u64, 2048, 4096, 6000, 8192, 16384]);
-    let gpu = (sizes, 0u8..12);
+    let gpu = (sizes, 0u8..24);
     (prop::collection::vec(prop::collection::vec(gpu, 1..5), 1..5), 0usize..3)
         .prop_map(|(gpu_hosts, rgpu_hosts)| PoolShape { gpu_hosts, rgpu_hosts })
 }
@@ -106,15 +112,20 @@ fn traits() -> impl Strategy<Value = Vec<String>> {
 fn constraints() -> impl Strategy<Value = GpuConstraints> {
     let models = prop::collection::vec(prop::sample::select(MODELS.to_vec()), 0..3);
     let capability = prop_oneof![Just(None), (7u16..10).prop_map(|m| Some(MajorMinor::new(m, 0)))];
-    let some = (models, traits(), traits(), traits(), traits(), capability).prop_map(
-        |(models, required, forbidden, preferred, avoid, min_compute_capability)| GpuConstraints {
-            models: models.into_iter().map(str::to_owned).collect(),
-            required,
-            forbidden,
-            preferred,
-            avoid,
-            min_compute_capability,
-            min_cuda_version: None,
+    let remoting =
+        prop_oneof![Just(None), Just(Some(Remoting::Rcuda)), Just(Some(Remoting::Lupine))];
+    let some = (models, traits(), traits(), traits(), traits(), capability, remoting).prop_map(
+        |(models, required, forbidden, preferred, avoid, min_compute_capability, remoting)| {
+            GpuConstraints {
+                remoting,
+                models: models.into_iter().map(str::to_owned).collect(),
+                required,
+                forbidden,
+                preferred,
+                avoid,
+                min_compute_capability,
+                min_cuda_version: None,
+            }
         },
     );
     prop_oneof![Just(GpuConstraints::default()), some]
@@ -185,9 +196,9 @@ fn op(policies: usize) -> impl Strategy<Value = Op> {
         2 => (request(), 0..policies).prop_map(|(request, policy)| Op::Probe { request, policy }),
         3 => (0u8..12).prop_map(|vm| Op::Release { vm }),
         1 => (0usize..6, state).prop_map(|(host, state)| Op::SetState { host, state }),
-        1 => (0usize..4, prop::sample::select(vec![2048u64, 8192]), 0u8..12).prop_map(|(host, memory_mib, variant)| Op::AddGpu { host, memory_mib, variant }),
+        1 => (0usize..4, prop::sample::select(vec![2048u64, 8192]), 0u8..24).prop_map(|(host, memory_mib, variant)| Op::AddGpu { host, memory_mib, variant }),
         1 => (0usize..4, 0u32..3, any::<bool>()).prop_map(|(host, index, schedulable)| Op::Taint { host, index, schedulable }),
-        1 => (0usize..4, 0u32..4, 1u8..4, 0u8..12).prop_map(|(host, index, parts, variant)| Op::Partition { host, index, parts, variant }),
+        1 => (0usize..4, 0u32..4, 1u8..4, 0u8..24).prop_map(|(host, index, parts, variant)| Op::Partition { host, index, parts, variant }),
     ]
 }
 

@@ -43,6 +43,8 @@ fn route(i: u32) -> Route {
         masked: MASKED.parse().unwrap(),
         target: format!("10.232.0.2:{}", 8308 + i % 8).parse().unwrap(),
         gpu_number: 0,
+        index: Some(0),
+        remoting: Default::default(),
     }
 }
 
@@ -134,6 +136,7 @@ fn main() {
         routes: (0..ROUTES).map(route).collect(),
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     ch.run(|| {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -54,7 +54,8 @@ pub struct Config {
     pub retry_interval_secs: u64,
     #[serde(default)]
     pub controller: Option<ControllerConfig>,
-    #[serde(default)]
+    /// This host's GPU servers (`[gpu_servers]`; `[rcuda]`, its older name, is still read).
+    #[serde(default, alias = "gpu_servers")]
     pub rcuda: Option<RcudaConfig>,
     /// GPUs of this host when NVML is not available.
     #[serde(default)]
@@ -125,14 +126,26 @@ impl ControllerConfig {
     }
 }
 
-/// Where this host's rCUDA daemons listen: one per GPU, on `base_port + index`.
+/// Where this host's GPU servers listen, and which remote-GPU layer they speak: one server per
+/// GPU, on `base_port + index`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RcudaConfig {
     /// This host's address on the GPU network.
     pub address: Ipv4Addr,
-    #[serde(default = "default_rcuda_port")]
-    pub base_port: u16,
+    /// `rcuda` (the default) or `lupine`: every GPU server of this host speaks it.
+    #[serde(default)]
+    pub remoting: gpgpums::Remoting,
+    /// The first GPU's server port; the layer's own port when left out (rCUDA 8308, LUPINE
+    /// 14833).
+    #[serde(default)]
+    pub base_port: Option<u16>,
+}
+
+impl RcudaConfig {
+    pub fn base_port(&self) -> u16 {
+        self.base_port.unwrap_or(self.remoting.default_port())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -144,8 +157,8 @@ pub struct GpuConfig {
     /// Defaults to `{host}:gpu{index}`.
     #[serde(default)]
     pub id: Option<String>,
-    /// Defaults to `rcuda.base_port + index`.
-    #[serde(default)]
+    /// Its server's port; defaults to `gpu_servers.base_port + index`.
+    #[serde(default, alias = "server_port")]
     pub rcuda_port: Option<u16>,
     /// Set by an operator to take the GPU out of service (why: reported to gsaasd, which places
     /// no new cGPUs on it); hosts with NVML report health from the driver instead.
@@ -178,6 +191,8 @@ impl GpuConfig {
             cuda_version: self.cuda_version,
             uuid: self.uuid.clone(),
             traits: self.traits.clone(),
+            // The host's, set with its servers' endpoints (`discovery::inventory`).
+            remoting: gpgpums::Remoting::default(),
         }
     }
 }
@@ -202,9 +217,6 @@ fn default_rtt_timeout_ms() -> u64 {
 }
 fn default_rtt_targets_secs() -> u64 {
     300
-}
-fn default_rcuda_port() -> u16 {
-    8308
 }
 fn default_metadata_connections_per_vm() -> usize {
     8
@@ -319,7 +331,7 @@ impl Config {
         }
         if !config.gpus.is_empty() && config.rcuda.is_none() {
             return Err(invalid(
-                "gpus are listed but [rcuda] (their server address) is not".into(),
+                "gpus are listed but [gpu_servers] (their servers' address) is not".into(),
             ));
         }
         Ok(config)
@@ -411,6 +423,23 @@ mod tests {
             let err = Config::parse(&config(one), path).unwrap_err().to_string();
             assert!(err.contains("both parent and profile"), "{one}: {err}");
         }
+    }
+
+    #[test]
+    fn a_hosts_gpu_servers_name_their_layer() {
+        let path = Path::new("agent.toml");
+        let parse = |servers: &str| Config::parse(&format!("{MINIMAL}{servers}"), path);
+        let old = parse("[rcuda]\naddress = '10.78.0.2'\n").unwrap().rcuda.unwrap();
+        assert_eq!((old.remoting, old.base_port()), (gpgpums::Remoting::Rcuda, 8308));
+        let lupine = parse("[gpu_servers]\naddress = '10.78.0.2'\nremoting = 'lupine'\n")
+            .unwrap()
+            .rcuda
+            .unwrap();
+        assert_eq!((lupine.remoting, lupine.base_port()), (gpgpums::Remoting::Lupine, 14833));
+        let err = parse("[gpu_servers]\naddress = '10.78.0.2'\nremoting = 'scuda'\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("remoting") && err.contains("lupine"), "{err}");
     }
 
     #[test]

@@ -183,6 +183,7 @@ impl GpuDiscovery for NvmlGpus {
                 cuda_version,
                 uuid: Some(uuid),
                 traits: Default::default(),
+                remoting: Default::default(),
             };
             found.push(FoundGpu {
                 index,
@@ -294,11 +295,11 @@ pub fn inventory(
                     Some(gpgpums::Partition { parent: parent_id.clone(), profile: profile.clone() })
                 }
             };
+            let base = rcuda.base_port();
             let port = match g.rcuda_port {
                 Some(p) => p,
-                None => u16::try_from(u32::from(rcuda.base_port) + g.index).map_err(|_| {
-                    DiscoveryError::PortOverflow { index: g.index, base: rcuda.base_port }
-                })?,
+                None => u16::try_from(u32::from(base) + g.index)
+                    .map_err(|_| DiscoveryError::PortOverflow { index: g.index, base })?,
             };
             Ok(GpuReport {
                 id,
@@ -307,7 +308,7 @@ pub fn inventory(
                 memory_mib: g.memory_mib,
                 rcuda: RcudaEndpoint { address: rcuda.address, port, gpu_number: 0 },
                 unhealthy: g.unhealthy.as_deref().map(rodvr_contract::protocol::health_reason),
-                attributes: g.attributes,
+                attributes: GpuAttributes { remoting: rcuda.remoting, ..g.attributes },
                 partition,
             })
         })
@@ -358,7 +359,11 @@ mod tests {
                 ..whole_gpu(1, "K20m", 4800)
             },
         ]);
-        let rcuda = RcudaConfig { address: "10.232.0.2".parse().unwrap(), base_port: 8308 };
+        let rcuda = RcudaConfig {
+            address: "10.232.0.2".parse().unwrap(),
+            remoting: Default::default(),
+            base_port: Some(8308),
+        };
         let inv = inventory(&host, gpus.gpus().unwrap(), Some(&rcuda)).unwrap();
         assert_eq!(inv[0].id.as_str(), "cg0:gpu0");
         assert_eq!(inv[1].id.as_str(), "cg0:GPU-1");
@@ -377,6 +382,12 @@ mod tests {
             Err(DiscoveryError::NoRcudaAddress)
         ));
         assert_eq!(host_kind(&[]), HostKind::ComputeRgpu);
+        // A LUPINE host: every GPU's server speaks it, on LUPINE's port unless one is set.
+        let lupine = RcudaConfig { remoting: gpgpums::Remoting::Lupine, base_port: None, ..rcuda };
+        let inv = inventory(&host, gpus.gpus().unwrap(), Some(&lupine)).unwrap();
+        assert_eq!(inv[1].rcuda.socket_addr(), "10.232.0.2:14834".parse().unwrap());
+        assert!(inv.iter().all(|g| g.attributes.remoting == gpgpums::Remoting::Lupine));
+        assert!(inv[1].attributes.traits.contains("CUSTOM_RACK_R1"));
         let colon =
             ConfiguredGpus(vec![GpuConfig { id: Some("cg1:gpu0".into()), ..gpus.0[0].clone() }]);
         assert!(matches!(
@@ -399,7 +410,11 @@ mod tests {
             ..whole.clone()
         };
         let gpus = ConfiguredGpus(vec![whole.clone(), part(0), part(1)]);
-        let rcuda = RcudaConfig { address: "10.232.0.2".parse().unwrap(), base_port: 8308 };
+        let rcuda = RcudaConfig {
+            address: "10.232.0.2".parse().unwrap(),
+            remoting: Default::default(),
+            base_port: Some(8308),
+        };
         let inv = inventory(&host, gpus.gpus().unwrap(), Some(&rcuda)).unwrap();
         assert_eq!(inv[0].partition, None);
         let partition = inv[2].partition.as_ref().unwrap();

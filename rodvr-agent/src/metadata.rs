@@ -1,9 +1,12 @@
-//! The VM-facing metadata server: each VM reads its own live rCUDA environment.
+//! The VM-facing metadata server: each VM reads its own live remote-GPU environment.
 //!
-//! cGPUs come and go on a running VM (attach, detach), so the environment cloud-init wrote at
-//! boot goes stale. The agent already holds every VM's routes in attach order, so it answers
-//! `GET /rcuda.env` (`export` lines) and `GET /rcuda.json` (the same variables as an object) on
-//! its metadata listener. VMs reach the listener only through a route of their own, from the
+//! cGPUs come and go on a running VM (attach, detach, lost), so the environment cloud-init wrote
+//! at boot goes stale. The agent already holds every VM's routes in attach order, so it answers
+//! `GET /gpu.env` (`export` lines) and `GET /gpu.json` (the same variables as an object) on its
+//! metadata listener: the VM's layer's variables and GSaaS's (`rodvr_contract::env`). The paths
+//! of earlier releases, `GET /rcuda.env` and `/rcuda.json`, answer an rCUDA VM's rCUDA variables
+//! alone, as they did (the `gsaas-env` of VMs booted then accepts nothing else), and a VM of
+//! another layer 404. VMs reach the listener only through a route of their own, from the
 //! masked metadata endpoint the controller names (keyed on the VM's tap and address like every
 //! route: a VM that spoofs another VM's address arrives on its own tap and reaches nothing), and
 //! the firewall closes the listener to everything else.
@@ -24,7 +27,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 
 use gsaas_infra::httpd;
-use rodvr_contract::protocol::RcudaEnv;
+use rodvr_contract::protocol::GpuEnv;
 use rodvr_core::agent::Agent;
 use rodvr_core::firewall::Firewall;
 use rodvr_core::vm_env::EnvError;
@@ -32,8 +35,10 @@ use rodvr_core::vm_env::EnvError;
 /// The metadata server's routes; the caller is the request's peer (see [`httpd::serve`]).
 pub fn router<F: Firewall + 'static>(agent: Arc<Agent<F>>) -> Router {
     Router::new()
-        .route("/rcuda.env", get(env_lines::<F>))
-        .route("/rcuda.json", get(env_json::<F>))
+        .route("/gpu.env", get(env_lines::<F>))
+        .route("/gpu.json", get(env_json::<F>))
+        .route("/rcuda.env", get(rcuda_lines::<F>))
+        .route("/rcuda.json", get(rcuda_json::<F>))
         .with_state(agent)
 }
 
@@ -59,7 +64,7 @@ impl IntoResponse for EnvAnswer {
 }
 
 /// The environment of the VM that asks: the request's peer.
-fn caller_env<F: Firewall>(agent: &Agent<F>, request: &Request) -> Result<RcudaEnv, EnvError> {
+fn caller_env<F: Firewall>(agent: &Agent<F>, request: &Request) -> Result<GpuEnv, EnvError> {
     let ip = match httpd::peer(request).map(|peer| peer.ip()) {
         Some(IpAddr::V4(ip)) => ip,
         Some(IpAddr::V6(ip)) => ip.to_ipv4_mapped().ok_or(EnvError::Unknown)?,
@@ -68,12 +73,48 @@ fn caller_env<F: Firewall>(agent: &Agent<F>, request: &Request) -> Result<RcudaE
     agent.environment(ip)
 }
 
+/// The caller's rCUDA variables alone; a VM of another layer has none.
+fn caller_rcuda<F: Firewall>(
+    agent: &Agent<F>,
+    request: &Request,
+) -> Result<Result<Vec<(String, String)>, Response>, EnvAnswer> {
+    let env = caller_env(agent, request)?;
+    if env.remoting != gpgpums::Remoting::Rcuda {
+        let why = format!("this VM's cGPUs speak {}: read /gpu.env\n", env.remoting);
+        return Ok(Err((StatusCode::NOT_FOUND, why).into_response()));
+    }
+    Ok(Ok(env.layer_variables()))
+}
+
+async fn rcuda_lines<F: Firewall + 'static>(
+    State(agent): State<Arc<Agent<F>>>,
+    request: Request,
+) -> Result<Response, EnvAnswer> {
+    Ok(match caller_rcuda(&agent, &request)? {
+        Ok(variables) => text(rodvr_contract::env::export_lines(variables)),
+        Err(refused) => refused,
+    })
+}
+
+async fn rcuda_json<F: Firewall + 'static>(
+    State(agent): State<Arc<Agent<F>>>,
+    request: Request,
+) -> Result<Response, EnvAnswer> {
+    Ok(match caller_rcuda(&agent, &request)? {
+        Ok(variables) => Json(variables.into_iter().collect::<BTreeMap<_, _>>()).into_response(),
+        Err(refused) => refused,
+    })
+}
+
+fn text(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
 async fn env_lines<F: Firewall + 'static>(
     State(agent): State<Arc<Agent<F>>>,
     request: Request,
 ) -> Result<Response, EnvAnswer> {
-    let env = caller_env(&agent, &request)?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], env.export_lines()).into_response())
+    Ok(text(caller_env(&agent, &request)?.export_lines()))
 }
 
 async fn env_json<F: Firewall + 'static>(
@@ -88,7 +129,7 @@ mod tests {
     use super::*;
     use gpgpums::VmId;
     use rodvr_contract::fixtures;
-    use rodvr_contract::protocol::{Route, RouteTable, VmPort};
+    use rodvr_contract::protocol::{LostCgpu, Route, RouteTable, VmPort};
     use rodvr_core::vm_env::environment_of;
 
     fn route(vm: u128, tap: &str, ip: &str, port: u16, gpu_number: u32) -> Route {
@@ -117,17 +158,66 @@ mod tests {
             ],
             metadata: Some("100.127.0.1:80".parse().unwrap()),
             vms_without_cgpus: vec![port(5, "tap5", "10.0.0.5"), port(6, "tap6", "10.0.0.4")],
+            lost: vec![],
         };
         let env = environment_of(&table, "10.0.0.2".parse().unwrap()).unwrap();
         assert_eq!(
             env.export_lines(),
             "export RCUDA_DEVICE_COUNT=2\nexport RCUDA_DEVICE_0=100.127.0.1@8310:1\n\
-             export RCUDA_DEVICE_1=100.127.0.1@8308:0\n"
+             export RCUDA_DEVICE_1=100.127.0.1@8308:0\n\
+             export GSAAS_CGPUS=0,1\nexport GSAAS_CGPUS_MISSING=\n"
         );
         assert_eq!(environment_of(&table, "10.0.0.9".parse().unwrap()), Err(EnvError::Unknown));
         assert_eq!(environment_of(&table, "10.0.0.4".parse().unwrap()), Err(EnvError::Ambiguous));
         // A VM whose cGPUs were all detached reads an empty environment, not its boot-time one.
         let idle = environment_of(&table, "10.0.0.5".parse().unwrap()).unwrap();
-        assert_eq!(idle.export_lines(), "export RCUDA_DEVICE_COUNT=0\n");
+        assert_eq!(
+            idle.export_lines(),
+            "export RCUDA_DEVICE_COUNT=0\nexport GSAAS_CGPUS=\nexport GSAAS_CGPUS_MISSING=\n"
+        );
+    }
+
+    #[test]
+    fn a_lupine_vm_lists_its_servers_and_says_which_cgpus_are_missing() {
+        let lupine = |port, index| Route {
+            index: Some(index),
+            remoting: gpgpums::Remoting::Lupine,
+            ..route(1, "tap1", "10.0.0.2", port, 0)
+        };
+        let vm = |n| VmId::from_uuid(uuid::Uuid::from_u128(n));
+        let table = RouteTable {
+            generation: 1,
+            routes: vec![lupine(8308, 0), lupine(8311, 3)],
+            metadata: Some("100.127.0.1:80".parse().unwrap()),
+            vms_without_cgpus: vec![port(2, "tap2", "10.0.0.3")],
+            lost: vec![
+                LostCgpu { vm: vm(1), index: 2 },
+                LostCgpu { vm: vm(1), index: 1 },
+                LostCgpu { vm: vm(2), index: 0 },
+            ],
+        };
+        table.validate(None).unwrap();
+        let env = environment_of(&table, "10.0.0.2".parse().unwrap()).unwrap();
+        assert_eq!(
+            env.export_lines(),
+            "export LUPINE_SERVER=100.127.0.1:8308,100.127.0.1:8311\n\
+             export LUPINE_DISABLE_LOCAL=1\nexport GSAAS_CGPUS=0,3\n\
+             export GSAAS_CGPUS_MISSING=1,2\n"
+        );
+        // Every cGPU lost: no device, and it says so.
+        let all_lost = environment_of(&table, "10.0.0.3".parse().unwrap()).unwrap();
+        assert_eq!(all_lost.variables()[0], ("RCUDA_DEVICE_COUNT".into(), "0".into()));
+        assert_eq!(all_lost.missing, vec![0]);
+        // A lost cGPU of a VM the table does not list, or listed twice: refused.
+        let mut stray = table.clone();
+        stray.lost.push(LostCgpu { vm: vm(9), index: 0 });
+        assert_eq!(stray.validate(None).unwrap_err().entry, "lost[3].vm");
+        let mut twice = table.clone();
+        twice.lost.push(LostCgpu { vm: vm(1), index: 3 });
+        assert_eq!(twice.validate(None).unwrap_err().entry, "lost[3].index");
+        // One VM, two layers: refused.
+        let mut mixed = table;
+        mixed.routes[1].remoting = gpgpums::Remoting::Rcuda;
+        assert_eq!(mixed.validate(None).unwrap_err().entry, "routes[1].remoting");
     }
 }

@@ -273,6 +273,7 @@ fn masked_routes_on_the_real_kernel() {
         routes: vec![vm1_route.clone(), vm2_route.clone()],
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
 
@@ -286,8 +287,13 @@ fn masked_routes_on_the_real_kernel() {
     assert_eq!(ask(&t.vm1, "10.232.0.2:8309"), None, "VM1 reached the GPU host directly");
 
     // Unsigned requests change nothing.
-    let empty =
-        RouteTable { generation: 9, routes: vec![], metadata: None, vms_without_cgpus: vec![] };
+    let empty = RouteTable {
+        generation: 9,
+        routes: vec![],
+        metadata: None,
+        vms_without_cgpus: vec![],
+        lost: vec![],
+    };
     assert_eq!(unsigned_put(&t.ch, &agent.url, &empty), 401);
     let back = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
     assert_eq!((back.applied_generation, back.desired), (Some(1), Some(gen1)));
@@ -302,6 +308,7 @@ fn masked_routes_on_the_real_kernel() {
         routes: vec![vm2_route.clone()],
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen2).await.unwrap());
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), None, "VM1 still reaches a removed route");
@@ -313,6 +320,7 @@ fn masked_routes_on_the_real_kernel() {
         routes: vec![vm2_route, vm1_route],
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen3).await.unwrap());
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0.clone()));
@@ -354,6 +362,7 @@ fn a_retargeted_route_cuts_open_connections_and_new_ones_reach_the_new_gpu() {
         ],
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&t.ch, &client, async |c| {
         c.put_routes(&table(1, "10.232.0.2:8308")).await.unwrap()
@@ -467,6 +476,7 @@ memory_mib = 1024
         routes: vec![route(3, "tap3", "10.233.3.2", "100.127.0.7:9000", "10.232.0.2:8308")],
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&gh, &client, async |c| c.put_routes(&table).await.unwrap());
     assert_eq!(ask(&vm3, "100.127.0.7:9000").as_deref(), Some("gpu0 10.233.3.2"));
@@ -506,6 +516,7 @@ fn a_vm_with_another_vms_address_reaches_none_of_its_cgpus() {
         routes: vec![vm1("tap1")],
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     let expect = Some(format!("gpu0 {COMPUTE_GPU_SIDE}"));
@@ -526,6 +537,7 @@ fn a_vm_with_another_vms_address_reaches_none_of_its_cgpus() {
         routes: vec![vm1("tap2")],
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     assert_eq!(ask_from(&t.vm2, "10.231.1.2", "100.127.0.1:9000"), expect);
@@ -583,6 +595,7 @@ fn each_vm_reads_only_its_own_environment_at_the_metadata_endpoint() {
         routes,
         metadata: Some(metadata.parse().unwrap()),
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     let gen1 = table(1, vec![vm1_a, vm2.clone(), vm1_b.clone()]);
     with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
@@ -648,6 +661,7 @@ fn one_vm_cannot_starve_its_neighbours_environment() {
         ],
         metadata: Some(metadata.parse().unwrap()),
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
 
@@ -686,6 +700,7 @@ fn a_vm_cannot_reach_its_hosts_agent() {
         routes: vec![route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308")],
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     let from_management = http_get(&ctl, None, "10.240.0.1:7450", "/metrics");
@@ -810,6 +825,7 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
         ],
         metadata: None,
         vms_without_cgpus: vec![],
+        lost: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
 

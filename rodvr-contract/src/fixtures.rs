@@ -15,5 +15,7 @@ pub fn route(vm: u128, tap: &str, ip: &str, masked: &str, target: &str) -> Route
         masked: masked.parse().expect("a masked endpoint"),
         target: target.parse().expect("a target endpoint"),
         gpu_number: 0,
+        index: None,
+        remoting: gpgpums::Remoting::Rcuda,
     }
 }

@@ -45,6 +45,17 @@ pub struct RouteTable {
     /// they still read their environment, now empty, at the metadata endpoint.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub vms_without_cgpus: Vec<VmPort>,
+    /// cGPUs of the table's VMs that have no route (lost: their GPU failed and no other could
+    /// take them), so that a VM's environment says they are missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<LostCgpu>,
+}
+
+/// A cGPU with no route, of a VM of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LostCgpu {
+    pub vm: VmId,
+    pub index: u32,
 }
 
 /// Where one VM's packets come from on this host: its tap and fixed IP (see [`Route`]).
@@ -74,41 +85,16 @@ pub struct Route {
     /// The GPU's number at that rCUDA server (`RCUDA_DEVICE_<n>=<masked>:<gpu_number>`).
     #[serde(default)]
     pub gpu_number: u32,
+    /// The cGPU's index in its VM; absent from a controller that predates it (then its place
+    /// among the VM's routes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+    /// The layer the server at `target` speaks (every route of a VM speaks one).
+    #[serde(default, skip_serializing_if = "gpgpums::Remoting::is_rcuda")]
+    pub remoting: gpgpums::Remoting,
 }
 
-/// One rCUDA device as a VM's client sees it: the masked endpoint and the GPU's number there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RcudaDevice {
-    pub address: Ipv4Addr,
-    pub port: u16,
-    pub gpu_number: u32,
-}
-
-/// The rCUDA client environment of one VM: its devices, numbered from 0 in order.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RcudaEnv {
-    pub devices: Vec<RcudaDevice>,
-}
-
-impl RcudaEnv {
-    /// `RCUDA_DEVICE_COUNT`, then `RCUDA_DEVICE_<j>` for each device from 0. The values are
-    /// addresses and numbers: they never need quoting.
-    pub fn variables(&self) -> Vec<(String, String)> {
-        let count = ("RCUDA_DEVICE_COUNT".to_owned(), self.devices.len().to_string());
-        let devices = self.devices.iter().enumerate().map(|(j, d)| {
-            (format!("RCUDA_DEVICE_{j}"), format!("{}@{}:{}", d.address, d.port, d.gpu_number))
-        });
-        std::iter::once(count).chain(devices).collect()
-    }
-
-    /// The variables as shell `export` lines.
-    pub fn export_lines(&self) -> String {
-        self.variables()
-            .into_iter()
-            .map(|(name, value)| format!("export {name}={value}\n"))
-            .collect()
-    }
-}
+pub use crate::env::{GpuDevice, GpuEnv};
 
 /// An IPv4 prefix such as `100.127.0.0/16` (the masked range).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -245,6 +231,47 @@ impl RouteTable {
                 None => {
                     taps.insert(tap, (vm, ip, entry));
                 }
+            }
+        }
+        // One layer per VM (its client is one library), each cGPU index routed once, and a lost
+        // cGPU is one of a listed VM's that has no route.
+        let mut layers: HashMap<VmId, (gpgpums::Remoting, usize)> = HashMap::new();
+        let mut indexes: HashSet<(VmId, u32)> = HashSet::new();
+        for (i, route) in self.routes.iter().enumerate() {
+            let bad = |field: &str, reason: String| InvalidEntry {
+                entry: format!("routes[{i}].{field}"),
+                reason,
+            };
+            let (layer, first) = *layers.entry(route.vm).or_insert((route.remoting, i));
+            if layer != route.remoting {
+                return Err(bad(
+                    "remoting",
+                    format!("{} while routes[{first}] of the same VM is {layer}", route.remoting),
+                ));
+            }
+            if let Some(index) = route.index {
+                if !indexes.insert((route.vm, index)) {
+                    return Err(bad(
+                        "index",
+                        format!("cGPU {index} of {} is routed twice", route.vm),
+                    ));
+                }
+            }
+        }
+        let listed: HashSet<VmId> = taps.values().map(|(vm, _, _)| *vm).collect();
+        for (i, lost) in self.lost.iter().enumerate() {
+            let bad = |field: &str, reason: String| InvalidEntry {
+                entry: format!("lost[{i}].{field}"),
+                reason,
+            };
+            if !listed.contains(&lost.vm) {
+                return Err(bad("vm", format!("{} is no VM of the table", lost.vm)));
+            }
+            if !indexes.insert((lost.vm, lost.index)) {
+                return Err(bad(
+                    "index",
+                    format!("cGPU {} of {} is listed twice", lost.index, lost.vm),
+                ));
             }
         }
         for (i, route) in self.routes.iter().enumerate() {
@@ -701,6 +728,7 @@ mod tests {
             routes: vec![ok.clone()],
             metadata: None,
             vms_without_cgpus: vec![],
+            lost: vec![],
         };
         assert_eq!(t.validate(range), Ok(()));
 
@@ -751,6 +779,7 @@ mod tests {
             routes: vec![routed],
             metadata: Some("100.127.0.1:80".parse().unwrap()),
             vms_without_cgpus: vec![idle(2, "tap2", "10.0.0.3")],
+            lost: vec![],
         };
         assert_eq!(t.validate(range), Ok(()));
         for (bad, entry) in [
@@ -777,6 +806,7 @@ mod tests {
             ],
             metadata: None,
             vms_without_cgpus: vec![],
+            lost: vec![],
         };
         assert_eq!(t.validate(None), Ok(()));
     }

@@ -17,8 +17,8 @@ use crate::vm_env::EnvError;
 use gpgpums::ids::HostId;
 use gsaas_infra::metrics::inc;
 use rodvr_contract::protocol::{
-    AppliedState, ApplyOutcome, ApplyStatus, GpuReport, Health, HostKind, HostReport, InvalidEntry,
-    RcudaEnv, RouteTable,
+    AppliedState, ApplyOutcome, ApplyStatus, GpuEnv, GpuReport, Health, HostKind, HostReport,
+    InvalidEntry, RouteTable,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -187,7 +187,7 @@ impl<F: Firewall> Agent<F> {
     }
 
     /// The rCUDA environment of the VM at `ip`, per the table in force (see [`crate::vm_env`]).
-    pub fn environment(&self, ip: std::net::Ipv4Addr) -> Result<RcudaEnv, EnvError> {
+    pub fn environment(&self, ip: std::net::Ipv4Addr) -> Result<GpuEnv, EnvError> {
         let inner = self.lock();
         match inner.ledger.current() {
             Some(table) if inner.applied_generation == Some(table.generation) => {

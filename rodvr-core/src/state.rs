@@ -148,9 +148,12 @@ mod tests {
                 masked: "100.127.0.1:9000".parse().unwrap(),
                 target: format!("10.1.0.2:{port}").parse().unwrap(),
                 gpu_number: 0,
+                index: None,
+                remoting: Default::default(),
             }],
             metadata: None,
             vms_without_cgpus: vec![],
+            lost: vec![],
         }
     }
 

@@ -1,9 +1,9 @@
-//! A VM's live rCUDA environment, from the route table in force: what the metadata server
+//! A VM's live remote-GPU environment, from the route table in force: what the metadata server
 //! answers a VM, computed apart from the server so that the agent's core can ask it too.
 
 use std::net::Ipv4Addr;
 
-use rodvr_contract::protocol::{RcudaDevice, RcudaEnv, RouteTable};
+use rodvr_contract::protocol::{GpuDevice, GpuEnv, RouteTable};
 
 /// Why the agent has no environment for a caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -19,22 +19,29 @@ pub enum EnvError {
     Ambiguous,
 }
 
-/// The rCUDA environment of the VM at `ip` in `table`: its routes' masked endpoints, in order
-/// (none for a VM whose cGPUs were all detached).
-pub fn environment_of(table: &RouteTable, ip: Ipv4Addr) -> Result<RcudaEnv, EnvError> {
+/// The environment of the VM at `ip` in `table`: its routes' masked endpoints, in order, in
+/// their layer, and the cGPUs the table says are lost (none for a VM whose cGPUs were all
+/// detached).
+pub fn environment_of(table: &RouteTable, ip: Ipv4Addr) -> Result<GpuEnv, EnvError> {
     let routes = table.routes.iter().filter(|r| r.vm_ip == ip);
     let idle = table.vms_without_cgpus.iter().filter(|p| p.vm_ip == ip);
-    let mut taps = routes.clone().map(|r| &r.vm_tap).chain(idle.map(|p| &p.vm_tap));
-    let tap = taps.next().ok_or(EnvError::Unknown)?;
-    if taps.any(|other| other != tap) {
+    let mut owners =
+        routes.clone().map(|r| (&r.vm_tap, r.vm)).chain(idle.map(|p| (&p.vm_tap, p.vm)));
+    let (tap, vm) = owners.next().ok_or(EnvError::Unknown)?;
+    if owners.any(|(other, _)| other != tap) {
         return Err(EnvError::Ambiguous);
     }
-    let devices = routes
-        .map(|route| RcudaDevice {
+    let remoting = routes.clone().next().map(|r| r.remoting).unwrap_or_default();
+    let devices = (0u32..)
+        .zip(routes)
+        .map(|(j, route)| GpuDevice {
             address: *route.masked.ip(),
             port: route.masked.port(),
             gpu_number: route.gpu_number,
+            cgpu: route.index.unwrap_or(j),
         })
         .collect();
-    Ok(RcudaEnv { devices })
+    let mut missing: Vec<u32> = table.lost.iter().filter(|l| l.vm == vm).map(|l| l.index).collect();
+    missing.sort_unstable();
+    Ok(GpuEnv { remoting, devices, missing })
 }

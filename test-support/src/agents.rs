@@ -15,7 +15,7 @@ use axum::Json;
 use gpgpums::HostId;
 use gsaas_infra::httpd::{self, HttpLimits, TlsFiles};
 use rodvr_contract::auth::TokenVerifier;
-use rodvr_contract::protocol::{AppliedState, ErrorBody, HostKind, RcudaEnv, RouteTable};
+use rodvr_contract::protocol::{AppliedState, ErrorBody, GpuEnv, HostKind, RouteTable};
 use rodvr_core::agent::{Agent, HostFacts};
 use rodvr_core::firewall::{Dataplane, MemoryFirewall};
 use rodvr_core::state::Ledger;
@@ -136,7 +136,7 @@ impl TestAgent {
     }
 
     /// What its metadata server answers the VM at `ip`.
-    pub fn environment(&self, ip: std::net::Ipv4Addr) -> Result<RcudaEnv, EnvError> {
+    pub fn environment(&self, ip: std::net::Ipv4Addr) -> Result<GpuEnv, EnvError> {
         self.shared.agent.environment(ip)
     }
 }

@@ -227,6 +227,8 @@ pub fn inventory_named(gpu_host: &str, gpus: u32) -> Vec<InventoryHost> {
             kind: HostKind::ComputeGpu,
             gpus: vec![InventoryGpu::of("NVIDIA Quadro M4000", 8192, gpus)],
             gpu_network_address: Some(Ipv4Addr::new(10, 78, 0, 1)),
+            remoting: Default::default(),
+            server_base_port: None,
             topology: Default::default(),
         },
         InventoryHost {
@@ -234,6 +236,8 @@ pub fn inventory_named(gpu_host: &str, gpus: u32) -> Vec<InventoryHost> {
             kind: HostKind::ComputeRgpu,
             gpus: vec![],
             gpu_network_address: None,
+            remoting: Default::default(),
+            server_base_port: None,
             topology: Default::default(),
         },
     ]

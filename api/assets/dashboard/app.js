@@ -429,7 +429,8 @@
         el('span', { class: 'gpu-use', text: `${mem(gpu.allocated_mib)} / ${gib(gpu.memory_mib)} · ${use}` })),
       el('div', { class: `gpu-bar${gpu.exclusive ? ' exclusive' : ''}`, role: 'img',
         'aria-label': `GPU ${gpu.index}: ${mem(gpu.allocated_mib)} of ${gib(gpu.memory_mib)} booked` }, segments),
-      el('div', { class: 'gpu-rcuda' }, `${gpu.id} · rCUDA `, el('span', { class: 'mono', text: gpu.rcuda_endpoint })),
+      el('div', { class: 'gpu-rcuda', data: { remoting: gpu.remoting || 'rcuda' } },
+        `${gpu.id} · ${layerName(gpu.remoting)} `, el('span', { class: 'mono', text: gpu.rcuda_endpoint })),
       renderGpuCondition(gpu));
   }
 
@@ -494,11 +495,19 @@
       ? ` · preemptible, ${vm.give_back ? 'gets taken cGPUs back' : 'does not get taken cGPUs back'}` : ''}`]);
     if (state.admin) facts.push(['Host', vm.host || '…']);
     facts.push(['Created', new Date(vm.created_ms).toLocaleString()]);
-    // The rCUDA environment numbers the live cGPUs from 0 in attach order (the list's order); a
-    // cGPU's own index, and with it its masked endpoint, stays for its whole life.
+    // The layer's environment numbers the live cGPUs from 0 in attach order (the list's order);
+    // a cGPU's own index, and with it its masked endpoint, stays for its whole life. A lost one
+    // has no device: those after it are numbered one lower (GSAAS_CGPUS says which is which).
+    const remoting = g.remoting || 'rcuda';
+    facts.splice(1, 0, ['Remote GPUs', layerName(remoting)]);
+    const env = vm.gpu_env || {};
+    if (env.GSAAS_CGPUS_MISSING) {
+      facts.push(['Missing', `cGPU ${env.GSAAS_CGPUS_MISSING.split(',').join(', ')}: no GPU now, so the devices after it are numbered lower`]);
+    }
     let device = 0;
+    const deviceName = (j) => (remoting === 'lupine' ? `LUPINE device ${j}` : `RCUDA_DEVICE_${j}`);
     const cgpus = vm.cgpus.map((c) => el('li', { class: `cgpu ${c.state}`, data: { index: String(c.index), state: c.state } },
-      el('code', { class: 'device', text: c.state === 'live' ? `RCUDA_DEVICE_${device++}` : `cGPU ${c.index}` }), '→',
+      el('code', { class: 'device', text: c.state === 'live' ? deviceName(device++) : `cGPU ${c.index}` }), '→',
       el('code', { class: 'masked', text: c.masked_endpoint }),
       c.state === 'live' ? null : el('span', { class: 'cgpu-state', text: `${c.state}…` }),
       el('span', { class: 'muted', text: `#${c.index} · ${mem(c.memory_mib)} ${c.mode}` }),
@@ -628,6 +637,11 @@
     $(error).textContent = '';
   }
 
+  // A remote-GPU layer as people write it.
+  function layerName(remoting) {
+    return remoting === 'lupine' ? 'LUPINE' : 'rCUDA';
+  }
+
   function launchBody() {
     const value = (name) => $(`f-${name}`).value.trim();
     const body = {
@@ -648,6 +662,7 @@
     if ($('f-user_data').value.trim()) body.user_data = $('f-user_data').value;
     if (value('gpu_memory_mib') !== '') body.gpu_memory_mib = Number(value('gpu_memory_mib'));
     if (value('policy')) body.policy = value('policy');
+    if ($('f-remoting').value) body.remoting = $('f-remoting').value;
     const list = (name) => value(name).split(',').map((s) => s.trim()).filter(Boolean);
     if (list('gpu_model').length) body.gpu_model = list('gpu_model');
     for (const name of ['min_compute_capability', 'min_cuda_version']) {

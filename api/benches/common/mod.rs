@@ -66,6 +66,8 @@ pub fn inventory(hosts: usize, gpus_per_host: usize, gpu_mib: u64) -> Vec<Invent
             kind: HostKind::ComputeGpu,
             gpus: vec![InventoryGpu::of("H100", gpu_mib, gpus_per_host as u32)],
             gpu_network_address: None,
+            remoting: Default::default(),
+            server_base_port: None,
             topology: Default::default(),
         })
         .collect()

@@ -20,10 +20,10 @@ use gpgpums::{Pool, ProjectId, QuotaLedger, Refusal, Shortfall, Usage};
 use super::batch::Queued;
 use super::fences;
 use super::pool::BoxFuture;
-use super::shared::{rcuda_env, Extras, VmDetails, MAX_DELEGATED_WAIT};
+use super::shared::{gpu_env, Extras, VmDetails, MAX_DELEGATED_WAIT};
 use super::App;
 use crate::cloudinit;
-use crate::config::MaskingConfig;
+use crate::config::{Config, MaskingConfig};
 use crate::db::{self, now_ms, NewVm, VmWrite, Written};
 use crate::error::Error;
 use crate::model::{CgpuRecord, CgpuState, SagaStep, VmRecord, VmState};
@@ -273,7 +273,7 @@ impl App {
                 let mut ledgers = Ledgers { pool: &mut *pool, quotas: &mut *quotas, vms: &mut vms };
                 let priority = reservation.record.spec.priority;
                 let held = gate.holds(priority);
-                match place_cgpus(&mut ledgers, &self.config.masking, &reservation.record, held) {
+                match place_cgpus(&mut ledgers, &self.config, &reservation.record, held) {
                     Ok(details) => {
                         gate.started(&reservation.record.project, priority);
                         reserved.push((i, details));
@@ -634,10 +634,11 @@ fn project_id(project: &str) -> Result<ProjectId, Error> {
 /// [`HeadGate`]). A refusal leaves the pool and the ledger as they were.
 fn place_cgpus(
     booked: &mut Ledgers<'_>,
-    masking: &MaskingConfig,
+    config: &Config,
     record: &VmRecord,
     held_for_queue: bool,
 ) -> Result<VmDetails, Error> {
+    let masking = &config.masking;
     let mut record = record.clone();
     let id = record.id;
     let project = project_id(&record.project)?;
@@ -671,7 +672,7 @@ fn place_cgpus(
         .iter()
         .map(|c| cgpu_record(id, c, masking))
         .collect::<Result<Vec<_>, Error>>()
-        .and_then(|cgpus| check_user_data(&record, &cgpus, masking).map(|()| cgpus));
+        .and_then(|cgpus| check_user_data(&record, &cgpus, config).map(|()| cgpus));
     let holding = booked.pool.holding(&placement.cgpus).vm_with();
     let charged = cgpus.and_then(|cgpus| {
         booked.quotas.charge(id, &project, &holding, vms)?;
@@ -689,15 +690,19 @@ fn place_cgpus(
     }
 }
 
-/// The VM's cloud-init, with the rCUDA environment of `cgpus`, must fit the cloud's limit.
+/// The VM's cloud-init, with the remote-GPU environment of `cgpus`, must fit the cloud's limit.
 pub(super) fn check_user_data(
     record: &VmRecord,
     cgpus: &[CgpuRecord],
-    masking: &MaskingConfig,
+    config: &Config,
 ) -> Result<(), Error> {
-    let env = rcuda_env(cgpus);
+    let env = gpu_env(record, cgpus);
     let user_data = cloudinit::user_data(
-        &cloudinit::BootEnv { env: &env, metadata: masking.metadata_endpoint() },
+        &cloudinit::BootEnv {
+            env: &env,
+            metadata: config.masking.metadata_endpoint(),
+            lupine_library_dir: &config.remoting.lupine_library_dir,
+        },
         record.spec.user_data.as_deref().map(str::as_bytes),
     )
     .map_err(|e| Error::invalid("user_data", e.to_string()))?;
@@ -705,7 +710,7 @@ pub(super) fn check_user_data(
         return Err(Error::invalid(
             "user_data",
             format!(
-                "with the rCUDA environment of {} cGPUs it exceeds the cloud's limit of {} bytes \
+                "with the GPU environment of {} cGPUs it exceeds the cloud's limit of {} bytes \
                  (base64)",
                 cgpus.len(),
                 cloudinit::NOVA_USER_DATA_MAX_BASE64

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use gpgpums::{GpuId, HostId, HostKind, HostState};
 use rodvr_contract::protocol::{
-    HostKind as AgentHostKind, HostReport, Route, RouteTable, RttTarget, VmPort, MAX_RTT_TARGETS,
+    HostKind as AgentHostKind, HostReport, LostCgpu, Route, RouteTable, RttTarget, VmPort,
+    MAX_RTT_TARGETS,
 };
 
 use super::batch::{fail_all, Queued};
@@ -574,14 +575,28 @@ impl App {
                 // A route matches the VM's tap and fixed IP together: the tap cannot be spoofed
                 // from inside a VM, and tells VMs apart where tenant networks overlap. A VM
                 // without both (none since the saga requires them) gets no route.
-                let mut routes = Vec::new();
+                let mut routes: Vec<Route> = Vec::new();
                 let mut vms_without_cgpus = Vec::new();
+                let mut lost = Vec::new();
                 for c in routed {
                     let (Some(vm_ip), Some(vm_tap)) = (c.fixed_ip, c.tap) else {
                         tracing::error!(vm = %c.vm, %host, "no tap or fixed IP: not routed");
                         continue;
                     };
                     match c.cgpu {
+                        Some(cgpu) if cgpu.lost => {
+                            lost.push(LostCgpu { vm: c.vm, index: cgpu.index });
+                            // Its VM reads its environment even when none of its cGPUs has a
+                            // route (listed once, after its routes).
+                            let port = VmPort { vm: c.vm, vm_ip, vm_tap };
+                            let listed = |vm| {
+                                routes.iter().any(|r| r.vm == vm)
+                                    || vms_without_cgpus.iter().any(|p: &VmPort| p.vm == vm)
+                            };
+                            if !listed(c.vm) {
+                                vms_without_cgpus.push(port);
+                            }
+                        }
                         Some(cgpu) => routes.push(Route {
                             vm: c.vm,
                             vm_ip,
@@ -589,13 +604,19 @@ impl App {
                             masked: cgpu.masked,
                             target: cgpu.target,
                             gpu_number: cgpu.gpu_number,
+                            index: Some(cgpu.index),
+                            remoting: cgpu.remoting,
                         }),
                         None => vms_without_cgpus.push(VmPort { vm: c.vm, vm_ip, vm_tap }),
                     }
                 }
+                if !lost.is_empty() {
+                    // A VM listed without cGPUs for a lost one, whose routes came after it.
+                    vms_without_cgpus.retain(|p| !routes.iter().any(|r| r.vm == p.vm));
+                }
                 let generation = record.routes_generation;
                 let metadata = self.config.masking.metadata_endpoint();
-                (record, RouteTable { generation, routes, metadata, vms_without_cgpus })
+                (record, RouteTable { generation, routes, metadata, vms_without_cgpus, lost })
             };
             let generation = table.generation;
             let targets: Vec<SocketAddrV4> = table.routes.iter().map(|r| r.target).collect();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gpgpums::VmId;
 
-use crate::cloudinit::{RcudaDevice, RcudaEnv};
+use crate::cloudinit::{GpuDevice, GpuEnv};
 use crate::db;
 use crate::model::{CgpuRecord, CgpuState, VmRecord};
 
@@ -51,18 +51,22 @@ pub struct ViewVersions {
     pub cgpus: i64,
 }
 
-/// The rCUDA environment of a VM's cGPUs (in attach order): its live ones, numbered from 0.
-pub fn rcuda_env(cgpus: &[CgpuRecord]) -> RcudaEnv {
-    RcudaEnv {
+/// The remote-GPU environment of `vm` with `cgpus` (in attach order): its live ones, numbered
+/// from 0, in its layer, and its lost ones as missing.
+pub fn gpu_env(vm: &VmRecord, cgpus: &[CgpuRecord]) -> GpuEnv {
+    GpuEnv {
+        remoting: vm.spec.remoting(),
         devices: cgpus
             .iter()
             .filter(|c| c.state == CgpuState::Live)
-            .map(|c| RcudaDevice {
+            .map(|c| GpuDevice {
                 address: c.masked_address,
                 port: c.masked_port,
                 gpu_number: c.rcuda_gpu_number,
+                cgpu: c.index,
             })
             .collect(),
+        missing: cgpus.iter().filter(|c| c.state == CgpuState::Lost).map(|c| c.index).collect(),
     }
 }
 

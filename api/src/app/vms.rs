@@ -15,7 +15,7 @@ use super::batch::{fail_all, Queued};
 use super::bookings::Reservation;
 use super::fields::{check_text, FieldChecks};
 use super::pool::BoxFuture;
-pub use super::shared::{rcuda_env, Extras, ViewVersions, VmDetails};
+pub use super::shared::{gpu_env, Extras, ViewVersions, VmDetails};
 use super::App;
 use crate::auth::Caller;
 use crate::cloud::{CloudError, TenantToken};
@@ -102,6 +102,9 @@ impl App {
     ) -> Result<(VmDetails, bool), Error> {
         let received = Instant::now();
         let project = caller.tenant_project()?.to_owned();
+        let mut input = input;
+        // A launch that names no layer gets the service's, and keeps it for life.
+        input.spec.gpus.constraints.remoting.get_or_insert(self.config.remoting.default);
         validate(&input.spec, self.config.queue.max_priority)?;
         let policy = input.policy.clone().unwrap_or_else(|| self.config.default_policy.clone());
         let request_digest = digest(

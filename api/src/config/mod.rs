@@ -69,8 +69,46 @@ pub struct Config {
     pub quotas: QuotaDefaults,
     /// How launches that wait for capacity are served.
     pub queue: QueueConfig,
+    /// The remote-GPU layers: the one a request gets when it names none, and what a VM needs
+    /// to load LUPINE's client.
+    pub remoting: RemotingConfig,
     /// The GPU inventory used with in-process agents; empty means the paper's testbed.
     pub inventory: Vec<InventoryHost>,
+}
+
+/// The remote-GPU layers (`gpgpums::remoting`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemotingConfig {
+    /// The layer of a launch that names none (`rcuda`, `lupine`).
+    pub default: gpgpums::Remoting,
+    /// Where a LUPINE VM's image keeps the client (`libcuda.so.1`, `libnvidia-ml.so.1`): its
+    /// login shells put it first on `LD_LIBRARY_PATH` when it exists.
+    pub lupine_library_dir: String,
+}
+
+impl Default for RemotingConfig {
+    fn default() -> Self {
+        RemotingConfig {
+            default: gpgpums::Remoting::Rcuda,
+            lupine_library_dir: "/opt/lupine/lib".to_owned(),
+        }
+    }
+}
+
+impl RemotingConfig {
+    /// Why `lupine_library_dir` cannot be written into a VM's shell profile, if it cannot: an
+    /// absolute path of letters, digits, `.`, `_`, `-` and `/` (nothing a shell would read).
+    fn problem(&self) -> Option<String> {
+        let dir = &self.lupine_library_dir;
+        let fine = |c: char| c.is_ascii_alphanumeric() || "._-/".contains(c);
+        let good = dir.starts_with('/') && dir.len() <= 255 && dir.chars().all(fine);
+        (!good).then(|| {
+            "remoting.lupine_library_dir: must be an absolute path of at most 255 letters, \
+             digits, '.', '_', '-' and '/'"
+                .to_owned()
+        })
+    }
 }
 
 /// Default limits per project; an absent limit is no limit.
@@ -213,6 +251,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             quotas: QuotaDefaults::default(),
             queue: QueueConfig::default(),
+            remoting: RemotingConfig::default(),
             inventory: Vec::new(),
         }
     }
@@ -514,9 +553,16 @@ pub struct InventoryHost {
     pub kind: HostKind,
     #[serde(default)]
     pub gpus: Vec<InventoryGpu>,
-    /// The host's address on the GPU network, where its rCUDA daemons listen.
+    /// The host's address on the GPU network, where its GPU servers listen.
     #[serde(default)]
     pub gpu_network_address: Option<Ipv4Addr>,
+    /// The remote-GPU layer its GPU servers speak (`rcuda`, `lupine`).
+    #[serde(default)]
+    pub remoting: gpgpums::Remoting,
+    /// The first GPU's server port (one server per GPU, on `server_base_port + index`); the
+    /// layer's own when left out (rCUDA 8308, LUPINE 14833).
+    #[serde(default)]
+    pub server_base_port: Option<u16>,
     /// Where it sits in the network: its group at each of the operator's levels
     /// (`{ zone = "z1", rack = "r12" }`).
     #[serde(default)]
@@ -604,6 +650,8 @@ impl InventoryGpu {
             cuda_version: self.cuda_version,
             uuid: self.uuid.clone(),
             traits: self.traits.clone(),
+            // The host's, set with its servers' endpoints (`InventoryHost::gpus`).
+            remoting: gpgpums::Remoting::default(),
         }
     }
 }
@@ -612,19 +660,25 @@ fn one() -> u32 {
     1
 }
 
-/// The rCUDA port of the GPU with `index` (one daemon per GPU, as agents number them).
+/// The rCUDA port of the GPU with `index` 0 (one daemon per GPU, as agents number them).
 pub const INVENTORY_RCUDA_BASE_PORT: u16 = 8308;
 
 impl InventoryHost {
-    /// The GPUs, each with its index and rCUDA endpoint: the whole ones, then each one's
+    /// The port of its first GPU's server.
+    pub fn server_base_port(&self) -> u16 {
+        self.server_base_port.unwrap_or(self.remoting.default_port())
+    }
+
+    /// The GPUs, each with its index and server endpoint: the whole ones, then each one's
     /// partitions, numbered as agents number them (`partition_index`: a partition's index and port
     /// stay when GPUs are added).
     pub fn gpus(&self) -> Vec<InventoryEntry> {
         let address = self.gpu_network_address.unwrap_or(Ipv4Addr::LOCALHOST);
+        let base = self.server_base_port();
         let rcuda = |index: u32| {
-            // At most MAX_GPUS_PER_HOST GPUs (checked at load): far below the last port.
+            // Past the last port: refused at load (`check`).
             let offset = u16::try_from(index).unwrap_or(u16::MAX);
-            SocketAddrV4::new(address, INVENTORY_RCUDA_BASE_PORT.saturating_add(offset))
+            SocketAddrV4::new(address, base.saturating_add(offset))
         };
         let whole: Vec<&InventoryGpu> =
             self.gpus.iter().flat_map(|gpu| std::iter::repeat_n(gpu, gpu.count as usize)).collect();
@@ -635,7 +689,7 @@ impl InventoryHost {
                 model: gpu.model.clone(),
                 memory_mib: gpu.memory_mib,
                 unhealthy: gpu.unhealthy.clone(),
-                attributes: gpu.attributes(),
+                attributes: gpgpums::GpuAttributes { remoting: self.remoting, ..gpu.attributes() },
                 partition: None,
                 rcuda: rcuda(index),
             })
@@ -645,7 +699,11 @@ impl InventoryHost {
                 gpu.partitions.iter().flat_map(|p| std::iter::repeat_n(p, p.count as usize));
             for (nth, part) in (0u32..).zip(parts) {
                 let index = rodvr_contract::protocol::partition_index(parent, nth);
-                let mut attributes = gpgpums::GpuAttributes { uuid: None, ..gpu.attributes() };
+                let mut attributes = gpgpums::GpuAttributes {
+                    uuid: None,
+                    remoting: self.remoting,
+                    ..gpu.attributes()
+                };
                 attributes.traits.extend(part.traits.iter().cloned());
                 entries.push(InventoryEntry {
                     index,
@@ -718,6 +776,17 @@ impl InventoryHost {
             }
         }
         for entry in self.gpus() {
+            if u32::from(self.server_base_port()) + entry.index > u32::from(u16::MAX) {
+                return Err(format!(
+                    "server_base_port: GPU {}'s server would listen past port 65535 ({} + {})",
+                    entry.index,
+                    self.server_base_port(),
+                    entry.index
+                ));
+            }
+            if self.server_base_port == Some(0) {
+                return Err("server_base_port: must not be 0".to_owned());
+            }
             if !(1..=MAX_GPU_MEMORY_MIB).contains(&entry.memory_mib) {
                 return Err(format!("gpus: memory_mib must be between 1 and {MAX_GPU_MEMORY_MIB}"));
             }
@@ -791,6 +860,9 @@ impl Config {
         }
         if self.auth.revocation_refresh_secs == 0 {
             return Err("auth.revocation_refresh_secs: must be at least 1".into());
+        }
+        if let Some(problem) = self.remoting.problem() {
+            return Err(problem);
         }
         if gpgpums::PolicyRegistry::builtin().resolve(&self.default_policy).is_err() {
             return Err(format!("default_policy: unknown policy {:?}", self.default_policy));
@@ -885,6 +957,8 @@ impl Config {
             kind,
             gpus: vec![],
             gpu_network_address: None,
+            remoting: Default::default(),
+            server_base_port: None,
             topology: Default::default(),
         };
         let mut gpu_host = host("compute-gpu", HostKind::ComputeGpu);
@@ -921,6 +995,51 @@ mod tests {
         let inventory = config.inventory();
         assert_eq!(inventory[0].gpus[0].count, 4);
         assert_eq!(inventory.iter().filter(|h| h.kind == HostKind::ComputeRgpu).count(), 3);
+    }
+
+    #[test]
+    fn hosts_name_their_gpu_servers_layer_and_bad_ones_are_refused() {
+        let dir = std::env::temp_dir().join(format!("gsaas-config-layers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("layers.toml");
+        let host = |extra: &str| {
+            format!(
+                "[[inventory]]\nname = \"g1\"\nkind = \"compute-gpu\"\n\
+                 gpu_network_address = \"10.78.0.1\"\ngpus = [{{ model = \"A100\", \
+                 memory_mib = 81920, count = 2 }}]\n{extra}"
+            )
+        };
+        std::fs::write(&path, host("remoting = \"lupine\"\n")).unwrap();
+        let gpus = Config::load(Some(&path)).unwrap().inventory[0].gpus();
+        let servers: Vec<(u16, gpgpums::Remoting)> =
+            gpus.iter().map(|g| (g.rcuda.port(), g.attributes.remoting)).collect();
+        assert_eq!(
+            servers,
+            [(14833, gpgpums::Remoting::Lupine), (14834, gpgpums::Remoting::Lupine)]
+        );
+        let refused = |extra: &str| {
+            std::fs::write(&path, host(extra)).unwrap();
+            Config::load(Some(&path)).unwrap_err()
+        };
+        let err = refused("remoting = \"scuda\"\n");
+        assert!(format!("{err:?}").contains("scuda"), "{err:?}");
+        for (extra, says) in [
+            ("server_base_port = 65535\n", "past port 65535"),
+            ("server_base_port = 0\n", "must not be 0"),
+        ] {
+            let err = refused(extra).to_string();
+            assert!(err.contains("server_base_port") && err.contains(says), "{extra}: {err}");
+        }
+        // The default layer, and where a LUPINE VM's image keeps the client: checked before a
+        // shell in a VM reads it.
+        std::fs::write(&path, "[remoting]\ndefault = \"lupine\"\n").unwrap();
+        assert_eq!(Config::load(Some(&path)).unwrap().remoting.default, gpgpums::Remoting::Lupine);
+        for bad in ["opt/lupine", "/opt/$(reboot)", "/opt/lupine lib", ""] {
+            std::fs::write(&path, format!("[remoting]\nlupine_library_dir = \"{bad}\"\n")).unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("remoting.lupine_library_dir"), "{bad}: {err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

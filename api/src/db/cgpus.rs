@@ -488,12 +488,17 @@ pub struct RoutedCgpu {
     pub cgpu: Option<CgpuEndpoints>,
 }
 
-/// Where a VM reaches one cGPU, and where that really is.
+/// Where a VM reaches one cGPU, where that really is and the layer its server speaks; or that
+/// it is lost (booked, with no route).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgpuEndpoints {
+    /// The cGPU's index in its VM.
+    pub index: u32,
     pub masked: SocketAddrV4,
     pub target: SocketAddrV4,
     pub gpu_number: u32,
+    pub remoting: gpgpums::Remoting,
+    pub lost: bool,
 }
 
 /// The routes each host must serve: the cGPUs of every VM on it whose routes are on, and one row
@@ -510,8 +515,9 @@ pub async fn routed_cgpus_on(
         format!(
             "SELECT v.host, v.id, v.fixed_ip, v.tap, {aggregate}(c.seq || ' ' || c.idx || ' ' \
              || c.masked_address || ' ' || c.masked_port || ' ' || g.rcuda_address || ' ' \
-             || g.rcuda_port || ' ' || g.rcuda_gpu_number, ',') FROM vms v \
-             LEFT JOIN cgpus c ON c.vm = v.id AND c.state NOT IN ('detaching', 'lost') \
+             || g.rcuda_port || ' ' || g.rcuda_gpu_number || ' ' || g.remoting || ' ' || c.state, \
+             ',') FROM vms v \
+             LEFT JOIN cgpus c ON c.vm = v.id AND c.state <> 'detaching' \
              LEFT JOIN gpus g ON g.id = c.gpu \
              WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 \
              GROUP BY v.host, v.id, v.fixed_ip, v.tap ORDER BY v.host, v.id"
@@ -564,13 +570,18 @@ pub async fn routed_cgpus_everywhere(
         tap: Option<String>,
         cgpus: Vec<((i64, u32), CgpuEndpoints)>,
     }
-    let mut endpoints: std::collections::HashMap<String, (SocketAddrV4, u32)> = Default::default();
-    let endpoint = "id || ' ' || rcuda_address || ' ' || rcuda_port || ' ' || rcuda_gpu_number";
+    type Server = (SocketAddrV4, u32, gpgpums::Remoting);
+    let mut endpoints: std::collections::HashMap<String, Server> = Default::default();
+    let endpoint = "id || ' ' || rcuda_address || ' ' || rcuda_port || ' ' || rcuda_gpu_number \
+                    || ' ' || remoting";
     listed(conn, "gpus", endpoint, "1 = 1", |listed| {
         let (gpu, endpoint) = listed.split_once(' ').ok_or_else(|| corrupt("GPU", listed))?;
         let mut fields = endpoint.split(' ');
-        let target = rcuda_target(&mut fields).filter(|_| fields.next().is_none());
-        endpoints.insert(gpu.to_owned(), target.ok_or_else(|| corrupt("GPU", listed))?);
+        let server = rcuda_target(&mut fields).and_then(|(target, gpu_number)| {
+            let remoting = fields.next()?.parse().ok()?;
+            fields.next().is_none().then_some((target, gpu_number, remoting))
+        });
+        endpoints.insert(gpu.to_owned(), server.ok_or_else(|| corrupt("GPU", listed))?);
         Ok(())
     })
     .await?;
@@ -601,21 +612,26 @@ pub async fn routed_cgpus_everywhere(
     })
     .await?;
     let cgpu = "vm || ' ' || seq || ' ' || idx || ' ' || masked_address || ' ' || masked_port \
-                || ' ' || gpu";
-    listed(conn, "cgpus", cgpu, "state NOT IN ('detaching', 'lost')", |listed| {
+                || ' ' || state || ' ' || gpu";
+    listed(conn, "cgpus", cgpu, "state <> 'detaching'", |listed| {
         let bad = || corrupt("routed cGPU", listed);
         let (vm, rest) = listed.split_once(' ').ok_or_else(bad)?;
-        let (masked, gpu) = rest.rsplit_once(' ').ok_or_else(bad)?;
+        let (rest, gpu) = rest.rsplit_once(' ').ok_or_else(bad)?;
+        let (masked, state) = rest.rsplit_once(' ').ok_or_else(bad)?;
         let vm: VmId = super::vm_id(vm)?;
         // As the join per host: a cGPU of a VM not routed, or of a GPU gone, is not listed.
-        let (Some(routed), Some(&(target, gpu_number))) = (vms.get_mut(&vm), endpoints.get(gpu))
+        let (Some(routed), Some(&(target, gpu_number, remoting))) =
+            (vms.get_mut(&vm), endpoints.get(gpu))
         else {
             return Ok(());
         };
+        let lost = cgpu_lost(state).ok_or_else(bad)?;
         let mut fields = masked.split(' ');
         let (order, masked) =
             masked_cgpu(&mut fields).filter(|_| fields.next().is_none()).ok_or_else(bad)?;
-        routed.cgpus.push((order, CgpuEndpoints { masked, target, gpu_number }));
+        let index = order.1;
+        let cgpu = CgpuEndpoints { index, masked, target, gpu_number, remoting, lost };
+        routed.cgpus.push((order, cgpu));
         Ok(())
     })
     .await?;
@@ -636,12 +652,25 @@ pub async fn routed_cgpus_everywhere(
 }
 
 /// One cGPU of [`routed_cgpus_on`]'s list, "seq index masked-address masked-port rcuda-address
-/// rcuda-port gpu-number", with its order.
+/// rcuda-port gpu-number remoting state", with its order.
 fn routed_cgpu(listed: &str) -> Option<((i64, u32), CgpuEndpoints)> {
     let mut fields = listed.split(' ');
     let (order, masked) = masked_cgpu(&mut fields)?;
     let (target, gpu_number) = rcuda_target(&mut fields)?;
-    fields.next().is_none().then_some((order, CgpuEndpoints { masked, target, gpu_number }))
+    let remoting = fields.next()?.parse().ok()?;
+    let lost = cgpu_lost(fields.next()?)?;
+    let index = order.1;
+    let cgpu = CgpuEndpoints { index, masked, target, gpu_number, remoting, lost };
+    fields.next().is_none().then_some((order, cgpu))
+}
+
+/// Whether a routed cGPU in `state` is lost; `None`: no state of a routed cGPU.
+fn cgpu_lost(state: &str) -> Option<bool> {
+    match CgpuState::parse(state)? {
+        CgpuState::Lost => Some(true),
+        CgpuState::Live | CgpuState::Attaching => Some(false),
+        CgpuState::Detaching => None,
+    }
 }
 
 /// A listed cGPU's "seq index masked-address masked-port": its order and masked endpoint.

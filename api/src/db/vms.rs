@@ -36,7 +36,9 @@ fn vm_from_row_at(row: &AnyRow, at: usize) -> Result<VmRecord, Error> {
         project: row.try_get(at + 1)?,
         owner: row.try_get(at + 2)?,
         name: row.try_get(at + 3)?,
-        spec: serde_json::from_str(&request).map_err(|_| corrupt("launch request", &request))?,
+        spec: serde_json::from_str::<LaunchSpec>(&request)
+            .map_err(|_| corrupt("launch request", &request))?
+            .with_stored_defaults(),
         policy: row.try_get(at + 5)?,
         state: VmState::parse(&state).ok_or_else(|| corrupt("VM state", &state))?,
         error: row.try_get(at + 7)?,

@@ -11,7 +11,7 @@ pub use gsaas_api_types::*;
 
 use crate::app::elastic::AttachInput;
 use crate::app::queue::QueueEntry;
-use crate::app::vms::{rcuda_env, VmDetails};
+use crate::app::vms::{gpu_env, VmDetails};
 use crate::cloud::VmRequest;
 use crate::db::{HostAlert, QueueRow, Queued, VmEvent};
 use crate::model::{host_state_str, mode_str, HostRecord, LaunchSpec};
@@ -25,6 +25,8 @@ pub fn launch_spec(request: LaunchRequest) -> (LaunchSpec, Option<String>, bool)
         locality: request.locality.into(),
         distinct_gpus: request.distinct_gpus,
         constraints: gpgpums::GpuConstraints {
+            // Absent: the service's default, set by the application before placing.
+            remoting: request.remoting.map(Into::into),
             models: request.gpu_model.map(GpuModels::into_vec).unwrap_or_default(),
             required: request.traits.required,
             forbidden: request.traits.forbidden,
@@ -67,6 +69,7 @@ pub fn attach_input(request: AttachRequest) -> AttachInput {
 /// The VM as `admin` or its tenant sees it (see the module's docs).
 pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
     let vm = &details.vm;
+    let env = gpu_env(vm, &details.cgpus);
     let gpus = &vm.spec.gpus;
     VmView {
         id: vm.id.to_string(),
@@ -92,6 +95,7 @@ pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
             mode: gpus.mode.into(),
             locality: gpus.locality.into(),
             distinct_gpus: gpus.distinct_gpus,
+            remoting: vm.spec.remoting().into(),
             gpu_model: gpus.constraints.models.clone(),
             traits: TraitsParam {
                 required: gpus.constraints.required.clone(),
@@ -118,7 +122,11 @@ pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
                 rcuda_endpoint: admin.then(|| format!("{}:{}", c.rcuda_address, c.rcuda_port)),
             })
             .collect(),
-        rcuda_env: rcuda_env(&details.cgpus).variables().into_iter().collect(),
+        gpu_env: env.variables().into_iter().collect(),
+        rcuda_env: match env.remoting {
+            gpgpums::Remoting::Rcuda => env.layer_variables().into_iter().collect(),
+            _ => BTreeMap::new(),
+        },
         timings: vm.timings.clone(),
         created_ms: vm.created_ms,
         updated_ms: vm.updated_ms,
@@ -254,6 +262,7 @@ pub fn pool_page(
                         id: g.id.to_string(),
                         index: g.index,
                         rcuda_endpoint: format!("{}:{}", g.rcuda.address, g.rcuda.port),
+                        remoting: g.attributes.remoting.into(),
                         model: g.model,
                         memory_mib: g.memory_mib,
                         allocated_mib: g.allocated_mib,

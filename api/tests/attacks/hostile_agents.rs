@@ -432,8 +432,13 @@ async fn an_agents_endless_error_body_is_cut_off() {
     let keys = Keys::load_or_create(&config.signing_key_path()).unwrap();
     let host = gpgpums::HostId::new("cg-1").unwrap();
     let client = AgentClient::new(format!("http://{addr}"), host, keys.agent_signer());
-    let table =
-        RouteTable { generation: 1, routes: vec![], metadata: None, vms_without_cgpus: vec![] };
+    let table = RouteTable {
+        generation: 1,
+        routes: vec![],
+        metadata: None,
+        vms_without_cgpus: vec![],
+        lost: vec![],
+    };
     let pushed = tokio::time::timeout(Duration::from_secs(20), client.put_routes(&table)).await;
     let err = pushed.expect("gsaasd kept reading an endless error body").unwrap_err();
     assert_eq!(err.status(), Some(400), "{err}");

@@ -93,7 +93,7 @@ async function fillLaunch(fields) {
     gpu_memory_mib: '', mode: 'exclusive', locality: 'any', policy: '', distinct_gpus: false, queue: false,
     priority: '0', preemptible: false, gpu_model: '', min_compute_capability: '', min_cuda_version: '',
     traits_required: '', traits_forbidden: '', traits_preferred: '', traits_avoid: '', network_same: '',
-    network_strength: 'required', network_max_rtt_us: '', network_nearest: false, ...fields };
+    network_strength: 'required', network_max_rtt_us: '', network_nearest: false, remoting: '', ...fields };
   for (const name of ['name', 'image', 'flavor', 'networks', 'user_data', 'ncgpus', 'gpu_memory_mib', 'policy',
     'gpu_model', 'min_compute_capability', 'min_cuda_version', 'traits_required', 'traits_forbidden',
     'traits_preferred', 'traits_avoid', 'network_same', 'network_max_rtt_us']) {
@@ -103,6 +103,7 @@ async function fillLaunch(fields) {
   await page.setChecked('#f-network_nearest', all.network_nearest);
   await page.selectOption('#f-mode', all.mode);
   await page.selectOption('#f-locality', all.locality);
+  await page.selectOption('#f-remoting', all.remoting);
   await page.setChecked('#f-distinct_gpus', all.distinct_gpus);
   await page.setChecked('#f-queue', all.queue);
   await page.fill('#f-priority', all.priority);
@@ -192,6 +193,11 @@ try {
   await page.click('#launch-submit');
   const levelError = await page.waitForSelector('[data-error-for="network_same"]:not(:empty)');
   check(/rack/.test(await levelError.textContent()), 'the unknown level is named');
+  // A remote-GPU layer no GPU of the testbed speaks: named beside its field.
+  await fillLaunch({ name: 'dash-one', remoting: 'lupine' });
+  await page.click('#launch-submit');
+  const layerError = await page.waitForSelector('[data-error-for="remoting"]:not(:empty)');
+  check(/speaks lupine/.test(await layerError.textContent()), 'the layer no GPU speaks is named');
   check(await page.locator('.vm').count() === 0, 'the refused requests launched nothing');
 
   // One shared cGPU through the form, to ready, with every stage timed.
@@ -205,6 +211,7 @@ try {
   check(await page.locator(`${card} .stage:not(.pending)`).count() === 7, 'all 6 stages and the total are timed');
   check(await page.locator(`${card} .cgpu`).count() === 1, 'one cGPU listed');
   check((await page.textContent(`${card} .cgpus`)).includes('100.127.'), 'the cGPU shows its masked endpoint');
+  check((await page.textContent(`${card} .facts`)).includes('rCUDA'), 'the card names the VM\'s remote-GPU layer');
   await assertTenantSeesNoLocations('with a ready VM');
   await page.locator(card).screenshot({ path: join(shots, 'dashboard-vm.png') });
 

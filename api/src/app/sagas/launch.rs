@@ -10,7 +10,7 @@ use gpgpums::{HostId, Locality};
 use tokio::sync::Notify;
 
 use super::{cloud_failure, StepError};
-use crate::app::shared::rcuda_env;
+use crate::app::shared::gpu_env;
 use crate::app::App;
 use crate::cloud::{Checked, HostConstraint, ServerSpec};
 use crate::cloudinit;
@@ -43,10 +43,14 @@ impl App {
                 db::cgpus_of(&mut conn, vm.id).await?
             }
         };
-        let env = rcuda_env(&cgpus);
+        let env = gpu_env(vm, &cgpus);
         let metadata = self.config.masking.metadata_endpoint();
         let user_data = cloudinit::user_data(
-            &cloudinit::BootEnv { env: &env, metadata },
+            &cloudinit::BootEnv {
+                env: &env,
+                metadata,
+                lupine_library_dir: &self.config.remoting.lupine_library_dir,
+            },
             vm.spec.user_data.as_deref().map(str::as_bytes),
         )
         .map_err(|e| StepError::Failed(format!("user_data: {e}")))?;
