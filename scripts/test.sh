@@ -60,5 +60,8 @@ fi
 
 # Benches are not run here (they are long and print figures); clippy --all-targets compiles them.
 cargo test --workspace --locked "$@"
+# The GPU check's whole path without a GPU (stand-in NVML, a stand-in for LUPINE's server), so the
+# script a GPU machine runs is proven first (scripts/gpu-check.sh).
+scripts/gpu-check.sh selftest
 # The Helm chart, its rendered manifests and config, and the systemd units.
 scripts/check-deploy.sh

@@ -187,7 +187,7 @@ fn taps(ns: &Netns) -> Vec<String> {
 /// One test's hosts, networks, processes and credentials. Fields drop in order: the processes
 /// first, the namespaces they ran in after them, the directory last.
 struct Testbed {
-    _agents: Vec<Process>,
+    agents: Vec<Process>,
     _gsaasd: Process,
     _stand_ins: Vec<StandIn>,
     _host_service: StandIn,
@@ -331,6 +331,7 @@ vm_namespace_prefix = "{vm_prefix}"
 [hosts]
 backend = "agent"
 agent_urls = {{ "{RGPU_HOST}" = "http://10.240.0.11:7450", "{GPU_HOST}" = "http://10.240.0.12:7450"{lupine_url} }}
+{hosts_extra}
 "#,
                 crg = crg.name,
                 cg = cg.name,
@@ -338,6 +339,13 @@ agent_urls = {{ "{RGPU_HOST}" = "http://10.240.0.11:7450", "{GPU_HOST}" = "http:
                     .as_ref()
                     .map(|cl| format!(", \"{LUPINE_HOST}\" = \"{}\"", cl.name))
                     .unwrap_or_default(),
+                // The mixed pool's test hangs a GPU host: noticed in seconds, its cGPUs re-homed
+                // or lost at once.
+                hosts_extra = if lupine {
+                    "heartbeat_timeout_secs = 3\nreconcile_interval_secs = 1\nauto_rehome = true"
+                } else {
+                    ""
+                },
                 lupine_url = if lupine {
                     format!(", \"{LUPINE_HOST}\" = \"http://10.240.0.13:7450\"")
                 } else {
@@ -439,7 +447,7 @@ memory_mib = 8192
                 .then_some(())
         });
         Testbed {
-            _agents: agents,
+            agents,
             _gsaasd: gsaasd_process,
             _stand_ins: stand_ins,
             _host_service: host_service,
@@ -667,8 +675,11 @@ fn cgpus_attached_to_and_detached_from_a_running_vm_come_and_go_inside_it() {
 fn a_pool_that_mixes_rcuda_and_lupine_serves_each_vm_in_its_layer() {
     let t = Testbed::start_mixed("e2e-mixed");
     let (rc, vm_rc) = t.launch_ready(&remote_launch(1));
+    // Exclusive: one LUPINE GPU each, so a GPU that fails has no other to move to.
     let mut lupine_request = remote_launch(2);
     lupine_request["remoting"] = json!("lupine");
+    lupine_request["mode"] = json!("exclusive");
+    lupine_request.as_object_mut().expect("an object").remove("gpu_memory_mib");
     let (lu, vm_lu) = t.launch_ready(&lupine_request);
     assert_eq!(
         (vm_rc["gpus"]["remoting"].as_str(), vm_lu["gpus"]["remoting"].as_str()),
@@ -755,4 +766,43 @@ fn a_pool_that_mixes_rcuda_and_lupine_serves_each_vm_in_its_layer() {
     assert_eq!(status_in(&rc_ns, "/rcuda.env"), "200");
     assert_eq!(status_in(&lu_ns, "/rcuda.env"), "404");
     assert_eq!(status_in(&lu_ns, "/gpu.json"), "200");
+
+    // The LUPINE host hangs: its GPUs fail, and the LUPINE VM's cGPUs, with no other LUPINE GPU
+    // to go to, are lost. Its environment says so, live inside the VM: no server listed (so
+    // LUPINE's client cannot number a dead one as a live device), both cGPUs missing; their
+    // endpoints reach nothing. The rCUDA VM is untouched.
+    let lupine_agent = t.agents.iter().find(|a| a.name == LUPINE_HOST).expect("the LUPINE agent");
+    lupine_agent.pause(true);
+    let lost = |vm: &Value| {
+        let cgpus = vm["cgpus"].as_array().map(Vec::as_slice).unwrap_or_default();
+        cgpus.len() == 2 && cgpus.iter().all(|c| c["state"] == "lost")
+    };
+    t.wait_vm(&lu, "the LUPINE VM's cGPUs to be lost", lost);
+    let missing = BTreeMap::from([
+        ("LUPINE_SERVER".to_owned(), String::new()),
+        ("LUPINE_DISABLE_LOCAL".to_owned(), "1".to_owned()),
+        ("GSAAS_CGPUS".to_owned(), String::new()),
+        ("GSAAS_CGPUS_MISSING".to_owned(), "0,1".to_owned()),
+    ]);
+    wait_for("the VM's live environment to say so", Duration::from_secs(10), || {
+        (login(&lu_ns, &lu) == missing).then_some(())
+    });
+    for (masked, _) in &lu_cgpus {
+        assert_eq!(ask(&lu_ns, masked), None, "a lost cGPU's endpoint {masked} still answers");
+    }
+    assert_eq!(login(&rc_ns, &rc), rcuda);
+    assert_eq!(ask(&rc_ns, &rc_cgpus[0].0), Some(format!("{} {RGPU_GPU_SIDE}", rc_cgpus[0].1)));
+
+    // It comes back: the cGPUs are live where they were, at the same endpoints, and listed again.
+    lupine_agent.pause(false);
+    t.wait_vm(&lu, "the LUPINE VM's cGPUs to be live again", |vm| {
+        let cgpus = vm["cgpus"].as_array().map(Vec::as_slice).unwrap_or_default();
+        cgpus.len() == 2 && cgpus.iter().all(|c| c["state"] == "live")
+    });
+    wait_for("the VM's live environment to list them again", Duration::from_secs(10), || {
+        (login(&lu_ns, &lu) == lupine).then_some(())
+    });
+    for (masked, server) in &lu_cgpus {
+        assert_eq!(ask(&lu_ns, masked), Some(format!("{server} {RGPU_GPU_SIDE}")));
+    }
 }

@@ -382,6 +382,10 @@ async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
             .unwrap();
         }
     }
+    sqlx::query("UPDATE vms SET remoting = 'lupine' WHERE tap = 'tap-b'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 
     let mut conn = db.conn().await.unwrap();
@@ -409,8 +413,12 @@ async fn every_table_at_once_matches_the_tables_host_by_host(store: Store) {
     };
     assert_eq!(of_tap("tap-a"), vec![(9001, 1, false), (9000, 0, false), (9002, 2, false)]);
     assert_eq!(of_tap("tap-b"), vec![(9001, 1, true)]);
-    let layers = at_once[&hosts[0]].iter().filter_map(|r| r.cgpu.as_ref().map(|c| c.remoting));
-    assert!(layers.into_iter().all(|r| r == gpgpums::Remoting::Rcuda));
+    // Each VM's layer, with or without a routed cGPU.
+    for routed in &at_once[&hosts[0]] {
+        let lupine = routed.tap.as_deref() == Some("tap-b");
+        let layer = if lupine { gpgpums::Remoting::Lupine } else { gpgpums::Remoting::Rcuda };
+        assert_eq!(routed.remoting, layer, "{routed:?}");
+    }
     assert_eq!(ports(&hosts[1]), vec![Some(9000)]);
     let h2 = &at_once[&hosts[1]][0];
     assert!(h2.fixed_ip.is_none() && h2.tap.is_none());

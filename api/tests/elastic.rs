@@ -286,7 +286,12 @@ async fn a_vm_detached_to_no_cgpu_reads_an_empty_environment(store: Store) {
     assert_eq!(allocated(&t).await, 0);
     let table = vm_host.table().unwrap();
     assert!(table.routes.is_empty(), "{table:?}");
-    let port = VmPort { vm: route.vm, vm_ip: route.vm_ip, vm_tap: route.vm_tap.clone() };
+    let port = VmPort {
+        vm: route.vm,
+        vm_ip: route.vm_ip,
+        vm_tap: route.vm_tap.clone(),
+        remoting: Default::default(),
+    };
     assert_eq!(table.vms_without_cgpus, vec![port]);
     let env = vm_host.environment(route.vm_ip).unwrap();
     assert_eq!(

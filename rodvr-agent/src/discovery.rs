@@ -32,6 +32,9 @@ pub struct FoundGpu {
     pub attributes: GpuAttributes,
     /// Set for a partition: its parent's index and its profile.
     pub partition: Option<(u32, String)>,
+    /// Whether the GPU is in MIG mode, where the driver says (a GPU that does not support MIG,
+    /// a partition, or one from the config: `None`).
+    pub mig_mode: Option<bool>,
 }
 
 /// A MIG instance's profile from its NVML name (`NVIDIA A100-SXM4-40GB MIG 1g.5gb`), or, when
@@ -65,6 +68,9 @@ pub trait GpuDiscovery: std::fmt::Debug + Send + Sync {
     /// Each GPU's health now, by index: why it is unhealthy, or `None`. Asked before every
     /// heartbeat, so a GPU that fails stops taking cGPUs within one heartbeat.
     fn health(&self) -> Vec<(u32, Option<String>)>;
+
+    /// Where the GPUs come from, for people: NVML with its driver's version, or the config.
+    fn source(&self) -> String;
 }
 
 /// GPUs listed in the config file.
@@ -85,6 +91,7 @@ impl GpuDiscovery for ConfiguredGpus {
                 unhealthy: g.unhealthy.clone(),
                 attributes: g.attributes(),
                 partition: g.parent.zip(g.profile.clone()),
+                mig_mode: None,
             })
             .collect())
     }
@@ -92,6 +99,10 @@ impl GpuDiscovery for ConfiguredGpus {
     /// What the operator wrote in the config (`unhealthy = "..."` on a GPU).
     fn health(&self) -> Vec<(u32, Option<String>)> {
         self.0.iter().map(|g| (g.index, g.unhealthy.clone())).collect()
+    }
+
+    fn source(&self) -> String {
+        "the config's GPUs (no NVIDIA driver found)".to_owned()
     }
 }
 
@@ -185,6 +196,7 @@ impl GpuDiscovery for NvmlGpus {
                 traits: Default::default(),
                 remoting: Default::default(),
             };
+            let mig_mode = dev.mig_mode().ok().map(|mode| mode.current == 1);
             found.push(FoundGpu {
                 index,
                 id: Some(uuid.clone()),
@@ -194,10 +206,11 @@ impl GpuDiscovery for NvmlGpus {
                 unhealthy,
                 attributes: attributes(uuid),
                 partition: None,
+                mig_mode,
             });
             // MIG mode on (1): its instances, each a partition of it. A slot without one answers
             // NotFound.
-            if !matches!(dev.mig_mode(), Ok(mode) if mode.current == 1) {
+            if mig_mode != Some(true) {
                 continue;
             }
             let slots = dev.mig_device_count().map_err(DiscoveryError::Nvml)?;
@@ -217,6 +230,7 @@ impl GpuDiscovery for NvmlGpus {
                     // is the physical GPUs'.
                     unhealthy: None,
                     attributes: attributes(uuid),
+                    mig_mode: None,
                 });
             }
         }
@@ -253,6 +267,11 @@ impl GpuDiscovery for NvmlGpus {
                 (index, why)
             })
             .collect()
+    }
+
+    fn source(&self) -> String {
+        let driver = self.nvml.sys_driver_version().unwrap_or_else(|e| format!("unknown ({e})"));
+        format!("NVML, driver {driver}")
     }
 }
 
@@ -313,6 +332,34 @@ pub fn inventory(
             })
         })
         .collect()
+}
+
+/// What discovery found, one line per GPU, as `rodvr-agent gpus` prints it (for operators, and
+/// `scripts/gpu-check.sh` on a GPU machine): index, model, memory, compute capability, the
+/// driver's CUDA version, UUID, MIG mode (or the partition's parent and profile), health.
+pub fn describe(found: &[FoundGpu]) -> String {
+    let mut out = String::new();
+    for g in found {
+        let version = |v: Option<MajorMinor>| v.map_or("?".to_owned(), |v| v.to_string());
+        let mig = match (&g.partition, g.mig_mode) {
+            (Some((parent, profile)), _) => format!("partition {profile} of GPU {parent}"),
+            (None, Some(true)) => "MIG on".to_owned(),
+            (None, Some(false)) => "MIG off".to_owned(),
+            (None, None) => "MIG n/a".to_owned(),
+        };
+        out.push_str(&format!(
+            "GPU {}: {} | {} MiB | compute capability {} | CUDA {} | {} | {} | {}\n",
+            g.index,
+            g.model,
+            g.memory_mib,
+            version(g.attributes.compute_capability),
+            version(g.attributes.cuda_version),
+            g.attributes.uuid.as_deref().or(g.id.as_deref()).unwrap_or("no UUID"),
+            mig,
+            g.unhealthy.as_deref().map_or("healthy".to_owned(), |why| format!("unhealthy: {why}")),
+        ));
+    }
+    out
 }
 
 /// compute-GPU when the host has GPUs, compute-rGPU otherwise.

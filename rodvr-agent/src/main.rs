@@ -1,4 +1,6 @@
-//! `rodvr-agent --config PATH`: the RODVR endpoint daemon.
+//! `rodvr-agent --config PATH`: the RODVR endpoint daemon. `rodvr-agent gpus [--config PATH]
+//! [--watch-secs N]` prints what GPU discovery finds (NVML where a driver is loaded, else the
+//! config's GPUs) and their health after watching for N seconds (default 2), and exits.
 //!
 //! Start-up order matters: the state file is re-applied before the API listens, so after a reboot
 //! every route is back without the controller. A failed apply is not fatal (the API still serves
@@ -26,7 +28,9 @@ use rodvr_core::state::{Ledger, StateFileError};
 
 #[derive(Debug, thiserror::Error)]
 enum StartError {
-    #[error("usage: rodvr-agent --config PATH")]
+    #[error(
+        "usage: rodvr-agent --config PATH, or rodvr-agent gpus [--config PATH] [--watch-secs N]"
+    )]
     Usage,
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -50,22 +54,65 @@ enum StartError {
     Tls(#[from] httpd::TlsError),
 }
 
-fn config_path() -> Result<PathBuf, StartError> {
-    let mut args = std::env::args_os().skip(1);
-    match (args.next(), args.next(), args.next()) {
-        (Some(flag), Some(path), None) if flag == "--config" => Ok(PathBuf::from(path)),
+/// What the command line asks for.
+enum Invocation {
+    Serve(PathBuf),
+    Gpus { config: Option<PathBuf>, watch: Duration },
+}
+
+fn invocation() -> Result<Invocation, StartError> {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    match args.as_slice() {
+        [flag, path] if flag == "--config" => Ok(Invocation::Serve(PathBuf::from(path))),
+        [command, rest @ ..] if command == "gpus" => {
+            let (mut config, mut watch) = (None, Duration::from_secs(2));
+            let mut rest = rest.iter();
+            while let Some(flag) = rest.next() {
+                let value = rest.next().ok_or(StartError::Usage)?;
+                match flag.to_str() {
+                    Some("--config") => config = Some(PathBuf::from(value)),
+                    Some("--watch-secs") => {
+                        let secs = value.to_str().and_then(|v| v.parse::<u64>().ok());
+                        watch = Duration::from_secs(
+                            secs.filter(|s| *s <= 3600).ok_or(StartError::Usage)?,
+                        );
+                    }
+                    _ => return Err(StartError::Usage),
+                }
+            }
+            Ok(Invocation::Gpus { config, watch })
+        }
         _ => Err(StartError::Usage),
     }
 }
 
+/// `rodvr-agent gpus`: discovery and the health watch, printed.
+fn print_gpus(config: Option<PathBuf>, watch: Duration) -> Result<(), StartError> {
+    let configured = match config {
+        Some(path) => Config::load(&path)?.gpus,
+        None => Vec::new(),
+    };
+    let discovery = default_discovery(&configured);
+    println!("discovery: {}", discovery.source());
+    // The health watch (NVML's XID events) runs on its own threads meanwhile.
+    std::thread::sleep(watch);
+    let found = discovery.gpus()?;
+    if found.is_empty() {
+        println!("no GPU found");
+    }
+    print!("{}", rodvr_agent::discovery::describe(&found));
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let result = config_path().and_then(|path| {
-        tokio::runtime::Builder::new_multi_thread()
+    let result = invocation().and_then(|invocation| match invocation {
+        Invocation::Gpus { config, watch } => print_gpus(config, watch),
+        Invocation::Serve(path) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .map_err(StartError::Runtime)?
-            .block_on(run(path))
+            .block_on(run(path)),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

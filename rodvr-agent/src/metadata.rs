@@ -142,6 +142,7 @@ mod tests {
             vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
             vm_ip: ip.parse().unwrap(),
             vm_tap: tap.into(),
+            remoting: Default::default(),
         }
     }
 
@@ -189,7 +190,10 @@ mod tests {
             generation: 1,
             routes: vec![lupine(8308, 0), lupine(8311, 3)],
             metadata: Some("100.127.0.1:80".parse().unwrap()),
-            vms_without_cgpus: vec![port(2, "tap2", "10.0.0.3")],
+            vms_without_cgpus: vec![VmPort {
+                remoting: gpgpums::Remoting::Lupine,
+                ..port(2, "tap2", "10.0.0.3")
+            }],
             lost: vec![
                 LostCgpu { vm: vm(1), index: 2 },
                 LostCgpu { vm: vm(1), index: 1 },
@@ -204,10 +208,13 @@ mod tests {
              export LUPINE_DISABLE_LOCAL=1\nexport GSAAS_CGPUS=0,3\n\
              export GSAAS_CGPUS_MISSING=1,2\n"
         );
-        // Every cGPU lost: no device, and it says so.
+        // Every cGPU lost: no server listed, in its own layer, and it says which are missing.
         let all_lost = environment_of(&table, "10.0.0.3".parse().unwrap()).unwrap();
-        assert_eq!(all_lost.variables()[0], ("RCUDA_DEVICE_COUNT".into(), "0".into()));
-        assert_eq!(all_lost.missing, vec![0]);
+        assert_eq!(
+            all_lost.export_lines(),
+            "export LUPINE_SERVER=\nexport LUPINE_DISABLE_LOCAL=1\nexport GSAAS_CGPUS=\n\
+             export GSAAS_CGPUS_MISSING=0\n"
+        );
         // A lost cGPU of a VM the table does not list, or listed twice: refused.
         let mut stray = table.clone();
         stray.lost.push(LostCgpu { vm: vm(9), index: 0 });

@@ -631,7 +631,12 @@ fn each_vm_reads_only_its_own_environment_at_the_metadata_endpoint() {
     assert_eq!(env(&t.vm1, None, "/rcuda.env"), Some((200, vm1_env.into())));
 
     // Detached down to no cGPU, VM1 still reads its environment: no device.
-    let idle = VmPort { vm: vm1_b.vm, vm_ip: vm1_b.vm_ip, vm_tap: vm1_b.vm_tap };
+    let idle = VmPort {
+        vm: vm1_b.vm,
+        vm_ip: vm1_b.vm_ip,
+        vm_tap: vm1_b.vm_tap,
+        remoting: Default::default(),
+    };
     let gen3 = RouteTable { vms_without_cgpus: vec![idle], ..table(3, vec![vm2]) };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen3).await.unwrap());
     let vm1_env = "export RCUDA_DEVICE_COUNT=0\n";

@@ -64,6 +64,9 @@ pub struct VmPort {
     pub vm: VmId,
     pub vm_ip: Ipv4Addr,
     pub vm_tap: String,
+    /// The layer its cGPUs speak, so that its environment is its layer's even with no route.
+    #[serde(default, skip_serializing_if = "gpgpums::Remoting::is_rcuda")]
+    pub remoting: gpgpums::Remoting,
 }
 
 /// One cGPU of one VM: the VM's traffic to `masked` is rerouted to the rCUDA server at `target`.
@@ -773,6 +776,7 @@ mod tests {
             vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
             vm_ip: ip.parse().unwrap(),
             vm_tap: tap.into(),
+            remoting: Default::default(),
         };
         let mut t = RouteTable {
             generation: 1,

@@ -25,13 +25,14 @@ pub enum EnvError {
 pub fn environment_of(table: &RouteTable, ip: Ipv4Addr) -> Result<GpuEnv, EnvError> {
     let routes = table.routes.iter().filter(|r| r.vm_ip == ip);
     let idle = table.vms_without_cgpus.iter().filter(|p| p.vm_ip == ip);
-    let mut owners =
-        routes.clone().map(|r| (&r.vm_tap, r.vm)).chain(idle.map(|p| (&p.vm_tap, p.vm)));
-    let (tap, vm) = owners.next().ok_or(EnvError::Unknown)?;
-    if owners.any(|(other, _)| other != tap) {
+    let mut owners = routes
+        .clone()
+        .map(|r| (&r.vm_tap, r.vm, r.remoting))
+        .chain(idle.map(|p| (&p.vm_tap, p.vm, p.remoting)));
+    let (tap, vm, remoting) = owners.next().ok_or(EnvError::Unknown)?;
+    if owners.any(|(other, _, _)| other != tap) {
         return Err(EnvError::Ambiguous);
     }
-    let remoting = routes.clone().next().map(|r| r.remoting).unwrap_or_default();
     let devices = (0u32..)
         .zip(routes)
         .map(|(j, route)| GpuDevice {

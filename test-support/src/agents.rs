@@ -34,6 +34,9 @@ pub enum Behaviour {
     Stall,
     /// Its host is down: every request fails with 503, and nothing changes.
     Down,
+    /// Hung: it takes every connection and answers no request (as a stopped process whose
+    /// socket the kernel still serves) until the behaviour changes.
+    Hung,
 }
 
 #[derive(Debug)]
@@ -186,6 +189,9 @@ pub fn remote_launch(ncgpus: u32) -> serde_json::Value {
 
 async fn count(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
     shared.requests.fetch_add(1, Ordering::SeqCst);
+    while *shared.behaviour.lock().unwrap() == Behaviour::Hung {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     if *shared.behaviour.lock().unwrap() == Behaviour::Down {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "the host is down", None);
     }
@@ -231,7 +237,7 @@ async fn put_routes(State(shared): State<Arc<Shared>>, body: Bytes) -> Response 
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     };
     match behaviour {
-        Behaviour::Honest | Behaviour::Stall | Behaviour::Down => {}
+        Behaviour::Honest | Behaviour::Stall | Behaviour::Down | Behaviour::Hung => {}
         Behaviour::RefuseTarget(target) => {
             if let Some(i) = table.routes.iter().position(|r| r.target == target) {
                 let entry = format!("routes[{i}].target");

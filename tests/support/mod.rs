@@ -88,6 +88,14 @@ impl Process {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Stops the process where it is (SIGSTOP: it neither runs nor exits, as a hung host), or
+    /// lets it go on (SIGCONT).
+    pub fn pause(&self, paused: bool) {
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill").arg(signal).arg(self.child.id().to_string()).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill {signal} {}", self.name);
+    }
 }
 
 impl Drop for Process {

@@ -588,7 +588,7 @@ impl App {
                             lost.push(LostCgpu { vm: c.vm, index: cgpu.index });
                             // Its VM reads its environment even when none of its cGPUs has a
                             // route (listed once, after its routes).
-                            let port = VmPort { vm: c.vm, vm_ip, vm_tap };
+                            let port = VmPort { vm: c.vm, vm_ip, vm_tap, remoting: c.remoting };
                             let listed = |vm| {
                                 routes.iter().any(|r| r.vm == vm)
                                     || vms_without_cgpus.iter().any(|p: &VmPort| p.vm == vm)
@@ -605,9 +605,12 @@ impl App {
                             target: cgpu.target,
                             gpu_number: cgpu.gpu_number,
                             index: Some(cgpu.index),
-                            remoting: cgpu.remoting,
+                            remoting: c.remoting,
                         }),
-                        None => vms_without_cgpus.push(VmPort { vm: c.vm, vm_ip, vm_tap }),
+                        None => {
+                            let port = VmPort { vm: c.vm, vm_ip, vm_tap, remoting: c.remoting };
+                            vms_without_cgpus.push(port);
+                        }
                     }
                 }
                 if !lost.is_empty() {

@@ -485,11 +485,13 @@ pub struct RoutedCgpu {
     pub vm: VmId,
     pub fixed_ip: Option<Ipv4Addr>,
     pub tap: Option<String>,
+    /// The layer the VM's cGPUs speak.
+    pub remoting: gpgpums::Remoting,
     pub cgpu: Option<CgpuEndpoints>,
 }
 
-/// Where a VM reaches one cGPU, where that really is and the layer its server speaks; or that
-/// it is lost (booked, with no route).
+/// Where a VM reaches one cGPU and where that really is; or that it is lost (booked, with no
+/// route).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgpuEndpoints {
     /// The cGPU's index in its VM.
@@ -497,7 +499,6 @@ pub struct CgpuEndpoints {
     pub masked: SocketAddrV4,
     pub target: SocketAddrV4,
     pub gpu_number: u32,
-    pub remoting: gpgpums::Remoting,
     pub lost: bool,
 }
 
@@ -513,14 +514,13 @@ pub async fn routed_cgpus_on(
     let aggregate = string_agg(conn);
     let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
         format!(
-            "SELECT v.host, v.id, v.fixed_ip, v.tap, {aggregate}(c.seq || ' ' || c.idx || ' ' \
-             || c.masked_address || ' ' || c.masked_port || ' ' || g.rcuda_address || ' ' \
-             || g.rcuda_port || ' ' || g.rcuda_gpu_number || ' ' || g.remoting || ' ' || c.state, \
-             ',') FROM vms v \
+            "SELECT v.host, v.id, v.fixed_ip, v.tap, v.remoting, {aggregate}(c.seq || ' ' || c.idx \
+             || ' ' || c.masked_address || ' ' || c.masked_port || ' ' || g.rcuda_address || ' ' \
+             || g.rcuda_port || ' ' || g.rcuda_gpu_number || ' ' || c.state, ',') FROM vms v \
              LEFT JOIN cgpus c ON c.vm = v.id AND c.state <> 'detaching' \
              LEFT JOIN gpus g ON g.id = c.gpu \
              WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 \
-             GROUP BY v.host, v.id, v.fixed_ip, v.tap ORDER BY v.host, v.id"
+             GROUP BY v.host, v.id, v.fixed_ip, v.tap, v.remoting ORDER BY v.host, v.id"
         )
     })
     .await?;
@@ -538,9 +538,11 @@ pub async fn routed_cgpus_on(
             None => None,
         };
         let tap: Option<String> = row.try_get(3)?;
-        let routed = |cgpu| RoutedCgpu { vm, fixed_ip, tap: tap.clone(), cgpu };
+        let remoting: &str = row.try_get(4)?;
+        let remoting = remoting.parse().map_err(|_| corrupt("remote-GPU layer", remoting))?;
+        let routed = |cgpu| RoutedCgpu { vm, fixed_ip, tap: tap.clone(), remoting, cgpu };
         let list = out.entry(host).or_default();
-        match row.try_get::<Option<&str>, _>(4)? {
+        match row.try_get::<Option<&str>, _>(5)? {
             None => list.push(routed(None)),
             Some(listed) => {
                 let mut cgpus = listed
@@ -568,31 +570,30 @@ pub async fn routed_cgpus_everywhere(
         host: HostId,
         fixed_ip: Option<Ipv4Addr>,
         tap: Option<String>,
+        remoting: gpgpums::Remoting,
         cgpus: Vec<((i64, u32), CgpuEndpoints)>,
     }
-    type Server = (SocketAddrV4, u32, gpgpums::Remoting);
-    let mut endpoints: std::collections::HashMap<String, Server> = Default::default();
-    let endpoint = "id || ' ' || rcuda_address || ' ' || rcuda_port || ' ' || rcuda_gpu_number \
-                    || ' ' || remoting";
+    let mut endpoints: std::collections::HashMap<String, (SocketAddrV4, u32)> = Default::default();
+    let endpoint = "id || ' ' || rcuda_address || ' ' || rcuda_port || ' ' || rcuda_gpu_number";
     listed(conn, "gpus", endpoint, "1 = 1", |listed| {
         let (gpu, endpoint) = listed.split_once(' ').ok_or_else(|| corrupt("GPU", listed))?;
         let mut fields = endpoint.split(' ');
-        let server = rcuda_target(&mut fields).and_then(|(target, gpu_number)| {
-            let remoting = fields.next()?.parse().ok()?;
-            fields.next().is_none().then_some((target, gpu_number, remoting))
-        });
-        endpoints.insert(gpu.to_owned(), server.ok_or_else(|| corrupt("GPU", listed))?);
+        let target = rcuda_target(&mut fields).filter(|_| fields.next().is_none());
+        endpoints.insert(gpu.to_owned(), target.ok_or_else(|| corrupt("GPU", listed))?);
         Ok(())
     })
     .await?;
     let mut vms: std::collections::HashMap<VmId, Routed> = Default::default();
     // A host's name once, shared by its VMs.
     let mut hosts: std::collections::HashMap<String, HostId> = Default::default();
-    let vm = "id || ' ' || host || ' ' || coalesce(fixed_ip, '') || ' ' || coalesce(tap, '')";
+    let vm = "id || ' ' || host || ' ' || remoting || ' ' || coalesce(fixed_ip, '') || ' ' \
+              || coalesce(tap, '')";
     listed(conn, "vms", vm, "routes_on = 1 AND host IS NOT NULL", |listed| {
         let mut fields = listed.split(' ');
         let mut field = || fields.next().ok_or_else(|| corrupt("routed VM", listed));
-        let (id, host, fixed_ip, tap) = (field()?, field()?, field()?, field()?);
+        let (id, host, remoting, fixed_ip, tap) =
+            (field()?, field()?, field()?, field()?, field()?);
+        let remoting = remoting.parse().map_err(|_| corrupt("remote-GPU layer", remoting))?;
         let vm: VmId = super::vm_id(id)?;
         let host = match hosts.get(host) {
             Some(known) => known.clone(),
@@ -607,7 +608,7 @@ pub async fn routed_cgpus_everywhere(
             ip => Some(ip.parse().map_err(|_| corrupt("fixed IP", ip))?),
         };
         let tap = (!tap.is_empty()).then(|| tap.to_owned());
-        vms.insert(vm, Routed { host, fixed_ip, tap, cgpus: Vec::new() });
+        vms.insert(vm, Routed { host, fixed_ip, tap, remoting, cgpus: Vec::new() });
         Ok(())
     })
     .await?;
@@ -620,8 +621,7 @@ pub async fn routed_cgpus_everywhere(
         let (masked, state) = rest.rsplit_once(' ').ok_or_else(bad)?;
         let vm: VmId = super::vm_id(vm)?;
         // As the join per host: a cGPU of a VM not routed, or of a GPU gone, is not listed.
-        let (Some(routed), Some(&(target, gpu_number, remoting))) =
-            (vms.get_mut(&vm), endpoints.get(gpu))
+        let (Some(routed), Some(&(target, gpu_number))) = (vms.get_mut(&vm), endpoints.get(gpu))
         else {
             return Ok(());
         };
@@ -630,7 +630,7 @@ pub async fn routed_cgpus_everywhere(
         let (order, masked) =
             masked_cgpu(&mut fields).filter(|_| fields.next().is_none()).ok_or_else(bad)?;
         let index = order.1;
-        let cgpu = CgpuEndpoints { index, masked, target, gpu_number, remoting, lost };
+        let cgpu = CgpuEndpoints { index, masked, target, gpu_number, lost };
         routed.cgpus.push((order, cgpu));
         Ok(())
     })
@@ -640,8 +640,8 @@ pub async fn routed_cgpus_everywhere(
     let mut out: BTreeMap<HostId, Vec<RoutedCgpu>> = BTreeMap::new();
     for (vm, mut routed) in vms {
         let list = out.entry(routed.host).or_default();
-        let (fixed_ip, tap) = (routed.fixed_ip, routed.tap);
-        let at = |cgpu| RoutedCgpu { vm, fixed_ip, tap: tap.clone(), cgpu };
+        let (fixed_ip, tap, remoting) = (routed.fixed_ip, routed.tap, routed.remoting);
+        let at = |cgpu| RoutedCgpu { vm, fixed_ip, tap: tap.clone(), remoting, cgpu };
         if routed.cgpus.is_empty() {
             list.push(at(None));
         }
@@ -652,15 +652,14 @@ pub async fn routed_cgpus_everywhere(
 }
 
 /// One cGPU of [`routed_cgpus_on`]'s list, "seq index masked-address masked-port rcuda-address
-/// rcuda-port gpu-number remoting state", with its order.
+/// rcuda-port gpu-number state", with its order.
 fn routed_cgpu(listed: &str) -> Option<((i64, u32), CgpuEndpoints)> {
     let mut fields = listed.split(' ');
     let (order, masked) = masked_cgpu(&mut fields)?;
     let (target, gpu_number) = rcuda_target(&mut fields)?;
-    let remoting = fields.next()?.parse().ok()?;
     let lost = cgpu_lost(fields.next()?)?;
     let index = order.1;
-    let cgpu = CgpuEndpoints { index, masked, target, gpu_number, remoting, lost };
+    let cgpu = CgpuEndpoints { index, masked, target, gpu_number, lost };
     fields.next().is_none().then_some((order, cgpu))
 }
 

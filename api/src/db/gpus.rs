@@ -92,8 +92,8 @@ pub async fn gpus_of_host(
 pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(), Error> {
     let inserted = sqlx::query(
         "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
-         rcuda_gpu_number, health, rcuda_claimed, attributes, parent_gpu, mig_profile, remoting) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+         rcuda_gpu_number, health, rcuda_claimed, attributes, parent_gpu, mig_profile) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(gpu.id.as_str())
     .bind(gpu.host.as_str())
@@ -108,7 +108,6 @@ pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(),
     .bind(serde_json::to_string(&gpu.attributes).map_err(|e| Error::internal(e.to_string()))?)
     .bind(gpu.partition.as_ref().map(|p| p.parent.as_str()))
     .bind(gpu.partition.as_ref().map(|p| p.profile.as_str()))
-    .bind(gpu.attributes.remoting.as_str())
     .execute(conn)
     .await;
     match inserted {

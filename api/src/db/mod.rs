@@ -81,7 +81,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (23, "gpu_partitions", include_str!("../../../migrations/0023_gpu_partitions.sql")),
     (24, "host_topology", include_str!("../../../migrations/0024_host_topology.sql")),
     (25, "host_rtts", include_str!("../../../migrations/0025_host_rtts.sql")),
-    (26, "gpu_remoting", include_str!("../../../migrations/0026_gpu_remoting.sql")),
+    (26, "vm_remoting", include_str!("../../../migrations/0026_vm_remoting.sql")),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -267,7 +267,7 @@ pub struct NewVm<'a> {
 const NEW_VM_COLUMNS: &str =
     "id, project, owner, name, request, policy, state, error, step, timings, \
     idempotency_key, request_digest, saga_owner, saga_lease_until_ms, created_ms, updated_ms, \
-    preemptible, priority";
+    preemptible, priority, remoting";
 
 fn new_vm_params(new: &NewVm<'_>) -> Vec<Param> {
     let vm = new.record;
@@ -290,6 +290,7 @@ fn new_vm_params(new: &NewVm<'_>) -> Vec<Param> {
         Param::Int(Some(vm.updated_ms)),
         Param::Int(Some(i64::from(vm.spec.preemptible))),
         Param::Int(Some(i64::from(vm.spec.priority))),
+        Param::text(vm.spec.remoting().as_str()),
     ]
 }
 

@@ -134,7 +134,28 @@ on_both_stores!(
     a_gpu_whose_routes_an_agent_refuses_takes_no_new_cgpus,
     an_agent_cannot_claim_another_hosts_rcuda_server,
     an_agent_that_never_confirms_holds_fences_only_so_long,
+    a_hung_agent_holds_the_reconciler_no_longer_than_a_push,
 );
+
+/// An agent that takes connections and never answers (a stopped process, or a hostile one) is
+/// given `launch.agent_timeout_ms` by each reconciler pass, as a push is, not the HTTP client's
+/// 30 s: a pass waits for its slowest check, and every host's heartbeat expiry, re-homing and
+/// fences wait for the pass.
+async fn a_hung_agent_holds_the_reconciler_no_longer_than_a_push(store: Store) {
+    let (t, vm_host, _) = agent_cloud_with(store, 1, |c| c.launch.agent_timeout_ms = 300).await;
+    vm_host.set(Behaviour::Hung);
+    let app = &t.service().app;
+    // Bounded: without the check's timeout the pass takes the client's 30 s.
+    let status = tokio::time::timeout(Duration::from_secs(10), app.reconcile_once())
+        .await
+        .expect("a reconciler pass waited on a hung agent past every bound");
+    let error = status.last_error.expect("the hung agent is an error of the pass");
+    assert_eq!(error, "host agent unavailable");
+    // Once it answers again, passes are clean.
+    vm_host.set(Behaviour::Honest);
+    let status = app.reconcile_once().await;
+    assert!(status.last_error.is_none(), "{status:?}");
+}
 
 /// gsaasd with real-agent hosts: a compute-GPU host `cg-1` with `gpus` GPUs (registered by its
 /// agent) and a compute-rGPU host `crg-a` for the VMs; each agent's URL pinned in gsaasd's config.

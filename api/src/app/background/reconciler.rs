@@ -204,10 +204,19 @@ impl App {
         self: &Arc<Self>,
         hosts: Vec<crate::model::HostRecord>,
     ) -> (Vec<HostId>, Vec<Error>) {
+        // A hung agent (it accepts connections and never answers) is given as long as a push
+        // is, not the HTTP client's 30 s: a pass waits for its slowest check, and every host's
+        // expiry, re-homing and fences wait for the pass.
+        let timeout = Duration::from_millis(self.config.launch.agent_timeout_ms);
         let checks = in_flight(hosts, "an agent check", |host| {
             let app = self.clone();
             async move {
-                let applied = app.agents.applied_generation(&host).await;
+                let applied = tokio::time::timeout(timeout, app.agents.applied_generation(&host))
+                    .await
+                    .map_err(|_| {
+                        let why = format!("host {} did not answer within {timeout:?}", host.name);
+                        Error::unavailable("host agent", why)
+                    })?;
                 let drifted = match applied {
                     Ok(applied) => applied.unwrap_or(0) != host.applied_generation,
                     Err(e) => return Err(Error::unavailable("host agent", e)),

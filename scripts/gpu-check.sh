@@ -1,0 +1,407 @@
+#!/usr/bin/env bash
+# GSaaS on a real GPU (issue [4/6]): the agent's NVML discovery and health watch, and a CUDA
+# program that reaches the GPU only through a VM's masked endpoint, over LUPINE.
+#
+#   scripts/gpu-check.sh prepare [LUPINE_SRC]
+#       Here, no GPU needed: builds gsaasd and rodvr-agent (release), fetches the Debian packages
+#       the check needs (nftables, conntrack, libnghttp2: unpacked there under /tmp, never
+#       installed) and, with LUPINE's source tree, copies it and builds its client here from CUDA
+#       headers out of PyPI wheels (what a VM image needs; no GPU, no CUDA toolkit). Everything
+#       goes to .gpu-check/ (git ignores it), which the GPU machine gets beside the repository.
+#   scripts/gpu-check.sh run
+#       There, as root, from the repository root with .gpu-check/ carried; nothing is fetched.
+#       1. `rodvr-agent gpus`: NVML discovery and 5 s of health watch (model, memory, compute
+#          capability, UUID, MIG mode, health).
+#       2. With LUPINE's source carried: builds its server there (nvcc) and the CUDA program
+#          scripts/gpu-check/vecadd.cu; starts one LUPINE server on GPU 0 in a namespace that
+#          plays the GPU host, launches a VM (a namespace) through gsaasd with
+#          `remoting = "lupine"` and real agents, checks the VM cannot reach the server directly,
+#          and runs the program in the VM through LUPINE's client at its masked endpoint; then
+#          the same program directly on the GPU. Prints both results and bandwidths.
+#   scripts/gpu-check.sh selftest
+#       Here, as root, no GPU: `run`'s whole path with the stand-in NVML
+#       (rodvr-agent/tests/fake-nvml) and a stand-in for LUPINE's server, so the script is
+#       proven before it spends GPU time; with LUPINE's client prepared, the real client
+#       connects to the stand-in through the VM's masked endpoint.
+#
+# GPU time: `run` takes a few minutes, most of it building LUPINE's server. Every wait is
+# bounded; namespaces and processes are removed on exit, whatever happens.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+gc=$root/.gpu-check
+bin=$gc/bin
+say() { printf '\n== %s\n' "$*"; }
+die() { printf 'gpu-check: %s\n' "$*" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------------------
+# prepare (here)
+
+# CUDA's and NVML's headers from NVIDIA's PyPI wheels into $gc/cuda, as LUPINE's own CI does.
+cuda_headers() {
+  [ -f "$gc/cuda/include/cuda.h" ] && [ -f "$gc/cuda/include/nvml.h" ] && return
+  rm -rf "$gc/cuda" "$gc/wheels" && mkdir -p "$gc/cuda/include" "$gc/wheels"
+  python3 -m pip download -q --dest "$gc/wheels" --only-binary=:all: \
+    --platform manylinux2014_x86_64 --implementation py --python-version 3 --abi none --no-deps \
+    nvidia-cuda-runtime nvidia-nvml-dev
+  for wheel in "$gc"/wheels/*.whl; do
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+      "$wheel" "$gc/wheels/x"
+  done
+  for header in cuda.h nvml.h; do
+    found=$(find "$gc/wheels/x" -path "*/include/$header" -print -quit)
+    [ -n "$found" ] || die "no $header in the wheels"
+    cp -R "$(dirname "$found")/." "$gc/cuda/include/"
+  done
+  rm -rf "$gc/wheels"
+}
+
+# LUPINE's client (libcuda.so.1, libnvidia-ml.so.1) into $gc/lupine-client, from $gc/lupine-src.
+build_lupine_client() {
+  cuda_headers
+  local build=$gc/lupine-client-build
+  cmake -S "$gc/lupine-src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLUPINE_BUILD_SERVER=OFF \
+    -DLUPINE_BUILD_HIP=OFF -DBUILD_TESTING=OFF -DCMAKE_PREFIX_PATH="$gc/cuda" \
+    -DCUDAToolkit_ROOT="$gc/cuda" >"$gc/lupine-client-build.log" 2>&1 \
+    || { tail -30 "$gc/lupine-client-build.log"; die "configuring LUPINE's client failed"; }
+  cmake --build "$build" --parallel "$(nproc)" --target lupine_cuda_client lupine_nvml_client \
+    >>"$gc/lupine-client-build.log" 2>&1 \
+    || { tail -30 "$gc/lupine-client-build.log"; die "building LUPINE's client failed"; }
+  mkdir -p "$gc/lupine-client"
+  cp -L "$build/libcuda.so.1" "$build/libnvidia-ml.so.1" "$gc/lupine-client/"
+  echo "LUPINE's client built without a GPU: $(ls "$gc/lupine-client" | tr '\n' ' ')"
+}
+
+prepare() {
+  local src=${1:-}
+  mkdir -p "$gc/bin" "$gc/debs"
+  say "building gsaasd and rodvr-agent (release)"
+  cargo build -q --release --locked -p gsaasd -p rodvr-agent
+  for exe in gsaasd rodvr-agent; do
+    cp "target/release/$exe" "$gc/bin/$exe" && strip "$gc/bin/$exe"
+  done
+  say "Debian packages to unpack there (tools the image may lack, and libnghttp2 for LUPINE)"
+  apt-get update -qq >/dev/null 2>&1 || true
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cmake g++ \
+    libnghttp2-dev >/dev/null
+  (cd "$gc/debs" && rm -f ./*.deb && apt-get download -q nftables libnftables1 libnftnl11 \
+    libjansson4 libedit2 libxtables12 libbsd0 libmd0 conntrack libnetfilter-conntrack3 \
+    libnfnetlink0 libmnl0 libnghttp2-14 libnghttp2-dev >/dev/null)
+  if [ -n "$src" ]; then
+    [ -f "$src/CMakeLists.txt" ] && [ -f "$src/transport.cpp" ] || die "$src is no LUPINE source tree"
+    say "LUPINE's source, from $src"
+    rm -rf "$gc/lupine-src" && mkdir -p "$gc/lupine-src"
+    # The tree without its git history and test submodules: what a build needs.
+    (cd "$src" && tar --exclude=.git --exclude=test/cuda-samples -cf - .) | tar -xf - -C "$gc/lupine-src"
+    build_lupine_client
+  fi
+  du -sh "$gc" | sed 's/^/to carry: /'
+}
+
+# ---------------------------------------------------------------------------------------------
+# The tools: the machine's own, else the carried packages unpacked under /tmp.
+
+tools() {
+  local missing=()
+  for tool in ip nft nsenter conntrack curl python3; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+  done
+  if [ ${#missing[@]} -gt 0 ] || [ ! -f /usr/include/nghttp2/nghttp2.h ]; then
+    local unpacked=/tmp/gsaas-gpu-check-root
+    mkdir -p "$unpacked"
+    for deb in "$gc"/debs/*.deb; do
+      [ -e "$deb" ] && dpkg-deb -x "$deb" "$unpacked"
+    done
+    export PATH=$PATH:$unpacked/usr/sbin:$unpacked/usr/bin:$unpacked/sbin
+    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$unpacked/usr/lib/x86_64-linux-gnu
+    nghttp2_root=$unpacked/usr
+  else
+    nghttp2_root=/usr
+  fi
+  for tool in ip nft nsenter conntrack curl python3; do
+    command -v "$tool" >/dev/null || { echo "missing: $tool"; return 1; }
+  done
+}
+
+# ---------------------------------------------------------------------------------------------
+# The masked path: gsaasd, an agent on a host without GPUs (the VM's) and one on the GPU host,
+# in namespaces this script makes; the GPU server is started in the GPU host's namespace, a VM is
+# launched with `remoting = "lupine"`, and `$vm_program` runs inside it with its environment.
+
+P=gc$$-
+NS=()
+PIDS=()
+work=
+
+cleanup() {
+  for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
+  sleep 0.3
+  for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true; done
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$P" || true); do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  [ -n "$work" ] && rm -rf "$work"
+}
+
+netns() { ip netns add "$P$1" && ip -n "$P$1" link set lo up && NS+=("$P$1"); }
+in_ns() { local ns=$1; shift; nsenter --net="/run/netns/$P$ns" "$@"; }
+veth() { # ns-a if-a cidr-a ns-b if-b cidr-b
+  ip -n "$P$1" link add "$2" type veth peer name "$5" netns "$P$4"
+  [ -n "$3" ] && ip -n "$P$1" addr add "$3" dev "$2"
+  [ -n "$6" ] && ip -n "$P$4" addr add "$6" dev "$5"
+  ip -n "$P$1" link set "$2" up && ip -n "$P$4" link set "$5" up
+}
+api() { # METHOD PATH [BODY]: curl from the controller's namespace with the member's token
+  in_ns ctl curl -sS --max-time 10 -X "$1" -H "Authorization: Bearer $member" \
+    -H 'Content-Type: application/json' ${3:+--data "$3"} "http://10.240.0.1:8700$2"
+}
+wait_until() { # SECONDS WHAT COMMAND...
+  local until=$((SECONDS + $1)) what=$2; shift 2
+  until "$@"; do
+    [ $SECONDS -lt $until ] || { echo "timed out waiting for $what"; return 1; }
+    sleep 0.2
+  done
+}
+json() { python3 -c "import json,sys; v=json.load(sys.stdin); print(eval(sys.argv[1]))" "$1"; }
+
+# $1: the GPU host agent's extra config ([gpu_servers]; GPUs from NVML or listed);
+# $2: the command that starts the GPU server in the GPU host's namespace;
+# $3: the GPU host agent's LD_LIBRARY_PATH (the stand-in NVML for the self-test).
+masked_path() {
+  local gpu_host_extra=$1 start_server=$2 agent_ld=${3:-}
+  work=$(mktemp -d /tmp/gsaas-gpu-check.XXXXXX)
+  chmod 700 "$work"
+  netns mgmt && netns ctl && netns crg && netns cg
+  for bridge in br0 gbr0; do
+    ip -n "${P}mgmt" link add "$bridge" type bridge && ip -n "${P}mgmt" link set "$bridge" up
+  done
+  veth ctl mgmt0 10.240.0.1/24 mgmt p-ctl "" && ip -n "${P}mgmt" link set p-ctl master br0
+  veth crg mgmt0 10.240.0.11/24 mgmt p-crg "" && ip -n "${P}mgmt" link set p-crg master br0
+  veth cg mgmt0 10.240.0.12/24 mgmt p-cg "" && ip -n "${P}mgmt" link set p-cg master br0
+  veth crg gpu0 10.232.0.1/24 mgmt g-crg "" && ip -n "${P}mgmt" link set g-crg master gbr0
+  veth cg gpu0 10.232.0.2/24 mgmt g-cg "" && ip -n "${P}mgmt" link set g-cg master gbr0
+  in_ns crg sysctl -qw net.ipv4.ip_forward=1
+  # The GPU host routes back to VMs, so only the agent's filter keeps them out.
+  ip -n "${P}cg" route add 10.77.0.0/24 via 10.232.0.1
+  ip -n "${P}crg" addr add 10.78.0.1/32 dev lo
+  if ! in_ns crg nft list tables >/dev/null 2>&1; then
+    echo "nftables does not work in a namespace here ($(uname -r)): no masked path"
+    return 2
+  fi
+
+  cat >"$work/gsaasd.toml" <<EOF
+listen = "10.240.0.1:8700"
+data_dir = "$work/gsaasd"
+default_policy = "first-fit"
+
+[launch]
+active_timeout_secs = 30
+deploy_timeout_secs = 30
+agent_timeout_ms = 5000
+
+[cloud]
+backend = "sim"
+
+[cloud.sim]
+fixed_ip_range = "10.77.0.0/24"
+
+[cloud.sim.vm_network]
+kind = "netns"
+namespaces = { "vm-host" = "${P}crg", "gpu-host" = "${P}cg" }
+vm_namespace_prefix = "${P}vm-"
+
+[hosts]
+backend = "agent"
+agent_urls = { "vm-host" = "http://10.240.0.11:7450", "gpu-host" = "http://10.240.0.12:7450" }
+EOF
+  local gsaasd=$bin/gsaasd agent=$bin/rodvr-agent
+  "$gsaasd" public-key -c "$work/gsaasd.toml" >"$work/controller.pub.pem"
+  member=$("$gsaasd" token issue --role member --project gpu-check -c "$work/gsaasd.toml")
+  admin=$("$gsaasd" token issue --role admin --project ops -c "$work/gsaasd.toml")
+  agent_config() { # host address extra
+    local token
+    token=$("$gsaasd" token issue --role agent --host "$1" -c "$work/gsaasd.toml")
+    cat >"$work/$1.toml" <<EOF
+host = "$1"
+listen = "$2:7450"
+state_file = "$work/$1.routes.json"
+controller_public_key = "$work/controller.pub.pem"
+masked_range = "100.127.0.0/16"
+gpu_interface = "gpu0"
+retry_interval_secs = 1
+$3
+[controller]
+url = "http://10.240.0.1:8700"
+token = "$token"
+heartbeat_interval_secs = 1
+EOF
+  }
+  agent_config vm-host 10.240.0.11 'metadata_listen = "10.78.0.1:8775"'
+  agent_config gpu-host 10.240.0.12 "$gpu_host_extra"
+
+  in_ns ctl env RUST_LOG=warn "$gsaasd" serve -c "$work/gsaasd.toml" >"$work/gsaasd.log" 2>&1 &
+  PIDS+=($!)
+  in_ns crg "$agent" --config "$work/vm-host.toml" >"$work/vm-host.log" 2>&1 &
+  PIDS+=($!)
+  in_ns cg env ${agent_ld:+LD_LIBRARY_PATH=$agent_ld} "$agent" --config "$work/gpu-host.toml" \
+    >"$work/gpu-host.log" 2>&1 &
+  PIDS+=($!)
+  # shellcheck disable=SC2086
+  in_ns cg $start_server >"$work/gpu-server.log" 2>&1 &
+  PIDS+=($!)
+
+  hosts_ready() {
+    in_ns ctl curl -sf --max-time 2 -H "Authorization: Bearer $admin" \
+      http://10.240.0.1:8700/v1/hosts 2>/dev/null |
+      json "sum(1 for h in v['hosts'] if h['state'] == 'schedulable')" 2>/dev/null | grep -qx 2
+  }
+  wait_until 30 "both hosts to register" hosts_ready \
+    || { tail -5 "$work"/*.log; return 1; }
+  in_ns ctl curl -sS -H "Authorization: Bearer $admin" http://10.240.0.1:8700/v1/pool |
+    json "[(g['id'], g['model'], g['rcuda_endpoint'], g['remoting']) for h in v['hosts'] for g in h['gpus']]" |
+    sed 's/^/GPUs in the pool: /'
+
+  local launch='{"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 1,
+    "mode": "exclusive", "locality": "remote", "remoting": "lupine"}' answer
+  answer=$(api POST /v1/vms "$launch")
+  vm_id=$(json "v['id']" <<<"$answer" 2>/dev/null) || { echo "launch refused: $answer"; return 1; }
+  vm_ready() { [ "$(api GET "/v1/vms/$vm_id" | json "v['state']")" = ready ]; }
+  wait_until 40 "the VM to be ready" vm_ready || { api GET "/v1/vms/$vm_id"; return 1; }
+  vm_view=$(api GET "/v1/vms/$vm_id")
+  vm_ns=${P}vm-$(json "v['server_id']" <<<"$vm_view")
+  lupine_server=$(json "v['gpu_env']['LUPINE_SERVER']" <<<"$vm_view")
+  echo "VM $vm_id in namespace $vm_ns: LUPINE_SERVER=$lupine_server," \
+    "GSAAS_CGPUS=$(json "v['gpu_env']['GSAAS_CGPUS']" <<<"$vm_view")"
+  # The VM reaches the GPU server only through its masked endpoint.
+  if ip netns exec "$vm_ns" timeout 3 bash -c 'exec 3<>/dev/tcp/10.232.0.2/14833' 2>/dev/null; then
+    echo "FAILED: the VM reached the GPU server directly"
+    return 1
+  fi
+  echo "the VM cannot reach the GPU server directly (10.232.0.2:14833): as it should"
+}
+
+# ---------------------------------------------------------------------------------------------
+# run (there) and selftest (here)
+
+run() {
+  [ "$(id -u)" = 0 ] || die "run as root (network namespaces)"
+  [ -x "$gc/bin/rodvr-agent" ] || die "no .gpu-check/bin: run 'scripts/gpu-check.sh prepare' where cargo works, and carry .gpu-check"
+  tools || echo "some tools are missing: the masked path will be skipped"
+  trap cleanup EXIT
+  say "1. NVML discovery and health watch (rodvr-agent gpus, 5 s)"
+  "$bin/rodvr-agent" gpus --watch-secs 5
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,mig.mode.current --format=csv
+  if [ ! -d "$gc/lupine-src" ]; then
+    say "2. skipped: no LUPINE source was prepared (scripts/gpu-check.sh prepare LUPINE_SRC)"
+    return 0
+  fi
+  say "2. LUPINE: building its server and client here, and the CUDA program"
+  local build=/tmp/gsaas-gpu-check-lupine started=$SECONDS
+  local generator=()
+  command -v ninja >/dev/null && generator=(-G Ninja)
+  cmake -S "$gc/lupine-src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLUPINE_BUILD_HIP=OFF \
+    -DBUILD_TESTING=OFF -DNGHTTP2_INCLUDE_DIR="$nghttp2_root/include" \
+    -DNGHTTP2_LIBRARY="$(ls "$nghttp2_root"/lib/x86_64-linux-gnu/libnghttp2.so* | head -1)" \
+    >"$build.log" 2>&1 || { tail -40 "$build.log"; die "configuring LUPINE failed"; }
+  cmake --build "$build" --parallel "$(nproc)" \
+    --target lupine_driver_server lupine_cuda_client lupine_nvml_client >>"$build.log" 2>&1 \
+    || { tail -40 "$build.log"; die "building LUPINE failed"; }
+  nvcc -O2 -o /tmp/gsaas-vecadd scripts/gpu-check/vecadd.cu || die "building vecadd failed"
+  echo "built in $((SECONDS - started)) s"
+
+  say "3. the program directly on the GPU"
+  /tmp/gsaas-vecadd || echo "FAILED directly"
+
+  say "4. the program in a VM, through LUPINE at its masked endpoint"
+  local rc=0
+  masked_path $'[gpu_servers]\naddress = "10.232.0.2"\nremoting = "lupine"' \
+    "env CUDA_VISIBLE_DEVICES=0 LUPINE_PORT=14833 $build/lupine_driver_server" || rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "the masked path could not be set up (exit $rc): see above"
+    return $rc
+  fi
+  sleep 1
+  ip netns exec "$vm_ns" env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH="$build" \
+    LUPINE_SERVER="$lupine_server" LUPINE_DISABLE_LOCAL=1 timeout 300 /tmp/gsaas-vecadd \
+    || { echo "FAILED through the masked endpoint"; tail -20 "$work/gpu-server.log"; return 1; }
+}
+
+selftest() {
+  [ "$(id -u)" = 0 ] || die "run as root (network namespaces)"
+  # This checkout's own binaries (a quick build), not the release ones carried to a GPU.
+  cargo build -q --locked -p gsaasd -p rodvr-agent
+  bin=$root/target/debug
+  tools || die "tools are missing here"
+  trap cleanup EXIT
+  local fake=/tmp/gsaas-gpu-check-fake-nvml
+  mkdir -p "$fake"
+  cc -shared -fPIC -O1 -o "$fake/libnvidia-ml.so.1" rodvr-agent/tests/fake-nvml/fake_nvml.c
+  export FAKE_NVML_GPUS="NVIDIA H100 80GB HBM3:81559:9.0:GPU-5e1f7e57:0:0:0:0:0"
+  say "1. NVML discovery and health watch, against the stand-in NVML"
+  LD_LIBRARY_PATH=$fake "$bin/rodvr-agent" gpus --watch-secs 1
+  say "2. the masked path, with a stand-in for LUPINE's server"
+  local standin=$work_standin
+  masked_path $'[gpu_servers]\naddress = "10.232.0.2"\nremoting = "lupine"' \
+    "python3 $standin 10.232.0.2 14833" "$fake"
+  # The stand-in greets each connection with what it saw: the bytes a client sent first, and
+  # from where. Through the masked endpoint it sees the VM's host's address on the GPU network.
+  local host=${lupine_server%:*} port=${lupine_server#*:}
+  local greeting
+  greeting=$(ip netns exec "$vm_ns" timeout 5 bash -c \
+    "exec 3<>/dev/tcp/$host/$port; printf 'hello' >&3; head -c 200 <&3")
+  echo "through the masked endpoint: $greeting"
+  case $greeting in
+    "stand-in 10.232.0.1 hello"*) ;;
+    *) die "the masked endpoint did not reach the stand-in as it should" ;;
+  esac
+  if [ -f "$gc/lupine-client/libcuda.so.1" ]; then
+    say "3. LUPINE's real client, in the VM, at its masked endpoint"
+    cc -o /tmp/gsaas-cuinit -I"$gc/cuda/include" scripts/gpu-check/cuinit.c -ldl
+    ip netns exec "$vm_ns" env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH="$gc/lupine-client" \
+      LUPINE_SERVER="$lupine_server" LUPINE_DISABLE_LOCAL=1 timeout 60 /tmp/gsaas-cuinit || true
+    sleep 0.5
+    if grep -aq "^from 10.232.0.1: b'PRI \* HTTP/2.0" "$work/gpu-server.log"; then
+      echo "the stand-in got LUPINE's HTTP/2 connection preface from the VM's host (10.232.0.1):" \
+        "the real client reached it through the masked endpoint"
+    else
+      cat "$work/gpu-server.log"
+      die "LUPINE's client did not reach the stand-in through the masked endpoint"
+    fi
+  else
+    say "3. skipped: LUPINE's client was not prepared (scripts/gpu-check.sh prepare LUPINE_SRC)"
+  fi
+  echo "selftest: OK"
+}
+
+# A stand-in for LUPINE's server: logs what each client sends first and from where, and greets
+# it with the same ("stand-in <peer> <first bytes>").
+work_standin=/tmp/gsaas-gpu-check-standin.py
+cat >"$work_standin" <<'PY'
+import socket, sys, threading
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind((sys.argv[1], int(sys.argv[2])))
+listener.listen(16)
+def serve(conn, peer):
+    conn.settimeout(5)
+    try:
+        first = conn.recv(64)
+    except OSError:
+        first = b""
+    print(f"from {peer[0]}: {first[:24]!r}", flush=True)
+    try:
+        conn.sendall(f"stand-in {peer[0]} {first.decode('latin-1')}".encode("latin-1"))
+    except OSError:
+        pass
+    conn.close()
+while True:
+    conn, peer = listener.accept()
+    threading.Thread(target=serve, args=(conn, peer), daemon=True).start()
+PY
+
+case ${1:-} in
+  prepare) shift; prepare "$@" ;;
+  run) run ;;
+  selftest) selftest ;;
+  *) sed -n '2,30p' "$0" >&2; exit 2 ;;
+esac
