@@ -8,7 +8,7 @@ use crate::{on_both_stores, support};
 use gpgpums::HostKind;
 use gsaasd::config::{InventoryGpu, InventoryHost};
 use serde_json::{json, Value};
-use support::{shared_launch, Store, TestService};
+use support::{Store, TestService};
 
 fn gpus(model: &str, cc: &str, traits: &[&str], count: u32) -> InventoryGpu {
     InventoryGpu {
@@ -45,12 +45,7 @@ async fn fleet(store: Store) -> TestService {
 }
 
 fn launch(ncgpus: u32, extra: Value) -> Value {
-    let mut body = shared_launch(ncgpus, 4096);
-    let Value::Object(extra) = extra else { panic!("{extra} is no object") };
-    for (key, value) in extra {
-        body[key] = value;
-    }
-    body
+    support::shared_launch_with(ncgpus, 4096, extra)
 }
 
 /// The models of the VM's GPUs, as an admin sees them.

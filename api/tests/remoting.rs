@@ -7,7 +7,7 @@ use crate::{on_both_stores, support};
 use gpgpums::{HostKind, Remoting};
 use gsaasd::config::{InventoryGpu, InventoryHost};
 use serde_json::{json, Value};
-use support::{shared_launch, Store, TestService};
+use support::{Store, TestService};
 
 /// "rc": 2 GPUs behind rCUDA; "lu": 2 behind LUPINE; "r1": no GPU.
 async fn mixed(store: Store) -> TestService {
@@ -32,12 +32,7 @@ async fn mixed(store: Store) -> TestService {
 }
 
 fn launch(ncgpus: u32, extra: Value) -> Value {
-    let mut body = shared_launch(ncgpus, 16384);
-    let Value::Object(extra) = extra else { panic!("{extra} is no object") };
-    for (key, value) in extra {
-        body[key] = value;
-    }
-    body
+    support::shared_launch_with(ncgpus, 16384, extra)
 }
 
 /// The hosts of the VM's cGPUs, as an admin sees them.

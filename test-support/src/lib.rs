@@ -332,6 +332,16 @@ pub fn shared_launch(ncgpus: u32, mib: u64) -> Value {
     })
 }
 
+/// [`shared_launch`] with the fields of `extra` (a JSON object) set or replaced.
+pub fn shared_launch_with(ncgpus: u32, mib: u64, extra: Value) -> Value {
+    let mut body = shared_launch(ncgpus, mib);
+    let Value::Object(extra) = extra else { panic!("{extra} is no object") };
+    for (key, value) in extra {
+        body[key] = value;
+    }
+    body
+}
+
 /// The ids of the launches answered 202, from `(status, body)` pairs.
 pub fn accepted_ids(results: &[(u16, Value)]) -> Vec<String> {
     results
