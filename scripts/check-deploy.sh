@@ -64,6 +64,11 @@ printf -- '-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA7uPyDauzbvsSd30x3v3ejpIWD
 refuse "with the example key's public half" "${keys[@]}" --set-file auth.publicKey="$out/published.pub"
 refuse "a node without a token" "${keys[@]}" --set agent.nodes.node-3.role=gpu
 refuse "a node of an unknown role" "${keys[@]}" --set agent.nodes.node-1.role=compute
+refuse "a node of an unknown remote-GPU layer" "${keys[@]}" --set agent.nodes.node-1.remoting=scuda
+# A GPU node's servers say their layer: rCUDA's on its base port by default, LUPINE's on its own.
+grep -qF 'remoting = "rcuda"\nbase_port = 8308' "$out/sqlite.yaml"
+"$helm" template gsaas helm/gsaas "${keys[@]}" --set agent.nodes.node-1.remoting=lupine > "$out/lupine.yaml"
+grep -qF 'remoting = "lupine"\n'"'"' "$NODE_IP"' "$out/lupine.yaml"
 "$tools/venv/bin/kubernetes-validate" --strict --quiet -k 1.30 "$out/sqlite.yaml" "$out/postgres.yaml"
 grep -q 'replicas: 1' "$out/sqlite.yaml"
 grep -q 'replicas: 2' "$out/postgres.yaml"

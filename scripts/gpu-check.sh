@@ -59,14 +59,13 @@ cuda_headers() {
 # LUPINE's client (libcuda.so.1, libnvidia-ml.so.1) into $gc/lupine-client, from $gc/lupine-src.
 build_lupine_client() {
   cuda_headers
-  local build=$gc/lupine-client-build
+  local build=/tmp/gsaas-gpu-check-client-build
   cmake -S "$gc/lupine-src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLUPINE_BUILD_SERVER=OFF \
     -DLUPINE_BUILD_HIP=OFF -DBUILD_TESTING=OFF -DCMAKE_PREFIX_PATH="$gc/cuda" \
-    -DCUDAToolkit_ROOT="$gc/cuda" >"$gc/lupine-client-build.log" 2>&1 \
-    || { tail -30 "$gc/lupine-client-build.log"; die "configuring LUPINE's client failed"; }
+    -DCUDAToolkit_ROOT="$gc/cuda" >"$build.log" 2>&1 \
+    || { tail -30 "$build.log"; die "configuring LUPINE's client failed"; }
   cmake --build "$build" --parallel "$(nproc)" --target lupine_cuda_client lupine_nvml_client \
-    >>"$gc/lupine-client-build.log" 2>&1 \
-    || { tail -30 "$gc/lupine-client-build.log"; die "building LUPINE's client failed"; }
+    >>"$build.log" 2>&1 || { tail -30 "$build.log"; die "building LUPINE's client failed"; }
   mkdir -p "$gc/lupine-client"
   cp -L "$build/libcuda.so.1" "$build/libnvidia-ml.so.1" "$gc/lupine-client/"
   echo "LUPINE's client built without a GPU: $(ls "$gc/lupine-client" | tr '\n' ' ')"
@@ -137,6 +136,8 @@ cleanup() {
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
   sleep 0.3
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true; done
+  # LUPINE's server forks a process per connection.
+  pkill -f /tmp/gsaas-gpu-check-lupine/lupine_driver_server 2>/dev/null || true
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$P" || true); do
     ip netns del "$ns" 2>/dev/null || true
   done
@@ -164,11 +165,14 @@ wait_until() { # SECONDS WHAT COMMAND...
 }
 json() { python3 -c "import json,sys; v=json.load(sys.stdin); print(eval(sys.argv[1]))" "$1"; }
 
-# $1: the GPU host agent's extra config ([gpu_servers]; GPUs from NVML or listed);
-# $2: the command that starts the GPU server in the GPU host's namespace;
-# $3: the GPU host agent's LD_LIBRARY_PATH (the stand-in NVML for the self-test).
+# $1: the GPU host agent's extra config ([gpu_servers]; its GPUs from NVML);
+# gpu_agent_env: the GPU host agent's environment (the stand-in NVML in the self-test);
+# $no_gpus: a stand-in NVML that finds no GPU, for the VM host's agent (on a GPU machine the
+# real driver would show it the GPU, and it has no GPU servers).
+# The GPU server is started apart (start_gpu_server), so a broken setup shows before a build.
+gpu_agent_env=()
 masked_path() {
-  local gpu_host_extra=$1 start_server=$2 agent_ld=${3:-}
+  local gpu_host_extra=$1
   work=$(mktemp -d /tmp/gsaas-gpu-check.XXXXXX)
   chmod 700 "$work"
   netns mgmt && netns ctl && netns crg && netns cg
@@ -241,13 +245,11 @@ EOF
 
   in_ns ctl env RUST_LOG=warn "$gsaasd" serve -c "$work/gsaasd.toml" >"$work/gsaasd.log" 2>&1 &
   PIDS+=($!)
-  in_ns crg "$agent" --config "$work/vm-host.toml" >"$work/vm-host.log" 2>&1 &
+  in_ns crg env LD_LIBRARY_PATH="$no_gpus" FAKE_NVML_GPUS= "$agent" \
+    --config "$work/vm-host.toml" >"$work/vm-host.log" 2>&1 &
   PIDS+=($!)
-  in_ns cg env ${agent_ld:+LD_LIBRARY_PATH=$agent_ld} "$agent" --config "$work/gpu-host.toml" \
+  in_ns cg env "${gpu_agent_env[@]}" "$agent" --config "$work/gpu-host.toml" \
     >"$work/gpu-host.log" 2>&1 &
-  PIDS+=($!)
-  # shellcheck disable=SC2086
-  in_ns cg $start_server >"$work/gpu-server.log" 2>&1 &
   PIDS+=($!)
 
   hosts_ready() {
@@ -270,14 +272,35 @@ EOF
   vm_view=$(api GET "/v1/vms/$vm_id")
   vm_ns=${P}vm-$(json "v['server_id']" <<<"$vm_view")
   lupine_server=$(json "v['gpu_env']['LUPINE_SERVER']" <<<"$vm_view")
+  [ -e "/run/netns/$vm_ns" ] && [ -n "$lupine_server" ] \
+    || { echo "the VM has no namespace or no server: $vm_view"; return 1; }
   echo "VM $vm_id in namespace $vm_ns: LUPINE_SERVER=$lupine_server," \
     "GSAAS_CGPUS=$(json "v['gpu_env']['GSAAS_CGPUS']" <<<"$vm_view")"
-  # The VM reaches the GPU server only through its masked endpoint.
+}
+
+# The VM reaches the GPU server (listening now: the GPU host's namespace reaches it) only
+# through its masked endpoint.
+check_isolated() {
   if ip netns exec "$vm_ns" timeout 3 bash -c 'exec 3<>/dev/tcp/10.232.0.2/14833' 2>/dev/null; then
-    echo "FAILED: the VM reached the GPU server directly"
-    return 1
+    die "the VM reached the GPU server directly"
   fi
-  echo "the VM cannot reach the GPU server directly (10.232.0.2:14833): as it should"
+  echo "the VM cannot reach the GPU server directly (10.232.0.2:14833), which listens: as it should"
+}
+
+# Starts `$@` in the GPU host's namespace (its log: gpu-server.log) and waits for its port.
+start_gpu_server() {
+  # shellcheck disable=SC2068
+  in_ns cg $@ >"$work/gpu-server.log" 2>&1 &
+  PIDS+=($!)
+  listening() { in_ns cg bash -c 'exec 3<>/dev/tcp/10.232.0.2/14833' 2>/dev/null; }
+  wait_until 30 "the GPU server to listen" listening || { cat "$work/gpu-server.log"; return 1; }
+}
+
+# The stand-in NVML (rodvr-agent/tests/fake-nvml) in $no_gpus, built with the C compiler.
+fake_nvml() {
+  no_gpus=/tmp/gsaas-gpu-check-fake-nvml
+  mkdir -p "$no_gpus"
+  cc -shared -fPIC -O1 -o "$no_gpus/libnvidia-ml.so.1" rodvr-agent/tests/fake-nvml/fake_nvml.c
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -286,21 +309,32 @@ EOF
 run() {
   [ "$(id -u)" = 0 ] || die "run as root (network namespaces)"
   [ -x "$gc/bin/rodvr-agent" ] || die "no .gpu-check/bin: run 'scripts/gpu-check.sh prepare' where cargo works, and carry .gpu-check"
-  tools || echo "some tools are missing: the masked path will be skipped"
+  export PATH=$PATH:/usr/local/cuda/bin
   trap cleanup EXIT
   say "1. NVML discovery and health watch (rodvr-agent gpus, 5 s)"
   "$bin/rodvr-agent" gpus --watch-secs 5
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,mig.mode.current --format=csv
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version,mig.mode.current --format=csv
+  fi
   if [ ! -d "$gc/lupine-src" ]; then
     say "2. skipped: no LUPINE source was prepared (scripts/gpu-check.sh prepare LUPINE_SRC)"
     return 0
   fi
-  say "2. LUPINE: building its server and client here, and the CUDA program"
-  local build=/tmp/gsaas-gpu-check-lupine started=$SECONDS
-  local generator=()
+  local missing=()
+  for tool in cmake nvcc c++ cc; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  [ ${#missing[@]} -eq 0 ] || die "missing here: ${missing[*]} (LUPINE's server and the program are built here)"
+  tools || die "the masked path needs ip, nft, nsenter, conntrack, curl and python3"
+  fake_nvml
+
+  say "2. the masked path: gsaasd, two agents, a VM launched with remoting = lupine"
+  masked_path $'[gpu_servers]\naddress = "10.232.0.2"\nremoting = "lupine"' \
+    || die "the masked path could not be set up: see above"
+
+  say "3. LUPINE (server and client) and the CUDA program, built here"
+  local build=/tmp/gsaas-gpu-check-lupine started=$SECONDS generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
-  cmake -S "$gc/lupine-src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DLUPINE_BUILD_HIP=OFF \
-    -DBUILD_TESTING=OFF -DNGHTTP2_INCLUDE_DIR="$nghttp2_root/include" \
+  cmake -S "$gc/lupine-src" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DLUPINE_BUILD_HIP=OFF -DBUILD_TESTING=OFF -DNGHTTP2_INCLUDE_DIR="$nghttp2_root/include" \
     -DNGHTTP2_LIBRARY="$(ls "$nghttp2_root"/lib/x86_64-linux-gnu/libnghttp2.so* | head -1)" \
     >"$build.log" 2>&1 || { tail -40 "$build.log"; die "configuring LUPINE failed"; }
   cmake --build "$build" --parallel "$(nproc)" \
@@ -309,19 +343,15 @@ run() {
   nvcc -O2 -o /tmp/gsaas-vecadd scripts/gpu-check/vecadd.cu || die "building vecadd failed"
   echo "built in $((SECONDS - started)) s"
 
-  say "3. the program directly on the GPU"
+  say "4. the program directly on the GPU"
   /tmp/gsaas-vecadd || echo "FAILED directly"
 
-  say "4. the program in a VM, through LUPINE at its masked endpoint"
-  local rc=0
-  masked_path $'[gpu_servers]\naddress = "10.232.0.2"\nremoting = "lupine"' \
-    "env CUDA_VISIBLE_DEVICES=0 LUPINE_PORT=14833 $build/lupine_driver_server" || rc=$?
-  if [ $rc -ne 0 ]; then
-    echo "the masked path could not be set up (exit $rc): see above"
-    return $rc
-  fi
-  sleep 1
-  ip netns exec "$vm_ns" env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH="$build" \
+  say "5. the program in the VM, through LUPINE's client at its masked endpoint"
+  start_gpu_server env CUDA_VISIBLE_DEVICES=0 LUPINE_PORT=14833 "$build/lupine_driver_server" \
+    || die "LUPINE's server did not start"
+  check_isolated
+  ip netns exec "$vm_ns" env -i PATH=/usr/bin:/bin \
+    LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     LUPINE_SERVER="$lupine_server" LUPINE_DISABLE_LOCAL=1 timeout 300 /tmp/gsaas-vecadd \
     || { echo "FAILED through the masked endpoint"; tail -20 "$work/gpu-server.log"; return 1; }
 }
@@ -333,16 +363,15 @@ selftest() {
   bin=$root/target/debug
   tools || die "tools are missing here"
   trap cleanup EXIT
-  local fake=/tmp/gsaas-gpu-check-fake-nvml
-  mkdir -p "$fake"
-  cc -shared -fPIC -O1 -o "$fake/libnvidia-ml.so.1" rodvr-agent/tests/fake-nvml/fake_nvml.c
-  export FAKE_NVML_GPUS="NVIDIA H100 80GB HBM3:81559:9.0:GPU-5e1f7e57:0:0:0:0:0"
+  fake_nvml
+  local gpu="NVIDIA H100 80GB HBM3:81559:9.0:GPU-5e1f7e57:0:0:0:0:0"
   say "1. NVML discovery and health watch, against the stand-in NVML"
-  LD_LIBRARY_PATH=$fake "$bin/rodvr-agent" gpus --watch-secs 1
+  LD_LIBRARY_PATH=$no_gpus FAKE_NVML_GPUS=$gpu "$bin/rodvr-agent" gpus --watch-secs 1
   say "2. the masked path, with a stand-in for LUPINE's server"
-  local standin=$work_standin
-  masked_path $'[gpu_servers]\naddress = "10.232.0.2"\nremoting = "lupine"' \
-    "python3 $standin 10.232.0.2 14833" "$fake"
+  gpu_agent_env=(LD_LIBRARY_PATH="$no_gpus" FAKE_NVML_GPUS="$gpu")
+  masked_path $'[gpu_servers]\naddress = "10.232.0.2"\nremoting = "lupine"'
+  start_gpu_server python3 "$work_standin" 10.232.0.2 14833
+  check_isolated
   # The stand-in greets each connection with what it saw: the bytes a client sent first, and
   # from where. Through the masked endpoint it sees the VM's host's address on the GPU network.
   local host=${lupine_server%:*} port=${lupine_server#*:}

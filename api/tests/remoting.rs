@@ -107,6 +107,15 @@ async fn what_a_layer_cannot_do_is_refused_and_books_nothing(store: Store) {
     assert!(problem.to_string().contains("remoting"), "{problem}");
     let (_, after) = t.get(&t.admin(), "/v1/pool").await;
     assert_eq!(before["totals"], after["totals"]);
+    // Nor by attaching, even to wait in the queue: 2 held and 15 more are 17.
+    let lupine = t.launch(&member, &launch(2, json!({"remoting": "lupine"}))).await;
+    t.wait_state(&member, &lupine, "ready").await;
+    let attach = json!({"ncgpus": 15, "gpu_memory_mib": 16384, "mode": "shared", "queue": true});
+    let (status, problem) = t.post(&member, &format!("/v1/vms/{lupine}/cgpus"), &attach).await;
+    assert_eq!((status, problem["field"].as_str()), (422, Some("ncgpus")), "{problem}");
+    assert!(problem.to_string().contains("holds 2 cGPUs"), "{problem}");
+    let (_, vm) = t.get(&member, &format!("/v1/vms/{lupine}")).await;
+    assert!(vm.get("queued_attaches").is_none(), "nothing waits: {vm}");
 }
 
 async fn a_layer_no_gpu_speaks_is_refused_naming_remoting(store: Store) {

@@ -621,6 +621,24 @@ impl HostReport {
                     format!("must be at most {MAX_GPU_NUMBER}"),
                 ));
             }
+            let layer = gpu.attributes.remoting;
+            if let Some(first) = self.gpus.first().filter(|g| g.attributes.remoting != layer) {
+                return Err(bad(
+                    field("remoting"),
+                    format!(
+                        "{layer}, while gpus[0] is {}: a host's GPU servers speak one layer",
+                        first.attributes.remoting
+                    ),
+                ));
+            }
+            if layer == gpgpums::Remoting::Lupine && gpu.rcuda.gpu_number != 0 {
+                // A LUPINE server serves every GPU its process sees, and its client names none:
+                // a cGPU's server must see its GPU alone, or the VM would use another's.
+                return Err(bad(
+                    field("rcuda.gpu_number"),
+                    "must be 0 for LUPINE: one server per GPU, which sees that GPU alone".into(),
+                ));
+            }
             let served = (endpoint, gpu.rcuda.gpu_number);
             if let Some(first) = endpoints.get(&served) {
                 return Err(bad(
@@ -859,6 +877,22 @@ mod tests {
         }
         assert_eq!(entry(&|r| r.gpus[1].id = r.gpus[0].id.clone()), "gpus[1].id");
         assert_eq!(entry(&|r| r.gpus[1].index = 0), "gpus[1].index");
+        // One layer per host; a LUPINE server serves one GPU (its client names no device).
+        let lupine = |r: &mut HostReport| {
+            r.gpus.iter_mut().for_each(|g| g.attributes.remoting = gpgpums::Remoting::Lupine)
+        };
+        assert_eq!(
+            entry(&|r| r.gpus[1].attributes.remoting = gpgpums::Remoting::Lupine),
+            "gpus[1].remoting"
+        );
+        let mut all_lupine = report(2);
+        lupine(&mut all_lupine);
+        assert_eq!(all_lupine.validate(range), Ok(()));
+        let shared = refused(&|r| {
+            lupine(r);
+            r.gpus[1].rcuda = RcudaEndpoint { gpu_number: 1, ..r.gpus[0].rcuda };
+        });
+        assert_eq!(shared.entry, "gpus[1].rcuda.gpu_number");
         // rCUDA endpoints a route could not reach.
         let why = refused(&|r| r.gpus[0].rcuda.port = 0).reason;
         assert!(why.contains("port"), "{why}");

@@ -125,6 +125,11 @@ impl App {
         for (field, reason) in request.problems() {
             checks.fail(field, reason);
         }
+        // What the VM's layer cannot do, before the attach may wait in the queue.
+        let total = details.cgpus.len() as u64 + u64::from(input.ncgpus);
+        if let Some(problem) = details.vm.spec.remoting().ncgpus_problem(total) {
+            checks.fail("ncgpus", format!("the VM holds {} cGPUs: {problem}", details.cgpus.len()));
+        }
         checks.finish().map_err(refused)?;
         check_changeable(&details.vm).map_err(refused)?;
         let VmDetails { vm, cgpus, .. } = details;

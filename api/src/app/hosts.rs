@@ -578,6 +578,9 @@ impl App {
                 let mut routes: Vec<Route> = Vec::new();
                 let mut vms_without_cgpus = Vec::new();
                 let mut lost = Vec::new();
+                // A VM's rows come together (both readers group them): the VM of the last route,
+                // and the VM listed without a route for a lost cGPU, while its rows last.
+                let (mut routed_vm, mut idle_vm) = (None, None);
                 for c in routed {
                     let (Some(vm_ip), Some(vm_tap)) = (c.fixed_ip, c.tap) else {
                         tracing::error!(vm = %c.vm, %host, "no tap or fixed IP: not routed");
@@ -588,34 +591,39 @@ impl App {
                             lost.push(LostCgpu { vm: c.vm, index: cgpu.index });
                             // Its VM reads its environment even when none of its cGPUs has a
                             // route (listed once, after its routes).
-                            let port = VmPort { vm: c.vm, vm_ip, vm_tap, remoting: c.remoting };
-                            let listed = |vm| {
-                                routes.iter().any(|r| r.vm == vm)
-                                    || vms_without_cgpus.iter().any(|p: &VmPort| p.vm == vm)
-                            };
-                            if !listed(c.vm) {
-                                vms_without_cgpus.push(port);
+                            if routed_vm != Some(c.vm) && idle_vm != Some(c.vm) {
+                                idle_vm = Some(c.vm);
+                                let remoting = c.remoting;
+                                vms_without_cgpus.push(VmPort {
+                                    vm: c.vm,
+                                    vm_ip,
+                                    vm_tap,
+                                    remoting,
+                                });
                             }
                         }
-                        Some(cgpu) => routes.push(Route {
-                            vm: c.vm,
-                            vm_ip,
-                            vm_tap,
-                            masked: cgpu.masked,
-                            target: cgpu.target,
-                            gpu_number: cgpu.gpu_number,
-                            index: Some(cgpu.index),
-                            remoting: c.remoting,
-                        }),
+                        Some(cgpu) => {
+                            if idle_vm.take_if(|vm| *vm == c.vm).is_some() {
+                                // Listed for a lost cGPU before this route: it has a route.
+                                vms_without_cgpus.pop();
+                            }
+                            routed_vm = Some(c.vm);
+                            routes.push(Route {
+                                vm: c.vm,
+                                vm_ip,
+                                vm_tap,
+                                masked: cgpu.masked,
+                                target: cgpu.target,
+                                gpu_number: cgpu.gpu_number,
+                                index: Some(cgpu.index),
+                                remoting: c.remoting,
+                            })
+                        }
                         None => {
                             let port = VmPort { vm: c.vm, vm_ip, vm_tap, remoting: c.remoting };
                             vms_without_cgpus.push(port);
                         }
                     }
-                }
-                if !lost.is_empty() {
-                    // A VM listed without cGPUs for a lost one, whose routes came after it.
-                    vms_without_cgpus.retain(|p| !routes.iter().any(|r| r.vm == p.vm));
                 }
                 let generation = record.routes_generation;
                 let metadata = self.config.masking.metadata_endpoint();

@@ -66,7 +66,13 @@ pub fn gpu_env(vm: &VmRecord, cgpus: &[CgpuRecord]) -> GpuEnv {
                 cgpu: c.index,
             })
             .collect(),
-        missing: cgpus.iter().filter(|c| c.state == CgpuState::Lost).map(|c| c.index).collect(),
+        missing: {
+            // By index, as the agent lists them.
+            let mut missing: Vec<u32> =
+                cgpus.iter().filter(|c| c.state == CgpuState::Lost).map(|c| c.index).collect();
+            missing.sort_unstable();
+            missing
+        },
     }
 }
 

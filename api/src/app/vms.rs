@@ -102,14 +102,16 @@ impl App {
     ) -> Result<(VmDetails, bool), Error> {
         let received = Instant::now();
         let project = caller.tenant_project()?.to_owned();
+        let policy = input.policy.clone().unwrap_or_else(|| self.config.default_policy.clone());
+        // Over the request as received: a retry matches its first try whatever the service's
+        // default layer is now.
+        let request_digest = digest(
+            serde_json::to_string(&(&input.spec, &policy)).expect("request serializes").as_bytes(),
+        );
         let mut input = input;
         // A launch that names no layer gets the service's, and keeps it for life.
         input.spec.gpus.constraints.remoting.get_or_insert(self.config.remoting.default);
         validate(&input.spec, self.config.queue.max_priority)?;
-        let policy = input.policy.clone().unwrap_or_else(|| self.config.default_policy.clone());
-        let request_digest = digest(
-            serde_json::to_string(&(&input.spec, &policy)).expect("request serializes").as_bytes(),
-        );
         if let Some(key) = &input.idempotency_key {
             check_text("Idempotency-Key", key, MAX_NAME)?;
             if let Some(existing) = self.replay(&project, key, &request_digest).await? {

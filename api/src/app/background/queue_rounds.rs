@@ -145,10 +145,13 @@ impl App {
                 round.refused.push(q.vm.id);
                 continue;
             };
-            let (ask, request, policy) = match attach {
+            let (ask, mut request, policy) = match attach {
                 None => (Ask::Launch, q.vm.spec.gpus.clone(), q.vm.policy.clone()),
                 Some(a) => (Ask::Attach { on_host }, a.request.clone(), a.policy.clone()),
             };
+            // The VM's layer, whatever the waiting request says: one queued before layers were
+            // told apart says none, and would take a GPU of any layer.
+            request.constraints.remoting = Some(q.vm.spec.remoting());
             by_ticket.insert(q.ticket, q);
             waiting.push(Waiting {
                 ticket: q.ticket,
