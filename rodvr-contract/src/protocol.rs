@@ -200,17 +200,16 @@ impl RouteTable {
         check_generation(self.generation)
             .map_err(|reason| InvalidEntry { entry: "generation".into(), reason })?;
         let mut seen: HashMap<(&str, SocketAddrV4), usize> = HashMap::new();
-        // Each tap is one VM's, with one address.
-        let mut taps: HashMap<&str, (VmId, Ipv4Addr, String)> = HashMap::new();
-        let routed = self
-            .routes
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (format!("routes[{i}]"), r.vm, r.vm_ip, r.vm_tap.as_str(), true));
-        let idle = self.vms_without_cgpus.iter().enumerate().map(|(i, p)| {
-            (format!("vms_without_cgpus[{i}]"), p.vm, p.vm_ip, p.vm_tap.as_str(), false)
+        // Each tap is one VM's, with one address and one remote-GPU layer (its client is one
+        // library).
+        let mut taps: HashMap<&str, (VmId, Ipv4Addr, String, gpgpums::Remoting)> = HashMap::new();
+        let routed = self.routes.iter().enumerate().map(|(i, r)| {
+            (format!("routes[{i}]"), r.vm, r.vm_ip, r.vm_tap.as_str(), true, r.remoting)
         });
-        for (entry, vm, ip, tap, has_route) in routed.chain(idle) {
+        let idle = self.vms_without_cgpus.iter().enumerate().map(|(i, p)| {
+            (format!("vms_without_cgpus[{i}]"), p.vm, p.vm_ip, p.vm_tap.as_str(), false, p.remoting)
+        });
+        for (entry, vm, ip, tap, has_route, layer) in routed.chain(idle) {
             let bad = |field: &str, reason: String| InvalidEntry {
                 entry: format!("{entry}.{field}"),
                 reason,
@@ -220,61 +219,48 @@ impl RouteTable {
                 return Err(bad("vm_ip", format!("{ip} is not a unicast address")));
             }
             match taps.get(tap) {
-                Some((owner, owner_ip, first)) if (*owner, *owner_ip) != (vm, ip) => {
+                Some((owner, owner_ip, first, _)) if (*owner, *owner_ip) != (vm, ip) => {
                     return Err(bad(
                         "vm_tap",
                         format!("{tap} is {first}'s, of another VM or address"),
                     ));
                 }
                 // A VM without cGPUs is listed once, and has no route.
-                Some((_, _, first)) if !has_route => {
+                Some((_, _, first, _)) if !has_route => {
                     return Err(bad("vm", format!("{vm} is listed already, at {first}")));
+                }
+                Some((_, _, first, first_layer)) if *first_layer != layer => {
+                    return Err(bad(
+                        "remoting",
+                        format!("{layer} while {first} of the same VM is {first_layer}"),
+                    ));
                 }
                 Some(_) => {}
                 None => {
-                    taps.insert(tap, (vm, ip, entry));
+                    taps.insert(tap, (vm, ip, entry, layer));
                 }
             }
         }
-        // One layer per VM (its client is one library), each cGPU index routed once, and a lost
-        // cGPU is one of a listed VM's that has no route.
-        let mut layers: HashMap<VmId, (gpgpums::Remoting, usize)> = HashMap::new();
-        let mut indexes: HashSet<(VmId, u32)> = HashSet::new();
-        for (i, route) in self.routes.iter().enumerate() {
-            let bad = |field: &str, reason: String| InvalidEntry {
-                entry: format!("routes[{i}].{field}"),
-                reason,
-            };
-            let (layer, first) = *layers.entry(route.vm).or_insert((route.remoting, i));
-            if layer != route.remoting {
-                return Err(bad(
-                    "remoting",
-                    format!("{} while routes[{first}] of the same VM is {layer}", route.remoting),
-                ));
-            }
-            if let Some(index) = route.index {
-                if !indexes.insert((route.vm, index)) {
+        // A lost cGPU is one of a listed VM's, listed once, and has no route. (Checked only
+        // when there are some: this runs on every push.)
+        if !self.lost.is_empty() {
+            let listed: HashSet<VmId> = taps.values().map(|(vm, ..)| *vm).collect();
+            let mut indexes: HashSet<(VmId, u32)> =
+                self.routes.iter().filter_map(|r| Some((r.vm, r.index?))).collect();
+            for (i, lost) in self.lost.iter().enumerate() {
+                let bad = |field: &str, reason: String| InvalidEntry {
+                    entry: format!("lost[{i}].{field}"),
+                    reason,
+                };
+                if !listed.contains(&lost.vm) {
+                    return Err(bad("vm", format!("{} is no VM of the table", lost.vm)));
+                }
+                if !indexes.insert((lost.vm, lost.index)) {
                     return Err(bad(
                         "index",
-                        format!("cGPU {index} of {} is routed twice", route.vm),
+                        format!("cGPU {} of {} is listed twice, or routed", lost.index, lost.vm),
                     ));
                 }
-            }
-        }
-        let listed: HashSet<VmId> = taps.values().map(|(vm, _, _)| *vm).collect();
-        for (i, lost) in self.lost.iter().enumerate() {
-            let bad = |field: &str, reason: String| InvalidEntry {
-                entry: format!("lost[{i}].{field}"),
-                reason,
-            };
-            if !listed.contains(&lost.vm) {
-                return Err(bad("vm", format!("{} is no VM of the table", lost.vm)));
-            }
-            if !indexes.insert((lost.vm, lost.index)) {
-                return Err(bad(
-                    "index",
-                    format!("cGPU {} of {} is listed twice", lost.index, lost.vm),
-                ));
             }
         }
         for (i, route) in self.routes.iter().enumerate() {

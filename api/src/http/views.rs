@@ -70,6 +70,7 @@ pub fn attach_input(request: AttachRequest) -> AttachInput {
 pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
     let vm = &details.vm;
     let env = gpu_env(vm, &details.cgpus);
+    let variables = env.variables();
     let gpus = &vm.spec.gpus;
     VmView {
         id: vm.id.to_string(),
@@ -122,11 +123,14 @@ pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
                 rcuda_endpoint: admin.then(|| format!("{}:{}", c.rcuda_address, c.rcuda_port)),
             })
             .collect(),
-        gpu_env: env.variables().into_iter().collect(),
+        // The layer's variables come first: an rCUDA VM's are its `rcuda_env` too.
         rcuda_env: match env.remoting {
-            gpgpums::Remoting::Rcuda => env.layer_variables().into_iter().collect(),
+            gpgpums::Remoting::Rcuda => {
+                variables.iter().filter(|(name, _)| name.starts_with("RCUDA_")).cloned().collect()
+            }
             _ => BTreeMap::new(),
         },
+        gpu_env: variables.into_iter().collect(),
         timings: vm.timings.clone(),
         created_ms: vm.created_ms,
         updated_ms: vm.updated_ms,
