@@ -164,6 +164,10 @@ fn launch_show_env_list_terminate_with_both_syntaxes() {
     let env = String::from_utf8_lossy(&env.stdout);
     assert!(env.contains("export RCUDA_DEVICE_COUNT='2'"), "{env}");
     assert!(env.contains("export RCUDA_DEVICE_1='100.127.0.1@8309:0'"), "{env}");
+    // Which cGPU each device is, and none missing.
+    assert!(env.contains("export GSAAS_CGPUS='0,1'"), "{env}");
+    assert!(env.contains("export GSAAS_CGPUS_MISSING=''"), "{env}");
+    assert_eq!(shown["gpus"]["remoting"], "rcuda", "the service's default layer: {shown}");
 
     // Attach and detach, followed until done.
     let attached = json(&server.gsaas(
@@ -235,6 +239,13 @@ fn errors_are_one_line_with_distinct_exit_codes() {
     let mut args = vec!["launch", "--ncgpus", "1", "--require-trait", "nvlink"];
     args.extend(VM);
     check(server.gsaas(&token, &args), 2, "traits.required");
+    // The testbed's GPUs are served by rCUDA: no GPU speaks LUPINE; and no layer is "scuda".
+    let mut args = vec!["launch", "--ncgpus", "1", "--remoting", "lupine"];
+    args.extend(VM);
+    check(server.gsaas(&token, &args), 2, "remoting");
+    let mut args = vec!["launch", "--ncgpus", "1", "--remoting", "scuda"];
+    args.extend(VM);
+    assert_eq!(server.gsaas(&token, &args).status.code(), Some(2));
     // The testbed's hosts carry no topology: no level to ask for.
     let mut args = vec!["launch", "--ncgpus", "1", "--same", "rack", "--same-preferred"];
     args.extend(VM);
