@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 
 /// rCUDA's daemon port when none is configured.
-pub const RCUDA_DEFAULT_PORT: u16 = 8308;
+pub const RCUDA_DEFAULT_PORT: u16 = Remoting::Rcuda.default_port();
 
 /// Nova's limit on the base64-encoded user_data, in bytes.
 pub const NOVA_USER_DATA_MAX_BASE64: usize = 65535;

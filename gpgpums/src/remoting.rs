@@ -40,7 +40,7 @@ impl Remoting {
 
     /// The port its servers listen on when none is configured (one server per GPU: the base
     /// port of a host's servers).
-    pub fn default_port(self) -> u16 {
+    pub const fn default_port(self) -> u16 {
         match self {
             Remoting::Rcuda => 8308,
             Remoting::Lupine => 14833,

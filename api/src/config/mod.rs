@@ -660,9 +660,6 @@ fn one() -> u32 {
     1
 }
 
-/// The rCUDA port of the GPU with `index` 0 (one daemon per GPU, as agents number them).
-pub const INVENTORY_RCUDA_BASE_PORT: u16 = 8308;
-
 impl InventoryHost {
     /// The port of its first GPU's server.
     pub fn server_base_port(&self) -> u16 {
@@ -1102,7 +1099,7 @@ mod tests {
             ]
         );
         assert_eq!(gpus[3].model, "A100 MIG 3g.40gb");
-        assert_eq!(gpus[3].rcuda.port(), INVENTORY_RCUDA_BASE_PORT + 100);
+        assert_eq!(gpus[3].rcuda.port(), gpgpums::Remoting::Rcuda.default_port() + 100);
         let many = "[[inventory]]\nname = \"g1\"\nkind = \"compute-gpu\"\ngpus = [\
                     { model = \"T4\", memory_mib = 16384, count = 100 },\
                     { model = \"A100\", memory_mib = 81920, partitions = [\
