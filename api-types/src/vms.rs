@@ -187,8 +187,13 @@ pub struct LaunchRequest {
     /// The VM's name; default `gsaas-<first 8 characters of its id>`.
     #[serde(default)]
     pub name: Option<String>,
-    pub image: String,
-    pub flavor: String,
+    /// Image name or id; the service's `launch.default_image` when absent (none configured:
+    /// 422 naming `image`).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Flavor name or id; the service's `launch.default_flavor` when absent.
+    #[serde(default)]
+    pub flavor: Option<String>,
     /// Network names or ids; the cloud's default when empty.
     #[serde(default)]
     pub networks: Vec<String>,

@@ -250,10 +250,18 @@ async fn authentication_failures_are_401_with_a_reason(store: Store) {
     let r = t.http.get(t.url("/v1/vms")).header("x-auth-token", t.member()).send().await.unwrap();
     assert_eq!(r.status(), 200);
     // Unauthenticated endpoints; /metrics names GPUs and hosts, so it is not one.
-    for path in ["/healthz", "/readyz", "/openapi.json"] {
+    for path in ["/healthz", "/readyz", "/healthcheck", "/openapi.json"] {
         let r = t.http.get(t.url(path)).send().await.unwrap();
         assert_eq!(r.status(), 200, "{path}");
     }
+    // /healthcheck as oslo.middleware answers it: OK, HEAD 204, JSON when asked for.
+    let r = t.http.get(t.url("/healthcheck")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "OK");
+    let r = t.http.head(t.url("/healthcheck")).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    let r = t.http.get(t.url("/healthcheck")).header("accept", "application/json").send();
+    let answer: Value = r.await.unwrap().json().await.unwrap();
+    assert_eq!(answer, serde_json::json!({"detailed": false, "reasons": ["OK"]}));
     assert_eq!(t.http.get(t.url("/metrics")).send().await.unwrap().status(), 401);
 }
 

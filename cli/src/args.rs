@@ -246,10 +246,10 @@ pub struct Launch {
     /// Where the VM runs: chosen by the cloud (default), local (on the GPUs' host), remote.
     #[arg(long, value_enum, default_value = "any")]
     pub locality: Locality,
-    /// Image name or id (default: GSAAS_IMAGE or the config file's `image`).
+    /// Image name or id (default: GSAAS_IMAGE, the config file's `image`, else the service's).
     #[arg(long, env = "GSAAS_IMAGE")]
     pub image: Option<String>,
-    /// Flavor name or id (default: GSAAS_FLAVOR or the config file's `flavor`).
+    /// Flavor name or id (default: GSAAS_FLAVOR, the config file's `flavor`, else the service's).
     #[arg(long, env = "GSAAS_FLAVOR")]
     pub flavor: Option<String>,
     /// A network for the VM (repeatable).

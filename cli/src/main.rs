@@ -295,12 +295,9 @@ fn launch_vm(
     launch: Launch,
     file: &FileConfig,
 ) -> Result<(), Failure> {
-    let image = launch.image.or(file.image.clone()).ok_or_else(|| {
-        Failure::usage("--image is required (or set GSAAS_IMAGE, or `image` in the config file)")
-    })?;
-    let flavor = launch.flavor.or(file.flavor.clone()).ok_or_else(|| {
-        Failure::usage("--flavor is required (or set GSAAS_FLAVOR, or `flavor` in the config file)")
-    })?;
+    // None: the service's default image and flavor (it names the field when it has none).
+    let image = launch.image.or(file.image.clone());
+    let flavor = launch.flavor.or(file.flavor.clone());
     let user_data = match &launch.user_data {
         Some(path) => Some(
             std::fs::read_to_string(path)

@@ -15,6 +15,11 @@ struct Server {
 
 impl Server {
     fn start() -> Server {
+        Server::start_with(|_| {})
+    }
+
+    /// [`Server::start`] with gsaasd's config changed by `tweak`.
+    fn start_with(tweak: impl FnOnce(&mut gsaasd::config::Config)) -> Server {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -26,6 +31,7 @@ impl Server {
         let mut config =
             gsaasd::config::Config { data_dir: dir.join("data"), ..Default::default() };
         config.listen = "127.0.0.1:0".parse().unwrap();
+        tweak(&mut config);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -214,6 +220,26 @@ fn launch_show_env_list_terminate_with_both_syntaxes() {
     assert_eq!(pool["totals"]["allocated_mib"], 0);
 }
 
+/// `gsaas -l -ncgpus=2 -poolmem=2048 -mode=shared`, exactly as the dissertation types it, when the
+/// service names a default image and flavor.
+#[test]
+fn the_papers_command_works_as_typed_with_the_services_image_and_flavor() {
+    let server = Server::start_with(|config| {
+        config.launch.default_image = Some("cirros-0.6.2".into());
+        config.launch.default_flavor = Some("m1.small".into());
+    });
+    let token = server.token("demo", Role::Member);
+    let paper =
+        server.gsaas(&token, &["-f", "json", "-l", "-ncgpus=2", "-poolmem=2048", "-mode=shared"]);
+    assert!(paper.status.success(), "{}", stderr(&paper));
+    let vm = json(&paper);
+    assert_eq!(
+        (vm["image"].as_str(), vm["flavor"].as_str()),
+        (Some("cirros-0.6.2"), Some("m1.small"))
+    );
+    assert_eq!(vm["gpus"]["ncgpus"], 2, "{vm}");
+}
+
 #[test]
 fn errors_are_one_line_with_distinct_exit_codes() {
     let server = Server::start();
@@ -229,7 +255,8 @@ fn errors_are_one_line_with_distinct_exit_codes() {
     // Usage: bad arguments, a missing image, a field the service refuses.
     let output = server.gsaas(&token, &["launch", "--ncgpus", "two"]);
     assert_eq!(output.status.code(), Some(2));
-    check(server.gsaas(&token, &["launch", "--ncgpus", "1"]), 2, "--image is required");
+    // No image anywhere, and the service names no default: refused by the service, naming it.
+    check(server.gsaas(&token, &["launch", "--ncgpus", "1"]), 2, "image: is required");
     let mut args = vec!["launch", "--ncgpus", "1", "--mode", "shared"];
     args.extend(VM);
     check(server.gsaas(&token, &args), 2, "gpu_memory_mib");

@@ -52,8 +52,15 @@ fn validate(spec: &LaunchSpec, max_priority: i32) -> Result<(), Error> {
     if !spec.vm.name.is_empty() {
         checks.text("name", &spec.vm.name, MAX_NAME);
     }
-    checks.text("image", &spec.vm.image, MAX_NAME);
-    checks.text("flavor", &spec.vm.flavor, MAX_NAME);
+    for (field, value) in [("image", &spec.vm.image), ("flavor", &spec.vm.flavor)] {
+        if value.is_empty() {
+            let why =
+                format!("is required: this service names no default (launch.default_{field})");
+            checks.fail(field, why);
+        } else {
+            checks.text(field, value, MAX_NAME);
+        }
+    }
     if spec.vm.networks.len() > MAX_NETWORKS {
         checks.fail("networks", format!("at most {MAX_NETWORKS} networks"));
     }
@@ -109,8 +116,18 @@ impl App {
             serde_json::to_string(&(&input.spec, &policy)).expect("request serializes").as_bytes(),
         );
         let mut input = input;
-        // A launch that names no layer gets the service's, and keeps it for life.
+        // A launch that names no layer gets the service's, and keeps it for life; one that names
+        // no image or flavor, the service's (refused below when there is none).
         input.spec.gpus.constraints.remoting.get_or_insert(self.config.remoting.default);
+        let vm = &mut input.spec.vm;
+        for (value, default) in [
+            (&mut vm.image, &self.config.launch.default_image),
+            (&mut vm.flavor, &self.config.launch.default_flavor),
+        ] {
+            if value.is_empty() {
+                value.clone_from(default.as_ref().unwrap_or(&String::new()));
+            }
+        }
         validate(&input.spec, self.config.queue.max_priority)?;
         if let Some(key) = &input.idempotency_key {
             check_text("Idempotency-Key", key, MAX_NAME)?;

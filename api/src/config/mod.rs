@@ -385,6 +385,11 @@ pub struct LaunchConfig {
     /// How long a gsaasd's claim on a running saga lasts unless renewed; after a crash, another
     /// gsaasd (or the restarted one) resumes the saga once the claim runs out.
     pub saga_lease_secs: u64,
+    /// The image of a launch that names none (the dissertation's `gsaas -l -ncgpus=2` names
+    /// none); none: such a launch is refused, naming `image`.
+    pub default_image: Option<String>,
+    /// The flavor of a launch that names none.
+    pub default_flavor: Option<String>,
     /// How often a long-poll (`GET /v1/vms/{id}?wait=`) reads its VM again when no write of this
     /// gsaasd wakes it: at most how late it answers a VM settled by another replica's saga.
     pub long_poll_reread_ms: u64,
@@ -398,6 +403,8 @@ impl Default for LaunchConfig {
             agent_timeout_ms: 10_000,
             saga_lease_secs: 30,
             long_poll_reread_ms: 250,
+            default_image: None,
+            default_flavor: None,
         }
     }
 }

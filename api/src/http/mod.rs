@@ -6,6 +6,7 @@
 
 mod elastic;
 mod failures;
+mod healthcheck;
 mod lists;
 mod openapi;
 mod quotas;
@@ -206,6 +207,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/gpus/{id}/taint", post(taint_gpu))
         .route("/v1/gpus/{id}/untaint", post(untaint_gpu))
         .route("/healthz", get(healthz))
+        .route("/healthcheck", get(healthcheck::healthcheck).head(healthcheck::healthcheck))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))

@@ -44,7 +44,7 @@ impl utoipa::Modify for BearerAuth {
         super::renew_agent_token, super::rtt_targets, super::drain_host, super::undrain_host,
         super::failures::forget_host, super::failures::evacuate_host, super::failures::list_fences,
         super::failures::evacuate_gpu, super::taint_gpu, super::untaint_gpu, super::healthz,
-        super::readyz, super::metrics, super::openapi_json),
+        super::healthcheck::healthcheck, super::readyz, super::metrics, super::openapi_json),
     components(schemas(Problem, FieldError, QuotaProblem, QuotaView,
         QuotaList, QuotaLimits, QuotaUsage, LaunchRequest, AttachRequest,
         CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView,

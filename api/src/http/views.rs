@@ -39,8 +39,9 @@ pub fn launch_spec(request: LaunchRequest) -> (LaunchSpec, Option<String>, bool)
     };
     let vm = VmRequest {
         name: request.name.unwrap_or_default(),
-        image: request.image,
-        flavor: request.flavor,
+        // Absent: the service's default, set by the application (empty until then).
+        image: request.image.unwrap_or_default(),
+        flavor: request.flavor.unwrap_or_default(),
         networks: request.networks,
     };
     let spec = LaunchSpec {
