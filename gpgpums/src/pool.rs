@@ -1264,11 +1264,9 @@ impl Pool {
                 ),
             ));
         }
-        if let Some(problem) = request.constraints.remoting.and_then(|r| r.ncgpus_problem(total)) {
-            return Err(Error::invalid(
-                "ncgpus",
-                format!("the VM holds {} cGPUs: {problem}", held.len()),
-            ));
+        let layer = request.constraints.remoting;
+        if let Some(problem) = layer.and_then(|r| r.attach_problem(held.len(), request.ncgpus)) {
+            return Err(Error::invalid("ncgpus", problem));
         }
         let shortfall =
             |placeable| Error::InsufficientCapacity(Shortfall::of(request, placeable, false));

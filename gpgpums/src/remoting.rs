@@ -68,6 +68,12 @@ impl Remoting {
         })
     }
 
+    /// Why a VM on this layer that holds `held` cGPUs cannot get `more`, if it cannot.
+    pub fn attach_problem(self, held: usize, more: u32) -> Option<String> {
+        let problem = self.ncgpus_problem(held as u64 + u64::from(more))?;
+        Some(format!("the VM holds {held} cGPUs: {problem}"))
+    }
+
     pub fn is_rcuda(&self) -> bool {
         *self == Remoting::Rcuda
     }

@@ -20,7 +20,7 @@ use gpgpums::{Pool, ProjectId, QuotaLedger, Refusal, Shortfall, Usage};
 use super::batch::Queued;
 use super::fences;
 use super::pool::BoxFuture;
-use super::shared::{gpu_env, Extras, VmDetails, MAX_DELEGATED_WAIT};
+use super::shared::{vm_user_data, Extras, VmDetails, MAX_DELEGATED_WAIT};
 use super::App;
 use crate::cloudinit;
 use crate::config::{Config, MaskingConfig};
@@ -696,16 +696,8 @@ pub(super) fn check_user_data(
     cgpus: &[CgpuRecord],
     config: &Config,
 ) -> Result<(), Error> {
-    let env = gpu_env(record, cgpus);
-    let user_data = cloudinit::user_data(
-        &cloudinit::BootEnv {
-            env: &env,
-            metadata: config.masking.metadata_endpoint(),
-            lupine_library_dir: &config.remoting.lupine_library_dir,
-        },
-        record.spec.user_data.as_deref().map(str::as_bytes),
-    )
-    .map_err(|e| Error::invalid("user_data", e.to_string()))?;
+    let user_data = vm_user_data(config, record, cgpus)
+        .map_err(|e| Error::invalid("user_data", e.to_string()))?;
     if cloudinit::base64_len(user_data.len()) > cloudinit::NOVA_USER_DATA_MAX_BASE64 {
         return Err(Error::invalid(
             "user_data",

@@ -126,9 +126,9 @@ impl App {
             checks.fail(field, reason);
         }
         // What the VM's layer cannot do, before the attach may wait in the queue.
-        let total = details.cgpus.len() as u64 + u64::from(input.ncgpus);
-        if let Some(problem) = details.vm.spec.remoting().ncgpus_problem(total) {
-            checks.fail("ncgpus", format!("the VM holds {} cGPUs: {problem}", details.cgpus.len()));
+        let layer = details.vm.spec.remoting();
+        if let Some(problem) = layer.attach_problem(details.cgpus.len(), input.ncgpus) {
+            checks.fail("ncgpus", problem);
         }
         checks.finish().map_err(refused)?;
         check_changeable(&details.vm).map_err(refused)?;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use gpgpums::VmId;
 
-use crate::cloudinit::{GpuDevice, GpuEnv};
+use crate::cloudinit::{self, GpuDevice, GpuEnv};
+use crate::config::Config;
 use crate::db;
 use crate::model::{CgpuRecord, CgpuState, VmRecord};
 
@@ -74,6 +75,22 @@ pub fn gpu_env(vm: &VmRecord, cgpus: &[CgpuRecord]) -> GpuEnv {
             missing
         },
     }
+}
+
+/// The cloud-init user_data of `vm` with `cgpus`: its remote-GPU environment, where it reads it
+/// live, and its owner's own user_data.
+pub fn vm_user_data(
+    config: &Config,
+    vm: &VmRecord,
+    cgpus: &[CgpuRecord],
+) -> Result<Vec<u8>, cloudinit::UserDataError> {
+    let env = gpu_env(vm, cgpus);
+    let boot = cloudinit::BootEnv {
+        env: &env,
+        metadata: config.masking.metadata_endpoint(),
+        lupine_library_dir: &config.remoting.lupine_library_dir,
+    };
+    cloudinit::user_data(&boot, vm.spec.user_data.as_deref().map(str::as_bytes))
 }
 
 /// A request waiting in the queue, as its VM's owner sees it.

@@ -10,10 +10,9 @@ use gpgpums::{HostId, Locality};
 use tokio::sync::Notify;
 
 use super::{cloud_failure, StepError};
-use crate::app::shared::gpu_env;
+use crate::app::shared::vm_user_data;
 use crate::app::App;
 use crate::cloud::{Checked, HostConstraint, ServerSpec};
-use crate::cloudinit;
 use crate::db::{self, now_ms};
 use crate::error::Error;
 use crate::model::{CgpuRecord, SagaStep, VmRecord, VmState};
@@ -43,17 +42,8 @@ impl App {
                 db::cgpus_of(&mut conn, vm.id).await?
             }
         };
-        let env = gpu_env(vm, &cgpus);
-        let metadata = self.config.masking.metadata_endpoint();
-        let user_data = cloudinit::user_data(
-            &cloudinit::BootEnv {
-                env: &env,
-                metadata,
-                lupine_library_dir: &self.config.remoting.lupine_library_dir,
-            },
-            vm.spec.user_data.as_deref().map(str::as_bytes),
-        )
-        .map_err(|e| StepError::Failed(format!("user_data: {e}")))?;
+        let user_data = vm_user_data(&self.config, vm, &cgpus)
+            .map_err(|e| StepError::Failed(format!("user_data: {e}")))?;
         let host = match vm.spec.gpus.locality {
             Locality::Local => {
                 let host = cgpus
