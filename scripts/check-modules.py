@@ -24,7 +24,7 @@ LAYERS = [
     {"app", "auth"},
     # The configuration gathers its adapters' settings (`[cloud.nova]` is `cloud::nova`'s).
     {"agents", "cloud", "openstack", "db", "lanes", "cloudinit", "metrics", "config"},
-    {"model", "error", "caller"},
+    {"model", "error", "caller", "policy"},
 ]
 
 

@@ -70,7 +70,15 @@ impl Bench {
         let (details, _) = self.bed.app.launch(&self.caller, input).await.expect("launch");
         let id = details.vm.id;
         self.wait_vm(id, |s, _| s == VmState::Ready).await;
-        let ip = self.bed.app.visible_vm(&self.caller, id).await.unwrap().vm.fixed_ip.unwrap();
+        let ip = self
+            .bed
+            .app
+            .visible_vm(&self.caller, id, gsaasd::policy::actions::VM_SHOW)
+            .await
+            .unwrap()
+            .vm
+            .fixed_ip
+            .unwrap();
         // The VM's address on lo, to read its environment from (already there for a reused one).
         let _ = Command::new("ip").args(["addr", "add", &format!("{ip}/32"), "dev", "lo"]).output();
         (id, ip)
@@ -85,7 +93,12 @@ impl Bench {
     async fn wait_vm(&self, id: VmId, done: impl Fn(VmState, &[CgpuState]) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let d = self.bed.app.visible_vm(&self.caller, id).await.unwrap();
+            let d = self
+                .bed
+                .app
+                .visible_vm(&self.caller, id, gsaasd::policy::actions::VM_SHOW)
+                .await
+                .unwrap();
             let cgpus: Vec<CgpuState> = d.cgpus.iter().map(|c| c.state).collect();
             if done(d.vm.state, &cgpus) {
                 return;
@@ -156,8 +169,7 @@ fn env_client(ip: Ipv4Addr) -> reqwest::Client {
 async fn run(runs: usize, sizes: &[u32]) {
     let extra = format!("metadata_listen = \"{METADATA_LISTEN}\"\n");
     let bed = RealAgentBed::start("elastic", &extra).await;
-    let caller =
-        Caller { subject: "bench".into(), project: Some("alpha".into()), role: Role::Member };
+    let caller = Caller::new("bench", Some("alpha".into()), Role::Member);
     let b = Bench { bed, caller };
     let app = b.bed.app.clone();
     let mut rows = Vec::new();

@@ -48,8 +48,7 @@ async fn run(runs: usize, sizes: &[u32]) {
     let bed = RealAgentBed::start("mgmt", "").await;
     let app = bed.app.clone();
 
-    let caller =
-        Caller { subject: "bench".into(), project: Some("alpha".into()), role: Role::Member };
+    let caller = Caller::new("bench", Some("alpha".into()), Role::Member);
     let mut rows = Vec::new();
     for &n in sizes {
         let mut s = Sample::default();
@@ -80,7 +79,8 @@ async fn run(runs: usize, sizes: &[u32]) {
             let check = details.vm.timings.check.unwrap_or(0.0);
             let deadline = Instant::now() + Duration::from_secs(30);
             let ready = loop {
-                let d = app.visible_vm(&caller, id).await.unwrap();
+                let d =
+                    app.visible_vm(&caller, id, gsaasd::policy::actions::VM_SHOW).await.unwrap();
                 if d.vm.state == VmState::Ready {
                     break d;
                 }
@@ -89,7 +89,8 @@ async fn run(runs: usize, sizes: &[u32]) {
             };
             app.terminate(&caller, id).await.unwrap();
             loop {
-                let d = app.visible_vm(&caller, id).await.unwrap();
+                let d =
+                    app.visible_vm(&caller, id, gsaasd::policy::actions::VM_SHOW).await.unwrap();
                 if d.vm.state == VmState::Deleted {
                     break;
                 }

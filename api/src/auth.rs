@@ -307,7 +307,7 @@ impl Keys {
         if !projectless && claims.project.as_deref().is_none_or(str::is_empty) {
             return Err(Error::Unauthenticated("token names no project".into()));
         }
-        let caller = Caller { subject: claims.sub.clone(), project: claims.project.clone(), role };
+        let caller = Caller::new(claims.sub.clone(), claims.project.clone(), role);
         Ok(Verified { caller, exp: claims.exp, ids: claims.ids().map(str::to_owned).collect() })
     }
 }

@@ -19,15 +19,56 @@ pub enum Role {
     Metrics,
 }
 
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Member => "member",
+            Role::Admin => "admin",
+            Role::Agent => "agent",
+            Role::Metrics => "metrics",
+        }
+    }
+}
+
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     pub subject: String,
     pub project: Option<String>,
+    /// What gsaasd makes of the caller (for Keystone tokens: `member`, or `admin` where
+    /// `[auth] keystone_admin_*` say).
     pub role: Role,
+    /// What the policy file's rules may read besides (`policy`).
+    pub scope: Scope,
+}
+
+/// The caller's roles and scope as its token states them: Keystone's, or for gsaasd's own
+/// tokens their one role.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub roles: Vec<String>,
+    pub project_name: Option<String>,
+    pub project_domain_id: Option<String>,
+    /// A Keystone token scoped to the whole system.
+    pub system: bool,
+    /// gsaasd itself (drift's terminations): no policy applies to it, and no token makes one.
+    pub(crate) internal: bool,
 }
 
 impl Caller {
+    /// A caller of gsaasd's own tokens: its role is its one role.
+    pub fn new(subject: impl Into<String>, project: Option<String>, role: Role) -> Caller {
+        let scope = Scope { roles: vec![role.name().to_owned()], ..Scope::default() };
+        Caller { subject: subject.into(), project, role, scope }
+    }
+
+    /// gsaasd acting on its own (see [`Scope::internal`]).
+    pub(crate) fn internal() -> Caller {
+        let mut caller = Caller::new("gsaasd", None, Role::Admin);
+        caller.scope.internal = true;
+        caller
+    }
+
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
     }
@@ -42,23 +83,6 @@ impl Caller {
                 "is scoped to no project: use a project-scoped token to act in a project",
             )),
             _ => Err(Error::NotFound { kind: "resource", id: String::new() }),
-        }
-    }
-
-    /// Whose VMs the caller sees: every project's (`None`, admins) or its own.
-    pub fn visible_project(&self) -> Result<Option<&str>, Error> {
-        match (self.role, &self.project) {
-            (Role::Admin, _) => Ok(None),
-            (Role::Member, Some(project)) => Ok(Some(project)),
-            _ => Err(Error::NotFound { kind: "resource", id: String::new() }),
-        }
-    }
-
-    pub fn require_admin(&self) -> Result<(), Error> {
-        if self.is_admin() {
-            Ok(())
-        } else {
-            Err(Error::NotFound { kind: "resource", id: String::new() })
         }
     }
 }

@@ -34,6 +34,9 @@ pub enum Error {
     /// No token, or a token that is malformed, expired or wrongly signed: 401.
     #[error("{0}")]
     Unauthenticated(String),
+    /// The policy does not let the caller do this to something it may see: 403.
+    #[error("{0}")]
+    Forbidden(String),
     /// The thing does not exist, or the caller may not see it: 404.
     #[error("{kind}{}{id} not found", if id.is_empty() { "" } else { " " })]
     NotFound { kind: &'static str, id: String },
@@ -105,6 +108,7 @@ impl Error {
             Error::Malformed { .. } => StatusCode::BAD_REQUEST,
             Error::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Error::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Error::Forbidden(_) => StatusCode::FORBIDDEN,
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -123,6 +127,7 @@ impl Error {
             Error::Malformed { .. } => "malformed_request",
             Error::Invalid(_) => "invalid_request",
             Error::Unauthenticated(_) => "unauthenticated",
+            Error::Forbidden(_) => "policy_not_allowed",
             Error::NotFound { .. } => "not_found",
             Error::TooLarge(_) => "body_too_large",
             Error::RequestTimeout(_) => "request_timeout",

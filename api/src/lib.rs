@@ -22,4 +22,5 @@ pub mod lanes;
 pub mod metrics;
 pub mod model;
 pub mod openstack;
+pub mod policy;
 pub mod service;

@@ -94,6 +94,11 @@ enum Command {
         #[command(subcommand)]
         command: DbCommand,
     },
+    /// Who may do what: the policy rules.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// Print the settings that the config file, the GSAAS_* variables and these flags resolve
     /// to (what `serve` would run with), or what is wrong with them.
     CheckConfig {
@@ -101,6 +106,22 @@ enum Command {
         config: Option<PathBuf>,
         #[command(flatten)]
         flags: ServeFlags,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Print every rule with its default and what it governs, as a policy file whose rules are
+    /// commented out (as oslopolicy-sample-generator writes them).
+    Dump,
+    /// Check the policy file the config names ([auth] policy_file, or --file): what is wrong
+    /// with it, with its line, as `serve` would refuse it.
+    Check {
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// The policy file to check (default: the config's).
+        #[arg(long)]
+        file: Option<PathBuf>,
     },
 }
 
@@ -342,7 +363,24 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::CheckConfig { config, flags } => {
             let config = load_with(config.as_deref(), &flags.settings())?;
+            gsaasd::policy::Policy::load(config.auth.policy_file.as_deref())
+                .map_err(|e| format!("{}", ErrorChain(&e)))?;
             println!("{config:#?}");
+            Ok(())
+        }
+        Command::Policy { command: PolicyCommand::Dump } => {
+            print!("{}", gsaasd::policy::dump());
+            Ok(())
+        }
+        Command::Policy { command: PolicyCommand::Check { config, file } } => {
+            let file = match file {
+                Some(file) => file,
+                None => load(config.as_deref())?.auth.policy_file.ok_or(
+                    "the config names no policy file ([auth] policy_file): the defaults apply",
+                )?,
+            };
+            gsaasd::policy::Policy::load(Some(&file)).map_err(|e| format!("{}", ErrorChain(&e)))?;
+            println!("{}: valid", file.display());
             Ok(())
         }
         Command::Openapi => {

@@ -80,6 +80,8 @@ pub enum StartError {
     Cloud(#[source] NovaSetupError),
     #[error("cannot start the database writer thread")]
     Writer(#[source] std::io::Error),
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
     #[error("cannot register the inventory")]
     Inventory(#[source] Error),
     #[error("cannot listen on {addr}")]
@@ -117,6 +119,7 @@ pub async fn start_with_sim(
         None => None,
     };
     let tls = config.tls.as_ref().map(httpd::TlsFiles::acceptor).transpose()?;
+    let policy = crate::policy::Policy::load(config.auth.policy_file.as_deref())?;
     let keys = Keys::load_or_create(&config.signing_key_path())?;
     let db = Db::connect(&config.database_url()).await.map_err(StartError::Database)?;
     let (agents, in_process_agents): (Arc<dyn HostAgents>, _) = match config.hosts.backend {
@@ -159,7 +162,7 @@ pub async fn start_with_sim(
     };
     let in_process = config.hosts.backend == HostsBackend::InProcess;
     let backends = Backends { cloud, agents, sim: sim.clone(), in_process_agents, keystone };
-    let app = App::new(config, db, keys, backends).map_err(StartError::Writer)?;
+    let app = App::new(config, db, keys, policy, backends).map_err(StartError::Writer)?;
     if in_process {
         app.register_inventory().await.map_err(StartError::Inventory)?;
     }

@@ -190,6 +190,16 @@ async fn bad_input_names_the_field_and_changes_nothing(store: Store) {
     let mut fields = fields_at_fault(&problem);
     fields.sort();
     assert_eq!(fields, ["colour", "image", "ncgpus"], "{problem}");
+    // A type error does not hide the other fields' values: each is named once.
+    let mut body = shared_launch(0, 0);
+    body["mode"] = json!("weird");
+    body["networks"] = json!(["net", 5]);
+    body["name"] = json!("a\u{202e}b");
+    let (status, problem) = t.post(&token, "/v1/vms", &body).await;
+    assert_eq!(status, 422, "{problem}");
+    let mut fields = fields_at_fault(&problem);
+    fields.sort();
+    assert_eq!(fields, ["gpu_memory_mib", "mode", "name", "ncgpus", "networks[1]"], "{problem}");
     let mut body = shared_launch(0, 0);
     body["image"] = json!(" ");
     body["networks"] = json!(["net", "a\u{1}b"]);

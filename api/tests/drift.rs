@@ -109,8 +109,14 @@ async fn a_vm_moved_to_another_host_takes_its_routes_along(store: Store) {
     let record = |name: &gpgpums::HostId| hosts.iter().find(|h| &h.name == name).unwrap().clone();
     let masked = vm["cgpus"][0]["masked_endpoint"].as_str().unwrap().parse().unwrap();
     let source = vm["fixed_ip"].as_str().unwrap().parse().unwrap();
-    let admin = Caller { subject: "ops".into(), project: Some("ops".into()), role: Role::Admin };
-    let tap = app.visible_vm(&admin, id.parse().unwrap()).await.unwrap().vm.tap.unwrap();
+    let admin = Caller::new("ops", Some("ops".into()), Role::Admin);
+    let tap = app
+        .visible_vm(&admin, id.parse().unwrap(), gsaasd::policy::actions::VM_SHOW)
+        .await
+        .unwrap()
+        .vm
+        .tap
+        .unwrap();
     let target = vm["cgpus"][0]["rcuda_endpoint"].as_str().unwrap().to_owned();
     let routed = |host: &gpgpums::HostId| {
         agents.resolve(&record(host), source, &tap, masked).map(|t| t.to_string())

@@ -114,12 +114,13 @@ async fn the_reconciler_repairs_an_agent_that_lost_its_table(store: Store) {
     let masked: std::net::SocketAddrV4 =
         vm["cgpus"][0]["masked_endpoint"].as_str().unwrap().parse().unwrap();
     let source: std::net::Ipv4Addr = vm["fixed_ip"].as_str().unwrap().parse().unwrap();
-    let admin = gsaasd::auth::Caller {
-        subject: "ops".into(),
-        project: Some("ops".into()),
-        role: Role::Admin,
-    };
-    let tap = app.visible_vm(&admin, id.parse().unwrap()).await.unwrap().vm.tap;
+    let admin = gsaasd::auth::Caller::new("ops", Some("ops".into()), Role::Admin);
+    let tap = app
+        .visible_vm(&admin, id.parse().unwrap(), gsaasd::policy::actions::VM_SHOW)
+        .await
+        .unwrap()
+        .vm
+        .tap;
     let target = agents.resolve(&host, source, tap.as_deref().unwrap_or(""), masked);
     assert_eq!(
         target.map(|t| t.to_string()),

@@ -101,6 +101,10 @@ async fn serve(
                     body["token"]["system"] = json!({ "all": true });
                 }
                 Some("tenant-a") => body["token"]["roles"] = member,
+                // Project A's reader: may look, as its operator's policy file says.
+                Some("reader-a") => {
+                    body["token"]["roles"] = json!([{ "id": "r", "name": "reader" }]);
+                }
                 Some("tenant-b") => {
                     body["token"]["roles"] = member;
                     body["token"]["project"]["id"] = json!(PROJECT_B);
@@ -365,6 +369,46 @@ async fn keystone_admins_are_admins_only_in_the_admin_scope() {
     assert_eq!(s.get("/v1/hosts", "tenant-admin").await.0, 404);
     assert_eq!(s.get("/v1/hosts", "system-admin").await.0, 200);
     s.service.abort();
+}
+
+/// An operator's policy file: Keystone's `reader` role lists but does not launch; the admins of
+/// the admin project (named in the file) may not drain, system-scoped operators may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_file_gives_keystone_roles_their_rights() {
+    let file = std::env::temp_dir().join(format!("gsaas-policy-{}.yaml", std::process::id()));
+    std::fs::write(
+        &file,
+        "\"gpu:vm:create\": \"role:member and project_id:%(project_id)s\"\n\
+         \"gpu:vm:list\": \"(role:reader or role:member) and project_id:%(project_id)s or rule:context_is_admin\"\n\
+         \"gpu:vm:show\": \"rule:gpu:vm:list\"\n\
+         \"gpu:host:drain\": \"rule:context_is_admin and not project_name:admin\"\n",
+    )
+    .unwrap();
+    let path = file.clone();
+    let s = setup_with("policy", move |auth| auth.policy_file = Some(path)).await;
+    let launch = json!({ "image": IMAGE_ID, "flavor": "1", "ncgpus": 1 });
+    let (status, problem) = s.call(Method::POST, "/v1/vms", "reader-a", Some(launch.clone())).await;
+    assert_eq!((status, problem["code"].as_str()), (403, Some("policy_not_allowed")), "{problem}");
+    assert!(s.fake.servers.lock().unwrap().is_empty(), "a refused launch reached Nova");
+    let (status, vm) = s.call(Method::POST, "/v1/vms", "tenant-a", Some(launch)).await;
+    assert_eq!(status, 202, "{vm}");
+    let id = vm["id"].as_str().unwrap();
+    let (status, listed) = s.get("/v1/vms", "reader-a").await;
+    assert_eq!((status, listed["vms"][0]["id"].as_str()), (200, Some(id)), "{listed}");
+    assert_eq!(s.get(&format!("/v1/vms/{id}"), "reader-a").await.0, 200);
+    // Project B's member neither lists nor sees project A's.
+    let (status, listed) = s.get("/v1/vms", "tenant-b").await;
+    assert_eq!((status, &listed), (200, &json!({ "vms": [] })));
+    assert_eq!(s.get(&format!("/v1/vms/{id}"), "tenant-b").await.0, 404);
+
+    let (_, hosts) = s.get("/v1/hosts", "system-admin").await;
+    let drain = format!("/v1/hosts/{}/drain", hosts["hosts"][0]["name"].as_str().unwrap());
+    let (status, problem) = s.call(Method::POST, &drain, "tenant-admin", None).await;
+    assert_eq!(status, 403, "{problem}");
+    assert_eq!(s.call(Method::POST, &drain, "system-admin", None).await.0, 200);
+    assert_eq!(s.call(Method::POST, &drain, "tenant-a", None).await.0, 404);
+    s.service.abort();
+    let _ = std::fs::remove_file(file);
 }
 
 /// Refused tokens cost Keystone one validation each, and a client sending many unknown ones is

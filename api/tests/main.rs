@@ -24,6 +24,7 @@ mod openapi;
 mod openstack;
 mod openstack_contract;
 mod operability;
+mod policy;
 mod queue;
 mod quotas;
 mod remoting;

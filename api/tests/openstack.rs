@@ -441,12 +441,14 @@ async fn servers_live_migrated_or_deleted_in_nova_are_followed() {
     let host = |name: &str| hosts.iter().find(|h| h.name.as_str() == name).unwrap().clone();
     let masked = admin_view["cgpus"][0]["masked_endpoint"].as_str().unwrap().parse().unwrap();
     let source = admin_view["fixed_ip"].as_str().unwrap().parse().unwrap();
-    let operator = gsaasd::auth::Caller {
-        subject: "ops".into(),
-        project: None,
-        role: gsaasd::auth::Role::Admin,
-    };
-    let tap = app.visible_vm(&operator, moving.parse().unwrap()).await.unwrap().vm.tap.unwrap();
+    let operator = gsaasd::auth::Caller::new("ops", None, gsaasd::auth::Role::Admin);
+    let tap = app
+        .visible_vm(&operator, moving.parse().unwrap(), gsaasd::policy::actions::VM_SHOW)
+        .await
+        .unwrap()
+        .vm
+        .tap
+        .unwrap();
     let target = admin_view["cgpus"][0]["rcuda_endpoint"].as_str().map(str::to_owned);
     let routed =
         |name: &str| agents.resolve(&host(name), source, &tap, masked).map(|t| t.to_string());

@@ -44,7 +44,12 @@ async fn assert_nothing_left(t: &TestService, id: &str) {
     let sim = t.service().sim.as_ref().unwrap();
     assert!(sim.servers().is_empty(), "server left: {:?}", sim.servers());
     let vm: gpgpums::VmId = id.parse().unwrap();
-    let details = t.service().app.visible_vm(&admin_caller(), vm).await.unwrap();
+    let details = t
+        .service()
+        .app
+        .visible_vm(&admin_caller(), vm, gsaasd::policy::actions::VM_SHOW)
+        .await
+        .unwrap();
     assert!(details.cgpus.is_empty());
     assert!(!details.vm.routes_on);
     for host in t.service().app.hosts().await.unwrap() {
@@ -57,11 +62,7 @@ async fn assert_nothing_left(t: &TestService, id: &str) {
 }
 
 fn admin_caller() -> gsaasd::auth::Caller {
-    gsaasd::auth::Caller {
-        subject: "ops".into(),
-        project: Some("ops".into()),
-        role: gsaasd::auth::Role::Admin,
-    }
+    gsaasd::auth::Caller::new("ops", Some("ops".into()), gsaasd::auth::Role::Admin)
 }
 
 async fn launch_expecting_error(t: &TestService, reason: &str) -> Value {

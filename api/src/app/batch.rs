@@ -153,6 +153,7 @@ pub(crate) fn share(e: &Arc<Error>) -> Error {
         }
         Error::Invalid(errors) => Error::Invalid(errors.clone()),
         Error::Unauthenticated(m) => Error::Unauthenticated(m.clone()),
+        Error::Forbidden(m) => Error::Forbidden(m.clone()),
         Error::NotFound { kind, id } => Error::NotFound { kind, id: id.clone() },
         Error::TooLarge(m) => Error::TooLarge(m.clone()),
         Error::RequestTimeout(m) => Error::RequestTimeout(m.clone()),

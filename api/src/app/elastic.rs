@@ -30,6 +30,7 @@ use crate::db::{self, now_ms, Claim, VmWrite};
 use crate::error::Error;
 use crate::metrics::inc;
 use crate::model::{CgpuState, SagaStep, VmRecord, VmState};
+use crate::policy::actions;
 
 /// An attach request, validated by the HTTP layer for shape.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -90,13 +91,13 @@ impl App {
         input: AttachInput,
         idempotency_key: Option<String>,
     ) -> Result<VmDetails, Error> {
-        let details = self.visible_vm(caller, id).await?;
+        let details = self.visible_vm(caller, id, actions::CGPU_ATTACH).await?;
         let request_digest =
             digest(serde_json::to_string(&(id, &input)).expect("request serializes").as_bytes());
         if let Some(key) = &idempotency_key {
             check_text("Idempotency-Key", key, MAX_NAME)?;
             match self.earlier_attach(&details.vm.project, key, id, &request_digest).await? {
-                Some(true) => return self.visible_vm(caller, id).await,
+                Some(true) => return self.visible_vm(caller, id, actions::CGPU_ATTACH).await,
                 Some(false) => {
                     return Err(Error::invalid(
                         "Idempotency-Key",
@@ -161,7 +162,7 @@ impl App {
                 // A concurrent retry with the same key may have won the race.
                 let key = idempotency_key.as_deref().unwrap_or_default();
                 return match self.earlier_attach(&vm.project, key, id, &request_digest).await? {
-                    Some(true) => self.visible_vm(caller, id).await,
+                    Some(true) => self.visible_vm(caller, id, actions::CGPU_ATTACH).await,
                     _ => Err(refused(Error::Conflict(VM_CHANGED_CGPUS.into()))),
                 };
             }
@@ -198,7 +199,7 @@ impl App {
         id: VmId,
         index: u32,
     ) -> Result<VmDetails, Error> {
-        let mut details = self.visible_vm(caller, id).await?;
+        let mut details = self.visible_vm(caller, id, actions::CGPU_DETACH).await?;
         let refused = |e: Error| {
             inc(&self.metrics.elastic.detaches_refused);
             e

@@ -67,6 +67,11 @@ impl FieldChecks {
     pub fn finish(self) -> Result<(), Error> {
         Error::invalid_fields(self.0)
     }
+
+    /// Every problem found.
+    pub fn into_errors(self) -> Vec<FieldError> {
+        self.0
+    }
 }
 
 /// One text field alone (see [`FieldChecks::text`]).

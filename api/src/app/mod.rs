@@ -57,6 +57,7 @@ use crate::lanes::LaneThread;
 use crate::metrics::Metrics;
 use crate::model::VmRecord;
 use crate::openstack::TokenValidator;
+use crate::policy::Policy;
 
 pub use background::reconciler::ReconcilerStatus;
 
@@ -66,6 +67,8 @@ pub struct App {
     pub config: Config,
     pub db: Db,
     pub keys: Keys,
+    /// Who may do what (`[auth] policy_file` over the defaults).
+    pub policy: Policy,
     pub cloud: Arc<dyn Cloud>,
     pub agents: Arc<dyn HostAgents>,
     /// The simulated cloud when it is the backend: it learns of hosts as they register.
@@ -142,6 +145,7 @@ impl App {
         config: Config,
         db: Db,
         keys: Keys,
+        policy: Policy,
         backends: Backends,
     ) -> Result<Arc<App>, std::io::Error> {
         let background = match db.backend() {
@@ -162,6 +166,7 @@ impl App {
             sim: backends.sim,
             in_process_agents: backends.in_process_agents,
             keystone: backends.keystone,
+            policy,
             metrics: Metrics::default(),
             gauges: crate::metrics::GaugeCache::default(),
             pool: pool::PoolCache::new(),

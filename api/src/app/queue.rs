@@ -16,6 +16,7 @@ use crate::auth::Caller;
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::Error;
 use crate::model::{VmRecord, VmState};
+use crate::policy::actions;
 
 impl App {
     /// What `vms` wait for in the queue, and their last `events_per_vm` events: what a page of
@@ -51,7 +52,8 @@ impl App {
         &self,
         caller: &Caller,
     ) -> Result<(Vec<db::QueueRow>, Vec<(i64, i64)>), Error> {
-        let project = caller.visible_project()?;
+        let project =
+            self.policy.list_scope(caller, actions::QUEUE_LIST, actions::QUEUE_LIST_ALL)?;
         let mut conn = self.db.conn().await?;
         let rows = db::queue_rows(&mut conn, project).await?;
         let lengths = db::queue_lengths(&mut conn).await?;

@@ -11,6 +11,7 @@ use crate::auth::Caller;
 use crate::config::check_quota;
 use crate::db::{self, now_ms};
 use crate::error::Error;
+use crate::policy::{actions, Policy, Target};
 
 /// A project's limits and use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,12 +25,14 @@ pub struct QuotaStatus {
     pub model_usage: Vec<(String, Usage)>,
 }
 
-/// The project a caller names, if the caller may see it: admins any, a tenant its own.
-fn visible_project(caller: &Caller, project: &str) -> Result<ProjectId, Error> {
+/// The project a caller names, if the policy lets it see the project's quota (by default: admins
+/// any, a tenant its own).
+fn visible_project(policy: &Policy, caller: &Caller, project: &str) -> Result<ProjectId, Error> {
     let not_found = || Error::NotFound { kind: "project", id: project.to_owned() };
-    match caller.visible_project()? {
-        Some(own) if own != project => Err(not_found()),
-        _ => ProjectId::new(project).map_err(|_| not_found()),
+    match policy.authorize(actions::QUOTA_SHOW, caller, Target::Project(project)) {
+        Ok(()) => ProjectId::new(project).map_err(|_| not_found()),
+        Err(Error::NotFound { .. }) => Err(not_found()),
+        Err(e) => Err(e),
     }
 }
 
@@ -44,7 +47,7 @@ fn status(quotas: &QuotaLedger, project: ProjectId) -> QuotaStatus {
 impl App {
     /// The project's limits and what it uses (its VMs being created or ready, and their cGPUs).
     pub async fn quota(&self, caller: &Caller, project: &str) -> Result<QuotaStatus, Error> {
-        let project = visible_project(caller, project)?;
+        let project = visible_project(&self.policy, caller, project)?;
         let mut status = self.read_pool_and_quotas(|_, quotas| status(quotas, project)).await?;
         let vms = db::counted_vms(&mut *self.db.conn().await?, Some(&[&status.project])).await?;
         status.usage.vms = vms.get(&status.project).copied().unwrap_or(0);
@@ -54,7 +57,10 @@ impl App {
     /// The quotas a caller may see: a tenant's own project's; for admins, every project that has
     /// limits of its own or holds cGPUs.
     pub async fn quotas(&self, caller: &Caller) -> Result<Vec<QuotaStatus>, Error> {
-        let own = caller.visible_project()?.map(str::to_owned);
+        let own = self
+            .policy
+            .list_scope(caller, actions::QUOTA_SHOW, actions::QUOTA_LIST_ALL)?
+            .map(str::to_owned);
         let mut statuses: Vec<QuotaStatus> = self
             .read_pool_and_quotas(|_, quotas| {
                 let projects: Vec<ProjectId> = match &own {
@@ -80,7 +86,7 @@ impl App {
         project: &str,
         quota: Option<Quota>,
     ) -> Result<QuotaStatus, Error> {
-        caller.require_admin()?;
+        self.policy.authorize(actions::QUOTA_SET, caller, Target::Service)?;
         let project =
             ProjectId::new(project).map_err(|e| Error::invalid("project", e.to_string()))?;
         if let Some(quota) = &quota {

@@ -20,9 +20,10 @@ use super::App;
 use crate::auth::Caller;
 use crate::cloud::{CloudError, TenantToken};
 use crate::db::{self, now_ms, VmWrite, Written};
-use crate::error::{Error, ErrorChain};
+use crate::error::{Error, ErrorChain, FieldError};
 use crate::metrics::inc;
 use crate::model::{CgpuRecord, LaunchSpec, SagaStep, Timings, VmRecord, VmState};
+use crate::policy::{actions, Action, Target};
 
 /// A launch request, validated by the HTTP layer for shape.
 #[derive(Debug, Clone)]
@@ -47,7 +48,7 @@ pub const MAX_NETWORKS: usize = 16;
 pub const MAX_USER_DATA: usize = 64 * 1024;
 
 /// Everything wrong with a launch on its own, every field at once.
-fn validate(spec: &LaunchSpec, max_priority: i32) -> Result<(), Error> {
+fn problems(spec: &LaunchSpec, max_priority: i32) -> FieldChecks {
     let mut checks = FieldChecks::new();
     if !spec.vm.name.is_empty() {
         checks.text("name", &spec.vm.name, MAX_NAME);
@@ -78,7 +79,7 @@ fn validate(spec: &LaunchSpec, max_priority: i32) -> Result<(), Error> {
     if !(0..=max_priority).contains(&spec.priority) {
         checks.fail("priority", format!("must be between 0 and {max_priority}"));
     }
-    checks.finish()
+    checks
 }
 
 /// FNV-1a: a stable digest of a request, to recognise a retried launch.
@@ -100,6 +101,28 @@ pub(crate) fn cloud_error(e: CloudError) -> Error {
 }
 
 impl App {
+    /// A launch that names no layer gets the service's, and keeps it for life; one that names no
+    /// image or flavor, the service's (refused by [`problems`] when there is none).
+    fn fill_defaults(&self, spec: &mut LaunchSpec) {
+        spec.gpus.constraints.remoting.get_or_insert(self.config.remoting.default);
+        let vm = &mut spec.vm;
+        for (value, default) in [
+            (&mut vm.image, &self.config.launch.default_image),
+            (&mut vm.flavor, &self.config.launch.default_flavor),
+        ] {
+            if value.is_empty() {
+                value.clone_from(default.as_ref().unwrap_or(&String::new()));
+            }
+        }
+    }
+
+    /// What is wrong with a launch's fields on their own (what [`App::launch`] refuses first): for
+    /// a body whose other fields have type errors, so that one answer names them all.
+    pub fn launch_problems(&self, mut spec: LaunchSpec) -> Vec<FieldError> {
+        self.fill_defaults(&mut spec);
+        problems(&spec, self.config.queue.max_priority).into_errors()
+    }
+
     /// Launches a VM: see the module docs. Returns the VM and whether this call created it (false
     /// for a retry with the same Idempotency-Key).
     pub async fn launch(
@@ -109,6 +132,7 @@ impl App {
     ) -> Result<(VmDetails, bool), Error> {
         let received = Instant::now();
         let project = caller.tenant_project()?.to_owned();
+        self.policy.authorize(actions::VM_CREATE, caller, Target::Project(&project))?;
         let policy = input.policy.clone().unwrap_or_else(|| self.config.default_policy.clone());
         // Over the request as received: a retry matches its first try whatever the service's
         // default layer is now.
@@ -116,19 +140,8 @@ impl App {
             serde_json::to_string(&(&input.spec, &policy)).expect("request serializes").as_bytes(),
         );
         let mut input = input;
-        // A launch that names no layer gets the service's, and keeps it for life; one that names
-        // no image or flavor, the service's (refused below when there is none).
-        input.spec.gpus.constraints.remoting.get_or_insert(self.config.remoting.default);
-        let vm = &mut input.spec.vm;
-        for (value, default) in [
-            (&mut vm.image, &self.config.launch.default_image),
-            (&mut vm.flavor, &self.config.launch.default_flavor),
-        ] {
-            if value.is_empty() {
-                value.clone_from(default.as_ref().unwrap_or(&String::new()));
-            }
-        }
-        validate(&input.spec, self.config.queue.max_priority)?;
+        self.fill_defaults(&mut input.spec);
+        problems(&input.spec, self.config.queue.max_priority).finish()?;
         if let Some(key) = &input.idempotency_key {
             check_text("Idempotency-Key", key, MAX_NAME)?;
             if let Some(existing) = self.replay(&project, key, &request_digest).await? {
@@ -264,12 +277,21 @@ impl App {
         self.batchers.vm_reads.submit(id).await.map(|details| details.map(|d| *d))
     }
 
-    /// A VM the caller may see: its project's, or any for admins. Anything else is "not found".
-    pub async fn visible_vm(&self, caller: &Caller, id: VmId) -> Result<VmDetails, Error> {
-        let visible = caller.visible_project()?;
-        match self.details(id).await? {
-            Some(details) if visible.is_none_or(|p| details.vm.project == p) => Ok(details),
-            _ => Err(Error::vm_not_found(&id)),
+    /// A VM the policy lets the caller take `action` on (by default: its project's, or any for
+    /// admins). One it may not see is "not found"; one it sees but may not act on, forbidden.
+    pub async fn visible_vm(
+        &self,
+        caller: &Caller,
+        id: VmId,
+        action: Action,
+    ) -> Result<VmDetails, Error> {
+        let Some(details) = self.details(id).await? else {
+            return Err(Error::vm_not_found(&id));
+        };
+        match self.policy.authorize(action, caller, Target::Project(&details.vm.project)) {
+            Ok(()) => Ok(details),
+            Err(Error::NotFound { .. }) => Err(Error::vm_not_found(&id)),
+            Err(e) => Err(e),
         }
     }
 
@@ -283,7 +305,7 @@ impl App {
         marker: Option<VmId>,
         limit: usize,
     ) -> Result<VmPage, Error> {
-        let visible = caller.visible_project()?;
+        let visible = self.policy.list_scope(caller, actions::VM_LIST, actions::VM_LIST_ALL)?;
         filter.project = visible.or(filter.project);
         let mut conn = self.db.conn().await?;
         let after = match marker {
@@ -330,7 +352,7 @@ impl App {
         reason: Option<&str>,
     ) -> Result<VmDetails, Error> {
         loop {
-            let mut details = self.visible_vm(caller, id).await?;
+            let mut details = self.visible_vm(caller, id, actions::VM_DELETE).await?;
             let vm = &mut details.vm;
             if vm.state == VmState::Queued {
                 let (cancelled, written) = self.cancel_queued(vm).await?;

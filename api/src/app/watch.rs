@@ -19,6 +19,7 @@ use super::App;
 use crate::auth::Caller;
 use crate::error::Error;
 use crate::model::{SagaStep, VmRecord, VmState};
+use crate::policy::actions;
 
 /// The longest a client may ask to wait.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -127,7 +128,7 @@ impl App {
             let signal = watch.signal.notified();
             tokio::pin!(signal);
             signal.as_mut().enable();
-            let details = self.visible_vm(caller, id).await?;
+            let details = self.visible_vm(caller, id, actions::VM_SHOW).await?;
             if settled(&details.vm) {
                 return Ok(details);
             }
@@ -138,7 +139,7 @@ impl App {
             loop {
                 let now = tokio::time::Instant::now();
                 if now >= deadline {
-                    return self.visible_vm(caller, id).await;
+                    return self.visible_vm(caller, id, actions::VM_SHOW).await;
                 }
                 let timed_out = crate::lanes::parked(tokio::time::timeout_at(
                     deadline.min(fallback),

@@ -296,6 +296,9 @@ pub struct AuthConfig {
     /// Ed25519 private key (PKCS#8 PEM) that signs tenant, admin and agent tokens; generated at first
     /// start when missing. Default: `<data_dir>/signing-key.pem`.
     pub signing_key: Option<PathBuf>,
+    /// A policy file in oslo.policy's YAML form: who may do what (`gsaasd policy dump` prints
+    /// the rules and their defaults). None: the defaults.
+    pub policy_file: Option<PathBuf>,
     /// Lifetime of tokens from `gsaasd token issue`.
     pub token_ttl_secs: u64,
     /// Lifetime of the tokens agents renew theirs with (they renew at half of it).
@@ -316,6 +319,7 @@ impl Default for AuthConfig {
             keystone_cache_capacity: 10_000,
             keystone_cache_secs: 300,
             signing_key: None,
+            policy_file: None,
             token_ttl_secs: 24 * 3600,
             agent_token_ttl_secs: 24 * 3600,
             revocation_refresh_secs: 5,

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::views::{attach_input, vm_record_view, AttachRequest, VmView};
-use super::{idempotency_key, location, vm_id, vm_view, AppState, Body};
+use super::{idempotency_key, location, sees_location, vm_id, vm_view, AppState, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Problem};
 
@@ -41,7 +41,7 @@ pub(super) async fn attach_cgpus(
 ) -> Result<Response, Error> {
     let key = idempotency_key(&headers)?;
     let details = app.attach(&caller, vm_id(&id)?, attach_input(request), key).await?;
-    let view = vm_view(&app, &details, caller.is_admin()).await?;
+    let view = vm_view(&app, &details, sees_location(&app, &caller, &details)).await?;
     let location = location(&view.id);
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view)).into_response())
 }
@@ -69,5 +69,8 @@ pub(super) async fn detach_cgpu(
     let index: u32 =
         index.parse().map_err(|_| Error::NotFound { kind: "cGPU", id: index.clone() })?;
     let details = app.detach(&caller, id, index).await?;
-    Ok((StatusCode::ACCEPTED, Json(vm_record_view(&details, caller.is_admin()))))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(vm_record_view(&details, sees_location(&app, &caller, &details))),
+    ))
 }

@@ -12,6 +12,7 @@ use crate::app::background::rehome::{Evacuate, Rehomed};
 use crate::auth::Caller;
 use crate::error::{Error, Problem};
 use crate::model::FenceRecord;
+use crate::policy::{actions, Target};
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -37,7 +38,7 @@ pub(super) async fn forget_host(
     Path(name): Path<String>,
     params: QueryResult<ForgetQuery>,
 ) -> Result<Json<HostView>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::HOST_FORGET, &caller, Target::Service)?;
     let query = query(params)?;
     let host = app.forget_host(&host_id(&name)?, query.force).await?;
     Ok(Json(HostView::from(&host)))
@@ -71,7 +72,7 @@ pub(super) async fn evacuate_gpu(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<EvacuationView>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::GPU_EVACUATE, &caller, Target::Service)?;
     Ok(Json(app.evacuate(Evacuate::Gpu(gpu_id(&id)?)).await?.into()))
 }
 
@@ -88,7 +89,7 @@ pub(super) async fn evacuate_host(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<EvacuationView>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::HOST_EVACUATE, &caller, Target::Service)?;
     Ok(Json(app.evacuate(Evacuate::Host(host_id(&name)?)).await?.into()))
 }
 
@@ -114,7 +115,7 @@ pub(super) async fn list_fences(
     State(app): State<AppState>,
     caller: Caller,
 ) -> Result<Json<FenceList>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::FENCE_LIST, &caller, Target::Service)?;
     let fences = app.fences().await?;
     Ok(Json(FenceList { fences: fences.iter().map(FenceView::from).collect() }))
 }

@@ -13,13 +13,14 @@ use gpgpums::{HostId, VmId};
 use serde::Deserialize;
 
 use super::views::*;
-use super::{query, AppState, QueryResult};
+use super::{query, sees_location, AppState, QueryResult};
 use crate::app::fields::FieldChecks;
 use crate::app::vms::MAX_NAME;
 use crate::auth::Caller;
 use crate::db::VmFilter;
 use crate::error::Error;
 use crate::model::VmState;
+use crate::policy::{actions, Target};
 
 /// The most VMs a page holds, and how many it holds unless asked for fewer (as Nova's
 /// `max_limit`).
@@ -138,7 +139,11 @@ pub(super) async fn list_vms(
             let id = d.vm.id;
             let entries = page.extras.entries.get(&id).map_or(&[][..], Vec::as_slice);
             let events = page.extras.events.remove(&id).unwrap_or_default();
-            with_queue_and_events(vm_record_view(d, caller.is_admin()), entries, events)
+            with_queue_and_events(
+                vm_record_view(d, sees_location(&app, &caller, d)),
+                entries,
+                events,
+            )
         })
         .collect();
     Ok(Json(VmList { vms, next }))
@@ -165,14 +170,14 @@ pub(super) async fn get_pool(
     caller: Caller,
     params: QueryResult<PoolQuery>,
 ) -> Result<Json<PoolView>, Error> {
-    caller.visible_project()?;
+    app.policy.authorize(actions::POOL_SHOW, &caller, Target::own(&caller))?;
     let q = query(params)?;
     let mut checks = FieldChecks::new();
     check_limit(&mut checks, q.limit, MAX_HOST_PAGE);
     let marker =
         parse_marker(&mut checks, q.marker.as_deref(), "a host name", |m| HostId::new(m).ok());
     checks.finish()?;
-    if !caller.is_admin() {
+    if !app.policy.allows(actions::POOL_SHOW_HOSTS, &caller, Target::own(&caller)) {
         return app.read_pool(pool_totals).await.map(Json);
     }
     let limit = q.limit.unwrap_or(DEFAULT_HOST_PAGE);

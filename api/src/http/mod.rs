@@ -29,11 +29,12 @@ use gpgpums::{GpuId, HostId, VmId};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use crate::app::vms::{Extras, LaunchInput};
+use crate::app::vms::{Extras, LaunchInput, VmDetails};
 use crate::app::App;
 use crate::auth::{Caller, Role};
 use crate::error::{Error, FieldError, Problem};
 use crate::model::VmState;
+use crate::policy::{actions, Target};
 use views::*;
 
 /// Largest request body accepted.
@@ -53,6 +54,54 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     }
 }
 
+/// A JSON body that may be wrong in some fields: the type errors, and the body parsed without the
+/// fields at fault when the rest parses. A handler checks the rest's values too, so that one answer
+/// names every field to fix, whether its type or its value is wrong.
+#[derive(Debug)]
+pub enum Partial<T> {
+    Whole(T),
+    Wrong { errors: Vec<FieldError>, rest: Option<T> },
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Partial<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Error> {
+        let bytes = Unparsed::<T>::from_request(req, state).await?;
+        let (rest, errors) = parse_partial(bytes.json()?)?;
+        match (rest, errors.is_empty()) {
+            (Some(whole), true) => Ok(Partial::Whole(whole)),
+            (rest, _) => Ok(Partial::Wrong { errors, rest }),
+        }
+    }
+}
+
+impl<T> Partial<T> {
+    /// The whole body, or every problem: its type errors, and those `check` finds in the rest's
+    /// other fields (problems of fields already at fault are not repeated).
+    pub fn or_problems(self, check: impl FnOnce(T) -> Vec<FieldError>) -> Result<T, Error> {
+        let (mut errors, rest) = match self {
+            Partial::Whole(whole) => return Ok(whole),
+            Partial::Wrong { errors, rest } => (errors, rest),
+        };
+        if let Some(rest) = rest {
+            let at_fault = |field: &str| {
+                errors.iter().any(|e: &FieldError| {
+                    field == e.field
+                        || field
+                            .strip_prefix(e.field.as_str())
+                            .is_some_and(|tail| tail.starts_with('.') || tail.starts_with('['))
+                })
+            };
+            let more: Vec<FieldError> =
+                check(rest).into_iter().filter(|e| !at_fault(&e.field)).collect();
+            errors.extend(more);
+        }
+        errors.truncate(MAX_FIELD_ERRORS);
+        Err(Error::Invalid(errors))
+    }
+}
+
 /// A JSON body read but not parsed yet: for routes that check who calls before they say what is
 /// wrong with a body (a caller who may not use the route learns nothing of its fields).
 #[derive(Debug)]
@@ -61,10 +110,17 @@ pub struct Unparsed<T>(Bytes, std::marker::PhantomData<T>);
 impl<T: DeserializeOwned> Unparsed<T> {
     /// The body as a `T`, or every field of it that is wrong (see [`Body`]).
     pub fn parse(self) -> Result<T, Error> {
-        let value: serde_json::Value = serde_json::from_slice(&self.0).map_err(|e| {
-            Error::Malformed { field: "body".into(), reason: format!("not valid JSON: {e}") }
-        })?;
-        parse_body(value)
+        match parse_partial(self.json()?)? {
+            (Some(parsed), errors) if errors.is_empty() => Ok(parsed),
+            (_, errors) => Err(Error::Invalid(errors)),
+        }
+    }
+
+    fn json(&self) -> Result<serde_json::Value, Error> {
+        serde_json::from_slice(&self.0).map_err(|e| Error::Malformed {
+            field: "body".into(),
+            reason: format!("not valid JSON: {e}"),
+        })
     }
 }
 
@@ -86,9 +142,12 @@ impl<S: Send + Sync, T> FromRequest<S> for Unparsed<T> {
 /// The most field errors one problem document lists.
 const MAX_FIELD_ERRORS: usize = 32;
 
-/// `value` (an object) as a `T`, or every field of it that is wrong: after each error, the top-level field
-/// at fault is set aside and the rest parsed again.
-fn parse_body<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Error> {
+/// `value` (an object) as a `T`, and every field of it that is wrong: after each error, the top-level
+/// field at fault is set aside and the rest parsed again. The `T` is what the rest made, if it made
+/// one.
+fn parse_partial<T: DeserializeOwned>(
+    value: serde_json::Value,
+) -> Result<(Option<T>, Vec<FieldError>), Error> {
     // serde would take a struct from an array of its fields, too.
     if !value.is_object() {
         return Err(Error::invalid("body", "must be a JSON object"));
@@ -97,8 +156,7 @@ fn parse_body<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Error>
     let mut errors: Vec<FieldError> = Vec::new();
     loop {
         let e = match serde_path_to_error::deserialize::<_, T>(&value) {
-            Ok(parsed) if errors.is_empty() => return Ok(parsed),
-            Ok(_) => break,
+            Ok(parsed) => return Ok((Some(parsed), errors)),
             Err(e) => e,
         };
         let top = match e.path().iter().next() {
@@ -131,7 +189,7 @@ fn parse_body<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, Error>
             break;
         }
     }
-    Err(Error::Invalid(errors))
+    Ok((None, errors))
 }
 
 /// JSON Schema counts `5.0` as an integer: integral numbers written with a fraction or an exponent
@@ -171,6 +229,12 @@ type QueryResult<T> = Result<Query<T>, axum::extract::rejection::QueryRejection>
 /// The parsed parameters, or a problem document naming what is wrong with them.
 fn query<T>(query: QueryResult<T>) -> Result<T, Error> {
     query.map(|Query(q)| q).map_err(|e| Error::invalid("query", e.body_text()))
+}
+
+/// Whether the caller sees where the VM's cGPUs are (`gpu:vm:show:location`; by default admins
+/// only: tenants never learn where their GPUs are).
+fn sees_location(app: &App, caller: &Caller, details: &VmDetails) -> bool {
+    app.policy.allows(actions::VM_SHOW_LOCATION, caller, Target::Project(&details.vm.project))
 }
 
 fn vm_id(raw: &str) -> Result<VmId, Error> {
@@ -290,8 +354,9 @@ async fn launch_vm(
     State(app): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
-    Body(request): Body<LaunchRequest>,
+    request: Partial<LaunchRequest>,
 ) -> Result<Response, Error> {
+    let request = request.or_problems(|rest| app.launch_problems(launch_spec(rest).0))?;
     let idempotency_key = idempotency_key(&headers)?;
     let (spec, policy, queue) = launch_spec(request);
     let tenant = crate::auth::tenant_token(&headers, &caller, &app);
@@ -300,9 +365,9 @@ async fn launch_vm(
     let view = if created && details.vm.state != VmState::Queued {
         // Just reserved, as the reservation wrote it: a VM that did not wait has no queue entry,
         // and its events (preemptions, moves, attaches) all come later.
-        vm_record_view(&details, caller.is_admin())
+        vm_record_view(&details, sees_location(&app, &caller, &details))
     } else {
-        vm_view(&app, &details, caller.is_admin()).await?
+        vm_view(&app, &details, sees_location(&app, &caller, &details)).await?
     };
     let location = location(&view.id);
     Ok((StatusCode::ACCEPTED, [(header::LOCATION, location)], Json(view)).into_response())
@@ -343,7 +408,7 @@ async fn get_vm(
     let query = query(params)?;
     let id = vm_id(&id)?;
     let details = match query.wait {
-        None => app.visible_vm(&caller, id).await?,
+        None => app.visible_vm(&caller, id, actions::VM_SHOW).await?,
         Some(wait) => {
             let max = crate::app::watch::MAX_WAIT.as_secs_f64();
             if !(0.0..=max).contains(&wait) {
@@ -355,7 +420,7 @@ async fn get_vm(
             app.visible_vm_settled(&caller, id, Duration::from_secs_f64(wait)).await?
         }
     };
-    let admin = caller.is_admin();
+    let admin = sees_location(&app, &caller, &details);
     if details.extras != Extras::Unknown {
         // The VM's view alone: the one rendered for its versions serves, if kept.
         let body = app.rendered_view(&details, admin, || {
@@ -367,11 +432,7 @@ async fn get_vm(
 }
 
 /// The VM as the API shows it, with its place in the queue while it is queued.
-async fn vm_view(
-    app: &AppState,
-    details: &crate::app::vms::VmDetails,
-    admin: bool,
-) -> Result<VmView, Error> {
+async fn vm_view(app: &AppState, details: &VmDetails, admin: bool) -> Result<VmView, Error> {
     let view = vm_record_view(details, admin);
     if details.extras != Extras::Unknown {
         return Ok(view);
@@ -391,7 +452,10 @@ async fn terminate_vm(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<VmView>), Error> {
     let details = app.terminate(&caller, vm_id(&id)?).await?;
-    Ok((StatusCode::ACCEPTED, Json(vm_record_view(&details, caller.is_admin()))))
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(vm_record_view(&details, sees_location(&app, &caller, &details))),
+    ))
 }
 
 /// List hosts (admins).
@@ -399,7 +463,7 @@ async fn terminate_vm(
     responses((status = 200, body = HostList), (status = 404, description = "Not the caller's to see: anyone but an admin is answered as if it did not exist", body = Problem)),
     security(("bearer" = [])))]
 async fn list_hosts(State(app): State<AppState>, caller: Caller) -> Result<Json<HostList>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::HOST_LIST, &caller, Target::Service)?;
     let (hosts, mut alerts) = app.hosts_with_alerts().await?;
     let hosts = hosts
         .iter()
@@ -500,7 +564,7 @@ async fn drain_host(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<HostView>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::HOST_DRAIN, &caller, Target::Service)?;
     Ok(Json(HostView::from(&app.set_drained(&host_id(&name)?, true).await?)))
 }
 
@@ -514,7 +578,7 @@ async fn undrain_host(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<HostView>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::HOST_UNDRAIN, &caller, Target::Service)?;
     Ok(Json(HostView::from(&app.set_drained(&host_id(&name)?, false).await?)))
 }
 
@@ -534,7 +598,7 @@ async fn taint_gpu(
     Path(id): Path<String>,
     request: Unparsed<TaintRequest>,
 ) -> Result<Json<GpuTaintView>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::GPU_TAINT, &caller, Target::Service)?;
     let request = request.parse()?;
     let gpu = gpu_id(&id)?;
     let reason = request.reason.trim();
@@ -554,7 +618,7 @@ async fn untaint_gpu(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<GpuTaintView>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::GPU_UNTAINT, &caller, Target::Service)?;
     app.set_gpu_taint(&gpu_id(&id)?, None).await?;
     Ok(Json(GpuTaintView { id, taint: None }))
 }

@@ -87,7 +87,7 @@ fn add_common_responses(doc: &mut Value) {
     let Some(paths) = doc["paths"].as_object_mut() else { return };
     for (path, item) in paths.iter_mut() {
         let Some(operations) = item.as_object_mut() else { continue };
-        for operation in operations.values_mut() {
+        for (method, operation) in operations.iter_mut() {
             let params = operation["parameters"].as_array().cloned().unwrap_or_default();
             let has = |kind: &str| params.iter().any(|p| p["in"] == kind);
             let secured = operation.get("security").is_some();
@@ -118,8 +118,33 @@ fn add_common_responses(doc: &mut Value) {
             for (status, description) in common {
                 responses.entry(status).or_insert_with(|| problem_response(description));
             }
+            if let Some(rule) = policy_rule(method, path) {
+                let refused =
+                    format!("The policy does not allow it (`policy_not_allowed`): rule `{rule}`");
+                match responses.get_mut("403") {
+                    Some(response) => {
+                        let described = response["description"].as_str().unwrap_or_default();
+                        let refused = refused.replacen("The", "the", 1);
+                        response["description"] = json!(format!("{described}; or {refused}"));
+                    }
+                    None => {
+                        responses.insert("403".to_owned(), problem_response(&refused));
+                    }
+                }
+            }
         }
     }
+}
+
+/// The policy rule that governs `method path`, whose refusal is a 403 (a caller who may not see
+/// the thing is answered 404 instead): the first that lists it (the others of an operation only
+/// widen what it shows, such as `gpu:vm:list:all_projects`).
+fn policy_rule(method: &str, path: &str) -> Option<&'static str> {
+    let operation = format!("{} {path}", method.to_uppercase());
+    crate::policy::DEFAULTS
+        .iter()
+        .find(|rule| rule.operations.contains(&operation.as_str()))
+        .map(|rule| rule.name)
 }
 
 /// Problem documents are served as `application/problem+json` (RFC 9457).

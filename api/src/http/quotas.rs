@@ -9,6 +9,7 @@ use super::{AppState, Unparsed};
 use crate::app::quotas::QuotaStatus;
 use crate::auth::Caller;
 use crate::error::{Error, Problem};
+use crate::policy::{actions, Target};
 
 impl From<QuotaStatus> for QuotaView {
     fn from(s: QuotaStatus) -> QuotaView {
@@ -79,7 +80,7 @@ pub(super) async fn put_quota(
     Path(project): Path<String>,
     limits: Unparsed<QuotaLimits>,
 ) -> Result<Json<QuotaView>, Error> {
-    caller.require_admin()?;
+    app.policy.authorize(actions::QUOTA_SET, &caller, Target::Service)?;
     let limits = limits.parse()?;
     Ok(Json(app.set_quota(&caller, &project, Some(limits.into())).await?.into()))
 }

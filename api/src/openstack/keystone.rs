@@ -27,7 +27,7 @@ use serde::Deserialize;
 
 use super::time::parse_rfc3339;
 use super::AuthSettings;
-use crate::caller::{Caller, Role};
+use crate::caller::{Caller, Role, Scope};
 
 /// The header that carries a token to a service, and Keystone's answer header.
 pub const AUTH_TOKEN: &str = "X-Auth-Token";
@@ -495,11 +495,16 @@ pub struct TenantIdentity {
 impl TenantIdentity {
     /// The caller as gsaasd's authorization sees it: the Keystone user, bound to its project.
     pub fn caller(&self) -> Caller {
-        Caller {
-            subject: self.info.user_id.clone(),
-            project: self.project_id.clone(),
-            role: self.role,
-        }
+        let info = &self.info;
+        let mut caller = Caller::new(info.user_id.clone(), self.project_id.clone(), self.role);
+        caller.scope = Scope {
+            roles: info.roles.clone(),
+            project_name: info.project_name.clone(),
+            project_domain_id: info.project_domain.as_ref().map(|(id, _)| id.clone()),
+            system: info.system,
+            ..Scope::default()
+        };
+        caller
     }
 }
 

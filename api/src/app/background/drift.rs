@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 use gpgpums::HostId;
 
 use crate::app::App;
-use crate::auth::{Caller, Role};
+use crate::auth::Caller;
 use crate::cloud::ServerSeen;
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::Error;
@@ -96,7 +96,7 @@ impl App {
             }
         };
         let seen: HashMap<_, _> = seen.iter().map(|s| (&s.id, s)).collect();
-        let gsaasd = Caller { subject: "gsaasd".into(), project: None, role: Role::Admin };
+        let gsaasd = Caller::internal();
         for vm in vms {
             let Some(server) = seen.get(&vm.server) else {
                 if full.is_some_and(|listing| listing.lacks(&vm)) {
