@@ -291,7 +291,8 @@ provision() {
     GSAAS_OS_SERVICE_PASSWORD=$SERVICE_PASSWORD GSAAS_OS_ALPHA_PASSWORD=$ALPHA_PASSWORD \
     GSAAS_OS_BETA_PASSWORD=$BETA_PASSWORD GSAAS_OS_NOVA_URL="http://127.0.0.1:$P_NOVA/v2.1" \
     GSAAS_OS_PLACEMENT_URL="http://127.0.0.1:$P_PLACEMENT" GSAAS_OS_GLANCE_URL="http://127.0.0.1:$P_GLANCE" \
-    GSAAS_OS_NEUTRON_URL="http://127.0.0.1:$P_NEUTRON" GSAAS_OS_IMAGE_NAME=$IMAGE_NAME \
+    GSAAS_OS_NEUTRON_URL="http://127.0.0.1:$P_NEUTRON" GSAAS_OS_GSAAS_URL="http://127.0.0.1:$P_GSAAS" \
+    GSAAS_OS_IMAGE_NAME=$IMAGE_NAME \
     GSAAS_OS_IMAGE_FILE="$STATE/data/$IMAGE_NAME.img" GSAAS_OS_FLAVOR_NAME=$FLAVOR_NAME \
     GSAAS_OS_COMPUTE_HOSTS="${COMPUTE_HOSTS[*]}" \
     "$VENV/bin/python" "$HERE/openstack-dev/provision.py" "$1" >>"$LOGS/provision.out" 2>&1 ||
@@ -393,12 +394,14 @@ start() {
   stop
   mkdir -p "$LOGS" "$PIDS"
   local t0=$SECONDS var
-  read -r P_PG P_AMQP P_DIST P_EPMD P_KEYSTONE P_PLACEMENT P_GLANCE P_NOVA P_NEUTRON <<<"$(free_ports 9)"
+  # P_GSAAS: not a service of this script's, but where the catalog says gsaasd is (the tests
+  # that find gsaasd through the catalog serve one there, one at a time).
+  read -r P_PG P_AMQP P_DIST P_EPMD P_KEYSTONE P_PLACEMENT P_GLANCE P_NOVA P_NEUTRON P_GSAAS <<<"$(free_ports 10)"
   KEYSTONE_URL="http://127.0.0.1:$P_KEYSTONE/v3"
   # Fresh secrets for every start; clouds.yaml carries the ones the tests need.
   secret() { /usr/bin/python3 -c 'import secrets; print(secrets.token_hex(12))'; }
   ADMIN_PASSWORD=$(secret) SERVICE_PASSWORD=$(secret) ALPHA_PASSWORD=$(secret) BETA_PASSWORD=$(secret)
-  for var in P_PG P_AMQP P_DIST P_EPMD P_KEYSTONE P_PLACEMENT P_GLANCE P_NOVA P_NEUTRON KEYSTONE_URL; do
+  for var in P_PG P_AMQP P_DIST P_EPMD P_KEYSTONE P_PLACEMENT P_GLANCE P_NOVA P_NEUTRON P_GSAAS KEYSTONE_URL; do
     echo "$var=${!var}"
   done >"$STATE/ports.env"
   chmod 600 "$STATE/ports.env"

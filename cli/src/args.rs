@@ -44,14 +44,25 @@ Examples (the dissertation's form works too):
         OS_PROJECT_NAME (or OS_PROJECT_ID), OS_USER_DOMAIN_NAME/_ID, OS_PROJECT_DOMAIN_NAME/_ID \
         (default domain: default). gsaas gets a project-scoped token by Keystone v3 password auth \
         and sends it as X-Auth-Token. Incomplete credentials exit 2, Keystone refusing them 5, \
-        Keystone unreachable 6.",
+        Keystone unreachable 6. Without --url, GSAAS_URL or a url in the config file, gsaas finds \
+        gsaasd in the token's Keystone catalog (service type gpu-scheduling; --os-interface, \
+        --os-region-name), as the openstack client finds its services.",
     after_help = EXIT_CODES,
     after_long_help = format!("{EXAMPLES}\n\n{EXIT_CODES}"),
 )]
 pub struct Cli {
-    /// gsaasd's URL (default: GSAAS_URL, the config file, http://127.0.0.1:8080).
+    /// gsaasd's URL (default: GSAAS_URL, the config file; with OpenStack credentials, gsaasd's
+    /// endpoint in the Keystone catalog; else http://127.0.0.1:8080).
     #[arg(long, global = true)]
     pub url: Option<String>,
+    /// Which of the catalog's endpoints of gsaasd to use: public, internal or admin (default:
+    /// OS_INTERFACE, the cloud's interface, public).
+    #[arg(long, global = true)]
+    pub os_interface: Option<String>,
+    /// The catalog region of gsaasd's endpoint (default: OS_REGION_NAME, the cloud's
+    /// region_name, the first endpoint of any region).
+    #[arg(long, global = true)]
+    pub os_region_name: Option<String>,
     /// Bearer token (default: GSAAS_TOKEN or the config file; else OpenStack's OS_TOKEN, OS_CLOUD, OS_*).
     #[arg(long, global = true)]
     pub token: Option<String>,

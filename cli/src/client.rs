@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use openstack_config::AuthSettings;
 
-use crate::openstack::{self, Credentials};
+use crate::openstack::{self, Credentials, Where};
 
 pub use crate::failure::{exit, unreachable, Failure};
 
@@ -61,8 +61,8 @@ pub enum Auth {
     None,
     /// A gsaasd token (`--token`, GSAAS_TOKEN, the config file), sent as `Authorization: Bearer`.
     Bearer(String),
-    /// A Keystone token (`OS_TOKEN`), sent as `X-Auth-Token`.
-    Keystone(String),
+    /// A Keystone token (`OS_TOKEN`), sent as `X-Auth-Token`, and where its catalog is.
+    Keystone(String, Where),
     /// OpenStack password credentials, exchanged for a Keystone token on the first request.
     Password(Box<AuthSettings>, OnceCell<String>),
 }
@@ -76,9 +76,37 @@ impl Auth {
         }
         Ok(match openstack::credentials(&|name| std::env::var(name).ok())? {
             None => Auth::None,
-            Some(Credentials::Token(token)) => Auth::Keystone(token),
+            Some(Credentials::Token(token, place)) => Auth::Keystone(token, place),
             Some(Credentials::Password(password)) => Auth::Password(password, OnceCell::new()),
         })
+    }
+
+    /// gsaasd's URL in the Keystone catalog of these credentials (a password login happens now,
+    /// and its token is kept for the requests), or `None` for credentials without a catalog (a
+    /// gsaasd token, or none). `interface` and `region` as given on the command line, else the
+    /// credentials' own (`OS_INTERFACE`, `OS_REGION_NAME`, the cloud's), else public and any.
+    pub fn discover(
+        &self,
+        interface: Option<&str>,
+        region: Option<&str>,
+    ) -> Result<Option<String>, Failure> {
+        let (catalog, own_interface, own_region) = match self {
+            Auth::None | Auth::Bearer(_) => return Ok(None),
+            Auth::Keystone(token, place) => (
+                openstack::catalog_of(token, place)?,
+                place.interface.clone(),
+                place.region.clone(),
+            ),
+            Auth::Password(password, token) => {
+                let issued = openstack::issue_token(password)?;
+                let _ = token.set(issued.token);
+                let interface = Some(password.interface.clone()).filter(|i| !i.is_empty());
+                (issued.catalog, interface, password.region_name.clone())
+            }
+        };
+        let interface = interface.map(str::to_owned).or(own_interface);
+        let region = region.map(str::to_owned).or(own_region);
+        openstack::gsaasd_url(&catalog, interface.as_deref(), region.as_deref()).map(Some)
     }
 }
 
@@ -109,10 +137,10 @@ impl Client {
                 code: exit::AUTH,
             }),
             Auth::Bearer(token) => Ok(request.bearer_auth(token)),
-            Auth::Keystone(token) => Ok(request.header("X-Auth-Token", token)),
+            Auth::Keystone(token, _) => Ok(request.header("X-Auth-Token", token)),
             Auth::Password(password, token) => {
                 if token.get().is_none() {
-                    let _ = token.set(openstack::issue_token(password)?);
+                    let _ = token.set(openstack::issue_token(password)?.token);
                 }
                 Ok(request.header("X-Auth-Token", token.get().expect("set above")))
             }

@@ -53,10 +53,18 @@ fn run(cli: Cli) -> Result<(), Failure> {
     let url = cli
         .url
         .or_else(|| std::env::var("GSAAS_URL").ok().filter(|u| !u.is_empty()))
-        .or(file.url.clone())
-        .unwrap_or_else(|| DEFAULT_URL.to_owned());
+        .or(file.url.clone());
     let token = cli.token.or_else(|| std::env::var("GSAAS_TOKEN").ok()).or(file.token.clone());
-    let client = Client::new(&url, Auth::resolve(token)?);
+    let auth = Auth::resolve(token)?;
+    // No URL given: OpenStack credentials find gsaasd in their catalog, as every OpenStack
+    // client finds its service.
+    let url = match url {
+        Some(url) => url,
+        None => auth
+            .discover(cli.os_interface.as_deref(), cli.os_region_name.as_deref())?
+            .unwrap_or_else(|| DEFAULT_URL.to_owned()),
+    };
+    let client = Client::new(&url, auth);
     let format = cli.format;
     match cli.command {
         Command::Launch(launch) => launch_vm(&client, format, *launch, &file),

@@ -14,6 +14,7 @@
 
 use std::time::Duration;
 
+use openstack_config::catalog::CatalogEntry;
 use openstack_config::{AuthSettings, ConfigError};
 use serde_json::Value;
 
@@ -23,24 +24,55 @@ use crate::failure::{exit, unreachable, Failure};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Credentials {
     /// `OS_TOKEN`, or a cloud with `auth_type: token`: already a Keystone token.
-    Token(String),
+    Token(String, Where),
     /// Password credentials to exchange for a token.
     Password(Box<AuthSettings>),
 }
+
+/// Where a token's catalog comes from and which of its endpoints to take, for a token given as
+/// is (a password login's token brings its catalog).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Where {
+    /// Keystone's v3 URL (`OS_AUTH_URL`, or the cloud's `auth_url`).
+    pub identity_v3: Option<String>,
+    pub interface: Option<String>,
+    pub region: Option<String>,
+}
+
+/// The service type GSaaS is registered under in the Keystone catalog (README: "Registering
+/// GSaaS in the catalog").
+pub const SERVICE_TYPE: &str = "gpu-scheduling";
 
 /// The OpenStack credentials of `env`, or `None` when it names none (no `OS_TOKEN`, `OS_CLOUD`
 /// or `OS_AUTH_URL`).
 pub fn credentials(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Credentials>, Failure> {
     let env = |name: &str| env(name).filter(|v| !v.trim().is_empty());
     if let Some(token) = env("OS_TOKEN") {
-        return Ok(Some(Credentials::Token(token.trim().to_owned())));
+        let identity_v3 = env("OS_AUTH_URL").map(|url| {
+            let url = url.trim().trim_end_matches('/');
+            if url.ends_with("/v3") {
+                url.to_owned()
+            } else {
+                format!("{url}/v3")
+            }
+        });
+        let place =
+            Where { identity_v3, interface: env("OS_INTERFACE"), region: env("OS_REGION_NAME") };
+        return Ok(Some(Credentials::Token(token.trim().to_owned(), place)));
     }
     if env("OS_CLOUD").is_none() && env("OS_AUTH_URL").is_none() {
         return Ok(None);
     }
     let mut settings = AuthSettings::load(None, None, &env).map_err(|e| usage(&e))?;
     Ok(Some(match settings.token.take() {
-        Some(token) => Credentials::Token(token),
+        Some(token) => {
+            let place = Where {
+                identity_v3: Some(settings.identity_v3()),
+                interface: Some(settings.interface.clone()).filter(|i| !i.is_empty()),
+                region: settings.region_name.clone(),
+            };
+            Credentials::Token(token, place)
+        }
         None => Credentials::Password(Box::new(settings)),
     }))
 }
@@ -55,13 +87,12 @@ fn one_line(e: &dyn std::fmt::Display) -> String {
     e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// A project-scoped token from Keystone for `settings` (checked password credentials).
-pub fn issue_token(settings: &AuthSettings) -> Result<String, Failure> {
-    let url = format!("{}/auth/tokens", settings.identity_v3());
+/// An HTTP client for Keystone, trusting `cacert` too if given.
+fn keystone_client(cacert: Option<&std::path::Path>) -> Result<reqwest::blocking::Client, Failure> {
     let mut builder = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(30))
         .connect_timeout(Duration::from_secs(5));
-    if let Some(path) = &settings.cacert {
+    if let Some(path) = cacert {
         let unusable = |e: &dyn std::fmt::Display| {
             Failure::usage(format!("cannot use the CA bundle {}: {}", path.display(), one_line(e)))
         };
@@ -70,7 +101,21 @@ pub fn issue_token(settings: &AuthSettings) -> Result<String, Failure> {
             builder = builder.add_root_certificate(certificate);
         }
     }
-    let http = builder.build().expect("an HTTP client builds");
+    Ok(builder.build().expect("an HTTP client builds"))
+}
+
+/// A Keystone token and the catalog it came with.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    pub token: String,
+    pub catalog: Vec<CatalogEntry>,
+}
+
+/// A project-scoped token from Keystone for `settings` (checked password credentials), with its
+/// catalog.
+pub fn issue_token(settings: &AuthSettings) -> Result<Issued, Failure> {
+    let url = format!("{}/auth/tokens", settings.identity_v3());
+    let http = keystone_client(settings.cacert.as_deref())?;
     let response = http
         .post(&url)
         .json(&settings.password_auth_body())
@@ -89,10 +134,15 @@ pub fn issue_token(settings: &AuthSettings) -> Result<String, Failure> {
         .map(|m| format!(": {}", one_line(&m)))
         .unwrap_or_default();
     match status {
-        200..=299 => token.filter(|t| !t.is_empty()).ok_or_else(|| Failure {
-            message: format!("Keystone at {url} answered without an X-Subject-Token"),
-            code: exit::UNAVAILABLE,
-        }),
+        200..=299 => {
+            let token = token.filter(|t| !t.is_empty()).ok_or_else(|| Failure {
+                message: format!("Keystone at {url} answered without an X-Subject-Token"),
+                code: exit::UNAVAILABLE,
+            })?;
+            let catalog =
+                serde_json::from_value(body["token"]["catalog"].clone()).unwrap_or_default();
+            Ok(Issued { token, catalog })
+        }
         500.. => Err(Failure {
             message: format!("Keystone at {url} failed: HTTP {status}{detail}"),
             code: exit::UNAVAILABLE,
@@ -105,6 +155,59 @@ pub fn issue_token(settings: &AuthSettings) -> Result<String, Failure> {
             code: exit::AUTH,
         }),
     }
+}
+
+/// The catalog of a token given as is: `GET /v3/auth/catalog`.
+pub fn catalog_of(token: &str, place: &Where) -> Result<Vec<CatalogEntry>, Failure> {
+    let Some(identity) = &place.identity_v3 else {
+        return Err(Failure::usage(
+            "no gsaasd URL: pass --url (or GSAAS_URL), or set OS_AUTH_URL so that gsaas finds \
+             gsaasd in OS_TOKEN's service catalog",
+        ));
+    };
+    let url = format!("{identity}/auth/catalog");
+    let response = keystone_client(None)?
+        .get(&url)
+        .header("X-Auth-Token", token)
+        .send()
+        .map_err(|e| unreachable(&format!("Keystone at {url}"), &e))?;
+    let status = response.status().as_u16();
+    let body: Value =
+        serde_json::from_str(&response.text().unwrap_or_default()).unwrap_or(Value::Null);
+    match status {
+        200..=299 => serde_json::from_value(body["catalog"].clone()).map_err(|e| Failure {
+            message: format!("Keystone at {url} answered a catalog gsaas cannot read: {e}"),
+            code: exit::UNAVAILABLE,
+        }),
+        401 | 403 | 404 => Err(Failure {
+            message: format!("Keystone refused OS_TOKEN (HTTP {status}): it is invalid or expired"),
+            code: exit::AUTH,
+        }),
+        _ => Err(Failure {
+            message: format!("Keystone at {url} failed: HTTP {status}"),
+            code: exit::UNAVAILABLE,
+        }),
+    }
+}
+
+/// gsaasd's URL in `catalog`, for `interface` (default public) and `region` (default any).
+pub fn gsaasd_url(
+    catalog: &[CatalogEntry],
+    interface: Option<&str>,
+    region: Option<&str>,
+) -> Result<String, Failure> {
+    let interface = interface.unwrap_or("public");
+    if !matches!(interface.trim_end_matches("URL"), "public" | "internal" | "admin") {
+        return Err(Failure::usage(format!(
+            "--os-interface {interface:?}: expected public, internal or admin"
+        )));
+    }
+    openstack_config::catalog::endpoint(catalog, SERVICE_TYPE, interface, region).map_err(|e| {
+        Failure::usage(format!(
+            "cannot find gsaasd: {e}; is GSaaS registered in Keystone (README: \"Registering \
+             GSaaS in the catalog\"), or pass --url"
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -121,7 +224,8 @@ mod tests {
     #[test]
     fn os_token_is_used_as_is() {
         let env = env_of(&[("OS_TOKEN", "gAAAA "), ("OS_AUTH_URL", "http://k:5000")]);
-        assert_eq!(credentials(&env).unwrap(), Some(Credentials::Token("gAAAA".into())));
+        let place = Where { identity_v3: Some("http://k:5000/v3".into()), ..Where::default() };
+        assert_eq!(credentials(&env).unwrap(), Some(Credentials::Token("gAAAA".into(), place)));
     }
 
     #[test]

@@ -112,10 +112,22 @@ impl Fake {
     }
 
     fn gsaas_in(&self, cwd: &Path, env: &[(&str, &str)]) -> Output {
+        let url = self.url();
+        self.run(
+            cwd,
+            &[("GSAAS_URL", url.as_str())]
+                .into_iter()
+                .chain(env.iter().copied())
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// `gsaas list -f json` with only `env` (and HOME): no URL, so gsaasd is looked up in the
+    /// catalog.
+    fn run(&self, cwd: &Path, env: &[(&str, &str)]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_gsaas"))
             .args(["-f", "json", "list"])
             .env_clear()
-            .env("GSAAS_URL", self.url())
             .env("HOME", &self.dir)
             .envs(env.iter().copied())
             .current_dir(cwd)
@@ -174,6 +186,29 @@ fn plain_os_variables_get_a_scoped_token_sent_as_x_auth_token() {
         }})]
     );
     assert_eq!(seen.gsaasd, vec![(Some(seen.issued[0].clone()), None)]);
+}
+
+/// Without a URL, gsaas looks for gsaasd in the catalog and says plainly when it is not there
+/// (the sample catalog has no `gpu-scheduling` service), or when OS_TOKEN comes without
+/// OS_AUTH_URL to ask for its catalog. (Found in a real catalog: `api/tests/openstack.rs`.)
+#[test]
+fn without_a_url_gsaasd_is_looked_up_in_the_catalog() {
+    let fake = Fake::start("catalog");
+    let cwd = fake.dir.join("cwd");
+    let auth_url = fake.auth_url();
+    let password = [
+        ("OS_AUTH_URL", auth_url.as_str()),
+        ("OS_USERNAME", "alice"),
+        ("OS_PASSWORD", PASSWORD),
+        ("OS_PROJECT_NAME", "demo"),
+    ];
+    fails(&fake.run(&cwd, &password), 2, &["has no gpu-scheduling service", "--url"]);
+    fails(&fake.run(&cwd, &[("OS_TOKEN", "os-token-from-env")]), 2, &["OS_AUTH_URL", "--url"]);
+    let mut bad_interface = password.to_vec();
+    bad_interface.push(("OS_INTERFACE", "sideways"));
+    fails(&fake.run(&cwd, &bad_interface), 2, &["sideways"]);
+    // gsaasd was never called.
+    assert!(fake.seen().gsaasd.is_empty());
 }
 
 #[test]

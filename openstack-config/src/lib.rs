@@ -9,6 +9,8 @@
 //! name where a value came from: the clouds.yaml path and cloud, or the environment. Nothing here
 //! talks to Keystone: callers build their request from [`AuthSettings::password_auth_body`].
 
+pub mod catalog;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

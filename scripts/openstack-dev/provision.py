@@ -4,8 +4,11 @@ Idempotent: each object is looked up by name first and created only when missing
 start can run it again. Creates:
 - project `service` with the users nova, placement, glance (roles admin + service), the services
   Nova and the others authenticate with;
-- the catalog: compute, placement, image, and network (the Neutron stand-in);
-- projects `alpha` and `beta`, each with a member user (`alpha-member`, `beta-member`);
+- the catalog: compute, placement, image, and network (the Neutron stand-in); and GSaaS itself,
+  service `gsaas` of type `gpu-scheduling` with a public and an internal endpoint, as an operator
+  registers it (README, "Registering GSaaS in the catalog");
+- projects `alpha` and `beta`, each with a member user (`alpha-member`, `beta-member`); and
+  `alpha-lab`, a second project of `alpha-member` (a project to switch to);
 - a public Glance image (a tiny raw file), a private one of project beta (`gsaas-beta-private`),
   and a Nova flavor;
 - an availability zone per compute host, `gsaas-<host>` (a host aggregate of that one host).
@@ -36,6 +39,8 @@ KEYSTONE = need("GSAAS_OS_AUTH_URL").rstrip("/")
 ADMIN_PASSWORD = need("GSAAS_OS_ADMIN_PASSWORD")
 SERVICE_PASSWORD = need("GSAAS_OS_SERVICE_PASSWORD")
 TENANT_PASSWORD = {"alpha": need("GSAAS_OS_ALPHA_PASSWORD"), "beta": need("GSAAS_OS_BETA_PASSWORD")}
+# GSaaS's service type: see README, "Registering GSaaS in the catalog".
+GSAAS_SERVICE = ("gpu-scheduling", "gsaas", need("GSAAS_OS_GSAAS_URL"))
 ENDPOINTS = {
     "compute": ("nova", need("GSAAS_OS_NOVA_URL")),
     "placement": ("placement", need("GSAAS_OS_PLACEMENT_URL")),
@@ -124,12 +129,26 @@ def identity():
                     "service_id": sid, "interface": interface, "url": url,
                     "region_id": "RegionOne"}})
 
+    kind, name, url = GSAAS_SERVICE
+    sid = find_or_create("services", "service", name, {
+        "name": name, "type": kind, "description": "GPU scheduling as a service (GSaaS)"})
+    existing = call("GET", "%s/endpoints?service_id=%s" % (KEYSTONE, sid), TOKEN)[2]["endpoints"]
+    have = {e["interface"] for e in existing}
+    for interface in ("public", "internal"):
+        if interface not in have:
+            call("POST", KEYSTONE + "/endpoints", TOKEN, {"endpoint": {
+                "service_id": sid, "interface": interface, "url": url, "region_id": "RegionOne"}})
+
     for tenant, password in TENANT_PASSWORD.items():
         pid = find_or_create("projects", "project", tenant, {"name": tenant, "domain_id": "default"})
         uid = find_or_create("users", "user", tenant + "-member", {
             "name": tenant + "-member", "password": password, "domain_id": "default",
             "default_project_id": pid})
         grant(pid, uid, roles["member"])
+        if tenant == "alpha":
+            lab = find_or_create("projects", "project", "alpha-lab",
+                                 {"name": "alpha-lab", "domain_id": "default"})
+            grant(lab, uid, roles["member"])
 
 
 def image(token, name, visibility):

@@ -54,6 +54,52 @@ pub fn clouds_yaml() -> PathBuf {
     }
 }
 
+/// A value of the dev cloud's `ports.env` (beside its clouds.yaml): `P_GSAAS`, `KEYSTONE_URL`.
+pub fn dev_cloud_setting(name: &str) -> String {
+    let ports = clouds_yaml().with_file_name("ports.env");
+    let text = std::fs::read_to_string(&ports)
+        .unwrap_or_else(|e| panic!("{}: {e}: is the dev cloud running?", ports.display()));
+    text.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| {
+            panic!(
+                "{} has no {name}: restart the dev cloud (scripts/openstack-dev.sh)",
+                ports.display()
+            )
+        })
+        .to_owned()
+}
+
+/// Where the dev cloud's catalog says gsaasd is (service type `gpu-scheduling`).
+pub fn catalog_address() -> std::net::SocketAddr {
+    let port: u16 = dev_cloud_setting("P_GSAAS").parse().expect("P_GSAAS is a port");
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// The catalog's gsaasd address, held by one test at a time in every test binary (a lock file
+/// beside the clouds.yaml): the tests of clients that find gsaasd in the catalog serve it there.
+#[derive(Debug)]
+pub struct CatalogLease(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+impl CatalogLease {
+    pub async fn take() -> CatalogLease {
+        let path = clouds_yaml().with_file_name("gsaas-catalog.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let locked = tokio::task::spawn_blocking(move || {
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+                .unwrap_or_else(|(_, e)| panic!("locking the catalog's address: {e}"))
+        })
+        .await
+        .expect("the lock task");
+        CatalogLease(locked)
+    }
+}
+
 /// One Keystone login (password, project-scoped) with a cloud of the clouds.yaml.
 #[derive(Debug, Clone)]
 pub struct Login {
@@ -250,6 +296,8 @@ pub struct Gsaasd {
     pub service: Option<gsaasd::service::Service>,
     pub http: reqwest::Client,
     dir: PathBuf,
+    /// Held while serving at the catalog's address; dropped after the service (field order).
+    catalog: Option<CatalogLease>,
 }
 
 impl Gsaasd {
@@ -264,6 +312,24 @@ impl Gsaasd {
     /// [`Gsaasd::start_polling`], its config changed by `tweak`.
     pub async fn start_configured(gpus: u32, tweak: impl FnOnce(&mut Config)) -> Gsaasd {
         Self::start_tweaked(inventory(gpus), 50, tweak).await
+    }
+
+    /// [`Gsaasd::start_configured`] where the dev cloud's catalog says gsaasd is, while the
+    /// lease is held.
+    pub async fn start_in_catalog(gpus: u32, tweak: impl FnOnce(&mut Config)) -> Gsaasd {
+        let lease = CatalogLease::take().await;
+        // The previous holder's gsaasd may still be closing its listener.
+        eventually("the catalog's address to be free", || async {
+            tokio::net::TcpListener::bind(catalog_address()).await.ok().map(drop)
+        })
+        .await;
+        let mut gsaasd = Self::start_configured(gpus, |config| {
+            config.listen = catalog_address();
+            tweak(config);
+        })
+        .await;
+        gsaasd.catalog = Some(lease);
+        gsaasd
     }
 
     /// [`Gsaasd::start_with`], polling Nova and Neutron every `poll_interval_ms`.
@@ -304,7 +370,7 @@ impl Gsaasd {
             .await
             .expect("gsaasd starts in time")
             .expect("gsaasd starts");
-        Gsaasd { service: Some(service), http: client(), dir }
+        Gsaasd { service: Some(service), http: client(), dir, catalog: None }
     }
 
     pub async fn call(

@@ -282,15 +282,21 @@ pub fn binaries() -> (PathBuf, PathBuf) {
         if !workspace_build.status.success() {
             // Another member's test target does not build (cargo test says so on its own): build
             // just the two binaries, slower but just as fresh.
-            let bins = build(&["--bins", "-p", "gsaasd", "-p", "rodvr-agent"]);
+            let bins = build(&["--bins", "-p", "gsaasd", "-p", "rodvr-agent", "-p", "gsaas"]);
             assert!(
                 bins.status.success(),
-                "cannot build gsaasd and rodvr-agent: {}",
+                "cannot build gsaasd, rodvr-agent and gsaas: {}",
                 String::from_utf8_lossy(&bins.stderr)
             );
         }
     }
     (profile_dir.join("gsaasd"), profile_dir.join("rodvr-agent"))
+}
+
+/// The `gsaas` CLI, built as [`binaries`] builds the daemons.
+pub fn gsaas_binary() -> PathBuf {
+    let (gsaasd, _) = binaries();
+    gsaasd.with_file_name("gsaas")
 }
 
 /// Runs `gsaasd ARGS -c CONFIG` (no network needed) and returns its stdout, trimmed.

@@ -58,8 +58,8 @@ pub enum KeystoneError {
         #[source]
         source: Option<serde_json::Error>,
     },
-    #[error("the service catalog has no {service_type} endpoint (interface {interface}, region {region})")]
-    NoEndpoint { service_type: String, interface: String, region: String },
+    #[error(transparent)]
+    NoEndpoint(#[from] NoEndpoint),
     #[error("cannot use the CA bundle {path}")]
     CaCert {
         path: std::path::PathBuf,
@@ -88,23 +88,7 @@ impl Default for HttpOptions {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
-pub struct CatalogEntry {
-    #[serde(rename = "type")]
-    pub service_type: String,
-    #[serde(default)]
-    pub endpoints: Vec<CatalogEndpoint>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct CatalogEndpoint {
-    pub interface: String,
-    pub url: String,
-    #[serde(default)]
-    pub region_id: Option<String>,
-    #[serde(default)]
-    pub region: Option<String>,
-}
+pub use openstack_config::catalog::{CatalogEndpoint, CatalogEntry, NoEndpoint};
 
 #[derive(Debug, Clone, Deserialize)]
 struct Named {
@@ -338,23 +322,7 @@ impl Keystone {
     ) -> Result<String, KeystoneError> {
         let region = self.settings.region_name.as_deref();
         let interface = self.settings.interface.as_str();
-        token
-            .catalog
-            .iter()
-            .filter(|entry| entry.service_type == service_type)
-            .flat_map(|entry| &entry.endpoints)
-            .find(|e| {
-                e.interface == interface
-                    && region.is_none_or(|r| {
-                        e.region_id.as_deref() == Some(r) || e.region.as_deref() == Some(r)
-                    })
-            })
-            .map(|e| e.url.trim_end_matches('/').to_owned())
-            .ok_or_else(|| KeystoneError::NoEndpoint {
-                service_type: service_type.to_owned(),
-                interface: interface.to_owned(),
-                region: region.unwrap_or("any").to_owned(),
-            })
+        Ok(openstack_config::catalog::endpoint(&token.catalog, service_type, interface, region)?)
     }
 
     /// Validates a tenant's token: `Ok(None)` when Keystone does not know it (404, or expired).
