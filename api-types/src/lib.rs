@@ -9,6 +9,7 @@
 //! [`QuotaLimits`], the `PUT` request's own type, so a limit added later breaks an older CLI's
 //! `quota show`; splitting it would copy the type.
 
+pub mod auth;
 pub mod health;
 pub mod hosts;
 pub mod pool;
@@ -17,6 +18,7 @@ pub mod queue;
 pub mod quotas;
 pub mod vms;
 
+pub use auth::*;
 pub use health::*;
 pub use hosts::*;
 pub use pool::*;

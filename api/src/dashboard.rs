@@ -1,8 +1,10 @@
 //! The web dashboard: plain HTML, CSS and JavaScript embedded in the binary and served at `/` and
 //! `/dashboard`.
 //!
-//! It is a client of the same-origin REST API and nothing more: it signs in with a token (kept in
-//! the tab's `sessionStorage`, sent as `Authorization: Bearer`), shows the pool (admins: per host
+//! It is a client of the same-origin REST API and nothing more: it signs in with a pasted gsaasd
+//! token (kept in the tab's `sessionStorage`, sent as `Authorization: Bearer`) or, in Keystone
+//! mode, with an OpenStack account through gsaasd (`/v1/auth/tokens`: the tokens stay in the
+//! page's memory, go out as `X-Auth-Token`, and are revoked at sign-out), shows the pool (admins: per host
 //! and GPU, a memory bar per GPU with a segment per VM; tenants: totals only, as the API gives
 //! them), the VMs with their state, cGPUs and Equation 5.1 stage timings, a launch form covering
 //! every field of `LaunchRequest` (a problem's `field` is shown beside that field), attach (a

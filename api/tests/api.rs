@@ -234,6 +234,13 @@ fn fields_at_fault(problem: &Value) -> Vec<String> {
 
 async fn authentication_failures_are_401_with_a_reason(store: Store) {
     let t = TestService::start(store).await;
+    // gsaasd's own tokens only: no Keystone sign-in to offer, and none to try.
+    let (status, methods) = t.get("", "/v1/auth").await;
+    assert_eq!((status, methods["mode"].as_str()), (200, Some("jwt")), "{methods}");
+    assert_eq!(methods["methods"], serde_json::json!([]));
+    let body = serde_json::json!({"password": {"user": "u", "password": "p"}});
+    let (status, problem) = t.post("", "/v1/auth/tokens", &body).await;
+    assert_eq!(status, 404, "{problem}");
     let other_key = {
         use ed25519_dalek::pkcs8::{spki::der::pem::LineEnding, EncodePrivateKey};
         let key = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);

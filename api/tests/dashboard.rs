@@ -122,6 +122,100 @@ async fn install_playwright_core() {
     );
 }
 
+/// Runs a browser script of `api/tests/dashboard/` with `env` (bounded); fails with its output
+/// unless it succeeds; returns what its `RESULT` line reports.
+async fn run_script(script: &str, env: &[(&str, &str)]) -> Value {
+    let child = tokio::process::Command::new("node")
+        .arg(script_dir().join(script))
+        .current_dir(script_dir())
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node starts");
+    let output = tokio::time::timeout(BROWSER_RUN, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("the browser run took longer than {BROWSER_RUN:?}"))
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the browser run ({script}) failed ({}):\n{stdout}{stderr}",
+        output.status
+    );
+    eprintln!("{stdout}{stderr}");
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("RESULT "))
+        .map(|json| serde_json::from_str(json).unwrap())
+        .expect("the script reports what it did")
+}
+
+/// Where a test's screenshots go: `GSAAS_DASHBOARD_SCREENSHOTS` (from the workspace root) to
+/// refresh `docs/`, else `scratch`.
+fn screenshot_dir(scratch: &Path) -> PathBuf {
+    match std::env::var_os("GSAAS_DASHBOARD_SCREENSHOTS") {
+        Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir),
+        None => scratch.join("screenshots"),
+    }
+}
+
+/// In Keystone mode, on the real Keystone of `scripts/openstack-dev.sh`: a wrong password and an
+/// unknown project are refused beside the form; a member signs in (through gsaasd: the browser
+/// never reaches Keystone), sees its project's VM and not another project's, switches to its
+/// other project, and signs out, after which every token the page used is revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keystone_users_sign_in_switch_project_and_sign_out_in_a_real_browser() {
+    use support::openstack::{clouds_yaml, Gsaasd, Login, FLAVOR, IMAGE};
+    let chromium = require_node_and_chromium();
+    install_playwright_core().await;
+    let gsaasd = Gsaasd::start(2).await;
+    let http = support::openstack::client();
+    let alpha = Login::new(&http, "alpha").await;
+    let beta = Login::new(&http, "beta").await;
+    let body = serde_json::json!({ "image": IMAGE, "flavor": FLAVOR, "ncgpus": 1 });
+    let own = gsaasd.launch(&alpha.token, &body).await;
+    let foreign = gsaasd.launch(&beta.token, &body).await;
+    let settings =
+        gsaasd::openstack::AuthSettings::load(Some("alpha"), Some(&clouds_yaml()), &|_| None)
+            .expect("the alpha cloud");
+    let user = settings.username.clone().expect("alpha's user name");
+    let url = format!("{}/", gsaasd.service.as_ref().unwrap().url());
+    let scratch = std::env::temp_dir().join(format!("gsaas-keystone-ui-{}", std::process::id()));
+    let screenshots = screenshot_dir(&scratch);
+    let result = run_script(
+        "keystone.mjs",
+        &[
+            ("GSAAS_URL", url.as_str()),
+            ("GSAAS_USER", &user),
+            ("GSAAS_PASSWORD", &settings.password),
+            ("GSAAS_PROJECT", "alpha"),
+            ("GSAAS_OTHER_PROJECT", "alpha-lab"),
+            ("GSAAS_OWN_VM", &own),
+            ("GSAAS_FOREIGN_VM", &foreign),
+            ("GSAAS_SCREENSHOTS", screenshots.to_str().unwrap()),
+            ("CHROMIUM", chromium.to_str().unwrap()),
+        ],
+    )
+    .await;
+    // Two tokens (alpha, then alpha-lab), each revoked at sign-out: gsaasd and Keystone refuse it.
+    let tokens: Vec<&str> =
+        result["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(tokens.len(), 2, "{result}");
+    for token in tokens {
+        assert_eq!(gsaasd.get("/v1/vms", token).await.0, 401, "a signed-out token still works");
+    }
+    for (id, login) in [(&own, &alpha), (&foreign, &beta)] {
+        let (status, _) = gsaasd
+            .call(reqwest::Method::DELETE, &format!("/v1/vms/{id}"), &login.token, None)
+            .await;
+        assert_eq!(status, 202);
+    }
+    let _ = std::fs::remove_dir_all(scratch);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser() {
     let chromium = require_node_and_chromium();
@@ -200,44 +294,23 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
         .unwrap()
         .to_owned();
 
-    let screenshots = match std::env::var_os("GSAAS_DASHBOARD_SCREENSHOTS") {
-        Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir),
-        None => t.dir.join("screenshots"),
-    };
-    let child = tokio::process::Command::new("node")
-        .arg(script_dir().join("browser.mjs"))
-        .current_dir(script_dir())
-        .env("GSAAS_URL", t.url(""))
-        .env("GSAAS_TENANT_TOKEN", &tenant)
-        .env("GSAAS_ADMIN_TOKEN", &admin)
-        .env("GSAAS_HIDDEN", serde_json::to_string(&hidden).unwrap())
-        .env("GSAAS_DRAIN_HOST", &drain_host)
-        .env("GSAAS_SCREENSHOTS", &screenshots)
-        .env("CHROMIUM", &chromium)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node starts");
-    let output = tokio::time::timeout(BROWSER_RUN, child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("the browser run took longer than {BROWSER_RUN:?}"))
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the browser run failed ({}):\n{stdout}{stderr}",
-        output.status
-    );
-    eprintln!("{stdout}{stderr}");
+    let screenshots = screenshot_dir(&t.dir);
+    let hidden = serde_json::to_string(&hidden).unwrap();
+    let result = run_script(
+        "browser.mjs",
+        &[
+            ("GSAAS_URL", t.url("").as_str()),
+            ("GSAAS_TENANT_TOKEN", &tenant),
+            ("GSAAS_ADMIN_TOKEN", &admin),
+            ("GSAAS_HIDDEN", &hidden),
+            ("GSAAS_DRAIN_HOST", &drain_host),
+            ("GSAAS_SCREENSHOTS", screenshots.to_str().unwrap()),
+            ("CHROMIUM", chromium.to_str().unwrap()),
+        ],
+    )
+    .await;
 
     // The browser's clicks did what the page said.
-    let result: Value = stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("RESULT "))
-        .map(|json| serde_json::from_str(json).unwrap())
-        .expect("the script reports what it did");
     let id = |key: &str| result[key].as_str().unwrap_or_else(|| panic!("{key} in {result}"));
     let (status, deleted) = t.get(&tenant, &format!("/v1/vms/{}", id("deleted"))).await;
     assert_eq!((status, deleted["state"].as_str()), (200, Some("deleted")), "{deleted}");

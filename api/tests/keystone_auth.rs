@@ -45,6 +45,8 @@ struct Fake {
     servers: Arc<Mutex<BTreeMap<String, (String, String)>>>,
     /// The token of every `POST /servers`.
     creators: Arc<Mutex<Vec<String>>>,
+    /// Tokens revoked with `DELETE /v3/auth/tokens`.
+    revoked: Arc<Mutex<Vec<String>>>,
 }
 
 /// The upstream admin view of a server (2.73), ACTIVE on `host`, with `vm` in its metadata.
@@ -75,16 +77,46 @@ async fn serve(
         (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
     };
     match (method, path.as_str()) {
-        (Method::POST, "/identity/v3/auth/tokens") => (
-            StatusCode::CREATED,
-            [("x-subject-token", "service-token")],
-            axum::Json(token_body(&fake.base, in_an_hour())),
-        )
-            .into_response(),
+        (Method::POST, "/identity/v3/auth/tokens") => {
+            let request: Value = serde_json::from_slice(&body).unwrap_or_default();
+            let user = &request["auth"]["identity"]["password"]["user"];
+            // Users signing in through gsaasd: `alice` with password `right`, as `tenant-a`.
+            if user["name"] == "alice" {
+                if user["password"] != "right" {
+                    let error = json!({ "error": { "code": 401, "title": "Unauthorized",
+                        "message": "The request you have made requires authentication." } });
+                    return (StatusCode::UNAUTHORIZED, axum::Json(error)).into_response();
+                }
+                return (
+                    StatusCode::CREATED,
+                    [("x-subject-token", "tenant-a")],
+                    axum::Json(token_body(&fake.base, in_an_hour())),
+                )
+                    .into_response();
+            }
+            (
+                StatusCode::CREATED,
+                [("x-subject-token", "service-token")],
+                axum::Json(token_body(&fake.base, in_an_hour())),
+            )
+                .into_response()
+        }
+        (Method::DELETE, "/identity/v3/auth/tokens") => {
+            let own = header("x-auth-token");
+            if own.is_none() || own != subject {
+                return (StatusCode::FORBIDDEN, "a user revokes its own token here")
+                    .into_response();
+            }
+            fake.revoked.lock().unwrap().push(subject.unwrap_or_default());
+            StatusCode::NO_CONTENT.into_response()
+        }
         (Method::GET, p) if p.starts_with("/identity/v3/auth/tokens") => {
             // Keystone requires the service's own token to validate someone else's.
             if header("x-auth-token").as_deref() != Some("service-token") {
                 return (StatusCode::UNAUTHORIZED, "service token expected").into_response();
+            }
+            if subject.as_ref().is_some_and(|s| fake.revoked.lock().unwrap().contains(s)) {
+                return not_found("Could not find token.");
             }
             let mut body = token_body(&fake.base, in_an_hour());
             let member = json!([{ "id": "9fe2ff9ee4384b1894a90878d3e92bab", "name": "member" }]);
@@ -197,6 +229,7 @@ async fn setup_with(name: &str, tweak: impl FnOnce(&mut AuthConfig)) -> Setup {
         log: Arc::default(),
         servers: Arc::default(),
         creators: Arc::default(),
+        revoked: Arc::default(),
     };
     let app = Router::new().fallback(serve).with_state(fake.clone());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -409,6 +442,70 @@ async fn a_policy_file_gives_keystone_roles_their_rights() {
     assert_eq!(s.call(Method::POST, &drain, "tenant-a", None).await.0, 404);
     s.service.abort();
     let _ = std::fs::remove_file(file);
+}
+
+/// Keystone sign-in through gsaasd, as an attacker tries it: hostile fields never reach Keystone,
+/// a password spray from one address is cut at its budget of Keystone requests, a refusal repeats
+/// no secret, and a signed-out token stops working at once (revoked at Keystone, forgotten here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keystone_sign_in_through_gsaasd_resists_sprays_and_signs_out_for_good() {
+    let s = setup_with("sign-in", |auth| auth.keystone_validations_per_minute = 6).await;
+    let sign_in = |user: &str, password: &str| json!({ "password": { "user": user, "password": password }, "project": { "name": "demo" } });
+    let posts = |s: &Setup| {
+        let log = s.fake.log.lock().unwrap();
+        log.iter().filter(|(m, p, _)| m == Method::POST && p == "/identity/v3/auth/tokens").count()
+    };
+    let before = posts(&s);
+    // Hostile values: refused with every field named, before Keystone hears of them.
+    let hostile = json!({ "password": { "user": "a\u{202e}b", "password": "x".repeat(5000) },
+        "project": { "id": "p", "name": "both" } });
+    let (status, problem) = s.call(Method::POST, "/v1/auth/tokens", "", Some(hostile)).await;
+    assert_eq!(status, 422, "{problem}");
+    let fields: Vec<&str> = problem["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["password.user", "password.password", "project"], "{problem}");
+    assert_eq!(posts(&s), before, "hostile fields reached Keystone");
+
+    // A wrong password: 401, Keystone's reason, never the password.
+    let (status, problem) =
+        s.call(Method::POST, "/v1/auth/tokens", "", Some(sign_in("alice", "hunter2"))).await;
+    assert_eq!(status, 401, "{problem}");
+    assert!(!problem.to_string().contains("hunter2"), "{problem}");
+    // The right one: a session with the token, the user and the project; no caching of it.
+    let response = s
+        .http
+        .post(format!("{}/v1/auth/tokens", s.service.url()))
+        .json(&sign_in("alice", "right"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(response.headers()["cache-control"], "no-store");
+    let session: Value = response.json().await.unwrap();
+    assert_eq!(session["token"], "tenant-a", "{session}");
+    assert_eq!(session["project"]["id"], PROJECT_A, "{session}");
+    assert_eq!(session["admin"], false, "{session}");
+    // A spray from one address: cut at its budget (6 a minute, the validations above included).
+    let mut statuses = Vec::new();
+    for i in 0..20 {
+        let body = sign_in("alice", &format!("guess-{i}"));
+        statuses.push(s.call(Method::POST, "/v1/auth/tokens", "", Some(body)).await.0);
+    }
+    assert!(statuses.iter().filter(|s| **s == 429).count() >= 15, "{statuses:?}");
+    assert!(posts(&s) - before <= 8, "Keystone heard {} sign-ins", posts(&s) - before);
+
+    // Signing out revokes the token at Keystone and it stops working here at once, although it
+    // was cached.
+    assert_eq!(s.get("/v1/vms", "tenant-a").await.0, 200);
+    let (status, body) = s.call(Method::DELETE, "/v1/auth/tokens", "tenant-a", None).await;
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(*s.fake.revoked.lock().unwrap(), ["tenant-a"]);
+    assert_eq!(s.get("/v1/vms", "tenant-a").await.0, 401);
+    s.service.abort();
 }
 
 /// Refused tokens cost Keystone one validation each, and a client sending many unknown ones is

@@ -1,6 +1,8 @@
 // GSaaS dashboard: a plain client of the same-origin REST API (no framework, no build step).
-// The token lives in sessionStorage (this tab only) and goes out as a Bearer header; every piece
-// of text from the API is put in the page with textContent, never parsed as HTML.
+// A pasted gsaasd token lives in sessionStorage (this tab only) and goes out as a Bearer header;
+// a Keystone sign-in (through gsaasd: POST /v1/auth/tokens) keeps its tokens in this page's
+// memory only and sends them as X-Auth-Token. Every piece of text from the API is put in the page
+// with textContent, never parsed as HTML.
 'use strict';
 
 (() => {
@@ -24,6 +26,13 @@
 
   const state = {
     token: null,
+    // GET /v1/auth: whether Keystone sign-in is offered.
+    authMode: 'jwt',
+    // The user chose to paste a gsaasd token although Keystone is offered.
+    useToken: false,
+    // A Keystone sign-in: the session, the user's projects, and every token it got (revoked at
+    // sign-out).
+    keystone: null,
     claims: {},
     admin: false,
     pool: null,
@@ -73,7 +82,7 @@
   async function api(method, path, body, headers) {
     const init = {
       method,
-      headers: Object.assign({ Authorization: `Bearer ${state.token}`, Accept: 'application/json' }, headers),
+      headers: Object.assign(authHeader(), { Accept: 'application/json' }, headers),
       credentials: 'omit',
       cache: 'no-store',
     };
@@ -98,6 +107,11 @@
     }
     if (!response.ok) throw new ApiError(response.status, data || { title: response.statusText });
     return data;
+  }
+
+  function authHeader() {
+    if (!state.token) return {};
+    return state.keystone ? { 'X-Auth-Token': state.token } : { Authorization: `Bearer ${state.token}` };
   }
 
   function decodeClaims(token) {
@@ -151,34 +165,167 @@
     clearTimeout(state.timer);
     state.generation += 1;
     state.token = null;
+    state.keystone = null;
     sessionStorage.removeItem(TOKEN_KEY);
     $('main-view').hidden = true;
     $('session').hidden = true;
     $('signin-view').hidden = false;
-    $('signin-error').textContent = message || '';
-    $('token').setAttribute('aria-invalid', message ? 'true' : 'false');
-    $('token').focus();
+    const keystone = state.authMode === 'keystone' && !state.useToken;
+    $('keystone-form').hidden = !keystone;
+    $('signin-form').hidden = keystone;
+    $('token-alt').hidden = state.authMode !== 'keystone';
+    if (keystone) {
+      $('keystone-error').textContent = message || '';
+      $('ks-password').value = '';
+      $('ks-appcred-secret').value = '';
+      const first = $('ks-password-fields').hidden ? $('ks-appcred-id') : $('ks-user');
+      first.focus();
+    } else {
+      $('signin-error').textContent = message || '';
+      $('token').setAttribute('aria-invalid', message ? 'true' : 'false');
+      $('token').focus();
+    }
   }
 
+  // Signs in with a pasted gsaasd token.
   async function signIn(token) {
+    state.keystone = null;
     state.token = token;
     state.claims = decodeClaims(token);
     state.admin = (state.claims.roles || []).includes('admin');
+    if (!(await enter())) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    showWho(state.claims.project ? `project ${state.claims.project}` : (state.claims.sub || ''));
+  }
+
+  // Loads the page for the token now in state; false (the sign-in form shows why) if refused.
+  async function enter() {
     state.pool = null;
     state.vms = [];
     state.terminated.clear();
     state.generation += 1;
     const ok = await refresh();
-    if (!ok) return;
-    sessionStorage.setItem(TOKEN_KEY, token);
+    if (!ok) return false;
     $('signin-view').hidden = true;
     $('main-view').hidden = false;
     $('session').hidden = false;
-    const who = $('who');
-    who.replaceChildren(
-      el('span', { text: state.claims.project ? `project ${state.claims.project}` : (state.claims.sub || '') }),
+    return true;
+  }
+
+  function showWho(text) {
+    $('who').replaceChildren(
+      el('span', { text }),
       el('span', { class: `role${state.admin ? ' admin' : ''}`, text: state.admin ? 'admin' : 'tenant' }),
     );
+  }
+
+  // POST /v1/auth/tokens, unauthenticated (a sign-in) or with the current token (a switch).
+  async function keystoneSession(body, withToken) {
+    const headers = { Accept: 'application/json', 'Content-Type': 'application/json' };
+    if (withToken) headers['X-Auth-Token'] = state.token;
+    let response;
+    try {
+      response = await fetch('/v1/auth/tokens', {
+        method: 'POST', headers, body: JSON.stringify(body), credentials: 'omit', cache: 'no-store',
+      });
+    } catch (e) {
+      throw new ApiError(0, { title: 'Network error', detail: `gsaasd is unreachable (${e.message})` });
+    }
+    const text = await response.text();
+    let data = {};
+    try {
+      data = text ? JSON.parse(text) : {};
+    } catch {
+      data = { detail: text };
+    }
+    if (!response.ok) throw new ApiError(response.status, data);
+    return data;
+  }
+
+  // Signs in with Keystone (the form's fields), then shows the page as that user in its project.
+  async function signInKeystone() {
+    const appcred = $('ks-password-fields').hidden;
+    let body;
+    if (appcred) {
+      body = { application_credential: { id: $('ks-appcred-id').value.trim(), secret: $('ks-appcred-secret').value } };
+    } else {
+      body = { password: { user: $('ks-user').value.trim(), password: $('ks-password').value } };
+      const domain = $('ks-domain').value.trim();
+      if (domain) body.password.domain = domain;
+      const project = $('ks-project').value.trim();
+      if (project) body.project = domain ? { name: project, domain } : { name: project };
+    }
+    const submit = $('keystone-submit');
+    submit.disabled = true;
+    $('keystone-error').textContent = '';
+    try {
+      const session = await keystoneSession(body, false);
+      await startKeystone(session, [session.token]);
+    } catch (e) {
+      const fields = (e.problem && e.problem.errors) || [];
+      const detail = fields.length ? fields.map((f) => `${f.field}: ${f.detail}`).join('; ') : e.message;
+      $('keystone-error').textContent = e.status === 429 ? `Slow down: ${detail}` : detail;
+    } finally {
+      submit.disabled = false;
+      $('ks-password').value = '';
+      $('ks-appcred-secret').value = '';
+    }
+  }
+
+  async function startKeystone(session, tokens) {
+    state.keystone = { session, tokens, projects: [] };
+    state.token = session.token;
+    state.admin = session.admin;
+    if (!(await enter())) return;
+    // enter() may have signed out on a refusal: the session is gone then.
+    if (!state.keystone) return;
+    const user = session.user.name || session.user.id;
+    const project = session.project.name || session.project.id;
+    showWho(`${user} @ ${project}`);
+    await loadProjects();
+  }
+
+  async function loadProjects() {
+    const select = $('project-select');
+    try {
+      const answer = await api('GET', '/v1/auth/projects');
+      if (!state.keystone) return;
+      state.keystone.projects = answer.projects;
+    } catch (e) {
+      state.keystone.projects = [];
+    }
+    const current = state.keystone.session.project.id;
+    const projects = state.keystone.projects;
+    select.replaceChildren(...projects.map((p) => el('option', {
+      value: p.id, text: p.name || p.id, selected: p.id === current,
+    })));
+    $('project-switch').hidden = projects.length < 2;
+  }
+
+  // Switches to another of the user's projects: a new token scoped to it (the old ones are kept
+  // to be revoked at sign-out).
+  async function switchProject(id) {
+    const tokens = state.keystone.tokens;
+    try {
+      const session = await keystoneSession({ project: { id } }, true);
+      await startKeystone(session, tokens.concat([session.token]));
+    } catch (e) {
+      const banner = $('banner');
+      banner.textContent = `Cannot switch project: ${e.message}`;
+      banner.hidden = false;
+      $('project-select').value = state.keystone.session.project.id;
+    }
+  }
+
+  async function signOut() {
+    const keystone = state.keystone;
+    $('token').value = '';
+    showSignIn('');
+    if (!keystone) return;
+    // Revoked at Keystone (through gsaasd), each token of the session.
+    await Promise.all(keystone.tokens.map((token) => fetch('/v1/auth/tokens', {
+      method: 'DELETE', headers: { 'X-Auth-Token': token }, credentials: 'omit', cache: 'no-store',
+    }).catch(() => null)));
   }
 
   // ---- Refresh ---------------------------------------------------------------------------------
@@ -812,10 +959,27 @@
       $('signin-error').textContent = '';
       signIn(token);
     });
-    $('sign-out').addEventListener('click', () => {
-      $('token').value = '';
+    $('sign-out').addEventListener('click', signOut);
+    $('keystone-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      signInKeystone();
+    });
+    $('ks-use-appcred').addEventListener('click', () => {
+      const appcred = !$('ks-password-fields').hidden;
+      $('ks-password-fields').hidden = appcred;
+      $('ks-appcred-fields').hidden = !appcred;
+      $('ks-use-appcred').textContent = appcred ? 'Use a user name and password' : 'Use an application credential';
+      $('keystone-error').textContent = '';
+    });
+    $('ks-use-token').addEventListener('click', () => {
+      state.useToken = true;
       showSignIn('');
     });
+    $('ks-use-keystone').addEventListener('click', () => {
+      state.useToken = false;
+      showSignIn('');
+    });
+    $('project-select').addEventListener('change', () => switchProject($('project-select').value));
     $('launch-form').addEventListener('submit', launch);
     $('attach-form').addEventListener('submit', attach);
     $('attach-cancel').addEventListener('click', () => $('attach-dialog').close());
@@ -832,8 +996,15 @@
       if (!document.hidden && state.token && !$('main-view').hidden) refresh();
     });
     const saved = sessionStorage.getItem(TOKEN_KEY);
-    if (saved) signIn(saved);
-    else showSignIn('');
+    fetch('/v1/auth', { headers: { Accept: 'application/json' }, credentials: 'omit', cache: 'no-store' })
+      .then((r) => (r.ok ? r.json() : { mode: 'jwt' }))
+      .catch(() => ({ mode: 'jwt' }))
+      .then((methods) => {
+        state.authMode = methods.mode === 'keystone' ? 'keystone' : 'jwt';
+        if (methods.default_domain) $('ks-domain').value = methods.default_domain;
+        if (saved) signIn(saved);
+        else showSignIn('');
+      });
   }
 
   start();

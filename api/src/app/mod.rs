@@ -36,6 +36,7 @@ pub mod quotas;
 pub mod redact;
 mod rendered;
 pub mod sagas;
+pub mod sessions;
 mod shared;
 pub mod tokens;
 pub mod vms;

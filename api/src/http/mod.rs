@@ -11,6 +11,7 @@ mod lists;
 mod openapi;
 mod quotas;
 pub mod requests;
+mod sessions;
 pub mod views;
 
 pub use openapi::openapi_document;
@@ -270,6 +271,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/gpus/{id}/evacuate", post(failures::evacuate_gpu))
         .route("/v1/gpus/{id}/taint", post(taint_gpu))
         .route("/v1/gpus/{id}/untaint", post(untaint_gpu))
+        .route("/v1/auth", get(sessions::auth_methods))
+        .route("/v1/auth/tokens", post(sessions::sign_in).delete(sessions::sign_out))
+        .route("/v1/auth/projects", get(sessions::projects))
         .route("/healthz", get(healthz))
         .route("/healthcheck", get(healthcheck::healthcheck).head(healthcheck::healthcheck))
         .route("/readyz", get(readyz))

@@ -44,7 +44,9 @@ impl utoipa::Modify for BearerAuth {
         super::renew_agent_token, super::rtt_targets, super::drain_host, super::undrain_host,
         super::failures::forget_host, super::failures::evacuate_host, super::failures::list_fences,
         super::failures::evacuate_gpu, super::taint_gpu, super::untaint_gpu, super::healthz,
-        super::healthcheck::healthcheck, super::readyz, super::metrics, super::openapi_json),
+        super::healthcheck::healthcheck, super::readyz, super::metrics, super::openapi_json,
+        super::sessions::auth_methods, super::sessions::sign_in, super::sessions::projects,
+        super::sessions::sign_out),
     components(schemas(Problem, FieldError, QuotaProblem, QuotaView,
         QuotaList, QuotaLimits, QuotaUsage, LaunchRequest, AttachRequest,
         CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView,
@@ -53,7 +55,8 @@ impl utoipa::Modify for BearerAuth {
         FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody,
         RcudaBody, RttTargetsBody, RttTargetBody, Health, Readiness, ModeParam, LocalityParam,
         NetworkParam, StrengthParam, Timings,
-        ReconcilerStatus, crate::model::VmState)),
+        ReconcilerStatus, crate::model::VmState, AuthMethods, SignInRequest, PasswordSignIn,
+        ApplicationCredentialSignIn, ProjectParam, SessionView, NamedView, ProjectList)),
     modifiers(&BearerAuth),
 )]
 struct ApiDoc;

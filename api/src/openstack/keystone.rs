@@ -562,6 +562,24 @@ impl TokenValidator {
         self.cache.lock().expect("token cache").len()
     }
 
+    /// The Keystone session the validations go through (sign-ins use it too).
+    pub fn keystone(&self) -> &Keystone {
+        &self.keystone
+    }
+
+    /// Forgets a token, so that the next use asks Keystone again (it was revoked here).
+    pub fn forget(&self, token: &str) {
+        self.cache.lock().expect("token cache").remove(token);
+        self.remember_refusal(token);
+    }
+
+    /// Takes one Keystone request from `client`'s budget (shared by validations of unknown
+    /// tokens and sign-ins); `false` when it is spent.
+    pub fn take_budget(&self, client: std::net::IpAddr) -> bool {
+        let per_minute = self.settings.per_client_per_minute;
+        self.budget.lock().expect("client budgets").take(client, per_minute)
+    }
+
     fn refusal_key(&self, token: &str) -> u64 {
         std::hash::BuildHasher::hash_one(&self.hasher, token)
     }
@@ -600,11 +618,8 @@ impl TokenValidator {
         if refused_until.is_some_and(|until| until > std::time::Instant::now()) {
             return Err(ValidationError::Invalid);
         }
-        if let Some(client) = client {
-            let per_minute = self.settings.per_client_per_minute;
-            if !self.budget.lock().expect("client budgets").take(client, per_minute) {
-                return Err(ValidationError::RateLimited);
-            }
+        if client.is_some_and(|client| !self.take_budget(client)) {
+            return Err(ValidationError::RateLimited);
         }
         let info = match self.keystone.validate(token).await.map_err(ValidationError::Keystone)? {
             Some(info) => info,

@@ -11,6 +11,7 @@
 //! the `cacert` bundle, and serves Keystone and every catalog service alike.
 
 pub mod keystone;
+pub mod sign_in;
 pub mod time;
 pub mod trusts;
 
