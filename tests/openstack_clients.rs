@@ -1,6 +1,8 @@
 //! OpenStack's own ways in to GSaaS, against the real cloud of `scripts/openstack-dev.sh` (where
 //! `scripts/openstack-dev/provision.py` registers gsaasd in the catalog as `gpu-scheduling`): the
-//! `gsaas` CLI finding gsaasd in the Keystone catalog from `OS_CLOUD` alone.
+//! `gsaas` CLI finding gsaasd in the Keystone catalog from `OS_CLOUD` alone, and the real
+//! python-openstackclient with this repository's plugin (`openstack gpu ...`, `osc-plugin/`,
+//! installed by `scripts/openstack-clients.sh` into a venv of its own).
 //!
 //! Each test serves its gsaasd (Keystone mode, the Nova backend) where the catalog says gsaasd is,
 //! holding the catalog's address for itself (`CatalogLease`: one such test at a time, in every
@@ -8,8 +10,9 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use gsaas_test_support::openstack::{clouds_yaml, dev_cloud_setting, Gsaasd, Login, FLAVOR, IMAGE};
 use serde_json::Value;
@@ -82,4 +85,151 @@ async fn gsaas_finds_gsaasd_in_the_keystone_catalog() {
     let ended = run(vec!["-f", "json", "terminate", &id, "--wait"], &alpha).await.unwrap();
     assert_eq!(json_of(&ended)["state"], "deleted");
     let _ = std::fs::remove_dir_all(home);
+}
+
+/// The venv `scripts/openstack-clients.sh KIND` builds (or finds up to date), bounded.
+pub fn client_venv(kind: &str) -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+    let mut child = Command::new(workspace.join("scripts/openstack-clients.sh"))
+        .arg(kind)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("scripts/openstack-clients.sh runs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(900);
+    while child.try_wait().unwrap().is_none() {
+        assert!(std::time::Instant::now() < deadline, "installing {kind} took over 15 minutes");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "scripts/openstack-clients.sh {kind} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
+}
+
+/// `openstack ARGS` of the venv, as `cloud` of the dev cloud's clouds.yaml, in a clean
+/// environment: (exit code, stdout, stderr).
+fn openstack(venv: &Path, cloud: &str, args: &[&str]) -> (i32, String, String) {
+    let home = std::env::temp_dir().join(format!("gsaas-osc-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let output = Command::new(venv.join("bin/openstack"))
+        .arg("--os-cloud")
+        .arg(cloud)
+        .args(args)
+        .env_clear()
+        .env("HOME", &home)
+        .env("PATH", "/usr/bin:/bin")
+        .env("OS_CLIENT_CONFIG_FILE", clouds_yaml())
+        .output()
+        .expect("openstack runs");
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    (output.status.code().unwrap_or(-1), text(output.stdout), text(output.stderr))
+}
+
+/// `openstack ARGS -f json` that must succeed: its JSON.
+fn openstack_json(venv: &Path, cloud: &str, args: &[&str]) -> Value {
+    let mut args = args.to_vec();
+    args.extend(["-f", "json"]);
+    let (code, stdout, stderr) = openstack(venv, cloud, &args);
+    assert_eq!(code, 0, "openstack {}: {stderr}{stdout}", args.join(" "));
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// `openstack gpu ...` as a tenant and as an operator: every command, OSC's formatters, and the
+/// refusals (another project's VM, a tenant at an operator's command) as OSC errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openstack_gpu_commands_work_with_the_real_openstack_client() {
+    let venv = tokio::task::spawn_blocking(|| client_venv("osc")).await.unwrap();
+    let gsaasd = Gsaasd::start_in_catalog(2, |_| {}).await;
+    let alpha_project = Login::new(&reqwest::Client::new(), "alpha").await.project_id;
+    let run = |cloud: &'static str, args: Vec<String>| {
+        let venv = venv.clone();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            openstack_json(&venv, cloud, &args)
+        })
+    };
+    let fails = |cloud: &'static str, args: Vec<String>| {
+        let venv = venv.clone();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let (code, stdout, stderr) = openstack(&venv, cloud, &args);
+            assert_ne!(code, 0, "openstack {} succeeded: {stdout}", args.join(" "));
+            stderr
+        })
+    };
+    let a = |s: &str| s.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+
+    // A tenant: create (waiting for ready), list, show, grow, shrink.
+    let create =
+        format!("gpu server create --ncgpus 1 --image {IMAGE} --flavor {FLAVOR} --wait osc-vm");
+    let vm = run("alpha", a(&create)).await.unwrap();
+    assert_eq!((vm["state"].as_str(), vm["ncgpus"].as_u64()), (Some("ready"), Some(1)), "{vm}");
+    assert_eq!(vm["project"], alpha_project.as_str(), "{vm}");
+    let id = vm["id"].as_str().unwrap().to_owned();
+    let listed = run("alpha", a("gpu server list")).await.unwrap();
+    assert_eq!(listed[0]["ID"], id.as_str(), "{listed}");
+    assert_eq!(listed[0]["State"], "ready", "{listed}");
+    let shown = run("alpha", a(&format!("gpu server show {id} -c state -c cgpus"))).await.unwrap();
+    assert_eq!(shown.as_object().unwrap().len(), 2, "-c picks columns: {shown}");
+    assert!(shown["cgpus"].as_str().unwrap().starts_with("#0 live "), "{shown}");
+    let grown = run("alpha", a(&format!("gpu cgpu attach {id} --ncgpus 1 --wait"))).await.unwrap();
+    assert!(grown["cgpus"].as_str().unwrap().contains("#1 live"), "{grown}");
+    let shrunk = run("alpha", a(&format!("gpu cgpu detach {id} 0 --wait"))).await.unwrap();
+    let cgpus = shrunk["cgpus"].as_str().unwrap();
+    assert!(cgpus.starts_with("#1 live") && !cgpus.contains("#0"), "{shrunk}");
+    let pool = run("alpha", a("gpu pool show")).await.unwrap();
+    assert_eq!((pool["gpus"].as_u64(), pool.get("hosts")), (Some(2), None), "{pool}");
+    assert_eq!(run("alpha", a("gpu queue list")).await.unwrap(), serde_json::json!([]));
+    let quota = run("alpha", a("gpu quota show")).await.unwrap();
+    assert_eq!(quota["project"], alpha_project.as_str(), "{quota}");
+    // Another project's tenant does not see it; a tenant is no operator.
+    let stderr = fails("beta", a(&format!("gpu server show {id}"))).await.unwrap();
+    assert!(stderr.contains("not found") && stderr.contains("HTTP 404"), "{stderr}");
+    let stderr = fails("alpha", a("gpu host list")).await.unwrap();
+    assert!(stderr.contains("HTTP 404"), "{stderr}");
+
+    // An operator (the admin project's admin): hosts, GPUs, quotas.
+    let hosts = run("gsaas-service", a("gpu host list")).await.unwrap();
+    let names: Vec<&str> =
+        hosts.as_array().unwrap().iter().map(|h| h["Name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"gpu-host-1") && names.contains(&"rgpu-host-1"), "{hosts}");
+    let drained = run("gsaas-service", a("gpu host drain gpu-host-1")).await.unwrap();
+    assert_eq!(drained["state"], "drained", "{drained}");
+    let back = run("gsaas-service", a("gpu host undrain gpu-host-1")).await.unwrap();
+    assert_ne!(back["state"], "drained", "{back}");
+    let tainted = run("gsaas-service", a("gpu gpu taint gpu-host-1:gpu1 --reason fan")).await.unwrap();
+    assert_eq!(tainted["id"], "gpu-host-1:gpu1", "{tainted}");
+    assert!(tainted["taint"].to_string().contains("fan"), "{tainted}");
+    let untainted = run("gsaas-service", a("gpu gpu untaint gpu-host-1:gpu1")).await.unwrap();
+    assert!(untainted["taint"].is_null(), "{untainted}");
+    let evacuated = run("gsaas-service", a("gpu host evacuate rgpu-host-1")).await.unwrap();
+    assert_eq!(evacuated["moved"], 0, "{evacuated}");
+    let set = format!("gpu quota set {alpha_project} --cgpus 5 --vms none");
+    let quota = run("gsaas-service", a(&set)).await.unwrap();
+    assert_eq!(
+        (quota["cgpus"].as_u64(), quota["own_limits"].as_bool()),
+        (Some(5), Some(true)),
+        "{quota}"
+    );
+    let stderr = fails("gsaas-service", a("gpu host forget rgpu-host-1")).await.unwrap();
+    assert!(stderr.contains("HTTP 409"), "{stderr}");
+    let all = run("gsaas-service", a("gpu server list")).await.unwrap();
+    assert_eq!(all[0]["Project"], alpha_project.as_str(), "{all}");
+
+    let delete = a(&format!("gpu server delete {id} --wait"));
+    let venv = venv.clone();
+    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = delete.iter().map(String::as_str).collect();
+        openstack(&venv, "alpha", &args)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let ended = run("alpha", a(&format!("gpu server show {id} -c state"))).await.unwrap();
+    assert_eq!(ended["state"], "deleted", "{ended}");
+    drop(gsaasd);
 }

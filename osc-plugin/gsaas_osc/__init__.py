@@ -1,0 +1,1 @@
+"""The python-openstackclient plugin of GSaaS: `openstack gpu ...`."""

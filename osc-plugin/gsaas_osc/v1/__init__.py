@@ -1,0 +1,1 @@
+"""The commands of `openstack gpu` (API version 1)."""

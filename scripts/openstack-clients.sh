@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# OpenStack's own clients for the tests of GSaaS's OpenStack interfaces, each in a virtual
+# environment of its own (never the system Python), from the Python package registry, pinned:
+#
+#   scripts/openstack-clients.sh osc       # python-openstackclient + osc-lib + osc-plugin/ (this repo's)
+#   scripts/openstack-clients.sh horizon   # Horizon + horizon-plugin/ (this repo's)
+#
+# Prints the venv's path (the only line on stdout). Idempotent: a venv whose pins and plugin
+# source are unchanged is reused as it is; otherwise it is rebuilt. The pins are the top-level
+# packages below; every other package is held by the plugin's constraints.txt.
+#
+# Environment: GSAAS_CLIENTS_HOME (default /var/tmp/gsaas-clients).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HOME_DIR=${GSAAS_CLIENTS_HOME:-/var/tmp/gsaas-clients}
+
+case ${1:-} in
+  osc)
+    plugin=osc-plugin
+    pins="python-openstackclient==10.5.0 osc-lib==4.7.0"
+    ;;
+  horizon)
+    plugin=horizon-plugin
+    pins="horizon==27.0.0"
+    ;;
+  *)
+    echo "usage: $0 osc|horizon" >&2
+    exit 2
+    ;;
+esac
+
+if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "openstack-clients.sh: python3-venv is missing; run as root so apt-get can install it" >&2
+    exit 1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv >&2
+fi
+
+venv=$HOME_DIR/$1
+# What the venv was built from: the pins, the constraints and the plugin's source.
+stamp=$( { echo "$pins"; cat "$plugin/constraints.txt"; find "$plugin" -type f \( -name '*.py' -o -name '*.toml' -o -name '*.html' -o -name '*.txt' \) -not -path '*/build/*' -not -path '*.egg-info/*' | LC_ALL=C sort | xargs cat; } | sha256sum | cut -d' ' -f1)
+if [ -f "$venv/.gsaas-stamp" ] && [ "$(cat "$venv/.gsaas-stamp")" = "$stamp" ]; then
+  echo "$venv"
+  exit 0
+fi
+rm -rf "$venv"
+mkdir -p "$HOME_DIR"
+/usr/bin/python3 -m venv "$venv" >&2
+# shellcheck disable=SC2086
+"$venv/bin/pip" install --quiet --disable-pip-version-check -c "$plugin/constraints.txt" $pins >&2
+# The plugin, built in a scratch copy so the source tree gets no build/ or egg-info.
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+cp -r "$plugin" "$scratch/"
+"$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$scratch/$plugin" >&2
+echo "$stamp" >"$venv/.gsaas-stamp"
+echo "$venv"
