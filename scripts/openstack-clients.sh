@@ -39,7 +39,7 @@ fi
 
 venv=$HOME_DIR/$1
 # What the venv was built from: the pins, the constraints and the plugin's source.
-stamp=$( { echo "$pins"; cat "$plugin/constraints.txt"; find "$plugin" -type f \( -name '*.py' -o -name '*.toml' -o -name '*.html' -o -name '*.txt' \) -not -path '*/build/*' -not -path '*.egg-info/*' | LC_ALL=C sort | xargs cat; } | sha256sum | cut -d' ' -f1)
+stamp=$( { echo "$pins"; cat "$plugin/constraints.txt"; find "$plugin" -type f \( -name '*.py' -o -name '*.toml' -o -name '*.html' -o -name '*.txt' \) -not -path '*/build/*' -not -path '*.egg-info/*' -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat; } | sha256sum | cut -d' ' -f1)
 if [ -f "$venv/.gsaas-stamp" ] && [ "$(cat "$venv/.gsaas-stamp")" = "$stamp" ]; then
   echo "$venv"
   exit 0
@@ -54,5 +54,15 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cp -r "$plugin" "$scratch/"
 "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$scratch/$plugin" >&2
+if [ "$1" = horizon ]; then
+  # Installed as Horizon plugins are: the enabled files into openstack_dashboard/local/enabled;
+  # then Horizon's static files collected and compressed, as a deployment does, with the
+  # settings of horizon-plugin/devserver (the Horizon the tests run).
+  dashboard=$("$venv/bin/python" -c 'import openstack_dashboard, os; print(os.path.dirname(openstack_dashboard.__file__))')
+  cp "$plugin"/gsaas_dashboard/enabled/_9*_gsaas_*.py "$dashboard/local/enabled/"
+  export PYTHONPATH=$PWD/$plugin/devserver DJANGO_SETTINGS_MODULE=gsaas_horizon_settings GSAAS_HORIZON_STATE=$venv/state
+  "$venv/bin/python" -W ignore -m django collectstatic --noinput -v0 >&2
+  "$venv/bin/python" -W ignore -m django compress --force >&2
+fi
 echo "$stamp" >"$venv/.gsaas-stamp"
 echo "$venv"

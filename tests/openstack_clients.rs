@@ -1,8 +1,9 @@
 //! OpenStack's own ways in to GSaaS, against the real cloud of `scripts/openstack-dev.sh` (where
 //! `scripts/openstack-dev/provision.py` registers gsaasd in the catalog as `gpu-scheduling`): the
 //! `gsaas` CLI finding gsaasd in the Keystone catalog from `OS_CLOUD` alone, and the real
-//! python-openstackclient with this repository's plugin (`openstack gpu ...`, `osc-plugin/`,
-//! installed by `scripts/openstack-clients.sh` into a venv of its own).
+//! python-openstackclient with this repository's plugin (`openstack gpu ...`, `osc-plugin/`), and
+//! a real Horizon with this repository's panels (`horizon-plugin/`) in real Chromium; each client
+//! installed by `scripts/openstack-clients.sh` into a venv of its own.
 //!
 //! Each test serves its gsaasd (Keystone mode, the Nova backend) where the catalog says gsaasd is,
 //! holding the catalog's address for itself (`CatalogLease`: one such test at a time, in every
@@ -14,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use gsaas_test_support::openstack::{clouds_yaml, dev_cloud_setting, Gsaasd, Login, FLAVOR, IMAGE};
+use gsaas_test_support::openstack::{
+    cloud_user, clouds_yaml, dev_cloud_setting, Gsaasd, Login, FLAVOR, IMAGE,
+};
 use serde_json::Value;
 
 /// Runs `gsaas ARGS` with a clean environment: only `env`, the dev cloud's clouds.yaml and an
@@ -201,7 +204,8 @@ async fn openstack_gpu_commands_work_with_the_real_openstack_client() {
     assert_eq!(drained["state"], "drained", "{drained}");
     let back = run("gsaas-service", a("gpu host undrain gpu-host-1")).await.unwrap();
     assert_ne!(back["state"], "drained", "{back}");
-    let tainted = run("gsaas-service", a("gpu gpu taint gpu-host-1:gpu1 --reason fan")).await.unwrap();
+    let tainted =
+        run("gsaas-service", a("gpu gpu taint gpu-host-1:gpu1 --reason fan")).await.unwrap();
     assert_eq!(tainted["id"], "gpu-host-1:gpu1", "{tainted}");
     assert!(tainted["taint"].to_string().contains("fan"), "{tainted}");
     let untainted = run("gsaas-service", a("gpu gpu untaint gpu-host-1:gpu1")).await.unwrap();
@@ -232,4 +236,117 @@ async fn openstack_gpu_commands_work_with_the_real_openstack_client() {
     let ended = run("alpha", a(&format!("gpu server show {id} -c state"))).await.unwrap();
     assert_eq!(ended["state"], "deleted", "{ended}");
     drop(gsaasd);
+}
+
+/// A Horizon from the package registry (`scripts/openstack-clients.sh horizon`: this
+/// repository's panels enabled as Horizon plugins are) on the dev cloud, on `port`, killed on drop.
+struct Horizon(std::process::Child);
+
+impl Horizon {
+    fn start(venv: &Path, port: u16) -> Horizon {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace");
+        let log = std::fs::File::create(venv.join("state/devserver.log")).unwrap();
+        let child = Command::new(venv.join("bin/python"))
+            .args(["-W", "ignore", "-m", "django", "runserver", "--noreload"])
+            .arg(format!("127.0.0.1:{port}"))
+            .env("PYTHONPATH", workspace.join("horizon-plugin/devserver"))
+            .env("DJANGO_SETTINGS_MODULE", "gsaas_horizon_settings")
+            .env("GSAAS_HORIZON_STATE", venv.join("state"))
+            .env("GSAAS_HORIZON_KEYSTONE_URL", dev_cloud_setting("KEYSTONE_URL"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("Horizon's development server starts");
+        Horizon(child)
+    }
+}
+
+impl Drop for Horizon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Horizon with GSaaS's panels, in real Chromium: a tenant signs in to Horizon, opens Project >
+/// GPUs, launches a VM with 2 cGPUs through the form, sees it ready (and its quota bar), attaches
+/// a cGPU and detaches another, and terminates it; an operator opens Admin > GPUs, drains a host and taints a GPU. gsaasd confirms
+/// each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn horizon_gpus_panels_launch_terminate_drain_and_taint_in_a_real_browser() {
+    use gsaas_test_support::browser::{
+        install_playwright_core, require_node_and_chromium, run_script,
+    };
+    let chromium = require_node_and_chromium();
+    install_playwright_core().await;
+    let venv = tokio::task::spawn_blocking(|| client_venv("horizon")).await.unwrap();
+    let gsaasd = Gsaasd::start_in_catalog(4, |_| {}).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _horizon = Horizon::start(&venv, port);
+    let url = format!("http://127.0.0.1:{port}");
+    let login = format!("{url}/auth/login/");
+    gsaas_test_support::openstack::eventually("Horizon to answer", || async {
+        let answer = reqwest::get(&login).await.ok()?;
+        (answer.status() == 200).then_some(())
+    })
+    .await;
+    // Alpha's own limits, for the quota bars.
+    let alpha = Login::new(&reqwest::Client::new(), "alpha").await;
+    let operator = Login::new(&reqwest::Client::new(), "gsaas-service").await;
+    let limits = serde_json::json!({ "cgpus": 8, "memory_mib": 16384, "vms": 4 });
+    let path = format!("/v1/quotas/{}", alpha.project_id);
+    let (status, quota) =
+        gsaasd.call(reqwest::Method::PUT, &path, &operator.token, Some(&limits)).await;
+    assert_eq!(status, 200, "{quota}");
+    let (tenant, tenant_password) = cloud_user("alpha");
+    let (admin, admin_password) = cloud_user("gsaas-service");
+    let screenshots = match std::env::var_os("GSAAS_DASHBOARD_SCREENSHOTS") {
+        Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir),
+        None => venv.join("state/screenshots"),
+    };
+    let result = run_script(
+        "horizon.mjs",
+        &[
+            ("HORIZON_URL", url.as_str()),
+            ("TENANT_USER", &tenant),
+            ("TENANT_PASSWORD", &tenant_password),
+            ("ADMIN_USER", &admin),
+            ("ADMIN_PASSWORD", &admin_password),
+            ("IMAGE", IMAGE),
+            ("FLAVOR", FLAVOR),
+            ("DRAIN_HOST", "gpu-host-1"),
+            ("TAINT_GPU", "gpu-host-1:gpu3"),
+            ("SCREENSHOTS", screenshots.to_str().unwrap()),
+            ("CHROMIUM", chromium.to_str().unwrap()),
+        ],
+    )
+    .await;
+
+    // gsaasd saw what the pages said: the VM, of 2 shared cGPUs, ended; the host drained, the
+    // GPU tainted.
+    let vm = result["vm"].as_str().expect("the VM's id");
+    let ended = gsaasd.until(vm, &alpha.token, &["deleted", "error"]).await;
+    assert_eq!(ended["state"], "deleted", "{ended}");
+    assert_eq!(
+        (ended["gpus"]["ncgpus"].as_u64(), ended["gpus"]["mode"].as_str()),
+        (Some(2), Some("shared")),
+        "{ended}"
+    );
+    let (_, hosts) = gsaasd.get("/v1/hosts", &operator.token).await;
+    let drained = hosts["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "gpu-host-1");
+    assert_eq!(drained.map(|h| h["state"].clone()), Some(serde_json::json!("drained")), "{hosts}");
+    let (_, pool) = gsaasd.get("/v1/pool", &operator.token).await;
+    let gpus: Vec<&Value> = pool["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|h| h["gpus"].as_array().unwrap())
+        .collect();
+    let tainted = gpus.iter().find(|g| g["id"] == "gpu-host-1:gpu3").expect("the GPU");
+    // gsaasd records who tainted it, before the reason.
+    assert!(tainted["taint"].as_str().is_some_and(|t| t.ends_with(": fan noise")), "{tainted}");
+    for name in ["horizon-launch.png", "horizon-project-gpus.png", "horizon-admin-gpus.png"] {
+        let png = std::fs::read(screenshots.join(name)).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{name}: {} bytes", png.len());
+    }
 }

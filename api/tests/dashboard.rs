@@ -6,7 +6,7 @@
 //! terminates one; an admin sees the hosts' GPU bars (partitions naming their parent) and drains a
 //! host.
 //!
-//! Needs `node` (18 or later) and `chromium` (`CHROMIUM` overrides `/usr/bin/chromium`); without them
+//! The browser helpers are `gsaas_test_support::browser`. Needs `node` (18 or later) and `chromium` (`CHROMIUM` overrides `/usr/bin/chromium`); without them
 //! the test fails, it does not skip. `npm ci` runs in `api/tests/dashboard/` when playwright-core is
 //! not installed there. Screenshots go to a temporary directory, or to
 //! `GSAAS_DASHBOARD_SCREENSHOTS` (relative to the workspace root) to refresh the ones in `docs/`:
@@ -18,21 +18,11 @@
 use crate::support;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
 
 use gsaasd::cloud::sim::SimConfig;
 use gsaasd::config::CloudConfig;
-use serde_json::Value;
+use support::browser::{install_playwright_core, require_node_and_chromium, run_script};
 use support::{Store, TestService};
-
-/// The whole browser run, Chromium's start included.
-const BROWSER_RUN: Duration = Duration::from_secs(240);
-const NPM_CI: Duration = Duration::from_secs(300);
-
-fn script_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dashboard")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn assets_are_embedded_and_served_with_their_types_and_a_strict_csp() {
@@ -67,92 +57,6 @@ async fn assets_are_embedded_and_served_with_their_types_and_a_strict_csp() {
     assert_eq!((status, problem["code"].as_str()), (404, Some("not_found")), "{problem}");
 }
 
-/// Fails loudly when the browser toolchain is missing; returns the browser's path.
-fn require_node_and_chromium() -> PathBuf {
-    let version =
-        std::process::Command::new("node").arg("--version").output().unwrap_or_else(|e| {
-            panic!("the dashboard test needs node 18 or later (apt-get install -y nodejs npm): {e}")
-        });
-    let version = String::from_utf8_lossy(&version.stdout).trim().to_owned();
-    let major: u32 = version
-        .trim_start_matches('v')
-        .split('.')
-        .next()
-        .and_then(|m| m.parse().ok())
-        .unwrap_or_else(|| panic!("cannot read node's version from {version:?}"));
-    assert!(
-        major >= 18,
-        "the dashboard test needs node 18 or later (playwright-core), not {version}"
-    );
-    let chromium = std::env::var_os("CHROMIUM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
-    assert!(
-        chromium.exists(),
-        "the dashboard test needs Chromium at {} (apt-get install -y chromium; scripts/test.sh does)",
-        chromium.display()
-    );
-    chromium
-}
-
-/// `npm ci` in the script's directory when playwright-core is not there yet.
-async fn install_playwright_core() {
-    let dir = script_dir();
-    if dir.join("node_modules/playwright-core/package.json").exists() {
-        return;
-    }
-    let child = tokio::process::Command::new("npm")
-        .args(["ci", "--no-audit", "--no-fund"])
-        .current_dir(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("npm runs (apt-get install -y npm)");
-    let output = tokio::time::timeout(NPM_CI, child.wait_with_output())
-        .await
-        .expect("npm ci finishes in time")
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "npm ci in {} failed:\n{}{}",
-        dir.display(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// Runs a browser script of `api/tests/dashboard/` with `env` (bounded); fails with its output
-/// unless it succeeds; returns what its `RESULT` line reports.
-async fn run_script(script: &str, env: &[(&str, &str)]) -> Value {
-    let child = tokio::process::Command::new("node")
-        .arg(script_dir().join(script))
-        .current_dir(script_dir())
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node starts");
-    let output = tokio::time::timeout(BROWSER_RUN, child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("the browser run took longer than {BROWSER_RUN:?}"))
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the browser run ({script}) failed ({}):\n{stdout}{stderr}",
-        output.status
-    );
-    eprintln!("{stdout}{stderr}");
-    stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("RESULT "))
-        .map(|json| serde_json::from_str(json).unwrap())
-        .expect("the script reports what it did")
-}
-
 /// Where a test's screenshots go: `GSAAS_DASHBOARD_SCREENSHOTS` (from the workspace root) to
 /// refresh `docs/`, else `scratch`.
 fn screenshot_dir(scratch: &Path) -> PathBuf {
@@ -168,7 +72,7 @@ fn screenshot_dir(scratch: &Path) -> PathBuf {
 /// other project, and signs out, after which every token the page used is revoked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keystone_users_sign_in_switch_project_and_sign_out_in_a_real_browser() {
-    use support::openstack::{clouds_yaml, Gsaasd, Login, FLAVOR, IMAGE};
+    use support::openstack::{Gsaasd, Login, FLAVOR, IMAGE};
     let chromium = require_node_and_chromium();
     install_playwright_core().await;
     let gsaasd = Gsaasd::start(2).await;
@@ -178,10 +82,7 @@ async fn keystone_users_sign_in_switch_project_and_sign_out_in_a_real_browser() 
     let body = serde_json::json!({ "image": IMAGE, "flavor": FLAVOR, "ncgpus": 1 });
     let own = gsaasd.launch(&alpha.token, &body).await;
     let foreign = gsaasd.launch(&beta.token, &body).await;
-    let settings =
-        gsaasd::openstack::AuthSettings::load(Some("alpha"), Some(&clouds_yaml()), &|_| None)
-            .expect("the alpha cloud");
-    let user = settings.username.clone().expect("alpha's user name");
+    let (user, password) = support::openstack::cloud_user("alpha");
     let url = format!("{}/", gsaasd.service.as_ref().unwrap().url());
     let scratch = std::env::temp_dir().join(format!("gsaas-keystone-ui-{}", std::process::id()));
     let screenshots = screenshot_dir(&scratch);
@@ -190,7 +91,7 @@ async fn keystone_users_sign_in_switch_project_and_sign_out_in_a_real_browser() 
         &[
             ("GSAAS_URL", url.as_str()),
             ("GSAAS_USER", &user),
-            ("GSAAS_PASSWORD", &settings.password),
+            ("GSAAS_PASSWORD", &password),
             ("GSAAS_PROJECT", "alpha"),
             ("GSAAS_OTHER_PROJECT", "alpha-lab"),
             ("GSAAS_OWN_VM", &own),

@@ -10,6 +10,7 @@
 //!   clients that stall ([`slow`]), key pairs and temporary directories.
 
 pub mod agents;
+pub mod browser;
 pub mod certs;
 pub mod netns;
 pub mod openstack;

@@ -70,6 +70,14 @@ pub fn dev_cloud_setting(name: &str) -> String {
         .to_owned()
 }
 
+/// The user name and password of a cloud of the dev cloud's clouds.yaml (what a person types
+/// into a sign-in form).
+pub fn cloud_user(cloud: &str) -> (String, String) {
+    let settings = AuthSettings::load(Some(cloud), Some(&clouds_yaml()), &|_| None)
+        .unwrap_or_else(|e| panic!("cloud {cloud}: {e}"));
+    (settings.username.clone().expect("the cloud names its user"), settings.password)
+}
+
 /// Where the dev cloud's catalog says gsaasd is (service type `gpu-scheduling`).
 pub fn catalog_address() -> std::net::SocketAddr {
     let port: u16 = dev_cloud_setting("P_GSAAS").parse().expect("P_GSAAS is a port");

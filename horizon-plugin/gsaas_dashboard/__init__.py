@@ -1,0 +1,1 @@
+"""GSaaS's panels for Horizon."""

@@ -1,0 +1,6 @@
+# The GPUs panel group of the Admin dashboard.
+from django.utils.translation import gettext_lazy as _
+
+PANEL_GROUP = "gpus"
+PANEL_GROUP_NAME = _("GPUs")
+PANEL_GROUP_DASHBOARD = "admin"
