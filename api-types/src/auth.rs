@@ -32,7 +32,8 @@ pub struct SignInRequest {
     pub project: Option<ProjectParam>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// (Its `Debug` shows no password.)
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PasswordSignIn {
     /// The user's name.
@@ -43,11 +44,27 @@ pub struct PasswordSignIn {
     pub password: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+/// (Its `Debug` shows no secret.)
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApplicationCredentialSignIn {
     pub id: String,
     pub secret: String,
+}
+
+impl std::fmt::Debug for PasswordSignIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PasswordSignIn")
+            .field("user", &self.user)
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for ApplicationCredentialSignIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApplicationCredentialSignIn").field("id", &self.id).finish_non_exhaustive()
+    }
 }
 
 /// A project: its id, or its name in a domain.
@@ -65,9 +82,14 @@ pub struct ProjectParam {
 
 /// A signed-in session: the Keystone token (keep it in memory; send it as `X-Auth-Token`) and
 /// who it is.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Serialize, Deserialize, ToSchema)]
 pub struct SessionView {
     pub token: String,
+    /// A password sign-in's unscoped token, the session's root: switch projects with it
+    /// (`POST /v1/auth/tokens` with `project`, it in `X-Auth-Token`), and revoke it at sign-out
+    /// (which ends every token had from it). Keep it in memory too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unscoped_token: Option<String>,
     /// RFC 3339.
     pub expires_at: String,
     pub user: NamedView,
@@ -76,6 +98,16 @@ pub struct SessionView {
     pub roles: Vec<String>,
     /// Whether gsaasd counts the session an admin's.
     pub admin: bool,
+}
+
+impl std::fmt::Debug for SessionView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionView")
+            .field("user", &self.user)
+            .field("project", &self.project)
+            .field("admin", &self.admin)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

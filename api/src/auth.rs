@@ -358,7 +358,7 @@ pub fn tenant_token(
 }
 
 /// A JWT is three base64url segments; Keystone's Fernet and PKI tokens are not.
-fn looks_like_jwt(token: &str) -> bool {
+pub(crate) fn looks_like_jwt(token: &str) -> bool {
     token.split('.').count() == 3 && token.starts_with("eyJ")
 }
 

@@ -101,13 +101,44 @@ async fn keystone_users_sign_in_switch_project_and_sign_out_in_a_real_browser() 
         ],
     )
     .await;
-    // Two tokens (alpha, then alpha-lab), each revoked at sign-out: gsaasd and Keystone refuse it.
+    // Three tokens (the unscoped root, alpha's, then alpha-lab's), each revoked at sign-out:
+    // Keystone itself no longer knows them (asked directly, as a service validates a token), and
+    // gsaasd refuses them.
     let tokens: Vec<&str> =
         result["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
-    assert_eq!(tokens.len(), 2, "{result}");
+    assert_eq!(tokens.len(), 3, "{result}");
+    let operator = Login::new(&http, "gsaas-service").await;
+    let keystone = support::openstack::dev_cloud_setting("KEYSTONE_URL");
+    let known = |token: String| {
+        let (http, keystone, operator) = (http.clone(), keystone.clone(), operator.token.clone());
+        async move {
+            let answer = http
+                .get(format!("{keystone}/auth/tokens"))
+                .header("X-Auth-Token", operator)
+                .header("X-Subject-Token", token)
+                .send()
+                .await
+                .unwrap();
+            answer.status().as_u16() == 200
+        }
+    };
     for token in tokens {
+        assert!(!known(token.to_owned()).await, "Keystone still knows a signed-out token");
         assert_eq!(gsaasd.get("/v1/vms", token).await.0, 401, "a signed-out token still works");
     }
+    // Naming no project signs in to the user's default one; revoking the session's root ends
+    // the project's token too.
+    let url = format!("{}/v1/auth/tokens", gsaasd.service.as_ref().unwrap().url());
+    let body = serde_json::json!({ "password": { "user": user, "password": password } });
+    let session: serde_json::Value =
+        http.post(&url).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(session["project"]["id"], alpha.project_id.as_str(), "{session}");
+    let (root, scoped) =
+        (session["unscoped_token"].as_str().unwrap(), session["token"].as_str().unwrap());
+    assert!(known(scoped.to_owned()).await);
+    let answer = http.delete(&url).header("X-Auth-Token", root).send().await.unwrap();
+    assert_eq!(answer.status().as_u16(), 204);
+    assert!(!known(scoped.to_owned()).await, "the project's token outlived the session's root");
     for (id, login) in [(&own, &alpha), (&foreign, &beta)] {
         let (status, _) = gsaasd
             .call(reqwest::Method::DELETE, &format!("/v1/vms/{id}"), &login.token, None)

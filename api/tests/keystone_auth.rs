@@ -79,20 +79,36 @@ async fn serve(
     match (method, path.as_str()) {
         (Method::POST, "/identity/v3/auth/tokens") => {
             let request: Value = serde_json::from_slice(&body).unwrap_or_default();
-            let user = &request["auth"]["identity"]["password"]["user"];
-            // Users signing in through gsaasd: `alice` with password `right`, as `tenant-a`.
+            let identity = &request["auth"]["identity"];
+            let user = &identity["password"]["user"];
+            let refused = || {
+                let error = json!({ "error": { "code": 401, "title": "Unauthorized",
+                    "message": "The request you have made requires authentication." } });
+                (StatusCode::UNAUTHORIZED, axum::Json(error)).into_response()
+            };
+            let issued = |token: &'static str| {
+                let body = axum::Json(token_body(&fake.base, in_an_hour()));
+                (StatusCode::CREATED, [("x-subject-token", token)], body).into_response()
+            };
+            // Users signing in through gsaasd: `alice` with password `right` gets
+            // `alice-unscoped`, which project `demo` scopes to `tenant-a`.
             if user["name"] == "alice" {
-                if user["password"] != "right" {
-                    let error = json!({ "error": { "code": 401, "title": "Unauthorized",
-                        "message": "The request you have made requires authentication." } });
-                    return (StatusCode::UNAUTHORIZED, axum::Json(error)).into_response();
-                }
-                return (
-                    StatusCode::CREATED,
-                    [("x-subject-token", "tenant-a")],
-                    axum::Json(token_body(&fake.base, in_an_hour())),
-                )
-                    .into_response();
+                let unscoped = request["auth"]["scope"] == "unscoped";
+                return if user["password"] == "right" && unscoped {
+                    issued("alice-unscoped")
+                } else {
+                    refused()
+                };
+            }
+            if identity["methods"] == json!(["token"]) {
+                let from = identity["token"]["id"].as_str().unwrap_or_default();
+                let revoked = fake.revoked.lock().unwrap().iter().any(|t| t == from);
+                let project = &request["auth"]["scope"]["project"]["name"];
+                return if from == "alice-unscoped" && !revoked && project == "demo" {
+                    issued("tenant-a")
+                } else {
+                    refused()
+                };
             }
             (
                 StatusCode::CREATED,
@@ -470,11 +486,32 @@ async fn keystone_sign_in_through_gsaasd_resists_sprays_and_signs_out_for_good()
     assert_eq!(fields, ["password.user", "password.password", "project"], "{problem}");
     assert_eq!(posts(&s), before, "hostile fields reached Keystone");
 
-    // A wrong password: 401, Keystone's reason, never the password.
+    // A secret where a field of another type belongs is not repeated.
+    for hostile in [json!({ "password": "hunter2" }), json!({ "application_credential": "s3cr3t" })]
+    {
+        let (status, problem) = s.call(Method::POST, "/v1/auth/tokens", "", Some(hostile)).await;
+        assert_eq!(status, 422, "{problem}");
+        for secret in ["hunter2", "s3cr3t"] {
+            assert!(!problem.to_string().contains(secret), "{problem}");
+        }
+    }
+    // A wrong password: 401, Keystone's reason, never the password; one attempt at Keystone
+    // (its lockout counts them), although a project was named.
     let (status, problem) =
         s.call(Method::POST, "/v1/auth/tokens", "", Some(sign_in("alice", "hunter2"))).await;
     assert_eq!(status, 401, "{problem}");
     assert!(!problem.to_string().contains("hunter2"), "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("password"), "{problem}");
+    assert_eq!(posts(&s) - before, 1, "a wrong password was tried more than once");
+    // The right password and a project without a role: told apart, the first token revoked.
+    let (status, problem) = s
+        .call(Method::POST, "/v1/auth/tokens", "", Some(json!({
+            "password": { "user": "alice", "password": "right" }, "project": { "name": "other" } })))
+        .await;
+    assert_eq!(status, 401, "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("no role in project other"), "{problem}");
+    assert_eq!(*s.fake.revoked.lock().unwrap(), ["alice-unscoped"]);
+    s.fake.revoked.lock().unwrap().clear();
     // The right one: a session with the token, the user and the project; no caching of it.
     let response = s
         .http
@@ -489,15 +526,8 @@ async fn keystone_sign_in_through_gsaasd_resists_sprays_and_signs_out_for_good()
     assert_eq!(session["token"], "tenant-a", "{session}");
     assert_eq!(session["project"]["id"], PROJECT_A, "{session}");
     assert_eq!(session["admin"], false, "{session}");
-    // A spray from one address: cut at its budget (6 a minute, the validations above included).
-    let mut statuses = Vec::new();
-    for i in 0..20 {
-        let body = sign_in("alice", &format!("guess-{i}"));
-        statuses.push(s.call(Method::POST, "/v1/auth/tokens", "", Some(body)).await.0);
-    }
-    assert!(statuses.iter().filter(|s| **s == 429).count() >= 15, "{statuses:?}");
-    assert!(posts(&s) - before <= 8, "Keystone heard {} sign-ins", posts(&s) - before);
-
+    assert_eq!(session["unscoped_token"], "alice-unscoped", "{session}");
+    assert!(s.fake.revoked.lock().unwrap().is_empty(), "the session's root lives on");
     // Signing out revokes the token at Keystone and it stops working here at once, although it
     // was cached.
     assert_eq!(s.get("/v1/vms", "tenant-a").await.0, 200);
@@ -505,6 +535,29 @@ async fn keystone_sign_in_through_gsaasd_resists_sprays_and_signs_out_for_good()
     assert_eq!(status, 204, "{body}");
     assert_eq!(*s.fake.revoked.lock().unwrap(), ["tenant-a"]);
     assert_eq!(s.get("/v1/vms", "tenant-a").await.0, 401);
+    // A spray from one address: cut at its budget (6 a minute, the requests above included).
+    let mut statuses = Vec::new();
+    for i in 0..20 {
+        let body = sign_in("alice", &format!("guess-{i}"));
+        statuses.push(s.call(Method::POST, "/v1/auth/tokens", "", Some(body)).await.0);
+    }
+    assert!(statuses.iter().filter(|s| **s == 429).count() >= 18, "{statuses:?}");
+    assert!(posts(&s) - before <= 7, "Keystone heard {} sign-ins", posts(&s) - before);
+    // Sign-outs draw on the same budget, and gsaasd's own tokens never go to Keystone.
+    let deletes = |s: &Setup| {
+        let log = s.fake.log.lock().unwrap();
+        log.iter()
+            .filter(|(m, p, _)| m == Method::DELETE && p == "/identity/v3/auth/tokens")
+            .count()
+    };
+    let jwt = s.service.app.keys.issue("alice", Some("demo"), gsaasd::auth::Role::Member, BOUND);
+    let (status, problem) = s.call(Method::DELETE, "/v1/auth/tokens", &jwt, None).await;
+    assert_eq!(status, 422, "{problem}");
+    let (status, _) = s.call(Method::DELETE, "/v1/auth/tokens", "gAAAA-anything", None).await;
+    assert_eq!(status, 429, "the budget is spent");
+    // The unscoped token of the sign-in that failed at its project, and the sign-out's.
+    assert_eq!(deletes(&s), 2);
+
     s.service.abort();
 }
 

@@ -37,6 +37,8 @@ pub struct Where {
     pub identity_v3: Option<String>,
     pub interface: Option<String>,
     pub region: Option<String>,
+    /// The CA bundle that Keystone's certificate chains to (`OS_CACERT`, the cloud's `cacert`).
+    pub cacert: Option<std::path::PathBuf>,
 }
 
 /// The service type GSaaS is registered under in the Keystone catalog (README: "Registering
@@ -56,8 +58,12 @@ pub fn credentials(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Creden
                 format!("{url}/v3")
             }
         });
-        let place =
-            Where { identity_v3, interface: env("OS_INTERFACE"), region: env("OS_REGION_NAME") };
+        let place = Where {
+            identity_v3,
+            interface: env("OS_INTERFACE"),
+            region: env("OS_REGION_NAME"),
+            cacert: env("OS_CACERT").map(std::path::PathBuf::from),
+        };
         return Ok(Some(Credentials::Token(token.trim().to_owned(), place)));
     }
     if env("OS_CLOUD").is_none() && env("OS_AUTH_URL").is_none() {
@@ -70,6 +76,7 @@ pub fn credentials(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Creden
                 identity_v3: Some(settings.identity_v3()),
                 interface: Some(settings.interface.clone()).filter(|i| !i.is_empty()),
                 region: settings.region_name.clone(),
+                cacert: settings.cacert.clone(),
             };
             Credentials::Token(token, place)
         }
@@ -166,7 +173,7 @@ pub fn catalog_of(token: &str, place: &Where) -> Result<Vec<CatalogEntry>, Failu
         ));
     };
     let url = format!("{identity}/auth/catalog");
-    let response = keystone_client(None)?
+    let response = keystone_client(place.cacert.as_deref())?
         .get(&url)
         .header("X-Auth-Token", token)
         .send()

@@ -161,11 +161,23 @@
 
   // ---- Session ---------------------------------------------------------------------------------
 
+  // Ends a Keystone session: every token it got is revoked at Keystone (through gsaasd), even if
+  // the page goes away meanwhile (keepalive).
+  function endKeystoneSession() {
+    const keystone = state.keystone;
+    state.keystone = null;
+    if (!keystone) return Promise.resolve();
+    return Promise.all(keystone.tokens.map((token) => fetch('/v1/auth/tokens', {
+      method: 'DELETE', headers: { 'X-Auth-Token': token }, credentials: 'omit', cache: 'no-store',
+      keepalive: true,
+    }).catch(() => null)));
+  }
+
   function showSignIn(message) {
     clearTimeout(state.timer);
     state.generation += 1;
     state.token = null;
-    state.keystone = null;
+    endKeystoneSession();
     sessionStorage.removeItem(TOKEN_KEY);
     $('main-view').hidden = true;
     $('session').hidden = true;
@@ -219,10 +231,10 @@
     );
   }
 
-  // POST /v1/auth/tokens, unauthenticated (a sign-in) or with the current token (a switch).
-  async function keystoneSession(body, withToken) {
+  // POST /v1/auth/tokens, unauthenticated (a sign-in) or with a token of the session (a switch).
+  async function keystoneSession(body, token) {
     const headers = { Accept: 'application/json', 'Content-Type': 'application/json' };
-    if (withToken) headers['X-Auth-Token'] = state.token;
+    if (token) headers['X-Auth-Token'] = token;
     let response;
     try {
       response = await fetch('/v1/auth/tokens', {
@@ -260,7 +272,9 @@
     $('keystone-error').textContent = '';
     try {
       const session = await keystoneSession(body, false);
-      await startKeystone(session, [session.token]);
+      // The unscoped root first: switching projects exchanges it; revoking it ends them all.
+      const tokens = session.unscoped_token ? [session.unscoped_token, session.token] : [session.token];
+      await startKeystone(session, tokens, session.unscoped_token || null);
     } catch (e) {
       const fields = (e.problem && e.problem.errors) || [];
       const detail = fields.length ? fields.map((f) => `${f.field}: ${f.detail}`).join('; ') : e.message;
@@ -272,8 +286,9 @@
     }
   }
 
-  async function startKeystone(session, tokens) {
-    state.keystone = { session, tokens, projects: [] };
+  async function startKeystone(session, tokens, root) {
+    // Set before entering, so that a refusal there (which signs out) revokes these tokens too.
+    state.keystone = { session, tokens, root, projects: [] };
     state.token = session.token;
     state.admin = session.admin;
     if (!(await enter())) return;
@@ -287,15 +302,15 @@
 
   async function loadProjects() {
     const select = $('project-select');
+    let projects = [];
     try {
-      const answer = await api('GET', '/v1/auth/projects');
-      if (!state.keystone) return;
-      state.keystone.projects = answer.projects;
+      projects = (await api('GET', '/v1/auth/projects')).projects;
     } catch (e) {
-      state.keystone.projects = [];
+      projects = [];
     }
+    if (!state.keystone) return;
+    state.keystone.projects = projects;
     const current = state.keystone.session.project.id;
-    const projects = state.keystone.projects;
     select.replaceChildren(...projects.map((p) => el('option', {
       value: p.id, text: p.name || p.id, selected: p.id === current,
     })));
@@ -305,11 +320,15 @@
   // Switches to another of the user's projects: a new token scoped to it (the old ones are kept
   // to be revoked at sign-out).
   async function switchProject(id) {
-    const tokens = state.keystone.tokens;
+    if (!state.keystone) return;
+    const { tokens, root } = state.keystone;
     try {
-      const session = await keystoneSession({ project: { id } }, true);
-      await startKeystone(session, tokens.concat([session.token]));
+      const session = await keystoneSession({ project: { id } }, root || state.token);
+      // The new token joins the session before anything can end it.
+      tokens.push(session.token);
+      await startKeystone(session, tokens, root);
     } catch (e) {
+      if (!state.keystone) return;
       const banner = $('banner');
       banner.textContent = `Cannot switch project: ${e.message}`;
       banner.hidden = false;
@@ -317,15 +336,9 @@
     }
   }
 
-  async function signOut() {
-    const keystone = state.keystone;
+  function signOut() {
     $('token').value = '';
     showSignIn('');
-    if (!keystone) return;
-    // Revoked at Keystone (through gsaasd), each token of the session.
-    await Promise.all(keystone.tokens.map((token) => fetch('/v1/auth/tokens', {
-      method: 'DELETE', headers: { 'X-Auth-Token': token }, credentials: 'omit', cache: 'no-store',
-    }).catch(() => null)));
   }
 
   // ---- Refresh ---------------------------------------------------------------------------------

@@ -1,22 +1,24 @@
 //! Keystone sign-in for the dashboard (`auth.mode = "keystone"`): gsaasd asks Keystone for the
 //! user's token, so the browser needs no access to Keystone (see `openstack::sign_in`).
 //!
-//! Every sign-in costs Keystone a request or two, and anyone may try one: each client address
+//! Every sign-in costs Keystone a few requests, and anyone may try one: each client address
 //! has the budget of Keystone requests that unknown tokens draw from too
 //! (`auth.keystone_validations_per_minute`), so gsaasd never lets a client spray passwords at
 //! Keystone faster than that. Fields are checked before Keystone is asked. A password or secret
-//! is sent to Keystone and nowhere else: never stored, logged or answered. A refusal says which
-//! of the password and the project was wrong (a second, unscoped try tells them apart), and the
-//! token of that try is revoked at once.
+//! is sent to Keystone and nowhere else: never stored, logged or answered. A password is tried
+//! once (Keystone's lockout counts attempts), for an unscoped token, which is then exchanged for
+//! the project's: a refusal says which of the two was wrong, and a session that fails at the
+//! project revokes its unscoped token at once.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::fields::FieldChecks;
 use super::App;
 use crate::error::Error;
 use crate::openstack::keystone::KeystoneError;
-use crate::openstack::sign_in::{Credential, Project, ProjectRef};
+use crate::openstack::sign_in::{Credential, Issued, Project, ProjectRef};
 use crate::openstack::{TenantIdentity, TokenValidator, ValidationError};
 
 /// Keystone's limits on names and ids (255) and on passwords (4096, its default
@@ -24,8 +26,8 @@ use crate::openstack::{TenantIdentity, TokenValidator, ValidationError};
 const MAX_NAME: usize = 255;
 const MAX_SECRET: usize = 4096;
 
-/// What a sign-in asks for, as the request gave it.
-#[derive(Debug, Clone)]
+/// What a sign-in asks for, as the request gave it. (Its `Debug` shows no secret.)
+#[derive(Clone)]
 pub enum SignIn {
     Password {
         user: String,
@@ -44,6 +46,25 @@ pub enum SignIn {
     },
 }
 
+impl std::fmt::Debug for SignIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SignIn::Password { user, domain, project, .. } => f
+                .debug_struct("Password")
+                .field("user", user)
+                .field("domain", domain)
+                .field("project", project)
+                .finish_non_exhaustive(),
+            SignIn::ApplicationCredential { id, .. } => {
+                f.debug_struct("ApplicationCredential").field("id", id).finish_non_exhaustive()
+            }
+            SignIn::Switch { project, .. } => {
+                f.debug_struct("Switch").field("project", project).finish_non_exhaustive()
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct ProjectAsked {
     pub id: Option<String>,
@@ -52,10 +73,19 @@ pub struct ProjectAsked {
 }
 
 /// A signed-in user: its token, and what Keystone says of it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Session {
     pub token: String,
+    /// A password sign-in's unscoped token, the session's root: what switching project
+    /// exchanges, and whose revocation ends every token of the session.
+    pub unscoped: Option<String>,
     pub identity: TenantIdentity,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("identity", &self.identity).finish_non_exhaustive()
+    }
 }
 
 impl Session {
@@ -95,39 +125,85 @@ fn secret(checks: &mut FieldChecks, field: &str, value: &str) {
     }
 }
 
-/// The credential `sign_in` asks Keystone for, or every problem of its fields.
-fn credential(sign_in: &SignIn) -> Result<Credential, Error> {
+/// What a sign-in asks Keystone for, its fields checked.
+enum Asked {
+    /// Authenticate, then (a password's unscoped token) scope to the project, or the user's
+    /// default project.
+    Authenticate(Credential, Option<ProjectRef>),
+    /// Exchange a token of the user's for one scoped to the project.
+    Switch(String, ProjectRef),
+}
+
+/// What `sign_in` asks Keystone for, or every problem of its fields.
+fn asked(sign_in: &SignIn) -> Result<Asked, Error> {
     let mut checks = FieldChecks::new();
-    let credential = match sign_in {
+    let asked = match sign_in {
         SignIn::Password { user, domain, password, project } => {
             checks.text("password.user", user, MAX_NAME);
             let user_domain = domain.clone().unwrap_or_else(|| DEFAULT_DOMAIN.to_owned());
             checks.text("password.domain", &user_domain, MAX_NAME);
             secret(&mut checks, "password.password", password);
             let project = project.as_ref().and_then(|p| project_ref(p, "project", &mut checks));
-            Credential::Password {
+            let credential = Credential::Password {
                 user: user.clone(),
                 user_domain,
                 password: password.clone(),
-                project,
-            }
+            };
+            Asked::Authenticate(credential, project)
         }
         SignIn::ApplicationCredential { id, secret: value } => {
             checks.text("application_credential.id", id, MAX_NAME);
             secret(&mut checks, "application_credential.secret", value);
-            Credential::ApplicationCredential { id: id.clone(), secret: value.clone() }
+            let credential =
+                Credential::ApplicationCredential { id: id.clone(), secret: value.clone() };
+            Asked::Authenticate(credential, None)
         }
         SignIn::Switch { token, project } => match project_ref(project, "project", &mut checks) {
-            Some(project) => Credential::Token { token: token.clone(), project },
+            Some(project) => Asked::Switch(token.clone(), project),
             None => return Err(checks.finish().expect_err("a problem was recorded")),
         },
     };
     checks.finish()?;
-    Ok(credential)
+    Ok(asked)
 }
 
 fn keystone_down(e: KeystoneError) -> Error {
     Error::unavailable("keystone", e)
+}
+
+/// Keystone's refusal as the user can act on it: of a credential (user name, domain, password,
+/// application credential), or of the project asked for (no role there, no such project, or the
+/// token used to switch has expired).
+fn refused(e: KeystoneError, project: Option<&ProjectRef>) -> Error {
+    let KeystoneError::Rejected { message, .. } = e else { return keystone_down(e) };
+    match project {
+        None => Error::Unauthenticated(format!(
+            "Keystone refused the user name, domain, password or application credential: \
+             {message}"
+        )),
+        Some(project) => {
+            let named = match project {
+                ProjectRef::Id(id) => format!("project {id}"),
+                ProjectRef::Name { name, domain } => format!("project {name} (domain {domain})"),
+            };
+            Error::Unauthenticated(format!(
+                "the user has no role in {named}, or there is no such project (or the session \
+                 expired)"
+            ))
+        }
+    }
+}
+
+/// gsaasd's own tokens are not Keystone's: they are not sent to Keystone (which would learn
+/// them) and are revoked by an operator (`gsaasd token revoke`).
+fn refuse_gsaasd_token(app: &App, token: &str) -> Result<(), Error> {
+    if crate::auth::looks_like_jwt(token) || app.keys.verify(token).is_ok() {
+        return Err(Error::invalid(
+            "X-Auth-Token",
+            "is a gsaasd token, not a Keystone one: an operator revokes it (gsaasd token revoke)",
+        ));
+    }
+    Ok(())
 }
 
 impl App {
@@ -151,77 +227,71 @@ impl App {
     /// Signs a user in with Keystone: its new token, validated (and so cached) as any caller's.
     pub async fn sign_in(&self, client: Option<IpAddr>, sign_in: SignIn) -> Result<Session, Error> {
         let validator = self.keystone_sign_in()?;
-        let credential = credential(&sign_in)?;
-        Self::spend(validator, client)?;
+        let asked = asked(&sign_in)?;
         let keystone = validator.keystone();
-        let token = match keystone.sign_in(&credential).await {
-            Ok(token) => token,
-            Err(KeystoneError::Rejected { message, .. }) => {
-                return Err(self.refusal(validator, client, &credential, &message).await);
+        let (token, unscoped) = match asked {
+            Asked::Switch(token, project) => {
+                refuse_gsaasd_token(self, &token)?;
+                Self::spend(validator, client)?;
+                let scoped = keystone.rescope(&token, &project).await;
+                (scoped.map_err(|e| refused(e, Some(&project)))?, None)
             }
-            Err(e) => return Err(keystone_down(e)),
+            Asked::Authenticate(credential @ Credential::ApplicationCredential { .. }, _) => {
+                Self::spend(validator, client)?;
+                let issued = keystone.authenticate_user(&credential).await;
+                (issued.map_err(|e| refused(e, None))?.token, None)
+            }
+            Asked::Authenticate(credential, project) => {
+                Self::spend(validator, client)?;
+                let root = keystone.authenticate_user(&credential).await;
+                let root = root.map_err(|e| refused(e, None))?;
+                match self.scope_root(validator, client, &root, project).await {
+                    Ok(scoped) => (scoped, Some(root.token)),
+                    Err(e) => {
+                        let _ = keystone.revoke(&root.token).await;
+                        return Err(e);
+                    }
+                }
+            }
         };
         match validator.validate(&token, None).await {
-            Ok(identity) => Ok(Session { token, identity }),
-            Err(ValidationError::Unscoped) => {
-                let _ = keystone.revoke(&token).await;
-                Err(Error::invalid(
-                    "project",
-                    "is required: the user has no default project; name one of its projects",
-                ))
-            }
+            Ok(identity) => Ok(Session { token, unscoped, identity }),
             Err(ValidationError::Keystone(e)) => Err(keystone_down(e)),
             Err(e) => Err(Error::Unauthenticated(format!("Keystone's new token: {e}"))),
         }
     }
 
-    /// Why Keystone refused `credential`, as the user can act on it: for a password with a
-    /// project, one unscoped try says whether the password or the project was wrong.
-    async fn refusal(
+    /// A token scoped to `project`, or to the user's default project (else its first), had from
+    /// the session's unscoped root.
+    async fn scope_root(
         &self,
         validator: &TokenValidator,
         client: Option<IpAddr>,
-        credential: &Credential,
-        message: &str,
-    ) -> Error {
+        root: &Issued,
+        project: Option<ProjectRef>,
+    ) -> Result<String, Error> {
         let keystone = validator.keystone();
-        match credential {
-            Credential::Password { user, user_domain, password, project: Some(project) } => {
-                if Self::spend(validator, client).is_err() {
-                    return Error::Unauthenticated(format!(
-                        "Keystone refused the sign-in: {message}"
-                    ));
-                }
-                let unscoped = Credential::Password {
-                    user: user.clone(),
-                    user_domain: user_domain.clone(),
-                    password: password.clone(),
-                    project: None,
-                };
-                match keystone.sign_in(&unscoped).await {
-                    Ok(token) => {
-                        let _ = keystone.revoke(&token).await;
-                        let named = match project {
-                            ProjectRef::Id(id) => format!("project {id}"),
-                            ProjectRef::Name { name, domain } => {
-                                format!("project {name} (domain {domain})")
-                            }
-                        };
-                        Error::Forbidden(format!(
-                            "the user has no role in {named}, or there is no such project"
-                        ))
+        let project = match project {
+            Some(project) => project,
+            None => {
+                Self::spend(validator, client)?;
+                let default = keystone.default_project(&root.token, &root.user_id).await;
+                match default.map_err(keystone_down)? {
+                    Some(id) => ProjectRef::Id(id),
+                    None => {
+                        Self::spend(validator, client)?;
+                        let projects = keystone.projects_of(&root.token).await;
+                        let first = projects.map_err(keystone_down)?.into_iter().next();
+                        let first = first.ok_or_else(|| {
+                            Error::invalid("project", "the user has no project to sign in to")
+                        })?;
+                        ProjectRef::Id(first.id)
                     }
-                    Err(_) => Error::Unauthenticated(format!(
-                        "Keystone refused the user name, domain or password: {message}"
-                    )),
                 }
             }
-            Credential::Token { .. } => Error::Forbidden(format!(
-                "Keystone refused to switch to that project (the user has no role in it, or \
-                 there is no such project): {message}"
-            )),
-            _ => Error::Unauthenticated(format!("Keystone refused the sign-in: {message}")),
-        }
+        };
+        Self::spend(validator, client)?;
+        keystone.rescope(&root.token, &project).await.map_err(|e| refused(e, Some(&project)))
     }
 
     /// The projects the token's user may switch to.
@@ -231,6 +301,7 @@ impl App {
         token: &str,
     ) -> Result<Vec<Project>, Error> {
         let validator = self.keystone_sign_in()?;
+        refuse_gsaasd_token(self, token)?;
         Self::spend(validator, client)?;
         match validator.keystone().projects_of(token).await {
             Ok(projects) => Ok(projects),
@@ -242,10 +313,26 @@ impl App {
     }
 
     /// Signs out: revokes the token at Keystone, and forgets it here at once (other replicas
-    /// within `auth.keystone_cache_secs`).
-    pub async fn sign_out(&self, token: &str) -> Result<(), Error> {
+    /// within `auth.keystone_cache_secs`). The revocation is its own task: a client that hangs
+    /// up does not stop it halfway.
+    pub async fn sign_out(
+        self: &Arc<Self>,
+        client: Option<IpAddr>,
+        token: &str,
+    ) -> Result<(), Error> {
         let validator = self.keystone_sign_in()?;
+        refuse_gsaasd_token(self, token)?;
+        Self::spend(validator, client)?;
         validator.forget(token);
-        validator.keystone().revoke(token).await.map_err(keystone_down)
+        let app = Arc::clone(self);
+        let token = token.to_owned();
+        let revoking = tokio::spawn(async move {
+            let Some(validator) = app.keystone.as_deref() else { return Ok(()) };
+            validator.keystone().revoke(&token).await
+        });
+        match revoking.await {
+            Ok(result) => result.map_err(keystone_down),
+            Err(e) => Err(Error::internal(e)),
+        }
     }
 }

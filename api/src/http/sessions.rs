@@ -12,7 +12,7 @@ use gsaas_api_types::{
     AuthMethods, NamedView, ProjectList, ProjectParam, SessionView, SignInRequest,
 };
 
-use super::{AppState, Body};
+use super::{AppState, Unparsed};
 use crate::app::sessions::{ProjectAsked, Session, SignIn, DEFAULT_DOMAIN};
 use crate::auth::bearer_token;
 use crate::error::{Error, Problem};
@@ -61,6 +61,7 @@ fn session_view(session: Session) -> SessionView {
         roles: info.roles.clone(),
         admin: session.identity.caller().is_admin(),
         token: session.token,
+        unscoped_token: session.unscoped,
     }
 }
 
@@ -70,8 +71,7 @@ fn session_view(session: Session) -> SessionView {
 #[utoipa::path(post, path = "/v1/auth/tokens", tag = "auth", request_body = SignInRequest,
     responses(
         (status = 201, body = SessionView),
-        (status = 401, description = "Keystone refused the user name, domain, password or application credential", body = Problem),
-        (status = 403, description = "The user has no role in the project, or there is no such project", body = Problem),
+        (status = 401, description = "Keystone refused the user name, domain, password or application credential; or the user has no role in the project, or there is no such project", body = Problem),
         (status = 404, description = "Keystone sign-in is off (`auth.mode` is not `keystone`)", body = Problem),
         (status = 429, description = "Too many sign-ins from this address", body = Problem),
         (status = 503, description = "Keystone is unreachable", body = Problem),
@@ -80,8 +80,9 @@ pub(super) async fn sign_in(
     State(app): State<AppState>,
     ClientAddr(client): ClientAddr,
     headers: HeaderMap,
-    Body(request): Body<SignInRequest>,
+    request: Unparsed<SignInRequest>,
 ) -> Result<Response, Error> {
+    let request = request.parse().map_err(without_values)?;
     let sign_in = match request {
         SignInRequest { password: Some(p), application_credential: None, project } => {
             SignIn::Password {
@@ -160,11 +161,36 @@ pub(super) async fn projects(
     security(("bearer" = [])))]
 pub(super) async fn sign_out(
     State(app): State<AppState>,
+    ClientAddr(client): ClientAddr,
     headers: HeaderMap,
 ) -> Result<StatusCode, Error> {
     let token = bearer_token(&headers)?;
-    app.sign_out(token).await?;
+    app.sign_out(client, token).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A body's problems without the values at fault: a password or a secret sent where a field of
+/// another type belongs is not repeated (in the answer, or the log).
+fn without_values(e: Error) -> Error {
+    let Error::Invalid(errors) = e else { return e };
+    let errors = errors
+        .into_iter()
+        .map(|mut error| {
+            for prefix in ["invalid type: ", "invalid value: ", "invalid length "] {
+                if error.detail.starts_with(prefix) {
+                    let expected = error.detail.rsplit_once(", expected ").map(|(_, e)| e);
+                    error.detail = match expected {
+                        Some(expected) => {
+                            format!("has the wrong type or value: expected {expected}")
+                        }
+                        None => "has the wrong type or value".to_owned(),
+                    };
+                }
+            }
+            error
+        })
+        .collect();
+    Error::Invalid(errors)
 }
 
 /// Answers that carry a token are never cached.

@@ -12,7 +12,8 @@
 //! 403 naming the rule; of anything else, 404, as if it did not exist: a policy never tells a
 //! tenant what other projects have.
 //!
-//! Agents and metrics scrapers are not governed here: their routes check their own tokens.
+//! The agents' routes (registration, token renewal, round-trip targets) and `/metrics` are not
+//! governed here: they check their own tokens (an agent's, a scraper's, or an admin's).
 
 mod rules;
 
@@ -277,9 +278,6 @@ impl Default for Policy {
     }
 }
 
-/// The deepest chain of `rule:` references evaluated (a file may not loop, but may nest).
-const MAX_DEPTH: usize = 32;
-
 impl Policy {
     /// The defaults, with the rules of the file at `path` (if any) over them.
     pub fn load(path: Option<&Path>) -> Result<Policy, PolicyError> {
@@ -329,36 +327,38 @@ impl Policy {
             }
         }
         let policy = Policy { rules, aliases };
-        // Every rule named exists; every alias is named by some rule; no rule names itself.
-        let mut named = std::collections::HashSet::new();
-        for (name, expr) in policy.all() {
-            for target in expr.rules() {
-                named.insert(target.to_owned());
-                if policy.expr(target).is_none() {
-                    let line = lines.get(name).copied().unwrap_or(0);
-                    return Err(invalid(
-                        line,
-                        format!("{name:?} names rule:{target}, which no rule defines"),
-                    ));
-                }
+        // The file's rules in the file's order: the first problem is named, always the same.
+        let mut in_file: Vec<(&str, usize)> =
+            written.keys().map(|name| (name.as_str(), lines[name.as_str()])).collect();
+        in_file.sort_by_key(|(name, line)| (*line, *name));
+        // Every rule named exists (the defaults name only defaults: only the file's can dangle).
+        for (name, line) in &in_file {
+            let expr = policy.expr(name).expect("a rule of the file is defined");
+            if let Some(target) = expr.rules().into_iter().find(|t| policy.expr(t).is_none()) {
+                return Err(invalid(
+                    *line,
+                    format!("{name:?} names rule:{target}, which no rule defines"),
+                ));
             }
         }
-        for alias in policy.aliases.keys() {
-            if !named.contains(alias) {
-                let line = lines.get(alias.as_str()).copied().unwrap_or(0);
+        // Every rule of the file is gsaasd's or named by one.
+        let named: std::collections::HashSet<&str> =
+            policy.all().flat_map(|(_, expr)| expr.rules()).collect();
+        for (name, line) in &in_file {
+            if policy.aliases.contains_key(*name) && !named.contains(name) {
                 return Err(invalid(
-                    line,
+                    *line,
                     format!(
-                        "unknown rule name {alias:?}: gsaasd checks none by that name and no \
+                        "unknown rule name {name:?}: gsaasd checks none by that name and no \
                          rule names it (gsaasd policy dump lists gsaasd's rules)"
                     ),
                 ));
             }
         }
-        for (name, _) in policy.all() {
+        // No rule names itself (the defaults do not loop: a loop goes through a rule of the file).
+        for (name, line) in &in_file {
             if policy.cycles_from(name) {
-                let line = lines.get(name).copied().unwrap_or(0);
-                return Err(invalid(line, format!("{name:?} names itself through rule: checks")));
+                return Err(invalid(*line, format!("{name:?} names itself through rule: checks")));
             }
         }
         Ok(policy)
@@ -375,22 +375,28 @@ impl Policy {
         self.rules.get(name).or_else(|| self.aliases.get(name))
     }
 
-    /// Whether following `rule:` checks from `start` comes back to it.
+    /// Whether following `rule:` checks from `start` comes back to it (every rule reachable is
+    /// followed, however deep).
     fn cycles_from(&self, start: &str) -> bool {
-        let mut stack: Vec<(&str, usize)> = vec![(start, 0)];
+        let mut stack: Vec<&str> = vec![start];
         let mut seen = std::collections::HashSet::new();
-        while let Some((name, depth)) = stack.pop() {
+        while let Some(name) = stack.pop() {
             let Some(expr) = self.expr(name) else { continue };
             for next in expr.rules() {
                 if next == start {
                     return true;
                 }
-                if seen.insert(next) && depth < MAX_DEPTH {
-                    stack.push((next, depth + 1));
+                if seen.insert(next) {
+                    stack.push(next);
                 }
             }
         }
         false
+    }
+
+    /// How deep `rule:` checks may nest: no chain without a loop is longer than the rules.
+    fn depth_limit(&self) -> usize {
+        self.rules.len() + self.aliases.len() + 1
     }
 
     /// Whether `caller` may take `action` on `target`.
@@ -481,7 +487,8 @@ impl Facts for Evaluation<'_> {
     fn rule(&self, name: &str) -> bool {
         let Some(expr) = self.policy.expr(name) else { return false };
         let depth = self.depth.get();
-        if depth >= MAX_DEPTH {
+        // Unreachable: a policy with a loop does not load.
+        if depth >= self.policy.depth_limit() {
             return false;
         }
         self.depth.set(depth + 1);
@@ -491,7 +498,9 @@ impl Facts for Evaluation<'_> {
     }
 }
 
-/// The line of `text` on which the key `name` is written (1 if not found).
+/// The line of `text` on which the key `name` is written (1 if not found): the name (quoted or
+/// not), then `:` and white space or the line's end (so `gpu:vm:list` is not found on the line of
+/// `gpu:vm:list:all_projects`).
 fn line_of(text: &str, name: &str) -> usize {
     let forms = [format!("\"{name}\""), format!("'{name}'"), name.to_owned()];
     text.lines()
@@ -499,7 +508,9 @@ fn line_of(text: &str, name: &str) -> usize {
             let line = line.trim_start();
             forms.iter().any(|form| {
                 line.strip_prefix(form.as_str())
-                    .is_some_and(|rest| rest.trim_start().starts_with(':'))
+                    .map(str::trim_start)
+                    .and_then(|rest| rest.strip_prefix(':'))
+                    .is_some_and(|after| after.is_empty() || after.starts_with(char::is_whitespace))
             })
         })
         .map_or(1, |i| i + 1)
@@ -671,6 +682,23 @@ mod tests {
         }
         // An empty file, or one of comments, changes nothing.
         assert!(policy("# nothing\n").is_ok());
+        // A name that starts another's is found on its own line.
+        let text = "gpu:vm:list:all_projects: \"@\"\n\"gpu:vm:list\": \"role:\"\n";
+        assert!(policy(text).unwrap_err().contains("line 2"), "{}", policy(text).unwrap_err());
+        // A loop through a default is named on the file's line that makes it.
+        let text = "\n\"admin_or_project_member\": \"rule:gpu:vm:create\"\n";
+        let error = policy(text).unwrap_err();
+        assert!(error.contains("line 2") && error.contains("names itself"), "{error}");
+        // However long.
+        let mut text: String = (0..40).map(|i| format!("a{i}: \"rule:a{}\"\n", i + 1)).collect();
+        text.push_str("a40: \"rule:a0\"\n\"gpu:vm:list\": \"rule:a0\"\n");
+        assert!(policy(&text).unwrap_err().contains("names itself"));
+        // A long chain without a loop is fine, and followed to its end.
+        let mut text: String = (0..40).map(|i| format!("a{i}: \"rule:a{}\"\n", i + 1)).collect();
+        text.push_str("a40: \"role:member\"\n\"gpu:vm:list\": \"rule:a0\"\n");
+        let p = policy(&text).unwrap();
+        let member = keystone("p1", &["member"], false);
+        assert!(p.allows(actions::VM_LIST, &member, Target::Project("p1")));
     }
 
     #[test]

@@ -9,19 +9,11 @@
 //   CHROMIUM              the browser (default /usr/bin/chromium)
 // Every wait is bounded; any failed check, page error or CSP violation exits non-zero. The last
 // line on success is `RESULT {...}` with the ids of what it did, for the Rust side to check.
-import { chromium } from 'playwright-core';
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { bound, check, need, openPage } from './chromium.mjs';
 
 const WAIT_MS = 20000;
 const OVERALL_MS = 150000;
-
-function need(name) {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} is not set`);
-  return value;
-}
 
 const base = need('GSAAS_URL').replace(/\/$/, '');
 const origin = new URL(base).origin;
@@ -30,50 +22,15 @@ const adminToken = need('GSAAS_ADMIN_TOKEN');
 const hidden = JSON.parse(need('GSAAS_HIDDEN'));
 const drainHost = need('GSAAS_DRAIN_HOST');
 const shots = need('GSAAS_SCREENSHOTS');
-const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
-if (!existsSync(executablePath)) throw new Error(`no browser at ${executablePath} (apt-get install -y chromium)`);
 if (!Array.isArray(hidden) || hidden.length === 0) throw new Error('GSAAS_HIDDEN must list what tenants must not see');
-mkdirSync(shots, { recursive: true });
-
-const overall = setTimeout(() => {
-  console.error(`dashboard: FAILED: still running after ${OVERALL_MS / 1000} s`);
-  process.exit(2);
-}, OVERALL_MS);
-overall.unref();
-
-const log = (message) => console.log(`dashboard: ${message}`);
-function check(condition, message) {
-  if (!condition) throw new Error(`check failed: ${message}`);
-}
-
-const problems = [];
-const profile = mkdtempSync(join(tmpdir(), 'gsaas-chromium-'));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath,
-  headless: true,
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-  viewport: { width: 1280, height: 800 },
-  timeout: 60000,
+const log = bound('dashboard', OVERALL_MS);
+// Nothing may be fetched from anywhere but gsaasd itself. API refusals the test provokes (401
+// for a bad token, 403, 422, 507) are logged by Chromium as failed loads; any other error (a CSP
+// violation, an exception) fails the test.
+const { page, problems, close } = await openPage({
+  origin, refusals: [401, 403, 422, 507], viewport: { width: 1280, height: 800 }, waitMs: WAIT_MS,
+  shots,
 });
-context.setDefaultTimeout(WAIT_MS);
-// Nothing may be fetched from anywhere but gsaasd itself.
-await context.route('**/*', (route) => {
-  const url = route.request().url();
-  if (url.startsWith('data:') || new URL(url).origin === origin) return route.continue();
-  problems.push(`request off origin: ${url}`);
-  return route.abort();
-});
-const page = context.pages()[0] || await context.newPage();
-page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-page.on('console', (m) => {
-  // API refusals the test provokes (401 for a bad token, 403, 422, 507) are logged by Chromium as failed loads; anything else
-  // that is an error (a CSP violation, an exception) fails the test.
-  if (m.type() === 'error' && !/Failed to load resource: the server responded with a status of (401|403|422|507)/.test(m.text())) {
-    problems.push(`console error: ${m.text()}`);
-  }
-});
-page.on('dialog', (d) => d.accept());
 
 const vmCard = (id) => `.vm[data-vm-id="${id}"]`;
 
@@ -395,7 +352,7 @@ try {
   console.error(`dashboard: FAILED: ${e.stack || e}`);
   for (const p of problems) console.error(`dashboard: also: ${p}`);
   try {
-    const failure = join(tmpdir(), `gsaas-dashboard-failure-${process.pid}.png`);
+    const failure = join(shots, 'dashboard-failure.png');
     await page.screenshot({ path: failure, fullPage: true });
     console.error(`dashboard: screenshot at failure: ${failure}`);
     console.error(`dashboard: page text at failure:\n${await page.innerText('body')}`);
@@ -403,8 +360,7 @@ try {
     // the page itself is gone
   }
 } finally {
-  await context.close().catch(() => {});
-  rmSync(profile, { recursive: true, force: true });
+  await close().catch(() => {});
 }
 if (failed) process.exit(1);
 log('all checks passed');

@@ -9,51 +9,19 @@
 //   SCREENSHOTS                   where horizon-*.png go
 //   CHROMIUM                      the browser (default /usr/bin/chromium)
 // Every wait is bounded; the last line on success is `RESULT {"vm": id}`.
-import { chromium } from 'playwright-core';
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { bound, check, need, openPage } from './chromium.mjs';
 
 const WAIT_MS = 60000;
 const OVERALL_MS = 300000;
 
-function need(name) {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} is not set`);
-  return value;
-}
-
 const base = need('HORIZON_URL').replace(/\/$/, '');
 const shots = need('SCREENSHOTS');
-const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
-if (!existsSync(executablePath)) throw new Error(`no browser at ${executablePath}`);
-mkdirSync(shots, { recursive: true });
-
-const overall = setTimeout(() => {
-  console.error(`horizon: FAILED: still running after ${OVERALL_MS / 1000} s`);
-  process.exit(2);
-}, OVERALL_MS);
-overall.unref();
-
-const log = (message) => console.log(`horizon: ${message}`);
-function check(condition, message) {
-  if (!condition) throw new Error(`check failed: ${message}`);
-}
-
-const problems = [];
-const profile = mkdtempSync(join(tmpdir(), 'gsaas-horizon-'));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath,
-  headless: true,
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-  viewport: { width: 1400, height: 900 },
-  timeout: 60000,
+const log = bound('horizon', OVERALL_MS);
+// Horizon loads its own assets, all from itself.
+const { page, problems, close } = await openPage({
+  origin: new URL(base).origin, viewport: { width: 1400, height: 900 }, waitMs: WAIT_MS, shots,
 });
-context.setDefaultTimeout(WAIT_MS);
-const page = context.pages()[0] || await context.newPage();
-page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-page.on('dialog', (d) => d.accept());
 
 async function signIn(user, password, next) {
   await page.goto(`${base}/auth/login/?next=${encodeURIComponent(next)}`);
@@ -189,8 +157,7 @@ try {
     console.error(`horizon: at ${page.url()}, screenshot ${join(shots, 'horizon-failure.png')}`);
   } catch {}
 } finally {
-  await context.close();
-  rmSync(profile, { recursive: true, force: true });
+  await close();
 }
 if (failed) process.exit(1);
 console.log(`RESULT ${JSON.stringify(result)}`);

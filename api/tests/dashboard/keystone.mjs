@@ -10,22 +10,13 @@
 // then as the member: sees its project's VM only; switches project; signs out. Every wait is
 // bounded; the last line on success is `RESULT {"tokens": [...]}`: every Keystone token the page
 // used, which the Rust side checks are revoked.
-import { chromium } from 'playwright-core';
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { bound, check, need, openPage } from './chromium.mjs';
 
 const WAIT_MS = 20000;
 const OVERALL_MS = 120000;
 
-function need(name) {
-  const value = process.env[name];
-  if (!value) throw new Error(`${name} is not set`);
-  return value;
-}
-
 const base = need('GSAAS_URL').replace(/\/$/, '');
-const origin = new URL(base).origin;
 const user = need('GSAAS_USER');
 const password = need('GSAAS_PASSWORD');
 const project = need('GSAAS_PROJECT');
@@ -33,51 +24,25 @@ const otherProject = need('GSAAS_OTHER_PROJECT');
 const ownVm = need('GSAAS_OWN_VM');
 const foreignVm = need('GSAAS_FOREIGN_VM');
 const shots = need('GSAAS_SCREENSHOTS');
-const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
-if (!existsSync(executablePath)) throw new Error(`no browser at ${executablePath} (apt-get install -y chromium)`);
-mkdirSync(shots, { recursive: true });
-
-const overall = setTimeout(() => {
-  console.error(`keystone: FAILED: still running after ${OVERALL_MS / 1000} s`);
-  process.exit(2);
-}, OVERALL_MS);
-overall.unref();
-
-const log = (message) => console.log(`keystone: ${message}`);
-function check(condition, message) {
-  if (!condition) throw new Error(`check failed: ${message}`);
-}
-
-const problems = [];
-const profile = mkdtempSync(join(tmpdir(), 'gsaas-chromium-'));
-const context = await chromium.launchPersistentContext(profile, {
-  executablePath,
-  headless: true,
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-  viewport: { width: 1280, height: 800 },
-  timeout: 60000,
-});
-context.setDefaultTimeout(WAIT_MS);
-// The browser talks to gsaasd only: never to Keystone.
-await context.route('**/*', (route) => {
-  const url = route.request().url();
-  if (url.startsWith('data:') || new URL(url).origin === origin) return route.continue();
-  problems.push(`request off origin: ${url}`);
-  return route.abort();
-});
-const page = context.pages()[0] || await context.newPage();
-page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-page.on('console', (m) => {
-  // The refusals this test provokes are logged by Chromium as failed loads.
-  if (m.type() === 'error' && !/Failed to load resource: the server responded with a status of (401|403)/.test(m.text())) {
-    problems.push(`console error: ${m.text()}`);
-  }
+const log = bound('keystone', OVERALL_MS);
+// The browser talks to gsaasd only: never to Keystone. The refusals this test provokes are
+// logged by Chromium as failed loads.
+const { page, problems, close } = await openPage({
+  origin: new URL(base).origin, refusals: [401, 403], viewport: { width: 1280, height: 800 },
+  waitMs: WAIT_MS, shots,
 });
 const tokens = new Set();
 page.on('request', (request) => {
   const token = request.headers()['x-auth-token'];
   if (token) tokens.add(token);
+});
+// The sign-out's revocations, as gsaasd answered them.
+const revoked = [];
+page.on('response', (response) => {
+  const request = response.request();
+  if (request.method() === 'DELETE' && new URL(request.url()).pathname === '/v1/auth/tokens') {
+    revoked.push(response.status());
+  }
 });
 
 const vmCard = (id) => `.vm[data-vm-id="${id}"]`;
@@ -105,7 +70,7 @@ try {
   check(await page.inputValue('#ks-domain') === 'Default', 'the default domain is filled in');
 
   await signIn({ user, password: `${password}-wrong`, project });
-  await refusedWith('refused the user name, domain or password', 'a wrong password');
+  await refusedWith('refused the user name, domain, password', 'a wrong password');
   await signIn({ user, password, project: 'no-such-project' });
   await refusedWith('no role in project no-such-project', 'an unknown project');
   await page.screenshot({ path: join(shots, 'dashboard-keystone-signin.png') });
@@ -132,7 +97,13 @@ try {
   await page.click('#sign-out');
   await page.waitForSelector('#keystone-form:not([hidden])');
   check(!(await page.isVisible('#main-view')), 'signed out, the page is gone');
-  log('signed out');
+  const deadline = Date.now() + WAIT_MS;
+  while (revoked.length < tokens.size) {
+    check(Date.now() < deadline, `revocations answered: ${revoked.length} of ${tokens.size}`);
+    await page.waitForTimeout(100);
+  }
+  check(revoked.every((status) => status === 204), `revocations: ${revoked}`);
+  log(`signed out: ${revoked.length} tokens revoked`);
   check(problems.length === 0, `problems:\n${problems.join('\n')}`);
 } catch (e) {
   failed = true;
@@ -142,8 +113,7 @@ try {
     await page.screenshot({ path: join(shots, 'keystone-failure.png') });
   } catch {}
 } finally {
-  await context.close();
-  rmSync(profile, { recursive: true, force: true });
+  await close();
 }
 if (failed) process.exit(1);
 console.log(`RESULT ${JSON.stringify({ tokens: Array.from(tokens) })}`);
