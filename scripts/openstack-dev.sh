@@ -9,8 +9,10 @@
 #   scripts/openstack-dev.sh status   # exit 0 when every process is up and Keystone answers
 #   scripts/openstack-dev.sh stop     # stops everything and removes the state directory
 #
-# clouds.yaml has three clouds: gsaas-service (user admin, role admin: gsaasd's service user),
-# alpha and beta (a member of project alpha / beta: tenants). Each compute host is an availability
+# clouds.yaml has four clouds: gsaas-service (user admin, role admin: gsaasd's service user),
+# alpha and beta (a member of project alpha / beta: tenants), alpha-reader (Keystone's reader role
+# in alpha only); Keystone's catalog has gsaasd (type gpu-scheduling) at 127.0.0.1:$P_GSAAS of
+# ports.env, where the tests that find it there serve one. Each compute host is an availability
 # zone of its own (gsaas-<host>); beta owns a private image (gsaas-beta-private) and, in the
 # Neutron stand-in, a network (beta-net), as alpha owns alpha-net. Run as root: PostgreSQL runs as user
 # postgres, and apt-get installs what is missing.
@@ -289,6 +291,7 @@ spawn_uwsgi() {
 provision() {
   GSAAS_OS_AUTH_URL=$KEYSTONE_URL GSAAS_OS_ADMIN_PASSWORD=$ADMIN_PASSWORD \
     GSAAS_OS_SERVICE_PASSWORD=$SERVICE_PASSWORD GSAAS_OS_ALPHA_PASSWORD=$ALPHA_PASSWORD \
+    GSAAS_OS_READER_PASSWORD=$READER_PASSWORD \
     GSAAS_OS_BETA_PASSWORD=$BETA_PASSWORD GSAAS_OS_NOVA_URL="http://127.0.0.1:$P_NOVA/v2.1" \
     GSAAS_OS_PLACEMENT_URL="http://127.0.0.1:$P_PLACEMENT" GSAAS_OS_GLANCE_URL="http://127.0.0.1:$P_GLANCE" \
     GSAAS_OS_NEUTRON_URL="http://127.0.0.1:$P_NEUTRON" GSAAS_OS_GSAAS_URL="http://127.0.0.1:$P_GSAAS" \
@@ -304,11 +307,12 @@ write_clouds_yaml() {
   {
     echo "# Written by scripts/openstack-dev.sh start; removed by stop."
     echo "clouds:"
-    for cloud in gsaas-service alpha beta; do
+    for cloud in gsaas-service alpha beta alpha-reader; do
       case $cloud in
         gsaas-service) user=admin project=admin password=$ADMIN_PASSWORD ;;
         alpha) user=alpha-member project=alpha password=$ALPHA_PASSWORD ;;
         beta) user=beta-member project=beta password=$BETA_PASSWORD ;;
+        alpha-reader) user=alpha-reader project=alpha password=$READER_PASSWORD ;;
       esac
       cat <<EOF
   $cloud:
@@ -401,6 +405,7 @@ start() {
   # Fresh secrets for every start; clouds.yaml carries the ones the tests need.
   secret() { /usr/bin/python3 -c 'import secrets; print(secrets.token_hex(12))'; }
   ADMIN_PASSWORD=$(secret) SERVICE_PASSWORD=$(secret) ALPHA_PASSWORD=$(secret) BETA_PASSWORD=$(secret)
+  READER_PASSWORD=$(secret)
   for var in P_PG P_AMQP P_DIST P_EPMD P_KEYSTONE P_PLACEMENT P_GLANCE P_NOVA P_NEUTRON P_GSAAS KEYSTONE_URL; do
     echo "$var=${!var}"
   done >"$STATE/ports.env"

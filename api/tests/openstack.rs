@@ -478,3 +478,48 @@ async fn servers_live_migrated_or_deleted_in_nova_are_followed() {
     assert_eq!(admin.server(&server).await.0, 404);
     assert_eq!(routed(GPU_HOST), None);
 }
+
+/// An operator's policy file against the real Keystone's roles: a user with only Keystone's
+/// `reader` role in alpha lists alpha's VMs but may not launch (403 naming the rule), a member
+/// launches, and the admins of the `admin` project (gsaasd's admin scope) may no longer drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_file_gives_real_keystone_roles_their_rights() {
+    let http = client();
+    let dir = std::env::temp_dir().join(format!("gsaas-policy-os-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("policy.yaml");
+    std::fs::write(
+        &file,
+        "\"gpu:vm:create\": \"role:member and project_id:%(project_id)s\"\n\
+         \"gpu:vm:list\": \"(role:reader or role:member) and project_id:%(project_id)s or rule:context_is_admin\"\n\
+         \"gpu:host:drain\": \"rule:context_is_admin and not project_name:admin\"\n",
+    )
+    .unwrap();
+    let path = file.clone();
+    let gsaasd = Gsaasd::start_configured(1, move |c| c.auth.policy_file = Some(path)).await;
+    let reader = Login::new(&http, "alpha-reader").await;
+    let alpha = Login::new(&http, "alpha").await;
+    let operator = Login::new(&http, support::openstack::SERVICE_CLOUD).await;
+
+    let body = launch_body("policy", FLAVOR, 1, "any");
+    let (status, problem) = gsaasd.call(Method::POST, "/v1/vms", &reader.token, Some(&body)).await;
+    assert_eq!((status, problem["code"].as_str()), (403, Some("policy_not_allowed")), "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("gpu:vm:create"), "{problem}");
+    let id = gsaasd.launch(&alpha.token, &body).await;
+    let (status, listed) = gsaasd.get("/v1/vms", &reader.token).await;
+    assert_eq!((status, listed["vms"][0]["id"].as_str()), (200, Some(id.as_str())), "{listed}");
+
+    let (status, problem) = gsaasd
+        .call(
+            Method::POST,
+            &format!("/v1/hosts/{GPU_HOST}/drain"),
+            &operator.token,
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(status, 403, "{problem}");
+    let (status, _) =
+        gsaasd.call(Method::DELETE, &format!("/v1/vms/{id}"), &alpha.token, None).await;
+    assert_eq!(status, 202);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -7,8 +7,9 @@ start can run it again. Creates:
 - the catalog: compute, placement, image, and network (the Neutron stand-in); and GSaaS itself,
   service `gsaas` of type `gpu-scheduling` with a public and an internal endpoint, as an operator
   registers it (README, "Registering GSaaS in the catalog");
-- projects `alpha` and `beta`, each with a member user (`alpha-member`, `beta-member`); and
-  `alpha-lab`, a second project of `alpha-member` (a project to switch to);
+- projects `alpha` and `beta`, each with a member user (`alpha-member`, `beta-member`);
+  `alpha-lab`, a second project of `alpha-member` (a project to switch to); and `alpha-reader`,
+  with Keystone's reader role in alpha only;
 - a public Glance image (a tiny raw file), a private one of project beta (`gsaas-beta-private`),
   and a Nova flavor;
 - an availability zone per compute host, `gsaas-<host>` (a host aggregate of that one host).
@@ -39,6 +40,7 @@ KEYSTONE = need("GSAAS_OS_AUTH_URL").rstrip("/")
 ADMIN_PASSWORD = need("GSAAS_OS_ADMIN_PASSWORD")
 SERVICE_PASSWORD = need("GSAAS_OS_SERVICE_PASSWORD")
 TENANT_PASSWORD = {"alpha": need("GSAAS_OS_ALPHA_PASSWORD"), "beta": need("GSAAS_OS_BETA_PASSWORD")}
+READER_PASSWORD = need("GSAAS_OS_READER_PASSWORD")
 # GSaaS's service type: see README, "Registering GSaaS in the catalog".
 GSAAS_SERVICE = ("gpu-scheduling", "gsaas", need("GSAAS_OS_GSAAS_URL"))
 ENDPOINTS = {
@@ -109,7 +111,8 @@ def grant(project, user, role):
 
 
 def identity():
-    roles = {r: find_or_create("roles", "role", r, {"name": r}) for r in ("admin", "member", "service")}
+    roles = {r: find_or_create("roles", "role", r, {"name": r})
+             for r in ("admin", "member", "reader", "service")}
     service_project = find_or_create("projects", "project", "service",
                                      {"name": "service", "domain_id": "default"})
     for user in ("nova", "placement", "glance"):
@@ -149,6 +152,11 @@ def identity():
             lab = find_or_create("projects", "project", "alpha-lab",
                                  {"name": "alpha-lab", "domain_id": "default"})
             grant(lab, uid, roles["member"])
+            # A reader of alpha (Keystone's reader role only): for operators' policy files.
+            reader = find_or_create("users", "user", "alpha-reader", {
+                "name": "alpha-reader", "password": READER_PASSWORD, "domain_id": "default",
+                "default_project_id": pid})
+            grant(pid, reader, roles["reader"])
 
 
 def image(token, name, visibility):

@@ -3,7 +3,8 @@
 //! and Neutron, and a gsaasd in Keystone mode with the Nova backend.
 //!
 //! `scripts/test.sh` starts the cloud and exports `GSAAS_OPENSTACK_CLOUDS` (its clouds.yaml: clouds
-//! `gsaas-service`, `alpha`, `beta`). Without it these tests fail: they never pass silently.
+//! `gsaas-service`, `alpha`, `beta`, `alpha-reader`). Without it these tests fail: they never pass
+//! silently. Where the catalog says gsaasd is, one test at a time serves one ([`CatalogLease`]).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
