@@ -56,8 +56,11 @@ def _call(request, method, path, body=None):
 
 # ---- tenants ----
 
-def vm_list(request):
+def vm_list(request, project_id=None):
+    """The VMs gsaasd lists the user (an admin: every project's, or `project_id`'s)."""
     vms, path = [], "/v1/vms"
+    if project_id:
+        path += "?project=%s" % _segment(project_id)
     while path:
         page = _call(request, "GET", path)
         vms.extend(page.get("vms") or [])

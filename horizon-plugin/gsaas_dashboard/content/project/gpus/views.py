@@ -32,7 +32,8 @@ class IndexView(tables.DataTableView):
 
     def get_data(self):
         try:
-            return api.vm_list(self.request)
+            # The Project dashboard shows the project's VMs, an admin's included.
+            return api.vm_list(self.request, self.request.user.project_id)
         except api.GsaasError as e:
             exceptions.handle(self.request, _("Unable to list the VMs: %s") % e)
             return []
