@@ -371,6 +371,25 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs()
 }
 
+/// The client's address, where the server knows it (the key of its Keystone budget).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub Option<std::net::IpAddr>);
+
+impl ClientAddr {
+    fn of(parts: &Parts) -> ClientAddr {
+        let peer = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
+        ClientAddr(peer.map(|info| info.0.ip()))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(ClientAddr::of(parts))
+    }
+}
+
 /// What the extractor needs from the application state.
 pub trait HasKeys {
     fn keys(&self) -> &Keys;
@@ -393,10 +412,7 @@ where
             (Ok(caller), _) => Ok(caller),
             // Not one of ours: with Keystone auth it may be a tenant's Keystone token.
             (Err(jwt_error), Some(keystone)) if !looks_like_jwt(token) => {
-                let client = parts
-                    .extensions
-                    .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                    .map(|info| info.0.ip());
+                let ClientAddr(client) = ClientAddr::of(parts);
                 match keystone.validate(token, client).await {
                     Ok(identity) => Ok(identity.caller()),
                     Err(ValidationError::Invalid) => Err(Error::Unauthenticated(

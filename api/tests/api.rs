@@ -187,7 +187,7 @@ async fn bad_input_names_the_field_and_changes_nothing(store: Store) {
     let body = json!({"image": 7, "flavor": "m1.small", "ncgpus": "two", "colour": "red"});
     let (status, problem) = t.post(&token, "/v1/vms", &body).await;
     assert_eq!(status, 422, "{problem}");
-    let mut fields = fields_at_fault(&problem);
+    let mut fields = support::fields_at_fault(&problem);
     fields.sort();
     assert_eq!(fields, ["colour", "image", "ncgpus"], "{problem}");
     // A type error does not hide the other fields' values: each is named once.
@@ -197,7 +197,7 @@ async fn bad_input_names_the_field_and_changes_nothing(store: Store) {
     body["name"] = json!("a\u{202e}b");
     let (status, problem) = t.post(&token, "/v1/vms", &body).await;
     assert_eq!(status, 422, "{problem}");
-    let mut fields = fields_at_fault(&problem);
+    let mut fields = support::fields_at_fault(&problem);
     fields.sort();
     assert_eq!(fields, ["gpu_memory_mib", "mode", "name", "ncgpus", "networks[1]"], "{problem}");
     let mut body = shared_launch(0, 0);
@@ -207,7 +207,7 @@ async fn bad_input_names_the_field_and_changes_nothing(store: Store) {
     let (status, problem) = t.post(&token, "/v1/vms", &body).await;
     assert_eq!(status, 422, "{problem}");
     assert_eq!(
-        fields_at_fault(&problem),
+        support::fields_at_fault(&problem),
         ["image", "networks[1]", "ncgpus", "gpu_memory_mib", "priority"],
         "{problem}"
     );
@@ -217,19 +217,22 @@ async fn bad_input_names_the_field_and_changes_nothing(store: Store) {
     body["ncgpus"] = json!(1.0);
     body["image"] = json!("windows-95");
     let (status, problem) = t.post(&token, "/v1/vms", &body).await;
-    assert_eq!((status, fields_at_fault(&problem)), (422, vec!["image".to_owned()]), "{problem}");
+    assert_eq!(
+        (status, support::fields_at_fault(&problem)),
+        (422, vec!["image".to_owned()]),
+        "{problem}"
+    );
     // A struct's fields as an array are not its object.
     let (status, problem) = t.post(&token, "/v1/vms", &json!(["cirros", "m1.small", 1])).await;
-    assert_eq!((status, fields_at_fault(&problem)), (422, vec!["body".to_owned()]), "{problem}");
+    assert_eq!(
+        (status, support::fields_at_fault(&problem)),
+        (422, vec!["body".to_owned()]),
+        "{problem}"
+    );
 
     assert_eq!(pool_totals(&t).await, before);
     let (_, list) = t.get(&token, "/v1/vms").await;
     assert!(list["vms"].as_array().unwrap().is_empty(), "refused launches left VMs: {list}");
-}
-
-fn fields_at_fault(problem: &Value) -> Vec<String> {
-    let errors = problem["errors"].as_array().cloned().unwrap_or_default();
-    errors.iter().map(|e| e["field"].as_str().unwrap_or_default().to_owned()).collect()
 }
 
 async fn authentication_failures_are_401_with_a_reason(store: Store) {

@@ -477,12 +477,7 @@ async fn keystone_sign_in_through_gsaasd_resists_sprays_and_signs_out_for_good()
         "project": { "id": "p", "name": "both" } });
     let (status, problem) = s.call(Method::POST, "/v1/auth/tokens", "", Some(hostile)).await;
     assert_eq!(status, 422, "{problem}");
-    let fields: Vec<&str> = problem["errors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["field"].as_str().unwrap())
-        .collect();
+    let fields = crate::support::fields_at_fault(&problem);
     assert_eq!(fields, ["password.user", "password.password", "project"], "{problem}");
     assert_eq!(posts(&s), before, "hostile fields reached Keystone");
 

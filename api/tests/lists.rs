@@ -114,12 +114,7 @@ async fn vm_list_queries_are_checked_and_markers_do_not_cross_projects(store: St
 
     let (status, problem) = t.get(&member, "/v1/vms?limit=0&marker=nope").await;
     assert_eq!(status, 422, "{problem}");
-    let fields: Vec<&str> = problem["errors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["field"].as_str().unwrap())
-        .collect();
+    let fields = support::fields_at_fault(&problem);
     assert_eq!(fields, ["limit", "marker"], "every field at once: {problem}");
     for (query, field) in [
         ("limit=1001", "limit"),

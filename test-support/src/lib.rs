@@ -382,6 +382,12 @@ where
     outputs.into_iter().map(|o| o.expect("every future finished")).collect()
 }
 
+/// The fields a problem document's `errors` names, in its order.
+pub fn fields_at_fault(problem: &Value) -> Vec<String> {
+    let errors = problem["errors"].as_array().cloned().unwrap_or_default();
+    errors.iter().map(|e| e["field"].as_str().unwrap_or_default().to_owned()).collect()
+}
+
 /// The `gsaasd` binary cargo built beside the running test (`target/<profile>/gsaasd`; a test
 /// binary runs from `target/<profile>/deps/`).
 pub fn gsaasd_binary() -> PathBuf {

@@ -1,10 +1,7 @@
 //! Signing in: which sign-ins gsaasd offers (`GET /v1/auth`), and Keystone sign-in through
 //! gsaasd (`/v1/auth/tokens`, `/v1/auth/projects`) for the dashboard. See `app::sessions`.
 
-use std::net::{IpAddr, SocketAddr};
-
-use axum::extract::{ConnectInfo, FromRequestParts, State};
-use axum::http::request::Parts;
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,20 +11,9 @@ use gsaas_api_types::{
 
 use super::{AppState, Unparsed};
 use crate::app::sessions::{ProjectAsked, Session, SignIn, DEFAULT_DOMAIN};
-use crate::auth::bearer_token;
+use crate::auth::{bearer_token, ClientAddr};
 use crate::error::{Error, Problem};
 use crate::openstack::time::format_rfc3339;
-
-/// The client's address, where the server knows it: the key of its Keystone budget.
-pub(super) struct ClientAddr(Option<IpAddr>);
-
-impl<S: Send + Sync> FromRequestParts<S> for ClientAddr {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(ClientAddr(parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip())))
-    }
-}
 
 /// Which sign-ins this gsaasd offers: gsaasd's tokens always; Keystone's in Keystone mode.
 #[utoipa::path(get, path = "/v1/auth", tag = "auth",
