@@ -37,3 +37,30 @@ pub struct ReconcilerStatus {
     pub cgpus_recovered: u32,
     pub sagas_resumed: usize,
 }
+
+/// The API's versions, at the service's root (as OpenStack services list theirs).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiVersions {
+    pub versions: Vec<ApiVersion>,
+}
+
+/// One version of the API.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiVersionDocument {
+    pub version: ApiVersion,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiVersion {
+    /// `v1`.
+    pub id: String,
+    /// `CURRENT`, `SUPPORTED` or `DEPRECATED`.
+    pub status: String,
+    pub links: Vec<Link>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Link {
+    pub rel: String,
+    pub href: String,
+}

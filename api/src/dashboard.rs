@@ -36,7 +36,6 @@ const ICON_SVG: &str = include_str!("../assets/dashboard/icon.svg");
 /// The dashboard's routes, to merge into the API's router.
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
-        .route("/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
         .route("/dashboard", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
         .route("/dashboard/", get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }))
         .route(
@@ -45,6 +44,11 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
         )
         .route("/dashboard/app.css", get(|| async { asset("text/css; charset=utf-8", APP_CSS) }))
         .route("/dashboard/icon.svg", get(|| async { asset("image/svg+xml", ICON_SVG) }))
+}
+
+/// The dashboard's page (also what `/` answers a browser).
+pub fn index() -> Response {
+    asset("text/html; charset=utf-8", INDEX_HTML)
 }
 
 /// An embedded asset with its type and the security headers. `no-cache` makes browsers revalidate,

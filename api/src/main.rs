@@ -18,7 +18,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(
     name = "gsaasd",
-    version,
+    version = gsaas_infra::version::LONG,
     about = "GSaaS: GPU scheduling as a service for OpenStack",
     after_help = "Every config key can also be set by a GSAAS_* variable (GSAAS_HTTP__BODY_TIMEOUT_SECS \
                   for http.body_timeout_secs). Precedence: flag, then variable, then file, then default."

@@ -160,3 +160,43 @@ fn a_bad_setting_is_refused_naming_it() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("postgres://db/gsaas"), "{text}");
 }
+
+/// The commit `--version` should name: this checkout's (what the build script read), or
+/// `unknown` outside git.
+fn expected_commit() -> String {
+    let out = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    match out {
+        Ok(out) if out.status.success() => String::from_utf8(out.stdout).unwrap().trim().to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
+/// `gsaasd --version` names the version and the commit; `/` lists the API's versions to a JSON
+/// client (as OpenStack services do) and is the dashboard to a browser; `/v1/` describes v1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_are_discoverable() {
+    let out = Command::new(support::gsaasd_binary()).arg("--version").output().unwrap();
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let want = format!("gsaasd {} (commit {})", env!("CARGO_PKG_VERSION"), expected_commit());
+    assert_eq!(printed.trim(), want);
+
+    let t = TestService::start(Store::Sqlite).await;
+    let root = t.http.get(t.url("/")).header("accept", "application/json").send().await.unwrap();
+    assert_eq!(root.status(), 200);
+    let versions: Value = root.json().await.unwrap();
+    assert_eq!(
+        versions,
+        serde_json::json!({ "versions": [
+            { "id": "v1", "status": "CURRENT", "links": [{ "rel": "self", "href": "/v1/" }] }
+        ] })
+    );
+    let page = t.http.get(t.url("/")).header("accept", "text/html,*/*").send().await.unwrap();
+    assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
+    for path in ["/v1/", "/v1"] {
+        let (status, v1) = t.get("", path).await;
+        assert_eq!((status, v1["version"]["id"].as_str()), (200, Some("v1")), "{v1}");
+    }
+}

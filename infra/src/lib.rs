@@ -6,3 +6,4 @@
 pub mod files;
 pub mod httpd;
 pub mod metrics;
+pub mod version;

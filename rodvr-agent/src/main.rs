@@ -29,7 +29,8 @@ use rodvr_core::state::{Ledger, StateFileError};
 #[derive(Debug, thiserror::Error)]
 enum StartError {
     #[error(
-        "usage: rodvr-agent --config PATH, or rodvr-agent gpus [--config PATH] [--watch-secs N]"
+        "usage: rodvr-agent --config PATH, rodvr-agent gpus [--config PATH] [--watch-secs N], or \
+         rodvr-agent --version"
     )]
     Usage,
     #[error(transparent)]
@@ -56,6 +57,7 @@ enum StartError {
 
 /// What the command line asks for.
 enum Invocation {
+    Version,
     Serve(PathBuf),
     Gpus { config: Option<PathBuf>, watch: Duration },
 }
@@ -63,6 +65,7 @@ enum Invocation {
 fn invocation() -> Result<Invocation, StartError> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     match args.as_slice() {
+        [flag] if flag == "--version" || flag == "-V" => Ok(Invocation::Version),
         [flag, path] if flag == "--config" => Ok(Invocation::Serve(PathBuf::from(path))),
         [command, rest @ ..] if command == "gpus" => {
             let (mut config, mut watch) = (None, Duration::from_secs(2));
@@ -106,6 +109,10 @@ fn print_gpus(config: Option<PathBuf>, watch: Duration) -> Result<(), StartError
 
 fn main() -> ExitCode {
     let result = invocation().and_then(|invocation| match invocation {
+        Invocation::Version => {
+            println!("rodvr-agent {}", gsaas_infra::version::LONG);
+            Ok(())
+        }
         Invocation::Gpus { config, watch } => print_gpus(config, watch),
         Invocation::Serve(path) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -473,3 +473,27 @@ async fn over_tls_the_agent_and_the_controller_trust_only_the_configured_ca() {
     std::fs::write(&empty, "no certificate here").unwrap();
     assert!(httpd::http_client(Some(&empty)).unwrap_err().to_string().contains("empty.pem"));
 }
+
+/// `rodvr-agent --version` names the version and the commit it was built from (this checkout's,
+/// or `unknown` outside git); a wrong argument names `--version` among the usages.
+#[test]
+fn version_names_the_commit() {
+    let run = |arg: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rodvr-agent")).arg(arg).output().unwrap()
+    };
+    let git = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    let commit = match git {
+        Ok(out) if out.status.success() => String::from_utf8(out.stdout).unwrap().trim().to_owned(),
+        _ => "unknown".to_owned(),
+    };
+    let out = run("--version");
+    assert!(out.status.success());
+    let want = format!("rodvr-agent {} (commit {commit})", env!("CARGO_PKG_VERSION"));
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), want);
+    let out = run("--bogus");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rodvr-agent --version"));
+}

@@ -12,6 +12,7 @@ mod openapi;
 mod quotas;
 pub mod requests;
 mod sessions;
+mod versions;
 pub mod views;
 
 pub use openapi::openapi_document;
@@ -271,6 +272,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/gpus/{id}/evacuate", post(failures::evacuate_gpu))
         .route("/v1/gpus/{id}/taint", post(taint_gpu))
         .route("/v1/gpus/{id}/untaint", post(untaint_gpu))
+        .route("/", get(versions::root))
+        .route("/v1/", get(versions::version_v1))
+        .route("/v1", get(versions::version_v1))
         .route("/v1/auth", get(sessions::auth_methods))
         .route("/v1/auth/tokens", post(sessions::sign_in).delete(sessions::sign_out))
         .route("/v1/auth/projects", get(sessions::projects))

@@ -46,7 +46,7 @@ impl utoipa::Modify for BearerAuth {
         super::failures::evacuate_gpu, super::taint_gpu, super::untaint_gpu, super::healthz,
         super::healthcheck::healthcheck, super::readyz, super::metrics, super::openapi_json,
         super::sessions::auth_methods, super::sessions::sign_in, super::sessions::projects,
-        super::sessions::sign_out),
+        super::sessions::sign_out, super::versions::root, super::versions::version_v1),
     components(schemas(Problem, FieldError, QuotaProblem, QuotaView,
         QuotaList, QuotaLimits, QuotaUsage, LaunchRequest, AttachRequest,
         CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView,
@@ -56,7 +56,8 @@ impl utoipa::Modify for BearerAuth {
         RcudaBody, RttTargetsBody, RttTargetBody, Health, Readiness, ModeParam, LocalityParam,
         NetworkParam, StrengthParam, Timings,
         ReconcilerStatus, crate::model::VmState, AuthMethods, SignInRequest, PasswordSignIn,
-        ApplicationCredentialSignIn, ProjectParam, SessionView, NamedView, ProjectList)),
+        ApplicationCredentialSignIn, ProjectParam, SessionView, NamedView, ProjectList,
+        ApiVersions, ApiVersionDocument, ApiVersion, Link)),
     modifiers(&BearerAuth),
 )]
 struct ApiDoc;
