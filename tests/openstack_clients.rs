@@ -275,7 +275,7 @@ impl Drop for Horizon {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn horizon_gpus_panels_launch_terminate_drain_and_taint_in_a_real_browser() {
     use gsaas_test_support::browser::{
-        install_playwright_core, require_node_and_chromium, run_script,
+        install_playwright_core, require_node_and_chromium, run_script, screenshot_dir,
     };
     let chromium = require_node_and_chromium();
     install_playwright_core().await;
@@ -300,10 +300,7 @@ async fn horizon_gpus_panels_launch_terminate_drain_and_taint_in_a_real_browser(
     assert_eq!(status, 200, "{quota}");
     let (tenant, tenant_password) = cloud_user("alpha");
     let (admin, admin_password) = cloud_user("gsaas-service");
-    let screenshots = match std::env::var_os("GSAAS_DASHBOARD_SCREENSHOTS") {
-        Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir),
-        None => venv.join("state/screenshots"),
-    };
+    let screenshots = screenshot_dir(&venv.join("state"));
     let result = run_script(
         "horizon.mjs",
         &[

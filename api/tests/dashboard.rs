@@ -17,11 +17,11 @@
 
 use crate::support;
 
-use std::path::{Path, PathBuf};
-
 use gsaasd::cloud::sim::SimConfig;
 use gsaasd::config::CloudConfig;
-use support::browser::{install_playwright_core, require_node_and_chromium, run_script};
+use support::browser::{
+    install_playwright_core, require_node_and_chromium, run_script, screenshot_dir,
+};
 use support::{Store, TestService};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,15 +55,6 @@ async fn assets_are_embedded_and_served_with_their_types_and_a_strict_csp() {
     let (status, problem) =
         support::status_json(t.http.get(t.url("/dashboard/nope.js")).send().await.unwrap()).await;
     assert_eq!((status, problem["code"].as_str()), (404, Some("not_found")), "{problem}");
-}
-
-/// Where a test's screenshots go: `GSAAS_DASHBOARD_SCREENSHOTS` (from the workspace root) to
-/// refresh `docs/`, else `scratch`.
-fn screenshot_dir(scratch: &Path) -> PathBuf {
-    match std::env::var_os("GSAAS_DASHBOARD_SCREENSHOTS") {
-        Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir),
-        None => scratch.join("screenshots"),
-    }
 }
 
 /// In Keystone mode, on the real Keystone of `scripts/openstack-dev.sh`: a wrong password and an

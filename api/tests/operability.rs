@@ -161,26 +161,14 @@ fn a_bad_setting_is_refused_naming_it() {
     assert!(out.status.success() && text.contains("postgres://db/gsaas"), "{text}");
 }
 
-/// The commit `--version` should name: this checkout's (what the build script read), or
-/// `unknown` outside git.
-fn expected_commit() -> String {
-    let out = Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output();
-    match out {
-        Ok(out) if out.status.success() => String::from_utf8(out.stdout).unwrap().trim().to_owned(),
-        _ => "unknown".to_owned(),
-    }
-}
-
 /// `gsaasd --version` names the version and the commit; `/` lists the API's versions to a JSON
 /// client (as OpenStack services do) and is the dashboard to a browser; `/v1/` describes v1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn versions_are_discoverable() {
     let out = Command::new(support::gsaasd_binary()).arg("--version").output().unwrap();
     let printed = String::from_utf8(out.stdout).unwrap();
-    let want = format!("gsaasd {} (commit {})", env!("CARGO_PKG_VERSION"), expected_commit());
+    let want =
+        format!("gsaasd {} (commit {})", env!("CARGO_PKG_VERSION"), support::checkout_commit());
     assert_eq!(printed.trim(), want);
 
     let t = TestService::start(Store::Sqlite).await;
@@ -198,5 +186,10 @@ async fn versions_are_discoverable() {
     for path in ["/v1/", "/v1"] {
         let (status, v1) = t.get("", path).await;
         assert_eq!((status, v1["version"]["id"].as_str()), (200, Some("v1")), "{v1}");
+        // Anyone may ask, so neither names the build an attacker would look up.
+        for build in [support::checkout_commit(), env!("CARGO_PKG_VERSION").to_owned()] {
+            assert!(!v1.to_string().contains(&build), "{path} names {build}: {v1}");
+            assert!(!versions.to_string().contains(&build), "/ names {build}: {versions}");
+        }
     }
 }

@@ -481,14 +481,7 @@ fn version_names_the_commit() {
     let run = |arg: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_rodvr-agent")).arg(arg).output().unwrap()
     };
-    let git = std::process::Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output();
-    let commit = match git {
-        Ok(out) if out.status.success() => String::from_utf8(out.stdout).unwrap().trim().to_owned(),
-        _ => "unknown".to_owned(),
-    };
+    let commit = support::checkout_commit();
     let out = run("--version");
     assert!(out.status.success());
     let want = format!("rodvr-agent {} (commit {commit})", env!("CARGO_PKG_VERSION"));

@@ -12,6 +12,15 @@ use serde_json::Value;
 const BROWSER_RUN: Duration = Duration::from_secs(240);
 const NPM_CI: Duration = Duration::from_secs(300);
 
+/// Where a test's screenshots go: `GSAAS_DASHBOARD_SCREENSHOTS` (from the workspace root) to
+/// refresh `docs/`, else `<scratch>/screenshots`.
+pub fn screenshot_dir(scratch: &Path) -> PathBuf {
+    match std::env::var_os("GSAAS_DASHBOARD_SCREENSHOTS") {
+        Some(dir) => Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir),
+        None => scratch.join("screenshots"),
+    }
+}
+
 /// The browser scripts and their node_modules: `api/tests/dashboard/`.
 pub fn script_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../api/tests/dashboard")

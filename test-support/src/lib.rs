@@ -382,6 +382,19 @@ where
     outputs.into_iter().map(|o| o.expect("every future finished")).collect()
 }
 
+/// The commit this checkout is at, as the daemons' build script reads it (`--version`): 12 hex
+/// digits, or `unknown` outside git.
+pub fn checkout_commit() -> String {
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    match out {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
 /// The fields a problem document's `errors` names, in its order.
 pub fn fields_at_fault(problem: &Value) -> Vec<String> {
     let errors = problem["errors"].as_array().cloned().unwrap_or_default();
