@@ -36,6 +36,9 @@ pub struct ReconcilerStatus {
     pub cgpus_lost: u32,
     pub cgpus_recovered: u32,
     pub sagas_resumed: usize,
+    /// Ended cGPU lifetimes the last pass added to the usage totals (`/metrics`' counters).
+    #[serde(default)]
+    pub usage_rolled_up: u64,
 }
 
 /// The API's versions, at the service's root (as OpenStack services list theirs).

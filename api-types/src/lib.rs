@@ -16,6 +16,7 @@ pub mod pool;
 pub mod problem;
 pub mod queue;
 pub mod quotas;
+pub mod usage;
 pub mod vms;
 
 pub use auth::*;
@@ -25,6 +26,7 @@ pub use pool::*;
 pub use problem::*;
 pub use queue::*;
 pub use quotas::*;
+pub use usage::*;
 pub use vms::*;
 
 /// A `major.minor` version (a compute capability, a CUDA version), as requests write it.

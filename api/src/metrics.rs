@@ -422,6 +422,53 @@ pub fn render_quotas(
     out
 }
 
+/// The usage counters (`gsaas_cgpu_seconds_total`, `gsaas_gpu_memory_mib_seconds_total`, by
+/// project, model and mode): every cGPU's time since usage was recorded, read from the database
+/// (`db::usage_totals`), so every replica shows the cloud's totals, and a restart or failover
+/// loses nothing. A rating system takes them from one replica, or `max` over replicas: summing
+/// replicas would count each second once per replica.
+///
+/// Read twice, a total may come out a few milliseconds lower (a span still counting was read up
+/// to this replica's clock, then ended by the database's): each counter is shown as the highest
+/// value this process has shown, so it never goes back, which Prometheus would take for a reset.
+#[derive(Debug, Default)]
+pub struct UsageCounters {
+    /// The values shown last: cGPU-seconds and memory MiB-seconds.
+    shown: std::sync::Mutex<HashMap<UsageLabels, (f64, f64)>>,
+}
+
+/// A usage counter's labels: project, GPU model, mode.
+pub type UsageLabels = (String, String, String);
+
+impl UsageCounters {
+    /// The counters for `totals` ((project, model, mode), cGPU-ms, memory MiB-ms).
+    pub fn render(&self, totals: &[(UsageLabels, i64, f64)]) -> String {
+        let mut out = String::new();
+        let (cgpu, memory) = ("gsaas_cgpu_seconds_total", "gsaas_gpu_memory_mib_seconds_total");
+        header(&mut out, cgpu, "counter", "cGPU-seconds used, by project, GPU model and mode.");
+        let help = "GPU memory booked times seconds (MiB*s), by project, GPU model and mode.";
+        let mut memory_lines = String::new();
+        header(&mut memory_lines, memory, "counter", help);
+        let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, cgpu_ms, memory_mib_ms) in totals {
+            let seen = shown.entry(key.clone()).or_insert((0.0, 0.0));
+            seen.0 = seen.0.max(*cgpu_ms as f64 / 1000.0);
+            seen.1 = seen.1.max((memory_mib_ms / 1000.0).floor());
+            let (project, model, mode) = key;
+            let labels = format!(
+                "project=\"{}\",model=\"{}\",mode=\"{}\"",
+                label_value(project),
+                label_value(model),
+                label_value(mode)
+            );
+            let _ = writeln!(out, "{cgpu}{{{labels}}} {}", seen.0);
+            let _ = writeln!(memory_lines, "{memory}{{{labels}}} {}", seen.1);
+        }
+        out.push_str(&memory_lines);
+        out
+    }
+}
+
 /// The last gauges computed, and when. See the module docs.
 #[derive(Debug, Default)]
 pub struct GaugeCache {

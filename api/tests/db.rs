@@ -105,7 +105,8 @@ fn legacy() -> Vec<&'static str> {
 }
 
 /// How many migrations the binary has.
-const MIGRATIONS: i64 = gsaasd::db::MIGRATIONS.len() as i64;
+const MIGRATIONS: i64 =
+    (gsaasd::db::MIGRATIONS.len() + gsaasd::db::DIALECT_MIGRATIONS.len()) as i64;
 
 async fn count(db: &Db, sql: &str) -> i64 {
     sqlx::query(sql).fetch_one(&mut *db.conn().await.unwrap()).await.unwrap().get(0)

@@ -232,15 +232,11 @@ async fn unhealthy_gpus_take_no_new_cgpus_and_show_in_the_pool_and_metrics(store
 
 /// The VM's cGPUs as an admin sees them: (index, masked endpoint, GPU).
 async fn cgpus_of(t: &TestService, id: &str) -> Vec<(u64, String, String)> {
-    let (_, vm) = t.get(&t.admin(), &format!("/v1/vms/{id}")).await;
-    vm["cgpus"]
-        .as_array()
-        .unwrap()
+    let text = |c: &Value, k: &str| c[k].as_str().unwrap().to_owned();
+    t.admin_cgpus(id)
+        .await
         .iter()
-        .map(|c| {
-            let text = |k: &str| c[k].as_str().unwrap().to_owned();
-            (c["index"].as_u64().unwrap(), text("masked_endpoint"), text("gpu"))
-        })
+        .map(|c| (c["index"].as_u64().unwrap(), text(c, "masked_endpoint"), text(c, "gpu")))
         .collect()
 }
 

@@ -31,3 +31,4 @@ mod remoting;
 mod replicas;
 mod saga;
 mod sim_cloud;
+mod usage;

@@ -26,7 +26,8 @@ Examples (the dissertation's form works too):
   gsaas launch --ncgpus 8 --poolmem 4096 --mode shared --locality local --image cirros --flavor m1.small
   gsaas -l -ncgpus=2 -poolmem=2048 -mode=shared       (image and flavor from GSAAS_IMAGE/GSAAS_FLAVOR)
   gsaas -t -id=<VMid>
-  gsaas list; gsaas show <VMid>; eval \"$(gsaas env <VMid>)\"";
+  gsaas list; gsaas show <VMid>; eval \"$(gsaas env <VMid>)\"
+  gsaas usage --start 2026-10-01 --end 2026-11-01; gsaas usage <project> --csv > usage.csv";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -194,6 +195,22 @@ pub enum Command {
     Quota {
         #[command(subcommand)]
         command: QuotaCommand,
+    },
+    /// What projects used in a period (VM-, cGPU-, GPU-memory- and exclusive-GPU-hours, by GPU
+    /// model): your project's; admins every project's; with PROJECT, that project's with each of
+    /// its VMs.
+    Usage {
+        project: Option<String>,
+        /// The period's start: RFC 3339 or a UTC day, 2026-11-01 (default: the first day of the
+        /// end's month).
+        #[arg(long)]
+        start: Option<String>,
+        /// The period's end, excluded, as --start (default: now).
+        #[arg(long)]
+        end: Option<String>,
+        /// The service's CSV (a row per quantity, with its unit) instead of a table.
+        #[arg(long)]
+        csv: bool,
     },
 }
 

@@ -168,7 +168,43 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Fences => print(format, &client.get("/v1/fences")?, output::fences),
         Command::Quota { command } => quota(&client, format, command),
+        Command::Usage { project, start, end, csv } => {
+            let mut path = match &project {
+                Some(project) => format!("/v1/usage/{}", path_segment(project)?),
+                None => "/v1/usage".to_owned(),
+            };
+            let params: Vec<(&str, &str)> = [("start", &start), ("end", &end)]
+                .into_iter()
+                .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+                .chain(csv.then_some(("format", "csv")))
+                .collect();
+            for (i, (key, value)) in params.iter().enumerate() {
+                path.push(if i == 0 { '?' } else { '&' });
+                path.push_str(&format!("{key}={}", query_value(value)));
+            }
+            let report = client.get(&path)?;
+            match (csv, &report) {
+                (true, Value::String(text)) => {
+                    print!("{text}");
+                    Ok(())
+                }
+                _ => print(format, &report, output::usage),
+            }
+        }
     }
+}
+
+/// A query parameter's value, percent-encoded but for the characters RFC 3986 leaves as they are.
+fn query_value(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b':' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// `gsaas quota set` without --model: the totals given (cGPUs, memory, exclusive GPUs, VMs) and

@@ -10,7 +10,7 @@ use std::fmt::Write;
 
 use gsaas_api_types::{
     EvacuationView, FenceList, GpuTaintView, GpuView, HostList, HostView, PoolView, QueueView,
-    QuotaList, QuotaView, VmList, VmView, LAUNCH_STAGES,
+    QuotaList, QuotaView, UsageReport, UsageTotals, VmList, VmView, LAUNCH_STAGES,
 };
 
 /// Left-aligned columns, two spaces apart.
@@ -430,6 +430,72 @@ pub fn quota_list(list: &QuotaList) -> String {
         })
         .collect();
     table(&["project", "cgpus", "memory_mib", "exclusive_gpus", "vms", "limits"], &rows)
+}
+
+/// Hours, from seconds, as usage tables show them.
+fn hours(seconds: f64) -> String {
+    format!("{:.2}", seconds / 3600.0)
+}
+
+/// A usage report: a row per project (or, for one project, its totals, its models and its VMs),
+/// in hours.
+pub fn usage(report: &UsageReport) -> String {
+    let mut out = format!("usage from {} to {}\n", report.start, report.end);
+    let totals = |u: &UsageTotals| {
+        vec![
+            hours(u.vm_seconds),
+            hours(u.cgpu_seconds),
+            format!("{:.2}", u.gpu_memory_mib_seconds / 3600.0 / 1024.0),
+            hours(u.exclusive_gpu_seconds),
+        ]
+    };
+    let heads = ["vm_hours", "cgpu_hours", "gpu_memory_gib_hours", "exclusive_gpu_hours"];
+    let with = |first: &[&'static str]| -> Vec<&'static str> {
+        first.iter().chain(heads.iter()).copied().collect()
+    };
+    let rows: Vec<Vec<String>> = report
+        .projects
+        .iter()
+        .map(|p| {
+            let mut row = vec![p.project.clone()];
+            row.extend(totals(&p.usage));
+            row
+        })
+        .collect();
+    out.push_str(&table(&with(&["project"]), &rows));
+    for project in &report.projects {
+        let Some(vms) = &project.vms else { continue };
+        let models: Vec<Vec<String>> = project
+            .usage
+            .by_model
+            .iter()
+            .map(|m| {
+                vec![
+                    m.model.clone(),
+                    m.mode.clone(),
+                    hours(m.cgpu_seconds),
+                    format!("{:.2}", m.gpu_memory_mib_seconds / 3600.0 / 1024.0),
+                ]
+            })
+            .collect();
+        if !models.is_empty() {
+            out.push('\n');
+            out.push_str(&table(&["model", "mode", "cgpu_hours", "gpu_memory_gib_hours"], &models));
+        }
+        let rows: Vec<Vec<String>> = vms
+            .iter()
+            .map(|vm| {
+                let mut row = vec![vm.id.clone(), vm.name.clone()];
+                row.extend(totals(&vm.usage));
+                row
+            })
+            .collect();
+        if !rows.is_empty() {
+            out.push('\n');
+            out.push_str(&table(&with(&["vm", "name"]), &rows));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -537,3 +537,43 @@ fn admins_taint_evacuate_and_forget_and_see_gpu_conditions() {
     assert!(!server.gsaas(&token, &["evacuate", "--gpu", &gpu]).status.success());
     assert_eq!(server.gsaas(&admin, &["evacuate"]).status.code(), Some(2));
 }
+
+#[test]
+fn usage_is_reported_as_tables_json_and_csv() {
+    let server = Server::start();
+    let (admin, member) = (server.token("ops", Role::Admin), server.token("alpha", Role::Member));
+    let launch =
+        [&["-f", "json", "launch", "--ncgpus", "2", "--wait", "--name", "train"][..], &VM].concat();
+    let vm = json(&server.gsaas(&member, &launch));
+    let id = vm["id"].as_str().unwrap();
+    let done = server.gsaas(&member, &["terminate", id, "--wait"]);
+    assert!(done.status.success(), "{}", stderr(&done));
+
+    let (start, end) = ("2000-01-01", "2100-01-01T00:00:00+00:00");
+    let report = json(
+        &server.gsaas(&member, &["-f", "json", "usage", "alpha", "--start", start, "--end", end]),
+    );
+    let alpha = &report["projects"][0];
+    assert_eq!(alpha["project"], "alpha", "{report}");
+    assert!(alpha["cgpu_seconds"].as_f64().unwrap() > 0.0, "{report}");
+    assert_eq!(alpha["vms"][0]["id"], id, "{report}");
+    assert_eq!(report["end"], "2100-01-01T00:00:00.000000Z", "the offset's '+' arrived");
+
+    let table = server.gsaas(&member, &["usage", "alpha", "--start", start, "--end", end]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success(), "{}", stderr(&table));
+    assert!(text.contains("cgpu_hours") && text.contains("train") && text.contains(id), "{text}");
+    let all = server.gsaas(&admin, &["usage", "--start", start, "--end", end]);
+    let text = String::from_utf8_lossy(&all.stdout);
+    assert!(text.lines().any(|l| l.starts_with("alpha ")), "{text}");
+    let csv = server.gsaas(&member, &["usage", "--start", start, "--end", end, "--csv"]);
+    let text = String::from_utf8_lossy(&csv.stdout);
+    assert!(text.starts_with("period_start,period_end,project,vm,"), "{text}");
+    assert!(text.contains(",alpha,,,cgpu,"), "{text}");
+
+    let other = server.gsaas(&member, &["usage", "beta"]);
+    assert_eq!(other.status.code(), Some(3), "{}", stderr(&other));
+    let bad = server.gsaas(&member, &["usage", "--start", "last week"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("start"), "{}", stderr(&bad));
+}

@@ -256,6 +256,13 @@ impl TestService {
         }
     }
 
+    /// The VM's cGPUs as an admin sees them (with their GPUs).
+    pub async fn admin_cgpus(&self, id: &str) -> Vec<Value> {
+        let (status, vm) = self.get(&self.admin(), &format!("/v1/vms/{id}")).await;
+        assert_eq!(status, 200, "{vm}");
+        vm["cgpus"].as_array().cloned().unwrap_or_default()
+    }
+
     pub async fn wait_state(&self, token: &str, id: &str, state: &str) -> Value {
         self.wait_vm(token, id, |vm| vm["state"] == state).await
     }

@@ -18,6 +18,13 @@
     ['vm_deployment', 'VM deployment'],
     ['rodvr_configuration', 'RODVR config'],
   ];
+  // The usage plot is read less often than the rest: a report adds up lifetimes in the database.
+  const USAGE_REFRESH_MS = 60000;
+  // Each range's period and step: the last 24 hours by hour, the last 30 days by day (UTC).
+  const USAGE_RANGES = {
+    day: { step: 3600, steps: 24, unit: 'hour' },
+    month: { step: 86400, steps: 30, unit: 'day' },
+  };
   // While a VM's cGPUs change, the page follows it more closely.
   const CHANGING_REFRESH_MS = 400;
   const KINDS = { 'compute-gpu': 'compute-GPU', 'compute-rgpu': 'compute-rGPU' };
@@ -39,6 +46,10 @@
     vms: [],
     quotas: [],
     queue: { lengths: [], requests: [] },
+    // GET /v1/usage with a step: the plot's report, its range and when it was read.
+    usage: null,
+    usageRange: 'day',
+    usageAt: 0,
     // VMs terminated from this tab, followed until deleted and shown a while after.
     terminated: new Map(),
     // The VM the attach dialog is open for.
@@ -214,6 +225,8 @@
   async function enter() {
     state.pool = null;
     state.vms = [];
+    state.usage = null;
+    state.usageAt = 0;
     state.terminated.clear();
     state.generation += 1;
     const ok = await refresh();
@@ -375,6 +388,7 @@
       $('banner').hidden = true;
       render();
       schedule(generation);
+      if (now - state.usageAt > USAGE_REFRESH_MS) refreshUsage(generation);
       return true;
     } catch (e) {
       if (generation !== state.generation) return false;
@@ -393,6 +407,92 @@
       schedule(generation);
       return false;
     }
+  }
+
+  // The usage report of the range shown: the caller's project per GPU model, or (admins) the
+  // projects that used the most. A failure leaves the last plot and says so beside it.
+  async function refreshUsage(generation) {
+    const range = USAGE_RANGES[state.usageRange];
+    const now = Date.now();
+    const end = Math.ceil(now / (range.step * 1000)) * range.step * 1000;
+    const start = end - range.steps * range.step * 1000;
+    state.usageAt = now;
+    const query = `start=${encodeURIComponent(new Date(start).toISOString())}`
+      + `&end=${encodeURIComponent(new Date(end).toISOString())}&step=${range.step}`;
+    try {
+      const usage = await api('GET', `/v1/usage?${query}`);
+      if (generation !== state.generation) return;
+      state.usage = usage;
+      renderUsage();
+    } catch (e) {
+      if (generation !== state.generation) return;
+      $('usage-note').textContent = `Cannot read usage: ${e.message}`;
+    }
+  }
+
+  function svg(tag, attrs, ...children) {
+    // The SVG namespace, from the page's own plot (an <svg> the HTML parser put in it).
+    const node = document.createElementNS($('usage-svg').namespaceURI, tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === 'data') for (const [k, v] of Object.entries(value)) node.dataset[k] = v;
+      else node.setAttribute(key, String(value));
+    }
+    for (const child of children.flat(Infinity)) if (child) node.append(child);
+    return node;
+  }
+
+  function hours(seconds) {
+    const h = seconds / 3600;
+    return h >= 100 ? h.toFixed(0) : h >= 1 ? h.toFixed(1) : h.toFixed(3);
+  }
+
+  // Stacked bars: a bar per step, a segment per line (model or project), in cGPU-hours.
+  function renderUsage() {
+    const usage = state.usage;
+    if (!usage) return;
+    const series = usage.series || { lines: [], step_seconds: 3600, by: 'model' };
+    const range = USAGE_RANGES[state.usageRange];
+    const steps = series.lines.length ? series.lines[0].cgpu_seconds.length : range.steps;
+    const totals = Array.from({ length: steps }, (_, i) =>
+      series.lines.reduce((sum, line) => sum + (line.cgpu_seconds[i] || 0), 0));
+    const top = Math.max(...totals, 1e-9);
+    const [width, height, left, bottom] = [600, 160, 34, 16];
+    const slot = (width - left) / steps;
+    const bars = [];
+    series.lines.forEach((line, n) => {
+      const color = PALETTE[n % PALETTE.length];
+      line.cgpu_seconds.forEach((value, i) => {
+        if (!value) return;
+        const below = series.lines.slice(0, n).reduce((sum, l) => sum + (l.cgpu_seconds[i] || 0), 0);
+        const h = (value / top) * (height - bottom);
+        const y = height - bottom - ((below / top) * (height - bottom)) - h;
+        const from = new Date(usage.start_ms + i * series.step_seconds * 1000);
+        bars.push(svg('rect', {
+          x: (left + i * slot + 1).toFixed(1), y: y.toFixed(1), width: Math.max(slot - 2, 1).toFixed(1),
+          height: Math.max(h, 0.5).toFixed(1), fill: color, data: { label: line.label, step: i },
+        }, svg('title', {}, `${line.label}: ${hours(value)} cGPU-hours from ${from.toLocaleString()}`)));
+      });
+    });
+    const axis = [
+      svg('line', { class: 'axis', x1: left, y1: height - bottom, x2: width, y2: height - bottom }),
+      svg('text', { x: 0, y: 10 }, `${hours(top)} h`),
+      svg('text', { x: left, y: height - 3 }, new Date(usage.start_ms).toLocaleDateString()),
+      svg('text', { x: width - 60, y: height - 3 }, range.unit === 'hour' ? 'now' : 'today'),
+    ];
+    const plot = $('usage-svg');
+    plot.setAttribute('aria-label', `cGPU-hours per ${range.unit}, by ${series.by}`);
+    plot.replaceChildren(...axis, ...bars);
+    const byLabel = new Map(series.lines.map((line, n) =>
+      [line.label, { n, seconds: line.cgpu_seconds.reduce((a, b) => a + b, 0) }]));
+    $('usage-legend').replaceChildren(...(series.lines.length
+      ? series.lines.map((line) => el('span', { class: 'usage-item', data: { label: line.label } },
+        el('span', { class: 'usage-swatch', style: { background: PALETTE[byLabel.get(line.label).n % PALETTE.length] } }),
+        el('span', { text: `${line.label}: ${hours(byLabel.get(line.label).seconds)} cGPU-hours` })))
+      : [el('div', { class: 'empty', text: 'No cGPU was used in this period.' })]));
+    const vmHours = usage.projects.reduce((sum, p) => sum + p.vm_seconds, 0);
+    $('usage-note').textContent = series.by === 'project'
+      ? `cGPU-hours per ${range.unit}, by project (the ${series.lines.length} that used the most) · ${hours(vmHours)} VM-hours in all`
+      : `cGPU-hours per ${range.unit}, by GPU model · ${hours(vmHours)} VM-hours`;
   }
 
   function schedule(generation) {
@@ -993,6 +1093,10 @@
       showSignIn('');
     });
     $('project-select').addEventListener('change', () => switchProject($('project-select').value));
+    $('usage-range').addEventListener('change', () => {
+      state.usageRange = $('usage-range').value;
+      refreshUsage(state.generation);
+    });
     $('launch-form').addEventListener('submit', launch);
     $('attach-form').addEventListener('submit', attach);
     $('attach-cancel').addEventListener('click', () => $('attach-dialog').close());

@@ -39,6 +39,7 @@ pub mod sagas;
 pub mod sessions;
 mod shared;
 pub mod tokens;
+pub mod usage;
 pub mod vms;
 pub mod watch;
 
@@ -79,6 +80,8 @@ pub struct App {
     pub metrics: Metrics,
     /// The pool and VM gauges of `/metrics`, computed at most once per refresh period.
     gauges: crate::metrics::GaugeCache,
+    /// The usage counters of `/metrics`, never shown lower than before.
+    usage_counters: crate::metrics::UsageCounters,
     pool: pool::PoolCache,
     /// This process's id as a saga owner.
     instance: String,
@@ -170,6 +173,7 @@ impl App {
             policy,
             metrics: Metrics::default(),
             gauges: crate::metrics::GaugeCache::default(),
+            usage_counters: crate::metrics::UsageCounters::default(),
             pool: pool::PoolCache::new(),
             instance: uuid::Uuid::new_v4().to_string(),
             sagas: SagaRegistry::default(),
@@ -320,6 +324,14 @@ impl App {
                 gauges.push_str(&crate::metrics::render_vm_states(&states));
                 gauges.push_str(&crate::metrics::render_queue(&queue));
                 gauges.push_str(&crate::metrics::render_fenced(&fenced));
+                let totals =
+                    crate::db::usage_totals(&mut *self.db.conn().await?, crate::db::now_ms())
+                        .await?;
+                let totals: Vec<_> = totals
+                    .into_iter()
+                    .map(|(project, t)| ((project, t.model, t.mode), t.cgpu_ms, t.memory_mib_ms))
+                    .collect();
+                gauges.push_str(&self.usage_counters.render(&totals));
                 Ok::<_, crate::error::Error>(gauges)
             })
             .await?;

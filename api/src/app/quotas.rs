@@ -11,7 +11,7 @@ use crate::auth::Caller;
 use crate::config::check_quota;
 use crate::db::{self, now_ms};
 use crate::error::Error;
-use crate::policy::{actions, Policy, Target};
+use crate::policy::{actions, Action, Policy, Target};
 
 /// A project's limits and use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,11 +25,16 @@ pub struct QuotaStatus {
     pub model_usage: Vec<(String, Usage)>,
 }
 
-/// The project a caller names, if the policy lets it see the project's quota (by default: admins
-/// any, a tenant its own).
-fn visible_project(policy: &Policy, caller: &Caller, project: &str) -> Result<ProjectId, Error> {
+/// The project a caller names, if the policy lets it `action` on the project (quota or usage
+/// show: by default admins any, a tenant its own).
+pub(super) fn visible_project(
+    policy: &Policy,
+    caller: &Caller,
+    project: &str,
+    action: Action,
+) -> Result<ProjectId, Error> {
     let not_found = || Error::NotFound { kind: "project", id: project.to_owned() };
-    match policy.authorize(actions::QUOTA_SHOW, caller, Target::Project(project)) {
+    match policy.authorize(action, caller, Target::Project(project)) {
         Ok(()) => ProjectId::new(project).map_err(|_| not_found()),
         Err(Error::NotFound { .. }) => Err(not_found()),
         Err(e) => Err(e),
@@ -47,7 +52,7 @@ fn status(quotas: &QuotaLedger, project: ProjectId) -> QuotaStatus {
 impl App {
     /// The project's limits and what it uses (its VMs being created or ready, and their cGPUs).
     pub async fn quota(&self, caller: &Caller, project: &str) -> Result<QuotaStatus, Error> {
-        let project = visible_project(&self.policy, caller, project)?;
+        let project = visible_project(&self.policy, caller, project, actions::QUOTA_SHOW)?;
         let mut status = self.read_pool_and_quotas(|_, quotas| status(quotas, project)).await?;
         let vms = db::counted_vms(&mut *self.db.conn().await?, Some(&[&status.project])).await?;
         status.usage.vms = vms.get(&status.project).copied().unwrap_or(0);

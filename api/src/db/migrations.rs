@@ -16,7 +16,7 @@ use sqlx::{AnyConnection, Row};
 use super::Backend;
 use crate::error::Error;
 
-fn migrator(migrations: &'static [(i64, &'static str, &'static str)]) -> Migrator {
+fn migrator(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {
     let migrations: Vec<Migration> = migrations
         .iter()
         .map(|&(version, name, sql)| {
@@ -35,7 +35,7 @@ fn migration_error(e: MigrateError) -> Error {
 pub(super) async fn run(
     conn: &mut AnyConnection,
     backend: Backend,
-    migrations: &'static [(i64, &'static str, &'static str)],
+    migrations: &[(i64, &'static str, &'static str)],
 ) -> Result<(), Error> {
     let migrator = migrator(migrations);
     conn.lock().await.map_err(migration_error)?;

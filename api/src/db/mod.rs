@@ -25,6 +25,7 @@ mod purge;
 mod queue;
 mod quotas;
 mod tokens;
+mod usage;
 mod vms;
 
 pub use alerts::*;
@@ -38,6 +39,7 @@ pub use purge::*;
 pub use queue::*;
 pub use quotas::*;
 pub use tokens::*;
+pub use usage::*;
 pub use vms::*;
 
 use std::sync::Arc;
@@ -48,7 +50,8 @@ use sqlx::{AnyConnection, AnyPool, Connection, Row, TransactionManager};
 
 use crate::error::Error;
 
-/// The migrations, in order (version, name, SQL), embedded so the binary carries its schema.
+/// The migrations both stores share, in order (version, name, SQL), embedded so the binary
+/// carries its schema (with [`DIALECT_MIGRATIONS`]: [`migrations_for`] gives them all).
 /// sqlx's migrator applies them (see [`migrations`]); the upgrade tests build older schemas from
 /// their first ones.
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -83,6 +86,25 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (25, "host_rtts", include_str!("../../../migrations/0025_host_rtts.sql")),
     (26, "vm_remoting", include_str!("../../../migrations/0026_vm_remoting.sql")),
 ];
+
+/// The migrations written in each store's dialect (version, name, SQLite's SQL, PostgreSQL's):
+/// triggers, which the two write differently. Each database applies its own store's text.
+pub const DIALECT_MIGRATIONS: &[(i64, &str, &str, &str)] = &[(
+    27,
+    "usage",
+    include_str!("../../../migrations/0027_usage.sqlite.sql"),
+    include_str!("../../../migrations/0027_usage.postgres.sql"),
+)];
+
+/// Every migration in order, each in `backend`'s text.
+pub fn migrations_for(backend: Backend) -> Vec<(i64, &'static str, &'static str)> {
+    let mut all: Vec<(i64, &'static str, &'static str)> = MIGRATIONS.to_vec();
+    all.extend(DIALECT_MIGRATIONS.iter().map(|&(version, name, sqlite, postgres)| {
+        (version, name, if backend == Backend::Sqlite { sqlite } else { postgres })
+    }));
+    all.sort_by_key(|(version, _, _)| *version);
+    all
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -322,7 +344,7 @@ impl Db {
 
     async fn migrate(&self) -> Result<(), Error> {
         let mut conn = self.conn().await?;
-        migrations::run(&mut conn, self.backend, MIGRATIONS).await
+        migrations::run(&mut conn, self.backend, &migrations_for(self.backend)).await
     }
 
     pub async fn ping(&self) -> Result<(), Error> {

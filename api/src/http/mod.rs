@@ -12,6 +12,7 @@ mod openapi;
 mod quotas;
 pub mod requests;
 mod sessions;
+mod usage;
 mod versions;
 pub mod views;
 
@@ -259,6 +260,8 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/quotas/{project}",
             get(quotas::get_quota).put(quotas::put_quota).delete(quotas::delete_quota),
         )
+        .route("/v1/usage", get(usage::usage))
+        .route("/v1/usage/{project}", get(usage::project_usage))
         .route("/v1/pool", get(lists::get_pool))
         .route("/v1/hosts", get(list_hosts))
         .route("/v1/hosts/{name}", put(register_host))

@@ -40,7 +40,8 @@ impl utoipa::Modify for BearerAuth {
     paths(super::launch_vm, super::lists::list_vms, super::get_vm, super::terminate_vm, super::get_queue,
         super::elastic::attach_cgpus, super::elastic::detach_cgpu,
         super::quotas::list_quotas, super::quotas::get_quota, super::quotas::put_quota,
-        super::quotas::delete_quota, super::lists::get_pool, super::list_hosts, super::register_host,
+        super::quotas::delete_quota, super::usage::usage, super::usage::project_usage,
+        super::lists::get_pool, super::list_hosts, super::register_host,
         super::renew_agent_token, super::rtt_targets, super::drain_host, super::undrain_host,
         super::failures::forget_host, super::failures::evacuate_host, super::failures::list_fences,
         super::failures::evacuate_gpu, super::taint_gpu, super::untaint_gpu, super::healthz,
@@ -57,7 +58,8 @@ impl utoipa::Modify for BearerAuth {
         NetworkParam, StrengthParam, Timings,
         ReconcilerStatus, crate::model::VmState, AuthMethods, SignInRequest, PasswordSignIn,
         ApplicationCredentialSignIn, ProjectParam, SessionView, NamedView, ProjectList,
-        ApiVersions, ApiVersionDocument, ApiVersion, Link)),
+        ApiVersions, ApiVersionDocument, ApiVersion, Link, UsageReport, UsageTotals, ModelUsage,
+        ProjectUsage, VmUsage, UsageSeries, UsageLine)),
     modifiers(&BearerAuth),
 )]
 struct ApiDoc;
@@ -221,6 +223,9 @@ fn add_links(doc: &mut Value) {
 /// The pattern of project, host and GPU ids (`gpgpums`'s names).
 const ID_PATTERN: &str = "^[A-Za-z0-9._:-]+$";
 
+/// A time as usage reports take it: RFC 3339, or UTC without a zone, or a UTC day.
+const TIME_PATTERN: &str = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})?)?$";
+
 fn constrain_request_fields(doc: &mut Value) {
     use crate::app::vms::{MAX_NAME, MAX_NETWORKS, MAX_USER_DATA};
     use gpgpums::{PolicyRegistry, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};
@@ -248,6 +253,18 @@ fn constrain_request_fields(doc: &mut Value) {
     let id = json!({ "minLength": 1, "maxLength": gpgpums::MAX_NAME_LEN, "pattern": ID_PATTERN });
     for method in ["get", "put", "delete"] {
         merge_param(doc, "/v1/quotas/{project}", method, "project", id.clone());
+    }
+
+    {
+        use crate::app::usage::{MAX_STEP_SECONDS, MIN_STEP_SECONDS};
+        let time = json!({ "pattern": TIME_PATTERN });
+        let step = json!({ "minimum": MIN_STEP_SECONDS, "maximum": MAX_STEP_SECONDS });
+        merge_param(doc, "/v1/usage/{project}", "get", "project", id.clone());
+        for path in ["/v1/usage", "/v1/usage/{project}"] {
+            merge_param(doc, path, "get", "start", time.clone());
+            merge_param(doc, path, "get", "end", time.clone());
+            merge_param(doc, path, "get", "step", step.clone());
+        }
     }
 
     let name_or_empty = format!("^$|{TEXT_PATTERN}");

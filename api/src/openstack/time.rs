@@ -87,6 +87,21 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     Some(UNIX_EPOCH + Duration::new(secs, nanos))
 }
 
+/// Parses a time as a request may give it: RFC 3339, or UTC without a zone as Nova's usage API
+/// takes it (`YYYY-MM-DDTHH:MM:SS[.fraction]`, or a day: `YYYY-MM-DD`, its midnight).
+pub fn parse_utc(s: &str) -> Option<SystemTime> {
+    if s.len() == 10 {
+        return parse_rfc3339(&format!("{s}T00:00:00Z"));
+    }
+    parse_rfc3339(s).or_else(|| parse_rfc3339(&format!("{s}Z")))
+}
+
+/// The first millisecond of the UTC month that holds `ms` (milliseconds since the Unix epoch).
+pub fn month_start_ms(ms: i64) -> i64 {
+    let (year, month, _) = civil_from_days(ms.div_euclid(86_400_000));
+    days_from_civil(year, month, 1) * 86_400_000
+}
+
 /// Formats `t` as `YYYY-MM-DDTHH:MM:SS.ffffffZ`, the way Keystone does.
 pub fn format_rfc3339(t: SystemTime) -> String {
     let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -129,6 +144,19 @@ mod tests {
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn request_times_parse_as_utc() {
+        let midnight = UNIX_EPOCH + Duration::from_secs(1_446_854_400);
+        assert_eq!(parse_utc("2015-11-07"), Some(midnight));
+        assert_eq!(parse_utc("2015-11-07T00:00:00"), Some(midnight));
+        assert_eq!(parse_utc("2015-11-07T02:00:00+02:00"), Some(midnight));
+        for bad in ["", "2015-11-7", "2015-11-07T", "yesterday", "2015-11-07T25:00:00"] {
+            assert_eq!(parse_utc(bad), None, "{bad}");
+        }
+        assert_eq!(month_start_ms(1_446_865_123_000), 1_446_336_000_000);
+        assert_eq!(month_start_ms(1_446_336_000_000), 1_446_336_000_000);
     }
 
     #[test]

@@ -134,6 +134,18 @@ pub static DEFAULTS: &[RuleDefault] = &[
         "Set a project's quota, or give it the defaults again (an operator's action on the service: no %(project_id)s).",
         &["PUT /v1/quotas/{project}", "DELETE /v1/quotas/{project}"],
     ),
+    rule(
+        "gpu:usage:show",
+        ADMIN_OR_MEMBER,
+        "A project's usage of VMs and cGPUs in a period, with its VMs' (billing, show-back).",
+        &["GET /v1/usage", "GET /v1/usage/{project}"],
+    ),
+    rule(
+        "gpu:usage:list:all_projects",
+        ADMIN,
+        "Every project's usage in a period.",
+        &["GET /v1/usage"],
+    ),
     rule("gpu:pool:show", ADMIN_OR_MEMBER, "The GPU pool's totals.", &["GET /v1/pool"]),
     rule(
         "gpu:pool:show:hosts",
@@ -222,6 +234,8 @@ pub mod actions {
     pub const QUOTA_SHOW: Action = find("gpu:quota:show");
     pub const QUOTA_LIST_ALL: Action = find("gpu:quota:list:all_projects");
     pub const QUOTA_SET: Action = find("gpu:quota:set");
+    pub const USAGE_SHOW: Action = find("gpu:usage:show");
+    pub const USAGE_LIST_ALL: Action = find("gpu:usage:list:all_projects");
     pub const POOL_SHOW: Action = find("gpu:pool:show");
     pub const POOL_SHOW_HOSTS: Action = find("gpu:pool:show:hosts");
     pub const HOST_LIST: Action = find("gpu:host:list");

@@ -299,6 +299,19 @@ try {
   await page.waitForSelector(`${vmCard(result.filler)}[data-state="deleted"]`);
   await assertTenantSeesNoLocations('after the queue');
 
+  // Usage: the project's cGPU-hours plotted per GPU model (read again when the range changes).
+  await page.selectOption('#usage-range', 'month');
+  await page.waitForSelector('#usage-plot svg rect[data-label]');
+  const usageLabels = await page.evaluate(() => [...new Set(Array.from(
+    document.querySelectorAll('#usage-plot rect'), (r) => r.dataset.label))]);
+  check(usageLabels.includes('NVIDIA Quadro M4000') && !usageLabels.includes('alpha'),
+    `the tenant's plot is per GPU model: ${usageLabels}`);
+  check((await page.textContent('#usage-legend')).includes('cGPU-hours'), 'the legend counts cGPU-hours');
+  check(/by GPU model/.test(await page.textContent('#usage-note')), 'the note says per model');
+  await page.evaluate(() => document.getElementById('usage-section').scrollIntoView());
+  await page.screenshot({ path: join(shots, 'dashboard-usage.png') });
+  await assertTenantSeesNoLocations('with the usage plot');
+
   // Admin: every host with its GPU bars, a segment per VM; launch, drain.
   await signOut();
   await signIn(adminToken);
@@ -310,6 +323,9 @@ try {
   check(await page.locator(`.segment[data-vm="${result.kept}"]`).count() === 2,
     'the kept VM holds a segment on each of its two GPUs');
   check(await page.locator(`.segment[data-vm="${result.deleted}"]`).count() === 0, 'the deleted VM holds nothing');
+  // The admin's usage plot: a line per project.
+  await page.waitForSelector('#usage-plot rect[data-label="alpha"]');
+  check(/by project/.test(await page.textContent('#usage-note')), 'the admin plot is per project');
   result.admin_vm = await launch({ name: 'ops-batch', ncgpus: '1', mode: 'exclusive' });
   await page.waitForSelector(`.segment[data-vm="${result.admin_vm}"]`);
   check(await page.locator('.gpu-bar.exclusive').count() === 1, 'the exclusive GPU is marked');

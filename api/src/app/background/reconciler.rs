@@ -10,6 +10,8 @@
 //! - with `hosts.auto_rehome`, the cGPUs of failed GPUs move to healthy ones (see
 //!   [`super::rehome`]), and lost cGPUs whose GPU works again go live;
 //! - fences whose host's agent confirmed their routes gone are released (see [`crate::app::fences`]);
+//! - ended cGPU lifetimes are added to the usage totals (`db::usage`), so that `/metrics` reads
+//!   the totals and the few lifetimes since, not every one;
 //! - sagas with work left and no live owner (a crashed gsaasd) are resumed.
 //!
 //! The next pass is the retry; a pass records what it did and its first error for `/readyz`.
@@ -124,6 +126,12 @@ impl App {
         status.fences_released = 0;
         match self.release_fences().await {
             Ok(n) => status.fences_released = n,
+            Err(e) => note(e),
+        }
+
+        status.usage_rolled_up = 0;
+        match self.db.roll_up_usage().await {
+            Ok(n) => status.usage_rolled_up = n,
             Err(e) => note(e),
         }
 

@@ -1,0 +1,333 @@
+//! Usage metering: every life of a VM and its cGPUs (launch, attach, detach, re-home,
+//! termination) leaves spans the reports add up exactly at the period's edges; tenants see only
+//! their own project's; the CSV is safe to open; purges and restarts keep it; `/metrics` counts
+//! each second once, also with two replicas on one database. On both stores.
+
+use std::collections::BTreeMap;
+
+use crate::{on_both_stores, support};
+
+use gsaasd::auth::Role;
+use gsaasd::db::now_ms;
+use serde_json::{json, Value};
+use sqlx::Row;
+use support::{fields_at_fault, shared_launch, shared_launch_with, Store, TestService};
+
+on_both_stores!(usage_follows_every_life_of_a_vm_and_adds_up_exactly_at_the_edges);
+
+/// A span as stored: (vm, idx, gpu, model, mode, memory, start, end).
+type Span = (String, i64, String, String, String, i64, i64, Option<i64>);
+
+async fn cgpu_spans(t: &TestService, project: &str) -> Vec<Span> {
+    let mut conn = t.service().app.db.conn().await.unwrap();
+    let rows = sqlx::query(
+        "SELECT vm, idx, gpu, model, mode, memory_mib, start_ms, end_ms FROM cgpu_usage \
+         WHERE project = $1 ORDER BY start_ms, idx",
+    )
+    .bind(project)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    rows.iter()
+        .map(|r| {
+            (
+                r.get(0),
+                r.get(1),
+                r.get(2),
+                r.get(3),
+                r.get(4),
+                r.get(5),
+                r.get(6),
+                r.get::<Option<i64>, _>(7),
+            )
+        })
+        .collect()
+}
+
+async fn vm_spans(t: &TestService, project: &str) -> Vec<(String, i64, Option<i64>)> {
+    let mut conn = t.service().app.db.conn().await.unwrap();
+    let rows = sqlx::query(
+        "SELECT vm, start_ms, end_ms FROM vm_usage WHERE project = $1 ORDER BY start_ms",
+    )
+    .bind(project)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
+}
+
+/// A span's milliseconds inside `[start, end)`, a span still counting ending at `now`.
+fn clipped(span_start: i64, span_end: Option<i64>, start: i64, end: i64, now: i64) -> i64 {
+    (span_end.unwrap_or(now).min(end) - span_start.max(start)).max(0)
+}
+
+fn rfc3339(ms: i64) -> String {
+    gsaasd::openstack::time::format_rfc3339(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64),
+    )
+}
+
+fn ms(seconds: &Value) -> i64 {
+    (seconds.as_f64().unwrap() * 1000.0).round() as i64
+}
+
+/// The GPUs of the VM's cGPUs, as an admin sees them.
+async fn gpus_of(t: &TestService, id: &str) -> Vec<String> {
+    t.admin_cgpus(id).await.iter().map(|c| c["gpu"].as_str().unwrap().to_owned()).collect()
+}
+
+async fn settled(t: &TestService, id: &str, n: usize) {
+    let member = t.member();
+    t.wait_vm(&member, id, |vm| {
+        let cgpus = vm["cgpus"].as_array().unwrap();
+        cgpus.len() == n && cgpus.iter().all(|c| c["state"] == "live")
+    })
+    .await;
+}
+
+async fn text(t: &TestService, token: &str, path: &str, accept: &str) -> (u16, String, String) {
+    let r = reqwest::Client::new()
+        .get(t.url(path))
+        .bearer_auth(token)
+        .header("accept", accept)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let kind = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+    (status, kind.unwrap_or_default(), r.text().await.unwrap())
+}
+
+/// `gsaas_cgpu_seconds_total` by (project, model, mode), from `/metrics`.
+async fn counters(t: &TestService) -> BTreeMap<(String, String, String), f64> {
+    let (status, _, text) = text(t, &t.admin(), "/metrics", "text/plain").await;
+    assert_eq!(status, 200);
+    let mut counters = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with("gsaas_cgpu_seconds_total{")) {
+        let (labels, value) = line.rsplit_once(' ').unwrap();
+        let label = |name: &str| {
+            let from = labels.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+            labels[from..].split('"').next().unwrap().to_owned()
+        };
+        counters.insert((label("project"), label("model"), label("mode")), value.parse().unwrap());
+    }
+    counters
+}
+
+async fn usage_follows_every_life_of_a_vm_and_adds_up_exactly_at_the_edges(store: Store) {
+    let mut t = TestService::start(store).await;
+    let (member, admin) = (t.member(), t.admin());
+    let beta = t.token("beta", Role::Member);
+    let before = now_ms();
+
+    // A VM of two cGPUs on two GPUs (named as a spreadsheet formula), grown by one, shrunk by its first,
+    // its second re-homed to another GPU, then terminated; and beta's VM beside it.
+    let name = "=HYPERLINK(\"http://evil\")";
+    let a = t
+        .launch(
+            &member,
+            &shared_launch_with(2, 1024, json!({"name": name, "policy": "least-load-fit"})),
+        )
+        .await;
+    t.wait_state(&member, &a, "ready").await;
+    let attach = json!({"ncgpus": 1, "gpu_memory_mib": 2048, "mode": "shared"});
+    let (status, vm) = t.post(&member, &format!("/v1/vms/{a}/cgpus"), &attach).await;
+    assert_eq!(status, 202, "{vm}");
+    settled(&t, &a, 3).await;
+    let (status, vm) = t.delete(&member, &format!("/v1/vms/{a}/cgpus/0")).await;
+    assert_eq!(status, 202, "{vm}");
+    settled(&t, &a, 2).await;
+    let leaving = gpus_of(&t, &a).await[0].clone();
+    let (status, done) = t.post(&admin, &format!("/v1/gpus/{leaving}/evacuate"), &json!({})).await;
+    assert_eq!((status, &done["moved"]), (200, &json!(1)), "{done}");
+    assert_ne!(gpus_of(&t, &a).await[0], leaving);
+    let b = t.launch(&beta, &shared_launch(1, 1024)).await;
+    t.wait_state(&beta, &b, "ready").await;
+    let (status, _) = t.delete(&member, &format!("/v1/vms/{a}")).await;
+    assert_eq!(status, 202);
+    t.wait_state(&member, &a, "deleted").await;
+    let after = now_ms();
+
+    // The spans: index 0 until its detach, index 1 on two GPUs (the re-home ends one span and
+    // starts the next at once), index 2 from its attach; all ended with the VM, within the test.
+    let spans = cgpu_spans(&t, "alpha").await;
+    let lives: Vec<(i64, &str, i64)> =
+        spans.iter().map(|s| (s.1, s.2.as_str(), s.5)).collect::<Vec<_>>();
+    assert_eq!(spans.len(), 4, "{spans:?}");
+    assert!(spans.iter().all(|s| s.0 == a && s.4 == "shared"), "{spans:?}");
+    assert!(spans.iter().all(|s| s.6 >= before && s.7.is_some_and(|e| e <= after && e >= s.6)));
+    let by_index = |i: i64| spans.iter().filter(|s| s.1 == i).collect::<Vec<_>>();
+    assert_eq!(by_index(0).len(), 1, "{lives:?}");
+    assert_eq!(by_index(2).len(), 1, "{lives:?}");
+    assert_eq!(by_index(2)[0].5, 2048, "the attach's memory");
+    let moves = by_index(1);
+    assert_eq!(moves.len(), 2, "{lives:?}");
+    assert_eq!(moves[0].2, leaving);
+    assert_ne!(moves[1].2, leaving);
+    assert!((moves[1].6 - moves[0].7.unwrap()).abs() <= 1, "no gap at the re-home: {moves:?}");
+    assert!(by_index(0)[0].7 < by_index(2)[0].7, "the detach ended first");
+    let vms = vm_spans(&t, "alpha").await;
+    assert_eq!(vms.len(), 1, "{vms:?}");
+
+    // A period that cuts spans: from the middle of index 1's first span to the middle of index
+    // 2's, exact to the millisecond.
+    let start = (moves[0].6 + moves[0].7.unwrap()) / 2;
+    let end = (by_index(2)[0].6 + by_index(2)[0].7.unwrap()) / 2;
+    assert!(start < end, "{start} {end}");
+    let expected: i64 = spans.iter().map(|s| clipped(s.6, s.7, start, end, now_ms())).sum();
+    let expected_memory: i64 =
+        spans.iter().map(|s| clipped(s.6, s.7, start, end, now_ms()) * s.5).sum();
+    let expected_vm: i64 = vms.iter().map(|v| clipped(v.1, v.2, start, end, now_ms())).sum();
+    let query = format!("start={}&end={}", rfc3339(start), rfc3339(end));
+    let (status, report) = t.get(&member, &format!("/v1/usage/alpha?{query}")).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!((report["start_ms"].as_i64(), report["end_ms"].as_i64()), (Some(start), Some(end)));
+    let alpha = &report["projects"][0];
+    assert_eq!(alpha["project"], "alpha");
+    assert_eq!(ms(&alpha["cgpu_seconds"]), expected, "{report}");
+    assert_eq!(ms(&alpha["vm_seconds"]), expected_vm, "{report}");
+    let memory = alpha["gpu_memory_mib_seconds"].as_f64().unwrap();
+    assert!((memory - expected_memory as f64 / 1000.0).abs() <= 1.0, "{memory} {expected_memory}");
+    assert_eq!(alpha["exclusive_gpu_seconds"], 0.0);
+    let lines = alpha["vms"].as_array().unwrap();
+    assert_eq!(lines.len(), 1, "{report}");
+    assert_eq!(
+        (lines[0]["id"].as_str(), lines[0]["name"].as_str()),
+        (Some(a.as_str()), Some(name))
+    );
+    assert_eq!(ms(&lines[0]["cgpu_seconds"]), expected);
+    let models: i64 =
+        alpha["by_model"].as_array().unwrap().iter().map(|m| ms(&m["cgpu_seconds"])).sum();
+    assert_eq!(models, expected, "the models add up");
+
+    // Tenants see their own project only; admins every project's.
+    let whole = format!("start={}&end={}", rfc3339(before - 1000), rfc3339(after));
+    let (status, _) = t.get(&beta, &format!("/v1/usage/alpha?{whole}")).await;
+    assert_eq!(status, 404, "beta read alpha's usage");
+    let projects = |report: &Value| -> Vec<String> {
+        let list = report["projects"].as_array().unwrap();
+        list.iter().map(|p| p["project"].as_str().unwrap().to_owned()).collect()
+    };
+    let (_, own) = t.get(&beta, &format!("/v1/usage?{whole}")).await;
+    assert_eq!(projects(&own), ["beta"], "{own}");
+    let (_, own) = t.get(&member, &format!("/v1/usage?{whole}")).await;
+    assert_eq!(projects(&own), ["alpha"], "{own}");
+    let (status, all) = t.get(&admin, &format!("/v1/usage?{whole}&step=60")).await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(projects(&all), ["alpha", "beta"], "{all}");
+    assert!(all["projects"][0].get("vms").is_none(), "VM lines only per project");
+    let series = &all["series"];
+    assert_eq!(
+        (series["by"].as_str(), series["step_seconds"].as_u64()),
+        (Some("project"), Some(60))
+    );
+    let plotted: i64 = series["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["label"] == "alpha")
+        .flat_map(|l| l["cgpu_seconds"].as_array().unwrap().iter().map(ms).collect::<Vec<_>>())
+        .sum();
+    assert!((plotted - ms(&all["projects"][0]["cgpu_seconds"])).abs() <= 2, "{all}");
+
+    // CSV, by Accept or format: a row per quantity; the VM's name cannot run as a formula.
+    for (path, accept) in [
+        (format!("/v1/usage/alpha?{query}"), "text/csv"),
+        (format!("/v1/usage/alpha?{query}&format=csv"), "*/*"),
+    ] {
+        let (status, kind, csv) = text(&t, &member, &path, accept).await;
+        assert_eq!((status, kind.as_str()), (200, "text/csv; charset=utf-8"), "{csv}");
+        let mut rows = csv.lines();
+        assert_eq!(
+            rows.next(),
+            Some("period_start,period_end,project,vm,vm_name,resource,model,mode,quantity,unit")
+        );
+        let cgpu: Vec<&str> = rows.filter(|r| r.contains(",cgpu,")).collect();
+        assert!(!cgpu.is_empty(), "{csv}");
+        assert!(
+            cgpu[0].contains(&format!(",alpha,{a},\"'=HYPERLINK(\"\"http://evil\"\")\",cgpu,")),
+            "{csv}"
+        );
+    }
+
+    // Bad periods name their field and are refused.
+    for (bad, field) in [
+        ("start=yesterday", "start"),
+        ("start=2026-11-02&end=2026-11-01", "start"),
+        ("end=2026-13-01", "end"),
+        ("step=1", "step"),
+        ("start=2000-01-01&step=60", "step"),
+        ("format=xml", "query"),
+        ("project=beta", "query"),
+    ] {
+        let (status, problem) = t.get(&member, &format!("/v1/usage/alpha?{bad}")).await;
+        assert_eq!(status, 422, "{bad}: {problem}");
+        assert_eq!(fields_at_fault(&problem), [field], "{bad}: {problem}");
+    }
+
+    // `/metrics` counts every cGPU-second of alpha's (all ended), to the millisecond.
+    let total: BTreeMap<String, i64> = spans.iter().fold(BTreeMap::new(), |mut m, s| {
+        *m.entry(s.3.clone()).or_default() += s.7.unwrap() - s.6;
+        m
+    });
+    let shown = counters(&t).await;
+    for (model, ms) in &total {
+        let key = ("alpha".to_owned(), model.clone(), "shared".to_owned());
+        assert_eq!(shown.get(&key).map(|s| (s * 1000.0).round() as i64), Some(*ms), "{shown:?}");
+    }
+    assert!(shown.keys().any(|k| k.0 == "beta"), "beta's running cGPU counts: {shown:?}");
+
+    // A purge forgets the VM, not its usage; nor does a restart.
+    let (ok, out, err) = t.gsaasd(&["db", "purge", "--older-than", "0s"]);
+    assert!(ok, "{out} {err}");
+    let (status, _) = t.get(&member, &format!("/v1/vms/{a}")).await;
+    assert_eq!(status, 404, "purged");
+    let (_, again) = t.get(&member, &format!("/v1/usage/alpha?{query}")).await;
+    assert_eq!(again, report, "the purge changed the report");
+    t.restart().await;
+    let (_, again) = t.get(&member, &format!("/v1/usage/alpha?{query}")).await;
+    assert_eq!(again, report, "the restart changed the report");
+    let shown_again = counters(&t).await;
+    for (key, value) in shown.iter().filter(|(k, _)| k.0 == "alpha") {
+        assert_eq!(shown_again.get(key), Some(value), "alpha's ended usage is as it was");
+    }
+}
+
+/// Two replicas on one PostgreSQL: a VM launched on one and terminated through the other leaves
+/// one span per cGPU, and both rolling usage up at once add each span to the totals once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_never_count_a_second_twice() {
+    let (a, b) = TestService::two_replicas().await;
+    let member = a.member();
+    let mut vms = Vec::new();
+    for _ in 0..3 {
+        let id = a.launch(&member, &shared_launch(2, 512)).await;
+        a.wait_state(&member, &id, "ready").await;
+        vms.push(id);
+    }
+    for id in &vms {
+        let (status, _) = b.delete(&member, &format!("/v1/vms/{id}")).await;
+        assert_eq!(status, 202);
+    }
+    for id in &vms {
+        b.wait_state(&member, id, "deleted").await;
+    }
+    let spans = cgpu_spans(&a, "alpha").await;
+    assert_eq!(spans.len(), 6, "{spans:?}");
+    let (da, db) = (&a.service().app.db, &b.service().app.db);
+    for _ in 0..5 {
+        let (x, y) = tokio::join!(da.roll_up_usage(), db.roll_up_usage());
+        x.unwrap();
+        y.unwrap();
+    }
+    let used: i64 = spans.iter().map(|s| s.7.unwrap() - s.6).sum();
+    let mut conn = da.conn().await.unwrap();
+    let totals: i64 = sqlx::query("SELECT CAST(SUM(cgpu_ms) AS BIGINT) FROM usage_totals")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(totals, used, "each ended span added once");
+    drop(conn);
+    assert_eq!(counters(&a).await, counters(&b).await, "both replicas show the cloud's totals");
+}
