@@ -23,7 +23,7 @@ LAYERS = [
     {"http", "dashboard"},
     {"app", "auth"},
     # The configuration gathers its adapters' settings (`[cloud.nova]` is `cloud::nova`'s).
-    {"agents", "cloud", "openstack", "db", "lanes", "cloudinit", "metrics", "config"},
+    {"agents", "cloud", "notifier", "openstack", "db", "lanes", "cloudinit", "metrics", "config"},
     {"model", "error", "caller", "policy"},
 ]
 

@@ -20,6 +20,8 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 # The metrics test checks /metrics with promtool (Debian's prometheus package).
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# The notification tests start throwaway RabbitMQ brokers (Debian's rabbitmq-server).
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || need+=(rabbitmq-server)
 # reqwest's TLS builds against the system's OpenSSL.
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 [ -f /usr/include/openssl/ssl.h ] || need+=(libssl-dev)
@@ -47,6 +49,9 @@ export GSAAS_OPENSTACK_CLOUDS=$clouds
 # No import circle between a crate's modules, no arrow up gsaasd's layers (docs/architecture.md).
 python3 scripts/check-modules.py --self-test
 python3 scripts/check-modules.py
+# Migrations only expand the schema (docs/upgrades.md), and released ones never change.
+python3 scripts/check-migrations.py --self-test
+python3 scripts/check-migrations.py
 # The host parts (nftables, NVML) stay in the agent binary: gsaasd links only its contract and core.
 if cargo tree --locked -p gsaasd -e normal --prefix none | grep -E '^(nftables|nvml-wrapper|rodvr-agent) '; then
   echo "gsaasd links the agent's host parts (above): depend on rodvr-contract / rodvr-core" >&2

@@ -21,6 +21,7 @@ pub mod http;
 pub mod lanes;
 pub mod metrics;
 pub mod model;
+pub mod notifier;
 pub mod openstack;
 pub mod policy;
 pub mod service;

@@ -142,6 +142,34 @@ enum DbCommand {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Copy the embedded SQLite store, online (gsaasd may run and write meanwhile: the copy is
+    /// one consistent moment), to a new file, owner-only. Restore by stopping gsaasd and putting
+    /// the copy at its database's path. PostgreSQL is backed up with its own tools (README).
+    Backup {
+        /// The copy's path; it must not exist yet.
+        #[arg(long)]
+        to: PathBuf,
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+}
+
+/// Runs `work` on the configured database (migrated first), for the `db` commands.
+fn on_database<T, F>(
+    config: Option<&std::path::Path>,
+    work: impl FnOnce(gsaasd::db::Db) -> F,
+) -> Result<T, String>
+where
+    F: std::future::Future<Output = Result<T, gsaasd::error::Error>>,
+{
+    let config = load(config)?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start: {e}"))?;
+    runtime.block_on(async {
+        let db = gsaasd::db::Db::connect(&config.database_url())
+            .await
+            .map_err(|e| format!("{}", ErrorChain(&e)))?;
+        work(db).await.map_err(|e| format!("{}", ErrorChain(&e)))
+    })
 }
 
 /// `30d`, `12h`, `90m`, `3600s`.
@@ -344,21 +372,20 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Db { command: DbCommand::Purge { older_than, dry_run, batch, config } } => {
-            let config = load(config.as_deref())?;
-            let runtime =
-                tokio::runtime::Runtime::new().map_err(|e| format!("cannot start: {e}"))?;
-            let purged = runtime.block_on(async {
-                let db = gsaasd::db::Db::connect(&config.database_url())
-                    .await
-                    .map_err(|e| format!("{}", ErrorChain(&e)))?;
+            let purged = on_database(config.as_deref(), |db| async move {
                 let before = gsaasd::db::now_ms()
                     .saturating_sub(i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX));
-                gsaasd::db::purge_deleted_vms(&db, before, batch as usize, dry_run)
-                    .await
-                    .map_err(|e| format!("{}", ErrorChain(&e)))
+                gsaasd::db::purge_deleted_vms(&db, before, batch as usize, dry_run).await
             })?;
             let verb = if dry_run { "would purge" } else { "purged" };
             println!("{verb} {} deleted VMs", purged.vms);
+            Ok(())
+        }
+        Command::Db { command: DbCommand::Backup { to, config } } => {
+            let copy = to.clone();
+            let bytes =
+                on_database(config.as_deref(), |db| async move { db.backup_to(&copy).await })?;
+            println!("backed up to {} ({bytes} bytes)", to.display());
             Ok(())
         }
         Command::CheckConfig { config, flags } => {

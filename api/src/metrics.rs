@@ -48,6 +48,9 @@ pub struct Metrics {
     pub elastic: ElasticMetrics,
     /// Host alerts recorded, in [`AlertKind::ALL`] order.
     host_alerts: [AtomicU64; AlertKind::ALL.len()],
+    /// Notifications the broker confirmed, and passes that stopped on a broker failure.
+    pub notifications_published: AtomicU64,
+    pub notification_failures: AtomicU64,
 }
 
 /// One counter per outcome of attaches and of detaches, and a latency histogram of each.
@@ -153,6 +156,8 @@ impl Default for Metrics {
             queue_wait_seconds: Histogram::seconds(),
             elastic: ElasticMetrics::default(),
             host_alerts: std::array::from_fn(|_| AtomicU64::new(0)),
+            notifications_published: AtomicU64::new(0),
+            notification_failures: AtomicU64::new(0),
         }
     }
 }
@@ -201,6 +206,16 @@ impl Metrics {
                 "gsaas_reconciler_errors_total",
                 "Reconciler passes that hit an error.",
                 &self.reconciler_errors,
+            ),
+            (
+                "gsaas_notifications_published_total",
+                "Notifications this process published that the broker confirmed.",
+                &self.notifications_published,
+            ),
+            (
+                "gsaas_notification_failures_total",
+                "Publishing passes of this process that stopped on a broker failure.",
+                &self.notification_failures,
             ),
         ] {
             header(out, name, "counter", help);
@@ -345,6 +360,15 @@ pub fn render_fenced(fenced: &BTreeMap<gpgpums::GpuId, u32>) -> String {
     for (gpu, n) in fenced {
         let _ = writeln!(out, "gsaas_gpu_fenced_cgpus{{gpu=\"{gpu}\"}} {n}");
     }
+    out
+}
+
+/// Notifications waiting in the outbox (the database's: every replica's).
+pub fn render_notifications_waiting(waiting: i64) -> String {
+    let mut out = String::new();
+    let help = "Notifications written and not yet confirmed by the broker.";
+    header(&mut out, "gsaas_notifications_waiting", "gauge", help);
+    let _ = writeln!(out, "gsaas_notifications_waiting {waiting}");
     out
 }
 

@@ -221,6 +221,17 @@ impl std::str::FromStr for FenceId {
     }
 }
 
+/// A notification waiting in the outbox (see `migrations/0028_notifications.*.sql`): the `seq`-th
+/// event of VM `vm`, its payload as the database wrote it (JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotificationRecord {
+    pub vm: String,
+    pub seq: i64,
+    pub event_type: String,
+    pub payload: String,
+    pub created_ms: i64,
+}
+
 /// A fence with the bookings it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FenceRecord {

@@ -33,6 +33,8 @@ pub struct Service {
     reconciler: tokio::task::JoinHandle<()>,
     queue_server: tokio::task::JoinHandle<()>,
     revocations: tokio::task::JoinHandle<()>,
+    /// The notifications' publisher, when `[notifications]` names a broker.
+    notifier: Option<tokio::task::JoinHandle<()>>,
     /// The `metrics.listen` server, when configured.
     metrics_server: Option<tokio::task::JoinHandle<()>>,
 }
@@ -50,6 +52,9 @@ impl Service {
         self.reconciler.abort();
         self.queue_server.abort();
         self.revocations.abort();
+        if let Some(notifier) = self.notifier {
+            notifier.abort();
+        }
         if let Some(metrics) = self.metrics_server {
             metrics.abort();
         }
@@ -62,6 +67,9 @@ impl Service {
         self.reconciler.abort();
         self.queue_server.abort();
         self.revocations.abort();
+        if let Some(notifier) = self.notifier {
+            notifier.abort();
+        }
         if let Some(metrics) = self.metrics_server {
             metrics.abort();
         }
@@ -84,6 +92,8 @@ pub enum StartError {
     Policy(#[from] crate::policy::PolicyError),
     #[error("cannot register the inventory")]
     Inventory(#[source] Error),
+    #[error("{0}")]
+    Notifications(String),
     #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,
@@ -161,14 +171,27 @@ pub async fn start_with_sim(
         }
     };
     let in_process = config.hosts.backend == HostsBackend::InProcess;
-    let backends = Backends { cloud, agents, sim: sim.clone(), in_process_agents, keystone };
+    let notifications = &config.notifications;
+    let broker = notifications.amqp_uri().map_err(StartError::Notifications)?.map(|uri| {
+        let rabbit = crate::notifier::RabbitMq::new(
+            uri,
+            notifications.exchange.clone(),
+            notifications.topic.clone(),
+            notifications.durable,
+        );
+        Arc::new(rabbit) as Arc<dyn crate::notifier::Broker>
+    });
+    let backends =
+        Backends { cloud, agents, sim: sim.clone(), in_process_agents, keystone, broker };
     let app = App::new(config, db, keys, policy, backends).map_err(StartError::Writer)?;
     if in_process {
         app.register_inventory().await.map_err(StartError::Inventory)?;
     }
     app.sync_sim_hosts().await.map_err(StartError::Inventory)?;
     app.refresh_revocations().await.map_err(StartError::Database)?;
+    app.configure_notifier().await.map_err(StartError::Database)?;
     let revocations = app.spawn_revocation_refresher();
+    let notifier = app.spawn_notifier();
     let reconciler = app.spawn_reconciler();
     let queue_server = app.spawn_queue_server();
     let addr = listener
@@ -199,6 +222,7 @@ pub async fn start_with_sim(
         reconciler,
         queue_server,
         revocations,
+        notifier,
         metrics_server,
     })
 }

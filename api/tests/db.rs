@@ -178,6 +178,31 @@ async fn a_legacy_database_is_adopted_and_a_changed_migration_refused(store: Sto
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// During a rolling upgrade the older replicas (re)start on a schema a newer gsaasd migrated:
+/// migrations this binary does not know are left alone, and it serves (the expand/contract
+/// rule of docs/upgrades.md keeps the schema its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_gsaasds_migrations_leave_an_older_one_starting() {
+    let (config, dir) = support::test_config(Store::Sqlite);
+    std::fs::create_dir_all(&config.data_dir).unwrap();
+    let url = config.database_url();
+    let db = Db::connect(&url).await.unwrap();
+    // What the next version adds: a table, an applied migration this binary does not have.
+    sqlx::raw_sql(
+        "CREATE TABLE from_the_future (id BIGINT PRIMARY KEY); \
+         INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', TRUE, X'00', 0);",
+    )
+    .execute(&mut *db.conn().await.unwrap())
+    .await
+    .unwrap();
+    drop(db);
+    let db = Db::connect(&url).await.expect("starts beside a newer schema");
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM _sqlx_migrations").await, MIGRATIONS + 1);
+    drop(db);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A database where two hosts' GPUs claimed one rCUDA endpoint (before endpoints were unique)
 /// still starts: the GPU registered first keeps the endpoint, the later one is quarantined
 /// (tainted, its cGPU kept), simulated loopback endpoints claim nothing; and from then on the

@@ -20,6 +20,7 @@ mod hosts;
 mod keystone_auth;
 mod lists;
 mod metrics;
+mod notifications;
 mod openapi;
 mod openstack;
 mod openstack_contract;

@@ -22,6 +22,7 @@ use rodvr_contract::auth::TokenVerifier;
 use rodvr_contract::protocol::{
     AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable,
 };
+use rodvr_contract::version;
 use rodvr_core::agent::{Agent, AgentError};
 use rodvr_core::firewall::Firewall;
 
@@ -86,6 +87,7 @@ pub fn router<F: Firewall + 'static>(
         .route("/v1/host", get(host::<F>))
         .layer(middleware::from_fn_with_state(body_timeout, read_body))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(check_protocol))
         .layer(middleware::from_fn_with_state(verifier, require_controller))
         // Added after the token layer: Prometheus scrapes without the controller's key.
         .route("/metrics", get(metrics::<F>))
@@ -106,6 +108,23 @@ async fn require_controller(
         Some(token) if verifier.verify(token) => Ok(next.run(request).await),
         _ => Err(AgentError::Unauthorized.into()),
     }
+}
+
+/// Refuses a controller outside the skew policy (409, saying which side to upgrade) before its
+/// request does anything, and says this agent's protocol in the answer (see
+/// [`rodvr_contract::version`]).
+async fn check_protocol(request: Request, next: Next) -> Response {
+    let header = request.headers().get(version::HEADER).map(|v| v.to_str().unwrap_or("?"));
+    let checked = version::check_controller(header);
+    let mut response = match checked {
+        Ok(_) => next.run(request).await,
+        Err(skew) => {
+            let body = Json(ErrorBody { error: skew.to_string(), entry: None });
+            (StatusCode::CONFLICT, body).into_response()
+        }
+    };
+    response.headers_mut().insert(version::HEADER, version::PROTOCOL.into());
+    response
 }
 
 /// Reads the whole body within the deadline (see [`gsaas_infra::httpd`]).

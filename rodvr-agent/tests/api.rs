@@ -125,6 +125,50 @@ async fn only_the_controller_changes_anything() {
     assert_eq!(client.health().await.unwrap().applied_generation, Some(1));
 }
 
+/// The skew policy (rodvr-contract's `version`): a controller may be this agent's protocol or
+/// one above it; one further ahead (this agent two versions behind) or behind it (an agent
+/// upgraded before gsaasd, as a gsaasd of before the header, protocol 1, is) is refused with 409
+/// saying which side to upgrade, and nothing is applied; every answer says the agent's protocol.
+#[tokio::test]
+async fn controllers_outside_the_skew_policy_are_refused_before_anything_is_applied() {
+    use rodvr_contract::version::{HEADER, PROTOCOL};
+    let state = TempDir::new("api-skew");
+    let (private, public) = key_pair(13);
+    let agent = new_agent(&state);
+    let addr = serve(agent.clone(), &public).await;
+    let signer = TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap();
+    let http = reqwest::Client::new();
+    let token = signer.sign(&crg0(), Duration::from_secs(60));
+    let put = |protocol: Option<String>| {
+        let mut req =
+            http.put(format!("http://{addr}/v1/routes")).bearer_auth(&token).json(&table(1));
+        if let Some(p) = protocol {
+            req = req.header(HEADER, p);
+        }
+        req.send()
+    };
+    for (protocol, says) in [
+        (PROTOCOL + 2, "upgrade the agent"),
+        (PROTOCOL - 1, "upgrade gsaasd first"),
+        (u32::MAX, "upgrade the agent"),
+    ] {
+        let answer = put(Some(protocol.to_string())).await.unwrap();
+        assert_eq!(answer.status(), 409, "controller protocol {protocol}");
+        assert_eq!(answer.headers()[HEADER], PROTOCOL.to_string().as_str());
+        let body: serde_json::Value = answer.json().await.unwrap();
+        assert!(body["error"].as_str().unwrap().contains(says), "{protocol}: {body}");
+    }
+    for unversioned in [Some("two".to_owned()), None] {
+        let answer = put(unversioned.clone()).await.unwrap();
+        assert_eq!(answer.status(), 409, "{unversioned:?}");
+    }
+    assert_eq!(agent.with_firewall(|fw| fw.transactions()), 0, "nothing applied");
+    // Its own protocol, and one version ahead: taken.
+    assert_eq!(put(Some(PROTOCOL.to_string())).await.unwrap().status(), 200);
+    let ahead = put(Some((PROTOCOL + 1).to_string())).await.unwrap();
+    assert_eq!(ahead.status(), 200);
+}
+
 #[tokio::test]
 async fn bad_tables_and_stale_generations_change_nothing() {
     let state = TempDir::new("api-gen");
@@ -153,6 +197,7 @@ async fn bad_tables_and_stale_generations_change_nothing() {
     let resp = reqwest::Client::new()
         .put(format!("http://{addr}/v1/routes"))
         .bearer_auth(signer.sign(&crg0(), Duration::from_secs(60)))
+        .header(rodvr_contract::version::HEADER, rodvr_contract::version::PROTOCOL)
         .header("content-type", "application/json")
         .body(raw)
         .send()
@@ -225,8 +270,9 @@ async fn the_agent_registers_with_its_own_token() {
         axum::http::StatusCode::NO_CONTENT
     }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let app =
-        axum::Router::new().route("/v1/hosts/{host}", axum::routing::put(put_host)).with_state(tx);
+    let app = support::agents::as_controller(
+        axum::Router::new().route("/v1/hosts/{host}", axum::routing::put(put_host)).with_state(tx),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -323,10 +369,12 @@ async fn the_agent_renews_its_token_at_half_life_and_keeps_the_renewal() {
         axum::Json(serde_json::json!({ "token": fresh }))
     }
     let (tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
-    let app = axum::Router::new()
-        .route("/v1/hosts/{host}", axum::routing::put(put_host))
-        .route("/v1/hosts/{host}/token", axum::routing::post(renew))
-        .with_state((tx, fresh.clone()));
+    let app = support::agents::as_controller(
+        axum::Router::new()
+            .route("/v1/hosts/{host}", axum::routing::put(put_host))
+            .route("/v1/hosts/{host}/token", axum::routing::post(renew))
+            .with_state((tx, fresh.clone())),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let controller = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

@@ -159,7 +159,9 @@ fn test_controller(ns: &Netns) -> (SocketAddr, mpsc::Receiver<(Option<String>, H
                 let _ = tx.send((auth, report));
                 async { axum::http::StatusCode::NO_CONTENT }
             };
-            let app = axum::Router::new().route("/v1/hosts/{host}", axum::routing::put(put));
+            let app = support::agents::as_controller(
+                axum::Router::new().route("/v1/hosts/{host}", axum::routing::put(put)),
+            );
             axum::serve(listener, app).await.unwrap();
         });
     });

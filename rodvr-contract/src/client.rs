@@ -17,6 +17,7 @@ use crate::protocol::{
     AppliedState, ApplyStatus, ErrorBody, Health, HostReport, RouteTable, RttTarget, RttTargets,
     MAX_RTT_TARGETS,
 };
+use crate::version::{self, Skew};
 
 const TOKEN_TTL: Duration = Duration::from_secs(60);
 
@@ -35,6 +36,9 @@ pub enum ClientError {
     Transport { url: String, source: reqwest::Error },
     #[error("{url} answered with more than {limit} bytes; the rest was not read")]
     Oversized { url: String, limit: usize },
+    /// The other side speaks a protocol outside the skew policy (see [`crate::version`]).
+    #[error("{url}: {skew}")]
+    Skew { url: String, skew: Skew },
     #[error("{url} answered {status}: {message}")]
     Status {
         url: String,
@@ -50,7 +54,7 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             Self::Status { status, .. } => Some(*status),
-            Self::Transport { .. } | Self::Oversized { .. } => None,
+            Self::Transport { .. } | Self::Oversized { .. } | Self::Skew { .. } => None,
         }
     }
 
@@ -58,7 +62,7 @@ impl ClientError {
     pub fn entry(&self) -> Option<&str> {
         match self {
             Self::Status { entry, .. } => entry.as_deref(),
-            Self::Transport { .. } | Self::Oversized { .. } => None,
+            Self::Transport { .. } | Self::Oversized { .. } | Self::Skew { .. } => None,
         }
     }
 }
@@ -105,9 +109,38 @@ pub fn http_client() -> reqwest::Client {
     gsaas_infra::httpd::http_client(None).expect("a client without a CA bundle always builds")
 }
 
-async fn send<T: DeserializeOwned>(url: String, request: RequestBuilder) -> Result<T, ClientError> {
+/// Which side answers a request, and so which check its protocol header gets.
+#[derive(Debug, Clone, Copy)]
+enum Peer {
+    Agent,
+    Controller,
+}
+
+/// Sends `request` with this build's protocol and checks the answer's (see [`crate::version`]).
+async fn exchange(url: &str, peer: Peer, request: RequestBuilder) -> Result<Response, ClientError> {
+    let request = request.header(version::HEADER, version::PROTOCOL);
+    let response: Response = request
+        .send()
+        .await
+        .map_err(|source| ClientError::Transport { url: url.to_owned(), source })?;
+    if response.status().is_success() {
+        let header = response.headers().get(version::HEADER).map(|v| v.to_str().unwrap_or("?"));
+        let checked = match peer {
+            Peer::Agent => version::check_agent(header),
+            Peer::Controller => version::check_controller(header),
+        };
+        checked.map_err(|skew| ClientError::Skew { url: url.to_owned(), skew })?;
+    }
+    Ok(response)
+}
+
+async fn send<T: DeserializeOwned>(
+    url: String,
+    peer: Peer,
+    request: RequestBuilder,
+) -> Result<T, ClientError> {
     let transport = |source| ClientError::Transport { url: url.clone(), source };
-    let response: Response = request.send().await.map_err(transport)?;
+    let response = exchange(&url, peer, request).await?;
     let status = response.status();
     if !status.is_success() {
         return Err(status_error(url, status, response).await);
@@ -159,23 +192,23 @@ impl AgentClient {
     /// Pushes the host's complete route table.
     pub async fn put_routes(&self, table: &RouteTable) -> Result<ApplyStatus, ClientError> {
         let (url, req) = self.request(Method::PUT, "/v1/routes");
-        send(url, req.json(table)).await
+        send(url, Peer::Agent, req.json(table)).await
     }
 
     /// Reads back what the agent holds and applied.
     pub async fn routes(&self) -> Result<AppliedState, ClientError> {
         let (url, req) = self.request(Method::GET, "/v1/routes");
-        send(url, req).await
+        send(url, Peer::Agent, req).await
     }
 
     pub async fn health(&self) -> Result<Health, ClientError> {
         let (url, req) = self.request(Method::GET, "/v1/health");
-        send(url, req).await
+        send(url, Peer::Agent, req).await
     }
 
     pub async fn host(&self) -> Result<HostReport, ClientError> {
         let (url, req) = self.request(Method::GET, "/v1/host");
-        send(url, req).await
+        send(url, Peer::Agent, req).await
     }
 }
 
@@ -218,8 +251,7 @@ impl ControllerClient {
     pub async fn register(&self, report: &HostReport) -> Result<(), ClientError> {
         let url = format!("{}/v1/hosts/{}", self.base, report.host);
         let req = self.http.put(&url).bearer_auth(self.token()).json(report);
-        let transport = |source| ClientError::Transport { url: url.clone(), source };
-        let response = req.send().await.map_err(transport)?;
+        let response = exchange(&url, Peer::Controller, req).await?;
         let status = response.status();
         if status.is_success() {
             return Ok(());
@@ -232,7 +264,7 @@ impl ControllerClient {
     pub async fn rtt_targets(&self, host: &HostId) -> Result<Vec<RttTarget>, ClientError> {
         let url = format!("{}/v1/hosts/{host}/rtt-targets", self.base);
         let req = self.http.get(&url).bearer_auth(self.token());
-        let answer: RttTargets = send(url, req).await?;
+        let answer: RttTargets = send(url, Peer::Controller, req).await?;
         Ok(answer.targets.into_iter().take(MAX_RTT_TARGETS).collect())
     }
 
@@ -241,7 +273,7 @@ impl ControllerClient {
     pub async fn renew(&self, host: &HostId) -> Result<String, ClientError> {
         let url = format!("{}/v1/hosts/{host}/token", self.base);
         let req = self.http.post(&url).bearer_auth(self.token());
-        let renewed: Renewed = send(url, req).await?;
+        let renewed: Renewed = send(url, Peer::Controller, req).await?;
         *self.token.write().expect("token") = renewed.token.clone();
         Ok(renewed.token)
     }

@@ -146,6 +146,16 @@ impl TestAgent {
 
 /// A cloud whose hosts have real agents (over HTTP): compute-rGPU host `crg-a`, and compute-GPU
 /// host `cg-1` with `gpus` GPUs of 4,800 MiB; returns gsaasd and the two agents.
+/// A test's stand-in for gsaasd, as an agent sees it: every answer says this build's protocol
+/// (`RODVR-Protocol`), which agents check (rodvr-contract's `version`).
+pub fn as_controller(app: axum::Router) -> axum::Router {
+    use rodvr_contract::version::{HEADER, PROTOCOL};
+    app.layer(axum::middleware::map_response(|mut response: Response| async move {
+        response.headers_mut().insert(HEADER, PROTOCOL.into());
+        response
+    }))
+}
+
 pub async fn agent_cloud(
     store: crate::Store,
     gpus: usize,

@@ -15,6 +15,7 @@ pub mod certs;
 pub mod netns;
 pub mod openstack;
 pub mod postgres;
+pub mod rabbitmq;
 pub mod slow;
 pub mod upstream;
 

@@ -77,6 +77,8 @@ pub struct App {
     pub sim: Option<Arc<SimCloud>>,
     in_process_agents: Option<Arc<InProcessAgents>>,
     keystone: Option<Arc<TokenValidator>>,
+    /// Where notifications are published, if anywhere.
+    pub broker: Option<Arc<dyn crate::notifier::Broker>>,
     pub metrics: Metrics,
     /// The pool and VM gauges of `/metrics`, computed at most once per refresh period.
     gauges: crate::metrics::GaugeCache,
@@ -170,6 +172,7 @@ impl App {
             sim: backends.sim,
             in_process_agents: backends.in_process_agents,
             keystone: backends.keystone,
+            broker: backends.broker,
             policy,
             metrics: Metrics::default(),
             gauges: crate::metrics::GaugeCache::default(),
@@ -261,6 +264,8 @@ pub struct Backends {
     pub in_process_agents: Option<Arc<InProcessAgents>>,
     /// Validates tenants' Keystone tokens (auth mode `keystone`).
     pub keystone: Option<Arc<TokenValidator>>,
+    /// Where notifications are published (`[notifications] transport_url`).
+    pub broker: Option<Arc<dyn crate::notifier::Broker>>,
 }
 
 #[derive(Debug)]
@@ -324,6 +329,9 @@ impl App {
                 gauges.push_str(&crate::metrics::render_vm_states(&states));
                 gauges.push_str(&crate::metrics::render_queue(&queue));
                 gauges.push_str(&crate::metrics::render_fenced(&fenced));
+                let waiting =
+                    crate::db::waiting_notification_count(&mut *self.db.conn().await?).await?;
+                gauges.push_str(&crate::metrics::render_notifications_waiting(waiting));
                 let totals =
                     crate::db::usage_totals(&mut *self.db.conn().await?, crate::db::now_ms())
                         .await?;

@@ -72,8 +72,74 @@ pub struct Config {
     /// The remote-GPU layers: the one a request gets when it names none, and what a VM needs
     /// to load LUPINE's client.
     pub remoting: RemotingConfig,
+    /// OpenStack-style notifications to RabbitMQ.
+    pub notifications: NotificationsConfig,
     /// The GPU inventory used with in-process agents; empty means the paper's testbed.
     pub inventory: Vec<InventoryHost>,
+}
+
+/// Notifications of VMs' and cGPUs' lives (`gpu.vm.create.end` and the like), as oslo.messaging
+/// publishes OpenStack's: written to an outbox with each change, published to RabbitMQ after.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NotificationsConfig {
+    /// oslo.messaging's transport URL, `rabbit://user:password@host:5672/vhost` (or `amqp://`,
+    /// `amqps://`); none: no notifications are written or published.
+    pub transport_url: Option<String>,
+    /// The topic exchange (Nova's is `nova`; Ceilometer's `notification_control_exchanges` must
+    /// list it).
+    pub exchange: String,
+    /// The topic: messages go with routing key `<topic>.info` (or `.error`) to the queue of that
+    /// name, declared and bound by gsaasd.
+    pub topic: String,
+    /// A durable exchange and queues and persistent messages, which a broker restart keeps
+    /// (listeners must declare them alike: oslo.messaging's `amqp_durable_queues = true`).
+    pub durable: bool,
+    /// The notifications' `publisher_id` (default `gsaas.<host name>`).
+    pub publisher_id: Option<String>,
+    /// How often the outbox is read when it was empty.
+    pub poll_ms: u64,
+}
+
+impl Default for NotificationsConfig {
+    fn default() -> Self {
+        NotificationsConfig {
+            transport_url: None,
+            exchange: "gsaas".to_owned(),
+            topic: "notifications".to_owned(),
+            durable: true,
+            publisher_id: None,
+            poll_ms: 250,
+        }
+    }
+}
+
+impl NotificationsConfig {
+    /// The broker's AMQP URI, if notifications are on.
+    pub fn amqp_uri(&self) -> Result<Option<String>, String> {
+        self.transport_url
+            .as_deref()
+            .map(|url| {
+                crate::notifier::amqp_uri(url)
+                    .map_err(|e| format!("notifications.transport_url: {e}"))
+            })
+            .transpose()
+    }
+
+    fn problem(&self) -> Option<String> {
+        let name =
+            |s: &str| !s.is_empty() && s.len() <= 255 && s.chars().all(|c| c.is_ascii_graphic());
+        if let Err(e) = self.amqp_uri() {
+            return Some(e);
+        }
+        if !name(&self.exchange) || !name(&self.topic) {
+            return Some("notifications.exchange and .topic: 1 to 255 printable characters".into());
+        }
+        if self.poll_ms == 0 || self.poll_ms > 60_000 {
+            return Some("notifications.poll_ms: must be from 1 to 60000".into());
+        }
+        None
+    }
 }
 
 /// The remote-GPU layers (`gpgpums::remoting`).
@@ -252,6 +318,7 @@ impl Default for Config {
             quotas: QuotaDefaults::default(),
             queue: QueueConfig::default(),
             remoting: RemotingConfig::default(),
+            notifications: NotificationsConfig::default(),
             inventory: Vec::new(),
         }
     }
@@ -870,6 +937,9 @@ impl Config {
             return Err("auth.revocation_refresh_secs: must be at least 1".into());
         }
         if let Some(problem) = self.remoting.problem() {
+            return Err(problem);
+        }
+        if let Some(problem) = self.notifications.problem() {
             return Err(problem);
         }
         if gpgpums::PolicyRegistry::builtin().resolve(&self.default_policy).is_err() {

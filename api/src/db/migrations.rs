@@ -1,5 +1,6 @@
 //! Schema migrations, applied by sqlx's migrator: it records each migration's checksum and
-//! refuses a database whose applied migrations were since changed, holds PostgreSQL's advisory
+//! refuses a database whose applied migrations were since changed (but not one with migrations
+//! of a newer gsaasd, which an upgrade's older replicas must live with), holds PostgreSQL's advisory
 //! lock while it migrates (replicas starting together apply each migration once), and refuses a
 //! database a failed migration left half-done. The migrations are embedded in the binary.
 //!
@@ -24,7 +25,10 @@ fn migrator(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {
             Migration::new(version, name, MigrationType::Simple, sql, false)
         })
         .collect();
-    Migrator { migrations: Cow::Owned(migrations), ..Migrator::DEFAULT }
+    // A newer gsaasd's migrations, applied before this one (re)starts, are left alone: during a
+    // rolling upgrade the older replicas keep starting on the newer schema, which the
+    // expand/contract rule (docs/upgrades.md) keeps readable and writable for them.
+    Migrator { migrations: Cow::Owned(migrations), ignore_missing: true, ..Migrator::DEFAULT }
 }
 
 fn migration_error(e: MigrateError) -> Error {

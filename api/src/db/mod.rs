@@ -13,6 +13,7 @@
 //! inside one transaction.
 
 mod alerts;
+mod backup;
 mod cgpus;
 mod checkpoint;
 mod delegations;
@@ -21,6 +22,7 @@ mod fences;
 mod gpus;
 mod hosts;
 mod migrations;
+mod notifications;
 mod purge;
 mod queue;
 mod quotas;
@@ -35,6 +37,7 @@ pub use events::*;
 pub use fences::*;
 pub use gpus::*;
 pub use hosts::*;
+pub use notifications::*;
 pub use purge::*;
 pub use queue::*;
 pub use quotas::*;
@@ -89,12 +92,20 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
 
 /// The migrations written in each store's dialect (version, name, SQLite's SQL, PostgreSQL's):
 /// triggers, which the two write differently. Each database applies its own store's text.
-pub const DIALECT_MIGRATIONS: &[(i64, &str, &str, &str)] = &[(
-    27,
-    "usage",
-    include_str!("../../../migrations/0027_usage.sqlite.sql"),
-    include_str!("../../../migrations/0027_usage.postgres.sql"),
-)];
+pub const DIALECT_MIGRATIONS: &[(i64, &str, &str, &str)] = &[
+    (
+        27,
+        "usage",
+        include_str!("../../../migrations/0027_usage.sqlite.sql"),
+        include_str!("../../../migrations/0027_usage.postgres.sql"),
+    ),
+    (
+        28,
+        "notifications",
+        include_str!("../../../migrations/0028_notifications.sqlite.sql"),
+        include_str!("../../../migrations/0028_notifications.postgres.sql"),
+    ),
+];
 
 /// Every migration in order, each in `backend`'s text.
 pub fn migrations_for(backend: Backend) -> Vec<(i64, &'static str, &'static str)> {

@@ -290,9 +290,28 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(|| async { Error::NotFound { kind: "resource", id: String::new() } })
         .layer(middleware::from_fn_with_state(app.config.http.body_timeout(), read_body))
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(agent_protocol))
         .layer(middleware::from_fn(requests::trace_requests))
         .layer(middleware::from_fn_with_state(app.db.requests().clone(), count_requests))
         .with_state(app)
+}
+
+/// The agents' routes (`/v1/hosts/...`): a request in a protocol outside the skew policy is
+/// refused (409, saying which side to upgrade) before anything reads it, and every answer says
+/// gsaasd's protocol (see [`rodvr_contract::version`]). Admins' tools send no header: the
+/// unversioned protocol, which is taken.
+async fn agent_protocol(request: Request, next: Next) -> Response {
+    use rodvr_contract::version;
+    if !request.uri().path().starts_with("/v1/hosts/") {
+        return next.run(request).await;
+    }
+    let header = request.headers().get(version::HEADER).map(|v| v.to_str().unwrap_or("?"));
+    let mut response = match version::check_agent(header) {
+        Ok(_) => next.run(request).await,
+        Err(skew) => Error::Conflict(skew.to_string()).into_response(),
+    };
+    response.headers_mut().insert(version::HEADER, HeaderValue::from(version::PROTOCOL));
+    response
 }
 
 /// Counts the request in flight while it is served: background work yields to it.

@@ -8,9 +8,11 @@
 //! - [`fences`]: fenced bookings released once their host's agent confirms.
 //! - [`queue_rounds`]: the queue's rounds, which start what waits when capacity frees.
 //! - [`revocations`]: revoked token ids reloaded on every replica.
+//! - [`notifications`]: the notifications' outbox published to RabbitMQ (one replica at a time).
 
 pub mod drift;
 pub mod fences;
+pub mod notifications;
 pub mod queue_rounds;
 pub mod reconciler;
 pub mod rehome;

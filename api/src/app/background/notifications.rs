@@ -1,0 +1,101 @@
+//! Publishing the notifications' outbox: what the database's triggers wrote with each change
+//! (`db::notifications`) goes to the broker ([`crate::notifier`]), oldest first, each VM's events
+//! in their order, and is forgotten once the broker confirmed it.
+//!
+//! One replica publishes at a time (a lease in the database, renewed every pass): two publishing
+//! at once could interleave a VM's events. When the broker is down nothing is lost: the outbox
+//! keeps growing, each pass tries again (backing off to 30 s), and everything goes out in order
+//! once it is back. A crash between the broker's confirmation and the outbox's deletion sends
+//! those notifications again, with the same `message_id`: at least once, never silently dropped.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::app::App;
+use crate::db::{self, now_ms};
+use crate::error::{Error, ErrorChain};
+use crate::metrics::inc;
+use crate::notifier::{outgoing, BrokerError};
+
+/// Notifications sent per broker round trip.
+const BATCH: usize = 500;
+/// How long the publisher's lease lasts without renewal.
+const LEASE_MS: i64 = 10_000;
+/// The longest wait between two tries while the broker is down.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What a pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Published {
+    pub sent: usize,
+    /// Another replica holds the lease.
+    pub not_ours: bool,
+}
+
+impl App {
+    /// Turns the outbox on when this replica publishes, off when nobody does (see
+    /// [`db::configure_notifier`]).
+    pub async fn configure_notifier(&self) -> Result<(), Error> {
+        let mut conn = self.db.conn().await?;
+        db::configure_notifier(&mut conn, self.broker.is_some(), now_ms()).await
+    }
+
+    /// The `publisher_id` of this process's notifications.
+    fn publisher_id(&self) -> String {
+        self.config.notifications.publisher_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("gsaas.{}", host.trim())
+        })
+    }
+
+    /// Sends every waiting notification, if this replica holds (or takes) the publisher's lease,
+    /// until the outbox is empty or the broker fails.
+    pub async fn publish_notifications(&self) -> Result<Published, Error> {
+        let Some(broker) = &self.broker else { return Ok(Published::default()) };
+        let (publisher, topic) = (self.publisher_id(), &self.config.notifications.topic);
+        let mut published = Published::default();
+        loop {
+            let now = now_ms();
+            let mut conn = self.db.conn().await?;
+            if !db::take_notifier_lease(&mut conn, &self.instance, now, now + LEASE_MS).await? {
+                published.not_ours = true;
+                return Ok(published);
+            }
+            let waiting = db::waiting_notifications(&mut conn, BATCH).await?;
+            drop(conn);
+            if waiting.is_empty() {
+                return Ok(published);
+            }
+            let batch: Vec<_> = waiting.iter().map(|n| outgoing(n, &publisher, topic)).collect();
+            let (confirmed, failure) = broker.publish(&batch).await;
+            self.db.forget_notifications(&waiting[..confirmed]).await?;
+            published.sent += confirmed;
+            self.metrics.notifications_published.fetch_add(confirmed as u64, Ordering::Relaxed);
+            if let Some(BrokerError(reason)) = failure {
+                inc(&self.metrics.notification_failures);
+                return Err(Error::unavailable("notification broker", reason));
+            }
+        }
+    }
+
+    /// Publishes on a timer (`notifications.poll_ms`), backing off while the broker is down.
+    pub fn spawn_notifier(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        self.broker.as_ref()?;
+        let app = self.clone();
+        Some(self.spawn_background(async move {
+            let poll = Duration::from_millis(app.config.notifications.poll_ms);
+            let mut backoff = poll;
+            loop {
+                match app.publish_notifications().await {
+                    Ok(_) => backoff = poll,
+                    Err(e) => {
+                        tracing::warn!(error = %ErrorChain(&e), "notifications wait in the outbox");
+                        backoff = (backoff * 2).clamp(poll, MAX_BACKOFF);
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+            }
+        }))
+    }
+}

@@ -1,0 +1,102 @@
+//! The notifications' outbox (`migrations/0028_notifications.*.sql`, whose triggers write it):
+//! whether it is written, which replica publishes it (a lease), what waits in it.
+
+use sqlx::{AnyConnection, Row};
+
+use super::Db;
+use crate::error::Error;
+use crate::model::NotificationRecord;
+
+/// Turns the outbox on (a replica that publishes), or off when no replica holds the publisher's
+/// lease (a replica started without `[notifications]` must not silence one that has them).
+pub async fn configure_notifier(
+    conn: &mut AnyConnection,
+    publishing: bool,
+    now_ms: i64,
+) -> Result<(), Error> {
+    if publishing {
+        sqlx::query("UPDATE notifier SET enabled = 1 WHERE id = 1").execute(conn).await?;
+    } else {
+        sqlx::query("UPDATE notifier SET enabled = 0 WHERE id = 1 AND lease_until_ms < $1")
+            .bind(now_ms)
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Takes or keeps the publisher's lease for `owner` until `until_ms`: whether it holds it. One
+/// replica publishes at a time, so each VM's events leave in order.
+pub async fn take_notifier_lease(
+    conn: &mut AnyConnection,
+    owner: &str,
+    now_ms: i64,
+    until_ms: i64,
+) -> Result<bool, Error> {
+    let taken = sqlx::query(
+        "UPDATE notifier SET lease_owner = $1, lease_until_ms = $2, enabled = 1 \
+         WHERE id = 1 AND (lease_owner = $1 OR lease_until_ms < $3)",
+    )
+    .bind(owner)
+    .bind(until_ms)
+    .bind(now_ms)
+    .execute(conn)
+    .await?;
+    Ok(taken.rows_affected() == 1)
+}
+
+/// Up to `limit` waiting notifications, oldest first, each VM's in its order.
+pub async fn waiting_notifications(
+    conn: &mut AnyConnection,
+    limit: usize,
+) -> Result<Vec<NotificationRecord>, Error> {
+    let rows = sqlx::query(
+        "SELECT vm, seq, event_type, payload, created_ms FROM notifications \
+         ORDER BY created_ms, vm, seq LIMIT $1",
+    )
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(conn)
+    .await?;
+    let mut waiting: Vec<NotificationRecord> = rows
+        .iter()
+        .map(|row| {
+            Ok(NotificationRecord {
+                vm: row.try_get(0)?,
+                seq: row.try_get(1)?,
+                event_type: row.try_get(2)?,
+                payload: row.try_get(3)?,
+                created_ms: row.try_get(4)?,
+            })
+        })
+        .collect::<Result<_, Error>>()?;
+    // Two events of a VM in one millisecond: by their number.
+    waiting.sort_by(|a, b| (a.created_ms, &a.vm, a.seq).cmp(&(b.created_ms, &b.vm, b.seq)));
+    Ok(waiting)
+}
+
+/// How many notifications wait.
+pub async fn waiting_notification_count(conn: &mut AnyConnection) -> Result<i64, Error> {
+    Ok(sqlx::query("SELECT COUNT(*) FROM notifications").fetch_one(conn).await?.try_get(0)?)
+}
+
+impl Db {
+    /// Forgets notifications the broker confirmed.
+    pub async fn forget_notifications(&self, sent: &[NotificationRecord]) -> Result<(), Error> {
+        let mut tx = self.begin().await?;
+        for chunk in sent.chunks(super::MAX_ROWS) {
+            let values: Vec<String> =
+                (0..chunk.len()).map(|i| format!("(${}, ${})", 2 * i + 1, 2 * i + 2)).collect();
+            let sql = format!(
+                "DELETE FROM notifications WHERE (vm, seq) IN (VALUES {})",
+                values.join(", ")
+            );
+            let mut query = sqlx::query(&sql);
+            for n in chunk {
+                query = query.bind(&n.vm).bind(n.seq);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
