@@ -20,8 +20,9 @@ CREATE INDEX cgpu_usage_open ON cgpu_usage (vm, idx) WHERE end_ms IS NULL;
 -- once without a sort or a table lookup; one project's reads its part.
 CREATE INDEX cgpu_usage_by_project
     ON cgpu_usage (project, model, mode, start_ms, end_ms, memory_mib);
--- Spans not yet in usage_totals, the ended ones by when they ended.
-CREATE INDEX cgpu_usage_unrolled ON cgpu_usage (end_ms) WHERE rolled = 0;
+-- Ended spans not yet in usage_totals, by when they ended (a span still counting is in
+-- cgpu_usage_open only: a launch writes one index entry fewer).
+CREATE INDEX cgpu_usage_unrolled ON cgpu_usage (end_ms) WHERE rolled = 0 AND end_ms IS NOT NULL;
 
 CREATE TABLE vm_usage (
     project TEXT NOT NULL,

@@ -221,9 +221,13 @@ pub async fn usage_totals(
         "SELECT project, model, mode, CAST(SUM(ms) AS BIGINT), SUM(memory_mib_ms) FROM ( \
            SELECT project, model, mode, cgpu_ms AS ms, memory_mib_ms FROM usage_totals \
            UNION ALL \
-           SELECT project, model, mode, COALESCE(end_ms, $1) - start_ms AS ms, \
-                  CAST(COALESCE(end_ms, $1) - start_ms AS DOUBLE PRECISION) * memory_mib \
-           FROM cgpu_usage WHERE rolled = 0 AND COALESCE(end_ms, $1) > start_ms \
+           SELECT project, model, mode, end_ms - start_ms AS ms, \
+                  CAST(end_ms - start_ms AS DOUBLE PRECISION) * memory_mib \
+           FROM cgpu_usage WHERE rolled = 0 AND end_ms IS NOT NULL \
+           UNION ALL \
+           SELECT project, model, mode, $1 - start_ms AS ms, \
+                  CAST($1 - start_ms AS DOUBLE PRECISION) * memory_mib \
+           FROM cgpu_usage WHERE end_ms IS NULL AND start_ms < $1 \
          ) t GROUP BY project, model, mode ORDER BY project, model, mode",
     )
     .bind(now_ms)
