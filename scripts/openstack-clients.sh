@@ -4,6 +4,7 @@
 #
 #   scripts/openstack-clients.sh osc       # python-openstackclient + osc-lib + osc-plugin/ (this repo's)
 #   scripts/openstack-clients.sh horizon   # Horizon + horizon-plugin/ (this repo's)
+#   scripts/openstack-clients.sh cloudkitty  # CloudKitty (its Prometheus collector, for deploy/cloudkitty)
 #
 # Prints the venv's path (the only line on stdout). Idempotent: a venv whose pins and plugin
 # source are unchanged is reused as it is; otherwise it is rebuilt. The pins are the top-level
@@ -23,8 +24,13 @@ case ${1:-} in
     plugin=horizon-plugin
     pins="horizon==27.0.0"
     ;;
+  cloudkitty)
+    # No plugin: the configuration in deploy/cloudkitty is what is tested.
+    plugin=deploy/cloudkitty
+    pins="cloudkitty==25.0.0"
+    ;;
   *)
-    echo "usage: $0 osc|horizon" >&2
+    echo "usage: $0 osc|horizon|cloudkitty" >&2
     exit 2
     ;;
 esac
@@ -50,10 +56,12 @@ mkdir -p "$HOME_DIR"
 # shellcheck disable=SC2086
 "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$plugin/constraints.txt" $pins >&2
 # The plugin, built in a scratch copy so the source tree gets no build/ or egg-info.
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
-cp -r "$plugin" "$scratch/"
-"$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$scratch/$plugin" >&2
+if [ "$1" != cloudkitty ]; then
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+  cp -r "$plugin" "$scratch/"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "$scratch/$plugin" >&2
+fi
 if [ "$1" = horizon ]; then
   # Installed as Horizon plugins are: the enabled files into openstack_dashboard/local/enabled;
   # then Horizon's static files collected and compressed, as a deployment does, with the

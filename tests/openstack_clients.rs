@@ -5,7 +5,11 @@
 //! a real Horizon with this repository's panels (`horizon-plugin/`) in real Chromium; each client
 //! installed by `scripts/openstack-clients.sh` into a venv of its own.
 //!
-//! Each test serves its gsaasd (Keystone mode, the Nova backend) where the catalog says gsaasd is,
+//! And CloudKitty's Prometheus collector (`cloudkitty` from PyPI, in its venv) rating the usage
+//! counters of gsaasd's `/metrics` through a real Prometheus (Debian's), with
+//! `deploy/cloudkitty/`'s configuration as shipped.
+//!
+//! Each test of the catalog serves its gsaasd (Keystone mode, the Nova backend) where the catalog says gsaasd is,
 //! holding the catalog's address for itself (`CatalogLease`: one such test at a time, in every
 //! test binary).
 
@@ -283,7 +287,8 @@ async fn horizon_gpus_panels_launch_terminate_drain_and_taint_in_a_real_browser(
     let gsaasd = Gsaasd::start_in_catalog(4, |_| {}).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let _horizon = Horizon::start(&venv, port);
-    let url = format!("http://127.0.0.1:{port}");
+    // CloudKitty takes Prometheus' HTTP API, as `[collector_prometheus] prometheus_url`.
+    let url = format!("http://127.0.0.1:{port}/api/v1");
     let login = format!("{url}/auth/login/");
     gsaas_test_support::openstack::eventually("Horizon to answer", || async {
         let answer = reqwest::get(&login).await.ok()?;
@@ -346,4 +351,99 @@ async fn horizon_gpus_panels_launch_terminate_drain_and_taint_in_a_real_browser(
         let png = std::fs::read(screenshots.join(name)).unwrap();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{name}: {} bytes", png.len());
     }
+}
+
+/// `deploy/cloudkitty/` as shipped: Prometheus (Debian's `prometheus`) scrapes gsaasd's
+/// `[metrics] listen` every second with `prometheus-scrape.yml`'s relabelling (`project` copied
+/// to `project_id`), and CloudKitty's own collector code (`tests/cloudkitty_rating.py`) rates the
+/// project with `metrics.yml`: its cGPU-hours per model and mode match gsaasd's usage report of
+/// the same period, within what Prometheus' `delta` extrapolates from one-second samples.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudkitty_rates_the_usage_counters_through_a_real_prometheus() {
+    use gsaas_test_support::{shared_launch, Store, TestService};
+    let venv = client_venv("cloudkitty");
+    let t = TestService::start_with(Store::Sqlite, |c| {
+        c.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let metrics = t.service().metrics_addr.expect("metrics.listen");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned();
+    let deploy = workspace.join("deploy/cloudkitty");
+
+    // Prometheus, scraping gsaasd as prometheus-scrape.yml says (its target and interval
+    // replaced for the test).
+    let scrape = std::fs::read_to_string(deploy.join("prometheus-scrape.yml")).unwrap();
+    let relabel = &scrape[scrape.find("    metric_relabel_configs:").expect("the relabelling")..];
+    let dir = t.dir.join("prometheus");
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: gsaasd\n    \
+         scrape_interval: 1s\n    static_configs:\n      - targets: [\"{metrics}\"]\n{relabel}"
+    );
+    std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut prometheus = Command::new("prometheus")
+        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+        .spawn()
+        .expect("prometheus runs (Debian's prometheus package)");
+    // CloudKitty takes Prometheus' HTTP API, as `[collector_prometheus] prometheus_url`.
+    let url = format!("http://127.0.0.1:{port}/api/v1");
+
+    // A VM of 2 cGPUs for a few seconds, scraped all along.
+    let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let member = t.member();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let id = t.launch(&member, &shared_launch(2, 1024)).await;
+    t.wait_state(&member, &id, "ready").await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    t.delete(&member, &format!("/v1/vms/{id}")).await;
+    t.wait_state(&member, &id, "deleted").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let end = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+
+    let rated = Command::new(venv.join("bin/python"))
+        .arg(workspace.join("tests/cloudkitty_rating.py"))
+        .arg(deploy.join("metrics.yml"))
+        .arg(&url)
+        .arg("alpha")
+        .arg(start.as_secs().to_string())
+        .arg(end.as_secs().to_string())
+        .output()
+        .expect("python runs");
+    let _ = prometheus.kill();
+    let _ = prometheus.wait();
+    let log = std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
+    assert!(
+        rated.status.success(),
+        "{}\nprometheus: {log}",
+        String::from_utf8_lossy(&rated.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&rated.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let cgpu: Vec<&Value> = lines.iter().filter(|l| l["metric"] == "cgpu").collect();
+    assert_eq!(cgpu.len(), 1, "one model and mode rated: {lines:#?}\nprometheus: {log}");
+    assert_eq!(cgpu[0]["groups"]["mode"], "shared", "{lines:#?}");
+    assert_eq!(cgpu[0]["unit"], "cgpu-hour");
+
+    let (status, report) =
+        t.get(&t.admin(), "/v1/usage/alpha?start=2000-01-01&end=2100-01-01").await;
+    assert_eq!(status, 200, "{report}");
+    let used_hours = report["projects"][0]["cgpu_seconds"].as_f64().unwrap() / 3600.0;
+    let rated_hours = cgpu[0]["qty"].as_f64().unwrap();
+    assert!(used_hours > 0.0, "{report}");
+    // `delta` extrapolates from samples a second apart: two cGPUs, a second at each edge.
+    let slack = 4.0 / 3600.0;
+    assert!(
+        (rated_hours - used_hours).abs() <= slack,
+        "CloudKitty rated {rated_hours} cGPU-hours, gsaasd counted {used_hours}: {lines:#?}"
+    );
+    let memory: Vec<&Value> = lines.iter().filter(|l| l["metric"] == "gpu_memory").collect();
+    let memory_gib_hours = memory[0]["qty"].as_f64().unwrap();
+    assert!((memory_gib_hours - rated_hours).abs() <= slack, "1 GiB per cGPU: {lines:#?}");
 }
