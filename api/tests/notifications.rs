@@ -175,3 +175,70 @@ async fn without_a_broker_nothing_is_written() {
     t.wait_state(&member, &id, "ready").await;
     assert_eq!(waiting(&t).await, 0);
 }
+
+/// A preemption: the queue takes a cGPU back from a best-effort VM for a higher-priority launch.
+/// Its owner's metering hears `gpu.vm.preempt` and then the cGPU's release, and the cGPU stops
+/// counting when the preemption begins, not when its detach ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preemption_is_notified_and_stops_the_cgpus_count() {
+    use sqlx::Row;
+    let rabbit = Rabbit::start().await;
+    let url = rabbit.transport_url();
+    let t = TestService::start_with(Store::Sqlite, |c| {
+        c.notifications.transport_url = Some(url);
+        c.notifications.poll_ms = 20;
+        c.quotas.max_priority = 100;
+    })
+    .await;
+    let inbox = rabbit.consume("notifications.info").await;
+    let (member, other) = (t.member(), t.token("beta", Role::Member));
+    let exclusive = |n: u32, priority: i32, preemptible: bool| {
+        json!({"name": "q", "image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": n,
+               "mode": "exclusive", "queue": true, "priority": priority,
+               "preemptible": preemptible})
+    };
+    let best_effort = t.launch(&member, &exclusive(2, 0, true)).await;
+    t.wait_state(&member, &best_effort, "ready").await;
+    let protected = t.launch(&other, &exclusive(2, 0, false)).await;
+    t.wait_state(&other, &protected, "ready").await;
+    let urgent = t.launch(&other, &exclusive(1, 9, false)).await;
+    t.wait_state(&other, &urgent, "ready").await;
+    t.wait_vm(&member, &best_effort, |vm| vm["cgpus"].as_array().unwrap().len() == 1).await;
+
+    let received = inbox
+        .wait_for(Duration::from_secs(20), |m| has_event(m, &best_effort, "gpu.cgpu.detach.end"))
+        .await;
+    let events = by_vm(&received).remove(&best_effort).unwrap();
+    let kinds = event_types(&events);
+    assert_eq!(
+        kinds,
+        ["gpu.vm.create.start", "gpu.vm.create.end", "gpu.vm.preempt", "gpu.cgpu.detach.end"],
+        "{events:#?}"
+    );
+    let taken = &events[2]["payload"]["cgpu"];
+    assert_eq!(events[3]["payload"]["cgpu"]["index"], taken["index"], "the one taken is released");
+    assert_eq!(events[3]["payload"]["ncgpus"], 1);
+
+    // The taken cGPU's span ended at the preemption (its state left `live`), before its release.
+    let mut conn = t.service().app.db.conn().await.unwrap();
+    let spans = sqlx::query("SELECT end_ms FROM cgpu_usage WHERE vm = $1 AND idx = $2")
+        .bind(&best_effort)
+        .bind(taken["index"].as_i64().unwrap())
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(spans.len(), 1);
+    let ended: Option<i64> = spans[0].get(0);
+    let preempted_at = events[2]["timestamp"].as_str().unwrap().to_owned();
+    let released_at = events[3]["timestamp"].as_str().unwrap().to_owned();
+    let ended = ended.expect("the taken cGPU stopped counting");
+    let ended = gsaasd::openstack::time::format_rfc3339(
+        std::time::UNIX_EPOCH + Duration::from_millis(ended as u64),
+    );
+    assert_eq!(
+        ended.trim_end_matches('Z').replacen('T', " ", 1),
+        preempted_at,
+        "it stopped counting in the preemption's own change"
+    );
+    assert!(preempted_at < released_at, "{preempted_at} {released_at}");
+}
