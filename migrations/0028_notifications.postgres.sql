@@ -113,3 +113,11 @@ FOR EACH ROW WHEN ((OLD.state = 'attaching' AND NEW.state = 'live')
 EXECUTE FUNCTION gsaas_cgpus_notify();
 CREATE TRIGGER cgpus_notify_delete AFTER DELETE ON cgpus
 FOR EACH ROW WHEN (OLD.state = 'detaching') EXECUTE FUNCTION gsaas_cgpus_notify();
+
+-- Off until a replica publishes (gsaasd's db::configure_notifier turns them on and off with
+-- `notifier.enabled`): a trigger turned off costs nothing, one that finds the outbox off still
+-- costs a PL/pgSQL call for every change of a VM.
+ALTER TABLE vms DISABLE TRIGGER vms_notify_insert;
+ALTER TABLE vms DISABLE TRIGGER vms_notify_update;
+ALTER TABLE cgpus DISABLE TRIGGER cgpus_notify_update;
+ALTER TABLE cgpus DISABLE TRIGGER cgpus_notify_delete;

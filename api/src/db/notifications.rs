@@ -7,6 +7,30 @@ use super::Db;
 use crate::error::Error;
 use crate::model::NotificationRecord;
 
+/// The triggers that write the outbox, by table (`migrations/0028_notifications.*.sql`).
+const NOTIFY_TRIGGERS: [(&str, &str); 4] = [
+    ("vms", "vms_notify_insert"),
+    ("vms", "vms_notify_update"),
+    ("cgpus", "cgpus_notify_update"),
+    ("cgpus", "cgpus_notify_delete"),
+];
+
+/// On PostgreSQL, turns the outbox's triggers on or off with `notifier.enabled`: off, they cost
+/// nothing, where a trigger that finds the outbox off still costs a PL/pgSQL call for every
+/// change of a VM (SQLite's triggers check the switch in their `WHEN`, in process).
+async fn switch_notify_triggers(conn: &mut AnyConnection, on: bool) -> Result<(), Error> {
+    if conn.backend_name() != "PostgreSQL" {
+        return Ok(());
+    }
+    let verb = if on { "ENABLE" } else { "DISABLE" };
+    for (table, trigger) in NOTIFY_TRIGGERS {
+        sqlx::query(&format!("ALTER TABLE {table} {verb} TRIGGER {trigger}"))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
 /// Turns the outbox on (a replica that publishes), or off when no replica holds the publisher's
 /// lease (a replica started without `[notifications]` must not silence one that has them).
 pub async fn configure_notifier(
@@ -15,12 +39,15 @@ pub async fn configure_notifier(
     now_ms: i64,
 ) -> Result<(), Error> {
     if publishing {
-        sqlx::query("UPDATE notifier SET enabled = 1 WHERE id = 1").execute(conn).await?;
-    } else {
-        sqlx::query("UPDATE notifier SET enabled = 0 WHERE id = 1 AND lease_until_ms < $1")
-            .bind(now_ms)
-            .execute(conn)
-            .await?;
+        sqlx::query("UPDATE notifier SET enabled = 1 WHERE id = 1").execute(&mut *conn).await?;
+        return switch_notify_triggers(conn, true).await;
+    }
+    let off = sqlx::query("UPDATE notifier SET enabled = 0 WHERE id = 1 AND lease_until_ms < $1")
+        .bind(now_ms)
+        .execute(&mut *conn)
+        .await?;
+    if off.rows_affected() == 1 {
+        switch_notify_triggers(conn, false).await?;
     }
     Ok(())
 }
@@ -33,6 +60,10 @@ pub async fn take_notifier_lease(
     now_ms: i64,
     until_ms: i64,
 ) -> Result<bool, Error> {
+    let was_on: i64 = sqlx::query("SELECT enabled FROM notifier WHERE id = 1")
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
     let taken = sqlx::query(
         "UPDATE notifier SET lease_owner = $1, lease_until_ms = $2, enabled = 1 \
          WHERE id = 1 AND (lease_owner = $1 OR lease_until_ms < $3)",
@@ -40,9 +71,14 @@ pub async fn take_notifier_lease(
     .bind(owner)
     .bind(until_ms)
     .bind(now_ms)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
-    Ok(taken.rows_affected() == 1)
+    let taken = taken.rows_affected() == 1;
+    if taken && was_on == 0 {
+        // The outbox was turned off while nobody published (see `configure_notifier`).
+        switch_notify_triggers(conn, true).await?;
+    }
+    Ok(taken)
 }
 
 /// Up to `limit` waiting notifications, oldest first, each VM's in its order.
