@@ -287,8 +287,7 @@ async fn horizon_gpus_panels_launch_terminate_drain_and_taint_in_a_real_browser(
     let gsaasd = Gsaasd::start_in_catalog(4, |_| {}).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let _horizon = Horizon::start(&venv, port);
-    // CloudKitty takes Prometheus' HTTP API, as `[collector_prometheus] prometheus_url`.
-    let url = format!("http://127.0.0.1:{port}/api/v1");
+    let url = format!("http://127.0.0.1:{port}");
     let login = format!("{url}/auth/login/");
     gsaas_test_support::openstack::eventually("Horizon to answer", || async {
         let answer = reqwest::get(&login).await.ok()?;
@@ -355,9 +354,10 @@ async fn horizon_gpus_panels_launch_terminate_drain_and_taint_in_a_real_browser(
 
 /// `deploy/cloudkitty/` as shipped: Prometheus (Debian's `prometheus`) scrapes gsaasd's
 /// `[metrics] listen` every second with `prometheus-scrape.yml`'s relabelling (`project` copied
-/// to `project_id`), and CloudKitty's own collector code (`tests/cloudkitty_rating.py`) rates the
-/// project with `metrics.yml`: its cGPU-hours per model and mode match gsaasd's usage report of
-/// the same period, within what Prometheus' `delta` extrapolates from one-second samples.
+/// to `project_id`), and CloudKitty's own collector code (`tests/cloudkitty_rating.py`) rates a
+/// period with `metrics.yml`: its cGPU-hours per model and mode are gsaasd's usage report of the
+/// same period. The counters' series exist (a first VM's) before the period, as in a cloud that
+/// runs: `delta` cannot rate what a series held when Prometheus first saw it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cloudkitty_rates_the_usage_counters_through_a_real_prometheus() {
     use gsaas_test_support::{shared_launch, Store, TestService};
@@ -393,25 +393,35 @@ async fn cloudkitty_rates_the_usage_counters_through_a_real_prometheus() {
     // CloudKitty takes Prometheus' HTTP API, as `[collector_prometheus] prometheus_url`.
     let url = format!("http://127.0.0.1:{port}/api/v1");
 
-    // A VM of 2 cGPUs for a few seconds, scraped all along.
-    let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    // A first VM makes the series; then, in the period rated, a VM of 2 cGPUs for a few seconds,
+    // with the counters flat (and scraped) at both ends.
     let member = t.member();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let id = t.launch(&member, &shared_launch(2, 1024)).await;
-    t.wait_state(&member, &id, "ready").await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    t.delete(&member, &format!("/v1/vms/{id}")).await;
-    t.wait_state(&member, &id, "deleted").await;
+    let run = |seconds: u64| {
+        let (t, member) = (&t, member.clone());
+        async move {
+            let id = t.launch(&member, &shared_launch(2, 1024)).await;
+            t.wait_state(&member, &id, "ready").await;
+            tokio::time::sleep(Duration::from_secs(seconds)).await;
+            t.delete(&member, &format!("/v1/vms/{id}")).await;
+            t.wait_state(&member, &id, "deleted").await;
+        }
+    };
+    run(1).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
-    let end = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let unix = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let start = unix().as_secs() + 1;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run(6).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let end = unix().as_secs();
 
     let rated = Command::new(venv.join("bin/python"))
         .arg(workspace.join("tests/cloudkitty_rating.py"))
         .arg(deploy.join("metrics.yml"))
         .arg(&url)
         .arg("alpha")
-        .arg(start.as_secs().to_string())
-        .arg(end.as_secs().to_string())
+        .arg(start.to_string())
+        .arg(end.to_string())
         .output()
         .expect("python runs");
     let _ = prometheus.kill();
@@ -431,19 +441,20 @@ async fn cloudkitty_rates_the_usage_counters_through_a_real_prometheus() {
     assert_eq!(cgpu[0]["groups"]["mode"], "shared", "{lines:#?}");
     assert_eq!(cgpu[0]["unit"], "cgpu-hour");
 
-    let (status, report) =
-        t.get(&t.admin(), "/v1/usage/alpha?start=2000-01-01&end=2100-01-01").await;
+    let period = |s: u64| gsaas_test_support::rfc3339(s as i64 * 1000);
+    let path = format!("/v1/usage/alpha?start={}&end={}", period(start), period(end));
+    let (status, report) = t.get(&t.admin(), &path).await;
     assert_eq!(status, 200, "{report}");
     let used_hours = report["projects"][0]["cgpu_seconds"].as_f64().unwrap() / 3600.0;
     let rated_hours = cgpu[0]["qty"].as_f64().unwrap();
-    assert!(used_hours > 0.0, "{report}");
-    // `delta` extrapolates from samples a second apart: two cGPUs, a second at each edge.
-    let slack = 4.0 / 3600.0;
+    assert!(used_hours > 10.0 / 3600.0, "two cGPUs for 6 s and more: {report}");
+    // `delta` scales what it saw to the whole range (samples a second apart): a few per cent.
+    let slack = used_hours * 0.1;
     assert!(
         (rated_hours - used_hours).abs() <= slack,
         "CloudKitty rated {rated_hours} cGPU-hours, gsaasd counted {used_hours}: {lines:#?}"
     );
     let memory: Vec<&Value> = lines.iter().filter(|l| l["metric"] == "gpu_memory").collect();
     let memory_gib_hours = memory[0]["qty"].as_f64().unwrap();
-    assert!((memory_gib_hours - rated_hours).abs() <= slack, "1 GiB per cGPU: {lines:#?}");
+    assert!((memory_gib_hours - rated_hours).abs() <= 1e-6, "1 GiB per cGPU: {lines:#?}");
 }

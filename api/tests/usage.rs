@@ -11,7 +11,7 @@ use gsaasd::auth::Role;
 use gsaasd::db::now_ms;
 use serde_json::{json, Value};
 use sqlx::Row;
-use support::{fields_at_fault, shared_launch, shared_launch_with, Store, TestService};
+use support::{fields_at_fault, rfc3339, shared_launch, shared_launch_with, Store, TestService};
 
 on_both_stores!(usage_follows_every_life_of_a_vm_and_adds_up_exactly_at_the_edges);
 
@@ -59,12 +59,6 @@ async fn vm_spans(t: &TestService, project: &str) -> Vec<(String, i64, Option<i6
 /// A span's milliseconds inside `[start, end)`, a span still counting ending at `now`.
 fn clipped(span_start: i64, span_end: Option<i64>, start: i64, end: i64, now: i64) -> i64 {
     (span_end.unwrap_or(now).min(end) - span_start.max(start)).max(0)
-}
-
-fn rfc3339(ms: i64) -> String {
-    gsaasd::openstack::time::format_rfc3339(
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64),
-    )
 }
 
 fn ms(seconds: &Value) -> i64 {

@@ -351,6 +351,13 @@ pub fn shared_launch_with(ncgpus: u32, mib: u64, extra: Value) -> Value {
     body
 }
 
+/// A time (milliseconds since the Unix epoch) as the API takes it: RFC 3339, UTC.
+pub fn rfc3339(ms: i64) -> String {
+    gsaasd::openstack::time::format_rfc3339(
+        std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64),
+    )
+}
+
 /// The ids of the launches answered 202, from `(status, body)` pairs.
 pub fn accepted_ids(results: &[(u16, Value)]) -> Vec<String> {
     results
