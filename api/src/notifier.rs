@@ -42,10 +42,9 @@ pub fn priority(event_type: &str) -> &'static str {
     }
 }
 
-/// oslo's timestamp form (`str(datetime.utcnow())`): `2026-11-27 17:00:00.123000`.
-fn oslo_timestamp(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    let rfc = crate::openstack::time::format_rfc3339(t);
+/// oslo's timestamp form (`str(datetime.utcnow())`) of `ms`: `2026-11-27 17:00:00.123000`.
+pub fn oslo_timestamp(ms: i64) -> String {
+    let rfc = crate::openstack::time::format_ms(ms);
     rfc.trim_end_matches('Z').replacen('T', " ", 1)
 }
 

@@ -246,11 +246,8 @@ async fn a_preemption_is_notified_and_stops_the_cgpus_count() {
     let preempted_at = events[2]["timestamp"].as_str().unwrap().to_owned();
     let released_at = events[3]["timestamp"].as_str().unwrap().to_owned();
     let ended = ended.expect("the taken cGPU stopped counting");
-    let ended = gsaasd::openstack::time::format_rfc3339(
-        std::time::UNIX_EPOCH + Duration::from_millis(ended as u64),
-    );
     assert_eq!(
-        ended.trim_end_matches('Z').replacen('T', " ", 1),
+        gsaasd::notifier::oslo_timestamp(ended),
         preempted_at,
         "it stopped counting in the preemption's own change"
     );

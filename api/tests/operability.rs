@@ -199,9 +199,7 @@ async fn versions_are_discoverable() {
 async fn views(t: &TestService, admin: &str, until_ms: i64) -> (Value, Value, Value) {
     let (_, list) = t.get(admin, "/v1/vms?deleted=true").await;
     let (_, pool) = t.get(admin, "/v1/pool").await;
-    let end = gsaasd::openstack::time::format_rfc3339(
-        std::time::UNIX_EPOCH + Duration::from_millis(until_ms as u64),
-    );
+    let end = support::rfc3339(until_ms);
     let (_, usage) = t.get(admin, &format!("/v1/usage?start=2000-01-01&end={end}")).await;
     (list, pool["totals"].clone(), usage["projects"].clone())
 }

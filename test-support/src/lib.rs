@@ -353,9 +353,7 @@ pub fn shared_launch_with(ncgpus: u32, mib: u64, extra: Value) -> Value {
 
 /// A time (milliseconds since the Unix epoch) as the API takes it: RFC 3339, UTC.
 pub fn rfc3339(ms: i64) -> String {
-    gsaasd::openstack::time::format_rfc3339(
-        std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64),
-    )
+    gsaasd::openstack::time::format_ms(ms)
 }
 
 /// The ids of the launches answered 202, from `(status, body)` pairs.

@@ -104,7 +104,7 @@ fn checked(ask: &UsageAsk, now: i64) -> Result<(Period, Option<i64>), Error> {
         // A step longer than the period gives one point, cut short by the period's end.
         let length = (end_ms - start_ms).max(1);
         let ms = i64::try_from(step.saturating_mul(1000)).unwrap_or(i64::MAX).min(i64::MAX / 4);
-        let points = || length / ms + i64::from(length % ms != 0);
+        let points = || steps_in(length, ms);
         if !(MIN_STEP_SECONDS..=MAX_STEP_SECONDS).contains(&step) {
             errors.push(FieldError {
                 field: "step".to_owned(),
@@ -125,6 +125,11 @@ fn checked(ask: &UsageAsk, now: i64) -> Result<(Period, Option<i64>), Error> {
     Ok((Period { start_ms, end_ms, now_ms: now }, step_ms))
 }
 
+/// How many steps of `step_ms` cover `length_ms` (the last may be cut short).
+fn steps_in(length_ms: i64, step_ms: i64) -> i64 {
+    length_ms / step_ms + i64::from(length_ms % step_ms != 0)
+}
+
 /// Adds up `spans`' time in each step of the period, by `label`.
 pub fn series(
     period: Period,
@@ -132,8 +137,7 @@ pub fn series(
     spans: &[Span],
     label: impl Fn(&Span) -> &str,
 ) -> Vec<(String, Vec<i64>)> {
-    let length = period.end_ms - period.start_ms;
-    let steps = (length / step_ms + i64::from(length % step_ms != 0)) as usize;
+    let steps = steps_in(period.end_ms - period.start_ms, step_ms) as usize;
     let mut lines: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for span in spans {
         let from = span.start_ms.max(period.start_ms);

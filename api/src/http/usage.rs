@@ -19,7 +19,7 @@ use crate::app::usage::{Report, UsageAsk};
 use crate::auth::Caller;
 use crate::db::{UsageLine, VmUsageLine};
 use crate::error::{Error, Problem};
-use crate::openstack::time::format_rfc3339;
+use crate::openstack::time::format_ms as time;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -144,11 +144,6 @@ fn vm_view(vm: &VmUsageLine) -> VmUsage {
         ended_ms: vm.ended_ms,
         usage: totals(&vm.usage),
     }
-}
-
-/// A time of the report (milliseconds since the Unix epoch, never before it) in RFC 3339.
-fn time(ms: i64) -> String {
-    format_rfc3339(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64))
 }
 
 fn view(report: Report) -> UsageReport {

@@ -102,6 +102,11 @@ pub fn month_start_ms(ms: i64) -> i64 {
     days_from_civil(year, month, 1) * 86_400_000
 }
 
+/// Formats `ms` (milliseconds since the Unix epoch; none before it) as [`format_rfc3339`] does.
+pub fn format_ms(ms: i64) -> String {
+    format_rfc3339(UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+}
+
 /// Formats `t` as `YYYY-MM-DDTHH:MM:SS.ffffffZ`, the way Keystone does.
 pub fn format_rfc3339(t: SystemTime) -> String {
     let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
