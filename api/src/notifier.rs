@@ -25,6 +25,10 @@ use serde_json::{json, Value};
 
 use crate::model::NotificationRecord;
 
+/// How long opening the broker's connection, or a batch's publishing and confirmations, may
+/// take: a broker that accepts connections and then says nothing must not hold the publisher.
+const BROKER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The namespace of notifications' message ids (UUID v5 of `<vm>/<seq>`).
 const MESSAGE_IDS: uuid::Uuid = uuid::Uuid::from_u128(0x6e0c_9a3e_41d2_4b6f_9d0a_7a51_c2f4_b8e1);
 
@@ -173,9 +177,13 @@ impl Broker for RabbitMq {
     async fn publish(&self, batch: &[Outgoing]) -> (usize, Option<BrokerError>) {
         let mut open = self.channel.lock().await;
         if open.is_none() {
-            match self.open().await {
-                Ok(opened) => *open = Some(opened),
-                Err(e) => return (0, Some(BrokerError(format!("cannot reach RabbitMQ: {e}")))),
+            match tokio::time::timeout(BROKER_TIMEOUT, self.open()).await {
+                Ok(Ok(opened)) => *open = Some(opened),
+                Ok(Err(e)) => return (0, Some(BrokerError(format!("cannot reach RabbitMQ: {e}")))),
+                Err(_) => {
+                    let failure = format!("RabbitMQ did not answer within {BROKER_TIMEOUT:?}");
+                    return (0, Some(BrokerError(failure)));
+                }
             }
         }
         let (_, channel) = open.as_ref().expect("opened above");
@@ -204,8 +212,16 @@ impl Broker for RabbitMq {
             }
         }
         let mut confirmed = 0;
+        let deadline = tokio::time::Instant::now() + BROKER_TIMEOUT;
         for confirm in confirms {
-            match confirm.await {
+            let Ok(confirm) = tokio::time::timeout_at(deadline, confirm).await else {
+                failure = Some(BrokerError(format!(
+                    "RabbitMQ confirmed {confirmed} of {} within {BROKER_TIMEOUT:?}",
+                    batch.len()
+                )));
+                break;
+            };
+            match confirm {
                 Ok(c) if c.is_ack() => confirmed += 1,
                 Ok(_) => {
                     failure = Some(BrokerError("RabbitMQ refused a message (nack)".to_owned()));

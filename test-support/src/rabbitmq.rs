@@ -136,12 +136,16 @@ impl Rabbit {
         *self.pgid.lock().unwrap() = Some(pgid);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let connected = lapin::Connection::connect(
-                &self.amqp_uri(),
-                lapin::ConnectionProperties::default(),
+            // Bounded: a broker still booting may take the connection and not answer it.
+            let connected = tokio::time::timeout(
+                Duration::from_secs(5),
+                lapin::Connection::connect(
+                    &self.amqp_uri(),
+                    lapin::ConnectionProperties::default(),
+                ),
             )
             .await;
-            if let Ok(connection) = connected {
+            if let Ok(Ok(connection)) = connected {
                 let _ = connection.close(200, "ready".into()).await;
                 return;
             }
@@ -180,10 +184,13 @@ impl Rabbit {
     /// message; what arrives, parsed as JSON, goes to the inbox.
     pub async fn consume(&self, queue: &str) -> Inbox {
         let received = Arc::new(Mutex::new(Vec::new()));
-        let connection =
-            lapin::Connection::connect(&self.amqp_uri(), lapin::ConnectionProperties::default())
-                .await
-                .expect("the test's consumer connects");
+        let connection = tokio::time::timeout(
+            Duration::from_secs(30),
+            lapin::Connection::connect(&self.amqp_uri(), lapin::ConnectionProperties::default()),
+        )
+        .await
+        .expect("the test's consumer connects within 30 s")
+        .expect("the test's consumer connects");
         let channel = connection.create_channel().await.expect("a channel");
         let durable = QueueDeclareOptions { durable: true, ..Default::default() };
         channel.queue_declare(queue.into(), durable, FieldTable::default()).await.expect("queue");
