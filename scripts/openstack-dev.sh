@@ -50,6 +50,13 @@ fail_with_log() {
     echo "--- last lines of $log:" >&2
     tail -n 20 "$log" >&2
   fi
+  # A broker under a resource alarm blocks every publisher (the services then wait silently): say
+  # which alarm, and how much disk is left (RabbitMQ blocks below 50 MB free by default).
+  if [ -d "$STATE/rabbit/log" ] && grep -h -i 'alarm' "$STATE"/rabbit/log/*.log 2>/dev/null | tail -n 5 | grep -q .; then
+    echo "--- RabbitMQ's resource alarms:" >&2
+    grep -h -i 'alarm' "$STATE"/rabbit/log/*.log | tail -n 5 >&2
+  fi
+  echo "openstack-dev.sh: free disk where the cloud keeps its state: $(df -h --output=avail "$STATE" 2>/dev/null | tail -n 1)" >&2
   echo "openstack-dev.sh: logs are in $LOGS; 'scripts/openstack-dev.sh stop' cleans up" >&2
   exit 1
 }

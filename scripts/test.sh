@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A build and the suite's services take several GiB; RabbitMQ and PostgreSQL stop accepting writes
+# on a nearly full disk, which shows up far from its cause.
+free_kib=$(df -k --output=avail . | tail -n 1 | tr -d ' ')
+if [ "${free_kib:-0}" -lt $((8 * 1024 * 1024)) ]; then
+  echo "scripts/test.sh: warning: only $((free_kib / 1024)) MiB free on this disk; the build and the" \
+    "test services need about 8 GiB (brokers block, databases stop writing when it runs out)" >&2
+fi
+
 need=()
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v conntrack >/dev/null 2>&1 || need+=(conntrack)

@@ -416,7 +416,7 @@ async fn gsaasd_side(
     asks: &Arc<Vec<u64>>,
     clients: usize,
 ) -> (Outcome, OverAllocation) {
-    let (mut config, _dir) = support::test_config(Store::Sqlite);
+    let (mut config, dir) = support::test_config(Store::Sqlite);
     config.inventory = common::inventory(hosts, GPUS_PER_HOST, GPU_MIB);
     let CloudConfig::Sim { sim } = &mut config.cloud else { unreachable!() };
     sim.fixed_ip_range = "10.64.0.0/12".parse().unwrap();
@@ -470,6 +470,8 @@ async fn gsaasd_side(
     let db = Db::connect(&config.database_url()).await.unwrap();
     let over = check_gsaasd(&db, &launched).await;
     svc.abort();
+    drop(db);
+    let _ = std::fs::remove_dir_all(&dir);
     (outcome, over)
 }
 

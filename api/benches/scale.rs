@@ -285,7 +285,7 @@ async fn pages(
 async fn run(store: Store, hosts: usize, runs: usize, pace: Duration) {
     let gpus = hosts * GPUS_PER_HOST;
     let vm_count = gpus * 10 / CGPUS_PER_VM;
-    let (mut config, _dir) = support::test_config(store);
+    let (mut config, dir) = support::test_config(store);
     let mixed = std::env::var("GSAAS_SCALE_FLEET").is_ok_and(|f| f == "mixed");
     config.inventory = match mixed {
         true => common::mixed_inventory(hosts, GPUS_PER_HOST, GPU_MIB),
@@ -439,6 +439,7 @@ async fn run(store: Store, hosts: usize, runs: usize, pace: Duration) {
     }
     println!("  database {size:.0} MiB");
     service.abort();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn main() {

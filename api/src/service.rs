@@ -201,9 +201,7 @@ pub async fn start_with_sim(
     let serve = |listener, router| {
         let tls = tls.clone();
         async move {
-            let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
-            };
+            let shutdown = stop_requested();
             if let Err(e) = httpd::serve(listener, router, limits, tls, shutdown).await {
                 tracing::error!(error = %ErrorChain(&e), "server stopped");
             }
@@ -225,4 +223,22 @@ pub async fn start_with_sim(
         notifier,
         metrics_server,
     })
+}
+
+/// SIGINT or SIGTERM (what a supervisor such as Kubernetes sends before it replaces a replica):
+/// the server stops accepting and finishes the requests it has, so a rolling upgrade cuts none.
+async fn stop_requested() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM: only SIGINT stops gsaasd gracefully");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

@@ -19,11 +19,11 @@ pub use gsaas_test_support::netns::{
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -95,6 +95,31 @@ impl Process {
         let signal = if paused { "-STOP" } else { "-CONT" };
         let status = Command::new("kill").arg(signal).arg(self.child.id().to_string()).status();
         assert!(status.is_ok_and(|s| s.success()), "kill {signal} {}", self.name);
+    }
+}
+
+impl Process {
+    /// Sends `signal` (`INT`, `TERM`) and waits, at most `limit`, for the process to exit; panics
+    /// with its log if it does not. Returns its exit status.
+    pub fn stop_with(&mut self, signal: &str, limit: Duration) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -{signal} {}", self.name);
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for a child") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {limit:?} of SIG{signal}; its log:\n{}",
+                self.name,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -373,4 +398,114 @@ pub fn read(path: &Path) -> String {
         .and_then(|mut f| f.read_to_string(&mut text))
         .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     text
+}
+
+/// A TCP relay, as a load balancer's virtual IP or a port forward is: it listens on `listen` inside
+/// one namespace (the one its creator's thread is in when `listen_ns` is `None`) and hands each
+/// connection to the next enabled backend, in turn, that accepts it; a backend is an address
+/// reached from inside a namespace (again `None`: the creator's). A backend that refuses is
+/// skipped; with none left the client's connection is closed. Disabling a backend (to drain it)
+/// leaves its open connections alone. Stops accepting when dropped.
+#[derive(Debug)]
+pub struct Relay {
+    backends: Arc<Mutex<Vec<RelayBackend>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Debug, Clone)]
+struct RelayBackend {
+    ns: Option<String>,
+    addr: SocketAddr,
+    enabled: bool,
+}
+
+impl Relay {
+    pub fn start(
+        listen_ns: Option<&Netns>,
+        listen: &str,
+        backends: &[(Option<&Netns>, &str)],
+    ) -> Relay {
+        let bind = || TcpListener::bind(listen);
+        let listener = match listen_ns {
+            Some(ns) => ns.run(bind),
+            None => bind(),
+        }
+        .unwrap_or_else(|e| panic!("relay: bind {listen}: {e}"));
+        listener.set_nonblocking(true).expect("non-blocking listener");
+        let backends: Vec<RelayBackend> = backends
+            .iter()
+            .map(|(ns, addr)| RelayBackend {
+                ns: ns.map(|n| n.name.clone()),
+                addr: addr.parse().unwrap_or_else(|e| panic!("relay backend {addr:?}: {e}")),
+                enabled: true,
+            })
+            .collect();
+        let backends = Arc::new(Mutex::new(backends));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (table, stopped) = (backends.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut next = 0usize;
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                let candidates: Vec<RelayBackend> = {
+                    let all = table.lock().expect("relay backends");
+                    let n = all.len().max(1);
+                    next = (next + 1) % n;
+                    (0..all.len())
+                        .map(|i| all[(next + i) % n].clone())
+                        .filter(|b| b.enabled)
+                        .collect()
+                };
+                std::thread::spawn(move || {
+                    let upstream = candidates.iter().find_map(|b| {
+                        let dial =
+                            || TcpStream::connect_timeout(&b.addr, Duration::from_secs(1)).ok();
+                        match &b.ns {
+                            Some(ns) => enter_and_run(ns, dial),
+                            None => dial(),
+                        }
+                    });
+                    match upstream {
+                        Some(upstream) => pipe(client, upstream),
+                        None => drop(client),
+                    }
+                });
+            }
+        });
+        Relay { backends, stop, thread: Some(thread) }
+    }
+
+    /// Sends new connections to `addr` again (`true`), or no longer (`false`).
+    pub fn set_enabled(&self, addr: &str, enabled: bool) {
+        let addr: SocketAddr = addr.parse().expect("a socket address");
+        let mut all = self.backends.lock().expect("relay backends");
+        let backend = all.iter_mut().find(|b| b.addr == addr).expect("a backend of this relay");
+        backend.enabled = enabled;
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Copies bytes both ways until each side has closed its half.
+fn pipe(a: TcpStream, b: TcpStream) {
+    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else { return };
+    let one_way = |mut from: TcpStream, mut to: TcpStream| {
+        let _ = std::io::copy(&mut from, &mut to);
+        let _ = to.shutdown(Shutdown::Write);
+    };
+    let back = std::thread::spawn(move || one_way(b2, a2));
+    one_way(a, b);
+    let _ = back.join();
 }
