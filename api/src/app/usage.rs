@@ -157,6 +157,18 @@ pub fn series(
     lines.into_iter().collect()
 }
 
+/// The projects' use over the period, one line per GPU model (a tenant's view of its own).
+async fn model_series(
+    conn: &mut sqlx::AnyConnection,
+    period: Period,
+    step_ms: i64,
+    projects: &[&str],
+) -> Result<Series, Error> {
+    let spans = db::cgpu_spans(conn, period, projects).await?;
+    let lines = series(period, step_ms, &spans, |s| &s.model);
+    Ok(Series { step_ms, by: SeriesBy::Model, lines })
+}
+
 impl App {
     /// Every project's usage in the period (admins), or the caller's project's.
     pub async fn usage(&self, caller: &Caller, ask: &UsageAsk) -> Result<Report, Error> {
@@ -168,9 +180,7 @@ impl App {
             None => None,
             Some(step_ms) if own.is_some() => {
                 let own: Vec<&str> = own.into_iter().collect();
-                let spans = db::cgpu_spans(&mut conn, period, &own).await?;
-                let lines = series(period, step_ms, &spans, |s| &s.model);
-                Some(Series { step_ms, by: SeriesBy::Model, lines })
+                Some(model_series(&mut conn, period, step_ms, &own).await?)
             }
             Some(step_ms) => {
                 let mut most: Vec<(&String, i64)> = projects
@@ -206,9 +216,7 @@ impl App {
         let vms = db::usage_by_vm(&mut conn, period, project.as_str()).await?;
         let series = match step {
             Some(step_ms) => {
-                let spans = db::cgpu_spans(&mut conn, period, &[project.as_str()]).await?;
-                let lines = series(period, step_ms, &spans, |s| &s.model);
-                Some(Series { step_ms, by: SeriesBy::Model, lines })
+                Some(model_series(&mut conn, period, step_ms, &[project.as_str()]).await?)
             }
             None => None,
         };

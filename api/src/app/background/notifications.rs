@@ -43,9 +43,13 @@ impl App {
 
     /// The `publisher_id` of this process's notifications.
     fn publisher_id(&self) -> String {
+        static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         self.config.notifications.publisher_id.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-            format!("gsaas.{}", host.trim())
+            let host = HOST.get_or_init(|| {
+                let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                name.trim().to_owned()
+            });
+            format!("gsaas.{host}")
         })
     }
 
