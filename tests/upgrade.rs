@@ -577,7 +577,13 @@ fn a_rolling_upgrade_from_the_previous_version_cuts_no_connection_and_refuses_no
         steps.push(format!("agent {} replaced in {} ms", host.0, t0.elapsed().as_millis()));
         t.check_plugged(&mut plugged, &format!("after agent {}", host.0));
     }
-    std::thread::sleep(Duration::from_secs(2));
+    // The load goes on until it has done each of its operations at least once (a slow machine
+    // makes VMs ready later).
+    wait_for("the load to launch, attach, detach and terminate", Duration::from_secs(90), || {
+        let log = log.lock().expect("the load's log");
+        let done = |op: &str| log.iter().any(|r| r.op == op && r.status == Some(202));
+        ["launch", "attach", "detach", "terminate"].iter().all(|op| done(op)).then_some(())
+    });
     stop.store(true, Ordering::Relaxed);
     load.join().expect("the load thread");
     let end = Instant::now();
@@ -594,10 +600,6 @@ fn a_rolling_upgrade_from_the_previous_version_cuts_no_connection_and_refuses_no
     for request in &log {
         let status = request.status.expect("answered");
         *counts.entry(request.op).or_default().entry(status).or_default() += 1;
-    }
-    for op in ["launch", "attach", "detach", "terminate"] {
-        let accepted = counts.get(op).and_then(|c| c.get(&202)).copied().unwrap_or(0);
-        assert!(accepted > 0, "no {op} was accepted during the upgrade: {counts:?}");
     }
 
     // Everything settles; the bookings are the VMs' cGPUs; a new VM reaches its GPUs.
