@@ -621,10 +621,8 @@ fn a_rolling_upgrade_from_the_previous_version_cuts_no_connection_and_refuses_no
     assert_eq!(status, 202, "a launch after the upgrade: {vm}");
     let fresh = t.plug(vm["id"].as_str().expect("an id"));
 
-    println!("upgrade: {from} -> {to} in {:.1} s", started.elapsed().as_secs_f64());
-    for step in &steps {
-        println!("upgrade:   {step}");
-    }
+    let mut report = vec![format!("{from} -> {to} in {:.1} s", started.elapsed().as_secs_f64())];
+    report.extend(steps.iter().map(|step| format!("  {step}")));
     let summary: Vec<String> = counts
         .iter()
         .map(|(op, statuses)| {
@@ -632,16 +630,20 @@ fn a_rolling_upgrade_from_the_previous_version_cuts_no_connection_and_refuses_no
             format!("{op} {}", each.join(" "))
         })
         .collect();
-    println!(
-        "upgrade:   the tenant's requests (count x status): {}; none unanswered, none 5xx",
+    report.push(format!(
+        "  the tenant's requests (count x status): {}; none unanswered, none 5xx",
         summary.join(", ")
-    );
-    println!(
-        "upgrade:   longest launch refusal: {} ms; 6 connections stayed open; a VM launched after \
-         the upgrade reaches its {} cGPUs",
+    ));
+    report.push(format!(
+        "  longest launch refusal: {} ms; 6 connections stayed open; a VM launched after the \
+         upgrade reaches its {} cGPUs",
         refusal.as_millis(),
         fresh.connections.len()
-    );
+    ));
+    // Straight to stderr, as the chaos test does: the harness captures print!, and the report
+    // belongs in CI's log.
+    let text: String = report.iter().map(|line| format!("upgrade: {line}\n")).collect();
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), text.as_bytes());
     assert!(
         refusal <= LONGEST_REFUSAL,
         "launches were refused for {refusal:?} (at most {LONGEST_REFUSAL:?})"
