@@ -45,8 +45,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gsaas_test_support::netns::ip;
 use gsaas_test_support::openstack::{self, Admin};
+use gsaasd::cloud::sim_netns;
+use gsaasd::cloud::sim_network::VmPort;
 use serde_json::{json, Value};
 use support::{
     agent_toml, binaries, connect, gsaasd_cli, require_root_tools, run_prefix, still_open, veth,
@@ -62,7 +63,7 @@ const GPU_HOST: (&str, &str) = (openstack::GPU_HOST, "10.240.0.12");
 const RGPU_GPU_SIDE: &str = "10.232.0.1";
 const GPU_SERVER: &str = "10.232.0.2";
 const GPU_SERVERS: [(&str, u16); 2] = [("gpu0", 8308), ("gpu1", 8309)];
-/// The Neutron stand-in's subnet, and the gateway every VM tap carries (as `SimNetns` wires it).
+/// The Neutron stand-in's subnet, and the gateway every VM tap carries.
 const VM_SUBNET: &str = "10.201.0.0/16";
 const VM_GATEWAY: &str = "10.201.0.1";
 /// The longest a tenant's launches may be refused during the upgrade.
@@ -421,8 +422,9 @@ agent_urls = {{ "{rgpu}" = "http://{rgpu_address}:7450", "{gpu}" = "http://{gpu_
             .collect()
     }
 
-    /// Plugs the VM's namespace on the tap Neutron named for its port, as the hypervisor would,
-    /// and opens a connection to each of its cGPUs from inside it.
+    /// Plugs the VM's namespace on the tap Neutron named for its port, as the hypervisor would
+    /// (and as gsaasd's simulated cloud does: `sim_netns::plug_vm`), and opens a connection to
+    /// each of its cGPUs from inside it.
     fn plug(&self, id: &str) -> PluggedVm {
         let vm = self.wait_ready(id);
         let servers = self.runtime.block_on(self.admin_os.servers_of_vm(id));
@@ -435,18 +437,11 @@ agent_urls = {{ "{rgpu}" = "http://{rgpu_address}:7450", "{gpu}" = "http://{gpu_
         let fixed_ip = port["fixed_ips"][0]["ip_address"].as_str().expect("a fixed IP");
         let tap = format!("tap{}", &port_id[..11]);
         let vm_ns = format!("{}{id}", self.vm_prefix);
-        let (vm_cidr, gateway_cidr) = (format!("{fixed_ip}/32"), format!("{VM_GATEWAY}/32"));
-        ip(&["netns", "add", &vm_ns]);
-        ip(&["-n", &vm_ns, "link", "set", "lo", "up"]);
-        self.crg
-            .ip(&["link", "add", &tap, "type", "veth", "peer", "name", "eth0", "netns", &vm_ns]);
-        self.crg.ip(&["addr", "add", &gateway_cidr, "dev", &tap]);
-        self.crg.ip(&["link", "set", &tap, "up"]);
-        self.crg.ip(&["route", "add", &vm_cidr, "dev", &tap]);
-        ip(&["-n", &vm_ns, "addr", "add", &vm_cidr, "dev", "eth0"]);
-        ip(&["-n", &vm_ns, "link", "set", "eth0", "up"]);
-        ip(&["-n", &vm_ns, "route", "add", VM_GATEWAY, "dev", "eth0"]);
-        ip(&["-n", &vm_ns, "route", "add", "default", "via", VM_GATEWAY, "dev", "eth0"]);
+        let port = VmPort { fixed_ip: fixed_ip.parse().expect("an IPv4 address"), tap };
+        let gateway = VM_GATEWAY.parse().expect("an IPv4 address");
+        self.runtime
+            .block_on(sim_netns::plug_vm(&vm_ns, &self.crg.name, gateway, &port))
+            .unwrap_or_else(|e| panic!("plug VM {id}: {e}"));
         let connections = self
             .cgpus(&vm)
             .into_iter()

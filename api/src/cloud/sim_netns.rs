@@ -132,37 +132,43 @@ impl SimNetns {
             ))
         })
     }
+}
 
-    /// Builds the VM's namespace and its veth; on error, the caller removes the namespace.
-    async fn wire(&self, vm_ns: &str, host_ns: &str, port: &VmPort) -> Result<(), CloudError> {
-        let vm_cidr = format!("{}/32", port.fixed_ip);
-        let gateway = self.gateway.to_string();
-        let gateway_cidr = format!("{gateway}/32");
-        let tap = port.tap.as_str();
-        ip(&["netns", "add", vm_ns]).await?;
-        ip(&["-n", vm_ns, "link", "set", "lo", "up"]).await?;
-        ip(&[
-            "-n", host_ns, "link", "add", tap, "type", "veth", "peer", "name", "eth0", "netns",
-            vm_ns,
-        ])
-        .await?;
-        ip(&["-n", host_ns, "addr", "add", &gateway_cidr, "dev", tap]).await?;
-        ip(&["-n", host_ns, "link", "set", tap, "up"]).await?;
-        ip(&["-n", host_ns, "route", "add", &vm_cidr, "dev", tap]).await?;
-        ip(&["-n", vm_ns, "addr", "add", &vm_cidr, "dev", "eth0"]).await?;
-        ip(&["-n", vm_ns, "link", "set", "eth0", "up"]).await?;
-        ip(&["-n", vm_ns, "route", "add", &gateway, "dev", "eth0"]).await?;
-        ip(&["-n", vm_ns, "route", "add", "default", "via", &gateway, "dev", "eth0"]).await?;
-        Ok(())
-    }
+/// Builds the VM's namespace `vm_ns` and wires it to `host_ns` through the port's tap, a routed
+/// port with `gateway` on the host's side (see the module docs). On error the caller removes
+/// what was built ([`unplug_vm`]). The end-to-end tests wire the VMs of a real Nova with it too.
+pub async fn plug_vm(
+    vm_ns: &str,
+    host_ns: &str,
+    gateway: Ipv4Addr,
+    port: &VmPort,
+) -> Result<(), CloudError> {
+    let vm_cidr = format!("{}/32", port.fixed_ip);
+    let gateway = gateway.to_string();
+    let gateway_cidr = format!("{gateway}/32");
+    let tap = port.tap.as_str();
+    ip(&["netns", "add", vm_ns]).await?;
+    ip(&["-n", vm_ns, "link", "set", "lo", "up"]).await?;
+    ip(&[
+        "-n", host_ns, "link", "add", tap, "type", "veth", "peer", "name", "eth0", "netns", vm_ns,
+    ])
+    .await?;
+    ip(&["-n", host_ns, "addr", "add", &gateway_cidr, "dev", tap]).await?;
+    ip(&["-n", host_ns, "link", "set", tap, "up"]).await?;
+    ip(&["-n", host_ns, "route", "add", &vm_cidr, "dev", tap]).await?;
+    ip(&["-n", vm_ns, "addr", "add", &vm_cidr, "dev", "eth0"]).await?;
+    ip(&["-n", vm_ns, "link", "set", "eth0", "up"]).await?;
+    ip(&["-n", vm_ns, "route", "add", &gateway, "dev", "eth0"]).await?;
+    ip(&["-n", vm_ns, "route", "add", "default", "via", &gateway, "dev", "eth0"]).await?;
+    Ok(())
+}
 
-    /// Deletes the tap (both veth ends) and the VM's namespace; what is already gone is fine.
-    async fn unwire(&self, vm_ns: &str, host_ns: &str, tap: &str) -> Result<(), CloudError> {
-        // The host's namespace gone means its interfaces are gone too.
-        let gone = ["Cannot find device", "Cannot open network namespace"];
-        ip_unless(&["-n", host_ns, "link", "del", tap], &gone).await?;
-        ip_unless(&["netns", "del", vm_ns], &["No such file or directory"]).await
-    }
+/// Deletes the tap (both veth ends) and the VM's namespace; what is already gone is fine.
+pub async fn unplug_vm(vm_ns: &str, host_ns: &str, tap: &str) -> Result<(), CloudError> {
+    // The host's namespace gone means its interfaces are gone too.
+    let gone = ["Cannot find device", "Cannot open network namespace"];
+    ip_unless(&["-n", host_ns, "link", "del", tap], &gone).await?;
+    ip_unless(&["netns", "del", vm_ns], &["No such file or directory"]).await
 }
 
 #[async_trait]
@@ -176,8 +182,8 @@ impl SimVmNetwork for SimNetns {
         let host_ns = self.host_namespace(host)?;
         let port = VmPort::new(self.addresses.allocate()?);
         let vm_ns = self.vm_namespace(server);
-        if let Err(err) = self.wire(&vm_ns, host_ns, &port).await {
-            if let Err(cleanup) = self.unwire(&vm_ns, host_ns, &port.tap).await {
+        if let Err(err) = plug_vm(&vm_ns, host_ns, self.gateway, &port).await {
+            if let Err(cleanup) = unplug_vm(&vm_ns, host_ns, &port.tap).await {
                 tracing::warn!(server = %server, error = %cleanup, "removing a half-built VM network failed");
             } else {
                 self.addresses.release(port.fixed_ip);
@@ -194,7 +200,7 @@ impl SimVmNetwork for SimNetns {
         port: &VmPort,
     ) -> Result<(), CloudError> {
         let host_ns = self.host_namespace(host)?;
-        self.unwire(&self.vm_namespace(server), host_ns, &port.tap).await?;
+        unplug_vm(&self.vm_namespace(server), host_ns, &port.tap).await?;
         self.addresses.release(port.fixed_ip);
         Ok(())
     }
