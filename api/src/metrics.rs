@@ -51,6 +51,9 @@ pub struct Metrics {
     /// Notifications the broker confirmed, and passes that stopped on a broker failure.
     pub notifications_published: AtomicU64,
     pub notification_failures: AtomicU64,
+    /// Usage events this process folded into spans, and folds that failed.
+    pub usage_events_folded: AtomicU64,
+    pub usage_fold_failures: AtomicU64,
 }
 
 /// One counter per outcome of attaches and of detaches, and a latency histogram of each.
@@ -158,6 +161,8 @@ impl Default for Metrics {
             host_alerts: std::array::from_fn(|_| AtomicU64::new(0)),
             notifications_published: AtomicU64::new(0),
             notification_failures: AtomicU64::new(0),
+            usage_events_folded: AtomicU64::new(0),
+            usage_fold_failures: AtomicU64::new(0),
         }
     }
 }
@@ -216,6 +221,16 @@ impl Metrics {
                 "gsaas_notification_failures_total",
                 "Publishing passes of this process that stopped on a broker failure.",
                 &self.notification_failures,
+            ),
+            (
+                "gsaas_usage_events_folded_total",
+                "Usage events this process folded into the usage spans.",
+                &self.usage_events_folded,
+            ),
+            (
+                "gsaas_usage_fold_failures_total",
+                "Folds of the usage log by this process that failed.",
+                &self.usage_fold_failures,
             ),
         ] {
             header(out, name, "counter", help);

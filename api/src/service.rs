@@ -33,6 +33,7 @@ pub struct Service {
     reconciler: tokio::task::JoinHandle<()>,
     queue_server: tokio::task::JoinHandle<()>,
     revocations: tokio::task::JoinHandle<()>,
+    usage_folder: tokio::task::JoinHandle<()>,
     /// The notifications' publisher, when `[notifications]` names a broker.
     notifier: Option<tokio::task::JoinHandle<()>>,
     /// The `metrics.listen` server, when configured.
@@ -52,6 +53,7 @@ impl Service {
         self.reconciler.abort();
         self.queue_server.abort();
         self.revocations.abort();
+        self.usage_folder.abort();
         if let Some(notifier) = self.notifier {
             notifier.abort();
         }
@@ -67,6 +69,7 @@ impl Service {
         self.reconciler.abort();
         self.queue_server.abort();
         self.revocations.abort();
+        self.usage_folder.abort();
         if let Some(notifier) = self.notifier {
             notifier.abort();
         }
@@ -192,6 +195,7 @@ pub async fn start_with_sim(
     app.configure_notifier().await.map_err(StartError::Database)?;
     let revocations = app.spawn_revocation_refresher();
     let notifier = app.spawn_notifier();
+    let usage_folder = app.spawn_usage_folder();
     let reconciler = app.spawn_reconciler();
     let queue_server = app.spawn_queue_server();
     let addr = listener
@@ -220,6 +224,7 @@ pub async fn start_with_sim(
         reconciler,
         queue_server,
         revocations,
+        usage_folder,
         notifier,
         metrics_server,
     })

@@ -6,7 +6,7 @@ use crate::{on_both_stores, support};
 
 use std::path::PathBuf;
 
-use gsaasd::db::Db;
+use gsaasd::db::{Backend, Db};
 use sqlx::Row;
 use support::Store;
 
@@ -715,6 +715,57 @@ async fn postgres_sessions_cost_pages_as_in_memory_unless_the_url_says() {
     assert_eq!(random_page_cost(&db).await, "3");
 }
 
+/// Spans the usage triggers of 0027 opened before 0029 replaced them with the usage log end
+/// through the log: a VM counting across the upgrade is billed once, to the end of its life, and
+/// one launched after is billed from the log alone.
+async fn spans_opened_before_the_usage_log_end_through_it(store: Store) {
+    let backend = if store == Store::Sqlite { Backend::Sqlite } else { Backend::Postgres };
+    let before: Vec<&str> = gsaasd::db::migrations_for(backend)
+        .into_iter()
+        .filter(|(version, _, _)| *version < 29)
+        .map(|(_, _, sql)| sql)
+        .collect();
+    let vm = |id: &str| {
+        format!(
+            "INSERT INTO vms (id, project, owner, name, request, policy, state, step, timings, \
+             created_ms, updated_ms) VALUES ('{id}', 'p', 'o', 'n', '{{}}', 'first-fit', 'ready', \
+             'done', '{{}}', 0, 0); \
+             INSERT INTO cgpus (vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, \
+             state) VALUES ('{id}', 0, 'h:0', 512, 'shared', '100.127.0.1', 9000, 0, 'live');"
+        )
+    };
+    let data = format!(
+        "INSERT INTO hosts (name, seq, kind, state, last_seen_ms) VALUES \
+           ('h', 1, 'compute-gpu', 'schedulable', 0); \
+         INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
+           rcuda_gpu_number) VALUES ('h:0', 'h', 0, 'K20m', 4800, '10.78.0.1', 8308, 0); {}",
+        vm("old")
+    );
+    let (url, dir) = legacy_database(store, &before, &data).await;
+    let db = Db::connect(&url).await.unwrap();
+    let open = "SELECT COUNT(*) FROM cgpu_usage WHERE end_ms IS NULL";
+    assert_eq!(count(&db, open).await, 1, "0027's trigger opened the old VM's span");
+
+    sqlx::raw_sql(&vm("new")).execute(&mut *db.conn().await.unwrap()).await.unwrap();
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM usage_events").await, 2, "logged, not yet folded");
+    assert_eq!(db.fold_usage().await.unwrap(), 2);
+    assert_eq!(count(&db, open).await, 2);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM vm_usage WHERE end_ms IS NULL").await, 2);
+
+    let terminate = "UPDATE vms SET state = 'deleting' WHERE id IN ('old', 'new'); \
+                     UPDATE cgpus SET state = 'released' WHERE vm IN ('old', 'new');";
+    sqlx::raw_sql(terminate).execute(&mut *db.conn().await.unwrap()).await.unwrap();
+    // Two VM ends, then two cGPU ends that end nothing more.
+    assert_eq!(db.fold_usage().await.unwrap(), 4);
+    assert_eq!(db.fold_usage().await.unwrap(), 0, "each event is folded once");
+    assert_eq!(count(&db, open).await, 0);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM vm_usage WHERE end_ms IS NULL").await, 0);
+    let spans = "SELECT COUNT(*) FROM cgpu_usage WHERE end_ms >= start_ms";
+    assert_eq!(count(&db, spans).await, 2, "one span each, ended");
+    drop(db);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
     live_vm_lookups_read_their_partial_indexes,
@@ -723,5 +774,6 @@ on_both_stores!(
     endpoints_claimed_twice_before_are_quarantined_and_never_again,
     every_table_at_once_matches_the_tables_host_by_host,
     every_vm_with_a_server_is_listed_as_stored,
-    each_change_of_a_vms_cgpus_is_read_again
+    each_change_of_a_vms_cgpus_is_read_again,
+    spans_opened_before_the_usage_log_end_through_it
 );

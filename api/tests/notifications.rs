@@ -234,6 +234,7 @@ async fn a_preemption_is_notified_and_stops_the_cgpus_count() {
     assert_eq!(events[3]["payload"]["ncgpus"], 1);
 
     // The taken cGPU's span ended at the preemption (its state left `live`), before its release.
+    t.service().app.fold_usage().await.unwrap();
     let mut conn = t.service().app.db.conn().await.unwrap();
     let spans = sqlx::query("SELECT end_ms FROM cgpu_usage WHERE vm = $1 AND idx = $2")
         .bind(&best_effort)

@@ -19,6 +19,7 @@ on_both_stores!(usage_follows_every_life_of_a_vm_and_adds_up_exactly_at_the_edge
 type Span = (String, i64, String, String, String, i64, i64, Option<i64>);
 
 async fn cgpu_spans(t: &TestService, project: &str) -> Vec<Span> {
+    t.service().app.fold_usage().await.unwrap();
     let mut conn = t.service().app.db.conn().await.unwrap();
     let rows = sqlx::query(
         "SELECT vm, idx, gpu, model, mode, memory_mib, start_ms, end_ms FROM cgpu_usage \
@@ -45,6 +46,7 @@ async fn cgpu_spans(t: &TestService, project: &str) -> Vec<Span> {
 }
 
 async fn vm_spans(t: &TestService, project: &str) -> Vec<(String, i64, Option<i64>)> {
+    t.service().app.fold_usage().await.unwrap();
     let mut conn = t.service().app.db.conn().await.unwrap();
     let rows = sqlx::query(
         "SELECT vm, start_ms, end_ms FROM vm_usage WHERE project = $1 ORDER BY start_ms",
@@ -288,7 +290,8 @@ async fn usage_follows_every_life_of_a_vm_and_adds_up_exactly_at_the_edges(store
 }
 
 /// Two replicas on one PostgreSQL: a VM launched on one and terminated through the other leaves
-/// one span per cGPU, and both rolling usage up at once add each span to the totals once.
+/// one span per cGPU, both folding the usage log at once fold each event once, and both rolling
+/// usage up at once add each span to the totals once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_never_count_a_second_twice() {
     let (a, b) = TestService::two_replicas().await;
@@ -305,6 +308,12 @@ async fn two_replicas_never_count_a_second_twice() {
     }
     for id in &vms {
         b.wait_state(&member, id, "deleted").await;
+    }
+    // Both fold the log at once (each also folds every second): each event is folded once.
+    for _ in 0..5 {
+        let (x, y) = tokio::join!(a.service().app.fold_usage(), b.service().app.fold_usage());
+        x.unwrap();
+        y.unwrap();
     }
     let spans = cgpu_spans(&a, "alpha").await;
     assert_eq!(spans.len(), 6, "{spans:?}");

@@ -332,6 +332,7 @@ impl App {
                 let waiting =
                     crate::db::waiting_notification_count(&mut *self.db.conn().await?).await?;
                 gauges.push_str(&crate::metrics::render_notifications_waiting(waiting));
+                self.fold_usage().await?;
                 let totals =
                     crate::db::usage_totals(&mut *self.db.conn().await?, crate::db::now_ms())
                         .await?;

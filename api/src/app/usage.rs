@@ -4,8 +4,9 @@
 //!
 //! The policy decides who sees what (`gpu:usage:show`, `gpu:usage:list:all_projects`): by
 //! default an admin every project, a tenant its own; another project is 404, as if it had used
-//! nothing. A report is read as it is asked for (nothing cached), so every replica answers the
-//! same.
+//! nothing. A report is read as it is asked for (nothing cached), after the usage log is folded
+//! ([`super::background::usage_fold`]), so every replica answers the same, with every change
+//! committed before it was asked.
 
 use std::collections::BTreeMap;
 
@@ -174,6 +175,7 @@ impl App {
     pub async fn usage(&self, caller: &Caller, ask: &UsageAsk) -> Result<Report, Error> {
         let own = self.policy.list_scope(caller, actions::USAGE_SHOW, actions::USAGE_LIST_ALL)?;
         let (period, step) = checked(ask, now_ms())?;
+        self.fold_usage().await?;
         let mut conn = self.db.conn().await?;
         let projects = db::usage_by_project(&mut conn, period, own).await?;
         let series = match step {
@@ -209,6 +211,7 @@ impl App {
         let project =
             super::quotas::visible_project(&self.policy, caller, project, actions::USAGE_SHOW)?;
         let (period, step) = checked(ask, now_ms())?;
+        self.fold_usage().await?;
         let mut conn = self.db.conn().await?;
         let mut projects = db::usage_by_project(&mut conn, period, Some(project.as_str())).await?;
         // A project that used nothing still gets its line (of zeros), as it may see itself.

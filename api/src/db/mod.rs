@@ -28,6 +28,7 @@ mod queue;
 mod quotas;
 mod tokens;
 mod usage;
+mod usage_fold;
 mod vms;
 
 pub use alerts::*;
@@ -43,6 +44,7 @@ pub use queue::*;
 pub use quotas::*;
 pub use tokens::*;
 pub use usage::*;
+pub use usage_fold::*;
 pub use vms::*;
 
 use std::sync::Arc;
@@ -104,6 +106,12 @@ pub const DIALECT_MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         "notifications",
         include_str!("../../../migrations/0028_notifications.sqlite.sql"),
         include_str!("../../../migrations/0028_notifications.postgres.sql"),
+    ),
+    (
+        29,
+        "usage_log",
+        include_str!("../../../migrations/0029_usage_log.sqlite.sql"),
+        include_str!("../../../migrations/0029_usage_log.postgres.sql"),
     ),
 ];
 

@@ -1,5 +1,5 @@
-//! Usage: the billable lifetimes of VMs and cGPUs (`migrations/0027_usage.*.sql`, whose triggers
-//! write them), read back for any period.
+//! Usage: the billable lifetimes of VMs and cGPUs (`migrations/0027_usage.*.sql`; written by
+//! folding the log of 0029's triggers, [`super::usage_fold`]), read back for any period.
 //!
 //! A span that crosses a period's edge counts only its part inside the period, to the millisecond:
 //! each span is clipped to `[start, end)` in SQL and the clipped parts added up, so a month's

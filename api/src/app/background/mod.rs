@@ -9,6 +9,7 @@
 //! - [`queue_rounds`]: the queue's rounds, which start what waits when capacity frees.
 //! - [`revocations`]: revoked token ids reloaded on every replica.
 //! - [`notifications`]: the notifications' outbox published to RabbitMQ (one replica at a time).
+//! - [`usage_fold`]: the usage log folded into the spans reports read.
 
 pub mod drift;
 pub mod fences;
@@ -17,3 +18,4 @@ pub mod queue_rounds;
 pub mod reconciler;
 pub mod rehome;
 pub mod revocations;
+pub mod usage_fold;

@@ -1,0 +1,46 @@
+//! Folding the usage log into spans ([`crate::db::usage_fold`]): on a timer ([`FOLD_EVERY`]), so
+//! the log stays short and `/metrics` lags the database by about that much, and before every
+//! usage report and `/metrics` computation, so a report counts every change committed before it
+//! was asked. Any replica may fold, at any time, as often as it likes: the database folds each
+//! event once.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::app::App;
+use crate::error::{Error, ErrorChain};
+use crate::metrics::inc;
+
+/// How often each replica folds the log. A second's launches and terminations are a few
+/// thousand events at most, folded in a few milliseconds.
+pub const FOLD_EVERY: Duration = Duration::from_secs(1);
+
+impl App {
+    /// Folds every usage event logged so far; returns how many.
+    pub async fn fold_usage(&self) -> Result<usize, Error> {
+        match self.db.fold_usage().await {
+            Ok(folded) => {
+                self.metrics.usage_events_folded.fetch_add(folded as u64, Ordering::Relaxed);
+                Ok(folded)
+            }
+            Err(e) => {
+                inc(&self.metrics.usage_fold_failures);
+                Err(e)
+            }
+        }
+    }
+
+    /// Folds every [`FOLD_EVERY`].
+    pub fn spawn_usage_folder(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let app = self.clone();
+        self.spawn_background(async move {
+            loop {
+                tokio::time::sleep(FOLD_EVERY).await;
+                if let Err(e) = app.fold_usage().await {
+                    tracing::warn!(error = %ErrorChain(&e), "usage events wait in the log");
+                }
+            }
+        })
+    }
+}
