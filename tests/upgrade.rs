@@ -29,6 +29,8 @@
 //! - launches are refused (anything but 202) for no longer than [`LONGEST_REFUSAL`];
 //! - the long-lived VMs keep their cGPUs (same GPUs, same endpoints), every GPU's booked memory is
 //!   exactly its cGPUs', and a VM launched after the upgrade reaches its cGPUs.
+//! - the usage the previous version started recording for its VMs ends with their termination
+//!   after the upgrade, and nothing counts on once every VM is terminated.
 //!
 //! It prints what it did and the longest refusal. Needs root, `ip`, `nft`, `nsenter`,
 //! `conntrack`, PostgreSQL 15, the dev cloud (`GSAAS_OPENSTACK_CLOUDS`) and cargo (for the
@@ -655,6 +657,23 @@ fn a_rolling_upgrade_from_the_previous_version_cuts_no_connection_and_refuses_no
             let (status, body) = t.api.call("GET", &format!("/v1/vms/{vm}"), &t.admin, None);
             (status == 404 || body["state"] == "deleted").then_some(())
         });
+    }
+    // Usage across the upgrade: the VMs launched on the previous version (whose usage spans its
+    // triggers opened) were ended through this version's usage log, once, and nothing counts on.
+    let own = t.api.get("/v1/usage", &t.member);
+    let project = own["projects"][0]["project"].as_str().expect("the tenant's project");
+    let usage = t.api.get(&format!("/v1/usage/{project}?start=2020-01-01T00:00:00Z"), &t.member);
+    let lines = usage["projects"][0]["vms"].as_array().cloned().expect("the project's VMs");
+    for vm in &lines {
+        assert!(vm["ended_ms"].is_i64(), "a VM still counts after its termination: {vm}");
+    }
+    for id in &ids {
+        let line = lines.iter().find(|vm| vm["id"] == id.as_str()).expect("an old VM's usage");
+        let (vm_s, cgpu_s) = (
+            line["usage"]["vm_seconds"].as_f64().expect("VM seconds"),
+            line["usage"]["cgpu_seconds"].as_f64().expect("cGPU seconds"),
+        );
+        assert!(vm_s > 0.0 && cgpu_s > 0.0 && cgpu_s <= 2.0 * vm_s + 0.002, "{line}");
     }
     // This version stops gracefully on SIGTERM too (what Kubernetes sends), the agents as before.
     for mut process in replicas.into_iter().chain(agents) {

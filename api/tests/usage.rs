@@ -334,3 +334,121 @@ async fn two_replicas_never_count_a_second_twice() {
     drop(conn);
     assert_eq!(counters(&a).await, counters(&b).await, "both replicas show the cloud's totals");
 }
+
+on_both_stores!(the_fold_does_what_its_specification_says_on_random_batches);
+
+/// The fold's SQL against its specification (`plan_fold`): rounds of random batches (any order of
+/// starts and ends, on a few VMs and cGPUs, times that sometimes go back) are written to the log
+/// by hand, folded, and the stored spans compared with the specification's.
+async fn the_fold_does_what_its_specification_says_on_random_batches(store: Store) {
+    use gsaasd::db::{plan_fold, CgpuSpanStart, EventKind, UsageEvent};
+    let db = support::FreshDb::open(store).await;
+    // Spans as stored: cGPUs (vm, idx, gpu, start, end), VMs (vm, name, start, end).
+    type CgpuRow = (String, i64, String, i64, Option<i64>);
+    type VmRow = (String, String, i64, Option<i64>);
+    let (mut cgpus, mut vms): (Vec<CgpuRow>, Vec<VmRow>) = (Vec::new(), Vec::new());
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let mut clock = 1_000_i64;
+    for round in 0..40 {
+        let size = next(40);
+        let mut events = Vec::new();
+        for seq in 0..size as i64 {
+            clock += next(5) as i64 - 1; // now and then back by a millisecond
+            let vm = format!("vm{}", next(3));
+            let what = match next(4) {
+                0 => EventKind::CgpuEnded { idx: next(3) as i64 },
+                1 => EventKind::CgpuStarted(CgpuSpanStart {
+                    idx: next(3) as i64,
+                    project: "p".into(),
+                    gpu: format!("gpu{}", next(4)),
+                    model: "A100".into(),
+                    mode: "shared".into(),
+                    memory_mib: 512,
+                }),
+                2 => EventKind::VmEnded,
+                _ => EventKind::VmStarted { project: "p".into(), name: format!("r{round}") },
+            };
+            events.push(UsageEvent { seq, at_ms: clock, vm, what });
+        }
+        let mut conn = db.conn().await.unwrap();
+        for e in &events {
+            let (op, idx, name, start) = match &e.what {
+                EventKind::CgpuEnded { idx } => (1, Some(*idx), None, None),
+                EventKind::CgpuStarted(start) => (2, Some(start.idx), None, Some(start)),
+                EventKind::VmEnded => (3, None, None, None),
+                EventKind::VmStarted { name, .. } => (4, None, Some(name.clone()), None),
+            };
+            sqlx::query(
+                "INSERT INTO usage_events (op, at_ms, vm, idx, project, name, gpu, model, mode, \
+                 memory_mib) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .bind(op)
+            .bind(e.at_ms)
+            .bind(&e.vm)
+            .bind(idx)
+            .bind(if op == 2 || op == 4 { Some("p") } else { None })
+            .bind(name)
+            .bind(start.map(|s| s.gpu.clone()))
+            .bind(start.map(|s| s.model.clone()))
+            .bind(start.map(|s| s.mode.clone()))
+            .bind(start.map(|s| s.memory_mib))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        }
+        drop(conn);
+
+        // What the specification says: written spans end first (cGPUs', then VMs'), then the
+        // batch's spans are added.
+        let plan = plan_fold(&events);
+        for (vm, idx, at) in &plan.cgpu_ends {
+            for span in cgpus.iter_mut().filter(|s| &s.0 == vm && s.1 == *idx && s.4.is_none()) {
+                span.4 = Some((*at).max(span.3));
+            }
+        }
+        for (vm, at) in &plan.vm_ends {
+            for span in cgpus.iter_mut().filter(|s| &s.0 == vm && s.4.is_none()) {
+                span.4 = Some((*at).max(span.3));
+            }
+            for span in vms.iter_mut().filter(|s| &s.0 == vm && s.3.is_none()) {
+                span.3 = Some((*at).max(span.2));
+            }
+        }
+        cgpus.extend(
+            plan.cgpu_spans
+                .iter()
+                .map(|s| (s.vm.clone(), s.of.idx, s.of.gpu.clone(), s.start_ms, s.end_ms)),
+        );
+        vms.extend(
+            plan.vm_spans.iter().map(|s| (s.vm.clone(), s.of.1.clone(), s.start_ms, s.end_ms)),
+        );
+
+        assert_eq!(db.fold_usage().await.unwrap(), size, "round {round}: every event, once");
+        let mut conn = db.conn().await.unwrap();
+        let rows = sqlx::query("SELECT vm, idx, gpu, start_ms, end_ms FROM cgpu_usage")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        let mut stored: Vec<CgpuRow> =
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+        let rows = sqlx::query("SELECT vm, name, start_ms, end_ms FROM vm_usage")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        let mut stored_vms: Vec<VmRow> =
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+        let (mut want, mut want_vms) = (cgpus.clone(), vms.clone());
+        for list in [&mut stored, &mut want] {
+            list.sort();
+        }
+        for list in [&mut stored_vms, &mut want_vms] {
+            list.sort();
+        }
+        assert_eq!(stored, want, "round {round}: cGPU spans, after {events:?}");
+        assert_eq!(stored_vms, want_vms, "round {round}: VM spans, after {events:?}");
+    }
+}

@@ -9,14 +9,16 @@
 //! throughput (BENCHMARKS.md). A fold writes a span that started and ended within it once, ended,
 //! and never moves it between indexes. Spans keep the times the triggers recorded.
 //!
-//! [`plan_fold`] decides, without I/O, what a batch of events does to the spans; [`Db::fold_usage`]
-//! reads the batch and writes the plan.
+//! [`plan_fold`] says, without I/O, what a batch of events does to the spans; [`Db::fold_usage`]
+//! does it in SQL, without reading the events out of the database (through sqlx, 8,000 events a
+//! second cost a fold on SQLite 30-60 ms a second, most of the old triggers' cost again), and the
+//! tests compare the two on random batches.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sqlx::{AnyConnection, Row};
+use sqlx::Row;
 
-use super::{fetch_batched, Backend, Db, Param, MAX_ROWS};
+use super::{Backend, Db};
 use crate::error::Error;
 
 /// The key of PostgreSQL's advisory lock that keeps folds one at a time.
@@ -73,18 +75,24 @@ pub struct FoldPlan {
     pub vm_spans: Vec<NewSpan<(String, String)>>,
 }
 
-/// Replays `events` (in `seq` order) against the spans: a span is ended at most once, at the
-/// first event that ends it, never before it started. An end of a span the batch did not start
-/// is an end of a span already written, if one is open (the database's update finds none
-/// otherwise).
+/// Replays `events` (in `seq` order) against the spans: the specification the fold's SQL
+/// ([`Db::fold_usage`]) implements, and the tests compare it with.
+///
+/// A span started in the batch ends at the first later event that ends it: for a cGPU, the next
+/// event of the same cGPU (an end, or a start on another GPU) or an end of its VM; for a VM, its
+/// next end or start. A span written by an earlier fold, if one is open, ends at the batch's
+/// first event of its cGPU if that is an end and no end of its VM came before, or at the batch's
+/// first event of its VM if that is an end (with its VM's cGPUs, those still open). A span never
+/// ends before it started.
 pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
     let mut plan = FoldPlan::default();
     // Spans started in this batch, still counting: (vm, idx) -> index into plan.cgpu_spans.
     let mut open_cgpus: BTreeMap<(&str, i64), usize> = BTreeMap::new();
     let mut open_vms: BTreeMap<&str, usize> = BTreeMap::new();
-    // Written spans this batch ended already: cGPUs by key, and every cGPU of a VM.
-    let mut ended_cgpus: BTreeSet<(&str, i64)> = BTreeSet::new();
+    // cGPUs with an event in the batch so far; VMs with an end, or an end or a start.
+    let mut seen_cgpus: BTreeSet<(&str, i64)> = BTreeSet::new();
     let mut ended_vms: BTreeSet<&str> = BTreeSet::new();
+    let mut seen_vms: BTreeSet<&str> = BTreeSet::new();
     let end = |span: &mut Option<i64>, start: i64, at: i64| *span = Some(at.max(start));
     for event in events {
         let (vm, at) = (event.vm.as_str(), event.at_ms);
@@ -93,17 +101,17 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
                 if let Some(i) = open_cgpus.remove(&(vm, *idx)) {
                     let span = &mut plan.cgpu_spans[i];
                     end(&mut span.end_ms, span.start_ms, at);
-                } else if !ended_vms.contains(vm) && ended_cgpus.insert((vm, *idx)) {
+                } else if !seen_cgpus.contains(&(vm, *idx)) && !ended_vms.contains(vm) {
                     plan.cgpu_ends.push((vm.to_owned(), *idx, at));
                 }
+                seen_cgpus.insert((vm, *idx));
             }
             EventKind::CgpuStarted(start) => {
-                // One span counts per cGPU: a start ends one the batch left open (never so by
-                // the triggers, which end it first).
                 if let Some(i) = open_cgpus.remove(&(vm, start.idx)) {
                     let span = &mut plan.cgpu_spans[i];
                     end(&mut span.end_ms, span.start_ms, at);
                 }
+                seen_cgpus.insert((vm, start.idx));
                 open_cgpus.insert((vm, start.idx), plan.cgpu_spans.len());
                 plan.cgpu_spans.push(NewSpan {
                     vm: vm.to_owned(),
@@ -113,16 +121,14 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
                 });
             }
             EventKind::VmEnded => {
-                // Its written spans end now, or ended before: a VM that started counting in
-                // this batch had none open (a cGPU counts only while its VM does).
-                let started_here = open_vms.remove(vm);
-                if let Some(i) = started_here {
+                if let Some(i) = open_vms.remove(vm) {
                     let span = &mut plan.vm_spans[i];
                     end(&mut span.end_ms, span.start_ms, at);
                 }
-                if ended_vms.insert(vm) && started_here.is_none() {
+                if seen_vms.insert(vm) {
                     plan.vm_ends.push((vm.to_owned(), at));
                 }
+                ended_vms.insert(vm);
                 let started: Vec<(&str, i64)> =
                     open_cgpus.range((vm, i64::MIN)..=(vm, i64::MAX)).map(|(k, _)| *k).collect();
                 for key in started {
@@ -137,6 +143,7 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
                     let span = &mut plan.vm_spans[i];
                     end(&mut span.end_ms, span.start_ms, at);
                 }
+                seen_vms.insert(vm);
                 open_vms.insert(vm, plan.vm_spans.len());
                 plan.vm_spans.push(NewSpan {
                     vm: vm.to_owned(),
@@ -150,157 +157,118 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
     plan
 }
 
-/// The columns an event is read with, in [`event`]'s order.
-const EVENT_COLUMNS: &str = "seq, op, at_ms, vm, idx, project, name, gpu, model, mode, memory_mib";
-
-fn event(row: &sqlx::any::AnyRow) -> Result<UsageEvent, Error> {
-    let op: i64 = row.try_get(1)?;
-    let text = |i: usize| -> Result<String, Error> {
-        let value: Option<String> = row.try_get(i)?;
-        value.ok_or_else(|| super::corrupt("usage event", &format!("op {op} lacks column {i}")))
-    };
-    let int = |i: usize| -> Result<i64, Error> {
-        let value: Option<i64> = row.try_get(i)?;
-        value.ok_or_else(|| super::corrupt("usage event", &format!("op {op} lacks column {i}")))
-    };
-    let what = match op {
-        1 => EventKind::CgpuEnded { idx: int(4)? },
-        2 => EventKind::CgpuStarted(CgpuSpanStart {
-            idx: int(4)?,
-            project: text(5)?,
-            gpu: text(7)?,
-            model: text(8)?,
-            mode: text(9)?,
-            memory_mib: int(10)?,
-        }),
-        3 => EventKind::VmEnded,
-        4 => EventKind::VmStarted { project: text(5)?, name: text(6)? },
-        other => return Err(super::corrupt("usage event op", &other.to_string())),
-    };
-    Ok(UsageEvent { seq: row.try_get(0)?, at_ms: row.try_get(2)?, vm: row.try_get(3)?, what })
+/// Every event of the batch (`{src}`: the log, or on PostgreSQL what the fold took out of it)
+/// with what [`plan_fold`] asks of its neighbours: the previous and next event of its cGPU (ops 1
+/// and 2 only; the VM events of a VM have `idx` NULL, a partition of their own), and the VM's
+/// ends and starts before and after it.
+fn plan_cte(src: &str) -> String {
+    const AFTER: &str =
+        "PARTITION BY vm ORDER BY seq ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING";
+    const BEFORE: &str =
+        "PARTITION BY vm ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING";
+    format!(
+        "plan AS (SELECT seq, op, at_ms, vm, idx, project, name, gpu, model, mode, memory_mib, \
+           LAG(seq) OVER (PARTITION BY vm, idx ORDER BY seq) AS prev_of_cgpu, \
+           LEAD(seq) OVER (PARTITION BY vm, idx ORDER BY seq) AS next_of_cgpu, \
+           MIN(CASE WHEN op = 3 THEN seq END) OVER ({AFTER}) AS next_vm_end, \
+           MIN(CASE WHEN op IN (3, 4) THEN seq END) OVER ({AFTER}) AS next_of_vm, \
+           MAX(CASE WHEN op = 3 THEN seq END) OVER ({BEFORE}) AS prev_vm_end, \
+           MAX(CASE WHEN op IN (3, 4) THEN seq END) OVER ({BEFORE}) AS prev_of_vm \
+         FROM {src}), \
+         cgpu_ends AS (SELECT vm, idx, at_ms FROM plan \
+           WHERE op = 1 AND prev_of_cgpu IS NULL AND prev_vm_end IS NULL), \
+         vm_ends AS (SELECT vm, at_ms FROM plan WHERE op = 3 AND prev_of_vm IS NULL)"
+    )
 }
 
-/// The end of a written span that `c` names (`at_ms`), never before it started.
-const ENDED_AT: &str = "CASE WHEN start_ms > c.at_ms THEN start_ms ELSE c.at_ms END";
+/// `at_ms`, but never before `start`.
+fn not_before(at: &str, start: &str) -> String {
+    format!("CASE WHEN {at} IS NULL THEN NULL WHEN {at} > {start} THEN {at} ELSE {start} END")
+}
 
-async fn write(conn: &mut AnyConnection, plan: FoldPlan) -> Result<(), Error> {
-    if !plan.cgpu_ends.is_empty() {
-        let rows = plan
-            .cgpu_ends
-            .into_iter()
-            .map(|(vm, idx, at)| vec![Param::text(vm), Param::Int(Some(idx)), Param::Int(Some(at))])
-            .collect();
-        fetch_batched(conn, rows, 8 * MAX_ROWS, |values| {
-            format!(
-                "WITH c (vm, idx, at_ms) AS (VALUES {values}) \
-                 UPDATE cgpu_usage SET end_ms = {ENDED_AT} FROM c \
-                 WHERE cgpu_usage.vm = c.vm AND cgpu_usage.idx = c.idx \
-                   AND cgpu_usage.end_ms IS NULL"
-            )
-        })
-        .await?;
-    }
-    if !plan.vm_ends.is_empty() {
-        let rows: Vec<Vec<Param>> = plan
-            .vm_ends
-            .into_iter()
-            .map(|(vm, at)| vec![Param::text(vm), Param::Int(Some(at))])
-            .collect();
-        for table in ["cgpu_usage", "vm_usage"] {
-            fetch_batched(conn, rows.clone(), 8 * MAX_ROWS, |values| {
-                format!(
-                    "WITH c (vm, at_ms) AS (VALUES {values}) \
-                     UPDATE {table} SET end_ms = {ENDED_AT} FROM c \
-                     WHERE {table}.vm = c.vm AND {table}.end_ms IS NULL"
-                )
-            })
-            .await?;
-        }
-    }
-    if !plan.cgpu_spans.is_empty() {
-        const COLUMNS: &str = "project, vm, idx, gpu, model, mode, memory_mib, start_ms, end_ms";
-        let rows = plan
-            .cgpu_spans
-            .into_iter()
-            .map(|s| {
-                vec![
-                    Param::text(s.of.project),
-                    Param::text(s.vm),
-                    Param::Int(Some(s.of.idx)),
-                    Param::text(s.of.gpu),
-                    Param::text(s.of.model),
-                    Param::text(s.of.mode),
-                    Param::Int(Some(s.of.memory_mib)),
-                    Param::Int(Some(s.start_ms)),
-                    Param::Int(s.end_ms),
-                ]
-            })
-            .collect();
-        fetch_batched(conn, rows, 4 * MAX_ROWS, |values| {
-            format!(
-                "WITH s ({COLUMNS}) AS (VALUES {values}) \
-                 INSERT INTO cgpu_usage ({COLUMNS}) SELECT {COLUMNS} FROM s WHERE vm IS NOT NULL"
-            )
-        })
-        .await?;
-    }
-    if !plan.vm_spans.is_empty() {
-        const COLUMNS: &str = "project, vm, name, start_ms, end_ms";
-        let rows = plan
-            .vm_spans
-            .into_iter()
-            .map(|s| {
-                vec![
-                    Param::text(s.of.0),
-                    Param::text(s.vm),
-                    Param::text(s.of.1),
-                    Param::Int(Some(s.start_ms)),
-                    Param::Int(s.end_ms),
-                ]
-            })
-            .collect();
-        fetch_batched(conn, rows, 8 * MAX_ROWS, |values| {
-            format!(
-                "WITH s ({COLUMNS}) AS (VALUES {values}) \
-                 INSERT INTO vm_usage ({COLUMNS}) SELECT {COLUMNS} FROM s WHERE vm IS NOT NULL"
-            )
-        })
-        .await?;
-    }
-    Ok(())
+/// The fold's writes, in their order, each over [`plan_cte`]'s names: the written cGPU spans
+/// that end (at their cGPU's end, or else their VM's: one update, so no row is updated twice in
+/// PostgreSQL's one statement), the written VM spans that end, the batch's spans.
+fn fold_writes(src: &str) -> [String; 4] {
+    let cgpu_end = not_before("x.at_ms", "cgpu_usage.start_ms");
+    let vm_end = not_before("e.at_ms", "vm_usage.start_ms");
+    let span_end = not_before("e.at_ms", "p.at_ms");
+    [
+        format!(
+            "UPDATE cgpu_usage SET end_ms = {cgpu_end} \
+             FROM (SELECT o.vm AS vm, o.idx AS idx, COALESCE(k.at_ms, v.at_ms) AS at_ms \
+                   FROM (SELECT vm FROM cgpu_ends UNION SELECT vm FROM vm_ends) c \
+                   JOIN cgpu_usage o ON o.vm = c.vm AND o.end_ms IS NULL \
+                   LEFT JOIN cgpu_ends k ON k.vm = o.vm AND k.idx = o.idx \
+                   LEFT JOIN vm_ends v ON v.vm = o.vm \
+                   WHERE k.vm IS NOT NULL OR v.vm IS NOT NULL) x \
+             WHERE cgpu_usage.vm = x.vm AND cgpu_usage.idx = x.idx AND cgpu_usage.end_ms IS NULL"
+        ),
+        format!(
+            "UPDATE vm_usage SET end_ms = {vm_end} FROM vm_ends e \
+             WHERE vm_usage.vm = e.vm AND vm_usage.end_ms IS NULL"
+        ),
+        format!(
+            "INSERT INTO cgpu_usage \
+               (project, vm, idx, gpu, model, mode, memory_mib, start_ms, end_ms) \
+             SELECT p.project, p.vm, p.idx, p.gpu, p.model, p.mode, p.memory_mib, p.at_ms, \
+                    {span_end} \
+             FROM plan p LEFT JOIN {src} e ON e.seq = CASE \
+                 WHEN p.next_of_cgpu IS NULL THEN p.next_vm_end \
+                 WHEN p.next_vm_end IS NULL OR p.next_of_cgpu < p.next_vm_end THEN p.next_of_cgpu \
+                 ELSE p.next_vm_end END \
+             WHERE p.op = 2"
+        ),
+        format!(
+            "INSERT INTO vm_usage (project, vm, name, start_ms, end_ms) \
+             SELECT p.project, p.vm, p.name, p.at_ms, {span_end} \
+             FROM plan p LEFT JOIN {src} e ON e.seq = p.next_of_vm WHERE p.op = 4"
+        ),
+    ]
 }
 
 impl Db {
     /// Folds every event logged so far into the spans, in one transaction that takes them out of
-    /// the log (see the module docs). Returns how many it folded.
-    pub async fn fold_usage(&self) -> Result<usize, Error> {
-        let mut tx = self.begin().await?;
-        let mut events = if self.backend() == Backend::Postgres {
+    /// the log (see the module docs), without reading them out of the database. Returns how many
+    /// it folded.
+    pub async fn fold_usage(&self) -> Result<u64, Error> {
+        if self.backend() == Backend::Postgres {
+            // One statement: what its DELETE takes is what it folds. The lock keeps a second
+            // replica's fold from taking the events that the first's does not see yet (a span's
+            // end before its start).
+            let [cgpu_ends, vm_ends, cgpu_spans, vm_spans] = fold_writes("batch");
+            let sql = format!(
+                "WITH batch AS (DELETE FROM usage_events RETURNING *), {}, \
+                   w1 AS ({cgpu_ends} RETURNING 1), w2 AS ({vm_ends} RETURNING 1), \
+                   w3 AS ({cgpu_spans} RETURNING 1), w4 AS ({vm_spans} RETURNING 1) \
+                 SELECT COUNT(*) FROM batch",
+                plan_cte("batch")
+            );
+            let mut tx = self.begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(FOLD_LOCK)
                 .execute(&mut *tx)
                 .await?;
-            let rows = sqlx::query(&format!("DELETE FROM usage_events RETURNING {EVENT_COLUMNS}"))
-                .fetch_all(&mut *tx)
-                .await?;
-            rows.iter().map(event).collect::<Result<Vec<_>, _>>()?
-        } else {
-            let rows = sqlx::query(&format!("SELECT {EVENT_COLUMNS} FROM usage_events"))
-                .fetch_all(&mut *tx)
-                .await?;
-            if !rows.is_empty() {
-                sqlx::query("DELETE FROM usage_events").execute(&mut *tx).await?;
-            }
-            rows.iter().map(event).collect::<Result<Vec<_>, _>>()?
-        };
-        if events.is_empty() {
+            let folded: i64 = sqlx::query(&sql).fetch_one(&mut *tx).await?.try_get(0)?;
+            tx.commit().await?;
+            return Ok(folded as u64);
+        }
+        // SQLite: one connection, so nothing is logged between these statements.
+        let mut tx = self.begin().await?;
+        let logged: i64 = sqlx::query("SELECT COUNT(*) FROM usage_events")
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
+        if logged == 0 {
             return Ok(0);
         }
-        events.sort_by_key(|e| e.seq);
-        let folded = events.len();
-        write(&mut tx, plan_fold(&events)).await?;
+        let with = format!("WITH {} ", plan_cte("usage_events"));
+        for write in fold_writes("usage_events") {
+            sqlx::query(&format!("{with}{write}")).execute(&mut *tx).await?;
+        }
+        sqlx::query("DELETE FROM usage_events").execute(&mut *tx).await?;
         tx.commit().await?;
-        Ok(folded)
+        Ok(logged as u64)
     }
 }
 

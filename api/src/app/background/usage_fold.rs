@@ -18,10 +18,10 @@ pub const FOLD_EVERY: Duration = Duration::from_secs(1);
 
 impl App {
     /// Folds every usage event logged so far; returns how many.
-    pub async fn fold_usage(&self) -> Result<usize, Error> {
+    pub async fn fold_usage(&self) -> Result<u64, Error> {
         match self.db.fold_usage().await {
             Ok(folded) => {
-                self.metrics.usage_events_folded.fetch_add(folded as u64, Ordering::Relaxed);
+                self.metrics.usage_events_folded.fetch_add(folded, Ordering::Relaxed);
                 Ok(folded)
             }
             Err(e) => {
