@@ -45,7 +45,8 @@ BEGIN
     WHERE v.id = NEW.vm AND g.id = NEW.gpu AND v.state IN ('creating', 'ready');
 END;
 
--- A span is open only while its cGPU is live: a change from live ends it, a change to live (or
+-- A span is open only while its cGPU is live and its VM counts: a change from live ends it (an
+-- end of a VM that no longer counts ended it already, and is not logged), a change to live (or
 -- to another GPU, live) starts the next if its VM counts.
 CREATE TRIGGER cgpus_usage_log_update AFTER UPDATE OF state, gpu ON cgpus
 WHEN (OLD.state IS NOT NEW.state OR OLD.gpu IS NOT NEW.gpu)
@@ -53,7 +54,8 @@ WHEN (OLD.state IS NOT NEW.state OR OLD.gpu IS NOT NEW.gpu)
 BEGIN
     INSERT INTO usage_events (op, at_ms, vm, idx)
     SELECT 1, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER), OLD.vm, OLD.idx
-    WHERE OLD.state = 'live';
+    WHERE OLD.state = 'live'
+      AND EXISTS (SELECT 1 FROM vms WHERE id = OLD.vm AND state IN ('creating', 'ready'));
     INSERT INTO usage_events (op, at_ms, vm, idx, project, gpu, model, mode, memory_mib)
     SELECT 2, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER), NEW.vm, NEW.idx,
            v.project, NEW.gpu, g.model, NEW.mode, NEW.memory_mib
@@ -64,6 +66,7 @@ END;
 
 CREATE TRIGGER cgpus_usage_log_delete AFTER DELETE ON cgpus
 WHEN OLD.state = 'live'
+     AND EXISTS (SELECT 1 FROM vms WHERE id = OLD.vm AND state IN ('creating', 'ready'))
 BEGIN
     INSERT INTO usage_events (op, at_ms, vm, idx)
     VALUES (1, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER), OLD.vm, OLD.idx);

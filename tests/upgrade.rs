@@ -670,8 +670,8 @@ fn a_rolling_upgrade_from_the_previous_version_cuts_no_connection_and_refuses_no
     for id in &ids {
         let line = lines.iter().find(|vm| vm["id"] == id.as_str()).expect("an old VM's usage");
         let (vm_s, cgpu_s) = (
-            line["usage"]["vm_seconds"].as_f64().expect("VM seconds"),
-            line["usage"]["cgpu_seconds"].as_f64().expect("cGPU seconds"),
+            line["vm_seconds"].as_f64().expect("VM seconds"),
+            line["cgpu_seconds"].as_f64().expect("cGPU seconds"),
         );
         assert!(vm_s > 0.0 && cgpu_s > 0.0 && cgpu_s <= 2.0 * vm_s + 0.002, "{line}");
     }

@@ -339,7 +339,8 @@ on_both_stores!(the_fold_does_what_its_specification_says_on_random_batches);
 
 /// The fold's SQL against its specification (`plan_fold`): rounds of random batches (any order of
 /// starts and ends, on a few VMs and cGPUs, times that sometimes go back) are written to the log
-/// by hand, folded, and the stored spans compared with the specification's.
+/// by hand, folded, and the stored spans compared with the specification's, and the totals with
+/// the spans.
 async fn the_fold_does_what_its_specification_says_on_random_batches(store: Store) {
     use gsaasd::db::{plan_fold, CgpuSpanStart, EventKind, UsageEvent};
     let db = support::FreshDb::open(store).await;
@@ -450,5 +451,74 @@ async fn the_fold_does_what_its_specification_says_on_random_batches(store: Stor
         }
         assert_eq!(stored, want, "round {round}: cGPU spans, after {events:?}");
         assert_eq!(stored_vms, want_vms, "round {round}: VM spans, after {events:?}");
+
+        // Every ended span is in the totals once: those ended within a fold by the fold, the
+        // others by a roll-up (every third round here) or, until then, as not yet rolled up.
+        drop(conn);
+        if round % 3 == 2 {
+            db.roll_up_usage().await.unwrap();
+        }
+        let mut conn = db.conn().await.unwrap();
+        let ended: i64 = want.iter().filter_map(|s| s.4.map(|end| end - s.3)).sum();
+        let totals: i64 = sqlx::query(
+            "SELECT CAST(COALESCE((SELECT SUM(cgpu_ms) FROM usage_totals), 0) + COALESCE((SELECT \
+             SUM(end_ms - start_ms) FROM cgpu_usage WHERE rolled = 0 AND end_ms IS NOT NULL), 0) \
+             AS BIGINT)",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+        .get(0);
+        assert_eq!(totals, ended, "round {round}: the totals count each ended span once");
     }
+}
+
+on_both_stores!(reports_in_a_flood_during_launches_bill_each_life_once);
+
+/// A tenant asking for its usage report in a flood (each report folds the usage log) while
+/// another launches and terminates VMs: every report is answered, and each life of the other's
+/// VMs is billed once, ended at its termination.
+async fn reports_in_a_flood_during_launches_bill_each_life_once(store: Store) {
+    let t = TestService::start(store).await;
+    let (alpha, beta) = (t.member(), t.token("beta", Role::Member));
+    let flood = async {
+        let mut answered = BTreeMap::<u16, usize>::new();
+        for _ in 0..150 {
+            let (status, _) = t.get(&beta, "/v1/usage").await;
+            *answered.entry(status).or_default() += 1;
+        }
+        answered
+    };
+    let lives = async {
+        let mut ids = Vec::new();
+        for _ in 0..6 {
+            let id = t.launch(&alpha, &shared_launch(2, 256)).await;
+            t.wait_state(&alpha, &id, "ready").await;
+            let (status, _) = t.delete(&alpha, &format!("/v1/vms/{id}")).await;
+            assert_eq!(status, 202);
+            t.wait_state(&alpha, &id, "deleted").await;
+            ids.push(id);
+        }
+        ids
+    };
+    let (answered, ids) = tokio::join!(flood, lives);
+    assert_eq!(answered.keys().copied().collect::<Vec<_>>(), [200], "{answered:?}");
+
+    let spans = cgpu_spans(&t, "alpha").await;
+    let vms = vm_spans(&t, "alpha").await;
+    for id in &ids {
+        let mine: Vec<&Span> = spans.iter().filter(|s| &s.0 == id).collect();
+        assert_eq!(mine.len(), 2, "one span per cGPU of {id}: {mine:?}");
+        let life: Vec<_> = vms.iter().filter(|v| &v.0 == id).collect();
+        assert_eq!(life.len(), 1, "one span for VM {id}: {life:?}");
+        let ended = life[0].2.expect("the VM's span ended");
+        for span in mine {
+            let end = span.7.expect("the cGPU's span ended");
+            assert!(span.6 <= end && end <= ended, "{span:?} within {life:?}");
+        }
+    }
+    let (status, report) = t.get(&beta, "/v1/usage/beta").await;
+    assert_eq!(status, 200);
+    assert_eq!(report["projects"][0]["project"], "beta", "{report}");
+    assert_eq!(report["projects"][0]["cgpu_seconds"], 0.0, "{report}");
 }

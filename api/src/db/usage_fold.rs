@@ -9,10 +9,10 @@
 //! throughput (BENCHMARKS.md). A fold writes a span that started and ended within it once, ended,
 //! and never moves it between indexes. Spans keep the times the triggers recorded.
 //!
-//! [`plan_fold`] says, without I/O, what a batch of events does to the spans; [`Db::fold_usage`]
-//! does it in SQL, without reading the events out of the database (through sqlx, 8,000 events a
-//! second cost a fold on SQLite 30-60 ms a second, most of the old triggers' cost again), and the
-//! tests compare the two on random batches.
+//! [`plan_fold`] decides, without I/O, what a batch of events does to the spans; [`Db::fold_usage`]
+//! reads the batch and writes the plan, each as one JSON document (a second's 8,000 events read
+//! row by row through sqlx cost a fold 30-60 ms on SQLite; pairing them in SQL with window
+//! functions, 200 ms).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -75,8 +75,7 @@ pub struct FoldPlan {
     pub vm_spans: Vec<NewSpan<(String, String)>>,
 }
 
-/// Replays `events` (in `seq` order) against the spans: the specification the fold's SQL
-/// ([`Db::fold_usage`]) implements, and the tests compare it with.
+/// Replays `events` (in `seq` order) against the spans.
 ///
 /// A span started in the batch ends at the first later event that ends it: for a cGPU, the next
 /// event of the same cGPU (an end, or a start on another GPU) or an end of its VM; for a VM, its
@@ -157,118 +156,218 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
     plan
 }
 
-/// Every event of the batch (`{src}`: the log, or on PostgreSQL what the fold took out of it)
-/// with what [`plan_fold`] asks of its neighbours: the previous and next event of its cGPU (ops 1
-/// and 2 only; the VM events of a VM have `idx` NULL, a partition of their own), and the VM's
-/// ends and starts before and after it.
-fn plan_cte(src: &str) -> String {
-    const AFTER: &str =
-        "PARTITION BY vm ORDER BY seq ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING";
-    const BEFORE: &str =
-        "PARTITION BY vm ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING";
-    format!(
-        "plan AS (SELECT seq, op, at_ms, vm, idx, project, name, gpu, model, mode, memory_mib, \
-           LAG(seq) OVER (PARTITION BY vm, idx ORDER BY seq) AS prev_of_cgpu, \
-           LEAD(seq) OVER (PARTITION BY vm, idx ORDER BY seq) AS next_of_cgpu, \
-           MIN(CASE WHEN op = 3 THEN seq END) OVER ({AFTER}) AS next_vm_end, \
-           MIN(CASE WHEN op IN (3, 4) THEN seq END) OVER ({AFTER}) AS next_of_vm, \
-           MAX(CASE WHEN op = 3 THEN seq END) OVER ({BEFORE}) AS prev_vm_end, \
-           MAX(CASE WHEN op IN (3, 4) THEN seq END) OVER ({BEFORE}) AS prev_of_vm \
-         FROM {src}), \
-         cgpu_ends AS (SELECT vm, idx, at_ms FROM plan \
-           WHERE op = 1 AND prev_of_cgpu IS NULL AND prev_vm_end IS NULL), \
-         vm_ends AS (SELECT vm, at_ms FROM plan WHERE op = 3 AND prev_of_vm IS NULL)"
-    )
+/// An event as [`EVENT_JSON`] lists it: seq, op, at_ms, vm, idx, project, name, gpu, model,
+/// mode, memory_mib.
+type EventRow = (
+    i64,
+    i64,
+    i64,
+    String,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);
+
+/// An event's columns as a JSON array, in [`EventRow`]'s order.
+const EVENT_COLUMNS: &str = "seq, op, at_ms, vm, idx, project, name, gpu, model, mode, memory_mib";
+
+fn event(row: EventRow) -> Result<UsageEvent, Error> {
+    let (seq, op, at_ms, vm, idx, project, name, gpu, model, mode, memory_mib) = row;
+    let lacks =
+        |what: &str| super::corrupt("usage event", &format!("{seq} (op {op}) lacks {what}"));
+    let what = match op {
+        1 => EventKind::CgpuEnded { idx: idx.ok_or_else(|| lacks("idx"))? },
+        2 => EventKind::CgpuStarted(CgpuSpanStart {
+            idx: idx.ok_or_else(|| lacks("idx"))?,
+            project: project.ok_or_else(|| lacks("project"))?,
+            gpu: gpu.ok_or_else(|| lacks("gpu"))?,
+            model: model.ok_or_else(|| lacks("model"))?,
+            mode: mode.ok_or_else(|| lacks("mode"))?,
+            memory_mib: memory_mib.ok_or_else(|| lacks("memory_mib"))?,
+        }),
+        3 => EventKind::VmEnded,
+        4 => EventKind::VmStarted {
+            project: project.ok_or_else(|| lacks("project"))?,
+            name: name.ok_or_else(|| lacks("name"))?,
+        },
+        other => return Err(super::corrupt("usage event op", &other.to_string())),
+    };
+    Ok(UsageEvent { seq, at_ms, vm, what })
 }
 
-/// `at_ms`, but never before `start`.
+/// The rows of the JSON array bound as `$1`, each as `e.value` (whose `->> i` is its `i`th
+/// element, text or integer as stored).
+fn json_rows(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Sqlite => "json_each($1) AS e",
+        Backend::Postgres => "json_array_elements(CAST($1 AS json)) AS e(value)",
+    }
+}
+
+/// `at`, never before `start`.
 fn not_before(at: &str, start: &str) -> String {
     format!("CASE WHEN {at} IS NULL THEN NULL WHEN {at} > {start} THEN {at} ELSE {start} END")
 }
 
-/// The fold's writes, in their order, each over [`plan_cte`]'s names: the written cGPU spans
-/// that end (at their cGPU's end, or else their VM's: one update, so no row is updated twice in
-/// PostgreSQL's one statement), the written VM spans that end, the batch's spans.
-fn fold_writes(src: &str) -> [String; 4] {
-    let cgpu_end = not_before("x.at_ms", "cgpu_usage.start_ms");
-    let vm_end = not_before("e.at_ms", "vm_usage.start_ms");
-    let span_end = not_before("e.at_ms", "p.at_ms");
-    [
-        format!(
-            "UPDATE cgpu_usage SET end_ms = {cgpu_end} \
-             FROM (SELECT o.vm AS vm, o.idx AS idx, COALESCE(k.at_ms, v.at_ms) AS at_ms \
-                   FROM (SELECT vm FROM cgpu_ends UNION SELECT vm FROM vm_ends) c \
-                   JOIN cgpu_usage o ON o.vm = c.vm AND o.end_ms IS NULL \
-                   LEFT JOIN cgpu_ends k ON k.vm = o.vm AND k.idx = o.idx \
-                   LEFT JOIN vm_ends v ON v.vm = o.vm \
-                   WHERE k.vm IS NOT NULL OR v.vm IS NOT NULL) x \
-             WHERE cgpu_usage.vm = x.vm AND cgpu_usage.idx = x.idx AND cgpu_usage.end_ms IS NULL"
-        ),
-        format!(
-            "UPDATE vm_usage SET end_ms = {vm_end} FROM vm_ends e \
-             WHERE vm_usage.vm = e.vm AND vm_usage.end_ms IS NULL"
-        ),
-        format!(
+fn json(value: &impl serde::Serialize) -> Result<String, Error> {
+    serde_json::to_string(value).map_err(|e| Error::internal(format!("usage fold: {e}")))
+}
+
+/// Writes `plan`: the written spans it ends (cGPUs' first, then VMs' with their cGPUs'), then
+/// the spans the batch started, each list in one statement.
+async fn write(
+    conn: &mut sqlx::AnyConnection,
+    backend: Backend,
+    plan: FoldPlan,
+) -> Result<(), Error> {
+    let rows = json_rows(backend);
+    let int = |i: usize| format!("CAST(e.value->>{i} AS BIGINT)");
+    if !plan.cgpu_ends.is_empty() {
+        let end = not_before("c.at_ms", "cgpu_usage.start_ms");
+        sqlx::query(&format!(
+            "UPDATE cgpu_usage SET end_ms = {end} \
+             FROM (SELECT e.value->>0 AS vm, {} AS idx, {} AS at_ms FROM {rows}) c \
+             WHERE cgpu_usage.vm = c.vm AND cgpu_usage.idx = c.idx AND cgpu_usage.end_ms IS NULL",
+            int(1),
+            int(2)
+        ))
+        .bind(json(&plan.cgpu_ends)?)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if !plan.vm_ends.is_empty() {
+        let ends = json(&plan.vm_ends)?;
+        for table in ["cgpu_usage", "vm_usage"] {
+            let end = not_before("c.at_ms", &format!("{table}.start_ms"));
+            sqlx::query(&format!(
+                "UPDATE {table} SET end_ms = {end} \
+                 FROM (SELECT e.value->>0 AS vm, {} AS at_ms FROM {rows}) c \
+                 WHERE {table}.vm = c.vm AND {table}.end_ms IS NULL",
+                int(1)
+            ))
+            .bind(&ends)
+            .execute(&mut *conn)
+            .await?;
+        }
+    }
+    if !plan.cgpu_spans.is_empty() {
+        // A span that ended within the batch is added to `usage_totals` now (`rolled` = 1), so
+        // it never enters the index of spans left to roll up (db/usage.rs, `roll_up_usage`).
+        let mut totals: BTreeMap<(&str, &str, &str), (i64, f64)> = BTreeMap::new();
+        let spans: Vec<_> = plan
+            .cgpu_spans
+            .iter()
+            .map(|s| {
+                let o = &s.of;
+                if let Some(end) = s.end_ms {
+                    let total = totals.entry((&o.project, &o.model, &o.mode)).or_default();
+                    total.0 += end - s.start_ms;
+                    total.1 += (end - s.start_ms) as f64 * o.memory_mib as f64;
+                }
+                let rolled = i64::from(s.end_ms.is_some());
+                let (project, vm, gpu, model, mode) =
+                    (&o.project, &s.vm, &o.gpu, &o.model, &o.mode);
+                (project, vm, o.idx, gpu, model, mode, o.memory_mib, s.start_ms, s.end_ms, rolled)
+            })
+            .collect();
+        sqlx::query(&format!(
             "INSERT INTO cgpu_usage \
-               (project, vm, idx, gpu, model, mode, memory_mib, start_ms, end_ms) \
-             SELECT p.project, p.vm, p.idx, p.gpu, p.model, p.mode, p.memory_mib, p.at_ms, \
-                    {span_end} \
-             FROM plan p LEFT JOIN {src} e ON e.seq = CASE \
-                 WHEN p.next_of_cgpu IS NULL THEN p.next_vm_end \
-                 WHEN p.next_vm_end IS NULL OR p.next_of_cgpu < p.next_vm_end THEN p.next_of_cgpu \
-                 ELSE p.next_vm_end END \
-             WHERE p.op = 2"
-        ),
-        format!(
+               (project, vm, idx, gpu, model, mode, memory_mib, start_ms, end_ms, rolled) \
+             SELECT e.value->>0, e.value->>1, {}, e.value->>3, e.value->>4, e.value->>5, {}, {}, \
+                    {}, {} \
+             FROM {rows}",
+            int(2),
+            int(6),
+            int(7),
+            int(8),
+            int(9)
+        ))
+        .bind(json(&spans)?)
+        .execute(&mut *conn)
+        .await?;
+        if !totals.is_empty() {
+            let totals: Vec<_> = totals
+                .into_iter()
+                .map(|((p, model, mode), (ms, mib_ms))| (p, model, mode, ms, mib_ms))
+                .collect();
+            // `WHERE true`: SQLite's upsert from a SELECT needs a WHERE to parse.
+            sqlx::query(&format!(
+                "INSERT INTO usage_totals (project, model, mode, cgpu_ms, memory_mib_ms) \
+                 SELECT e.value->>0, e.value->>1, e.value->>2, {}, \
+                        CAST(e.value->>4 AS DOUBLE PRECISION) \
+                 FROM {rows} WHERE true \
+                 ON CONFLICT (project, model, mode) DO UPDATE SET \
+                   cgpu_ms = usage_totals.cgpu_ms + excluded.cgpu_ms, \
+                   memory_mib_ms = usage_totals.memory_mib_ms + excluded.memory_mib_ms",
+                int(3)
+            ))
+            .bind(json(&totals)?)
+            .execute(&mut *conn)
+            .await?;
+        }
+    }
+    if !plan.vm_spans.is_empty() {
+        let spans: Vec<_> =
+            plan.vm_spans.iter().map(|s| (&s.of.0, &s.vm, &s.of.1, s.start_ms, s.end_ms)).collect();
+        sqlx::query(&format!(
             "INSERT INTO vm_usage (project, vm, name, start_ms, end_ms) \
-             SELECT p.project, p.vm, p.name, p.at_ms, {span_end} \
-             FROM plan p LEFT JOIN {src} e ON e.seq = p.next_of_vm WHERE p.op = 4"
-        ),
-    ]
+             SELECT e.value->>0, e.value->>1, e.value->>2, {}, {} FROM {rows}",
+            int(3),
+            int(4)
+        ))
+        .bind(json(&spans)?)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 impl Db {
     /// Folds every event logged so far into the spans, in one transaction that takes them out of
-    /// the log (see the module docs), without reading them out of the database. Returns how many
-    /// it folded.
+    /// the log (see the module docs). Returns how many it folded.
     pub async fn fold_usage(&self) -> Result<u64, Error> {
-        if self.backend() == Backend::Postgres {
-            // One statement: what its DELETE takes is what it folds. The lock keeps a second
-            // replica's fold from taking the events that the first's does not see yet (a span's
-            // end before its start).
-            let [cgpu_ends, vm_ends, cgpu_spans, vm_spans] = fold_writes("batch");
-            let sql = format!(
-                "WITH batch AS (DELETE FROM usage_events RETURNING *), {}, \
-                   w1 AS ({cgpu_ends} RETURNING 1), w2 AS ({vm_ends} RETURNING 1), \
-                   w3 AS ({cgpu_spans} RETURNING 1), w4 AS ({vm_spans} RETURNING 1) \
-                 SELECT COUNT(*) FROM batch",
-                plan_cte("batch")
-            );
-            let mut tx = self.begin().await?;
+        let backend = self.backend();
+        let mut tx = self.begin().await?;
+        let taken: Option<String> = if backend == Backend::Postgres {
+            // What the DELETE takes is what is folded; the lock keeps a second replica's fold from
+            // taking later events than the first's before the first has written its spans.
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(FOLD_LOCK)
                 .execute(&mut *tx)
                 .await?;
-            let folded: i64 = sqlx::query(&sql).fetch_one(&mut *tx).await?.try_get(0)?;
-            tx.commit().await?;
-            return Ok(folded as u64);
-        }
-        // SQLite: one connection, so nothing is logged between these statements.
-        let mut tx = self.begin().await?;
-        let logged: i64 = sqlx::query("SELECT COUNT(*) FROM usage_events")
+            sqlx::query(&format!(
+                "WITH b AS (DELETE FROM usage_events RETURNING {EVENT_COLUMNS}) \
+                 SELECT CAST(json_agg(json_build_array({EVENT_COLUMNS})) AS TEXT) FROM b"
+            ))
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?
+        } else {
+            // One connection: nothing is logged between the read and the delete.
+            let taken: Option<String> = sqlx::query(&format!(
+                "SELECT CASE WHEN COUNT(*) > 0 THEN json_group_array(json_array({EVENT_COLUMNS})) \
+                 END FROM usage_events"
+            ))
             .fetch_one(&mut *tx)
             .await?
             .try_get(0)?;
-        if logged == 0 {
-            return Ok(0);
-        }
-        let with = format!("WITH {} ", plan_cte("usage_events"));
-        for write in fold_writes("usage_events") {
-            sqlx::query(&format!("{with}{write}")).execute(&mut *tx).await?;
-        }
-        sqlx::query("DELETE FROM usage_events").execute(&mut *tx).await?;
+            if taken.is_some() {
+                sqlx::query("DELETE FROM usage_events").execute(&mut *tx).await?;
+            }
+            taken
+        };
+        let Some(taken) = taken else { return Ok(0) };
+        let rows: Vec<EventRow> = serde_json::from_str(&taken)
+            .map_err(|e| super::corrupt("usage events", &e.to_string()))?;
+        let mut events = rows.into_iter().map(event).collect::<Result<Vec<_>, _>>()?;
+        events.sort_by_key(|e| e.seq);
+        write(&mut tx, backend, plan_fold(&events)).await?;
         tx.commit().await?;
-        Ok(logged as u64)
+        Ok(events.len() as u64)
     }
 }
 
