@@ -5,8 +5,9 @@
 //! each span is clipped to `[start, end)` in SQL and the clipped parts added up, so a month's
 //! report of a million spans is one scan the database does, not a million rows decoded here. A
 //! span still counting ends, for a report, at the `now` its reader passes. Spans are never
-//! deleted: a purged VM leaves them, and the reconciler rolls ended spans up into the totals of
-//! `/metrics` once.
+//! deleted: a purged VM leaves them. Each ended span is added to the totals of `/metrics` once:
+//! by the fold that writes it, if it ended within that fold, otherwise by the reconciler's
+//! roll-up.
 
 use std::collections::BTreeMap;
 
