@@ -337,9 +337,9 @@ async fn two_replicas_never_count_a_second_twice() {
 
 on_both_stores!(the_fold_does_what_its_specification_says_on_random_batches);
 
-/// The fold's SQL against its specification (`plan_fold`): rounds of random batches (any order of
-/// starts and ends, on a few VMs and cGPUs, times that sometimes go back) are written to the log
-/// by hand, folded, and the stored spans compared with the specification's, and the totals with
+/// The fold's reads and writes against its plan (`plan_fold`): rounds of random batches (any
+/// order of starts and ends, on a few VMs and cGPUs, times that sometimes go back) are written to
+/// the log by hand, folded, and the stored spans compared with the plan's, and the totals with
 /// the spans.
 async fn the_fold_does_what_its_specification_says_on_random_batches(store: Store) {
     use gsaasd::db::{plan_fold, CgpuSpanStart, EventKind, UsageEvent};

@@ -65,6 +65,13 @@ pub struct NewSpan<T> {
     pub end_ms: Option<i64>,
 }
 
+impl<T> NewSpan<T> {
+    /// Ends the span at `at`, never before it started.
+    fn end_at(&mut self, at: i64) {
+        self.end_ms = Some(at.max(self.start_ms));
+    }
+}
+
 /// What a batch of events does to the spans: ends of spans already written (cGPUs' first, then
 /// VMs', which end the cGPU spans of theirs still open too), and the spans the batch started.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -88,18 +95,16 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
     // Spans started in this batch, still counting: (vm, idx) -> index into plan.cgpu_spans.
     let mut open_cgpus: BTreeMap<(&str, i64), usize> = BTreeMap::new();
     let mut open_vms: BTreeMap<&str, usize> = BTreeMap::new();
-    // cGPUs with an event in the batch so far; VMs with an end, or an end or a start.
+    // cGPUs with an event in the batch so far; VMs with an end; VMs with an end or a start.
     let mut seen_cgpus: BTreeSet<(&str, i64)> = BTreeSet::new();
     let mut ended_vms: BTreeSet<&str> = BTreeSet::new();
     let mut seen_vms: BTreeSet<&str> = BTreeSet::new();
-    let end = |span: &mut Option<i64>, start: i64, at: i64| *span = Some(at.max(start));
     for event in events {
         let (vm, at) = (event.vm.as_str(), event.at_ms);
         match &event.what {
             EventKind::CgpuEnded { idx } => {
                 if let Some(i) = open_cgpus.remove(&(vm, *idx)) {
-                    let span = &mut plan.cgpu_spans[i];
-                    end(&mut span.end_ms, span.start_ms, at);
+                    plan.cgpu_spans[i].end_at(at);
                 } else if !seen_cgpus.contains(&(vm, *idx)) && !ended_vms.contains(vm) {
                     plan.cgpu_ends.push((vm.to_owned(), *idx, at));
                 }
@@ -107,8 +112,7 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
             }
             EventKind::CgpuStarted(start) => {
                 if let Some(i) = open_cgpus.remove(&(vm, start.idx)) {
-                    let span = &mut plan.cgpu_spans[i];
-                    end(&mut span.end_ms, span.start_ms, at);
+                    plan.cgpu_spans[i].end_at(at);
                 }
                 seen_cgpus.insert((vm, start.idx));
                 open_cgpus.insert((vm, start.idx), plan.cgpu_spans.len());
@@ -121,8 +125,7 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
             }
             EventKind::VmEnded => {
                 if let Some(i) = open_vms.remove(vm) {
-                    let span = &mut plan.vm_spans[i];
-                    end(&mut span.end_ms, span.start_ms, at);
+                    plan.vm_spans[i].end_at(at);
                 }
                 if seen_vms.insert(vm) {
                     plan.vm_ends.push((vm.to_owned(), at));
@@ -132,15 +135,13 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
                     open_cgpus.range((vm, i64::MIN)..=(vm, i64::MAX)).map(|(k, _)| *k).collect();
                 for key in started {
                     if let Some(i) = open_cgpus.remove(&key) {
-                        let span = &mut plan.cgpu_spans[i];
-                        end(&mut span.end_ms, span.start_ms, at);
+                        plan.cgpu_spans[i].end_at(at);
                     }
                 }
             }
             EventKind::VmStarted { project, name } => {
                 if let Some(i) = open_vms.remove(vm) {
-                    let span = &mut plan.vm_spans[i];
-                    end(&mut span.end_ms, span.start_ms, at);
+                    plan.vm_spans[i].end_at(at);
                 }
                 seen_vms.insert(vm);
                 open_vms.insert(vm, plan.vm_spans.len());
@@ -156,7 +157,7 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
     plan
 }
 
-/// An event as [`EVENT_JSON`] lists it: seq, op, at_ms, vm, idx, project, name, gpu, model,
+/// An event as the fold reads it ([`EVENT_COLUMNS`], as a JSON array): seq, op, at_ms, vm, idx, project, name, gpu, model,
 /// mode, memory_mib.
 type EventRow = (
     i64,
