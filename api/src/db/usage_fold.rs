@@ -157,8 +157,8 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
     plan
 }
 
-/// An event as the fold reads it ([`EVENT_COLUMNS`], as a JSON array): seq, op, at_ms, vm, idx, project, name, gpu, model,
-/// mode, memory_mib.
+/// An event as the fold reads it ([`EVENT_COLUMNS`], as a JSON array): seq, op, at_ms, vm, idx,
+/// project, name, gpu, model, mode, memory_mib.
 type EventRow = (
     i64,
     i64,

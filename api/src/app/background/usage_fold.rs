@@ -1,8 +1,8 @@
 //! Folding the usage log into spans ([`crate::db::Db::fold_usage`]): on a timer
 //! ([`FOLD_EVERY`]), so the log stays short and `/metrics` lags the database by about that much,
 //! and before every usage report and `/metrics` computation, so a report counts every change
-//! committed before it was asked. Any replica may fold, at any time, as often as it likes: the database folds each
-//! event once.
+//! committed before it was asked. Any replica may fold, at any time, as often as it likes: the
+//! database folds each event once.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
