@@ -1,13 +1,14 @@
 //! The notifications' outbox (`migrations/0028_notifications.*.sql`, whose triggers write it):
 //! whether it is written, which replica publishes it (a lease), what waits in it.
 
-use sqlx::{AnyConnection, Row};
+use sqlx::{AnyConnection, Connection, Row};
 
 use super::Db;
 use crate::error::Error;
 use crate::model::NotificationRecord;
 
-/// The triggers that write the outbox, by table (`migrations/0028_notifications.*.sql`).
+/// The triggers that write the outbox, by table (`migrations/0028_notifications.*.sql`). They
+/// exist (SQLite) or are enabled (PostgreSQL) only while `notifier.enabled` is 1.
 const NOTIFY_TRIGGERS: [(&str, &str); 4] = [
     ("vms", "vms_notify_insert"),
     ("vms", "vms_notify_update"),
@@ -15,40 +16,66 @@ const NOTIFY_TRIGGERS: [(&str, &str); 4] = [
     ("cgpus", "cgpus_notify_delete"),
 ];
 
-/// On PostgreSQL, turns the outbox's triggers on or off with `notifier.enabled`: off, they cost
-/// nothing, where a trigger that finds the outbox off still costs a PL/pgSQL call for every
-/// change of a VM (SQLite's triggers check the switch in their `WHEN`, in process).
+/// Turns the outbox's triggers on or off with `notifier.enabled`: off, they cost nothing, where a
+/// trigger that finds the outbox off still costs every change of a VM or a cGPU a call (on SQLite
+/// a sub-program, 5-6% of launch + terminate cycles: BENCHMARKS.md). PostgreSQL disables them;
+/// SQLite, which cannot, drops them and creates them again from 0028's text.
 async fn switch_notify_triggers(conn: &mut AnyConnection, on: bool) -> Result<(), Error> {
-    if conn.backend_name() != "PostgreSQL" {
-        return Ok(());
-    }
-    let verb = if on { "ENABLE" } else { "DISABLE" };
+    let sqlite = conn.backend_name() != "PostgreSQL";
     for (table, trigger) in NOTIFY_TRIGGERS {
-        sqlx::query(&format!("ALTER TABLE {table} {verb} TRIGGER {trigger}"))
-            .execute(&mut *conn)
-            .await?;
+        let sql = match (sqlite, on) {
+            (false, true) => format!("ALTER TABLE {table} ENABLE TRIGGER {trigger}"),
+            (false, false) => format!("ALTER TABLE {table} DISABLE TRIGGER {trigger}"),
+            (true, true) => sqlite_notify_trigger(trigger)?.replacen(
+                "CREATE TRIGGER ",
+                "CREATE TRIGGER IF NOT EXISTS ",
+                1,
+            ),
+            (true, false) => format!("DROP TRIGGER IF EXISTS {trigger}"),
+        };
+        sqlx::query(&sql).execute(&mut *conn).await?;
     }
     Ok(())
 }
 
+/// SQLite's `CREATE TRIGGER` statement of `trigger`, as migration 0028 wrote it (released
+/// migrations never change, so this is the text the store had).
+fn sqlite_notify_trigger(trigger: &str) -> Result<&'static str, Error> {
+    let (_, _, sql, _) = super::DIALECT_MIGRATIONS
+        .iter()
+        .find(|(version, ..)| *version == 28)
+        .ok_or_else(|| Error::internal("migration 0028 is missing"))?;
+    let start = sql.find(&format!("CREATE TRIGGER {trigger} "));
+    let end = start.and_then(|start| sql[start..].find("\nEND;").map(|end| start + end + 5));
+    match (start, end) {
+        (Some(start), Some(end)) => Ok(&sql[start..end]),
+        _ => Err(Error::internal(format!("migration 0028 has no trigger {trigger}"))),
+    }
+}
+
 /// Turns the outbox on (a replica that publishes), or off when no replica holds the publisher's
-/// lease (a replica started without `[notifications]` must not silence one that has them).
+/// lease (a replica started without `[notifications]` must not silence one that has them). The
+/// switch and its triggers change in one transaction.
 pub async fn configure_notifier(
     conn: &mut AnyConnection,
     publishing: bool,
     now_ms: i64,
 ) -> Result<(), Error> {
+    let mut tx = conn.begin().await?;
     if publishing {
-        sqlx::query("UPDATE notifier SET enabled = 1 WHERE id = 1").execute(&mut *conn).await?;
-        return switch_notify_triggers(conn, true).await;
+        sqlx::query("UPDATE notifier SET enabled = 1 WHERE id = 1").execute(&mut *tx).await?;
+        switch_notify_triggers(&mut tx, true).await?;
+    } else {
+        let off =
+            sqlx::query("UPDATE notifier SET enabled = 0 WHERE id = 1 AND lease_until_ms < $1")
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+        if off.rows_affected() == 1 {
+            switch_notify_triggers(&mut tx, false).await?;
+        }
     }
-    let off = sqlx::query("UPDATE notifier SET enabled = 0 WHERE id = 1 AND lease_until_ms < $1")
-        .bind(now_ms)
-        .execute(&mut *conn)
-        .await?;
-    if off.rows_affected() == 1 {
-        switch_notify_triggers(conn, false).await?;
-    }
+    tx.commit().await?;
     Ok(())
 }
 
@@ -60,8 +87,9 @@ pub async fn take_notifier_lease(
     now_ms: i64,
     until_ms: i64,
 ) -> Result<bool, Error> {
+    let mut tx = conn.begin().await?;
     let was_on: i64 = sqlx::query("SELECT enabled FROM notifier WHERE id = 1")
-        .fetch_one(&mut *conn)
+        .fetch_one(&mut *tx)
         .await?
         .try_get(0)?;
     let taken = sqlx::query(
@@ -71,13 +99,14 @@ pub async fn take_notifier_lease(
     .bind(owner)
     .bind(until_ms)
     .bind(now_ms)
-    .execute(&mut *conn)
+    .execute(&mut *tx)
     .await?;
     let taken = taken.rows_affected() == 1;
     if taken && was_on == 0 {
         // The outbox was turned off while nobody published (see `configure_notifier`).
-        switch_notify_triggers(conn, true).await?;
+        switch_notify_triggers(&mut tx, true).await?;
     }
+    tx.commit().await?;
     Ok(taken)
 }
 
@@ -134,5 +163,22 @@ impl Db {
         }
         tx.commit().await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_sqlite_trigger_is_found_whole_in_its_migration() {
+        for (table, trigger) in NOTIFY_TRIGGERS {
+            let sql = sqlite_notify_trigger(trigger).unwrap();
+            assert!(sql.starts_with(&format!("CREATE TRIGGER {trigger} AFTER ")), "{sql}");
+            assert!(sql.contains(&format!(" ON {table}\n")), "{sql}");
+            assert!(sql.ends_with("\nEND;"), "{sql}");
+            assert_eq!(sql.matches("BEGIN").count(), 1, "{sql}");
+        }
+        assert!(sqlite_notify_trigger("vms_notify").is_err());
     }
 }
