@@ -17,9 +17,9 @@ const NOTIFY_TRIGGERS: [(&str, &str); 4] = [
 ];
 
 /// Turns the outbox's triggers on or off with `notifier.enabled`: off, they cost nothing, where a
-/// trigger that finds the outbox off still costs every change of a VM or a cGPU a call (on SQLite
-/// a sub-program, 5-6% of launch + terminate cycles: BENCHMARKS.md). PostgreSQL disables them;
-/// SQLite, which cannot, drops them and creates them again from 0028's text.
+/// trigger that finds the outbox off still runs on every change of a VM's or a cGPU's state (on
+/// PostgreSQL a PL/pgSQL call, on SQLite a sub-program that reads `notifier`). PostgreSQL
+/// disables them; SQLite, which cannot, drops them and creates them again from 0028's text.
 async fn switch_notify_triggers(conn: &mut AnyConnection, on: bool) -> Result<(), Error> {
     let sqlite = conn.backend_name() != "PostgreSQL";
     for (table, trigger) in NOTIFY_TRIGGERS {
