@@ -237,14 +237,17 @@ pub async fn usage_totals(
     rows.iter().map(|row| Ok((row.try_get(0)?, cgpu_time(row)?))).collect()
 }
 
+/// The end of an `INSERT INTO usage_totals (project, model, mode, cgpu_ms, memory_mib_ms)` that
+/// adds to a row already there (the roll-up's, and the fold's for spans ended within it).
+pub(super) const ADD_TO_TOTALS: &str = "ON CONFLICT (project, model, mode) DO UPDATE SET \
+    cgpu_ms = usage_totals.cgpu_ms + excluded.cgpu_ms, \
+    memory_mib_ms = usage_totals.memory_mib_ms + excluded.memory_mib_ms";
+
 impl Db {
     /// Adds every ended cGPU span not yet counted to `usage_totals`, each once, whichever
     /// replica does it (on PostgreSQL one statement, whose row locks make a second replica's
     /// skip the spans the first took). Returns how many it added.
     pub async fn roll_up_usage(&self) -> Result<u64, Error> {
-        const ADD: &str = "ON CONFLICT (project, model, mode) DO UPDATE SET \
-            cgpu_ms = usage_totals.cgpu_ms + excluded.cgpu_ms, \
-            memory_mib_ms = usage_totals.memory_mib_ms + excluded.memory_mib_ms";
         if self.backend() == super::Backend::Postgres {
             let row = sqlx::query(&format!(
                 "WITH r AS (UPDATE cgpu_usage SET rolled = 1 \
@@ -253,7 +256,7 @@ impl Db {
                  added AS (INSERT INTO usage_totals (project, model, mode, cgpu_ms, memory_mib_ms) \
                    SELECT project, model, mode, SUM(ms), \
                           SUM(CAST(ms AS DOUBLE PRECISION) * memory_mib) \
-                   FROM r GROUP BY project, model, mode {ADD}) \
+                   FROM r GROUP BY project, model, mode {ADD_TO_TOTALS}) \
                  SELECT COUNT(*) FROM r"
             ))
             .fetch_one(&mut *self.conn().await?)
@@ -268,7 +271,7 @@ impl Db {
              SELECT project, model, mode, SUM(end_ms - start_ms), \
                     SUM(CAST(end_ms - start_ms AS DOUBLE PRECISION) * memory_mib) \
              FROM cgpu_usage WHERE rolled = 0 AND end_ms IS NOT NULL \
-             GROUP BY +project, model, mode {ADD}"
+             GROUP BY +project, model, mode {ADD_TO_TOTALS}"
         ))
         .execute(&mut *tx)
         .await?;

@@ -300,11 +300,9 @@ async fn write(
                 "INSERT INTO usage_totals (project, model, mode, cgpu_ms, memory_mib_ms) \
                  SELECT e.value->>0, e.value->>1, e.value->>2, {}, \
                         CAST(e.value->>4 AS DOUBLE PRECISION) \
-                 FROM {rows} WHERE true \
-                 ON CONFLICT (project, model, mode) DO UPDATE SET \
-                   cgpu_ms = usage_totals.cgpu_ms + excluded.cgpu_ms, \
-                   memory_mib_ms = usage_totals.memory_mib_ms + excluded.memory_mib_ms",
-                int(3)
+                 FROM {rows} WHERE true {}",
+                int(3),
+                super::usage::ADD_TO_TOTALS
             ))
             .bind(json(&totals)?)
             .execute(&mut *conn)
