@@ -201,11 +201,12 @@ fn event(row: EventRow) -> Result<UsageEvent, Error> {
 }
 
 /// The rows of the JSON array bound as `$1`, each as `e.value` (whose `->> i` is its `i`th
-/// element, text or integer as stored).
+/// element, text or integer as stored). PostgreSQL's as `jsonb`, parsed once: each `->>` on a
+/// `json` value parses that row's text again, and a span has up to ten fields.
 fn json_rows(backend: Backend) -> &'static str {
     match backend {
         Backend::Sqlite => "json_each($1) AS e",
-        Backend::Postgres => "json_array_elements(CAST($1 AS json)) AS e(value)",
+        Backend::Postgres => "jsonb_array_elements(CAST($1 AS jsonb)) AS e(value)",
     }
 }
 
