@@ -5,6 +5,7 @@
 #   scripts/openstack-clients.sh osc       # python-openstackclient + osc-lib + osc-plugin/ (this repo's)
 #   scripts/openstack-clients.sh horizon   # Horizon + horizon-plugin/ (this repo's)
 #   scripts/openstack-clients.sh cloudkitty  # CloudKitty (its Prometheus collector, for deploy/cloudkitty)
+#   scripts/openstack-clients.sh ceilometer  # Ceilometer (its notification meters, for deploy/ceilometer)
 #
 # Prints the venv's path (the only line on stdout). Idempotent: a venv whose pins and plugin
 # source are unchanged is reused as it is; otherwise it is rebuilt. The pins are the top-level
@@ -29,8 +30,13 @@ case ${1:-} in
     plugin=deploy/cloudkitty
     pins="cloudkitty==25.0.0"
     ;;
+  ceilometer)
+    # No plugin either: deploy/ceilometer's meter definitions are what is tested.
+    plugin=deploy/ceilometer
+    pins="ceilometer==25.0.0"
+    ;;
   *)
-    echo "usage: $0 osc|horizon|cloudkitty" >&2
+    echo "usage: $0 osc|horizon|cloudkitty|ceilometer" >&2
     exit 2
     ;;
 esac
@@ -56,7 +62,7 @@ mkdir -p "$HOME_DIR"
 # shellcheck disable=SC2086
 "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$plugin/constraints.txt" $pins >&2
 # The plugin, built in a scratch copy so the source tree gets no build/ or egg-info.
-if [ "$1" != cloudkitty ]; then
+if [ "$1" != cloudkitty ] && [ "$1" != ceilometer ]; then
   scratch=$(mktemp -d)
   trap 'rm -rf "$scratch"' EXIT
   cp -r "$plugin" "$scratch/"

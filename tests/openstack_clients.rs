@@ -7,7 +7,9 @@
 //!
 //! And CloudKitty's Prometheus collector (`cloudkitty` from PyPI, in its venv) rating the usage
 //! counters of gsaasd's `/metrics` through a real Prometheus (Debian's), with
-//! `deploy/cloudkitty/`'s configuration as shipped.
+//! `deploy/cloudkitty/`'s configuration as shipped; and Ceilometer's notification endpoint
+//! (`ceilometer` from PyPI) metering gsaasd's notifications from a real RabbitMQ with
+//! `deploy/ceilometer/`'s meter definitions.
 //!
 //! Each test of the catalog serves its gsaasd (Keystone mode, the Nova backend) where the catalog says gsaasd is,
 //! holding the catalog's address for itself (`CatalogLease`: one such test at a time, in every
@@ -457,4 +459,137 @@ async fn cloudkitty_rates_the_usage_counters_through_a_real_prometheus() {
     let memory: Vec<&Value> = lines.iter().filter(|l| l["metric"] == "gpu_memory").collect();
     let memory_gib_hours = memory[0]["qty"].as_f64().unwrap();
     assert!((memory_gib_hours - rated_hours).abs() <= 1e-6, "1 GiB per cGPU: {lines:#?}");
+}
+
+/// `deploy/ceilometer/gsaas-meters.yaml` as shipped, applied by Ceilometer's own notification
+/// endpoint (`tests/ceilometer_meters.py`, Ceilometer 25.0.0 in its venv) to what gsaasd
+/// published on a real RabbitMQ, read by an oslo.messaging listener as Ceilometer's notification
+/// agent reads it: a VM's launch, attach, detach and termination become its meters, each sample
+/// on the VM, in the tenant's project, naming no host, GPU or GPU server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ceilometer_meters_the_notifications_from_rabbitmq() {
+    use gsaas_test_support::rabbitmq::Rabbit;
+    use gsaas_test_support::{shared_launch_with, Store, TestService};
+    use std::io::BufRead;
+    use std::sync::{Arc, Mutex};
+
+    let venv = client_venv("ceilometer");
+    let rabbit = Rabbit::start().await;
+    let url = rabbit.transport_url();
+    let t = TestService::start_with(Store::Sqlite, |c| {
+        c.notifications.transport_url = Some(url.clone());
+        c.notifications.poll_ms = 20;
+    })
+    .await;
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned();
+    let stderr_path = t.dir.join("ceilometer.log");
+    let mut ceilometer = Command::new(venv.join("bin/python"))
+        .arg(workspace.join("tests/ceilometer_meters.py"))
+        .arg(workspace.join("deploy/ceilometer"))
+        .arg(&url)
+        .arg(&t.service().app.config.notifications.exchange)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .expect("python runs");
+    let lines = Arc::new(Mutex::new(Vec::<Value>::new()));
+    let reader = {
+        let (lines, stdout) = (lines.clone(), ceilometer.stdout.take().unwrap());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+                lines.lock().unwrap().push(value);
+            }
+        })
+    };
+    let log = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let wait_for = |what: &str, done: &dyn Fn(&[Value]) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if done(&lines.lock().unwrap()) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "waited a minute for {what}: {:#?}\nceilometer: {}",
+                lines.lock().unwrap(),
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_for("the listener", &|l| l.iter().any(|v| v == "listening"));
+    let definitions = lines.lock().unwrap()[0]["definitions"].clone();
+    assert_eq!(
+        definitions,
+        serde_json::json!(["gpu.vm", "gpu.vm.cgpus", "gpu.vm.memory", "gpu.vm.preemption"]),
+        "every meter of the file loads: {}",
+        log()
+    );
+
+    // A VM's life: two cGPUs of 1 GiB, a third of 2 GiB attached, the first detached, ended.
+    let member = t.member();
+    let launch = shared_launch_with(2, 1024, serde_json::json!({"name": "metered"}));
+    let a = t.launch(&member, &launch).await;
+    t.wait_state(&member, &a, "ready").await;
+    let attach = serde_json::json!({"ncgpus": 1, "gpu_memory_mib": 2048, "mode": "shared"});
+    let (status, _) = t.post(&member, &format!("/v1/vms/{a}/cgpus"), &attach).await;
+    assert_eq!(status, 202);
+    t.wait_vm(&member, &a, |vm| {
+        let cgpus = vm["cgpus"].as_array().unwrap();
+        cgpus.len() == 3 && cgpus.iter().all(|c| c["state"] == "live")
+    })
+    .await;
+    let hidden: Vec<String> = t
+        .admin_cgpus(&a)
+        .await
+        .iter()
+        .flat_map(|c| [c["gpu"].as_str().unwrap_or(""), c["host"].as_str().unwrap_or("")])
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(!hidden.is_empty());
+    let (status, _) = t.delete(&member, &format!("/v1/vms/{a}/cgpus/0")).await;
+    assert_eq!(status, 202);
+    t.wait_vm(&member, &a, |vm| vm["cgpus"].as_array().unwrap().len() == 2).await;
+    let (status, _) = t.delete(&member, &format!("/v1/vms/{a}")).await;
+    assert_eq!(status, 202);
+    t.wait_state(&member, &a, "deleted").await;
+
+    let of_a = |l: &[Value], name: &str| -> Vec<Value> {
+        l.iter().filter(|s| s["name"] == name && s["resource_id"] == a.as_str()).cloned().collect()
+    };
+    // gpu.vm: one sample at create.end and one at delete.end.
+    wait_for("the VM's end", &|l| of_a(l, "gpu.vm").len() == 2);
+    drop(ceilometer.stdin.take());
+    let status = ceilometer.wait().unwrap();
+    reader.join().unwrap();
+    assert!(status.success(), "ceilometer: {}", log());
+    let samples = lines.lock().unwrap().clone();
+
+    let volumes = |name: &str| -> Vec<f64> {
+        of_a(&samples, name).iter().map(|s| s["volume"].as_f64().unwrap_or(f64::NAN)).collect()
+    };
+    // create.end, attach.end, detach.end, and delete.end with what the VM held when it ended
+    // (as Nova's delete.end describes the instance's flavor).
+    assert_eq!(volumes("gpu.vm.cgpus"), [2.0, 3.0, 2.0, 2.0], "{samples:#?}");
+    assert_eq!(volumes("gpu.vm.memory"), [2048.0, 4096.0, 3072.0, 3072.0], "{samples:#?}");
+    assert_eq!(volumes("gpu.vm"), [1.0, 1.0], "{samples:#?}");
+    // The launching user: the member token's subject.
+    for s in samples.iter().filter(|s| s.get("name").is_some()) {
+        assert_eq!(s["resource_id"], a.as_str(), "only this VM lived: {s}");
+        assert_eq!((&s["project_id"], &s["user_id"]), (&"alpha".into(), &"alpha".into()), "{s}");
+        assert_eq!(s["type"], "gauge", "{s}");
+        let text = s.to_string();
+        for secret in &hidden {
+            assert!(!text.contains(secret.as_str()), "a sample names {secret}: {s}");
+        }
+    }
+    let units: Vec<Value> = ["gpu.vm", "gpu.vm.cgpus", "gpu.vm.memory"]
+        .iter()
+        .map(|n| of_a(&samples, n)[0]["unit"].clone())
+        .collect();
+    assert_eq!(units, ["vm", "cgpu", "MiB"]);
+    assert_eq!(of_a(&samples, "gpu.vm")[0]["metadata"]["display_name"], "metered");
 }
