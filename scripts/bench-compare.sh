@@ -7,6 +7,8 @@
 # OLD and NEW are commits (or WORKTREE for the working tree as it is); BENCH is `crate:bench`
 # (`gsaasd:cycles`) or a bench of gsaasd (`cycles`); ARGS go to the bench after `--`.
 # ROUNDS (default 3) sets how many times each build runs: OLD, NEW, OLD, NEW, ...
+# ALSO="REV ..." adds builds that run after NEW in each round (OLD, NEW, REV..., OLD, ...), each
+# announced by its own name, to place several commits in one run.
 #
 # Each commit is checked out in a worktree of its own under $GSAAS_BENCH_COMPARE_DIR (default
 # /var/tmp/gsaas-bench-compare) and built with a target directory of its own: a shared one would mix
@@ -67,16 +69,25 @@ IFS=$'\t' read -r old_dir old_bin <<<"$(build "$old")" || true
 IFS=$'\t' read -r new_dir new_bin <<<"$(build "$new")" || true
 [ -x "${old_bin:-}" ] || { tail -n 20 "$base/build-$bench.log" >&2; echo "bench-compare: no $bench executable for $old" >&2; exit 1; }
 [ -x "${new_bin:-}" ] || { tail -n 20 "$base/build-$bench.log" >&2; echo "bench-compare: no $bench executable for $new" >&2; exit 1; }
+sides=(old new) dirs=("$old_dir" "$new_dir") bins=("$old_bin" "$new_bin")
+for rev in ${ALSO:-}; do
+  IFS=$'\t' read -r dir bin <<<"$(build "$rev")" || true
+  [ -x "${bin:-}" ] || { tail -n 20 "$base/build-$bench.log" >&2; echo "bench-compare: no $bench executable for $rev" >&2; exit 1; }
+  sides+=("$rev") dirs+=("$dir") bins+=("$bin")
+done
 
 echo "bench-compare: $crate:$bench $* on $(hostname), $(nproc) cores, $(date -u +%FT%TZ)"
 echo "  old = $old ($(git rev-parse --short "$old" 2>/dev/null || echo worktree))"
 echo "  new = $new ($(git rev-parse --short "$new" 2>/dev/null || echo worktree))"
+for rev in ${ALSO:-}; do
+  echo "  also $rev ($(git rev-parse --short "$rev" 2>/dev/null || echo worktree))"
+done
 for round in $(seq 1 "$rounds"); do
-  for side in old new; do
-    if [ $side = old ]; then bin=$old_bin dir=$old_dir; else bin=$new_bin dir=$new_dir; fi
+  for i in "${!sides[@]}"; do
+    side=${sides[$i]}
     echo "=== round $round: $side"
     # Benches run from their crate's directory, as cargo bench runs them; criterion's reports go
     # to the build's own folder, not into the checkout.
-    (cd "$dir" && CRITERION_HOME="$base/criterion-$side" "$bin" --bench "$@")
+    (cd "${dirs[$i]}" && CRITERION_HOME="$base/criterion-$i" "${bins[$i]}" --bench "$@")
   done
 done
