@@ -533,29 +533,11 @@ async fn ceilometer_meters_the_notifications_from_rabbitmq() {
     let launch = shared_launch_with(2, 1024, serde_json::json!({"name": "metered"}));
     let a = t.launch(&member, &launch).await;
     t.wait_state(&member, &a, "ready").await;
-    let attach = serde_json::json!({"ncgpus": 1, "gpu_memory_mib": 2048, "mode": "shared"});
-    let (status, _) = t.post(&member, &format!("/v1/vms/{a}/cgpus"), &attach).await;
-    assert_eq!(status, 202);
-    t.wait_vm(&member, &a, |vm| {
-        let cgpus = vm["cgpus"].as_array().unwrap();
-        cgpus.len() == 3 && cgpus.iter().all(|c| c["state"] == "live")
-    })
-    .await;
-    let hidden: Vec<String> = t
-        .admin_cgpus(&a)
-        .await
-        .iter()
-        .flat_map(|c| [c["gpu"].as_str().unwrap_or(""), c["host"].as_str().unwrap_or("")])
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
+    t.attach_one_and_wait(&member, &a, 2048, 3).await;
+    let hidden = gsaas_test_support::cgpu_locations(&t.admin_cgpus(&a).await);
     assert!(!hidden.is_empty());
-    let (status, _) = t.delete(&member, &format!("/v1/vms/{a}/cgpus/0")).await;
-    assert_eq!(status, 202);
-    t.wait_vm(&member, &a, |vm| vm["cgpus"].as_array().unwrap().len() == 2).await;
-    let (status, _) = t.delete(&member, &format!("/v1/vms/{a}")).await;
-    assert_eq!(status, 202);
-    t.wait_state(&member, &a, "deleted").await;
+    t.detach_and_wait(&member, &a, 0, 2).await;
+    t.terminate_and_wait(&member, &a).await;
 
     let of_a = |l: &[Value], name: &str| -> Vec<Value> {
         l.iter().filter(|s| s["name"] == name && s["resource_id"] == a.as_str()).cloned().collect()

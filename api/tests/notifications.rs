@@ -70,31 +70,14 @@ async fn every_life_of_a_vm_is_notified_in_order_and_an_outage_loses_nothing(sto
         shared_launch_with(2, 1024, json!({"name": "notified", "policy": "least-load-fit"}));
     let a = t.launch(&member, &launch).await;
     t.wait_state(&member, &a, "ready").await;
-    let attach = json!({"ncgpus": 1, "gpu_memory_mib": 2048, "mode": "shared"});
-    let (status, _) = t.post(&member, &format!("/v1/vms/{a}/cgpus"), &attach).await;
-    assert_eq!(status, 202);
-    t.wait_vm(&member, &a, |vm| {
-        let cgpus = vm["cgpus"].as_array().unwrap();
-        cgpus.len() == 3 && cgpus.iter().all(|c| c["state"] == "live")
-    })
-    .await;
+    t.attach_one_and_wait(&member, &a, 2048, 3).await;
     let cgpus = t.admin_cgpus(&a).await;
-    let hidden: Vec<String> = cgpus
-        .iter()
-        .flat_map(|c| {
-            [c["gpu"].as_str().unwrap().to_owned(), c["host"].as_str().unwrap_or("").to_owned()]
-        })
-        .filter(|s| !s.is_empty())
-        .collect();
+    let hidden = support::cgpu_locations(&cgpus);
     let leaving = cgpus[1]["gpu"].as_str().unwrap().to_owned();
     let (status, moved) = t.post(&admin, &format!("/v1/gpus/{leaving}/evacuate"), &json!({})).await;
     assert_eq!((status, &moved["moved"]), (200, &json!(1)), "{moved}");
-    let (status, _) = t.delete(&member, &format!("/v1/vms/{a}/cgpus/0")).await;
-    assert_eq!(status, 202);
-    t.wait_vm(&member, &a, |vm| vm["cgpus"].as_array().unwrap().len() == 2).await;
-    let (status, _) = t.delete(&member, &format!("/v1/vms/{a}")).await;
-    assert_eq!(status, 202);
-    t.wait_state(&member, &a, "deleted").await;
+    t.detach_and_wait(&member, &a, 0, 2).await;
+    t.terminate_and_wait(&member, &a).await;
 
     let received =
         inbox.wait_for(Duration::from_secs(20), |m| has_event(m, &a, "gpu.vm.delete.end")).await;

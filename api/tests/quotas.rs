@@ -105,15 +105,9 @@ async fn limits_are_enforced_on_launches_and_attaches_and_refusals_change_nothin
 
     // Attaches count: one more cGPU fits (4), the next does not.
     t.wait_state(&member, &first, "ready").await;
+    t.attach_one_and_wait(&member, &first, 1024, 3).await;
     let attach = json!({"ncgpus": 1, "gpu_memory_mib": 1024, "mode": "shared"});
     let path = format!("/v1/vms/{first}/cgpus");
-    let (status, vm) = t.post(&member, &path, &attach).await;
-    assert_eq!(status, 202, "{vm}");
-    t.wait_vm(&member, &first, |vm| {
-        let cgpus = vm["cgpus"].as_array().unwrap();
-        cgpus.len() == 3 && cgpus.iter().all(|c| c["state"] == "live")
-    })
-    .await;
     let before = allocated(&t).await;
     let (status, problem) = t.post(&member, &path, &attach).await;
     assert_quota_exceeded(status, &problem, ("cgpus", 4, 4, 1));

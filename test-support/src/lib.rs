@@ -257,6 +257,33 @@ impl TestService {
         }
     }
 
+    /// Attaches one shared cGPU of `mib` to the VM (asserting 202) and waits until it has
+    /// `total` cGPUs, every one live.
+    pub async fn attach_one_and_wait(&self, token: &str, id: &str, mib: u64, total: usize) {
+        let attach = serde_json::json!({"ncgpus": 1, "gpu_memory_mib": mib, "mode": "shared"});
+        let (status, vm) = self.post(token, &format!("/v1/vms/{id}/cgpus"), &attach).await;
+        assert_eq!(status, 202, "{vm}");
+        self.wait_vm(token, id, |vm| {
+            let cgpus = vm["cgpus"].as_array().unwrap();
+            cgpus.len() == total && cgpus.iter().all(|c| c["state"] == "live")
+        })
+        .await;
+    }
+
+    /// Detaches the VM's cGPU `index` (asserting 202) and waits until it has `left` cGPUs.
+    pub async fn detach_and_wait(&self, token: &str, id: &str, index: u32, left: usize) {
+        let (status, body) = self.delete(token, &format!("/v1/vms/{id}/cgpus/{index}")).await;
+        assert_eq!(status, 202, "{body}");
+        self.wait_vm(token, id, |vm| vm["cgpus"].as_array().unwrap().len() == left).await;
+    }
+
+    /// Terminates the VM (asserting 202) and waits until it is deleted.
+    pub async fn terminate_and_wait(&self, token: &str, id: &str) {
+        let (status, body) = self.delete(token, &format!("/v1/vms/{id}")).await;
+        assert_eq!(status, 202, "{body}");
+        self.wait_state(token, id, "deleted").await;
+    }
+
     /// The VM's cGPUs as an admin sees them (with their GPUs).
     pub async fn admin_cgpus(&self, id: &str) -> Vec<Value> {
         let (status, vm) = self.get(&self.admin(), &format!("/v1/vms/{id}")).await;
@@ -339,6 +366,17 @@ pub fn shared_launch(ncgpus: u32, mib: u64) -> Value {
         "name": "test-vm", "image": "cirros-0.6.2", "flavor": "m1.small",
         "ncgpus": ncgpus, "gpu_memory_mib": mib, "mode": "shared"
     })
+}
+
+/// The GPUs and hosts that an admin's view of a VM's cGPUs ([`TestService::admin_cgpus`]) names:
+/// what no tenant's view, notification or meter may show.
+pub fn cgpu_locations(cgpus: &[Value]) -> Vec<String> {
+    cgpus
+        .iter()
+        .flat_map(|c| [c["gpu"].as_str().unwrap_or(""), c["host"].as_str().unwrap_or("")])
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// [`shared_launch`] with the fields of `extra` (a JSON object) set or replaced.
