@@ -69,8 +69,9 @@ IFS=$'\t' read -r old_dir old_bin <<<"$(build "$old")" || true
 IFS=$'\t' read -r new_dir new_bin <<<"$(build "$new")" || true
 [ -x "${old_bin:-}" ] || { tail -n 20 "$base/build-$bench.log" >&2; echo "bench-compare: no $bench executable for $old" >&2; exit 1; }
 [ -x "${new_bin:-}" ] || { tail -n 20 "$base/build-$bench.log" >&2; echo "bench-compare: no $bench executable for $new" >&2; exit 1; }
+read -r -a also <<<"${ALSO:-}"
 sides=(old new) dirs=("$old_dir" "$new_dir") bins=("$old_bin" "$new_bin")
-for rev in ${ALSO:-}; do
+for rev in "${also[@]}"; do
   IFS=$'\t' read -r dir bin <<<"$(build "$rev")" || true
   [ -x "${bin:-}" ] || { tail -n 20 "$base/build-$bench.log" >&2; echo "bench-compare: no $bench executable for $rev" >&2; exit 1; }
   sides+=("$rev") dirs+=("$dir") bins+=("$bin")
@@ -79,7 +80,7 @@ done
 echo "bench-compare: $crate:$bench $* on $(hostname), $(nproc) cores, $(date -u +%FT%TZ)"
 echo "  old = $old ($(git rev-parse --short "$old" 2>/dev/null || echo worktree))"
 echo "  new = $new ($(git rev-parse --short "$new" 2>/dev/null || echo worktree))"
-for rev in ${ALSO:-}; do
+for rev in "${also[@]}"; do
   echo "  also $rev ($(git rev-parse --short "$rev" 2>/dev/null || echo worktree))"
 done
 for round in $(seq 1 "$rounds"); do
@@ -88,6 +89,8 @@ for round in $(seq 1 "$rounds"); do
     echo "=== round $round: $side"
     # Benches run from their crate's directory, as cargo bench runs them; criterion's reports go
     # to the build's own folder, not into the checkout.
-    (cd "${dirs[$i]}" && CRITERION_HOME="$base/criterion-$i" "${bins[$i]}" --bench "$@")
+    home=$base/criterion-$side
+    [ "$i" -lt 2 ] || home=$base/criterion-also-$((i - 1))
+    (cd "${dirs[$i]}" && CRITERION_HOME="$home" "${bins[$i]}" --bench "$@")
   done
 done

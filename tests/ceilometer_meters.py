@@ -7,8 +7,8 @@ Prints `listening` once consuming, then one JSON line per sample Ceilometer buil
 
     python ceilometer_meters.py METERS_DIR TRANSPORT_URL EXCHANGE
 
-Run with the venv of `scripts/openstack-clients.sh ceilometer` (tests/openstack_clients.rs).
-Stops when its standard input closes.
+Run with the venv of `scripts/openstack-clients.sh ceilometer` (tests/openstack_clients.rs),
+which kills it when done; it also stops when its standard input closes.
 """
 import json
 import os

@@ -373,7 +373,12 @@ pub fn shared_launch(ncgpus: u32, mib: u64) -> Value {
 pub fn cgpu_locations(cgpus: &[Value]) -> Vec<String> {
     cgpus
         .iter()
-        .flat_map(|c| [c["gpu"].as_str().unwrap_or(""), c["host"].as_str().unwrap_or("")])
+        .flat_map(|c| {
+            [
+                c["gpu"].as_str().expect("an admin sees each cGPU's GPU"),
+                c["host"].as_str().unwrap_or(""),
+            ]
+        })
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect()

@@ -201,8 +201,8 @@ fn event(row: EventRow) -> Result<UsageEvent, Error> {
 }
 
 /// The rows of the JSON array bound as `$1`, each as `e.value` (whose `->> i` is its `i`th
-/// element, text or integer as stored). PostgreSQL's as `jsonb`, parsed once: each `->>` on a
-/// `json` value parses that row's text again, and a span has up to ten fields.
+/// element, text or integer as stored). On PostgreSQL `jsonb`, parsed once by the cast: `->>`
+/// on `json` parses the row's text again each time, and a span has ten fields.
 fn json_rows(backend: Backend) -> &'static str {
     match backend {
         Backend::Sqlite => "json_each($1) AS e",
