@@ -507,6 +507,8 @@ async fn ceilometer_meters_the_notifications_from_rabbitmq() {
         });
     }
     let log = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    // Waits on this thread, handed off by the runtime (`block_in_place`) so gsaasd's tasks, which
+    // publish what is waited for, keep both workers.
     let wait_for = |what: &str, done: &dyn Fn(&[Value]) -> bool| {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -519,7 +521,7 @@ async fn ceilometer_meters_the_notifications_from_rabbitmq() {
                 lines.lock().unwrap(),
                 log()
             );
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::task::block_in_place(|| std::thread::sleep(Duration::from_millis(50)));
         }
     };
     wait_for("the listener", &|l| l.iter().any(|v| v == "listening"));
