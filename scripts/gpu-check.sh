@@ -4,8 +4,8 @@
 #
 #   scripts/gpu-check.sh prepare [LUPINE_SRC]
 #       Here, no GPU needed: builds gsaasd and rodvr-agent (release), fetches the Debian packages
-#       the check needs (nftables, conntrack, libnghttp2: unpacked there under /tmp, never
-#       installed) and, with LUPINE's source tree, copies it and builds its client here from CUDA
+#       the check needs (iproute2, nftables, conntrack, libnghttp2: unpacked there under /tmp,
+#       never installed, used only where the machine lacks its own) and, with LUPINE's source tree, copies it and builds its client here from CUDA
 #       headers out of PyPI wheels (what a VM image needs; no GPU, no CUDA toolkit). Everything
 #       goes to .gpu-check/ (git ignores it), which the GPU machine gets beside the repository.
 #   scripts/gpu-check.sh run
@@ -17,7 +17,10 @@
 #          plays the GPU host, launches a VM (a namespace) through gsaasd with
 #          `remoting = "lupine"` and real agents, checks the VM cannot reach the server directly,
 #          and runs the program in the VM through LUPINE's client at its masked endpoint; then
-#          the same program directly on the GPU. Prints both results and bandwidths.
+#          the same program directly on the GPU. Prints both results and bandwidths. Where the
+#          kernel's namespaces lack veth, bridges or nftables (gVisor), the program runs through
+#          LUPINE over loopback instead, and the output says the masked path was not tested.
+#       GPU_CHECK_LOGS=DIR keeps the logs of gsaasd, the agents, the GPU server and the build.
 #   scripts/gpu-check.sh selftest
 #       Here, as root, no GPU: `run`'s whole path with the stand-in NVML
 #       (rodvr-agent/tests/fake-nvml) and a stand-in for LUPINE's server, so the script is
@@ -85,7 +88,7 @@ prepare() {
     libnghttp2-dev >/dev/null
   (cd "$gc/debs" && rm -f ./*.deb && apt-get download -q nftables libnftables1 libnftnl11 \
     libjansson4 libedit2 libxtables12 libbsd0 libmd0 conntrack libnetfilter-conntrack3 \
-    libnfnetlink0 libmnl0 libnghttp2-14 libnghttp2-dev >/dev/null)
+    libnfnetlink0 libmnl0 iproute2 libbpf1 libelf1 libcap2 libnghttp2-14 libnghttp2-dev >/dev/null)
   if [ -n "$src" ]; then
     [ -f "$src/CMakeLists.txt" ] && [ -f "$src/transport.cpp" ] || die "$src is no LUPINE source tree"
     say "LUPINE's source, from $src"
@@ -101,25 +104,47 @@ prepare() {
 # The tools: the machine's own, else the carried packages unpacked under /tmp.
 
 tools() {
-  local missing=()
-  for tool in ip nft nsenter conntrack curl python3; do
-    command -v "$tool" >/dev/null || missing+=("$tool")
+  # The carried packages are unpacked apart, and a tool the machine lacks runs from there through
+  # a wrapper that gives it their libraries: they never shadow the machine's own for anything
+  # else (the GPU image is newer than Debian 12).
+  local unpacked=/tmp/gsaas-gpu-check-root
+  rm -rf "$unpacked" && mkdir -p "$unpacked/wrap" "$unpacked/nghttp2"
+  for deb in "$gc"/debs/*.deb; do
+    [ -e "$deb" ] && dpkg-deb -x "$deb" "$unpacked"
   done
-  if [ ${#missing[@]} -gt 0 ] || [ ! -f /usr/include/nghttp2/nghttp2.h ]; then
-    local unpacked=/tmp/gsaas-gpu-check-root
-    mkdir -p "$unpacked"
-    for deb in "$gc"/debs/*.deb; do
-      [ -e "$deb" ] && dpkg-deb -x "$deb" "$unpacked"
-    done
-    export PATH=$PATH:$unpacked/usr/sbin:$unpacked/usr/bin:$unpacked/sbin
-    export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$unpacked/usr/lib/x86_64-linux-gnu
+  local libs=$unpacked/usr/lib/x86_64-linux-gnu:$unpacked/lib/x86_64-linux-gnu found
+  for tool in ip nft conntrack; do
+    command -v "$tool" >/dev/null && continue
+    found=$(find "$unpacked" -path "*bin/$tool" -type f -print -quit)
+    [ -n "$found" ] || continue
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$libs" "$found" >"$unpacked/wrap/$tool"
+    chmod +x "$unpacked/wrap/$tool"
+    echo "$tool: the carried one (Debian 12's)"
+  done
+  export PATH=$PATH:$unpacked/wrap
+  # LUPINE builds against the carried libnghttp2 (the machine's where none is carried) and runs
+  # with it, which a machine without one needs.
+  nghttp2_root=/usr nghttp2_lib=$unpacked/nghttp2
+  if [ -f "$unpacked/usr/include/nghttp2/nghttp2.h" ]; then
     nghttp2_root=$unpacked/usr
-  else
-    nghttp2_root=/usr
+    cp -a "$unpacked"/usr/lib/x86_64-linux-gnu/libnghttp2.so* "$nghttp2_lib/"
   fi
-  for tool in ip nft nsenter conntrack curl python3; do
+  for tool in ip nft nsenter conntrack python3; do
     command -v "$tool" >/dev/null || { echo "missing: $tool"; return 1; }
   done
+}
+
+# Whether this kernel gives namespaces what the masked path needs: veth pairs, a bridge and
+# nftables with NAT (gVisor, for one, has no nftables).
+netns_works() {
+  local probe=gsaas-gpu-check-probe$$ ok=0
+  ip netns add "$probe" || return 1
+  ip -n "$probe" link add p0 type veth peer name p1 || ok=1
+  ip -n "$probe" link add b0 type bridge || ok=1
+  echo 'table ip t { chain c { type nat hook prerouting priority dstnat; }; }' |
+    nsenter --net="/run/netns/$probe" nft -f - || ok=1
+  ip netns del "$probe"
+  return $ok
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -141,6 +166,10 @@ cleanup() {
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$P" || true); do
     ip netns del "$ns" 2>/dev/null || true
   done
+  # GPU_CHECK_LOGS=DIR keeps the logs of gsaasd, the agents, the GPU server and LUPINE's build.
+  if [ -n "${GPU_CHECK_LOGS:-}" ]; then
+    cp "$work"/*.log /tmp/gsaas-gpu-check-lupine.log "$GPU_CHECK_LOGS/" 2>/dev/null || true
+  fi
   [ -n "$work" ] && rm -rf "$work"
 }
 
@@ -152,10 +181,10 @@ veth() { # ns-a if-a cidr-a ns-b if-b cidr-b
   [ -n "$6" ] && ip -n "$P$4" addr add "$6" dev "$5"
   ip -n "$P$1" link set "$2" up && ip -n "$P$4" link set "$5" up
 }
-api() { # METHOD PATH [BODY]: curl from the controller's namespace with the member's token
-  in_ns ctl curl -sS --max-time 10 -X "$1" -H "Authorization: Bearer $member" \
-    -H 'Content-Type: application/json' ${3:+--data "$3"} "http://10.240.0.1:8700$2"
+http() { # TOKEN METHOD PATH [BODY]: gsaasd's answer, from the controller's namespace
+  in_ns ctl python3 "$work_http" "$1" "$2" "http://10.240.0.1:8700$3" "${4:-}"
 }
+api() { http "$member" "$@"; } # METHOD PATH [BODY], as the member
 wait_until() { # SECONDS WHAT COMMAND...
   local until=$((SECONDS + $1)) what=$2; shift 2
   until "$@"; do
@@ -184,7 +213,7 @@ masked_path() {
   veth cg mgmt0 10.240.0.12/24 mgmt p-cg "" && ip -n "${P}mgmt" link set p-cg master br0
   veth crg gpu0 10.232.0.1/24 mgmt g-crg "" && ip -n "${P}mgmt" link set g-crg master gbr0
   veth cg gpu0 10.232.0.2/24 mgmt g-cg "" && ip -n "${P}mgmt" link set g-cg master gbr0
-  in_ns crg sysctl -qw net.ipv4.ip_forward=1
+  in_ns crg sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward'
   # The GPU host routes back to VMs, so only the agent's filter keeps them out.
   ip -n "${P}cg" route add 10.77.0.0/24 via 10.232.0.1
   ip -n "${P}crg" addr add 10.78.0.1/32 dev lo
@@ -253,13 +282,12 @@ EOF
   PIDS+=($!)
 
   hosts_ready() {
-    in_ns ctl curl -sf --max-time 2 -H "Authorization: Bearer $admin" \
-      http://10.240.0.1:8700/v1/hosts 2>/dev/null |
+    http "$admin" GET /v1/hosts 2>/dev/null |
       json "sum(1 for h in v['hosts'] if h['state'] == 'schedulable')" 2>/dev/null | grep -qx 2
   }
   wait_until 30 "both hosts to register" hosts_ready \
     || { tail -5 "$work"/*.log; return 1; }
-  in_ns ctl curl -sS -H "Authorization: Bearer $admin" http://10.240.0.1:8700/v1/pool |
+  http "$admin" GET /v1/pool |
     json "[(g['id'], g['model'], g['rcuda_endpoint'], g['remoting']) for h in v['hosts'] for g in h['gpus']]" |
     sed 's/^/GPUs in the pool: /'
 
@@ -281,7 +309,7 @@ EOF
 # The VM reaches the GPU server (listening now: the GPU host's namespace reaches it) only
 # through its masked endpoint.
 check_isolated() {
-  if ip netns exec "$vm_ns" timeout 3 bash -c 'exec 3<>/dev/tcp/10.232.0.2/14833' 2>/dev/null; then
+  if nsenter --net="/run/netns/$vm_ns" timeout 3 bash -c 'exec 3<>/dev/tcp/10.232.0.2/14833' 2>/dev/null; then
     die "the VM reached the GPU server directly"
   fi
   echo "the VM cannot reach the GPU server directly (10.232.0.2:14833), which listens: as it should"
@@ -311,8 +339,11 @@ run() {
   [ -x "$gc/bin/rodvr-agent" ] || die "no .gpu-check/bin: run 'scripts/gpu-check.sh prepare' where cargo works, and carry .gpu-check"
   export PATH=$PATH:/usr/local/cuda/bin
   trap cleanup EXIT
+  say "0. the machine"
+  echo "kernel $(uname -r); $(nproc) CPUs"
+  command -v nvidia-smi >/dev/null && nvidia-smi -L
   say "1. NVML discovery and health watch (rodvr-agent gpus, 5 s)"
-  "$bin/rodvr-agent" gpus --watch-secs 5
+  "$bin/rodvr-agent" gpus --watch-secs 5 || echo "FAILED: rodvr-agent gpus"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,mig.mode.current --format=csv
   fi
@@ -323,12 +354,20 @@ run() {
   local missing=()
   for tool in cmake nvcc c++ cc; do command -v "$tool" >/dev/null || missing+=("$tool"); done
   [ ${#missing[@]} -eq 0 ] || die "missing here: ${missing[*]} (LUPINE's server and the program are built here)"
-  tools || die "the masked path needs ip, nft, nsenter, conntrack, curl and python3"
+  tools || die "the masked path needs ip, nft, nsenter, conntrack and python3"
   fake_nvml
 
+  # Without the masked path (a kernel whose namespaces lack veth, bridges or nftables), LUPINE
+  # still runs on the GPU, from client to server over loopback, and the result says so.
   say "2. the masked path: gsaasd, two agents, a VM launched with remoting = lupine"
-  masked_path $'[gpu_servers]\naddress = "10.232.0.2"\nremoting = "lupine"' \
-    || die "the masked path could not be set up: see above"
+  local masked=yes
+  if ! netns_works; then
+    masked=no
+    echo "NOT TESTED HERE: this kernel ($(uname -r)) gives namespaces no veth, bridge or nftables"
+  elif ! masked_path $'[gpu_servers]\naddress = "10.232.0.2"\nremoting = "lupine"'; then
+    masked=no
+    echo "NOT TESTED HERE: the masked path could not be set up (see above)"
+  fi
 
   say "3. LUPINE (server and client) and the CUDA program, built here"
   local build=/tmp/gsaas-gpu-check-lupine started=$SECONDS generator=()
@@ -340,20 +379,39 @@ run() {
   cmake --build "$build" --parallel "$(nproc)" \
     --target lupine_driver_server lupine_cuda_client lupine_nvml_client >>"$build.log" 2>&1 \
     || { tail -40 "$build.log"; die "building LUPINE failed"; }
-  nvcc -O2 -o /tmp/gsaas-vecadd scripts/gpu-check/vecadd.cu || die "building vecadd failed"
+  # For the GPU it runs on (what a client forwards is then machine code, not PTX to compile).
+  nvcc -O2 -arch=native -o /tmp/gsaas-vecadd scripts/gpu-check/vecadd.cu \
+    || nvcc -O2 -o /tmp/gsaas-vecadd scripts/gpu-check/vecadd.cu || die "building vecadd failed"
   echo "built in $((SECONDS - started)) s"
 
   say "4. the program directly on the GPU"
-  /tmp/gsaas-vecadd || echo "FAILED directly"
+  timeout 120 /tmp/gsaas-vecadd || echo "FAILED directly"
 
-  say "5. the program in the VM, through LUPINE's client at its masked endpoint"
-  start_gpu_server env CUDA_VISIBLE_DEVICES=0 LUPINE_PORT=14833 "$build/lupine_driver_server" \
-    || die "LUPINE's server did not start"
-  check_isolated
-  ip netns exec "$vm_ns" env -i PATH=/usr/bin:/bin \
-    LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    LUPINE_SERVER="$lupine_server" LUPINE_DISABLE_LOCAL=1 timeout 300 /tmp/gsaas-vecadd \
-    || { echo "FAILED through the masked endpoint"; tail -20 "$work/gpu-server.log"; return 1; }
+  # The client's libcuda.so.1 is in $build; the server loads the driver's own.
+  local client_env=(env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH="$build:$nghttp2_lib"
+    LUPINE_DISABLE_LOCAL=1)
+  local server_libs=$nghttp2_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  if [ $masked = yes ]; then
+    say "5. the program in the VM, through LUPINE's client at its masked endpoint"
+    start_gpu_server env LD_LIBRARY_PATH="$server_libs" CUDA_VISIBLE_DEVICES=0 LUPINE_PORT=14833 \
+      "$build/lupine_driver_server" || die "LUPINE's server did not start"
+    check_isolated
+    nsenter --net="/run/netns/$vm_ns" "${client_env[@]}" LUPINE_SERVER="$lupine_server" \
+      timeout 180 /tmp/gsaas-vecadd \
+      || { echo "FAILED through the masked endpoint"; tail -20 "$work/gpu-server.log"; return 1; }
+    echo "gpu-check: the program ran on the GPU through the VM's masked endpoint"
+  else
+    say "5. the program through LUPINE over loopback (no VM, no masking: see step 2)"
+    [ -n "$work" ] || { work=$(mktemp -d /tmp/gsaas-gpu-check.XXXXXX); chmod 700 "$work"; }
+    env LD_LIBRARY_PATH="$server_libs" CUDA_VISIBLE_DEVICES=0 LUPINE_PORT=14833 \
+      "$build/lupine_driver_server" >"$work/gpu-server.log" 2>&1 &
+    PIDS+=($!)
+    wait_until 30 "LUPINE's server to listen" bash -c 'exec 3<>/dev/tcp/127.0.0.1/14833' \
+      2>/dev/null || { cat "$work/gpu-server.log"; die "LUPINE's server did not start"; }
+    "${client_env[@]}" LUPINE_SERVER=127.0.0.1:14833 timeout 180 /tmp/gsaas-vecadd \
+      || { echo "FAILED through LUPINE"; tail -20 "$work/gpu-server.log"; return 1; }
+    echo "gpu-check: the program ran on the GPU through LUPINE; the masked path was NOT tested"
+  fi
 }
 
 selftest() {
@@ -376,7 +434,7 @@ selftest() {
   # from where. Through the masked endpoint it sees the VM's host's address on the GPU network.
   local host=${lupine_server%:*} port=${lupine_server#*:}
   local greeting
-  greeting=$(ip netns exec "$vm_ns" timeout 5 bash -c \
+  greeting=$(nsenter --net="/run/netns/$vm_ns" timeout 5 bash -c \
     "exec 3<>/dev/tcp/$host/$port; printf 'hello' >&3; head -c 200 <&3")
   echo "through the masked endpoint: $greeting"
   case $greeting in
@@ -386,7 +444,8 @@ selftest() {
   if [ -f "$gc/lupine-client/libcuda.so.1" ]; then
     say "3. LUPINE's real client, in the VM, at its masked endpoint"
     cc -o /tmp/gsaas-cuinit -I"$gc/cuda/include" scripts/gpu-check/cuinit.c -ldl
-    ip netns exec "$vm_ns" env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH="$gc/lupine-client" \
+    nsenter --net="/run/netns/$vm_ns" env -i PATH=/usr/bin:/bin \
+      LD_LIBRARY_PATH="$gc/lupine-client:$nghttp2_lib" \
       LUPINE_SERVER="$lupine_server" LUPINE_DISABLE_LOCAL=1 timeout 60 /tmp/gsaas-cuinit || true
     sleep 0.5
     if grep -aq "^from 10.232.0.1: b'PRI \* HTTP/2.0" "$work/gpu-server.log"; then
@@ -426,6 +485,22 @@ def serve(conn, peer):
 while True:
     conn, peer = listener.accept()
     threading.Thread(target=serve, args=(conn, peer), daemon=True).start()
+PY
+
+# gsaasd's answer to TOKEN METHOD URL [BODY] on standard output, whatever its status; fails
+# only when gsaasd cannot be reached.
+work_http=/tmp/gsaas-gpu-check-http.py
+cat >"$work_http" <<'PY'
+import sys, urllib.error, urllib.request
+token, method, url, body = sys.argv[1:5]
+request = urllib.request.Request(url, method=method, data=body.encode() if body else None,
+                                 headers={"Authorization": f"Bearer {token}",
+                                          "Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        sys.stdout.write(answer.read().decode())
+except urllib.error.HTTPError as refusal:
+    sys.stdout.write(refusal.read().decode())
 PY
 
 case ${1:-} in

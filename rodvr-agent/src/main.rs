@@ -191,7 +191,7 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
                 log_error("the metadata server stopped", &e);
             }
         });
-        println!("rodvr-agent serving VMs' rCUDA environments on {addr}");
+        println!("rodvr-agent serving VMs' GPU environments on {addr}");
     }
     let tls = config.tls.as_ref().map(httpd::TlsFiles::acceptor).transpose()?;
     if let Some(controller) = &config.controller {
