@@ -627,9 +627,16 @@ async fn each_change_of_a_vms_cgpus_is_read_again(store: Store) {
     );
     held = Some(v);
 
+    // A release, as the bookings write it: the VM's ending write carries the new version, and
+    // the cGPUs go after it.
+    let ended = store_db::vm(&mut conn, vm).await.unwrap().expect("the VM");
+    let mut ending = [store_db::VmWrite { vm: ended, claim: None }];
+    let written = store_db::update_vms_releasing_cgpus(&mut conn, &mut ending).await.unwrap();
+    assert_eq!(written, vec![store_db::Written::Done { claimed: false }]);
     store_db::delete_cgpus(&mut conn, &[vm]).await.unwrap();
-    let (cgpus, _) = read_cgpus_at(&mut conn, vm, held).await;
+    let (cgpus, v) = read_cgpus_at(&mut conn, vm, held).await;
     assert_eq!(cgpus, Some(vec![]), "released");
+    assert_eq!(read_cgpus_at(&mut conn, vm, Some(v)).await, (None, v), "released: read once");
     drop(conn);
 }
 

@@ -209,7 +209,7 @@ impl App {
             }
         }
         if !ends.is_empty() {
-            let written = db::update_vms(tx, &mut ends).await?;
+            let written = db::update_vms_releasing_cgpus(tx, &mut ends).await?;
             let mut released = Vec::new();
             for ((i, end), written) in positions.into_iter().zip(ends).zip(written) {
                 outcomes[i] = Some(match written {

@@ -323,29 +323,15 @@ fn held_cgpu(listed: &str) -> Option<(i64, HeldCgpu)> {
     fields.next().is_none().then_some((seq, HeldCgpu { index, gpu, memory_mib, mode }))
 }
 
-/// Releases every cGPU of the VMs.
-///
-/// On PostgreSQL the deletion and the VMs' `cgpus_version` are one statement (a data-modifying
-/// `WITH`): a release runs inside the pool's transaction, which every booking waits for, and a
-/// second statement was a second round trip there.
+/// Releases every cGPU of the VMs, whose `cgpus_version` the same transaction moved with their
+/// ending write ([`update_vms_releasing_cgpus`](super::update_vms_releasing_cgpus)).
 pub async fn delete_cgpus(conn: &mut AnyConnection, vms: &[VmId]) -> Result<(), Error> {
     let ids: Vec<String> = vms.iter().map(|id| id.to_string()).collect();
-    if conn.backend_name() == "PostgreSQL" {
-        fetch_batched(conn, keys(ids.iter().map(String::as_str)), 4 * MAX_ROWS, |values| {
-            format!(
-                "WITH released AS (DELETE FROM cgpus WHERE vm IN (VALUES {values}) RETURNING vm) \
-                 UPDATE vms SET cgpus_version = cgpus_version + 1 \
-                 WHERE id IN (SELECT vm FROM released)"
-            )
-        })
-        .await?;
-        return Ok(());
-    }
     fetch_batched(conn, keys(ids.iter().map(String::as_str)), 4 * MAX_ROWS, |values| {
         format!("DELETE FROM cgpus WHERE vm IN (VALUES {values})")
     })
     .await?;
-    bump_cgpus_versions(conn, vms.iter().copied()).await
+    Ok(())
 }
 
 impl super::Db {

@@ -395,6 +395,26 @@ pub async fn update_vms(
     conn: &mut AnyConnection,
     writes: &mut [VmWrite],
 ) -> Result<Vec<Written>, Error> {
+    write_vms(conn, writes, "").await
+}
+
+/// [`update_vms`] for VMs whose cGPUs the same transaction releases
+/// ([`delete_cgpus`](super::delete_cgpus)): each written VM's `cgpus_version` moves with the
+/// write, not in a second `UPDATE` of the same rows (on PostgreSQL a second row version, and a
+/// statement inside the pool's transaction that every booking waits for).
+pub async fn update_vms_releasing_cgpus(
+    conn: &mut AnyConnection,
+    writes: &mut [VmWrite],
+) -> Result<Vec<Written>, Error> {
+    write_vms(conn, writes, ", cgpus_version = vms.cgpus_version + 1").await
+}
+
+/// [`update_vms`], with `also_set` (empty or `, column = expression`) added to the `SET`.
+async fn write_vms(
+    conn: &mut AnyConnection,
+    writes: &mut [VmWrite],
+    also_set: &str,
+) -> Result<Vec<Written>, Error> {
     debug_assert!(
         writes.iter().map(|w| w.vm.id).collect::<std::collections::HashSet<_>>().len()
             == writes.len(),
@@ -435,7 +455,7 @@ pub async fn update_vms(
              timings = v.timings, updated_ms = v.updated_ms, version = vms.version + 1, \
              saga_owner = CASE WHEN {CLAIMABLE} THEN v.claim_owner ELSE vms.saga_owner END, \
              saga_lease_until_ms = CASE WHEN v.step = 'done' THEN 0 \
-                 WHEN {CLAIMABLE} THEN v.claim_until ELSE vms.saga_lease_until_ms END \
+                 WHEN {CLAIMABLE} THEN v.claim_until ELSE vms.saga_lease_until_ms END{also_set} \
              FROM v WHERE vms.id = v.id AND vms.version = v.version \
              RETURNING vms.id, vms.saga_owner, vms.extras_version"
         )
