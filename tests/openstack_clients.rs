@@ -463,8 +463,9 @@ async fn cloudkitty_rates_the_usage_counters_through_a_real_prometheus() {
 /// `deploy/ceilometer/gsaas-meters.yaml` as shipped, applied by Ceilometer's own notification
 /// endpoint (`tests/ceilometer_meters.py`, Ceilometer 25.0.0 in its venv) to what gsaasd
 /// published on a real RabbitMQ, read by an oslo.messaging listener as Ceilometer's notification
-/// agent reads it: a VM's launch, attach, detach and termination become its meters, each sample
-/// on the VM, in the tenant's project, naming no host, GPU or GPU server.
+/// agent reads it: a VM's launch, attach, detach and termination become its meters, as does a
+/// preemption that takes a cGPU back; each sample is on its VM, in the tenant's project, naming
+/// no host, GPU or GPU server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ceilometer_meters_the_notifications_from_rabbitmq() {
     use gsaas_test_support::rabbitmq::Rabbit;
@@ -478,6 +479,7 @@ async fn ceilometer_meters_the_notifications_from_rabbitmq() {
     let t = TestService::start_with(Store::Sqlite, |c| {
         c.notifications.transport_url = Some(url.clone());
         c.notifications.poll_ms = 20;
+        c.quotas.max_priority = 100;
     })
     .await;
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned();
@@ -539,36 +541,73 @@ async fn ceilometer_meters_the_notifications_from_rabbitmq() {
     let a = t.launch(&member, &launch).await;
     t.wait_state(&member, &a, "ready").await;
     t.attach_one_and_wait(&member, &a, 2048, 3).await;
-    let hidden = gsaas_test_support::cgpu_locations(&t.admin_cgpus(&a).await);
+    let mut hidden = gsaas_test_support::cgpu_locations(&t.admin_cgpus(&a).await);
     assert!(!hidden.is_empty());
     t.detach_and_wait(&member, &a, 0, 2).await;
     t.terminate_and_wait(&member, &a).await;
 
-    let of_a = |l: &[Value], name: &str| -> Vec<Value> {
-        l.iter().filter(|s| s["name"] == name && s["resource_id"] == a.as_str()).cloned().collect()
+    // A preemption: beta's urgent launch takes one of alpha's two exclusive, preemptible cGPUs.
+    let beta = t.token("beta", gsaasd::auth::Role::Member);
+    let exclusive = |n: u32, priority: i32, preemptible: bool| {
+        serde_json::json!({"name": "q", "image": "cirros-0.6.2", "flavor": "m1.small",
+            "ncgpus": n, "mode": "exclusive", "queue": true, "priority": priority,
+            "preemptible": preemptible})
     };
-    // gpu.vm: one sample at create.end and one at delete.end.
-    wait_for("the VM's end", &|l| of_a(l, "gpu.vm").len() == 2);
+    let best_effort = t.launch(&member, &exclusive(2, 0, true)).await;
+    t.wait_state(&member, &best_effort, "ready").await;
+    hidden.extend(gsaas_test_support::cgpu_locations(&t.admin_cgpus(&best_effort).await));
+    let protected = t.launch(&beta, &exclusive(2, 0, false)).await;
+    t.wait_state(&beta, &protected, "ready").await;
+    let urgent = t.launch(&beta, &exclusive(1, 9, false)).await;
+    t.wait_state(&beta, &urgent, "ready").await;
+    t.wait_vm(&member, &best_effort, |vm| vm["cgpus"].as_array().unwrap().len() == 1).await;
+    for vm in [&protected, &urgent] {
+        hidden.extend(gsaas_test_support::cgpu_locations(&t.admin_cgpus(vm).await));
+    }
+
+    let of = |l: &[Value], vm: &str, name: &str| -> Vec<Value> {
+        l.iter().filter(|s| s["name"] == name && s["resource_id"] == vm).cloned().collect()
+    };
+    // gpu.vm: one sample at create.end and one at delete.end; the preempted VM's gauges: at
+    // create.end, at the preemption and at the taken cGPU's detach.end.
+    wait_for("the VM's end", &|l| of(l, &a, "gpu.vm").len() == 2);
+    wait_for("the preempted cGPU's release", &|l| of(l, &best_effort, "gpu.vm.cgpus").len() == 3);
     drop(ceilometer);
     let samples = lines.lock().unwrap().clone();
 
     // In the order of the notifications' times: Ceilometer's listener handles messages on a
     // pool of threads, so samples may be printed out of order.
-    let volumes = |name: &str| -> Vec<f64> {
-        let mut of = of_a(&samples, name);
+    let volumes = |vm: &str, name: &str| -> Vec<f64> {
+        let mut of = of(&samples, vm, name);
         of.sort_by(|x, y| x["timestamp"].as_str().cmp(&y["timestamp"].as_str()));
         of.iter().map(|s| s["volume"].as_f64().unwrap_or(f64::NAN)).collect()
     };
     // create.end, attach.end, detach.end, and delete.end with what the VM held when it ended
     // (as Nova's delete.end describes the instance's flavor).
-    assert_eq!(volumes("gpu.vm.cgpus"), [2.0, 3.0, 2.0, 2.0], "{samples:#?}");
-    assert_eq!(volumes("gpu.vm.memory"), [2048.0, 4096.0, 3072.0, 3072.0], "{samples:#?}");
-    assert_eq!(volumes("gpu.vm"), [1.0, 1.0], "{samples:#?}");
-    // The launching user: the member token's subject.
+    assert_eq!(volumes(&a, "gpu.vm.cgpus"), [2.0, 3.0, 2.0, 2.0], "{samples:#?}");
+    assert_eq!(volumes(&a, "gpu.vm.memory"), [2048.0, 4096.0, 3072.0, 3072.0], "{samples:#?}");
+    assert_eq!(volumes(&a, "gpu.vm"), [1.0, 1.0], "{samples:#?}");
+    // The preemption: one cGPU taken (a delta), the gauges down to one exclusive GPU's memory.
+    assert_eq!(volumes(&best_effort, "gpu.vm.preemption"), [1.0], "{samples:#?}");
+    assert_eq!(volumes(&best_effort, "gpu.vm.cgpus"), [2.0, 1.0, 1.0], "{samples:#?}");
+    let memory = volumes(&best_effort, "gpu.vm.memory");
+    assert!(memory[0] > 0.0 && memory[1..] == [memory[0] / 2.0; 2], "{samples:#?}");
+    let preemption = &of(&samples, &best_effort, "gpu.vm.preemption")[0];
+    assert_eq!(preemption["type"], "delta", "{preemption}");
+    let model = preemption["metadata"]["model"].as_str().unwrap_or_default();
+    assert!(!model.is_empty(), "the taken cGPU's GPU model: {preemption}");
+    assert!(of(&samples, &protected, "gpu.vm.preemption").is_empty(), "{samples:#?}");
+    // Each sample in its VM's project, by the launching user (the member token's subject).
     for s in samples.iter().filter(|s| s.get("name").is_some()) {
-        assert_eq!(s["resource_id"], a.as_str(), "only this VM lived: {s}");
-        assert_eq!((&s["project_id"], &s["user_id"]), (&"alpha".into(), &"alpha".into()), "{s}");
-        assert_eq!(s["type"], "gauge", "{s}");
+        let project = if [&a, &best_effort].iter().any(|vm| s["resource_id"] == vm.as_str()) {
+            "alpha"
+        } else {
+            assert!([&protected, &urgent].iter().any(|vm| s["resource_id"] == vm.as_str()), "{s}");
+            "beta"
+        };
+        assert_eq!((&s["project_id"], &s["user_id"]), (&project.into(), &project.into()), "{s}");
+        let kind = if s["name"] == "gpu.vm.preemption" { "delta" } else { "gauge" };
+        assert_eq!(s["type"], kind, "{s}");
         let text = s.to_string();
         for secret in &hidden {
             assert!(!text.contains(secret.as_str()), "a sample names {secret}: {s}");
@@ -576,8 +615,9 @@ async fn ceilometer_meters_the_notifications_from_rabbitmq() {
     }
     let units: Vec<Value> = ["gpu.vm", "gpu.vm.cgpus", "gpu.vm.memory"]
         .iter()
-        .map(|n| of_a(&samples, n)[0]["unit"].clone())
+        .map(|n| of(&samples, &a, n)[0]["unit"].clone())
         .collect();
     assert_eq!(units, ["vm", "cgpu", "MiB"]);
-    assert_eq!(of_a(&samples, "gpu.vm")[0]["metadata"]["display_name"], "metered");
+    assert_eq!(preemption["unit"], "cgpu");
+    assert_eq!(of(&samples, &a, "gpu.vm")[0]["metadata"]["display_name"], "metered");
 }
