@@ -5,9 +5,10 @@
 #   scripts/gpu-check.sh prepare [LUPINE_SRC]
 #       Here, no GPU needed: builds gsaasd and rodvr-agent (release), fetches the Debian packages
 #       the check needs (iproute2, nftables, conntrack, libnghttp2: unpacked there under /tmp,
-#       never installed, used only where the machine lacks its own) and, with LUPINE's source tree, copies it and builds its client here from CUDA
-#       headers out of PyPI wheels (what a VM image needs; no GPU, no CUDA toolkit). Everything
-#       goes to .gpu-check/ (git ignores it), which the GPU machine gets beside the repository.
+#       never installed, used only where the machine lacks its own) and, with LUPINE's source
+#       tree, copies it and builds its client here from CUDA headers out of PyPI wheels (what a
+#       VM image needs; no GPU, no CUDA toolkit). Everything goes to .gpu-check/ (git ignores
+#       it), which the GPU machine gets beside the repository.
 #   scripts/gpu-check.sh run
 #       There, as root, from the repository root with .gpu-check/ carried; nothing is fetched.
 #       1. `rodvr-agent gpus`: NVML discovery and 5 s of health watch (model, memory, compute
