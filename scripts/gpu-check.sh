@@ -18,7 +18,8 @@
 #          plays the GPU host, launches a VM (a namespace) through gsaasd with
 #          `remoting = "lupine"` and real agents, checks the VM cannot reach the server directly,
 #          and runs the program in the VM through LUPINE's client at its masked endpoint; then
-#          the same program directly on the GPU. Prints both results and bandwidths. Where the
+#          the same program directly on the GPU; then a second tenant's VM, and the program in
+#          both VMs at once on the one GPU. Prints the results and bandwidths. Where the
 #          kernel's namespaces lack veth, bridges or nftables (gVisor), the program runs through
 #          LUPINE over loopback instead, and the output says the masked path was not tested.
 #       GPU_CHECK_LOGS=DIR keeps the logs of gsaasd, the agents, the GPU server and the build.
@@ -185,7 +186,6 @@ veth() { # ns-a if-a cidr-a ns-b if-b cidr-b
 http() { # TOKEN METHOD PATH [BODY]: gsaasd's answer, from the controller's namespace
   in_ns ctl python3 "$work_http" "$1" "$2" "http://10.240.0.1:8700$3" "${4:-}"
 }
-api() { http "$member" "$@"; } # METHOD PATH [BODY], as the member
 wait_until() { # SECONDS WHAT COMMAND...
   local until=$((SECONDS + $1)) what=$2; shift 2
   until "$@"; do
@@ -251,6 +251,7 @@ EOF
   local gsaasd=$bin/gsaasd agent=$bin/rodvr-agent
   "$gsaasd" public-key -c "$work/gsaasd.toml" >"$work/controller.pub.pem"
   member=$("$gsaasd" token issue --role member --project gpu-check -c "$work/gsaasd.toml")
+  member2=$("$gsaasd" token issue --role member --project gpu-check-2 -c "$work/gsaasd.toml")
   admin=$("$gsaasd" token issue --role admin --project ops -c "$work/gsaasd.toml")
   agent_config() { # host address extra
     local token
@@ -292,19 +293,25 @@ EOF
     json "[(g['id'], g['model'], g['rcuda_endpoint'], g['remoting']) for h in v['hosts'] for g in h['gpus']]" |
     sed 's/^/GPUs in the pool: /'
 
-  local launch='{"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 1,
-    "mode": "exclusive", "locality": "remote", "remoting": "lupine"}' answer
-  answer=$(api POST /v1/vms "$launch")
+  launch_vm "$member" || return 1
+}
+
+# Launches a VM of one shared cGPU (LUPINE, on another host than its GPU) with TOKEN's project
+# and waits for it: sets vm_id, vm_ns (its namespace) and lupine_server (its masked endpoint).
+launch_vm() {
+  local launch='{"image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 1, "mode": "shared",
+    "gpu_memory_mib": 16384, "locality": "remote", "remoting": "lupine"}' answer view
+  answer=$(http "$1" POST /v1/vms "$launch")
   vm_id=$(json "v['id']" <<<"$answer" 2>/dev/null) || { echo "launch refused: $answer"; return 1; }
-  vm_ready() { [ "$(api GET "/v1/vms/$vm_id" | json "v['state']")" = ready ]; }
-  wait_until 40 "the VM to be ready" vm_ready || { api GET "/v1/vms/$vm_id"; return 1; }
-  vm_view=$(api GET "/v1/vms/$vm_id")
-  vm_ns=${P}vm-$(json "v['server_id']" <<<"$vm_view")
-  lupine_server=$(json "v['gpu_env']['LUPINE_SERVER']" <<<"$vm_view")
+  vm_ready() { [ "$(http "$1" GET "/v1/vms/$vm_id" | json "v['state']")" = ready ]; }
+  wait_until 40 "the VM to be ready" vm_ready "$1" || { http "$1" GET "/v1/vms/$vm_id"; return 1; }
+  view=$(http "$1" GET "/v1/vms/$vm_id")
+  vm_ns=${P}vm-$(json "v['server_id']" <<<"$view")
+  lupine_server=$(json "v['gpu_env']['LUPINE_SERVER']" <<<"$view")
   [ -e "/run/netns/$vm_ns" ] && [ -n "$lupine_server" ] \
-    || { echo "the VM has no namespace or no server: $vm_view"; return 1; }
-  echo "VM $vm_id in namespace $vm_ns: LUPINE_SERVER=$lupine_server," \
-    "GSAAS_CGPUS=$(json "v['gpu_env']['GSAAS_CGPUS']" <<<"$vm_view")"
+    || { echo "the VM has no namespace or no server: $view"; return 1; }
+  echo "VM $vm_id ($(json "v.get('project')" <<<"$view")) in namespace $vm_ns:" \
+    "LUPINE_SERVER=$lupine_server, GSAAS_CGPUS=$(json "v['gpu_env']['GSAAS_CGPUS']" <<<"$view")"
 }
 
 # The VM reaches the GPU server (listening now: the GPU host's namespace reaches it) only
@@ -401,6 +408,25 @@ run() {
       timeout 180 /tmp/gsaas-vecadd \
       || { echo "FAILED through the masked endpoint"; tail -20 "$work/gpu-server.log"; return 1; }
     echo "gpu-check: the program ran on the GPU through the VM's masked endpoint"
+
+    say "6. two tenants' VMs share the GPU: the program in both at once"
+    local vms=("$vm_ns $lupine_server")
+    launch_vm "$member2" || die "the second tenant's VM did not start"
+    vms+=("$vm_ns $lupine_server")
+    local pids=() i ns server failed=0
+    for i in 0 1; do
+      read -r ns server <<<"${vms[$i]}"
+      nsenter --net="/run/netns/$ns" "${client_env[@]}" LUPINE_SERVER="$server" \
+        timeout 180 /tmp/gsaas-vecadd >"$work/vm$i.out" 2>&1 &
+      pids+=($!)
+    done
+    for i in 0 1; do
+      wait "${pids[$i]}" || failed=1
+      sed "s/^/tenant $((i + 1)): /" "$work/vm$i.out"
+    done
+    [ $failed = 0 ] || { tail -20 "$work/gpu-server.log"; return 1; }
+    echo "gpu-check: two tenants' VMs ran the program on one GPU at once, each through its own" \
+      "masked endpoint"
   else
     say "5. the program through LUPINE over loopback (no VM, no masking: see step 2)"
     [ -n "$work" ] || { work=$(mktemp -d /tmp/gsaas-gpu-check.XXXXXX); chmod 700 "$work"; }
@@ -442,6 +468,17 @@ selftest() {
     "stand-in 10.232.0.1 hello"*) ;;
     *) die "the masked endpoint did not reach the stand-in as it should" ;;
   esac
+  local first_ns=$vm_ns first_server=$lupine_server
+  launch_vm "$member2" || die "the second tenant's VM did not start"
+  host=${lupine_server%:*} port=${lupine_server#*:}
+  greeting=$(nsenter --net="/run/netns/$vm_ns" timeout 5 bash -c \
+    "exec 3<>/dev/tcp/$host/$port; printf 'second' >&3; head -c 200 <&3")
+  echo "the second tenant's VM, through its masked endpoint: $greeting"
+  case $greeting in
+    "stand-in 10.232.0.1 second"*) ;;
+    *) die "the second tenant's masked endpoint did not reach the stand-in" ;;
+  esac
+  vm_ns=$first_ns lupine_server=$first_server
   if [ -f "$gc/lupine-client/libcuda.so.1" ]; then
     say "3. LUPINE's real client, in the VM, at its masked endpoint"
     cc -o /tmp/gsaas-cuinit -I"$gc/cuda/include" scripts/gpu-check/cuinit.c -ldl
