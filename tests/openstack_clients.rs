@@ -548,20 +548,10 @@ async fn ceilometer_meters_the_notifications_from_rabbitmq() {
 
     // A preemption: beta's urgent launch takes one of alpha's two exclusive, preemptible cGPUs.
     let beta = t.token("beta", gsaasd::auth::Role::Member);
-    let exclusive = |n: u32, priority: i32, preemptible: bool| {
-        serde_json::json!({"name": "q", "image": "cirros-0.6.2", "flavor": "m1.small",
-            "ncgpus": n, "mode": "exclusive", "queue": true, "priority": priority,
-            "preemptible": preemptible})
-    };
-    let best_effort = t.launch(&member, &exclusive(2, 0, true)).await;
-    t.wait_state(&member, &best_effort, "ready").await;
-    hidden.extend(gsaas_test_support::cgpu_locations(&t.admin_cgpus(&best_effort).await));
-    let protected = t.launch(&beta, &exclusive(2, 0, false)).await;
-    t.wait_state(&beta, &protected, "ready").await;
-    let urgent = t.launch(&beta, &exclusive(1, 9, false)).await;
-    t.wait_state(&beta, &urgent, "ready").await;
-    t.wait_vm(&member, &best_effort, |vm| vm["cgpus"].as_array().unwrap().len() == 1).await;
-    for vm in [&protected, &urgent] {
+    let gsaas_test_support::Preemption { best_effort, protected, urgent } =
+        t.preempt_one_cgpu(&member, &beta).await;
+    // The taken cGPU's GPU is the urgent VM's now.
+    for vm in [&best_effort, &protected, &urgent] {
         hidden.extend(gsaas_test_support::cgpu_locations(&t.admin_cgpus(vm).await));
     }
 

@@ -191,18 +191,7 @@ async fn a_preemption_is_notified_and_stops_the_cgpus_count() {
     .await;
     let inbox = rabbit.consume("notifications.info").await;
     let (member, other) = (t.member(), t.token("beta", Role::Member));
-    let exclusive = |n: u32, priority: i32, preemptible: bool| {
-        json!({"name": "q", "image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": n,
-               "mode": "exclusive", "queue": true, "priority": priority,
-               "preemptible": preemptible})
-    };
-    let best_effort = t.launch(&member, &exclusive(2, 0, true)).await;
-    t.wait_state(&member, &best_effort, "ready").await;
-    let protected = t.launch(&other, &exclusive(2, 0, false)).await;
-    t.wait_state(&other, &protected, "ready").await;
-    let urgent = t.launch(&other, &exclusive(1, 9, false)).await;
-    t.wait_state(&other, &urgent, "ready").await;
-    t.wait_vm(&member, &best_effort, |vm| vm["cgpus"].as_array().unwrap().len() == 1).await;
+    let best_effort = t.preempt_one_cgpu(&member, &other).await.best_effort;
 
     let received = inbox
         .wait_for(Duration::from_secs(20), |m| has_event(m, &best_effort, "gpu.cgpu.detach.end"))

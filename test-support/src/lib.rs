@@ -284,6 +284,26 @@ impl TestService {
         self.wait_state(token, id, "deleted").await;
     }
 
+    /// A preemption as the queue makes one: `owner`'s best-effort VM of two exclusive,
+    /// preemptible cGPUs, then `other`'s protected VM of two and urgent VM of one (priority 9),
+    /// which takes one of the first VM's cGPUs back. Needs `quotas.max_priority` of 9 or more and
+    /// the default pool of four GPUs. Returns the three VMs once the first is down to one cGPU.
+    pub async fn preempt_one_cgpu(&self, owner: &str, other: &str) -> Preemption {
+        let exclusive = |n: u32, priority: i32, preemptible: bool| {
+            serde_json::json!({"name": "q", "image": "cirros-0.6.2", "flavor": "m1.small",
+                "ncgpus": n, "mode": "exclusive", "queue": true, "priority": priority,
+                "preemptible": preemptible})
+        };
+        let best_effort = self.launch(owner, &exclusive(2, 0, true)).await;
+        self.wait_state(owner, &best_effort, "ready").await;
+        let protected = self.launch(other, &exclusive(2, 0, false)).await;
+        self.wait_state(other, &protected, "ready").await;
+        let urgent = self.launch(other, &exclusive(1, 9, false)).await;
+        self.wait_state(other, &urgent, "ready").await;
+        self.wait_vm(owner, &best_effort, |vm| vm["cgpus"].as_array().unwrap().len() == 1).await;
+        Preemption { best_effort, protected, urgent }
+    }
+
     /// The VM's cGPUs as an admin sees them (with their GPUs).
     pub async fn admin_cgpus(&self, id: &str) -> Vec<Value> {
         let (status, vm) = self.get(&self.admin(), &format!("/v1/vms/{id}")).await;
@@ -366,6 +386,17 @@ pub fn shared_launch(ncgpus: u32, mib: u64) -> Value {
         "name": "test-vm", "image": "cirros-0.6.2", "flavor": "m1.small",
         "ncgpus": ncgpus, "gpu_memory_mib": mib, "mode": "shared"
     })
+}
+
+/// The VMs of [`TestService::preempt_one_cgpu`], by id.
+#[derive(Debug)]
+pub struct Preemption {
+    /// The owner's VM, which lost one of its two cGPUs.
+    pub best_effort: String,
+    /// The other project's VM of two cGPUs, which no preemption may touch.
+    pub protected: String,
+    /// The other project's VM of one cGPU, which took the best-effort VM's.
+    pub urgent: String,
 }
 
 /// The GPUs and hosts that an admin's view of a VM's cGPUs ([`TestService::admin_cgpus`]) names:
