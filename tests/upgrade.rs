@@ -667,14 +667,41 @@ fn a_rolling_upgrade_from_the_previous_version_cuts_no_connection_and_refuses_no
     for vm in &lines {
         assert!(vm["ended_ms"].is_i64(), "a VM still counts after its termination: {vm}");
     }
+    let mut leads = Vec::new();
     for id in &ids {
         let line = lines.iter().find(|vm| vm["id"] == id.as_str()).expect("an old VM's usage");
-        // In whole milliseconds (the spans' unit): each of its 2 cGPUs' spans may round to a
-        // millisecond more than the VM's (98.668 s against 2 x 49.333 s was seen).
         let ms = |field: &str| (line[field].as_f64().expect(field) * 1000.0).round() as i64;
-        let (vm_ms, cgpu_ms) = (ms("vm_seconds"), ms("cgpu_seconds"));
-        assert!(vm_ms > 0 && cgpu_ms > 0 && cgpu_ms <= 2 * vm_ms + 2, "{line}");
+        // The spans, as the previous version's triggers began them and this version's fold
+        // ended them: once, every cGPU's with its VM's, and the report adds them up exactly.
+        let spans = |table: &str| -> Vec<(i64, i64)> {
+            let sql = format!("SELECT start_ms, end_ms FROM {table} WHERE vm = '{id}'");
+            let rows = gsaas_test_support::postgres::query(&database, &sql);
+            rows.iter()
+                .map(|row| {
+                    let (start, end) = row.split_once('|').expect("two columns");
+                    (start.parse().expect("a start"), end.parse().expect("an end"))
+                })
+                .collect()
+        };
+        let (vm, cgpus) = (spans("vm_usage"), spans("cgpu_usage"));
+        assert_eq!(vm.len(), 1, "VM {id}'s spans: {vm:?}");
+        assert_eq!(cgpus.len(), 2, "VM {id}'s cGPU spans: {cgpus:?}");
+        assert!(cgpus.iter().all(|c| c.1 == vm[0].1), "{vm:?} {cgpus:?}");
+        let total = |spans: &[(i64, i64)]| spans.iter().map(|(s, e)| e - s).sum::<i64>();
+        assert_eq!((ms("vm_seconds"), ms("cgpu_seconds")), (total(&vm), total(&cgpus)), "{line}");
+        // The previous version's launch fired its cGPUs' triggers before its VM's, each reading
+        // the clock: their spans may start a few milliseconds earlier (this version's fold
+        // starts them together), never later than the launch's statement.
+        for c in &cgpus {
+            assert!((0..=1000).contains(&(vm[0].0 - c.0)), "{vm:?} {cgpus:?}");
+            leads.push(vm[0].0 - c.0);
+        }
     }
+    let line = format!(
+        "upgrade:   usage: the old VMs' spans ended with them, reported exactly; their cGPUs' \
+         began {leads:?} ms before them\n"
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     // This version stops gracefully on SIGTERM too (what Kubernetes sends), the agents as before.
     for mut process in replicas.into_iter().chain(agents) {
         let status = process.stop_with("TERM", Duration::from_secs(30));

@@ -164,6 +164,8 @@ async fn usage_follows_every_life_of_a_vm_and_adds_up_exactly_at_the_edges(store
     assert!(by_index(0)[0].7 < by_index(2)[0].7, "the detach ended first");
     let vms = vm_spans(&t, "alpha").await;
     assert_eq!(vms.len(), 1, "{vms:?}");
+    // No cGPU counts before its VM (PostgreSQL logs a launch's cGPUs ahead of its VM).
+    assert!(spans.iter().all(|s| s.6 >= vms[0].1), "{spans:?} {vms:?}");
 
     // A period that cuts spans: from the middle of index 1's first span to the middle of index
     // 2's, exact to the millisecond.

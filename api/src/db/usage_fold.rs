@@ -89,7 +89,9 @@ pub struct FoldPlan {
 /// next end or start. A span written by an earlier fold, if one is open, ends at the batch's
 /// first event of its cGPU if that is an end and no end of its VM came before, or at the batch's
 /// first event of its VM if that is an end (with its VM's cGPUs, those still open). A span never
-/// ends before it started.
+/// ends before it started, and a cGPU's never starts before its VM's: PostgreSQL fires the
+/// triggers of a data-modifying `WITH` in the order its inserts finish, and a launch's one
+/// statement (db/vms.rs, `insert_vms_with_cgpus`) inserts the VM last.
 pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
     let mut plan = FoldPlan::default();
     // Spans started in this batch, still counting: (vm, idx) -> index into plan.cgpu_spans.
@@ -142,6 +144,12 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
             EventKind::VmStarted { project, name } => {
                 if let Some(i) = open_vms.remove(vm) {
                     plan.vm_spans[i].end_at(at);
+                }
+                // Its cGPUs' spans started since its last end were logged ahead of it by the same
+                // statement (a launch that books the VM and its cGPUs at once): they start with it.
+                for (_, &i) in open_cgpus.range((vm, i64::MIN)..=(vm, i64::MAX)) {
+                    let span = &mut plan.cgpu_spans[i];
+                    span.start_ms = span.start_ms.max(at);
                 }
                 seen_vms.insert(vm);
                 open_vms.insert(vm, plan.vm_spans.len());
@@ -437,6 +445,22 @@ mod tests {
         assert_eq!(plan.vm_ends, [("b".to_owned(), 7)]);
         assert_eq!(spans(&plan), [("b", 0, 9, Some(12)), ("c", 3, 20, Some(20))]);
         assert_eq!((plan.vm_spans[0].start_ms, plan.vm_spans[0].end_ms), (9, Some(12)));
+    }
+
+    #[test]
+    fn a_cgpu_logged_ahead_of_its_vm_by_one_launch_starts_with_it() {
+        let events = [
+            ev(1, 9, "a", started(0)),
+            ev(2, 10, "a", started(1)),
+            ev(3, 12, "a", vm_started()),
+            // A later start keeps its own time.
+            ev(4, 15, "a", started(2)),
+            ev(5, 20, "a", EventKind::VmEnded),
+        ];
+        let plan = plan_fold(&events);
+        let want = [("a", 0, 12, Some(20)), ("a", 1, 12, Some(20)), ("a", 2, 15, Some(20))];
+        assert_eq!(spans(&plan), want);
+        assert_eq!((plan.vm_spans[0].start_ms, plan.vm_spans[0].end_ms), (12, Some(20)));
     }
 
     #[test]
