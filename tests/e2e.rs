@@ -508,6 +508,13 @@ fn two_shared_cgpus_reached_from_the_vm_through_masked_endpoints_until_terminate
         host["rtt_us"][GPU_HOST].as_u64()
     });
     assert!((1..1_000_000).contains(&rtt), "{rtt} us between two namespaces");
+    // Each agent asked which hosts to measure only once its heartbeat had registered it, and
+    // was answered (before, gsaasd answers 404 and the agent logged it).
+    for agent in &t.agents {
+        let log = agent.log_text();
+        let asked = "asking the controller which GPU hosts to measure";
+        assert!(!log.contains(asked), "{} logged a failed ask:\n{log}", agent.name);
+    }
 
     // Launch 2 shared cGPUs on a remote (compute-rGPU) host within a round trip that the
     // measurement allows, and wait for ready.

@@ -200,15 +200,17 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         let http = httpd::http_client(controller.ca.as_deref())?;
         let client = Arc::new(ControllerClient::with_http(http, &controller.url, token));
         let every = controller.heartbeat_interval();
+        let (registered, first_registration) = tokio::sync::watch::channel(false);
         if let Some(schedule) = controller.rtt_schedule() {
             tokio::spawn(measure_rtts(
                 agent.clone(),
                 client.clone(),
                 config.host.clone(),
                 schedule,
+                first_registration,
             ));
         }
-        tokio::spawn(heartbeat(agent.clone(), discovery, client, renewed, every));
+        tokio::spawn(heartbeat(agent.clone(), discovery, client, renewed, every, registered));
     }
     let app = router(agent, Arc::new(verifier), config.http.body_timeout());
     httpd::serve(listener, app, config.http, tls, shutdown_signal())
@@ -238,13 +240,19 @@ async fn retry_failed_applies<F: Firewall + 'static>(agent: Arc<Agent<F>>, every
 }
 
 /// Measures round trips to the GPU hosts gsaasd names, every round of `schedule` (interval,
-/// connect timeout, how often the targets are asked again), for the heartbeats to report.
+/// connect timeout, how often the targets are asked again), for the heartbeats to report. It
+/// starts once a heartbeat has registered the host (`registered` turns true): gsaasd answers
+/// 404 for a host it does not know yet.
 async fn measure_rtts<F: Firewall + 'static>(
     agent: Arc<Agent<F>>,
     client: Arc<ControllerClient>,
     host: gpgpums::HostId,
     (every, timeout, refresh): (Duration, Duration, Duration),
+    mut registered: tokio::sync::watch::Receiver<bool>,
 ) {
+    if registered.wait_for(|yes| *yes).await.is_err() {
+        return; // The heartbeats stopped: nothing would report what was measured.
+    }
     let mut targets = Vec::new();
     let mut ask_at = std::time::Instant::now();
     // After a failed ask, or one that named no host: the next round first (the host, or the
@@ -286,13 +294,14 @@ async fn measure_rtts<F: Firewall + 'static>(
 }
 
 /// Registers the host every `every`, renewing the agent's token (kept in `renewed`) once half of
-/// its life is gone.
+/// its life is gone; `registered` turns true at the first registration that succeeds.
 async fn heartbeat<F: Firewall + 'static>(
     agent: Arc<Agent<F>>,
     discovery: Arc<dyn rodvr_agent::discovery::GpuDiscovery>,
     client: Arc<ControllerClient>,
     renewed: PathBuf,
     every: Duration,
+    registered: tokio::sync::watch::Sender<bool>,
 ) {
     let mut tick = tokio::time::interval(every);
     // A controller that is down must not cause a burst of catch-up heartbeats when it returns.
@@ -318,8 +327,11 @@ async fn heartbeat<F: Firewall + 'static>(
                 Err(e) => log_error("renewing the agent's token", &e),
             }
         }
-        if let Err(e) = client.register(&report).await {
-            log_error("heartbeat to the controller", &e);
+        match client.register(&report).await {
+            Ok(()) => {
+                registered.send_replace(true);
+            }
+            Err(e) => log_error("heartbeat to the controller", &e),
         }
     }
 }
