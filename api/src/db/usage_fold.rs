@@ -7,7 +7,8 @@
 //! Appending one row without an index is what a launch and a termination pay now; writing each
 //! span with its indexes in their transactions cost launch + terminate cycles 13-20% of their
 //! throughput (BENCHMARKS.md). A fold writes a span that started and ended within it once, ended,
-//! and never moves it between indexes. Spans keep the times the triggers recorded.
+//! and never moves it between indexes. Spans keep the times the triggers recorded, but for a
+//! cGPU logged ahead of its VM by one launch, which starts with its VM ([`plan_fold`]).
 //!
 //! [`plan_fold`] decides, without I/O, what a batch of events does to the spans; [`Db::fold_usage`]
 //! reads the batch and writes the plan, each as one JSON document (a second's 8,000 events read
