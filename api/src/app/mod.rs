@@ -93,7 +93,7 @@ pub struct App {
     /// requested before it read the host's routes (see [`App::push_routes`]).
     host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
     reconciler: background::reconciler::Reconciler,
-    /// When this process last looked at the cloud's changed servers (see [`drift`]).
+    /// When this process last looked at the cloud's changed servers (see [`background::drift`]).
     cloud_seen: Mutex<Option<std::time::SystemTime>>,
     /// Wakes the queue's rounds.
     queue: background::queue_rounds::QueueServer,

@@ -1,5 +1,5 @@
 //! Usage reports for billing and show-back: what each project used of VMs and cGPUs in a period,
-//! from the lifetimes the database records ([`crate::db::usage`]), with each VM's lines for one
+//! from the lifetimes the database records (`db/usage.rs`), with each VM's lines for one
 //! project and, with a step, the use over time that the dashboard plots.
 //!
 //! The policy decides who sees what (`gpu:usage:show`, `gpu:usage:list:all_projects`): by

@@ -319,10 +319,10 @@ pub async fn insert_vms(conn: &mut AnyConnection, new: &[NewVm<'_>]) -> Result<(
     Ok(())
 }
 
-/// Inserts new VMs and books their cGPUs: [`insert_vms`] then [`insert_cgpus`], or on PostgreSQL,
-/// when they fit, one statement that does both (a data-modifying `WITH`), a round trip fewer for
-/// every launch (see [`super::begin_pool_write`]). That statement inserts the VMs last, so the
-/// usage log has their cGPUs' starts ahead of theirs (the fold starts them together).
+/// Inserts new VMs and books their cGPUs: [`insert_vms`] then [`super::insert_cgpus`], or on
+/// PostgreSQL, when they fit, one statement that does both (a data-modifying `WITH`), a round
+/// trip fewer for every launch (see [`super::begin_pool_write`]). That statement inserts the VMs
+/// last, so the usage log has their cGPUs' starts ahead of theirs (the fold starts them together).
 pub async fn insert_vms_with_cgpus(
     conn: &mut AnyConnection,
     new: &[NewVm<'_>],
