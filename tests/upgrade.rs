@@ -688,6 +688,7 @@ fn a_rolling_upgrade_from_the_previous_version_cuts_no_connection_and_refuses_no
         assert_eq!(cgpus.len(), 2, "VM {id}'s cGPU spans: {cgpus:?}");
         assert!(cgpus.iter().all(|c| c.1 == vm[0].1), "{vm:?} {cgpus:?}");
         let total = |spans: &[(i64, i64)]| spans.iter().map(|(s, e)| e - s).sum::<i64>();
+        assert!(total(&vm) > 0 && total(&cgpus) > 0, "{vm:?} {cgpus:?}");
         assert_eq!((ms("vm_seconds"), ms("cgpu_seconds")), (total(&vm), total(&cgpus)), "{line}");
         // The previous version's launch fired its cGPUs' triggers before its VM's, each reading
         // the clock: their spans may start a few milliseconds earlier (this version's fold

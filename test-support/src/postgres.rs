@@ -135,14 +135,9 @@ fn start() -> Result<Server, String> {
 pub fn fresh_database() -> String {
     let server = SERVER.get_or_init(start).as_ref().unwrap_or_else(|e| panic!("{e}"));
     let name = format!("t{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::Relaxed));
-    let status = Command::new(format!("{BIN}/psql"))
-        .args(["-h", "127.0.0.1", "-p", &server.port.to_string(), "-U", "postgres", "-q", "-c"])
-        .arg(format!("CREATE DATABASE {name}"))
-        .stdout(Stdio::null())
-        .status()
-        .expect("psql runs");
-    assert!(status.success(), "cannot create database {name}");
-    format!("postgres://postgres@127.0.0.1:{}/{name}", server.port)
+    let url = |database: &str| format!("postgres://postgres@127.0.0.1:{}/{database}", server.port);
+    query(&url("postgres"), &format!("CREATE DATABASE {name}"));
+    url(&name)
 }
 
 /// The rows `sql` returns on the database at `url` (one [`fresh_database`] gave), each its
