@@ -19,6 +19,9 @@ command -v conntrack >/dev/null 2>&1 || need+=(conntrack)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
+# gpu-share/ (the memory interposer the agent preloads into the GPU servers it runs) is C.
+command -v make >/dev/null 2>&1 || need+=(make)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 [ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
@@ -72,6 +75,9 @@ if grep -rnE '\.begin\(\)|begin_on\(' api/src/app; then
   exit 1
 fi
 
+# The memory interposer and its stand-in driver: every allocation path refused past its share,
+# every sharing call refused (gpu-share/test.sh; the agent's tests below preload it too).
+gpu-share/test.sh
 # Benches are not run here (they are long and print figures); clippy --all-targets compiles them.
 cargo test --workspace --locked "$@"
 # The GPU check's whole path without a GPU (stand-in NVML, a stand-in for LUPINE's server), so the

@@ -43,6 +43,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use gsaas_test_support::servers::standin_server;
 use serde_json::{json, Value};
 use support::{
     agent_toml, ask, binaries, connect, gsaasd_cli, namespaces, read, require_root_tools,
@@ -188,6 +189,10 @@ fn taps(ns: &Netns) -> Vec<String> {
 /// first, the namespaces they ran in after them, the directory last.
 struct Testbed {
     agents: Vec<Process>,
+    /// Ends whatever the GPU host's agent left of its servers (a managed testbed).
+    _servers: Option<gsaas_test_support::servers::ServerCgroups>,
+    /// The GPU host agent's command line, to start it again (a managed testbed).
+    gpu_agent: (PathBuf, PathBuf),
     _gsaasd: Process,
     _stand_ins: Vec<StandIn>,
     _host_service: StandIn,
@@ -224,16 +229,23 @@ impl Testbed {
     /// Builds the topology above, starts gsaasd and both agents, and waits until both hosts are
     /// schedulable. `tag` keeps this test's directory and VM namespaces apart from other tests'.
     fn start(tag: &str) -> Testbed {
-        Testbed::start_with(tag, false)
+        Testbed::start_with(tag, false, false)
+    }
+
+    /// [`Testbed::start`] whose GPU host's agent runs one server per cGPU itself
+    /// (`[gpu_servers] managed`): stand-ins of `rodvr-agent/tests/standin_server.py`, as user
+    /// `nobody`, in cgroups under [`Testbed::servers_cgroup`].
+    fn start_managed(tag: &str) -> Testbed {
+        Testbed::start_with(tag, false, true)
     }
 
     /// [`Testbed::start`] with a third host on the GPU network, a compute-GPU host whose two
     /// GPUs are served by LUPINE (stand-ins at [`LUPINE_SERVER`]), so the pool mixes layers.
     fn start_mixed(tag: &str) -> Testbed {
-        Testbed::start_with(tag, true)
+        Testbed::start_with(tag, true, false)
     }
 
-    fn start_with(tag: &str, lupine: bool) -> Testbed {
+    fn start_with(tag: &str, lupine: bool, managed: bool) -> Testbed {
         require_root_tools();
         let (gsaasd, agent) = binaries();
         let dir = TempDir::new(tag);
@@ -409,9 +421,44 @@ model = "stand-in"
 memory_mib = 8192
 "#
         );
+        // Managed: the agent runs a stand-in per cGPU, as `nobody` (so the script and the
+        // directories above it must be readable by that user).
+        let servers = managed.then(|| {
+            (gsaas_test_support::servers::ServerCgroups::new(tag), standin_server(dir.path()))
+        });
+        let gpu_inventory = match &servers {
+            None => gpu_inventory,
+            Some((cgroups, script)) => format!(
+                r#"[gpu_servers]
+address = "{GPU_SERVER}"
+base_port = 8308
+managed = true
+command = ["/usr/bin/python3", "{script}"]
+ports = "20000-20099"
+user = "nobody"
+run_dir = "{d}/servers"
+cgroup = "{cgroup}"
+
+[[gpus]]
+index = 0
+model = "stand-in"
+memory_mib = 8192
+uuid = "GPU-e2e-0"
+
+[[gpus]]
+index = 1
+model = "stand-in"
+memory_mib = 8192
+uuid = "GPU-e2e-1"
+"#,
+                script = script.display(),
+                cgroup = cgroups.path.display(),
+            ),
+        };
         let metadata = format!("metadata_listen = \"{METADATA_LISTEN}\"\n");
         let rgpu_agent = agent_config(&crg, RGPU_HOST, "10.240.0.11", &metadata);
         let gpu_agent = agent_config(&cg, GPU_HOST, "10.240.0.12", &gpu_inventory);
+        let gpu_agent_command = (agent.clone(), dir.path().join(format!("{GPU_HOST}.toml")));
         let lupine_agent =
             cl.as_ref().map(|cl| agent_config(cl, LUPINE_HOST, "10.240.0.13", &lupine_inventory));
 
@@ -448,6 +495,8 @@ memory_mib = 8192
         });
         Testbed {
             agents,
+            _servers: servers.map(|(cgroups, _)| cgroups),
+            gpu_agent: gpu_agent_command,
             _gsaasd: gsaasd_process,
             _stand_ins: stand_ins,
             _host_service: host_service,
@@ -488,6 +537,15 @@ memory_mib = 8192
     /// The user_data the cloud recorded for VM `id` (what cloud-init would read).
     fn user_data(&self, id: &str) -> String {
         read(&self.dir.path().join("user_data").join(format!("{id}.user_data")))
+    }
+
+    /// Starts the GPU host's agent again (after a test killed it).
+    fn restart_gpu_agent(&mut self) {
+        let (binary, config) = &self.gpu_agent;
+        let mut command = self._cg.command(binary);
+        command.arg("--config").arg(config);
+        let log = self.dir.path().join("gpu-agent-again.log");
+        self.agents.push(Process::start(GPU_HOST, command, log));
     }
 
     /// The VM's namespace, from the member's view of it.
@@ -811,5 +869,95 @@ fn a_pool_that_mixes_rcuda_and_lupine_serves_each_vm_in_its_layer() {
     });
     for (masked, server) in &lu_cgpus {
         assert_eq!(ask(&lu_ns, masked), Some(format!("{server} {RGPU_GPU_SIDE}")));
+    }
+}
+
+/// The user a process runs as (its real UID), from `/proc`.
+fn uid_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Uid:")?.split_whitespace().next()?.parse().ok())
+}
+
+/// Issue [1/5] on the real kernel: the GPU host's agent runs one server per cGPU itself. A VM's
+/// two cGPUs each reach a server of their own (one per GPU, seeing that GPU alone), as user
+/// `nobody`, each in a cgroup of its own; neither the VM nor anything else past the VM's host
+/// reaches the servers directly; the agent killed with `kill -9` and started again adopts the
+/// running servers (the same processes serve on); and the termination ends them, leaving no
+/// process and no open port.
+#[test]
+fn managed_servers_serve_each_cgpu_alone_and_outlive_a_killed_agent() {
+    let mut t = Testbed::start_managed("e2e-managed");
+    let (id, vm) = t.launch_ready(&remote_launch(2));
+    let vm_ns = t.vm_namespace(&vm);
+    let (devices, count) = rcuda_devices(&t.user_data(&id));
+    assert_eq!(count, Some(2));
+    let greet = |t: &Testbed| {
+        let mut greetings: Vec<String> = devices
+            .values()
+            .map(|(masked, _)| {
+                ask(&vm_ns, masked).unwrap_or_else(|| panic!("{masked} answers nothing"))
+            })
+            .collect();
+        greetings.sort();
+        let _ = t;
+        greetings
+    };
+    // Least-load-fit spreads them: each reaches its own GPU's server, seen from the VM's host.
+    assert_eq!(
+        greet(&t),
+        [format!("GPU-e2e-0 {RGPU_GPU_SIDE}"), format!("GPU-e2e-1 {RGPU_GPU_SIDE}")]
+    );
+    let servers = t._servers.as_ref().expect("a managed testbed").servers();
+    assert_eq!(servers.len(), 2, "{servers:?}");
+    let nobody = 65534;
+    for (name, pids) in &servers {
+        // `unshare`, which holds the server's PID namespace and waits for it, stays root (it
+        // runs nothing of the server's); every process of the server itself is `nobody`'s.
+        let comm = |pid: &u32| read(Path::new(&format!("/proc/{pid}/comm"))).trim().to_owned();
+        let (holders, server): (Vec<&u32>, Vec<&u32>) =
+            pids.iter().partition(|pid| comm(pid) == "unshare");
+        assert_eq!(holders.len(), 1, "server {name}: {pids:?}");
+        assert!(!server.is_empty(), "server {name} has no process");
+        for pid in server {
+            assert_eq!(uid_of(*pid), Some(nobody), "server {name}'s process {pid} ({})", comm(pid));
+        }
+    }
+    // Nothing past the VM's host reaches a server directly, nor the VM itself.
+    for port in [20000, 20001] {
+        let direct = format!("{GPU_SERVER}:{port}");
+        assert_eq!(ask(&vm_ns, &direct), None, "the VM reached {direct}");
+        assert_eq!(ask(&t.probe.name, &direct), None, "the probe reached {direct}");
+    }
+
+    // The agent killed (SIGKILL) and started again: the same processes serve on.
+    let killed = t.agents.iter().position(|a| a.name == GPU_HOST).expect("the GPU host's agent");
+    drop(t.agents.remove(killed));
+    t.restart_gpu_agent();
+    let adopted = t._servers.as_ref().expect("a managed testbed").servers();
+    assert_eq!(adopted, servers, "the servers were not adopted as they ran");
+    assert_eq!(greet(&t).len(), 2);
+    // And it registers, its servers still listed as they were.
+    wait_for("the GPU host's agent to report its servers", Duration::from_secs(15), || {
+        let hosts = t.api.get("/v1/hosts", &t.admin);
+        let host = hosts["hosts"].as_array()?.iter().find(|h| h["name"] == GPU_HOST)?.clone();
+        (host["state"] == "schedulable").then_some(())
+    });
+
+    // The termination ends them: no process, no cgroup, no open port.
+    let (status, body) = t.api.call("DELETE", &format!("/v1/vms/{id}"), &t.member, None);
+    assert_eq!(status, 202, "terminate: {body}");
+    t.wait_vm(&id, "the VM to be deleted", |vm| vm["state"] == "deleted");
+    wait_for("the servers to end", Duration::from_secs(15), || {
+        t._servers.as_ref().expect("a managed testbed").servers().is_empty().then_some(())
+    });
+    for pid in servers.values().flatten() {
+        // Gone, or a zombie its new parent has not reaped yet (the killed agent's child).
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = state.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').next());
+        assert!(matches!(state, None | Some("Z" | "X")), "process {pid} of an ended server runs");
+    }
+    for port in [20000, 20001] {
+        let local = format!("{GPU_SERVER}:{port}");
+        assert_eq!(ask(&t._cg.name, &local), None, "{local} still answers on the GPU host");
     }
 }

@@ -14,7 +14,9 @@ use async_trait::async_trait;
 use gpgpums::HostId;
 use rodvr_contract::auth::TokenSigner;
 use rodvr_contract::client::AgentClient;
-use rodvr_contract::protocol::{check_generation, HostKind as AgentHostKind, Ipv4Cidr, RouteTable};
+use rodvr_contract::protocol::{
+    check_generation, HostKind as AgentHostKind, Ipv4Cidr, RouteTable, ServerStatus,
+};
 use rodvr_core::agent::{Agent, AgentError as CoreError, HostFacts};
 use rodvr_core::firewall::{Dataplane, MemoryFirewall};
 use rodvr_core::render::TableParams;
@@ -46,8 +48,13 @@ pub enum AgentError {
 
 #[async_trait]
 pub trait HostAgents: Send + Sync + std::fmt::Debug {
-    /// Pushes `table`, the host's complete route table; Ok once the agent has applied it.
-    async fn apply(&self, host: &HostRecord, table: RouteTable) -> Result<(), AgentError>;
+    /// Pushes `table`, the host's complete route table; Ok once the agent has applied it, with
+    /// the state of each server the table lists (hosts that run their GPUs' servers).
+    async fn apply(
+        &self,
+        host: &HostRecord,
+        table: RouteTable,
+    ) -> Result<Vec<ServerStatus>, AgentError>;
 
     /// The generation the host's agent has applied, if any (drift detection).
     async fn applied_generation(&self, host: &HostRecord) -> Result<Option<u64>, AgentError>;
@@ -75,6 +82,7 @@ impl InProcessAgents {
             masked_range: self.masked_range,
             gpu_interface: "gpu0".into(),
             local_rcuda: vec![],
+            local_servers: None,
             metadata_listener: None,
             agent_api: None,
         };
@@ -116,12 +124,16 @@ impl InProcessAgents {
 
 #[async_trait]
 impl HostAgents for InProcessAgents {
-    async fn apply(&self, host: &HostRecord, table: RouteTable) -> Result<(), AgentError> {
+    async fn apply(
+        &self,
+        host: &HostRecord,
+        table: RouteTable,
+    ) -> Result<Vec<ServerStatus>, AgentError> {
         let offered = table.generation;
         let agent = self.agent(host);
         // Its ledger and firewall are in memory: applying is a short computation, done in place.
         match agent.put_table(table) {
-            Ok(_) => Ok(()),
+            Ok(status) => Ok(status.servers),
             Err(CoreError::Conflict(GenerationConflict::Older { .. })) => {
                 Err(AgentError::Stale { host: host.name.clone(), offered })
             }
@@ -192,12 +204,16 @@ impl RemoteAgents {
 
 #[async_trait]
 impl HostAgents for RemoteAgents {
-    async fn apply(&self, host: &HostRecord, table: RouteTable) -> Result<(), AgentError> {
+    async fn apply(
+        &self,
+        host: &HostRecord,
+        table: RouteTable,
+    ) -> Result<Vec<ServerStatus>, AgentError> {
         let offered = table.generation;
         self.client(host)?
             .put_routes(&table)
             .await
-            .map(|_| ())
+            .map(|status| status.servers)
             .map_err(|e| Self::map(host, offered, e))
     }
 

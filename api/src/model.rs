@@ -261,6 +261,9 @@ pub struct HostRecord {
     /// An admin declared the host dead (`POST /v1/hosts/{name}/forget`); cleared when its agent
     /// registers again.
     pub forgotten: bool,
+    /// Its agent runs one server per cGPU of its GPUs (`[gpu_servers] managed`): its table lists
+    /// them.
+    pub managed_servers: bool,
     /// Where it sits in the network (admins only).
     pub topology: gpgpums::Topology,
     /// Round trips (microseconds) its agent measured to GPU hosts, as last recorded.

@@ -31,5 +31,6 @@ mod quotas;
 mod remoting;
 mod replicas;
 mod saga;
+mod servers;
 mod sim_cloud;
 mod usage;

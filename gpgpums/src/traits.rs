@@ -178,6 +178,14 @@ pub struct GpuAttributes {
     /// layers were told apart).
     #[serde(default, skip_serializing_if = "Remoting::is_rcuda")]
     pub remoting: Remoting,
+    /// Its host's agent runs its servers, one per cGPU, each held to its share (`[gpu_servers]
+    /// managed`); otherwise one server per GPU, started by the operator.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub managed: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl GpuAttributes {

@@ -137,6 +137,7 @@ fn main() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     ch.run(|| {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

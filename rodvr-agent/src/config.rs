@@ -140,11 +140,159 @@ pub struct RcudaConfig {
     /// 14833).
     #[serde(default)]
     pub base_port: Option<u16>,
+    /// The agent runs the servers itself, one per cGPU, each held to its share (the
+    /// `servers` module). Off: one server per GPU, started by the operator.
+    #[serde(default)]
+    pub managed: bool,
+    /// The server's command (managed): it takes its port from `GSAAS_SERVER_PORT` (and the
+    /// layer's own variable: `LUPINE_PORT`, `RCUDA_PORT`) and its GPU from
+    /// `CUDA_VISIBLE_DEVICES`, and listens on every address or on `address`.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The ports the servers listen on (managed), `"FIRST-LAST"`: one per cGPU, chosen by the
+    /// agent and reported to gsaasd, which routes to it.
+    #[serde(default)]
+    pub ports: Option<PortRange>,
+    /// The unprivileged user the servers run as (managed).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// The memory interposer (`libgsaas-share.so`, built from `gpu-share/`) preloaded into every
+    /// server (managed). Without it a shared cGPU's memory is not held to its share.
+    #[serde(default)]
+    pub interposer: Option<PathBuf>,
+    /// More environment for the servers (`LD_LIBRARY_PATH` of the layer's libraries, ...); the
+    /// agent's own environment is not passed on.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Where the agent keeps its servers' records, share states and logs (a 0700 directory).
+    #[serde(default = "default_servers_run_dir")]
+    pub run_dir: PathBuf,
+    /// The cgroup (v2) under which each server gets one of its own; by default `gsaas-servers`
+    /// at the root of the unified hierarchy.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
+    /// Processes one server may hold (`pids.max`).
+    #[serde(default = "default_server_pids_max")]
+    pub pids_max: u32,
+    /// Host memory one server may hold, MiB (`memory.max`; its page-locked memory too).
+    #[serde(default = "default_server_memory_mib")]
+    pub memory_max_mib: u64,
+    /// Its CPU weight against the other servers (`cpu.weight`, 1-10000).
+    #[serde(default = "default_server_cpu_weight")]
+    pub cpu_weight: u32,
+    /// How long a table's answer waits for its new servers to accept, ms.
+    #[serde(default = "default_server_ready_ms")]
+    pub ready_timeout_ms: u64,
+    /// How long a server may take to accept before it is started again, s.
+    #[serde(default = "default_server_start_secs")]
+    pub start_timeout_secs: u64,
 }
 
 impl RcudaConfig {
+    /// Servers at `address` that the operator starts, one per GPU, on the layer's ports.
+    pub fn unmanaged(address: Ipv4Addr) -> Self {
+        Self {
+            address,
+            remoting: Default::default(),
+            base_port: None,
+            managed: false,
+            command: Vec::new(),
+            ports: None,
+            user: None,
+            interposer: None,
+            env: Default::default(),
+            run_dir: default_servers_run_dir(),
+            cgroup: None,
+            pids_max: default_server_pids_max(),
+            memory_max_mib: default_server_memory_mib(),
+            cpu_weight: default_server_cpu_weight(),
+            ready_timeout_ms: default_server_ready_ms(),
+            start_timeout_secs: default_server_start_secs(),
+        }
+    }
+
     pub fn base_port(&self) -> u16 {
         self.base_port.unwrap_or(self.remoting.default_port())
+    }
+
+    /// Why the managed servers' settings cannot work; `None` when they can (or are off).
+    fn managed_problem(&self) -> Option<String> {
+        if !self.managed {
+            return None;
+        }
+        let problem = if self.command.is_empty() {
+            "gpu_servers.command must name the server's program (managed = true)".to_owned()
+        } else if self.ports.is_none() {
+            "gpu_servers.ports must give the servers' ports, \"FIRST-LAST\" (managed = true)"
+                .to_owned()
+        } else if self.user.as_deref().is_none_or(|u| u.is_empty() || u == "root") {
+            "gpu_servers.user must name an unprivileged user, not root (managed = true)".to_owned()
+        } else if self.pids_max == 0 {
+            "gpu_servers.pids_max must be at least 1".to_owned()
+        } else if self.memory_max_mib == 0 {
+            "gpu_servers.memory_max_mib must be at least 1".to_owned()
+        } else if !(1..=10_000).contains(&self.cpu_weight) {
+            "gpu_servers.cpu_weight must be 1 to 10000".to_owned()
+        } else if !(1..=600_000).contains(&self.ready_timeout_ms) {
+            "gpu_servers.ready_timeout_ms must be 1 to 600000".to_owned()
+        } else if !(1..=3600).contains(&self.start_timeout_secs) {
+            "gpu_servers.start_timeout_secs must be 1 to 3600".to_owned()
+        } else if let Some(name) = self.env.keys().find(|k| {
+            k.is_empty()
+                || k.contains('=')
+                || k.contains('\0')
+                || k.starts_with("GSAAS_")
+                || *k == "CUDA_VISIBLE_DEVICES"
+                || *k == "LD_PRELOAD"
+        }) {
+            format!("gpu_servers.env: {name:?} is set by the agent or is not a variable name")
+        } else {
+            return None;
+        };
+        Some(problem)
+    }
+}
+
+/// A range of TCP ports, `"FIRST-LAST"` (both included, no port 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    pub fn ports(self) -> std::ops::RangeInclusive<u16> {
+        self.first..=self.last
+    }
+
+    pub fn contains(self, port: u16) -> bool {
+        self.ports().contains(&port)
+    }
+}
+
+impl std::str::FromStr for PortRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a port range like \"20000-20999\" (1-65535)");
+        let (first, last) = s.split_once('-').ok_or_else(bad)?;
+        let first: u16 = first.trim().parse().map_err(|_| bad())?;
+        let last: u16 = last.trim().parse().map_err(|_| bad())?;
+        if first == 0 || last < first {
+            return Err(bad());
+        }
+        Ok(Self { first, last })
+    }
+}
+
+impl<'de> Deserialize<'de> for PortRange {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.first, self.last)
     }
 }
 
@@ -193,6 +341,7 @@ impl GpuConfig {
             traits: self.traits.clone(),
             // The host's, set with its servers' endpoints (`discovery::inventory`).
             remoting: gpgpums::Remoting::default(),
+            managed: false,
         }
     }
 }
@@ -220,6 +369,24 @@ fn default_rtt_targets_secs() -> u64 {
 }
 fn default_metadata_connections_per_vm() -> usize {
     8
+}
+fn default_servers_run_dir() -> PathBuf {
+    PathBuf::from("/run/rodvr-agent/servers")
+}
+fn default_server_pids_max() -> u32 {
+    256
+}
+fn default_server_memory_mib() -> u64 {
+    16384
+}
+fn default_server_cpu_weight() -> u32 {
+    100
+}
+fn default_server_ready_ms() -> u64 {
+    10_000
+}
+fn default_server_start_secs() -> u64 {
+    120
 }
 
 impl Config {
@@ -328,6 +495,9 @@ impl Config {
                     gpu.index
                 )));
             }
+        }
+        if let Some(problem) = config.rcuda.as_ref().and_then(RcudaConfig::managed_problem) {
+            return Err(invalid(problem));
         }
         if !config.gpus.is_empty() && config.rcuda.is_none() {
             return Err(invalid(
@@ -439,6 +609,38 @@ mod tests {
         let err = parse("[gpu_servers]\naddress = '10.78.0.2'\nremoting = 'scuda'\n").unwrap_err();
         let err = format!("{err:?}");
         assert!(err.contains("scuda") && err.contains("lupine"), "{err}");
+    }
+
+    #[test]
+    fn managed_servers_need_a_command_ports_and_an_unprivileged_user() {
+        let path = Path::new("agent.toml");
+        let parse = |servers: &str| {
+            Config::parse(
+                &format!("{MINIMAL}[gpu_servers]\naddress = '10.78.0.2'\n{servers}"),
+                path,
+            )
+        };
+        let full = "managed = true\ncommand = ['/opt/lupine/bin/lupine_driver_server']\n\
+                    ports = '20000-20999'\nuser = 'gsaas-gpu'\n";
+        let servers = parse(full).unwrap().rcuda.unwrap();
+        assert!(servers.managed);
+        assert_eq!(servers.ports.unwrap().ports(), 20000..=20999);
+        assert!(!parse("").unwrap().rcuda.unwrap().managed, "off unless asked");
+        for (change, named) in [
+            (full.replace("command = ['/opt/lupine/bin/lupine_driver_server']\n", ""), "command"),
+            (full.replace("ports = '20000-20999'\n", ""), "ports"),
+            (full.replace("'gsaas-gpu'", "'root'"), "user"),
+            (format!("{full}cpu_weight = 0\n"), "cpu_weight"),
+            (format!("{full}[gpu_servers.env]\nLD_PRELOAD = '/tmp/evil.so'\n"), "LD_PRELOAD"),
+            (format!("{full}[gpu_servers.env]\nGSAAS_SHARE_FD = '0'\n"), "GSAAS_SHARE_FD"),
+        ] {
+            let err = parse(&change).unwrap_err().to_string();
+            assert!(err.contains(named), "{change}: {err}");
+        }
+        for bad in ["0-10", "30-20", "20000", "a-b", "1-70000"] {
+            let err = parse(&full.replace("20000-20999", bad)).unwrap_err();
+            assert!(format!("{err:?}").contains("port range"), "{bad}: {err:?}");
+        }
     }
 
     #[test]

@@ -194,7 +194,9 @@ impl GpuDiscovery for NvmlGpus {
                 cuda_version,
                 uuid: Some(uuid),
                 traits: Default::default(),
+                // The host's, set with its servers' endpoints (`inventory`).
                 remoting: Default::default(),
+                managed: false,
             };
             let mig_mode = dev.mig_mode().ok().map(|mode| mode.current == 1);
             found.push(FoundGpu {
@@ -327,7 +329,11 @@ pub fn inventory(
                 memory_mib: g.memory_mib,
                 rcuda: RcudaEndpoint { address: rcuda.address, port, gpu_number: 0 },
                 unhealthy: g.unhealthy.as_deref().map(rodvr_contract::protocol::health_reason),
-                attributes: GpuAttributes { remoting: rcuda.remoting, ..g.attributes },
+                attributes: GpuAttributes {
+                    remoting: rcuda.remoting,
+                    managed: rcuda.managed,
+                    ..g.attributes
+                },
                 partition,
             })
         })
@@ -407,9 +413,8 @@ mod tests {
             },
         ]);
         let rcuda = RcudaConfig {
-            address: "10.232.0.2".parse().unwrap(),
-            remoting: Default::default(),
             base_port: Some(8308),
+            ..RcudaConfig::unmanaged("10.232.0.2".parse().unwrap())
         };
         let inv = inventory(&host, gpus.gpus().unwrap(), Some(&rcuda)).unwrap();
         assert_eq!(inv[0].id.as_str(), "cg0:gpu0");
@@ -430,7 +435,8 @@ mod tests {
         ));
         assert_eq!(host_kind(&[]), HostKind::ComputeRgpu);
         // A LUPINE host: every GPU's server speaks it, on LUPINE's port unless one is set.
-        let lupine = RcudaConfig { remoting: gpgpums::Remoting::Lupine, base_port: None, ..rcuda };
+        let lupine =
+            RcudaConfig { remoting: gpgpums::Remoting::Lupine, base_port: None, ..rcuda.clone() };
         let inv = inventory(&host, gpus.gpus().unwrap(), Some(&lupine)).unwrap();
         assert_eq!(inv[1].rcuda.socket_addr(), "10.232.0.2:14834".parse().unwrap());
         assert!(inv.iter().all(|g| g.attributes.remoting == gpgpums::Remoting::Lupine));
@@ -458,9 +464,8 @@ mod tests {
         };
         let gpus = ConfiguredGpus(vec![whole.clone(), part(0), part(1)]);
         let rcuda = RcudaConfig {
-            address: "10.232.0.2".parse().unwrap(),
-            remoting: Default::default(),
             base_port: Some(8308),
+            ..RcudaConfig::unmanaged("10.232.0.2".parse().unwrap())
         };
         let inv = inventory(&host, gpus.gpus().unwrap(), Some(&rcuda)).unwrap();
         assert_eq!(inv[0].partition, None);
@@ -481,6 +486,7 @@ mod tests {
             applied_generation: None,
             topology: Default::default(),
             rtt_us: None,
+            managed: None,
         };
         assert_eq!(report.validate(range), Ok(()));
         // A partition of a GPU the host does not have.

@@ -4,8 +4,8 @@
 //!
 //! This crate is the agent on its host: the kernel's firewall ([`nft`]: `nft` and `conntrack`),
 //! GPU discovery over NVML ([`discovery`]), its configuration and credential, its HTTP API
-//! ([`server`]), the VMs' metadata server ([`metadata`]) and its round trips to GPU hosts
-//! ([`rtt`]). The agent's logic is `rodvr-core`'s
+//! ([`server`]), the VMs' metadata server ([`metadata`]), its round trips to GPU hosts
+//! ([`rtt`]) and, on a GPU host that runs them, its cGPUs' servers ([`servers`]). The agent's logic is `rodvr-core`'s
 //! (shared with `gsaasd`'s in-process agents), the wire contract `rodvr-contract`'s.
 
 pub mod config;
@@ -15,3 +15,4 @@ pub mod metadata;
 pub mod nft;
 pub mod rtt;
 pub mod server;
+pub mod servers;

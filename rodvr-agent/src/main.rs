@@ -53,6 +53,8 @@ enum StartError {
     Serve(#[source] std::io::Error),
     #[error("TLS is not usable")]
     Tls(#[from] httpd::TlsError),
+    #[error(transparent)]
+    Servers(#[from] rodvr_agent::servers::ServersError),
 }
 
 /// What the command line asks for.
@@ -148,10 +150,19 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         .map_err(|source| StartError::Bind { addr: config.listen, source })?;
     let bound =
         listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+    let managed = config.rcuda.as_ref().filter(|servers| servers.managed);
     let params = TableParams {
         masked_range: config.masked_range,
         gpu_interface: config.gpu_interface.clone(),
         local_rcuda: gpus.iter().map(|g| g.rcuda.socket_addr()).collect(),
+        local_servers: managed.and_then(|servers| {
+            let ports = servers.ports?;
+            Some(rodvr_core::render::LocalServers {
+                address: servers.address,
+                first_port: ports.first,
+                last_port: ports.last,
+            })
+        }),
         metadata_listener: config.metadata_listen,
         agent_api: Some(bound),
     };
@@ -165,11 +176,34 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
     };
     let firewall = NftFirewall::new(&config.nft_command).with_conntrack(&config.conntrack_command);
     let dataplane = Dataplane::new(firewall, params);
-    let agent = Arc::new(Agent::new(ledger, dataplane, facts));
+    // The servers of the table in the ledger are adopted (or started by the first apply).
+    let supervisor = match managed {
+        Some(servers) => {
+            let settings = rodvr_agent::servers::Settings::from_config(servers)?;
+            let keep = ledger.current().map(|t| t.servers.clone()).unwrap_or_default();
+            Some(rodvr_agent::servers::ProcessSupervisor::start(settings, &facts.gpus, &keep)?)
+        }
+        None => None,
+    };
+    let mut agent = Agent::new(ledger, dataplane, facts);
+    if let Some(supervisor) = &supervisor {
+        agent = agent.with_servers(supervisor.clone());
+    }
+    let agent = Arc::new(agent);
     agent.host_report().validate(config.masked_range).map_err(StartError::Report)?;
 
     reapply(&agent).await;
     println!("rodvr-agent listening on {bound}");
+    let server_changes = supervisor.as_ref().map(|s| s.changes());
+    if let Some(supervisor) = supervisor {
+        std::thread::Builder::new()
+            .name("servers".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(100));
+                supervisor.tick();
+            })
+            .map_err(StartError::Runtime)?;
+    }
 
     tokio::spawn(retry_failed_applies(
         agent.clone(),
@@ -210,7 +244,15 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
                 first_registration,
             ));
         }
-        tokio::spawn(heartbeat(agent.clone(), discovery, client, renewed, every, registered));
+        tokio::spawn(heartbeat(
+            agent.clone(),
+            discovery,
+            client,
+            renewed,
+            every,
+            registered,
+            server_changes,
+        ));
     }
     let app = router(agent, Arc::new(verifier), config.http.body_timeout());
     httpd::serve(listener, app, config.http, tls, shutdown_signal())
@@ -293,8 +335,9 @@ async fn measure_rtts<F: Firewall + 'static>(
     }
 }
 
-/// Registers the host every `every`, renewing the agent's token (kept in `renewed`) once half of
-/// its life is gone; `registered` turns true at the first registration that succeeds.
+/// Registers the host every `every`, and at once when a server's state or port changed
+/// (`server_changes`), renewing the agent's token (kept in `renewed`) once half of its life is
+/// gone; `registered` turns true at the first registration that succeeds.
 async fn heartbeat<F: Firewall + 'static>(
     agent: Arc<Agent<F>>,
     discovery: Arc<dyn rodvr_agent::discovery::GpuDiscovery>,
@@ -302,12 +345,20 @@ async fn heartbeat<F: Firewall + 'static>(
     renewed: PathBuf,
     every: Duration,
     registered: tokio::sync::watch::Sender<bool>,
+    server_changes: Option<Arc<tokio::sync::Notify>>,
 ) {
     let mut tick = tokio::time::interval(every);
     // A controller that is down must not cause a burst of catch-up heartbeats when it returns.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let changed = async || match &server_changes {
+        Some(notify) => notify.notified().await,
+        None => std::future::pending().await,
+    };
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = changed() => {}
+        }
         let asked = discovery.clone();
         match tokio::task::spawn_blocking(move || asked.health()).await {
             Ok(health) => agent.set_gpu_health(health),

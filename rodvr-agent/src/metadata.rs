@@ -160,6 +160,7 @@ mod tests {
             metadata: Some("100.127.0.1:80".parse().unwrap()),
             vms_without_cgpus: vec![port(5, "tap5", "10.0.0.5"), port(6, "tap6", "10.0.0.4")],
             lost: vec![],
+            servers: vec![],
         };
         let env = environment_of(&table, "10.0.0.2".parse().unwrap()).unwrap();
         assert_eq!(
@@ -199,6 +200,7 @@ mod tests {
                 LostCgpu { vm: vm(1), index: 1 },
                 LostCgpu { vm: vm(2), index: 0 },
             ],
+            servers: vec![],
         };
         table.validate(None).unwrap();
         let env = environment_of(&table, "10.0.0.2".parse().unwrap()).unwrap();

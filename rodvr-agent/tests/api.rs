@@ -81,6 +81,7 @@ fn table(generation: u64) -> RouteTable {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     }
 }
 

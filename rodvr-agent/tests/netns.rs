@@ -89,8 +89,21 @@ struct AgentProcess {
 
 impl AgentProcess {
     fn start(ns: &Netns, config: &Path) -> Self {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_rodvr-agent"), "--config"])
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &ns.name, env!("CARGO_BIN_EXE_rodvr-agent")]);
+        Self::start_command(command, config)
+    }
+
+    /// [`AgentProcess::start`] entering the network namespace only (`nsenter`): the host's
+    /// `/sys`, and so its cgroups, stay in view (`ip netns exec` mounts a `/sys` of its own),
+    /// as an agent that runs its GPUs' servers needs.
+    fn start_entering(ns: &Netns, config: &Path) -> Self {
+        Self::start_command(ns.command(env!("CARGO_BIN_EXE_rodvr-agent")), config)
+    }
+
+    fn start_command(mut command: Command, config: &Path) -> Self {
+        let mut child = command
+            .arg("--config")
             .arg(config)
             .stdout(Stdio::piped())
             .spawn()
@@ -276,6 +289,7 @@ fn masked_routes_on_the_real_kernel() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
 
@@ -295,6 +309,7 @@ fn masked_routes_on_the_real_kernel() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     assert_eq!(unsigned_put(&t.ch, &agent.url, &empty), 401);
     let back = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
@@ -311,6 +326,7 @@ fn masked_routes_on_the_real_kernel() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen2).await.unwrap());
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), None, "VM1 still reaches a removed route");
@@ -323,6 +339,7 @@ fn masked_routes_on_the_real_kernel() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&gen3).await.unwrap());
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect_gpu0.clone()));
@@ -365,6 +382,7 @@ fn a_retargeted_route_cuts_open_connections_and_new_ones_reach_the_new_gpu() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&t.ch, &client, async |c| {
         c.put_routes(&table(1, "10.232.0.2:8308")).await.unwrap()
@@ -479,6 +497,7 @@ memory_mib = 1024
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&gh, &client, async |c| c.put_routes(&table).await.unwrap());
     assert_eq!(ask(&vm3, "100.127.0.7:9000").as_deref(), Some("gpu0 10.233.3.2"));
@@ -519,6 +538,7 @@ fn a_vm_with_another_vms_address_reaches_none_of_its_cgpus() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     let expect = Some(format!("gpu0 {COMPUTE_GPU_SIDE}"));
@@ -540,6 +560,7 @@ fn a_vm_with_another_vms_address_reaches_none_of_its_cgpus() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     assert_eq!(ask_from(&t.vm2, "10.231.1.2", "100.127.0.1:9000"), expect);
@@ -598,6 +619,7 @@ fn each_vm_reads_only_its_own_environment_at_the_metadata_endpoint() {
         metadata: Some(metadata.parse().unwrap()),
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     let gen1 = table(1, vec![vm1_a, vm2.clone(), vm1_b.clone()]);
     with_client(&t.ch, &client, async |c| c.put_routes(&gen1).await.unwrap());
@@ -669,6 +691,7 @@ fn one_vm_cannot_starve_its_neighbours_environment() {
         metadata: Some(metadata.parse().unwrap()),
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
 
@@ -708,6 +731,7 @@ fn a_vm_cannot_reach_its_hosts_agent() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
     let from_management = http_get(&ctl, None, "10.240.0.1:7450", "/metrics");
@@ -833,6 +857,7 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
 
@@ -864,4 +889,101 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
         })
         .collect();
     assert_eq!(counts, [1, 1], "a mark was changed by the agent's NAT");
+}
+
+/// A GPU host whose agent runs its GPUs' servers itself (`[gpu_servers] managed`): a table's
+/// servers start (the answer gives each one's port once it accepts), a local VM reaches its
+/// cGPU's server through its route, and neither that server's port nor any other of the
+/// servers' range directly (a managed server is as closed to VMs as an operator's).
+#[test]
+fn a_local_vm_reaches_a_managed_server_only_through_its_route() {
+    require_root_tools();
+    let gh = Netns::new("mgpu");
+    let vm3 = Netns::new("mvm3");
+    let other = Netns::new("mpeer");
+    veth(&vm3, "eth0", "10.233.3.2/24", &gh, "tap3", "10.233.3.1/24");
+    veth(&other, "eth0", "10.232.0.9/24", &gh, "gpu0", "10.232.0.2/24");
+    vm3.ip(&["route", "add", "default", "via", "10.233.3.1"]);
+    gh.enable_forwarding();
+    // Another process on a port of the servers' range: without the agent, the VM reaches it.
+    stand_in_rcuda(&gh, "10.232.0.2:20105", "squatter");
+    assert_eq!(ask(&vm3, "10.232.0.2:20105").as_deref(), Some("squatter 10.233.3.2"));
+
+    let dir = TempDir::new("netns-managed");
+    let cgroups = support::servers::ServerCgroups::new("netns-managed");
+    let script = support::servers::standin_server(dir.path());
+    let extra = format!(
+        r#"[gpu_servers]
+address = "10.232.0.2"
+remoting = "lupine"
+managed = true
+command = ["/usr/bin/python3", "{script}"]
+ports = "20100-20109"
+user = "nobody"
+run_dir = "{run}"
+cgroup = "{cgroup}"
+[[gpus]]
+index = 0
+model = "stand-in"
+memory_mib = 8192
+uuid = "GPU-netns-0"
+"#,
+        script = script.display(),
+        run = dir.path().join("servers").display(),
+        cgroup = cgroups.path.display(),
+    );
+    let (config, private) = write_agent_config(&dir, "mg0", 23, &extra);
+    let agent = AgentProcess::start_entering(&gh, &config);
+    let client = AgentClient::new(
+        &agent.url,
+        HostId::new("mg0").unwrap(),
+        TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
+    );
+    let vm = gpgpums::VmId::from_uuid(uuid::Uuid::from_u128(3));
+    let server = rodvr_contract::protocol::ServerSpec {
+        vm,
+        index: 0,
+        gpu: gpgpums::GpuId::new("mg0:gpu0").unwrap(),
+        memory_mib: Some(1024),
+        clients: vec![],
+    };
+    let table = |generation: u64, routes: Vec<Route>| RouteTable {
+        generation,
+        routes,
+        metadata: None,
+        vms_without_cgpus: vec![],
+        lost: vec![],
+        servers: vec![server.clone()],
+    };
+    // The server first: the answer says where it accepts.
+    let applied =
+        with_client(&gh, &client, async |c| c.put_routes(&table(1, vec![])).await.unwrap());
+    let port = applied.servers[0].live_port().expect("the server accepts before the answer");
+    assert!((20100..=20104).contains(&port), "{port}");
+    // Then the VM's route to it.
+    let to_server = Route {
+        index: Some(0),
+        remoting: gpgpums::Remoting::Lupine,
+        ..route(3, "tap3", "10.233.3.2", "100.127.0.7:9000", &format!("10.232.0.2:{port}"))
+    };
+    with_client(&gh, &client, async |c| c.put_routes(&table(2, vec![to_server])).await.unwrap());
+    assert_eq!(ask(&vm3, "100.127.0.7:9000").as_deref(), Some("GPU-netns-0 10.233.3.2"));
+    // Not directly: neither its server's port nor another of the range.
+    for direct in [format!("10.232.0.2:{port}"), "10.232.0.2:20105".to_owned()] {
+        assert_eq!(ask(&vm3, &direct), None, "the VM reached {direct} past its route");
+    }
+    // The host's report lists it.
+    let host = with_client(&gh, &client, async |c| c.host().await.unwrap());
+    let reported = host.managed.expect("a managed host says so").servers;
+    assert_eq!(
+        reported.iter().map(|s| (s.vm, s.live_port())).collect::<Vec<_>>(),
+        [(vm, Some(port))]
+    );
+    assert!(host.gpus.iter().all(|g| g.attributes.managed));
+    // A table without it ends it.
+    let mut last = table(3, vec![]);
+    last.servers.clear();
+    with_client(&gh, &client, async |c| c.put_routes(&last).await.unwrap());
+    assert!(cgroups.servers().is_empty(), "{:?}", cgroups.servers());
+    drop(agent);
 }

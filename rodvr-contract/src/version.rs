@@ -17,8 +17,11 @@ use std::fmt;
 pub const HEADER: &str = "rodvr-protocol";
 
 /// The protocol this build speaks. 1 was the unversioned protocol (before this header); 2 is the
-/// same messages with the header, so it takes and is taken by 1.
-pub const PROTOCOL: u32 = 2;
+/// same messages with the header, so it takes and is taken by 1; 3 adds the servers an agent
+/// runs per cGPU (a table's `servers`, a report's `managed`): an agent that runs them must not
+/// take tables from a gsaasd that would leave them out, and gsaasd gives servers only to agents
+/// that report them, so it still takes agents of 2.
+pub const PROTOCOL: u32 = 3;
 
 /// What a message without the header speaks.
 pub const UNVERSIONED: u32 = 1;
@@ -99,15 +102,16 @@ mod tests {
         assert_eq!(check(1, 3), Err(Skew::AgentTooOld { agent: 1, controller: 3 }));
         assert_eq!(check(3, 2), Err(Skew::AgentTooNew { agent: 3, controller: 2 }));
         assert_eq!(read(None), Ok(UNVERSIONED), "no header: the unversioned protocol");
-        assert_eq!(check_agent(None), Ok(1), "agents of before the header are taken");
+        assert_eq!(check_agent(Some("2")), Ok(2), "agents of before the servers are taken");
+        assert!(check_agent(None).is_err(), "agents of before the header are two behind");
         assert_eq!(
-            check_controller(None),
-            Err(Skew::AgentTooNew { agent: 2, controller: 1 }),
+            check_controller(Some("2")),
+            Err(Skew::AgentTooNew { agent: 3, controller: 2 }),
             "a gsaasd of before is older than this agent: gsaasd is upgraded first"
         );
         assert!(matches!(check_agent(Some("x")), Err(Skew::Unreadable(_))));
         assert!(check_agent(Some("99")).unwrap_err().to_string().contains("upgrade gsaasd first"));
-        assert!(check_controller(Some("4")).unwrap_err().to_string().contains("upgrade the agent"));
-        assert_eq!(check_controller(Some("3")), Ok(3), "a controller one ahead");
+        assert!(check_controller(Some("5")).unwrap_err().to_string().contains("upgrade the agent"));
+        assert_eq!(check_controller(Some("4")), Ok(4), "a controller one ahead");
     }
 }

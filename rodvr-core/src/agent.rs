@@ -12,13 +12,14 @@ use std::sync::{Mutex, MutexGuard};
 use crate::firewall::{Dataplane, Firewall, FirewallError};
 use crate::metrics::AgentMetrics;
 use crate::render::route_map;
+use crate::servers::Supervisor;
 use crate::state::{Admission, GenerationConflict, Ledger, StateFileError};
 use crate::vm_env::EnvError;
 use gpgpums::ids::HostId;
 use gsaas_infra::metrics::inc;
 use rodvr_contract::protocol::{
     AppliedState, ApplyOutcome, ApplyStatus, GpuEnv, GpuReport, Health, HostKind, HostReport,
-    InvalidEntry, RouteTable,
+    InvalidEntry, ManagedServers, RouteTable, ServerStatus,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +67,11 @@ pub struct Agent<F> {
     /// Round trips to GPU hosts as last measured (microseconds), for the next report; `None`
     /// until measured.
     rtt_us: Mutex<Option<std::collections::BTreeMap<HostId, u32>>>,
+    /// The cGPU servers this host runs, when it runs them (`[gpu_servers] managed`).
+    servers: Option<std::sync::Arc<dyn Supervisor>>,
+    /// Held while the servers converge to the ledger's table: converging takes a while (new
+    /// servers must accept), outside the main lock, and two must not interleave.
+    converging: Mutex<()>,
 }
 
 impl<F: Firewall> Agent<F> {
@@ -77,7 +83,48 @@ impl<F: Firewall> Agent<F> {
             facts,
             gpu_health: Mutex::default(),
             rtt_us: Mutex::default(),
+            servers: None,
+            converging: Mutex::new(()),
         }
+    }
+
+    /// An agent that runs a server per cGPU of its GPUs with `servers`.
+    pub fn with_servers(mut self, servers: std::sync::Arc<dyn Supervisor>) -> Self {
+        self.servers = Some(servers);
+        self
+    }
+
+    /// The table's servers are this host's to run: it runs servers, and each is on one of its
+    /// GPUs.
+    fn check_servers(&self, table: &RouteTable) -> Result<(), InvalidEntry> {
+        if table.servers.is_empty() {
+            return Ok(());
+        }
+        if self.servers.is_none() {
+            return Err(InvalidEntry {
+                entry: "servers".into(),
+                reason: "this host does not run its GPUs' servers ([gpu_servers] managed is off)"
+                    .into(),
+            });
+        }
+        for (i, server) in table.servers.iter().enumerate() {
+            if !self.facts.gpus.iter().any(|gpu| gpu.id == server.gpu) {
+                return Err(InvalidEntry {
+                    entry: format!("servers[{i}].gpu"),
+                    reason: format!("{} is not one of this host's GPUs", server.gpu),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings the servers to the ledger's table (none when this host runs none) and answers
+    /// their statuses in its order.
+    fn converge_servers(&self) -> Vec<ServerStatus> {
+        let Some(servers) = &self.servers else { return Vec::new() };
+        let _one_at_a_time = self.converging.lock().unwrap_or_else(|p| p.into_inner());
+        let specs = self.lock().ledger.current().map(|t| t.servers.clone()).unwrap_or_default();
+        servers.converge(&specs)
     }
 
     /// Records the round trips measured to GPU hosts, for the next report.
@@ -106,31 +153,39 @@ impl<F: Firewall> Agent<F> {
             e
         };
         table.validate(Some(masked_range)).map_err(|e| refused(AgentError::Invalid(e)))?;
+        self.check_servers(&table).map_err(|e| refused(AgentError::Invalid(e)))?;
         let admission = inner.ledger.admit(&table).map_err(|e| refused(AgentError::Conflict(e)))?;
-        let status = ApplyStatus {
+        let mut status = ApplyStatus {
             generation: table.generation,
             routes: table.routes.len(),
             outcome: match admission {
                 Admission::New => ApplyOutcome::Applied,
                 Admission::Unchanged => ApplyOutcome::Unchanged,
             },
+            servers: Vec::new(),
         };
-        if admission == Admission::Unchanged && inner.applied_generation == Some(table.generation) {
-            return Ok(status);
+        if admission != Admission::Unchanged || inner.applied_generation != Some(table.generation) {
+            let routes = inner.route_map(Some(&table));
+            if admission == Admission::New {
+                inner.ledger.persist(table).map_err(AgentError::Persist)?;
+            }
+            inner.apply(routes, false, &self.metrics)?;
         }
-        let routes = inner.route_map(Some(&table));
-        if admission == Admission::New {
-            inner.ledger.persist(table).map_err(AgentError::Persist)?;
-        }
-        inner.apply(routes, false, &self.metrics)?;
+        drop(inner);
+        status.servers = self.converge_servers();
         Ok(status)
     }
 
-    /// Rebuilds the whole table from the ledger (agent start, retries after a failed apply).
+    /// Rebuilds the whole table from the ledger (agent start, retries after a failed apply),
+    /// and brings the servers to it.
     pub fn reapply(&self) -> Result<(), AgentError> {
-        let mut inner = self.lock();
-        let routes = inner.route_map(inner.ledger.current());
-        inner.apply(routes, true, &self.metrics)
+        let applied = {
+            let mut inner = self.lock();
+            let routes = inner.route_map(inner.ledger.current());
+            inner.apply(routes, true, &self.metrics)
+        };
+        self.converge_servers();
+        applied
     }
 
     /// Whether the ledger holds a table the firewall does not.
@@ -170,6 +225,10 @@ impl<F: Firewall> Agent<F> {
             applied_generation: self.lock().applied_generation,
             topology: self.facts.topology.clone(),
             rtt_us: self.rtt_us.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            managed: self
+                .servers
+                .as_ref()
+                .map(|servers| ManagedServers { mps: servers.mps(), servers: servers.statuses() }),
         }
     }
 

@@ -12,6 +12,7 @@ pub fn params() -> TableParams {
         masked_range: "100.127.0.0/16".parse().expect("a CIDR"),
         gpu_interface: "gpu0".into(),
         local_rcuda: vec![],
+        local_servers: None,
         metadata_listener: None,
         agent_api: None,
     }

@@ -14,5 +14,6 @@ pub mod firewall;
 pub mod fixtures;
 pub mod metrics;
 pub mod render;
+pub mod servers;
 pub mod state;
 pub mod vm_env;

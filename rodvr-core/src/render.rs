@@ -68,6 +68,9 @@ pub struct TableParams {
     pub gpu_interface: String,
     /// This host's own rCUDA servers (compute-GPU hosts); VMs reach them only through a route.
     pub local_rcuda: Vec<SocketAddrV4>,
+    /// The address and ports of the cGPU servers this host runs itself (`[gpu_servers]
+    /// managed`): VMs reach them only through a route too.
+    pub local_servers: Option<LocalServers>,
     /// Where the agent serves VMs their rCUDA environment (see the agent's `metadata` module):
     /// each VM of a table that names a metadata endpoint gets a route from it to here, and reaches
     /// it no other way.
@@ -76,6 +79,20 @@ pub struct TableParams {
     /// packet to it that arrives on an interface other than the one holding that address (a VM's
     /// tap, through the VM's gateway) is dropped.
     pub agent_api: Option<SocketAddr>,
+}
+
+/// Where a host's managed cGPU servers listen: one address, a range of ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalServers {
+    pub address: Ipv4Addr,
+    pub first_port: u16,
+    pub last_port: u16,
+}
+
+impl LocalServers {
+    fn ports(&self) -> Value {
+        json!({"range": [self.first_port, self.last_port]})
+    }
 }
 
 impl TableParams {
@@ -486,6 +503,19 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
             ],
         ),
     ]);
+    if let Some(servers) = params.local_servers {
+        // The same for the cGPU servers the agent runs: one per cGPU, each on a port of the range.
+        cmds.push(rule(
+            "input",
+            vec![
+                matches("!=", meta("iifname"), json!({"set": ["lo", gpu_if]})),
+                matches("==", payload("ip", "daddr"), json!(servers.address.to_string())),
+                matches("==", payload("tcp", "dport"), servers.ports()),
+                matches("!=", ct_original_daddr(), range(masked)),
+                json!({"drop": null}),
+            ],
+        ));
+    }
     if let Some(api) = params.agent_api.filter(SocketAddr::is_ipv4) {
         cmds.push(agent_api_guard(api));
     }
@@ -523,6 +553,17 @@ fn ipv6_commands(params: &TableParams) -> Vec<Value> {
     ];
     if let Some(api) = params.agent_api.filter(SocketAddr::is_ipv6) {
         cmds.push(agent_api_guard(api));
+    }
+    if let Some(servers) = params.local_servers {
+        cmds.push(rule_in(
+            "ip6",
+            "input",
+            vec![
+                matches("!=", meta("iifname"), json!({"set": ["lo", gpu_if]})),
+                matches("==", payload("tcp", "dport"), servers.ports()),
+                json!({"drop": null}),
+            ],
+        ));
     }
     let mut ports: Vec<u16> = params.local_endpoints().map(|e| e.port()).collect();
     ports.sort_unstable();
@@ -638,6 +679,7 @@ mod tests {
     fn params() -> TableParams {
         TableParams {
             local_rcuda: vec!["10.78.0.1:8308".parse().unwrap()],
+            local_servers: None,
             ..crate::fixtures::params()
         }
     }

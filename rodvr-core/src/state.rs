@@ -154,6 +154,7 @@ mod tests {
             metadata: None,
             vms_without_cgpus: vec![],
             lost: vec![],
+            servers: vec![],
         }
     }
 

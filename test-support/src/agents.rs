@@ -68,17 +68,54 @@ impl TestAgent {
         gsaasd_public_pem: &str,
         tls: Option<TlsFiles>,
     ) -> TestAgent {
+        Self::start_with(host, kind, gsaasd_public_pem, tls, None).await
+    }
+
+    /// The agent of GPU host `host` that runs a server per cGPU of its `gpus` GPUs (ids
+    /// `{host}:GPU-{i}`, as [`crate::host_report`] names them), simulated: each new cGPU takes
+    /// the lowest free port from 20000 and accepts at once.
+    pub async fn start_managed(host: &str, gsaasd_public_pem: &str, gpus: usize) -> TestAgent {
+        Self::start_with(host, HostKind::ComputeGpu, gsaasd_public_pem, None, Some(gpus)).await
+    }
+
+    async fn start_with(
+        host: &str,
+        kind: HostKind,
+        gsaasd_public_pem: &str,
+        tls: Option<TlsFiles>,
+        managed_gpus: Option<usize>,
+    ) -> TestAgent {
         let host = HostId::new(host).unwrap();
         let params = rodvr_core::fixtures::params();
+        let gpus = (0..managed_gpus.unwrap_or(0))
+            .map(|i| rodvr_contract::protocol::GpuReport {
+                id: gpgpums::GpuId::new(format!("{host}:GPU-{i}")).unwrap(),
+                index: i as u32,
+                model: "Tesla K20m".into(),
+                memory_mib: 4800,
+                rcuda: rodvr_contract::protocol::RcudaEndpoint {
+                    address: crate::rcuda_address(host.as_str()),
+                    port: 8308 + i as u16,
+                    gpu_number: 0,
+                },
+                unhealthy: None,
+                attributes: gpgpums::GpuAttributes { managed: true, ..Default::default() },
+                partition: None,
+            })
+            .collect();
         let facts = HostFacts {
             host: host.clone(),
             kind,
             agent_url: String::new(),
-            gpus: vec![],
+            gpus,
             topology: Default::default(),
         };
-        let agent =
+        let mut agent =
             Agent::new(Ledger::in_memory(), Dataplane::new(MemoryFirewall::new(), params), facts);
+        if managed_gpus.is_some() {
+            let servers = rodvr_core::servers::SimulatedServers::new(20000..=20999);
+            agent = agent.with_servers(Arc::new(servers));
+        }
         let shared = Arc::new(Shared {
             agent,
             behaviour: Mutex::new(Behaviour::Honest),
@@ -91,6 +128,12 @@ impl TestAgent {
             .route("/v1/routes", axum::routing::get(get_routes).put(put_routes))
             .layer(axum::middleware::from_fn_with_state(verifier, require_token))
             .layer(axum::middleware::from_fn_with_state(shared.clone(), count))
+            .layer(axum::middleware::map_response(|mut response: Response| async move {
+                // As the real agent: every answer says its protocol.
+                use rodvr_contract::version::{HEADER, PROTOCOL};
+                response.headers_mut().insert(HEADER, PROTOCOL.into());
+                response
+            }))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let scheme = if tls.is_some() { "https" } else { "http" };
@@ -131,6 +174,16 @@ impl TestAgent {
         self.shared
             .agent
             .with_firewall(|fw| fw.cuts().iter().map(|(k, old)| (k.masked, *old)).collect())
+    }
+
+    /// The servers it runs (an agent of [`TestAgent::start_managed`]).
+    pub fn servers(&self) -> Vec<rodvr_contract::protocol::ServerStatus> {
+        self.shared.agent.host_report().managed.map(|m| m.servers).unwrap_or_default()
+    }
+
+    /// Its host's report as its agent would send it, as JSON.
+    pub fn report(&self) -> serde_json::Value {
+        serde_json::to_value(self.shared.agent.host_report()).unwrap()
     }
 
     /// The table it holds.
@@ -186,6 +239,29 @@ pub async fn agent_cloud_with(
         let (status, body) = t.report_host(&token, host, &report).await;
         assert_eq!(status, 200, "{body}");
     }
+    (t, vm_host, gpu_host)
+}
+
+/// [`agent_cloud`] whose GPU host `cg-1` runs its GPUs' servers ([`TestAgent::start_managed`]).
+pub async fn managed_agent_cloud(
+    store: crate::Store,
+    gpus: usize,
+) -> (crate::TestService, TestAgent, TestAgent) {
+    let (mut config, dir) = crate::test_config(store);
+    config.hosts.backend = gsaasd::config::HostsBackend::Agent;
+    let keys = gsaasd::auth::Keys::load_or_create(&config.signing_key_path()).unwrap();
+    let vm_host = TestAgent::start("crg-a", HostKind::ComputeRgpu, keys.public_pem()).await;
+    let gpu_host = TestAgent::start_managed("cg-1", keys.public_pem(), gpus).await;
+    config.hosts.agent_urls.insert("crg-a".parse().unwrap(), vm_host.url.clone());
+    config.hosts.agent_urls.insert("cg-1".parse().unwrap(), gpu_host.url.clone());
+    let t = crate::TestService::start_config(config, dir).await;
+    let token = t.agent_token("cg-1");
+    let (status, body) = t.report_host(&token, "cg-1", &gpu_host.report()).await;
+    assert_eq!(status, 200, "{body}");
+    let token = t.agent_token("crg-a");
+    let report = crate::host_report("crg-a", "compute-rgpu", &vm_host.url, 0);
+    let (status, body) = t.report_host(&token, "crg-a", &report).await;
+    assert_eq!(status, 200, "{body}");
     (t, vm_host, gpu_host)
 }
 

@@ -16,6 +16,7 @@ pub mod netns;
 pub mod openstack;
 pub mod postgres;
 pub mod rabbitmq;
+pub mod servers;
 pub mod slow;
 pub mod upstream;
 

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use gpgpums::{GpuId, HostId, HostKind, HostState};
 use rodvr_contract::protocol::{
-    HostKind as AgentHostKind, HostReport, LostCgpu, Route, RouteTable, RttTarget, VmPort,
-    MAX_RTT_TARGETS,
+    HostKind as AgentHostKind, HostReport, LostCgpu, Route, RouteTable, RttTarget, ServerSpec,
+    VmPort, MAX_RTT_TARGETS,
 };
 
 use super::batch::{fail_all, Queued};
@@ -45,6 +45,8 @@ pub struct Registration {
     /// Round trips its agent measured to GPU hosts; `None`: nothing measured (the inventory's
     /// in-process hosts), what is stored stays.
     pub rtt_us: Option<BTreeMap<HostId, u32>>,
+    /// Its agent runs its GPUs' servers, one per cGPU (see [`HostRecord::managed_servers`]).
+    pub managed_servers: bool,
 }
 
 /// The round trips to record of `host`'s `reported` ones at `now`: none unless they differ from
@@ -98,6 +100,7 @@ impl Registration {
                 .collect(),
             topology: report.topology.clone(),
             rtt_us: report.rtt_us.clone(),
+            managed_servers: report.managed.is_some(),
         }
     }
 
@@ -130,6 +133,7 @@ impl Registration {
             gpus,
             topology: host.topology.clone(),
             rtt_us: None,
+            managed_servers: false,
         }
     }
 }
@@ -140,7 +144,10 @@ impl App {
     /// Nothing in the report is believed before it passes [`HostReport::validate`]. The agent's
     /// own URL is not believed at all: with real agents a host must have a URL in gsaasd's config
     /// (`hosts.agent_urls` or `hosts.agent_url_template`), or it is refused.
-    pub async fn register_report(&self, report: &HostReport) -> Result<HostRecord, Error> {
+    pub async fn register_report(
+        self: &Arc<Self>,
+        report: &HostReport,
+    ) -> Result<HostRecord, Error> {
         report
             .validate(self.config.masking.range)
             .map_err(|e| Error::invalid(e.entry, e.reason))?;
@@ -171,6 +178,9 @@ impl App {
         let host = self.register_host(Registration::from_report(report, agent_url)).await?;
         if drifted {
             self.trigger_reconcile();
+        }
+        if let Some(managed) = &report.managed {
+            self.servers_reported(&host, managed).await?;
         }
         Ok(host)
     }
@@ -206,6 +216,7 @@ impl App {
             if same_gpus
                 && host.state != HostState::Unavailable
                 && host.topology == registration.topology
+                && host.managed_servers == registration.managed_servers
                 && rtts_to_record(host, registration.rtt_us.as_ref(), now_ms(), rtt_every_ms)
                     .is_none()
             {
@@ -239,6 +250,9 @@ impl App {
                         db::insert_host(tx, &registration.name, registration.kind, registration.agent_url.as_deref(), &registration.topology, now)
                             .await?;
                         pool.add_host(registration.name.clone(), registration.kind)?;
+                        if registration.managed_servers {
+                            db::set_host_managed(tx, &registration.name, true).await?;
+                        }
                         pool.set_host_topology(&registration.name, registration.topology.clone())?;
                         if let Some(rtt_us) = registration.rtt_us.as_ref().filter(|r| !r.is_empty()) {
                             db::set_host_rtts(tx, &registration.name, rtt_us, now).await?;
@@ -247,6 +261,10 @@ impl App {
                     }
                     Some(host) => {
                         db::touch_host(tx, &host.name, registration.agent_url.as_deref(), now).await?;
+                        if host.managed_servers != registration.managed_servers {
+                            tracing::info!(host = %host.name, managed = registration.managed_servers, "the host's agent runs its GPUs' servers, or stopped running them");
+                            db::set_host_managed(tx, &host.name, registration.managed_servers).await?;
+                        }
                         if host.topology != registration.topology {
                             tracing::info!(host = %host.name, "the host's topology changed");
                             db::set_host_topology(tx, &host.name, &registration.topology).await?;
@@ -552,19 +570,38 @@ impl App {
         host: &HostId,
         ahead: Option<ReadAhead>,
     ) -> Result<(), Error> {
+        let follow = self.push_table(host, ahead).await?;
+        // A host that runs its GPUs' servers answered ports that moved: the tables that route
+        // to them follow (their own hosts run no servers, or their ports are recorded now, so
+        // this ends).
+        for next in follow {
+            if let Err(e) = Box::pin(self.push_routes(&next)).await {
+                tracing::warn!(host = %next, error = %crate::error::ErrorChain(&e), "route push after a server moved failed; the reconciler retries");
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::push_routes_from`] without the pushes that follow from it: returns the hosts
+    /// whose tables route to servers of this host that moved (see [`Self::note_servers`]).
+    async fn push_table(
+        &self,
+        host: &HostId,
+        ahead: Option<ReadAhead>,
+    ) -> Result<std::collections::BTreeSet<HostId>, Error> {
         use std::sync::atomic::Ordering;
         let pushes = self.host_lock(host);
         let ticket = pushes.ticket.fetch_add(1, Ordering::SeqCst) + 1;
         let mut ahead = ahead.filter(|ahead| ahead.ticket + 1 == ticket);
         let mut covered = pushes.covered.lock().await;
         if *covered >= ticket {
-            return Ok(());
+            return Ok(Default::default());
         }
         let timeout = Duration::from_millis(self.config.launch.agent_timeout_ms);
         for _ in 0..3 {
             // Every ticket up to here was taken after its change committed, so the read below sees
             // it; a table read ahead covers the tickets before it, and this push's own.
-            let (reading, (record, routed)) = match ahead.take() {
+            let (reading, (record, routed, servers)) = match ahead.take() {
                 Some(ahead) => (ticket, ahead.table),
                 None => (
                     pushes.ticket.load(Ordering::SeqCst),
@@ -587,7 +624,9 @@ impl App {
                         continue;
                     };
                     match c.cgpu {
-                        Some(cgpu) if cgpu.lost => {
+                        // Lost, or on a managed GPU whose server does not accept yet
+                        // (port 0): missing from its VM until it does.
+                        Some(cgpu) if cgpu.lost || cgpu.target.port() == 0 => {
                             lost.push(LostCgpu { vm: c.vm, index: cgpu.index });
                             // Its VM reads its environment even when none of its cGPUs has a
                             // route (listed once, after its routes).
@@ -627,17 +666,23 @@ impl App {
                 }
                 let generation = record.routes_generation;
                 let metadata = self.config.masking.metadata_endpoint();
-                (record, RouteTable { generation, routes, metadata, vms_without_cgpus, lost })
+                (
+                    record,
+                    RouteTable { generation, routes, metadata, vms_without_cgpus, lost, servers },
+                )
             };
             let generation = table.generation;
             let targets: Vec<SocketAddrV4> = table.routes.iter().map(|r| r.target).collect();
             inc(&self.metrics.route_pushes);
             let outcome = tokio::time::timeout(timeout, self.agents.apply(&record, table)).await;
             match outcome {
-                Ok(Ok(())) => {
+                Ok(Ok(answered)) => {
                     self.batchers.applied_generations.submit((host.clone(), generation)).await?;
                     *covered = reading;
-                    return Ok(());
+                    if !record.managed_servers {
+                        return Ok(Default::default());
+                    }
+                    return self.note_servers(host, &answered).await;
                 }
                 Ok(Err(AgentError::Stale { .. })) => {
                     // The agent holds a newer generation than ours (a newer push, or a database
@@ -741,8 +786,9 @@ impl App {
     }
 }
 
-/// A host's table as read under a new generation: the host, and its routes.
-pub(crate) type TableRead = (HostRecord, Vec<RoutedCgpu>);
+/// A host's table as read under a new generation: the host, its routes, and the servers it runs
+/// (when it runs its GPUs' servers).
+pub(crate) type TableRead = (HostRecord, Vec<RoutedCgpu>, Vec<ServerSpec>);
 
 /// A host's table read before its push, under a generation of its own, and the host's push ticket
 /// when the read began (see [`App::push_routes_from`]).
@@ -848,12 +894,14 @@ impl App {
         hosts: &[HostId],
         every_host: bool,
     ) -> Result<BTreeMap<HostId, TableRead>, Error> {
-        let (records, mut routed) = self.db.next_route_tables(hosts, every_host).await?;
+        let (records, mut routed, mut served) =
+            self.db.next_route_tables(hosts, every_host).await?;
         Ok(records
             .into_iter()
             .map(|record| {
                 let routes = routed.remove(&record.name).unwrap_or_default();
-                (record.name.clone(), (record, routes))
+                let servers = served.remove(&record.name).unwrap_or_default();
+                (record.name.clone(), (record, routes, servers))
             })
             .collect())
     }
@@ -875,6 +923,7 @@ mod tests {
             routes_generation: 0,
             applied_generation: 0,
             forgotten: false,
+            managed_servers: false,
             topology: Default::default(),
             rtt_us: rtts(rtt_us),
             rtt_recorded_ms: recorded_ms,

@@ -9,6 +9,8 @@
 //! - [`sagas`]: the sagas that run after a request returns (launch, attach, detach, terminate; one
 //!   file each), resumable after a crash.
 //! - [`hosts`]: host registration, heartbeats, drain, route tables pushed to agents.
+//! - [`servers`]: the servers hosts run per cGPU (`[gpu_servers] managed`): started before a
+//!   cGPU is routed, their ports recorded and routed to, stopped when the cGPU leaves.
 //! - [`alerts`]: what a host's agent tried that admins should know of.
 //! - [`gpus`]: GPU taints, by admins or after an agent refused routes to a GPU.
 //! - [`fences`]: bookings kept while a host that cannot be reached may still route to them.
@@ -36,6 +38,7 @@ pub mod quotas;
 pub mod redact;
 mod rendered;
 pub mod sagas;
+pub mod servers;
 pub mod sessions;
 mod shared;
 pub mod tokens;
@@ -95,6 +98,9 @@ pub struct App {
     reconciler: background::reconciler::Reconciler,
     /// When this process last looked at the cloud's changed servers (see [`background::drift`]).
     cloud_seen: Mutex<Option<std::time::SystemTime>>,
+    /// Whether some GPU's host runs its servers (see [`servers`]): until one does, launches
+    /// and releases skip the servers' work.
+    managed_seen: std::sync::atomic::AtomicBool,
     /// Wakes the queue's rounds.
     queue: background::queue_rounds::QueueServer,
     /// Requests waiting for a VM to settle.
@@ -183,6 +189,7 @@ impl App {
             host_locks: Mutex::new(HashMap::new()),
             reconciler: background::reconciler::Reconciler::default(),
             cloud_seen: Mutex::new(None),
+            managed_seen: std::sync::atomic::AtomicBool::new(false),
             queue: background::queue_rounds::QueueServer::default(),
             watchers: watch::VmWatchers::default(),
             rendered: rendered::RenderedViews::default(),

@@ -730,6 +730,7 @@ impl InventoryGpu {
             traits: self.traits.clone(),
             // The host's, set with its servers' endpoints (`InventoryHost::gpus`).
             remoting: gpgpums::Remoting::default(),
+            managed: false,
         }
     }
 }

@@ -488,6 +488,12 @@ pub struct CgpuEndpoints {
     pub lost: bool,
 }
 
+/// A cGPU's target port: its GPU's server's, or on a managed GPU its own server's as recorded
+/// (0: none accepts yet, so it is not routed; see [`super::servers`]).
+const TARGET_PORT: &str = "(CASE WHEN g.managed = 1 THEN COALESCE((SELECT s.port FROM \
+     cgpu_servers s WHERE s.vm = c.vm AND s.idx = c.idx AND s.gpu = c.gpu), 0) \
+     ELSE g.rcuda_port END)";
+
 /// The routes each host must serve: the cGPUs of every VM on it whose routes are on, and one row
 /// with no cGPU for each such VM that has none left, in one query per [`MAX_ROWS`] hosts (a row
 /// per VM, its cGPUs listed; see [`string_agg`]).
@@ -502,7 +508,7 @@ pub async fn routed_cgpus_on(
         format!(
             "SELECT v.host, v.id, v.fixed_ip, v.tap, v.remoting, {aggregate}(c.seq || ' ' || c.idx \
              || ' ' || c.masked_address || ' ' || c.masked_port || ' ' || g.rcuda_address || ' ' \
-             || g.rcuda_port || ' ' || g.rcuda_gpu_number || ' ' || c.state, ',') FROM vms v \
+             || {TARGET_PORT} || ' ' || g.rcuda_gpu_number || ' ' || c.state, ',') FROM vms v \
              LEFT JOIN cgpus c ON c.vm = v.id AND c.state <> 'detaching' \
              LEFT JOIN gpus g ON g.id = c.gpu \
              WHERE v.host IN (VALUES {values}) AND v.routes_on = 1 \
@@ -560,7 +566,10 @@ pub async fn routed_cgpus_everywhere(
         cgpus: Vec<((i64, u32), CgpuEndpoints)>,
     }
     let mut endpoints: std::collections::HashMap<String, (SocketAddrV4, u32)> = Default::default();
-    let endpoint = "id || ' ' || rcuda_address || ' ' || rcuda_port || ' ' || rcuda_gpu_number";
+    // A managed GPU's cGPUs each have a server of their own (their ports listed below); port 0
+    // stands for it here.
+    let endpoint = "id || ' ' || rcuda_address || ' ' || (CASE WHEN managed = 1 THEN 0 ELSE \
+                    rcuda_port END) || ' ' || rcuda_gpu_number";
     listed(conn, "gpus", endpoint, "1 = 1", |listed| {
         let (gpu, endpoint) = listed.split_once(' ').ok_or_else(|| corrupt("GPU", listed))?;
         let mut fields = endpoint.split(' ');
@@ -569,6 +578,17 @@ pub async fn routed_cgpus_everywhere(
         Ok(())
     })
     .await?;
+    let mut servers: std::collections::HashMap<String, u16> = Default::default();
+    if endpoints.values().any(|(target, _)| target.port() == 0) {
+        let server = "vm || ' ' || idx || ' ' || gpu || ' ' || port";
+        listed(conn, "cgpu_servers", server, "1 = 1", |listed| {
+            let (key, port) = listed.rsplit_once(' ').ok_or_else(|| corrupt("server", listed))?;
+            let port = port.parse().map_err(|_| corrupt("server", listed))?;
+            servers.insert(key.to_owned(), port);
+            Ok(())
+        })
+        .await?;
+    }
     let mut vms: std::collections::HashMap<VmId, Routed> = Default::default();
     // A host's name once, shared by its VMs.
     let mut hosts: std::collections::HashMap<String, HostId> = Default::default();
@@ -607,7 +627,8 @@ pub async fn routed_cgpus_everywhere(
         let (masked, state) = rest.rsplit_once(' ').ok_or_else(bad)?;
         let vm: VmId = super::vm_id(vm)?;
         // As the join per host: a cGPU of a VM not routed, or of a GPU gone, is not listed.
-        let (Some(routed), Some(&(target, gpu_number))) = (vms.get_mut(&vm), endpoints.get(gpu))
+        let (Some(routed), Some(&(mut target, gpu_number))) =
+            (vms.get_mut(&vm), endpoints.get(gpu))
         else {
             return Ok(());
         };
@@ -616,6 +637,10 @@ pub async fn routed_cgpus_everywhere(
         let (order, masked) =
             masked_cgpu(&mut fields).filter(|_| fields.next().is_none()).ok_or_else(bad)?;
         let index = order.1;
+        if target.port() == 0 {
+            let key = format!("{vm} {index} {gpu}");
+            target.set_port(servers.get(&key).copied().unwrap_or(0));
+        }
         let cgpu = CgpuEndpoints { index, masked, target, gpu_number, lost };
         routed.cgpus.push((order, cgpu));
         Ok(())

@@ -92,8 +92,8 @@ pub async fn gpus_of_host(
 pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(), Error> {
     let inserted = sqlx::query(
         "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
-         rcuda_gpu_number, health, rcuda_claimed, attributes, parent_gpu, mig_profile) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+         rcuda_gpu_number, health, rcuda_claimed, attributes, parent_gpu, mig_profile, managed) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(gpu.id.as_str())
     .bind(gpu.host.as_str())
@@ -108,6 +108,7 @@ pub async fn insert_gpu(conn: &mut AnyConnection, gpu: &GpuRecord) -> Result<(),
     .bind(serde_json::to_string(&gpu.attributes).map_err(|e| Error::internal(e.to_string()))?)
     .bind(gpu.partition.as_ref().map(|p| p.parent.as_str()))
     .bind(gpu.partition.as_ref().map(|p| p.profile.as_str()))
+    .bind(i64::from(gpu.attributes.managed))
     .execute(conn)
     .await;
     match inserted {
@@ -264,8 +265,10 @@ pub async fn set_gpu_attributes(
     attributes: &gpgpums::GpuAttributes,
 ) -> Result<(), Error> {
     let text = serde_json::to_string(attributes).map_err(|e| Error::internal(e.to_string()))?;
-    sqlx::query("UPDATE gpus SET attributes = $1 WHERE id = $2")
+    // `managed` in a column of its own too, which the route tables read without the JSON.
+    sqlx::query("UPDATE gpus SET attributes = $1, managed = $2 WHERE id = $3")
         .bind(text)
+        .bind(i64::from(attributes.managed))
         .bind(id.as_str())
         .execute(conn)
         .await?;

@@ -25,6 +25,7 @@ fn host_from_row(row: &AnyRow) -> Result<HostRecord, Error> {
         routes_generation: generation(row, "routes_generation")?,
         applied_generation: generation(row, "applied_generation")?,
         forgotten: row.try_get::<i64, _>("forgotten")? != 0,
+        managed_servers: row.try_get::<i64, _>("managed_servers")? != 0,
         topology: {
             let text: String = row.try_get("topology")?;
             serde_json::from_str(&text).map_err(|_| corrupt("host topology", &text))?
@@ -43,7 +44,8 @@ fn generation(row: &AnyRow, column: &str) -> Result<u64, Error> {
 }
 
 const HOST_COLUMNS: &str = "name, seq, kind, state, drained, agent_url, last_seen_ms, \
-     routes_generation, applied_generation, forgotten, topology, rtt_us, rtt_recorded_ms";
+     routes_generation, applied_generation, forgotten, topology, rtt_us, rtt_recorded_ms, \
+     managed_servers";
 
 pub async fn hosts(conn: &mut AnyConnection) -> Result<Vec<HostRecord>, Error> {
     let rows = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts ORDER BY seq"))
@@ -153,6 +155,20 @@ pub async fn touch_hosts(
     Ok(())
 }
 
+/// Records whether the host's agent runs its GPUs' servers (see [`HostRecord::managed_servers`]).
+pub async fn set_host_managed(
+    conn: &mut AnyConnection,
+    name: &HostId,
+    managed: bool,
+) -> Result<(), Error> {
+    sqlx::query("UPDATE hosts SET managed_servers = $1 WHERE name = $2")
+        .bind(i64::from(managed))
+        .bind(name.as_str())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 pub async fn set_host_state(
     conn: &mut AnyConnection,
     name: &HostId,
@@ -184,6 +200,14 @@ pub async fn next_routes_generations(
     rows.iter().map(host_from_row).collect()
 }
 
+/// Hosts as of new generations of their tables, with the routes and (for hosts that run their
+/// GPUs' servers) the servers read under them.
+pub type RouteTables = (
+    Vec<HostRecord>,
+    BTreeMap<HostId, Vec<super::RoutedCgpu>>,
+    BTreeMap<HostId, Vec<rodvr_contract::protocol::ServerSpec>>,
+);
+
 impl super::Db {
     /// New generations of the hosts' tables (see [`next_routes_generations`]) with the routes
     /// read under them. A generation's table must be read after the generation was taken, and no
@@ -196,19 +220,27 @@ impl super::Db {
         &self,
         hosts: &[HostId],
         every_host: bool,
-    ) -> Result<(Vec<HostRecord>, BTreeMap<HostId, Vec<super::RoutedCgpu>>), Error> {
+    ) -> Result<RouteTables, Error> {
         async fn read(
             conn: &mut AnyConnection,
             hosts: &[HostId],
             every_host: bool,
-        ) -> Result<(Vec<HostRecord>, BTreeMap<HostId, Vec<super::RoutedCgpu>>), Error> {
+        ) -> Result<RouteTables, Error> {
             let records = next_routes_generations(conn, hosts).await?;
             let routes = if every_host {
                 super::routed_cgpus_everywhere(conn).await?
             } else {
                 super::routed_cgpus_on(conn, hosts).await?
             };
-            Ok((records, routes))
+            // Only hosts that run their GPUs' servers list them (most hosts: no statement).
+            let managed: Vec<HostId> =
+                records.iter().filter(|h| h.managed_servers).map(|h| h.name.clone()).collect();
+            let servers = if managed.is_empty() {
+                BTreeMap::new()
+            } else {
+                super::served_cgpus_on(conn, &managed).await?
+            };
+            Ok((records, routes, servers))
         }
         if self.backend() == super::Backend::Sqlite {
             read(&mut *self.conn().await?, hosts, every_host).await

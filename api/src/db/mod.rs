@@ -26,6 +26,7 @@ mod notifications;
 mod purge;
 mod queue;
 mod quotas;
+mod servers;
 mod tokens;
 mod usage;
 mod usage_fold;
@@ -42,6 +43,7 @@ pub use notifications::*;
 pub use purge::*;
 pub use queue::*;
 pub use quotas::*;
+pub use servers::*;
 pub use tokens::*;
 pub use usage::*;
 pub use usage_fold::*;
@@ -90,6 +92,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (24, "host_topology", include_str!("../../../migrations/0024_host_topology.sql")),
     (25, "host_rtts", include_str!("../../../migrations/0025_host_rtts.sql")),
     (26, "vm_remoting", include_str!("../../../migrations/0026_vm_remoting.sql")),
+    (30, "managed_servers", include_str!("../../../migrations/0030_managed_servers.sql")),
 ];
 
 /// The migrations written in each store's dialect (version, name, SQLite's SQL, PostgreSQL's):

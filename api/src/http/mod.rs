@@ -298,15 +298,20 @@ pub fn router(app: Arc<App>) -> Router {
 
 /// The agents' routes (`/v1/hosts/...`): a request in a protocol outside the skew policy is
 /// refused (409, saying which side to upgrade) before anything reads it, and every answer says
-/// gsaasd's protocol (see [`rodvr_contract::version`]). Admins' tools send no header: the
-/// unversioned protocol, which is taken.
+/// gsaasd's protocol (see [`rodvr_contract::version`]). Admins' tools send no header, and are
+/// taken; so are agents of before the header, which report nothing a newer gsaasd would misread
+/// (no servers of their own).
 async fn agent_protocol(request: Request, next: Next) -> Response {
     use rodvr_contract::version;
     if !request.uri().path().starts_with("/v1/hosts/") {
         return next.run(request).await;
     }
     let header = request.headers().get(version::HEADER).map(|v| v.to_str().unwrap_or("?"));
-    let mut response = match version::check_agent(header) {
+    let checked = match header {
+        None => Ok(version::UNVERSIONED),
+        Some(_) => version::check_agent(header),
+    };
+    let mut response = match checked {
         Ok(_) => next.run(request).await,
         Err(skew) => Error::Conflict(skew.to_string()).into_response(),
     };

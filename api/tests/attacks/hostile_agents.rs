@@ -459,6 +459,7 @@ async fn an_agents_endless_error_body_is_cut_off() {
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
+        servers: vec![],
     };
     let pushed = tokio::time::timeout(Duration::from_secs(20), client.put_routes(&table)).await;
     let err = pushed.expect("gsaasd kept reading an endless error body").unwrap_err();

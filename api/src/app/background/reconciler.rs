@@ -76,6 +76,10 @@ impl App {
             first_error.get_or_insert(e);
         };
 
+        // Another replica may have registered a host that runs its GPUs' servers.
+        if let Err(e) = self.refresh_managed_seen().await {
+            note(e);
+        }
         status.hosts_marked_unavailable = 0;
         if self.config.hosts.backend == HostsBackend::Agent {
             let timeout = Duration::from_secs(self.config.hosts.heartbeat_timeout_secs);

@@ -15,7 +15,7 @@ impl App {
     /// be retried). Interrupted when the VM changed meanwhile (reload and decide again).
     pub(super) async fn attach_step(&self, vm: &mut VmRecord) -> Result<Progress, StepError> {
         let host = vm.host.clone().ok_or_else(|| Error::internal("a ready VM without a host"))?;
-        let pushed = self.push_routes(&host).await;
+        let pushed = self.push_servers_and_routes(vm.id, &host).await;
         let mut next = vm.clone();
         let to = match &pushed {
             Ok(()) => {

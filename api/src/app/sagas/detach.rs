@@ -14,9 +14,13 @@ impl App {
     /// The saga's detach step: the host's table without the `detaching` cGPUs (the agent cuts
     /// their connections), then their bookings go with the step's end. Interrupted when the VM
     /// changed meanwhile.
-    pub(super) async fn detach_step(&self, vm: &mut VmRecord) -> Result<Progress, StepError> {
+    pub(super) async fn detach_step(
+        self: &std::sync::Arc<Self>,
+        vm: &mut VmRecord,
+    ) -> Result<Progress, StepError> {
         let host = vm.host.clone().ok_or_else(|| Error::internal("a ready VM without a host"))?;
         let fence_on = self.withdraw_routes(&host).await?;
+        let server_hosts = self.server_hosts_of(vm.id).await?;
         let ended = VmRecord { step: SagaStep::Done, updated_ms: now_ms(), ..vm.clone() };
         let ended = match self.release_detached(Ending { ended, fence_on }).await {
             Ok(ended) => ended,
@@ -25,6 +29,8 @@ impl App {
             }
             Err(e) => return Err(e.into()),
         };
+        // The detached cGPUs' servers end (their hosts' tables no longer list them).
+        self.stop_servers(server_hosts);
         inc(&self.metrics.elastic.detaches_done);
         let elapsed = (ended.updated_ms - vm.updated_ms).max(0) as f64 / 1000.0;
         self.metrics.elastic.detach_seconds.observe(elapsed);

@@ -182,7 +182,7 @@ impl App {
         };
         let routes = async {
             let started = Instant::now();
-            self.push_routes(&host).await.map(|()| started.elapsed())
+            self.push_servers_and_routes(vm.id, &host).await.map(|()| started.elapsed())
         };
         let (deployed, routed) = tokio::select! {
             both = async { tokio::join!(deployment, routes) } => both,

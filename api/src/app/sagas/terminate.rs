@@ -64,6 +64,7 @@ impl App {
         fence_on: &mut Option<HostId>,
     ) -> Result<Progress, StepError> {
         self.spawn_end_delegation(vm.id, None);
+        let server_hosts = self.server_hosts_of(vm.id).await?;
         // The release and the VM's end in one transaction: if the VM changed meanwhile (a
         // termination of a VM unwinding from an error), neither is written and the saga reads
         // the VM again.
@@ -83,6 +84,8 @@ impl App {
         };
         // The release's batch adds no queue entry or event of an ending VM.
         self.watchers.changed_alone(&ended);
+        // Its cGPUs' servers end (their hosts' tables no longer list them).
+        self.stop_servers(server_hosts);
         if ended.state == VmState::Deleted {
             inc(&self.metrics.terminations_done);
         }

@@ -1,0 +1,130 @@
+//! The servers a host's agent runs, one per cGPU of its GPUs (`[gpu_servers] managed`).
+//!
+//! Such a host's table lists its GPUs' cGPUs ([`crate::db::served_cgpus_on`]); its agent starts
+//! a server for each and answers, once each accepts, the port it listens on. gsaasd records
+//! those ports ([`crate::db::Db::record_servers`]) and routes each cGPU to its own: a cGPU whose
+//! server does not accept has no route (its VM lists it as missing), never a route to a port
+//! where nothing of it listens. So a launch or an attach pushes the GPU hosts' tables first,
+//! then the VM's host's; a release pushes the GPU hosts' after, which stops the servers.
+//! Heartbeats keep the rest true: a server restarted on another port, or one that stopped
+//! accepting, moves its route (the VM's host's table is pushed again), and an agent that runs
+//! other servers than its table lists gets its table again.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use gpgpums::{HostId, VmId};
+use rodvr_contract::protocol::{ManagedServers, ServerStatus};
+
+use super::App;
+use crate::db;
+use crate::error::Error;
+use crate::model::HostRecord;
+
+impl App {
+    /// Whether some host runs its GPUs' servers, as this process has seen (registrations, and
+    /// the reconciler's passes, which read it from the database for the other replicas').
+    pub(crate) fn managed_seen(&self) -> bool {
+        self.managed_seen.load(Ordering::Relaxed)
+    }
+
+    /// Reads whether any GPU's host runs its servers (the reconciler, at each pass).
+    pub(crate) async fn refresh_managed_seen(&self) -> Result<(), Error> {
+        let any = db::any_managed_gpu(&mut *self.db.conn().await?).await?;
+        self.managed_seen.store(any, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Records the ports of `host`'s servers that accept (an answer to its table, or its
+    /// report): the hosts whose tables route to servers that moved, to push next.
+    pub(crate) async fn note_servers(
+        &self,
+        host: &HostId,
+        statuses: &[ServerStatus],
+    ) -> Result<BTreeSet<HostId>, Error> {
+        self.managed_seen.store(true, Ordering::Relaxed);
+        let live: Vec<db::LiveServer> = statuses
+            .iter()
+            .filter_map(|s| Some((s.vm, s.index, s.gpu.clone(), s.live_port()?)))
+            .collect();
+        let moved = self.db.record_servers(host, &live).await?;
+        if moved.is_empty() {
+            return Ok(BTreeSet::new());
+        }
+        tracing::debug!(%host, vms = moved.len(), "cGPU servers moved; their VMs' routes follow");
+        let mut conn = self.db.conn().await?;
+        db::hosts_of_vms(&mut conn, &moved).await
+    }
+
+    /// A heartbeat's servers: their ports recorded (and the routes of those that moved pushed,
+    /// in the background), and the host's table pushed again when its agent runs other servers
+    /// than the table lists.
+    pub(crate) async fn servers_reported(
+        self: &Arc<Self>,
+        host: &HostRecord,
+        managed: &ManagedServers,
+    ) -> Result<(), Error> {
+        let follow = self.note_servers(&host.name, &managed.servers).await?;
+        let expected = {
+            let mut conn = self.db.conn().await?;
+            db::served_cgpus_on(&mut conn, std::slice::from_ref(&host.name))
+                .await?
+                .remove(&host.name)
+                .unwrap_or_default()
+        };
+        let expected: HashSet<(VmId, u32, &gpgpums::GpuId)> =
+            expected.iter().map(|s| (s.vm, s.index, &s.gpu)).collect();
+        let running: HashSet<(VmId, u32, &gpgpums::GpuId)> =
+            managed.servers.iter().map(|s| (s.vm, s.index, &s.gpu)).collect();
+        let mut pushes: Vec<HostId> = follow.into_iter().collect();
+        if expected != running && !pushes.contains(&host.name) {
+            tracing::info!(host = %host.name, expected = expected.len(), running = running.len(), "the host runs other servers than its table lists; pushing it again");
+            pushes.insert(0, host.name.clone());
+        }
+        if !pushes.is_empty() {
+            let app = self.clone();
+            tokio::spawn(async move { app.push_or_leave(pushes, "a server change").await });
+        }
+        Ok(())
+    }
+
+    /// Pushes the tables of the hosts that run `vm`'s servers (so that they accept), then the
+    /// table of its own `host`, which routes to them.
+    pub(crate) async fn push_servers_and_routes(
+        &self,
+        vm: VmId,
+        host: &HostId,
+    ) -> Result<(), Error> {
+        if self.managed_seen() {
+            let gpu_hosts = {
+                let mut conn = self.db.conn().await?;
+                db::managed_gpu_hosts_of(&mut conn, vm).await?
+            };
+            for gpu_host in gpu_hosts.iter().filter(|h| *h != host) {
+                // Its answer records the servers' ports; the VM's host follows below.
+                self.push_routes(gpu_host).await?;
+            }
+        }
+        self.push_routes(host).await
+    }
+
+    /// The hosts that run `vm`'s servers, before its cGPUs are released: after the release, their
+    /// tables are pushed ([`Self::stop_servers`]) so that the servers end.
+    pub(crate) async fn server_hosts_of(&self, vm: VmId) -> Result<Vec<HostId>, Error> {
+        if !self.managed_seen() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.db.conn().await?;
+        db::managed_gpu_hosts_of(&mut conn, vm).await
+    }
+
+    /// Pushes the tables of `hosts` in the background: the servers of released cGPUs end.
+    pub(crate) fn stop_servers(self: &Arc<Self>, hosts: Vec<HostId>) {
+        if hosts.is_empty() {
+            return;
+        }
+        let app = self.clone();
+        tokio::spawn(async move { app.push_or_leave(hosts, "a release").await });
+    }
+}

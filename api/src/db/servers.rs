@@ -1,0 +1,174 @@
+//! The servers a host's agent runs, one per cGPU of its GPUs (`[gpu_servers] managed`, migration
+//! 0030): which cGPUs each such host's table lists, and the port each one's server accepts on,
+//! as its agent last answered or reported. A cGPU on a managed GPU is routed to that port only,
+//! and not at all while it has none (see [`super::routed_cgpus_on`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpgpums::{GpuId, HostId, VmId};
+use rodvr_contract::protocol::ServerSpec;
+use sqlx::{AnyConnection, Row};
+
+use super::{corrupt, fetch_batched, keys, Param, MAX_ROWS};
+use crate::error::Error;
+
+/// The cGPUs each managed host of `hosts` serves: those on its managed GPUs, but detaching or
+/// lost ones, in (VM, index) order. Hosts with none are left out.
+pub async fn served_cgpus_on(
+    conn: &mut AnyConnection,
+    hosts: &[HostId],
+) -> Result<BTreeMap<HostId, Vec<ServerSpec>>, Error> {
+    let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
+        format!(
+            "SELECT g.host, c.vm, c.idx, c.gpu, c.memory_mib, c.mode FROM cgpus c \
+             JOIN gpus g ON g.id = c.gpu \
+             WHERE g.host IN (VALUES {values}) AND g.managed = 1 \
+             AND c.state IN ('live', 'attaching') ORDER BY g.host, c.vm, c.idx"
+        )
+    })
+    .await?;
+    let mut out: BTreeMap<HostId, Vec<ServerSpec>> = BTreeMap::new();
+    for row in rows {
+        let host = host_name(&row)?;
+        let gpu: &str = row.try_get(3)?;
+        let mode: &str = row.try_get(5)?;
+        let memory_mib = row.try_get::<i64, _>(4)? as u64;
+        out.entry(host).or_default().push(ServerSpec {
+            vm: super::vm_id(row.try_get(1)?)?,
+            index: row.try_get::<i64, _>(2)? as u32,
+            gpu: GpuId::new(gpu).map_err(|_| corrupt("GPU id", gpu))?,
+            // An exclusive cGPU has its whole GPU.
+            memory_mib: (mode != "exclusive").then_some(memory_mib),
+            clients: Vec::new(),
+        });
+    }
+    Ok(out)
+}
+
+/// A cGPU's server that accepts: the cGPU, the GPU it serves it on, and its port.
+pub type LiveServer = (VmId, u32, GpuId, u16);
+
+impl super::Db {
+    /// Records the servers of `host` that accept (`live`, as its agent answered or reported):
+    /// each port of a cGPU that is on one of the host's GPUs (anything else an agent claims is
+    /// left out), and no port for the host's other cGPUs. Returns the VMs whose cGPUs' ports
+    /// changed, whose hosts' tables must be pushed again. One transaction.
+    pub async fn record_servers(
+        &self,
+        host: &HostId,
+        live: &[LiveServer],
+    ) -> Result<BTreeSet<VmId>, Error> {
+        let mut tx = self.begin().await?;
+        // The host's cGPUs, with their ports as recorded.
+        let rows = sqlx::query(
+            "SELECT c.vm, c.idx, c.gpu, s.port FROM cgpus c JOIN gpus g ON g.id = c.gpu \
+             LEFT JOIN cgpu_servers s ON s.vm = c.vm AND s.idx = c.idx AND s.gpu = c.gpu \
+             WHERE g.host = $1",
+        )
+        .bind(host.as_str())
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut recorded: BTreeMap<(VmId, u32), (String, Option<u16>)> = BTreeMap::new();
+        for row in &rows {
+            let vm = super::vm_id(row.try_get(0)?)?;
+            let index = row.try_get::<i64, _>(1)? as u32;
+            let port = row.try_get::<Option<i64>, _>(3)?.map(|p| p as u16);
+            recorded.insert((vm, index), (row.try_get(2)?, port));
+        }
+        let mut wanted: BTreeMap<(VmId, u32), u16> = BTreeMap::new();
+        for (vm, index, gpu, port) in live {
+            match recorded.get(&(*vm, *index)) {
+                Some((on, _)) if on == gpu.as_str() && *port != 0 => {
+                    wanted.insert((*vm, *index), *port);
+                }
+                _ => {}
+            }
+        }
+        let mut changed = BTreeSet::new();
+        let (mut delete, mut insert) = (Vec::new(), Vec::new());
+        for ((vm, index), (gpu, port)) in &recorded {
+            let now = wanted.get(&(*vm, *index)).copied();
+            if now == *port {
+                continue;
+            }
+            changed.insert(*vm);
+            let key = vec![Param::text(vm.to_string()), Param::Int(Some(i64::from(*index)))];
+            if port.is_some() {
+                delete.push(key.clone());
+            }
+            if let Some(now) = now {
+                let mut row = key;
+                row.push(Param::text(gpu.clone()));
+                row.push(Param::Int(Some(i64::from(now))));
+                insert.push(row);
+            }
+        }
+        fetch_batched(&mut tx, delete, MAX_ROWS, |values| {
+            format!(
+                "WITH v (vm, idx) AS (VALUES {values}) DELETE FROM cgpu_servers WHERE EXISTS \
+                 (SELECT 1 FROM v WHERE v.vm = cgpu_servers.vm AND v.idx = cgpu_servers.idx)"
+            )
+        })
+        .await?;
+        fetch_batched(&mut tx, insert, MAX_ROWS, |values| {
+            format!(
+                "WITH v (vm, idx, gpu, port) AS (VALUES {values}) INSERT INTO cgpu_servers \
+                 (vm, idx, gpu, port) SELECT vm, idx, gpu, port FROM v WHERE vm IS NOT NULL"
+            )
+        })
+        .await?;
+        // Ports of cGPUs no longer on the host's GPUs (released, re-homed): gone with them.
+        sqlx::query(
+            "DELETE FROM cgpu_servers WHERE gpu IN (SELECT id FROM gpus WHERE host = $1) \
+             AND NOT EXISTS (SELECT 1 FROM cgpus c WHERE c.vm = cgpu_servers.vm \
+             AND c.idx = cgpu_servers.idx AND c.gpu = cgpu_servers.gpu)",
+        )
+        .bind(host.as_str())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(changed)
+    }
+}
+
+/// The hosts of managed GPUs that `vm`'s cGPUs are on: their agents start its servers.
+pub async fn managed_gpu_hosts_of(
+    conn: &mut AnyConnection,
+    vm: VmId,
+) -> Result<Vec<HostId>, Error> {
+    let rows = sqlx::query(
+        "SELECT DISTINCT g.host FROM cgpus c JOIN gpus g ON g.id = c.gpu \
+         WHERE c.vm = $1 AND g.managed = 1 ORDER BY g.host",
+    )
+    .bind(vm.to_string())
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(host_name).collect()
+}
+
+/// The hosts `vms` run on.
+pub async fn hosts_of_vms(
+    conn: &mut AnyConnection,
+    vms: &BTreeSet<VmId>,
+) -> Result<BTreeSet<HostId>, Error> {
+    let ids: Vec<String> = vms.iter().map(VmId::to_string).collect();
+    let rows = fetch_batched(conn, keys(ids.iter().map(String::as_str)), MAX_ROWS, |values| {
+        format!("SELECT DISTINCT host FROM vms WHERE id IN (VALUES {values}) AND host IS NOT NULL")
+    })
+    .await?;
+    rows.iter().map(host_name).collect()
+}
+
+/// A row's first column, a host's name.
+fn host_name(row: &sqlx::any::AnyRow) -> Result<HostId, Error> {
+    let host: &str = row.try_get(0)?;
+    HostId::new(host).map_err(|_| corrupt("host name", host))
+}
+
+/// Whether any GPU has managed servers (so that clouds without any skip their work).
+pub async fn any_managed_gpu(conn: &mut AnyConnection) -> Result<bool, Error> {
+    let row = sqlx::query("SELECT COUNT(*) FROM (SELECT 1 FROM gpus WHERE managed = 1 LIMIT 1) m")
+        .fetch_one(conn)
+        .await?;
+    Ok(row.try_get::<i64, _>(0)? > 0)
+}

@@ -1,0 +1,661 @@
+//! The cGPU servers this host runs (`[gpu_servers] managed = true`): one process per cGPU that a
+//! table gives the host's GPUs, each seeing its GPU alone, held to its share, and alone in its
+//! PID namespace and cgroup (see [`process`], [`cgroup`], [`share`]).
+//!
+//! A server's life: **starting** (spawned, not yet accepting; no route goes to it) -> **ready**
+//! (accepts on its port) -> ended, by itself or for not accepting within `start_timeout_secs`
+//! -> **backoff** (everything of it killed; restarted after 0.5 s, doubling to 30 s for each end
+//! in a row, on the same port when it is still free) -> starting. A table that no longer lists
+//! the cGPU (detached, terminated, re-homed, evicted, fenced) ends it at once. The port is the
+//! agent's choice from `ports`, reported to gsaasd, which routes the cGPU to it.
+//!
+//! The agent keeps a record of its servers (`servers.json` in the run directory, 0600): after it
+//! is restarted, or killed with `kill -9`, the next agent **adopts** every recorded server whose
+//! process still runs (its PID and start time match) and whose table still lists it, and kills
+//! everything else it finds under its cgroups: no orphan server, no port held by one, and no
+//! cGPU of the table without a server.
+
+pub mod cgroup;
+pub mod process;
+pub mod share;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpgpums::ids::{GpuId, VmId};
+use rodvr_contract::protocol::{GpuReport, ServerSpec, ServerState, ServerStatus};
+use rodvr_core::servers::Supervisor;
+use serde::{Deserialize, Serialize};
+
+use crate::config::RcudaConfig;
+use cgroup::{Cgroups, Limits, ServerCgroup};
+use share::ShareState;
+
+/// The first wait before a restart; it doubles for each end in a row, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A server that stayed up this long starts its backoff afresh at its next end.
+const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// How long the processes of an ended server may take to go.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+/// A server's log is cut back to nothing past this size (a server cannot fill the disk).
+const MAX_LOG_BYTES: u64 = 8 << 20;
+
+/// Why the servers cannot be run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServersError {
+    #[error("managed GPU servers: {0}")]
+    Setup(String),
+}
+
+/// What every server is started with, from `[gpu_servers]`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The host's GPU-server address: servers are reached (and probed) there.
+    pub address: Ipv4Addr,
+    pub command: Vec<String>,
+    pub ports: std::ops::RangeInclusive<u16>,
+    pub uid: u32,
+    pub gid: u32,
+    pub interposer: Option<PathBuf>,
+    /// The layer's own port variable (`LUPINE_PORT`), besides `GSAAS_SERVER_PORT`.
+    pub port_variable: Option<&'static str>,
+    pub env: BTreeMap<String, String>,
+    pub run_dir: PathBuf,
+    pub cgroup: Option<PathBuf>,
+    pub limits: Limits,
+    pub ready_timeout: Duration,
+    pub start_timeout: Duration,
+    pub unshare: PathBuf,
+    pub setpriv: PathBuf,
+}
+
+impl Settings {
+    /// The settings of `[gpu_servers]` (managed), with the user looked up and util-linux's
+    /// `unshare` and `setpriv` found.
+    pub fn from_config(config: &RcudaConfig) -> Result<Self, ServersError> {
+        let setup = |why: String| ServersError::Setup(why);
+        let name = config.user.as_deref().unwrap_or_default();
+        let user = nix::unistd::User::from_name(name)
+            .map_err(|e| setup(format!("cannot look up user {name:?}: {e}")))?
+            .ok_or_else(|| setup(format!("no user {name:?} on this host")))?;
+        if user.uid.is_root() {
+            return Err(setup(format!("user {name:?} is root")));
+        }
+        let find = |program: &str| {
+            ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+                .iter()
+                .map(|dir| Path::new(dir).join(program))
+                .find(|p| p.is_file())
+                .ok_or_else(|| setup(format!("{program} (util-linux) is not installed")))
+        };
+        let ports = config.ports.ok_or_else(|| setup("no ports".into()))?;
+        Ok(Self {
+            address: config.address,
+            command: config.command.clone(),
+            ports: ports.ports(),
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+            interposer: config.interposer.clone(),
+            port_variable: match config.remoting {
+                gpgpums::Remoting::Lupine => Some("LUPINE_PORT"),
+                gpgpums::Remoting::Rcuda => Some("RCUDA_PORT"),
+            },
+            env: config.env.clone(),
+            run_dir: config.run_dir.clone(),
+            cgroup: config.cgroup.clone(),
+            limits: Limits {
+                pids_max: config.pids_max,
+                memory_max_bytes: config.memory_max_mib << 20,
+                cpu_weight: config.cpu_weight,
+            },
+            ready_timeout: Duration::from_millis(config.ready_timeout_ms),
+            start_timeout: Duration::from_secs(config.start_timeout_secs),
+            unshare: find("unshare")?,
+            setpriv: find("setpriv")?,
+        })
+    }
+}
+
+/// What the agent records of a running server, to adopt it after a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    name: String,
+    vm: VmId,
+    index: u32,
+    gpu: GpuId,
+    port: u16,
+    pid: u32,
+    start_time: u64,
+    restarts: u32,
+}
+
+/// A started process of a server.
+#[derive(Debug)]
+struct Running {
+    pid: u32,
+    start_time: u64,
+    /// The agent's child; `None` when adopted from an earlier agent (not its child).
+    child: Option<Child>,
+}
+
+impl Running {
+    /// Whether the process still runs (a child of this agent is reaped when it ended).
+    fn ended(&mut self) -> Option<String> {
+        if let Some(child) = &mut self.child {
+            return match child.try_wait() {
+                Ok(Some(status)) => Some(format!("exited ({status})")),
+                Ok(None) => None,
+                Err(e) => Some(format!("cannot be waited for: {e}")),
+            };
+        }
+        (process::start_time(self.pid) != Some(self.start_time)).then(|| "exited".to_owned())
+    }
+}
+
+#[derive(Debug)]
+struct Server {
+    spec: ServerSpec,
+    name: String,
+    state: ServerState,
+    port: Option<u16>,
+    process: Option<Running>,
+    cgroup: ServerCgroup,
+    share: ShareState,
+    /// When it entered its state (or when its backoff ends, in backoff).
+    since: Instant,
+    /// Ends in a row (for the backoff), and restarts in all.
+    ends_in_row: u32,
+    restarts: u32,
+    /// Whether a process of it was ever started (the next start is a restart).
+    started: bool,
+    reason: Option<String>,
+}
+
+impl Server {
+    fn status(&self) -> ServerStatus {
+        ServerStatus {
+            vm: self.spec.vm,
+            index: self.spec.index,
+            gpu: self.spec.gpu.clone(),
+            state: self.state,
+            port: self.port,
+            pid: self.process.as_ref().map(|p| p.pid),
+            restarts: self.restarts,
+            gpu_memory_mib: None,
+            reason: self.reason.as_deref().map(rodvr_contract::protocol::health_reason),
+        }
+    }
+
+    fn record(&self) -> Option<Record> {
+        let process = self.process.as_ref()?;
+        Some(Record {
+            name: self.name.clone(),
+            vm: self.spec.vm,
+            index: self.spec.index,
+            gpu: self.spec.gpu.clone(),
+            port: self.port?,
+            pid: process.pid,
+            start_time: process.start_time,
+            restarts: self.restarts,
+        })
+    }
+}
+
+/// The cGPU servers of this host, as processes.
+#[derive(Debug)]
+pub struct ProcessSupervisor {
+    settings: Settings,
+    /// How a server's `CUDA_VISIBLE_DEVICES` names each GPU: its UUID (`GPU-...`, `MIG-...`),
+    /// or its index where none is known.
+    visible: HashMap<GpuId, String>,
+    cgroups: Cgroups,
+    servers: Mutex<BTreeMap<(VmId, u32), Server>>,
+    /// Told whenever a server's state or port changes, so the agent reports at once.
+    changed: Arc<tokio::sync::Notify>,
+}
+
+/// A server's name: its cgroup's, its files'.
+fn server_name(vm: VmId, index: u32) -> String {
+    format!("s-{}-{index}", vm.as_uuid().simple())
+}
+
+impl ProcessSupervisor {
+    /// Prepares the run directory and the cgroups, adopts the recorded servers that still run
+    /// (those `keep` lists; the rest are ended) and ends every other process under the
+    /// servers' cgroups.
+    pub fn start(
+        settings: Settings,
+        gpus: &[GpuReport],
+        keep: &[ServerSpec],
+    ) -> Result<Arc<Self>, ServersError> {
+        let setup = ServersError::Setup;
+        gsaas_infra::files::create_private_dir(&settings.run_dir)
+            .map_err(|e| setup(format!("{}: {e}", settings.run_dir.display())))?;
+        let cgroups = Cgroups::prepare(settings.cgroup.as_deref()).map_err(setup)?;
+        let visible = gpus
+            .iter()
+            .map(|g| {
+                (g.id.clone(), g.attributes.uuid.clone().unwrap_or_else(|| g.index.to_string()))
+            })
+            .collect();
+        let supervisor =
+            Self { settings, visible, cgroups, servers: Mutex::default(), changed: Arc::default() };
+        supervisor.adopt(keep);
+        Ok(Arc::new(supervisor))
+    }
+
+    /// Told whenever a server's state or port changes.
+    pub fn changes(&self) -> Arc<tokio::sync::Notify> {
+        self.changed.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<(VmId, u32), Server>> {
+        self.servers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn records_path(&self) -> PathBuf {
+        self.settings.run_dir.join("servers.json")
+    }
+
+    fn share_path(&self, name: &str) -> PathBuf {
+        self.settings.run_dir.join(format!("{name}.share"))
+    }
+
+    fn log_path(&self, name: &str) -> PathBuf {
+        self.settings.run_dir.join(format!("{name}.log"))
+    }
+
+    /// Takes over the recorded servers that still run and that `keep` lists; ends the rest.
+    fn adopt(&self, keep: &[ServerSpec]) {
+        let records: Vec<Record> = std::fs::read(self.records_path())
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        let wanted: HashMap<(VmId, u32), &ServerSpec> = keep.iter().map(|s| (s.key(), s)).collect();
+        let mut servers = self.lock();
+        for record in records {
+            let key = (record.vm, record.index);
+            let Some(spec) = wanted.get(&key).filter(|s| s.gpu == record.gpu) else { continue };
+            if record.name != server_name(record.vm, record.index)
+                || process::start_time(record.pid) != Some(record.start_time)
+            {
+                continue;
+            }
+            let cgroup = self.cgroups.open(&record.name);
+            let Ok(share) = ShareState::open(&self.share_path(&record.name)) else { continue };
+            if !cgroup.populated() || share.limit_bytes().ok() != Some(limit_of(spec)) {
+                continue;
+            }
+            let accepting = self.accepts(record.port);
+            servers.insert(
+                key,
+                Server {
+                    spec: (*spec).clone(),
+                    name: record.name,
+                    state: if accepting { ServerState::Ready } else { ServerState::Starting },
+                    port: Some(record.port),
+                    process: Some(Running {
+                        pid: record.pid,
+                        start_time: record.start_time,
+                        child: None,
+                    }),
+                    cgroup,
+                    share,
+                    since: Instant::now(),
+                    ends_in_row: 0,
+                    restarts: record.restarts,
+                    started: true,
+                    reason: None,
+                },
+            );
+        }
+        let adopted: HashSet<String> = servers.values().map(|s| s.name.clone()).collect();
+        for name in self.cgroups.names() {
+            if !adopted.contains(&name) {
+                if let Err(e) = self.cgroups.open(&name).kill_and_remove(KILL_WAIT) {
+                    eprintln!("rodvr-agent: ending an unknown server {name}: {e}");
+                }
+            }
+        }
+        // Files of servers that are no more.
+        if let Ok(entries) = std::fs::read_dir(&self.settings.run_dir) {
+            for entry in entries.flatten() {
+                let file = entry.file_name().to_string_lossy().into_owned();
+                let stem = file.strip_suffix(".share").or_else(|| file.strip_suffix(".log"));
+                if stem.is_some_and(|stem| !adopted.contains(stem)) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        self.persist(&servers);
+    }
+
+    /// Writes the records of the running servers (atomically; 0600).
+    fn persist(&self, servers: &BTreeMap<(VmId, u32), Server>) {
+        let records: Vec<Record> = servers.values().filter_map(Server::record).collect();
+        let path = self.records_path();
+        let tmp = self.settings.run_dir.join(".servers.json.tmp");
+        let bytes = serde_json::to_vec_pretty(&records).expect("records serialize");
+        let written = gsaas_infra::files::open_private(&tmp, false)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes).and_then(|()| f.sync_all()))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            eprintln!("rodvr-agent: cannot record the servers in {}: {e}", path.display());
+        }
+    }
+
+    /// Whether something accepts on `port` at the servers' address.
+    fn accepts(&self, port: u16) -> bool {
+        let addr = SocketAddrV4::new(self.settings.address, port).into();
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    }
+
+    /// A port for a server: `preferred` while it is still free, else the lowest free one of the
+    /// range that no other server holds.
+    fn free_port(
+        &self,
+        servers: &BTreeMap<(VmId, u32), Server>,
+        preferred: Option<u16>,
+    ) -> Option<u16> {
+        let held: HashSet<u16> = servers.values().filter_map(|s| s.port).collect();
+        let free = |port: u16| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok();
+        preferred
+            .filter(|p| free(*p))
+            .or_else(|| self.settings.ports.clone().find(|p| !held.contains(p) && free(*p)))
+    }
+
+    /// Starts `server`'s process on a free port (the one it had while it is free); on failure
+    /// it is `failed`, with why, and tried again after a backoff.
+    fn launch(&self, server: &mut Server, held: &BTreeMap<(VmId, u32), Server>) {
+        let backoff = |server: &mut Server, why: String| {
+            server.state = ServerState::Failed;
+            server.reason = Some(why);
+            server.since = Instant::now() + backoff_after(server.ends_in_row);
+            server.ends_in_row += 1;
+        };
+        let Some(port) = self.free_port(held, server.port) else {
+            let range = &self.settings.ports;
+            return backoff(server, format!("no free port in {}-{}", range.start(), range.end()));
+        };
+        server.port = Some(port);
+        let Some(visible) = self.visible.get(&server.spec.gpu) else {
+            return backoff(server, format!("{} is not one of this host's GPUs", server.spec.gpu));
+        };
+        let started = (|| -> Result<Running, String> {
+            let cgroup = self
+                .cgroups
+                .create(&server.name, self.settings.limits)
+                .map_err(|e| e.to_string())?;
+            server.cgroup = cgroup;
+            let log = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(self.log_path(&server.name))
+                .map_err(|e| format!("its log: {e}"))?;
+            gsaas_infra::files::restrict(&self.log_path(&server.name), 0o600)
+                .map_err(|e| format!("its log: {e}"))?;
+            let env = self.environment(visible, port, server.share.file());
+            let launch = process::Launch {
+                unshare: &self.settings.unshare,
+                setpriv: &self.settings.setpriv,
+                uid: self.settings.uid,
+                gid: self.settings.gid,
+                command: &self.settings.command,
+                env,
+                cgroup_procs: server.cgroup.procs_files(),
+                share: server.share.file(),
+                log: &log,
+            };
+            let child = process::spawn(&launch).map_err(|e| format!("cannot start: {e}"))?;
+            let pid = child.id();
+            let start_time = process::start_time(pid).unwrap_or_default();
+            Ok(Running { pid, start_time, child: Some(child) })
+        })();
+        match started {
+            Ok(running) => {
+                if server.started {
+                    server.restarts += 1;
+                }
+                server.started = true;
+                server.process = Some(running);
+                server.state = ServerState::Starting;
+                server.since = Instant::now();
+            }
+            Err(why) => backoff(server, why),
+        }
+    }
+
+    /// The server's whole environment.
+    fn environment(&self, visible: &str, port: u16, share: &File) -> Vec<(String, String)> {
+        use std::os::fd::AsRawFd;
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+            ("HOME".into(), "/nonexistent".into()),
+            ("CUDA_VISIBLE_DEVICES".into(), visible.to_owned()),
+            ("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()),
+            ("GSAAS_SERVER_PORT".into(), port.to_string()),
+            ("GSAAS_SERVER_ADDRESS".into(), self.settings.address.to_string()),
+            ("GSAAS_SHARE_FD".into(), share.as_raw_fd().to_string()),
+        ];
+        if let Some(variable) = self.settings.port_variable {
+            env.push((variable.into(), port.to_string()));
+        }
+        if let Some(interposer) = &self.settings.interposer {
+            env.push(("LD_PRELOAD".into(), interposer.display().to_string()));
+        }
+        env.extend(self.settings.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env
+    }
+
+    /// Ends every process of `server` and removes its cgroups.
+    fn end(&self, server: &mut Server) {
+        if let Err(e) = server.cgroup.kill_and_remove(KILL_WAIT) {
+            eprintln!("rodvr-agent: ending server {}: {e}", server.name);
+        }
+        if let Some(mut process) = server.process.take() {
+            if let Some(child) = &mut process.child {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    /// Moves every server along its life (see the module's doc); true when a state or port
+    /// changed.
+    pub fn tick(&self) -> bool {
+        let mut servers = self.lock();
+        let changed = self.tick_locked(&mut servers);
+        if changed {
+            self.persist(&servers);
+            self.changed.notify_one();
+        }
+        changed
+    }
+
+    fn tick_locked(&self, servers: &mut BTreeMap<(VmId, u32), Server>) -> bool {
+        let now = Instant::now();
+        let mut changed = false;
+        let keys: Vec<(VmId, u32)> = servers.keys().copied().collect();
+        for key in keys {
+            let mut server = servers.remove(&key).expect("listed above");
+            let before = (server.state, server.port);
+            if let Some(why) = server.process.as_mut().and_then(Running::ended) {
+                self.ended(&mut server, why);
+            } else if server.state == ServerState::Starting {
+                let port = server.port.expect("a started server has a port");
+                if self.accepts(port) {
+                    server.state = ServerState::Ready;
+                    server.reason = None;
+                    server.since = now;
+                } else if now.duration_since(server.since) > self.settings.start_timeout {
+                    let why = format!(
+                        "did not accept within {} s",
+                        self.settings.start_timeout.as_secs()
+                    );
+                    self.ended(&mut server, why);
+                }
+            } else if server.state == ServerState::Ready
+                && server.ends_in_row > 0
+                && now.duration_since(server.since) > STABLE_AFTER
+            {
+                server.ends_in_row = 0;
+            }
+            if matches!(server.state, ServerState::Backoff | ServerState::Failed)
+                && now >= server.since
+            {
+                self.launch(&mut server, servers);
+            }
+            if std::fs::metadata(self.log_path(&server.name)).is_ok_and(|m| m.len() > MAX_LOG_BYTES)
+            {
+                let _ = std::fs::write(self.log_path(&server.name), b"(cut)\n");
+            }
+            changed |= before != (server.state, server.port);
+            servers.insert(key, server);
+        }
+        changed
+    }
+
+    /// `server` ended (`why`): everything of it is killed, and it waits out its backoff.
+    fn ended(&self, server: &mut Server, why: String) {
+        self.end(server);
+        server.process = None;
+        server.state = ServerState::Backoff;
+        server.reason = Some(why);
+        server.since = Instant::now() + backoff_after(server.ends_in_row);
+        server.ends_in_row += 1;
+    }
+
+    /// Starts `spec`'s server (not yet running).
+    fn new_server(&self, spec: &ServerSpec) -> Result<Server, String> {
+        let name = server_name(spec.vm, spec.index);
+        let limit = limit_of(spec);
+        let share = ShareState::create(
+            &self.share_path(&name),
+            limit,
+            self.settings.limits.memory_max_bytes,
+        )
+        .map_err(|e| format!("its share state: {e}"))?;
+        Ok(Server {
+            spec: spec.clone(),
+            cgroup: self.cgroups.open(&name),
+            name,
+            state: ServerState::Failed,
+            port: None,
+            process: None,
+            share,
+            since: Instant::now(),
+            ends_in_row: 0,
+            restarts: 0,
+            started: false,
+            reason: None,
+        })
+    }
+}
+
+/// The device memory `spec`'s server may hold, in bytes.
+fn limit_of(spec: &ServerSpec) -> u64 {
+    spec.memory_mib.map_or(share::UNLIMITED, |mib| mib << 20)
+}
+
+/// The wait before the next start after `ends` ends in a row.
+fn backoff_after(ends: u32) -> Duration {
+    FIRST_BACKOFF.saturating_mul(1 << ends.min(10)).min(MAX_BACKOFF)
+}
+
+impl Supervisor for ProcessSupervisor {
+    fn converge(&self, specs: &[ServerSpec]) -> Vec<ServerStatus> {
+        let mut servers = self.lock();
+        let wanted: HashMap<(VmId, u32), &ServerSpec> =
+            specs.iter().map(|s| (s.key(), s)).collect();
+        // Gone from the table, or moved to another GPU or memory: ended (a new one starts).
+        let ending: Vec<(VmId, u32)> = servers
+            .iter()
+            .filter(|(key, server)| wanted.get(key).is_none_or(|spec| **spec != server.spec))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in ending {
+            let mut server = servers.remove(&key).expect("listed above");
+            self.end(&mut server);
+            let _ = std::fs::remove_file(server.share.path());
+            let _ = std::fs::remove_file(self.log_path(&server.name));
+        }
+        for spec in specs {
+            if servers.contains_key(&spec.key()) {
+                continue;
+            }
+            match self.new_server(spec) {
+                Ok(mut server) => {
+                    self.launch(&mut server, &servers);
+                    servers.insert(spec.key(), server);
+                }
+                Err(why) => {
+                    eprintln!("rodvr-agent: server for cGPU {} of {}: {why}", spec.index, spec.vm)
+                }
+            }
+        }
+        // New servers get a bounded time to accept before the answer.
+        let deadline = Instant::now() + self.settings.ready_timeout;
+        loop {
+            self.tick_locked(&mut servers);
+            let starting = specs.iter().any(|s| {
+                servers.get(&s.key()).is_some_and(|server| server.state == ServerState::Starting)
+            });
+            if !starting || Instant::now() >= deadline {
+                break;
+            }
+            drop(servers);
+            std::thread::sleep(Duration::from_millis(2));
+            servers = self.lock();
+        }
+        self.persist(&servers);
+        self.changed.notify_one();
+        specs
+            .iter()
+            .map(|spec| match servers.get(&spec.key()) {
+                Some(server) => server.status(),
+                None => ServerStatus {
+                    vm: spec.vm,
+                    index: spec.index,
+                    gpu: spec.gpu.clone(),
+                    state: ServerState::Failed,
+                    port: None,
+                    pid: None,
+                    restarts: 0,
+                    gpu_memory_mib: None,
+                    reason: Some("its share state could not be made".into()),
+                },
+            })
+            .collect()
+    }
+
+    fn statuses(&self) -> Vec<ServerStatus> {
+        self.lock().values().map(Server::status).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        assert_eq!(backoff_after(0), Duration::from_millis(500));
+        assert_eq!(backoff_after(1), Duration::from_secs(1));
+        assert_eq!(backoff_after(3), Duration::from_secs(4));
+        assert_eq!(backoff_after(50), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn names_are_short_and_unique_per_cgpu() {
+        let vm = VmId::from_uuid(uuid::Uuid::from_u128(0xabc));
+        let name = server_name(vm, 3);
+        assert_eq!(name, format!("s-{}-3", vm.as_uuid().simple()));
+        assert!(name.len() < 64 && !name.contains('/'));
+    }
+}

@@ -1,0 +1,381 @@
+//! The agent's supervisor of cGPU servers (`servers`), against stand-in servers
+//! (`standin_server.py`) on this host's real kernel: processes, PID namespaces, cgroups, ports.
+//! Each test is what a hostile or broken server would do, or a way a cGPU leaves. Needs root
+//! (CI runs it as root).
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpgpums::ids::{GpuId, VmId};
+use gsaas_test_support::servers::{standin_server, ServerCgroups};
+use gsaas_test_support::TempDir;
+use rodvr_agent::servers::cgroup::Limits;
+use rodvr_agent::servers::{share, ProcessSupervisor, Settings};
+use rodvr_contract::protocol::{GpuReport, RcudaEndpoint, ServerSpec, ServerState, ServerStatus};
+use rodvr_core::servers::Supervisor;
+use serde_json::Value;
+
+/// One test's supervisor setting: its own run directory, cgroup parent and ports.
+struct Setup {
+    cgroups: ServerCgroups,
+    dir: TempDir,
+    script: PathBuf,
+    first_port: u16,
+}
+
+impl Setup {
+    fn new(tag: &str, first_port: u16) -> Self {
+        assert!(
+            nix::unistd::Uid::effective().is_root(),
+            "the servers' tests start processes as another user, in cgroups: run as root (CI does)"
+        );
+        let dir = TempDir::new(&format!("servers-{tag}"));
+        let script = standin_server(dir.path());
+        Self { cgroups: ServerCgroups::new(tag), dir, script, first_port }
+    }
+
+    fn settings(&self, mode: &str) -> Settings {
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+        Settings {
+            address: Ipv4Addr::LOCALHOST,
+            command: vec!["/usr/bin/python3".into(), self.script.display().to_string()],
+            ports: self.first_port..=self.first_port + 9,
+            uid: nobody.uid.as_raw(),
+            gid: nobody.gid.as_raw(),
+            interposer: None,
+            port_variable: Some("LUPINE_PORT"),
+            env: BTreeMap::from([("STANDIN_MODE".to_owned(), mode.to_owned())]),
+            run_dir: self.dir.path().join("run"),
+            cgroup: Some(self.cgroups.path.clone()),
+            limits: Limits { pids_max: 32, memory_max_bytes: 256 << 20, cpu_weight: 50 },
+            ready_timeout: Duration::from_secs(5),
+            start_timeout: Duration::from_secs(3),
+            unshare: "/usr/bin/unshare".into(),
+            setpriv: "/usr/bin/setpriv".into(),
+        }
+    }
+
+    fn start(&self, mode: &str, keep: &[ServerSpec]) -> Arc<ProcessSupervisor> {
+        ProcessSupervisor::start(self.settings(mode), &gpus(), keep).expect("the supervisor starts")
+    }
+
+    /// What the server of `name` printed about itself (its last start).
+    fn told(&self, vm: u128, index: u32) -> Value {
+        let name = format!("s-{}-{index}", uuid::Uuid::from_u128(vm).simple());
+        let log = std::fs::read_to_string(self.dir.path().join("run").join(format!("{name}.log")))
+            .unwrap_or_default();
+        let line = log.lines().rev().find_map(|l| l.strip_prefix("standin ")).expect(&log);
+        serde_json::from_str(line).unwrap()
+    }
+}
+
+fn gpus() -> Vec<GpuReport> {
+    (0..2)
+        .map(|index| GpuReport {
+            id: GpuId::new(format!("g0:gpu{index}")).unwrap(),
+            index,
+            model: "H200".into(),
+            memory_mib: 143_771,
+            rcuda: RcudaEndpoint { address: Ipv4Addr::LOCALHOST, port: 14833, gpu_number: 0 },
+            unhealthy: None,
+            attributes: gpgpums::GpuAttributes {
+                uuid: Some(format!("GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd")),
+                ..Default::default()
+            },
+            partition: None,
+        })
+        .collect()
+}
+
+fn spec(vm: u128, index: u32, gpu: u32, memory_mib: Option<u64>) -> ServerSpec {
+    ServerSpec {
+        vm: VmId::from_uuid(uuid::Uuid::from_u128(vm)),
+        index,
+        gpu: GpuId::new(format!("g0:gpu{gpu}")).unwrap(),
+        memory_mib,
+        clients: vec![],
+    }
+}
+
+fn accepts(port: u16) -> bool {
+    TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_millis(200))
+        .is_ok()
+}
+
+/// Ticks `supervisor` until `done` holds of its statuses (at most `within`).
+fn tick_until(
+    supervisor: &ProcessSupervisor,
+    within: Duration,
+    done: impl Fn(&[ServerStatus]) -> bool,
+) -> Vec<ServerStatus> {
+    let deadline = Instant::now() + within;
+    loop {
+        supervisor.tick();
+        let statuses = supervisor.statuses();
+        if done(&statuses) {
+            return statuses;
+        }
+        assert!(Instant::now() < deadline, "not reached within {within:?}: {statuses:#?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    rodvr_agent::servers::process::start_time(pid).is_some()
+}
+
+/// The host PIDs of the processes in a server's cgroup.
+fn cgroup_pids(setup: &Setup, vm: u128, index: u32) -> Vec<u32> {
+    let name = format!("s-{}-{index}", uuid::Uuid::from_u128(vm).simple());
+    std::fs::read_to_string(setup.cgroups.path.join(name).join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn each_cgpu_gets_a_server_of_its_own_alone_unprivileged_and_ready_before_it_is_answered() {
+    let setup = Setup::new("start", 21100);
+    let supervisor = setup.start("serve", &[]);
+    let specs = [spec(1, 0, 0, Some(1024)), spec(1, 1, 1, None)];
+    let statuses = supervisor.converge(&specs);
+    assert_eq!(statuses.len(), 2);
+    for (status, spec) in statuses.iter().zip(&specs) {
+        assert_eq!(
+            (status.vm, status.index, status.state),
+            (spec.vm, spec.index, ServerState::Ready),
+            "{status:?}"
+        );
+        let port = status.live_port().expect("ready with a port");
+        assert!((21100..=21109).contains(&port), "{port}");
+        assert!(accepts(port), "answered ready before it accepted");
+    }
+    assert_ne!(statuses[0].port, statuses[1].port);
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    for (index, gpu) in [(0u32, 0u32), (1, 1)] {
+        let told = setup.told(1, index);
+        assert_eq!(told["uid"], nobody.uid.as_raw(), "{told}");
+        assert_eq!(told["groups"].as_array().unwrap().len(), 0, "{told}");
+        assert_eq!(told["pid"], 1, "PID 1 of a namespace of its own: {told}");
+        assert_eq!(told["visible_pids"], serde_json::json!([1]), "it sees no other process");
+        let env = told["env"].as_object().unwrap();
+        assert_eq!(
+            env["CUDA_VISIBLE_DEVICES"],
+            format!("GPU-0000000{gpu}-aaaa-bbbb-cccc-dddddddddddd")
+        );
+        let port = statuses[index as usize].port.unwrap().to_string();
+        assert_eq!(
+            (&env["GSAAS_SERVER_PORT"], &env["LUPINE_PORT"]),
+            (&port.clone().into(), &port.into())
+        );
+        // Nothing of the agent's environment, and its share state its only descriptor besides
+        // the standard streams.
+        assert!(!env.contains_key("CARGO_MANIFEST_DIR"), "{env:?}");
+        let share_fd: i64 = env["GSAAS_SHARE_FD"].as_str().unwrap().parse().unwrap();
+        assert_eq!(told["fds"], serde_json::json!([0, 1, 2, share_fd]), "{told}");
+    }
+    // Its share: 1 GiB for the shared cGPU, the whole GPU for the exclusive one.
+    let share_of = |index: u32| {
+        let name = format!("s-{}-{index}", uuid::Uuid::from_u128(1).simple());
+        share::ShareState::open(&setup.dir.path().join("run").join(format!("{name}.share")))
+            .unwrap()
+            .limit_bytes()
+            .unwrap()
+    };
+    assert_eq!((share_of(0), share_of(1)), (1 << 30, share::UNLIMITED));
+    // Limited in its cgroups: at most 32 processes, wherever the host has the controller.
+    let pids = cgroup_pids(&setup, 1, 0);
+    assert!(!pids.is_empty());
+    let name = format!("s-{}-0", uuid::Uuid::from_u128(1).simple());
+    let limited = std::iter::once(setup.cgroups.path.clone())
+        .chain(setup.cgroups.v1_twins())
+        .map(|d| d.join(&name))
+        .map(|d| d.join("pids.max"))
+        .find(|f| f.exists())
+        .expect("a pids limit somewhere");
+    assert_eq!(std::fs::read_to_string(limited).unwrap().trim(), "32");
+    // The report lists both.
+    assert_eq!(supervisor.statuses().len(), 2);
+    supervisor.converge(&[]);
+}
+
+#[test]
+fn a_server_that_dies_is_started_again_on_its_port_with_its_environment() {
+    let setup = Setup::new("restart", 21120);
+    let supervisor = setup.start("serve", &[]);
+    let first = supervisor.converge(&[spec(2, 0, 0, Some(512))]).remove(0);
+    let port = first.live_port().unwrap();
+    for pid in cgroup_pids(&setup, 2, 0) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let statuses = tick_until(&supervisor, Duration::from_secs(10), |s| {
+        s[0].restarts == 1 && s[0].state == ServerState::Ready
+    });
+    assert_eq!(statuses[0].port, Some(port), "its port was free: it keeps it");
+    assert!(statuses[0].pid != first.pid);
+    assert!(accepts(port));
+    supervisor.converge(&[]);
+}
+
+#[test]
+fn a_server_cannot_keep_its_port_through_a_child_when_it_ends() {
+    let setup = Setup::new("hold", 21140);
+    let supervisor = setup.start("hold_and_exit", &[]);
+    let first = supervisor.converge(&[spec(3, 0, 0, Some(512))]).remove(0);
+    assert_eq!(first.state, ServerState::Ready);
+    let port = first.port.unwrap();
+    // It exits after forking a child that holds the listening socket: the child goes with it
+    // (its namespace's first process ended), the port is free, and the restart takes it again.
+    let statuses = tick_until(&supervisor, Duration::from_secs(10), |s| s[0].restarts >= 1);
+    assert_eq!(statuses[0].port, Some(port), "{statuses:?}");
+    supervisor.converge(&[]);
+    assert!(!accepts(port), "a process of the server still holds its port");
+}
+
+#[test]
+fn a_crash_loop_backs_off_and_is_reported() {
+    let setup = Setup::new("crash", 21160);
+    let supervisor = setup.start("crash", &[]);
+    let started = Instant::now();
+    let first = supervisor.converge(&[spec(4, 0, 0, Some(512))]).remove(0);
+    assert_ne!(first.state, ServerState::Ready);
+    // Within 3 s a server that dies at once is started at most 4 times (0.5 s, 1 s, 2 s).
+    let statuses = tick_until(&supervisor, Duration::from_secs(10), |_| {
+        started.elapsed() > Duration::from_secs(3)
+    });
+    assert!((1..=3).contains(&statuses[0].restarts), "{statuses:?}");
+    assert_eq!(statuses[0].state, ServerState::Backoff, "{statuses:?}");
+    assert!(statuses[0].reason.as_deref().unwrap_or_default().contains("exited"), "{statuses:?}");
+    supervisor.converge(&[]);
+}
+
+#[test]
+fn a_server_that_never_accepts_is_not_ready_and_is_ended_at_its_start_timeout() {
+    let setup = Setup::new("never", 21180);
+    let mut settings = setup.settings("never");
+    settings.ready_timeout = Duration::from_millis(300);
+    let supervisor = ProcessSupervisor::start(settings, &gpus(), &[]).unwrap();
+    let first = supervisor.converge(&[spec(5, 0, 0, Some(512))]).remove(0);
+    assert_eq!((first.state, first.live_port()), (ServerState::Starting, None));
+    let statuses =
+        tick_until(&supervisor, Duration::from_secs(10), |s| s[0].state == ServerState::Backoff);
+    assert!(statuses[0].reason.as_deref().unwrap().contains("did not accept"), "{statuses:?}");
+    supervisor.converge(&[]);
+}
+
+#[test]
+fn servers_end_with_their_cgpus_and_leave_nothing() {
+    let setup = Setup::new("leave", 21200);
+    let supervisor = setup.start("serve", &[]);
+    let statuses = supervisor.converge(&[spec(6, 0, 0, Some(512)), spec(7, 0, 0, Some(512))]);
+    let gone_port = statuses[0].port.unwrap();
+    let gone_pids = cgroup_pids(&setup, 6, 0);
+    let left = supervisor.converge(&[spec(7, 0, 0, Some(512))]);
+    assert_eq!((left.len(), left[0].port), (1, statuses[1].port), "the other keeps its port");
+    assert!(gone_pids.iter().all(|pid| !alive(*pid)), "a process of the ended server runs");
+    assert!(!accepts(gone_port));
+    let name = format!("s-{}-0", uuid::Uuid::from_u128(6).simple());
+    assert!(!setup.cgroups.path.join(&name).exists(), "its cgroup is left");
+    assert!(!setup.dir.path().join("run").join(format!("{name}.share")).exists());
+    // The same cGPU moved to another GPU: a new server.
+    let moved = supervisor.converge(&[spec(7, 0, 1, Some(512))]);
+    assert_eq!(moved[0].state, ServerState::Ready);
+    assert_ne!(moved[0].pid, left[0].pid);
+    supervisor.converge(&[]);
+    assert!(cgroup_pids(&setup, 7, 0).is_empty());
+}
+
+#[test]
+fn a_new_agent_adopts_the_servers_its_table_still_lists_and_ends_every_other() {
+    let setup = Setup::new("adopt", 21220);
+    let specs = [spec(8, 0, 0, Some(512)), spec(8, 1, 0, Some(512)), spec(9, 0, 1, None)];
+    let before = {
+        let first = setup.start("serve", &[]);
+        first.converge(&specs)
+        // Dropped as a killed agent would be: nothing ends its servers.
+    };
+    let pids: Vec<Vec<u32>> =
+        [(8, 0), (8, 1), (9, 0)].iter().map(|(vm, i)| cgroup_pids(&setup, *vm, *i)).collect();
+    assert!(pids.iter().flatten().all(|pid| alive(*pid)));
+    // A server the old agent started but never recorded (killed in between).
+    let stray = setup.cgroups.path.join("s-stray-0");
+    std::fs::create_dir(&stray).unwrap();
+    let mut sleeper = std::process::Command::new("sleep").arg("600").spawn().unwrap();
+    std::fs::write(stray.join("cgroup.procs"), sleeper.id().to_string()).unwrap();
+    // The new agent's table lists two of the three.
+    let keep = [specs[0].clone(), specs[2].clone()];
+    let second = setup.start("serve", &keep);
+    let adopted = second.statuses();
+    assert_eq!(adopted.len(), 2, "{adopted:?}");
+    assert_eq!(
+        adopted.iter().map(|s| (s.key(), s.pid, s.state)).collect::<Vec<_>>(),
+        [
+            (before[0].key(), before[0].pid, ServerState::Ready),
+            (before[2].key(), before[2].pid, ServerState::Ready)
+        ]
+    );
+    assert!(pids[1].iter().all(|pid| !alive(*pid)), "the unlisted server still runs");
+    assert!(!accepts(before[1].port.unwrap()));
+    assert!(
+        sleeper.try_wait().unwrap().is_some() || {
+            std::thread::sleep(Duration::from_millis(200));
+            sleeper.try_wait().unwrap().is_some()
+        },
+        "the stray process runs"
+    );
+    assert!(!stray.exists());
+    // Converging to the same table keeps the adopted processes.
+    let again = second.converge(&keep);
+    assert_eq!(again.iter().map(|s| s.pid).collect::<Vec<_>>(), [before[0].pid, before[2].pid]);
+    second.converge(&[]);
+}
+
+#[test]
+fn with_no_free_port_a_server_fails_and_is_tried_again() {
+    let setup = Setup::new("ports", 21240);
+    let mut settings = setup.settings("serve");
+    settings.ports = 21240..=21240;
+    let supervisor = ProcessSupervisor::start(settings, &gpus(), &[]).unwrap();
+    let blocker = std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, 21240)).unwrap();
+    let first = supervisor.converge(&[spec(10, 0, 0, Some(512))]).remove(0);
+    assert_eq!(first.state, ServerState::Failed);
+    assert!(first.reason.as_deref().unwrap().contains("no free port"), "{first:?}");
+    drop(blocker);
+    tick_until(&supervisor, Duration::from_secs(10), |s| s[0].state == ServerState::Ready);
+    supervisor.converge(&[]);
+}
+
+/// A server is held to its cGPU's share by the interposer the agent preloads, through the share
+/// state it inherits (as `nobody`, in its own namespace): a tenant's allocations pass up to
+/// 1,024 MiB and not one MiB further, and an IPC handle is refused; the agent reads both refusals
+/// in the share state.
+#[test]
+fn a_server_is_held_to_its_share_through_the_state_it_inherits() {
+    let setup = Setup::new("share", 21260);
+    let (interposer, libs) = gsaas_test_support::servers::share_libraries(setup.dir.path());
+    let mut settings = setup.settings("allocate");
+    settings.interposer = Some(interposer);
+    settings.env.insert("STANDIN_ALLOC_MIB".into(), "512,512,1".into());
+    settings.env.insert("LD_LIBRARY_PATH".into(), libs.display().to_string());
+    let supervisor = ProcessSupervisor::start(settings, &gpus(), &[]).unwrap();
+    let status = supervisor.converge(&[spec(11, 0, 0, Some(1024))]).remove(0);
+    assert_eq!(status.state, ServerState::Ready, "{status:?}");
+    let name = format!("s-{}-0", uuid::Uuid::from_u128(11).simple());
+    let log =
+        std::fs::read_to_string(setup.dir.path().join("run").join(format!("{name}.log"))).unwrap();
+    let said: Vec<&str> = log.lines().filter(|l| !l.starts_with("standin ")).collect();
+    // 2: CUDA_ERROR_OUT_OF_MEMORY; 801: CUDA_ERROR_NOT_SUPPORTED.
+    assert_eq!(said, ["init 0", "alloc 512 0", "alloc 512 0", "alloc 1 2", "ipc 801"], "{log}");
+    let state =
+        share::ShareState::open(&setup.dir.path().join("run").join(format!("{name}.share")))
+            .unwrap();
+    let counters = state.counters().unwrap();
+    assert_eq!((counters.refused_allocations, counters.refused_sharing), (1, 1));
+    assert_eq!(counters.peak_bytes, 1 << 30);
+    supervisor.converge(&[]);
+}
