@@ -5,7 +5,10 @@
 -- port yet: it is missing from its VM, not sent to the GPU's own endpoint). `cgpu_servers`: the
 -- port of each cGPU's server that accepts, for the GPU it is on (a cGPU moved to another GPU has
 -- none there until that GPU's agent reports one). Hosts and GPUs registered before run none.
+-- `hosts.gpu_address`: the host's address on the GPU network, as its agent reports it: the only
+-- source a managed server of another host takes its cGPU's traffic from (NULL: not reported).
 ALTER TABLE hosts ADD COLUMN managed_servers BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE hosts ADD COLUMN gpu_address TEXT;
 ALTER TABLE gpus ADD COLUMN managed BIGINT NOT NULL DEFAULT 0;
 CREATE TABLE cgpu_servers (
     vm TEXT NOT NULL,

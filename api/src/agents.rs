@@ -96,6 +96,7 @@ impl InProcessAgents {
             gpus: vec![],
             // The inventory registers the host, with its topology.
             topology: Default::default(),
+            gpu_address: None,
         };
         let agent =
             Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params), facts));

@@ -264,6 +264,8 @@ pub struct HostRecord {
     /// Its agent runs one server per cGPU of its GPUs (`[gpu_servers] managed`): its table lists
     /// them.
     pub managed_servers: bool,
+    /// Its address on the GPU network, as its agent reported it (admins only).
+    pub gpu_address: Option<Ipv4Addr>,
     /// Where it sits in the network (admins only).
     pub topology: gpgpums::Topology,
     /// Round trips (microseconds) its agent measured to GPU hosts, as last recorded.

@@ -46,6 +46,8 @@ async fn each_cgpu_is_routed_to_its_own_server_from_launch_to_termination(store:
     let served = gpu_host.table().unwrap().servers;
     assert_eq!(served.len(), 2, "{served:?}");
     assert!(served.iter().all(|s| s.memory_mib == Some(1024)), "{served:?}");
+    // Each takes its VM's host only, at that host's GPU-network address.
+    assert!(served.iter().all(|s| s.clients == [rcuda_address("crg-a")]), "{served:?}");
     let address = rcuda_address("cg-1");
     let ports: Vec<u16> = gpu_host.servers().iter().map(|s| s.live_port().unwrap()).collect();
     assert_eq!(ports, [20000, 20001]);

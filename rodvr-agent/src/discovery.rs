@@ -487,6 +487,7 @@ mod tests {
             topology: Default::default(),
             rtt_us: None,
             managed: None,
+            gpu_address: None,
         };
         assert_eq!(report.validate(range), Ok(()));
         // A partition of a GPU the host does not have.

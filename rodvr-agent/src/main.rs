@@ -173,6 +173,7 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         agent_url: config.agent_url(bound),
         gpus,
         topology: config.topology.clone(),
+        gpu_address: rodvr_agent::servers::interface_address(&config.gpu_interface),
     };
     let firewall = NftFirewall::new(&config.nft_command).with_conntrack(&config.conntrack_command);
     let dataplane = Dataplane::new(firewall, params);
@@ -196,11 +197,17 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
     println!("rodvr-agent listening on {bound}");
     let server_changes = supervisor.as_ref().map(|s| s.changes());
     if let Some(supervisor) = supervisor {
+        let agent = agent.clone();
         std::thread::Builder::new()
             .name("servers".into())
             .spawn(move || loop {
                 std::thread::sleep(Duration::from_millis(100));
-                supervisor.tick();
+                // A server that moved: its clients follow it to its new port.
+                if supervisor.tick() {
+                    if let Err(e) = agent.refresh_server_filter() {
+                        log_error("filtering the servers' clients", &e);
+                    }
+                }
             })
             .map_err(StartError::Runtime)?;
     }

@@ -166,15 +166,28 @@ impl Clone for NftFirewall {
     }
 }
 
-impl Firewall for NftFirewall {
-    fn apply(&mut self, tx: &Transaction) -> Result<(), FirewallError> {
-        let doc = tx.to_nft_string();
+impl NftFirewall {
+    /// One `nft -j` document, one kernel transaction: small ones through the session.
+    fn apply_document(&mut self, doc: &str) -> Result<(), FirewallError> {
         if doc.len() <= SESSION_MAX_DOC {
-            return self.apply_in_session(&doc);
+            return self.apply_in_session(doc);
         }
-        nftables::helper::apply_ruleset_raw(&doc, Some(&self.program), &self.args)
+        nftables::helper::apply_ruleset_raw(doc, Some(&self.program), &self.args)
             .map(drop)
             .map_err(nft_failed)
+    }
+}
+
+impl Firewall for NftFirewall {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), FirewallError> {
+        self.apply_document(&tx.to_nft_string())
+    }
+
+    fn filter_servers(
+        &mut self,
+        filter: &rodvr_core::render::ServerFilter,
+    ) -> Result<(), FirewallError> {
+        self.apply_document(&filter.to_nft_string())
     }
 
     /// Deletes each connection's conntrack entry (matched by the VM's address, the masked

@@ -27,6 +27,7 @@ fn new_agent(state: &TempDir) -> Arc<Agent<MemoryFirewall>> {
         agent_url: "http://agent".into(),
         gpus: vec![],
         topology: Default::default(),
+        gpu_address: None,
     };
     Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params()), facts))
 }

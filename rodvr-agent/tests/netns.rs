@@ -940,12 +940,12 @@ uuid = "GPU-netns-0"
         TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
     );
     let vm = gpgpums::VmId::from_uuid(uuid::Uuid::from_u128(3));
-    let server = rodvr_contract::protocol::ServerSpec {
+    let server = |clients: &[&str]| rodvr_contract::protocol::ServerSpec {
         vm,
         index: 0,
         gpu: gpgpums::GpuId::new("mg0:gpu0").unwrap(),
         memory_mib: Some(1024),
-        clients: vec![],
+        clients: clients.iter().map(|c| c.parse().unwrap()).collect(),
     };
     let table = |generation: u64, routes: Vec<Route>| RouteTable {
         generation,
@@ -953,7 +953,7 @@ uuid = "GPU-netns-0"
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
-        servers: vec![server.clone()],
+        servers: vec![server(&[])],
     };
     // The server first: the answer says where it accepts.
     let applied =
@@ -972,6 +972,17 @@ uuid = "GPU-netns-0"
     for direct in [format!("10.232.0.2:{port}"), "10.232.0.2:20105".to_owned()] {
         assert_eq!(ask(&vm3, &direct), None, "the VM reached {direct} past its route");
     }
+    // From the GPU network, only its clients, on its port only: none yet (a VM of this host).
+    assert_eq!(ask(&other, &format!("10.232.0.2:{port}")), None, "a host not its client");
+    let mut remote = table(3, vec![]);
+    remote.servers = vec![server(&["10.232.0.9"])];
+    with_client(&gh, &client, async |c| c.put_routes(&remote).await.unwrap());
+    assert_eq!(
+        ask(&other, &format!("10.232.0.2:{port}")).as_deref(),
+        Some("GPU-netns-0 10.232.0.9"),
+        "its VM's host reaches it"
+    );
+    assert_eq!(ask(&other, "10.232.0.2:20105"), None, "another port of the range");
     // The host's report lists it.
     let host = with_client(&gh, &client, async |c| c.host().await.unwrap());
     let reported = host.managed.expect("a managed host says so").servers;
@@ -981,7 +992,7 @@ uuid = "GPU-netns-0"
     );
     assert!(host.gpus.iter().all(|g| g.attributes.managed));
     // A table without it ends it.
-    let mut last = table(3, vec![]);
+    let mut last = table(4, vec![]);
     last.servers.clear();
     with_client(&gh, &client, async |c| c.put_routes(&last).await.unwrap());
     assert!(cgroups.servers().is_empty(), "{:?}", cgroups.servers());

@@ -589,6 +589,11 @@ pub struct HostReport {
     /// Set when the agent runs its GPUs' servers itself, one per cGPU (see [`ServerSpec`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub managed: Option<ManagedServers>,
+    /// The host's address on the GPU network (its GPU interface's), which its VMs' traffic to
+    /// GPU servers comes from: managed servers of other hosts take only their own cGPUs' VM
+    /// hosts (see [`ServerSpec::clients`]). Left out when the agent does not know it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_address: Option<Ipv4Addr>,
 }
 
 /// The most GPU hosts an agent measures round trips to.
@@ -829,6 +834,19 @@ impl HostReport {
             }
             endpoints.insert(served, i);
         }
+        if let Some(ip) = self.gpu_address {
+            if ip.is_unspecified()
+                || ip.is_broadcast()
+                || ip.is_multicast()
+                || ip.is_loopback()
+                || masked_range.contains(ip)
+            {
+                return Err(bad(
+                    "gpu_address".into(),
+                    format!("{ip} is not a unicast address of the GPU network"),
+                ));
+            }
+        }
         if let Some(managed) = &self.managed {
             if self.kind == HostKind::ComputeRgpu {
                 return Err(bad("managed".into(), "a compute-rgpu host has no GPU servers".into()));
@@ -1048,6 +1066,7 @@ mod tests {
             topology: Default::default(),
             rtt_us: None,
             managed: None,
+            gpu_address: None,
         }
     }
 

@@ -47,6 +47,8 @@ pub struct HostFacts {
     pub gpus: Vec<GpuReport>,
     /// Where the host sits in the network (see [`gpgpums::topology`]).
     pub topology: gpgpums::Topology,
+    /// Its address on the GPU network (see [`HostReport::gpu_address`]).
+    pub gpu_address: Option<std::net::Ipv4Addr>,
 }
 
 #[derive(Debug)]
@@ -118,13 +120,42 @@ impl<F: Firewall> Agent<F> {
         Ok(())
     }
 
-    /// Brings the servers to the ledger's table (none when this host runs none) and answers
-    /// their statuses in its order.
-    fn converge_servers(&self) -> Vec<ServerStatus> {
-        let Some(servers) = &self.servers else { return Vec::new() };
+    /// Brings the servers to the ledger's table (none when this host runs none), lets each
+    /// one's clients reach its port (and nothing else off the host reach the servers), and
+    /// answers their statuses in the table's order.
+    fn converge_servers(&self) -> Result<Vec<ServerStatus>, AgentError> {
+        let Some(servers) = &self.servers else { return Ok(Vec::new()) };
         let _one_at_a_time = self.converging.lock().unwrap_or_else(|p| p.into_inner());
         let specs = self.lock().ledger.current().map(|t| t.servers.clone()).unwrap_or_default();
-        servers.converge(&specs)
+        let statuses = servers.converge(&specs);
+        self.filter_servers(&specs, &statuses)?;
+        Ok(statuses)
+    }
+
+    /// The filter that lets each server's clients reach its port, for `statuses` (in the order
+    /// of `specs`, or any order: matched by cGPU).
+    fn filter_servers(
+        &self,
+        specs: &[rodvr_contract::protocol::ServerSpec],
+        statuses: &[ServerStatus],
+    ) -> Result<(), AgentError> {
+        let ports: std::collections::HashMap<_, u16> =
+            statuses.iter().filter_map(|s| Some((s.key(), s.live_port()?))).collect();
+        let allowed = specs
+            .iter()
+            .filter_map(|spec| Some((spec, *ports.get(&spec.key())?)))
+            .flat_map(|(spec, port)| spec.clients.iter().map(move |client| (*client, port)))
+            .collect();
+        self.lock().dataplane.filter_servers(allowed).map_err(AgentError::Apply)
+    }
+
+    /// After a server moved or stopped accepting on its own (a restart): the filter follows its
+    /// port. Blocking.
+    pub fn refresh_server_filter(&self) -> Result<(), AgentError> {
+        let Some(servers) = &self.servers else { return Ok(()) };
+        let _one_at_a_time = self.converging.lock().unwrap_or_else(|p| p.into_inner());
+        let specs = self.lock().ledger.current().map(|t| t.servers.clone()).unwrap_or_default();
+        self.filter_servers(&specs, &servers.statuses())
     }
 
     /// Records the round trips measured to GPU hosts, for the next report.
@@ -172,7 +203,7 @@ impl<F: Firewall> Agent<F> {
             inner.apply(routes, false, &self.metrics)?;
         }
         drop(inner);
-        status.servers = self.converge_servers();
+        status.servers = self.converge_servers()?;
         Ok(status)
     }
 
@@ -184,8 +215,8 @@ impl<F: Firewall> Agent<F> {
             let routes = inner.route_map(inner.ledger.current());
             inner.apply(routes, true, &self.metrics)
         };
-        self.converge_servers();
-        applied
+        let served = self.converge_servers();
+        applied.and(served.map(drop))
     }
 
     /// Whether the ledger holds a table the firewall does not.
@@ -229,6 +260,7 @@ impl<F: Firewall> Agent<F> {
                 .servers
                 .as_ref()
                 .map(|servers| ManagedServers { mps: servers.mps(), servers: servers.statuses() }),
+            gpu_address: self.facts.gpu_address,
         }
     }
 

@@ -14,7 +14,9 @@
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use crate::render::{resolve, target_ids, RouteKey, RouteMap, TableParams, TargetIds, Transaction};
+use crate::render::{
+    resolve, target_ids, RouteKey, RouteMap, ServerFilter, TableParams, TargetIds, Transaction,
+};
 
 /// Why a transaction did not apply. Nothing of it was applied.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +53,9 @@ pub trait Firewall: Send + fmt::Debug {
     /// (after a full replace: the cuts of a re-target may have been lost with an agent that
     /// stopped between applying a table and cutting, or whose cut failed).
     fn sweep(&mut self, routes: &RouteMap) -> Result<(), FirewallError>;
+
+    /// Replaces the filter that keeps a managed host's cGPU servers to their own clients.
+    fn filter_servers(&mut self, filter: &ServerFilter) -> Result<(), FirewallError>;
 }
 
 /// The agent's table as the memory firewall holds it.
@@ -66,6 +71,7 @@ pub struct MemoryTable {
 #[derive(Debug, Clone, Default)]
 pub struct MemoryFirewall {
     table: Option<MemoryTable>,
+    server_filter: Option<ServerFilter>,
     transactions: u64,
     /// Every connection cut asked for, in order.
     cuts: Vec<(RouteKey, SocketAddrV4)>,
@@ -88,6 +94,12 @@ impl MemoryFirewall {
     /// The connections cut so far: each route's key and the target it no longer reaches.
     pub fn cuts(&self) -> &[(RouteKey, SocketAddrV4)] {
         &self.cuts
+    }
+
+    /// Whether a connection from `client` off the host reaches the managed server on `port` (no
+    /// filter: this host runs none, so nothing keeps it out).
+    pub fn server_allows(&self, client: Ipv4Addr, port: u16) -> bool {
+        self.server_filter.as_ref().is_none_or(|f| f.allowed.contains(&(client, port)))
     }
 
     /// Drops the table, as a reboot or an operator's `nft delete table` would.
@@ -155,6 +167,12 @@ impl Firewall for MemoryFirewall {
     fn sweep(&mut self, _routes: &RouteMap) -> Result<(), FirewallError> {
         Ok(())
     }
+
+    fn filter_servers(&mut self, filter: &ServerFilter) -> Result<(), FirewallError> {
+        self.server_filter = Some(filter.clone());
+        self.transactions += 1;
+        Ok(())
+    }
 }
 
 impl<F: Firewall + ?Sized> Firewall for Box<F> {
@@ -168,6 +186,10 @@ impl<F: Firewall + ?Sized> Firewall for Box<F> {
 
     fn sweep(&mut self, routes: &RouteMap) -> Result<(), FirewallError> {
         (**self).sweep(routes)
+    }
+
+    fn filter_servers(&mut self, filter: &ServerFilter) -> Result<(), FirewallError> {
+        (**self).filter_servers(filter)
     }
 }
 
@@ -240,6 +262,18 @@ impl<F: Firewall> Dataplane<F> {
         self.firewall.sweep(&routes)?;
         self.installed = Some(Installed { targets: target_ids(&routes), routes });
         self.cut_pending()
+    }
+
+    /// Lets each (client, port) of `allowed` reach this host's managed server on that port, and
+    /// nothing else from off the host reach the servers' range (see [`ServerFilter`]). Nothing
+    /// to do on a host that runs no servers.
+    pub fn filter_servers(
+        &mut self,
+        allowed: std::collections::BTreeSet<(Ipv4Addr, u16)>,
+    ) -> Result<(), FirewallError> {
+        let Some(servers) = self.params.local_servers else { return Ok(()) };
+        let filter = ServerFilter { masked_range: self.params.masked_range, servers, allowed };
+        self.firewall.filter_servers(&filter)
     }
 
     /// Cuts the connections of re-targeted routes, except those routed to their old target
@@ -326,6 +360,10 @@ mod tests {
 
         fn sweep(&mut self, routes: &RouteMap) -> Result<(), FirewallError> {
             self.inner.sweep(routes)
+        }
+
+        fn filter_servers(&mut self, filter: &ServerFilter) -> Result<(), FirewallError> {
+            self.inner.filter_servers(filter)
         }
     }
 

@@ -103,6 +103,68 @@ impl TableParams {
     }
 }
 
+/// The table that keeps a managed host's cGPU servers to their own clients (see
+/// [`ServerFilter`]); replaced whole, apart from `table ip rodvr`.
+pub const SERVERS_TABLE: &str = "rodvr_servers";
+/// (client address, server port) pairs allowed to reach a server from off the host.
+pub const SET_SERVER_CLIENTS: &str = "clients";
+
+/// Who may reach each cGPU server a host runs from off the host: its VM's host (whose agent
+/// masquerades the VM's traffic behind its GPU-network address), on that server's port only.
+/// Anything else from the GPU network to the servers' range is dropped: a host that knows a
+/// server's port, or one of another cGPU, reaches nothing. The host's own VMs reach their
+/// servers through their routes (the DNAT leaves their connections' original destination
+/// masked), and the agent's own readiness probes come over loopback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerFilter {
+    pub masked_range: Ipv4Cidr,
+    pub servers: LocalServers,
+    pub allowed: BTreeSet<(Ipv4Addr, u16)>,
+}
+
+impl ServerFilter {
+    /// The `nft -j` document that replaces `table ip rodvr_servers` (one kernel transaction).
+    pub fn to_nft_string(&self) -> String {
+        let servers = self.servers;
+        let table = |verb: &str| json!({ verb: {"table": {"family": "ip", "name": SERVERS_TABLE}}});
+        let rule = |expr: Vec<Value>| {
+            json!({"add": {"rule": {"family": "ip", "table": SERVERS_TABLE, "chain": "input",
+                "expr": expr}}})
+        };
+        let mut cmds = vec![
+            table("add"),
+            table("delete"),
+            table("add"),
+            json!({"add": {"set": {"family": "ip", "table": SERVERS_TABLE,
+                "name": SET_SERVER_CLIENTS, "type": ["ipv4_addr", "inet_service"]}}}),
+            json!({"add": {"chain": {"family": "ip", "table": SERVERS_TABLE, "name": "input",
+                "type": "filter", "hook": "input", "prio": -5, "policy": "accept"}}}),
+            rule(vec![
+                matches("!=", meta("iifname"), json!("lo")),
+                matches("==", payload("ip", "daddr"), json!(servers.address.to_string())),
+                matches("==", payload("tcp", "dport"), servers.ports()),
+                matches("!=", ct_original_daddr(), range(self.masked_range)),
+                matches(
+                    "!=",
+                    json!({"concat": [payload("ip", "saddr"), payload("tcp", "dport")]}),
+                    json!(format!("@{SET_SERVER_CLIENTS}")),
+                ),
+                json!({"drop": null}),
+            ]),
+        ];
+        if !self.allowed.is_empty() {
+            let elems: Vec<Value> = self
+                .allowed
+                .iter()
+                .map(|(client, port)| json!({"concat": [client.to_string(), port]}))
+                .collect();
+            cmds.push(json!({"add": {"element": {"family": "ip", "table": SERVERS_TABLE,
+                "name": SET_SERVER_CLIENTS, "elem": elems}}}));
+        }
+        json!({ "nftables": cmds }).to_string()
+    }
+}
+
 /// The key of one route-map element.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RouteKey {

@@ -148,6 +148,7 @@ mod tests {
                 agent_url: "in-process".into(),
                 gpus: vec![gpu],
                 topology: Default::default(),
+                gpu_address: None,
             };
             let dataplane = Dataplane::new(MemoryFirewall::new(), crate::fixtures::params());
             let agent = Agent::new(Ledger::in_memory(), dataplane, facts);

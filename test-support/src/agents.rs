@@ -109,6 +109,7 @@ impl TestAgent {
             agent_url: String::new(),
             gpus,
             topology: Default::default(),
+            gpu_address: None,
         };
         let mut agent =
             Agent::new(Ledger::in_memory(), Dataplane::new(MemoryFirewall::new(), params), facts);
@@ -259,7 +260,9 @@ pub async fn managed_agent_cloud(
     let (status, body) = t.report_host(&token, "cg-1", &gpu_host.report()).await;
     assert_eq!(status, 200, "{body}");
     let token = t.agent_token("crg-a");
-    let report = crate::host_report("crg-a", "compute-rgpu", &vm_host.url, 0);
+    let mut report = crate::host_report("crg-a", "compute-rgpu", &vm_host.url, 0);
+    // Where its VMs' traffic to GPU servers comes from: the only client the servers take.
+    report["gpu_address"] = serde_json::json!(crate::rcuda_address("crg-a"));
     let (status, body) = t.report_host(&token, "crg-a", &report).await;
     assert_eq!(status, 200, "{body}");
     (t, vm_host, gpu_host)

@@ -47,6 +47,8 @@ pub struct Registration {
     pub rtt_us: Option<BTreeMap<HostId, u32>>,
     /// Its agent runs its GPUs' servers, one per cGPU (see [`HostRecord::managed_servers`]).
     pub managed_servers: bool,
+    /// Its address on the GPU network, as its agent reported it.
+    pub gpu_address: Option<std::net::Ipv4Addr>,
 }
 
 /// The round trips to record of `host`'s `reported` ones at `now`: none unless they differ from
@@ -101,6 +103,7 @@ impl Registration {
             topology: report.topology.clone(),
             rtt_us: report.rtt_us.clone(),
             managed_servers: report.managed.is_some(),
+            gpu_address: report.gpu_address,
         }
     }
 
@@ -134,6 +137,7 @@ impl Registration {
             topology: host.topology.clone(),
             rtt_us: None,
             managed_servers: false,
+            gpu_address: None,
         }
     }
 }
@@ -217,6 +221,7 @@ impl App {
                 && host.state != HostState::Unavailable
                 && host.topology == registration.topology
                 && host.managed_servers == registration.managed_servers
+                && host.gpu_address == registration.gpu_address
                 && rtts_to_record(host, registration.rtt_us.as_ref(), now_ms(), rtt_every_ms)
                     .is_none()
             {
@@ -250,8 +255,8 @@ impl App {
                         db::insert_host(tx, &registration.name, registration.kind, registration.agent_url.as_deref(), &registration.topology, now)
                             .await?;
                         pool.add_host(registration.name.clone(), registration.kind)?;
-                        if registration.managed_servers {
-                            db::set_host_managed(tx, &registration.name, true).await?;
+                        if registration.managed_servers || registration.gpu_address.is_some() {
+                            db::set_host_servers(tx, &registration.name, registration.managed_servers, registration.gpu_address).await?;
                         }
                         pool.set_host_topology(&registration.name, registration.topology.clone())?;
                         if let Some(rtt_us) = registration.rtt_us.as_ref().filter(|r| !r.is_empty()) {
@@ -261,9 +266,9 @@ impl App {
                     }
                     Some(host) => {
                         db::touch_host(tx, &host.name, registration.agent_url.as_deref(), now).await?;
-                        if host.managed_servers != registration.managed_servers {
-                            tracing::info!(host = %host.name, managed = registration.managed_servers, "the host's agent runs its GPUs' servers, or stopped running them");
-                            db::set_host_managed(tx, &host.name, registration.managed_servers).await?;
+                        if (host.managed_servers, host.gpu_address) != (registration.managed_servers, registration.gpu_address) {
+                            tracing::info!(host = %host.name, managed = registration.managed_servers, gpu_address = ?registration.gpu_address, "the host's servers or GPU-network address changed");
+                            db::set_host_servers(tx, &host.name, registration.managed_servers, registration.gpu_address).await?;
                         }
                         if host.topology != registration.topology {
                             tracing::info!(host = %host.name, "the host's topology changed");
@@ -924,6 +929,7 @@ mod tests {
             applied_generation: 0,
             forgotten: false,
             managed_servers: false,
+            gpu_address: None,
             topology: Default::default(),
             rtt_us: rtts(rtt_us),
             rtt_recorded_ms: recorded_ms,

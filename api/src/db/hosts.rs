@@ -26,6 +26,10 @@ fn host_from_row(row: &AnyRow) -> Result<HostRecord, Error> {
         applied_generation: generation(row, "applied_generation")?,
         forgotten: row.try_get::<i64, _>("forgotten")? != 0,
         managed_servers: row.try_get::<i64, _>("managed_servers")? != 0,
+        gpu_address: match row.try_get::<Option<String>, _>("gpu_address")? {
+            Some(ip) => Some(ip.parse().map_err(|_| corrupt("GPU-network address", &ip))?),
+            None => None,
+        },
         topology: {
             let text: String = row.try_get("topology")?;
             serde_json::from_str(&text).map_err(|_| corrupt("host topology", &text))?
@@ -45,7 +49,7 @@ fn generation(row: &AnyRow, column: &str) -> Result<u64, Error> {
 
 const HOST_COLUMNS: &str = "name, seq, kind, state, drained, agent_url, last_seen_ms, \
      routes_generation, applied_generation, forgotten, topology, rtt_us, rtt_recorded_ms, \
-     managed_servers";
+     managed_servers, gpu_address";
 
 pub async fn hosts(conn: &mut AnyConnection) -> Result<Vec<HostRecord>, Error> {
     let rows = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts ORDER BY seq"))
@@ -155,14 +159,17 @@ pub async fn touch_hosts(
     Ok(())
 }
 
-/// Records whether the host's agent runs its GPUs' servers (see [`HostRecord::managed_servers`]).
-pub async fn set_host_managed(
+/// Records whether the host's agent runs its GPUs' servers (see [`HostRecord::managed_servers`]),
+/// and its address on the GPU network.
+pub async fn set_host_servers(
     conn: &mut AnyConnection,
     name: &HostId,
     managed: bool,
+    gpu_address: Option<std::net::Ipv4Addr>,
 ) -> Result<(), Error> {
-    sqlx::query("UPDATE hosts SET managed_servers = $1 WHERE name = $2")
+    sqlx::query("UPDATE hosts SET managed_servers = $1, gpu_address = $2 WHERE name = $3")
         .bind(i64::from(managed))
+        .bind(gpu_address.map(|ip| ip.to_string()))
         .bind(name.as_str())
         .execute(conn)
         .await?;

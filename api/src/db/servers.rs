@@ -20,8 +20,9 @@ pub async fn served_cgpus_on(
 ) -> Result<BTreeMap<HostId, Vec<ServerSpec>>, Error> {
     let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
         format!(
-            "SELECT g.host, c.vm, c.idx, c.gpu, c.memory_mib, c.mode FROM cgpus c \
-             JOIN gpus g ON g.id = c.gpu \
+            "SELECT g.host, c.vm, c.idx, c.gpu, c.memory_mib, c.mode, v.host, vh.gpu_address \
+             FROM cgpus c JOIN gpus g ON g.id = c.gpu JOIN vms v ON v.id = c.vm \
+             LEFT JOIN hosts vh ON vh.name = v.host \
              WHERE g.host IN (VALUES {values}) AND g.managed = 1 \
              AND c.state IN ('live', 'attaching') ORDER BY g.host, c.vm, c.idx"
         )
@@ -33,13 +34,22 @@ pub async fn served_cgpus_on(
         let gpu: &str = row.try_get(3)?;
         let mode: &str = row.try_get(5)?;
         let memory_mib = row.try_get::<i64, _>(4)? as u64;
+        // Its VM's host, whose agent masquerades the VM's traffic behind its GPU-network
+        // address; none for a VM on this host (its route is local), or a VM not placed yet.
+        let vm_host: Option<&str> = row.try_get(6)?;
+        let clients = match (vm_host, row.try_get::<Option<&str>, _>(7)?) {
+            (Some(vm_host), Some(ip)) if vm_host != host.as_str() => {
+                vec![ip.parse().map_err(|_| corrupt("GPU-network address", ip))?]
+            }
+            _ => Vec::new(),
+        };
         out.entry(host).or_default().push(ServerSpec {
             vm: super::vm_id(row.try_get(1)?)?,
             index: row.try_get::<i64, _>(2)? as u32,
             gpu: GpuId::new(gpu).map_err(|_| corrupt("GPU id", gpu))?,
             // An exclusive cGPU has its whole GPU.
             memory_mib: (mode != "exclusive").then_some(memory_mib),
-            clients: Vec::new(),
+            clients,
         });
     }
     Ok(out)

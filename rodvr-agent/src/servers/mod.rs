@@ -558,6 +558,24 @@ impl ProcessSupervisor {
     }
 }
 
+/// The IPv4 address of `interface` (the GPU interface: where this host's VMs' traffic to GPU
+/// servers comes from once masqueraded), or none, said on stderr, when it has none.
+pub fn interface_address(interface: &str) -> Option<Ipv4Addr> {
+    let found = nix::ifaddrs::getifaddrs().ok().and_then(|mut addresses| {
+        addresses.find_map(|a| {
+            let ip = a.address?.as_sockaddr_in()?.ip();
+            (a.interface_name == interface).then_some(ip)
+        })
+    });
+    if found.is_none() {
+        eprintln!(
+            "rodvr-agent: {interface} has no IPv4 address: GPU hosts that run their servers \
+             will not take this host's VMs until it has one"
+        );
+    }
+    found
+}
+
 /// The device memory `spec`'s server may hold, in bytes.
 fn limit_of(spec: &ServerSpec) -> u64 {
     spec.memory_mib.map_or(share::UNLIMITED, |mib| mib << 20)
