@@ -186,6 +186,10 @@ pub struct RcudaConfig {
     /// How long a server may take to accept before it is started again, s.
     #[serde(default = "default_server_start_secs")]
     pub start_timeout_secs: u64,
+    /// How far past its share a shared cGPU's server may go in GPU memory as the driver counts
+    /// it (NVML: the driver's own per-context memory included) before the agent ends it, MiB.
+    #[serde(default = "default_server_memory_slack_mib")]
+    pub memory_slack_mib: u64,
 }
 
 impl RcudaConfig {
@@ -208,6 +212,7 @@ impl RcudaConfig {
             cpu_weight: default_server_cpu_weight(),
             ready_timeout_ms: default_server_ready_ms(),
             start_timeout_secs: default_server_start_secs(),
+            memory_slack_mib: default_server_memory_slack_mib(),
         }
     }
 
@@ -387,6 +392,9 @@ fn default_server_ready_ms() -> u64 {
 }
 fn default_server_start_secs() -> u64 {
     120
+}
+fn default_server_memory_slack_mib() -> u64 {
+    512
 }
 
 impl Config {

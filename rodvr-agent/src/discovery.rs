@@ -71,6 +71,12 @@ pub trait GpuDiscovery: std::fmt::Debug + Send + Sync {
 
     /// Where the GPUs come from, for people: NVML with its driver's version, or the config.
     fn source(&self) -> String;
+
+    /// The GPU memory each process holds now (bytes, by host PID, over every GPU), as the driver
+    /// counts it; `None` where nothing can tell (no NVML).
+    fn process_memory(&self) -> Option<std::collections::HashMap<u32, u64>> {
+        None
+    }
 }
 
 /// GPUs listed in the config file.
@@ -274,6 +280,23 @@ impl GpuDiscovery for NvmlGpus {
     fn source(&self) -> String {
         let driver = self.nvml.sys_driver_version().unwrap_or_else(|e| format!("unknown ({e})"));
         format!("NVML, driver {driver}")
+    }
+
+    fn process_memory(&self) -> Option<std::collections::HashMap<u32, u64>> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let count = self.nvml.device_count().ok()?;
+        let mut held: std::collections::HashMap<u32, u64> = Default::default();
+        for index in 0..count {
+            // A GPU that cannot answer tells nothing of its processes; the others still do.
+            let Ok(device) = self.nvml.device_by_index(index) else { continue };
+            let processes = device.running_compute_processes().ok()?;
+            for process in processes {
+                if let UsedGpuMemory::Used(bytes) = process.used_gpu_memory {
+                    *held.entry(process.pid).or_default() += bytes;
+                }
+            }
+        }
+        Some(held)
     }
 }
 

@@ -106,6 +106,12 @@ fn print_gpus(config: Option<PathBuf>, watch: Duration) -> Result<(), StartError
         println!("no GPU found");
     }
     print!("{}", rodvr_agent::discovery::describe(&found));
+    // What the managed servers' memory watch reads.
+    let mut held: Vec<(u32, u64)> = discovery.process_memory().into_iter().flatten().collect();
+    held.sort_unstable();
+    for (pid, bytes) in held {
+        println!("process {pid}: {} MiB of GPU memory", bytes >> 20);
+    }
     Ok(())
 }
 
@@ -182,7 +188,16 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         Some(servers) => {
             let settings = rodvr_agent::servers::Settings::from_config(servers)?;
             let keep = ledger.current().map(|t| t.servers.clone()).unwrap_or_default();
-            Some(rodvr_agent::servers::ProcessSupervisor::start(settings, &facts.gpus, &keep)?)
+            // The memory watch reads what the driver counts (nothing without NVML).
+            let watched = discovery.clone();
+            let memory: rodvr_agent::servers::MemoryReader =
+                Box::new(move || watched.process_memory());
+            Some(rodvr_agent::servers::ProcessSupervisor::start_watching(
+                settings,
+                &facts.gpus,
+                &keep,
+                Some(memory),
+            )?)
         }
         None => None,
     };

@@ -8,7 +8,9 @@ use std::process::Command;
 
 /// Builds the stand-in library into a fresh directory; the directory.
 fn fake_nvml() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gsaas-fake-nvml-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("gsaas-fake-nvml-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake-nvml/fake_nvml.c");
     let status = Command::new("cc")
@@ -102,6 +104,32 @@ fn nvml_discovery_and_health_through_the_real_wrapper() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.starts_with("discovery: the config's GPUs") && text.contains("no GPU found"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&lib).unwrap();
+}
+
+/// What the managed servers' memory watch reads: the GPU memory each process holds, summed over
+/// the GPUs, as the driver counts it (`nvmlDeviceGetComputeRunningProcesses`).
+#[test]
+fn the_gpu_memory_each_process_holds_is_read_through_nvml() {
+    let lib = fake_nvml();
+    let processes = lib.join("processes");
+    // Process 4242 on both GPUs, 77 on the second only.
+    std::fs::write(&processes, "0 4242 1024\n1 4242 512\n1 77 300\n").unwrap();
+    let gpus = "NVIDIA H200:143771:9.0:GPU-a:0:0:0:0:0;NVIDIA H200:143771:9.0:GPU-b:0:0:0:0:0";
+    let out = Command::new(env!("CARGO_BIN_EXE_rodvr-agent"))
+        .args(["gpus", "--watch-secs", "0"])
+        .env("LD_LIBRARY_PATH", &lib)
+        .env("FAKE_NVML_GPUS", gpus)
+        .env("FAKE_NVML_PROCESSES_FILE", &processes)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let held: Vec<&str> = text.lines().filter(|l| l.starts_with("process ")).collect();
+    assert_eq!(
+        held,
+        ["process 77: 300 MiB of GPU memory", "process 4242: 1536 MiB of GPU memory"],
         "{text}"
     );
     std::fs::remove_dir_all(&lib).unwrap();

@@ -53,6 +53,7 @@ impl Setup {
             limits: Limits { pids_max: 32, memory_max_bytes: 256 << 20, cpu_weight: 50 },
             ready_timeout: Duration::from_secs(5),
             start_timeout: Duration::from_secs(3),
+            memory_slack_bytes: 64 << 20,
             unshare: "/usr/bin/unshare".into(),
             setpriv: "/usr/bin/setpriv".into(),
         }
@@ -377,5 +378,65 @@ fn a_server_is_held_to_its_share_through_the_state_it_inherits() {
     let counters = state.counters().unwrap();
     assert_eq!((counters.refused_allocations, counters.refused_sharing), (1, 1));
     assert_eq!(counters.peak_bytes, 1 << 30);
+    supervisor.converge(&[]);
+}
+
+/// The second layer: a server of a shared cGPU that holds more GPU memory than its share and the
+/// slack, as the driver counts it over all its processes (whatever path it took past the
+/// interposer), is ended and started again; its memory is reported meanwhile. An exclusive
+/// cGPU's server is never ended for its memory.
+#[test]
+fn a_server_past_its_share_as_the_driver_counts_it_is_ended() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let setup = Setup::new("watch", 21280);
+    // What the driver says each process holds: each of the shared server's processes holds
+    // `held` MiB, every process of the exclusive one 100 GiB.
+    let held = Arc::new(AtomicU64::new(300));
+    let cgroups = setup.cgroups.path.clone();
+    let name = |vm: u128| format!("s-{}-0", uuid::Uuid::from_u128(vm).simple());
+    let (shared, exclusive) = (name(12), name(13));
+    let reading = held.clone();
+    let memory: rodvr_agent::servers::MemoryReader = Box::new(move || {
+        let pids = |server: &str| -> Vec<u32> {
+            std::fs::read_to_string(cgroups.join(server).join("cgroup.procs"))
+                .map(|t| t.lines().filter_map(|l| l.parse().ok()).collect())
+                .unwrap_or_default()
+        };
+        let mut per_pid: HashMap<u32, u64> = HashMap::new();
+        // One process of each server holds it all (the server; its holder holds nothing).
+        if let Some(pid) = pids(&shared).last() {
+            per_pid.insert(*pid, reading.load(Ordering::SeqCst) << 20);
+        }
+        if let Some(pid) = pids(&exclusive).last() {
+            per_pid.insert(*pid, 100 << 30);
+        }
+        Some(per_pid)
+    });
+    let supervisor =
+        ProcessSupervisor::start_watching(setup.settings("serve"), &gpus(), &[], Some(memory))
+            .unwrap();
+    let specs = [spec(12, 0, 0, Some(1024)), spec(13, 0, 1, None)];
+    supervisor.converge(&specs);
+    // Within its share and the slack (1,024 + 64 MiB): reported, kept.
+    held.store(1080, Ordering::SeqCst);
+    let statuses =
+        tick_until(&supervisor, Duration::from_secs(5), |s| s[0].gpu_memory_mib == Some(1080));
+    assert_eq!(statuses[0].state, ServerState::Ready, "{statuses:?}");
+    assert_eq!(statuses[1].gpu_memory_mib, Some(100 << 10), "the exclusive one reported too");
+    // Past it: ended, why said; the exclusive one, at 100 GiB, stays.
+    held.store(1100, Ordering::SeqCst);
+    let statuses =
+        tick_until(&supervisor, Duration::from_secs(5), |s| s[0].state != ServerState::Ready);
+    assert_eq!(statuses[0].state, ServerState::Backoff, "{statuses:?}");
+    let why = statuses[0].reason.clone().unwrap();
+    assert!(why.contains("1100 MiB") && why.contains("share of 1024 MiB"), "{why}");
+    assert_eq!(statuses[1].state, ServerState::Ready);
+    assert_eq!(supervisor.over_share.load(Ordering::SeqCst), 1);
+    // Started again (its memory gone with its processes), back under its share.
+    held.store(10, Ordering::SeqCst);
+    tick_until(&supervisor, Duration::from_secs(10), |s| {
+        s[0].state == ServerState::Ready && s[0].restarts == 1
+    });
     supervisor.converge(&[]);
 }

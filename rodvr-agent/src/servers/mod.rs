@@ -9,6 +9,12 @@
 //! the cGPU (detached, terminated, re-homed, evicted, fenced) ends it at once. The port is the
 //! agent's choice from `ports`, reported to gsaasd, which routes the cGPU to it.
 //!
+//! **Memory, the second layer.** Every second the agent reads, through the driver (NVML), the GPU
+//! memory each process holds, sums it over each server's cgroup, reports it, and ends a server of
+//! a shared cGPU that holds more than its share plus `memory_slack_mib`, whatever path it took
+//! past the interposer (its own ioctls, an allocation the interposer does not know); it is
+//! started again after its backoff, its memory freed with its processes.
+//!
 //! The agent keeps a record of its servers (`servers.json` in the run directory, 0600): after it
 //! is restarted, or killed with `kill -9`, the next agent **adopts** every recorded server whose
 //! process still runs (its PID and start time match) and whose table still lists it, and kills
@@ -71,6 +77,9 @@ pub struct Settings {
     pub limits: Limits,
     pub ready_timeout: Duration,
     pub start_timeout: Duration,
+    /// How far past its share a server's GPU memory may go, as the driver counts it (the
+    /// driver's own per-context memory, which the interposer cannot see).
+    pub memory_slack_bytes: u64,
     pub unshare: PathBuf,
     pub setpriv: PathBuf,
 }
@@ -116,6 +125,7 @@ impl Settings {
             },
             ready_timeout: Duration::from_millis(config.ready_timeout_ms),
             start_timeout: Duration::from_secs(config.start_timeout_secs),
+            memory_slack_bytes: config.memory_slack_mib << 20,
             unshare: find("unshare")?,
             setpriv: find("setpriv")?,
         })
@@ -169,6 +179,8 @@ struct Server {
     share: ShareState,
     /// When it entered its state (or when its backoff ends, in backoff).
     since: Instant,
+    /// The GPU memory its processes held at the last reading (bytes).
+    gpu_memory: Option<u64>,
     /// Ends in a row (for the backoff), and restarts in all.
     ends_in_row: u32,
     restarts: u32,
@@ -187,7 +199,7 @@ impl Server {
             port: self.port,
             pid: self.process.as_ref().map(|p| p.pid),
             restarts: self.restarts,
-            gpu_memory_mib: None,
+            gpu_memory_mib: self.gpu_memory.map(|bytes| bytes >> 20),
             reason: self.reason.as_deref().map(rodvr_contract::protocol::health_reason),
         }
     }
@@ -207,8 +219,13 @@ impl Server {
     }
 }
 
+/// Reads the GPU memory each process holds (bytes, by host PID), as the driver counts it.
+pub type MemoryReader = Box<dyn Fn() -> Option<HashMap<u32, u64>> + Send + Sync>;
+
+/// How often the memory watch reads (the supervisor ticks every 100 ms).
+const MEMORY_EVERY: Duration = Duration::from_secs(1);
+
 /// The cGPU servers of this host, as processes.
-#[derive(Debug)]
 pub struct ProcessSupervisor {
     settings: Settings,
     /// How a server's `CUDA_VISIBLE_DEVICES` names each GPU: its UUID (`GPU-...`, `MIG-...`),
@@ -218,6 +235,21 @@ pub struct ProcessSupervisor {
     servers: Mutex<BTreeMap<(VmId, u32), Server>>,
     /// Told whenever a server's state or port changes, so the agent reports at once.
     changed: Arc<tokio::sync::Notify>,
+    /// The memory watch: its reader, and when it last read.
+    memory: Option<MemoryReader>,
+    memory_read: Mutex<Option<Instant>>,
+    /// Servers ended for holding more GPU memory than their share (and the slack).
+    pub over_share: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for ProcessSupervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessSupervisor")
+            .field("settings", &self.settings)
+            .field("servers", &self.servers)
+            .field("memory_watch", &self.memory.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A server's name: its cgroup's, its files'.
@@ -234,6 +266,16 @@ impl ProcessSupervisor {
         gpus: &[GpuReport],
         keep: &[ServerSpec],
     ) -> Result<Arc<Self>, ServersError> {
+        Self::start_watching(settings, gpus, keep, None)
+    }
+
+    /// [`Self::start`] with the memory watch reading through `memory` (the agent: NVML).
+    pub fn start_watching(
+        settings: Settings,
+        gpus: &[GpuReport],
+        keep: &[ServerSpec],
+        memory: Option<MemoryReader>,
+    ) -> Result<Arc<Self>, ServersError> {
         let setup = ServersError::Setup;
         gsaas_infra::files::create_private_dir(&settings.run_dir)
             .map_err(|e| setup(format!("{}: {e}", settings.run_dir.display())))?;
@@ -244,8 +286,16 @@ impl ProcessSupervisor {
                 (g.id.clone(), g.attributes.uuid.clone().unwrap_or_else(|| g.index.to_string()))
             })
             .collect();
-        let supervisor =
-            Self { settings, visible, cgroups, servers: Mutex::default(), changed: Arc::default() };
+        let supervisor = Self {
+            settings,
+            visible,
+            cgroups,
+            servers: Mutex::default(),
+            changed: Arc::default(),
+            memory,
+            memory_read: Mutex::default(),
+            over_share: Default::default(),
+        };
         supervisor.adopt(keep);
         Ok(Arc::new(supervisor))
     }
@@ -308,6 +358,7 @@ impl ProcessSupervisor {
                     cgroup,
                     share,
                     since: Instant::now(),
+                    gpu_memory: None,
                     ends_in_row: 0,
                     restarts: record.restarts,
                     started: true,
@@ -480,7 +531,7 @@ impl ProcessSupervisor {
 
     fn tick_locked(&self, servers: &mut BTreeMap<(VmId, u32), Server>) -> bool {
         let now = Instant::now();
-        let mut changed = false;
+        let mut changed = self.watch_memory(servers, now);
         let keys: Vec<(VmId, u32)> = servers.keys().copied().collect();
         for key in keys {
             let mut server = servers.remove(&key).expect("listed above");
@@ -521,6 +572,43 @@ impl ProcessSupervisor {
         changed
     }
 
+    /// Once a second: each server's GPU memory, summed over its processes; a server of a shared
+    /// cGPU past its share and the slack is ended (true: one was).
+    fn watch_memory(&self, servers: &mut BTreeMap<(VmId, u32), Server>, now: Instant) -> bool {
+        let Some(reader) = &self.memory else { return false };
+        {
+            let mut last = self.memory_read.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|at| now.duration_since(at) < MEMORY_EVERY) {
+                return false;
+            }
+            *last = Some(now);
+        }
+        let Some(held) = reader() else { return false };
+        let mut ended = false;
+        for server in servers.values_mut() {
+            if server.process.is_none() {
+                server.gpu_memory = None;
+                continue;
+            }
+            let bytes: u64 = server.cgroup.pids().iter().filter_map(|pid| held.get(pid)).sum();
+            server.gpu_memory = Some(bytes);
+            let Some(share) = server.spec.memory_mib.map(|mib| mib << 20) else { continue };
+            if bytes > share.saturating_add(self.settings.memory_slack_bytes) {
+                let why = format!(
+                    "held {} MiB of GPU memory, past its share of {} MiB (and {} MiB of slack)",
+                    bytes >> 20,
+                    share >> 20,
+                    self.settings.memory_slack_bytes >> 20
+                );
+                eprintln!("rodvr-agent: server {} {why}: ended", server.name);
+                self.over_share.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.ended(server, why);
+                ended = true;
+            }
+        }
+        ended
+    }
+
     /// `server` ended (`why`): everything of it is killed, and it waits out its backoff.
     fn ended(&self, server: &mut Server, why: String) {
         self.end(server);
@@ -550,6 +638,7 @@ impl ProcessSupervisor {
             process: None,
             share,
             since: Instant::now(),
+            gpu_memory: None,
             ends_in_row: 0,
             restarts: 0,
             started: false,

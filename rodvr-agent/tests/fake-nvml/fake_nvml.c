@@ -269,3 +269,42 @@ nvmlReturn_t nvmlEventSetFree(struct fake_event_set *set) {
     free(set);
     return NVML_SUCCESS;
 }
+
+/*
+ * The compute processes on each GPU, from the file FAKE_NVML_PROCESSES_FILE (read at every call,
+ * so a test changes them while the agent runs): lines "<GPU index> <host PID> <MiB>". As NVML:
+ * with too small a buffer (or none), the count needed and NVML_ERROR_INSUFFICIENT_SIZE.
+ */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(struct fake_device *d, unsigned int *count,
+                                                     nvmlProcessInfo_t *infos) {
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (whole(d)->lost) return NVML_ERROR_GPU_IS_LOST;
+    const char *path = getenv("FAKE_NVML_PROCESSES_FILE");
+    unsigned int found = 0, capacity = infos ? *count : 0;
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (f) {
+        int gpu;
+        unsigned int pid;
+        unsigned long long mib;
+        while (fscanf(f, "%d %u %llu", &gpu, &pid, &mib) == 3) {
+            if (gpu != whole(d)->index || d->mig >= 0) continue;
+            if (found < capacity) {
+                infos[found].pid = pid;
+                infos[found].usedGpuMemory = mib << 20;
+                infos[found].gpuInstanceId = 0xFFFFFFFF;
+                infos[found].computeInstanceId = 0xFFFFFFFF;
+            }
+            found++;
+        }
+        fclose(f);
+    }
+    *count = found;
+    return found > capacity ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}
