@@ -14,7 +14,8 @@ CREATE TABLE cgpu_servers (
     vm TEXT NOT NULL,
     idx BIGINT NOT NULL,
     gpu TEXT NOT NULL,
-    port BIGINT NOT NULL,
+    port BIGINT,
+    over_share_ends BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (vm, idx, gpu)
 );
 CREATE INDEX cgpu_servers_by_gpu ON cgpu_servers (gpu);

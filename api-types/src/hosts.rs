@@ -43,8 +43,9 @@ pub struct HostView {
 pub struct HostAlertView {
     pub at_ms: i64,
     /// `endpoint_conflict` (a report claimed an rCUDA endpoint another host's GPU holds),
-    /// `foreign_refusal` (its agent refused routes blaming another host's GPU) or
-    /// `fence_expired` (fences its agent never confirmed were released).
+    /// `foreign_refusal` (its agent refused routes blaming another host's GPU),
+    /// `fence_expired` (fences its agent never confirmed were released) or `server_over_share`
+    /// (its agent ended a cGPU's server for holding more GPU memory than its share).
     pub kind: String,
     pub detail: String,
 }

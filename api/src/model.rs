@@ -379,17 +379,24 @@ pub enum AlertKind {
     ForeignRefusal,
     /// Fences a host's agent never confirmed were released after `hosts.fence_timeout_secs`.
     FenceExpired,
+    /// The host's agent ended a cGPU's server for holding more GPU memory than its share.
+    ServerOverShare,
 }
 
 impl AlertKind {
-    pub const ALL: [AlertKind; 3] =
-        [AlertKind::EndpointConflict, AlertKind::ForeignRefusal, AlertKind::FenceExpired];
+    pub const ALL: [AlertKind; 4] = [
+        AlertKind::EndpointConflict,
+        AlertKind::ForeignRefusal,
+        AlertKind::FenceExpired,
+        AlertKind::ServerOverShare,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             AlertKind::EndpointConflict => "endpoint_conflict",
             AlertKind::ForeignRefusal => "foreign_refusal",
             AlertKind::FenceExpired => "fence_expired",
+            AlertKind::ServerOverShare => "server_over_share",
         }
     }
 }

@@ -103,17 +103,39 @@ async fn a_server_that_moves_or_stops_accepting_moves_or_withdraws_its_route(sto
     assert_eq!(targets(&table)[1], SocketAddrV4::new(address, 20001), "the other stays");
     // The second stopped accepting (in its backoff): no route to it, and its VM lists it as
     // missing, rather than a route to a port where nothing of it listens.
+    // It was ended for holding more GPU memory than its share: an event on the VM (naming
+    // neither host nor GPU) and an alert on the host, once however often it is reported.
     let down = report_with(&gpu_host, |servers| {
         servers[0]["port"] = json!(20500);
         servers[1]["state"] = json!("backoff");
+        servers[1]["over_share_ends"] = json!(1);
         servers[1].as_object_mut().unwrap().remove("port");
     });
-    let (status, body) = t.report_host(&token, "cg-1", &down).await;
-    assert_eq!(status, 200, "{body}");
+    for _ in 0..2 {
+        let (status, body) = t.report_host(&token, "cg-1", &down).await;
+        assert_eq!(status, 200, "{body}");
+    }
     let table = table_until(&vm_host, |t| t.routes.len() == 1).await;
     assert_eq!(table.lost.iter().map(|l| l.index).collect::<Vec<_>>(), [1]);
     let env = vm_host.environment(table.routes[0].vm_ip).unwrap();
     assert_eq!(env.devices.len(), 1);
+    let vm =
+        t.wait_vm(&member, &id, |vm| vm["events"].as_array().is_some_and(|e| !e.is_empty())).await;
+    let events: Vec<&Value> =
+        vm["events"].as_array().unwrap().iter().filter(|e| e["kind"] == "gpu_memory").collect();
+    assert_eq!(events.len(), 1, "{vm}");
+    let said = events[0]["detail"].as_str().unwrap();
+    assert!(said.contains("cGPU 1 held more GPU memory than its share"), "{said}");
+    assert!(!said.contains("cg-1") && !said.contains("GPU-"), "{said}");
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    let host = hosts["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "cg-1").unwrap();
+    let alerts: Vec<&Value> = host["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["kind"] == "server_over_share")
+        .collect();
+    assert_eq!(alerts.len(), 1, "{host}");
     // Back: its route too.
     let (status, _) = t.report_host(&token, "cg-1", &gpu_host.report()).await;
     assert_eq!(status, 200);

@@ -433,6 +433,7 @@ fn a_server_past_its_share_as_the_driver_counts_it_is_ended() {
     assert!(why.contains("1100 MiB") && why.contains("share of 1024 MiB"), "{why}");
     assert_eq!(statuses[1].state, ServerState::Ready);
     assert_eq!(supervisor.over_share.load(Ordering::SeqCst), 1);
+    assert_eq!((statuses[0].over_share_ends, statuses[1].over_share_ends), (1, 0));
     // Started again (its memory gone with its processes), back under its share.
     held.store(10, Ordering::SeqCst);
     tick_until(&supervisor, Duration::from_secs(10), |s| {

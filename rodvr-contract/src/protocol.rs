@@ -123,6 +123,13 @@ pub struct ServerStatus {
     /// Why it last ended or cannot start (printable, at most [`MAX_HEALTH_LEN`] bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// How many times the agent ended it for holding more GPU memory than its share.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub over_share_ends: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl ServerStatus {
@@ -1223,6 +1230,7 @@ mod tests {
             restarts: 0,
             gpu_memory_mib: None,
             reason: None,
+            over_share_ends: 0,
         };
         let with = |servers: Vec<ServerStatus>| HostReport {
             managed: Some(ManagedServers { mps: false, servers }),

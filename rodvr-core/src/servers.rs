@@ -71,6 +71,7 @@ impl Supervisor for SimulatedServers {
                         restarts: 0,
                         gpu_memory_mib: None,
                         reason,
+                        over_share_ends: 0,
                     }
                 });
                 used.extend(status.port);

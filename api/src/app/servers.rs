@@ -36,25 +36,46 @@ impl App {
         Ok(())
     }
 
-    /// Records the ports of `host`'s servers that accept (an answer to its table, or its
-    /// report): the hosts whose tables route to servers that moved, to push next.
+    /// Records `host`'s servers (an answer to its table, or its report): the hosts whose tables
+    /// route to servers that moved, to push next. A server its agent ended for holding more GPU
+    /// memory than its share is an event on its VM (naming neither host nor GPU) and an alert on
+    /// the host.
     pub(crate) async fn note_servers(
         &self,
         host: &HostId,
         statuses: &[ServerStatus],
     ) -> Result<BTreeSet<HostId>, Error> {
         self.managed_seen.store(true, Ordering::Relaxed);
-        let live: Vec<db::LiveServer> = statuses
+        let reported: Vec<db::ReportedServer> = statuses
             .iter()
-            .filter_map(|s| Some((s.vm, s.index, s.gpu.clone(), s.live_port()?)))
+            .map(|s| db::ReportedServer {
+                vm: s.vm,
+                index: s.index,
+                gpu: s.gpu.clone(),
+                port: s.live_port(),
+                over_share_ends: s.over_share_ends,
+            })
             .collect();
-        let moved = self.db.record_servers(host, &live).await?;
-        if moved.is_empty() {
+        let changed = self.db.record_servers(host, &reported).await?;
+        for (vm, index) in &changed.over_share {
+            let detail = format!(
+                "cGPU {index} held more GPU memory than its share: its server was ended and \
+                 started again"
+            );
+            let event = db::VmEvent { at_ms: db::now_ms(), kind: "gpu_memory".into(), detail };
+            self.db.record_events([*vm], &event).await?;
+            let detail = format!(
+                "the server of cGPU {index} of VM {vm} held more GPU memory than its share; the \
+                 agent ended it"
+            );
+            self.alert_host(host, crate::model::AlertKind::ServerOverShare, detail).await;
+        }
+        if changed.moved.is_empty() {
             return Ok(BTreeSet::new());
         }
-        tracing::debug!(%host, vms = moved.len(), "cGPU servers moved; their VMs' routes follow");
+        tracing::debug!(%host, vms = changed.moved.len(), "cGPU servers moved; their VMs' routes follow");
         let mut conn = self.db.conn().await?;
-        db::hosts_of_vms(&mut conn, &moved).await
+        db::hosts_of_vms(&mut conn, &changed.moved).await
     }
 
     /// A heartbeat's servers: their ports recorded (and the routes of those that moved pushed,

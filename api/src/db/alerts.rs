@@ -15,7 +15,7 @@ use crate::error::Error;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostAlert {
     pub at_ms: i64,
-    /// `endpoint_conflict`, `foreign_refusal` or `fence_expired`.
+    /// `endpoint_conflict`, `foreign_refusal`, `fence_expired` or `server_over_share`.
     pub kind: String,
     pub detail: String,
 }

@@ -1,6 +1,6 @@
 //! The servers a host's agent runs, one per cGPU of its GPUs (`[gpu_servers] managed`, migration
-//! 0030): which cGPUs each such host's table lists, and the port each one's server accepts on,
-//! as its agent last answered or reported. A cGPU on a managed GPU is routed to that port only,
+//! 0030): which cGPUs each such host's table lists, and the port each one's server accepts on
+//! (and how often it was ended for its memory), as its agent last answered or reported. A cGPU on a managed GPU is routed to that port only,
 //! and not at all while it has none (see [`super::routed_cgpus_on`]).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -55,61 +55,91 @@ pub async fn served_cgpus_on(
     Ok(out)
 }
 
-/// A cGPU's server that accepts: the cGPU, the GPU it serves it on, and its port.
-pub type LiveServer = (VmId, u32, GpuId, u16);
+/// A cGPU's server as its host's agent answered or reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportedServer {
+    pub vm: VmId,
+    pub index: u32,
+    /// The GPU it serves the cGPU on.
+    pub gpu: GpuId,
+    /// Where it accepts; none while it does not.
+    pub port: Option<u16>,
+    /// How many times its agent ended it for holding more GPU memory than its share.
+    pub over_share_ends: u32,
+}
+
+/// What a host's servers changed: the VMs whose cGPUs' ports moved (their hosts' tables must be
+/// pushed again), and the cGPUs whose servers were ended for their memory since last recorded.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ServersChanged {
+    pub moved: BTreeSet<VmId>,
+    pub over_share: Vec<(VmId, u32)>,
+}
+
+/// A recorded server: its GPU, port and memory ends (none of either: not recorded).
+type Recorded = (String, Option<u16>, Option<u32>);
 
 impl super::Db {
-    /// Records the servers of `host` that accept (`live`, as its agent answered or reported):
-    /// each port of a cGPU that is on one of the host's GPUs (anything else an agent claims is
-    /// left out), and no port for the host's other cGPUs. Returns the VMs whose cGPUs' ports
-    /// changed, whose hosts' tables must be pushed again. One transaction.
+    /// Records the servers of `host` (as its agent answered or reported): for each cGPU on one
+    /// of the host's GPUs (anything else an agent claims is left out), the port its server
+    /// accepts on, or none, and how often it was ended for its memory; the host's cGPUs not
+    /// reported have no port. One transaction.
     pub async fn record_servers(
         &self,
         host: &HostId,
-        live: &[LiveServer],
-    ) -> Result<BTreeSet<VmId>, Error> {
+        reported: &[ReportedServer],
+    ) -> Result<ServersChanged, Error> {
         let mut tx = self.begin().await?;
-        // The host's cGPUs, with their ports as recorded.
+        // The host's cGPUs, with their servers as recorded.
         let rows = sqlx::query(
-            "SELECT c.vm, c.idx, c.gpu, s.port FROM cgpus c JOIN gpus g ON g.id = c.gpu \
+            "SELECT c.vm, c.idx, c.gpu, s.port, s.over_share_ends FROM cgpus c \
+             JOIN gpus g ON g.id = c.gpu \
              LEFT JOIN cgpu_servers s ON s.vm = c.vm AND s.idx = c.idx AND s.gpu = c.gpu \
              WHERE g.host = $1",
         )
         .bind(host.as_str())
         .fetch_all(&mut *tx)
         .await?;
-        let mut recorded: BTreeMap<(VmId, u32), (String, Option<u16>)> = BTreeMap::new();
+        let mut recorded: BTreeMap<(VmId, u32), Recorded> = BTreeMap::new();
         for row in &rows {
             let vm = super::vm_id(row.try_get(0)?)?;
             let index = row.try_get::<i64, _>(1)? as u32;
             let port = row.try_get::<Option<i64>, _>(3)?.map(|p| p as u16);
-            recorded.insert((vm, index), (row.try_get(2)?, port));
+            let ends = row.try_get::<Option<i64>, _>(4)?.map(|n| n as u32);
+            recorded.insert((vm, index), (row.try_get(2)?, port, ends));
         }
-        let mut wanted: BTreeMap<(VmId, u32), u16> = BTreeMap::new();
-        for (vm, index, gpu, port) in live {
-            match recorded.get(&(*vm, *index)) {
-                Some((on, _)) if on == gpu.as_str() && *port != 0 => {
-                    wanted.insert((*vm, *index), *port);
-                }
-                _ => {}
+        let mut now: BTreeMap<(VmId, u32), (Option<u16>, u32)> = BTreeMap::new();
+        for server in reported {
+            let key = (server.vm, server.index);
+            if recorded.get(&key).is_some_and(|(on, ..)| on == server.gpu.as_str()) {
+                now.insert(key, (server.port.filter(|p| *p != 0), server.over_share_ends));
             }
         }
-        let mut changed = BTreeSet::new();
+        let mut changed = ServersChanged::default();
         let (mut delete, mut insert) = (Vec::new(), Vec::new());
-        for ((vm, index), (gpu, port)) in &recorded {
-            let now = wanted.get(&(*vm, *index)).copied();
-            if now == *port {
+        for ((vm, index), (gpu, port, ends)) in &recorded {
+            let (new_port, new_ends) = match now.get(&(*vm, *index)) {
+                Some((port, ends)) => (*port, Some(*ends)),
+                None => (None, None),
+            };
+            if (new_port, new_ends) == (*port, *ends) {
                 continue;
             }
-            changed.insert(*vm);
+            if new_port != *port {
+                changed.moved.insert(*vm);
+            }
+            if new_ends.unwrap_or(0) > ends.unwrap_or(0) {
+                changed.over_share.push((*vm, *index));
+            }
             let key = vec![Param::text(vm.to_string()), Param::Int(Some(i64::from(*index)))];
-            if port.is_some() {
+            if ends.is_some() {
                 delete.push(key.clone());
             }
-            if let Some(now) = now {
+            if let Some(new_ends) = new_ends {
                 let mut row = key;
                 row.push(Param::text(gpu.clone()));
-                row.push(Param::Int(Some(i64::from(now))));
+                row.push(Param::Int(new_port.map(i64::from)));
+                row.push(Param::Int(Some(i64::from(new_ends))));
                 insert.push(row);
             }
         }
@@ -122,12 +152,13 @@ impl super::Db {
         .await?;
         fetch_batched(&mut tx, insert, MAX_ROWS, |values| {
             format!(
-                "WITH v (vm, idx, gpu, port) AS (VALUES {values}) INSERT INTO cgpu_servers \
-                 (vm, idx, gpu, port) SELECT vm, idx, gpu, port FROM v WHERE vm IS NOT NULL"
+                "WITH v (vm, idx, gpu, port, ends) AS (VALUES {values}) INSERT INTO \
+                 cgpu_servers (vm, idx, gpu, port, over_share_ends) \
+                 SELECT vm, idx, gpu, port, ends FROM v WHERE vm IS NOT NULL"
             )
         })
         .await?;
-        // Ports of cGPUs no longer on the host's GPUs (released, re-homed): gone with them.
+        // Servers of cGPUs no longer on the host's GPUs (released, re-homed): gone with them.
         sqlx::query(
             "DELETE FROM cgpu_servers WHERE gpu IN (SELECT id FROM gpus WHERE host = $1) \
              AND NOT EXISTS (SELECT 1 FROM cgpus c WHERE c.vm = cgpu_servers.vm \

@@ -181,6 +181,8 @@ struct Server {
     since: Instant,
     /// The GPU memory its processes held at the last reading (bytes).
     gpu_memory: Option<u64>,
+    /// Times it was ended for holding more than its share.
+    over_share_ends: u32,
     /// Ends in a row (for the backoff), and restarts in all.
     ends_in_row: u32,
     restarts: u32,
@@ -201,6 +203,7 @@ impl Server {
             restarts: self.restarts,
             gpu_memory_mib: self.gpu_memory.map(|bytes| bytes >> 20),
             reason: self.reason.as_deref().map(rodvr_contract::protocol::health_reason),
+            over_share_ends: self.over_share_ends,
         }
     }
 
@@ -359,6 +362,7 @@ impl ProcessSupervisor {
                     share,
                     since: Instant::now(),
                     gpu_memory: None,
+                    over_share_ends: 0,
                     ends_in_row: 0,
                     restarts: record.restarts,
                     started: true,
@@ -602,6 +606,7 @@ impl ProcessSupervisor {
                 );
                 eprintln!("rodvr-agent: server {} {why}: ended", server.name);
                 self.over_share.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                server.over_share_ends += 1;
                 self.ended(server, why);
                 ended = true;
             }
@@ -639,6 +644,7 @@ impl ProcessSupervisor {
             share,
             since: Instant::now(),
             gpu_memory: None,
+            over_share_ends: 0,
             ends_in_row: 0,
             restarts: 0,
             started: false,
@@ -736,6 +742,7 @@ impl Supervisor for ProcessSupervisor {
                     restarts: 0,
                     gpu_memory_mib: None,
                     reason: Some("its share state could not be made".into()),
+                    over_share_ends: 0,
                 },
             })
             .collect()
