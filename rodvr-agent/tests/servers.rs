@@ -283,6 +283,11 @@ fn servers_end_with_their_cgpus_and_leave_nothing() {
     let name = format!("s-{}-0", uuid::Uuid::from_u128(6).simple());
     assert!(!setup.cgroups.path.join(&name).exists(), "its cgroup is left");
     assert!(!setup.dir.path().join("run").join(format!("{name}.share")).exists());
+    // Its clients change (its VM placed on a host after its server started): the same server.
+    let mut placed = spec(7, 0, 0, Some(512));
+    placed.clients = vec!["10.78.0.5".parse().unwrap()];
+    let kept = supervisor.converge(&[placed]);
+    assert_eq!(kept[0].pid, left[0].pid, "a server was started again for its clients");
     // The same cGPU moved to another GPU: a new server.
     let moved = supervisor.converge(&[spec(7, 0, 1, Some(512))]);
     assert_eq!(moved[0].state, ServerState::Ready);

@@ -686,10 +686,15 @@ impl Supervisor for ProcessSupervisor {
         let mut servers = self.lock();
         let wanted: HashMap<(VmId, u32), &ServerSpec> =
             specs.iter().map(|s| (s.key(), s)).collect();
-        // Gone from the table, or moved to another GPU or memory: ended (a new one starts).
+        // Gone from the table, or moved to another GPU or memory: ended (a new one starts). Its
+        // clients are the filter's business (a VM placed on its host after its server started
+        // changes them): the server runs on.
+        let moved = |spec: &ServerSpec, running: &ServerSpec| {
+            (&spec.gpu, spec.memory_mib) != (&running.gpu, running.memory_mib)
+        };
         let ending: Vec<(VmId, u32)> = servers
             .iter()
-            .filter(|(key, server)| wanted.get(key).is_none_or(|spec| **spec != server.spec))
+            .filter(|(key, server)| wanted.get(key).is_none_or(|spec| moved(spec, &server.spec)))
             .map(|(key, _)| *key)
             .collect();
         for key in ending {
@@ -699,7 +704,8 @@ impl Supervisor for ProcessSupervisor {
             let _ = std::fs::remove_file(self.log_path(&server.name));
         }
         for spec in specs {
-            if servers.contains_key(&spec.key()) {
+            if let Some(server) = servers.get_mut(&spec.key()) {
+                server.spec.clients.clone_from(&spec.clients);
                 continue;
             }
             match self.new_server(spec) {
