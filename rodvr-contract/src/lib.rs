@@ -3,7 +3,8 @@
 //! clients of both directions ([`client`]; every path carries the contract's version, `/v1/`) and
 //! the controller's short-lived token, signed by `gsaasd` and verified by each agent ([`auth`]),
 //! and the remote-GPU environment a VM is given ([`env`]), which both sides render; the protocol's
-//! version and the skew allowed between the two sides ([`version`]).
+//! version and the skew allowed between the two sides ([`version`]); the servers a managed GPU
+//! host runs per cGPU ([`servers`]).
 
 pub mod auth;
 pub mod client;
@@ -11,4 +12,5 @@ pub mod env;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod protocol;
+pub mod servers;
 pub mod version;
