@@ -42,7 +42,7 @@ def strip_comments(text):
 
 def without_tests(text):
     """The text without its `#[cfg(test)] mod tests { ... }` block: unit tests may reach anywhere."""
-    m = re.search(r"#\[cfg\(test\)\]\s*mod tests\s*\{", text)
+    m = re.search(r"#\[cfg\(test\)\]\s*(?:pub(?:\([a-z]+\))?\s+)?mod tests\s*\{", text)
     if not m:
         return text
     depth, i = 1, m.end()
@@ -206,7 +206,7 @@ def self_test():
             "lib.rs": "mod app;",
             "app/mod.rs": "mod x; mod y; pub struct App;",
             "app/x.rs": "use super::App; use super::y::Y;",
-            "app/y.rs": "use super::App;\n#[cfg(test)]\nmod tests { use super::super::x::X; }",
+            "app/y.rs": "use super::App;\n#[cfg(test)]\npub(crate) mod tests { use super::super::x::X; }",
         })
         assert any("circle" in p for p in check("circle", root)), "a circle went unseen"
         assert any("upward" in p for p in check("up", root, layered="up")), "an upward arrow went unseen"

@@ -102,6 +102,7 @@ pub struct Route {
 }
 
 pub use crate::env::{GpuDevice, GpuEnv};
+pub use crate::limits::{InvalidEntry, MAX_GPU_MEMORY_MIB, MAX_HEALTH_LEN};
 pub use crate::servers::{
     ManagedServers, ServerSpec, ServerState, ServerStatus, MAX_SERVERS_PER_HOST, MAX_SERVER_CLIENTS,
 };
@@ -177,15 +178,6 @@ impl<'de> Deserialize<'de> for Ipv4Cidr {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
-}
-
-/// A table entry the agent refuses, named by its position and field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{entry}: {reason}")]
-pub struct InvalidEntry {
-    /// Where the problem is, e.g. `routes[3].masked`.
-    pub entry: String,
-    pub reason: String,
 }
 
 /// Linux limits interface names to 15 bytes; nft compares them as strings.
@@ -308,7 +300,7 @@ impl RouteTable {
                 return Err(bad("masked", format!("{} is the metadata endpoint", route.masked)));
             }
         }
-        self.validate_servers()?;
+        crate::servers::validate_specs(&self.servers)?;
         if let Some(metadata) = self.metadata {
             let bad = |reason: String| InvalidEntry { entry: "metadata".into(), reason };
             if metadata.port() == 0 {
@@ -456,9 +448,6 @@ pub struct GpuReport {
     pub partition: Option<gpgpums::Partition>,
 }
 
-/// The longest reason a GPU report may give for a GPU being unhealthy.
-pub const MAX_HEALTH_LEN: usize = 256;
-
 /// `reason` as a report may carry it: control characters replaced, cut to [`MAX_HEALTH_LEN`]
 /// bytes (at a character boundary), never empty.
 pub fn health_reason(reason: &str) -> String {
@@ -506,8 +495,6 @@ pub const MAX_WHOLE_GPUS_WITH_PARTITIONS: u32 = 100;
 pub fn partition_index(parent: u32, nth: u32) -> u32 {
     100 * (parent + 1) + nth
 }
-/// The most memory one GPU may report: 16 TiB.
-pub const MAX_GPU_MEMORY_MIB: u64 = gpgpums::MAX_GPU_MEMORY_MIB;
 /// The highest device number an rCUDA daemon may give a GPU.
 pub const MAX_GPU_NUMBER: u32 = 1023;
 pub const MAX_MODEL_LEN: usize = 128;

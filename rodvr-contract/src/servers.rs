@@ -1,5 +1,5 @@
 //! The servers a managed GPU host's agent runs, one per cGPU (`[gpu_servers] managed`): what a
-//! table asks of them ([`ServerSpec`], in [`RouteTable::servers`]) and what an agent answers and
+//! table asks of them ([`ServerSpec`], in [`crate::protocol::RouteTable::servers`]) and what an agent answers and
 //! reports of them ([`ServerStatus`], in [`ManagedServers`]), with their checks. Re-exported by
 //! [`crate::protocol`], which the rest of the contract's wire types live in.
 
@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use gpgpums::ids::{GpuId, VmId};
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{InvalidEntry, RouteTable, MAX_GPU_MEMORY_MIB, MAX_HEALTH_LEN};
+use crate::limits::{InvalidEntry, MAX_GPU_MEMORY_MIB, MAX_HEALTH_LEN};
 
 /// The most cGPU servers one host's table may list.
 pub const MAX_SERVERS_PER_HOST: usize = 4096;
@@ -158,54 +158,51 @@ impl ManagedServers {
     }
 }
 
-impl RouteTable {
-    /// The servers: bounded, one per cGPU, with memory in range and a few unicast clients.
-    pub(crate) fn validate_servers(&self) -> Result<(), InvalidEntry> {
-        if self.servers.len() > MAX_SERVERS_PER_HOST {
-            return Err(InvalidEntry {
-                entry: "servers".into(),
-                reason: format!("more than {MAX_SERVERS_PER_HOST} servers"),
-            });
+/// A table's servers: bounded, one per cGPU, with memory in range and a few unicast clients.
+pub(crate) fn validate_specs(servers: &[ServerSpec]) -> Result<(), InvalidEntry> {
+    if servers.len() > MAX_SERVERS_PER_HOST {
+        return Err(InvalidEntry {
+            entry: "servers".into(),
+            reason: format!("more than {MAX_SERVERS_PER_HOST} servers"),
+        });
+    }
+    let mut seen: HashMap<(VmId, u32), usize> = HashMap::new();
+    for (i, server) in servers.iter().enumerate() {
+        let bad = |field: &str, reason: String| InvalidEntry {
+            entry: format!("servers[{i}].{field}"),
+            reason,
+        };
+        if let Some(first) = seen.insert(server.key(), i) {
+            return Err(bad(
+                "index",
+                format!("cGPU {} of {} is servers[{first}] already", server.index, server.vm),
+            ));
         }
-        let mut seen: HashMap<(VmId, u32), usize> = HashMap::new();
-        for (i, server) in self.servers.iter().enumerate() {
-            let bad = |field: &str, reason: String| InvalidEntry {
-                entry: format!("servers[{i}].{field}"),
-                reason,
-            };
-            if let Some(first) = seen.insert(server.key(), i) {
+        if let Some(memory) = server.memory_mib {
+            if !(1..=MAX_GPU_MEMORY_MIB).contains(&memory) {
                 return Err(bad(
-                    "index",
-                    format!("cGPU {} of {} is servers[{first}] already", server.index, server.vm),
+                    "memory_mib",
+                    format!("must be between 1 and {MAX_GPU_MEMORY_MIB}"),
                 ));
             }
-            if let Some(memory) = server.memory_mib {
-                if !(1..=MAX_GPU_MEMORY_MIB).contains(&memory) {
-                    return Err(bad(
-                        "memory_mib",
-                        format!("must be between 1 and {MAX_GPU_MEMORY_MIB}"),
-                    ));
-                }
-            }
-            if server.clients.len() > MAX_SERVER_CLIENTS {
-                return Err(bad("clients", format!("more than {MAX_SERVER_CLIENTS} addresses")));
-            }
-            for (j, ip) in server.clients.iter().enumerate() {
-                if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback()
-                {
-                    return Err(bad(&format!("clients[{j}]"), format!("{ip} is not unicast")));
-                }
+        }
+        if server.clients.len() > MAX_SERVER_CLIENTS {
+            return Err(bad("clients", format!("more than {MAX_SERVER_CLIENTS} addresses")));
+        }
+        for (j, ip) in server.clients.iter().enumerate() {
+            if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
+                return Err(bad(&format!("clients[{j}]"), format!("{ip} is not unicast")));
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::tests::report;
-    use crate::protocol::{HostKind, HostReport, Ipv4Cidr};
+    use crate::protocol::{HostKind, HostReport, Ipv4Cidr, RouteTable};
 
     fn server(vm: u128, index: u32) -> ServerSpec {
         ServerSpec {
