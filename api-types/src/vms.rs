@@ -215,6 +215,12 @@ pub struct LaunchRequest {
     /// Never put two of this VM's cGPUs on one physical GPU.
     #[serde(default)]
     pub distinct_gpus: bool,
+    /// Shared mode: each cGPU's share of its GPU's SMs, in percent (1-100), held by NVIDIA MPS
+    /// on hosts that run it; the shares on one GPU never add up past 100. Absent: no share, the
+    /// GPU time-sliced among its cGPUs. Where no GPU the request may take runs MPS: 422 naming
+    /// `compute_percent`.
+    #[serde(default)]
+    pub compute_percent: Option<u32>,
     /// The remote-GPU layer the VM's client speaks: every cGPU's server speaks it, now and after
     /// attach or re-homing. The service's default when absent. A layer no GPU speaks: 422.
     #[serde(default)]
@@ -268,6 +274,10 @@ pub struct AttachRequest {
     /// Never put two of this VM's cGPUs (old or new) on one physical GPU.
     #[serde(default)]
     pub distinct_gpus: bool,
+    /// Shared mode: each new cGPU's share of its GPU's SMs, in percent (as at launch). A `local`
+    /// VM whose host does not run MPS: 422 naming `compute_percent`.
+    #[serde(default)]
+    pub compute_percent: Option<u32>,
     /// Placement policy; the VM's when absent.
     #[serde(default)]
     pub policy: Option<String>,
@@ -288,6 +298,9 @@ pub struct CgpuView {
     pub masked_endpoint: String,
     pub memory_mib: u64,
     pub mode: String,
+    /// Its share of its GPU's SMs, percent; absent: none (time-sliced, or the whole GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_percent: Option<u8>,
     /// The physical GPU (admins only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,
@@ -307,6 +320,9 @@ pub struct GpuRequestView {
     pub mode: ModeParam,
     pub locality: LocalityParam,
     pub distinct_gpus: bool,
+    /// Each cGPU's share of its GPU's SMs, percent, as asked at launch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_percent: Option<u32>,
     /// The layer every cGPU of the VM speaks.
     #[serde(default)]
     pub remoting: RemotingParam,

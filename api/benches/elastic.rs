@@ -120,6 +120,7 @@ impl Bench {
             distinct_gpus: false,
             policy: None,
             queue: false,
+            compute_percent: None,
         }
     }
 

@@ -190,6 +190,8 @@ pub struct CgpuRecord {
     pub rcuda_address: Ipv4Addr,
     pub rcuda_port: u16,
     pub rcuda_gpu_number: u32,
+    /// Its share of its GPU's SMs, percent (a shared cGPU on a host that runs MPS).
+    pub compute_percent: Option<u8>,
 }
 
 /// A fence (see `migrations/0012_fencing.sql`): cGPU bookings kept, under their own holder in

@@ -9,6 +9,7 @@ use gsaas_test_support::on_both_stores;
 mod api;
 mod attacks;
 mod cloudinit;
+mod compute_shares;
 mod conformance;
 mod dashboard;
 mod db;

@@ -295,6 +295,10 @@ pub struct Launch {
     /// Never put two of the VM's cGPUs on one physical GPU.
     #[arg(long)]
     pub distinct_gpus: bool,
+    /// Shared mode: each cGPU's share of its GPU's SMs, percent (1-100), held by MPS on hosts
+    /// that run it; left out: time-sliced.
+    #[arg(long, value_name = "PERCENT")]
+    pub compute_percent: Option<u32>,
     /// The remote-GPU layer of the VM's client (every cGPU speaks it); the service's default
     /// when left out. LUPINE: at most 16 cGPUs.
     #[arg(long, value_enum)]
@@ -373,6 +377,9 @@ pub struct Attach {
     /// Never put two of the VM's cGPUs (old or new) on one physical GPU.
     #[arg(long)]
     pub distinct_gpus: bool,
+    /// Shared mode: each new cGPU's share of its GPU's SMs, percent (1-100).
+    #[arg(long, value_name = "PERCENT")]
+    pub compute_percent: Option<u32>,
     /// Makes a retried attach attach once.
     #[arg(long)]
     pub idempotency_key: Option<String>,

@@ -365,6 +365,7 @@ fn launch_vm(
         },
         policy: launch.policy,
         distinct_gpus: launch.distinct_gpus,
+        compute_percent: launch.compute_percent,
         remoting: launch.remoting.map(|r| match r {
             args::Remoting::Rcuda => RemotingParam::Rcuda,
             args::Remoting::Lupine => RemotingParam::Lupine,
@@ -423,6 +424,7 @@ fn attach_cgpus(client: &Client, format: Format, attach: args::Attach) -> Result
         gpu_memory_mib: attach.poolmem,
         mode: mode_param(attach.mode),
         distinct_gpus: attach.distinct_gpus,
+        compute_percent: attach.compute_percent,
         policy: attach.policy,
         queue: attach.queue,
     };

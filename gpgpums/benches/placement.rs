@@ -129,6 +129,7 @@ fn fragmented_pool(gpus: usize, selector: Selector, mixed: bool) -> Pool {
                     CGPU_SIZES_MIB[rng.below(CGPU_SIZES_MIB.len())]
                 },
                 mode: if exclusive { Mode::Exclusive } else { Mode::Shared },
+                compute_percent: None,
                 rcuda: spec.rcuda,
             });
         }

@@ -183,6 +183,11 @@ pub struct Request {
     /// What it asks of the network between the VM and its GPUs (groups, round trips).
     #[serde(default, skip_serializing_if = "NetworkConstraint::is_empty")]
     pub network: NetworkConstraint,
+    /// Percent of its GPU's SMs each shared cGPU may use (MPS's active-thread percentage);
+    /// none: time-sliced with the GPU's other cGPUs. Only GPUs whose host runs MPS take it, and
+    /// the shares on one GPU never add up past 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_percent: Option<u32>,
 }
 
 impl Request {
@@ -196,6 +201,7 @@ impl Request {
             distinct_gpus: false,
             constraints: GpuConstraints::default(),
             network: NetworkConstraint::NONE,
+            compute_percent: None,
         }
     }
 
@@ -218,6 +224,22 @@ impl Request {
 
     pub fn with_network(self, network: NetworkConstraint) -> Self {
         Request { network, ..self }
+    }
+
+    /// Each cGPU with `percent` of its GPU's SMs (see [`Request::compute_percent`]).
+    pub fn with_compute_percent(self, percent: u32) -> Self {
+        Request { compute_percent: Some(percent), ..self }
+    }
+
+    /// The constraints its GPUs must meet: its own, and a host that runs MPS when it asks for a
+    /// compute share.
+    pub fn gpu_constraints(&self) -> std::borrow::Cow<'_, GpuConstraints> {
+        if self.compute_percent.is_some() && !self.constraints.compute_share {
+            let constraints = GpuConstraints { compute_share: true, ..self.constraints.clone() };
+            std::borrow::Cow::Owned(constraints)
+        } else {
+            std::borrow::Cow::Borrowed(&self.constraints)
+        }
     }
 }
 
@@ -243,6 +265,10 @@ pub struct CgpuAssignment {
     /// Memory reserved on the GPU: the request's memory when shared, the GPU's whole memory when exclusive.
     pub memory_mib: u64,
     pub mode: Mode,
+    /// Percent of the GPU's SMs it may use (a shared cGPU on a host that runs MPS); none:
+    /// time-sliced, or the whole GPU when exclusive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_percent: Option<u8>,
     pub rcuda: RcudaEndpoint,
 }
 

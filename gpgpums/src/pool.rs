@@ -40,7 +40,7 @@
 //! request may ask for one group, a round-trip limit or the nearest GPUs: `pool/network.rs` places those
 //! group by group, over the same indexes, and says where the VM may then run.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::error::{Error, Shortfall};
@@ -112,6 +112,10 @@ struct GpuEntry {
     parent: Option<u32>,
     /// The slots of its partitions, ascending: with any, it takes no cGPU whole.
     partitions: Vec<u32>,
+    /// The compute shares of its cGPUs, in percent of its SMs, added up, and how many cGPUs
+    /// have one (see [`Pool::compute_hidden`]).
+    compute_percent: u32,
+    compute_cgpus: u32,
 }
 
 impl GpuEntry {
@@ -328,9 +332,13 @@ fn empty_gpu_room(memory_mib: u64, request: &Request) -> u64 {
     if request.mode == Mode::Exclusive || request.distinct_gpus {
         return 1;
     }
-    match request.gpu_memory_mib {
+    let by_memory = match request.gpu_memory_mib {
         Some(mib) if mib > 0 => memory_mib / mib,
         _ => 0,
+    };
+    match request.compute_percent {
+        Some(percent) if percent > 0 => by_memory.min(100 / u64::from(percent)),
+        _ => by_memory,
     }
 }
 
@@ -380,6 +388,10 @@ pub struct Pool {
     groups: std::sync::OnceLock<Arc<network::Groups>>,
     /// Who measured each host's round trip (see `pool/network.rs`), worked out on first use.
     measured_by: std::sync::OnceLock<Arc<network::MeasuredBy>>,
+    /// The GPUs holding cGPUs with compute shares, and the MPS GPUs holding shared cGPUs
+    /// without: the few a placement may have to hide (see [`Pool::compute_hidden`]).
+    compute_gpus: BTreeSet<GpuId>,
+    plain_on_mps: BTreeSet<GpuId>,
 }
 
 impl Default for Pool {
@@ -422,6 +434,8 @@ impl Pool {
             host_changes: 0,
             groups: std::sync::OnceLock::new(),
             measured_by: std::sync::OnceLock::new(),
+            compute_gpus: BTreeSet::new(),
+            plain_on_mps: BTreeSet::new(),
         }
     }
 
@@ -547,6 +561,8 @@ impl Pool {
             holders: Vec::new(),
             parent,
             partitions: Vec::new(),
+            compute_percent: 0,
+            compute_cgpus: 0,
         };
         self.changes += 1;
         if at < self.gpus.len() {
@@ -664,6 +680,7 @@ impl Pool {
                 && last.cuda_version == a.cuda_version
                 && last.traits == a.traits
                 && last.remoting == a.remoting
+                && last.mps == a.mps
             {
                 let kind = *kind;
                 self.count_kind(kind, true);
@@ -791,6 +808,7 @@ impl Pool {
             gpu.spec = spec;
             gpu.kind = kind;
         });
+        self.file_compute(slot);
         // A partitioned GPU counts in no kind (see `KindEntry::gpus`).
         self.count_kind(if partitioned { kind } else { old }, false);
         self.forget_filters();
@@ -948,7 +966,7 @@ impl Pool {
     /// the GPUs after each inventory change, then one over the hosts' make-ups (a fleet has few).
     pub fn could_ever_fit(&mut self, request: &Request, on_host: Option<&HostId>) -> bool {
         let n = u64::from(request.ncgpus);
-        let filter = self.admission(&request.constraints);
+        let filter = self.admission(&request.gpu_constraints());
         if let Some(host) = on_host {
             let Some(&h) = self.host_by_id.get(host) else { return false };
             let host = &self.hosts[h as usize];
@@ -978,11 +996,11 @@ impl Pool {
         match on_host {
             Some(_) if request.locality == Locality::Local => self.could_ever_fit(request, on_host),
             Some(host) if request.network.is_hard() => {
-                let filter = self.admission(&request.constraints);
+                let filter = self.admission(&request.gpu_constraints());
                 self.could_ever_attach_near(request, &filter, host)
             }
             _ => {
-                let filter = self.admission(&request.constraints);
+                let filter = self.admission(&request.gpu_constraints());
                 self.empty_room(request, &filter).0 >= u64::from(request.ncgpus)
             }
         }
@@ -1067,7 +1085,7 @@ impl Pool {
         if !request.network.is_empty() {
             self.check_levels(&request.network)?;
         }
-        let filter = self.filter(view, &request.constraints, request.ncgpus)?;
+        let filter = self.filter(view, &request.gpu_constraints(), request.ncgpus)?;
         let outcome = match request.locality {
             Locality::Local => self.place_local(request, view, &filter),
             Locality::Any | Locality::Remote if request.network.is_empty() => {
@@ -1142,16 +1160,32 @@ impl Pool {
         let mut hosts_used: HashSet<u32> =
             held.iter().map(|&s| self.gpus[s as usize].host).collect();
         let mut failed = false;
-        let mut hidden: Vec<u32> = Vec::new();
+        let mut hidden: Vec<u32> = self.compute_hidden(request);
         if request.distinct_gpus {
             hidden.extend(gpus_used.iter().copied());
+        }
+        // Those a caller hid stay hidden after.
+        if !hidden.is_empty() {
+            hidden.retain(|&s| !self.masked[s as usize]);
+            hidden.sort_unstable();
+            hidden.dedup();
             self.set_masked(&hidden, true);
         }
+        // Compute shares taken on each slot by this request so far.
+        let mut taking: HashMap<u32, u32> = HashMap::new();
         for _ in 0..request.ncgpus {
             let Some(slot) = self.select(view, request, filter, within) else {
                 failed = true;
                 break;
             };
+            if let Some(percent) = request.compute_percent {
+                let taken = taking.entry(slot).or_default();
+                *taken += percent;
+                if self.gpus[slot as usize].compute_percent + *taken + percent > 100 {
+                    self.set_masked(&[slot], true);
+                    hidden.push(slot);
+                }
+            }
             let new_gpu = gpus_used.insert(slot);
             let new_host = hosts_used.insert(self.gpus[slot as usize].host);
             self.take(
@@ -1167,7 +1201,7 @@ impl Pool {
             }
             chosen.push(slot);
         }
-        if request.distinct_gpus {
+        if !hidden.is_empty() {
             self.set_masked(&hidden, false);
         }
         if failed {
@@ -1189,6 +1223,8 @@ impl Pool {
                     host: gpu.spec.host.clone(),
                     memory_mib: request_memory(request, gpu),
                     mode: request.mode,
+                    // Validated: 1 to 100.
+                    compute_percent: request.compute_percent.map(|p| p.min(100) as u8),
                     rcuda: gpu.spec.rcuda,
                 }
             })
@@ -1221,13 +1257,13 @@ impl Pool {
     /// holds nothing (already released, or never placed) gives `None`.
     pub fn release(&mut self, vm: &VmId) -> Option<Placement> {
         let placement = self.vms.remove(vm)?;
-        self.unhold(*vm, &placement.cgpus);
         let booked: Vec<(u32, u64, Mode)> = placement
             .cgpus
             .iter()
             .map(|c| (self.gpu_by_id[&c.gpu], c.memory_mib, c.mode))
             .collect();
         self.untake_all(&booked, &[]);
+        self.unhold(*vm, &placement.cgpus);
         self.changes += 1;
         Some(placement)
     }
@@ -1273,7 +1309,16 @@ impl Pool {
         let tiers: Vec<Option<Vec<u32>>> = match on_host {
             Some(host) if request.locality == Locality::Local => {
                 let Some(&h) = self.host_by_id.get(host) else { return Err(shortfall(0)) };
-                vec![Some(self.hosts[h as usize].slots.clone())]
+                let slots = &self.hosts[h as usize].slots;
+                let mps = |&s: &u32| self.kinds[self.gpus[s as usize].kind as usize].kind.mps;
+                if request.compute_percent.is_some() && !slots.iter().any(mps) {
+                    return Err(Error::invalid(
+                        "compute_percent",
+                        "the VM's GPU host does not run MPS, which a compute share needs; \
+                         leave compute_percent out to time-slice",
+                    ));
+                }
+                vec![Some(slots.clone())]
             }
             Some(host) if !request.network.is_empty() => {
                 self.check_levels(&request.network)?;
@@ -1284,7 +1329,7 @@ impl Pool {
         if self.views_stale {
             self.rebuild_views();
         }
-        let filter = self.filter(view, &request.constraints, request.ncgpus)?;
+        let filter = self.filter(view, &request.gpu_constraints(), request.ncgpus)?;
         let mut placed = Err(0);
         for within in &tiers {
             placed = self.place_on(request, view, &filter, within.as_deref(), &held);
@@ -1353,11 +1398,27 @@ impl Pool {
         let mut gpus_used = HashSet::new();
         let mut hosts_used = HashSet::new();
         let mut booked: Vec<(u32, u64, Mode)> = Vec::with_capacity(slots.len());
+        let mut computing: HashMap<u32, u32> = HashMap::new();
         for (cgpu, &slot) in placement.cgpus.iter().zip(&slots) {
             let gpu = &self.gpus[slot as usize];
+            // Shares booked on the GPU with this placement's so far (none: no map entry).
+            let computes = match cgpu.compute_percent {
+                Some(percent) => {
+                    let computes = computing.entry(slot).or_insert(gpu.compute_percent);
+                    *computes += u32::from(percent);
+                    *computes
+                }
+                None => 0,
+            };
             let fits = match cgpu.mode {
-                Mode::Exclusive => gpu.is_idle() && cgpu.memory_mib == gpu.spec.memory_mib,
-                Mode::Shared => !gpu.exclusive && cgpu.memory_mib <= gpu.free_mib(),
+                Mode::Exclusive => {
+                    gpu.is_idle()
+                        && cgpu.memory_mib == gpu.spec.memory_mib
+                        && cgpu.compute_percent.is_none()
+                }
+                Mode::Shared => {
+                    !gpu.exclusive && cgpu.memory_mib <= gpu.free_mib() && computes <= 100
+                }
             } && !self.booked_with_relatives(gpu);
             if !fits || cgpu.memory_mib == 0 {
                 self.untake_all(&booked, &[]);
@@ -1371,7 +1432,7 @@ impl Pool {
             self.take(slot, cgpu.memory_mib, cgpu.mode, new_gpu, new_host);
             booked.push((slot, cgpu.memory_mib, cgpu.mode));
         }
-        self.hold_on(placement.vm, &slots);
+        self.hold_on(placement.vm, &placement.cgpus, &slots);
         self.vms.insert(placement.vm, placement);
         self.changes += 1;
         Ok(())
@@ -1798,9 +1859,13 @@ impl Pool {
                 "traits.required" => {
                     format!("no GPU{among} has every trait of {}", constraints.required.join(", "))
                 }
-                _ => format!(
+                "traits.forbidden" => format!(
                     "every GPU{among} that meets the other constraints has a trait of {}",
                     constraints.forbidden.join(", ")
+                ),
+                _ => format!(
+                    "no GPU{among} that meets the other constraints is on a host that runs MPS, \
+                     which a compute share needs; leave compute_percent out to time-slice"
                 ),
             };
             return Error::invalid(field, reason);
@@ -1883,26 +1948,78 @@ impl Pool {
         });
     }
 
-    /// Records `vm` as the holder of `cgpus` on their GPUs.
+    /// Records `vm` as the holder of `cgpus` on their GPUs, with their compute shares.
     fn hold(&mut self, vm: VmId, cgpus: &[CgpuAssignment]) {
         let slots: Vec<u32> = cgpus.iter().map(|cgpu| self.gpu_by_id[&cgpu.gpu]).collect();
-        self.hold_on(vm, &slots);
+        self.hold_on(vm, cgpus, &slots);
     }
 
     /// [`Self::hold`] with the cGPUs' slots known.
-    fn hold_on(&mut self, vm: VmId, slots: &[u32]) {
-        for &slot in slots {
-            self.gpus[slot as usize].holders.push(vm);
+    fn hold_on(&mut self, vm: VmId, cgpus: &[CgpuAssignment], slots: &[u32]) {
+        for (cgpu, &slot) in cgpus.iter().zip(slots) {
+            let gpu = &mut self.gpus[slot as usize];
+            gpu.holders.push(vm);
+            if let Some(percent) = cgpu.compute_percent {
+                gpu.compute_percent += u32::from(percent);
+                gpu.compute_cgpus += 1;
+            }
+            self.file_compute(slot);
         }
     }
 
-    /// Undoes [`Pool::hold`].
+    /// Undoes [`Pool::hold`], after the cGPUs' bookings were undone.
     fn unhold(&mut self, vm: VmId, cgpus: &[CgpuAssignment]) {
         for cgpu in cgpus {
-            let holders = &mut self.gpus[self.gpu_by_id[&cgpu.gpu] as usize].holders;
-            if let Some(at) = holders.iter().position(|h| *h == vm) {
-                holders.swap_remove(at);
+            let slot = self.gpu_by_id[&cgpu.gpu];
+            let gpu = &mut self.gpus[slot as usize];
+            if let Some(at) = gpu.holders.iter().position(|h| *h == vm) {
+                gpu.holders.swap_remove(at);
             }
+            if let Some(percent) = cgpu.compute_percent {
+                gpu.compute_percent -= u32::from(percent);
+                gpu.compute_cgpus -= 1;
+            }
+            self.file_compute(slot);
+        }
+    }
+
+    /// Puts `slot`'s GPU in the sets [`Self::compute_hidden`] reads, or takes it out, after its
+    /// bookings or kind changed.
+    fn file_compute(&mut self, slot: u32) {
+        let gpu = &self.gpus[slot as usize];
+        let plain = !gpu.exclusive && gpu.cgpus > gpu.compute_cgpus;
+        let mps = self.kinds[gpu.kind as usize].kind.mps;
+        let file = |set: &mut BTreeSet<GpuId>, member: bool| {
+            if member != set.contains(&gpu.spec.id) {
+                if member {
+                    set.insert(gpu.spec.id.clone());
+                } else {
+                    set.remove(&gpu.spec.id);
+                }
+            }
+        };
+        file(&mut self.compute_gpus, gpu.compute_cgpus > 0);
+        file(&mut self.plain_on_mps, plain && mps);
+    }
+
+    /// The GPUs a cGPU of `request` may not take for the compute shares on them: a cGPU with a
+    /// share takes no GPU whose shares would pass 100 percent, nor an MPS GPU with cGPUs
+    /// without (they would use its SMs unbounded); a shared cGPU without a share takes no GPU
+    /// with shares. Empty, at no cost, while no GPU holds a share.
+    fn compute_hidden(&self, request: &Request) -> Vec<u32> {
+        let slot = |id: &GpuId| self.gpu_by_id[id];
+        match (request.compute_percent, request.mode) {
+            (Some(percent), Mode::Shared) => {
+                let room = 100 - percent.min(100);
+                let full = self
+                    .compute_gpus
+                    .iter()
+                    .map(slot)
+                    .filter(|&s| self.gpus[s as usize].compute_percent > room);
+                full.chain(self.plain_on_mps.iter().map(slot)).collect()
+            }
+            (None, Mode::Shared) => self.compute_gpus.iter().map(slot).collect(),
+            _ => Vec::new(),
         }
     }
 
@@ -2060,6 +2177,7 @@ impl Pool {
         let mut jobs = vec![0u32; self.gpus.len()];
         let mut host_vms = vec![0u32; self.hosts.len()];
         let mut holders: Vec<Vec<VmId>> = vec![Vec::new(); self.gpus.len()];
+        let mut computes = vec![(0u32, 0u32); self.gpus.len()];
         for placement in self.vms.values() {
             let mut gpus = HashSet::new();
             let mut hosts = HashSet::new();
@@ -2068,6 +2186,10 @@ impl Pool {
                     *self.gpu_by_id.get(&cgpu.gpu).ok_or("placement on unknown GPU")? as usize;
                 used[slot] += cgpu.memory_mib;
                 cgpus[slot] += 1;
+                if let Some(percent) = cgpu.compute_percent {
+                    computes[slot].0 += u32::from(percent);
+                    computes[slot].1 += 1;
+                }
                 holders[slot].push(placement.vm);
                 exclusive[slot] |= cgpu.mode == Mode::Exclusive;
                 if gpus.insert(slot) {
@@ -2082,6 +2204,19 @@ impl Pool {
             let id = &gpu.spec.id;
             if gpu.used_mib != used[slot] || gpu.cgpus != cgpus[slot] || gpu.jobs != jobs[slot] {
                 return Err(format!("GPU {id}: bookkeeping differs from the VMs' placements"));
+            }
+            if (gpu.compute_percent, gpu.compute_cgpus) != computes[slot] {
+                return Err(format!("GPU {id}: compute shares differ from the VMs' placements"));
+            }
+            if gpu.compute_percent > 100 {
+                return Err(format!("GPU {id}: compute shares add up to {}%", gpu.compute_percent));
+            }
+            let plain = !gpu.exclusive && gpu.cgpus > gpu.compute_cgpus;
+            if self.compute_gpus.contains(id) != (gpu.compute_cgpus > 0)
+                || self.plain_on_mps.contains(id)
+                    != (plain && self.kinds[gpu.kind as usize].kind.mps)
+            {
+                return Err(format!("GPU {id}: filed wrong for compute shares"));
             }
             let mut recorded = gpu.holders.clone();
             recorded.sort_unstable();
@@ -2196,6 +2331,18 @@ impl Request {
             (Mode::Shared, None) => {
                 problems.push(("gpu_memory_mib", "is required in shared mode".to_owned()));
             }
+            _ => {}
+        }
+        match (self.compute_percent, self.mode) {
+            (Some(percent), _) if percent == 0 || percent > 100 => problems.push((
+                "compute_percent",
+                format!("{percent} is not a percentage of a GPU's SMs: 1 to 100"),
+            )),
+            (Some(_), Mode::Exclusive) => problems.push((
+                "compute_percent",
+                "only a shared cGPU takes a compute share: an exclusive one has its whole GPU"
+                    .to_owned(),
+            )),
             _ => {}
         }
         if let Some(problem) =

@@ -371,6 +371,7 @@ struct Shape {
     locality: Locality,
     distinct_gpus: bool,
     gpu_memory_mib: Option<u64>,
+    compute_percent: Option<u32>,
     policy: u32,
 }
 
@@ -420,6 +421,7 @@ impl Interned {
             locality: request.locality,
             distinct_gpus: request.distinct_gpus,
             gpu_memory_mib: request.gpu_memory_mib,
+            compute_percent: request.compute_percent,
             policy: self.policy(&w.policy),
         })
     }

@@ -182,6 +182,10 @@ pub struct GpuAttributes {
     /// managed`); otherwise one server per GPU, started by the operator.
     #[serde(default, skip_serializing_if = "is_false")]
     pub managed: bool,
+    /// Its host runs MPS (`[gpu_servers] mps`), so its agent can hold each server to a compute
+    /// share. Only a managed GPU can.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub mps: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -209,6 +213,13 @@ impl GpuAttributes {
         problems.extend(
             self.traits.iter().filter_map(|t| trait_name_problem(t)).map(|p| ("traits", p)),
         );
+        if self.mps && !self.managed {
+            problems.push((
+                "mps",
+                "only a GPU whose agent runs its servers (managed) can give compute shares"
+                    .to_owned(),
+            ));
+        }
         if let Some(uuid) = &self.uuid {
             let fine = |c: char| c.is_ascii_alphanumeric() || c == '-';
             if uuid.is_empty() || uuid.len() > 96 || !uuid.chars().all(fine) {
@@ -248,6 +259,10 @@ pub struct GpuConstraints {
     pub min_compute_capability: Option<MajorMinor>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_cuda_version: Option<MajorMinor>,
+    /// Only GPUs whose host runs MPS: set for a request with a compute share (see
+    /// [`crate::Request::gpu_constraints`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub compute_share: bool,
 }
 
 /// What a GPU offers to constraints: one per kind of GPU in a pool.
@@ -259,6 +274,8 @@ pub struct GpuKind {
     pub cuda_version: Option<MajorMinor>,
     /// [`GpuAttributes::all_traits`].
     pub traits: BTreeSet<String>,
+    /// [`GpuAttributes::mps`].
+    pub mps: bool,
 }
 
 impl GpuKind {
@@ -269,6 +286,7 @@ impl GpuKind {
             compute_capability: attributes.compute_capability,
             cuda_version: attributes.cuda_version,
             traits: attributes.all_traits(),
+            mps: attributes.mps,
         }
     }
 }
@@ -284,6 +302,7 @@ impl GpuConstraints {
         avoid: Vec::new(),
         min_compute_capability: None,
         min_cuda_version: None,
+        compute_share: false,
     };
 
     /// Whether it asks nothing (any GPU, no ranking).
@@ -304,6 +323,7 @@ impl GpuConstraints {
             || !self.forbidden.is_empty()
             || self.min_compute_capability.is_some()
             || self.min_cuda_version.is_some()
+            || self.compute_share
     }
 
     /// The hard constraints in the order a refusal names the first that no GPU meets: each
@@ -326,6 +346,7 @@ impl GpuConstraints {
             ("min_cuda_version", at_least(kind.cuda_version, self.min_cuda_version)),
             ("traits.required", self.required.iter().all(|t| kind.traits.contains(t))),
             ("traits.forbidden", !self.forbidden.iter().any(|t| kind.traits.contains(t))),
+            ("compute_percent", !self.compute_share || kind.mps),
         ]
         .into_iter()
     }

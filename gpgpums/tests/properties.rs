@@ -90,6 +90,9 @@ fn variant_spec(host: &HostId, index: u32, memory_mib: u64, variant: u8) -> GpuS
             traits: traits.map(|(_, t)| (*t).to_owned()).collect(),
             // A pool that mixes layers: a request's layer is a hard constraint like a model.
             remoting,
+            // And hosts whose even GPUs run under MPS: they alone take compute shares.
+            managed: true,
+            mps: index.is_multiple_of(2),
             ..GpuAttributes::default()
         },
         ..gpu_spec(host, index, memory_mib)
@@ -125,6 +128,7 @@ fn constraints() -> impl Strategy<Value = GpuConstraints> {
                 avoid,
                 min_compute_capability,
                 min_cuda_version: None,
+                compute_share: false,
             }
         },
     );
@@ -172,15 +176,19 @@ fn request() -> impl Strategy<Value = Request> {
     let memory = prop_oneof![Just(None), (1u64..9000).prop_map(Some), Just(Some(4096))];
     let mode = prop_oneof![Just(Mode::Shared), Just(Mode::Exclusive)];
     let locality = prop_oneof![Just(Locality::Any), Just(Locality::Local), Just(Locality::Remote)];
-    (0u32..6, memory, mode, locality, any::<bool>(), constraints(), network()).prop_map(
-        |(ncgpus, gpu_memory_mib, mode, locality, distinct_gpus, constraints, network)| Request {
-            ncgpus,
-            gpu_memory_mib,
-            mode,
-            locality,
-            distinct_gpus,
-            constraints,
-            network,
+    let compute = prop_oneof![3 => Just(None), 1 => (0u32..=101).prop_map(Some)];
+    (0u32..6, memory, mode, locality, any::<bool>(), constraints(), network(), compute).prop_map(
+        |(ncgpus, gpu_memory_mib, mode, locality, distinct_gpus, constraints, network, compute)| {
+            Request {
+                ncgpus,
+                gpu_memory_mib,
+                mode,
+                locality,
+                distinct_gpus,
+                constraints,
+                network,
+                compute_percent: compute,
+            }
         },
     )
 }

@@ -190,6 +190,16 @@ pub struct RcudaConfig {
     /// it (NVML: the driver's own per-context memory included) before the agent ends it, MiB.
     #[serde(default = "default_server_memory_slack_mib")]
     pub memory_slack_mib: u64,
+    /// The host runs NVIDIA MPS (managed): a shared cGPU may then ask for a compute share, which
+    /// the agent sets as its server's active-thread percentage (and its memory share as MPS's
+    /// pinned device-memory limit too). The operator runs the MPS control daemon; every server
+    /// is its client, one fault domain per GPU (README).
+    #[serde(default)]
+    pub mps: bool,
+    /// The MPS control daemon's pipe directory (`CUDA_MPS_PIPE_DIRECTORY`), which the servers'
+    /// user must be able to reach.
+    #[serde(default = "default_mps_pipe_directory")]
+    pub mps_pipe_directory: PathBuf,
 }
 
 impl RcudaConfig {
@@ -213,6 +223,8 @@ impl RcudaConfig {
             ready_timeout_ms: default_server_ready_ms(),
             start_timeout_secs: default_server_start_secs(),
             memory_slack_mib: default_server_memory_slack_mib(),
+            mps: false,
+            mps_pipe_directory: default_mps_pipe_directory(),
         }
     }
 
@@ -223,7 +235,9 @@ impl RcudaConfig {
     /// Why the managed servers' settings cannot work; `None` when they can (or are off).
     fn managed_problem(&self) -> Option<String> {
         if !self.managed {
-            return None;
+            return self
+                .mps
+                .then(|| "gpu_servers.mps needs managed = true: only the agent's own servers can be given a compute share".to_owned());
         }
         let problem = if self.command.is_empty() {
             "gpu_servers.command must name the server's program (managed = true)".to_owned()
@@ -242,6 +256,8 @@ impl RcudaConfig {
             "gpu_servers.ready_timeout_ms must be 1 to 600000".to_owned()
         } else if !(1..=3600).contains(&self.start_timeout_secs) {
             "gpu_servers.start_timeout_secs must be 1 to 3600".to_owned()
+        } else if self.mps && !self.mps_pipe_directory.is_absolute() {
+            "gpu_servers.mps_pipe_directory must be an absolute path".to_owned()
         } else if let Some(name) = self.env.keys().find(|k| {
             k.is_empty()
                 || k.contains('=')
@@ -249,6 +265,7 @@ impl RcudaConfig {
                 || k.starts_with("GSAAS_")
                 || *k == "CUDA_VISIBLE_DEVICES"
                 || *k == "LD_PRELOAD"
+                || k.starts_with("CUDA_MPS_")
         }) {
             format!("gpu_servers.env: {name:?} is set by the agent or is not a variable name")
         } else {
@@ -347,6 +364,7 @@ impl GpuConfig {
             // The host's, set with its servers' endpoints (`discovery::inventory`).
             remoting: gpgpums::Remoting::default(),
             managed: false,
+            mps: false,
         }
     }
 }
@@ -393,6 +411,10 @@ fn default_server_ready_ms() -> u64 {
 fn default_server_start_secs() -> u64 {
     120
 }
+fn default_mps_pipe_directory() -> PathBuf {
+    PathBuf::from("/tmp/nvidia-mps")
+}
+
 fn default_server_memory_slack_mib() -> u64 {
     512
 }
@@ -634,6 +656,9 @@ mod tests {
         assert!(servers.managed);
         assert_eq!(servers.ports.unwrap().ports(), 20000..=20999);
         assert!(!parse("").unwrap().rcuda.unwrap().managed, "off unless asked");
+        let mps = parse(&format!("{full}mps = true\n")).unwrap().rcuda.unwrap();
+        assert!(mps.mps && !servers.mps);
+        assert_eq!(mps.mps_pipe_directory, Path::new("/tmp/nvidia-mps"));
         for (change, named) in [
             (full.replace("command = ['/opt/lupine/bin/lupine_driver_server']\n", ""), "command"),
             (full.replace("ports = '20000-20999'\n", ""), "ports"),
@@ -641,6 +666,13 @@ mod tests {
             (format!("{full}cpu_weight = 0\n"), "cpu_weight"),
             (format!("{full}[gpu_servers.env]\nLD_PRELOAD = '/tmp/evil.so'\n"), "LD_PRELOAD"),
             (format!("{full}[gpu_servers.env]\nGSAAS_SHARE_FD = '0'\n"), "GSAAS_SHARE_FD"),
+            // The share is the agent's to set, per server; not a variable for all of them.
+            (
+                format!("{full}[gpu_servers.env]\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE = '100'\n"),
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            ),
+            ("mps = true\n".to_owned(), "managed = true"),
+            (format!("{full}mps = true\nmps_pipe_directory = 'pipes'\n"), "absolute"),
         ] {
             let err = parse(&change).unwrap_err().to_string();
             assert!(err.contains(named), "{change}: {err}");

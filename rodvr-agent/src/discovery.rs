@@ -203,6 +203,7 @@ impl GpuDiscovery for NvmlGpus {
                 // The host's, set with its servers' endpoints (`inventory`).
                 remoting: Default::default(),
                 managed: false,
+                mps: false,
             };
             let mig_mode = dev.mig_mode().ok().map(|mode| mode.current == 1);
             found.push(FoundGpu {
@@ -355,6 +356,7 @@ pub fn inventory(
                 attributes: GpuAttributes {
                     remoting: rcuda.remoting,
                     managed: rcuda.managed,
+                    mps: rcuda.managed && rcuda.mps,
                     ..g.attributes
                 },
                 partition,

@@ -946,6 +946,7 @@ uuid = "GPU-netns-0"
         gpu: gpgpums::GpuId::new("mg0:gpu0").unwrap(),
         memory_mib: Some(1024),
         clients: clients.iter().map(|c| c.parse().unwrap()).collect(),
+        compute_percent: None,
     };
     let table = |generation: u64, routes: Vec<Route>| RouteTable {
         generation,

@@ -54,6 +54,7 @@ impl Setup {
             ready_timeout: Duration::from_secs(5),
             start_timeout: Duration::from_secs(3),
             memory_slack_bytes: 64 << 20,
+            mps: None,
             unshare: "/usr/bin/unshare".into(),
             setpriv: "/usr/bin/setpriv".into(),
         }
@@ -98,6 +99,7 @@ fn spec(vm: u128, index: u32, gpu: u32, memory_mib: Option<u64>) -> ServerSpec {
         gpu: GpuId::new(format!("g0:gpu{gpu}")).unwrap(),
         memory_mib,
         clients: vec![],
+        compute_percent: None,
     }
 }
 
@@ -444,5 +446,44 @@ fn a_server_past_its_share_as_the_driver_counts_it_is_ended() {
     tick_until(&supervisor, Duration::from_secs(10), |s| {
         s[0].state == ServerState::Ready && s[0].restarts == 1
     });
+    supervisor.converge(&[]);
+}
+
+#[test]
+fn a_compute_share_is_set_only_under_mps_and_a_host_without_it_refuses_to_serve_one() {
+    let setup = Setup::new("mps", 21300);
+    let shared = ServerSpec { compute_percent: Some(30), ..spec(14, 0, 0, Some(2048)) };
+    // No MPS here: the share cannot be held, so the server is never started (a tenant must not
+    // get the whole GPU's SMs because a table asked a host that cannot say no otherwise).
+    let plain = setup.start("serve", &[]);
+    assert!(!plain.mps());
+    let refused = plain.converge(std::slice::from_ref(&shared)).remove(0);
+    assert_eq!(refused.state, ServerState::Failed, "{refused:?}");
+    assert_eq!(refused.live_port(), None);
+    assert!(refused.reason.as_deref().unwrap().contains("MPS"), "{refused:?}");
+    assert!(cgroup_pids(&setup, 14, 0).is_empty(), "nothing started");
+    drop(plain);
+    // Under MPS: the server is MPS's client with its share of the SMs and of the memory; a
+    // cGPU without a share gets no percentage, and none of it is the tenant's to set.
+    let pipes = setup.dir.path().join("mps-pipes");
+    let settings = Settings { mps: Some(pipes.clone()), ..setup.settings("serve") };
+    let supervisor = ProcessSupervisor::start(settings, &gpus(), &[]).unwrap();
+    assert!(supervisor.mps());
+    let unshared = spec(15, 0, 1, Some(1024));
+    let statuses = supervisor.converge(&[shared.clone(), unshared]);
+    assert!(statuses.iter().all(|s| s.state == ServerState::Ready), "{statuses:?}");
+    let env = |vm: u128| setup.told(vm, 0)["env"].clone();
+    assert_eq!(env(14)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
+    assert_eq!(env(14)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=2048M");
+    assert_eq!(env(14)["CUDA_MPS_PIPE_DIRECTORY"], pipes.display().to_string());
+    assert!(env(15).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").is_none(), "{}", env(15));
+    assert_eq!(env(15)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=1024M");
+    // Another share is another server: the old one ends, a new one starts with 60.
+    let first_pid = statuses[0].pid;
+    let wider = ServerSpec { compute_percent: Some(60), ..shared };
+    let statuses = supervisor.converge(&[wider]);
+    assert_eq!(statuses[0].state, ServerState::Ready, "{statuses:?}");
+    assert_ne!(statuses[0].pid, first_pid);
+    assert_eq!(env(14)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "60");
     supervisor.converge(&[]);
 }

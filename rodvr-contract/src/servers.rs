@@ -34,6 +34,10 @@ pub struct ServerSpec {
     /// VM host masquerades), or, for a VM on this host, nothing (its route is local).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clients: Vec<Ipv4Addr>,
+    /// Percent of its GPU's SMs the server may use (MPS's active-thread percentage), 1 to 100;
+    /// none: no share (time-sliced, or the whole GPU). Only a host that runs MPS takes one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_percent: Option<u8>,
 }
 
 impl ServerSpec {
@@ -186,6 +190,9 @@ pub(crate) fn validate_specs(servers: &[ServerSpec]) -> Result<(), InvalidEntry>
                 ));
             }
         }
+        if server.compute_percent.is_some_and(|p| !(1..=100).contains(&p)) {
+            return Err(bad("compute_percent", "must be between 1 and 100".into()));
+        }
         if server.clients.len() > MAX_SERVER_CLIENTS {
             return Err(bad("clients", format!("more than {MAX_SERVER_CLIENTS} addresses")));
         }
@@ -211,6 +218,7 @@ mod tests {
             gpu: GpuId::new("cg0:GPU-0").unwrap(),
             memory_mib: Some(2048),
             clients: vec!["10.78.0.9".parse().unwrap()],
+            compute_percent: None,
         }
     }
 
@@ -240,6 +248,10 @@ mod tests {
             ..server(1, 0)
         };
         assert_eq!(entry(vec![crowd]), "servers[0].clients");
+        for percent in [0, 101] {
+            let odd = ServerSpec { compute_percent: Some(percent), ..server(1, 0) };
+            assert_eq!(entry(vec![odd]), "servers[0].compute_percent", "{percent}");
+        }
         let flood = (0..=MAX_SERVERS_PER_HOST as u32).map(|i| server(1, i)).collect();
         assert_eq!(entry(flood), "servers");
         // An exclusive cGPU's server has no memory limit; the field is left out on the wire.

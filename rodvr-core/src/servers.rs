@@ -36,13 +36,26 @@ pub trait Supervisor: Send + Sync + Debug {
 #[derive(Debug)]
 pub struct SimulatedServers {
     ports: RangeInclusive<u16>,
+    mps: bool,
     running: Mutex<BTreeMap<(VmId, u32), ServerStatus>>,
 }
 
 impl SimulatedServers {
     pub fn new(ports: RangeInclusive<u16>) -> Self {
-        Self { ports, running: Mutex::default() }
+        Self { ports, mps: false, running: Mutex::default() }
     }
+
+    /// On a host that runs MPS: servers with a compute share start too.
+    pub fn with_mps(self) -> Self {
+        Self { mps: true, ..self }
+    }
+}
+
+/// Why a host cannot run `spec`'s server, whatever runs it: a compute share on a host without
+/// MPS (gsaasd places none there; a table that asks is refused per server, not obeyed without).
+pub fn unservable(spec: &ServerSpec, mps: bool) -> Option<String> {
+    (spec.compute_percent.is_some() && !mps)
+        .then(|| "a compute share needs MPS, which this host does not run".to_owned())
 }
 
 impl Supervisor for SimulatedServers {
@@ -56,10 +69,15 @@ impl Supervisor for SimulatedServers {
             .iter()
             .map(|spec| {
                 let status = running.entry(spec.key()).or_insert_with(|| {
+                    let unservable = unservable(spec, self.mps);
                     let port = self.ports.clone().find(|p| !used.contains(p));
-                    let (state, reason) = match port {
-                        Some(_) => (ServerState::Ready, None),
-                        None => (ServerState::Failed, Some("no free port in the range".into())),
+                    let port = port.filter(|_| unservable.is_none());
+                    let (state, reason) = match (port, unservable) {
+                        (_, Some(why)) => (ServerState::Failed, Some(why)),
+                        (Some(_), None) => (ServerState::Ready, None),
+                        (None, None) => {
+                            (ServerState::Failed, Some("no free port in the range".into()))
+                        }
                     };
                     ServerStatus {
                         vm: spec.vm,
@@ -83,6 +101,10 @@ impl Supervisor for SimulatedServers {
     fn statuses(&self) -> Vec<ServerStatus> {
         self.running.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
     }
+
+    fn mps(&self) -> bool {
+        self.mps
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +119,7 @@ mod tests {
             gpu: GpuId::new("g0:gpu0").unwrap(),
             memory_mib: Some(1024),
             clients: vec![],
+            compute_percent: None,
         }
     }
 
@@ -113,6 +136,19 @@ mod tests {
         assert_eq!(after.iter().map(|s| s.port).collect::<Vec<_>>(), [Some(20001), Some(20000)]);
         assert_eq!(after[1].state, ServerState::Ready, "a failed server is tried again");
         assert_eq!(servers.statuses().len(), 2);
+    }
+
+    #[test]
+    fn a_compute_share_runs_only_where_mps_does() {
+        let shared = ServerSpec { compute_percent: Some(30), ..spec(1, 0) };
+        let plain = SimulatedServers::new(20000..=20001);
+        let refused = &plain.converge(std::slice::from_ref(&shared))[0];
+        assert_eq!(refused.state, ServerState::Failed);
+        assert_eq!(refused.live_port(), None, "never served without its share");
+        assert!(refused.reason.as_deref().unwrap().contains("MPS"), "{refused:?}");
+        let mps = SimulatedServers::new(20000..=20001).with_mps();
+        assert!(mps.mps());
+        assert_eq!(mps.converge(&[shared])[0].state, ServerState::Ready);
     }
 
     mod agent {

@@ -68,14 +68,21 @@ impl TestAgent {
         gsaasd_public_pem: &str,
         tls: Option<TlsFiles>,
     ) -> TestAgent {
-        Self::start_with(host, kind, gsaasd_public_pem, tls, None).await
+        Self::start_with(host, kind, gsaasd_public_pem, tls, None, false).await
     }
 
     /// The agent of GPU host `host` that runs a server per cGPU of its `gpus` GPUs (ids
     /// `{host}:GPU-{i}`, as [`crate::host_report`] names them), simulated: each new cGPU takes
     /// the lowest free port from 20000 and accepts at once.
     pub async fn start_managed(host: &str, gsaasd_public_pem: &str, gpus: usize) -> TestAgent {
-        Self::start_with(host, HostKind::ComputeGpu, gsaasd_public_pem, None, Some(gpus)).await
+        Self::start_with(host, HostKind::ComputeGpu, gsaasd_public_pem, None, Some(gpus), false)
+            .await
+    }
+
+    /// [`Self::start_managed`] on a host that runs MPS: its GPUs take compute shares.
+    pub async fn start_managed_mps(host: &str, gsaasd_public_pem: &str, gpus: usize) -> TestAgent {
+        Self::start_with(host, HostKind::ComputeGpu, gsaasd_public_pem, None, Some(gpus), true)
+            .await
     }
 
     async fn start_with(
@@ -84,6 +91,7 @@ impl TestAgent {
         gsaasd_public_pem: &str,
         tls: Option<TlsFiles>,
         managed_gpus: Option<usize>,
+        mps: bool,
     ) -> TestAgent {
         let host = HostId::new(host).unwrap();
         let params = rodvr_core::fixtures::params();
@@ -99,7 +107,7 @@ impl TestAgent {
                     gpu_number: 0,
                 },
                 unhealthy: None,
-                attributes: gpgpums::GpuAttributes { managed: true, ..Default::default() },
+                attributes: gpgpums::GpuAttributes { managed: true, mps, ..Default::default() },
                 partition: None,
             })
             .collect();
@@ -115,6 +123,7 @@ impl TestAgent {
             Agent::new(Ledger::in_memory(), Dataplane::new(MemoryFirewall::new(), params), facts);
         if managed_gpus.is_some() {
             let servers = rodvr_core::servers::SimulatedServers::new(20000..=20999);
+            let servers = if mps { servers.with_mps() } else { servers };
             agent = agent.with_servers(Arc::new(servers));
         }
         let shared = Arc::new(Shared {
@@ -248,11 +257,23 @@ pub async fn managed_agent_cloud(
     store: crate::Store,
     gpus: usize,
 ) -> (crate::TestService, TestAgent, TestAgent) {
+    managed_agent_cloud_with(store, gpus, false).await
+}
+
+/// [`managed_agent_cloud`], the GPU host running MPS when `mps`.
+pub async fn managed_agent_cloud_with(
+    store: crate::Store,
+    gpus: usize,
+    mps: bool,
+) -> (crate::TestService, TestAgent, TestAgent) {
     let (mut config, dir) = crate::test_config(store);
     config.hosts.backend = gsaasd::config::HostsBackend::Agent;
     let keys = gsaasd::auth::Keys::load_or_create(&config.signing_key_path()).unwrap();
     let vm_host = TestAgent::start("crg-a", HostKind::ComputeRgpu, keys.public_pem()).await;
-    let gpu_host = TestAgent::start_managed("cg-1", keys.public_pem(), gpus).await;
+    let gpu_host = match mps {
+        true => TestAgent::start_managed_mps("cg-1", keys.public_pem(), gpus).await,
+        false => TestAgent::start_managed("cg-1", keys.public_pem(), gpus).await,
+    };
     config.hosts.agent_urls.insert("crg-a".parse().unwrap(), vm_host.url.clone());
     config.hosts.agent_urls.insert("cg-1".parse().unwrap(), gpu_host.url.clone());
     let t = crate::TestService::start_config(config, dir).await;

@@ -613,6 +613,7 @@ pub(super) fn cgpu_record(
         rcuda_address,
         rcuda_port: c.rcuda.port,
         rcuda_gpu_number: c.rcuda.gpu_number,
+        compute_percent: c.compute_percent,
     })
 }
 

@@ -42,6 +42,8 @@ pub struct AttachInput {
     pub policy: Option<String>,
     /// Wait in the queue when the GPUs are not there now.
     pub queue: bool,
+    /// Each new cGPU's share of its GPU's SMs, percent (see [`Request::compute_percent`]).
+    pub compute_percent: Option<u32>,
 }
 
 /// The VM's host, where cGPUs attached to it must be (a `local` VM's) or near which they must be
@@ -121,6 +123,7 @@ impl App {
             constraints: details.vm.spec.gpus.constraints.clone(),
             // And its network: near the host it runs on.
             network: details.vm.spec.gpus.network.clone(),
+            compute_percent: input.compute_percent,
         };
         let mut checks = FieldChecks::new();
         for (field, reason) in request.problems() {

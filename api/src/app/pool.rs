@@ -247,6 +247,7 @@ fn held_assignments(
                 host: gpu.host.clone(),
                 memory_mib: c.memory_mib,
                 mode: c.mode,
+                compute_percent: c.compute_percent,
                 rcuda: RcudaEndpoint {
                     address: gpu.rcuda_address.into(),
                     port: gpu.rcuda_port,

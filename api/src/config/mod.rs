@@ -731,6 +731,7 @@ impl InventoryGpu {
             // The host's, set with its servers' endpoints (`InventoryHost::gpus`).
             remoting: gpgpums::Remoting::default(),
             managed: false,
+            mps: false,
         }
     }
 }

@@ -20,8 +20,8 @@ use crate::model::*;
 
 pub(super) const CGPU_COLUMNS: &str =
     "c.vm, c.idx, c.gpu, g.host, c.memory_mib, c.mode, c.masked_address, c.masked_port, \
-     g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number, c.seq, c.state";
-pub(super) const CGPU_COLUMN_COUNT: usize = 13;
+     g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number, c.seq, c.state, c.compute_percent";
+pub(super) const CGPU_COLUMN_COUNT: usize = 14;
 
 /// The order of a VM's cGPUs: as attached, a launch's by index.
 pub(super) const CGPU_ORDER: &str = "c.seq, c.idx";
@@ -55,17 +55,28 @@ pub(super) fn cgpu_from_row_at(row: &AnyRow, at: usize) -> Result<CgpuRecord, Er
         rcuda_address: rcuda.parse().map_err(|_| corrupt("rCUDA address", &rcuda))?,
         rcuda_port: row.try_get::<i64, _>(at + 9)? as u16,
         rcuda_gpu_number: row.try_get::<i64, _>(at + 10)? as u32,
+        compute_percent: compute_percent(row.try_get::<Option<i64>, _>(at + 13)?)?,
     })
+}
+
+/// A stored compute share: 1 to 100, or none.
+fn compute_percent(stored: Option<i64>) -> Result<Option<u8>, Error> {
+    match stored {
+        None | Some(0) => Ok(None),
+        Some(p @ 1..=100) => Ok(Some(p as u8)),
+        Some(p) => Err(corrupt("compute share", &p.to_string())),
+    }
 }
 
 /// A cGPU as one text, for reads that list a VM's cGPUs in one column (`c` the cGPU, `g` its GPU):
 /// "seq index gpu host memory mode masked-address masked-port rcuda-address rcuda-port
-/// gpu-number state". No field holds a space or a comma: ids and host names are of letters,
+/// gpu-number state compute-percent" (0: none). No field holds a space or a comma: ids and host names are of letters,
 /// digits and `.-_:` (see `gpgpums::ids`), the rest numbers, addresses and fixed words.
 pub(super) const LISTED_CGPU: &str =
     "c.seq || ' ' || c.idx || ' ' || c.gpu || ' ' || g.host || ' ' || c.memory_mib || ' ' \
      || c.mode || ' ' || c.masked_address || ' ' || c.masked_port || ' ' || g.rcuda_address \
-     || ' ' || g.rcuda_port || ' ' || g.rcuda_gpu_number || ' ' || c.state";
+     || ' ' || g.rcuda_port || ' ' || g.rcuda_gpu_number || ' ' || c.state || ' ' \
+     || COALESCE(c.compute_percent, 0)";
 
 /// The cGPUs of `vm` from a list of [`LISTED_CGPU`]s joined by commas, as attached (by seq, then
 /// index: the list itself comes in no particular order).
@@ -95,12 +106,13 @@ fn listed_cgpu(vm: VmId, listed: &str) -> Option<CgpuRecord> {
         rcuda_port: next()?.parse().ok()?,
         rcuda_gpu_number: next()?.parse().ok()?,
         state: CgpuState::parse(next()?)?,
+        compute_percent: compute_percent(Some(next()?.parse().ok()?)).ok()?,
     };
     next().is_none().then_some(cgpu)
 }
 
 pub(super) const CGPU_INSERT_COLUMNS: &str =
-    "vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, state";
+    "vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, state, compute_percent";
 
 /// The most cGPUs one insert carries: wider than VMs, as a VM may hold a thousand cGPUs.
 pub(super) const CGPU_ROWS: usize = 8 * MAX_ROWS;
@@ -116,6 +128,7 @@ pub(super) fn cgpu_params(cgpu: &CgpuRecord) -> Vec<Param> {
         Param::Int(Some(i64::from(cgpu.masked_port))),
         Param::Int(Some(cgpu.seq)),
         Param::text(cgpu.state.as_str()),
+        Param::Int(cgpu.compute_percent.map(i64::from)),
     ]
 }
 
@@ -187,6 +200,7 @@ pub struct HeldCgpu {
     pub gpu: String,
     pub memory_mib: u64,
     pub mode: gpgpums::Mode,
+    pub compute_percent: Option<u8>,
 }
 
 /// Every VM that holds cGPUs, with its project and its cGPUs (in VM id order): what loading the
@@ -201,7 +215,8 @@ pub struct HeldCgpu {
 /// 2.2-2.4 s for a row per VM (measured back to back in one process).
 pub async fn held_cgpus(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error> {
     let mut cgpus: Vec<(VmId, i64, HeldCgpu)> = Vec::new();
-    let entry = "vm || ' ' || idx || ' ' || seq || ' ' || memory_mib || ' ' || mode || ' ' || gpu";
+    let entry = "vm || ' ' || idx || ' ' || seq || ' ' || memory_mib || ' ' || mode || ' ' || gpu \
+                 || ' ' || COALESCE(compute_percent, 0)";
     listed(conn, "cgpus", entry, "1 = 1", |listed| {
         let (vm, rest) = listed.split_once(' ').ok_or_else(|| corrupt("cGPU", listed))?;
         let vm: VmId = super::vm_id(vm)?;
@@ -289,7 +304,8 @@ async fn held_cgpus_by_vm(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error
     let aggregate = string_agg(conn);
     let rows = sqlx::query(&format!(
         "SELECT c.vm, v.project, {aggregate}(c.idx || ' ' || c.seq || ' ' || c.memory_mib || ' ' \
-         || c.mode || ' ' || c.gpu, ',') FROM cgpus c JOIN vms v ON v.id = c.vm \
+         || c.mode || ' ' || c.gpu || ' ' || COALESCE(c.compute_percent, 0), ',') \
+         FROM cgpus c JOIN vms v ON v.id = c.vm \
          GROUP BY c.vm, v.project ORDER BY c.vm"
     ))
     .fetch_all(conn)
@@ -320,7 +336,9 @@ fn held_cgpu(listed: &str) -> Option<(i64, HeldCgpu)> {
     let memory_mib = fields.next()?.parse().ok()?;
     let mode = parse_mode(fields.next()?)?;
     let gpu = fields.next()?.to_owned();
-    fields.next().is_none().then_some((seq, HeldCgpu { index, gpu, memory_mib, mode }))
+    let compute_percent = compute_percent(Some(fields.next()?.parse().ok()?)).ok()?;
+    let cgpu = HeldCgpu { index, gpu, memory_mib, mode, compute_percent };
+    fields.next().is_none().then_some((seq, cgpu))
 }
 
 /// Releases every cGPU of the VMs, whose `cgpus_version` the same transaction moved with their

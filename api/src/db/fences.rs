@@ -39,8 +39,8 @@ pub async fn insert_fence(
     .bind(fence.created_ms)
     .execute(&mut *conn)
     .await?;
-    let copy = "INSERT INTO fenced_cgpus (fence, idx, gpu, memory_mib, mode) \
-                SELECT $1, idx, gpu, memory_mib, mode FROM cgpus WHERE vm = $2";
+    let copy = "INSERT INTO fenced_cgpus (fence, idx, gpu, memory_mib, mode, compute_percent) \
+                SELECT $1, idx, gpu, memory_mib, mode, compute_percent FROM cgpus WHERE vm = $2";
     let query = match which {
         Fenced::All => format!("{copy} RETURNING idx"),
         Fenced::InState(_) => format!("{copy} AND state = $3 RETURNING idx"),
@@ -156,7 +156,8 @@ pub async fn recover_lost_cgpus(
 pub async fn fences(conn: &mut AnyConnection) -> Result<Vec<FenceRecord>, Error> {
     let rows = sqlx::query(
         "SELECT f.id, f.vm, f.host, f.generation, f.reason, f.created_ms, fc.idx, fc.gpu, g.host, \
-         fc.memory_mib, fc.mode, g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number \
+         fc.memory_mib, fc.mode, g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number, \
+         fc.compute_percent \
          FROM fences f JOIN fenced_cgpus fc ON fc.fence = f.id JOIN gpus g ON g.id = fc.gpu \
          ORDER BY f.created_ms, f.id, fc.idx",
     )
@@ -191,6 +192,10 @@ pub async fn fences(conn: &mut AnyConnection) -> Result<Vec<FenceRecord>, Error>
             host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
             memory_mib: row.try_get::<i64, _>(9)? as u64,
             mode: parse_mode(&mode).ok_or_else(|| corrupt("mode", &mode))?,
+            compute_percent: row
+                .try_get::<Option<i64>, _>(14)?
+                .and_then(|p| u8::try_from(p).ok())
+                .filter(|p| (1..=100).contains(p)),
             rcuda: RcudaEndpoint {
                 address: address.into(),
                 port: row.try_get::<i64, _>(12)? as u16,

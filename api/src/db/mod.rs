@@ -93,6 +93,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (25, "host_rtts", include_str!("../../../migrations/0025_host_rtts.sql")),
     (26, "vm_remoting", include_str!("../../../migrations/0026_vm_remoting.sql")),
     (30, "managed_servers", include_str!("../../../migrations/0030_managed_servers.sql")),
+    (31, "compute_shares", include_str!("../../../migrations/0031_compute_shares.sql")),
 ];
 
 /// The migrations written in each store's dialect (version, name, SQLite's SQL, PostgreSQL's):

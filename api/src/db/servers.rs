@@ -20,7 +20,8 @@ pub async fn served_cgpus_on(
 ) -> Result<BTreeMap<HostId, Vec<ServerSpec>>, Error> {
     let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
         format!(
-            "SELECT g.host, c.vm, c.idx, c.gpu, c.memory_mib, c.mode, v.host, vh.gpu_address \
+            "SELECT g.host, c.vm, c.idx, c.gpu, c.memory_mib, c.mode, v.host, vh.gpu_address, \
+             c.compute_percent \
              FROM cgpus c JOIN gpus g ON g.id = c.gpu JOIN vms v ON v.id = c.vm \
              LEFT JOIN hosts vh ON vh.name = v.host \
              WHERE g.host IN (VALUES {values}) AND g.managed = 1 \
@@ -50,6 +51,7 @@ pub async fn served_cgpus_on(
             // An exclusive cGPU has its whole GPU.
             memory_mib: (mode != "exclusive").then_some(memory_mib),
             clients,
+            compute_percent: row.try_get::<Option<i64>, _>(8)?.and_then(|p| u8::try_from(p).ok()),
         });
     }
     Ok(out)

@@ -300,10 +300,14 @@ fn constrain_request_fields(doc: &mut Value) {
         json!({ "minimum": 0, "maximum": crate::config::MAX_QUEUE_PRIORITY }),
     );
     merge(doc, launch, shared_needs_memory.clone());
+    // A percent of a GPU's SMs (see gpgpums' `Request::compute_percent`).
+    let percent = json!({ "minimum": 1, "maximum": 100 });
+    merge(doc, &format!("{launch}/properties/compute_percent"), percent.clone());
 
     let attach = "/components/schemas/AttachRequest";
     merge(doc, &format!("{attach}/properties/ncgpus"), ncgpus);
     merge(doc, &format!("{attach}/properties/gpu_memory_mib"), memory);
+    merge(doc, &format!("{attach}/properties/compute_percent"), percent);
     merge(doc, &format!("{attach}/properties/policy"), policy);
     merge(doc, attach, shared_needs_memory);
 

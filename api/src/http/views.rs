@@ -34,8 +34,10 @@ pub fn launch_spec(request: LaunchRequest) -> (LaunchSpec, Option<String>, bool)
             avoid: request.traits.avoid,
             min_compute_capability: request.min_compute_capability,
             min_cuda_version: request.min_cuda_version,
+            compute_share: false,
         },
         network: request.network.into(),
+        compute_percent: request.compute_percent,
     };
     let vm = VmRequest {
         name: request.name.unwrap_or_default(),
@@ -64,6 +66,7 @@ pub fn attach_input(request: AttachRequest) -> AttachInput {
         distinct_gpus: request.distinct_gpus,
         policy: request.policy,
         queue: request.queue,
+        compute_percent: request.compute_percent,
     }
 }
 
@@ -97,6 +100,7 @@ pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
             mode: gpus.mode.into(),
             locality: gpus.locality.into(),
             distinct_gpus: gpus.distinct_gpus,
+            compute_percent: gpus.compute_percent,
             remoting: vm.spec.remoting().into(),
             gpu_model: gpus.constraints.models.clone(),
             traits: TraitsParam {
@@ -119,6 +123,7 @@ pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
                 masked_endpoint: format!("{}:{}", c.masked_address, c.masked_port),
                 memory_mib: c.memory_mib,
                 mode: mode_str(c.mode).into(),
+                compute_percent: c.compute_percent,
                 gpu: admin.then(|| c.gpu.to_string()),
                 host: admin.then(|| c.host.to_string()),
                 rcuda_endpoint: admin.then(|| format!("{}:{}", c.rcuda_address, c.rcuda_port)),

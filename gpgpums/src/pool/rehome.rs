@@ -109,6 +109,7 @@ impl Pool {
             distinct_gpus: to.distinct_gpus,
             constraints: to.constraints.clone(),
             network: NetworkConstraint::NONE,
+            compute_percent: old.compute_percent.map(u32::from),
         };
         let shortfall = || Error::InsufficientCapacity(Shortfall::of(&request, 0, false));
         let tiers: Vec<Option<Vec<u32>>> = match (to.on_host, to.near) {
@@ -123,8 +124,9 @@ impl Pool {
             self.rebuild_views();
         }
         // Constraints no GPU meets any more (its kind withdrawn): no GPU takes it.
-        let filter =
-            self.filter(view, &request.constraints, request.ncgpus).map_err(|_| shortfall())?;
+        let filter = self
+            .filter(view, &request.gpu_constraints(), request.ncgpus)
+            .map_err(|_| shortfall())?;
         // The VM still holds the old slot while the new one is taken (it counts among its GPUs and
         // hosts), and must not get it back.
         let mut held = kept.clone();
@@ -190,9 +192,9 @@ impl Pool {
         if placement.cgpus.is_empty() {
             self.vms.remove(vm);
         }
-        self.unhold(*vm, std::slice::from_ref(&cgpu));
         let slot = self.gpu_by_id[&cgpu.gpu];
         self.untake_all(&[(slot, cgpu.memory_mib, cgpu.mode)], &kept);
+        self.unhold(*vm, std::slice::from_ref(&cgpu));
         Some(cgpu)
     }
 

@@ -80,6 +80,8 @@ pub struct Settings {
     /// How far past its share a server's GPU memory may go, as the driver counts it (the
     /// driver's own per-context memory, which the interposer cannot see).
     pub memory_slack_bytes: u64,
+    /// The MPS control daemon's pipe directory, when the host runs MPS.
+    pub mps: Option<PathBuf>,
     pub unshare: PathBuf,
     pub setpriv: PathBuf,
 }
@@ -126,6 +128,7 @@ impl Settings {
             ready_timeout: Duration::from_millis(config.ready_timeout_ms),
             start_timeout: Duration::from_secs(config.start_timeout_secs),
             memory_slack_bytes: config.memory_slack_mib << 20,
+            mps: config.mps.then(|| config.mps_pipe_directory.clone()),
             unshare: find("unshare")?,
             setpriv: find("setpriv")?,
         })
@@ -455,7 +458,7 @@ impl ProcessSupervisor {
                 .map_err(|e| format!("its log: {e}"))?;
             gsaas_infra::files::restrict(&self.log_path(&server.name), 0o600)
                 .map_err(|e| format!("its log: {e}"))?;
-            let env = self.environment(visible, port, server.share.file());
+            let env = self.environment(&server.spec, visible, port, server.share.file());
             let launch = process::Launch {
                 unshare: &self.settings.unshare,
                 setpriv: &self.settings.setpriv,
@@ -487,7 +490,13 @@ impl ProcessSupervisor {
     }
 
     /// The server's whole environment.
-    fn environment(&self, visible: &str, port: u16, share: &File) -> Vec<(String, String)> {
+    fn environment(
+        &self,
+        spec: &ServerSpec,
+        visible: &str,
+        port: u16,
+        share: &File,
+    ) -> Vec<(String, String)> {
         use std::os::fd::AsRawFd;
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
@@ -503,6 +512,17 @@ impl ProcessSupervisor {
         }
         if let Some(interposer) = &self.settings.interposer {
             env.push(("LD_PRELOAD".into(), interposer.display().to_string()));
+        }
+        if let Some(pipes) = &self.settings.mps {
+            // Every server is a client of the host's MPS daemon: held to its share of the SMs
+            // and, by MPS too, to its share of the memory (device 0: the one it sees).
+            env.push(("CUDA_MPS_PIPE_DIRECTORY".into(), pipes.display().to_string()));
+            if let Some(percent) = spec.compute_percent {
+                env.push(("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), percent.to_string()));
+            }
+            if let Some(mib) = spec.memory_mib {
+                env.push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), format!("0={mib}M")));
+            }
         }
         env.extend(self.settings.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         env
@@ -626,6 +646,9 @@ impl ProcessSupervisor {
 
     /// Starts `spec`'s server (not yet running).
     fn new_server(&self, spec: &ServerSpec) -> Result<Server, String> {
+        if let Some(why) = rodvr_core::servers::unservable(spec, self.settings.mps.is_some()) {
+            return Err(why);
+        }
         let name = server_name(spec.vm, spec.index);
         let limit = limit_of(spec);
         let share = ShareState::create(
@@ -690,7 +713,8 @@ impl Supervisor for ProcessSupervisor {
         // clients are the filter's business (a VM placed on its host after its server started
         // changes them): the server runs on.
         let moved = |spec: &ServerSpec, running: &ServerSpec| {
-            (&spec.gpu, spec.memory_mib) != (&running.gpu, running.memory_mib)
+            (&spec.gpu, spec.memory_mib, spec.compute_percent)
+                != (&running.gpu, running.memory_mib, running.compute_percent)
         };
         let ending: Vec<(VmId, u32)> = servers
             .iter()
@@ -703,6 +727,7 @@ impl Supervisor for ProcessSupervisor {
             let _ = std::fs::remove_file(server.share.path());
             let _ = std::fs::remove_file(self.log_path(&server.name));
         }
+        let mut refused: HashMap<(VmId, u32), String> = HashMap::new();
         for spec in specs {
             if let Some(server) = servers.get_mut(&spec.key()) {
                 server.spec.clients.clone_from(&spec.clients);
@@ -714,7 +739,8 @@ impl Supervisor for ProcessSupervisor {
                     servers.insert(spec.key(), server);
                 }
                 Err(why) => {
-                    eprintln!("rodvr-agent: server for cGPU {} of {}: {why}", spec.index, spec.vm)
+                    eprintln!("rodvr-agent: server for cGPU {} of {}: {why}", spec.index, spec.vm);
+                    refused.insert(spec.key(), why);
                 }
             }
         }
@@ -747,7 +773,7 @@ impl Supervisor for ProcessSupervisor {
                     pid: None,
                     restarts: 0,
                     gpu_memory_mib: None,
-                    reason: Some("its share state could not be made".into()),
+                    reason: refused.remove(&spec.key()),
                     over_share_ends: 0,
                 },
             })
@@ -756,6 +782,10 @@ impl Supervisor for ProcessSupervisor {
 
     fn statuses(&self) -> Vec<ServerStatus> {
         self.lock().values().map(Server::status).collect()
+    }
+
+    fn mps(&self) -> bool {
+        self.settings.mps.is_some()
     }
 }
 
