@@ -956,6 +956,8 @@ impl Pool {
             free_mib: entry.free_mib(),
             exclusive: entry.exclusive,
             cgpus: entry.cgpus,
+            compute_percent: entry.compute_percent,
+            compute_cgpus: entry.compute_cgpus,
         })
     }
 
@@ -2281,6 +2283,9 @@ pub(crate) struct Room {
     pub free_mib: u64,
     pub exclusive: bool,
     pub cgpus: u32,
+    /// The compute shares of its cGPUs, percent, and how many cGPUs have one.
+    pub compute_percent: u32,
+    pub compute_cgpus: u32,
 }
 
 /// Adds `candidate` to (or removes it from) the indexes of a pair it `belongs` in: [shared,

@@ -166,11 +166,11 @@ impl Shrink {
         constraints: &GpuConstraints,
         network: &NetworkConstraint,
     ) -> Vec<(Request, Option<HostId>)> {
-        let mut kinds: BTreeMap<(bool, u64), u32> = BTreeMap::new();
+        let mut kinds: BTreeMap<(bool, u64, Option<u8>), u32> = BTreeMap::new();
         for cgpu in &self.cgpus {
             let exclusive = cgpu.mode == Mode::Exclusive;
-            *kinds.entry((exclusive, if exclusive { 0 } else { cgpu.memory_mib })).or_default() +=
-                1;
+            let mib = if exclusive { 0 } else { cgpu.memory_mib };
+            *kinds.entry((exclusive, mib, cgpu.compute_percent)).or_default() += 1;
         }
         let (locality, on_host) = match &self.vm_host {
             VmHost::Pinned(host) => (Locality::Local, Some(host.clone())),
@@ -179,9 +179,11 @@ impl Shrink {
         };
         kinds
             .into_iter()
-            .map(|((exclusive, mib), n)| {
+            .map(|((exclusive, mib, compute_percent), n)| {
                 let request =
                     if exclusive { Request::exclusive(n) } else { Request::shared(n, mib) };
+                let request =
+                    Request { compute_percent: compute_percent.map(u32::from), ..request };
                 let request = request
                     .with_locality(locality)
                     .with_constraints(constraints.clone())
@@ -651,7 +653,7 @@ impl Round<'_, '_> {
                        on_host: &Option<HostId>,
                        victims: &[(VmId, CgpuAssignment)]|
          -> Option<(Vec<usize>, HostId)> {
-            let room = pool.room(&victims.first()?.1.gpu, &request.constraints)?;
+            let room = pool.room(&victims.first()?.1.gpu, &request.gpu_constraints())?;
             if on_host.as_ref().is_some_and(|h| *h != room.host) {
                 return None;
             }
@@ -759,17 +761,45 @@ fn cheapest_room(
             if room.exclusive {
                 return (victims.len() == 1 && room.cgpus == 1).then(|| vec![0]);
             }
-            let need = mib.checked_sub(room.free_mib).filter(|&n| n > 0)?;
-            let mut order: Vec<usize> = (0..victims.len()).collect();
+            // Compute shares never meet cGPUs without one on a GPU (see `Pool::compute_hidden`):
+            // those of the other kind must all go, and what is left of the shares must make room.
+            let share = |i: usize| victims[i].1.compute_percent.map(u32::from);
+            let other_kind = |i: usize| share(i).is_some() != request.compute_percent.is_some();
+            let others_here = match request.compute_percent {
+                Some(_) => room.cgpus - room.compute_cgpus,
+                None => room.compute_cgpus,
+            };
+            let mut picked: Vec<usize> = (0..victims.len()).filter(|&i| other_kind(i)).collect();
+            if picked.len() as u32 != others_here {
+                return None;
+            }
+            let mut need_mib = mib.saturating_sub(room.free_mib);
+            let mut need_percent = request
+                .compute_percent
+                .map_or(0, |p| (room.compute_percent + p).saturating_sub(100));
+            for &i in &picked {
+                need_mib = need_mib.saturating_sub(victims[i].1.memory_mib);
+            }
+            if need_mib == 0 && need_percent == 0 {
+                // Room already, or once the other kind is gone; none at all: placement failed
+                // for another reason, which no victim here changes.
+                return (!picked.is_empty()).then_some(picked);
+            }
+            let mut order: Vec<usize> = (0..victims.len()).filter(|&i| !other_kind(i)).collect();
             order.sort_by_key(|&i| {
-                (Reverse(victims[i].1.memory_mib), victims[i].0, victims[i].1.index)
+                let percent = share(i).unwrap_or(0);
+                (
+                    Reverse(victims[i].1.memory_mib),
+                    Reverse(percent),
+                    victims[i].0,
+                    victims[i].1.index,
+                )
             });
-            let mut freed = 0;
-            let mut picked = Vec::new();
             for i in order {
-                freed += victims[i].1.memory_mib;
+                need_mib = need_mib.saturating_sub(victims[i].1.memory_mib);
+                need_percent = need_percent.saturating_sub(share(i).unwrap_or(0));
                 picked.push(i);
-                if freed >= need {
+                if need_mib == 0 && need_percent == 0 {
                     return Some(picked);
                 }
             }

@@ -859,3 +859,45 @@ fn a_start_moves_its_projects_next_request_behind_smaller_shares() {
     let planned = world.plan(&queue, &Rules::default());
     assert_eq!(tickets(&planned), [1, 3, 2]);
 }
+
+#[test]
+fn preemption_frees_compute_shares_and_gives_them_back_with_their_share() {
+    let mut pool = Pool::new();
+    let id = gpgpums::HostId::new("mps0").unwrap();
+    pool.add_host(id.clone(), gpgpums::HostKind::ComputeGpu).unwrap();
+    let mut spec = common::gpu_spec(&id, 0, 81920);
+    spec.attributes = gpgpums::GpuAttributes { managed: true, mps: true, ..Default::default() };
+    pool.add_gpu(spec).unwrap();
+    let mut world = World {
+        pool,
+        quotas: QuotaLedger::new(Quota::default()),
+        vms: HashMap::new(),
+        preemptible: BTreeMap::new(),
+        reclaiming: Vec::new(),
+        now_ms: 0,
+    };
+    // Plenty of memory, every SM given: 50 + 30 + 20 percent, the last two best-effort.
+    let share = |percent| Request::shared(1, 1024).with_compute_percent(percent);
+    world.run(&launch(1, "prod", 5, share(50)), false);
+    world.run(&launch(2, "be", 0, share(30)), true);
+    world.run(&launch(3, "be", 0, share(20)), true);
+    // 40 percent more: the 30 and the 20 must both go (memory alone would take none).
+    let urgent = launch(4, "prod", 10, share(40));
+    let planned = world.plan(std::slice::from_ref(&urgent), &Rules::default());
+    let preemption = planned.preemption.expect("a preemption");
+    let mut taken: Vec<VmId> = preemption.victims.iter().map(|s| s.vm).collect();
+    taken.sort();
+    assert_eq!(taken, [vm(1002), vm(1003)]);
+    // Given back as they were: with their shares.
+    let given: Vec<Option<u32>> = preemption
+        .victims
+        .iter()
+        .flat_map(|s| s.give_back(&GpuConstraints::NONE, &gpgpums::NetworkConstraint::NONE))
+        .map(|(request, _)| request.compute_percent)
+        .collect();
+    assert!(given.contains(&Some(30)) && given.contains(&Some(20)), "{given:?}");
+    world.reclaim(&planned_preemption(&preemption));
+    let planned = world.plan(&[urgent], &Rules::default());
+    assert_eq!(tickets(&planned), [4]);
+    world.pool.audit().unwrap();
+}
