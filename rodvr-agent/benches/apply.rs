@@ -273,12 +273,57 @@ fn bench_throughput() {
     );
 }
 
+/// Cutting the connections of re-targeted routes: one `conntrack -D` process per connection
+/// (the agent's way at 934189c) against one netlink dump and a delete per match (now), in
+/// alternate rounds on one machine. Nothing is tracked: what is left is the cost of the dump.
+fn bench_cut(ns: &Netns) {
+    ns.run(|| {
+        println!("\n## Cutting re-targeted routes' connections, median of 9 alternate rounds");
+        println!(
+            "| routes re-targeted at once | `conntrack -D` processes (934189c) | netlink (now) |"
+        );
+        println!("|---:|---:|---:|");
+        let mut program = NftFirewall::default().with_conntrack(&["conntrack".to_owned()]);
+        let mut netlink = NftFirewall::default();
+        for n in [1u32, 10, 50] {
+            let cut: Vec<(RouteKey, SocketAddrV4)> =
+                (0..n).map(|i| (key(i), target(i, 0))).collect();
+            let (mut by_program, mut by_netlink) = (Vec::new(), Vec::new());
+            for round in 0..9 {
+                let time = |fw: &mut NftFirewall| {
+                    let t = Instant::now();
+                    fw.cut(&cut).unwrap();
+                    t.elapsed()
+                };
+                if round % 2 == 0 {
+                    by_program.push(time(&mut program));
+                    by_netlink.push(time(&mut netlink));
+                } else {
+                    by_netlink.push(time(&mut netlink));
+                    by_program.push(time(&mut program));
+                }
+            }
+            println!("| {n} | {} | {} |", ms(median(by_program)), ms(median(by_netlink)));
+        }
+    })
+}
+
 fn main() {
-    // `cargo bench` passes `--bench`; other harness flags are ignored too.
+    // `cargo bench` passes `--bench`; other harness flags are ignored, but a word that is no
+    // flag picks sections: `cargo bench -p rodvr-agent --bench apply -- cut`.
     require_root_tools();
+    let picked: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let runs = |section: &str| picked.is_empty() || picked.iter().any(|p| p == section);
     let ns = Netns::new("bench");
-    let ours = bench_apply(&ns);
-    bench_naive(&ns, ours);
+    if runs("apply") {
+        let ours = bench_apply(&ns);
+        bench_naive(&ns, ours);
+    }
+    if runs("cut") {
+        bench_cut(&ns);
+    }
     drop(ns);
-    bench_throughput();
+    if runs("throughput") {
+        bench_throughput();
+    }
 }

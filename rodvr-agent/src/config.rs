@@ -45,9 +45,10 @@ pub struct Config {
     /// The `nft` program and leading arguments (default `["nft"]`).
     #[serde(default = "default_nft_command")]
     pub nft_command: Vec<String>,
-    /// How to run `conntrack` (it cuts the connections of re-targeted routes); wrap it like
-    /// `nft_command` when the agent runs outside the host's network namespace.
-    #[serde(default = "default_conntrack_command")]
+    /// A `conntrack` program to cut the connections of re-targeted routes with (wrap it like
+    /// `nft_command` when the agent runs outside the host's network namespace); empty (the
+    /// default): the agent cuts them itself, over netlink, in its own namespace.
+    #[serde(default)]
     pub conntrack_command: Vec<String>,
     /// Seconds between re-applications of a table that failed to apply.
     #[serde(default = "default_retry_secs")]
@@ -372,9 +373,6 @@ impl GpuConfig {
 fn default_nft_command() -> Vec<String> {
     vec!["nft".into()]
 }
-fn default_conntrack_command() -> Vec<String> {
-    vec!["conntrack".into()]
-}
 fn default_retry_secs() -> u64 {
     10
 }
@@ -449,8 +447,8 @@ impl Config {
         if config.nft_command.is_empty() {
             return Err(invalid("nft_command must name a program".into()));
         }
-        if config.conntrack_command.is_empty() {
-            return Err(invalid("conntrack_command must name a program".into()));
+        if config.conntrack_command.first().is_some_and(String::is_empty) {
+            return Err(invalid("conntrack_command must name a program, or be left out".into()));
         }
         if config.gpu_interface.is_empty() || config.gpu_interface.len() > 15 {
             return Err(invalid("gpu_interface must be 1 to 15 bytes long".into()));

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use rodvr_core::firewall::{describe, Firewall, FirewallError};
 use rodvr_core::render::{RouteKey, RouteMap, Transaction};
 
+use crate::conntrack::{Conntrack, TcpEntry};
+
 /// An open connection as conntrack lists it: its original source, destination and ports, and
 /// where it was sent (the reply's source).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,8 +99,28 @@ pub struct NftFirewall {
     program: OsString,
     args: Vec<OsString>,
     session: Option<NftSession>,
-    /// The `conntrack` program and its leading arguments (connections are cut with `-D`).
-    conntrack: Vec<OsString>,
+    /// How connections are cut.
+    conntrack: ConntrackVia,
+}
+
+/// Where the agent cuts connections: through ctnetlink itself (the default), or by running a
+/// `conntrack` program (`conntrack_command`).
+#[derive(Debug)]
+enum ConntrackVia {
+    /// Its socket, opened on first use and again after a failure.
+    Netlink(Option<Conntrack>),
+    /// The program and its leading arguments (connections are cut with `-D`).
+    Program(Vec<OsString>),
+}
+
+impl Clone for ConntrackVia {
+    /// The same way, with a socket of its own.
+    fn clone(&self) -> Self {
+        match self {
+            ConntrackVia::Netlink(_) => ConntrackVia::Netlink(None),
+            ConntrackVia::Program(command) => ConntrackVia::Program(command.clone()),
+        }
+    }
 }
 
 impl NftFirewall {
@@ -110,17 +132,25 @@ impl NftFirewall {
             program: program.into(),
             args: args.iter().map(OsString::from).collect(),
             session: None,
-            conntrack: vec!["conntrack".into()],
+            conntrack: ConntrackVia::Netlink(None),
         }
     }
 
-    /// Cuts connections with `command` (the program and its leading arguments, e.g.
-    /// `ip netns exec NS conntrack`) instead of `conntrack`.
+    /// Cuts connections by running `command` (the program and its leading arguments, e.g.
+    /// `ip netns exec NS conntrack`) instead of through netlink; none: through netlink.
     pub fn with_conntrack(mut self, command: &[String]) -> Self {
         if !command.is_empty() {
-            self.conntrack = command.iter().map(OsString::from).collect();
+            self.conntrack = ConntrackVia::Program(command.iter().map(OsString::from).collect());
         }
         self
+    }
+
+    /// The agent's ctnetlink socket, opened if need be.
+    fn netlink(socket: &mut Option<Conntrack>) -> Result<&mut Conntrack, FirewallError> {
+        if socket.is_none() {
+            *socket = Some(Conntrack::open().map_err(|e| netlink_failed(&e))?);
+        }
+        Ok(socket.as_mut().expect("opened above"))
     }
 
     fn apply_in_session(&mut self, doc: &str) -> Result<(), FirewallError> {
@@ -194,7 +224,69 @@ impl Firewall for NftFirewall {
     /// endpoint and the old target as the reply's source). Its next packet then starts a new
     /// entry, is rerouted to the new target, which knows no such connection and resets it.
     fn cut(&mut self, connections: &[(RouteKey, SocketAddrV4)]) -> Result<(), FirewallError> {
-        let (program, args) = self.conntrack.split_first().expect("a conntrack command");
+        let socket = match &mut self.conntrack {
+            ConntrackVia::Program(command) => return cut_by_program(command, connections),
+            ConntrackVia::Netlink(_) if connections.is_empty() => return Ok(()),
+            ConntrackVia::Netlink(socket) => socket,
+        };
+        let cut = (|| {
+            let conntrack = Self::netlink(socket)?;
+            let entries = conntrack.tcp_entries().map_err(|e| netlink_failed(&e))?;
+            let cut_off = |e: &&TcpEntry| {
+                connections.iter().any(|(key, old)| {
+                    *e.src.ip() == key.ip && e.dst == key.masked && e.reply_src == *old
+                })
+            };
+            for entry in entries.iter().filter(cut_off) {
+                conntrack.delete(entry).map_err(|e| netlink_failed(&e))?;
+            }
+            Ok(())
+        })();
+        if cut.is_err() {
+            // Opened again at the next cut.
+            *socket = None;
+        }
+        cut
+    }
+
+    fn sweep(&mut self, routes: &RouteMap) -> Result<(), FirewallError> {
+        let socket = match &mut self.conntrack {
+            ConntrackVia::Program(command) => return sweep_by_program(command, routes),
+            ConntrackVia::Netlink(socket) => socket,
+        };
+        let swept = (|| {
+            let conntrack = Self::netlink(socket)?;
+            let entries = conntrack.tcp_entries().map_err(|e| netlink_failed(&e))?;
+            // The DNATed ones: answered by another than they were sent to.
+            let tracked: Vec<TrackedConnection> = entries
+                .iter()
+                .filter(|e| e.reply_src != e.dst)
+                .map(|e| TrackedConnection { src: e.src, dst: e.dst, sent_to: e.reply_src })
+                .collect();
+            for stale in stale_connections(&tracked, routes) {
+                let entry = TcpEntry { src: stale.src, dst: stale.dst, reply_src: stale.sent_to };
+                conntrack.delete(&entry).map_err(|e| netlink_failed(&e))?;
+            }
+            Ok(())
+        })();
+        if swept.is_err() {
+            *socket = None;
+        }
+        swept
+    }
+}
+
+fn netlink_failed(error: &std::io::Error) -> FirewallError {
+    FirewallError::Cut(format!("conntrack over netlink: {error}"))
+}
+
+/// [`NftFirewall::cut`] by running `conntrack -D` once per connection.
+fn cut_by_program(
+    command: &[OsString],
+    connections: &[(RouteKey, SocketAddrV4)],
+) -> Result<(), FirewallError> {
+    {
+        let (program, args) = command.split_first().expect("a conntrack command");
         for (key, old) in connections {
             let output = Command::new(program)
                 .args(args)
@@ -226,9 +318,12 @@ impl Firewall for NftFirewall {
         }
         Ok(())
     }
+}
 
-    fn sweep(&mut self, routes: &RouteMap) -> Result<(), FirewallError> {
-        let (program, args) = self.conntrack.split_first().expect("a conntrack command");
+/// [`NftFirewall::sweep`] by running `conntrack -L`, then `-D` per stale connection.
+fn sweep_by_program(command: &[OsString], routes: &RouteMap) -> Result<(), FirewallError> {
+    {
+        let (program, args) = command.split_first().expect("a conntrack command");
         let listing = Command::new(program)
             .args(args)
             .args(["-L", "-p", "tcp", "--dst-nat"])
