@@ -16,8 +16,13 @@
 //! One detach run: on a VM of 75, `App::detach` cGPU 37 -> environment lists 74 -> settled; then
 //! attach 1 back (not timed; it takes index 37 again).
 //!
+//! With managed servers (issue [1/5]: the agent starts a server per cGPU, here the stand-in of
+//! `rodvr-agent/tests/standin_server.py`, and a cGPU is served only once its server accepts), a
+//! third argument: `managed`, or `both` for two rounds of each, alternately.
+//!
 //! Run: `cargo build --release -p rodvr-agent && cargo bench -p gsaasd --bench elastic`
-//! (args: `-- [runs] [attach sizes,...]`, default 200 runs of 1, 8, 75; needs root, `ip`, `nft`).
+//! (args: `-- [runs] [attach sizes,...] [unmanaged|managed|both]`, default 200 runs of 1, 8, 75,
+//! unmanaged; needs root, `ip`, `nft`, `nsenter`, and python3 for the stand-in servers).
 #![allow(clippy::print_stdout)]
 
 mod common;
@@ -167,9 +172,31 @@ fn env_client(ip: Ipv4Addr) -> reqwest::Client {
         .unwrap()
 }
 
-async fn run(runs: usize, sizes: &[u32]) {
+/// The agent's `[gpu_servers]` keys that make it run a stand-in server per cGPU (the stand-in is
+/// copied where the servers' unprivileged user can read it).
+fn managed_servers() -> String {
+    let dir = std::env::temp_dir().join(format!("gsaas-bench-standin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("standin_server.py");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../rodvr-agent/tests/standin_server.py"),
+        &script,
+    )
+    .unwrap();
+    // Where the agent probes its servers: the GPU-server address, on this namespace's `lo`.
+    let _ = Command::new("ip").args(["addr", "add", "10.232.0.11/32", "dev", "lo"]).status();
+    format!(
+        "managed = true\ncommand = [\"/usr/bin/python3\", \"{}\"]\nports = \"20000-20999\"\n\
+         user = \"nobody\"\nrun_dir = \"{}\"\n",
+        script.display(),
+        dir.join("run").display()
+    )
+}
+
+async fn run(runs: usize, sizes: &[u32], managed: bool) {
     let extra = format!("metadata_listen = \"{METADATA_LISTEN}\"\n");
-    let bed = RealAgentBed::start("elastic", &extra).await;
+    let servers = if managed { managed_servers() } else { String::new() };
+    let bed = RealAgentBed::start_with("elastic", &extra, &servers).await;
     let caller = Caller::new("bench", Some("alpha".into()), Role::Member);
     let b = Bench { bed, caller };
     let app = b.bed.app.clone();
@@ -220,9 +247,10 @@ async fn run(runs: usize, sizes: &[u32]) {
     rows.push(("detach 1 from a VM of 75".to_owned(), sample));
     b.terminate(id).await;
 
+    let servers = if managed { "a managed stand-in server per cGPU" } else { "unmanaged servers" };
     println!(
-        "\nElastic cGPUs, real rodvr-agent + nft in a network namespace, SQLite, {runs} runs \
-         each (after 1 warm-up); ms from the request\n"
+        "\nElastic cGPUs, real rodvr-agent + nft in a network namespace, {servers}, SQLite, \
+         {runs} runs each (after 1 warm-up); ms from the request\n"
     );
     println!("| change | accepted (202) p50 | environment served p50 | p99 | VM settled p50 | p99 | paper (0.31 s per cGPU) |");
     println!("|---|---|---|---|---|---|---|");
@@ -251,7 +279,15 @@ fn main() {
         .get(1)
         .map(|a| a.split(',').filter_map(|c| c.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 8, 75]);
+    let modes: Vec<bool> = match args.get(2).map(String::as_str) {
+        None | Some("unmanaged") => vec![false],
+        Some("managed") => vec![true],
+        Some("both") => vec![false, true, true, false],
+        Some(other) => panic!("{other}: unmanaged, managed or both"),
+    };
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    rt.block_on(run(runs, &sizes));
+    for managed in modes {
+        rt.block_on(run(runs, &sizes, managed));
+    }
 }

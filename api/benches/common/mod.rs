@@ -121,8 +121,10 @@ pub fn enter_own_netns(tag: &str, args: &[String]) {
     }
     let name = format!("gsaas-{tag}-{}", std::process::id());
     sh(Command::new("ip").args(["netns", "add", &name]));
-    let status = Command::new("ip")
-        .args(["netns", "exec", &name])
+    // `nsenter --net`, not `ip netns exec`: that remounts /sys, hiding the cgroups that an
+    // agent running its GPU servers needs.
+    let status = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{name}"))
         .arg(std::env::current_exe().expect("the bench's own path"))
         .args(args)
         .env(NETNS_ENV, &name)
@@ -152,6 +154,12 @@ impl RealAgentBed {
     /// Starts gsaasd and the agent (with `agent_extra`, top-level keys of its config, added) and
     /// waits until the agent registered.
     pub async fn start(tag: &str, agent_extra: &str) -> RealAgentBed {
+        Self::start_with(tag, agent_extra, "").await
+    }
+
+    /// [`Self::start`] with `servers_extra` added to the agent's `[rcuda]` (`[gpu_servers]`)
+    /// section.
+    pub async fn start_with(tag: &str, agent_extra: &str, servers_extra: &str) -> RealAgentBed {
         let dir = std::env::temp_dir().join(format!("gsaas-bench-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -177,7 +185,10 @@ impl RealAgentBed {
         let agent_config = dir.join("agent.toml");
         let mut gpus = String::new();
         for i in 0..8 {
-            gpus += &format!("[[gpus]]\nindex = {i}\nmodel = \"H100\"\nmemory_mib = 81920\n\n");
+            gpus += &format!(
+                "[[gpus]]\nindex = {i}\nmodel = \"H100\"\nmemory_mib = 81920\n\
+                 uuid = \"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd\"\n\n"
+            );
         }
         std::fs::write(
             &agent_config,
@@ -186,7 +197,7 @@ impl RealAgentBed {
                  controller_public_key = \"{}\"\nmasked_range = \"100.127.0.0/16\"\n\
                  gpu_interface = \"gpu0\"\n{agent_extra}\n[controller]\nurl = \"{}\"\n\
                  token = \"{token}\"\nheartbeat_interval_secs = 3600\n\n\
-                 [rcuda]\naddress = \"10.232.0.11\"\n\n{gpus}",
+                 [rcuda]\naddress = \"10.232.0.11\"\n{servers_extra}\n\n{gpus}",
                 dir.join("routes.json").display(),
                 config.signing_key_path().with_extension("pub").display(),
                 svc.url(),
