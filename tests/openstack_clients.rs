@@ -200,6 +200,12 @@ async fn openstack_gpu_commands_work_with_the_real_openstack_client() {
     assert!(stderr.contains("not found") && stderr.contains("HTTP 404"), "{stderr}");
     let stderr = fails("alpha", a("gpu host list")).await.unwrap();
     assert!(stderr.contains("HTTP 404"), "{stderr}");
+    // A compute share where no host runs MPS: refused naming the field, not placed without it.
+    let share = format!(
+        "gpu cgpu attach {id} --ncgpus 1 --mode shared --gpu-memory 512 --compute-percent 30"
+    );
+    let stderr = fails("alpha", a(&share)).await.unwrap();
+    assert!(stderr.contains("HTTP 422") && stderr.contains("compute_percent"), "{stderr}");
 
     // An operator (the admin project's admin): hosts, GPUs, quotas.
     let hosts = run("gsaas-service", a("gpu host list")).await.unwrap();

@@ -16,6 +16,8 @@ class AttachCgpu(command.ShowOne):
                             help="GPU memory per new cGPU (default: the VM's)")
         parser.add_argument("--mode", choices=("exclusive", "shared"),
                             help="Mode of the new cGPUs (default: the VM's)")
+        parser.add_argument("--compute-percent", type=int, metavar="<percent>",
+                            help="Shared mode: each new cGPU's share of its GPU's SMs (1-100)")
         parser.add_argument("--queue", action="store_true",
                             help="Wait in the queue when GPUs are short")
         parser.add_argument("--wait", action="store_true", help="Wait until they are live")
@@ -28,6 +30,8 @@ class AttachCgpu(command.ShowOne):
             body["gpu_memory_mib"] = args.gpu_memory
         if args.mode is not None:
             body["mode"] = args.mode
+        if args.compute_percent is not None:
+            body["compute_percent"] = args.compute_percent
         vm = client.post(common.vm_path(args.vm) + "/cgpus", body)
         if args.wait:
             vm = common.wait_for(client, args.vm, common.settled)

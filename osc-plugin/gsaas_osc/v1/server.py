@@ -16,6 +16,9 @@ class CreateServer(command.ShowOne):
                             help="GPU memory per cGPU in MiB (required with --mode shared)")
         parser.add_argument("--mode", choices=("exclusive", "shared"), default="exclusive",
                             help="A whole GPU per cGPU, or a share of one (default exclusive)")
+        parser.add_argument("--compute-percent", type=int, metavar="<percent>",
+                            help="Shared mode: each cGPU's share of its GPU's SMs (1-100), "
+                                 "held by MPS where a host runs it (default: time-sliced)")
         parser.add_argument("--locality", choices=("any", "local", "remote"), default="any",
                             help="Where the VM runs relative to its GPUs (default any)")
         parser.add_argument("--image", help="Image (default: the service's)")
@@ -33,7 +36,8 @@ class CreateServer(command.ShowOne):
         body = {"name": args.name, "ncgpus": args.ncgpus, "mode": args.mode,
                 "locality": args.locality, "queue": args.queue}
         for key, value in (("gpu_memory_mib", args.gpu_memory), ("image", args.image),
-                           ("flavor", args.flavor), ("policy", args.policy)):
+                           ("flavor", args.flavor), ("policy", args.policy),
+                           ("compute_percent", args.compute_percent)):
             if value is not None:
                 body[key] = value
         if args.network:
