@@ -18,10 +18,11 @@
 //!
 //! With managed servers (issue [1/5]: the agent starts a server per cGPU, here the stand-in of
 //! `rodvr-agent/tests/standin_server.py`, and a cGPU is served only once its server accepts), a
-//! third argument: `managed`, or `both` for two rounds of each, alternately.
+//! third argument: `managed`, `spares` (managed with 4 warm spare servers per GPU), `both`
+//! (unmanaged and managed, two rounds each, alternately) or `all` (the three, alternately).
 //!
 //! Run: `cargo build --release -p rodvr-agent && cargo bench -p gsaasd --bench elastic`
-//! (args: `-- [runs] [attach sizes,...] [unmanaged|managed|both]`, default 200 runs of 1, 8, 75,
+//! (args: `-- [runs] [attach sizes,...] [unmanaged|managed|spares|both|all]`, default 200 runs of 1, 8, 75,
 //! unmanaged; needs root, `ip`, `nft`, `nsenter`, and python3 for the stand-in servers).
 #![allow(clippy::print_stdout)]
 
@@ -174,7 +175,7 @@ fn env_client(ip: Ipv4Addr) -> reqwest::Client {
 
 /// The agent's `[gpu_servers]` keys that make it run a stand-in server per cGPU (the stand-in is
 /// copied where the servers' unprivileged user can read it).
-fn managed_servers() -> String {
+fn managed_servers(spares: u32) -> String {
     let dir = std::env::temp_dir().join(format!("gsaas-bench-standin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join("standin_server.py");
@@ -187,15 +188,31 @@ fn managed_servers() -> String {
     let _ = Command::new("ip").args(["addr", "add", "10.232.0.11/32", "dev", "lo"]).status();
     format!(
         "managed = true\ncommand = [\"/usr/bin/python3\", \"{}\"]\nports = \"20000-20999\"\n\
-         user = \"nobody\"\nrun_dir = \"{}\"\n",
+         user = \"nobody\"\nrun_dir = \"{}\"\nspare_servers = {spares}\n",
         script.display(),
         dir.join("run").display()
     )
 }
 
-async fn run(runs: usize, sizes: &[u32], managed: bool) {
+/// Warm spares per GPU in the `spares` runs.
+const SPARES_PER_GPU: u32 = 4;
+
+/// How the bench's agent runs the GPU servers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Servers {
+    Unmanaged,
+    Managed,
+    /// Managed, with a warm spare per GPU.
+    Spares,
+}
+
+async fn run(runs: usize, sizes: &[u32], mode: Servers) {
     let extra = format!("metadata_listen = \"{METADATA_LISTEN}\"\n");
-    let servers = if managed { managed_servers() } else { String::new() };
+    let servers = match mode {
+        Servers::Unmanaged => String::new(),
+        Servers::Managed => managed_servers(0),
+        Servers::Spares => managed_servers(SPARES_PER_GPU),
+    };
     let bed = RealAgentBed::start_with("elastic", &extra, &servers).await;
     let caller = Caller::new("bench", Some("alpha".into()), Role::Member);
     let b = Bench { bed, caller };
@@ -247,7 +264,11 @@ async fn run(runs: usize, sizes: &[u32], managed: bool) {
     rows.push(("detach 1 from a VM of 75".to_owned(), sample));
     b.terminate(id).await;
 
-    let servers = if managed { "a managed stand-in server per cGPU" } else { "unmanaged servers" };
+    let servers = match mode {
+        Servers::Unmanaged => "unmanaged servers",
+        Servers::Managed => "a managed stand-in server per cGPU",
+        Servers::Spares => "a managed stand-in server per cGPU, 4 warm spares per GPU",
+    };
     println!(
         "\nElastic cGPUs, real rodvr-agent + nft in a network namespace, {servers}, SQLite, \
          {runs} runs each (after 1 warm-up); ms from the request\n"
@@ -279,15 +300,18 @@ fn main() {
         .get(1)
         .map(|a| a.split(',').filter_map(|c| c.parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 8, 75]);
-    let modes: Vec<bool> = match args.get(2).map(String::as_str) {
-        None | Some("unmanaged") => vec![false],
-        Some("managed") => vec![true],
-        Some("both") => vec![false, true, true, false],
-        Some(other) => panic!("{other}: unmanaged, managed or both"),
+    use Servers::*;
+    let modes: Vec<Servers> = match args.get(2).map(String::as_str) {
+        None | Some("unmanaged") => vec![Unmanaged],
+        Some("managed") => vec![Managed],
+        Some("spares") => vec![Spares],
+        Some("both") => vec![Unmanaged, Managed, Managed, Unmanaged],
+        Some("all") => vec![Unmanaged, Managed, Spares, Spares, Managed, Unmanaged],
+        Some(other) => panic!("{other}: unmanaged, managed, spares, both or all"),
     };
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    for managed in modes {
-        rt.block_on(run(runs, &sizes, managed));
+    for mode in modes {
+        rt.block_on(run(runs, &sizes, mode));
     }
 }

@@ -51,6 +51,11 @@ impl World {
     fn new(sizes: &[u64]) -> World {
         let mut pool = Pool::new();
         add_gpu_host(&mut pool, "cg0", sizes);
+        World::of(pool)
+    }
+
+    /// The world of `pool`, nothing else booked.
+    fn of(pool: Pool) -> World {
         World {
             pool,
             quotas: QuotaLedger::new(Quota::default()),
@@ -868,14 +873,7 @@ fn preemption_frees_compute_shares_and_gives_them_back_with_their_share() {
     let mut spec = common::gpu_spec(&id, 0, 81920);
     spec.attributes = gpgpums::GpuAttributes { managed: true, mps: true, ..Default::default() };
     pool.add_gpu(spec).unwrap();
-    let mut world = World {
-        pool,
-        quotas: QuotaLedger::new(Quota::default()),
-        vms: HashMap::new(),
-        preemptible: BTreeMap::new(),
-        reclaiming: Vec::new(),
-        now_ms: 0,
-    };
+    let mut world = World::of(pool);
     // Plenty of memory, every SM given: 50 + 30 + 20 percent, the last two best-effort.
     let share = |percent| Request::shared(1, 1024).with_compute_percent(percent);
     world.run(&launch(1, "prod", 5, share(50)), false);

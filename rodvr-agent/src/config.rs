@@ -201,6 +201,12 @@ pub struct RcudaConfig {
     /// user must be able to reach.
     #[serde(default = "default_mps_pipe_directory")]
     pub mps_pipe_directory: PathBuf,
+    /// Warm spare servers to keep per GPU (managed, not under MPS; 0, the default: none, at
+    /// most 8): a new cGPU takes a spare of its GPU, its share set at the handover, so an attach
+    /// does not wait for a server to start; a new spare starts behind it. Each spare is a
+    /// process (and whatever the server holds before its first client) that serves nobody.
+    #[serde(default)]
+    pub spare_servers: u32,
 }
 
 impl RcudaConfig {
@@ -226,6 +232,7 @@ impl RcudaConfig {
             memory_slack_mib: default_server_memory_slack_mib(),
             mps: false,
             mps_pipe_directory: default_mps_pipe_directory(),
+            spare_servers: 0,
         }
     }
 
@@ -259,6 +266,11 @@ impl RcudaConfig {
             "gpu_servers.start_timeout_secs must be 1 to 3600".to_owned()
         } else if self.mps && !self.mps_pipe_directory.is_absolute() {
             "gpu_servers.mps_pipe_directory must be an absolute path".to_owned()
+        } else if self.spare_servers > 8 {
+            "gpu_servers.spare_servers must be 0 to 8 per GPU".to_owned()
+        } else if self.mps && self.spare_servers > 0 {
+            "gpu_servers.spare_servers needs mps off: an MPS client's share is set when it starts"
+                .to_owned()
         } else if let Some(name) = self.env.keys().find(|k| {
             k.is_empty()
                 || k.contains('=')
@@ -671,6 +683,8 @@ mod tests {
             ),
             ("mps = true\n".to_owned(), "managed = true"),
             (format!("{full}mps = true\nmps_pipe_directory = 'pipes'\n"), "absolute"),
+            (format!("{full}mps = true\nspare_servers = 1\n"), "spare_servers"),
+            (format!("{full}spare_servers = 9\n"), "spare_servers"),
         ] {
             let err = parse(&change).unwrap_err().to_string();
             assert!(err.contains(named), "{change}: {err}");

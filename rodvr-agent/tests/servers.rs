@@ -55,6 +55,7 @@ impl Setup {
             start_timeout: Duration::from_secs(3),
             memory_slack_bytes: 64 << 20,
             mps: None,
+            spares: 0,
             unshare: "/usr/bin/unshare".into(),
             setpriv: "/usr/bin/setpriv".into(),
         }
@@ -486,4 +487,66 @@ fn a_compute_share_is_set_only_under_mps_and_a_host_without_it_refuses_to_serve_
     assert_ne!(statuses[0].pid, first_pid);
     assert_eq!(env(14)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "60");
     supervisor.converge(&[]);
+}
+
+#[test]
+fn a_warm_spare_serves_a_new_cgpu_at_once_with_its_share_set_at_the_handover() {
+    let setup = Setup::new("spare", 21320);
+    let settings = Settings { spares: 1, ..setup.settings("serve") };
+    let supervisor = ProcessSupervisor::start(settings.clone(), &gpus(), &[]).unwrap();
+    // A spare per GPU, started by the ticks, serving nobody: not a cGPU's, limit 0.
+    let ready =
+        |s: &[ServerStatus]| s.len() == 2 && s.iter().all(|s| s.state == ServerState::Ready);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready(&supervisor.spares()) {
+        assert!(Instant::now() < deadline, "no spares: {:?}", supervisor.spares());
+        supervisor.tick();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(supervisor.statuses().is_empty(), "spares are nobody's cGPUs");
+    let spares = supervisor.spares();
+    let spare_of_gpu0 = spares.iter().find(|s| s.gpu.as_str() == "g0:gpu0").unwrap().clone();
+    let shares = || -> Vec<u64> {
+        let mut limits: Vec<u64> = std::fs::read_dir(setup.dir.path().join("run"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".share"))
+            .map(|e| share::ShareState::open(&e.path()).unwrap().limit_bytes().unwrap())
+            .collect();
+        limits.sort();
+        limits
+    };
+    assert_eq!(shares(), [0, 0], "a spare can allocate nothing");
+    // A cGPU on GPU 0 takes its spare: the same process, ready at once, its share set.
+    let started = Instant::now();
+    let status = supervisor.converge(&[spec(16, 0, 0, Some(1024))]).remove(0);
+    let took = started.elapsed();
+    assert_eq!(status.state, ServerState::Ready, "{status:?}");
+    assert_eq!((status.pid, status.port), (spare_of_gpu0.pid, spare_of_gpu0.port));
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(accepts(status.live_port().unwrap()));
+    // Behind it, at the next tick, a new spare for GPU 0 (another process, another port);
+    // GPU 1's stays.
+    assert_eq!(supervisor.spares().len(), 1);
+    supervisor.tick();
+    let spares = supervisor.spares();
+    assert_eq!(spares.len(), 2, "{spares:?}");
+    let new_spare = spares.iter().find(|s| s.gpu.as_str() == "g0:gpu0").unwrap();
+    assert_ne!(new_spare.pid, status.pid);
+    assert_ne!(new_spare.port, status.port);
+    assert!(shares().contains(&(1024 << 20)), "{:?}", shares());
+    // A restarted agent adopts the server made of a spare, and kills the spares (unrecorded).
+    let keep = [spec(16, 0, 0, Some(1024))];
+    drop(supervisor);
+    let again = ProcessSupervisor::start(settings, &gpus(), &keep).unwrap();
+    let adopted = again.statuses();
+    assert_eq!(adopted.len(), 1, "{adopted:?}");
+    assert_eq!(adopted[0].pid, status.pid, "the cGPU's server outlives the agent");
+    let others: Vec<u32> = spares.iter().filter_map(|s| s.pid).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while others.iter().any(|pid| alive(*pid)) {
+        assert!(Instant::now() < deadline, "a spare outlived its agent");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    again.converge(&[]);
 }

@@ -20,6 +20,14 @@
 //! process still runs (its PID and start time match) and whose table still lists it, and kills
 //! everything else it finds under its cgroups: no orphan server, no port held by one, and no
 //! cGPU of the table without a server.
+//!
+//! **Warm spares** (`spare_servers`, not under MPS). Starting a server costs a process start and
+//! whatever the server does before it accepts; an attach that waited for it took 60-70 ms with
+//! the stand-in server. So the agent can keep one started server per GPU that serves nobody: its
+//! share state's limit is 0 (nothing fits), no route and no client entry lead to its port. A new
+//! cGPU on that GPU takes it: the limit becomes the cGPU's share before the cGPU's route exists,
+//! and a new spare starts behind it. Spares are not recorded: a restarted agent kills them with
+//! everything else it does not adopt, and starts new ones.
 
 pub mod cgroup;
 pub mod process;
@@ -82,6 +90,8 @@ pub struct Settings {
     pub memory_slack_bytes: u64,
     /// The MPS control daemon's pipe directory, when the host runs MPS.
     pub mps: Option<PathBuf>,
+    /// Warm spare servers to keep per GPU (see `[gpu_servers] spare_servers`); 0: none.
+    pub spares: u32,
     pub unshare: PathBuf,
     pub setpriv: PathBuf,
 }
@@ -129,6 +139,7 @@ impl Settings {
             start_timeout: Duration::from_secs(config.start_timeout_secs),
             memory_slack_bytes: config.memory_slack_mib << 20,
             mps: config.mps.then(|| config.mps_pipe_directory.clone()),
+            spares: config.spare_servers,
             unshare: find("unshare")?,
             setpriv: find("setpriv")?,
         })
@@ -239,6 +250,8 @@ pub struct ProcessSupervisor {
     visible: HashMap<GpuId, String>,
     cgroups: Cgroups,
     servers: Mutex<BTreeMap<(VmId, u32), Server>>,
+    /// The warm spares, by name (see the module's doc); locked after `servers`.
+    spares: Mutex<BTreeMap<String, Server>>,
     /// Told whenever a server's state or port changes, so the agent reports at once.
     changed: Arc<tokio::sync::Notify>,
     /// The memory watch: its reader, and when it last read.
@@ -297,6 +310,7 @@ impl ProcessSupervisor {
             visible,
             cgroups,
             servers: Mutex::default(),
+            spares: Mutex::default(),
             changed: Arc::default(),
             memory,
             memory_read: Mutex::default(),
@@ -313,6 +327,100 @@ impl ProcessSupervisor {
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<(VmId, u32), Server>> {
         self.servers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_spares(&self) -> MutexGuard<'_, BTreeMap<String, Server>> {
+        self.spares.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The warm spares now (see the module's doc), each as a status of no cGPU.
+    pub fn spares(&self) -> Vec<ServerStatus> {
+        self.lock_spares().values().map(Server::status).collect()
+    }
+
+    /// Whether new cGPUs take warm spares.
+    fn spares_on(&self) -> bool {
+        self.settings.spares > 0 && self.settings.mps.is_none()
+    }
+
+    /// Starts spares for each GPU that has fewer than it should.
+    fn keep_spares(
+        &self,
+        servers: &BTreeMap<(VmId, u32), Server>,
+        spares: &mut BTreeMap<String, Server>,
+    ) {
+        if !self.spares_on() {
+            return;
+        }
+        let mut gpus: Vec<&GpuId> = self.visible.keys().collect();
+        gpus.sort();
+        for gpu in gpus {
+            let kept = spares.values().filter(|s| s.spec.gpu == *gpu).count() as u32;
+            for _ in kept..self.settings.spares {
+                match self.new_spare(gpu) {
+                    Ok(mut spare) => {
+                        let held = held_ports(servers, spares);
+                        self.launch(&mut spare, &held);
+                        spares.insert(spare.name.clone(), spare);
+                    }
+                    Err(why) => eprintln!("rodvr-agent: a spare server for {gpu}: {why}"),
+                }
+            }
+        }
+    }
+
+    /// A spare for `gpu` (not yet running): limit 0, nobody's.
+    fn new_spare(&self, gpu: &GpuId) -> Result<Server, String> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let born = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let serial = SERIAL.fetch_add(1, Ordering::Relaxed);
+        let safe: String =
+            gpu.as_str().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        let name = format!("p-{safe}-{born:x}-{serial}");
+        let spec = ServerSpec {
+            vm: "00000000-0000-0000-0000-000000000000".parse().expect("the nil id parses"),
+            index: 0,
+            gpu: gpu.clone(),
+            memory_mib: Some(0),
+            clients: Vec::new(),
+            compute_percent: None,
+        };
+        self.server_named(spec, name)
+    }
+
+    /// `spec`'s server made of a spare of its GPU, a ready one first, else one still starting:
+    /// its limit becomes `spec`'s share (see the module's doc). The next tick starts a new spare.
+    fn take_spare(
+        &self,
+        spares: &mut BTreeMap<String, Server>,
+        spec: &ServerSpec,
+    ) -> Option<Server> {
+        if !self.spares_on() {
+            return None;
+        }
+        let pick = |state: ServerState| {
+            spares.iter().find(|(_, s)| s.spec.gpu == spec.gpu && s.state == state).map(|(n, _)| n)
+        };
+        let name = pick(ServerState::Ready).or_else(|| pick(ServerState::Starting))?.clone();
+        let mut spare = spares.remove(&name).expect("found above");
+        if let Err(e) = spare.share.set_limit_bytes(limit_of(spec)) {
+            eprintln!("rodvr-agent: spare server {}: its share state: {e}", spare.name);
+            self.end(&mut spare);
+            self.forget_files(&spare);
+            return None;
+        }
+        spare.spec = spec.clone();
+        // The next tick starts a spare behind it, after this table's answer.
+        Some(spare)
+    }
+
+    /// Removes a server's share state and log.
+    fn forget_files(&self, server: &Server) {
+        let _ = std::fs::remove_file(server.share.path());
+        let _ = std::fs::remove_file(self.log_path(&server.name));
     }
 
     fn records_path(&self) -> PathBuf {
@@ -338,9 +446,10 @@ impl ProcessSupervisor {
         for record in records {
             let key = (record.vm, record.index);
             let Some(spec) = wanted.get(&key).filter(|s| s.gpu == record.gpu) else { continue };
-            if record.name != server_name(record.vm, record.index)
-                || process::start_time(record.pid) != Some(record.start_time)
-            {
+            // Its own name, or the spare's it was made of.
+            let named = record.name == server_name(record.vm, record.index)
+                || record.name.starts_with("p-") && !record.name.contains('/');
+            if !named || process::start_time(record.pid) != Some(record.start_time) {
                 continue;
             }
             let cgroup = self.cgroups.open(&record.name);
@@ -394,14 +503,16 @@ impl ProcessSupervisor {
         self.persist(&servers);
     }
 
-    /// Writes the records of the running servers (atomically; 0600).
+    /// Writes the records of the running servers (atomically; 0600). Not synced: the records
+    /// serve an agent restarted on this host while its servers run, and both read the page
+    /// cache; a host crash ends the servers with them (their start times then differ).
     fn persist(&self, servers: &BTreeMap<(VmId, u32), Server>) {
         let records: Vec<Record> = servers.values().filter_map(Server::record).collect();
         let path = self.records_path();
         let tmp = self.settings.run_dir.join(".servers.json.tmp");
         let bytes = serde_json::to_vec_pretty(&records).expect("records serialize");
         let written = gsaas_infra::files::open_private(&tmp, false)
-            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes).and_then(|()| f.sync_all()))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))
             .and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = written {
             eprintln!("rodvr-agent: cannot record the servers in {}: {e}", path.display());
@@ -416,12 +527,7 @@ impl ProcessSupervisor {
 
     /// A port for a server: `preferred` while it is still free, else the lowest free one of the
     /// range that no other server holds.
-    fn free_port(
-        &self,
-        servers: &BTreeMap<(VmId, u32), Server>,
-        preferred: Option<u16>,
-    ) -> Option<u16> {
-        let held: HashSet<u16> = servers.values().filter_map(|s| s.port).collect();
+    fn free_port(&self, held: &HashSet<u16>, preferred: Option<u16>) -> Option<u16> {
         let free = |port: u16| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)).is_ok();
         preferred
             .filter(|p| free(*p))
@@ -430,7 +536,7 @@ impl ProcessSupervisor {
 
     /// Starts `server`'s process on a free port (the one it had while it is free); on failure
     /// it is `failed`, with why, and tried again after a backoff.
-    fn launch(&self, server: &mut Server, held: &BTreeMap<(VmId, u32), Server>) {
+    fn launch(&self, server: &mut Server, held: &HashSet<u16>) {
         let backoff = |server: &mut Server, why: String| {
             server.state = ServerState::Failed;
             server.reason = Some(why);
@@ -546,6 +652,18 @@ impl ProcessSupervisor {
     pub fn tick(&self) -> bool {
         let mut servers = self.lock();
         let changed = self.tick_locked(&mut servers);
+        {
+            let mut spares = self.lock_spares();
+            let now = Instant::now();
+            let names: Vec<String> = spares.keys().cloned().collect();
+            for name in names {
+                let mut spare = spares.remove(&name).expect("listed above");
+                let held = held_ports(&servers, &spares);
+                self.tick_one(&mut spare, &held, now);
+                spares.insert(name, spare);
+            }
+            self.keep_spares(&servers, &mut spares);
+        }
         if changed {
             self.persist(&servers);
             self.changed.notify_one();
@@ -559,41 +677,47 @@ impl ProcessSupervisor {
         let keys: Vec<(VmId, u32)> = servers.keys().copied().collect();
         for key in keys {
             let mut server = servers.remove(&key).expect("listed above");
-            let before = (server.state, server.port);
-            if let Some(why) = server.process.as_mut().and_then(Running::ended) {
-                self.ended(&mut server, why);
-            } else if server.state == ServerState::Starting {
-                let port = server.port.expect("a started server has a port");
-                if self.accepts(port) {
-                    server.state = ServerState::Ready;
-                    server.reason = None;
-                    server.since = now;
-                } else if now.duration_since(server.since) > self.settings.start_timeout {
-                    let why = format!(
-                        "did not accept within {} s",
-                        self.settings.start_timeout.as_secs()
-                    );
-                    self.ended(&mut server, why);
-                }
-            } else if server.state == ServerState::Ready
-                && server.ends_in_row > 0
-                && now.duration_since(server.since) > STABLE_AFTER
-            {
-                server.ends_in_row = 0;
-            }
-            if matches!(server.state, ServerState::Backoff | ServerState::Failed)
-                && now >= server.since
-            {
-                self.launch(&mut server, servers);
-            }
-            if std::fs::metadata(self.log_path(&server.name)).is_ok_and(|m| m.len() > MAX_LOG_BYTES)
-            {
-                let _ = std::fs::write(self.log_path(&server.name), b"(cut)\n");
-            }
-            changed |= before != (server.state, server.port);
+            let held = {
+                let spares = self.lock_spares();
+                held_ports(servers, &spares)
+            };
+            changed |= self.tick_one(&mut server, &held, now);
             servers.insert(key, server);
         }
         changed
+    }
+
+    /// Moves one server along its life, `held` the ports of the others; true when its state or
+    /// port changed.
+    fn tick_one(&self, server: &mut Server, held: &HashSet<u16>, now: Instant) -> bool {
+        let before = (server.state, server.port);
+        if let Some(why) = server.process.as_mut().and_then(Running::ended) {
+            self.ended(server, why);
+        } else if server.state == ServerState::Starting {
+            let port = server.port.expect("a started server has a port");
+            if self.accepts(port) {
+                server.state = ServerState::Ready;
+                server.reason = None;
+                server.since = now;
+            } else if now.duration_since(server.since) > self.settings.start_timeout {
+                let why =
+                    format!("did not accept within {} s", self.settings.start_timeout.as_secs());
+                self.ended(server, why);
+            }
+        } else if server.state == ServerState::Ready
+            && server.ends_in_row > 0
+            && now.duration_since(server.since) > STABLE_AFTER
+        {
+            server.ends_in_row = 0;
+        }
+        if matches!(server.state, ServerState::Backoff | ServerState::Failed) && now >= server.since
+        {
+            self.launch(server, held);
+        }
+        if std::fs::metadata(self.log_path(&server.name)).is_ok_and(|m| m.len() > MAX_LOG_BYTES) {
+            let _ = std::fs::write(self.log_path(&server.name), b"(cut)\n");
+        }
+        before != (server.state, server.port)
     }
 
     /// Once a second: each server's GPU memory, summed over its processes; a server of a shared
@@ -649,8 +773,12 @@ impl ProcessSupervisor {
         if let Some(why) = rodvr_core::servers::unservable(spec, self.settings.mps.is_some()) {
             return Err(why);
         }
-        let name = server_name(spec.vm, spec.index);
-        let limit = limit_of(spec);
+        self.server_named(spec.clone(), server_name(spec.vm, spec.index))
+    }
+
+    /// A server of `spec` named `name` (its cgroup's, its files'), not yet running.
+    fn server_named(&self, spec: ServerSpec, name: String) -> Result<Server, String> {
+        let limit = limit_of(&spec);
         let share = ShareState::create(
             &self.share_path(&name),
             limit,
@@ -658,7 +786,7 @@ impl ProcessSupervisor {
         )
         .map_err(|e| format!("its share state: {e}"))?;
         Ok(Server {
-            spec: spec.clone(),
+            spec,
             cgroup: self.cgroups.open(&name),
             name,
             state: ServerState::Failed,
@@ -694,6 +822,14 @@ pub fn interface_address(interface: &str) -> Option<Ipv4Addr> {
     found
 }
 
+/// The ports the servers and spares hold.
+fn held_ports(
+    servers: &BTreeMap<(VmId, u32), Server>,
+    spares: &BTreeMap<String, Server>,
+) -> HashSet<u16> {
+    servers.values().chain(spares.values()).filter_map(|s| s.port).collect()
+}
+
 /// The device memory `spec`'s server may hold, in bytes.
 fn limit_of(spec: &ServerSpec) -> u64 {
     spec.memory_mib.map_or(share::UNLIMITED, |mib| mib << 20)
@@ -724,8 +860,7 @@ impl Supervisor for ProcessSupervisor {
         for key in ending {
             let mut server = servers.remove(&key).expect("listed above");
             self.end(&mut server);
-            let _ = std::fs::remove_file(server.share.path());
-            let _ = std::fs::remove_file(self.log_path(&server.name));
+            self.forget_files(&server);
         }
         let mut refused: HashMap<(VmId, u32), String> = HashMap::new();
         for spec in specs {
@@ -733,9 +868,14 @@ impl Supervisor for ProcessSupervisor {
                 server.spec.clients.clone_from(&spec.clients);
                 continue;
             }
+            let mut spares = self.lock_spares();
+            if let Some(server) = self.take_spare(&mut spares, spec) {
+                servers.insert(spec.key(), server);
+                continue;
+            }
             match self.new_server(spec) {
                 Ok(mut server) => {
-                    self.launch(&mut server, &servers);
+                    self.launch(&mut server, &held_ports(&servers, &spares));
                     servers.insert(spec.key(), server);
                 }
                 Err(why) => {

@@ -52,8 +52,9 @@ impl ShareState {
         header[8..16].copy_from_slice(&limit_bytes.to_le_bytes());
         header[16..24].copy_from_slice(&pinned_limit_bytes.to_le_bytes());
         header[28..32].copy_from_slice(&SLOTS.to_le_bytes());
+        // Read through the page cache by the server and by a restarted agent alike: a state
+        // matters only while its server runs, which a host crash ends too, so no sync.
         file.write_all_at(&header, 0)?;
-        file.sync_data()?;
         Ok(Self { file, path: path.to_owned() })
     }
 
@@ -76,6 +77,14 @@ impl ShareState {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Sets the device memory limit (a warm spare's, at its handover to a cGPU). The
+    /// interposer reads it at each allocation; a spare's starts at 0, so a read that crossed this
+    /// write sees at most the new limit.
+    pub fn set_limit_bytes(&self, limit: u64) -> io::Result<()> {
+        // The server reads it through its mapping of the same pages: no sync needed.
+        self.file.write_all_at(&limit.to_le_bytes(), 8)
     }
 
     /// The device memory limit in force (bytes).
