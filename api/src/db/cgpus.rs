@@ -59,8 +59,8 @@ pub(super) fn cgpu_from_row_at(row: &AnyRow, at: usize) -> Result<CgpuRecord, Er
     })
 }
 
-/// A stored compute share: 1 to 100, or none.
-fn compute_percent(stored: Option<i64>) -> Result<Option<u8>, Error> {
+/// A stored compute share: 1 to 100, or none (`cgpus`' and `fenced_cgpus`' column alike).
+pub(super) fn compute_percent(stored: Option<i64>) -> Result<Option<u8>, Error> {
     match stored {
         None | Some(0) => Ok(None),
         Some(p @ 1..=100) => Ok(Some(p as u8)),

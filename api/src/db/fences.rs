@@ -192,10 +192,7 @@ pub async fn fences(conn: &mut AnyConnection) -> Result<Vec<FenceRecord>, Error>
             host: HostId::new(&host).map_err(|_| corrupt("host name", &host))?,
             memory_mib: row.try_get::<i64, _>(9)? as u64,
             mode: parse_mode(&mode).ok_or_else(|| corrupt("mode", &mode))?,
-            compute_percent: row
-                .try_get::<Option<i64>, _>(14)?
-                .and_then(|p| u8::try_from(p).ok())
-                .filter(|p| (1..=100).contains(p)),
+            compute_percent: super::cgpus::compute_percent(row.try_get(14)?)?,
             rcuda: RcudaEndpoint {
                 address: address.into(),
                 port: row.try_get::<i64, _>(12)? as u16,

@@ -51,7 +51,7 @@ pub async fn served_cgpus_on(
             // An exclusive cGPU has its whole GPU.
             memory_mib: (mode != "exclusive").then_some(memory_mib),
             clients,
-            compute_percent: row.try_get::<Option<i64>, _>(8)?.and_then(|p| u8::try_from(p).ok()),
+            compute_percent: super::cgpus::compute_percent(row.try_get(8)?)?,
         });
     }
     Ok(out)
