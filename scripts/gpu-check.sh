@@ -13,6 +13,12 @@
 #       There, as root, from the repository root with .gpu-check/ carried; nothing is fetched.
 #       1. `rodvr-agent gpus`: NVML discovery and 5 s of health watch (model, memory, compute
 #          capability, UUID, MIG mode, health).
+#       1b. Two tenants' processes on GPU 0 under libgsaas-share.so (gpu-share/), each with
+#          its own share (scripts/gpu-check/share_check.c, built there with cc): every
+#          allocation path held to its share, the sharing calls refused, one's pointer
+#          unreadable by the other, its memory freed within 1 s of its end (NVML), one's
+#          kernel fault leaving the other's results right, two compute shares under MPS (where
+#          nvidia-cuda-mps-control is), and the copy and kernel figures with and without it.
 #       2. With LUPINE's source carried: builds its server there (nvcc) and the CUDA program
 #          scripts/gpu-check/vecadd.cu; starts one LUPINE server on GPU 0 in a namespace that
 #          plays the GPU host, launches a VM (a namespace) through gsaasd with
@@ -195,6 +201,130 @@ wait_until() { # SECONDS WHAT COMMAND...
 }
 json() { python3 -c "import json,sys; v=json.load(sys.stdin); print(eval(sys.argv[1]))" "$1"; }
 
+# Two tenants' processes on GPU 0 at once, each under its own share state as the agent writes
+# one, with libgsaas-share.so preloaded (issue [1/5]): every allocation path held to its share
+# and refused past it; the sharing calls refused; one tenant's pointer unreadable by the other;
+# its memory freed on the GPU within 1 s of its end (NVML); a fault in one tenant's kernel
+# leaving the other's results right; two compute shares under MPS; what the interposer costs.
+# LIBCUDA_DIR (the self-test: gpu-share's stand-in driver) goes on the library path; whatever
+# that driver cannot do (kernels, copies) says "skipped". Fails if a share or an isolation did
+# not hold.
+share_checks() {
+  local sc=/tmp/gsaas-share-check lib=$root/gpu-share/build/libgsaas-share.so
+  local dir a b bad=()
+  make -s -C "$root/gpu-share" >/dev/null || die "building gpu-share failed"
+  cc -O2 -std=c11 -I"$root/gpu-share/include" -o "$sc" scripts/gpu-check/share_check.c -ldl \
+    || die "building share_check failed"
+  dir=$(mktemp -d /tmp/gsaas-share-check.XXXXXX)
+  a=$dir/a.share b=$dir/b.share
+  "$sc" mkshare "$a" 2048 256 && "$sc" mkshare "$b" 6144 512
+  tenant() { # SHARE ARGS...: share_check as that tenant's server process
+    local share=$1; shift
+    env ${LIBCUDA_DIR:+LD_LIBRARY_PATH=$LIBCUDA_DIR} LD_PRELOAD="$lib" GSAAS_SHARE_FILE="$share" \
+      timeout 120 "$sc" "$@"
+  }
+  verdict() { # RC WHAT: 0 held, 77 skipped, else failed
+    case $1 in
+      0) ;;
+      77) echo "  ($2: skipped on this driver)" ;;
+      *) bad+=("$2") ;;
+    esac
+  }
+  echo "tenant A (a 2 GiB share, 256 MiB pinned) and tenant B (6 GiB, 512 MiB), at once:"
+  local ra=0 rb=0 pa pb
+  tenant "$a" fill 2048 256 >"$dir/a.out" 2>&1 & pa=$!
+  tenant "$b" fill 6144 512 >"$dir/b.out" 2>&1 & pb=$!
+  wait $pa || ra=$?
+  wait $pb || rb=$?
+  sed 's/^/A /' "$dir/a.out"
+  sed 's/^/B /' "$dir/b.out"
+  verdict $ra "tenant A's share"
+  verdict $rb "tenant B's share"
+  echo "the calls that share memory between processes:"
+  local r=0
+  tenant "$a" ipc || r=$?
+  verdict $r "the sharing calls"
+  echo "tenant B reads tenant A's device pointer:"
+  # Tenant A holds its memory while its stdin (a FIFO) stays open.
+  local line="" ptr="" apid="" hold
+  mkfifo "$dir/hold.in"
+  tenant "$a" hold 256 <"$dir/hold.in" >"$dir/hold.out" 2>&1 & hold=$!
+  exec 7>"$dir/hold.in"
+  for _ in $(seq 600); do
+    line=$(head -n 1 "$dir/hold.out")
+    [ -n "$line" ] && break
+    kill -0 "$hold" 2>/dev/null || break
+    sleep 0.1
+  done
+  line=$(head -n 1 "$dir/hold.out")
+  case $line in
+    "pointer "*)
+      ptr=$(echo "$line" | awk '{print $2}') apid=$(echo "$line" | awk '{print $4}')
+      r=0
+      tenant "$b" peek "$ptr" || r=$?
+      verdict $r "another tenant's pointer"
+      ;;
+    *) echo "  ${line:-tenant A held nothing}"; verdict 77 "another tenant's pointer" ;;
+  esac
+  # Tenant A ends (its server would, at a detach): the GPU has its memory back within 1 s.
+  local started=$SECONDS
+  exec 7>&-
+  wait "$hold" 2>/dev/null || true
+  if [ -n "$apid" ] && command -v nvidia-smi >/dev/null; then
+    local t0 t1
+    t0=$(date +%s%N)
+    while nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -qw "$apid"; do
+      [ $((SECONDS - started)) -lt 10 ] || break
+      sleep 0.05
+    done
+    t1=$(date +%s%N)
+    local ms=$(((t1 - t0) / 1000000))
+    echo "tenant A ended: NVML lists its process no more after $ms ms"
+    [ "$ms" -le 1000 ] || bad+=("memory freed within 1 s")
+  else
+    echo "  (memory freed at the end: skipped, no GPU process or no nvidia-smi)"
+  fi
+  echo "tenant A's kernel faults while tenant B works:"
+  local rw=0 rf=0 pw
+  tenant "$b" work 50 >"$dir/work.out" 2>&1 & pw=$!
+  tenant "$a" fault || rf=$?
+  wait $pw || rw=$?
+  sed 's/^/B /' "$dir/work.out"
+  [ $rf = 1 ] && bad+=("tenant A's fault was not reported")
+  verdict $rw "tenant B's results beside tenant A's fault"
+  if command -v nvidia-cuda-mps-control >/dev/null && [ -z "${LIBCUDA_DIR:-}" ]; then
+    echo "compute shares under MPS: tenant A 25% of the SMs, tenant B 75%, both busy at once:"
+    export CUDA_MPS_PIPE_DIRECTORY=$dir/mps-pipe CUDA_MPS_LOG_DIRECTORY=$dir/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 tenant "$a" spin 5 >"$dir/spin-a.out" 2>&1 & pa=$!
+      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 tenant "$b" spin 5 >"$dir/spin-b.out" 2>&1 & pb=$!
+      wait $pa || true
+      wait $pb || true
+      sed 's/^/A (25%) /' "$dir/spin-a.out"
+      sed 's/^/B (75%) /' "$dir/spin-b.out"
+      echo quit | nvidia-cuda-mps-control || true
+    else
+      echo "  (MPS did not start: compute shares not measured)"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  else
+    echo "(compute shares: skipped, no MPS here)"
+  fi
+  echo "what the interposer costs (the same process without it, with it, twice):"
+  for round in 1 2; do
+    r=0
+    env ${LIBCUDA_DIR:+LD_LIBRARY_PATH=$LIBCUDA_DIR} timeout 120 "$sc" bench | sed 's/^/without /' || r=$?
+    tenant "$a" bench | sed 's/^/with    /' || true
+  done
+  rm -rf "$dir"
+  if [ ${#bad[@]} -gt 0 ]; then
+    echo "FAILED: ${bad[*]}"
+    return 1
+  fi
+  echo "every share and isolation held"
+}
+
 # $1: the GPU host agent's extra config ([gpu_servers]; its GPUs from NVML);
 # gpu_agent_env: the GPU host agent's environment (the stand-in NVML in the self-test);
 # $no_gpus: a stand-in NVML that finds no GPU, for the VM host's agent (on a GPU machine the
@@ -355,6 +485,8 @@ run() {
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version,mig.mode.current --format=csv
   fi
+  say "1b. shares held on the GPU itself: two tenants under libgsaas-share.so"
+  share_checks || echo "FAILED: shares on the GPU"
   if [ ! -d "$gc/lupine-src" ]; then
     say "2. skipped: no LUPINE source was prepared (scripts/gpu-check.sh prepare LUPINE_SRC)"
     return 0
@@ -452,6 +584,10 @@ selftest() {
   local gpu="NVIDIA H100 80GB HBM3:81559:9.0:GPU-5e1f7e57:0:0:0:0:0"
   say "1. NVML discovery and health watch, against the stand-in NVML"
   LD_LIBRARY_PATH=$no_gpus FAKE_NVML_GPUS=$gpu "$bin/rodvr-agent" gpus --watch-secs 1
+  say "1b. shares, against gpu-share's stand-in driver (what needs kernels is skipped)"
+  export LIBCUDA_DIR=$root/gpu-share/build/standin GSAAS_STANDIN_MEMORY_MIB=16384
+  share_checks || die "the share checks failed"
+  unset LIBCUDA_DIR GSAAS_STANDIN_MEMORY_MIB
   say "2. the masked path, with a stand-in for LUPINE's server"
   gpu_agent_env=(LD_LIBRARY_PATH="$no_gpus" FAKE_NVML_GPUS="$gpu")
   masked_path $'[gpu_servers]\naddress = "10.232.0.2"\nremoting = "lupine"'

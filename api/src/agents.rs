@@ -134,7 +134,13 @@ impl HostAgents for InProcessAgents {
         let agent = self.agent(host);
         // Its ledger and firewall are in memory: applying is a short computation, done in place.
         match agent.put_table(table) {
-            Ok(status) => Ok(status.servers),
+            Ok(status) => {
+                // In memory, the cuts that follow a real agent's answer take no time.
+                if let Err(e) = agent.tidy_connections() {
+                    tracing::warn!(host = %host.name, error = %e, "cutting re-targeted connections failed; retried with the next table");
+                }
+                Ok(status.servers)
+            }
             Err(CoreError::Conflict(GenerationConflict::Older { .. })) => {
                 Err(AgentError::Stale { host: host.name.clone(), offered })
             }

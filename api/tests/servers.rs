@@ -17,6 +17,7 @@ on_both_stores!(
     each_cgpu_is_routed_to_its_own_server_from_launch_to_termination,
     a_server_that_moves_or_stops_accepting_moves_or_withdraws_its_route,
     an_agent_reports_only_its_own_cgpus_servers,
+    a_vm_on_its_gpus_host_reaches_a_new_server_in_one_push,
 );
 
 /// Waits (bounded: 10 s) until `agent`'s table satisfies `done`.
@@ -76,6 +77,41 @@ async fn each_cgpu_is_routed_to_its_own_server_from_launch_to_termination(store:
     t.terminate_and_wait(&member, &id).await;
     table_until(&gpu_host, |t| t.servers.is_empty()).await;
     assert!(gpu_host.servers().is_empty());
+}
+
+/// A VM on the host that runs its cGPUs' servers: gsaasd does not know a new server's port when
+/// it pushes the table, so the table asks the agent to route the cGPU itself once its server
+/// accepts (`lost[].here`); an attach takes one push, not a second after the port is recorded.
+async fn a_vm_on_its_gpus_host_reaches_a_new_server_in_one_push(store: Store) {
+    let (t, _vm_host, gpu_host) = managed_agent_cloud(store, 2).await;
+    let member = t.member();
+    let mut request = remote_launch(1);
+    request["locality"] = json!("local");
+    let id = t.launch(&member, &request).await;
+    t.wait_state(&member, &id, "ready").await;
+    let vm_ip = gpu_host
+        .table()
+        .unwrap()
+        .vms_without_cgpus
+        .first()
+        .map_or_else(|| gpu_host.table().unwrap().routes[0].vm_ip, |p| p.vm_ip);
+    assert_eq!(gpu_host.environment(vm_ip).unwrap().devices.len(), 1);
+    let pushes = gpu_host.pushes();
+    t.attach_one_and_wait(&member, &id, 1024, 2).await;
+    assert_eq!(gpu_host.pushes(), pushes + 1, "an attach took more than one push");
+    let table = gpu_host.table().unwrap();
+    assert!(table.lost.iter().all(|l| l.here.is_some()), "{:?}", table.lost);
+    let env = gpu_host.environment(vm_ip).unwrap();
+    assert_eq!(env.devices.len(), 2, "{env:?}");
+    assert!(env.missing.is_empty(), "{env:?}");
+    // gsaasd recorded the ports the answer gave: the next table routes to them itself.
+    let ports: Vec<(u32, u16)> =
+        gpu_host.servers().iter().map(|s| (s.index, s.live_port().unwrap())).collect();
+    t.detach_and_wait(&member, &id, 0, 1).await;
+    let table = table_until(&gpu_host, |t| t.routes.len() == 1 && t.lost.is_empty()).await;
+    let port = ports.iter().find(|(index, _)| *index == 1).unwrap().1;
+    assert_eq!(targets(&table), [SocketAddrV4::new(rcuda_address("cg-1"), port)]);
+    t.terminate_and_wait(&member, &id).await;
 }
 
 /// The GPU host's report, with `change` made to its servers.

@@ -304,7 +304,67 @@ typedef struct CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st {
     unsigned int reserved[16];
 } CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC;
 
+/* CUDA arrays (textures and surfaces): their memory is the driver's, reached through a handle. */
+typedef enum CUarray_format_enum {
+    CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+    CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+    CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+    CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+    CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+    CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+    CU_AD_FORMAT_HALF = 0x10,
+    CU_AD_FORMAT_FLOAT = 0x20,
+    CU_AD_FORMAT_NV12 = 0xb0,
+    CU_AD_FORMAT_UNORM_INT8X1 = 0xc0,
+    CU_AD_FORMAT_SNORM_INT16X4 = 0xcb,
+    CU_AD_FORMAT_BC1_UNORM = 0x91,
+    CU_AD_FORMAT_BC7_UNORM_SRGB = 0x9e
+} CUarray_format;
+
+#define CUDA_ARRAY3D_LAYERED 0x01
+#define CUDA_ARRAY3D_CUBEMAP 0x04
+#define CUDA_ARRAY3D_SPARSE 0x40
+#define CUDA_ARRAY3D_DEFERRED_MAPPING 0x80
+
+typedef struct CUDA_ARRAY_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+/* The legacy (before CUDA 3.2) symbols' descriptors: 32-bit sizes. */
+typedef struct CUDA_ARRAY_DESCRIPTOR_v1_st {
+    unsigned int Width;
+    unsigned int Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR_v1;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
+    unsigned int Width;
+    unsigned int Height;
+    unsigned int Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR_v1;
+
 /* The layouts above are the driver's ABI: check them. */
+_Static_assert(sizeof(CUDA_ARRAY_DESCRIPTOR) == 24, "CUDA_ARRAY_DESCRIPTOR");
+_Static_assert(sizeof(CUDA_ARRAY_DESCRIPTOR_v1) == 16, "CUDA_ARRAY_DESCRIPTOR_v1");
+_Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR");
+_Static_assert(offsetof(CUDA_ARRAY3D_DESCRIPTOR, Flags) == 32, "CUDA_ARRAY3D_DESCRIPTOR.Flags");
+_Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR_v1) == 24, "CUDA_ARRAY3D_DESCRIPTOR_v1");
 _Static_assert(sizeof(CUmemLocation) == 8, "CUmemLocation");
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp");
 _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc");
@@ -396,6 +456,18 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void 
 CUresult cuMemMapArrayAsync(CUarrayMapInfo *mapInfoList, unsigned int count, CUstream hStream);
 CUresult cuMemMapArrayAsync_ptsz(CUarrayMapInfo *mapInfoList, unsigned int count,
                                  CUstream hStream);
+
+/* Arrays. cuArrayCreate and cuArray3DCreate are the legacy 32-bit ABI; their _v2 the one
+ * cuda.h names so since CUDA 3.2. */
+CUresult cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *pAllocateArray);
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
+CUresult cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *pAllocateArray);
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                unsigned int numMipmapLevels);
+CUresult cuArrayDestroy(CUarray hArray);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray);
 
 /* Graphs. */
 CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);

@@ -72,6 +72,14 @@
     X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, 0) \
     X(cuMemMapArrayAsync, "cuMemMapArrayAsync", 11010, 0)                   \
     X(cuMemMapArrayAsync_ptsz, "cuMemMapArrayAsync", 11010, 1)              \
+    /* arrays */                                                            \
+    X(cuArrayCreate, "cuArrayCreate", 2000, 0)                              \
+    X(cuArrayCreate_v2, "cuArrayCreate", 3020, 0)                           \
+    X(cuArray3DCreate, "cuArray3DCreate", 2000, 0)                          \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", 3020, 0)                       \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, 0)            \
+    X(cuArrayDestroy, "cuArrayDestroy", 2000, 0)                            \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0)          \
     /* graph memory nodes */                                                \
     X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, 0)           \
     X(cuGraphAddNode, "cuGraphAddNode", 12020, 0)                           \
@@ -714,6 +722,8 @@ enum rec_kind {
     K_HOSTREG,     /* cuMemHostRegister pointer */
     K_VMM,         /* cuMemCreate handle */
     K_GRAPH,       /* graph with memory alloc nodes */
+    K_ARRAY,       /* CUDA array handle */
+    K_MIPMAP,      /* mipmapped CUDA array handle */
     K_LIM_STACK,   /* context limits, keyed by context */
     K_LIM_FIFO,
     K_LIM_HEAP,
@@ -1132,6 +1142,134 @@ static CUresult w_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 static CUresult w_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     return free_async(REAL(cuMemFreeAsync_ptsz), dptr, hStream);
+}
+
+/* ---- arrays ----
+ * A CUDA array's memory is laid out by the driver (tiled, aligned), and nothing reports its
+ * size for an array with memory of its own. It is counted at what its texels need: width x
+ * height x depth (layers and cube faces included) x the texel's bytes, each mipmap level at its
+ * own size. A format not known here counts as the widest texel, 16 bytes a channel, so a newer
+ * format is never counted short; the driver's padding is the agent's NVML watch's (its slack).
+ * A sparse or deferred-mapping array has no memory until cuMemMapArrayAsync maps a cuMemCreate'd
+ * handle into it, counted there. */
+static uint64_t at_least_1(uint64_t n) { return n == 0 ? 1 : n; }
+
+static uint64_t texel_bytes(CUarray_format format, unsigned int channels)
+{
+    uint64_t ch = at_least_1(channels);
+    unsigned int f = (unsigned int)format;
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return ch;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2 * ch;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+        return 4 * ch;
+    case CU_AD_FORMAT_NV12: /* 1.5 bytes a pixel */
+        return 2;
+    default:
+        break;
+    }
+    if (f >= CU_AD_FORMAT_UNORM_INT8X1 && f <= CU_AD_FORMAT_SNORM_INT16X4) {
+        /* UNORM/SNORM int8 x1, x2, x4 then int16 x1, x2, x4: the format says its channels. */
+        static const uint64_t bytes[6] = {1, 2, 4, 2, 4, 8};
+        return bytes[(f - CU_AD_FORMAT_UNORM_INT8X1) % 6];
+    }
+    if (f >= CU_AD_FORMAT_BC1_UNORM && f <= CU_AD_FORMAT_BC7_UNORM_SRGB)
+        return 1; /* block-compressed: at most 16 bytes a 4 x 4 block */
+    return sat_mul(16, ch);
+}
+
+static uint64_t array_bytes(uint64_t width, uint64_t height, uint64_t depth,
+                            CUarray_format format, unsigned int channels, unsigned int flags,
+                            unsigned int levels)
+{
+    if (flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING))
+        return 0;
+    uint64_t texel = texel_bytes(format, channels);
+    /* Layers and cube faces do not shrink from one mipmap level to the next. */
+    int keeps_depth = (flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+    levels = levels == 0 ? 1 : levels > 64 ? 64 : levels;
+    uint64_t total = 0;
+    for (unsigned int l = 0; l < levels; l++) {
+        uint64_t w = at_least_1(width >> l), h = at_least_1(height >> l);
+        uint64_t d = keeps_depth ? at_least_1(depth) : at_least_1(depth >> l);
+        total = sat_add(total, sat_mul(sat_mul(sat_mul(w, h), d), texel));
+    }
+    return total;
+}
+
+/* Reserves `bytes`, creates through `create`, records the handle under `kind`. */
+#define ARRAY_CREATE(kind, handle, bytes, call)                                         \
+    do {                                                                                \
+        CUresult r_ = reserve(CLS_DEV, (bytes));                                        \
+        if (r_ != CUDA_SUCCESS)                                                         \
+            return r_;                                                                  \
+        r_ = (call);                                                                    \
+        commit(r_, (kind), r_ == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*(handle) : 0, (bytes)); \
+        return r_;                                                                      \
+    } while (0)
+
+/* cuArrayCreate and cuArray3DCreate, each ABI: `depth` and `flags` read from `desc`. */
+#define ARRAY_WRAPPER(fn, desc_type, depth, flags)                                          \
+    static CUresult w_##fn(CUarray *pHandle, const desc_type *desc)                         \
+    {                                                                                       \
+        __typeof__(&fn) real = REAL(fn);                                                    \
+        if (real == NULL)                                                                   \
+            return missing();                                                               \
+        if (pHandle == NULL || desc == NULL)                                                \
+            return real(pHandle, desc);                                                     \
+        uint64_t bytes = array_bytes(desc->Width, desc->Height, (depth), desc->Format,      \
+                                     desc->NumChannels, (flags), 1);                        \
+        ARRAY_CREATE(K_ARRAY, pHandle, bytes, real(pHandle, desc));                         \
+    }
+
+ARRAY_WRAPPER(cuArrayCreate_v2, CUDA_ARRAY_DESCRIPTOR, 1, 0)
+ARRAY_WRAPPER(cuArrayCreate, CUDA_ARRAY_DESCRIPTOR_v1, 1, 0)
+ARRAY_WRAPPER(cuArray3DCreate_v2, CUDA_ARRAY3D_DESCRIPTOR, desc->Depth, desc->Flags)
+ARRAY_WRAPPER(cuArray3DCreate, CUDA_ARRAY3D_DESCRIPTOR_v1, desc->Depth, desc->Flags)
+
+static CUresult w_cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                         const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                         unsigned int numMipmapLevels)
+{
+    __typeof__(&cuMipmappedArrayCreate) real = REAL(cuMipmappedArrayCreate);
+    if (real == NULL)
+        return missing();
+    if (pHandle == NULL || desc == NULL)
+        return real(pHandle, desc, numMipmapLevels);
+    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                 desc->NumChannels, desc->Flags, numMipmapLevels);
+    ARRAY_CREATE(K_MIPMAP, pHandle, bytes, real(pHandle, desc, numMipmapLevels));
+}
+
+static CUresult w_cuArrayDestroy(CUarray hArray)
+{
+    __typeof__(&cuArrayDestroy) real = REAL(cuArrayDestroy);
+    if (real == NULL)
+        return missing();
+    uint64_t key = (uint64_t)(uintptr_t)hArray, bytes = 0;
+    int had = take(K_ARRAY, key, &bytes);
+    CUresult r = real(hArray);
+    settle(r, had, K_ARRAY, key, bytes);
+    return r;
+}
+
+static CUresult w_cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    __typeof__(&cuMipmappedArrayDestroy) real = REAL(cuMipmappedArrayDestroy);
+    if (real == NULL)
+        return missing();
+    uint64_t key = (uint64_t)(uintptr_t)hMipmappedArray, bytes = 0;
+    int had = take(K_MIPMAP, key, &bytes);
+    CUresult r = real(hMipmappedArray);
+    settle(r, had, K_MIPMAP, key, bytes);
+    return r;
 }
 
 /* ---- virtual memory management ----

@@ -105,7 +105,7 @@ EXPORT unsigned long long gsaas_standin_pinned_used(void)
 }
 
 /* ---- bookkeeping: (kind, key) -> entry ---- */
-enum { E_DEV = 1, E_HOST, E_REG, E_HANDLE, E_MAP, E_RESV, E_ARRAYMAP };
+enum { E_DEV = 1, E_HOST, E_REG, E_HANDLE, E_MAP, E_RESV, E_ARRAYMAP, E_ARRAY, E_MIPMAP };
 
 struct entry {
     struct entry *next;
@@ -584,13 +584,14 @@ out:
     return r;
 }
 
-static CUresult dev_free(uint64_t va)
+/* Frees the device memory of the entry (kind, key); `unknown` when there is none. */
+static CUresult entry_free(int kind, uint64_t key, CUresult unknown)
 {
     if (!initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&mu);
-    struct entry *e = find(E_DEV, va);
-    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    struct entry *e = find(kind, key);
+    CUresult r = unknown;
     if (e != NULL) {
         used -= e->size;
         del(e);
@@ -598,6 +599,11 @@ static CUresult dev_free(uint64_t va)
     }
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+static CUresult dev_free(uint64_t va)
+{
+    return entry_free(E_DEV, va, CUDA_ERROR_INVALID_VALUE);
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -691,6 +697,118 @@ EXPORT CUresult cuMemFree(CUdeviceptr_v1 dptr)
 {
     CALLED();
     return dev_free(dptr);
+}
+
+/* ---- arrays: device memory of their texels' size (a real driver adds its layout's padding) ---- */
+static uint64_t standin_texel(CUarray_format format, unsigned int channels)
+{
+    if (channels != 1 && channels != 2 && channels != 4)
+        return 0;
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return channels;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2ull * channels;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+        return 4ull * channels;
+    default:
+        return 0;
+    }
+}
+
+static CUresult array_alloc(int kind, uint64_t w, uint64_t h, uint64_t d, CUarray_format format,
+                            unsigned int channels, unsigned int flags, unsigned int levels,
+                            uint64_t *out)
+{
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx_ok(current))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t texel = standin_texel(format, channels);
+    if (w == 0 || texel == 0 || levels == 0 || levels > 32)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t size = 0;
+    if (!(flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING))) {
+        int keeps_depth = (flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+        for (unsigned int l = 0; l < levels; l++) {
+            uint64_t lw = w >> l, lh = h >> l, ld = keeps_depth ? d : d >> l;
+            lw = lw ? lw : 1, lh = lh ? lh : 1, ld = ld ? ld : 1;
+            if (lw > UINT64_MAX / lh || lw * lh > UINT64_MAX / ld || lw * lh * ld > UINT64_MAX / texel)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            uint64_t level = lw * lh * ld * texel;
+            if (size > UINT64_MAX - level)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            size += level;
+        }
+    }
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    if (size > capacity - used) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    uint64_t key = fake_va(size ? size : 1, ALLOC_ALIGN);
+    if (add(kind, key, size) == NULL) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto out;
+    }
+    used += size;
+    *out = key;
+out:
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+
+/* cuArrayCreate and cuArray3DCreate, each ABI: `depth` and `flags` read from `d`. */
+#define STANDIN_ARRAY_CREATE(fn, desc_type, depth, flags)                                    \
+    EXPORT CUresult fn(CUarray *pHandle, const desc_type *d)                                 \
+    {                                                                                        \
+        CALLED();                                                                            \
+        if (pHandle == NULL || d == NULL)                                                    \
+            return CUDA_ERROR_INVALID_VALUE;                                                 \
+        uint64_t key;                                                                        \
+        CUresult r = array_alloc(E_ARRAY, d->Width, d->Height, (depth), d->Format,           \
+                                 d->NumChannels, (flags), 1, &key);                          \
+        if (r == CUDA_SUCCESS)                                                               \
+            *pHandle = (CUarray)(uintptr_t)key;                                              \
+        return r;                                                                            \
+    }
+
+STANDIN_ARRAY_CREATE(cuArrayCreate_v2, CUDA_ARRAY_DESCRIPTOR, 1, 0)
+STANDIN_ARRAY_CREATE(cuArrayCreate, CUDA_ARRAY_DESCRIPTOR_v1, 1, 0)
+STANDIN_ARRAY_CREATE(cuArray3DCreate_v2, CUDA_ARRAY3D_DESCRIPTOR, d->Depth, d->Flags)
+STANDIN_ARRAY_CREATE(cuArray3DCreate, CUDA_ARRAY3D_DESCRIPTOR_v1, d->Depth, d->Flags)
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                       unsigned int numMipmapLevels)
+{
+    CALLED();
+    if (pHandle == NULL || d == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t key;
+    CUresult r = array_alloc(E_MIPMAP, d->Width, d->Height, d->Depth, d->Format, d->NumChannels,
+                             d->Flags, numMipmapLevels, &key);
+    if (r == CUDA_SUCCESS)
+        *pHandle = (CUmipmappedArray)(uintptr_t)key;
+    return r;
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray hArray)
+{
+    CALLED();
+    return entry_free(E_ARRAY, (uint64_t)(uintptr_t)hArray, CUDA_ERROR_INVALID_HANDLE);
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    CALLED();
+    return entry_free(E_MIPMAP, (uint64_t)(uintptr_t)hMipmappedArray, CUDA_ERROR_INVALID_HANDLE);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_out, size_t *total_out)
@@ -1391,6 +1509,13 @@ static const struct proc procs[] = {
     P("cuMemAllocPitch", cuMemAllocPitch, 2000, 0),
     P("cuMemAllocPitch", cuMemAllocPitch_v2, 3020, 0),
     P("cuMemAllocManaged", cuMemAllocManaged, 6000, 0),
+    P("cuArrayCreate", cuArrayCreate, 2000, 0),
+    P("cuArrayCreate", cuArrayCreate_v2, 3020, 0),
+    P("cuArray3DCreate", cuArray3DCreate, 2000, 0),
+    P("cuArray3DCreate", cuArray3DCreate_v2, 3020, 0),
+    P("cuMipmappedArrayCreate", cuMipmappedArrayCreate, 5000, 0),
+    P("cuArrayDestroy", cuArrayDestroy, 2000, 0),
+    P("cuMipmappedArrayDestroy", cuMipmappedArrayDestroy, 5000, 0),
     P("cuMemFree", cuMemFree, 2000, 0),
     PI("cuMemFree", cuMemFree_v2, 3020, 0),
     PI("cuMemAllocAsync", cuMemAllocAsync, 11020, 0),

@@ -234,7 +234,9 @@ static const struct sym direct_syms[] = {
     SYM(cuMemImportFromShareableHandle), SYM(cuMemPoolExportToShareableHandle),
     SYM(cuMemPoolImportFromShareableHandle), SYM(cuMemPoolExportPointer),
     SYM(cuMemPoolImportPointer), SYM(cuImportExternalMemory), SYM(cuImportExternalSemaphore),
-    SYM(cuMemGetHandleForAddressRange),
+    SYM(cuMemGetHandleForAddressRange), SYM(cuArrayCreate), SYM(cuArrayCreate_v2),
+    SYM(cuArray3DCreate), SYM(cuArray3DCreate_v2), SYM(cuMipmappedArrayCreate),
+    SYM(cuArrayDestroy), SYM(cuMipmappedArrayDestroy),
 };
 
 static void *cuda_handle(void)
@@ -320,7 +322,8 @@ static void *resolve(const char *exported, const char *base, int ver, int ptsz)
  * ============================================================================================ */
 enum {
     K_V2, K_V1, K_PITCH2, K_PITCH1, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_GNODE, K_GADD, K_GADD2,
-    K_HOSTALLOC, K_ALLOCHOST2, K_ALLOCHOST1, K_HOSTREG
+    K_HOSTALLOC, K_ALLOCHOST2, K_ALLOCHOST1, K_HOSTREG, K_ARRAY2, K_ARRAY1, K_ARRAY3D2,
+    K_ARRAY3D1, K_MIPMAP
 };
 
 struct path {
@@ -352,6 +355,11 @@ static const struct path paths[] = {
     {"cuMemAllocHost", "cuMemAllocHost", 2000, 0, "cuMemFreeHost", "cuMemFreeHost", 12040, K_ALLOCHOST1, 1, 1},
     {"cuMemHostRegister_v2", "cuMemHostRegister", 12040, 0, "cuMemHostUnregister", "cuMemHostUnregister", 12040, K_HOSTREG, 1, 1},
     {"cuMemHostRegister", "cuMemHostRegister", 4000, 0, "cuMemHostUnregister", "cuMemHostUnregister", 12040, K_HOSTREG, 1, 1},
+    {"cuArrayCreate_v2", "cuArrayCreate", 12040, 0, "cuArrayDestroy", "cuArrayDestroy", 12040, K_ARRAY2, 0, 1},
+    {"cuArrayCreate", "cuArrayCreate", 2000, 0, "cuArrayDestroy", "cuArrayDestroy", 2000, K_ARRAY1, 0, 1},
+    {"cuArray3DCreate_v2", "cuArray3DCreate", 12040, 0, "cuArrayDestroy", "cuArrayDestroy", 12040, K_ARRAY3D2, 0, 1},
+    {"cuArray3DCreate", "cuArray3DCreate", 2000, 0, "cuArrayDestroy", "cuArrayDestroy", 2000, K_ARRAY3D1, 0, 1},
+    {"cuMipmappedArrayCreate", "cuMipmappedArrayCreate", 12040, 0, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", 12040, K_MIPMAP, 0, 1},
 };
 #define NPATHS ((int)(sizeof paths / sizeof paths[0]))
 
@@ -490,6 +498,39 @@ static CUresult do_alloc(const struct path *p, uint64_t bytes, uint64_t *h)
         *h = (uint64_t)(uintptr_t)q;
         break;
     }
+    case K_ARRAY2:
+    case K_ARRAY1:
+    case K_ARRAY3D2:
+    case K_ARRAY3D1:
+    case K_MIPMAP: {
+        /* One-byte texels: width x height (x 1) is the bytes asked for. */
+        uint64_t w = bytes, ht = 1;
+        if (bytes >= 4096 && bytes % 4096 == 0) {
+            w = 4096;
+            ht = bytes / 4096;
+        }
+        CUarray a = NULL;
+        CUmipmappedArray m = NULL;
+        CUarray_format u8 = CU_AD_FORMAT_UNSIGNED_INT8;
+        if (p->kind == K_ARRAY2) {
+            CUDA_ARRAY_DESCRIPTOR d = {w, ht, u8, 1};
+            r = ((__typeof__(&cuArrayCreate_v2))g_fa)(&a, &d);
+        } else if (p->kind == K_ARRAY1) {
+            CUDA_ARRAY_DESCRIPTOR_v1 d = {(unsigned)w, (unsigned)ht, u8, 1};
+            r = ((__typeof__(&cuArrayCreate))g_fa)(&a, &d);
+        } else if (p->kind == K_ARRAY3D2) {
+            CUDA_ARRAY3D_DESCRIPTOR d = {w, ht, 1, u8, 1, 0};
+            r = ((__typeof__(&cuArray3DCreate_v2))g_fa)(&a, &d);
+        } else if (p->kind == K_ARRAY3D1) {
+            CUDA_ARRAY3D_DESCRIPTOR_v1 d = {(unsigned)w, (unsigned)ht, 1, u8, 1, 0};
+            r = ((__typeof__(&cuArray3DCreate))g_fa)(&a, &d);
+        } else {
+            CUDA_ARRAY3D_DESCRIPTOR d = {w, ht, 0, u8, 1, 0};
+            r = ((__typeof__(&cuMipmappedArrayCreate))g_fa)(&m, &d, 1);
+        }
+        *h = p->kind == K_MIPMAP ? (uint64_t)(uintptr_t)m : (uint64_t)(uintptr_t)a;
+        break;
+    }
     case K_HOSTREG: {
         void *q = NULL;
         if (posix_memalign(&q, 4096, (bytes + 4095) / 4096 * 4096) != 0)
@@ -539,6 +580,15 @@ static CUresult do_free(const struct path *p, uint64_t h)
         r = ((__typeof__(&cuMemHostUnregister))g_ff)((void *)(uintptr_t)h);
         if (r == CUDA_SUCCESS)
             free((void *)(uintptr_t)h);
+        break;
+    case K_ARRAY2:
+    case K_ARRAY1:
+    case K_ARRAY3D2:
+    case K_ARRAY3D1:
+        r = ((__typeof__(&cuArrayDestroy))g_ff)((CUarray)(uintptr_t)h);
+        break;
+    case K_MIPMAP:
+        r = ((__typeof__(&cuMipmappedArrayDestroy))g_ff)((CUmipmappedArray)(uintptr_t)h);
         break;
     }
     return r;
@@ -613,6 +663,61 @@ static void case_path(const struct tcase *c)
     }
     EXPECT_R(do_free(p, h1), CUDA_SUCCESS);
     EXPECT_EQ(used(p->pinned), 0);
+}
+
+/* ---- arrays: counted at their texels (channels, mipmap levels, layers); a sparse one not
+ * until mapped; a format this library does not know at the widest texel, refused past the
+ * limit before the driver sees it ---- */
+static void case_array_sizes(const struct tcase *c)
+{
+    (void)c;
+    ctx_init();
+    CUarray a = NULL;
+    CUmipmappedArray m = NULL;
+    CUDA_ARRAY3D_DESCRIPTOR rgba = {64, 64, 0, CU_AD_FORMAT_FLOAT, 4, 0};
+    EXPECT_R(cuArray3DCreate_v2(&a, &rgba), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 64 * 64 * 16);
+    EXPECT_EQ(driver_used(0), 64 * 64 * 16);
+    EXPECT_R(cuArrayDestroy(a), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 0);
+    /* Three levels of 8 x 8 one-byte texels: 64 + 16 + 4. */
+    CUDA_ARRAY3D_DESCRIPTOR mip = {8, 8, 0, CU_AD_FORMAT_UNSIGNED_INT8, 1, 0};
+    EXPECT_R(cuMipmappedArrayCreate(&m, &mip, 3), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 84);
+    EXPECT_EQ(driver_used(0), 84);
+    EXPECT_R(cuMipmappedArrayDestroy(m), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 0);
+    /* Three layers of 16 x 16 half2, two levels: layers do not shrink, (256 + 64) x 3 x 4. */
+    CUDA_ARRAY3D_DESCRIPTOR layered = {16, 16, 3, CU_AD_FORMAT_HALF, 2, CUDA_ARRAY3D_LAYERED};
+    EXPECT_R(cuMipmappedArrayCreate(&m, &layered, 2), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 3840);
+    EXPECT_EQ(driver_used(0), 3840);
+    /* A mipmapped array is not an array: the wrong free gives nothing back. */
+    EXPECT(cuArrayDestroy((CUarray)(uintptr_t)m) != CUDA_SUCCESS, "an array free took a mipmap");
+    EXPECT_EQ(used(0), 3840);
+    EXPECT_R(cuMipmappedArrayDestroy(m), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 0);
+    /* Sparse: no memory until cuMemMapArrayAsync maps a cuMemCreate'd handle (counted there). */
+    CUDA_ARRAY3D_DESCRIPTOR sparse = {4096, 4096, 0, CU_AD_FORMAT_FLOAT, 4, CUDA_ARRAY3D_SPARSE};
+    EXPECT_R(cuArray3DCreate_v2(&a, &sparse), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 0);
+    EXPECT_R(cuArrayDestroy(a), CUDA_SUCCESS);
+    /* The same without the flag is far past the limit: refused before the driver. */
+    sparse.Flags = 0;
+    unsigned long long calls = gsaas_standin_calls("cuArray3DCreate_v2");
+    EXPECT_R(cuArray3DCreate_v2(&a, &sparse), OOM);
+    /* An unknown format counts 16 bytes a texel: 65,537 of them pass 1 MiB. */
+    CUDA_ARRAY3D_DESCRIPTOR unknown = {65537, 0, 0, (CUarray_format)0x7f, 1, 0};
+    EXPECT_R(cuArray3DCreate_v2(&a, &unknown), OOM);
+    EXPECT_EQ(gsaas_standin_calls("cuArray3DCreate_v2"), calls);
+    EXPECT_EQ(used(0), 0);
+    /* The legacy 32-bit descriptor. */
+    CUDA_ARRAY_DESCRIPTOR_v1 legacy = {16, 16, CU_AD_FORMAT_FLOAT, 1};
+    EXPECT_R(cuArrayCreate(&a, &legacy), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 1024);
+    EXPECT_R(cuArrayDestroy(a), CUDA_SUCCESS);
+    EXPECT_EQ(used(0), 0);
+    EXPECT_EQ(driver_used(0), 0);
 }
 
 /* ---- pitch: the padding is counted; padding past the limit is freed and refused ---- */
@@ -1747,6 +1852,8 @@ static void build_cases(void)
         c->want_sharing = NSHARING;
     }
     c = add_case("pitch_padding", case_pitch_padding, 1 * MiB, 1 * MiB);
+    c->want_refused = 2;
+    c = add_case("array_sizes", case_array_sizes, 1 * MiB, 1 * MiB);
     c->want_refused = 2;
     c = add_case("graph_mem_nodes", case_graph, 48 * MiB, 1 * MiB);
     c->want_refused = 2;

@@ -73,37 +73,45 @@ fn bench_apply(ns: &Netns) -> Duration {
         }
 
         println!("\n## One route changed (element transaction through Dataplane::converge), median of 21");
-        println!("| routes installed | add one | remove one | retarget one (delete + add) |");
-        println!("|---:|---:|---:|---:|");
+        println!("A re-target is applied (and answered) once its transaction is in; the filters reset the");
+        println!("route's old connections at their next packet, and its conntrack entries are cut after the");
+        println!("answer (Dataplane::tidy_connections: one netlink dump and a delete per connection).");
+        println!("| routes installed | add one | remove one | retarget one (delete + add) | its cut, after the answer |");
+        println!("|---:|---:|---:|---:|---:|");
         for n in [100u32, 10_000] {
             let mut dp = Dataplane::new(NftFirewall::default(), params());
             let base = routes(n);
             dp.replace(base.clone()).unwrap();
-            let mut time = |change: &dyn Fn(&mut RouteMap, u32)| -> Duration {
-                let samples = (0..21u32)
+            dp.tidy_connections().unwrap();
+            let mut time = |change: &dyn Fn(&mut RouteMap, u32)| -> (Duration, Duration) {
+                let (applied, tidied): (Vec<Duration>, Vec<Duration>) = (0..21u32)
                     .map(|round| {
                         let mut next = base.clone();
                         change(&mut next, round);
                         let t = Instant::now();
                         dp.converge(next).unwrap();
-                        let took = t.elapsed();
+                        let applied = t.elapsed();
+                        let t = Instant::now();
+                        dp.tidy_connections().unwrap();
+                        let tidied = t.elapsed();
                         dp.converge(base.clone()).unwrap();
-                        took
+                        dp.tidy_connections().unwrap();
+                        (applied, tidied)
                     })
-                    .collect();
-                median(samples)
+                    .unzip();
+                (median(applied), median(tidied))
             };
-            let add = time(&|m, round| {
+            let (add, _) = time(&|m, round| {
                 m.insert(key(n + round), target(round, 0));
             });
-            let remove = time(&|m, round| {
+            let (remove, _) = time(&|m, round| {
                 m.remove(&key(round * 37 % n));
             });
-            let retarget = time(&|m, round| {
+            let (retarget, cut) = time(&|m, round| {
                 let i = round * 37 % n;
                 m.insert(key(i), target(i, 100));
             });
-            println!("| {n} | {} | {} | {} |", ms(add), ms(remove), ms(retarget));
+            println!("| {n} | {} | {} | {} | {} |", ms(add), ms(remove), ms(retarget), ms(cut));
         }
         let tx = Transaction::Replace { params: params(), routes: routes(10_000) };
         let t = Instant::now();

@@ -195,11 +195,7 @@ mod tests {
                 remoting: gpgpums::Remoting::Lupine,
                 ..port(2, "tap2", "10.0.0.3")
             }],
-            lost: vec![
-                LostCgpu { vm: vm(1), index: 2 },
-                LostCgpu { vm: vm(1), index: 1 },
-                LostCgpu { vm: vm(2), index: 0 },
-            ],
+            lost: vec![LostCgpu::new(vm(1), 2), LostCgpu::new(vm(1), 1), LostCgpu::new(vm(2), 0)],
             servers: vec![],
         };
         table.validate(None).unwrap();
@@ -219,10 +215,10 @@ mod tests {
         );
         // A lost cGPU of a VM the table does not list, or listed twice: refused.
         let mut stray = table.clone();
-        stray.lost.push(LostCgpu { vm: vm(9), index: 0 });
+        stray.lost.push(LostCgpu::new(vm(9), 0));
         assert_eq!(stray.validate(None).unwrap_err().entry, "lost[3].vm");
         let mut twice = table.clone();
-        twice.lost.push(LostCgpu { vm: vm(1), index: 3 });
+        twice.lost.push(LostCgpu::new(vm(1), 3));
         assert_eq!(twice.validate(None).unwrap_err().entry, "lost[3].index");
         // One VM, two layers: refused.
         let mut mixed = table;

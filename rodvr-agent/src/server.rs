@@ -30,6 +30,19 @@ use rodvr_core::firewall::Firewall;
 const MAX_BODY_BYTES: usize = 64 << 20;
 
 /// Writes `err` and its whole source chain to stderr.
+/// Cuts, in the background, the conntrack entries of connections the last tables re-targeted
+/// (see [`Agent::tidy_connections`]); one that fails is retried on the retry timer.
+pub fn tidy_connections_later<F: Firewall + 'static>(agent: Arc<Agent<F>>) {
+    if !agent.connections_to_tidy() {
+        return;
+    }
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = agent.tidy_connections() {
+            log_error("cutting re-targeted connections", &e);
+        }
+    });
+}
+
 pub fn log_error(context: &str, err: &dyn std::error::Error) {
     let mut line = format!("rodvr-agent: {context}: {err}");
     let mut source = err.source();
@@ -166,8 +179,15 @@ async fn put_routes<F: Firewall + 'static>(
     body: Bytes,
 ) -> Result<Json<ApplyStatus>, ApiError> {
     let table = parse_table(&body)?;
-    match tokio::task::spawn_blocking(move || agent.put_table(table)).await {
-        Ok(result) => result.map(Json).map_err(ApiError),
+    let applying = agent.clone();
+    match tokio::task::spawn_blocking(move || applying.put_table(table)).await {
+        Ok(result) => {
+            let status = result.map_err(ApiError)?;
+            // The filters already hold re-targeted connections to their routes; their conntrack
+            // entries go after the answer.
+            tidy_connections_later(agent);
+            Ok(Json(status))
+        }
         Err(join) => std::panic::resume_unwind(join.into_panic()),
     }
 }

@@ -360,8 +360,8 @@ fn masked_routes_on_the_real_kernel() {
 }
 
 /// Re-homing (issue [4/5]): a route whose target changes keeps its masked endpoint; new
-/// connections reach the new GPU, and a connection open to the old one is cut (conntrack would
-/// otherwise keep it going there), while another VM's connection is untouched.
+/// connections reach the new GPU, and a connection open to the old one ends (conntrack would
+/// otherwise keep it going there), cut or not, while another VM's connection is untouched.
 #[test]
 fn a_retargeted_route_cuts_open_connections_and_new_ones_reach_the_new_gpu() {
     require_root_tools();
@@ -402,21 +402,23 @@ fn a_retargeted_route_cuts_open_connections_and_new_ones_reach_the_new_gpu() {
     assert_eq!(state.applied_generation, Some(2));
     drop(agent);
 
-    // The cut fails (no conntrack to run): the table is in, but not reported applied, and the old
-    // connection survives until an agent that can cut starts on the same state file and sweeps.
+    // The cut fails (no conntrack to run): the table is applied all the same, since the filters
+    // reset a re-targeted route's old connection at its next packet; nothing waits for the cut.
     let (broken, _) = write_agent_config(&dir, "crg0", 27, "conntrack_command = [\"false\"]");
     let agent = AgentProcess::start(&t.ch, &broken);
     let client = AgentClient::new(&agent.url, HostId::new("crg0").unwrap(), client_signer(27));
     let (mut vm1_conn, greeting) = open(&t.vm1, "100.127.0.1:9000").unwrap();
     assert_eq!(greeting, format!("gpu1 {COMPUTE_GPU_SIDE}"));
-    let refused =
-        with_client(&t.ch, &client, async |c| c.put_routes(&table(3, "10.232.0.2:8308")).await);
-    assert!(refused.is_err(), "a table whose cut failed is not reported applied");
-    assert!(still_open(&mut vm1_conn), "no cut without conntrack");
-    drop(agent);
-    let (working, _) = write_agent_config(&dir, "crg0", 27, "");
-    let _agent = AgentProcess::start(&t.ch, &working);
-    assert!(!still_open(&mut vm1_conn), "the restarted agent's sweep cut the stale connection");
+    assert!(still_open(&mut vm1_conn));
+    with_client(&t.ch, &client, async |c| {
+        c.put_routes(&table(3, "10.232.0.2:8308")).await.unwrap()
+    });
+    let state = with_client(&t.ch, &client, async |c| c.routes().await.unwrap());
+    assert_eq!(state.applied_generation, Some(3), "a failed cut holds nothing back");
+    assert!(
+        !still_open(&mut vm1_conn),
+        "with no cut, VM1's connection went on to its old GPU after the re-target"
+    );
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(format!("gpu0 {COMPUTE_GPU_SIDE}")));
     assert!(still_open(&mut vm2_conn), "another VM's connection was cut");
 }
@@ -836,30 +838,34 @@ fn the_nft_firewall_reports_each_failed_transaction_and_goes_on() {
 }
 
 #[test]
-fn marks_set_by_other_rulesets_survive_a_masked_route() {
+fn marks_set_by_other_rulesets_survive_a_masked_route_and_its_retarget() {
     require_root_tools();
     let t = topology();
     stand_in_rcuda(&t.gh, "10.232.0.2:8308", "gpu0");
+    stand_in_rcuda(&t.gh, "10.232.0.2:8309", "gpu1");
     let dir = TempDir::new("netns-marks");
-    let (config, private) = write_agent_config(&dir, "crg1", 23, "");
+    // Cuts do nothing here: only the filters end a re-targeted route's open connections.
+    let (config, private) = write_agent_config(&dir, "crg1", 23, "conntrack_command = [\"true\"]");
     let agent = AgentProcess::start(&t.ch, &config);
     let client = AgentClient::new(
         &agent.url,
         HostId::new("crg1").unwrap(),
         TokenSigner::from_private_pem(private.as_bytes(), "gsaasd").unwrap(),
     );
-    let table = RouteTable {
-        generation: 1,
+    let table = |generation, target: &str| RouteTable {
+        generation,
         routes: vec![
-            route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", "10.232.0.2:8308"),
-            route(2, "tap2", "10.231.2.2", "100.127.0.1:9000", "10.232.0.2:8308"),
+            route(1, "tap1", "10.231.1.2", "100.127.0.1:9000", target),
+            route(2, "tap2", "10.231.2.2", "100.127.0.1:9000", target),
         ],
         metadata: None,
         vms_without_cgpus: vec![],
         lost: vec![],
         servers: vec![],
     };
-    with_client(&t.ch, &client, async |c| c.put_routes(&table).await.unwrap());
+    with_client(&t.ch, &client, async |c| {
+        c.put_routes(&table(1, "10.232.0.2:8308")).await.unwrap()
+    });
 
     // Another ruleset marks packets (vm1) or connections (vm2) before DNAT, and
     // counts, after the agent's NAT, the connection openings that still carry its marks.
@@ -871,14 +877,40 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
     nft("add chain ip other observe { type filter hook forward priority -10; policy accept; }");
     nft("add rule ip other observe tcp flags syn / syn,ack meta mark 0x42 ct mark 0 counter");
     nft("add rule ip other observe tcp flags syn / syn,ack meta mark 0 ct mark 0x7 counter");
+    // After the agent's filters, every packet of theirs still carries its marks.
+    nft("add chain ip other after { type filter hook forward priority 10; policy accept; }");
+    nft("add rule ip other after iifname \"tap1\" meta mark != 0x42 counter");
+    nft("add rule ip other after iifname \"tap1\" ct mark != 0 counter");
+    nft("add rule ip other after iifname \"tap2\" meta mark != 0 counter");
+    nft("add rule ip other after iifname \"tap2\" ct mark != 0x7 counter");
     let expect = format!("gpu0 {COMPUTE_GPU_SIDE}");
     // vm1's packets are marked, so the conntrack mark carries the lookup; vm2's connections
     // are marked, so the packet mark does.
     assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect.clone()));
     assert_eq!(ask(&t.vm2, "100.127.0.1:9000"), Some(expect));
-    let out = t.ch.exec(&["nft", "-j", "list", "chain", "ip", "other", "observe"]);
+    assert_eq!(counters(&t.ch, "observe"), [1, 1], "a mark was changed by the agent's NAT");
+
+    // A re-target: each VM's open connection is reset at its next packet by the filters, whichever
+    // mark carried its route's target there, and no mark is left changed.
+    let (mut vm1_conn, _) = open(&t.vm1, "100.127.0.1:9000").unwrap();
+    let (mut vm2_conn, _) = open(&t.vm2, "100.127.0.1:9000").unwrap();
+    assert!(still_open(&mut vm1_conn) && still_open(&mut vm2_conn));
+    with_client(&t.ch, &client, async |c| {
+        c.put_routes(&table(2, "10.232.0.2:8309")).await.unwrap()
+    });
+    assert!(!still_open(&mut vm1_conn), "VM1's connection (packets marked) outlived its re-target");
+    assert!(!still_open(&mut vm2_conn), "VM2's connection (marked) outlived its re-target");
+    let expect = format!("gpu1 {COMPUTE_GPU_SIDE}");
+    assert_eq!(ask(&t.vm1, "100.127.0.1:9000"), Some(expect.clone()));
+    assert_eq!(ask(&t.vm2, "100.127.0.1:9000"), Some(expect));
+    assert_eq!(counters(&t.ch, "after"), [0, 0, 0, 0], "the agent's filters left a mark changed");
+}
+
+/// The packet counts of the rules of `chain` in `table ip other`, in order.
+fn counters(ns: &Netns, chain: &str) -> Vec<u64> {
+    let out = ns.exec(&["nft", "-j", "list", "chain", "ip", "other", chain]);
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let counts: Vec<u64> = doc["nftables"]
+    doc["nftables"]
         .as_array()
         .unwrap()
         .iter()
@@ -887,8 +919,7 @@ fn marks_set_by_other_rulesets_survive_a_masked_route() {
             let counter = r["expr"].as_array().unwrap().iter().find_map(|e| e.get("counter"));
             counter.unwrap()["packets"].as_u64().unwrap()
         })
-        .collect();
-    assert_eq!(counts, [1, 1], "a mark was changed by the agent's NAT");
+        .collect()
 }
 
 /// A GPU host whose agent runs its GPUs' servers itself (`[gpu_servers] managed`): a table's
@@ -992,8 +1023,33 @@ uuid = "GPU-netns-0"
         [(vm, Some(port))]
     );
     assert!(host.gpus.iter().all(|g| g.attributes.managed));
+    // A VM of this host whose cGPU's server comes with the same table: the agent routes it
+    // itself (`here`) once its server accepts, in that table, and says so in the answer.
+    let mut own = table(4, vec![]);
+    own.vms_without_cgpus = vec![VmPort {
+        vm,
+        vm_ip: "10.233.3.2".parse().unwrap(),
+        vm_tap: "tap3".into(),
+        remoting: gpgpums::Remoting::Lupine,
+    }];
+    let here = rodvr_contract::protocol::ServedHere {
+        masked: "100.127.0.7:9001".parse().unwrap(),
+        gpu_number: 0,
+    };
+    own.lost = vec![rodvr_contract::protocol::LostCgpu { vm, index: 0, here: Some(here) }];
+    let applied = with_client(&gh, &client, async |c| c.put_routes(&own).await.unwrap());
+    assert!(applied.servers[0].routed_here, "{:?}", applied.servers);
+    assert_eq!(ask(&vm3, "100.127.0.7:9001").as_deref(), Some("GPU-netns-0 10.233.3.2"));
+    assert_eq!(ask(&vm3, "100.127.0.7:9000"), None, "the route of the older table is gone");
+    // One that names no server of its table is refused, naming it, and changes nothing.
+    let mut stray = own;
+    stray.generation = 5;
+    stray.servers.clear();
+    let refused = with_client(&gh, &client, async |c| c.put_routes(&stray).await).unwrap_err();
+    assert!(refused.to_string().contains("lost[0].here"), "{refused}");
+    assert_eq!(ask(&vm3, "100.127.0.7:9001").as_deref(), Some("GPU-netns-0 10.233.3.2"));
     // A table without it ends it.
-    let mut last = table(4, vec![]);
+    let mut last = table(6, vec![]);
     last.servers.clear();
     with_client(&gh, &client, async |c| c.put_routes(&last).await.unwrap());
     assert!(cgroups.servers().is_empty(), "{:?}", cgroups.servers());

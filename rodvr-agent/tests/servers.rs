@@ -517,9 +517,15 @@ fn a_warm_spare_serves_a_new_cgpu_at_once_with_its_share_set_at_the_handover() {
         limits
     };
     assert_eq!(shares(), [0, 0], "a spare can allocate nothing");
+    // A spare has the lowest CPU weight (starting one takes no CPU time from live servers);
+    // its handover gives it the configured one.
+    let spare_pid = spare_of_gpu0.pid.unwrap();
+    let lowest = Limits { cpu_weight: 1, ..settings.limits };
+    assert_eq!(cpu_weight(&setup.cgroups, spare_pid), cpu_weight_file(lowest));
     // A cGPU on GPU 0 takes its spare: the same process, ready at once, its share set.
     let started = Instant::now();
     let status = supervisor.converge(&[spec(16, 0, 0, Some(1024))]).remove(0);
+    assert_eq!(cpu_weight(&setup.cgroups, spare_pid), cpu_weight_file(settings.limits));
     let took = started.elapsed();
     assert_eq!(status.state, ServerState::Ready, "{status:?}");
     assert_eq!((status.pid, status.port), (spare_of_gpu0.pid, spare_of_gpu0.port));
@@ -549,4 +555,31 @@ fn a_warm_spare_serves_a_new_cgpu_at_once_with_its_share_set_at_the_handover() {
         std::thread::sleep(Duration::from_millis(20));
     }
     again.converge(&[]);
+}
+
+/// The CPU weight of the server cgroup holding `pid`, as its file says: `cpu.shares` where the
+/// cpu controller is a v1 one (a hybrid host), else `cpu.weight`.
+fn cpu_weight(cgroups: &ServerCgroups, pid: u32) -> String {
+    let (name, _) = cgroups
+        .servers()
+        .into_iter()
+        .find(|(_, pids)| pids.contains(&pid))
+        .expect("the server's cgroup");
+    let v1 = cgroups.v1_twins().into_iter().find(|p| p.starts_with("/sys/fs/cgroup/cpu"));
+    match v1 {
+        Some(dir) => std::fs::read_to_string(dir.join(&name).join("cpu.shares")).unwrap(),
+        None => std::fs::read_to_string(cgroups.path.join(&name).join("cpu.weight")).unwrap(),
+    }
+    .trim()
+    .to_owned()
+}
+
+/// What [`cpu_weight`] reads for `limits` on this host.
+fn cpu_weight_file(limits: Limits) -> String {
+    let v1 = std::path::Path::new("/sys/fs/cgroup/cpu/cpu.shares").exists();
+    if v1 {
+        (u64::from(limits.cpu_weight) * 1024 / 100).max(2).to_string()
+    } else {
+        limits.cpu_weight.to_string()
+    }
 }

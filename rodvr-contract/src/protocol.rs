@@ -60,6 +60,29 @@ pub struct RouteTable {
 pub struct LostCgpu {
     pub vm: VmId,
     pub index: u32,
+    /// Set where this cGPU's server is one of this table's (`servers`) and gsaasd does not know
+    /// it to accept yet: the agent routes the cGPU itself, to its own server's port once that
+    /// accepts, and says so in its answer ([`ServerStatus::routed_here`]). An agent that
+    /// predates the field leaves the cGPU lost until gsaasd pushes its route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub here: Option<ServedHere>,
+}
+
+/// Where a VM reaches a cGPU whose server runs on the VM's own host (see [`LostCgpu::here`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ServedHere {
+    /// The endpoint the VM connects to (inside the agent's masked range).
+    pub masked: SocketAddrV4,
+    /// As [`Route::gpu_number`].
+    #[serde(default)]
+    pub gpu_number: u32,
+}
+
+impl LostCgpu {
+    /// A lost cGPU with no server of the table.
+    pub fn new(vm: VmId, index: u32) -> Self {
+        Self { vm, index, here: None }
+    }
 }
 
 /// Where one VM's packets come from on this host: its tap and fixed IP (see [`Route`]).
@@ -301,6 +324,7 @@ impl RouteTable {
             }
         }
         crate::servers::validate_specs(&self.servers)?;
+        self.validate_served_here(masked_range, &taps, &seen)?;
         if let Some(metadata) = self.metadata {
             let bad = |reason: String| InvalidEntry { entry: "metadata".into(), reason };
             if metadata.port() == 0 {
@@ -313,6 +337,56 @@ impl RouteTable {
                         metadata.ip()
                     )));
                 }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RouteTable {
+    /// The lost cGPUs routed to this host's own servers ([`LostCgpu::here`]): each names a server
+    /// of the table, at a masked endpoint its VM uses for nothing else.
+    fn validate_served_here(
+        &self,
+        masked_range: Option<Ipv4Cidr>,
+        taps: &HashMap<&str, (VmId, Ipv4Addr, String, gpgpums::Remoting)>,
+        seen: &HashMap<(&str, SocketAddrV4), usize>,
+    ) -> Result<(), InvalidEntry> {
+        if self.lost.iter().all(|l| l.here.is_none()) {
+            return Ok(());
+        }
+        let tap_of: HashMap<VmId, &str> = taps.iter().map(|(tap, (vm, ..))| (*vm, *tap)).collect();
+        let served: HashSet<(VmId, u32)> = self.servers.iter().map(|s| (s.vm, s.index)).collect();
+        let mut used: HashSet<(&str, SocketAddrV4)> = HashSet::new();
+        for (i, lost) in self.lost.iter().enumerate() {
+            let Some(here) = lost.here else { continue };
+            let bad = |reason: String| InvalidEntry { entry: format!("lost[{i}].here"), reason };
+            if !served.contains(&(lost.vm, lost.index)) {
+                return Err(bad(format!(
+                    "cGPU {} of {} has no server in this table",
+                    lost.index, lost.vm
+                )));
+            }
+            let masked = here.masked;
+            let ip = *masked.ip();
+            if masked.port() == 0 {
+                return Err(bad("port must be between 1 and 65535".into()));
+            }
+            if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+                return Err(bad(format!("{ip} is not a unicast address")));
+            }
+            if let Some(range) = masked_range {
+                if !range.contains(ip) {
+                    return Err(bad(format!("{ip} is outside the masked range {range}")));
+                }
+            }
+            if Some(masked) == self.metadata {
+                return Err(bad(format!("{masked} is the metadata endpoint")));
+            }
+            // The lost check above placed its VM in the table.
+            let tap = tap_of.get(&lost.vm).copied().unwrap_or_default();
+            if seen.contains_key(&(tap, masked)) || !used.insert((tap, masked)) {
+                return Err(bad(format!("{masked} is already used by the same VM")));
             }
         }
         Ok(())

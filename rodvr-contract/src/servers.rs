@@ -86,6 +86,10 @@ pub struct ServerStatus {
     /// How many times the agent ended it for holding more GPU memory than its share.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub over_share_ends: u32,
+    /// In a table's answer: this host routed its own VM's cGPU to this server, at its port,
+    /// in that table (see `LostCgpu::here`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub routed_here: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -222,6 +226,51 @@ mod tests {
         }
     }
 
+    /// `lost[].here` (a cGPU the agent routes to its own server): only for a server of the
+    /// table, at a masked endpoint in range that its VM uses for nothing else.
+    #[test]
+    fn a_cgpu_served_here_names_a_server_of_its_table_and_a_free_masked_endpoint() {
+        use crate::protocol::{LostCgpu, ServedHere};
+        let range = Some("100.127.0.0/16".parse().unwrap());
+        let here =
+            |masked: &str| Some(ServedHere { masked: masked.parse().unwrap(), gpu_number: 0 });
+        let vm = VmId::from_uuid(uuid::Uuid::from_u128(1));
+        let table = |lost: Vec<LostCgpu>| RouteTable {
+            generation: 1,
+            routes: vec![crate::fixtures::route(
+                1,
+                "tap1",
+                "10.0.0.2",
+                "100.127.0.1:9000",
+                "10.1.0.2:8308",
+            )],
+            metadata: Some("100.127.255.254:80".parse().unwrap()),
+            vms_without_cgpus: vec![],
+            lost,
+            servers: vec![server(1, 1), server(1, 2)],
+        };
+        let ok = table(vec![LostCgpu { vm, index: 1, here: here("100.127.0.1:9001") }]);
+        assert_eq!(ok.validate(range), Ok(()));
+        for (lost, why) in [
+            (vec![LostCgpu { vm, index: 3, here: here("100.127.0.1:9001") }], "has no server"),
+            (vec![LostCgpu { vm, index: 1, here: here("100.127.0.1:9000") }], "already used"),
+            (
+                vec![
+                    LostCgpu { vm, index: 1, here: here("100.127.0.1:9001") },
+                    LostCgpu { vm, index: 2, here: here("100.127.0.1:9001") },
+                ],
+                "already used",
+            ),
+            (vec![LostCgpu { vm, index: 1, here: here("100.200.0.1:9001") }], "outside"),
+            (vec![LostCgpu { vm, index: 1, here: here("100.127.0.1:0") }], "port"),
+            (vec![LostCgpu { vm, index: 1, here: here("100.127.255.254:80") }], "metadata"),
+        ] {
+            let err = table(lost).validate(range).unwrap_err();
+            assert!(err.entry.starts_with("lost[") && err.entry.ends_with("].here"), "{err:?}");
+            assert!(err.reason.contains(why), "{err:?} should say {why}");
+        }
+    }
+
     #[test]
     fn a_tables_servers_are_one_per_cgpu_with_sane_limits_and_clients() {
         let table = |servers: Vec<ServerSpec>| RouteTable {
@@ -275,6 +324,7 @@ mod tests {
             gpu_memory_mib: None,
             reason: None,
             over_share_ends: 0,
+            routed_here: false,
         };
         let with = |servers: Vec<ServerStatus>| HostReport {
             managed: Some(ManagedServers { mps: false, servers }),

@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::firewall::{Dataplane, Firewall, FirewallError};
 use crate::metrics::AgentMetrics;
+use crate::own_routes;
 use crate::render::route_map;
 use crate::servers::Supervisor;
 use crate::state::{Admission, GenerationConflict, Ledger, StateFileError};
@@ -57,6 +58,9 @@ struct Inner<F> {
     dataplane: Dataplane<F>,
     applied_generation: Option<u64>,
     apply_error: Option<String>,
+    /// The ledger's table with the routes to this host's own servers resolved (see
+    /// [`crate::own_routes`]), when it has any; what the firewall and the VMs' environments hold.
+    in_force: Option<RouteTable>,
 }
 
 #[derive(Debug)]
@@ -78,7 +82,13 @@ pub struct Agent<F> {
 
 impl<F: Firewall> Agent<F> {
     pub fn new(ledger: Ledger, dataplane: Dataplane<F>, facts: HostFacts) -> Self {
-        let inner = Inner { ledger, dataplane, applied_generation: None, apply_error: None };
+        let inner = Inner {
+            ledger,
+            dataplane,
+            applied_generation: None,
+            apply_error: None,
+            in_force: None,
+        };
         Self {
             inner: Mutex::new(inner),
             metrics: AgentMetrics::default(),
@@ -126,10 +136,49 @@ impl<F: Firewall> Agent<F> {
     fn converge_servers(&self) -> Result<Vec<ServerStatus>, AgentError> {
         let Some(servers) = &self.servers else { return Ok(Vec::new()) };
         let _one_at_a_time = self.converging.lock().unwrap_or_else(|p| p.into_inner());
-        let specs = self.lock().ledger.current().map(|t| t.servers.clone()).unwrap_or_default();
-        let statuses = servers.converge(&specs);
+        let (generation, specs) = {
+            let inner = self.lock();
+            let table = inner.ledger.current();
+            (table.map(|t| t.generation), table.map(|t| t.servers.clone()).unwrap_or_default())
+        };
+        let mut statuses = servers.converge(&specs);
         self.filter_servers(&specs, &statuses)?;
+        self.route_own_servers(generation, &mut statuses)?;
         Ok(statuses)
+    }
+
+    /// Routes the table's cGPUs served here whose servers accept now (see
+    /// [`crate::own_routes`]), unless a newer table came meanwhile (its own convergence does),
+    /// and marks those servers `routed_here`.
+    fn route_own_servers(
+        &self,
+        generation: Option<u64>,
+        statuses: &mut [ServerStatus],
+    ) -> Result<(), AgentError> {
+        let mut inner = self.lock();
+        let Some(table) = inner.ledger.current().filter(|t| Some(t.generation) == generation)
+        else {
+            return Ok(());
+        };
+        if table.lost.iter().all(|l| l.here.is_none()) {
+            return Ok(());
+        }
+        let address = inner.dataplane.params().local_servers.map(|s| s.address);
+        let (resolved, routed) =
+            own_routes::resolve(table, address, &own_routes::live_ports(&*statuses));
+        let resolved = match resolved {
+            std::borrow::Cow::Owned(resolved) => Some(resolved),
+            std::borrow::Cow::Borrowed(_) => None,
+        };
+        if inner.in_force != resolved {
+            let routes = inner.route_map(Some(resolved.as_ref().unwrap_or(table)));
+            inner.apply(routes, false, &self.metrics)?;
+            inner.in_force = resolved;
+        }
+        for status in statuses.iter_mut() {
+            status.routed_here = routed.contains(&status.key());
+        }
+        Ok(())
     }
 
     /// The filter that lets each server's clients reach its port, for `statuses` (in the order
@@ -196,10 +245,14 @@ impl<F: Firewall> Agent<F> {
             servers: Vec::new(),
         };
         if admission != Admission::Unchanged || inner.applied_generation != Some(table.generation) {
+            // The table as it came: a cGPU it lists as served here is routed below, once the
+            // servers have converged, to its own server as it runs then (never to a port where
+            // a server of the table before may have ended).
             let routes = inner.route_map(Some(&table));
             if admission == Admission::New {
                 inner.ledger.persist(table).map_err(AgentError::Persist)?;
             }
+            inner.in_force = None;
             inner.apply(routes, false, &self.metrics)?;
         }
         drop(inner);
@@ -213,10 +266,27 @@ impl<F: Firewall> Agent<F> {
         let applied = {
             let mut inner = self.lock();
             let routes = inner.route_map(inner.ledger.current());
+            inner.in_force = None;
             inner.apply(routes, true, &self.metrics)
         };
         let served = self.converge_servers();
         applied.and(served.map(drop))
+    }
+
+    /// Cuts the conntrack entries of connections that the tables applied since the last call
+    /// re-targeted (see [`Dataplane::tidy_connections`]): after a table's answer, off its path,
+    /// and again on the retry timer while one fails. Blocking.
+    pub fn tidy_connections(&self) -> Result<(), FirewallError> {
+        let mut inner = self.lock();
+        if !inner.dataplane.connections_to_tidy() {
+            return Ok(());
+        }
+        inner.dataplane.tidy_connections()
+    }
+
+    /// Whether [`Self::tidy_connections`] has anything to do.
+    pub fn connections_to_tidy(&self) -> bool {
+        self.lock().dataplane.connections_to_tidy()
     }
 
     /// Whether the ledger holds a table the firewall does not.
@@ -282,7 +352,7 @@ impl<F: Firewall> Agent<F> {
         let inner = self.lock();
         match inner.ledger.current() {
             Some(table) if inner.applied_generation == Some(table.generation) => {
-                crate::vm_env::environment_of(table, ip)
+                crate::vm_env::environment_of(inner.in_force.as_ref().unwrap_or(table), ip)
             }
             _ => Err(EnvError::NotApplied),
         }

@@ -44,9 +44,10 @@ pub trait Firewall: Send + fmt::Debug {
     fn apply(&mut self, tx: &Transaction) -> Result<(), FirewallError>;
 
     /// Cuts the open connections of routes that were re-targeted: each is a route's key and the
-    /// target its connections were sent to before. The filters only check that a connection's
-    /// route still exists (see `render::still_routed_rules`), and a re-targeted route does, so
-    /// conntrack would keep its old connections going to the old target.
+    /// target its connections were sent to before. The filters already reset such a connection
+    /// at its next packet (see `render::still_routed_rules`) where the marks they carry the
+    /// route's target in are free; the cut ends its conntrack entry, and is what holds it where
+    /// they are not.
     fn cut(&mut self, connections: &[(RouteKey, SocketAddrV4)]) -> Result<(), FirewallError>;
 
     /// Cuts every open connection that was sent to a target other than its route's in `routes`
@@ -194,14 +195,25 @@ impl<F: Firewall + ?Sized> Firewall for Box<F> {
 }
 
 /// Drives a [`Firewall`] towards a desired route set, as cheaply as it safely can.
+///
+/// The filters hold every open connection to its route as it is now (see
+/// `render::still_routed_rules`): a removed route's connections are dropped and a re-targeted
+/// one's reset at their next packet. So a table counts as applied once its transaction is in;
+/// the conntrack entries of re-targeted routes are cut afterwards ([`Self::tidy_connections`],
+/// after the table's answer), which only tidies up, except where another ruleset holds both
+/// marks the filters carry a route's target in.
 #[derive(Debug)]
 pub struct Dataplane<F> {
     firewall: F,
     params: TableParams,
     installed: Option<Installed>,
     /// Re-targeted routes whose old connections are not cut yet (a cut that failed is retried
-    /// with the next table, and the table is not reported applied meanwhile).
+    /// at the next tidy-up).
     pending_cuts: Vec<(RouteKey, SocketAddrV4)>,
+    /// A full replace happened since the last sweep: what was pending before it is unknown.
+    sweep_due: bool,
+    /// The servers' filter in place, as last applied (none: unknown).
+    server_filter: Option<ServerFilter>,
 }
 
 /// What the dataplane knows is in the firewall.
@@ -213,7 +225,14 @@ struct Installed {
 
 impl<F: Firewall> Dataplane<F> {
     pub fn new(firewall: F, params: TableParams) -> Self {
-        Self { firewall, params, installed: None, pending_cuts: Vec::new() }
+        Self {
+            firewall,
+            params,
+            installed: None,
+            pending_cuts: Vec::new(),
+            sweep_due: false,
+            server_filter: None,
+        }
     }
 
     pub fn firewall(&self) -> &F {
@@ -230,57 +249,58 @@ impl<F: Firewall> Dataplane<F> {
 
     /// Makes the firewall hold exactly `routes`: by element diff when the installed table is
     /// known, otherwise (or if the diff fails) by replacing the whole table.
-    /// A route whose target changes has its open connections cut once the new table is in (see
-    /// [`Firewall::cut`]).
+    /// A route whose target changes has its open connections cut at the next
+    /// [`Self::tidy_connections`].
     pub fn converge(&mut self, routes: RouteMap) -> Result<(), FirewallError> {
         if let Some(installed) = &mut self.installed {
             let retargeted = routes.iter().filter_map(|(key, target)| {
                 let old = installed.routes.get(key)?;
                 (old != target).then(|| (key.clone(), *old))
             });
-            self.pending_cuts.extend(retargeted);
+            let retargeted: Vec<_> = retargeted.collect();
             if let Some(tx) = Transaction::diff(&installed.routes, &installed.targets, &routes) {
                 if tx.is_noop() || self.firewall.apply(&tx).is_ok() {
                     if let Transaction::Update { new_targets, .. } = tx {
                         installed.targets.extend(new_targets.iter().map(|t| (t.addr, t.id)));
                     }
                     installed.routes = routes;
-                    return self.cut_pending();
+                    self.pending_cuts.extend(retargeted);
+                    return Ok(());
                 }
             }
         }
         self.replace(routes)
     }
 
-    /// Rebuilds the whole table, whatever is installed, then cuts every connection sent to
-    /// another target than its route's (see [`Firewall::sweep`]).
+    /// Rebuilds the whole table, whatever is installed; the next [`Self::tidy_connections`]
+    /// cuts every connection sent to another target than its route's (see [`Firewall::sweep`]).
     pub fn replace(&mut self, routes: RouteMap) -> Result<(), FirewallError> {
         self.installed = None;
         let tx = Transaction::Replace { params: self.params.clone(), routes };
         self.firewall.apply(&tx)?;
         let Transaction::Replace { routes, .. } = tx else { unreachable!("built above") };
-        self.firewall.sweep(&routes)?;
         self.installed = Some(Installed { targets: target_ids(&routes), routes });
-        self.cut_pending()
+        self.sweep_due = true;
+        Ok(())
     }
 
-    /// Lets each (client, port) of `allowed` reach this host's managed server on that port, and
-    /// nothing else from off the host reach the servers' range (see [`ServerFilter`]). Nothing
-    /// to do on a host that runs no servers.
-    pub fn filter_servers(
-        &mut self,
-        allowed: std::collections::BTreeSet<(Ipv4Addr, u16)>,
-    ) -> Result<(), FirewallError> {
-        let Some(servers) = self.params.local_servers else { return Ok(()) };
-        let filter = ServerFilter { masked_range: self.params.masked_range, servers, allowed };
-        self.firewall.filter_servers(&filter)
+    /// Whether [`Self::tidy_connections`] has anything to do.
+    pub fn connections_to_tidy(&self) -> bool {
+        self.installed.is_some() && (self.sweep_due || !self.pending_cuts.is_empty())
     }
 
-    /// Cuts the connections of re-targeted routes, except those routed to their old target
-    /// again meanwhile.
-    fn cut_pending(&mut self) -> Result<(), FirewallError> {
-        let installed = self.installed.as_ref().map(|i| &i.routes);
-        self.pending_cuts.retain(|(key, old)| installed.and_then(|r| r.get(key)) != Some(old));
+    /// Cuts the conntrack entries of connections whose route's target changed (all of them after
+    /// a full replace, else those of the re-targets since the last call, except those routed to
+    /// their old target again meanwhile). What fails stays due for the next call.
+    pub fn tidy_connections(&mut self) -> Result<(), FirewallError> {
+        let Some(installed) = self.installed.as_ref().map(|i| &i.routes) else { return Ok(()) };
+        if self.sweep_due {
+            self.firewall.sweep(installed)?;
+            self.sweep_due = false;
+            self.pending_cuts.clear();
+            return Ok(());
+        }
+        self.pending_cuts.retain(|(key, old)| installed.get(key) != Some(old));
         self.pending_cuts.sort();
         self.pending_cuts.dedup();
         if self.pending_cuts.is_empty() {
@@ -288,6 +308,25 @@ impl<F: Firewall> Dataplane<F> {
         }
         self.firewall.cut(&self.pending_cuts)?;
         self.pending_cuts.clear();
+        Ok(())
+    }
+
+    /// Lets each (client, port) of `allowed` reach this host's managed server on that port, and
+    /// nothing else from off the host reach the servers' range (see [`ServerFilter`]). Nothing
+    /// to do on a host that runs no servers, or when the filter in place already says that (a
+    /// server for a VM of this host changes no client).
+    pub fn filter_servers(
+        &mut self,
+        allowed: std::collections::BTreeSet<(Ipv4Addr, u16)>,
+    ) -> Result<(), FirewallError> {
+        let Some(servers) = self.params.local_servers else { return Ok(()) };
+        let filter = ServerFilter { masked_range: self.params.masked_range, servers, allowed };
+        if self.server_filter.as_ref() == Some(&filter) {
+            return Ok(());
+        }
+        self.server_filter = None;
+        self.firewall.filter_servers(&filter)?;
+        self.server_filter = Some(filter);
         Ok(())
     }
 }
@@ -339,11 +378,13 @@ mod tests {
         assert_eq!(dp.firewall().resolve(src, "tap4", masked), None);
     }
 
-    /// The memory firewall, whose cuts fail while `fail` is set.
+    /// The memory firewall, whose cuts fail while `fail` is set; counts the servers' filters
+    /// it is given.
     #[derive(Debug)]
     struct FlakyCuts {
         inner: MemoryFirewall,
         fail: bool,
+        filters: u32,
     }
 
     impl Firewall for FlakyCuts {
@@ -363,36 +404,64 @@ mod tests {
         }
 
         fn filter_servers(&mut self, filter: &ServerFilter) -> Result<(), FirewallError> {
+            self.filters += 1;
             self.inner.filter_servers(filter)
         }
     }
 
     #[test]
-    fn retargeted_routes_have_their_connections_cut_until_it_succeeds() {
-        let fw = FlakyCuts { inner: MemoryFirewall::new(), fail: false };
+    fn the_servers_filter_is_applied_only_when_it_changes() {
+        let fw = FlakyCuts { inner: MemoryFirewall::new(), fail: false, filters: 0 };
+        let mut params = params();
+        params.local_servers = Some(crate::render::LocalServers {
+            address: Ipv4Addr::new(10, 78, 0, 2),
+            first_port: 20000,
+            last_port: 20009,
+        });
+        let mut dp = Dataplane::new(fw, params);
+        let client = Ipv4Addr::new(10, 78, 0, 9);
+        dp.filter_servers([(client, 20000)].into()).unwrap();
+        dp.filter_servers([(client, 20000)].into()).unwrap();
+        assert_eq!(dp.firewall().filters, 1, "an unchanged filter was applied again");
+        assert!(dp.firewall().inner.server_allows(client, 20000));
+        dp.filter_servers([(client, 20001)].into()).unwrap();
+        assert_eq!(dp.firewall().filters, 2);
+        assert!(!dp.firewall().inner.server_allows(client, 20000));
+        assert!(dp.firewall().inner.server_allows(client, 20001));
+    }
+
+    #[test]
+    fn retargeted_routes_have_their_connections_cut_after_the_table_until_it_succeeds() {
+        let fw = FlakyCuts { inner: MemoryFirewall::new(), fail: false, filters: 0 };
         let mut dp = Dataplane::new(fw, params());
         dp.converge(routes(3)).unwrap();
+        assert!(dp.connections_to_tidy(), "a full replace is swept after");
+        dp.tidy_connections().unwrap();
+        assert!(!dp.connections_to_tidy());
         let mut moved = routes(3);
         let key = moved.keys().nth(1).unwrap().clone();
         let old = moved[&key];
         let new_target = SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 3), 8308);
         moved.insert(key.clone(), new_target);
         // Only the re-targeted route's connections are cut; adding and removing routes cuts
-        // nothing (the filters drop a removed route's connections).
+        // nothing (the filters drop a removed route's connections). The table is in before any
+        // cut, and a failed cut does not undo it.
         dp.firewall_mut().fail = true;
-        assert!(matches!(dp.converge(moved.clone()), Err(FirewallError::Cut(_))));
-        assert_eq!(dp.firewall().inner.table().unwrap().routes, moved, "the table is in");
-        assert!(dp.firewall().inner.cuts().is_empty());
-        dp.firewall_mut().fail = false;
         dp.converge(moved.clone()).unwrap();
+        assert_eq!(dp.firewall().inner.table().unwrap().routes, moved, "the table is in");
+        assert!(dp.firewall().inner.cuts().is_empty(), "nothing is cut with the table");
+        assert!(matches!(dp.tidy_connections(), Err(FirewallError::Cut(_))));
+        assert!(dp.connections_to_tidy(), "a failed cut stays due");
+        dp.firewall_mut().fail = false;
+        dp.tidy_connections().unwrap();
         assert_eq!(dp.firewall().inner.cuts(), &[(key.clone(), old)]);
         dp.converge(routes(4)).unwrap();
+        dp.tidy_connections().unwrap();
         assert_eq!(dp.firewall().inner.cuts().len(), 2, "moving back is a re-target too");
         // A cut still pending when its route goes back to that old target is not due any more.
-        dp.firewall_mut().fail = true;
-        assert!(dp.converge(moved.clone()).is_err());
-        dp.firewall_mut().fail = false;
+        dp.converge(moved.clone()).unwrap();
         dp.converge(routes(4)).unwrap();
+        dp.tidy_connections().unwrap();
         let expected = [(key.clone(), old), (key.clone(), new_target), (key, new_target)];
         // The last one is that of the move back; the pending one was dropped.
         assert_eq!(dp.firewall().inner.cuts(), &expected, "the pending cut was no longer due");

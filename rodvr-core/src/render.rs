@@ -25,11 +25,15 @@
 //! * otherwise (another ruleset marked both before DNAT) the connection is not rerouted and the
 //!   forward filter drops it: it fails closed, and no mark is ever left changed.
 //!
-//! Conntrack keeps an open connection going after its route is removed, so the forward and input
-//! filters also check, per packet, that a masked connection's original tuple is still a key of
-//! the route map. That is why the routes are a data map and not a verdict map: the kernel refuses
-//! a lookup from a filter chain into a verdict map whose target chains DNAT, and two elements per
-//! route (a verdict map plus a key set) doubled what nft parses for a full table.
+//! Conntrack keeps an open connection going after its route is removed or re-targeted, so the
+//! forward and input filters also look up, per packet, a masked connection's original tuple in
+//! the route map: no route, and the packet is dropped; a route whose target id is not the one
+//! the connection was sent to (the id and the connection's reply source checked against a set
+//! of one element per target, `live_targets`), and it is reset. A re-target so needs no
+//! conntrack dump before it counts (the agent cuts the old entries after answering). That is why
+//! the routes are a data map and not a verdict map: the kernel refuses a lookup from a filter
+//! chain into a verdict map whose target chains DNAT, and two elements per route (a verdict map
+//! plus a key set) doubled what nft parses for a full table.
 //!
 //! Targets (their chains and verdict-map elements) are never deleted by an update; an unused one
 //! is unreachable and disappears with the next full replace.
@@ -58,6 +62,9 @@ pub const MAP_ROUTES: &str = "routes";
 pub const MAP_TARGETS: &str = "targets";
 pub const MAP_TARGETS_CT: &str = "targets_ct";
 pub const SET_LOCAL_RCUDA: &str = "local_rcuda";
+/// (target id, target address, target port): what each id DNATs to, for the filters' check that
+/// an open connection still goes where its route does.
+pub const SET_LIVE_TARGETS: &str = "live_targets";
 
 /// Host facts the table depends on besides the routes; fixed for the life of an agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -460,7 +467,8 @@ fn target_chain_commands(target: SocketAddrV4, carrier: Carrier) -> [Value; 2] {
     [chain, rule]
 }
 
-/// Chains and target verdict-map elements for `targets` (appended with a trailing comma each).
+/// Chains, target verdict-map elements and live-target elements for `targets` (appended with a
+/// trailing comma each).
 fn write_target_commands(out: &mut String, targets: &[Target], push: impl Fn(&mut String, Value)) {
     for target in targets {
         for carrier in [Carrier::Packet, Carrier::Conntrack] {
@@ -478,25 +486,84 @@ fn write_target_commands(out: &mut String, targets: &[Target], push: impl Fn(&mu
                 .expect("writing to a String cannot fail");
         });
     }
+    write_element_command(out, "add", SET_LIVE_TARGETS, targets, |o, t| {
+        write!(o, r#"{{"concat":[{},"{}",{}]}}"#, t.id, t.addr.ip(), t.addr.port())
+            .expect("writing to a String cannot fail");
+    });
 }
 
-/// Conntrack keeps a DNATed connection going after its route is removed; these rules drop the
-/// VM-to-GPU direction of a masked connection whose route (its original tuple, looked up as a key
-/// of the route maps) is gone, so removing a route also cuts connections that are already open.
-fn still_routed_rules(chain: &str, masked: Ipv4Cidr) -> [Value; 2] {
+/// Conntrack keeps a DNATed connection going after its route is removed or re-targeted; these
+/// rules hold the VM-to-GPU direction of each masked connection to its route as it is now. Its
+/// original tuple is looked up in the route map: no route, and the packet is dropped; a route
+/// whose target id is not the one the connection was sent to (its reply source, checked against
+/// [`SET_LIVE_TARGETS`]), and the connection is reset. So removing or re-targeting a route ends
+/// the connections already open at their next packet, with no conntrack dump (see the agent's
+/// connection cuts, which only tidy up after). The looked-up id is carried in the packet mark
+/// when it is 0, else the conntrack mark when it is 0, each put back to 0 (as the DNAT's carrier);
+/// where another ruleset marked both, only the route's presence is checked here and the cut
+/// that follows the table ends a re-targeted connection.
+fn still_routed_rules(chain: &str, masked: Ipv4Cidr) -> Vec<Value> {
     let ct = |key: &str| json!({"ct": {"key": key, "dir": "original"}});
-    let mut routed = vec![
+    let masked_tcp = vec![
         matches("==", json!({"ct": {"key": "direction"}}), "original".into()),
         matches("==", ct_original_daddr(), range(masked)),
-        // Gives `ct original proto-dst` its type (inet_service) for the lookup below.
+        // Gives `ct original proto-dst` its type (inet_service) for the lookups below.
         matches("==", meta("l4proto"), "tcp".into()),
     ];
-    let mut gone = routed.clone();
     let key = json!({"concat": [meta("iifname"), ct("ip saddr"), ct("ip daddr"), ct("proto-dst")]});
+    let lookup =
+        obj([("map", obj([("key", key.clone()), ("data", format!("@{MAP_ROUTES}").into())]))]);
+    let mut rules: Vec<Value> = [Carrier::Packet, Carrier::Conntrack]
+        .into_iter()
+        .map(|carrier| {
+            let mut expr = masked_tcp.clone();
+            if let Carrier::Conntrack = carrier {
+                expr.push(matches("!=", meta("mark"), 0.into()));
+            }
+            expr.push(matches("==", mark(carrier), 0.into()));
+            expr.push(obj([("mangle", obj([("key", mark(carrier)), ("value", lookup.clone())]))]));
+            expr.push(json!({"jump": {"target": current_target_chain(carrier)}}));
+            rule(chain, expr)
+        })
+        .collect();
+    let mut routed = masked_tcp.clone();
     routed.push(matches("==", key, format!("@{MAP_ROUTES}").into()));
     routed.push(json!({"accept": null}));
+    let mut gone = masked_tcp;
     gone.push(json!({"drop": null}));
-    [rule(chain, routed), rule(chain, gone)]
+    rules.extend([rule(chain, routed), rule(chain, gone)]);
+    rules
+}
+
+/// The chain that checks a masked connection's target against its route's, the route's id in
+/// `carrier` (see [`still_routed_rules`]).
+fn current_target_chain(carrier: Carrier) -> &'static str {
+    match carrier {
+        Carrier::Packet => "current_target",
+        Carrier::Conntrack => "current_target_ct",
+    }
+}
+
+/// [`current_target_chain`] and its two rules: the carrier back to 0 either way; accepted where
+/// (id, reply source) is a live target, else reset.
+fn current_target_commands(carrier: Carrier) -> [Value; 3] {
+    let name = current_target_chain(carrier);
+    let chain = json!({"add": {"chain": {"family": "ip", "table": TABLE, "name": name}}});
+    let reply = |key: &str| json!({"ct": {"key": key, "dir": "reply"}});
+    let sent_to = json!({"concat": [mark(carrier), reply("ip saddr"), reply("proto-src")]});
+    let reset = obj([("mangle", obj([("key", mark(carrier)), ("value", 0.into())]))]);
+    let tcp = matches("==", meta("l4proto"), "tcp".into());
+    let current = rule(
+        name,
+        vec![
+            tcp.clone(),
+            matches("==", sent_to, format!("@{SET_LIVE_TARGETS}").into()),
+            reset.clone(),
+            json!({"accept": null}),
+        ],
+    );
+    let stale = rule(name, vec![tcp, reset, json!({"reject": {"type": "tcp reset"}})]);
+    [chain, current, stale]
 }
 
 fn skeleton_commands(params: &TableParams) -> Vec<Value> {
@@ -512,6 +579,8 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
         map(MAP_TARGETS_CT, json!("mark"), "verdict"),
         json!({"add": {"set": {"family": "ip", "table": TABLE, "name": SET_LOCAL_RCUDA,
             "type": ["ipv4_addr", "inet_service"]}}}),
+        json!({"add": {"set": {"family": "ip", "table": TABLE, "name": SET_LIVE_TARGETS,
+            "type": ["mark", "ipv4_addr", "inet_service"]}}}),
         base_chain("prerouting", "nat", "prerouting", -100),
         // A VM's packet to a masked endpoint jumps to its route's target chain, which rewrites it
         // to the real rCUDA endpoint.
@@ -527,13 +596,18 @@ fn skeleton_commands(params: &TableParams) -> Vec<Value> {
                 json!({"masquerade": null}),
             ],
         ),
+    ];
+    for carrier in [Carrier::Packet, Carrier::Conntrack] {
+        cmds.extend(current_target_commands(carrier));
+    }
+    cmds.extend([
         base_chain("forward", "filter", "forward", 0),
         // A masked address that was not rewritten has no route for this VM.
         rule(
             "forward",
             vec![matches("==", payload("ip", "daddr"), range(masked)), json!({"drop": null})],
         ),
-    ];
+    ]);
     cmds.extend(still_routed_rules("forward", masked));
     cmds.extend([
         // Nothing is forwarded into the GPU network unless it is a masked route.

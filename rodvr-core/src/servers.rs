@@ -90,6 +90,7 @@ impl Supervisor for SimulatedServers {
                         gpu_memory_mib: None,
                         reason,
                         over_share_ends: 0,
+                        routed_here: false,
                     }
                 });
                 used.extend(status.port);

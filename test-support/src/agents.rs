@@ -94,7 +94,16 @@ impl TestAgent {
         mps: bool,
     ) -> TestAgent {
         let host = HostId::new(host).unwrap();
-        let params = rodvr_core::fixtures::params();
+        let mut params = rodvr_core::fixtures::params();
+        if managed_gpus.is_some() {
+            // Its servers' address and ports (those of its simulated servers): it routes its own
+            // VMs to them itself.
+            params.local_servers = Some(rodvr_core::render::LocalServers {
+                address: crate::rcuda_address(host.as_str()),
+                first_port: 20000,
+                last_port: 20999,
+            });
+        }
         let gpus = (0..managed_gpus.unwrap_or(0))
             .map(|i| rodvr_contract::protocol::GpuReport {
                 id: gpgpums::GpuId::new(format!("{host}:GPU-{i}")).unwrap(),
@@ -365,7 +374,11 @@ async fn put_routes(State(shared): State<Arc<Shared>>, body: Bytes) -> Response 
         }
     }
     match shared.agent.put_table(table) {
-        Ok(status) => Json(status).into_response(),
+        Ok(status) => {
+            // In memory, the cuts that follow a real agent's answer take no time.
+            shared.agent.tidy_connections().expect("the memory firewall cuts");
+            Json(status).into_response()
+        }
         Err(e) => refuse(StatusCode::UNPROCESSABLE_ENTITY, &e.to_string(), None),
     }
 }

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use gpgpums::{GpuId, HostId, HostKind, HostState};
 use rodvr_contract::protocol::{
-    HostKind as AgentHostKind, HostReport, LostCgpu, Route, RouteTable, RttTarget, ServerSpec,
-    VmPort, MAX_RTT_TARGETS,
+    HostKind as AgentHostKind, HostReport, LostCgpu, Route, RouteTable, RttTarget, ServedHere,
+    ServerSpec, VmPort, MAX_RTT_TARGETS,
 };
 
 use super::batch::{fail_all, Queued};
@@ -623,6 +623,7 @@ impl App {
                 // A VM's rows come together (both readers group them): the VM of the last route,
                 // and the VM listed without a route for a lost cGPU, while its rows last.
                 let (mut routed_vm, mut idle_vm) = (None, None);
+                let mut served_here: Option<HashSet<(gpgpums::VmId, u32)>> = None;
                 for c in routed {
                     let (Some(vm_ip), Some(vm_tap)) = (c.fixed_ip, c.tap) else {
                         tracing::error!(vm = %c.vm, %host, "no tap or fixed IP: not routed");
@@ -632,7 +633,16 @@ impl App {
                         // Lost, or on a managed GPU whose server does not accept yet
                         // (port 0): missing from its VM until it does.
                         Some(cgpu) if cgpu.lost || cgpu.target.port() == 0 => {
-                            lost.push(LostCgpu { vm: c.vm, index: cgpu.index });
+                            // On a managed GPU of this same host: its agent routes it to its
+                            // server once that accepts, without waiting for this push's answer.
+                            let served = served_here.get_or_insert_with(|| {
+                                servers.iter().map(|s| (s.vm, s.index)).collect()
+                            });
+                            let here =
+                                (!cgpu.lost && served.contains(&(c.vm, cgpu.index))).then_some(
+                                    ServedHere { masked: cgpu.masked, gpu_number: cgpu.gpu_number },
+                                );
+                            lost.push(LostCgpu { vm: c.vm, index: cgpu.index, here });
                             // Its VM reads its environment even when none of its cGPUs has a
                             // route (listed once, after its routes).
                             if routed_vm != Some(c.vm) && idle_vm != Some(c.vm) {
@@ -678,14 +688,20 @@ impl App {
             };
             let generation = table.generation;
             let targets: Vec<SocketAddrV4> = table.routes.iter().map(|r| r.target).collect();
+            let sent_here: HashSet<(gpgpums::VmId, u32)> =
+                table.lost.iter().filter(|l| l.here.is_some()).map(|l| (l.vm, l.index)).collect();
             inc(&self.metrics.route_pushes);
             let outcome = tokio::time::timeout(timeout, self.agents.apply(&record, table)).await;
             match outcome {
-                Ok(Ok(answered)) => {
+                Ok(Ok(mut answered)) => {
                     self.batchers.applied_generations.submit((host.clone(), generation)).await?;
                     *covered = reading;
                     if !record.managed_servers {
                         return Ok(Default::default());
+                    }
+                    // Only a cGPU this table asked the agent to route itself was.
+                    for server in &mut answered {
+                        server.routed_here &= sent_here.contains(&server.key());
                     }
                     return self.note_servers(host, &answered).await;
                 }

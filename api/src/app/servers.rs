@@ -54,6 +54,7 @@ impl App {
                 gpu: s.gpu.clone(),
                 port: s.live_port(),
                 over_share_ends: s.over_share_ends,
+                routed_here: s.routed_here,
             })
             .collect();
         let changed = self.db.record_servers(host, &reported).await?;

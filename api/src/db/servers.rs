@@ -68,10 +68,13 @@ pub struct ReportedServer {
     pub port: Option<u16>,
     /// How many times its agent ended it for holding more GPU memory than its share.
     pub over_share_ends: u32,
+    /// Its agent routed its cGPU (of a VM on the same host) to `port` itself, in the table it
+    /// answers: the VM's route needs no new push for it.
+    pub routed_here: bool,
 }
 
 /// What a host's servers changed: the VMs whose cGPUs' ports moved (their hosts' tables must be
-/// pushed again), and the cGPUs whose servers were ended for their memory since last recorded.
+/// pushed again; not for a move the agent routed itself), and the cGPUs whose servers were ended for their memory since last recorded.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ServersChanged {
     pub moved: BTreeSet<VmId>,
@@ -111,10 +114,15 @@ impl super::Db {
             recorded.insert((vm, index), (row.try_get(2)?, port, ends));
         }
         let mut now: BTreeMap<(VmId, u32), (Option<u16>, u32)> = BTreeMap::new();
+        let mut routed_here: BTreeSet<(VmId, u32)> = BTreeSet::new();
         for server in reported {
             let key = (server.vm, server.index);
             if recorded.get(&key).is_some_and(|(on, ..)| on == server.gpu.as_str()) {
-                now.insert(key, (server.port.filter(|p| *p != 0), server.over_share_ends));
+                let port = server.port.filter(|p| *p != 0);
+                now.insert(key, (port, server.over_share_ends));
+                if server.routed_here && port.is_some() {
+                    routed_here.insert(key);
+                }
             }
         }
         let mut changed = ServersChanged::default();
@@ -127,7 +135,7 @@ impl super::Db {
             if (new_port, new_ends) == (*port, *ends) {
                 continue;
             }
-            if new_port != *port {
+            if new_port != *port && !routed_here.contains(&(*vm, *index)) {
                 changed.moved.insert(*vm);
             }
             if new_ends.unwrap_or(0) > ends.unwrap_or(0) {

@@ -252,6 +252,24 @@ impl Cgroups {
 }
 
 impl ServerCgroup {
+    /// Sets its CPU weight (`cpu.weight`, or `cpu.shares` where the cpu controller is a v1
+    /// one), as `limits` says it.
+    pub fn set_cpu_weight(&self, limits: Limits) -> io::Result<()> {
+        if let Some((_, dir)) = self.v1.iter().find(|(r, _)| *r == Resource::Cpu) {
+            for (file, value) in limits.v1(Resource::Cpu) {
+                write(&dir.join(file), &value)?;
+            }
+            return Ok(());
+        }
+        let file = self.v2.join("cpu.weight");
+        if file.exists() {
+            for (file, value) in limits.v2(Resource::Cpu) {
+                write(&self.v2.join(file), &value)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The `cgroup.procs` files a process writes itself into to join every one of them.
     pub fn procs_files(&self) -> Vec<PathBuf> {
         std::iter::once(&self.v2)

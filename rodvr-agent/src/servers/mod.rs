@@ -26,8 +26,9 @@
 //! the stand-in server. So the agent can keep one started server per GPU that serves nobody: its
 //! share state's limit is 0 (nothing fits), no route and no client entry lead to its port. A new
 //! cGPU on that GPU takes it: the limit becomes the cGPU's share before the cGPU's route exists,
-//! and a new spare starts behind it. Spares are not recorded: a restarted agent kills them with
-//! everything else it does not adopt, and starts new ones.
+//! and a new spare starts behind it, at the lowest CPU weight until its own handover (starting
+//! one takes no CPU time from live servers). Spares are not recorded: a restarted agent kills
+//! them with everything else it does not adopt, and starts new ones.
 
 pub mod cgroup;
 pub mod process;
@@ -218,6 +219,7 @@ impl Server {
             gpu_memory_mib: self.gpu_memory.map(|bytes| bytes >> 20),
             reason: self.reason.as_deref().map(rodvr_contract::protocol::health_reason),
             over_share_ends: self.over_share_ends,
+            routed_here: false,
         }
     }
 
@@ -391,6 +393,17 @@ impl ProcessSupervisor {
         self.server_named(spec, name)
     }
 
+    /// A server's cgroup limits: a spare's CPU weight is the lowest, so that starting one
+    /// takes no CPU time from the live servers and the agent (it gets the configured weight
+    /// at its handover).
+    fn limits_of(&self, server: &Server) -> Limits {
+        if server.spec.vm.as_uuid().is_nil() {
+            Limits { cpu_weight: SPARE_CPU_WEIGHT, ..self.settings.limits }
+        } else {
+            self.settings.limits
+        }
+    }
+
     /// `spec`'s server made of a spare of its GPU, a ready one first, else one still starting:
     /// its limit becomes `spec`'s share (see the module's doc). The next tick starts a new spare.
     fn take_spare(
@@ -411,6 +424,9 @@ impl ProcessSupervisor {
             self.end(&mut spare);
             self.forget_files(&spare);
             return None;
+        }
+        if let Err(e) = spare.cgroup.set_cpu_weight(self.settings.limits) {
+            eprintln!("rodvr-agent: spare server {}: its CPU weight: {e}", spare.name);
         }
         spare.spec = spec.clone();
         // The next tick starts a spare behind it, after this table's answer.
@@ -554,7 +570,7 @@ impl ProcessSupervisor {
         let started = (|| -> Result<Running, String> {
             let cgroup = self
                 .cgroups
-                .create(&server.name, self.settings.limits)
+                .create(&server.name, self.limits_of(server))
                 .map_err(|e| e.to_string())?;
             server.cgroup = cgroup;
             let log = std::fs::OpenOptions::new()
@@ -822,6 +838,9 @@ pub fn interface_address(interface: &str) -> Option<Ipv4Addr> {
     found
 }
 
+/// A spare's CPU weight until its handover (the lowest `cpu.weight`).
+const SPARE_CPU_WEIGHT: u32 = 1;
+
 /// The ports the servers and spares hold.
 fn held_ports(
     servers: &BTreeMap<(VmId, u32), Server>,
@@ -915,6 +934,7 @@ impl Supervisor for ProcessSupervisor {
                     gpu_memory_mib: None,
                     reason: refused.remove(&spec.key()),
                     over_share_ends: 0,
+                    routed_here: false,
                 },
             })
             .collect()
