@@ -547,14 +547,10 @@ EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
 }
 
 /* ---- device memory ---- */
-static CUresult dev_alloc(uint64_t size, uint64_t *out, int legacy32)
+/* Books `size` bytes of device memory under a new entry of `kind` (an address below 4 GiB for
+ * the legacy 32-bit symbols); out of memory past the capacity. */
+static CUresult book(int kind, uint64_t size, uint64_t *out, int legacy32)
 {
-    if (!initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!ctx_ok(current))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
     CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&mu);
     if (size > capacity - used) {
@@ -571,9 +567,9 @@ static CUresult dev_alloc(uint64_t size, uint64_t *out, int legacy32)
         va = next_va32;
         next_va32 += (uint32_t)want;
     } else {
-        va = fake_va(size, ALLOC_ALIGN);
+        va = fake_va(size ? size : 1, ALLOC_ALIGN);
     }
-    if (add(E_DEV, va, size) == NULL) {
+    if (add(kind, va, size) == NULL) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
         goto out;
     }
@@ -582,6 +578,17 @@ static CUresult dev_alloc(uint64_t size, uint64_t *out, int legacy32)
 out:
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+static CUresult dev_alloc(uint64_t size, uint64_t *out, int legacy32)
+{
+    if (!initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ctx_ok(current))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return book(E_DEV, size, out, legacy32);
 }
 
 /* Frees the device memory of the entry (kind, key); `unknown` when there is none. */
@@ -746,22 +753,7 @@ static CUresult array_alloc(int kind, uint64_t w, uint64_t h, uint64_t d, CUarra
             size += level;
         }
     }
-    CUresult r = CUDA_SUCCESS;
-    pthread_mutex_lock(&mu);
-    if (size > capacity - used) {
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-        goto out;
-    }
-    uint64_t key = fake_va(size ? size : 1, ALLOC_ALIGN);
-    if (add(kind, key, size) == NULL) {
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-        goto out;
-    }
-    used += size;
-    *out = key;
-out:
-    pthread_mutex_unlock(&mu);
-    return r;
+    return book(kind, size, out, 0);
 }
 
 
