@@ -74,7 +74,8 @@ pub struct ReportedServer {
 }
 
 /// What a host's servers changed: the VMs whose cGPUs' ports moved (their hosts' tables must be
-/// pushed again; not for a move the agent routed itself), and the cGPUs whose servers were ended for their memory since last recorded.
+/// pushed again; not for a move the agent routed itself), and the cGPUs whose servers were
+/// ended for their memory since last recorded.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ServersChanged {
     pub moved: BTreeSet<VmId>,
