@@ -17,7 +17,7 @@ use rodvr_agent::config::{Config, ConfigError};
 use rodvr_agent::credential;
 use rodvr_agent::discovery::{default_discovery, host_kind, inventory, DiscoveryError};
 use rodvr_agent::nft::NftFirewall;
-use rodvr_agent::server::{log_error, router, tidy_connections_later};
+use rodvr_agent::server::{after_answer, log_error, router};
 use rodvr_contract::auth::{KeyError, TokenVerifier};
 use rodvr_contract::client::ControllerClient;
 use rodvr_contract::protocol::InvalidEntry;
@@ -287,7 +287,7 @@ async fn reapply<F: Firewall + 'static>(agent: &Arc<Agent<F>>) {
     let applying = agent.clone();
     let result = tokio::task::spawn_blocking(move || applying.reapply()).await;
     match result {
-        Ok(Ok(())) => tidy_connections_later(agent),
+        Ok(Ok(())) => after_answer(agent),
         Ok(Err(e)) => log_error("re-applying the state file", &e),
         Err(join) => std::panic::resume_unwind(join.into_panic()),
     }
@@ -301,7 +301,7 @@ async fn retry_failed_applies<F: Firewall + 'static>(agent: Arc<Agent<F>>, every
         if agent.needs_apply() {
             reapply(&agent).await;
         } else {
-            tidy_connections_later(agent.clone());
+            after_answer(agent.clone());
         }
     }
 }

@@ -29,10 +29,13 @@ use rodvr_core::firewall::Firewall;
 /// Large enough for tens of thousands of routes.
 const MAX_BODY_BYTES: usize = 64 << 20;
 
-/// Writes `err` and its whole source chain to stderr.
-/// Cuts, in the background, the conntrack entries of connections the last tables re-targeted
-/// (see [`Agent::tidy_connections`]); one that fails is retried on the retry timer.
-pub fn tidy_connections_later<F: Firewall + 'static>(agent: Arc<Agent<F>>) {
+/// What follows a table's answer, in the background: the servers start again what the table
+/// used up (see [`Agent::replenish_servers`]), and the conntrack entries of connections the last
+/// tables re-targeted are cut (see [`Agent::tidy_connections`]; one that fails is retried on the
+/// retry timer).
+pub fn after_answer<F: Firewall + 'static>(agent: Arc<Agent<F>>) {
+    let replenishing = agent.clone();
+    tokio::task::spawn_blocking(move || replenishing.replenish_servers());
     if !agent.connections_to_tidy() {
         return;
     }
@@ -43,6 +46,7 @@ pub fn tidy_connections_later<F: Firewall + 'static>(agent: Arc<Agent<F>>) {
     });
 }
 
+/// Writes `err` and its whole source chain to stderr.
 pub fn log_error(context: &str, err: &dyn std::error::Error) {
     let mut line = format!("rodvr-agent: {context}: {err}");
     let mut source = err.source();
@@ -184,8 +188,8 @@ async fn put_routes<F: Firewall + 'static>(
         Ok(result) => {
             let status = result.map_err(ApiError)?;
             // The filters already hold re-targeted connections to their routes; their conntrack
-            // entries go after the answer.
-            tidy_connections_later(agent);
+            // entries go after the answer, with the spares the table used.
+            after_answer(agent);
             Ok(Json(status))
         }
         Err(join) => std::panic::resume_unwind(join.into_panic()),

@@ -531,10 +531,19 @@ fn a_warm_spare_serves_a_new_cgpu_at_once_with_its_share_set_at_the_handover() {
     assert_eq!((status.pid, status.port), (spare_of_gpu0.pid, spare_of_gpu0.port));
     assert!(took < Duration::from_secs(1), "{took:?}");
     assert!(accepts(status.live_port().unwrap()));
-    // Behind it, at the next tick, a new spare for GPU 0 (another process, another port);
-    // GPU 1's stays.
+    // Behind it, after the table's answer, a new spare for GPU 0 (another process, another
+    // port), started outside the supervisor's locks; GPU 1's stays. The servers' thread and an
+    // answer replenishing at once start one spare, not two.
     assert_eq!(supervisor.spares().len(), 1);
-    supervisor.tick();
+    let together = std::sync::Barrier::new(2);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            together.wait();
+            supervisor.tick();
+        });
+        together.wait();
+        supervisor.replenish();
+    });
     let spares = supervisor.spares();
     assert_eq!(spares.len(), 2, "{spares:?}");
     let new_spare = spares.iter().find(|s| s.gpu.as_str() == "g0:gpu0").unwrap();

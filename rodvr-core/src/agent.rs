@@ -284,6 +284,14 @@ impl<F: Firewall> Agent<F> {
         inner.dataplane.tidy_connections()
     }
 
+    /// Lets the servers start again what the last tables used up (see
+    /// [`Supervisor::replenish`]): after a table's answer. Blocking.
+    pub fn replenish_servers(&self) {
+        if let Some(servers) = &self.servers {
+            servers.replenish();
+        }
+    }
+
     /// Whether [`Self::tidy_connections`] has anything to do.
     pub fn connections_to_tidy(&self) -> bool {
         self.lock().dataplane.connections_to_tidy()

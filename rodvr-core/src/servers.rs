@@ -29,6 +29,10 @@ pub trait Supervisor: Send + Sync + Debug {
     fn mps(&self) -> bool {
         false
     }
+
+    /// Starts again what the last convergences used up and keep in reserve (warm spares), off
+    /// the tables' path: called after a table's answer. Blocking.
+    fn replenish(&self) {}
 }
 
 /// Servers that exist only as ports: each new cGPU takes the lowest free port of the range and is

@@ -26,7 +26,9 @@
 //! the stand-in server. So the agent can keep one started server per GPU that serves nobody: its
 //! share state's limit is 0 (nothing fits), no route and no client entry lead to its port. A new
 //! cGPU on that GPU takes it: the limit becomes the cGPU's share before the cGPU's route exists,
-//! and a new spare starts behind it, at the lowest CPU weight until its own handover (starting
+//! and a new spare starts behind it once the table is answered, with no lock of the supervisor
+//! held (a process start waits 10-20 ms in the kernel for its move into its cgroups, and the
+//! next table must not wait for that), at the lowest CPU weight until its own handover (starting
 //! one takes no CPU time from live servers). Spares are not recorded: a restarted agent kills
 //! them with everything else it does not adopt, and starts new ones.
 
@@ -160,6 +162,14 @@ struct Record {
     restarts: u32,
 }
 
+/// A server's start, all but its process (see `ProcessSupervisor::prepare`).
+#[derive(Debug)]
+struct Prepared {
+    port: u16,
+    env: Vec<(String, String)>,
+    log: File,
+}
+
 /// A started process of a server.
 #[derive(Debug)]
 struct Running {
@@ -207,6 +217,16 @@ struct Server {
 }
 
 impl Server {
+    /// Failed, with why, and tried again after a backoff; always `None` (what it failed to
+    /// give).
+    fn back_off<T>(&mut self, why: String) -> Option<T> {
+        self.state = ServerState::Failed;
+        self.reason = Some(why);
+        self.since = Instant::now() + backoff_after(self.ends_in_row);
+        self.ends_in_row += 1;
+        None
+    }
+
     fn status(&self) -> ServerStatus {
         ServerStatus {
             vm: self.spec.vm,
@@ -254,6 +274,9 @@ pub struct ProcessSupervisor {
     servers: Mutex<BTreeMap<(VmId, u32), Server>>,
     /// The warm spares, by name (see the module's doc); locked after `servers`.
     spares: Mutex<BTreeMap<String, Server>>,
+    /// The new spares being started outside the locks: their ports, and their GPUs; locked
+    /// after `spares`.
+    launching: Mutex<HashMap<u16, GpuId>>,
     /// Told whenever a server's state or port changes, so the agent reports at once.
     changed: Arc<tokio::sync::Notify>,
     /// The memory watch: its reader, and when it last read.
@@ -313,6 +336,7 @@ impl ProcessSupervisor {
             cgroups,
             servers: Mutex::default(),
             spares: Mutex::default(),
+            launching: Mutex::default(),
             changed: Arc::default(),
             memory,
             memory_read: Mutex::default(),
@@ -335,6 +359,22 @@ impl ProcessSupervisor {
         self.spares.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn lock_launching(&self) -> MutexGuard<'_, HashMap<u16, GpuId>> {
+        self.launching.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The ports the servers, the spares and the spares being started hold.
+    fn held_ports(
+        &self,
+        servers: &BTreeMap<(VmId, u32), Server>,
+        spares: &BTreeMap<String, Server>,
+    ) -> HashSet<u16> {
+        let mut held: HashSet<u16> =
+            servers.values().chain(spares.values()).filter_map(|s| s.port).collect();
+        held.extend(self.lock_launching().keys().copied());
+        held
+    }
+
     /// The warm spares now (see the module's doc), each as a status of no cGPU.
     pub fn spares(&self) -> Vec<ServerStatus> {
         self.lock_spares().values().map(Server::status).collect()
@@ -345,29 +385,59 @@ impl ProcessSupervisor {
         self.settings.spares > 0 && self.settings.mps.is_none()
     }
 
-    /// Starts spares for each GPU that has fewer than it should.
-    fn keep_spares(
+    /// The spares each GPU lacks, prepared for [`Self::start_spares`] to start outside the
+    /// locks, their ports held in `launching` meanwhile (one that cannot be prepared is kept in
+    /// its backoff, as any server).
+    fn new_spares(
         &self,
         servers: &BTreeMap<(VmId, u32), Server>,
         spares: &mut BTreeMap<String, Server>,
-    ) {
+    ) -> Vec<(Server, Prepared)> {
+        let mut fresh = Vec::new();
         if !self.spares_on() {
-            return;
+            return fresh;
         }
         let mut gpus: Vec<&GpuId> = self.visible.keys().collect();
         gpus.sort();
         for gpu in gpus {
-            let kept = spares.values().filter(|s| s.spec.gpu == *gpu).count() as u32;
-            for _ in kept..self.settings.spares {
+            let kept = spares.values().filter(|s| s.spec.gpu == *gpu).count()
+                + self.lock_launching().values().filter(|g| *g == gpu).count();
+            for _ in kept as u32..self.settings.spares {
                 match self.new_spare(gpu) {
                     Ok(mut spare) => {
-                        let held = held_ports(servers, spares);
-                        self.launch(&mut spare, &held);
-                        spares.insert(spare.name.clone(), spare);
+                        let held = self.held_ports(servers, spares);
+                        match self.prepare(&mut spare, &held) {
+                            Some(prepared) => {
+                                self.lock_launching().insert(prepared.port, gpu.clone());
+                                fresh.push((spare, prepared));
+                            }
+                            None => {
+                                spares.insert(spare.name.clone(), spare);
+                            }
+                        }
                     }
                     Err(why) => eprintln!("rodvr-agent: a spare server for {gpu}: {why}"),
                 }
             }
+        }
+        fresh
+    }
+
+    /// Starts the spares [`Self::new_spares`] prepared, with no lock held (a process start
+    /// waits for the kernel to move the new process into its cgroups, 10-20 ms, and an attach
+    /// meanwhile must not wait for the supervisor), then files them.
+    fn start_spares(&self, fresh: Vec<(Server, Prepared)>) {
+        let mut started = Vec::with_capacity(fresh.len());
+        for (mut spare, prepared) in fresh {
+            let port = prepared.port;
+            self.spawn(&mut spare, prepared);
+            started.push((spare, port));
+        }
+        let mut spares = self.lock_spares();
+        let mut launching = self.lock_launching();
+        for (spare, port) in started {
+            launching.remove(&port);
+            spares.insert(spare.name.clone(), spare);
         }
     }
 
@@ -429,7 +499,7 @@ impl ProcessSupervisor {
             eprintln!("rodvr-agent: spare server {}: its CPU weight: {e}", spare.name);
         }
         spare.spec = spec.clone();
-        // The next tick starts a spare behind it, after this table's answer.
+        // A spare starts behind it after this table's answer (`replenish`).
         Some(spare)
     }
 
@@ -553,21 +623,26 @@ impl ProcessSupervisor {
     /// Starts `server`'s process on a free port (the one it had while it is free); on failure
     /// it is `failed`, with why, and tried again after a backoff.
     fn launch(&self, server: &mut Server, held: &HashSet<u16>) {
-        let backoff = |server: &mut Server, why: String| {
-            server.state = ServerState::Failed;
-            server.reason = Some(why);
-            server.since = Instant::now() + backoff_after(server.ends_in_row);
-            server.ends_in_row += 1;
-        };
+        if let Some(prepared) = self.prepare(server, held) {
+            self.spawn(server, prepared);
+        }
+    }
+
+    /// Everything of `server`'s start but the process: its port (the one it had while it is
+    /// free), its cgroups, its log and its environment; `None` when one cannot be had (it is
+    /// then in its backoff).
+    fn prepare(&self, server: &mut Server, held: &HashSet<u16>) -> Option<Prepared> {
         let Some(port) = self.free_port(held, server.port) else {
             let range = &self.settings.ports;
-            return backoff(server, format!("no free port in {}-{}", range.start(), range.end()));
+            let why = format!("no free port in {}-{}", range.start(), range.end());
+            return server.back_off(why);
         };
         server.port = Some(port);
         let Some(visible) = self.visible.get(&server.spec.gpu) else {
-            return backoff(server, format!("{} is not one of this host's GPUs", server.spec.gpu));
+            let why = format!("{} is not one of this host's GPUs", server.spec.gpu);
+            return server.back_off(why);
         };
-        let started = (|| -> Result<Running, String> {
+        let prepared = (|| -> Result<Prepared, String> {
             let cgroup = self
                 .cgroups
                 .create(&server.name, self.limits_of(server))
@@ -581,33 +656,42 @@ impl ProcessSupervisor {
             gsaas_infra::files::restrict(&self.log_path(&server.name), 0o600)
                 .map_err(|e| format!("its log: {e}"))?;
             let env = self.environment(&server.spec, visible, port, server.share.file());
-            let launch = process::Launch {
-                unshare: &self.settings.unshare,
-                setpriv: &self.settings.setpriv,
-                uid: self.settings.uid,
-                gid: self.settings.gid,
-                command: &self.settings.command,
-                env,
-                cgroup_procs: server.cgroup.procs_files(),
-                share: server.share.file(),
-                log: &log,
-            };
-            let child = process::spawn(&launch).map_err(|e| format!("cannot start: {e}"))?;
-            let pid = child.id();
-            let start_time = process::start_time(pid).unwrap_or_default();
-            Ok(Running { pid, start_time, child: Some(child) })
+            Ok(Prepared { port, env, log })
         })();
-        match started {
-            Ok(running) => {
+        match prepared {
+            Ok(prepared) => Some(prepared),
+            Err(why) => server.back_off(why),
+        }
+    }
+
+    /// Starts the process of a prepared server (see [`Self::prepare`]).
+    fn spawn(&self, server: &mut Server, prepared: Prepared) {
+        let launch = process::Launch {
+            unshare: &self.settings.unshare,
+            setpriv: &self.settings.setpriv,
+            uid: self.settings.uid,
+            gid: self.settings.gid,
+            command: &self.settings.command,
+            env: prepared.env,
+            cgroup_procs: server.cgroup.procs_files(),
+            share: server.share.file(),
+            log: &prepared.log,
+        };
+        match process::spawn(&launch) {
+            Ok(child) => {
+                let pid = child.id();
+                let start_time = process::start_time(pid).unwrap_or_default();
                 if server.started {
                     server.restarts += 1;
                 }
                 server.started = true;
-                server.process = Some(running);
+                server.process = Some(Running { pid, start_time, child: Some(child) });
                 server.state = ServerState::Starting;
                 server.since = Instant::now();
             }
-            Err(why) => backoff(server, why),
+            Err(e) => {
+                let _: Option<()> = server.back_off(format!("cannot start: {e}"));
+            }
         }
     }
 
@@ -674,16 +758,17 @@ impl ProcessSupervisor {
             let names: Vec<String> = spares.keys().cloned().collect();
             for name in names {
                 let mut spare = spares.remove(&name).expect("listed above");
-                let held = held_ports(&servers, &spares);
+                let held = self.held_ports(&servers, &spares);
                 self.tick_one(&mut spare, &held, now);
                 spares.insert(name, spare);
             }
-            self.keep_spares(&servers, &mut spares);
         }
         if changed {
             self.persist(&servers);
             self.changed.notify_one();
         }
+        drop(servers);
+        self.replenish();
         changed
     }
 
@@ -695,7 +780,7 @@ impl ProcessSupervisor {
             let mut server = servers.remove(&key).expect("listed above");
             let held = {
                 let spares = self.lock_spares();
-                held_ports(servers, &spares)
+                self.held_ports(servers, &spares)
             };
             changed |= self.tick_one(&mut server, &held, now);
             servers.insert(key, server);
@@ -841,14 +926,6 @@ pub fn interface_address(interface: &str) -> Option<Ipv4Addr> {
 /// A spare's CPU weight until its handover (the lowest `cpu.weight`).
 const SPARE_CPU_WEIGHT: u32 = 1;
 
-/// The ports the servers and spares hold.
-fn held_ports(
-    servers: &BTreeMap<(VmId, u32), Server>,
-    spares: &BTreeMap<String, Server>,
-) -> HashSet<u16> {
-    servers.values().chain(spares.values()).filter_map(|s| s.port).collect()
-}
-
 /// The device memory `spec`'s server may hold, in bytes.
 fn limit_of(spec: &ServerSpec) -> u64 {
     spec.memory_mib.map_or(share::UNLIMITED, |mib| mib << 20)
@@ -894,7 +971,7 @@ impl Supervisor for ProcessSupervisor {
             }
             match self.new_server(spec) {
                 Ok(mut server) => {
-                    self.launch(&mut server, &held_ports(&servers, &spares));
+                    self.launch(&mut server, &self.held_ports(&servers, &spares));
                     servers.insert(spec.key(), server);
                 }
                 Err(why) => {
@@ -946,6 +1023,16 @@ impl Supervisor for ProcessSupervisor {
 
     fn mps(&self) -> bool {
         self.settings.mps.is_some()
+    }
+
+    /// The spares each GPU lacks, started with no lock held.
+    fn replenish(&self) {
+        let fresh = {
+            let servers = self.lock();
+            let mut spares = self.lock_spares();
+            self.new_spares(&servers, &mut spares)
+        };
+        self.start_spares(fresh);
     }
 }
 
