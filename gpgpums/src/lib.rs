@@ -11,6 +11,7 @@
 //! - [`traits`]: what a GPU is beyond model and memory, and the constraints a request puts on it.
 //! - [`remoting`]: the remote-GPU layers (rCUDA, LUPINE) a GPU's server may speak.
 //! - [`seeded`]: a seeded generator for simulations and tests around the planner.
+//! - [`replay`]: placement quality on a production trace (the FGD paper's experiment), any policy.
 //! - [`topology`]: where a host sits in the network (the operator's levels and groups).
 //! - [`Error`]: the crate's one error type.
 
@@ -23,6 +24,7 @@ pub mod pool;
 pub mod queue;
 pub mod quota;
 pub mod remoting;
+pub mod replay;
 pub mod seeded;
 pub mod topology;
 pub mod traits;
