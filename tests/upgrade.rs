@@ -606,12 +606,22 @@ fn a_rolling_upgrade_from_the_previous_version_cuts_no_connection_and_refuses_no
         wait_for(&format!("VM {id} to settle"), Duration::from_secs(90), || {
             let vm = t.vm(id);
             let cgpus = vm["cgpus"].as_array().cloned().unwrap_or_default();
-            let settled = ["ready", "error", "deleted"]
-                .contains(&vm["state"].as_str().unwrap_or(""))
-                && cgpus.iter().all(|c| c["state"] == "live");
+            // A launch that failed (a replica restarted under it) shows `error` before its undo
+            // (routes, server, then its cGPUs and their bookings) has run: it has settled once
+            // its cGPUs are released.
+            let settled = match vm["state"].as_str().unwrap_or("") {
+                "ready" => cgpus.iter().all(|c| c["state"] == "live"),
+                "error" | "deleted" => cgpus.is_empty(),
+                _ => false,
+            };
             settled.then_some(())
         });
     }
+    // A fence the agents' restarts opened holds its GPUs until a reconciler pass releases it.
+    wait_for("the fences to be released", Duration::from_secs(60), || {
+        let fences = t.api.get("/v1/fences", &t.admin);
+        fences["fences"].as_array().is_none_or(|f| f.is_empty()).then_some(())
+    });
     t.check_bookings();
     t.check_plugged(&mut plugged, "after the upgrade");
     let (status, vm) = t.api.call("POST", "/v1/vms", &t.member, Some(&launch_body(2)));
