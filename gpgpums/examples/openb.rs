@@ -411,6 +411,9 @@ fn main() {
         let args = parse_args()?;
         let nodes = parse_nodes(&read(&args.nodes)?)
             .map_err(|e| format!("{}: {e}", args.nodes.display()))?;
+        if nodes.iter().all(|n| n.gpus == 0) {
+            return Err(format!("{}: no node has a GPU", args.nodes.display()));
+        }
         let pods =
             parse_pods(&read(&args.pods)?).map_err(|e| format!("{}: {e}", args.pods.display()))?;
         let trace = args

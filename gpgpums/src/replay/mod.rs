@@ -58,6 +58,9 @@ pub struct Workload {
     pub rank: Vec<u32>,
 }
 
+/// Most pods one workload may have, draws included.
+pub const MAX_ARRIVALS: usize = 10_000_000;
+
 /// The published workload for `seed`: the pods (in name order) shuffled, then pods drawn with
 /// replacement appended while the GPU asked stays within `inflation` times `capacity_milli`,
 /// then the node order.
@@ -78,7 +81,9 @@ pub fn workload(
     shuffle(&mut arrivals, &mut rng);
     let target = inflation * capacity_milli as f64;
     let mut asked: u64 = pods.iter().map(TracePod::gpu_request).sum();
-    loop {
+    // A trace whose pods ask no GPU would draw for ever; a huge inflation is cut at a bound.
+    let asks_gpu = pods.iter().any(|p| p.gpu_milli > 0);
+    while asks_gpu && arrivals.len() < MAX_ARRIVALS {
         let drawn = by_name[rng.below(by_name.len() as u64) as usize];
         let pod = &pods[drawn];
         if (asked + u64::from(pod.gpu_milli)) as f64 > target {

@@ -51,6 +51,13 @@ fn a_workload_is_every_pod_shuffled_then_draws_up_to_the_inflation() {
 }
 
 #[test]
+fn a_trace_that_asks_no_gpu_draws_nothing_and_ends() {
+    let pods: Vec<TracePod> = (0..5).map(|i| pod(&format!("c{i}"), 1000, 0, 0)).collect();
+    let work = workload(&pods, 3, 4000, 1.3, 42);
+    assert_eq!(work.arrivals.len(), 5, "each pod once, nothing drawn");
+}
+
+#[test]
 fn allocation_is_read_where_the_asked_share_rounds_to_the_percent() {
     let course = Course {
         capacity_milli: 1000,
