@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release -p gpgpums --example openb -- [--nodes FILE] [--pods FILE]
 //!     [--seeds 42-51|42,43,...] [--inflation 1.3] [--mode local|remote|both]
-//!     [--policies paper-random,paper-best-fit,paper-fgd] [--format table|json] [--plot FILE.svg]
+//!     [--policies paper-random,paper-best-fit,paper-fgd,frag-strand] [--format table|json] [--plot FILE.svg]
 //!     [--published FILE|none]
 //! ```
 //!
@@ -22,10 +22,11 @@ use std::time::Instant;
 use gpgpums::replay::cluster::{Cluster, Mode};
 use gpgpums::replay::fragmentation::{TypicalPods, TYPICAL_COVERAGE};
 use gpgpums::replay::paper::{PaperBestFit, PaperFgd, PaperRandom};
+use gpgpums::replay::strand::FragStrand;
 use gpgpums::replay::trace::{parse_nodes, parse_pods, TraceNode, TracePod};
 use gpgpums::replay::{mean_sd, replay, workload, Course, Placer};
 
-const POLICIES: [&str; 3] = ["paper-random", "paper-best-fit", "paper-fgd"];
+const POLICIES: [&str; 4] = ["paper-random", "paper-best-fit", "paper-fgd", "frag-strand"];
 /// Most seeds one run takes.
 const MAX_SEEDS: usize = 1000;
 
@@ -137,6 +138,7 @@ fn placer(name: &str, pods: &[TracePod]) -> Box<dyn Placer> {
         "paper-random" => Box::new(PaperRandom),
         "paper-best-fit" => Box::new(PaperBestFit),
         "paper-fgd" => Box::new(PaperFgd::new(TypicalPods::of(pods, TYPICAL_COVERAGE))),
+        "frag-strand" => Box::new(FragStrand::new(TypicalPods::of(pods, TYPICAL_COVERAGE))),
         _ => unreachable!("checked with the arguments"),
     }
 }
@@ -321,7 +323,8 @@ fn plot(path: &Path, trace: &str, outcomes: &[Outcome], to: u32) -> Result<(), S
     let (x_lo, y_lo, y_hi) = (60u32.min(to), 75.0, 100.0);
     let x = |p: f64| LEFT + (p - f64::from(x_lo)) / f64::from(to - x_lo) * (W - LEFT - RIGHT);
     let y = |a: f64| H - BOTTOM - (a - y_lo) / (y_hi - y_lo) * (H - BOTTOM - TOP);
-    let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"];
+    let colours =
+        ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
     let mut svg = String::new();
     let _ = writeln!(
         svg,
@@ -379,10 +382,13 @@ fn plot(path: &Path, trace: &str, outcomes: &[Outcome], to: u32) -> Result<(), S
             .filter(|(p, (sum, n))| **p >= x_lo && sum / f64::from(*n) >= y_lo)
             .map(|(p, (sum, n))| format!("{:.1},{:.1}", x(f64::from(*p)), y(sum / f64::from(*n))))
             .collect();
-        let colour = colours[i % colours.len()];
+        // One colour per policy; remote mode dashed.
+        let policy = outcomes.iter().position(|p| p.policy == o.policy).unwrap_or(i);
+        let colour = colours[policy % colours.len()];
+        let dash = if o.mode == Mode::Remote { r#" stroke-dasharray="6 3""# } else { "" };
         let _ = writeln!(
             svg,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5"{dash} points="{}"/>"#,
             points.join(" ")
         );
         let ly = TOP + 20.0 + i as f64 * 18.0;
@@ -390,7 +396,7 @@ fn plot(path: &Path, trace: &str, outcomes: &[Outcome], to: u32) -> Result<(), S
         let (m130, _) = mean_sd(&at(o, 130));
         let _ = writeln!(
             svg,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{colour}" stroke-width="3"/><text x="{}" y="{}">{} ({}) {m130:.2}</text>"#,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{colour}" stroke-width="3"{dash}/><text x="{}" y="{}">{} ({}) {m130:.2}</text>"#,
             lx + 20.0,
             lx + 26.0,
             ly + 4.0,

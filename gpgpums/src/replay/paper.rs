@@ -30,7 +30,7 @@ const MAX_SPEC_GPU: f64 = 8_000.0;
 /// Kubernetes' stand-in request for a pod that asks no CPU.
 const NONZERO_CPU: u64 = 100;
 
-fn scored_cpu(pod: &TracePod) -> u64 {
+pub(super) fn scored_cpu(pod: &TracePod) -> u64 {
     if pod.cpu_milli == 0 {
         NONZERO_CPU
     } else {
@@ -40,7 +40,7 @@ fn scored_cpu(pod: &TracePod) -> u64 {
 
 /// The node with the highest score, ties to the earliest in `rank` (the seed's node order);
 /// the only one when one fits. `score` answers a node's score and the GPUs it would take.
-fn best_node<S>(
+pub(super) fn best_node<S>(
     feasible: &[usize],
     rank: &[u32],
     mut score: S,
@@ -170,7 +170,12 @@ impl PaperFgd {
     }
 
     /// The node's score for `pod`, and for a fractional pod the GPU it takes.
-    fn score(&mut self, cluster: &Cluster, node: usize, pod: &TracePod) -> (i64, Option<usize>) {
+    pub(super) fn score(
+        &mut self,
+        cluster: &Cluster,
+        node: usize,
+        pod: &TracePod,
+    ) -> (i64, Option<usize>) {
         let n = &cluster.nodes[node];
         let model = cluster.model_of(node);
         let cpu = Self::cpu_left(cluster, n);
@@ -222,6 +227,23 @@ impl PaperFgd {
     }
 }
 
+impl PaperFgd {
+    /// The GPUs `pod` takes on `node`: FGD's choice for a share (`scored` when the node was
+    /// scored; a node alone in fitting was not), the lowest-indexed free ones otherwise.
+    pub(super) fn gpus_on(
+        &mut self,
+        cluster: &Cluster,
+        node: usize,
+        pod: &TracePod,
+        scored: Option<Vec<usize>>,
+    ) -> Vec<usize> {
+        if !pod.is_fractional() {
+            return lowest_gpus(&cluster.nodes[node], pod);
+        }
+        scored.unwrap_or_else(|| vec![self.score(cluster, node, pod).1.expect("fractional")])
+    }
+}
+
 impl Placer for PaperFgd {
     fn name(&self) -> String {
         "paper-fgd".into()
@@ -233,14 +255,7 @@ impl Placer for PaperFgd {
             let (s, gpu) = self.score(cluster, n, pod);
             (s, gpu.map(|g| vec![g]))
         })?;
-        let gpus = if pod.is_fractional() {
-            match gpu {
-                Some(gpus) => gpus,
-                None => vec![self.score(cluster, node, pod).1.expect("fractional")],
-            }
-        } else {
-            lowest_gpus(&cluster.nodes[node], pod)
-        };
+        let gpus = self.gpus_on(cluster, node, pod, gpu);
         Some(Choice { node, gpus })
     }
 }

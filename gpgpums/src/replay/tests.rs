@@ -1,6 +1,7 @@
 use super::cluster::{Cluster, Mode};
-use super::fragmentation::{measure, TypicalPods};
+use super::fragmentation::{measure, TypicalPods, TYPICAL_COVERAGE};
 use super::paper::{PaperBestFit, PaperFgd, PaperRandom};
+use super::strand::FragStrand;
 use super::trace::{parse_nodes, parse_pods, TraceNode, TracePod};
 use super::*;
 
@@ -157,4 +158,48 @@ fn the_replay_reproduces_the_published_best_fit_and_random() {
     let random = replay(&nodes, &pods, &work, Mode::Local, &mut PaperRandom, 42);
     let at_130 = random.allocation_at(130).unwrap();
     assert!((at_130 - 87.47).abs() < 0.7, "Random at 130%: {at_130}");
+}
+
+#[test]
+fn frag_strand_keeps_a_cpu_only_pod_off_the_cpu_that_feeds_free_gpus() {
+    // The typical GPU pod asks 4 cores per GPU.
+    let typical = TypicalPods::of(&[pod("g", 4000, 1, 1000), pod("h", 4000, 1, 1000)], 0.95);
+    let nodes = [node("a", 16_000, 2, "T4"), node("b", 64_000, 1, "T4")];
+    let mut cluster = Cluster::new(&nodes, Mode::Local);
+    cluster.place(1, &pod("full", 4000, 1, 1000), &[0]);
+    // 12 cores on node a leave 4: enough for one of its two free GPUs, so one GPU is stranded;
+    // node b has no free GPU to strand. FGD sees no typical pod lose its fit on either and takes
+    // the first in the node order; frag-strand takes b.
+    let cpu_only = pod("cpu", 12_000, 0, 0);
+    let feasible = cluster.feasible(&cpu_only);
+    assert_eq!(feasible, [0, 1]);
+    let decision = decide(&cluster, &cpu_only, &feasible, &[0, 1]);
+    let mut rng = SplitMix64::new(1);
+    let fgd = PaperFgd::new(typical.clone()).choose(&decision, &mut rng).unwrap();
+    assert_eq!(fgd.node, 0);
+    let strand = FragStrand::new(typical.clone()).choose(&decision, &mut rng).unwrap();
+    assert_eq!(strand.node, 1);
+    // Where only GPUs bind nothing is stranded: it is FGD.
+    let remote = Cluster::new(&nodes, Mode::Remote);
+    let gpu_pod = pod("p", 12_000, 1, 500);
+    let feasible = remote.feasible(&gpu_pod);
+    let decision = decide(&remote, &gpu_pod, &feasible, &[1, 0]);
+    assert_eq!(
+        FragStrand::new(typical.clone()).choose(&decision, &mut rng),
+        PaperFgd::new(typical).choose(&decision, &mut rng)
+    );
+}
+
+/// frag-strand beats FGD's published mean on the default trace, on one seed (10-seed figures:
+/// BENCHMARKS.md).
+#[test]
+fn frag_strand_beats_the_published_fgd_on_the_default_trace() {
+    let nodes = parse_nodes(&data("openb_node_list_gpu_node.csv")).unwrap();
+    let pods = parse_pods(&data("openb_pod_list_default.csv")).unwrap();
+    let capacity = Cluster::new(&nodes, Mode::Local).capacity_milli;
+    let work = workload(&pods, nodes.len(), capacity, 1.3, 42);
+    let mut policy = FragStrand::new(TypicalPods::of(&pods, TYPICAL_COVERAGE));
+    let course = replay(&nodes, &pods, &work, Mode::Local, &mut policy, 42);
+    let at_130 = course.allocation_at(130).unwrap();
+    assert!(at_130 > 95.6, "frag-strand at 130%: {at_130} (FGD published 95.39)");
 }
