@@ -1,10 +1,10 @@
 //! `frag-strand`: FGD that also counts the GPU a placement strands behind CPU.
 //!
-//! Where each node's CPU binds (local mode), FGD misses a waste bigger than the one it measures:
-//! a node whose CPU the pods have used up keeps free GPUs that no GPU pod can use, and FGD scores
-//! a placement against one typical pod at a time, so it barely sees a CPU-only pod, or a pod
-//! heavy on CPU, leave a node's GPUs without the cores to feed them. On the default trace at
-//! 130%, that is most of what FGD leaves idle beyond the holes no pod is small enough to fill.
+//! Where each node's CPU binds (local mode), FGD misses a waste: a node whose CPU the pods have
+//! used up keeps free GPUs that no GPU pod can use, and FGD scores a placement against one
+//! typical pod at a time, so it barely sees a CPU-only pod, or a pod heavy on CPU, leave a node's
+//! GPUs without the cores to feed them. On the default trace at 130%, FGD allocates 0.56 points
+//! less where CPU and memory bind than where only GPUs do.
 //!
 //! So a node's **stranded GPU** is the free GPU its free CPU cannot feed at the workload's ratio:
 //! `max(0, free GPU - free CPU / k)`, `k` the cores per thousandth of a GPU that the typical pods
