@@ -217,14 +217,12 @@ struct Server {
 }
 
 impl Server {
-    /// Failed, with why, and tried again after a backoff; always `None` (what it failed to
-    /// give).
-    fn back_off<T>(&mut self, why: String) -> Option<T> {
+    /// Failed, with why, and tried again after a backoff.
+    fn back_off(&mut self, why: String) {
         self.state = ServerState::Failed;
         self.reason = Some(why);
         self.since = Instant::now() + backoff_after(self.ends_in_row);
         self.ends_in_row += 1;
-        None
     }
 
     fn status(&self) -> ServerStatus {
@@ -635,12 +633,14 @@ impl ProcessSupervisor {
         let Some(port) = self.free_port(held, server.port) else {
             let range = &self.settings.ports;
             let why = format!("no free port in {}-{}", range.start(), range.end());
-            return server.back_off(why);
+            server.back_off(why);
+            return None;
         };
         server.port = Some(port);
         let Some(visible) = self.visible.get(&server.spec.gpu) else {
             let why = format!("{} is not one of this host's GPUs", server.spec.gpu);
-            return server.back_off(why);
+            server.back_off(why);
+            return None;
         };
         let prepared = (|| -> Result<Prepared, String> {
             let cgroup = self
@@ -660,7 +660,10 @@ impl ProcessSupervisor {
         })();
         match prepared {
             Ok(prepared) => Some(prepared),
-            Err(why) => server.back_off(why),
+            Err(why) => {
+                server.back_off(why);
+                None
+            }
         }
     }
 
@@ -690,7 +693,7 @@ impl ProcessSupervisor {
                 server.since = Instant::now();
             }
             Err(e) => {
-                let _: Option<()> = server.back_off(format!("cannot start: {e}"));
+                server.back_off(format!("cannot start: {e}"));
             }
         }
     }
