@@ -774,6 +774,63 @@ async fn spans_opened_before_the_usage_log_end_through_it(store: Store) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A change of one row logs its events at one instant: a cGPU moved to another GPU ends its span
+/// when the next begins, and a VM that counts again starts with its cGPUs (PostgreSQL's triggers
+/// read the clock once per event before 0032, and CI saw a move leave a 2 ms gap). Moved 300
+/// times, as a re-home moves it, so a clock read twice crosses a millisecond at least once.
+async fn a_rows_change_logs_its_events_at_one_instant(store: Store) {
+    let db = support::FreshDb::open(store).await;
+    let mut conn = db.conn().await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO hosts (name, seq, kind, state, last_seen_ms) VALUES \
+           ('h', 1, 'compute-gpu', 'schedulable', 0); \
+         INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
+           rcuda_gpu_number) VALUES ('h:0', 'h', 0, 'K20m', 4800, '10.78.0.1', 8308, 0), \
+           ('h:1', 'h', 1, 'K20m', 4800, '10.78.0.1', 8309, 1); \
+         INSERT INTO vms (id, project, owner, name, request, policy, state, step, timings, \
+           created_ms, updated_ms) VALUES ('v', 'p', 'o', 'n', '{}', 'first-fit', 'ready', \
+           'done', '{}', 0, 0); \
+         INSERT INTO cgpus (vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, \
+           state) VALUES ('v', 0, 'h:0', 512, 'shared', '100.127.0.1', 9000, 0, 'live'), \
+           ('v', 1, 'h:1', 512, 'shared', '100.127.0.1', 9001, 1, 'live');",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    sqlx::raw_sql("DELETE FROM usage_events").execute(&mut *conn).await.unwrap();
+    const MOVES: usize = 300;
+    for i in 0..MOVES {
+        let to = if i % 2 == 0 { "h:1" } else { "h:0" };
+        sqlx::query("UPDATE cgpus SET gpu = $1 WHERE vm = 'v' AND idx = 0")
+            .bind(to)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+    for state in ["deleting", "ready"] {
+        sqlx::query("UPDATE vms SET state = $1 WHERE id = 'v'")
+            .bind(state)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+    let events: Vec<(i64, i64)> = sqlx::query("SELECT op, at_ms FROM usage_events ORDER BY seq")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let ops: Vec<i64> = events.iter().map(|e| e.0).collect();
+    let mut expected: Vec<i64> = [1, 2].repeat(MOVES);
+    expected.extend([3, 4, 2, 2]);
+    assert_eq!(ops, expected, "an end and a start per move; the VM's end, then its starts");
+    let moved_apart = events[..2 * MOVES].chunks(2).filter(|pair| pair[0].1 != pair[1].1).count();
+    assert_eq!(moved_apart, 0, "moves whose end and next start were logged at different times");
+    let restart = &events[2 * MOVES + 1..];
+    assert!(restart.iter().all(|e| e.1 == restart[0].1), "the VM and its cGPUs: {restart:?}");
+}
+
 on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
     live_vm_lookups_read_their_partial_indexes,
@@ -783,5 +840,6 @@ on_both_stores!(
     every_table_at_once_matches_the_tables_host_by_host,
     every_vm_with_a_server_is_listed_as_stored,
     each_change_of_a_vms_cgpus_is_read_again,
-    spans_opened_before_the_usage_log_end_through_it
+    spans_opened_before_the_usage_log_end_through_it,
+    a_rows_change_logs_its_events_at_one_instant
 );

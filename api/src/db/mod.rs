@@ -117,6 +117,12 @@ pub const DIALECT_MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../../../migrations/0029_usage_log.sqlite.sql"),
         include_str!("../../../migrations/0029_usage_log.postgres.sql"),
     ),
+    (
+        32,
+        "usage_one_instant",
+        include_str!("../../../migrations/0032_usage_one_instant.sqlite.sql"),
+        include_str!("../../../migrations/0032_usage_one_instant.postgres.sql"),
+    ),
 ];
 
 /// Every migration in order, each in `backend`'s text.
