@@ -112,6 +112,20 @@ pub struct PoolView {
     /// The next page of hosts (admins), absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
+    /// How much of the free capacity is in fragments (admins only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragmentation: Option<FragmentationView>,
+}
+
+/// The free GPU capacity that no cGPU of the mix the pool holds could use (FGD's fragmentation:
+/// a GPU's free memory counts for each kind of cGPU it is too small for, weighted by how common
+/// the kind is), beside all that is free, in GPUs, over the GPUs that take new cGPUs.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FragmentationView {
+    pub fragmented_gpus: f64,
+    pub free_gpus: f64,
+    /// The cGPUs whose kinds it weighs (0: none, and nothing is a fragment).
+    pub mix_cgpus: u64,
 }
 
 /// What an evacuation moved.

@@ -318,7 +318,29 @@ pub fn render_pool(pool: &gpgpums::Pool) -> String {
         let _ = writeln!(out, "gsaas_host_cgpus{{{labels}}} {cgpus}");
         let _ = writeln!(out, "gsaas_host_schedulable{{{labels}}} {schedulable}");
     }
+    render_fragmentation(&mut out, pool.fragmentation());
     out
+}
+
+/// How fragmented the pool is, as FGD measures it (`gpgpums::pool::fragmentation`): the free
+/// capacity, in GPUs, that no cGPU of the mix the pool holds could use, beside all that is free.
+fn render_fragmentation(out: &mut String, measured: gpgpums::Fragmentation) {
+    for (name, help, value) in [
+        (
+            "gsaas_gpu_fragmented_gpus",
+            "Free GPU capacity, in GPUs, too small for the cGPUs the pool holds (FGD's \
+             fragmentation, weighted by how common each kind of cGPU is).",
+            measured.fragmented_gpus,
+        ),
+        (
+            "gsaas_gpu_free_gpus",
+            "Free GPU capacity, in GPUs, of the GPUs that take new cGPUs.",
+            measured.free_gpus,
+        ),
+    ] {
+        header(out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {value:.4}");
+    }
 }
 
 /// The pool by GPU model: what a fleet of several generations is asked for and has left. A

@@ -4,7 +4,7 @@
 
 use crate::support;
 
-use support::{shared_launch, Store, TestService};
+use support::{shared_launch, shared_launch_with, Store, TestService};
 
 fn scrape(text: &str) -> prometheus_parse::Scrape {
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
@@ -50,6 +50,20 @@ async fn metrics_parse_and_follow_what_happens() {
     assert_eq!(value(&scrape, "gsaas_host_cgpus", Some(("host", "compute-gpu"))), 2.0);
     assert_eq!(value(&scrape, "gsaas_terminations_total", Some(("outcome", "accepted"))), 0.0);
     assert_eq!(value(&scrape, "gsaas_host_schedulable", Some(("host", "compute0-rgpu"))), 1.0);
+    // Two quarter-ish cGPUs on one GPU leave it room for two more: nothing is a fragment, and
+    // the free capacity is every GPU's free share.
+    let free: f64 = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "gsaas_gpu_memory_mib")
+        .map(|s| {
+            let gpu = s.labels.get("gpu").unwrap();
+            let total = value(&scrape, "gsaas_gpu_memory_mib", Some(("gpu", gpu)));
+            (total - value(&scrape, "gsaas_gpu_allocated_mib", Some(("gpu", gpu)))) / total
+        })
+        .sum();
+    assert!((value(&scrape, "gsaas_gpu_free_gpus", None) - free).abs() < 1e-3, "{text}");
+    assert_eq!(value(&scrape, "gsaas_gpu_fragmented_gpus", None), 0.0, "{text}");
     for stage in gsaasd::model::Timings::names() {
         let count = scrape
             .samples
@@ -162,6 +176,39 @@ async fn metrics_are_not_for_tenants() {
     scrape(&response.text().await.unwrap());
     let other = t.http.get(format!("http://{own}/v1/pool")).send().await.unwrap();
     assert_eq!(other.status(), 404, "the metrics listener serves /metrics alone");
+}
+
+/// `frag-gradient` is a policy of the service like any other, and the admins' pool view counts
+/// the free memory no cGPU of the pool's mix fits in; a tenant sees totals only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frag_gradient_places_and_the_pool_view_counts_the_fragments_for_admins_only() {
+    let t = TestService::start(Store::Sqlite).await;
+    let (member, admin) = (t.member(), t.admin());
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    assert_eq!(pool["fragmentation"]["fragmented_gpus"], 0.0, "{pool}");
+    assert_eq!(pool["fragmentation"]["mix_cgpus"], 0, "{pool}");
+    let gpu_mib = pool["hosts"][0]["gpus"][0]["memory_mib"].as_u64().unwrap();
+    // Two cGPUs of 60% of a GPU: the first by best fit, the second by frag-gradient, which
+    // cannot go beside it and takes an idle GPU. Each GPU keeps 40%, which fits neither.
+    let big = gpu_mib * 6 / 10;
+    let mut gpus = Vec::new();
+    for policy in ["best-fit", "frag-gradient"] {
+        let body = shared_launch_with(1, big, serde_json::json!({"policy": policy}));
+        let id = t.launch(&member, &body).await;
+        let vm = t.wait_state(&member, &id, "ready").await;
+        assert_eq!(vm["gpus"]["policy"], policy, "{vm}");
+        let (_, vm) = t.get(&admin, &format!("/v1/vms/{id}")).await;
+        gpus.push(vm["cgpus"][0]["gpu"].clone());
+    }
+    assert_ne!(gpus[0], gpus[1], "{gpus:?}");
+    let (_, pool) = t.get(&admin, "/v1/pool").await;
+    let fragmented = pool["fragmentation"]["fragmented_gpus"].as_f64().unwrap();
+    let left = (gpu_mib - big) as f64 / gpu_mib as f64;
+    assert!((fragmented - 2.0 * left).abs() < 1e-9, "{fragmented} {pool}");
+    assert_eq!(pool["fragmentation"]["mix_cgpus"], 2);
+    let (status, seen) = t.get(&member, "/v1/pool").await;
+    assert_eq!(status, 200);
+    assert!(seen.get("fragmentation").is_none(), "a tenant sees totals only: {seen}");
 }
 
 /// Scrapers share one computation of the gauges per refresh period: a launch between two scrapes

@@ -289,7 +289,8 @@ pub struct Launch {
     /// Your own cloud-init user_data, from a file.
     #[arg(long)]
     pub user_data: Option<PathBuf>,
-    /// Placement policy (first-fit, least-load-fit, best-fit, fewer-jobs-gpu, fewer-jobs-node[+P]).
+    /// Placement policy (first-fit, least-load-fit, best-fit, fewer-jobs-gpu, frag-gradient,
+    /// fewer-jobs-node[+P]).
     #[arg(long)]
     pub policy: Option<String>,
     /// Never put two of the VM's cGPUs on one physical GPU.

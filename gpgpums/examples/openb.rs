@@ -5,14 +5,16 @@
 //!
 //! ```text
 //! cargo run --release -p gpgpums --example openb -- [--nodes FILE] [--pods FILE]
-//!     [--seeds 42-51|42,43,...] [--inflation 1.3] [--mode local|remote|both]
+//!     [--seeds 42-51|42,43,...] [--inflation 1.3] [--mode local|remote|pool|both|all]
 //!     [--policies paper-random,paper-best-fit,paper-fgd,frag-strand] [--format table|json] [--plot FILE.svg]
 //!     [--published FILE|none]
 //! ```
 //!
 //! Defaults: the copies in `gpgpums/data/openb/` (the 1,213 GPU nodes, the default pod list),
 //! seeds 42 to 51, 130%, local mode, every policy. `--format json` prints one object per policy
-//! and mode, a line each.
+//! and mode, a line each. `pool` replays through GSaaS's own pool and policies
+//! ([`gpgpums::replay::pool`]: first-fit, best-fit, least-load-fit, fewer-jobs-gpu, frag-gradient
+//! unless `--policies` names others); `both` is local and remote, `all` the three.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,11 +24,47 @@ use std::time::Instant;
 use gpgpums::replay::cluster::{Cluster, Mode};
 use gpgpums::replay::fragmentation::{TypicalPods, TYPICAL_COVERAGE};
 use gpgpums::replay::paper::{PaperBestFit, PaperFgd, PaperRandom};
+use gpgpums::replay::pool::replay_pool;
 use gpgpums::replay::strand::FragStrand;
 use gpgpums::replay::trace::{parse_nodes, parse_pods, TraceNode, TracePod};
 use gpgpums::replay::{mean_sd, replay, workload, Course, Placer};
 
 const POLICIES: [&str; 4] = ["paper-random", "paper-best-fit", "paper-fgd", "frag-strand"];
+/// GSaaS's policies that pool mode replays unless told others.
+const POOL_POLICIES: [&str; 5] =
+    ["first-fit", "best-fit", "least-load-fit", "fewer-jobs-gpu", "frag-gradient"];
+
+/// How a replay places: on the trace's cluster (local or remote mode) or through GSaaS's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Cluster(Mode),
+    Pool,
+}
+
+impl Run {
+    fn name(self) -> &'static str {
+        match self {
+            Run::Cluster(mode) => mode.name(),
+            Run::Pool => "pool",
+        }
+    }
+
+    /// The policies it replays by default, and the names it knows.
+    fn policies(self) -> Vec<String> {
+        let names: &[&str] = match self {
+            Run::Cluster(_) => &POLICIES,
+            Run::Pool => &POOL_POLICIES,
+        };
+        names.iter().map(|p| (*p).to_owned()).collect()
+    }
+
+    fn knows(self, policy: &str) -> bool {
+        match self {
+            Run::Cluster(_) => POLICIES.contains(&policy),
+            Run::Pool => gpgpums::PolicyRegistry::builtin().resolve(policy).is_ok(),
+        }
+    }
+}
 /// Most seeds one run takes.
 const MAX_SEEDS: usize = 1000;
 
@@ -35,8 +73,9 @@ struct Args {
     pods: PathBuf,
     seeds: Vec<u64>,
     inflation: f64,
-    modes: Vec<Mode>,
-    policies: Vec<String>,
+    modes: Vec<Run>,
+    /// None: each mode's own.
+    policies: Option<Vec<String>>,
     json: bool,
     plot: Option<PathBuf>,
     published: Option<PathBuf>,
@@ -73,8 +112,8 @@ fn parse_args() -> Result<Args, String> {
         pods: data("openb_pod_list_default.csv"),
         seeds: (42..=51).collect(),
         inflation: 1.3,
-        modes: vec![Mode::Local],
-        policies: POLICIES.iter().map(|p| (*p).to_owned()).collect(),
+        modes: vec![Run::Cluster(Mode::Local)],
+        policies: None,
         json: false,
         plot: None,
         published: Some(data("fgd_published_allocation.csv")),
@@ -94,20 +133,18 @@ fn parse_args() -> Result<Args, String> {
                     .ok_or_else(|| format!("--inflation {value}: a ratio from 0.01 to 10"))?;
             }
             "--mode" => {
+                let (local, remote) = (Run::Cluster(Mode::Local), Run::Cluster(Mode::Remote));
                 args.modes = match value.as_str() {
-                    "both" => vec![Mode::Local, Mode::Remote],
-                    m => vec![Mode::parse(m)
-                        .ok_or_else(|| format!("--mode {value}: local, remote or both"))?],
+                    "both" => vec![local, remote],
+                    "all" => vec![local, remote, Run::Pool],
+                    "pool" => vec![Run::Pool],
+                    m => vec![Run::Cluster(Mode::parse(m).ok_or_else(|| {
+                        format!("--mode {value}: local, remote, pool, both or all")
+                    })?)],
                 }
             }
             "--policies" => {
-                args.policies = value.split(',').map(str::to_owned).collect();
-                if let Some(bad) = args.policies.iter().find(|p| !POLICIES.contains(&p.as_str())) {
-                    return Err(format!(
-                        "--policies: unknown `{bad}` (known: {})",
-                        POLICIES.join(", ")
-                    ));
-                }
+                args.policies = Some(value.split(',').map(str::to_owned).collect());
             }
             "--format" => {
                 args.json = match value.as_str() {
@@ -123,6 +160,18 @@ fn parse_args() -> Result<Args, String> {
                     "unknown flag {flag} (use --nodes, --pods, --seeds, --inflation, --mode, \
                      --policies, --format, --plot, --published)"
                 ))
+            }
+        }
+    }
+    if let Some(policies) = &args.policies {
+        for run in &args.modes {
+            if let Some(bad) = policies.iter().find(|p| !run.knows(p)) {
+                return Err(format!(
+                    "--policies: `{bad}` is not a policy of {} mode (known: {}{})",
+                    run.name(),
+                    run.policies().join(", "),
+                    if *run == Run::Pool { ", and every GSaaS policy" } else { "" }
+                ));
             }
         }
     }
@@ -165,7 +214,7 @@ fn published(path: &Path, trace: &str) -> Result<BTreeMap<String, Vec<(f64, f64)
 
 struct Outcome {
     policy: String,
-    mode: Mode,
+    mode: Run,
     courses: Vec<(u64, Course)>,
     seconds: f64,
 }
@@ -180,7 +229,7 @@ fn run(args: &Args, nodes: &[TraceNode], pods: &[TracePod]) -> Vec<Outcome> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
     let mut outcomes = Vec::new();
     for mode in &args.modes {
-        for policy in &args.policies {
+        for policy in &args.policies.clone().unwrap_or_else(|| mode.policies()) {
             let started = Instant::now();
             let next = std::sync::atomic::AtomicUsize::new(0);
             let results = std::sync::Mutex::new(Vec::new());
@@ -189,8 +238,14 @@ fn run(args: &Args, nodes: &[TraceNode], pods: &[TracePod]) -> Vec<Outcome> {
                     scope.spawn(|| loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some((seed, work)) = workloads.get(i) else { break };
-                        let mut placer = placer(policy, pods);
-                        let course = replay(nodes, pods, work, *mode, placer.as_mut(), *seed);
+                        let course = match *mode {
+                            Run::Cluster(mode) => {
+                                let mut placer = placer(policy, pods);
+                                replay(nodes, pods, work, mode, placer.as_mut(), *seed)
+                            }
+                            Run::Pool => replay_pool(nodes, pods, work, policy)
+                                .unwrap_or_else(|e| panic!("{policy} in pool mode: {e}")),
+                        };
                         results.lock().unwrap().push((*seed, course));
                     });
                 }
@@ -236,7 +291,7 @@ fn table(args: &Args, trace: &str, outcomes: &[Outcome], rows: &BTreeMap<String,
         let (m130, s130) = mean_sd(&at(o, 130));
         let published = published_name(&o.policy)
             .and_then(|p| rows.get(p))
-            .filter(|_| o.mode == Mode::Local)
+            .filter(|_| o.mode == Run::Cluster(Mode::Local))
             .map_or("-".to_owned(), |r| {
                 let a: Vec<f64> = r.iter().map(|x| x.0).collect();
                 let b: Vec<f64> = r.iter().map(|x| x.1).collect();
@@ -382,10 +437,14 @@ fn plot(path: &Path, trace: &str, outcomes: &[Outcome], to: u32) -> Result<(), S
             .filter(|(p, (sum, n))| **p >= x_lo && sum / f64::from(*n) >= y_lo)
             .map(|(p, (sum, n))| format!("{:.1},{:.1}", x(f64::from(*p)), y(sum / f64::from(*n))))
             .collect();
-        // One colour per policy; remote mode dashed.
+        // One colour per policy; remote mode dashed, pool mode dotted.
         let policy = outcomes.iter().position(|p| p.policy == o.policy).unwrap_or(i);
         let colour = colours[policy % colours.len()];
-        let dash = if o.mode == Mode::Remote { r#" stroke-dasharray="6 3""# } else { "" };
+        let dash = match o.mode {
+            Run::Cluster(Mode::Local) => "",
+            Run::Cluster(Mode::Remote) => r#" stroke-dasharray="6 3""#,
+            Run::Pool => r#" stroke-dasharray="2 2""#,
+        };
         let _ = writeln!(
             svg,
             r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5"{dash} points="{}"/>"#,

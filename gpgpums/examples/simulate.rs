@@ -113,11 +113,20 @@ struct Gauges {
     busy_ms: f64,
     stranded_ms: f64,
     free_ms: f64,
+    /// FGD's fragmentation ([`Pool::fragmentation`]) and the free GPUs, in GPU-ms.
+    fragmented_ms: f64,
+    free_gpu_ms: f64,
 }
 
 impl Gauges {
-    fn advance(&mut self, now: u64, capacity_mib: u64) {
+    /// Counts the time since the last event at what the pool held through it.
+    fn advance(&mut self, now: u64, capacity_mib: u64, pool: &Pool) {
         let dt = (now - self.last_ms) as f64;
+        if dt > 0.0 {
+            let measured = pool.fragmentation();
+            self.fragmented_ms += measured.fragmented_gpus * dt;
+            self.free_gpu_ms += measured.free_gpus * dt;
+        }
         self.mib_ms += self.allocated_mib as f64 * dt;
         self.busy_ms += self.busy_gpus as f64 * dt;
         self.stranded_ms += self.stranded_mib as f64 * dt;
@@ -160,6 +169,7 @@ struct Outcome {
     wait_p99_s: f64,
     slowdown: f64,
     stranded: f64,
+    fragmented: f64,
     refused: u64,
     preempted: u64,
     elapsed_s: f64,
@@ -187,7 +197,7 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
     let mut running: HashMap<VmId, usize> = HashMap::new();
 
     while let Some(Reverse((now, event))) = events.pop() {
-        gauges.advance(now, capacity_mib);
+        gauges.advance(now, capacity_mib, &pool);
         match event {
             Event::Arrive(i) => {
                 let job = &jobs[i];
@@ -320,6 +330,7 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
         wait_p99_s: pct(0.99),
         slowdown: slowdowns / waits.len().max(1) as f64,
         stranded: gauges.stranded_ms / gauges.free_ms.max(1.0),
+        fragmented: gauges.fragmented_ms / gauges.free_gpu_ms.max(1.0),
         refused,
         preempted,
         elapsed_s: started_at.elapsed().as_secs_f64(),
@@ -348,9 +359,9 @@ fn main() {
         args.seed
     );
     println!(
-        "| policy | backfill | preemption | GPU util | memory util | wait p50 (s) | wait p99 (s) | bounded slowdown | stranded free memory | refused | preempted | requests/min |"
+        "| policy | backfill | preemption | GPU util | memory util | wait p50 (s) | wait p99 (s) | bounded slowdown | stranded free memory | fragmented free GPUs (FGD) | refused | preempted | requests/min |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut total_requests = 0usize;
     let mut total_s = 0.0;
     for policy in POLICIES {
@@ -361,7 +372,7 @@ fn main() {
             total_s += o.elapsed_s;
             let yes = |b: bool| if b { "yes" } else { "no" };
             println!(
-                "| {policy} | {} | {} | {:.1}% | {:.1}% | {:.1} | {:.1} | {:.2} | {:.1}% | {} | {} | {:.2}M |",
+                "| {policy} | {} | {} | {:.1}% | {:.1}% | {:.1} | {:.1} | {:.2} | {:.1}% | {:.1}% | {} | {} | {:.2}M |",
                 yes(backfill),
                 yes(preemption),
                 o.gpu_util * 100.0,
@@ -370,6 +381,7 @@ fn main() {
                 o.wait_p99_s,
                 o.slowdown,
                 o.stranded * 100.0,
+                o.fragmented * 100.0,
                 o.refused,
                 o.preempted,
                 jobs.len() as f64 / o.elapsed_s * 60.0 / 1e6,

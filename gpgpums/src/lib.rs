@@ -38,7 +38,9 @@ pub use model::{
     MAX_PROFILE_LEN,
 };
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
-pub use pool::{Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB};
+pub use pool::{
+    Fragmentation, Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB,
+};
 pub use quota::{
     Holding, ModelLimits, Quota, QuotaExceeded, QuotaLedger, Resource, Usage, MAX_MODEL_LIMITS,
 };

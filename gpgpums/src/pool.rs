@@ -49,12 +49,15 @@ use crate::model::{
     profile_name_problem, CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage,
     Locality, Mode, Placement, Request, UsageTotals, VmHost,
 };
-use crate::policy::{Candidate, CandidateIndex, Policy, PolicyRegistry};
+use crate::policy::{Candidate, CandidateIndex, Mix, Policy, PolicyRegistry, Query};
 use crate::quota::{Holding, Usage};
 use crate::traits::{GpuAttributes, GpuConstraints, GpuKind};
 
+mod fragmentation;
 mod network;
 mod rehome;
+
+pub use fragmentation::Fragmentation;
 
 pub use rehome::Rehome;
 
@@ -392,6 +395,8 @@ pub struct Pool {
     /// without: the few a placement may have to hide (see [`Pool::compute_hidden`]).
     compute_gpus: BTreeSet<GpuId>,
     plain_on_mps: BTreeSet<GpuId>,
+    /// The cGPUs booked, by percent of their GPU: what `frag-gradient` weighs.
+    mix: Mix,
 }
 
 impl Default for Pool {
@@ -436,6 +441,7 @@ impl Pool {
             measured_by: std::sync::OnceLock::new(),
             compute_gpus: BTreeSet::new(),
             plain_on_mps: BTreeSet::new(),
+            mix: Mix::default(),
         }
     }
 
@@ -2046,6 +2052,7 @@ impl Pool {
             gpu.exclusive = mode == Mode::Exclusive;
             gpu.jobs += u32::from(new_gpu);
         });
+        self.mix.count(Mix::percent_of(memory, self.gpus[slot as usize].spec.memory_mib), true);
         if new_host {
             let host = self.gpus[slot as usize].host as usize;
             self.changing_host_load(host, |pool| pool.hosts[host].vms += 1);
@@ -2069,6 +2076,7 @@ impl Pool {
             }
             gpu.jobs -= u32::from(last_on_gpu);
         });
+        self.mix.count(Mix::percent_of(memory, self.gpus[slot as usize].spec.memory_mib), false);
         if last_on_host {
             let host = self.gpus[slot as usize].host as usize;
             self.changing_host_load(host, |pool| pool.hosts[host].vms -= 1);
@@ -2087,6 +2095,7 @@ impl Pool {
     ) -> Option<u32> {
         let need = request_need(request);
         let mode = request.mode;
+        let query = Query { need_mib: need, exclusive: mode == Mode::Exclusive, mix: &self.mix };
         if let Some(slots) = within {
             return self.scan(view, mode, need, filter, slots.iter().copied());
         }
@@ -2096,11 +2105,11 @@ impl Pool {
                 let views = &self.views[view];
                 if filter.is_everything() {
                     let indexes = views.indexes.as_ref().expect("indexed views have indexes");
-                    return indexes[index_for(mode)].best(need);
+                    return indexes[index_for(mode)].best_for(&query);
                 }
                 let best = |at: usize| {
                     let subset = views.subsets[at].as_ref().expect("a filter's subsets are live");
-                    subset.indexes[index_for(mode)].best(need)
+                    subset.indexes[index_for(mode)].best_for(&query)
                 };
                 filter.tiers.iter().find_map(|tier| match tier {
                     Tier::Subset(at) => best(*at),
@@ -2108,7 +2117,7 @@ impl Pool {
                         .iter()
                         .filter_map(|&at| best(at))
                         .map(|slot| self.candidate(slot))
-                        .min_by(|a, b| views.policy.compare(a, b))
+                        .min_by(|a, b| views.policy.compare_for(&query, a, b))
                         .map(|c| c.slot),
                 })
             }
@@ -2121,8 +2130,9 @@ impl Pool {
                         Some((filter.rank(self.gpus[s as usize].kind)?, self.candidate(s)))
                     })
                     .collect();
-                candidates
-                    .sort_by(|(ra, a), (rb, b)| rb.cmp(ra).then_with(|| policy.compare(a, b)));
+                candidates.sort_by(|(ra, a), (rb, b)| {
+                    rb.cmp(ra).then_with(|| policy.compare_for(&query, a, b))
+                });
                 candidates.iter().find(|(_, c)| c.free_mib >= need).map(|(_, c)| c.slot)
             }
         }
@@ -2137,6 +2147,7 @@ impl Pool {
         slots: impl Iterator<Item = u32>,
     ) -> Option<u32> {
         let policy = &self.views[view].policy;
+        let query = Query { need_mib: need, exclusive: mode == Mode::Exclusive, mix: &self.mix };
         slots
             .filter(|&s| {
                 self.eligible(s)
@@ -2144,7 +2155,7 @@ impl Pool {
                     && self.gpus[s as usize].free_mib() >= need
             })
             .filter_map(|s| Some((filter.rank(self.gpus[s as usize].kind)?, self.candidate(s))))
-            .min_by(|(ra, a), (rb, b)| rb.cmp(ra).then_with(|| policy.compare(a, b)))
+            .min_by(|(ra, a), (rb, b)| rb.cmp(ra).then_with(|| policy.compare_for(&query, a, b)))
             .map(|(_, c)| c.slot)
     }
 

@@ -553,3 +553,43 @@ fn could_ever_fit_counts_the_gpus_that_take_new_cgpus_as_if_empty() {
     assert!(pool.could_ever_fit(&Request::exclusive(1), Some(&host("b"))));
     assert!(!pool.could_ever_fit(&Request::exclusive(1), Some(&host("a"))));
 }
+
+/// `frag-gradient` keeps room for the kinds of cGPU the pool runs where best fit strands it: with
+/// half GPUs common, a fifth goes to an idle GPU rather than cut the room of a half on a GPU that
+/// has one (best fit's choice), and the pool's fragmentation counts what best fit lost.
+#[test]
+fn frag_gradient_keeps_room_for_the_common_kind_and_the_gauge_counts_what_is_lost() {
+    for selector in [Selector::Indexed, Selector::Scan, Selector::SortEachRequest] {
+        let build = || {
+            let mut pool = Pool::with(PolicyRegistry::builtin(), selector);
+            add_gpu_host(&mut pool, "cg", &[10_000, 10_000, 10_000, 10_000]);
+            assert_eq!(pool.fragmentation().mix_cgpus, 0);
+            assert_eq!(pool.fragmentation().fragmented_gpus, 0.0, "no mix, no fragment");
+            // GPU0 full of halves, GPU1 a half left, GPU2 6,000 left, GPU3 idle.
+            for (memory, policy) in [
+                (5000, "best-fit"),
+                (5000, "best-fit"),
+                (5000, "least-load-fit"),
+                (4000, "least-load-fit"),
+            ] {
+                place(&mut pool, &Request::shared(1, memory), policy).unwrap();
+            }
+            pool
+        };
+        let (mut packed, mut graded) = (build(), build());
+        let before = packed.fragmentation();
+        assert_eq!(before.mix_cgpus, 4);
+        assert_eq!(before.fragmented_gpus, 0.0, "every free GPU fits a half and a 40%");
+        assert!((before.free_gpus - 2.1).abs() < 1e-9, "{before:?}");
+        let fifth = Request::shared(1, 2000);
+        assert_eq!(place(&mut packed, &fifth, "best-fit").unwrap()[0], gpu("cg", 1));
+        assert_eq!(place(&mut graded, &fifth, "frag-gradient").unwrap()[0], gpu("cg", 3));
+        // Best fit left GPU1 3,000: too small for the halves and the 40% (4 of the 5 cGPUs).
+        let lost = packed.fragmentation();
+        assert!((lost.fragmented_gpus - 0.3 * 4.0 / 5.0).abs() < 1e-9, "{lost:?}");
+        assert_eq!(graded.fragmentation().fragmented_gpus, 0.0);
+        // What no GPU takes is never a fragment: a drained host's GPUs count nowhere.
+        packed.set_host_state(&host("cg"), HostState::Drained).unwrap();
+        assert_eq!(packed.fragmentation().free_gpus, 0.0);
+    }
+}

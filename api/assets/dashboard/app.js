@@ -522,15 +522,24 @@
         : el('div', { class: 'meter' }, el('span', { style: { width: `${Math.min(100, fraction * 100)}%` } })));
   }
 
+  // Admins only: the free capacity no cGPU of the pool's mix could use, in GPUs.
+  function fragmentationTile(fragmentation) {
+    if (!fragmentation) return null;
+    const { fragmented_gpus: lost, free_gpus: free } = fragmentation;
+    return tile('In fragments', `${lost.toFixed(2)} GPUs`, `of ${free.toFixed(2)} free`,
+      free > 0 ? lost / free : 0);
+  }
+
   function renderPool() {
     const { totals, hosts } = state.pool;
-    $('pool-totals').replaceChildren(
+    $('pool-totals').replaceChildren(...[
       tile('GPUs', String(totals.gpus), `(${totals.idle_gpus} idle)`),
       tile('cGPUs in use', String(totals.cgpus)),
       tile('GPU memory booked', gib(totals.allocated_mib), `of ${gib(totals.memory_mib)}`,
         totals.memory_mib ? totals.allocated_mib / totals.memory_mib : 0),
       tile('GPU memory free', gib(totals.memory_mib - totals.allocated_mib)),
-    );
+      fragmentationTile(state.pool.fragmentation),
+    ].filter(Boolean));
     $('pool-note').textContent = hosts
       ? `${hosts.length} hosts`
       : 'Totals only: where GPUs are is known to operators, not tenants.';

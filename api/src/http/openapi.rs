@@ -52,6 +52,7 @@ impl utoipa::Modify for BearerAuth {
         QuotaList, QuotaLimits, QuotaUsage, LaunchRequest, AttachRequest,
         CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView,
         QueueLengthView, QueuedRequestView, GpuRequestView, PoolView, PoolTotals, PoolHostView,
+        FragmentationView,
         GpuView, HostView, HostAlertView, HostList, EvacuationView, FenceView,
         FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody,
         RcudaBody, RttTargetsBody, RttTargetBody, Health, Readiness, ModeParam, LocalityParam,

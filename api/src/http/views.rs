@@ -234,7 +234,7 @@ pub fn pool_totals(pool: &gpgpums::Pool) -> PoolView {
         cgpus: t.cgpus,
         idle_gpus: t.idle_gpus,
     };
-    PoolView { totals, hosts: None, next: None }
+    PoolView { totals, hosts: None, next: None, fragmentation: None }
 }
 
 /// The totals and a page of hosts, for admins: up to `limit` hosts after `after`; `fences`
@@ -297,7 +297,15 @@ pub fn pool_page(
                 .collect(),
         })
         .collect();
-    Some((PoolView { hosts: Some(hosts), ..pool_totals(pool) }, more))
+    let measured = pool.fragmentation();
+    let fragmentation = FragmentationView {
+        fragmented_gpus: measured.fragmented_gpus,
+        free_gpus: measured.free_gpus,
+        mix_cgpus: measured.mix_cgpus,
+    };
+    let view =
+        PoolView { hosts: Some(hosts), fragmentation: Some(fragmentation), ..pool_totals(pool) };
+    Some((view, more))
 }
 
 /// The host as admins list it, with its alerts.

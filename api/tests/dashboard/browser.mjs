@@ -107,7 +107,7 @@ try {
   // Tenant: totals only.
   await signIn(tenantToken);
   check((await page.textContent('.who')).includes('tenant'), 'signed in as a tenant');
-  check(await page.locator('#pool-totals .tile').count() === 4, 'pool totals shown');
+  check(await page.locator('#pool-totals .tile').count() === 4, 'pool totals shown, no fragmentation to a tenant');
   await assertTenantSeesNoLocations('after sign-in');
 
   // An invalid value: the service's problem is shown beside the field, and nothing launches.
@@ -320,6 +320,9 @@ try {
   const hosts = await page.locator('#pool-hosts .host').count();
   const bars = await page.locator('#pool-hosts .gpu-bar').count();
   check(hosts >= 2 && bars >= 1, `admin sees hosts (${hosts}) and GPU bars (${bars})`);
+  const fragments = await page.locator('#pool-totals .tile', { hasText: 'In fragments' }).textContent();
+  check(/^In fragments\s*\d+\.\d\d GPUs of \d+\.\d\d free/.test(fragments.trim()),
+    `the admin's pool card shows the fragmentation (${fragments})`);
   check(await page.locator(`.segment[data-vm="${result.kept}"]`).count() === 2,
     'the kept VM holds a segment on each of its two GPUs');
   check(await page.locator(`.segment[data-vm="${result.deleted}"]`).count() === 0, 'the deleted VM holds nothing');

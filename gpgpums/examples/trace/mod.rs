@@ -10,8 +10,14 @@ pub const APPS: [(&str, u64); 6] = [
     ("MUMmerGPU", 2104),
     ("GPU-LIBSVM", 145),
 ];
-pub const POLICIES: [&str; 5] =
-    ["first-fit", "best-fit", "least-load-fit", "fewer-jobs-gpu", "fewer-jobs-node"];
+pub const POLICIES: [&str; 6] = [
+    "first-fit",
+    "best-fit",
+    "least-load-fit",
+    "fewer-jobs-gpu",
+    "fewer-jobs-node",
+    "frag-gradient",
+];
 
 pub struct Args {
     pub requests: usize,

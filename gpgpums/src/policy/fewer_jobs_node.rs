@@ -11,7 +11,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Candidate, CandidateIndex, Policy};
+use super::{Candidate, CandidateIndex, Policy, Query};
 
 pub(crate) const NAME: &str = "fewer-jobs-node";
 
@@ -33,6 +33,10 @@ impl Policy for FewerJobsNode {
 
     fn compare(&self, a: &Candidate, b: &Candidate) -> Ordering {
         a.host_vms.cmp(&b.host_vms).then_with(|| self.inner.compare(a, b))
+    }
+
+    fn compare_for(&self, query: &Query, a: &Candidate, b: &Candidate) -> Ordering {
+        a.host_vms.cmp(&b.host_vms).then_with(|| self.inner.compare_for(query, a, b))
     }
 
     fn new_index(&self, slots: u32) -> Box<dyn CandidateIndex> {
@@ -75,5 +79,9 @@ impl CandidateIndex for FewerJobsNodeIndex {
 
     fn best(&self, need_mib: u64) -> Option<u32> {
         self.groups.values().find_map(|group| group.index.best(need_mib))
+    }
+
+    fn best_for(&self, query: &Query) -> Option<u32> {
+        self.groups.values().find_map(|group| group.index.best_for(query))
     }
 }

@@ -22,6 +22,7 @@ mod best_fit;
 mod fewer_jobs_gpu;
 mod fewer_jobs_node;
 mod first_fit;
+mod frag_gradient;
 mod least_load_fit;
 mod sparse_max_tree;
 
@@ -29,6 +30,7 @@ pub use best_fit::BestFit;
 pub use fewer_jobs_gpu::FewerJobsGpu;
 pub use fewer_jobs_node::FewerJobsNode;
 pub use first_fit::FirstFit;
+pub use frag_gradient::{FragGradient, Mix};
 pub use least_load_fit::LeastLoadFit;
 
 /// What a policy may look at when it ranks a GPU. A snapshot: indexes get a fresh one on every change.
@@ -49,6 +51,16 @@ pub struct Candidate {
     pub host_seq: u32,
 }
 
+/// What a decision is for: the memory one cGPU needs, whether it takes its GPU whole, and the
+/// mix of cGPUs the pool holds. Most policies rank GPUs the same for every request; those that
+/// do not (`frag-gradient`) read it.
+#[derive(Debug, Clone, Copy)]
+pub struct Query<'a> {
+    pub need_mib: u64,
+    pub exclusive: bool,
+    pub mix: &'a Mix,
+}
+
 /// A GPU selection policy.
 pub trait Policy: Send + Sync + fmt::Debug {
     /// The canonical name, as requests spell it (`first-fit`, `fewer-jobs-node+best-fit`).
@@ -56,6 +68,13 @@ pub trait Policy: Send + Sync + fmt::Debug {
 
     /// `Less` when `a` is preferred over `b`. Must be a strict total order: equal only for the same slot.
     fn compare(&self, a: &Candidate, b: &Candidate) -> Ordering;
+
+    /// [`Policy::compare`] for one decision; the same unless the policy's order depends on the
+    /// request or the mix.
+    fn compare_for(&self, query: &Query, a: &Candidate, b: &Candidate) -> Ordering {
+        let _ = query;
+        self.compare(a, b)
+    }
 
     /// An empty index for slots in `0..slots` that agrees with [`Policy::compare`].
     fn new_index(&self, slots: u32) -> Box<dyn CandidateIndex>;
@@ -76,6 +95,12 @@ pub trait CandidateIndex: Send + Sync + fmt::Debug {
     fn remove(&mut self, candidate: &Candidate);
     /// The slot of the least candidate (in the policy's order) with `free_mib >= need_mib`.
     fn best(&self, need_mib: u64) -> Option<u32>;
+
+    /// The least candidate for `query` in [`Policy::compare_for`]'s order with
+    /// `free_mib >= query.need_mib`; [`CandidateIndex::best`] unless the order depends on it.
+    fn best_for(&self, query: &Query) -> Option<u32> {
+        self.best(query.need_mib)
+    }
 }
 
 /// Builds a layered policy around an inner one.
@@ -123,6 +148,7 @@ impl PolicyRegistry {
         registry.register(Arc::new(LeastLoadFit));
         registry.register(Arc::new(BestFit));
         registry.register(Arc::new(FewerJobsGpu));
+        registry.register(Arc::new(FragGradient));
         registry.register_layer(
             fewer_jobs_node::NAME,
             LeastLoadFit.name(),
@@ -188,7 +214,7 @@ mod tests {
     #[test]
     fn registry_resolves_plain_layered_and_bare_layer_names() {
         let registry = PolicyRegistry::builtin();
-        for name in ["first-fit", "least-load-fit", "best-fit", "fewer-jobs-gpu"] {
+        for name in ["first-fit", "least-load-fit", "best-fit", "fewer-jobs-gpu", "frag-gradient"] {
             assert_eq!(registry.resolve(name).unwrap().name(), name);
         }
         assert_eq!(

@@ -15,6 +15,7 @@
 pub mod cluster;
 pub mod fragmentation;
 pub mod paper;
+pub mod pool;
 pub mod strand;
 pub mod trace;
 

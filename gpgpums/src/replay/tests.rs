@@ -203,3 +203,37 @@ fn frag_strand_beats_the_published_fgd_on_the_default_trace() {
     let at_130 = course.allocation_at(130).unwrap();
     assert!(at_130 > 95.6, "frag-strand at 130%: {at_130} (FGD published 95.39)");
 }
+
+/// Pool mode places through GSaaS's own pool: a whole-GPU pod's GPUs may sit on several nodes
+/// (a local-mode pod of 2 GPUs fits no node below), shares pack GPUs, and models bind.
+#[test]
+fn pool_mode_takes_gpus_across_nodes_and_keeps_to_models() {
+    let nodes = [node("a", 1000, 1, "T4"), node("b", 1000, 1, "T4"), node("c", 1000, 1, "A10")];
+    let mut pinned = pod("pinned", 0, 1, 600);
+    pinned.gpu_spec = vec!["A10".into()];
+    let mut absent = pod("absent", 0, 1, 100);
+    absent.gpu_spec = vec!["V100".into()];
+    let pods =
+        [pod("pair", 0, 2, 1000), pinned, pod("share", 0, 1, 400), absent, pod("cpu", 1, 0, 0)];
+    let work = Workload { arrivals: vec![0, 1, 2, 3, 4], rank: vec![0, 1, 2] };
+    let local = replay(&nodes, &pods, &work, Mode::Local, &mut PaperBestFit, 1);
+    assert_eq!(local.points[0].1, 0, "no node holds two GPUs");
+    let course = pool::replay_pool(&nodes, &pods, &work, "frag-gradient").unwrap();
+    let used: Vec<u64> = course.points.iter().map(|p| p.1).collect();
+    assert_eq!(used, [2000, 2600, 3000, 3000, 3000], "the pair, the pinned share, the share");
+    assert_eq!((course.placed, course.dropped), (4, 1), "the pod pinned to no model here drops");
+    assert!(pool::replay_pool(&nodes, &pods, &work, "worst-fit").is_err());
+}
+
+/// GSaaS's frag-gradient through its own pool keeps above the bar on the default trace, on one
+/// seed (10-seed figures for every GSaaS policy: BENCHMARKS.md).
+#[test]
+fn frag_gradient_in_the_pool_holds_the_bar_on_the_default_trace() {
+    let nodes = parse_nodes(&data("openb_node_list_gpu_node.csv")).unwrap();
+    let pods = parse_pods(&data("openb_pod_list_default.csv")).unwrap();
+    let capacity = Cluster::new(&nodes, Mode::Local).capacity_milli;
+    let work = workload(&pods, nodes.len(), capacity, 1.3, 42);
+    let course = pool::replay_pool(&nodes, &pods, &work, "frag-gradient").unwrap();
+    let at_130 = course.allocation_at(130).unwrap();
+    assert!(at_130 > 95.6, "frag-gradient in the pool at 130%: {at_130}");
+}

@@ -1,0 +1,281 @@
+//! `frag-gradient`: the GPU whose placement least increases the pool's fragmentation, measured
+//! against the mix of cGPUs the pool runs (FGD, Weng et al., USENIX ATC'23, over GSaaS's GPUs).
+//!
+//! A GPU's free memory is a *fragment* for a kind of cGPU when that kind cannot fit in it: a
+//! GPU with 30% free is a fragment for every kind asking more than 30%, and a partly used GPU for
+//! every exclusive cGPU. The pool's fragmentation is the free memory that is a fragment,
+//! weighted by how common each kind is in the [`Mix`] (the cGPUs booked now, by percent of their
+//! GPU; the [`TYPES`] most common kinds). The policy takes the GPU where the request's cGPU
+//! increases it least (the gradient), then the least free memory (best fit), then pool order.
+//! FGD scores whole nodes because a pod's GPUs are local to one node; a GSaaS cGPU is reached
+//! over the network, so each GPU is a node of its own and the score is the GPU's.
+//!
+//! Exact and incremental: for a request of `s` MiB, a kind asking `D` MiB adds `-s` to a GPU's
+//! score while its free `f < D`, `f - s` while `D <= f < D + s`, and nothing past; so the score
+//! only grows with `f` between the points `D` and `D + s`. The index keeps the candidates by
+//! (GPU memory, free, slot), and a decision looks at the least-free candidate of each band
+//! between those points, for each GPU size: O(sizes x kinds x log n), no pass over the GPUs.
+//! Without a mix (an empty pool) every score is 0 and the order is best fit's.
+
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+
+use super::{by_slot, Candidate, CandidateIndex, Policy, Query};
+
+/// How many of the mix's most common kinds the score weighs.
+pub const TYPES: usize = 8;
+
+/// The cGPUs the pool holds, counted by the percent of their GPU each asks (exclusive: 100).
+#[derive(Debug, Clone)]
+pub struct Mix {
+    counts: [u64; 101],
+    /// The [`TYPES`] most common kinds (percent, count), most common first; ties to the smaller.
+    top: Vec<(u64, u64)>,
+}
+
+impl Default for Mix {
+    fn default() -> Self {
+        Mix { counts: [0; 101], top: Vec::new() }
+    }
+}
+
+impl Mix {
+    /// The percent of a GPU of `total_mib` that a cGPU of `memory_mib` takes, rounded up.
+    pub fn percent_of(memory_mib: u64, total_mib: u64) -> u64 {
+        if total_mib == 0 {
+            return 100;
+        }
+        (memory_mib.saturating_mul(100).div_ceil(total_mib)).clamp(1, 100)
+    }
+
+    /// Counts a cGPU in (`up`) or out of the mix.
+    pub fn count(&mut self, percent: u64, up: bool) {
+        let at = percent.clamp(1, 100) as usize;
+        if up {
+            self.counts[at] += 1;
+        } else {
+            self.counts[at] = self.counts[at].saturating_sub(1);
+        }
+        self.refresh();
+    }
+
+    fn refresh(&mut self) {
+        self.top.clear();
+        for (percent, &count) in self.counts.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let entry = (percent as u64, count);
+            let at = self.top.partition_point(|&(p, c)| c > count || (c == count && p < entry.0));
+            if at < TYPES {
+                self.top.insert(at, entry);
+                self.top.truncate(TYPES);
+            }
+        }
+    }
+
+    /// The kinds the score weighs: (percent of a GPU, cGPUs of that kind).
+    pub fn kinds(&self) -> &[(u64, u64)] {
+        &self.top
+    }
+
+    /// Every cGPU counted.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// The cGPUs of the kinds the score weighs.
+    pub fn weighed(&self) -> u64 {
+        self.top.iter().map(|&(_, count)| count).sum()
+    }
+
+    /// How much of a GPU of `total_mib` with `free_mib` free is a fragment, in hundredths of a
+    /// MiB weighted by the kinds' counts (divide by the mix's total for FGD's expectation).
+    pub fn fragment(&self, free_mib: u64, total_mib: u64) -> u128 {
+        let free = u128::from(free_mib) * 100;
+        self.top
+            .iter()
+            .filter(|&&(percent, _)| free < u128::from(percent) * u128::from(total_mib))
+            .map(|&(_, count)| free * u128::from(count))
+            .sum()
+    }
+
+    /// The change of [`Mix::fragment`] when `need_mib` of the GPU's `free_mib` is booked.
+    fn gradient(&self, free_mib: u64, total_mib: u64, need_mib: u64) -> i128 {
+        let after = self.fragment(free_mib.saturating_sub(need_mib), total_mib);
+        after as i128 - self.fragment(free_mib, total_mib) as i128
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FragGradient;
+
+/// The order of two candidates for `query`: the smaller gradient per GPU, then best fit's.
+fn order(query: &Query, a: &Candidate, b: &Candidate) -> Ordering {
+    let score = |c: &Candidate| match query.exclusive {
+        true => 0,
+        false => query.mix.gradient(c.free_mib, c.total_mib, query.need_mib),
+    };
+    // Per GPU: a/ta against b/tb, crossed (totals are never 0 in a pool, and at most 2^40 MiB).
+    let (sa, sb) = (score(a), score(b));
+    let crossed = (sa * i128::from(b.total_mib.max(1))).cmp(&(sb * i128::from(a.total_mib.max(1))));
+    crossed.then_with(|| a.free_mib.cmp(&b.free_mib)).then_with(|| by_slot(a, b))
+}
+
+impl Policy for FragGradient {
+    fn name(&self) -> String {
+        "frag-gradient".into()
+    }
+
+    /// Without a request the gradient is 0: best fit's order.
+    fn compare(&self, a: &Candidate, b: &Candidate) -> Ordering {
+        a.free_mib.cmp(&b.free_mib).then_with(|| by_slot(a, b))
+    }
+
+    fn compare_for(&self, query: &Query, a: &Candidate, b: &Candidate) -> Ordering {
+        order(query, a, b)
+    }
+
+    fn new_index(&self, _slots: u32) -> Box<dyn CandidateIndex> {
+        Box::<FragGradientIndex>::default()
+    }
+
+    fn ranks_by_host_load(&self) -> bool {
+        false
+    }
+}
+
+/// Candidates by (GPU memory, free, slot).
+#[derive(Debug, Default)]
+struct FragGradientIndex(BTreeSet<(u64, u64, u32)>);
+
+impl FragGradientIndex {
+    fn candidate(&self, key: (u64, u64, u32)) -> Candidate {
+        let (total_mib, free_mib, slot) = key;
+        Candidate { slot, free_mib, total_mib, cgpus: 0, jobs: 0, host_vms: 0, host_seq: 0 }
+    }
+
+    /// The least-free candidate of the GPU size `total` with at least `free` free.
+    fn first_from(&self, total: u64, free: u64) -> Option<(u64, u64, u32)> {
+        self.0.range((total, free, 0)..).next().copied().filter(|&(t, _, _)| t == total)
+    }
+
+    /// The best candidate of one GPU size: the least-free of each band where the score is
+    /// monotone (see the module docs).
+    fn best_of_size(&self, query: &Query, total: u64) -> Option<(u64, u64, u32)> {
+        let need = query.need_mib;
+        let mut starts: Vec<u64> = vec![need];
+        if !query.exclusive {
+            for &(percent, _) in query.mix.kinds() {
+                // The least free f with 100 f >= percent x total (+ 100 need).
+                let kind = (percent * total).div_ceil(100);
+                starts.extend([kind, kind.saturating_add(need)].into_iter().filter(|&f| f > need));
+            }
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        let mut best: Option<(u64, u64, u32)> = None;
+        let mut last = None;
+        for start in starts {
+            let Some(found) = self.first_from(total, start) else { break };
+            if last == Some(found) {
+                continue;
+            }
+            last = Some(found);
+            let better = best.is_none_or(|b| {
+                order(query, &self.candidate(found), &self.candidate(b)) == Ordering::Less
+            });
+            if better {
+                best = Some(found);
+            }
+        }
+        best
+    }
+}
+
+impl CandidateIndex for FragGradientIndex {
+    fn insert(&mut self, candidate: &Candidate) {
+        self.0.insert((candidate.total_mib, candidate.free_mib, candidate.slot));
+    }
+
+    fn remove(&mut self, candidate: &Candidate) {
+        self.0.remove(&(candidate.total_mib, candidate.free_mib, candidate.slot));
+    }
+
+    fn best(&self, need_mib: u64) -> Option<u32> {
+        self.best_for(&Query { need_mib, exclusive: false, mix: &Mix::default() })
+    }
+
+    fn best_for(&self, query: &Query) -> Option<u32> {
+        let mut best: Option<(u64, u64, u32)> = None;
+        let mut size = self.0.range((query.need_mib, 0, 0)..).next().map(|&(t, _, _)| t);
+        while let Some(total) = size {
+            if let Some(found) = self.best_of_size(query, total) {
+                let better = best.is_none_or(|b| {
+                    order(query, &self.candidate(found), &self.candidate(b)) == Ordering::Less
+                });
+                if better {
+                    best = Some(found);
+                }
+            }
+            size = self.0.range((total + 1, 0, 0)..).next().map(|&(t, _, _)| t);
+        }
+        best.map(|(_, _, slot)| slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(slot: u32, free_mib: u64, total_mib: u64) -> Candidate {
+        Candidate { slot, free_mib, total_mib, cgpus: 0, jobs: 0, host_vms: 0, host_seq: 0 }
+    }
+
+    #[test]
+    fn the_mix_keeps_the_most_common_kinds_and_forgets_what_leaves() {
+        let mut mix = Mix::default();
+        for percent in [50, 50, 25, 100, 100, 100] {
+            mix.count(percent, true);
+        }
+        assert_eq!(mix.kinds(), &[(100, 3), (50, 2), (25, 1)]);
+        for percent in 1..=20 {
+            mix.count(percent, true);
+        }
+        assert_eq!(mix.kinds().len(), TYPES);
+        assert_eq!(mix.kinds()[..3], [(100, 3), (50, 2), (1, 1)]);
+        mix.count(100, false);
+        mix.count(100, false);
+        mix.count(100, false);
+        assert_eq!(mix.kinds()[0], (50, 2));
+        assert_eq!(mix.total(), 23);
+        assert_eq!(Mix::percent_of(1, 80_000), 1);
+        assert_eq!(Mix::percent_of(40_001, 80_000), 51);
+        assert_eq!(Mix::percent_of(90_000, 80_000), 100);
+    }
+
+    #[test]
+    fn a_share_goes_where_it_leaves_the_fewest_fragments() {
+        // Half-GPU cGPUs are common: a quarter share on the GPU with 50% free would leave 25%
+        // that no half fits (a new fragment), so it goes to the GPU already down to 30% free,
+        // which is a fragment for halves already and shrinks.
+        let mut mix = Mix::default();
+        for _ in 0..10 {
+            mix.count(50, true);
+        }
+        let query = Query { need_mib: 2500, exclusive: false, mix: &mix };
+        let mut index = FragGradientIndex::default();
+        let gpus = [candidate(0, 5000, 10_000), candidate(1, 3000, 10_000)];
+        for gpu in &gpus {
+            index.insert(gpu);
+        }
+        assert_eq!(index.best_for(&query), Some(1));
+        assert_eq!(FragGradient.compare_for(&query, &gpus[1], &gpus[0]), Ordering::Less);
+        // An idle GPU: a quarter leaves 75%, still room for a half, no fragment; the 30% GPU
+        // still shrinks one, and wins.
+        index.insert(&candidate(2, 10_000, 10_000));
+        assert_eq!(index.best_for(&query), Some(1));
+        index.remove(&gpus[1]);
+        assert_eq!(index.best_for(&query), Some(2), "the idle GPU rather than cut a half");
+    }
+}
