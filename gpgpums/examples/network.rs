@@ -196,7 +196,7 @@ fn replay(jobs: &[Job], policy: &str, network: &NetworkConstraint, seed: u64) ->
 }
 
 fn main() {
-    let args = args_or_exit(Args { requests: 20_000, load: 0.8, seed: 42 });
+    let args = args_or_exit(Args::new(20_000, 0.8, 42), false);
     let jobs = trace(&args);
     let variants: [(&str, NetworkConstraint); 5] = [
         ("none", NetworkConstraint::NONE),

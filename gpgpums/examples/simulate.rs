@@ -9,9 +9,19 @@
 //! waits for its cGPUs back with its own priority.
 //!
 //! `cargo run --release -p gpgpums --example simulate -- [--requests N] [--load L] [--seed S]`
+//!
+//! With `--openb PODS.csv` it replays a trace in the openb format instead (Alibaba's, as in
+//! `gpgpums/data/openb/`, on the GPU nodes of `openb_node_list_gpu_node.csv` beside it): each pod
+//! arrives at its `creation_time` and runs until its `deletion_time`, through the same queue
+//! (best effort for QoS `BE`, priority 1 otherwise; 8 projects in turn, each with a quarter of
+//! the GPUs as quota), every policy with the queue's default rules (backfill, preemption). It
+//! prints GPU utilisation, the mean and p95 wait, the share of pods never served and FGD's
+//! fragmentation, and with `--plot FILE.svg` draws the GPUs allocated over the trace's days.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::fmt::Write as _;
+use std::path::Path;
 use std::time::Instant;
 
 #[path = "../benches/common/mod.rs"]
@@ -19,6 +29,8 @@ mod common;
 mod trace;
 
 use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
+use gpgpums::replay::pool::{pool_of, request_of};
+use gpgpums::replay::trace::{parse_nodes, parse_pods, GPU_MILLI};
 use gpgpums::seeded::SplitMix64;
 use gpgpums::{
     CgpuAssignment, GpuConstraints, GpuId, NetworkConstraint, Pool, ProjectId, Quota, QuotaLedger,
@@ -35,6 +47,8 @@ const BEST_EFFORT_SHARE: f64 = 0.3;
 const QUEUE_TIMEOUT_MS: u64 = 3_600_000;
 /// Bounded slowdown's floor on run time (seconds), so that tiny jobs do not dominate.
 const SLOWDOWN_TAU_S: f64 = 10.0;
+/// The width of one point of the plotted utilisation.
+const BUCKET_MS: u64 = 6 * 3_600_000;
 
 /// The simulation's draws: [`SplitMix64`] and exponential gaps.
 struct Rng(SplitMix64);
@@ -86,12 +100,67 @@ fn trace(args: &Args) -> Vec<Job> {
         .collect()
 }
 
-fn pool() -> Pool {
-    let mut pool = Pool::new();
-    for h in 0..HOSTS {
-        common::add_gpu_host(&mut pool, h, &[GPU_MIB; GPUS_PER_HOST as usize]);
+/// What a run replays: the jobs on a pool of GPUs all of `gpu_mib`.
+struct Setup {
+    jobs: Vec<Job>,
+    gpus: u64,
+    gpu_mib: u64,
+    /// Free memory below which a GPU's free memory counts as stranded (the synthetic trace: its
+    /// largest application); `None`: not measured.
+    stranded_below_mib: Option<u64>,
+    pool: Box<dyn Fn() -> Pool>,
+}
+
+fn synthetic(args: &Args) -> Setup {
+    Setup {
+        jobs: trace(args),
+        gpus: u64::from(HOSTS * GPUS_PER_HOST),
+        gpu_mib: GPU_MIB,
+        stranded_below_mib: APPS.iter().map(|(_, mib)| *mib).max(),
+        pool: Box::new(|| {
+            let mut pool = Pool::new();
+            for h in 0..HOSTS {
+                common::add_gpu_host(&mut pool, h, &[GPU_MIB; GPUS_PER_HOST as usize]);
+            }
+            pool
+        }),
     }
-    pool
+}
+
+/// The pods of an openb trace at their own times, on the GPU nodes listed beside it: a GPU is
+/// 1000 "MiB" (thousandths), a pod one VM ([`request_of`]); pods that ask no GPU are left out.
+fn openb(pods_path: &Path) -> Result<Setup, String> {
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+    let nodes_path = pods_path.with_file_name("openb_node_list_gpu_node.csv");
+    let nodes =
+        parse_nodes(&read(&nodes_path)?).map_err(|e| format!("{}: {e}", nodes_path.display()))?;
+    let pods =
+        parse_pods(&read(pods_path)?).map_err(|e| format!("{}: {e}", pods_path.display()))?;
+    let mut jobs = Vec::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let (Some(request), Some(created), Some(deleted)) =
+            (request_of(pod), pod.creation_time, pod.deletion_time)
+        else {
+            continue;
+        };
+        jobs.push(Job {
+            arrive_ms: created.saturating_mul(1000),
+            run_ms: deleted.saturating_sub(created).saturating_mul(1000).max(1),
+            project: ProjectId::new(format!("project-{}", i as u64 % PROJECTS)).unwrap(),
+            request,
+            best_effort: pod.qos.as_deref() == Some("BE"),
+        });
+    }
+    let gpus = nodes.iter().map(|n| u64::from(n.gpus)).sum();
+    let rank: Vec<u32> = (0..nodes.len() as u32).collect();
+    pool_of(&nodes, &rank).map_err(|e| e.to_string())?;
+    Ok(Setup {
+        jobs,
+        gpus,
+        gpu_mib: u64::from(GPU_MILLI),
+        stranded_below_mib: None,
+        pool: Box::new(move || pool_of(&nodes, &rank).expect("built once before")),
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -104,6 +173,8 @@ enum Event {
 /// Time-weighted sums of what the GPUs hold.
 #[derive(Default)]
 struct Gauges {
+    gpu_mib: u64,
+    stranded_below_mib: u64,
     last_ms: u64,
     allocated_mib: u64,
     busy_gpus: u64,
@@ -116,6 +187,8 @@ struct Gauges {
     /// FGD's fragmentation ([`Pool::fragmentation`]) and the free GPUs, in GPU-ms.
     fragmented_ms: f64,
     free_gpu_ms: f64,
+    /// Memory allocated, in MiB-ms, per [`BUCKET_MS`] of time.
+    series: Vec<f64>,
 }
 
 impl Gauges {
@@ -127,6 +200,16 @@ impl Gauges {
             self.fragmented_ms += measured.fragmented_gpus * dt;
             self.free_gpu_ms += measured.free_gpus * dt;
         }
+        let mut from = self.last_ms;
+        while from < now {
+            let bucket = (from / BUCKET_MS) as usize;
+            let to = now.min((bucket as u64 + 1) * BUCKET_MS);
+            if self.series.len() <= bucket {
+                self.series.resize(bucket + 1, 0.0);
+            }
+            self.series[bucket] += self.allocated_mib as f64 * (to - from) as f64;
+            from = to;
+        }
         self.mib_ms += self.allocated_mib as f64 * dt;
         self.busy_ms += self.busy_gpus as f64 * dt;
         self.stranded_ms += self.stranded_mib as f64 * dt;
@@ -134,19 +217,19 @@ impl Gauges {
         self.last_ms = now;
     }
 
-    /// Free memory too small for the largest application is stranded.
-    fn stranded(used_mib: u64) -> u64 {
-        let free = GPU_MIB - used_mib;
-        if free < APPS.iter().map(|(_, mib)| *mib).max().unwrap() {
-            free
-        } else {
-            0
-        }
-    }
-
+    /// Books or releases `cgpu`. Free memory too small for the largest application is stranded.
     fn change(&mut self, cgpu: &CgpuAssignment, booked: bool) {
+        let (stranded, gpu_mib) = (self.stranded_below_mib, self.gpu_mib);
+        let stranded_of = |used_mib: u64| {
+            let free = gpu_mib - used_mib;
+            if free < stranded {
+                free
+            } else {
+                0
+            }
+        };
         let entry = self.used.entry(cgpu.gpu.clone()).or_default();
-        self.stranded_mib -= Self::stranded(entry.0);
+        self.stranded_mib -= stranded_of(entry.0);
         self.busy_gpus -= u64::from(entry.1 > 0);
         if booked {
             entry.0 += cgpu.memory_mib;
@@ -157,7 +240,7 @@ impl Gauges {
             entry.1 -= 1;
             self.allocated_mib -= cgpu.memory_mib;
         }
-        self.stranded_mib += Self::stranded(entry.0);
+        self.stranded_mib += stranded_of(entry.0);
         self.busy_gpus += u64::from(entry.1 > 0);
     }
 }
@@ -165,7 +248,9 @@ impl Gauges {
 struct Outcome {
     gpu_util: f64,
     mem_util: f64,
+    wait_mean_s: f64,
     wait_p50_s: f64,
+    wait_p95_s: f64,
     wait_p99_s: f64,
     slowdown: f64,
     stranded: f64,
@@ -173,13 +258,16 @@ struct Outcome {
     refused: u64,
     preempted: u64,
     elapsed_s: f64,
+    /// Memory allocated per [`BUCKET_MS`], as a share of the pool's.
+    series: Vec<f64>,
 }
 
-fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
+fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
     let started_at = Instant::now();
-    let mut pool = pool();
-    let gpus = u64::from(HOSTS * GPUS_PER_HOST);
-    let capacity_mib = gpus * GPU_MIB;
+    let jobs = &setup.jobs;
+    let mut pool = (setup.pool)();
+    let gpus = setup.gpus;
+    let capacity_mib = gpus * setup.gpu_mib;
     // Each project may hold a quarter of the GPU memory.
     let mut quotas =
         QuotaLedger::new(Quota { memory_mib: Some(capacity_mib / 4), ..Quota::default() });
@@ -189,7 +277,11 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
     let mut events: BinaryHeap<Reverse<(u64, Event)>> =
         jobs.iter().enumerate().map(|(i, j)| Reverse((j.arrive_ms, Event::Arrive(i)))).collect();
     let vm_of = |i: usize| VmId::from_uuid(uuid_of(i));
-    let mut gauges = Gauges::default();
+    let mut gauges = Gauges {
+        gpu_mib: setup.gpu_mib,
+        stranded_below_mib: setup.stranded_below_mib.unwrap_or(0),
+        ..Gauges::default()
+    };
     let mut waits: Vec<f64> = Vec::with_capacity(jobs.len());
     let mut slowdowns = 0.0;
     let (mut refused, mut preempted) = (0u64, 0u64);
@@ -323,10 +415,13 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
             waits[((waits.len() - 1) as f64 * p).round() as usize]
         }
     };
+    let bucket_mib_ms = BUCKET_MS as f64 * capacity_mib as f64;
     Outcome {
         gpu_util: gauges.busy_ms / (end * gpus as f64),
         mem_util: gauges.mib_ms / (end * capacity_mib as f64),
+        wait_mean_s: waits.iter().sum::<f64>() / waits.len().max(1) as f64,
         wait_p50_s: pct(0.50),
+        wait_p95_s: pct(0.95),
         wait_p99_s: pct(0.99),
         slowdown: slowdowns / waits.len().max(1) as f64,
         stranded: gauges.stranded_ms / gauges.free_ms.max(1.0),
@@ -334,6 +429,7 @@ fn run(jobs: &[Job], policy: &str, rules: Rules) -> Outcome {
         refused,
         preempted,
         elapsed_s: started_at.elapsed().as_secs_f64(),
+        series: gauges.series.iter().map(|mib_ms| mib_ms / bucket_mib_ms).collect(),
     }
 }
 
@@ -346,8 +442,20 @@ fn index_of(vm: VmId) -> usize {
 }
 
 fn main() {
-    let args = args_or_exit(Args { requests: 100_000, load: 0.95, seed: 42 });
-    let jobs = trace(&args);
+    let args = args_or_exit(Args::new(100_000, 0.95, 42), true);
+    if let Some(pods) = &args.openb {
+        if let Err(e) = replay_openb(pods, args.plot.as_deref()) {
+            eprintln!("simulate: {e}");
+            std::process::exit(2);
+        }
+        return;
+    }
+    if args.plot.is_some() {
+        eprintln!("simulate: --plot draws an --openb replay");
+        std::process::exit(2);
+    }
+    let setup = synthetic(&args);
+    let jobs = &setup.jobs;
     println!(
         "{} requests, offered load {:.2}, {} GPUs of {} MiB on {} hosts, {}% best effort, seed {}\n",
         args.requests,
@@ -367,7 +475,7 @@ fn main() {
     for policy in POLICIES {
         for (backfill, preemption) in [(false, false), (true, false), (false, true), (true, true)] {
             let rules = Rules { backfill, preemption, ..Rules::default() };
-            let o = run(&jobs, policy, rules);
+            let o = run(&setup, policy, rules);
             total_requests += jobs.len();
             total_s += o.elapsed_s;
             let yes = |b: bool| if b { "yes" } else { "no" };
@@ -392,4 +500,127 @@ fn main() {
         "\nreplayed {total_requests} requests in {total_s:.1} s: {:.2}M requests per minute",
         total_requests as f64 / total_s * 60.0 / 1e6
     );
+}
+
+/// The openb trace at its own times, every policy with the queue's default rules.
+fn replay_openb(pods: &Path, plot_to: Option<&Path>) -> Result<(), String> {
+    let setup = openb(pods)?;
+    let best_effort = setup.jobs.iter().filter(|j| j.best_effort).count();
+    println!(
+        "{} GPU pods of {} at their own times ({} best effort), {} GPUs; backfill and preemption on\n",
+        setup.jobs.len(),
+        pods.display(),
+        best_effort,
+        setup.gpus
+    );
+    println!(
+        "| policy | GPU util | GPU allocated | wait mean (s) | wait p95 (s) | never served | fragmented free GPUs (FGD) | preempted | s |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut outcomes = Vec::new();
+    for policy in POLICIES {
+        let o = run(&setup, policy, Rules::default());
+        println!(
+            "| {policy} | {:.1}% | {:.1}% | {:.1} | {:.1} | {:.2}% | {:.1}% | {} | {:.1} |",
+            o.gpu_util * 100.0,
+            o.mem_util * 100.0,
+            o.wait_mean_s,
+            o.wait_p95_s,
+            o.refused as f64 / setup.jobs.len().max(1) as f64 * 100.0,
+            o.fragmented * 100.0,
+            o.preempted,
+            o.elapsed_s,
+        );
+        outcomes.push((policy, o));
+    }
+    if let Some(path) = plot_to {
+        plot(path, pods, &outcomes)?;
+        eprintln!("plot: {}", path.display());
+    }
+    Ok(())
+}
+
+/// The GPUs allocated over the trace's days, a line per policy, from the first day with any.
+fn plot(path: &Path, pods: &Path, outcomes: &[(&str, Outcome)]) -> Result<(), String> {
+    const W: f64 = 780.0;
+    const H: f64 = 400.0;
+    const LEFT: f64 = 60.0;
+    const RIGHT: f64 = 170.0;
+    const TOP: f64 = 30.0;
+    const BOTTOM: f64 = 50.0;
+    let buckets = outcomes.iter().map(|(_, o)| o.series.len()).max().unwrap_or(0);
+    let first = outcomes
+        .iter()
+        .filter_map(|(_, o)| o.series.iter().position(|&v| v > 0.0))
+        .min()
+        .unwrap_or(0);
+    let span = (buckets - first).max(1) as f64;
+    let per_day = 86_400_000.0 / BUCKET_MS as f64;
+    let x = |b: usize| LEFT + (b - first) as f64 / span * (W - LEFT - RIGHT);
+    let y = |share: f64| H - BOTTOM - share.clamp(0.0, 1.0) * (H - BOTTOM - TOP);
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+    let name = pods.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    let _ = writeln!(
+        svg,
+        r#"<text x="{LEFT}" y="18">GPU allocated through the queue, {} at its own times (6-hour means)</text>"#,
+        name.replace('&', "&amp;").replace('<', "&lt;")
+    );
+    for tick in (0..=100).step_by(20) {
+        let py = y(f64::from(tick) / 100.0);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{LEFT}" y1="{py}" x2="{}" y2="{py}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{tick}%</text>"##,
+            W - RIGHT,
+            LEFT - 6.0,
+            py + 4.0
+        );
+    }
+    let days = span / per_day;
+    let step = ((days / 8.0).ceil() as usize).max(1);
+    for day in (0..=days as usize).step_by(step) {
+        let px = x(first + (day as f64 * per_day) as usize);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{px}" y="{}" text-anchor="middle">{day}</text>"#,
+            H - BOTTOM + 16.0
+        );
+    }
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle">days from the first arrival</text>"#,
+        (LEFT + W - RIGHT) / 2.0,
+        H - 12.0
+    );
+    let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+    for (i, (policy, o)) in outcomes.iter().enumerate() {
+        let colour = colours[i % colours.len()];
+        let points: Vec<String> = o
+            .series
+            .iter()
+            .enumerate()
+            .skip(first)
+            .map(|(b, &share)| format!("{:.1},{:.1}", x(b), y(share)))
+            .collect();
+        let _ = writeln!(
+            svg,
+            r#"<polyline fill="none" stroke="{colour}" stroke-width="1.2" points="{}"/>"#,
+            points.join(" ")
+        );
+        let ly = TOP + 20.0 + i as f64 * 18.0;
+        let lx = W - RIGHT + 15.0;
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{colour}" stroke-width="3"/><text x="{}" y="{}">{policy}</text>"#,
+            lx + 20.0,
+            lx + 26.0,
+            ly + 4.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -23,11 +23,27 @@ pub struct Args {
     pub requests: usize,
     pub load: f64,
     pub seed: u64,
+    /// `--openb PODS.csv`: replay this trace's pods at their own times instead (simulate only).
+    pub openb: Option<std::path::PathBuf>,
+    /// `--plot FILE.svg`: where to draw what was replayed (simulate only).
+    pub plot: Option<std::path::PathBuf>,
 }
 
-/// The command line over `defaults`; a bad one prints why and exits with status 2.
-pub fn args_or_exit(defaults: Args) -> Args {
-    match parse_args(defaults) {
+impl Args {
+    pub fn new(requests: usize, load: f64, seed: u64) -> Self {
+        Args { requests, load, seed, openb: None, plot: None }
+    }
+}
+
+/// The command line over `defaults`; a bad one prints why and exits with status 2. `trace_flags`:
+/// whether `--openb` and `--plot` are taken.
+pub fn args_or_exit(defaults: Args, trace_flags: bool) -> Args {
+    match parse_args(defaults).and_then(|args| {
+        if !trace_flags && (args.openb.is_some() || args.plot.is_some()) {
+            return Err("--openb and --plot are the simulator's".into());
+        }
+        Ok(args)
+    }) {
         Ok(args) => args,
         Err(e) => {
             eprintln!("{e}");
@@ -45,7 +61,13 @@ fn parse_args(mut args: Args) -> Result<Args, String> {
             "--requests" => args.requests = value.parse().map_err(|e| bad(&e))?,
             "--load" => args.load = value.parse().map_err(|e| bad(&e))?,
             "--seed" => args.seed = value.parse().map_err(|e| bad(&e))?,
-            _ => return Err(format!("unknown flag {flag} (use --requests, --load, --seed)")),
+            "--openb" => args.openb = Some(value.into()),
+            "--plot" => args.plot = Some(value.into()),
+            _ => {
+                return Err(format!(
+                    "unknown flag {flag} (use --requests, --load, --seed, --openb, --plot)"
+                ))
+            }
         }
     }
     if args.requests == 0 || !(args.load > 0.0 && args.load < 10.0) {

@@ -19,6 +19,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
 
 use super::{by_slot, Candidate, CandidateIndex, Policy, Query};
 
@@ -26,16 +27,19 @@ use super::{by_slot, Candidate, CandidateIndex, Policy, Query};
 pub const TYPES: usize = 8;
 
 /// The cGPUs the pool holds, counted by the percent of their GPU each asks (exclusive: 100).
+///
+/// Every booking and release counts here, so counting is an increment; the most common kinds
+/// are worked out when a decision or a report first asks after a change.
 #[derive(Debug, Clone)]
 pub struct Mix {
     counts: [u64; 101],
     /// The [`TYPES`] most common kinds (percent, count), most common first; ties to the smaller.
-    top: Vec<(u64, u64)>,
+    top: OnceLock<Vec<(u64, u64)>>,
 }
 
 impl Default for Mix {
     fn default() -> Self {
-        Mix { counts: [0; 101], top: Vec::new() }
+        Mix { counts: [0; 101], top: OnceLock::new() }
     }
 }
 
@@ -56,27 +60,28 @@ impl Mix {
         } else {
             self.counts[at] = self.counts[at].saturating_sub(1);
         }
-        self.refresh();
-    }
-
-    fn refresh(&mut self) {
-        self.top.clear();
-        for (percent, &count) in self.counts.iter().enumerate() {
-            if count == 0 {
-                continue;
-            }
-            let entry = (percent as u64, count);
-            let at = self.top.partition_point(|&(p, c)| c > count || (c == count && p < entry.0));
-            if at < TYPES {
-                self.top.insert(at, entry);
-                self.top.truncate(TYPES);
-            }
+        if self.top.get().is_some() {
+            self.top = OnceLock::new();
         }
     }
 
     /// The kinds the score weighs: (percent of a GPU, cGPUs of that kind).
     pub fn kinds(&self) -> &[(u64, u64)] {
-        &self.top
+        self.top.get_or_init(|| {
+            let mut top: Vec<(u64, u64)> = Vec::with_capacity(TYPES + 1);
+            for (percent, &count) in self.counts.iter().enumerate() {
+                if count == 0 {
+                    continue;
+                }
+                let percent = percent as u64;
+                let at = top.partition_point(|&(p, c)| c > count || (c == count && p < percent));
+                if at < TYPES {
+                    top.insert(at, (percent, count));
+                    top.truncate(TYPES);
+                }
+            }
+            top
+        })
     }
 
     /// Every cGPU counted.
@@ -86,14 +91,14 @@ impl Mix {
 
     /// The cGPUs of the kinds the score weighs.
     pub fn weighed(&self) -> u64 {
-        self.top.iter().map(|&(_, count)| count).sum()
+        self.kinds().iter().map(|&(_, count)| count).sum()
     }
 
     /// How much of a GPU of `total_mib` with `free_mib` free is a fragment, in hundredths of a
     /// MiB weighted by the kinds' counts (divide by the mix's total for FGD's expectation).
     pub fn fragment(&self, free_mib: u64, total_mib: u64) -> u128 {
         let free = u128::from(free_mib) * 100;
-        self.top
+        self.kinds()
             .iter()
             .filter(|&&(percent, _)| free < u128::from(percent) * u128::from(total_mib))
             .map(|&(_, count)| free * u128::from(count))

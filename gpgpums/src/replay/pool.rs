@@ -15,7 +15,7 @@ use crate::pool::Pool;
 use crate::traits::GpuConstraints;
 
 /// The pool of `nodes`, registered in `rank` order.
-fn pool_of(nodes: &[TraceNode], rank: &[u32]) -> Result<Pool, Error> {
+pub fn pool_of(nodes: &[TraceNode], rank: &[u32]) -> Result<Pool, Error> {
     let mut order: Vec<usize> = (0..nodes.len()).collect();
     order.sort_by_key(|&n| rank[n]);
     let mut pool = Pool::new();
