@@ -14,9 +14,13 @@
 //! `gpgpums/data/openb/`, on the GPU nodes of `openb_node_list_gpu_node.csv` beside it): each pod
 //! arrives at its `creation_time` and runs until its `deletion_time`, through the same queue
 //! (best effort for QoS `BE`, priority 1 otherwise; 8 projects in turn, each with a quarter of
-//! the GPUs as quota), every policy with the queue's default rules (backfill, preemption). It
+//! the GPUs as quota), every policy with the queue's default rules (backfill, preemption). As
+//! recorded the trace never holds more than 66 of its 6,212 GPUs at once (its pods arrive over
+//! 149 days, most of them in the last 30, and half run under 10 minutes): `--squeeze K` divides
+//! every gap between arrivals by K (run times and order kept), and `--cluster-share F` replays
+//! on that share of the nodes (drawn by `--seed`), to load it. It
 //! prints GPU utilisation, the mean and p95 wait, the share of pods never served and FGD's
-//! fragmentation, and with `--plot FILE.svg` draws the GPUs allocated over the trace's days.
+//! fragmentation, and with `--plot FILE.svg` draws the GPUs allocated while the pods arrive.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -47,8 +51,6 @@ const BEST_EFFORT_SHARE: f64 = 0.3;
 const QUEUE_TIMEOUT_MS: u64 = 3_600_000;
 /// Bounded slowdown's floor on run time (seconds), so that tiny jobs do not dominate.
 const SLOWDOWN_TAU_S: f64 = 10.0;
-/// The width of one point of the plotted utilisation.
-const BUCKET_MS: u64 = 6 * 3_600_000;
 
 /// The simulation's draws: [`SplitMix64`] and exponential gaps.
 struct Rng(SplitMix64);
@@ -109,11 +111,19 @@ struct Setup {
     /// largest application); `None`: not measured.
     stranded_below_mib: Option<u64>,
     pool: Box<dyn Fn() -> Pool>,
+    /// The first and last arrival, and the width of one point of the allocation over time.
+    window_ms: (u64, u64),
+    bucket_ms: u64,
 }
 
 fn synthetic(args: &Args) -> Setup {
+    let jobs = trace(args);
+    let window_ms =
+        (jobs.first().map_or(0, |j| j.arrive_ms), jobs.last().map_or(0, |j| j.arrive_ms));
     Setup {
-        jobs: trace(args),
+        jobs,
+        window_ms,
+        bucket_ms: 6 * 3_600_000,
         gpus: u64::from(HOSTS * GPUS_PER_HOST),
         gpu_mib: GPU_MIB,
         stranded_below_mib: APPS.iter().map(|(_, mib)| *mib).max(),
@@ -129,11 +139,18 @@ fn synthetic(args: &Args) -> Setup {
 
 /// The pods of an openb trace at their own times, on the GPU nodes listed beside it: a GPU is
 /// 1000 "MiB" (thousandths), a pod one VM ([`request_of`]); pods that ask no GPU are left out.
-fn openb(pods_path: &Path) -> Result<Setup, String> {
+fn openb(pods_path: &Path, args: &Args) -> Result<Setup, String> {
+    let squeeze = args.squeeze;
     let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
     let nodes_path = pods_path.with_file_name("openb_node_list_gpu_node.csv");
-    let nodes =
+    let mut nodes =
         parse_nodes(&read(&nodes_path)?).map_err(|e| format!("{}: {e}", nodes_path.display()))?;
+    // A share of the nodes, drawn by the seed (Fisher-Yates, then the first of them).
+    let mut rng = SplitMix64::new(args.seed);
+    for i in (1..nodes.len()).rev() {
+        nodes.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    nodes.truncate(((nodes.len() as f64 * args.cluster_share).ceil() as usize).max(1));
     let pods =
         parse_pods(&read(pods_path)?).map_err(|e| format!("{}: {e}", pods_path.display()))?;
     let mut jobs = Vec::new();
@@ -151,16 +168,29 @@ fn openb(pods_path: &Path) -> Result<Setup, String> {
             best_effort: pod.qos.as_deref() == Some("BE"),
         });
     }
-    let gpus = nodes.iter().map(|n| u64::from(n.gpus)).sum();
+    let gpus: u64 = nodes.iter().map(|n| u64::from(n.gpus)).sum();
+    let first = jobs.iter().map(|j| j.arrive_ms).min().unwrap_or(0);
+    for job in &mut jobs {
+        job.arrive_ms = first + ((job.arrive_ms - first) as f64 / squeeze) as u64;
+    }
+    // Measured between the 5th and the 95th percentile of the arrivals: the trace's first pods
+    // arrive months before the rest.
+    let mut arrivals: Vec<u64> = jobs.iter().map(|j| j.arrive_ms).collect();
+    arrivals.sort_unstable();
+    let at = |q: f64| arrivals.get((arrivals.len() as f64 * q) as usize).copied().unwrap_or(first);
+    let window_ms = (at(0.05), at(0.95));
     let rank: Vec<u32> = (0..nodes.len() as u32).collect();
     pool_of(&nodes, &rank).map_err(|e| e.to_string())?;
-    Ok(Setup {
+    let setup = Setup {
+        window_ms,
+        bucket_ms: ((window_ms.1 - window_ms.0) / 200).max(60_000),
         jobs,
         gpus,
         gpu_mib: u64::from(GPU_MILLI),
         stranded_below_mib: None,
         pool: Box::new(move || pool_of(&nodes, &rank).expect("built once before")),
-    })
+    };
+    Ok(setup)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -187,8 +217,9 @@ struct Gauges {
     /// FGD's fragmentation ([`Pool::fragmentation`]) and the free GPUs, in GPU-ms.
     fragmented_ms: f64,
     free_gpu_ms: f64,
-    /// Memory allocated, in MiB-ms, per [`BUCKET_MS`] of time.
+    /// Memory allocated, in MiB-ms, per `bucket_ms` of time.
     series: Vec<f64>,
+    bucket_ms: u64,
 }
 
 impl Gauges {
@@ -202,8 +233,8 @@ impl Gauges {
         }
         let mut from = self.last_ms;
         while from < now {
-            let bucket = (from / BUCKET_MS) as usize;
-            let to = now.min((bucket as u64 + 1) * BUCKET_MS);
+            let bucket = (from / self.bucket_ms) as usize;
+            let to = now.min((bucket as u64 + 1) * self.bucket_ms);
             if self.series.len() <= bucket {
                 self.series.resize(bucket + 1, 0.0);
             }
@@ -258,7 +289,7 @@ struct Outcome {
     refused: u64,
     preempted: u64,
     elapsed_s: f64,
-    /// Memory allocated per [`BUCKET_MS`], as a share of the pool's.
+    /// Memory allocated per [`Setup::bucket_ms`], as a share of the pool's.
     series: Vec<f64>,
 }
 
@@ -280,6 +311,7 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
     let mut gauges = Gauges {
         gpu_mib: setup.gpu_mib,
         stranded_below_mib: setup.stranded_below_mib.unwrap_or(0),
+        bucket_ms: setup.bucket_ms,
         ..Gauges::default()
     };
     let mut waits: Vec<f64> = Vec::with_capacity(jobs.len());
@@ -328,7 +360,16 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
         });
         refused += (before - queue.len()) as u64;
 
+        let mut rounds = 0u32;
         loop {
+            // Each round starts, refuses or preempts something; one that never settles is a bug
+            // of the planner's (it once shrank VMs for a request its quota then refused).
+            rounds += 1;
+            assert!(
+                rounds < 100_000,
+                "the planner did not settle at {now} ms ({} waiting)",
+                queue.len()
+            );
             let planned: Plan = {
                 let mut books = Books {
                     pool: &mut pool,
@@ -415,7 +456,7 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
             waits[((waits.len() - 1) as f64 * p).round() as usize]
         }
     };
-    let bucket_mib_ms = BUCKET_MS as f64 * capacity_mib as f64;
+    let bucket_mib_ms = setup.bucket_ms as f64 * capacity_mib as f64;
     Outcome {
         gpu_util: gauges.busy_ms / (end * gpus as f64),
         mem_util: gauges.mib_ms / (end * capacity_mib as f64),
@@ -444,7 +485,7 @@ fn index_of(vm: VmId) -> usize {
 fn main() {
     let args = args_or_exit(Args::new(100_000, 0.95, 42), true);
     if let Some(pods) = &args.openb {
-        if let Err(e) = replay_openb(pods, args.plot.as_deref()) {
+        if let Err(e) = replay_openb(pods, &args) {
             eprintln!("simulate: {e}");
             std::process::exit(2);
         }
@@ -503,27 +544,40 @@ fn main() {
 }
 
 /// The openb trace at its own times, every policy with the queue's default rules.
-fn replay_openb(pods: &Path, plot_to: Option<&Path>) -> Result<(), String> {
-    let setup = openb(pods)?;
+fn replay_openb(pods: &Path, args: &Args) -> Result<(), String> {
+    let (squeeze, plot_to) = (args.squeeze, args.plot.as_deref());
+    let setup = openb(pods, args)?;
     let best_effort = setup.jobs.iter().filter(|j| j.best_effort).count();
+    let times = if squeeze == 1.0 {
+        "at their own times".to_owned()
+    } else {
+        format!("the gaps between arrivals {squeeze}x shorter, run times as recorded")
+    };
     println!(
-        "{} GPU pods of {} at their own times ({} best effort), {} GPUs; backfill and preemption on\n",
+        "{} GPU pods of {}, {times}, {} best effort; {} GPUs ({:.0}% of the trace's nodes, seed {}); backfill and preemption on\n",
         setup.jobs.len(),
         pods.display(),
         best_effort,
-        setup.gpus
+        setup.gpus,
+        args.cluster_share * 100.0,
+        args.seed
     );
     println!(
-        "| policy | GPU util | GPU allocated | wait mean (s) | wait p95 (s) | never served | fragmented free GPUs (FGD) | preempted | s |"
+        "| policy | GPU allocated while pods arrive | wait mean (s) | wait p95 (s) | never served | fragmented free GPUs (FGD) | preempted | s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let (from, to) = (
+        (setup.window_ms.0 / setup.bucket_ms) as usize,
+        (setup.window_ms.1 / setup.bucket_ms) as usize,
+    );
     let mut outcomes = Vec::new();
     for policy in POLICIES {
         let o = run(&setup, policy, Rules::default());
+        let arriving = o.series.get(from..=to.min(o.series.len().saturating_sub(1))).unwrap_or(&[]);
+        let allocated = arriving.iter().sum::<f64>() / arriving.len().max(1) as f64;
         println!(
-            "| {policy} | {:.1}% | {:.1}% | {:.1} | {:.1} | {:.2}% | {:.1}% | {} | {:.1} |",
-            o.gpu_util * 100.0,
-            o.mem_util * 100.0,
+            "| {policy} | {:.1}% | {:.1} | {:.1} | {:.2}% | {:.1}% | {} | {:.1} |",
+            allocated * 100.0,
             o.wait_mean_s,
             o.wait_p95_s,
             o.refused as f64 / setup.jobs.len().max(1) as f64 * 100.0,
@@ -534,28 +588,33 @@ fn replay_openb(pods: &Path, plot_to: Option<&Path>) -> Result<(), String> {
         outcomes.push((policy, o));
     }
     if let Some(path) = plot_to {
-        plot(path, pods, &outcomes)?;
+        let name = pods.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        let squeezed =
+            if squeeze == 1.0 { String::new() } else { format!(", gaps {squeeze}x shorter") };
+        let title = format!("{name}{squeezed}, {} GPUs", setup.gpus);
+        plot(path, &title, &setup, &outcomes)?;
         eprintln!("plot: {}", path.display());
     }
     Ok(())
 }
 
-/// The GPUs allocated over the trace's days, a line per policy, from the first day with any.
-fn plot(path: &Path, pods: &Path, outcomes: &[(&str, Outcome)]) -> Result<(), String> {
+/// The GPUs allocated while the pods arrive, and as long again after, a line per policy.
+fn plot(
+    path: &Path,
+    title: &str,
+    setup: &Setup,
+    outcomes: &[(&str, Outcome)],
+) -> Result<(), String> {
     const W: f64 = 780.0;
     const H: f64 = 400.0;
     const LEFT: f64 = 60.0;
     const RIGHT: f64 = 170.0;
     const TOP: f64 = 30.0;
     const BOTTOM: f64 = 50.0;
-    let buckets = outcomes.iter().map(|(_, o)| o.series.len()).max().unwrap_or(0);
-    let first = outcomes
-        .iter()
-        .filter_map(|(_, o)| o.series.iter().position(|&v| v > 0.0))
-        .min()
-        .unwrap_or(0);
-    let span = (buckets - first).max(1) as f64;
-    let per_day = 86_400_000.0 / BUCKET_MS as f64;
+    let first = (setup.window_ms.0 / setup.bucket_ms) as usize;
+    let end = first + 2 * ((setup.window_ms.1 - setup.window_ms.0) / setup.bucket_ms) as usize + 1;
+    let span = (end - first) as f64;
+    let per_hour = 3_600_000.0 / setup.bucket_ms as f64;
     let x = |b: usize| LEFT + (b - first) as f64 / span * (W - LEFT - RIGHT);
     let y = |share: f64| H - BOTTOM - share.clamp(0.0, 1.0) * (H - BOTTOM - TOP);
     let mut svg = String::new();
@@ -564,11 +623,10 @@ fn plot(path: &Path, pods: &Path, outcomes: &[(&str, Outcome)]) -> Result<(), St
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(svg, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let name = pods.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
     let _ = writeln!(
         svg,
-        r#"<text x="{LEFT}" y="18">GPU allocated through the queue, {} at its own times (6-hour means)</text>"#,
-        name.replace('&', "&amp;").replace('<', "&lt;")
+        r#"<text x="{LEFT}" y="18">GPU allocated through the queue: {}</text>"#,
+        title.replace('&', "&amp;").replace('<', "&lt;")
     );
     for tick in (0..=100).step_by(20) {
         let py = y(f64::from(tick) / 100.0);
@@ -580,19 +638,25 @@ fn plot(path: &Path, pods: &Path, outcomes: &[(&str, Outcome)]) -> Result<(), St
             py + 4.0
         );
     }
-    let days = span / per_day;
-    let step = ((days / 8.0).ceil() as usize).max(1);
-    for day in (0..=days as usize).step_by(step) {
-        let px = x(first + (day as f64 * per_day) as usize);
+    let hours = span / per_hour;
+    let step = ((hours / 8.0).ceil() as usize).max(1);
+    for hour in (0..=hours as usize).step_by(step) {
+        let px = x(first + (hour as f64 * per_hour) as usize);
         let _ = writeln!(
             svg,
-            r#"<text x="{px}" y="{}" text-anchor="middle">{day}</text>"#,
+            r#"<text x="{px}" y="{}" text-anchor="middle">{hour}</text>"#,
             H - BOTTOM + 16.0
         );
     }
     let _ = writeln!(
         svg,
-        r#"<text x="{}" y="{}" text-anchor="middle">days from the first arrival</text>"#,
+        r##"<line x1="{0}" y1="{TOP}" x2="{0}" y2="{1}" stroke="#999" stroke-dasharray="4 3"/>"##,
+        x(first + ((setup.window_ms.1 - setup.window_ms.0) / setup.bucket_ms) as usize),
+        H - BOTTOM
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" text-anchor="middle">hours from the first arrival (dashed: the last)</text>"#,
         (LEFT + W - RIGHT) / 2.0,
         H - 12.0
     );
@@ -604,6 +668,7 @@ fn plot(path: &Path, pods: &Path, outcomes: &[(&str, Outcome)]) -> Result<(), St
             .iter()
             .enumerate()
             .skip(first)
+            .take(end - first)
             .map(|(b, &share)| format!("{:.1},{:.1}", x(b), y(share)))
             .collect();
         let _ = writeln!(

@@ -28,7 +28,9 @@
 //! VMs that are preemptible and of strictly lower priority, never from others. It frees room one
 //! GPU at a time, each time on the GPU where one more of the request's cGPUs fits at the cost of
 //! the fewest cGPUs taken (ties: the first found, looking at victims in VM id order), until the
-//! request fits; if it never does, nothing is taken. A `local` request frees room on one host only.
+//! request fits, its project's quota included; if it never does, nothing is taken (an exclusive
+//! request's memory is known only where it lands: taking cGPUs for one its quota then refuses
+//! would shrink VMs for nothing, and again at every round). A `local` request frees room on one host only.
 //! One preemption per plan: the next plan sees what is being reclaimed.
 
 use std::borrow::Cow;
@@ -619,7 +621,7 @@ impl Round<'_, '_> {
         let reclaiming = self.books.reclaiming.to_vec();
         let pool = &mut *self.books.pool;
         let originals = detach_all(pool, &reclaiming);
-        let fits = fits(pool, w, request);
+        let fits = fits(pool, self.books.quotas, self.books.vms_in_use, w, request);
         put_back(pool, originals);
         fits
     }
@@ -659,8 +661,9 @@ impl Round<'_, '_> {
             }
             cheapest_room(&room, victims, request).map(|picked| (picked, room.host))
         };
+        let (quotas, vms_in_use) = (&*self.books.quotas, &*self.books.vms_in_use);
         let fitted = loop {
-            if fits(pool, w, request) {
+            if fits(pool, quotas, vms_in_use, w, request) {
                 break true;
             }
             // (cost, slot, picked victims, host)
@@ -808,16 +811,26 @@ fn cheapest_room(
     }
 }
 
-/// Whether `w` asking `request` would fit on the pool now. Changes nothing.
-fn fits(pool: &mut Pool, w: &Waiting, request: &Request) -> bool {
+/// Whether `w` asking `request` would fit on the pool now, and its project's quota take what it
+/// would hold there (an exclusive cGPU's memory is known only once its GPU is). Changes nothing.
+fn fits(
+    pool: &mut Pool,
+    quotas: &QuotaLedger,
+    vms_in_use: &HashMap<ProjectId, u64>,
+    w: &Waiting,
+    request: &Request,
+) -> bool {
     let placed = match &w.ask {
         Ask::Launch => pool.place(w.vm, request, &w.policy).map(|p| p.cgpus),
         Ask::Attach { on_host } => pool.attach(w.vm, request, &w.policy, on_host.as_ref()),
     };
     match placed {
         Ok(cgpus) => {
+            let holding = pool.holding(&cgpus);
+            let holding = if w.ask == Ask::Launch { holding.vm_with() } else { holding };
+            let vms = vms_in_use.get(&w.project).copied().unwrap_or(0);
             unbook(pool, w, &cgpus);
-            true
+            quotas.admits(&w.project, &holding, vms)
         }
         Err(_) => false,
     }

@@ -553,6 +553,16 @@ impl QuotaLedger {
         Ok(())
     }
 
+    /// Whether [`QuotaLedger::charge`] would take `holding` for `project` now. Changes nothing.
+    pub fn admits(&self, project: &ProjectId, holding: &Holding, vms_in_use: u64) -> bool {
+        let quota = self.quota(project);
+        self.check(project, holding.usage, vms_in_use).is_ok()
+            && holding
+                .models
+                .iter()
+                .all(|(model, usage)| self.check_model_use(project, quota, model, *usage).is_ok())
+    }
+
     /// Charges `holding` without checking: what storage says is held (a restart, another
     /// replica's booking) is held, whatever the limits say now.
     pub fn restore(&mut self, vm: VmId, project: &ProjectId, holding: &Holding) {

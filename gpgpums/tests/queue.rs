@@ -275,6 +275,29 @@ fn preemption_shrinks_the_lower_priority_preemptible_vm_that_gives_up_the_fewest
     assert_eq!(planned.started[0].cgpus[0].gpu, gpu("cg0", 1));
 }
 
+/// An exclusive request's memory is known only where it lands: a request that fits once VMs
+/// are shrunk but whose quota then refuses the GPU's memory takes nothing from anyone. (The
+/// openb replay through the simulator once shrank the same best-effort VMs for such a request at
+/// every round, their give-backs took the room back, and the queue never settled.)
+#[test]
+fn nothing_is_taken_for_a_request_its_quota_would_refuse_once_placed() {
+    let mut world = World::new(&[8192, 8192]);
+    world.run(&launch(1, "be", 0, Request::shared(2, 4096).with_distinct_gpus()), true);
+    // "prod" may hold 6 GiB: a whole 8 GiB GPU is past it, though nothing says so before a GPU
+    // is chosen (the request asks no memory).
+    let limits = Quota { memory_mib: Some(6144), ..Quota::default() };
+    world.quotas.set_limits(project("prod"), Some(limits));
+    let urgent = launch(2, "prod", 5, Request::exclusive(1));
+    let planned = world.plan(std::slice::from_ref(&urgent), &Rules::default());
+    assert!(planned.started.is_empty(), "{planned:?}");
+    assert_eq!(planned.preemption, None, "shrank a VM for a request its quota refuses");
+    // Within its quota it takes what it needs.
+    let limits = Quota { memory_mib: Some(8192), ..Quota::default() };
+    world.quotas.set_limits(project("prod"), Some(limits));
+    let planned = world.plan(&[urgent], &Rules::default());
+    assert_eq!(planned.preemption.expect("a preemption").victims[0].vm, vm(1001));
+}
+
 fn planned_preemption(preemption: &gpgpums::queue::Preemption) -> Plan {
     Plan { preemption: Some(preemption.clone()), ..Plan::default() }
 }

@@ -27,11 +27,15 @@ pub struct Args {
     pub openb: Option<std::path::PathBuf>,
     /// `--plot FILE.svg`: where to draw what was replayed (simulate only).
     pub plot: Option<std::path::PathBuf>,
+    /// `--squeeze K`: the gaps between the trace's arrivals K times shorter (simulate only).
+    pub squeeze: f64,
+    /// `--cluster-share F`: replay on this share of the trace's nodes, drawn by the seed.
+    pub cluster_share: f64,
 }
 
 impl Args {
     pub fn new(requests: usize, load: f64, seed: u64) -> Self {
-        Args { requests, load, seed, openb: None, plot: None }
+        Args { requests, load, seed, openb: None, plot: None, squeeze: 1.0, cluster_share: 1.0 }
     }
 }
 
@@ -39,8 +43,12 @@ impl Args {
 /// whether `--openb` and `--plot` are taken.
 pub fn args_or_exit(defaults: Args, trace_flags: bool) -> Args {
     match parse_args(defaults).and_then(|args| {
-        if !trace_flags && (args.openb.is_some() || args.plot.is_some()) {
-            return Err("--openb and --plot are the simulator's".into());
+        let trace_only = args.squeeze != 1.0 || args.cluster_share != 1.0;
+        if !trace_flags && (args.openb.is_some() || args.plot.is_some() || trace_only) {
+            return Err("--openb, --squeeze, --cluster-share and --plot are the simulator's".into());
+        }
+        if args.openb.is_none() && trace_only {
+            return Err("--squeeze and --cluster-share apply to an --openb trace".into());
         }
         Ok(args)
     }) {
@@ -63,9 +71,23 @@ fn parse_args(mut args: Args) -> Result<Args, String> {
             "--seed" => args.seed = value.parse().map_err(|e| bad(&e))?,
             "--openb" => args.openb = Some(value.into()),
             "--plot" => args.plot = Some(value.into()),
+            "--cluster-share" => {
+                args.cluster_share = value
+                    .parse()
+                    .ok()
+                    .filter(|f: &f64| *f > 0.0 && *f <= 1.0)
+                    .ok_or_else(|| bad(&"a share above 0, at most 1"))?
+            }
+            "--squeeze" => {
+                args.squeeze = value
+                    .parse()
+                    .ok()
+                    .filter(|k: &f64| (1.0..=1e9).contains(k))
+                    .ok_or_else(|| bad(&"a factor from 1 to 1e9"))?
+            }
             _ => {
                 return Err(format!(
-                    "unknown flag {flag} (use --requests, --load, --seed, --openb, --plot)"
+                    "unknown flag {flag} (use --requests, --load, --seed, --openb, --squeeze, --cluster-share, --plot)"
                 ))
             }
         }
