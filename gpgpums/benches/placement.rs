@@ -1,7 +1,8 @@
 //! Decision time per request for every policy on pools of 1k, 6,212 (the openb trace's), 10k and
 //! 100k GPUs, 70% of whose memory is already booked in fragments, beside the paper's baseline
 //! (sort the whole pool per request). The bookings make `frag-gradient`'s mix: cGPUs of 2-16 GiB
-//! on GPUs of 16-80 GiB, 16 kinds by percent of their GPU, of which it weighs the 8 most common.
+//! on GPUs of 16-80 GiB and whole GPUs, 13 kinds by percent of their GPU, of which it weighs the 8
+//! most common.
 //!
 //! One request is one single-cGPU shared VM (4 GiB) placed and then released, so the pool stays at 70%
 //! and the time includes the release. Run: `cargo bench -p gpgpums --bench placement`, then
