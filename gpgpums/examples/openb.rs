@@ -29,6 +29,8 @@ use gpgpums::replay::strand::FragStrand;
 use gpgpums::replay::trace::{parse_nodes, parse_pods, TraceNode, TracePod};
 use gpgpums::replay::{mean_sd, replay, workload, Course, Placer};
 
+mod svg;
+
 const POLICIES: [&str; 4] = ["paper-random", "paper-best-fit", "paper-fgd", "frag-strand"];
 /// GSaaS's policies that pool mode replays unless told others.
 const POOL_POLICIES: [&str; 5] =
@@ -378,19 +380,7 @@ fn plot(path: &Path, trace: &str, outcomes: &[Outcome], to: u32) -> Result<(), S
     let (x_lo, y_lo, y_hi) = (60u32.min(to), 75.0, 100.0);
     let x = |p: f64| LEFT + (p - f64::from(x_lo)) / f64::from(to - x_lo) * (W - LEFT - RIGHT);
     let y = |a: f64| H - BOTTOM - (a - y_lo) / (y_hi - y_lo) * (H - BOTTOM - TOP);
-    let colours =
-        ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(
-        svg,
-        r#"<text x="{LEFT}" y="18">GPU allocation on {} (mean over seeds)</text>"#,
-        escape(trace)
-    );
+    let mut svg = svg::open(W, H, LEFT, &format!("GPU allocation on {trace} (mean over seeds)"));
     for tick in (x_lo..=to).step_by(10) {
         let px = x(f64::from(tick));
         let _ = writeln!(
@@ -439,36 +429,18 @@ fn plot(path: &Path, trace: &str, outcomes: &[Outcome], to: u32) -> Result<(), S
             .collect();
         // One colour per policy; remote mode dashed, pool mode dotted.
         let policy = outcomes.iter().position(|p| p.policy == o.policy).unwrap_or(i);
-        let colour = colours[policy % colours.len()];
+        let colour = svg::COLOURS[policy % svg::COLOURS.len()];
         let dash = match o.mode {
             Run::Cluster(Mode::Local) => "",
             Run::Cluster(Mode::Remote) => r#" stroke-dasharray="6 3""#,
             Run::Pool => r#" stroke-dasharray="2 2""#,
         };
-        let _ = writeln!(
-            svg,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5"{dash} points="{}"/>"#,
-            points.join(" ")
-        );
-        let ly = TOP + 20.0 + i as f64 * 18.0;
-        let lx = W - RIGHT + 15.0;
+        svg::line(&mut svg, colour, 1.5, dash, &points);
         let (m130, _) = mean_sd(&at(o, 130));
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{colour}" stroke-width="3"{dash}/><text x="{}" y="{}">{} ({}) {m130:.2}</text>"#,
-            lx + 20.0,
-            lx + 26.0,
-            ly + 4.0,
-            escape(&o.policy),
-            o.mode.name()
-        );
+        let label = format!("{} ({}) {m130:.2}", o.policy, o.mode.name());
+        svg::legend(&mut svg, W - RIGHT + 15.0, TOP + 20.0 + i as f64 * 18.0, colour, dash, &label);
     }
-    svg.push_str("</svg>\n");
-    std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    svg::save(svg, path)
 }
 
 fn main() {

@@ -30,6 +30,7 @@ use std::time::Instant;
 
 #[path = "../benches/common/mod.rs"]
 mod common;
+mod svg;
 mod trace;
 
 use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
@@ -617,17 +618,7 @@ fn plot(
     let per_hour = 3_600_000.0 / setup.bucket_ms as f64;
     let x = |b: usize| LEFT + (b - first) as f64 / span * (W - LEFT - RIGHT);
     let y = |share: f64| H - BOTTOM - share.clamp(0.0, 1.0) * (H - BOTTOM - TOP);
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(
-        svg,
-        r#"<text x="{LEFT}" y="18">GPU allocated through the queue: {}</text>"#,
-        title.replace('&', "&amp;").replace('<', "&lt;")
-    );
+    let mut svg = svg::open(W, H, LEFT, &format!("GPU allocated through the queue: {title}"));
     for tick in (0..=100).step_by(20) {
         let py = y(f64::from(tick) / 100.0);
         let _ = writeln!(
@@ -660,9 +651,8 @@ fn plot(
         (LEFT + W - RIGHT) / 2.0,
         H - 12.0
     );
-    let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
     for (i, (policy, o)) in outcomes.iter().enumerate() {
-        let colour = colours[i % colours.len()];
+        let colour = svg::COLOURS[i % svg::COLOURS.len()];
         let points: Vec<String> = o
             .series
             .iter()
@@ -671,21 +661,8 @@ fn plot(
             .take(end - first)
             .map(|(b, &share)| format!("{:.1},{:.1}", x(b), y(share)))
             .collect();
-        let _ = writeln!(
-            svg,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="1.2" points="{}"/>"#,
-            points.join(" ")
-        );
-        let ly = TOP + 20.0 + i as f64 * 18.0;
-        let lx = W - RIGHT + 15.0;
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{colour}" stroke-width="3"/><text x="{}" y="{}">{policy}</text>"#,
-            lx + 20.0,
-            lx + 26.0,
-            ly + 4.0
-        );
+        svg::line(&mut svg, colour, 1.2, "", &points);
+        svg::legend(&mut svg, W - RIGHT + 15.0, TOP + 20.0 + i as f64 * 18.0, colour, "", policy);
     }
-    svg.push_str("</svg>\n");
-    std::fs::write(path, svg).map_err(|e| format!("{}: {e}", path.display()))
+    svg::save(svg, path)
 }
