@@ -115,16 +115,47 @@ impl Mix {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FragGradient;
 
+/// A candidate with its gradient for one query, worked out once.
+#[derive(Debug, Clone, Copy)]
+struct Scored {
+    gradient: i128,
+    total_mib: u64,
+    free_mib: u64,
+    slot: u32,
+}
+
+impl Scored {
+    fn of(query: &Query, total_mib: u64, free_mib: u64, slot: u32) -> Scored {
+        let gradient = match query.exclusive {
+            true => 0,
+            false => query.mix.gradient(free_mib, total_mib, query.need_mib),
+        };
+        Scored { gradient, total_mib, free_mib, slot }
+    }
+
+    /// The smaller gradient per GPU first, then best fit's order.
+    fn cmp(&self, other: &Scored) -> Ordering {
+        // Per GPU: a/ta against b/tb, crossed (totals are never 0 in a pool, at most 2^40 MiB).
+        let a = self.gradient * i128::from(other.total_mib.max(1));
+        let b = other.gradient * i128::from(self.total_mib.max(1));
+        a.cmp(&b)
+            .then_with(|| self.free_mib.cmp(&other.free_mib))
+            .then_with(|| self.slot.cmp(&other.slot))
+    }
+
+    /// `self` if it comes before `best` (or there is none), else `best`.
+    fn better_than(self, best: Option<Scored>) -> Option<Scored> {
+        match best {
+            Some(best) if best.cmp(&self) != Ordering::Greater => Some(best),
+            _ => Some(self),
+        }
+    }
+}
+
 /// The order of two candidates for `query`: the smaller gradient per GPU, then best fit's.
 fn order(query: &Query, a: &Candidate, b: &Candidate) -> Ordering {
-    let score = |c: &Candidate| match query.exclusive {
-        true => 0,
-        false => query.mix.gradient(c.free_mib, c.total_mib, query.need_mib),
-    };
-    // Per GPU: a/ta against b/tb, crossed (totals are never 0 in a pool, and at most 2^40 MiB).
-    let (sa, sb) = (score(a), score(b));
-    let crossed = (sa * i128::from(b.total_mib.max(1))).cmp(&(sb * i128::from(a.total_mib.max(1))));
-    crossed.then_with(|| a.free_mib.cmp(&b.free_mib)).then_with(|| by_slot(a, b))
+    let scored = |c: &Candidate| Scored::of(query, c.total_mib, c.free_mib, c.slot);
+    scored(a).cmp(&scored(b))
 }
 
 impl Policy for FragGradient {
@@ -155,11 +186,6 @@ impl Policy for FragGradient {
 struct FragGradientIndex(BTreeSet<(u64, u64, u32)>);
 
 impl FragGradientIndex {
-    fn candidate(&self, key: (u64, u64, u32)) -> Candidate {
-        let (total_mib, free_mib, slot) = key;
-        Candidate { slot, free_mib, total_mib, cgpus: 0, jobs: 0, host_vms: 0, host_seq: 0 }
-    }
-
     /// The least-free candidate of the GPU size `total` with at least `free` free.
     fn first_from(&self, total: u64, free: u64) -> Option<(u64, u64, u32)> {
         self.0.range((total, free, 0)..).next().copied().filter(|&(t, _, _)| t == total)
@@ -167,7 +193,7 @@ impl FragGradientIndex {
 
     /// The best candidate of one GPU size: the least-free of each band where the score is
     /// monotone (see the module docs).
-    fn best_of_size(&self, query: &Query, total: u64) -> Option<(u64, u64, u32)> {
+    fn best_of_size(&self, query: &Query, total: u64) -> Option<Scored> {
         let need = query.need_mib;
         let mut starts: Vec<u64> = vec![need];
         if !query.exclusive {
@@ -179,7 +205,7 @@ impl FragGradientIndex {
         }
         starts.sort_unstable();
         starts.dedup();
-        let mut best: Option<(u64, u64, u32)> = None;
+        let mut best: Option<Scored> = None;
         let mut last = None;
         for start in starts {
             let Some(found) = self.first_from(total, start) else { break };
@@ -187,12 +213,8 @@ impl FragGradientIndex {
                 continue;
             }
             last = Some(found);
-            let better = best.is_none_or(|b| {
-                order(query, &self.candidate(found), &self.candidate(b)) == Ordering::Less
-            });
-            if better {
-                best = Some(found);
-            }
+            let (total_mib, free_mib, slot) = found;
+            best = Scored::of(query, total_mib, free_mib, slot).better_than(best);
         }
         best
     }
@@ -212,20 +234,15 @@ impl CandidateIndex for FragGradientIndex {
     }
 
     fn best_for(&self, query: &Query) -> Option<u32> {
-        let mut best: Option<(u64, u64, u32)> = None;
+        let mut best: Option<Scored> = None;
         let mut size = self.0.range((query.need_mib, 0, 0)..).next().map(|&(t, _, _)| t);
         while let Some(total) = size {
             if let Some(found) = self.best_of_size(query, total) {
-                let better = best.is_none_or(|b| {
-                    order(query, &self.candidate(found), &self.candidate(b)) == Ordering::Less
-                });
-                if better {
-                    best = Some(found);
-                }
+                best = found.better_than(best);
             }
             size = self.0.range((total + 1, 0, 0)..).next().map(|&(t, _, _)| t);
         }
-        best.map(|(_, _, slot)| slot)
+        best.map(|scored| scored.slot)
     }
 }
 
