@@ -12,6 +12,10 @@
 //! with requests that cycle through [`constraints`]: none, by model, by trait required, forbidden,
 //! preferred or avoided, by compute capability. `constrained_cycling` cycles through all 255 sets
 //! of its models instead, as a tenant trying to make the pool build an index per request would.
+//!
+//! The group `local` places `local` VMs that take 4 cores and 16 GiB of their host, on a pool
+//! whose hosts offer 64 cores and 512 GiB and whose bookings are local VMs of 2-16 cores: where
+//! `frag-gradient` compares up to 8 hosts by the GPU their CPU would strand.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -21,8 +25,8 @@ mod common;
 use common::{add_gpu_host, add_gpu_host_of, Rng};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use gpgpums::{
-    CgpuAssignment, GpuAttributes, GpuConstraints, HostId, HostKind, MajorMinor, Mode, Placement,
-    PolicyRegistry, Pool, Request, Selector, VmHost, VmId,
+    CgpuAssignment, GpuAttributes, GpuConstraints, HostId, HostKind, Locality, MajorMinor, Mode,
+    Placement, PolicyRegistry, Pool, Request, Resources, Selector, VmHost, VmId,
 };
 use uuid::Uuid;
 
@@ -94,7 +98,12 @@ fn constraints() -> Vec<GpuConstraints> {
 
 /// A pool of `gpus` GPUs with 70% of the memory booked by VMs of 1 to 4 cGPUs on random GPUs
 /// (2% of the bookings exclusive); of one model, or `mixed` (see [`mixed_gpu`]).
-fn fragmented_pool(gpus: usize, selector: Selector, mixed: bool) -> Pool {
+/// What a host offers local VMs in the group `local`.
+const HOST_OFFERS: Resources = Resources { cpu_milli: 160_000, memory_mib: 1024 * 1024 };
+
+/// A pool of `gpus` GPUs, 70% of their memory booked; `local`: every host offers
+/// [`HOST_OFFERS`] and the bookings are local VMs with their CPU and memory.
+fn fragmented_pool(gpus: usize, selector: Selector, mixed: bool, local: bool) -> Pool {
     let mut rng = Rng(0x5EED_0000 + gpus as u64);
     let mut pool = Pool::with(PolicyRegistry::builtin(), selector);
     let mut specs = Vec::with_capacity(gpus);
@@ -112,6 +121,11 @@ fn fragmented_pool(gpus: usize, selector: Selector, mixed: bool) -> Pool {
         }
     }
     pool.add_host(HostId::new("rg0").unwrap(), HostKind::ComputeRgpu).unwrap();
+    if local {
+        for spec in specs.iter().filter(|s| s.index == 0) {
+            pool.set_host_resources(&spec.host, Some(HOST_OFFERS)).unwrap();
+        }
+    }
     let total: u64 = specs.iter().map(|s| s.memory_mib).sum();
     let target = total * 7 / 10;
     let mut booked = 0u64;
@@ -120,8 +134,16 @@ fn fragmented_pool(gpus: usize, selector: Selector, mixed: bool) -> Pool {
     while booked < target && misses < 1000 {
         vm += 1;
         let mut cgpus = Vec::new();
+        let first = rng.below(specs.len());
         for index in 0..1 + rng.below(4) as u32 {
-            let spec = &specs[rng.below(specs.len())];
+            let spec = match local {
+                // Any GPU of the first one's host.
+                true => {
+                    let at = first - specs[first].index as usize + rng.below(GPUS_PER_HOST);
+                    specs.get(at).filter(|s| s.host == specs[first].host).unwrap_or(&specs[first])
+                }
+                false => &specs[rng.below(specs.len())],
+            };
             let exclusive = rng.below(50) == 0;
             cgpus.push(CgpuAssignment {
                 index,
@@ -138,11 +160,27 @@ fn fragmented_pool(gpus: usize, selector: Selector, mixed: bool) -> Pool {
             });
         }
         let memory: u64 = cgpus.iter().map(|c| c.memory_mib).sum();
+        let vm_resources = local.then(|| {
+            let cores = 2 + rng.below(15) as u64;
+            Resources::new(cores * 1000, cores * 4096)
+        });
+        let vm_host = match local {
+            true => VmHost::Pinned(cgpus[0].host.clone()),
+            false => VmHost::AnyAgentHost,
+        };
+        if vm_resources.is_some_and(|need| {
+            let (_, taken) = pool.host_resources(&cgpus[0].host).expect("registered");
+            !HOST_OFFERS.has_room(&taken, &need)
+        }) {
+            misses += 1;
+            continue;
+        }
         let placement = Placement {
             vm: VmId::from_uuid(Uuid::from_u128(vm)),
             policy: "restored".into(),
-            vm_host: VmHost::AnyAgentHost,
+            vm_host,
             cgpus,
+            vm_resources,
         };
         match pool.restore(placement) {
             Ok(()) => {
@@ -163,7 +201,7 @@ fn place_and_release(c: &mut Criterion, group_name: &str, selector: Selector, si
     let request = Request::shared(1, 4096);
     for &gpus in sizes {
         for policy in POLICIES {
-            let mut pool = fragmented_pool(gpus, selector, false);
+            let mut pool = fragmented_pool(gpus, selector, false, false);
             let mut next_vm = u128::MAX / 2;
             group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
                 b.iter(|| {
@@ -215,7 +253,7 @@ fn place_and_release_cycling(
     let mut group = c.benchmark_group(group_name);
     for &gpus in sizes {
         for &policy in policies {
-            let mut pool = fragmented_pool(gpus, Selector::Indexed, true);
+            let mut pool = fragmented_pool(gpus, Selector::Indexed, true, false);
             let mut next_vm = u128::MAX / 2;
             group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
                 b.iter(|| {
@@ -233,11 +271,38 @@ fn place_and_release_cycling(
     group.finish();
 }
 
+/// Local VMs of 4 cores and 16 GiB (see the module docs), for the policy that weighs stranding
+/// and for best fit, which does not.
+fn place_and_release_local(c: &mut Criterion, sizes: &[usize]) {
+    let mut group = c.benchmark_group("local");
+    let request = Request::shared(1, 4096)
+        .with_locality(Locality::Local)
+        .with_vm_resources(Resources::new(4000, 16 * 1024));
+    for &gpus in sizes {
+        for policy in ["best-fit", "frag-gradient"] {
+            let mut pool = fragmented_pool(gpus, Selector::Indexed, false, true);
+            let mut next_vm = u128::MAX / 2;
+            group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
+                b.iter(|| {
+                    next_vm += 1;
+                    let vm = VmId::from_uuid(Uuid::from_u128(next_vm));
+                    let placement = pool.place(vm, &request, policy).expect("the pool has room");
+                    black_box(&placement);
+                    pool.release(&vm);
+                })
+            });
+            pool.audit().expect("bookkeeping intact after the benchmark");
+        }
+    }
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
     let sizes = [1_000, 10_000, 100_000];
     place_and_release(c, "indexed", Selector::Indexed, &[1_000, 6_212, 10_000, 100_000]);
     place_and_release_constrained(c, &sizes);
     place_and_release_model_sets(c, &sizes[1..]);
+    place_and_release_local(c, &[6_212, 100_000]);
     place_and_release(c, "paper_sort_each_request", Selector::SortEachRequest, &sizes);
 }
 

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p gpgpums --example openb -- [--nodes FILE] [--pods FILE]
-//!     [--seeds 42-51|42,43,...] [--inflation 1.3] [--mode local|remote|pool|both|all]
+//!     [--seeds 42-51|42,43,...] [--inflation 1.3] [--mode local|remote|pool|pool-local|both|all]
 //!     [--policies paper-random,paper-best-fit,paper-fgd,frag-strand] [--format table|json] [--plot FILE.svg]
 //!     [--published FILE|none]
 //! ```
@@ -14,7 +14,8 @@
 //! seeds 42 to 51, 130%, local mode, every policy. `--format json` prints one object per policy
 //! and mode, a line each. `pool` replays through GSaaS's own pool and policies
 //! ([`gpgpums::replay::pool`]: first-fit, best-fit, least-load-fit, fewer-jobs-gpu, frag-gradient
-//! unless `--policies` names others); `both` is local and remote, `all` the three.
+//! unless `--policies` names others), GPUs anywhere; `pool-local` the same with every pod a
+//! `local` VM whose node's CPU and memory bind; `both` is local and remote, `all` the four.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -24,7 +25,7 @@ use std::time::Instant;
 use gpgpums::replay::cluster::{Cluster, Mode};
 use gpgpums::replay::fragmentation::{TypicalPods, TYPICAL_COVERAGE};
 use gpgpums::replay::paper::{PaperBestFit, PaperFgd, PaperRandom};
-use gpgpums::replay::pool::replay_pool;
+use gpgpums::replay::pool::{replay_pool, PoolMode};
 use gpgpums::replay::strand::FragStrand;
 use gpgpums::replay::trace::{parse_nodes, parse_pods, TraceNode, TracePod};
 use gpgpums::replay::{mean_sd, replay, workload, Course, Placer};
@@ -40,14 +41,15 @@ const POOL_POLICIES: [&str; 5] =
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Run {
     Cluster(Mode),
-    Pool,
+    Pool(PoolMode),
 }
 
 impl Run {
     fn name(self) -> &'static str {
         match self {
             Run::Cluster(mode) => mode.name(),
-            Run::Pool => "pool",
+            Run::Pool(PoolMode::Anywhere) => "pool",
+            Run::Pool(PoolMode::Local) => "pool-local",
         }
     }
 
@@ -55,7 +57,7 @@ impl Run {
     fn policies(self) -> Vec<String> {
         let names: &[&str] = match self {
             Run::Cluster(_) => &POLICIES,
-            Run::Pool => &POOL_POLICIES,
+            Run::Pool(_) => &POOL_POLICIES,
         };
         names.iter().map(|p| (*p).to_owned()).collect()
     }
@@ -63,7 +65,7 @@ impl Run {
     fn knows(self, policy: &str) -> bool {
         match self {
             Run::Cluster(_) => POLICIES.contains(&policy),
-            Run::Pool => gpgpums::PolicyRegistry::builtin().resolve(policy).is_ok(),
+            Run::Pool(_) => gpgpums::PolicyRegistry::builtin().resolve(policy).is_ok(),
         }
     }
 }
@@ -138,10 +140,16 @@ fn parse_args() -> Result<Args, String> {
                 let (local, remote) = (Run::Cluster(Mode::Local), Run::Cluster(Mode::Remote));
                 args.modes = match value.as_str() {
                     "both" => vec![local, remote],
-                    "all" => vec![local, remote, Run::Pool],
-                    "pool" => vec![Run::Pool],
+                    "all" => vec![
+                        local,
+                        remote,
+                        Run::Pool(PoolMode::Anywhere),
+                        Run::Pool(PoolMode::Local),
+                    ],
+                    "pool" => vec![Run::Pool(PoolMode::Anywhere)],
+                    "pool-local" => vec![Run::Pool(PoolMode::Local)],
                     m => vec![Run::Cluster(Mode::parse(m).ok_or_else(|| {
-                        format!("--mode {value}: local, remote, pool, both or all")
+                        format!("--mode {value}: local, remote, pool, pool-local, both or all")
                     })?)],
                 }
             }
@@ -172,7 +180,7 @@ fn parse_args() -> Result<Args, String> {
                     "--policies: `{bad}` is not a policy of {} mode (known: {}{})",
                     run.name(),
                     run.policies().join(", "),
-                    if *run == Run::Pool { ", and every GSaaS policy" } else { "" }
+                    if matches!(run, Run::Pool(_)) { ", and every GSaaS policy" } else { "" }
                 ));
             }
         }
@@ -245,7 +253,7 @@ fn run(args: &Args, nodes: &[TraceNode], pods: &[TracePod]) -> Vec<Outcome> {
                                 let mut placer = placer(policy, pods);
                                 replay(nodes, pods, work, mode, placer.as_mut(), *seed)
                             }
-                            Run::Pool => replay_pool(nodes, pods, work, policy)
+                            Run::Pool(how) => replay_pool(nodes, pods, work, policy, how)
                                 .unwrap_or_else(|e| panic!("{policy} in pool mode: {e}")),
                         };
                         results.lock().unwrap().push((*seed, course));
@@ -427,13 +435,14 @@ fn plot(path: &Path, trace: &str, outcomes: &[Outcome], to: u32) -> Result<(), S
             .filter(|(p, (sum, n))| **p >= x_lo && sum / f64::from(*n) >= y_lo)
             .map(|(p, (sum, n))| format!("{:.1},{:.1}", x(f64::from(*p)), y(sum / f64::from(*n))))
             .collect();
-        // One colour per policy; remote mode dashed, pool mode dotted.
+        // One colour per policy; remote mode dashed, pool mode dotted, pool-local dash-dotted.
         let policy = outcomes.iter().position(|p| p.policy == o.policy).unwrap_or(i);
         let colour = svg::COLOURS[policy % svg::COLOURS.len()];
         let dash = match o.mode {
             Run::Cluster(Mode::Local) => "",
             Run::Cluster(Mode::Remote) => r#" stroke-dasharray="6 3""#,
-            Run::Pool => r#" stroke-dasharray="2 2""#,
+            Run::Pool(PoolMode::Anywhere) => r#" stroke-dasharray="2 2""#,
+            Run::Pool(PoolMode::Local) => r#" stroke-dasharray="8 3 2 3""#,
         };
         svg::line(&mut svg, colour, 1.5, dash, &points);
         let (m130, _) = mean_sd(&at(o, 130));

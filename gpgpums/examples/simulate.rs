@@ -189,7 +189,7 @@ fn openb(pods_path: &Path, args: &Args) -> Result<Setup, String> {
         gpus,
         gpu_mib: u64::from(GPU_MILLI),
         stranded_below_mib: None,
-        pool: Box::new(move || pool_of(&nodes, &rank).expect("built once before")),
+        pool: Box::new(move || pool_of(&nodes, &rank).expect("built once before").0),
     };
     Ok(setup)
 }

@@ -188,6 +188,32 @@ pub struct Request {
     /// the shares on one GPU never add up past 100.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_percent: Option<u32>,
+    /// The CPU and memory the VM itself takes on its host, for a `local` VM (its flavor's): a
+    /// host whose [`Resources`] offered to GSaaS's VMs are known takes it only with room left.
+    /// Set by the service from the flavor, never by a tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_resources: Option<Resources>,
+}
+
+/// CPU and memory: what a GPU host offers the `local` VMs GSaaS pins to it, or what one such VM
+/// takes there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Resources {
+    /// Thousandths of a core (a vCPU is 1000).
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
+}
+
+impl Resources {
+    pub fn new(cpu_milli: u64, memory_mib: u64) -> Self {
+        Resources { cpu_milli, memory_mib }
+    }
+
+    /// Whether `need` fits in what is left of `self` once `used` is taken.
+    pub fn has_room(&self, used: &Resources, need: &Resources) -> bool {
+        used.cpu_milli.saturating_add(need.cpu_milli) <= self.cpu_milli
+            && used.memory_mib.saturating_add(need.memory_mib) <= self.memory_mib
+    }
 }
 
 impl Request {
@@ -202,6 +228,7 @@ impl Request {
             constraints: GpuConstraints::default(),
             network: NetworkConstraint::NONE,
             compute_percent: None,
+            vm_resources: None,
         }
     }
 
@@ -224,6 +251,11 @@ impl Request {
 
     pub fn with_network(self, network: NetworkConstraint) -> Self {
         Request { network, ..self }
+    }
+
+    /// A `local` VM that takes `resources` of its host's CPU and memory.
+    pub fn with_vm_resources(self, resources: Resources) -> Self {
+        Request { vm_resources: Some(resources), ..self }
     }
 
     /// Each cGPU with `percent` of its GPU's SMs (see [`Request::compute_percent`]).
@@ -280,6 +312,10 @@ pub struct Placement {
     pub policy: String,
     pub vm_host: VmHost,
     pub cgpus: Vec<CgpuAssignment>,
+    /// The CPU and memory booked for the VM on its pinned host (a `local` VM whose request
+    /// gave them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_resources: Option<Resources>,
 }
 
 /// What the pool holds on one GPU, for reports and checks.

@@ -47,7 +47,7 @@ use crate::error::{Error, Shortfall};
 use crate::ids::{GpuId, HostId, VmId};
 use crate::model::{
     profile_name_problem, CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage,
-    Locality, Mode, Placement, Request, UsageTotals, VmHost,
+    Locality, Mode, Placement, Request, Resources, UsageTotals, VmHost,
 };
 use crate::policy::{Candidate, CandidateIndex, Mix, Policy, PolicyRegistry, Query};
 use crate::quota::{Holding, Usage};
@@ -56,10 +56,12 @@ use crate::traits::{GpuAttributes, GpuConstraints, GpuKind};
 mod fragmentation;
 mod network;
 mod rehome;
+mod stranding;
 
 pub use fragmentation::Fragmentation;
 
 pub use rehome::Rehome;
+pub use stranding::{LOOKAHEAD, ROOMLESS_HOSTS_BEFORE_SCAN, STRAND_STEP_MILLI};
 
 /// The most cGPUs one VM may ask for.
 pub const MAX_CGPUS_PER_VM: u32 = 4096;
@@ -92,6 +94,10 @@ struct HostEntry {
     /// Slots of its GPUs, ascending.
     slots: Vec<u32>,
     vms: u32,
+    /// What it offers local VMs (see `pool/stranding.rs`); `None`: unknown, only GPUs bind.
+    offers: Option<Resources>,
+    /// What the local VMs pinned to it take.
+    taken: Resources,
 }
 
 #[derive(Debug)]
@@ -312,6 +318,8 @@ type GpusByKindMib = Vec<((u32, u64), u64)>;
 #[derive(Debug, Clone)]
 struct HostMakeup {
     gpus_by_kind_mib: GpusByKindMib,
+    /// What such a host offers local VMs, when known.
+    offers: Option<Resources>,
     hosts: u64,
 }
 
@@ -319,6 +327,11 @@ impl HostMakeup {
     /// How many cGPUs of `request`'s kind one such host could hold were its GPUs empty, on GPUs
     /// the request's `filter` admits.
     fn room(&self, request: &Request, filter: &Filter) -> u64 {
+        if let (Some(offers), Some(need)) = (self.offers, request.vm_resources) {
+            if !offers.has_room(&Resources::default(), &need) {
+                return 0;
+            }
+        }
         self.gpus_by_kind_mib
             .iter()
             .filter(|&&((kind, _), _)| filter.rank(kind).is_some())
@@ -397,6 +410,10 @@ pub struct Pool {
     plain_on_mps: BTreeSet<GpuId>,
     /// The cGPUs booked, by percent of their GPU: what `frag-gradient` weighs.
     mix: Mix,
+    /// The CPU against the GPU of the local VMs booked: what stranding weighs.
+    strand_mix: stranding::StrandMix,
+    /// The local VMs whose CPU and memory are booked on their hosts.
+    local_vms: HashMap<VmId, stranding::LocalVm>,
 }
 
 impl Default for Pool {
@@ -442,6 +459,8 @@ impl Pool {
             compute_gpus: BTreeSet::new(),
             plain_on_mps: BTreeSet::new(),
             mix: Mix::default(),
+            strand_mix: stranding::StrandMix::default(),
+            local_vms: HashMap::new(),
         }
     }
 
@@ -489,6 +508,8 @@ impl Pool {
             state: HostState::Schedulable,
             slots: vec![],
             vms: 0,
+            offers: None,
+            taken: Resources::default(),
         });
         self.places.push(network::HostPlace::default());
         self.groups.take();
@@ -983,7 +1004,11 @@ impl Pool {
                 .filter(|gpu| self.serves(gpu) && filter.rank(gpu.kind).is_some())
                 .map(|gpu| empty_gpu_room(gpu.spec.memory_mib, request))
                 .sum();
-            return host.state == HostState::Schedulable && room >= n;
+            let vm_fits = match (host.offers, request.vm_resources) {
+                (Some(offers), Some(need)) => offers.has_room(&Resources::default(), &need),
+                _ => true,
+            };
+            return host.state == HostState::Schedulable && room >= n && vm_fits;
         }
         if request.locality != Locality::Local && request.network.is_hard() {
             return self.could_ever_fit_network(request, &filter);
@@ -1026,7 +1051,7 @@ impl Pool {
     /// The make-ups of the schedulable compute-gpu hosts (see [`HostMakeup`]).
     fn makeups(&mut self) -> &[HostMakeup] {
         if self.makeups.is_none() {
-            let mut by_makeup: HashMap<GpusByKindMib, u64> = HashMap::new();
+            let mut by_makeup: HashMap<(GpusByKindMib, Option<Resources>), u64> = HashMap::new();
             for host in &self.hosts {
                 if host.state != HostState::Schedulable || host.kind != HostKind::ComputeGpu {
                     continue;
@@ -1036,13 +1061,23 @@ impl Pool {
                 for gpu in gpus.filter(|gpu| self.serves(gpu)) {
                     *by_kind_mib.entry((gpu.kind, gpu.spec.memory_mib)).or_default() += 1;
                 }
-                *by_makeup.entry(by_kind_mib.into_iter().collect()).or_default() += 1;
+                let makeup = (by_kind_mib.into_iter().collect(), host.offers);
+                *by_makeup.entry(makeup).or_default() += 1;
             }
             let mut makeups: Vec<HostMakeup> = by_makeup
                 .into_iter()
-                .map(|(gpus_by_kind_mib, hosts)| HostMakeup { gpus_by_kind_mib, hosts })
+                .map(|((gpus_by_kind_mib, offers), hosts)| HostMakeup {
+                    gpus_by_kind_mib,
+                    offers,
+                    hosts,
+                })
                 .collect();
-            makeups.sort_by(|a, b| a.gpus_by_kind_mib.cmp(&b.gpus_by_kind_mib));
+            makeups.sort_by(|a, b| {
+                let key = |m: &HostMakeup| {
+                    (m.gpus_by_kind_mib.clone(), m.offers.map(|o| (o.cpu_milli, o.memory_mib)))
+                };
+                key(a).cmp(&key(b))
+            });
             self.makeups = Some(makeups);
         }
         self.makeups.as_deref().expect("computed above")
@@ -1110,29 +1145,69 @@ impl Pool {
             }
             Err(placeable) => return Err(shortfall(placeable, false)),
         };
-        let placement = Placement { vm, policy: self.views[view].policy.name(), vm_host, cgpus };
+        let vm_resources = match vm_host {
+            VmHost::Pinned(_) => request.vm_resources,
+            _ => None,
+        };
+        let policy = self.views[view].policy.name();
+        let placement = Placement { vm, policy, vm_host, cgpus, vm_resources };
         self.hold(vm, &placement.cgpus);
+        self.book_vm_resources(&placement);
         self.vms.insert(vm, placement.clone());
         self.changes += 1;
         Ok(placement)
     }
 
     /// Locality `local`: hosts are tried in the order of their best GPU under the policy; the first that
-    /// takes all cGPUs wins. A host that cannot is hidden and the next one tried.
+    /// takes all cGPUs (and has room for the VM, see `pool/stranding.rs`) wins. A host that cannot is
+    /// hidden and the next one tried. A policy that weighs stranding compares the next
+    /// [`LOOKAHEAD`] hosts with room by the GPU the VM would strand, least first.
     fn place_local(
         &mut self,
         request: &Request,
         view: usize,
         filter: &Filter,
     ) -> Result<(Vec<CgpuAssignment>, VmHost), u32> {
+        let lookahead =
+            match request.vm_resources.is_some() && self.views[view].policy.weighs_stranding() {
+                true => LOOKAHEAD,
+                false => 1,
+            };
         let mut tried: Vec<u32> = Vec::new();
+        // Hosts with room, hidden while compared: (steps stranded, order found, host).
+        let mut pending: Vec<(u64, usize, u32)> = Vec::new();
+        let mut found = 0;
+        let mut misses = 0;
         let mut best_partial = 0;
         let outcome = loop {
-            let Some(first) = self.select(view, request, filter, None) else {
+            while pending.len() < lookahead && pending.last().is_none_or(|p| p.0 > 0) {
+                // After a few hosts without room for the VM, only those with room are looked at.
+                let first = match misses < ROOMLESS_HOSTS_BEFORE_SCAN {
+                    true => self.select(view, request, filter, None),
+                    false => self.select_with_room(view, request, filter),
+                };
+                let Some(first) = first else { break };
+                let host = self.gpus[first as usize].host;
+                let slots = self.hosts[host as usize].slots.clone();
+                self.set_masked(&slots, true);
+                tried.push(host);
+                if !self.host_has_room(host, request.vm_resources.as_ref()) {
+                    misses += 1;
+                } else {
+                    let steps = match lookahead {
+                        1 => 0,
+                        _ => self.strand_steps(host, request, first),
+                    };
+                    pending.push((steps, found, host));
+                    found += 1;
+                }
+            }
+            let Some(at) = (0..pending.len()).min_by_key(|&i| (pending[i].0, pending[i].1)) else {
                 break Err(best_partial);
             };
-            let host = self.gpus[first as usize].host;
+            let (_, _, host) = pending.remove(at);
             let slots = self.hosts[host as usize].slots.clone();
+            self.set_masked(&slots, false);
             match self.place_on(request, view, filter, Some(&slots), &[]) {
                 Ok((cgpus, _)) => {
                     break Ok((cgpus, VmHost::Pinned(self.hosts[host as usize].id.clone())))
@@ -1140,7 +1215,6 @@ impl Pool {
                 Err(placed) => {
                     best_partial = best_partial.max(placed);
                     self.set_masked(&slots, true);
-                    tried.push(host);
                 }
             }
         };
@@ -1272,6 +1346,7 @@ impl Pool {
             .collect();
         self.untake_all(&booked, &[]);
         self.unhold(*vm, &placement.cgpus);
+        self.unbook_vm_resources(vm);
         self.changes += 1;
         Some(placement)
     }
@@ -1361,6 +1436,7 @@ impl Pool {
                 _ => vm_host_of(request.locality),
             },
             cgpus: Vec::new(),
+            vm_resources: None,
         });
         let used: HashSet<u32> = placement.cgpus.iter().map(|c| c.index).collect();
         let mut free = (0..).filter(|i| !used.contains(i));
@@ -1441,6 +1517,8 @@ impl Pool {
             booked.push((slot, cgpu.memory_mib, cgpu.mode));
         }
         self.hold_on(placement.vm, &placement.cgpus, &slots);
+        // What the host offers may have shrunk since: the VM runs there, so it is booked anyway.
+        self.book_vm_resources(&placement);
         self.vms.insert(placement.vm, placement);
         self.changes += 1;
         Ok(())
@@ -2279,7 +2357,7 @@ impl Pool {
         if self.kinds.iter().map(|k| k.gpus).ne(of_kind) {
             return Err("kinds count other GPUs than the pool holds".into());
         }
-        Ok(())
+        self.audit_vm_resources()
     }
 }
 
@@ -2365,6 +2443,12 @@ impl Request {
             self.constraints.remoting.and_then(|r| r.ncgpus_problem(u64::from(n)))
         {
             problems.push(("ncgpus", problem));
+        }
+        if self.vm_resources.is_some() && self.locality != Locality::Local {
+            problems.push((
+                "vm_resources",
+                "only a local VM takes CPU and memory of its GPUs' host".to_owned(),
+            ));
         }
         problems.extend(self.constraints.problems());
         problems.extend(self.network.problems());

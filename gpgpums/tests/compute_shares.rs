@@ -184,6 +184,7 @@ fn restored_shares_are_checked_and_a_rehomed_cgpu_keeps_its_share() {
         policy: "first-fit".into(),
         vm_host: VmHost::AnyAgentHost,
         cgpus,
+        vm_resources: None,
     };
     pool.restore(placement(1, vec![cgpu(0, "mps1", 60)])).unwrap();
     // Stored shares past 100 on one GPU are a conflict, not a silent overbooking.

@@ -15,7 +15,7 @@ use common::{gpu_spec, host};
 use gpgpums::{
     Error, GpuAttributes, GpuConstraints, GpuKind, GpuSpec, HostId, HostKind, HostState, Locality,
     MajorMinor, Mode, NetworkConstraint, Placement, PolicyRegistry, Pool, Remoting, Request,
-    Selector, Strength, Topology, VmId,
+    Resources, Selector, Strength, Topology, VmId,
 };
 use proptest::prelude::*;
 use uuid::Uuid;
@@ -177,8 +177,24 @@ fn request() -> impl Strategy<Value = Request> {
     let mode = prop_oneof![Just(Mode::Shared), Just(Mode::Exclusive)];
     let locality = prop_oneof![Just(Locality::Any), Just(Locality::Local), Just(Locality::Remote)];
     let compute = prop_oneof![3 => Just(None), 1 => (0u32..=101).prop_map(Some)];
-    (0u32..6, memory, mode, locality, any::<bool>(), constraints(), network(), compute).prop_map(
-        |(ncgpus, gpu_memory_mib, mode, locality, distinct_gpus, constraints, network, compute)| {
+    // Mostly on local VMs, which alone may give them.
+    let vm = prop_oneof![
+        1 => Just(None),
+        1 => (0u64..6, 0u64..6).prop_map(|(c, m)| Some(Resources::new(c * 1000, m * 1024))),
+    ];
+    let shape = (0u32..6, memory, mode, locality, any::<bool>());
+    (shape, constraints(), network(), compute, vm).prop_map(
+        |(
+            (ncgpus, gpu_memory_mib, mode, locality, distinct_gpus),
+            constraints,
+            network,
+            compute,
+            vm,
+        )| {
+            let vm_resources = match locality {
+                Locality::Local => vm,
+                _ => vm.filter(|_| ncgpus == 5),
+            };
             Request {
                 ncgpus,
                 gpu_memory_mib,
@@ -188,6 +204,7 @@ fn request() -> impl Strategy<Value = Request> {
                 constraints,
                 network,
                 compute_percent: compute,
+                vm_resources,
             }
         },
     )
@@ -218,6 +235,10 @@ fn build(shape: &PoolShape, selector: Selector) -> (Pool, Vec<String>) {
         pool.add_host(host(&name), HostKind::ComputeGpu).unwrap();
         for (index, &(memory_mib, variant)) in gpus.iter().enumerate() {
             pool.add_gpu(variant_spec(&host(&name), index as u32, memory_mib, variant)).unwrap();
+        }
+        // Every other host offers local VMs 8 cores and 8 GiB: a few VMs fill it.
+        if i % 2 == 0 {
+            pool.set_host_resources(&host(&name), Some(Resources::new(8000, 8192))).unwrap();
         }
         hosts.push(name);
     }
@@ -277,6 +298,14 @@ fn run(shape: &PoolShape, ops: &[Op], selector: Selector) -> Result<Vec<Outcome>
                         if request.locality == Locality::Local {
                             let first = &placement.cgpus[0].host;
                             prop_assert!(placement.cgpus.iter().all(|c| &c.host == first));
+                            prop_assert_eq!(placement.vm_resources, request.vm_resources);
+                            let (offers, taken) = pool.host_resources(first).expect("a host");
+                            if let Some(offers) = offers {
+                                prop_assert!(
+                                    offers.has_room(&taken, &Default::default()),
+                                    "{first} gave {taken:?} of {offers:?}"
+                                );
+                            }
                         } else if !request.network.is_empty() {
                             let gpu_hosts: Vec<HostId> =
                                 placement.cgpus.iter().map(|c| c.host.clone()).collect();

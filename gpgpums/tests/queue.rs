@@ -564,7 +564,7 @@ proptest! {
 /// What one project does to the queue between two rounds.
 #[derive(Debug, Clone)]
 enum Move {
-    Enqueue(Request),
+    Enqueue(Box<Request>),
     Cancel(usize),
     EndVm(usize),
     Nothing,
@@ -585,7 +585,7 @@ struct Siege {
 
 fn siege() -> impl Strategy<Value = Siege> {
     let mv = prop_oneof![
-        request().prop_map(Move::Enqueue),
+        request().prop_map(|r| Move::Enqueue(Box::new(r))),
         (0usize..8).prop_map(Move::Cancel),
         (0usize..8).prop_map(Move::EndVm),
         Just(Move::Nothing),
@@ -654,7 +654,7 @@ proptest! {
             world.now_ms = round as i64 * ROUND_MS;
             match mv {
                 Move::Enqueue(request) => {
-                    queue.push(launch(next, "a", 0, request.clone()));
+                    queue.push(launch(next, "a", 0, (**request).clone()));
                     next += 1;
                 }
                 Move::Cancel(i) => {

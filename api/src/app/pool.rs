@@ -207,8 +207,13 @@ fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger)
             Ok(project) => quotas.restore(vm, &project, &pool.holding(&cgpus)),
             Err(_) => tracing::error!(%vm, "stored cGPUs of a VM with an invalid project"),
         }
-        let placement =
-            Placement { vm, policy: String::new(), vm_host: VmHost::AnyAgentHost, cgpus };
+        let placement = Placement {
+            vm,
+            policy: String::new(),
+            vm_host: VmHost::AnyAgentHost,
+            cgpus,
+            vm_resources: None,
+        };
         if let Err(e) = pool.restore(placement) {
             // Storage says this VM holds cGPUs that no longer fit (an inventory change behind our
             // back). Keep serving; the booking stays in the database for an operator to see.
@@ -222,6 +227,7 @@ fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger)
             policy: String::new(),
             vm_host: VmHost::AnyAgentHost,
             cgpus: fence.cgpus,
+            vm_resources: None,
         };
         if let Err(e) = pool.restore(placement) {
             tracing::error!(fence = %fence.id, error = %e, "fenced cGPUs do not fit the pool");

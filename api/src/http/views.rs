@@ -38,6 +38,8 @@ pub fn launch_spec(request: LaunchRequest) -> (LaunchSpec, Option<String>, bool)
         },
         network: request.network.into(),
         compute_percent: request.compute_percent,
+        // The flavor's, set by the application for a local VM: never the tenant's word.
+        vm_resources: None,
     };
     let vm = VmRequest {
         name: request.name.unwrap_or_default(),

@@ -179,6 +179,10 @@ impl Policy for FragGradient {
     fn ranks_by_host_load(&self) -> bool {
         false
     }
+
+    fn weighs_stranding(&self) -> bool {
+        true
+    }
 }
 
 /// Candidates by (GPU memory, free, slot).

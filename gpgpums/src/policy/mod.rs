@@ -85,6 +85,12 @@ pub trait Policy: Send + Sync + fmt::Debug {
     fn ranks_by_host_load(&self) -> bool {
         true
     }
+
+    /// Whether a `local` VM's host is chosen, among the first few in this order, by the GPU
+    /// its CPU would strand there (see `pool/stranding.rs`).
+    fn weighs_stranding(&self) -> bool {
+        false
+    }
 }
 
 /// A set of candidates that finds the policy's choice among those with enough free memory.

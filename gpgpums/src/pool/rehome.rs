@@ -110,6 +110,7 @@ impl Pool {
             constraints: to.constraints.clone(),
             network: NetworkConstraint::NONE,
             compute_percent: old.compute_percent.map(u32::from),
+            vm_resources: None,
         };
         let shortfall = || Error::InsufficientCapacity(Shortfall::of(&request, 0, false));
         let tiers: Vec<Option<Vec<u32>>> = match (to.on_host, to.near) {
@@ -190,7 +191,9 @@ impl Pool {
         let cgpu = placement.cgpus.remove(at);
         let kept: Vec<u32> = placement.cgpus.iter().map(|c| self.gpu_by_id[&c.gpu]).collect();
         if placement.cgpus.is_empty() {
+            // A VM with no cGPU left is no longer the pool's: nor is its host's CPU and memory.
             self.vms.remove(vm);
+            self.unbook_vm_resources(vm);
         }
         let slot = self.gpu_by_id[&cgpu.gpu];
         self.untake_all(&[(slot, cgpu.memory_mib, cgpu.mode)], &kept);
@@ -222,6 +225,7 @@ impl Pool {
                 policy: policy.unwrap_or_default(),
                 vm_host: VmHost::AnyAgentHost,
                 cgpus: Vec::new(),
+                vm_resources: None,
             })
             .cgpus
             .extend(cgpus.iter().cloned());
