@@ -36,6 +36,28 @@ pub struct HostView {
     /// in admins' host lists only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alerts: Option<Vec<HostAlertView>>,
+    /// What the host offers the `local` VMs pinned to it (its agent's `[local_vms]`) and what
+    /// they take there now (their flavors'). Left out when it offers nothing known and holds
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_vms: Option<LocalVmsView>,
+}
+
+/// See [`HostView::local_vms`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LocalVmsView {
+    /// Absent: unknown, and only the host's GPUs bind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offers: Option<ResourcesBody>,
+    pub taken: ResourcesBody,
+}
+
+/// CPU (thousandths of a core: a vCPU is 1000) and memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesBody {
+    pub cpu_milli: u64,
+    pub memory_mib: u64,
 }
 
 /// A host alert (see `GET /v1/hosts`).
@@ -71,6 +93,10 @@ pub struct HostReportBody {
     /// at most 64, each 1 to 10,000,000, never to the host itself.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub rtt_us: std::collections::BTreeMap<String, u32>,
+    /// What a compute-gpu host offers the `local` VMs gsaasd pins to it (at most 100,000 cores
+    /// and 1 PiB): none is put there past it. Absent: unknown, only its GPUs bind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_vms: Option<ResourcesBody>,
 }
 
 /// `GET /v1/hosts/{name}/rtt-targets`: the GPU hosts whose round trips the host's agent

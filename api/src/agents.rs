@@ -97,6 +97,7 @@ impl InProcessAgents {
             // The inventory registers the host, with its topology.
             topology: Default::default(),
             gpu_address: None,
+            local_vms: None,
         };
         let agent =
             Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params), facts));

@@ -274,6 +274,8 @@ pub struct HostRecord {
     pub rtt_us: std::collections::BTreeMap<HostId, u32>,
     /// When they were recorded (ms since the epoch; 0: never).
     pub rtt_recorded_ms: i64,
+    /// What it offers the local VMs pinned to it, as its agent reported it (`None`: unknown).
+    pub local_vms: Option<gpgpums::Resources>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,6 +20,7 @@ mod fleet;
 mod hosts;
 mod keystone_auth;
 mod lists;
+mod local_vms;
 mod metrics;
 mod notifications;
 mod openapi;

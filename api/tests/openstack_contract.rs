@@ -350,7 +350,7 @@ async fn check_finds_flavors_by_name_and_refuses_unknown_parts() {
         {
             return nova_error(404, "itemNotFound", "Flavor m1.tiny could not be found.");
         }
-        if req.is(&get, &format!("{NOVA}/flavors")) {
+        if req.is(&get, &format!("{NOVA}/flavors/detail")) {
             let flavor = fixture_json("nova/flavors_flavor-get-resp.json")["flavor"].clone();
             return reply(200, json!({ "flavors": [flavor] }).to_string());
         }
@@ -379,6 +379,8 @@ async fn check_finds_flavors_by_name_and_refuses_unknown_parts() {
     let checked = cloud.check(&by_name, None).await.unwrap();
     let flavor = fixture_json("nova/flavors_flavor-get-resp.json")["flavor"]["id"].clone();
     assert_eq!(json!(checked.flavor), flavor, "the flavor's id, found by its name");
+    let shape = Some(gpgpums::Resources::new(1000, 512));
+    assert_eq!(checked.flavor_resources, shape, "the fixture's 1 vCPU and 512 MiB");
     assert_eq!(checked.image, IMAGE_ID);
     assert_eq!(checked.networks, json!([{ "uuid": NETWORK_ID }]));
 
@@ -470,6 +472,7 @@ async fn a_launchs_first_creation_is_one_post_with_the_checks_ids() {
         flavor: "flavor-id-from-the-check".into(),
         image: IMAGE_ID.into(),
         networks: json!([{ "uuid": NETWORK_ID }]),
+        flavor_resources: None,
     };
     let first = ServerSpec {
         checked: Some(checked.clone()),

@@ -35,7 +35,7 @@ pub use ids::{GpuId, HostId, IdError, ProjectId, TicketId, VmId, MAX_NAME_LEN};
 pub use model::{
     profile_name_problem, CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage,
     Locality, Mode, Partition, Placement, RcudaEndpoint, Request, Resources, UsageTotals, VmHost,
-    MAX_PROFILE_LEN,
+    MAX_CPU_MILLI, MAX_MEMORY_MIB, MAX_PROFILE_LEN,
 };
 pub use policy::{PolicyRegistry, DEFAULT_POLICY};
 pub use pool::{

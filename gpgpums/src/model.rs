@@ -204,9 +204,30 @@ pub struct Resources {
     pub memory_mib: u64,
 }
 
+/// The most CPU one host or VM may have: 100,000 cores.
+pub const MAX_CPU_MILLI: u64 = 100_000_000;
+/// The most memory one host or VM may have: 1 PiB.
+pub const MAX_MEMORY_MIB: u64 = 1 << 30;
+
 impl Resources {
     pub fn new(cpu_milli: u64, memory_mib: u64) -> Self {
         Resources { cpu_milli, memory_mib }
+    }
+
+    /// What is out of range, as (field, reason).
+    pub fn problem(&self) -> Option<(&'static str, String)> {
+        if self.cpu_milli > MAX_CPU_MILLI {
+            let cores = self.cpu_milli / 1000;
+            return Some(("cpu_milli", format!("{cores} cores are more than 100,000")));
+        }
+        if self.memory_mib > MAX_MEMORY_MIB {
+            let mib = self.memory_mib;
+            return Some((
+                "memory_mib",
+                format!("{mib} MiB is more than 1 PiB ({MAX_MEMORY_MIB} MiB)"),
+            ));
+        }
+        None
     }
 
     /// Whether `need` fits in what is left of `self` once `used` is taken.

@@ -2450,6 +2450,9 @@ impl Request {
                 "only a local VM takes CPU and memory of its GPUs' host".to_owned(),
             ));
         }
+        if let Some((_, reason)) = self.vm_resources.and_then(|r| r.problem()) {
+            problems.push(("vm_resources", reason));
+        }
         problems.extend(self.constraints.problems());
         problems.extend(self.network.problems());
         problems

@@ -24,6 +24,21 @@ pub enum ConfigError {
     Invalid { path: PathBuf, reason: String },
 }
 
+/// `[local_vms]`: see [`Config::local_vms`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalVmsConfig {
+    /// vCPUs.
+    pub cpus: u64,
+    pub memory_mib: u64,
+}
+
+impl LocalVmsConfig {
+    pub fn resources(&self) -> gpgpums::Resources {
+        gpgpums::Resources::new(self.cpus.saturating_mul(1000), self.memory_mib)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -65,6 +80,11 @@ pub struct Config {
     /// operator's levels (`zone = "z1"`, `rack = "r12"`).
     #[serde(default)]
     pub topology: gpgpums::Topology,
+    /// The CPU and memory this GPU host offers the `local` VMs gsaasd pins to it (what Nova may
+    /// give them beside the host's own and other VMs'), reported to gsaasd, which puts none
+    /// past them. Absent: only the host's GPUs bind.
+    #[serde(default)]
+    pub local_vms: Option<LocalVmsConfig>,
     /// Limits of the agent's HTTP server.
     #[serde(default)]
     pub http: HttpLimits,
@@ -528,6 +548,12 @@ impl Config {
             let at = level.map_or("topology".to_owned(), |level| format!("topology.{level}"));
             return Err(invalid(format!("{at}: {why}")));
         }
+        if let Some(offers) = config.local_vms {
+            if let Some((field, why)) = offers.resources().problem() {
+                let field = if field == "cpu_milli" { "cpus" } else { field };
+                return Err(invalid(format!("local_vms.{field}: {why}")));
+            }
+        }
         for gpu in &config.gpus {
             if gpu.parent.is_some() != gpu.profile.is_some() {
                 return Err(invalid(format!(
@@ -703,6 +729,19 @@ mod tests {
         assert_eq!(placed.topology.get("rack").map(String::as_str), Some("r12"));
         let err = Config::parse(&config("rack = 'r 12'\n"), path).unwrap_err().to_string();
         assert!(err.contains("topology.rack") && err.contains("no group name"), "{err}");
+    }
+
+    #[test]
+    fn what_the_host_offers_local_vms_is_in_range() {
+        let config = |offers: &str| format!("{MINIMAL}[local_vms]\n{offers}");
+        let path = Path::new("agent.toml");
+        let parsed = Config::parse(&config("cpus = 64\nmemory_mib = 524288\n"), path).unwrap();
+        let offers = parsed.local_vms.unwrap().resources();
+        assert_eq!(offers, gpgpums::Resources::new(64_000, 524_288));
+        let err = Config::parse(&config("cpus = 1000000\nmemory_mib = 1\n"), path);
+        assert!(err.unwrap_err().to_string().contains("local_vms.cpus"));
+        let err = Config::parse(&config("cpus = 4\n"), path).unwrap_err().to_string();
+        assert!(err.contains("memory_mib"), "{err}");
     }
 
     #[test]

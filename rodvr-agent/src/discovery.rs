@@ -513,6 +513,7 @@ mod tests {
             rtt_us: None,
             managed: None,
             gpu_address: None,
+            local_vms: None,
         };
         assert_eq!(report.validate(range), Ok(()));
         // A partition of a GPU the host does not have.

@@ -179,6 +179,7 @@ async fn run(config_path: PathBuf) -> Result<(), StartError> {
         agent_url: config.agent_url(bound),
         gpus,
         topology: config.topology.clone(),
+        local_vms: config.local_vms.map(|offers| offers.resources()),
         gpu_address: rodvr_agent::servers::interface_address(&config.gpu_interface),
     };
     let firewall = NftFirewall::new(&config.nft_command).with_conntrack(&config.conntrack_command);

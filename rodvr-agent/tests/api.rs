@@ -28,6 +28,7 @@ fn new_agent(state: &TempDir) -> Arc<Agent<MemoryFirewall>> {
         gpus: vec![],
         topology: Default::default(),
         gpu_address: None,
+        local_vms: None,
     };
     Arc::new(Agent::new(ledger, Dataplane::new(MemoryFirewall::new(), params()), facts))
 }

@@ -480,6 +480,10 @@ pub struct HostReport {
     /// hosts (see [`ServerSpec::clients`]). Left out when the agent does not know it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_address: Option<Ipv4Addr>,
+    /// The CPU and memory the host offers the `local` VMs gsaasd pins to it (its config's
+    /// `[local_vms]`): gsaasd puts none there past them. Left out: unknown, only GPUs bind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_vms: Option<gpgpums::Resources>,
 }
 
 /// The most GPU hosts an agent measures round trips to.
@@ -615,6 +619,15 @@ impl HostReport {
         if let Some((level, reason)) = gpgpums::topology_problem(&self.topology) {
             let entry = level.map_or("topology".to_owned(), |level| format!("topology.{level}"));
             return Err(bad(entry, reason));
+        }
+        if let Some(offers) = &self.local_vms {
+            if self.kind == HostKind::ComputeRgpu {
+                let reason = "a compute-rgpu host has no GPUs for a local VM".to_owned();
+                return Err(bad("local_vms".into(), reason));
+            }
+            if let Some((field, reason)) = offers.problem() {
+                return Err(bad(format!("local_vms.{field}"), reason));
+            }
         }
         let rtt_us = self.rtt_us.as_ref();
         if let Some(rtt_us) = rtt_us.filter(|r| r.len() > MAX_RTT_TARGETS) {
@@ -949,6 +962,7 @@ pub(crate) mod tests {
             rtt_us: None,
             managed: None,
             gpu_address: None,
+            local_vms: None,
         }
     }
 

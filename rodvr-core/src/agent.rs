@@ -50,6 +50,8 @@ pub struct HostFacts {
     pub topology: gpgpums::Topology,
     /// Its address on the GPU network (see [`HostReport::gpu_address`]).
     pub gpu_address: Option<std::net::Ipv4Addr>,
+    /// What it offers local VMs (see [`HostReport::local_vms`]).
+    pub local_vms: Option<gpgpums::Resources>,
 }
 
 #[derive(Debug)]
@@ -333,6 +335,7 @@ impl<F: Firewall> Agent<F> {
             },
             applied_generation: self.lock().applied_generation,
             topology: self.facts.topology.clone(),
+            local_vms: self.facts.local_vms,
             rtt_us: self.rtt_us.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             managed: self
                 .servers

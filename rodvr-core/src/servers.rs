@@ -191,6 +191,7 @@ mod tests {
                 gpus: vec![gpu],
                 topology: Default::default(),
                 gpu_address: None,
+                local_vms: None,
             };
             let dataplane = Dataplane::new(MemoryFirewall::new(), crate::fixtures::params());
             let agent = Agent::new(Ledger::in_memory(), dataplane, facts);

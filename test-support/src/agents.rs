@@ -127,6 +127,7 @@ impl TestAgent {
             gpus,
             topology: Default::default(),
             gpu_address: None,
+            local_vms: None,
         };
         let mut agent =
             Agent::new(Ledger::in_memory(), Dataplane::new(MemoryFirewall::new(), params), facts);

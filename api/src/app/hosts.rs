@@ -49,6 +49,8 @@ pub struct Registration {
     pub managed_servers: bool,
     /// Its address on the GPU network, as its agent reported it.
     pub gpu_address: Option<std::net::Ipv4Addr>,
+    /// What it offers local VMs, as its agent reported it (see [`HostRecord::local_vms`]).
+    pub local_vms: Option<gpgpums::Resources>,
 }
 
 /// The round trips to record of `host`'s `reported` ones at `now`: none unless they differ from
@@ -104,6 +106,7 @@ impl Registration {
             rtt_us: report.rtt_us.clone(),
             managed_servers: report.managed.is_some(),
             gpu_address: report.gpu_address,
+            local_vms: report.local_vms,
         }
     }
 
@@ -138,6 +141,7 @@ impl Registration {
             rtt_us: None,
             managed_servers: false,
             gpu_address: None,
+            local_vms: None,
         }
     }
 }
@@ -222,6 +226,7 @@ impl App {
                 && host.topology == registration.topology
                 && host.managed_servers == registration.managed_servers
                 && host.gpu_address == registration.gpu_address
+                && host.local_vms == registration.local_vms
                 && rtts_to_record(host, registration.rtt_us.as_ref(), now_ms(), rtt_every_ms)
                     .is_none()
             {
@@ -259,6 +264,10 @@ impl App {
                             db::set_host_servers(tx, &registration.name, registration.managed_servers, registration.gpu_address).await?;
                         }
                         pool.set_host_topology(&registration.name, registration.topology.clone())?;
+                        if registration.local_vms.is_some() {
+                            db::set_host_local_vms(tx, &registration.name, registration.local_vms).await?;
+                            pool.set_host_resources(&registration.name, registration.local_vms)?;
+                        }
                         if let Some(rtt_us) = registration.rtt_us.as_ref().filter(|r| !r.is_empty()) {
                             db::set_host_rtts(tx, &registration.name, rtt_us, now).await?;
                             pool.set_host_rtts(&registration.name, rtt_us.iter().map(|(h, us)| (h.clone(), *us)))?;
@@ -274,6 +283,11 @@ impl App {
                             tracing::info!(host = %host.name, "the host's topology changed");
                             db::set_host_topology(tx, &host.name, &registration.topology).await?;
                             pool.set_host_topology(&host.name, registration.topology.clone())?;
+                        }
+                        if host.local_vms != registration.local_vms {
+                            tracing::info!(host = %host.name, offers = ?registration.local_vms, "what the host offers local VMs changed");
+                            db::set_host_local_vms(tx, &host.name, registration.local_vms).await?;
+                            pool.set_host_resources(&host.name, registration.local_vms)?;
                         }
                         if let Some(rtt_us) = rtts_to_record(host, registration.rtt_us.as_ref(), now, rtt_every_ms) {
                             db::set_host_rtts(tx, &host.name, rtt_us, now).await?;
@@ -492,6 +506,17 @@ impl App {
     ) -> Result<(Vec<HostRecord>, HashMap<HostId, Vec<db::HostAlert>>), Error> {
         let mut conn = self.db.conn().await?;
         Ok((db::hosts(&mut conn).await?, db::host_alerts(&mut conn).await?))
+    }
+
+    /// What the local VMs take on each host that holds any (the pool's bookings).
+    pub async fn local_vms_taken(&self) -> Result<HashMap<HostId, gpgpums::Resources>, Error> {
+        self.read_pool(|pool| {
+            pool.hosts()
+                .filter_map(|(id, ..)| Some((id.clone(), pool.host_resources(id)?.1)))
+                .filter(|(_, taken)| *taken != gpgpums::Resources::default())
+                .collect()
+        })
+        .await
     }
 
     pub async fn hosts(&self) -> Result<Vec<HostRecord>, Error> {
@@ -949,6 +974,7 @@ mod tests {
             topology: Default::default(),
             rtt_us: rtts(rtt_us),
             rtt_recorded_ms: recorded_ms,
+            local_vms: None,
         }
     }
 

@@ -171,6 +171,9 @@ fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger)
         if let Err(e) = pool.set_host_topology(&host.name, host.topology.clone()) {
             tracing::error!(host = %host.name, error = %e, "stored topology refused: the host is in no group");
         }
+        if let Err(e) = pool.set_host_resources(&host.name, host.local_vms) {
+            tracing::error!(host = %host.name, error = %e, "stored local-VM offer refused");
+        }
     }
     // Round trips after every host, so that each measured host is known.
     for host in &hosts {
@@ -207,12 +210,17 @@ fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger)
             Ok(project) => quotas.restore(vm, &project, &pool.holding(&cgpus)),
             Err(_) => tracing::error!(%vm, "stored cGPUs of a VM with an invalid project"),
         }
+        // A local VM with its CPU and memory runs on its cGPUs' host: booked there again.
+        let vm_host = match (&held.vm_resources, cgpus.first()) {
+            (Some(_), Some(first)) => VmHost::Pinned(first.host.clone()),
+            _ => VmHost::AnyAgentHost,
+        };
         let placement = Placement {
             vm,
             policy: String::new(),
-            vm_host: VmHost::AnyAgentHost,
+            vm_host,
             cgpus,
-            vm_resources: None,
+            vm_resources: held.vm_resources,
         };
         if let Err(e) = pool.restore(placement) {
             // Storage says this VM holds cGPUs that no longer fit (an inventory change behind our

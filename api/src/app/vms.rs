@@ -178,6 +178,10 @@ impl App {
             _ => false,
         };
         let mut spec = input.spec.clone();
+        // A local VM runs on its GPUs' host: the flavor's CPU and memory are booked there.
+        if spec.gpus.locality == gpgpums::Locality::Local {
+            spec.gpus.vm_resources = checked.flavor_resources;
+        }
         if spec.vm.name.trim().is_empty() {
             spec.vm.name = format!("gsaas-{}", &id.to_string()[..8]);
         }

@@ -68,6 +68,9 @@ pub struct Checked {
     pub image: String,
     /// Nova's `networks` of `POST /servers` (a list of `{"uuid": ...}`, or `"auto"` / `"none"`).
     pub networks: serde_json::Value,
+    /// The CPU and memory the flavor gives the VM, where the cloud says: what a `local` VM
+    /// takes of its GPU host.
+    pub flavor_resources: Option<gpgpums::Resources>,
 }
 
 /// Everything needed to create one server.

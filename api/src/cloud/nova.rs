@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use base64::Engine as _;
-use gpgpums::{HostId, VmId};
+use gpgpums::{HostId, Resources, VmId};
 use reqwest::{Method, StatusCode};
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
@@ -157,11 +157,29 @@ struct IdOnly {
     id: String,
 }
 
+/// A flavor as Nova shows it (`GET /flavors/{id}`, `/flavors/detail`).
 #[derive(Debug, Deserialize)]
-struct NamedId {
+struct Flavor {
     id: String,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default)]
+    vcpus: Option<u64>,
+    /// MiB.
+    #[serde(default)]
+    ram: Option<u64>,
+}
+
+impl Flavor {
+    fn resources(&self) -> Option<Resources> {
+        Some(Resources::new(self.vcpus?.saturating_mul(1000), self.ram?))
+    }
+}
+
+/// An image as Glance lists it.
+#[derive(Debug, Deserialize)]
+struct NamedId {
+    id: String,
     #[serde(default)]
     status: Option<String>,
 }
@@ -497,27 +515,30 @@ impl NovaCloud {
         parse::<T>(service, &answer.body)
     }
 
+    /// The flavor's id and the CPU and memory it gives a VM, by id or else by name.
     async fn resolve_flavor(
         &self,
         flavor: &str,
         tenant: Option<&TenantToken>,
-    ) -> Result<String, CloudError> {
+    ) -> Result<(String, Option<Resources>), CloudError> {
         #[derive(Deserialize)]
         struct One {
-            flavor: IdOnly,
+            flavor: Flavor,
         }
         let path = format!("/flavors/{}", encode(flavor));
         if let Some(one) = self.get_optional::<One>("compute", &path, tenant).await? {
-            return Ok(one.flavor.id);
+            return Ok((one.flavor.id.clone(), one.flavor.resources()));
         }
         #[derive(Deserialize)]
         struct Listing {
-            flavors: Vec<NamedId>,
+            flavors: Vec<Flavor>,
         }
-        let flavors = self.get_listing::<Listing>("compute", "/flavors", tenant).await?.flavors;
-        flavors.into_iter().find(|f| f.name.as_deref() == Some(flavor)).map(|f| f.id).ok_or_else(
-            || CloudError::Invalid { field: "flavor", reason: format!("no flavor {flavor:?}") },
-        )
+        let listing = self.get_listing::<Listing>("compute", "/flavors/detail", tenant).await?;
+        let found = listing.flavors.into_iter().find(|f| f.name.as_deref() == Some(flavor));
+        found.map(|f| (f.id.clone(), f.resources())).ok_or_else(|| CloudError::Invalid {
+            field: "flavor",
+            reason: format!("no flavor {flavor:?}"),
+        })
     }
 
     async fn resolve_image(
@@ -598,10 +619,10 @@ impl NovaCloud {
         request: &VmRequest,
         tenant: Option<&TenantToken>,
     ) -> Result<Checked, CloudError> {
-        let flavor = self.resolve_flavor(&request.flavor, tenant).await?;
+        let (flavor, flavor_resources) = self.resolve_flavor(&request.flavor, tenant).await?;
         let image = self.resolve_image(&request.image, tenant).await?;
         let networks = self.networks(request, tenant).await?;
-        Ok(Checked { flavor, image, networks })
+        Ok(Checked { flavor, image, networks, flavor_resources })
     }
 
     async fn get_server(&self, id: &ServerId) -> Result<NovaServer, CloudError> {
@@ -838,7 +859,7 @@ impl Cloud for NovaCloud {
         }
         let tenant = spec.tenant.as_ref();
         let placement = self.placement(spec.vm, &spec.host, tenant.is_some())?;
-        let Checked { flavor, image, networks } = match &spec.checked {
+        let Checked { flavor, image, networks, .. } = match &spec.checked {
             // The launch's first attempt, checked a moment ago: nothing to find, nothing to resolve.
             Some(checked) => checked.clone(),
             None => {

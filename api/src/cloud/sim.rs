@@ -152,6 +152,21 @@ fn take(count: &mut u32) -> bool {
     had
 }
 
+/// The CPU and memory of the simulated cloud's flavors: OpenStack's default flavors, and
+/// `g1.gpu` (8 vCPUs, 32 GiB); `None` for a flavor configured by another name.
+fn sim_flavor_resources(flavor: &str) -> Option<gpgpums::Resources> {
+    let (vcpus, ram_mib) = match flavor {
+        "m1.tiny" => (1, 512),
+        "m1.small" => (1, 2048),
+        "m1.medium" => (2, 4096),
+        "m1.large" => (4, 8192),
+        "m1.xlarge" => (8, 16384),
+        "g1.gpu" => (8, 32768),
+        _ => return None,
+    };
+    Some(gpgpums::Resources::new(vcpus * 1000, ram_mib))
+}
+
 fn injected_outage(operation: &str) -> CloudError {
     CloudError::unavailable(format!("injected fault: the compute API did not answer {operation}"))
 }
@@ -692,7 +707,12 @@ impl Cloud for SimCloud {
         self.shared.validate(request)?;
         // The simulated cloud knows its flavors and images by name.
         let networks = serde_json::json!(request.networks);
-        Ok(Checked { flavor: request.flavor.clone(), image: request.image.clone(), networks })
+        Ok(Checked {
+            flavor: request.flavor.clone(),
+            image: request.image.clone(),
+            networks,
+            flavor_resources: sim_flavor_resources(&request.flavor),
+        })
     }
 
     async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError> {

@@ -191,6 +191,8 @@ pub struct HeldVm {
     pub project: String,
     /// As attached, a launch's by index.
     pub cgpus: Vec<HeldCgpu>,
+    /// The CPU and memory a local VM takes on its GPU host (see `LaunchSpec`'s request).
+    pub vm_resources: Option<gpgpums::Resources>,
 }
 
 /// One booked cGPU: where the GPU is and its rCUDA endpoint are the GPU's own row.
@@ -226,13 +228,18 @@ pub async fn held_cgpus(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error> 
     })
     .await?;
     cgpus.sort_unstable_by_key(|(vm, seq, cgpu)| (*vm, *seq, cgpu.index));
-    let mut projects: std::collections::HashMap<VmId, String> = std::collections::HashMap::new();
+    let mut projects: std::collections::HashMap<VmId, (String, Option<gpgpums::Resources>)> =
+        std::collections::HashMap::new();
     let holders: std::collections::HashSet<VmId> = cgpus.iter().map(|(vm, ..)| *vm).collect();
-    listed(conn, "vms", "id || ' ' || project", "1 = 1", |listed| {
-        let (vm, project) = listed.split_once(' ').ok_or_else(|| corrupt("VM", listed))?;
+    // Projects never have a space; a VM without local resources lists `-1 -1`.
+    let entry = "id || ' ' || project || ' ' || COALESCE(local_cpu_milli, -1) || ' ' \
+                 || COALESCE(local_memory_mib, -1)";
+    listed(conn, "vms", entry, "1 = 1", |listed| {
+        let held_vm = held_vm(listed).ok_or_else(|| corrupt("VM", listed))?;
+        let (vm, project, resources) = held_vm;
         let vm: VmId = super::vm_id(vm)?;
         if holders.contains(&vm) {
-            projects.insert(vm, project.to_owned());
+            projects.insert(vm, (project.to_owned(), resources));
         }
         Ok(())
     })
@@ -244,12 +251,27 @@ pub async fn held_cgpus(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error> 
             _ => {
                 // As the join of PostgreSQL's read: cGPUs of no VM (which the foreign key
                 // forbids) are left out.
-                let Some(project) = projects.remove(&vm) else { continue };
-                held.push(HeldVm { vm, project, cgpus: vec![cgpu] });
+                let Some((project, vm_resources)) = projects.remove(&vm) else { continue };
+                held.push(HeldVm { vm, project, cgpus: vec![cgpu], vm_resources });
             }
         }
     }
     Ok(held)
+}
+
+/// One VM of [`held_cgpus`]'s list, "id project cpu memory" (-1 for none).
+fn held_vm(listed: &str) -> Option<(&str, &str, Option<gpgpums::Resources>)> {
+    let mut fields = listed.split(' ');
+    let (vm, project) = (fields.next()?, fields.next()?);
+    let cpu: i64 = fields.next()?.parse().ok()?;
+    let memory: i64 = fields.next()?.parse().ok()?;
+    let resources = match (cpu, memory) {
+        (-1, -1) => None,
+        (cpu, memory) => {
+            Some(gpgpums::Resources::new(cpu.try_into().ok()?, memory.try_into().ok()?))
+        }
+    };
+    fields.next().is_none().then_some((vm, project, resources))
 }
 
 /// How many rowids one statement of [`listed`] lists on SQLite.
@@ -304,9 +326,10 @@ async fn held_cgpus_by_vm(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error
     let aggregate = string_agg(conn);
     let rows = sqlx::query(&format!(
         "SELECT c.vm, v.project, {aggregate}(c.idx || ' ' || c.seq || ' ' || c.memory_mib || ' ' \
-         || c.mode || ' ' || c.gpu || ' ' || COALESCE(c.compute_percent, 0), ',') \
+         || c.mode || ' ' || c.gpu || ' ' || COALESCE(c.compute_percent, 0), ','), \
+         v.local_cpu_milli, v.local_memory_mib \
          FROM cgpus c JOIN vms v ON v.id = c.vm \
-         GROUP BY c.vm, v.project ORDER BY c.vm"
+         GROUP BY c.vm, v.project, v.local_cpu_milli, v.local_memory_mib ORDER BY c.vm"
     ))
     .fetch_all(conn)
     .await?;
@@ -323,6 +346,7 @@ async fn held_cgpus_by_vm(conn: &mut AnyConnection) -> Result<Vec<HeldVm>, Error
             vm: super::vm_id(vm)?,
             project: row.try_get(1)?,
             cgpus: cgpus.into_iter().map(|(_, cgpu)| cgpu).collect(),
+            vm_resources: super::hosts::resources(row, "local_cpu_milli", "local_memory_mib")?,
         });
     }
     Ok(held)

@@ -39,7 +39,45 @@ fn host_from_row(row: &AnyRow) -> Result<HostRecord, Error> {
             serde_json::from_str(&text).map_err(|_| corrupt("host round trips", &text))?
         },
         rtt_recorded_ms: row.try_get("rtt_recorded_ms")?,
+        local_vms: resources(row, "local_vm_cpu_milli", "local_vm_memory_mib")?,
     })
+}
+
+/// CPU and memory stored in two columns, both NULL or neither.
+pub(super) fn resources(
+    row: &AnyRow,
+    cpu: &str,
+    memory: &str,
+) -> Result<Option<gpgpums::Resources>, Error> {
+    let cpu_milli: Option<i64> = row.try_get(cpu)?;
+    let memory_mib: Option<i64> = row.try_get(memory)?;
+    match (cpu_milli, memory_mib) {
+        (None, None) => Ok(None),
+        (Some(cpu_milli), Some(memory_mib)) => {
+            let stored = format!("{cpu_milli} / {memory_mib}");
+            let cpu_milli = u64::try_from(cpu_milli).map_err(|_| corrupt(cpu, &stored))?;
+            let memory_mib = u64::try_from(memory_mib).map_err(|_| corrupt(memory, &stored))?;
+            Ok(Some(gpgpums::Resources::new(cpu_milli, memory_mib)))
+        }
+        _ => Err(corrupt(cpu, "half of CPU and memory")),
+    }
+}
+
+/// Records what the host offers local VMs (see [`HostRecord::local_vms`]).
+pub async fn set_host_local_vms(
+    conn: &mut AnyConnection,
+    name: &HostId,
+    offers: Option<gpgpums::Resources>,
+) -> Result<(), Error> {
+    sqlx::query(
+        "UPDATE hosts SET local_vm_cpu_milli = $1, local_vm_memory_mib = $2 WHERE name = $3",
+    )
+    .bind(offers.map(|o| o.cpu_milli as i64))
+    .bind(offers.map(|o| o.memory_mib as i64))
+    .bind(name.as_str())
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 fn generation(row: &AnyRow, column: &str) -> Result<u64, Error> {
@@ -49,7 +87,7 @@ fn generation(row: &AnyRow, column: &str) -> Result<u64, Error> {
 
 const HOST_COLUMNS: &str = "name, seq, kind, state, drained, agent_url, last_seen_ms, \
      routes_generation, applied_generation, forgotten, topology, rtt_us, rtt_recorded_ms, \
-     managed_servers, gpu_address";
+     managed_servers, gpu_address, local_vm_cpu_milli, local_vm_memory_mib";
 
 pub async fn hosts(conn: &mut AnyConnection) -> Result<Vec<HostRecord>, Error> {
     let rows = sqlx::query(&format!("SELECT {HOST_COLUMNS} FROM hosts ORDER BY seq"))

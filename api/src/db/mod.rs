@@ -94,6 +94,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (26, "vm_remoting", include_str!("../../../migrations/0026_vm_remoting.sql")),
     (30, "managed_servers", include_str!("../../../migrations/0030_managed_servers.sql")),
     (31, "compute_shares", include_str!("../../../migrations/0031_compute_shares.sql")),
+    (33, "local_vm_resources", include_str!("../../../migrations/0033_local_vm_resources.sql")),
 ];
 
 /// The migrations written in each store's dialect (version, name, SQLite's SQL, PostgreSQL's):

@@ -267,7 +267,7 @@ pub struct NewVm<'a> {
 const NEW_VM_COLUMNS: &str =
     "id, project, owner, name, request, policy, state, error, step, timings, \
     idempotency_key, request_digest, saga_owner, saga_lease_until_ms, created_ms, updated_ms, \
-    preemptible, priority, remoting";
+    preemptible, priority, remoting, local_cpu_milli, local_memory_mib";
 
 fn new_vm_params(new: &NewVm<'_>) -> Vec<Param> {
     let vm = new.record;
@@ -291,6 +291,9 @@ fn new_vm_params(new: &NewVm<'_>) -> Vec<Param> {
         Param::Int(Some(i64::from(vm.spec.preemptible))),
         Param::Int(Some(i64::from(vm.spec.priority))),
         Param::text(vm.spec.remoting().as_str()),
+        // Bounded by `Resources::problem` (at most 2^30).
+        Param::Int(vm.spec.gpus.vm_resources.map(|r| r.cpu_milli as i64)),
+        Param::Int(vm.spec.gpus.vm_resources.map(|r| r.memory_mib as i64)),
     ]
 }
 

@@ -500,9 +500,14 @@ async fn terminate_vm(
 async fn list_hosts(State(app): State<AppState>, caller: Caller) -> Result<Json<HostList>, Error> {
     app.policy.authorize(actions::HOST_LIST, &caller, Target::Service)?;
     let (hosts, mut alerts) = app.hosts_with_alerts().await?;
+    let mut taken = app.local_vms_taken().await?;
     let hosts = hosts
         .iter()
-        .map(|h| host_view_with_alerts(h, alerts.remove(&h.name).unwrap_or_default()))
+        .map(|h| {
+            let view = host_view_with_alerts(h, alerts.remove(&h.name).unwrap_or_default());
+            let taken = taken.remove(&h.name).unwrap_or_default();
+            HostView { local_vms: local_vms_view(h.local_vms, taken), ..view }
+        })
         .collect();
     Ok(Json(HostList { hosts }))
 }

@@ -54,7 +54,7 @@ impl utoipa::Modify for BearerAuth {
         QueueLengthView, QueuedRequestView, GpuRequestView, PoolView, PoolTotals, PoolHostView,
         FragmentationView,
         GpuView, HostView, HostAlertView, HostList, EvacuationView, FenceView,
-        FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody,
+        FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, LocalVmsView, ResourcesBody,
         RcudaBody, RttTargetsBody, RttTargetBody, Health, Readiness, ModeParam, LocalityParam,
         NetworkParam, StrengthParam, Timings,
         ReconcilerStatus, crate::model::VmState, AuthMethods, SignInRequest, PasswordSignIn,
@@ -346,6 +346,9 @@ fn constrain_request_fields(doc: &mut Value) {
             "additionalProperties": { "minimum": 1, "maximum": gpgpums::MAX_RTT_US }
         }),
     );
+    let offers = "/components/schemas/ResourcesBody/properties";
+    merge(doc, &format!("{offers}/cpu_milli"), json!({ "maximum": gpgpums::MAX_CPU_MILLI }));
+    merge(doc, &format!("{offers}/memory_mib"), json!({ "maximum": gpgpums::MAX_MEMORY_MIB }));
     merge(
         doc,
         "/components/schemas/RttTargetsBody/properties/targets",

@@ -319,6 +319,17 @@ pub fn host_view_with_alerts(h: &HostRecord, alerts: Vec<HostAlert>) -> HostView
     HostView { alerts: Some(alerts), ..HostView::from(h) }
 }
 
+/// [`HostView::local_vms`] of a host offering `offers` whose local VMs take `taken`.
+pub fn local_vms_view(
+    offers: Option<gpgpums::Resources>,
+    taken: gpgpums::Resources,
+) -> Option<LocalVmsView> {
+    let body =
+        |r: gpgpums::Resources| ResourcesBody { cpu_milli: r.cpu_milli, memory_mib: r.memory_mib };
+    (offers.is_some() || taken != gpgpums::Resources::default())
+        .then(|| LocalVmsView { offers: offers.map(body), taken: body(taken) })
+}
+
 impl From<&HostRecord> for HostView {
     fn from(h: &HostRecord) -> Self {
         HostView {
@@ -333,6 +344,7 @@ impl From<&HostRecord> for HostView {
             topology: h.topology.clone(),
             rtt_us: h.rtt_us.iter().map(|(host, us)| (host.to_string(), *us)).collect(),
             alerts: None,
+            local_vms: local_vms_view(h.local_vms, gpgpums::Resources::default()),
         }
     }
 }

@@ -73,6 +73,9 @@ impl Pool {
             .host_by_id
             .get(host)
             .ok_or_else(|| Error::inventory("host", format!("host {host} is not registered")))?;
+        if let Some((field, reason)) = offers.and_then(|o| o.problem()) {
+            return Err(Error::invalid(field, reason));
+        }
         let entry = &mut self.hosts[h as usize];
         if entry.offers != offers {
             entry.offers = offers;
