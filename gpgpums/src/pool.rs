@@ -1178,13 +1178,23 @@ impl Pool {
         let mut pending: Vec<(u64, usize, u32)> = Vec::new();
         let mut found = 0;
         let mut misses = 0;
+        // Found by a pass over the hosts with room, the next last.
+        let mut scanned: Vec<u32> = Vec::new();
         let mut best_partial = 0;
         let outcome = loop {
             while pending.len() < lookahead && pending.last().is_none_or(|p| p.0 > 0) {
-                // After a few hosts without room for the VM, only those with room are looked at.
+                // After a few hosts without room for the VM, only those with room are looked
+                // at: the next hosts' best GPUs, in the policy's order, found in one pass.
                 let first = match misses < ROOMLESS_HOSTS_BEFORE_SCAN {
                     true => self.select(view, request, filter, None),
-                    false => self.select_with_room(view, request, filter),
+                    false => {
+                        if scanned.is_empty() {
+                            let wanted = lookahead - pending.len();
+                            scanned = self.best_hosts_with_room(view, request, filter, wanted);
+                            scanned.reverse();
+                        }
+                        scanned.pop()
+                    }
                 };
                 let Some(first) = first else { break };
                 let host = self.gpus[first as usize].host;
@@ -1346,7 +1356,9 @@ impl Pool {
             .collect();
         self.untake_all(&booked, &[]);
         self.unhold(*vm, &placement.cgpus);
-        self.unbook_vm_resources(vm);
+        if placement.vm_resources.is_some() {
+            self.unbook_vm_resources(vm);
+        }
         self.changes += 1;
         Some(placement)
     }

@@ -151,3 +151,47 @@ fn frag_gradient_keeps_a_host_s_cores_for_its_gpus() {
         pool.audit().unwrap();
     }
 }
+
+/// Past 8 hosts without room the placement stops asking the index host by host and passes once
+/// over the hosts with room: it finds the same hosts, in the same order, with every selector,
+/// and frag-gradient still compares them by what they strand.
+#[test]
+fn hosts_without_room_are_passed_over_in_one_scan_that_finds_what_the_index_would() {
+    for selector in SELECTORS {
+        let mut pool = Pool::with(PolicyRegistry::builtin(), selector);
+        for h in 0..13 {
+            add_gpu_host(&mut pool, &format!("h{h}"), &[16384]);
+            let offers = match h {
+                0..=9 => cores(1),
+                10 => cores(8),
+                _ => cores(64),
+            };
+            pool.set_host_resources(&host(&format!("h{h}")), Some(offers)).unwrap();
+        }
+        // The mix: 4 cores a GPU, on the last host.
+        let gpu = gpgpums::GpuId::on_host(&host("h12"), 0);
+        let mix = Placement {
+            vm: vm(1),
+            policy: String::new(),
+            vm_host: VmHost::Pinned(host("h12")),
+            cgpus: vec![gpgpums::CgpuAssignment {
+                index: 0,
+                gpu,
+                host: host("h12"),
+                memory_mib: 16384,
+                mode: gpgpums::Mode::Exclusive,
+                compute_percent: None,
+                rcuda: gpu_spec(&host("h12"), 0, 16384).rcuda,
+            }],
+            vm_resources: Some(cores(4)),
+        };
+        pool.restore(mix).unwrap();
+        let heavy = local(Request::shared(1, 8192), cores(8));
+        let best_fit = pool.place(vm(2), &heavy, "best-fit").unwrap();
+        assert_eq!(pinned_host(&best_fit), "h10", "{selector:?}: the first host with room");
+        pool.release(&vm(2));
+        let gradient = pool.place(vm(3), &heavy, "frag-gradient").unwrap();
+        assert_eq!(pinned_host(&gradient), "h11", "{selector:?}: h10 would strand its GPU");
+        pool.audit().unwrap();
+    }
+}

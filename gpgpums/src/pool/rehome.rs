@@ -192,8 +192,9 @@ impl Pool {
         let kept: Vec<u32> = placement.cgpus.iter().map(|c| self.gpu_by_id[&c.gpu]).collect();
         if placement.cgpus.is_empty() {
             // A VM with no cGPU left is no longer the pool's: nor is its host's CPU and memory.
-            self.vms.remove(vm);
-            self.unbook_vm_resources(vm);
+            if self.vms.remove(vm).is_some_and(|p| p.vm_resources.is_some()) {
+                self.unbook_vm_resources(vm);
+            }
         }
         let slot = self.gpu_by_id[&cgpu.gpu];
         self.untake_all(&[(slot, cgpu.memory_mib, cgpu.mode)], &kept);

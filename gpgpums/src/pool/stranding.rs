@@ -18,7 +18,10 @@
 use super::Pool;
 use crate::error::Error;
 use crate::ids::{HostId, VmId};
+use std::cmp::Ordering;
+
 use crate::model::{Mode, Placement, Request, Resources, VmHost};
+use crate::policy::{Candidate, Query};
 
 /// How many hosts, in the policy's order, a stranding-aware local placement compares.
 pub const LOOKAHEAD: usize = 8;
@@ -101,18 +104,38 @@ impl Pool {
         }
     }
 
-    /// The policy's choice of GPU for `request` among the hosts with room for its VM (not hidden).
-    pub(super) fn select_with_room(
+    /// The best GPU (by the policy, for `request`) of each of the `wanted` first hosts with room
+    /// for its VM, in the order the policy's index would give them one host at a time: one pass.
+    pub(super) fn best_hosts_with_room(
         &self,
         view: usize,
         request: &Request,
         filter: &super::Filter,
-    ) -> Option<u32> {
-        let need = request.vm_resources.as_ref();
-        let slots = (0..self.hosts.len() as u32)
-            .filter(|&h| self.host_has_room(h, need))
-            .flat_map(|h| self.hosts[h as usize].slots.iter().copied());
-        self.scan(view, request.mode, super::request_need(request), filter, slots)
+        wanted: usize,
+    ) -> Vec<u32> {
+        let (mode, need) = (request.mode, super::request_need(request));
+        let policy = &self.views[view].policy;
+        let query = Query { need_mib: need, exclusive: mode == Mode::Exclusive, mix: &self.mix };
+        // As `scan` orders: the higher rank first, then the policy's order.
+        let before = |(ra, a): &(i32, Candidate), (rb, b): &(i32, Candidate)| {
+            rb.cmp(ra).then_with(|| policy.compare_for(&query, a, b)) == Ordering::Less
+        };
+        let mut best: Vec<(i32, Candidate)> = Vec::with_capacity(wanted + 1);
+        for h in 0..self.hosts.len() as u32 {
+            if !self.host_has_room(h, request.vm_resources.as_ref()) {
+                continue;
+            }
+            let slots = self.hosts[h as usize].slots.iter().copied();
+            let Some(slot) = self.scan(view, mode, need, filter, slots) else { continue };
+            let Some(rank) = filter.rank(self.gpus[slot as usize].kind) else { continue };
+            let found = (rank, self.candidate(slot));
+            let at = best.partition_point(|b| before(b, &found));
+            if at < wanted {
+                best.insert(at, found);
+                best.truncate(wanted);
+            }
+        }
+        best.into_iter().map(|(_, c)| c.slot).collect()
     }
 
     /// The GPU (thousandths) still free on host `h`'s GPUs that take new cGPUs.
