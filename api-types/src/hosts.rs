@@ -37,8 +37,8 @@ pub struct HostView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alerts: Option<Vec<HostAlertView>>,
     /// What the host offers the `local` VMs pinned to it (its agent's `[local_vms]`) and what
-    /// they take there now (their flavors'). Left out when it offers nothing known and holds
-    /// none.
+    /// they take there now (their flavors'), in `GET /v1/hosts`. Left out when it offers nothing
+    /// known and holds none, and in other answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_vms: Option<LocalVmsView>,
 }

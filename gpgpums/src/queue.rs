@@ -157,6 +157,8 @@ pub struct Shrink {
     /// Where the VM runs (its placement's host), so that what it gets back goes there too.
     pub vm_host: VmHost,
     pub cgpus: Vec<CgpuAssignment>,
+    /// A local VM's CPU and memory: booked again if it loses every cGPU and gets one back.
+    pub vm_resources: Option<crate::model::Resources>,
 }
 
 impl Shrink {
@@ -190,6 +192,7 @@ impl Shrink {
                     .with_locality(locality)
                     .with_constraints(constraints.clone())
                     .with_network(network.clone());
+                let request = Request { vm_resources: self.vm_resources, ..request };
                 (request, on_host.clone())
             })
             .collect()
@@ -376,6 +379,8 @@ struct Shape {
     distinct_gpus: bool,
     gpu_memory_mib: Option<u64>,
     compute_percent: Option<u32>,
+    /// A local VM's CPU and memory: a flavor that found no host says nothing of a smaller one.
+    vm_resources: Option<crate::model::Resources>,
     policy: u32,
 }
 
@@ -426,6 +431,7 @@ impl Interned {
             distinct_gpus: request.distinct_gpus,
             gpu_memory_mib: request.gpu_memory_mib,
             compute_percent: request.compute_percent,
+            vm_resources: request.vm_resources,
             policy: self.policy(&w.policy),
         })
     }
@@ -720,8 +726,8 @@ impl Round<'_, '_> {
             }
             taken.append(&mut picked_cgpus);
         };
-        let vm_hosts: BTreeMap<VmId, VmHost> =
-            originals.iter().map(|(vm, p)| (*vm, p.vm_host.clone())).collect();
+        let vm_hosts: BTreeMap<VmId, (VmHost, Option<crate::model::Resources>)> =
+            originals.iter().map(|(vm, p)| (*vm, (p.vm_host.clone(), p.vm_resources))).collect();
         put_back(pool, originals);
         if !fitted {
             return None;
@@ -735,7 +741,10 @@ impl Round<'_, '_> {
             priority: w.priority,
             victims: victims
                 .into_iter()
-                .map(|(vm, cgpus)| Shrink { vm, vm_host: vm_hosts[&vm].clone(), cgpus })
+                .map(|(vm, cgpus)| {
+                    let (vm_host, vm_resources) = vm_hosts[&vm].clone();
+                    Shrink { vm, vm_host, cgpus, vm_resources }
+                })
                 .collect(),
         })
     }

@@ -100,6 +100,17 @@ fn detaching_a_local_vm_s_last_cgpu_gives_its_host_s_cpu_back() {
     pool.detach(&vm(1), placed.cgpus[1].index).unwrap();
     assert_eq!(pool.host_resources(&host("gpu1")).unwrap().1, cores(0));
     pool.audit().unwrap();
+    // Its first cGPU back (an attach, or a give-back) books them again, as a restart would.
+    let again = local(Request::exclusive(1), cores(6));
+    pool.attach(vm(1), &again, "best-fit", Some(&host("gpu1"))).unwrap();
+    assert_eq!(pool.host_resources(&host("gpu1")).unwrap().1, cores(6));
+    assert_eq!(pool.placement(&vm(1)).unwrap().vm_resources, Some(cores(6)));
+    // A second attach while it holds one books nothing more.
+    pool.attach(vm(1), &again, "best-fit", Some(&host("gpu1"))).unwrap();
+    assert_eq!(pool.host_resources(&host("gpu1")).unwrap().1, cores(6));
+    pool.audit().unwrap();
+    pool.release(&vm(1)).unwrap();
+    assert_eq!(pool.host_resources(&host("gpu1")).unwrap().1, cores(0));
 }
 
 #[test]

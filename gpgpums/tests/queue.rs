@@ -922,3 +922,20 @@ fn preemption_frees_compute_shares_and_gives_them_back_with_their_share() {
     assert_eq!(tickets(&planned), [4]);
     world.pool.audit().unwrap();
 }
+
+/// A local launch whose flavor finds no host with the cores says nothing of a smaller flavor with
+/// the same GPUs: the smaller one starts in the same round (backfill), not skipped as "known to
+/// fail".
+#[test]
+fn a_big_flavor_that_finds_no_cores_does_not_hold_back_a_small_one() {
+    let mut world = World::new(&[8192; 2]);
+    world.pool.set_host_resources(&host("cg0"), Some(gpgpums::Resources::new(4000, 8192))).unwrap();
+    let local = |cpu_milli: u64| {
+        Request::shared(1, 1024)
+            .with_locality(Locality::Local)
+            .with_vm_resources(gpgpums::Resources::new(cpu_milli, 1024))
+    };
+    let queue = [launch(1, "a", 0, local(8000)), launch(2, "a", 0, local(2000))];
+    let planned = world.plan(&queue, &Rules::default());
+    assert_eq!(tickets(&planned), [2], "{planned:?}");
+}

@@ -124,8 +124,8 @@ impl App {
             // And its network: near the host it runs on.
             network: details.vm.spec.gpus.network.clone(),
             compute_percent: input.compute_percent,
-            // The VM runs already: its CPU and memory are booked as they were.
-            vm_resources: None,
+            // A local VM that holds no cGPU now takes its CPU and memory again with the first.
+            vm_resources: details.vm.spec.gpus.vm_resources,
         };
         let mut checks = FieldChecks::new();
         for (field, reason) in request.problems() {

@@ -181,6 +181,13 @@ impl App {
         // A local VM runs on its GPUs' host: the flavor's CPU and memory are booked there.
         if spec.gpus.locality == gpgpums::Locality::Local {
             spec.gpus.vm_resources = checked.flavor_resources;
+            if let Some((_, why)) = checked.flavor_resources.and_then(|r| r.problem()) {
+                inc(&self.metrics.launches_refused);
+                if delegated {
+                    self.spawn_end_delegation(id, input.tenant.clone());
+                }
+                return Err(Error::invalid("flavor", format!("a local VM's flavor: {why}")));
+            }
         }
         if spec.vm.name.trim().is_empty() {
             spec.vm.name = format!("gsaas-{}", &id.to_string()[..8]);

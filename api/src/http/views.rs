@@ -344,7 +344,8 @@ impl From<&HostRecord> for HostView {
             topology: h.topology.clone(),
             rtt_us: h.rtt_us.iter().map(|(host, us)| (host.to_string(), *us)).collect(),
             alerts: None,
-            local_vms: local_vms_view(h.local_vms, gpgpums::Resources::default()),
+            // What local VMs take is the pool's: the host list fills it in.
+            local_vms: None,
         }
     }
 }

@@ -214,8 +214,8 @@ impl Pool {
             return;
         };
         let taken = &mut self.hosts[host as usize].taken;
-        taken.cpu_milli -= resources.cpu_milli;
-        taken.memory_mib -= resources.memory_mib;
+        taken.cpu_milli = taken.cpu_milli.saturating_sub(resources.cpu_milli);
+        taken.memory_mib = taken.memory_mib.saturating_sub(resources.memory_mib);
         self.strand_mix.count(resources.cpu_milli, gpu_milli, false);
     }
 
@@ -232,8 +232,17 @@ impl Pool {
                 return Err(format!("VM {vm}: resources booked apart from its placement"));
             }
             let t = &mut taken[local.host as usize];
-            t.cpu_milli += local.resources.cpu_milli;
-            t.memory_mib += local.resources.memory_mib;
+            t.cpu_milli = t.cpu_milli.saturating_add(local.resources.cpu_milli);
+            t.memory_mib = t.memory_mib.saturating_add(local.resources.memory_mib);
+        }
+        for placement in self.vms.values() {
+            let pinned = matches!(placement.vm_host, VmHost::Pinned(_));
+            if pinned
+                && placement.vm_resources.is_some()
+                && !self.local_vms.contains_key(&placement.vm)
+            {
+                return Err(format!("VM {}: its CPU and memory are not booked", placement.vm));
+            }
         }
         for (h, host) in self.hosts.iter().enumerate() {
             if host.taken != taken[h] {
