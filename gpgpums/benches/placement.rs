@@ -201,21 +201,33 @@ fn place_and_release(c: &mut Criterion, group_name: &str, selector: Selector, si
     let request = Request::shared(1, 4096);
     for &gpus in sizes {
         for policy in POLICIES {
-            let mut pool = fragmented_pool(gpus, selector, false, false);
-            let mut next_vm = u128::MAX / 2;
-            group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
-                b.iter(|| {
-                    next_vm += 1;
-                    let vm = VmId::from_uuid(Uuid::from_u128(next_vm));
-                    let placement = pool.place(vm, &request, policy).expect("the pool has room");
-                    black_box(&placement);
-                    pool.release(&vm);
-                })
-            });
-            pool.audit().expect("bookkeeping intact after the benchmark");
+            let pool = fragmented_pool(gpus, selector, false, false);
+            bench_one(&mut group, pool, &request, policy, gpus);
         }
     }
     group.finish();
+}
+
+/// One benchmark: `request` placed under `policy` on `pool` (of `gpus` GPUs) and released, then
+/// the pool's bookkeeping checked.
+fn bench_one(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    mut pool: Pool,
+    request: &Request,
+    policy: &str,
+    gpus: usize,
+) {
+    let mut next_vm = u128::MAX / 2;
+    group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
+        b.iter(|| {
+            next_vm += 1;
+            let vm = VmId::from_uuid(Uuid::from_u128(next_vm));
+            let placement = pool.place(vm, request, policy).expect("the pool has room");
+            black_box(&placement);
+            pool.release(&vm);
+        })
+    });
+    pool.audit().expect("bookkeeping intact after the benchmark");
 }
 
 /// [`place_and_release`] on a mixed fleet, the requests cycling through [`constraints`].
@@ -280,18 +292,8 @@ fn place_and_release_local(c: &mut Criterion, sizes: &[usize]) {
         .with_vm_resources(Resources::new(4000, 16 * 1024));
     for &gpus in sizes {
         for policy in ["best-fit", "frag-gradient"] {
-            let mut pool = fragmented_pool(gpus, Selector::Indexed, false, true);
-            let mut next_vm = u128::MAX / 2;
-            group.bench_with_input(BenchmarkId::new(policy, gpus), &gpus, |b, _| {
-                b.iter(|| {
-                    next_vm += 1;
-                    let vm = VmId::from_uuid(Uuid::from_u128(next_vm));
-                    let placement = pool.place(vm, &request, policy).expect("the pool has room");
-                    black_box(&placement);
-                    pool.release(&vm);
-                })
-            });
-            pool.audit().expect("bookkeeping intact after the benchmark");
+            let pool = fragmented_pool(gpus, Selector::Indexed, false, true);
+            bench_one(&mut group, pool, &request, policy, gpus);
         }
     }
     group.finish();
