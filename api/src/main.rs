@@ -144,7 +144,8 @@ enum DbCommand {
     },
     /// Copy the embedded SQLite store, online (gsaasd may run and write meanwhile: the copy is
     /// one consistent moment), to a new file, owner-only. Restore by stopping gsaasd and putting
-    /// the copy at its database's path. PostgreSQL is backed up with its own tools (README).
+    /// the copy at its database's path. PostgreSQL is backed up with its own tools
+    /// (docs/operator/deployment.md, "Backup and restore").
     Backup {
         /// The copy's path; it must not exist yet.
         #[arg(long)]

@@ -41,8 +41,8 @@ pub struct Where {
     pub cacert: Option<std::path::PathBuf>,
 }
 
-/// The service type GSaaS is registered under in the Keystone catalog (README: "Registering
-/// GSaaS in the catalog").
+/// The service type GSaaS is registered under in the Keystone catalog (docs/operator/openstack.md:
+/// "Registering GSaaS in the catalog").
 pub const SERVICE_TYPE: &str = "gpu-scheduling";
 
 /// The OpenStack credentials of `env`, or `None` when it names none (no `OS_TOKEN`, `OS_CLOUD`
@@ -211,8 +211,8 @@ pub fn gsaasd_url(
     }
     openstack_config::catalog::endpoint(catalog, SERVICE_TYPE, interface, region).map_err(|e| {
         Failure::usage(format!(
-            "cannot find gsaasd: {e}; is GSaaS registered in Keystone (README: \"Registering \
-             GSaaS in the catalog\"), or pass --url"
+            "cannot find gsaasd: {e}; is GSaaS registered in Keystone (docs/operator/openstack.md: \
+             \"Registering GSaaS in the catalog\"), or pass --url"
         ))
     })
 }

@@ -6,7 +6,7 @@ start can run it again. Creates:
   Nova and the others authenticate with;
 - the catalog: compute, placement, image, and network (the Neutron stand-in); and GSaaS itself,
   service `gsaas` of type `gpu-scheduling` with a public and an internal endpoint, as an operator
-  registers it (README, "Registering GSaaS in the catalog");
+  registers it (docs/operator/openstack.md, "Registering GSaaS in the catalog");
 - projects `alpha` and `beta`, each with a member user (`alpha-member`, `beta-member`);
   `alpha-lab`, a second project of `alpha-member` (a project to switch to); and `alpha-reader`,
   with Keystone's reader role in alpha only;
@@ -41,7 +41,7 @@ ADMIN_PASSWORD = need("GSAAS_OS_ADMIN_PASSWORD")
 SERVICE_PASSWORD = need("GSAAS_OS_SERVICE_PASSWORD")
 TENANT_PASSWORD = {"alpha": need("GSAAS_OS_ALPHA_PASSWORD"), "beta": need("GSAAS_OS_BETA_PASSWORD")}
 READER_PASSWORD = need("GSAAS_OS_READER_PASSWORD")
-# GSaaS's service type: see README, "Registering GSaaS in the catalog".
+# GSaaS's service type: see docs/operator/openstack.md, "Registering GSaaS in the catalog".
 GSAAS_SERVICE = ("gpu-scheduling", "gsaas", need("GSAAS_OS_GSAAS_URL"))
 ENDPOINTS = {
     "compute": ("nova", need("GSAAS_OS_NOVA_URL")),

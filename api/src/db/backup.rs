@@ -1,5 +1,5 @@
-//! Backups of the embedded store: `gsaasd db backup --to PATH` (see README "Backup and
-//! restore"), online, while gsaasd serves.
+//! Backups of the embedded store: `gsaasd db backup --to PATH` (see docs/operator/deployment.md,
+//! "Backup and restore"), online, while gsaasd serves.
 
 use super::Db;
 use crate::error::Error;

@@ -13,7 +13,7 @@
 //! order); a placement that strands less than a step is taken at once, which keeps most
 //! decisions to one host. On the production trace this is what `frag-strand` adds to FGD where
 //! CPU binds: frag-gradient through the pool with every pod local goes from 94.64% to 95.93% at
-//! 130% (README, "Placement quality").
+//! 130% (docs/operator/placement.md, "Placement quality on a production trace").
 
 use super::Pool;
 use crate::error::Error;
