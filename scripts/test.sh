@@ -60,6 +60,9 @@ export GSAAS_OPENSTACK_CLOUDS=$clouds
 # No import circle between a crate's modules, no arrow up gsaasd's layers (docs/architecture.md).
 python3 scripts/check-modules.py --self-test
 python3 scripts/check-modules.py
+# docs/architecture.md names only files, types and functions that exist, and check-modules.py's layers.
+python3 scripts/check-architecture.py --self-test
+python3 scripts/check-architecture.py
 # Migrations only expand the schema (docs/upgrades.md), and released ones never change.
 python3 scripts/check-migrations.py --self-test
 python3 scripts/check-migrations.py

@@ -16,6 +16,7 @@ pub mod pool;
 pub mod problem;
 pub mod queue;
 pub mod quotas;
+pub mod tasks;
 pub mod usage;
 pub mod vms;
 
@@ -26,6 +27,7 @@ pub use pool::*;
 pub use problem::*;
 pub use queue::*;
 pub use quotas::*;
+pub use tasks::*;
 pub use usage::*;
 pub use vms::*;
 

@@ -36,8 +36,6 @@ pub struct Metrics {
     pub terminations_done: AtomicU64,
     pub route_pushes: AtomicU64,
     pub route_push_failures: AtomicU64,
-    pub reconciler_runs: AtomicU64,
-    pub reconciler_errors: AtomicU64,
     /// Per Equation 5.1 stage of launches that became ready, in [`Timings::names`] order.
     pub stage_seconds: [Histogram; LAUNCH_STAGES.len() + 1],
     /// Time GPGPUMS took to place a request's cGPUs.
@@ -152,8 +150,6 @@ impl Default for Metrics {
             terminations_done: AtomicU64::new(0),
             route_pushes: AtomicU64::new(0),
             route_push_failures: AtomicU64::new(0),
-            reconciler_runs: AtomicU64::new(0),
-            reconciler_errors: AtomicU64::new(0),
             stage_seconds: std::array::from_fn(|_| Histogram::seconds()),
             decision_seconds: Histogram::seconds(),
             queue_wait_seconds: Histogram::seconds(),
@@ -205,12 +201,6 @@ impl Metrics {
                 "gsaas_route_push_failures_total",
                 "Route table pushes that failed.",
                 &self.route_push_failures,
-            ),
-            ("gsaas_reconciler_runs_total", "Reconciler passes.", &self.reconciler_runs),
-            (
-                "gsaas_reconciler_errors_total",
-                "Reconciler passes that hit an error.",
-                &self.reconciler_errors,
             ),
             (
                 "gsaas_notifications_published_total",

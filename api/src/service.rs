@@ -30,12 +30,6 @@ pub struct Service {
     /// The simulated cloud, when that is the backend (tests inspect it and inject faults).
     pub sim: Option<Arc<SimCloud>>,
     server: tokio::task::JoinHandle<()>,
-    reconciler: tokio::task::JoinHandle<()>,
-    queue_server: tokio::task::JoinHandle<()>,
-    revocations: tokio::task::JoinHandle<()>,
-    usage_folder: tokio::task::JoinHandle<()>,
-    /// The notifications' publisher, when `[notifications]` names a broker.
-    notifier: Option<tokio::task::JoinHandle<()>>,
     /// The `metrics.listen` server, when configured.
     metrics_server: Option<tokio::task::JoinHandle<()>>,
 }
@@ -50,30 +44,20 @@ impl Service {
     /// is flushed or unwound).
     pub fn abort(self) {
         self.server.abort();
-        self.reconciler.abort();
-        self.queue_server.abort();
-        self.revocations.abort();
-        self.usage_folder.abort();
-        if let Some(notifier) = self.notifier {
-            notifier.abort();
-        }
-        if let Some(metrics) = self.metrics_server {
-            metrics.abort();
-        }
+        self.stop_the_rest();
         self.app.abort_sagas();
     }
 
     /// Serves until the process is asked to stop.
-    pub async fn wait(self) {
-        let _ = self.server.await;
-        self.reconciler.abort();
-        self.queue_server.abort();
-        self.revocations.abort();
-        self.usage_folder.abort();
-        if let Some(notifier) = self.notifier {
-            notifier.abort();
-        }
-        if let Some(metrics) = self.metrics_server {
+    pub async fn wait(mut self) {
+        let _ = (&mut self.server).await;
+        self.stop_the_rest();
+    }
+
+    /// Stops the background tasks and the metrics server.
+    fn stop_the_rest(&self) {
+        self.app.stop_background_tasks();
+        if let Some(metrics) = &self.metrics_server {
             metrics.abort();
         }
     }
@@ -193,11 +177,7 @@ pub async fn start_with_sim(
     app.sync_sim_hosts().await.map_err(StartError::Inventory)?;
     app.refresh_revocations().await.map_err(StartError::Database)?;
     app.configure_notifier().await.map_err(StartError::Database)?;
-    let revocations = app.spawn_revocation_refresher();
-    let notifier = app.spawn_notifier();
-    let usage_folder = app.spawn_usage_folder();
-    let reconciler = app.spawn_reconciler();
-    let queue_server = app.spawn_queue_server();
+    app.start_background_tasks();
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Listen { addr: app.config.listen, source })?;
@@ -215,19 +195,7 @@ pub async fn start_with_sim(
     let metrics_server = metrics_listener
         .map(|listener| tokio::spawn(serve(listener, crate::http::metrics_router(app.clone()))));
     let server = tokio::spawn(serve(listener, crate::http::router(app.clone())));
-    Ok(Service {
-        app,
-        addr,
-        metrics_addr,
-        sim,
-        server,
-        reconciler,
-        queue_server,
-        revocations,
-        usage_folder,
-        notifier,
-        metrics_server,
-    })
+    Ok(Service { app, addr, metrics_addr, sim, server, metrics_server })
 }
 
 /// SIGINT or SIGTERM (what a supervisor such as Kubernetes sends before it replaces a replica):

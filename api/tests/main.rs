@@ -8,6 +8,7 @@ use gsaas_test_support::on_both_stores;
 
 mod api;
 mod attacks;
+mod background_tasks;
 mod cloudinit;
 mod compute_shares;
 mod conformance;

@@ -193,6 +193,18 @@ fn is_false(b: &bool) -> bool {
 }
 
 impl GpuAttributes {
+    /// What an operator states of a GPU in a configuration file (the agent's `[[gpus]]`,
+    /// gsaasd's `[[hosts.inventory]]`); its layer and whether its servers are managed come from
+    /// its host, with its servers' endpoints.
+    pub fn stated(
+        compute_capability: Option<MajorMinor>,
+        cuda_version: Option<MajorMinor>,
+        uuid: Option<String>,
+        traits: BTreeSet<String>,
+    ) -> GpuAttributes {
+        GpuAttributes { compute_capability, cuda_version, uuid, traits, ..GpuAttributes::default() }
+    }
+
     /// The declared traits and those its compute capability and CUDA version give it.
     pub fn all_traits(&self) -> BTreeSet<String> {
         let mut all = self.traits.clone();

@@ -214,7 +214,7 @@ pub struct RcudaConfig {
     /// The host runs NVIDIA MPS (managed): a shared cGPU may then ask for a compute share, which
     /// the agent sets as its server's active-thread percentage (and its memory share as MPS's
     /// pinned device-memory limit too). The operator runs the MPS control daemon; every server
-    /// is its client, one fault domain per GPU (README).
+    /// is its client, one fault domain per GPU (docs/operator/gpu-servers.md).
     #[serde(default)]
     pub mps: bool,
     /// The MPS control daemon's pipe directory (`CUDA_MPS_PIPE_DIRECTORY`), which the servers'
@@ -388,17 +388,11 @@ pub struct GpuConfig {
 }
 
 impl GpuConfig {
+    /// What the operator states of it; the rest is its host's, set with its servers' endpoints
+    /// (`discovery::inventory`).
     pub fn attributes(&self) -> gpgpums::GpuAttributes {
-        gpgpums::GpuAttributes {
-            compute_capability: self.compute_capability,
-            cuda_version: self.cuda_version,
-            uuid: self.uuid.clone(),
-            traits: self.traits.clone(),
-            // The host's, set with its servers' endpoints (`discovery::inventory`).
-            remoting: gpgpums::Remoting::default(),
-            managed: false,
-            mps: false,
-        }
+        let (capability, cuda, uuid) = (self.compute_capability, self.cuda_version, &self.uuid);
+        gpgpums::GpuAttributes::stated(capability, cuda, uuid.clone(), self.traits.clone())
     }
 }
 

@@ -14,9 +14,9 @@
 //! - [`alerts`]: what a host's agent tried that admins should know of.
 //! - [`gpus`]: GPU taints, by admins or after an agent refused routes to a GPU.
 //! - [`fences`]: bookings kept while a host that cannot be reached may still route to them.
-//! - [`background`]: work on a timer and on trigger, one file per task: the reconciler, drift,
-//!   re-homing (moving cGPUs to other GPUs behind the same masked endpoints), releasing fences,
-//!   the queue's rounds, token revocations.
+//! - [`background`]: work on a timer and on trigger, one file per task, one driver: the
+//!   reconciler's tasks (drift, re-homing, fences, ...), the queue's rounds, token revocations,
+//!   the usage log's folding, the notifications' outbox.
 //! - [`queue`]: the queue as requests and views see it.
 //! - [`redact`]: failure reasons as tenants may read them (no host, GPU or rCUDA server named).
 //! - [`tokens`]: revoking tokens; agents' token renewal.
@@ -95,14 +95,13 @@ pub struct App {
     /// Serializes this process's pushes to each host, and lets one push stand for the pushes
     /// requested before it read the host's routes (see [`App::push_routes`]).
     host_locks: Mutex<HashMap<HostId, Arc<HostPushes>>>,
-    reconciler: background::reconciler::Reconciler,
+    /// The background tasks, their triggers and how each last went.
+    tasks: background::driver::Driver,
     /// When this process last looked at the cloud's changed servers (see [`background::drift`]).
     cloud_seen: Mutex<Option<std::time::SystemTime>>,
     /// Whether some GPU's host runs its servers (see [`servers`]): until one does, launches
     /// and releases skip the servers' work.
     managed_seen: std::sync::atomic::AtomicBool,
-    /// Wakes the queue's rounds.
-    queue: background::queue_rounds::QueueServer,
     /// Requests waiting for a VM to settle.
     watchers: watch::VmWatchers,
     /// Each VM's view as last rendered, while its versions hold.
@@ -169,6 +168,7 @@ impl App {
             Backend::Sqlite => Some(LaneThread::writer()?),
             Backend::Postgres => None,
         };
+        let tasks = background::driver::Driver::new(background::tasks(backends.broker.is_some()));
         let app = Arc::new(App {
             config,
             db,
@@ -187,10 +187,9 @@ impl App {
             instance: uuid::Uuid::new_v4().to_string(),
             sagas: SagaRegistry::default(),
             host_locks: Mutex::new(HashMap::new()),
-            reconciler: background::reconciler::Reconciler::default(),
+            tasks,
             cloud_seen: Mutex::new(None),
             managed_seen: std::sync::atomic::AtomicBool::new(false),
-            queue: background::queue_rounds::QueueServer::default(),
             watchers: watch::VmWatchers::default(),
             rendered: rendered::RenderedViews::default(),
             batchers: Batchers {
@@ -242,6 +241,35 @@ impl App {
         .concat();
         *app.batchers.tasks.lock().expect("batch tasks") = tasks;
         Ok(app)
+    }
+
+    /// Starts the background tasks' loops: the reconciler's first pass at once, in its order.
+    pub fn start_background_tasks(self: &Arc<Self>) {
+        let app = self.clone();
+        background::driver::Driver::start(self, async move {
+            app.reconcile_once().await;
+        });
+    }
+
+    /// Stops the background tasks' loops where they stand.
+    pub fn stop_background_tasks(&self) {
+        self.tasks.stop();
+    }
+
+    /// Every background task of this process as admins see it.
+    pub fn background_tasks(&self) -> Vec<gsaas_api_types::BackgroundTaskView> {
+        self.tasks.views(&self.config)
+    }
+
+    /// Activates the background task `name` now and waits for it; `None` when this process runs
+    /// no such task.
+    pub async fn activate_background_task(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Option<gsaas_api_types::BackgroundTaskView> {
+        let task = background::driver::TaskName::parse(name)?;
+        self.tasks.activate(self, task).await?.ok();
+        self.background_tasks().into_iter().find(|t| t.name == name)
     }
 
     /// Starts background work in the background lane (see [`crate::lanes`]).
@@ -353,6 +381,8 @@ impl App {
             .await?;
         let mut out = String::with_capacity(gauges.len() + 8192);
         self.metrics.render(&mut out);
+        self.tasks.render(&mut out);
+        self.render_reconciler(&mut out);
         out.push_str(&gauges);
         Ok(out)
     }

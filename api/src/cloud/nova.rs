@@ -263,6 +263,30 @@ fn parse<T: serde::de::DeserializeOwned>(service: &str, body: &[u8]) -> Result<T
     })
 }
 
+/// A part of an answer already parsed as JSON, read as `T`.
+fn parse_value<T: serde::de::DeserializeOwned>(
+    service_type: &str,
+    value: Value,
+) -> Result<T, CloudError> {
+    serde_json::from_value(value).map_err(|e| CloudError::Unavailable {
+        reason: format!("unexpected answer from {}", service_name(service_type)),
+        source: Some(Box::new(e)),
+    })
+}
+
+/// Where a resource is looked up by id, and where listed by name (see
+/// [`NovaCloud::id_or_name`]).
+#[derive(Debug, Clone, Copy)]
+struct Lookup {
+    /// The path an id is appended to.
+    one: &'static str,
+    /// The key the one resource is wrapped in, if it is (`{"network": {...}}`).
+    wrapped: Option<&'static str>,
+    /// The listing's path (`?name=` is appended) and its key.
+    list: &'static str,
+    key: &'static str,
+}
+
 /// The request field a Nova 4xx message is about.
 fn field_of(message: &str) -> &'static str {
     let m = message.to_lowercase();
@@ -546,17 +570,9 @@ impl NovaCloud {
         image: &str,
         tenant: Option<&TenantToken>,
     ) -> Result<String, CloudError> {
-        let candidates = if uuid::Uuid::parse_str(image).is_ok() {
-            let path = format!("/v2/images/{}", encode(image));
-            self.get_optional::<NamedId>("image", &path, tenant).await?.into_iter().collect()
-        } else {
-            #[derive(Deserialize)]
-            struct Listing {
-                images: Vec<NamedId>,
-            }
-            let path = format!("/v2/images?name={}", encode(image));
-            self.get_listing::<Listing>("image", &path, tenant).await?.images
-        };
+        let lookup =
+            Lookup { one: "/v2/images/", wrapped: None, list: "/v2/images", key: "images" };
+        let candidates: Vec<NamedId> = self.id_or_name("image", image, lookup, tenant).await?;
         let one = the_one(candidates, "image", "image", image)?;
         match one.status.as_deref() {
             Some(status) if status != "active" => Err(CloudError::Invalid {
@@ -572,23 +588,40 @@ impl NovaCloud {
         network: &str,
         tenant: Option<&TenantToken>,
     ) -> Result<String, CloudError> {
-        let candidates = if uuid::Uuid::parse_str(network).is_ok() {
-            #[derive(Deserialize)]
-            struct One {
-                network: IdOnly,
-            }
-            let path = format!("/v2.0/networks/{}", encode(network));
-            let one = self.get_optional::<One>("network", &path, tenant).await?;
-            one.map(|one| one.network).into_iter().collect()
-        } else {
-            #[derive(Deserialize)]
-            struct Listing {
-                networks: Vec<IdOnly>,
-            }
-            let path = format!("/v2.0/networks?name={}", encode(network));
-            self.get_listing::<Listing>("network", &path, tenant).await?.networks
+        let lookup = Lookup {
+            one: "/v2.0/networks/",
+            wrapped: Some("network"),
+            list: "/v2.0/networks",
+            key: "networks",
         };
+        let candidates: Vec<IdOnly> = self.id_or_name("network", network, lookup, tenant).await?;
         Ok(the_one(candidates, "networks", "network", network)?.id)
+    }
+
+    /// What `reference` names at `service_type`: the one resource with that id when it is a
+    /// UUID (none when there is no such resource), else every resource of that name.
+    async fn id_or_name<T: serde::de::DeserializeOwned>(
+        &self,
+        service_type: &'static str,
+        reference: &str,
+        lookup: Lookup,
+        tenant: Option<&TenantToken>,
+    ) -> Result<Vec<T>, CloudError> {
+        if uuid::Uuid::parse_str(reference).is_ok() {
+            let path = format!("{}{}", lookup.one, encode(reference));
+            let one = self.get_optional::<Value>(service_type, &path, tenant).await?;
+            let one = match (one, lookup.wrapped) {
+                (Some(Value::Object(mut wrapper)), Some(key)) => wrapper.remove(key),
+                (one, _) => one,
+            };
+            let one = one.map(|one| parse_value(service_type, one)).transpose()?;
+            return Ok(one.into_iter().collect());
+        }
+        let path = format!("{}?name={}", lookup.list, encode(reference));
+        let mut listing: HashMap<String, Value> =
+            self.get_listing(service_type, &path, tenant).await?;
+        let listed = listing.remove(lookup.key).unwrap_or(Value::Array(Vec::new()));
+        parse_value(service_type, listed)
     }
 
     /// Nova's `networks` for the request.

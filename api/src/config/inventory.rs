@@ -102,17 +102,11 @@ impl InventoryGpu {
         }
     }
 
+    /// What the operator states of it; the rest is its host's, set with its servers' endpoints
+    /// (`InventoryHost::gpus`).
     pub fn attributes(&self) -> gpgpums::GpuAttributes {
-        gpgpums::GpuAttributes {
-            compute_capability: self.compute_capability,
-            cuda_version: self.cuda_version,
-            uuid: self.uuid.clone(),
-            traits: self.traits.clone(),
-            // The host's, set with its servers' endpoints (`InventoryHost::gpus`).
-            remoting: gpgpums::Remoting::default(),
-            managed: false,
-            mps: false,
-        }
+        let (capability, cuda, uuid) = (self.compute_capability, self.cuda_version, &self.uuid);
+        gpgpums::GpuAttributes::stated(capability, cuda, uuid.clone(), self.traits.clone())
     }
 }
 

@@ -12,6 +12,7 @@ mod openapi;
 mod quotas;
 pub mod requests;
 mod sessions;
+mod tasks;
 mod usage;
 mod versions;
 pub mod views;
@@ -275,6 +276,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/gpus/{id}/evacuate", post(failures::evacuate_gpu))
         .route("/v1/gpus/{id}/taint", post(taint_gpu))
         .route("/v1/gpus/{id}/untaint", post(untaint_gpu))
+        .route("/v1/background-tasks", get(tasks::list_tasks))
+        .route("/v1/background-tasks/{name}/activate", post(tasks::activate_task))
         .route("/", get(versions::root))
         .route("/v1/", get(versions::version_v1))
         .route("/v1", get(versions::version_v1))

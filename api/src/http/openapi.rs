@@ -18,6 +18,7 @@
 use serde_json::{json, Value};
 use utoipa::OpenApi;
 
+use super::tasks::{BackgroundTaskList, BackgroundTaskView, TaskOutcome};
 use super::views::*;
 use crate::app::fields::TEXT_PATTERN;
 use crate::error::{FieldError, Problem};
@@ -44,7 +45,8 @@ impl utoipa::Modify for BearerAuth {
         super::lists::get_pool, super::list_hosts, super::register_host,
         super::renew_agent_token, super::rtt_targets, super::drain_host, super::undrain_host,
         super::failures::forget_host, super::failures::evacuate_host, super::failures::list_fences,
-        super::failures::evacuate_gpu, super::taint_gpu, super::untaint_gpu, super::healthz,
+        super::failures::evacuate_gpu, super::taint_gpu, super::untaint_gpu,
+        super::tasks::list_tasks, super::tasks::activate_task, super::healthz,
         super::healthcheck::healthcheck, super::readyz, super::metrics, super::openapi_json,
         super::sessions::auth_methods, super::sessions::sign_in, super::sessions::projects,
         super::sessions::sign_out, super::versions::root, super::versions::version_v1),
@@ -57,7 +59,8 @@ impl utoipa::Modify for BearerAuth {
         FenceList, TaintRequest, GpuTaintView, AgentToken, HostReportBody, GpuReportBody, LocalVmsView, ResourcesBody,
         RcudaBody, RttTargetsBody, RttTargetBody, Health, Readiness, ModeParam, LocalityParam,
         NetworkParam, StrengthParam, Timings,
-        ReconcilerStatus, crate::model::VmState, AuthMethods, SignInRequest, PasswordSignIn,
+        ReconcilerStatus, BackgroundTaskList, BackgroundTaskView, TaskOutcome,
+        crate::model::VmState, AuthMethods, SignInRequest, PasswordSignIn,
         ApplicationCredentialSignIn, ProjectParam, SessionView, NamedView, ProjectList,
         ApiVersions, ApiVersionDocument, ApiVersion, Link, UsageReport, UsageTotals, ModelUsage,
         ProjectUsage, VmUsage, UsageSeries, UsageLine)),

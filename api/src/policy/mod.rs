@@ -187,6 +187,18 @@ pub static DEFAULTS: &[RuleDefault] = &[
         &["POST /v1/gpus/{id}/taint"],
     ),
     rule("gpu:gpu:untaint", ADMIN, "Untaint a GPU.", &["POST /v1/gpus/{id}/untaint"]),
+    rule(
+        "gpu:task:list",
+        ADMIN,
+        "List gsaasd's background tasks and how each last ran.",
+        &["GET /v1/background-tasks"],
+    ),
+    rule(
+        "gpu:task:activate",
+        ADMIN,
+        "Run a background task of gsaasd now.",
+        &["POST /v1/background-tasks/{name}/activate"],
+    ),
 ];
 
 /// The action named `name` (a rule of [`DEFAULTS`]); panics on a name that is not there, which
@@ -247,6 +259,8 @@ pub mod actions {
     pub const GPU_EVACUATE: Action = find("gpu:gpu:evacuate");
     pub const GPU_TAINT: Action = find("gpu:gpu:taint");
     pub const GPU_UNTAINT: Action = find("gpu:gpu:untaint");
+    pub const TASK_LIST: Action = find("gpu:task:list");
+    pub const TASK_ACTIVATE: Action = find("gpu:task:activate");
 }
 
 /// What is acted on: a project's (a VM, a quota; a list in the caller's project) or the

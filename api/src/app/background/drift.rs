@@ -28,6 +28,11 @@ use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::Error;
 use crate::model::{SagaStep, VmState};
 
+use async_trait::async_trait;
+
+use super::driver::{Failed, Report, Task, TaskName};
+use crate::config::Config;
+
 /// How far each look back reaches before the previous pass's start.
 pub const OVERLAP: Duration = Duration::from_secs(60);
 
@@ -149,5 +154,29 @@ impl App {
         // The new host first: the VM runs there now.
         self.push_or_leave(std::iter::once(host).chain(old), "a move").await;
         Ok(true)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct CloudDrift;
+
+#[async_trait]
+impl Task for CloudDrift {
+    fn name(&self) -> TaskName {
+        TaskName::CloudDrift
+    }
+    fn describe(&self) -> &'static str {
+        "Follows servers deleted or moved outside GSaaS: ends their VMs, or moves their routes."
+    }
+    fn period(&self, config: &Config) -> Duration {
+        super::reconciler::period(config)
+    }
+    fn at_start(&self) -> bool {
+        false
+    }
+    async fn activate(&self, app: &Arc<App>) -> Result<Report, Failed> {
+        let drift = app.follow_cloud().await?;
+        let report = Report::default().with("servers_deleted", drift.deleted);
+        Ok(report.with("servers_moved", drift.moved))
     }
 }

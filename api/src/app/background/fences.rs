@@ -11,6 +11,14 @@ use crate::db::{self, now_ms};
 use crate::error::Error;
 use crate::model::{AlertKind, FenceId};
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::driver::{Failed, Report, Task, TaskName};
+use crate::config::Config;
+
 impl App {
     /// Releases the fences whose host's agent confirmed their routes gone, whose host was
     /// forgotten, or that are older than `hosts.fence_timeout_secs`: an agent that never confirms
@@ -56,5 +64,28 @@ impl App {
             self.trigger_queue();
         }
         Ok(released.len())
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Fences;
+
+#[async_trait]
+impl Task for Fences {
+    fn name(&self) -> TaskName {
+        TaskName::Fences
+    }
+    fn describe(&self) -> &'static str {
+        "Releases fences whose host confirmed their routes gone, was forgotten or timed out."
+    }
+    fn period(&self, config: &Config) -> Duration {
+        super::reconciler::period(config)
+    }
+    fn at_start(&self) -> bool {
+        false
+    }
+    async fn activate(&self, app: &Arc<App>) -> Result<Report, Failed> {
+        let released = app.release_fences().await?;
+        Ok(Report::default().with("fences_released", released))
     }
 }

@@ -1,21 +1,55 @@
-//! Background work: each task is one file, runs on a timer and on demand (a trigger), is
-//! idempotent (it takes no input and looks at everything each pass, so running it twice or on
-//! several replicas at once is harmless) and reports what it did.
+//! Background work: one task per file, each a type implementing [`driver::Task`], all run by
+//! [`driver::Driver`] on a timer and on trigger. Each is idempotent (it takes no input and looks
+//! at everything, so running it twice or on several replicas at once is harmless) and reports
+//! what it did (`GET /v1/background-tasks`, `/metrics`).
 //!
-//! - [`reconciler`]: the pass that converges whatever drifted, and calls the others below.
-//! - [`drift`]: VMs whose servers were deleted or moved outside GSaaS.
-//! - [`rehome`]: cGPUs moved off failed GPUs (and, on an admin's request, off evacuated ones).
-//! - [`fences`]: fenced bookings released once their host's agent confirms.
+//! - [`reconciler`]: the tasks that converge whatever drifted, and their sum as one pass:
+//!   [`host_liveness`], [`pool_refresh`], [`route_tables`], [`drift`] (VMs whose servers were
+//!   deleted or moved outside GSaaS), [`rehome`] (cGPUs moved off failed GPUs, and on an admin's
+//!   request off evacuated ones), [`fences`], [`usage_rollup`], [`delegations`],
+//!   [`saga_resumption`].
 //! - [`queue_rounds`]: the queue's rounds, which start what waits when capacity frees.
 //! - [`revocations`]: revoked token ids reloaded on every replica.
-//! - [`notifications`]: the notifications' outbox published to RabbitMQ (one replica at a time).
 //! - [`usage_fold`]: the usage log folded into the spans reports read.
+//! - [`notifications`]: the notifications' outbox published to RabbitMQ (one replica at a time).
 
+pub mod delegations;
 pub mod drift;
+pub mod driver;
 pub mod fences;
+pub mod host_liveness;
 pub mod notifications;
+pub mod pool_refresh;
 pub mod queue_rounds;
 pub mod reconciler;
 pub mod rehome;
 pub mod revocations;
+pub mod route_tables;
+pub mod saga_resumption;
 pub mod usage_fold;
+pub mod usage_rollup;
+
+use driver::Task;
+
+/// Every task this process runs: the reconciler's in a pass's order, then the others; the
+/// notifications' only with a broker to publish to.
+pub(crate) fn tasks(with_broker: bool) -> Vec<Box<dyn Task>> {
+    let mut tasks: Vec<Box<dyn Task>> = vec![
+        Box::new(host_liveness::HostLiveness),
+        Box::new(pool_refresh::PoolRefresh),
+        Box::new(route_tables::RouteTables),
+        Box::new(drift::CloudDrift),
+        Box::new(rehome::RehomeFailed),
+        Box::new(fences::Fences),
+        Box::new(usage_rollup::UsageRollup),
+        Box::new(delegations::Delegations),
+        Box::new(saga_resumption::SagaResumption),
+        Box::new(queue_rounds::QueueRounds),
+        Box::new(revocations::Revocations),
+        Box::new(usage_fold::UsageFold),
+    ];
+    if with_broker {
+        tasks.push(Box::new(notifications::Notifications));
+    }
+    tasks
+}

@@ -12,9 +12,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+
+use super::driver::{Failed, Report, Task, TaskName};
 use crate::app::App;
+use crate::config::Config;
 use crate::db::{self, now_ms};
-use crate::error::{Error, ErrorChain};
+use crate::error::Error;
 use crate::metrics::inc;
 use crate::notifier::{outgoing, BrokerError};
 
@@ -22,8 +26,6 @@ use crate::notifier::{outgoing, BrokerError};
 const BATCH: usize = 500;
 /// How long the publisher's lease lasts without renewal.
 const LEASE_MS: i64 = 10_000;
-/// The longest wait between two tries while the broker is down.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What a pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -82,24 +84,30 @@ impl App {
             }
         }
     }
+}
 
-    /// Publishes on a timer (`notifications.poll_ms`), backing off while the broker is down.
-    pub fn spawn_notifier(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
-        self.broker.as_ref()?;
-        let app = self.clone();
-        Some(self.spawn_background(async move {
-            let poll = Duration::from_millis(app.config.notifications.poll_ms);
-            let mut backoff = poll;
-            loop {
-                match app.publish_notifications().await {
-                    Ok(_) => backoff = poll,
-                    Err(e) => {
-                        tracing::warn!(error = %ErrorChain(&e), "notifications wait in the outbox");
-                        backoff = (backoff * 2).clamp(poll, MAX_BACKOFF);
-                    }
-                }
-                tokio::time::sleep(backoff).await;
-            }
-        }))
+/// Runs only where a broker is configured.
+#[derive(Debug)]
+pub(crate) struct Notifications;
+
+#[async_trait]
+impl Task for Notifications {
+    fn name(&self) -> TaskName {
+        TaskName::Notifications
+    }
+    fn describe(&self) -> &'static str {
+        "Publishes the notifications' outbox to the broker, one replica at a time."
+    }
+    fn period(&self, config: &Config) -> Duration {
+        Duration::from_millis(config.notifications.poll_ms)
+    }
+    /// While the broker is down, tries less often (up to every 30 s).
+    fn backs_off(&self) -> bool {
+        true
+    }
+    async fn activate(&self, app: &Arc<App>) -> Result<Report, Failed> {
+        let published = app.publish_notifications().await?;
+        let report = Report::default().with("sent", published.sent);
+        Ok(report.with("not_ours", u64::from(published.not_ours)))
     }
 }

@@ -16,26 +16,23 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use gpgpums::queue::{plan, Ask, Books, Waiting};
 use gpgpums::{ProjectId, TicketId, VmId};
-use tokio::sync::Notify;
 
+use super::driver::{Failed, Report, Task, TaskName};
 use crate::app::bookings::{cgpu_record, check_user_data};
 use crate::app::elastic::attach_host;
 use crate::app::shared::{Extras, VmDetails};
 pub use crate::app::shared::{QueueAndEvents, QueueEntry};
 use crate::app::App;
+use crate::config::Config;
 use crate::db::{self, now_ms, Claim, VmWrite, Written};
-use crate::error::{Error, ErrorChain};
+use crate::error::Error;
 use crate::model::{CgpuRecord, CgpuState, SagaStep, VmRecord, VmState};
 
 /// The error code of a queued launch that waited too long (the start of its `error`).
 pub const QUEUE_TIMEOUT: &str = "queue_timeout";
-
-#[derive(Debug, Default)]
-pub(crate) struct QueueServer {
-    trigger: Notify,
-}
 
 /// What one round did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,24 +51,7 @@ pub struct QueueRound {
 impl App {
     /// Asks for a round as soon as possible.
     pub fn trigger_queue(&self) {
-        self.queue.trigger.notify_one();
-    }
-
-    /// Serves the queue forever: on every trigger and every `queue.serve_interval_secs`.
-    pub fn spawn_queue_server(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let app = self.clone();
-        tokio::spawn(async move {
-            let interval = Duration::from_secs(app.config.queue.serve_interval_secs);
-            loop {
-                if let Err(e) = app.serve_queue_once().await {
-                    tracing::warn!(error = %ErrorChain(&e), "queue round");
-                }
-                tokio::select! {
-                    _ = tokio::time::sleep(interval) => {}
-                    _ = app.queue.trigger.notified() => {}
-                }
-            }
-        })
+        self.tasks.trigger(TaskName::QueueRounds);
     }
 
     /// One round; see the module docs.
@@ -427,4 +407,33 @@ pub(crate) fn ended(vm: &VmRecord, state: VmState, error: String, now: i64) -> V
     vm.step = SagaStep::Done;
     vm.updated_ms = now;
     VmWrite { vm, claim: None }
+}
+
+#[derive(Debug)]
+pub(crate) struct QueueRounds;
+
+#[async_trait]
+impl Task for QueueRounds {
+    fn name(&self) -> TaskName {
+        TaskName::QueueRounds
+    }
+    fn describe(&self) -> &'static str {
+        "Starts what waits in the queue when capacity frees; ends what waited too long."
+    }
+    fn period(&self, config: &Config) -> Duration {
+        Duration::from_secs(config.queue.serve_interval_secs)
+    }
+    /// Requests wait on rounds (a queued launch starts in one).
+    fn on_request_lane(&self) -> bool {
+        true
+    }
+    async fn activate(&self, app: &Arc<App>) -> Result<Report, Failed> {
+        let round = app.serve_queue_once().await?;
+        let report = Report::default().with("waiting", round.waiting);
+        let report = report.with("started", round.started.len());
+        let report = report.with("attached", round.attached.len());
+        let report = report.with("timed_out", round.timed_out.len());
+        let report = report.with("refused", round.refused.len());
+        Ok(report.with("preempted", round.preempted.len()))
+    }
 }

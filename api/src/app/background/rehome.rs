@@ -24,6 +24,12 @@ use crate::db::{self, now_ms, Fenced};
 use crate::db::{VmWrite, Written};
 use crate::error::Error;
 use crate::model::{CgpuRecord, CgpuState, FenceId, GpuRecord, SagaStep, VmRecord};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::driver::{Failed, Report, Task, TaskName};
+use crate::config::Config;
 
 /// What to move cGPUs off.
 #[derive(Debug, Clone)]
@@ -258,5 +264,30 @@ impl App {
     ) -> Result<(), Error> {
         let event = db::VmEvent { at_ms: now_ms(), kind: kind.into(), detail: detail.into() };
         self.db.record_events(vms, &event).await
+    }
+}
+
+/// The reconciler's part of re-homing ([`App::rehome_failed`]).
+#[derive(Debug)]
+pub(crate) struct RehomeFailed;
+
+#[async_trait]
+impl Task for RehomeFailed {
+    fn name(&self) -> TaskName {
+        TaskName::Rehome
+    }
+    fn describe(&self) -> &'static str {
+        "Moves the cGPUs of failed GPUs to healthy ones; brings lost cGPUs back where their GPU works."
+    }
+    fn period(&self, config: &Config) -> Duration {
+        super::reconciler::period(config)
+    }
+    fn at_start(&self) -> bool {
+        false
+    }
+    async fn activate(&self, app: &Arc<App>) -> Result<Report, Failed> {
+        let done = app.rehome_failed().await?;
+        let report = Report::default().with("cgpus_rehomed", done.moved);
+        Ok(report.with("cgpus_lost", done.lost).with("cgpus_recovered", done.recovered))
     }
 }

@@ -6,9 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+
+use super::driver::{Failed, Report, Task, TaskName};
 use crate::app::App;
+use crate::config::Config;
 use crate::db::{self, now_ms};
-use crate::error::{Error, ErrorChain};
+use crate::error::Error;
 
 impl App {
     /// Loads the revoked token ids into the key's verifier.
@@ -18,18 +22,32 @@ impl App {
         self.keys.set_revoked(revoked);
         Ok(())
     }
+}
 
-    /// Reloads the revoked ids every `auth.revocation_refresh_secs`.
-    pub fn spawn_revocation_refresher(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let app = self.clone();
-        tokio::spawn(async move {
-            let every = Duration::from_secs(app.config.auth.revocation_refresh_secs.max(1));
-            loop {
-                tokio::time::sleep(every).await;
-                if let Err(e) = app.refresh_revocations().await {
-                    tracing::warn!(error = %ErrorChain(&e), "cannot reload revoked tokens");
-                }
-            }
-        })
+#[derive(Debug)]
+pub(crate) struct Revocations;
+
+#[async_trait]
+impl Task for Revocations {
+    fn name(&self) -> TaskName {
+        TaskName::Revocations
+    }
+    fn describe(&self) -> &'static str {
+        "Reloads the revoked token ids, wherever they were revoked."
+    }
+    fn period(&self, config: &Config) -> Duration {
+        Duration::from_secs(config.auth.revocation_refresh_secs.max(1))
+    }
+    /// A start loads them before it serves.
+    fn at_start(&self) -> bool {
+        false
+    }
+    /// Every request's token check reads what it loads.
+    fn on_request_lane(&self) -> bool {
+        true
+    }
+    async fn activate(&self, app: &Arc<App>) -> Result<Report, Failed> {
+        app.refresh_revocations().await?;
+        Ok(Report::default())
     }
 }

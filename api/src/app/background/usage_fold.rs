@@ -8,8 +8,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+
+use super::driver::{Failed, Report, Task, TaskName};
 use crate::app::App;
-use crate::error::{Error, ErrorChain};
+use crate::config::Config;
+use crate::error::Error;
 use crate::metrics::inc;
 
 /// How often each replica folds the log. A second of 2,000 launch + terminate cycles is about
@@ -30,17 +34,27 @@ impl App {
             }
         }
     }
+}
 
-    /// Folds every [`FOLD_EVERY`].
-    pub fn spawn_usage_folder(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let app = self.clone();
-        self.spawn_background(async move {
-            loop {
-                tokio::time::sleep(FOLD_EVERY).await;
-                if let Err(e) = app.fold_usage().await {
-                    tracing::warn!(error = %ErrorChain(&e), "usage events wait in the log");
-                }
-            }
-        })
+#[derive(Debug)]
+pub(crate) struct UsageFold;
+
+#[async_trait]
+impl Task for UsageFold {
+    fn name(&self) -> TaskName {
+        TaskName::UsageFold
+    }
+    fn describe(&self) -> &'static str {
+        "Folds the usage log into the spans usage reports read."
+    }
+    fn period(&self, _: &Config) -> Duration {
+        FOLD_EVERY
+    }
+    fn at_start(&self) -> bool {
+        false
+    }
+    async fn activate(&self, app: &Arc<App>) -> Result<Report, Failed> {
+        let folded = app.fold_usage().await?;
+        Ok(Report::default().with("events_folded", folded))
     }
 }
