@@ -15,15 +15,15 @@ import re
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-CRATES = ["gpgpums", "infra", "rodvr-contract", "rodvr-core", "rodvr-agent", "api", "cli", "openstack-config"]
+CRATES = ["gpgpums", "infra", "rodvr-contract", "rodvr-core", "rodvr-agent", "clouds", "api", "cli", "openstack-config"]
 
 # gsaasd's layers, highest first: a module may use modules of its own layer or below.
 LAYERS = [
     {"main", "service"},
     {"http", "dashboard"},
     {"app", "auth"},
-    # The configuration gathers its adapters' settings (`[cloud.nova]` is `cloud::nova`'s).
-    {"agents", "cloud", "notifier", "openstack", "db", "lanes", "cloudinit", "metrics", "config"},
+    # The configuration gathers its adapters' settings (`[cloud.nova]` is gsaas-clouds' `NovaConfig`).
+    {"agents", "notifier", "db", "lanes", "cloudinit", "metrics", "config"},
     {"model", "error", "caller", "policy"},
 ]
 

@@ -414,7 +414,7 @@ where
             (Err(jwt_error), Some(keystone)) if !looks_like_jwt(token) => {
                 let ClientAddr(client) = ClientAddr::of(parts);
                 match keystone.validate(token, client).await {
-                    Ok(identity) => Ok(identity.caller()),
+                    Ok(identity) => Ok(Caller::keystone(&identity)),
                     Err(ValidationError::Invalid) => Err(Error::Unauthenticated(
                         "the Keystone token is invalid or expired".into(),
                     )),

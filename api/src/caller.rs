@@ -2,6 +2,7 @@
 //! `auth` (how tokens prove it), so that what checks a caller's rights (Keystone's token
 //! validation among them) need not depend on how gsaasd's own tokens work.
 
+use gsaas_clouds::openstack::TenantIdentity;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -60,6 +61,22 @@ impl Caller {
     pub fn new(subject: impl Into<String>, project: Option<String>, role: Role) -> Caller {
         let scope = Scope { roles: vec![role.name().to_owned()], ..Scope::default() };
         Caller { subject: subject.into(), project, role, scope }
+    }
+
+    /// A caller Keystone authenticated: the Keystone user, bound to its project, with the roles
+    /// and scope its token states for the policy file's rules.
+    pub fn keystone(identity: &TenantIdentity) -> Caller {
+        let info = &identity.info;
+        let role = if identity.admin { Role::Admin } else { Role::Member };
+        let mut caller = Caller::new(info.user_id.clone(), identity.project_id.clone(), role);
+        caller.scope = Scope {
+            roles: info.roles.clone(),
+            project_name: info.project_name.clone(),
+            project_domain_id: info.project_domain.as_ref().map(|(id, _)| id.clone()),
+            system: info.system,
+            ..Scope::default()
+        };
+        caller
     }
 
     /// gsaasd acting on its own (see [`Scope::internal`]).

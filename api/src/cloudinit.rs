@@ -29,13 +29,8 @@ use base64::Engine as _;
 /// rCUDA's daemon port when none is configured.
 pub const RCUDA_DEFAULT_PORT: u16 = Remoting::Rcuda.default_port();
 
-/// Nova's limit on the base64-encoded user_data, in bytes.
-pub const NOVA_USER_DATA_MAX_BASE64: usize = 65535;
-
-/// The length of `n` bytes once base64-encoded (padded), as Nova measures user_data.
-pub fn base64_len(n: usize) -> usize {
-    n.div_ceil(3).saturating_mul(4)
-}
+/// Nova's limit, which a VM's user_data must fit (the cloud says so: `Cloud::check_user_data_len`).
+pub use gsaas_clouds::cloud::nova::{base64_len, NOVA_USER_DATA_MAX_BASE64};
 
 /// Where the VM's variables are written (`NAME=value` per line), once, read by both of the
 /// files below, so that a VM with a thousand cGPUs still fits Nova's 65,535-byte user_data. Per
@@ -593,12 +588,5 @@ mod tests {
         let entity = Entity::parse("#!/bin/sh\n");
         assert!(entity.headers.is_empty());
         assert_eq!(entity.body, "#!/bin/sh\n");
-    }
-
-    #[test]
-    fn base64_length_is_padded() {
-        assert_eq!([0, 1, 2, 3, 4].map(base64_len), [0, 4, 4, 4, 8]);
-        assert_eq!(base64_len(49_149), 65_532);
-        assert_eq!(base64_len(usize::MAX), usize::MAX);
     }
 }

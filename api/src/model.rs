@@ -405,24 +405,4 @@ impl AlertKind {
     }
 }
 
-/// The cloud's id for a server (Nova's server UUID).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ServerId(pub String);
-
-impl std::fmt::Display for ServerId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// The VM part of a launch request, as the cloud sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VmRequest {
-    pub name: String,
-    pub image: String,
-    pub flavor: String,
-    /// Network names or ids; empty means the cloud's default.
-    #[serde(default)]
-    pub networks: Vec<String>,
-}
+pub use gsaas_clouds::cloud::{ServerId, VmRequest};

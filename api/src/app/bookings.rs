@@ -22,8 +22,7 @@ use super::fences;
 use super::pool::BoxFuture;
 use super::shared::{vm_user_data, Extras, VmDetails, MAX_DELEGATED_WAIT};
 use super::App;
-use crate::cloudinit;
-use crate::config::{Config, MaskingConfig};
+use crate::config::MaskingConfig;
 use crate::db::{self, now_ms, NewVm, VmWrite, Written};
 use crate::error::Error;
 use crate::model::{CgpuRecord, CgpuState, SagaStep, VmRecord, VmState};
@@ -273,7 +272,7 @@ impl App {
                 let mut ledgers = Ledgers { pool: &mut *pool, quotas: &mut *quotas, vms: &mut vms };
                 let priority = reservation.record.spec.priority;
                 let held = gate.holds(priority);
-                match place_cgpus(&mut ledgers, &self.config, &reservation.record, held) {
+                match place_cgpus(&mut ledgers, self, &reservation.record, held) {
                     Ok(details) => {
                         gate.started(&reservation.record.project, priority);
                         reserved.push((i, details));
@@ -635,11 +634,11 @@ fn project_id(project: &str) -> Result<ProjectId, Error> {
 /// [`HeadGate`]). A refusal leaves the pool and the ledger as they were.
 fn place_cgpus(
     booked: &mut Ledgers<'_>,
-    config: &Config,
+    app: &App,
     record: &VmRecord,
     held_for_queue: bool,
 ) -> Result<VmDetails, Error> {
-    let masking = &config.masking;
+    let masking = &app.config.masking;
     let mut record = record.clone();
     let id = record.id;
     let project = project_id(&record.project)?;
@@ -673,7 +672,7 @@ fn place_cgpus(
         .iter()
         .map(|c| cgpu_record(id, c, masking))
         .collect::<Result<Vec<_>, Error>>()
-        .and_then(|cgpus| check_user_data(&record, &cgpus, config).map(|()| cgpus));
+        .and_then(|cgpus| check_user_data(app, &record, &cgpus).map(|()| cgpus));
     let holding = booked.pool.holding(&placement.cgpus).vm_with();
     let charged = cgpus.and_then(|cgpus| {
         booked.quotas.charge(id, &project, &holding, vms)?;
@@ -691,24 +690,18 @@ fn place_cgpus(
     }
 }
 
-/// The VM's cloud-init, with the remote-GPU environment of `cgpus`, must fit the cloud's limit.
+/// The VM's cloud-init, with the remote-GPU environment of `cgpus`, must fit the cloud's limit
+/// ([`crate::cloud::Cloud::check_user_data_len`]).
 pub(super) fn check_user_data(
+    app: &App,
     record: &VmRecord,
     cgpus: &[CgpuRecord],
-    config: &Config,
 ) -> Result<(), Error> {
-    let user_data = vm_user_data(config, record, cgpus)
+    let user_data = vm_user_data(&app.config, record, cgpus)
         .map_err(|e| Error::invalid("user_data", e.to_string()))?;
-    if cloudinit::base64_len(user_data.len()) > cloudinit::NOVA_USER_DATA_MAX_BASE64 {
-        return Err(Error::invalid(
-            "user_data",
-            format!(
-                "with the GPU environment of {} cGPUs it exceeds the cloud's limit of {} bytes \
-                 (base64)",
-                cgpus.len(),
-                cloudinit::NOVA_USER_DATA_MAX_BASE64
-            ),
-        ));
-    }
-    Ok(())
+    app.cloud.check_user_data_len(user_data.len()).map_err(|limit| {
+        let why =
+            format!("with the GPU environment of {} cGPUs it is too long: {limit}", cgpus.len());
+        Error::invalid("user_data", why)
+    })
 }

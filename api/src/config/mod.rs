@@ -807,6 +807,32 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// `[cloud.sim.vm_network] kind = "netns"` (see `cloud::sim_netns`).
+    #[test]
+    fn the_sim_clouds_netns_network_is_selected_and_checked() {
+        let dir = std::env::temp_dir().join(format!("gsaas-sim-netns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("gsaasd.toml");
+        let text = |ns: &str| {
+            format!(
+                "[cloud]\nbackend = \"sim\"\n[cloud.sim.vm_network]\nkind = \"netns\"\n\
+                 namespaces = {{ compute0-rgpu = \"{ns}\" }}\n"
+            )
+        };
+        std::fs::write(&path, text("ns-crg")).unwrap();
+        let mut cloud = Config::load(Some(&path)).unwrap().cloud;
+        let sim = cloud.sim_mut().unwrap().clone();
+        let SimVmNetworkConfig::Netns(netns) = sim.vm_network else { panic!("not netns") };
+        assert_eq!(netns.namespaces[&HostId::new("compute0-rgpu").unwrap()], "ns-crg");
+        std::fs::write(&path, text("a b")).unwrap();
+        let err = format!("{:?}", Config::load(Some(&path)).unwrap_err());
+        assert!(err.contains("cloud.sim.vm_network.namespaces.compute0-rgpu"), "{err}");
+        let mut cloud = Config::load(None).unwrap().cloud;
+        let sim = cloud.sim_mut().unwrap().clone();
+        assert_eq!(sim.vm_network, SimVmNetworkConfig::AddressPool, "the default is unchanged");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn the_example_config_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gsaasd.toml");

@@ -45,7 +45,7 @@ fn session_view(session: Session) -> SessionView {
             name: info.project_name.clone(),
         },
         roles: info.roles.clone(),
-        admin: session.identity.caller().is_admin(),
+        admin: session.identity.admin,
         token: session.token,
         unscoped_token: session.unscoped,
     }

@@ -27,7 +27,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use base64::Engine as _;
 use gpgpums::{HostId, VmId};
-use gsaasd::auth::Role;
 use gsaasd::cloud::nova::{vm_tag, NovaCloud, NovaConfig, VM_ID_METADATA};
 use gsaasd::cloud::{
     Checked, Cloud, CloudError, HostConstraint, ServerId, ServerSpec, ServerStatus, TenantToken,

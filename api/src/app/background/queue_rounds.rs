@@ -182,9 +182,8 @@ impl App {
                     vm.step = SagaStep::CreateVm;
                     vm.policy = s.policy.clone();
                     vm.updated_ms = now;
-                    let checked = records.and_then(|cgpus| {
-                        check_user_data(&vm, &cgpus, &self.config).map(|()| cgpus)
-                    });
+                    let checked = records
+                        .and_then(|cgpus| check_user_data(self, &vm, &cgpus).map(|()| cgpus));
                     match checked {
                         Ok(cgpus) => {
                             out.writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });

@@ -22,8 +22,6 @@ pub mod sim;
 pub mod sim_netns;
 pub mod sim_network;
 
-pub use crate::model::{ServerId, VmRequest};
-
 /// Where the cloud may run a server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostConstraint {
@@ -200,6 +198,13 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Whether a server may carry user_data of `bytes` bytes, and why not: the cloud's own
+    /// limit (Nova's: 65,535 bytes once base64-encoded), checked before anything is booked.
+    fn check_user_data_len(&self, bytes: usize) -> Result<(), String> {
+        let _ = bytes;
+        Ok(())
+    }
+
     /// Creates the server, or returns the one already created for `spec.vm`.
     async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError>;
 
@@ -225,4 +230,26 @@ pub trait Cloud: Send + Sync + std::fmt::Debug {
         &self,
         since: Option<std::time::SystemTime>,
     ) -> Result<Vec<ServerSeen>, CloudError>;
+}
+
+/// The cloud's id for a server (Nova's server UUID).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ServerId(pub String);
+
+impl std::fmt::Display for ServerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The VM part of a launch request, as the cloud sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmRequest {
+    pub name: String,
+    pub image: String,
+    pub flavor: String,
+    /// Network names or ids; empty means the cloud's default.
+    #[serde(default)]
+    pub networks: Vec<String>,
 }

@@ -277,33 +277,6 @@ mod tests {
         assert!(err.contains("bad host") || err.contains("' '"), "{err}");
     }
 
-    #[test]
-    fn gsaasd_config_selects_it_and_checks_it() {
-        use crate::cloud::sim::SimVmNetworkConfig;
-        use crate::config::Config;
-        let dir = std::env::temp_dir().join(format!("gsaas-sim-netns-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("gsaasd.toml");
-        let text = |ns: &str| {
-            format!(
-                "[cloud]\nbackend = \"sim\"\n[cloud.sim.vm_network]\nkind = \"netns\"\n\
-                 namespaces = {{ compute0-rgpu = \"{ns}\" }}\n"
-            )
-        };
-        std::fs::write(&path, text("ns-crg")).unwrap();
-        let mut cloud = Config::load(Some(&path)).unwrap().cloud;
-        let sim = cloud.sim_mut().unwrap().clone();
-        let SimVmNetworkConfig::Netns(netns) = sim.vm_network else { panic!("not netns") };
-        assert_eq!(netns.namespaces[&HostId::new("compute0-rgpu").unwrap()], "ns-crg");
-        std::fs::write(&path, text("a b")).unwrap();
-        let err = format!("{:?}", Config::load(Some(&path)).unwrap_err());
-        assert!(err.contains("cloud.sim.vm_network.namespaces.compute0-rgpu"), "{err}");
-        let mut cloud = Config::load(None).unwrap().cloud;
-        let sim = cloud.sim_mut().unwrap().clone();
-        assert_eq!(sim.vm_network, SimVmNetworkConfig::AddressPool, "the default is unchanged");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
     #[tokio::test]
     async fn an_unknown_host_fails_the_attach_naming_the_setting() {
         let config = NetnsConfig {

@@ -381,7 +381,7 @@ struct Shared {
     state: Mutex<State>,
     /// Where the servers' lifecycles run: the runtime the cloud was made in, if any. A real Nova
     /// outlives the gsaasd that calls it (tests restart gsaasd on the same cloud), and the
-    /// background lane gsaasd calls it from stops with that gsaasd (see [`crate::lanes`]).
+    /// background lane gsaasd calls it from stops with that gsaasd (gsaasd's `lanes`).
     runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -713,6 +713,11 @@ impl Cloud for SimCloud {
             networks,
             flavor_resources: sim_flavor_resources(&request.flavor),
         })
+    }
+
+    /// A simulated Nova: Nova's limit.
+    fn check_user_data_len(&self, bytes: usize) -> Result<(), String> {
+        super::nova::check_user_data_len(bytes)
     }
 
     async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError> {

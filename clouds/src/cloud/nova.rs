@@ -51,8 +51,8 @@ use super::{
     Checked, Cloud, CloudError, Delegation, HostConstraint, ServerId, ServerInfo, ServerSeen,
     ServerSpec, ServerStatus, TenantToken, VmRequest,
 };
-use crate::cloudinit::{base64_len, NOVA_USER_DATA_MAX_BASE64};
-use crate::error::ErrorChain;
+use gsaas_infra::ErrorChain;
+
 use crate::openstack::keystone::{error_message, AUTH_TOKEN};
 use crate::openstack::{AuthSettings, HttpOptions, Keystone, KeystoneError, OpenStackConfigError};
 
@@ -63,6 +63,26 @@ pub const COMPUTE_MICROVERSION: &str = "2.74";
 const MIN_MICROVERSION: u32 = 74;
 
 /// The server tag that makes the VM's server findable (`GET /servers/detail?tags=`).
+/// Nova's limit on the base64-encoded user_data, in bytes.
+pub const NOVA_USER_DATA_MAX_BASE64: usize = 65535;
+
+/// The length of `n` bytes once base64-encoded (padded), as Nova measures user_data.
+pub fn base64_len(n: usize) -> usize {
+    n.div_ceil(3).saturating_mul(4)
+}
+
+/// Whether Nova takes user_data of `bytes` bytes (see [`super::Cloud::check_user_data_len`]).
+pub fn check_user_data_len(bytes: usize) -> Result<(), String> {
+    let encoded = base64_len(bytes);
+    if encoded > NOVA_USER_DATA_MAX_BASE64 {
+        return Err(format!(
+            "{bytes} bytes are {encoded} base64-encoded; Nova accepts at most \
+             {NOVA_USER_DATA_MAX_BASE64}"
+        ));
+    }
+    Ok(())
+}
+
 pub fn vm_tag(vm: VmId) -> String {
     format!("gsaas-vm-{vm}")
 }
@@ -879,17 +899,13 @@ impl Cloud for NovaCloud {
         self.keystone.delete_trust(&tenant.token, &delegation.0).await.map_err(keystone_error)
     }
 
+    fn check_user_data_len(&self, bytes: usize) -> Result<(), String> {
+        check_user_data_len(bytes)
+    }
+
     async fn create_server(&self, spec: &ServerSpec) -> Result<ServerId, CloudError> {
-        let encoded_len = base64_len(spec.user_data.len());
-        if encoded_len > NOVA_USER_DATA_MAX_BASE64 {
-            return Err(CloudError::Invalid {
-                field: "user_data",
-                reason: format!(
-                    "{} bytes are {encoded_len} base64-encoded; Nova accepts at most {NOVA_USER_DATA_MAX_BASE64}",
-                    spec.user_data.len()
-                ),
-            });
-        }
+        check_user_data_len(spec.user_data.len())
+            .map_err(|reason| CloudError::Invalid { field: "user_data", reason })?;
         let tenant = spec.tenant.as_ref();
         let placement = self.placement(spec.vm, &spec.host, tenant.is_some())?;
         let Checked { flavor, image, networks, .. } = match &spec.checked {
@@ -1083,6 +1099,15 @@ fn the_one<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn base64_length_is_padded() {
+        assert_eq!([0, 1, 2, 3, 4].map(base64_len), [0, 4, 4, 4, 8]);
+        assert_eq!(base64_len(49_149), 65_532);
+        assert_eq!(base64_len(usize::MAX), usize::MAX);
+        assert!(check_user_data_len(49_149).is_ok());
+        assert!(check_user_data_len(49_150).unwrap_err().contains("65536 base64-encoded"));
+    }
 
     #[test]
     fn a_name_finds_one_resource_or_says_why_not() {

@@ -27,7 +27,6 @@ use serde::Deserialize;
 
 use super::time::parse_rfc3339;
 use super::AuthSettings;
-use crate::caller::{Caller, Role, Scope};
 
 /// The header that carries a token to a service, and Keystone's answer header.
 pub const AUTH_TOKEN: &str = "X-Auth-Token";
@@ -457,23 +456,9 @@ pub struct TenantIdentity {
     pub info: TokenInfo,
     /// The token's project; `None` only for a system-scoped admin.
     pub project_id: Option<String>,
-    pub role: Role,
-}
-
-impl TenantIdentity {
-    /// The caller as gsaasd's authorization sees it: the Keystone user, bound to its project.
-    pub fn caller(&self) -> Caller {
-        let info = &self.info;
-        let mut caller = Caller::new(info.user_id.clone(), self.project_id.clone(), self.role);
-        caller.scope = Scope {
-            roles: info.roles.clone(),
-            project_name: info.project_name.clone(),
-            project_domain_id: info.project_domain.as_ref().map(|(id, _)| id.clone()),
-            system: info.system,
-            ..Scope::default()
-        };
-        caller
-    }
+    /// Whether its roles and scope make it an admin ([`AdminScope`]); a member of its project
+    /// otherwise.
+    pub admin: bool,
 }
 
 /// How [`TokenValidator`] caches and limits.
@@ -634,8 +619,7 @@ impl TokenValidator {
             (None, true) => None,
             (None, false) => return Err(ValidationError::Unscoped),
         };
-        let role = if admin { Role::Admin } else { Role::Member };
-        let identity = TenantIdentity { info, project_id, role };
+        let identity = TenantIdentity { info, project_id, admin };
         let mut cache = self.cache.lock().expect("token cache");
         if cache.len() >= self.settings.capacity {
             let now = SystemTime::now();
