@@ -222,7 +222,13 @@ fn settings(base: &str) -> AuthSettings {
 }
 
 fn config() -> NovaConfig {
-    NovaConfig { poll_interval_ms: 10, request_timeout_ms: 2_000, ..NovaConfig::default() }
+    // Each test counts the requests it causes: no check is answered from an earlier one.
+    NovaConfig {
+        poll_interval_ms: 10,
+        request_timeout_ms: 2_000,
+        lookup_cache_secs: 0,
+        ..NovaConfig::default()
+    }
 }
 
 fn nova(mock: &Mock) -> NovaCloud {

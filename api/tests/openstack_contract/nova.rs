@@ -146,6 +146,59 @@ async fn check_finds_flavors_by_name_and_refuses_unknown_parts() {
 }
 
 /// A cloud whose Nova creates servers, answering with the upstream sample.
+/// A project's checks of the same flavor, image and networks reuse what the first found for
+/// `lookup_cache_secs`; another project, another image, a failed check or an expired entry asks
+/// again, and `0` keeps nothing.
+#[tokio::test]
+async fn a_projects_lookups_are_reused_for_a_while_and_no_longer() {
+    // Flavor 1 in any project's compute path (a tenant's token reaches Nova at its own).
+    let mock = Mock::start(|req, base| {
+        if req.method == Method::GET && req.path.ends_with("/flavors/1") {
+            return reply(200, fixture("nova/flavors_flavor-get-resp.json"));
+        }
+        standard(req, base)
+    })
+    .await;
+    let asked = |mock: &Mock| {
+        mock.requests()
+            .iter()
+            .filter(|r| r.method == Method::GET && !r.path.contains("/auth/"))
+            .count()
+    };
+    let tenant = |project: &str| TenantToken {
+        token: "tenant-token".into(),
+        user_id: "u".into(),
+        project_id: project.into(),
+    };
+    let cloud =
+        NovaCloud::new(settings(&mock.base), NovaConfig { lookup_cache_secs: 1, ..config() })
+            .unwrap();
+    let (a, b) = (tenant(TENANT_PROJECT), tenant("7e9a0000000000000000000000000002"));
+    let first = cloud.check(&request(), Some(&a)).await.unwrap();
+    let per_check = asked(&mock);
+    assert!(per_check >= 2, "a check looks its parts up: {per_check}");
+    assert_eq!(cloud.check(&request(), Some(&a)).await.unwrap(), first);
+    assert_eq!(asked(&mock), per_check, "the same project's same request: nothing asked");
+    cloud.check(&request(), Some(&b)).await.unwrap();
+    assert_eq!(asked(&mock), 2 * per_check, "another project asks for itself");
+    let mut unknown = request();
+    unknown.image = "0e12087a-0000-476a-8f84-7398e991cecc".into();
+    for _ in 0..2 {
+        assert!(cloud.check(&unknown, Some(&a)).await.is_err());
+    }
+    let after_failures = asked(&mock);
+    assert!(after_failures >= 2 * per_check + 2, "a refusal is never kept: {after_failures}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    cloud.check(&request(), Some(&a)).await.unwrap();
+    assert_eq!(asked(&mock), after_failures + per_check, "kept no longer than it says");
+
+    let uncached = nova(&mock);
+    let before = asked(&mock);
+    uncached.check(&request(), Some(&a)).await.unwrap();
+    uncached.check(&request(), Some(&a)).await.unwrap();
+    assert_eq!(asked(&mock), before + 2 * per_check, "0: every check asks");
+}
+
 async fn nova_that_creates() -> Mock {
     Mock::start(|req, base| {
         if req.is(&Method::POST, &format!("{NOVA}/servers")) {

@@ -37,8 +37,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use base64::Engine as _;
@@ -117,6 +117,11 @@ pub struct NovaConfig {
     /// The roles a tenant delegates (a Keystone trust) so that its queued launch is created as
     /// it later: what creating a server in its project takes.
     pub delegated_roles: Vec<String>,
+    /// How long what a check found (a request's flavor, image and networks, as ids) is reused
+    /// for the same project's requests naming the same ones; 0: every check asks Nova, Glance
+    /// and Neutron. Nova still checks the creation itself, so an image deleted meanwhile fails
+    /// that launch there instead of at its request.
+    pub lookup_cache_secs: u64,
 }
 
 impl Default for NovaConfig {
@@ -133,6 +138,7 @@ impl Default for NovaConfig {
             availability_zone: None,
             local_availability_zone: None,
             delegated_roles: vec!["member".to_owned()],
+            lookup_cache_secs: 30,
         }
     }
 }
@@ -164,7 +170,22 @@ pub enum NovaSetupError {
 pub struct NovaCloud {
     keystone: Arc<Keystone>,
     config: NovaConfig,
+    /// What recent checks found (`lookup_cache_secs`).
+    lookups: Mutex<HashMap<LookupKey, (Instant, Checked)>>,
 }
+
+/// What a check looks up, for whom: the project (`None`: the service user) and the request's
+/// flavor, image and networks as it names them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct LookupKey {
+    project: Option<String>,
+    flavor: String,
+    image: String,
+    networks: Vec<String>,
+}
+
+/// The most checks [`NovaCloud::lookups`] keeps: past it, expired ones go, then all.
+const LOOKUPS_KEPT: usize = 4096;
 
 #[derive(Debug)]
 struct Answer {
@@ -420,7 +441,7 @@ impl NovaCloud {
                 return Err(NovaSetupError::Zero(name));
             }
         }
-        Ok(NovaCloud { keystone, config })
+        Ok(NovaCloud { keystone, config, lookups: Mutex::new(HashMap::new()) })
     }
 
     pub fn keystone(&self) -> Arc<Keystone> {
@@ -672,10 +693,42 @@ impl NovaCloud {
         request: &VmRequest,
         tenant: Option<&TenantToken>,
     ) -> Result<Checked, CloudError> {
-        let (flavor, flavor_resources) = self.resolve_flavor(&request.flavor, tenant).await?;
-        let image = self.resolve_image(&request.image, tenant).await?;
-        let networks = self.networks(request, tenant).await?;
-        Ok(Checked { flavor, image, networks, flavor_resources })
+        let keep = Duration::from_secs(self.config.lookup_cache_secs);
+        let key = LookupKey {
+            project: tenant.map(|t| t.project_id.clone()),
+            flavor: request.flavor.clone(),
+            image: request.image.clone(),
+            networks: request.networks.clone(),
+        };
+        if !keep.is_zero() {
+            let lookups = self.lookups.lock().expect("lookups");
+            if let Some((at, found)) = lookups.get(&key) {
+                if at.elapsed() < keep {
+                    return Ok(found.clone());
+                }
+            }
+        }
+        // Three services, asked at once: a check takes the slowest answer, not their sum. Each
+        // is waited for, so the error named is the first part's in this order, whichever failed
+        // first.
+        let (flavor, image, networks) = tokio::join!(
+            self.resolve_flavor(&request.flavor, tenant),
+            self.resolve_image(&request.image, tenant),
+            self.networks(request, tenant),
+        );
+        let (flavor, flavor_resources) = flavor?;
+        let checked = Checked { flavor, image: image?, networks: networks?, flavor_resources };
+        if !keep.is_zero() {
+            let mut lookups = self.lookups.lock().expect("lookups");
+            if lookups.len() >= LOOKUPS_KEPT {
+                lookups.retain(|_, (at, _)| at.elapsed() < keep);
+                if lookups.len() >= LOOKUPS_KEPT {
+                    lookups.clear();
+                }
+            }
+            lookups.insert(key, (Instant::now(), checked.clone()));
+        }
+        Ok(checked)
     }
 
     async fn get_server(&self, id: &ServerId) -> Result<NovaServer, CloudError> {
