@@ -8,8 +8,9 @@ dropped, and the page still reads well. This reads every `code span` of the page
 - a path (`app/pool.rs`, `pool/`, `migrations/0028_notifications.*.sql`) names a tracked file or
   folder: some tracked path ends with it (a `*` matches within one name);
 - a Rust path (`App::pool_tx`, `db::begin_pool_write`, `Booking::Reserve`) names items that are
-  defined: each CamelCase segment as a struct, enum, trait, type or enum variant, the last
-  snake_case segment as a fn, const, static, module or field;
+  defined: each CamelCase segment as a struct, enum, trait, type or enum variant, each
+  UPPER_CASE one as a const or static, the last snake_case segment as a fn, const, static,
+  module or field;
 - a lone CamelCase name (`PoolTx`) is a defined type, trait or variant;
 - a snake_case name with an underscore (`insert_vms_with_cgpus`, `cgpus_version`) is defined as
   a fn, field, module, const, column or saga step somewhere in the sources;
@@ -103,7 +104,10 @@ def problems_in(text, sources):
                 if seg in ("crate", "self", "super") or seg in ("std",):
                     continue
                 last = i == len(segments) - 1
-                if seg[0].isupper():
+                if seg.isupper():
+                    if seg not in sources.items:
+                        found.append(f"{name}: no const or static {seg}")
+                elif seg[0].isupper():
                     if seg not in sources.types:
                         found.append(f"{name}: no type or variant {seg}")
                 elif last and seg not in sources.items:
@@ -162,7 +166,8 @@ def self_test():
         "`Booking::Reserve` `PoolTx` `insert_vms_with_cgpus` `cargo run -q` `ready`"
     )
     assert problems_in(page, sources) == [], problems_in(page, sources)
-    for stale in ["`app/nowhere.rs`", "`App::no_such_method`", "`NoSuchType`", "`never_named_anywhere_xyz`",
+    assert problems_in("`SagaStep::LAUNCH`", sources) == []
+    for stale in ["`app/nowhere.rs`", "`App::no_such_method`", "`SagaStep::NO_SUCH_CONST`", "`NoSuchType`", "`never_named_anywhere_xyz`",
                   "`Nowhere::pool_tx`", "`pool/gone/`"]:
         assert problems_in(stale, sources), f"{stale} went unseen"
     layers = layers_in("no arrow up these layers, highest first:\n\n1. `a`, `b` (x `c`)\n2. `d`\n   `e`\n\nafter")

@@ -47,65 +47,82 @@ impl VmState {
     }
 }
 
-/// The launch saga's next step. Forward steps first, then the undo steps that unwind a failed launch
-/// or carry out a termination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// Where a VM's saga stands: which saga runs and its next step, or `Done` when none does. Each
+/// saga's steps are a type of its own, run by its own file in `app/sagas/`; a saga is started
+/// at its first step ([`SagaStep::LAUNCH`], [`SagaStep::TERMINATE`], `Attach`, `Detach`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SagaStep {
-    CheckCloud,
+    Launch(LaunchStep),
+    /// A ready VM's new cGPUs (`attaching`) get their routes, then go live.
+    Attach,
+    /// A ready VM's `detaching` cGPUs lose their routes, then their bookings.
+    Detach,
+    /// A termination, or the unwinding of a launch that failed.
+    Terminate(TerminateStep),
+    /// Nothing left to do (ready, error or deleted).
+    Done,
+}
+
+/// The launch saga's steps (`app/sagas/launch.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchStep {
     CreateVm,
     WaitActive,
     ConfigureRoutes,
-    /// A ready VM's new cGPUs (`attaching`) get their routes, then go live.
-    AttachCgpus,
-    /// A ready VM's `detaching` cGPUs lose their routes, then their bookings.
-    DetachCgpus,
-    /// Nothing left to do (ready, error or deleted).
-    Done,
+}
+
+/// The termination saga's steps (`app/sagas/terminate.rs`), which also unwind a failed launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TerminateStep {
     WithdrawRoutes,
     DeleteServer,
     ReleaseGpus,
 }
 
 impl SagaStep {
+    /// A launch's first step.
+    pub const LAUNCH: SagaStep = SagaStep::Launch(LaunchStep::CreateVm);
+    /// A termination's (or an unwinding's) first step.
+    pub const TERMINATE: SagaStep = SagaStep::Terminate(TerminateStep::WithdrawRoutes);
+
+    /// As stored in `vms.step`.
     pub fn as_str(self) -> &'static str {
         match self {
-            SagaStep::CheckCloud => "check_cloud",
-            SagaStep::CreateVm => "create_vm",
-            SagaStep::WaitActive => "wait_active",
-            SagaStep::ConfigureRoutes => "configure_routes",
-            SagaStep::AttachCgpus => "attach_cgpus",
-            SagaStep::DetachCgpus => "detach_cgpus",
+            SagaStep::Launch(LaunchStep::CreateVm) => "create_vm",
+            SagaStep::Launch(LaunchStep::WaitActive) => "wait_active",
+            SagaStep::Launch(LaunchStep::ConfigureRoutes) => "configure_routes",
+            SagaStep::Attach => "attach_cgpus",
+            SagaStep::Detach => "detach_cgpus",
             SagaStep::Done => "done",
-            SagaStep::WithdrawRoutes => "withdraw_routes",
-            SagaStep::DeleteServer => "delete_server",
-            SagaStep::ReleaseGpus => "release_gpus",
+            SagaStep::Terminate(TerminateStep::WithdrawRoutes) => "withdraw_routes",
+            SagaStep::Terminate(TerminateStep::DeleteServer) => "delete_server",
+            SagaStep::Terminate(TerminateStep::ReleaseGpus) => "release_gpus",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
-            "check_cloud" => SagaStep::CheckCloud,
-            "create_vm" => SagaStep::CreateVm,
-            "wait_active" => SagaStep::WaitActive,
-            "configure_routes" => SagaStep::ConfigureRoutes,
-            "attach_cgpus" => SagaStep::AttachCgpus,
-            "detach_cgpus" => SagaStep::DetachCgpus,
+            // An earlier gsaasd's first launch step: the creation checks what it needs itself.
+            "check_cloud" | "create_vm" => SagaStep::LAUNCH,
+            "wait_active" => SagaStep::Launch(LaunchStep::WaitActive),
+            "configure_routes" => SagaStep::Launch(LaunchStep::ConfigureRoutes),
+            "attach_cgpus" => SagaStep::Attach,
+            "detach_cgpus" => SagaStep::Detach,
             "done" => SagaStep::Done,
-            "withdraw_routes" => SagaStep::WithdrawRoutes,
-            "delete_server" => SagaStep::DeleteServer,
-            "release_gpus" => SagaStep::ReleaseGpus,
+            "withdraw_routes" => SagaStep::TERMINATE,
+            "delete_server" => SagaStep::Terminate(TerminateStep::DeleteServer),
+            "release_gpus" => SagaStep::Terminate(TerminateStep::ReleaseGpus),
             _ => return None,
         })
     }
 
     /// An attach or detach on a ready VM.
     pub fn changes_cgpus(self) -> bool {
-        matches!(self, SagaStep::AttachCgpus | SagaStep::DetachCgpus)
+        matches!(self, SagaStep::Attach | SagaStep::Detach)
     }
 
     pub fn is_unwinding(self) -> bool {
-        matches!(self, SagaStep::WithdrawRoutes | SagaStep::DeleteServer | SagaStep::ReleaseGpus)
+        matches!(self, SagaStep::Terminate(_))
     }
 }
 
@@ -406,3 +423,36 @@ impl AlertKind {
 }
 
 pub use gsaas_clouds::cloud::{ServerId, VmRequest};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every step is stored and read back as itself; a row an earlier gsaasd left at its
+    /// `check_cloud` step resumes at the creation, and an unknown step is refused.
+    #[test]
+    fn saga_steps_round_trip_and_old_rows_resume() {
+        let launch = [LaunchStep::CreateVm, LaunchStep::WaitActive, LaunchStep::ConfigureRoutes];
+        let terminate = [
+            TerminateStep::WithdrawRoutes,
+            TerminateStep::DeleteServer,
+            TerminateStep::ReleaseGpus,
+        ];
+        let steps: Vec<SagaStep> = launch
+            .map(SagaStep::Launch)
+            .into_iter()
+            .chain(terminate.map(SagaStep::Terminate))
+            .chain([SagaStep::Attach, SagaStep::Detach, SagaStep::Done])
+            .collect();
+        for step in &steps {
+            assert_eq!(SagaStep::parse(step.as_str()), Some(*step), "{step:?}");
+        }
+        let mut names: Vec<&str> = steps.iter().map(|s| s.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), steps.len(), "each step its own name");
+        assert_eq!(SagaStep::parse("check_cloud"), Some(SagaStep::LAUNCH));
+        assert_eq!(SagaStep::parse("Create_VM"), None);
+        assert!(steps.iter().filter(|s| s.is_unwinding()).count() == 3);
+    }
+}

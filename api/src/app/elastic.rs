@@ -141,7 +141,7 @@ impl App {
         let VmDetails { vm, cgpus, .. } = details;
         let on_host = attach_host(&vm)?;
         let mut next = vm.clone();
-        next.step = SagaStep::AttachCgpus;
+        next.step = SagaStep::Attach;
         next.error = None;
         next.updated_ms = now_ms();
         let attachment = Attachment {
@@ -218,7 +218,7 @@ impl App {
         check_changeable(&details.vm).map_err(refused)?;
         let mut write = [VmWrite {
             vm: VmRecord {
-                step: SagaStep::DetachCgpus,
+                step: SagaStep::Detach,
                 error: None,
                 updated_ms: now_ms(),
                 ..details.vm.clone()

@@ -201,7 +201,7 @@ impl App {
             policy,
             state: VmState::Creating,
             error: None,
-            step: SagaStep::CreateVm,
+            step: SagaStep::LAUNCH,
             server_id: None,
             host: None,
             fixed_ip: None,
@@ -388,7 +388,7 @@ impl App {
             }
             if vm.step == SagaStep::Done {
                 // Routes off in the same write; the saga's withdraw step then only pushes.
-                vm.step = SagaStep::WithdrawRoutes;
+                vm.step = SagaStep::TERMINATE;
                 vm.routes_on = false;
             }
             vm.updated_ms = now_ms();

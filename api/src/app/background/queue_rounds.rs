@@ -179,7 +179,7 @@ impl App {
                 (db::Queued::Launch, records) => {
                     let mut vm = q.vm.clone();
                     vm.state = VmState::Creating;
-                    vm.step = SagaStep::CreateVm;
+                    vm.step = SagaStep::LAUNCH;
                     vm.policy = s.policy.clone();
                     vm.updated_ms = now;
                     let checked = records
@@ -242,12 +242,8 @@ impl App {
                     cgpus.push(cgpu);
                 }
             }
-            let vm = VmRecord {
-                step: SagaStep::AttachCgpus,
-                error: None,
-                updated_ms: now,
-                ..vm.clone()
-            };
+            let vm =
+                VmRecord { step: SagaStep::Attach, error: None, updated_ms: now, ..vm.clone() };
             out.writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });
             attached.push(VmDetails { vm, cgpus, extras: Extras::Unknown });
         }
@@ -332,7 +328,7 @@ async fn shrink_vm(
     if vm.state != VmState::Ready || vm.step != SagaStep::Done {
         return Err(changed());
     }
-    vm.step = SagaStep::DetachCgpus;
+    vm.step = SagaStep::Detach;
     vm.updated_ms = now;
     let mut write = [VmWrite { vm, claim: Some(claim.clone()) }];
     if db::update_vms(tx, &mut write).await?.first() == Some(&Written::Stale) {

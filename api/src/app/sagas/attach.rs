@@ -24,7 +24,7 @@ impl App {
             }
             Err(e) => {
                 tracing::warn!(vm = %vm.id, error = %crate::error::ErrorChain(e), "attach failed; detaching");
-                next.step = SagaStep::DetachCgpus;
+                next.step = SagaStep::Detach;
                 let reason = self.tenant_message(&e.to_string()).await;
                 next.error =
                     Some(format!("attaching cGPUs failed, so they are detached: {reason}"));

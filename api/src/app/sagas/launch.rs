@@ -1,5 +1,5 @@
-//! The launch saga's forward steps: check the VM part with the cloud, create the server with
-//! cloud-init carrying the masked rCUDA environment, wait for ACTIVE (learn host, fixed IP and
+//! The launch saga's forward steps ([`LaunchStep`]): create the server with cloud-init carrying
+//! the masked rCUDA environment (the request checked the VM part with the cloud), wait for ACTIVE (learn host, fixed IP and
 //! tap), then wait for the VM's network while the host's routes are pushed. Their undo is
 //! [`super::terminate`]'s: withdraw the routes, delete the server, release the cGPUs.
 
@@ -9,23 +9,40 @@ use std::time::{Duration, Instant};
 use gpgpums::{HostId, Locality};
 use tokio::sync::Notify;
 
-use super::{cloud_failure, StepError};
+use super::{cloud_failure, Progress, StepError};
 use crate::app::shared::vm_user_data;
 use crate::app::App;
 use crate::cloud::{Checked, HostConstraint, ServerSpec};
 use crate::db::{self, now_ms};
 use crate::error::Error;
-use crate::model::{CgpuRecord, SagaStep, VmRecord, VmState};
+use crate::model::{CgpuRecord, LaunchStep, SagaStep, VmRecord, VmState};
 
 impl App {
-    /// The cloud's check of the VM part (image, flavor, networks), as the tenant.
-    pub(super) async fn check_cloud(&self, vm: &mut VmRecord) -> Result<Checked, StepError> {
-        let tenant = self.tenant_credential(vm.id).await?;
-        let check = self.cloud.check(&vm.spec.vm, tenant.as_ref()).await;
-        // Creation comes next in this run, so its first attempt is the first ever.
-        let checked = check.map_err(|e| cloud_failure("check", &e))?;
-        vm.step = SagaStep::CreateVm;
-        Ok(checked)
+    /// Runs the launch's `step`.
+    pub(super) async fn launch_step(
+        self: &Arc<Self>,
+        step: LaunchStep,
+        vm: &mut VmRecord,
+        cgpus: &mut Option<Vec<CgpuRecord>>,
+        checked: &mut Option<Checked>,
+        wake: &Notify,
+    ) -> Result<Progress, StepError> {
+        match step {
+            LaunchStep::CreateVm => {
+                // Not recorded: the cloud finds the server it created for a VM, so a creation
+                // repeated after a crash gets the same one (recorded with its host, WaitActive).
+                self.create_vm(vm, cgpus, checked.take()).await?;
+                return Ok(Progress::Unrecorded);
+            }
+            LaunchStep::WaitActive => {
+                self.wait_active(vm, wake).await?;
+                // The server is up: a delegation has done its work (ended no sooner, as the
+                // server's build uses the credential it was created with).
+                self.spawn_end_delegation(vm.id, None);
+            }
+            LaunchStep::ConfigureRoutes => self.configure_routes(vm, wake).await?,
+        }
+        Ok(Progress::ToRecord)
     }
 
     pub(super) async fn create_vm(
@@ -79,7 +96,7 @@ impl App {
         self.sagas.tenant_tokens.lock().expect("tenant tokens").remove(&vm.id);
         vm.server_id = Some(server);
         vm.timings.vm_creation = Some(started.elapsed().as_secs_f64());
-        vm.step = SagaStep::WaitActive;
+        vm.step = SagaStep::Launch(LaunchStep::WaitActive);
         Ok(())
     }
 
@@ -155,7 +172,7 @@ impl App {
         vm.fixed_ip = info.fixed_ip;
         vm.tap = info.tap;
         vm.timings.vm_activation = Some(started.elapsed().as_secs_f64());
-        vm.step = SagaStep::ConfigureRoutes;
+        vm.step = SagaStep::Launch(LaunchStep::ConfigureRoutes);
         // Recorded with the host and address, in the same write: the next step pushes them.
         vm.routes_on = true;
         Ok(())

@@ -37,7 +37,7 @@ use crate::cloud::{Checked, CloudError};
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
 use crate::metrics::inc;
-use crate::model::{CgpuRecord, SagaStep, VmRecord, VmState};
+use crate::model::{CgpuRecord, LaunchStep, SagaStep, VmRecord, VmState};
 
 const UNDO_ATTEMPTS: u32 = 5;
 
@@ -217,7 +217,7 @@ impl App {
             }
             if vm.state == VmState::Deleting && !vm.step.is_unwinding() {
                 // Routes off in the same write (the withdraw step then only pushes).
-                vm.step = SagaStep::WithdrawRoutes;
+                vm.step = SagaStep::TERMINATE;
                 vm.routes_on = false;
                 if self.save(&mut vm).await? {
                     current = Some(vm);
@@ -234,7 +234,9 @@ impl App {
                     if !self.save(&mut vm).await? {
                         continue;
                     }
-                    if step == SagaStep::ConfigureRoutes && vm.state == VmState::Ready {
+                    if step == SagaStep::Launch(LaunchStep::ConfigureRoutes)
+                        && vm.state == VmState::Ready
+                    {
                         inc(&self.metrics.launches_ready);
                         self.metrics.observe_launch(&vm.timings);
                     }
@@ -250,7 +252,7 @@ impl App {
                         vm.state = VmState::Error;
                         vm.error = Some(self.tenant_message(&reason).await);
                     }
-                    vm.step = SagaStep::WithdrawRoutes;
+                    vm.step = SagaStep::TERMINATE;
                     if self.save(&mut vm).await? {
                         current = Some(vm);
                     }
@@ -292,33 +294,11 @@ impl App {
         wake: &Notify,
     ) -> Result<Progress, StepError> {
         match vm.step {
-            // Launch (launch.rs).
-            SagaStep::CheckCloud => {
-                // Not recorded: a check repeated after a crash costs a check, and the creation's
-                // result is recorded with the server's host (WaitActive).
-                *checked = Some(self.check_cloud(vm).await?);
-                return Ok(Progress::Unrecorded);
-            }
-            SagaStep::CreateVm => {
-                self.create_vm(vm, cgpus, checked.take()).await?;
-                return Ok(Progress::Unrecorded);
-            }
-            SagaStep::WaitActive => {
-                self.wait_active(vm, wake).await?;
-                // The server is up: a delegation has done its work (ended no sooner, as the
-                // server's build uses the credential it was created with).
-                self.spawn_end_delegation(vm.id, None);
-            }
-            SagaStep::ConfigureRoutes => self.configure_routes(vm, wake).await?,
-            // A ready VM's cGPUs (attach.rs, detach.rs).
-            SagaStep::AttachCgpus => return self.attach_step(vm).await,
-            SagaStep::DetachCgpus => return self.detach_step(vm).await,
-            // Undo: termination, and a failed launch's unwinding (terminate.rs).
-            SagaStep::WithdrawRoutes => return self.withdraw_routes_step(vm, fence_on).await,
-            SagaStep::DeleteServer => return self.delete_server_step(vm).await,
-            SagaStep::ReleaseGpus => return self.release_gpus_step(vm, fence_on).await,
-            SagaStep::Done => {}
+            SagaStep::Launch(step) => self.launch_step(step, vm, cgpus, checked, wake).await,
+            SagaStep::Attach => self.attach_step(vm).await,
+            SagaStep::Detach => self.detach_step(vm).await,
+            SagaStep::Terminate(step) => self.terminate_step(step, vm, fence_on).await,
+            SagaStep::Done => Ok(Progress::ToRecord),
         }
-        Ok(Progress::ToRecord)
     }
 }

@@ -14,9 +14,24 @@ use crate::cloud::CloudError;
 use crate::db::now_ms;
 use crate::error::Error;
 use crate::metrics::inc;
-use crate::model::{SagaStep, VmRecord, VmState};
+use crate::model::{SagaStep, TerminateStep, VmRecord, VmState};
 
 impl App {
+    /// Runs the termination's `step`. `fence_on`: the host whose agent could not confirm the
+    /// withdrawal (its cGPUs stay booked under a fence).
+    pub(super) async fn terminate_step(
+        self: &std::sync::Arc<Self>,
+        step: TerminateStep,
+        vm: &mut VmRecord,
+        fence_on: &mut Option<HostId>,
+    ) -> Result<Progress, StepError> {
+        match step {
+            TerminateStep::WithdrawRoutes => self.withdraw_routes_step(vm, fence_on).await,
+            TerminateStep::DeleteServer => self.delete_server_step(vm).await,
+            TerminateStep::ReleaseGpus => self.release_gpus_step(vm, fence_on).await,
+        }
+    }
+
     /// Routes off in the VM's record, then the host's table without them. `fence_on`: the host
     /// whose agent could not confirm (its cGPUs stay booked under a fence).
     pub(super) async fn withdraw_routes_step(
@@ -33,7 +48,7 @@ impl App {
             }
             *fence_on = self.withdraw_routes(&host).await?;
         }
-        vm.step = SagaStep::DeleteServer;
+        vm.step = SagaStep::Terminate(TerminateStep::DeleteServer);
         Ok(Progress::Unrecorded)
     }
 
@@ -53,7 +68,7 @@ impl App {
                 Err(e) => return Err(cloud_failure("delete", &e)),
             }
         }
-        vm.step = SagaStep::ReleaseGpus;
+        vm.step = SagaStep::Terminate(TerminateStep::ReleaseGpus);
         Ok(Progress::Unrecorded)
     }
 
