@@ -191,6 +191,13 @@ pub enum Command {
     /// cGPU bookings fenced while a host that could not be reached may still route to them
     /// (admins).
     Fences,
+    /// The background tasks of the gsaasd that answers: how often each runs, how its last run
+    /// went and what it did (admins).
+    Tasks {
+        /// Run this task now (`route_tables`, `cloud_drift`, ...) and show it once it ended.
+        #[arg(long, value_name = "TASK")]
+        activate: Option<String>,
+    },
     /// Project quotas: limits and use.
     Quota {
         #[command(subcommand)]

@@ -167,6 +167,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
             print(format, &client.post(&path, &json!({}), None)?, output::taint)
         }
         Command::Fences => print(format, &client.get("/v1/fences")?, output::fences),
+        Command::Tasks { activate: None } => {
+            print(format, &client.get("/v1/background-tasks")?, output::tasks)
+        }
+        Command::Tasks { activate: Some(task) } => {
+            let path = format!("/v1/background-tasks/{}/activate", path_segment(&task)?);
+            print(format, &client.post(&path, &json!({}), None)?, output::task)
+        }
         Command::Quota { command } => quota(&client, format, command),
         Command::Usage { project, start, end, csv } => {
             let mut path = match &project {

@@ -9,8 +9,9 @@ use std::fmt::Display;
 use std::fmt::Write;
 
 use gsaas_api_types::{
-    EvacuationView, FenceList, GpuTaintView, GpuView, HostList, HostView, PoolView, QueueView,
-    QuotaList, QuotaView, UsageReport, UsageTotals, VmList, VmView, LAUNCH_STAGES,
+    BackgroundTaskList, BackgroundTaskView, EvacuationView, FenceList, GpuTaintView, GpuView,
+    HostList, HostView, PoolView, QueueView, QuotaList, QuotaView, TaskOutcome, UsageReport,
+    UsageTotals, VmList, VmView, LAUNCH_STAGES,
 };
 
 /// Left-aligned columns, two spaces apart.
@@ -336,6 +337,37 @@ pub fn fences(list: &FenceList) -> String {
         })
         .collect();
     table(&["fence", "VM", "host", "until generation", "GPUs", "why"], &rows)
+}
+
+/// The background tasks of the replica that answered.
+pub fn tasks(list: &BackgroundTaskList) -> String {
+    let rows: Vec<Vec<String>> = list.tasks.iter().map(task_row).collect();
+    table(&["task", "every", "runs", "failed", "last took", "last", "what it did"], &rows)
+}
+
+/// One task, after an activation.
+pub fn task(view: &BackgroundTaskView) -> String {
+    tasks(&BackgroundTaskList { tasks: vec![view.clone()] })
+}
+
+fn task_row(t: &BackgroundTaskView) -> Vec<String> {
+    let last = match (t.running, t.last_outcome, &t.last_error) {
+        (true, _, _) => "running".to_owned(),
+        (false, Some(TaskOutcome::Error), Some(error)) => format!("error: {error}"),
+        (false, Some(TaskOutcome::Error), None) => "error".to_owned(),
+        (false, Some(TaskOutcome::Ok), _) => "ok".to_owned(),
+        (false, None, _) => "not yet".to_owned(),
+    };
+    let report: Vec<String> = t.last_report.iter().map(|(what, n)| format!("{what} {n}")).collect();
+    vec![
+        t.name.clone(),
+        format!("{} s", t.period_ms as f64 / 1000.0),
+        t.activations.to_string(),
+        t.failures.to_string(),
+        t.last_duration_ms.map_or("-".to_owned(), |ms| format!("{ms} ms")),
+        last,
+        report.join(", "),
+    ]
 }
 
 pub fn hosts(hosts: &HostList) -> String {

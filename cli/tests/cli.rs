@@ -521,6 +521,14 @@ fn admins_taint_evacuate_and_forget_and_see_gpu_conditions() {
     assert!(text.contains("tainted: ops: XID 79"), "{text}");
     assert!(text.contains("NVIDIA Quadro M4000 (5.2)"), "{text}");
     assert!(server.gsaas(&admin, &["fences"]).status.success());
+    // The background tasks: listed, and one run on demand; not a tenant's to see.
+    let tasks = server.gsaas(&admin, &["tasks"]);
+    let text = String::from_utf8_lossy(&tasks.stdout);
+    assert!(text.contains("route_tables") && text.contains("queue_rounds"), "{text}");
+    let ran = json(&server.gsaas(&admin, &["-f", "json", "tasks", "--activate", "route_tables"]));
+    assert_eq!(ran["last_outcome"], "ok", "{ran}");
+    assert!(ran["activations"].as_u64().unwrap() >= 1, "{ran}");
+    assert!(!server.gsaas(&token, &["tasks"]).status.success(), "a tenant sees no tasks");
     let untainted = json(&server.gsaas(&admin, &["-f", "json", "untaint", &gpu]));
     assert!(untainted["taint"].is_null());
 
