@@ -246,9 +246,10 @@ impl App {
     /// Starts the background tasks' loops: the reconciler's first pass at once, in its order.
     pub fn start_background_tasks(self: &Arc<Self>) {
         let app = self.clone();
-        background::driver::Driver::start(self, async move {
+        let first = async move {
             app.reconcile_once().await;
-        });
+        };
+        background::driver::Driver::start(self, first, &background::reconciler::PASS);
     }
 
     /// Stops the background tasks' loops where they stand.

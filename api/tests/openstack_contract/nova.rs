@@ -192,6 +192,19 @@ async fn a_projects_lookups_are_reused_for_a_while_and_no_longer() {
     cloud.check(&request(), Some(&a)).await.unwrap();
     assert_eq!(asked(&mock), after_failures + per_check, "kept no longer than it says");
 
+    // A creation Nova refuses (here: no route for POST /servers, a 404) drops what the project's
+    // checks found, and a creation not just checked looks everything up itself.
+    cloud.check(&request(), None).await.unwrap();
+    let before = asked(&mock);
+    cloud.check(&request(), None).await.unwrap();
+    assert_eq!(asked(&mock), before, "kept");
+    let refused = cloud.create_server(&spec(VmId::new_random(), pinned("gpu-host-1"))).await;
+    assert!(matches!(refused, Err(CloudError::Invalid { .. })), "{refused:?}");
+    let after_create = asked(&mock);
+    assert!(after_create >= before + per_check, "the creation looked up for itself");
+    cloud.check(&request(), None).await.unwrap();
+    assert_eq!(asked(&mock), after_create + per_check, "forgotten after the refusal");
+
     let uncached = nova(&mock);
     let before = asked(&mock);
     uncached.check(&request(), Some(&a)).await.unwrap();

@@ -304,6 +304,14 @@ fn parse<T: serde::de::DeserializeOwned>(service: &str, body: &[u8]) -> Result<T
     })
 }
 
+/// An answer of `service_type` without the `key` it must have.
+fn unexpected(service_type: &str, key: &str) -> CloudError {
+    CloudError::Unavailable {
+        reason: format!("unexpected answer from {}: no {key:?}", service_name(service_type)),
+        source: None,
+    }
+}
+
 /// A part of an answer already parsed as JSON, read as `T`.
 fn parse_value<T: serde::de::DeserializeOwned>(
     service_type: &str,
@@ -639,6 +647,12 @@ impl NovaCloud {
         Ok(the_one(candidates, "networks", "network", network)?.id)
     }
 
+    /// Drops what checks found for `project` (`None`: the service user's).
+    fn forget_lookups(&self, project: Option<&str>) {
+        let mut lookups = self.lookups.lock().expect("lookups");
+        lookups.retain(|key, _| key.project.as_deref() != project);
+    }
+
     /// What `reference` names at `service_type`: the one resource with that id when it is a
     /// UUID (none when there is no such resource), else every resource of that name.
     async fn id_or_name<T: serde::de::DeserializeOwned>(
@@ -652,7 +666,10 @@ impl NovaCloud {
             let path = format!("{}{}", lookup.one, encode(reference));
             let one = self.get_optional::<Value>(service_type, &path, tenant).await?;
             let one = match (one, lookup.wrapped) {
-                (Some(Value::Object(mut wrapper)), Some(key)) => wrapper.remove(key),
+                (Some(Value::Object(mut wrapper)), Some(key)) => {
+                    Some(wrapper.remove(key).ok_or_else(|| unexpected(service_type, key))?)
+                }
+                (Some(_), Some(key)) => return Err(unexpected(service_type, key)),
                 (one, _) => one,
             };
             let one = one.map(|one| parse_value(service_type, one)).transpose()?;
@@ -661,7 +678,8 @@ impl NovaCloud {
         let path = format!("{}?name={}", lookup.list, encode(reference));
         let mut listing: HashMap<String, Value> =
             self.get_listing(service_type, &path, tenant).await?;
-        let listed = listing.remove(lookup.key).unwrap_or(Value::Array(Vec::new()));
+        let listed =
+            listing.remove(lookup.key).ok_or_else(|| unexpected(service_type, lookup.key))?;
         parse_value(service_type, listed)
     }
 
@@ -688,12 +706,18 @@ impl NovaCloud {
 
     /// The request's flavor id, image id and `networks`, each checked to exist (and to be the
     /// tenant's to use, as the tenant).
+    /// `cached`: whether what an earlier check found may answer (a launch's check); a creation
+    /// that was not just checked (resumed, queued) always asks.
     async fn resolve(
         &self,
         request: &VmRequest,
         tenant: Option<&TenantToken>,
+        cached: bool,
     ) -> Result<Checked, CloudError> {
-        let keep = Duration::from_secs(self.config.lookup_cache_secs);
+        let keep = match cached {
+            true => Duration::from_secs(self.config.lookup_cache_secs),
+            false => Duration::ZERO,
+        };
         let key = LookupKey {
             project: tenant.map(|t| t.project_id.clone()),
             flavor: request.flavor.clone(),
@@ -718,7 +742,7 @@ impl NovaCloud {
         );
         let (flavor, flavor_resources) = flavor?;
         let checked = Checked { flavor, image: image?, networks: networks?, flavor_resources };
-        if !keep.is_zero() {
+        if self.config.lookup_cache_secs > 0 {
             let mut lookups = self.lookups.lock().expect("lookups");
             if lookups.len() >= LOOKUPS_KEPT {
                 lookups.retain(|_, (at, _)| at.elapsed() < keep);
@@ -898,7 +922,7 @@ impl Cloud for NovaCloud {
         request: &VmRequest,
         tenant: Option<&TenantToken>,
     ) -> Result<Checked, CloudError> {
-        self.resolve(request, tenant).await
+        self.resolve(request, tenant, true).await
     }
 
     fn needs_tenant_token(&self) -> bool {
@@ -968,7 +992,7 @@ impl Cloud for NovaCloud {
                 if let Some(id) = self.find_server_as(spec.vm, tenant).await? {
                     return Ok(id);
                 }
-                self.resolve(&spec.request, tenant).await?
+                self.resolve(&spec.request, tenant, false).await?
             }
         };
         let mut server = json!({
@@ -993,7 +1017,15 @@ impl Cloud for NovaCloud {
                 }
                 Ok(ServerId(parse::<Envelope>("Nova", &answer.body)?.server.id))
             }
-            _ => Err(refused("Nova", answer.status, &answer.body)),
+            _ => {
+                let refusal = refused("Nova", answer.status, &answer.body);
+                if matches!(refusal, CloudError::Invalid { .. }) {
+                    // What was found of the project may be why (an image deleted since): its
+                    // next check asks again.
+                    self.forget_lookups(tenant.map(|t| t.project_id.as_str()));
+                }
+                Err(refusal)
+            }
         }
     }
 

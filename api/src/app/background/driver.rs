@@ -191,64 +191,83 @@ impl Driver {
     }
 
     /// Activates `name` now and waits for it (after any activation already running); `None`
-    /// when this process does not run it.
+    /// when this process does not run it. The activation runs in a task of its own on the
+    /// task's lane: a caller that goes away (an admin's request cut off) leaves it to finish,
+    /// and a panic in it is a failed activation, not a dead loop.
     pub async fn activate(&self, app: &Arc<App>, name: TaskName) -> Option<Result<Report, Failed>> {
-        let slot = self.slot(name)?;
-        let _one = slot.one_at_a_time.lock().await;
-        let started = Instant::now();
-        {
-            let mut status = slot.status.lock().expect("task status");
-            status.running = true;
-            status.last_started_ms = Some(now_ms());
-        }
-        let result = slot.task.activate(app).await;
-        let mut status = slot.status.lock().expect("task status");
-        status.running = false;
-        status.activations += 1;
-        status.last_duration = Some(started.elapsed());
-        match &result {
-            Ok(report) => {
-                status.last_outcome = Some(TaskOutcome::Ok);
-                status.last_error = None;
-                status.last_report = report.clone();
-                status.last_success_ms = Some(now_ms());
+        let index = self.slots.iter().position(|s| s.task.name() == name)?;
+        let work = Driver::activation(app.clone(), index);
+        let handle = match self.slots[index].task.on_request_lane() {
+            true => tokio::spawn(work),
+            false => app.spawn_background(work),
+        };
+        self.keep(vec![handle.abort_handle()]);
+        Some(match handle.await {
+            Ok(result) => result,
+            Err(e) => {
+                let how = if e.is_panic() { "panicked" } else { "was stopped" };
+                Err(Failed::from(Error::internal(format!("task {} {how}", name.as_str()))))
             }
-            Err(Failed { report, error }) => {
-                tracing::warn!(task = name.as_str(), error = %ErrorChain(error), "background task");
-                status.failures += 1;
-                status.last_outcome = Some(TaskOutcome::Error);
-                status.last_error = Some(error.to_string());
-                status.last_report = report.clone();
-            }
-        }
-        Some(result)
+        })
     }
 
-    /// Starts every task's loop; `first` runs once before the loops of the tasks that do not
-    /// activate at start (the reconciler's first pass, in its order).
-    pub fn start<F>(app: &Arc<App>, first: F)
+    async fn activation(app: Arc<App>, index: usize) -> Result<Report, Failed> {
+        let slot = &app.tasks.slots[index];
+        let _one = slot.one_at_a_time.lock().await;
+        let mut running = Running::start(slot);
+        let result = slot.task.activate(&app).await;
+        running.end(&result);
+        result
+    }
+
+    /// Starts every task's loop. `first` runs at once, and the loops of `after_first` start
+    /// once it ended (the reconciler's first pass, which runs those tasks in its order): their
+    /// next activation is a period after it, or a trigger.
+    pub fn start<F>(app: &Arc<App>, first: F, after_first: &'static [TaskName])
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let mut handles = vec![app.spawn_background(first).abort_handle()];
-        for (index, slot) in app.tasks.slots.iter().enumerate() {
+        let spawn_loop = |app: &Arc<App>, index: usize| {
             let work = Driver::run(app.clone(), index);
-            let handle = if slot.task.on_request_lane() {
-                tokio::spawn(work)
-            } else {
-                app.spawn_background(work)
+            let handle = match app.tasks.slots[index].task.on_request_lane() {
+                true => tokio::spawn(work),
+                false => app.spawn_background(work),
             };
-            handles.push(handle.abort_handle());
-        }
-        let mut loops = app.tasks.loops.lock().expect("task loops");
-        if app.tasks.stopped.load(Ordering::SeqCst) {
+            handle.abort_handle()
+        };
+        let later = |slot: &Slot| after_first.contains(&slot.task.name());
+        let now: Vec<usize> =
+            (0..app.tasks.slots.len()).filter(|&i| !later(&app.tasks.slots[i])).collect();
+        let mut handles: Vec<_> = now.into_iter().map(|index| spawn_loop(app, index)).collect();
+        let this = app.clone();
+        handles.push(
+            app.spawn_background(async move {
+                first.await;
+                let slots = &this.tasks.slots;
+                let then: Vec<_> = (0..slots.len())
+                    .filter(|&i| later(&slots[i]))
+                    .map(|index| spawn_loop(&this, index))
+                    .collect();
+                this.tasks.keep(then);
+            })
+            .abort_handle(),
+        );
+        app.tasks.keep(handles);
+    }
+
+    /// Keeps `handles` to abort at [`Driver::stop`] (at once when it has been called), and
+    /// forgets those that ended.
+    fn keep(&self, handles: Vec<tokio::task::AbortHandle>) {
+        let mut loops = self.loops.lock().expect("task loops");
+        loops.retain(|h| !h.is_finished());
+        if self.stopped.load(Ordering::SeqCst) {
             handles.iter().for_each(tokio::task::AbortHandle::abort);
         }
         loops.extend(handles);
     }
 
-    /// Stops every loop where it stands (an activation running is dropped mid-way: tasks are
-    /// idempotent, the next process's first activation finishes it).
+    /// Stops every loop and activation where it stands (tasks are idempotent: the next
+    /// process's first activation finishes what one left).
     pub fn stop(&self) {
         let loops = self.loops.lock().expect("task loops");
         self.stopped.store(true, Ordering::SeqCst);
@@ -367,6 +386,56 @@ impl Driver {
 
 /// A metric family of the tasks: its name, type, help and each task's value.
 type Family = (&'static str, &'static str, &'static str, fn(&Status) -> Option<f64>);
+
+/// An activation under way: it records how it ended, or, dropped before (a panic, a stop), that
+/// it failed, so that a task never shows as running for ever.
+struct Running<'a> {
+    slot: &'a Slot,
+    started: Instant,
+    ended: bool,
+}
+
+impl<'a> Running<'a> {
+    fn start(slot: &'a Slot) -> Running<'a> {
+        let mut status = slot.status.lock().expect("task status");
+        status.running = true;
+        status.last_started_ms = Some(now_ms());
+        Running { slot, started: Instant::now(), ended: false }
+    }
+
+    fn end(&mut self, result: &Result<Report, Failed>) {
+        self.ended = true;
+        let name = self.slot.task.name();
+        let mut status = self.slot.status.lock().expect("task status");
+        status.running = false;
+        status.activations += 1;
+        status.last_duration = Some(self.started.elapsed());
+        match result {
+            Ok(report) => {
+                status.last_outcome = Some(TaskOutcome::Ok);
+                status.last_error = None;
+                status.last_report = report.clone();
+                status.last_success_ms = Some(now_ms());
+            }
+            Err(Failed { report, error }) => {
+                tracing::warn!(task = name.as_str(), error = %ErrorChain(error), "background task");
+                status.failures += 1;
+                status.last_outcome = Some(TaskOutcome::Error);
+                status.last_error = Some(error.to_string());
+                status.last_report = report.clone();
+            }
+        }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            let error = Error::internal("the activation panicked or was stopped");
+            self.end(&Err(Failed::from(error)));
+        }
+    }
+}
 
 /// What [`Driver::last`] tells of a task.
 #[derive(Debug, Clone)]

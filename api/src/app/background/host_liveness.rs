@@ -29,12 +29,18 @@ impl Task for HostLiveness {
         false
     }
     async fn activate(&self, app: &Arc<App>) -> Result<Report, Failed> {
-        app.refresh_managed_seen().await?;
+        let seen = app.refresh_managed_seen().await;
         let mut marked = 0;
         if app.config.hosts.backend == HostsBackend::Agent {
             let timeout = Duration::from_secs(app.config.hosts.heartbeat_timeout_secs);
             marked = app.expire_heartbeats(timeout).await?;
+            if marked > 0 {
+                // Their GPUs failed with them: re-homing need not wait for its own timer.
+                app.tasks.trigger(TaskName::Rehome);
+            }
         }
-        Ok(Report::default().with("hosts_marked_unavailable", marked))
+        let report = Report::default().with("hosts_marked_unavailable", marked);
+        seen.map_err(|error| Failed { report: report.clone(), error })?;
+        Ok(report)
     }
 }

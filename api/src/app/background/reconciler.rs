@@ -27,7 +27,7 @@ use std::time::Duration;
 
 pub use gsaas_api_types::ReconcilerStatus;
 
-use super::driver::TaskName;
+use super::driver::{Report, TaskName};
 use crate::app::App;
 use crate::config::Config;
 use crate::metrics::header;
@@ -57,14 +57,20 @@ impl App {
     }
 
     /// Runs each of the reconciler's tasks once, in order, and returns the pass's sum.
+    /// Its counts are this pass's own, whatever the tasks' loops did meanwhile.
     pub async fn reconcile_once(self: &Arc<Self>) -> ReconcilerStatus {
-        let mut first_error = None;
+        let (mut first_error, mut reports) = (None, Vec::new());
         for task in PASS {
-            if let Some(Err(failed)) = self.tasks.activate(self, task).await {
-                first_error.get_or_insert(failed.error.to_string());
+            match self.tasks.activate(self, task).await {
+                Some(Ok(report)) => reports.push(report),
+                Some(Err(failed)) => {
+                    first_error.get_or_insert(failed.error.to_string());
+                    reports.push(failed.report);
+                }
+                None => {}
             }
         }
-        ReconcilerStatus { last_error: first_error, ..self.reconciler_status() }
+        ReconcilerStatus { last_error: first_error, ..summed(self.reconciler_status(), &reports) }
     }
 
     /// The reconciler's passes and its tasks' failures, as `/metrics` has long shown them.
@@ -92,24 +98,34 @@ impl App {
     /// activation started, the first error among their last activations and their last counts.
     pub fn reconciler_status(&self) -> ReconcilerStatus {
         let tasks: Vec<_> = PASS.into_iter().filter_map(|t| self.tasks.last(t)).collect();
-        let count = |what: &str| tasks.iter().map(|t| t.report.get(what)).sum::<u64>();
-        let small = |what: &str| u32::try_from(count(what)).unwrap_or(u32::MAX);
-        let many = |what: &str| usize::try_from(count(what)).unwrap_or(usize::MAX);
-        ReconcilerStatus {
+        let status = ReconcilerStatus {
             passes: tasks.iter().map(|t| t.activations).min().unwrap_or(0),
             last_pass_ms: tasks.iter().map(|t| t.last_started_ms).min().flatten(),
             last_error: tasks.iter().find_map(|t| t.last_error.clone()),
-            hosts_marked_unavailable: many("hosts_marked_unavailable"),
-            tables_pushed: many("tables_pushed"),
-            fences_released: many("fences_released"),
-            delegations_ended: many("delegations_ended"),
-            servers_deleted: small("servers_deleted"),
-            servers_moved: small("servers_moved"),
-            cgpus_rehomed: small("cgpus_rehomed"),
-            cgpus_lost: small("cgpus_lost"),
-            cgpus_recovered: small("cgpus_recovered"),
-            sagas_resumed: many("sagas_resumed"),
-            usage_rolled_up: count("usage_rolled_up"),
-        }
+            ..ReconcilerStatus::default()
+        };
+        let reports: Vec<Report> = tasks.into_iter().map(|t| t.report).collect();
+        summed(status, &reports)
+    }
+}
+
+/// `status` with the counts of `reports` (the reconciler's tasks', one each).
+fn summed(status: ReconcilerStatus, reports: &[Report]) -> ReconcilerStatus {
+    let count = |what: &str| reports.iter().map(|r| r.get(what)).sum::<u64>();
+    let small = |what: &str| u32::try_from(count(what)).unwrap_or(u32::MAX);
+    let many = |what: &str| usize::try_from(count(what)).unwrap_or(usize::MAX);
+    ReconcilerStatus {
+        hosts_marked_unavailable: many("hosts_marked_unavailable"),
+        tables_pushed: many("tables_pushed"),
+        fences_released: many("fences_released"),
+        delegations_ended: many("delegations_ended"),
+        servers_deleted: small("servers_deleted"),
+        servers_moved: small("servers_moved"),
+        cgpus_rehomed: small("cgpus_rehomed"),
+        cgpus_lost: small("cgpus_lost"),
+        cgpus_recovered: small("cgpus_recovered"),
+        sagas_resumed: many("sagas_resumed"),
+        usage_rolled_up: count("usage_rolled_up"),
+        ..status
     }
 }
