@@ -15,7 +15,7 @@ import re
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-CRATES = ["gpgpums", "infra", "rodvr-contract", "rodvr-core", "rodvr-agent", "clouds", "api", "cli", "openstack-config"]
+CRATES = ["gpgpums", "infra", "rodvr-contract", "rodvr-core", "rodvr-agent", "clouds", "datastore", "api", "cli", "openstack-config"]
 
 # gsaasd's layers, highest first: a module may use modules of its own layer or below.
 LAYERS = [

@@ -183,25 +183,17 @@ impl From<gpgpums::QuotaExceeded> for Error {
     }
 }
 
-impl From<sqlx::Error> for Error {
-    fn from(e: sqlx::Error) -> Self {
+impl From<gsaas_datastore::Error> for Error {
+    fn from(e: gsaas_datastore::Error) -> Self {
         match e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => {
-                Error::unavailable("database", e)
+            gsaas_datastore::Error::Invalid { field, reason } => Error::invalid(field, reason),
+            gsaas_datastore::Error::Conflict(reason) => Error::Conflict(reason),
+            gsaas_datastore::Error::Unavailable { dependency, source } => {
+                Error::Unavailable { dependency, source }
             }
-            sqlx::Error::Database(ref db) if db.code().is_some_and(|c| server_unavailable(&c)) => {
-                Error::unavailable("database", e)
-            }
-            e => Error::internal(e),
+            gsaas_datastore::Error::Internal(source) => Error::Internal(source),
         }
     }
-}
-
-/// Whether a SQLSTATE says the database server cannot serve now rather than that the statement is
-/// wrong: a connection exception (class 08), insufficient resources (53: out of disk, memory or
-/// connections), or operator intervention (57: a backend ended by an administrator or a shutdown).
-fn server_unavailable(sqlstate: &str) -> bool {
-    ["08", "53", "57"].iter().any(|class| sqlstate.starts_with(class))
 }
 
 /// Displays field errors as `a: why; b: why`.

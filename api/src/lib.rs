@@ -2,7 +2,7 @@
 //! to a ready VM whose cGPUs are reachable at masked endpoints.
 //!
 //! Layers, outside in: [`http`] (thin handlers, the OpenAPI document) -> [`app`] (launch and
-//! terminate, the saga, hosts, the reconciler) -> [`db`] (SQLite or PostgreSQL). Every side effect
+//! terminate, the saga, hosts, the reconciler) -> [`db`] (crate `gsaas-datastore`: SQLite or PostgreSQL). Every side effect
 //! sits behind a trait with a real and a simulated implementation: [`cloud`] (crate `gsaas-clouds`;
 //! the simulated Nova is the embedded default) and [`agents`] (real `rodvr-agent`s over HTTP, or in-process ones).
 //! [`error::Error`] is the one error type, mapped to HTTP in one place.
@@ -14,12 +14,9 @@ pub mod caller;
 pub mod cloudinit;
 pub mod config;
 pub mod dashboard;
-pub mod db;
 pub mod error;
 pub mod http;
-pub mod lanes;
 pub mod metrics;
-pub mod model;
 pub mod notifier;
 pub mod policy;
 pub mod service;
@@ -28,3 +25,9 @@ pub mod service;
 pub use gsaas_clouds::cloud;
 /// Keystone (crate `gsaas-clouds`).
 pub use gsaas_clouds::openstack;
+/// The datastore (crate `gsaas-datastore`): SQLite or PostgreSQL, its `Db` and the rows it returns.
+pub use gsaas_datastore as db;
+/// The records the datastore keeps (crate `gsaas-datastore`).
+pub use gsaas_datastore::model;
+/// The lanes requests and background work run on (crate `gsaas-infra`).
+pub use gsaas_infra::lanes;

@@ -161,7 +161,7 @@ fn on_database<T, F>(
     work: impl FnOnce(gsaasd::db::Db) -> F,
 ) -> Result<T, String>
 where
-    F: std::future::Future<Output = Result<T, gsaasd::error::Error>>,
+    F: std::future::Future<Output = Result<T, gsaasd::db::Error>>,
 {
     let config = load(config)?;
     let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start: {e}"))?;

@@ -242,7 +242,7 @@ async fn endpoints_claimed_twice_before_are_quarantined_and_never_again(store: S
     let mut tx = db.begin().await.unwrap();
     let id = gpgpums::GpuId::new("gpu2:0").unwrap();
     let err = gsaasd::db::claim_rcuda_endpoint(&mut tx, &id).await.unwrap_err();
-    assert!(matches!(err, gsaasd::error::Error::Conflict(_)), "{err}");
+    assert!(matches!(err, gsaasd::db::Error::Conflict(_)), "{err}");
     drop(tx);
     let mut tx = db.begin().await.unwrap();
     let claim = sqlx::query("UPDATE gpus SET rcuda_claimed = 1 WHERE id = 'gpu2:0'")
@@ -265,7 +265,7 @@ async fn endpoints_claimed_twice_before_are_quarantined_and_never_again(store: S
         partition: None,
     };
     let err = gsaasd::db::insert_gpu(&mut tx, &gpu).await.unwrap_err();
-    assert!(matches!(err, gsaasd::error::Error::Conflict(_)), "{err}");
+    assert!(matches!(err, gsaasd::db::Error::Conflict(_)), "{err}");
     drop(tx);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -530,7 +530,7 @@ impl HeadGate {
         match &self.head {
             Some(head) if self.passes > 0 => {
                 let (max, now) = (self.rules.max_passes, self.now_ms);
-                db::pass_head(tx, head.ticket, self.passes, max, now).await
+                Ok(db::pass_head(tx, head.ticket, self.passes, max, now).await?)
             }
             _ => Ok(()),
         }

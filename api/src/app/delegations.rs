@@ -55,7 +55,7 @@ impl App {
         };
         if let Err(e) = stored.await {
             let _ = self.cloud.revoke(&delegation, tenant).await;
-            return Err(e);
+            return Err(e.into());
         }
         Ok(delegation)
     }
@@ -137,7 +137,7 @@ impl App {
                     .await
                     .map_err(|e| Error::unavailable("cloud", e))?;
             }
-            db::delete_delegation(&mut *self.db.conn().await?, vm).await
+            Ok(db::delete_delegation(&mut *self.db.conn().await?, vm).await?)
         };
         match ended.await {
             Ok(()) => true,

@@ -126,7 +126,7 @@ impl App {
     /// Every fence, for admins.
     pub async fn fences(&self) -> Result<Vec<FenceRecord>, Error> {
         let mut conn = self.db.conn().await?;
-        db::fences(&mut conn).await
+        Ok(db::fences(&mut conn).await?)
     }
 
     /// Whether the host's agent is alive as far as gsaasd knows: in-process agents always are;

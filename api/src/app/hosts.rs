@@ -521,7 +521,7 @@ impl App {
 
     pub async fn hosts(&self) -> Result<Vec<HostRecord>, Error> {
         let mut conn = self.db.conn().await?;
-        db::hosts(&mut conn).await
+        Ok(db::hosts(&mut conn).await?)
     }
 
     /// Drains (or undrains) a host: it takes no new cGPUs; what it has stays.
@@ -903,7 +903,7 @@ pub(crate) fn write_applied_generations(
                     let _ = reply.send(Ok(()));
                 }
             }
-            Err(e) => fail_all(queued, e),
+            Err(e) => fail_all(queued, e.into()),
         }
     })
 }

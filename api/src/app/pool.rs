@@ -329,7 +329,7 @@ impl PoolTx<'_> {
             }
             Err(e) => {
                 self.cached.generation = -1;
-                Err(e)
+                Err(e.into())
             }
         }
     }

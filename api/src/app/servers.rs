@@ -76,7 +76,7 @@ impl App {
         }
         tracing::debug!(%host, vms = changed.moved.len(), "cGPU servers moved; their VMs' routes follow");
         let mut conn = self.db.conn().await?;
-        db::hosts_of_vms(&mut conn, &changed.moved).await
+        Ok(db::hosts_of_vms(&mut conn, &changed.moved).await?)
     }
 
     /// A heartbeat's servers: their ports recorded (and the routes of those that moved pushed,
@@ -138,7 +138,7 @@ impl App {
             return Ok(Vec::new());
         }
         let mut conn = self.db.conn().await?;
-        db::managed_gpu_hosts_of(&mut conn, vm).await
+        Ok(db::managed_gpu_hosts_of(&mut conn, vm).await?)
     }
 
     /// Pushes the tables of `hosts` in the background: the servers of released cGPUs end.

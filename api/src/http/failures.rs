@@ -41,7 +41,7 @@ pub(super) async fn forget_host(
     app.policy.authorize(actions::HOST_FORGET, &caller, Target::Service)?;
     let query = query(params)?;
     let host = app.forget_host(&host_id(&name)?, query.force).await?;
-    Ok(Json(HostView::from(&host)))
+    Ok(Json(super::views::host_view(&host)))
 }
 
 impl From<Rehomed> for EvacuationView {
@@ -93,8 +93,9 @@ pub(super) async fn evacuate_host(
     Ok(Json(app.evacuate(Evacuate::Host(host_id(&name)?)).await?.into()))
 }
 
-impl From<&FenceRecord> for FenceView {
-    fn from(f: &FenceRecord) -> Self {
+/// A fence as admins see it.
+pub(crate) fn fence_view(f: &FenceRecord) -> FenceView {
+    {
         FenceView {
             id: f.id.to_string(),
             vm: f.vm.to_string(),
@@ -117,5 +118,5 @@ pub(super) async fn list_fences(
 ) -> Result<Json<FenceList>, Error> {
     app.policy.authorize(actions::FENCE_LIST, &caller, Target::Service)?;
     let fences = app.fences().await?;
-    Ok(Json(FenceList { fences: fences.iter().map(FenceView::from).collect() }))
+    Ok(Json(FenceList { fences: fences.iter().map(fence_view).collect() }))
 }

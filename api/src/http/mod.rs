@@ -543,7 +543,7 @@ async fn register_host(
             format!("{} does not match the path's host {name}", report.host),
         ));
     }
-    Ok(Json(HostView::from(&app.register_report(&report).await?)))
+    Ok(Json(host_view(&app.register_report(&report).await?)))
 }
 
 /// Renew an agent's token: a host's agent trades its valid token for a fresh one, in the same
@@ -608,7 +608,7 @@ async fn drain_host(
     Path(name): Path<String>,
 ) -> Result<Json<HostView>, Error> {
     app.policy.authorize(actions::HOST_DRAIN, &caller, Target::Service)?;
-    Ok(Json(HostView::from(&app.set_drained(&host_id(&name)?, true).await?)))
+    Ok(Json(host_view(&app.set_drained(&host_id(&name)?, true).await?)))
 }
 
 /// Undrain a host (admins).
@@ -622,7 +622,7 @@ async fn undrain_host(
     Path(name): Path<String>,
 ) -> Result<Json<HostView>, Error> {
     app.policy.authorize(actions::HOST_UNDRAIN, &caller, Target::Service)?;
-    Ok(Json(HostView::from(&app.set_drained(&host_id(&name)?, false).await?)))
+    Ok(Json(host_view(&app.set_drained(&host_id(&name)?, false).await?)))
 }
 
 fn gpu_id(raw: &str) -> Result<GpuId, Error> {

@@ -316,7 +316,7 @@ pub fn host_view_with_alerts(h: &HostRecord, alerts: Vec<HostAlert>) -> HostView
         .into_iter()
         .map(|a| HostAlertView { at_ms: a.at_ms, kind: a.kind, detail: a.detail })
         .collect();
-    HostView { alerts: Some(alerts), ..HostView::from(h) }
+    HostView { alerts: Some(alerts), ..host_view(h) }
 }
 
 /// [`HostView::local_vms`] of a host offering `offers` whose local VMs take `taken`.
@@ -330,8 +330,9 @@ pub fn local_vms_view(
         .then(|| LocalVmsView { offers: offers.map(body), taken: body(taken) })
 }
 
-impl From<&HostRecord> for HostView {
-    fn from(h: &HostRecord) -> Self {
+/// A host as admins see it (without its alerts).
+pub(crate) fn host_view(h: &HostRecord) -> HostView {
+    {
         HostView {
             name: h.name.to_string(),
             kind: h.kind.as_str().into(),

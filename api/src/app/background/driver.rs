@@ -109,6 +109,12 @@ impl From<Error> for Failed {
     }
 }
 
+impl From<crate::db::Error> for Failed {
+    fn from(error: crate::db::Error) -> Failed {
+        Error::from(error).into()
+    }
+}
+
 /// A background task: idempotent (it takes no input and looks at everything each time, so an
 /// activation twice, or on several replicas at once, is harmless), reporting what it did.
 #[async_trait]

@@ -40,7 +40,7 @@ impl App {
     /// [`db::configure_notifier`]).
     pub async fn configure_notifier(&self) -> Result<(), Error> {
         let mut conn = self.db.conn().await?;
-        db::configure_notifier(&mut conn, self.broker.is_some(), now_ms()).await
+        Ok(db::configure_notifier(&mut conn, self.broker.is_some(), now_ms()).await?)
     }
 
     /// The `publisher_id` of this process's notifications.

@@ -263,7 +263,7 @@ impl App {
         detail: &str,
     ) -> Result<(), Error> {
         let event = db::VmEvent { at_ms: now_ms(), kind: kind.into(), detail: detail.into() };
-        self.db.record_events(vms, &event).await
+        Ok(self.db.record_events(vms, &event).await?)
     }
 }
 

@@ -30,7 +30,7 @@ impl App {
             }
             Err(e) => {
                 inc(&self.metrics.usage_fold_failures);
-                Err(e)
+                Err(e.into())
             }
         }
     }

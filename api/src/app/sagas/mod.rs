@@ -65,6 +65,12 @@ impl From<Error> for StepError {
     }
 }
 
+impl From<db::Error> for StepError {
+    fn from(e: db::Error) -> Self {
+        Error::from(e).into()
+    }
+}
+
 /// What a tenant may read about a failure: the error without internal sources.
 fn client_message(e: &Error) -> String {
     match e {

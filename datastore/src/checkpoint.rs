@@ -17,7 +17,7 @@ use std::time::Duration;
 use sqlx::any::AnyConnectOptions;
 use sqlx::{AnyConnection, Connection};
 
-use crate::error::ErrorChain;
+use gsaas_infra::ErrorChain;
 
 /// How often the checkpointer copies the log into the database: at a thousand launches a second
 /// the log grows by about 3,000 pages in that time.

@@ -9,7 +9,7 @@ use super::cgpus::{
     CGPU_COLUMNS, CGPU_COLUMN_COUNT, CGPU_INSERT_COLUMNS, CGPU_ROWS, LISTED_CGPU,
 };
 use super::{corrupt, fetch_batched, keys, padded_values, string_agg, Param, MAX_ROWS};
-use crate::cloud::ServerId;
+use gsaas_clouds::cloud::ServerId;
 use crate::error::Error;
 use crate::model::*;
 

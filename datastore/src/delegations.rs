@@ -1,4 +1,4 @@
-//! The delegations of queued launches (see [`crate::openstack::trusts`]): which trust lets the
+//! The delegations of queued launches (see gsaas-clouds' `openstack::trusts`): which trust lets the
 //! service create a VM's server as its tenant.
 
 use gpgpums::VmId;

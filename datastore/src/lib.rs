@@ -6,7 +6,7 @@
 //! millisecond separate reader connections read cold pages (a `pread` per page) and take file
 //! locks for every read; the one connection keeps its cache warm, and writers queue for it instead
 //! of failing with SQLITE_BUSY (a second connection only checkpoints the log, off the request path:
-//! see [`checkpoint`]). Reads are batched ([`crate::app`]), so serializing them costs
+//! see [`checkpoint`]). Reads are batched (gsaasd's `app::batch`), so serializing them costs
 //! little, and a 2-core machine gains nothing from parallel readers. On PostgreSQL a pool serves
 //! side by side and row locks order writers. Queries are plain functions over a connection
 //! ([`Db::conn`], or a transaction from [`Db::begin`]) so the application layer composes them
@@ -17,6 +17,7 @@ mod backup;
 mod cgpus;
 mod checkpoint;
 mod delegations;
+pub mod error;
 mod events;
 mod fences;
 mod gpus;
@@ -31,10 +32,12 @@ mod tokens;
 mod usage;
 mod usage_fold;
 mod vms;
+pub mod model;
 
 pub use alerts::*;
 pub use cgpus::*;
 pub use delegations::*;
+pub use error::Error;
 pub use events::*;
 pub use fences::*;
 pub use gpus::*;
@@ -55,46 +58,45 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow, AnyTransactionManager};
 use sqlx::{AnyConnection, AnyPool, Connection, Row, TransactionManager};
 
-use crate::error::Error;
 
 /// The migrations both stores share, in order (version, name, SQL), embedded so the binary
 /// carries its schema (with [`DIALECT_MIGRATIONS`]: [`migrations_for`] gives them all).
 /// sqlx's migrator applies them (see [`migrations`]); the upgrade tests build older schemas from
 /// their first ones.
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (1, "init", include_str!("../../../migrations/0001_init.sql")),
-    (2, "pending_indexes", include_str!("../../../migrations/0002_pending_indexes.sql")),
+    (1, "init", include_str!("../../migrations/0001_init.sql")),
+    (2, "pending_indexes", include_str!("../../migrations/0002_pending_indexes.sql")),
     (
         3,
         "drop_unused_vm_indexes",
-        include_str!("../../../migrations/0003_drop_unused_vm_indexes.sql"),
+        include_str!("../../migrations/0003_drop_unused_vm_indexes.sql"),
     ),
-    (4, "gpu_taints", include_str!("../../../migrations/0004_gpu_taints.sql")),
-    (5, "revoked_tokens", include_str!("../../../migrations/0005_revoked_tokens.sql")),
-    (6, "elastic_cgpus", include_str!("../../../migrations/0006_elastic_cgpus.sql")),
-    (7, "quotas", include_str!("../../../migrations/0007_quotas.sql")),
-    (8, "queue", include_str!("../../../migrations/0008_queue.sql")),
-    (9, "preemption", include_str!("../../../migrations/0009_preemption.sql")),
-    (10, "queued_attaches", include_str!("../../../migrations/0010_queued_attaches.sql")),
-    (11, "queue_bounds", include_str!("../../../migrations/0011_queue_bounds.sql")),
-    (12, "fencing", include_str!("../../../migrations/0012_fencing.sql")),
-    (13, "list_indexes", include_str!("../../../migrations/0013_list_indexes.sql")),
-    (14, "quota_counts", include_str!("../../../migrations/0014_quota_counts.sql")),
-    (15, "rcuda_endpoints", include_str!("../../../migrations/0015_rcuda_endpoints.sql")),
-    (16, "queue_holds", include_str!("../../../migrations/0016_queue_holds.sql")),
-    (17, "lasting_revocations", include_str!("../../../migrations/0017_lasting_revocations.sql")),
-    (18, "cgpus_version", include_str!("../../../migrations/0018_cgpus_version.sql")),
-    (19, "live_vm_indexes", include_str!("../../../migrations/0019_live_vm_indexes.sql")),
-    (20, "vm_extras_version", include_str!("../../../migrations/0020_vm_extras_version.sql")),
-    (21, "gpu_attributes", include_str!("../../../migrations/0021_gpu_attributes.sql")),
-    (22, "quota_models", include_str!("../../../migrations/0022_quota_models.sql")),
-    (23, "gpu_partitions", include_str!("../../../migrations/0023_gpu_partitions.sql")),
-    (24, "host_topology", include_str!("../../../migrations/0024_host_topology.sql")),
-    (25, "host_rtts", include_str!("../../../migrations/0025_host_rtts.sql")),
-    (26, "vm_remoting", include_str!("../../../migrations/0026_vm_remoting.sql")),
-    (30, "managed_servers", include_str!("../../../migrations/0030_managed_servers.sql")),
-    (31, "compute_shares", include_str!("../../../migrations/0031_compute_shares.sql")),
-    (33, "local_vm_resources", include_str!("../../../migrations/0033_local_vm_resources.sql")),
+    (4, "gpu_taints", include_str!("../../migrations/0004_gpu_taints.sql")),
+    (5, "revoked_tokens", include_str!("../../migrations/0005_revoked_tokens.sql")),
+    (6, "elastic_cgpus", include_str!("../../migrations/0006_elastic_cgpus.sql")),
+    (7, "quotas", include_str!("../../migrations/0007_quotas.sql")),
+    (8, "queue", include_str!("../../migrations/0008_queue.sql")),
+    (9, "preemption", include_str!("../../migrations/0009_preemption.sql")),
+    (10, "queued_attaches", include_str!("../../migrations/0010_queued_attaches.sql")),
+    (11, "queue_bounds", include_str!("../../migrations/0011_queue_bounds.sql")),
+    (12, "fencing", include_str!("../../migrations/0012_fencing.sql")),
+    (13, "list_indexes", include_str!("../../migrations/0013_list_indexes.sql")),
+    (14, "quota_counts", include_str!("../../migrations/0014_quota_counts.sql")),
+    (15, "rcuda_endpoints", include_str!("../../migrations/0015_rcuda_endpoints.sql")),
+    (16, "queue_holds", include_str!("../../migrations/0016_queue_holds.sql")),
+    (17, "lasting_revocations", include_str!("../../migrations/0017_lasting_revocations.sql")),
+    (18, "cgpus_version", include_str!("../../migrations/0018_cgpus_version.sql")),
+    (19, "live_vm_indexes", include_str!("../../migrations/0019_live_vm_indexes.sql")),
+    (20, "vm_extras_version", include_str!("../../migrations/0020_vm_extras_version.sql")),
+    (21, "gpu_attributes", include_str!("../../migrations/0021_gpu_attributes.sql")),
+    (22, "quota_models", include_str!("../../migrations/0022_quota_models.sql")),
+    (23, "gpu_partitions", include_str!("../../migrations/0023_gpu_partitions.sql")),
+    (24, "host_topology", include_str!("../../migrations/0024_host_topology.sql")),
+    (25, "host_rtts", include_str!("../../migrations/0025_host_rtts.sql")),
+    (26, "vm_remoting", include_str!("../../migrations/0026_vm_remoting.sql")),
+    (30, "managed_servers", include_str!("../../migrations/0030_managed_servers.sql")),
+    (31, "compute_shares", include_str!("../../migrations/0031_compute_shares.sql")),
+    (33, "local_vm_resources", include_str!("../../migrations/0033_local_vm_resources.sql")),
 ];
 
 /// The migrations written in each store's dialect (version, name, SQLite's SQL, PostgreSQL's):
@@ -103,26 +105,26 @@ pub const DIALECT_MIGRATIONS: &[(i64, &str, &str, &str)] = &[
     (
         27,
         "usage",
-        include_str!("../../../migrations/0027_usage.sqlite.sql"),
-        include_str!("../../../migrations/0027_usage.postgres.sql"),
+        include_str!("../../migrations/0027_usage.sqlite.sql"),
+        include_str!("../../migrations/0027_usage.postgres.sql"),
     ),
     (
         28,
         "notifications",
-        include_str!("../../../migrations/0028_notifications.sqlite.sql"),
-        include_str!("../../../migrations/0028_notifications.postgres.sql"),
+        include_str!("../../migrations/0028_notifications.sqlite.sql"),
+        include_str!("../../migrations/0028_notifications.postgres.sql"),
     ),
     (
         29,
         "usage_log",
-        include_str!("../../../migrations/0029_usage_log.sqlite.sql"),
-        include_str!("../../../migrations/0029_usage_log.postgres.sql"),
+        include_str!("../../migrations/0029_usage_log.sqlite.sql"),
+        include_str!("../../migrations/0029_usage_log.postgres.sql"),
     ),
     (
         32,
         "usage_one_instant",
-        include_str!("../../../migrations/0032_usage_one_instant.sqlite.sql"),
-        include_str!("../../../migrations/0032_usage_one_instant.postgres.sql"),
+        include_str!("../../migrations/0032_usage_one_instant.sqlite.sql"),
+        include_str!("../../migrations/0032_usage_one_instant.postgres.sql"),
     ),
 ];
 
@@ -147,13 +149,13 @@ pub struct Db {
     conns: Conns,
     backend: Backend,
     /// The requests served on this database, which its background lane yields to.
-    requests: Arc<crate::lanes::Requests>,
+    requests: Arc<gsaas_infra::lanes::Requests>,
 }
 
 #[derive(Debug, Clone)]
 enum Conns {
     /// PostgreSQL: connections side by side, the requests' and the background lane's (see
-    /// [`crate::lanes`]).
+    /// [`gsaas_infra::lanes`]).
     Pool { requests: AnyPool, background: AnyPool },
     /// SQLite: the process's one connection (see the module docs), held directly rather than in a
     /// pool of one: a pool pings every connection given back to it, a round trip to SQLite's worker
@@ -326,7 +328,7 @@ impl Db {
                     // Connected when first used, from the background lane, whose runtime then
                     // drives them.
                     background: pool()
-                        .max_connections(crate::lanes::BACKGROUND_CONNECTIONS)
+                        .max_connections(gsaas_infra::lanes::BACKGROUND_CONNECTIONS)
                         .connect_lazy_with(named("gsaasd-background")?),
                 }
             }
@@ -340,8 +342,8 @@ impl Db {
         self.backend
     }
 
-    /// The requests served on this database (see [`crate::lanes`]).
-    pub fn requests(&self) -> &Arc<crate::lanes::Requests> {
+    /// The requests served on this database (see [`gsaas_infra::lanes`]).
+    pub fn requests(&self) -> &Arc<gsaas_infra::lanes::Requests> {
         &self.requests
     }
 
@@ -350,7 +352,7 @@ impl Db {
     pub async fn conn(&self) -> Result<Conn, Error> {
         Ok(match &self.conns {
             Conns::Pool { requests, background } => {
-                let pool = if crate::lanes::on_background() {
+                let pool = if gsaas_infra::lanes::on_background() {
                     self.requests.admit_background().await;
                     background
                 } else {
@@ -509,12 +511,12 @@ pub async fn begin_pool_write(mut conn: Conn) -> Result<(WriteTx, PoolWrite), Er
 /// Everything the in-memory pool is built from, read in one transaction (see [`read_pool_rows`]).
 #[derive(Debug)]
 pub struct PoolRows {
-    pub hosts: Vec<crate::model::HostRecord>,
-    pub gpus: Vec<crate::model::GpuRecord>,
+    pub hosts: Vec<model::HostRecord>,
+    pub gpus: Vec<model::GpuRecord>,
     pub taints: Vec<(gpgpums::GpuId, String)>,
     pub quotas: Vec<(gpgpums::ProjectId, gpgpums::Quota)>,
     pub held: Vec<HeldVm>,
-    pub fences: Vec<crate::model::FenceRecord>,
+    pub fences: Vec<model::FenceRecord>,
 }
 
 /// Reads what the pool is built from, on `conn` (a pool transaction's, when it reloads).

@@ -15,7 +15,7 @@
 //!   [`ADMIT_EVERY_UNDER_LOAD`], in turn. PostgreSQL runs a background statement at the same
 //!   priority as a request's, so what keeps requests fast is running fewer of them meanwhile; the
 //!   batches that pile up meanwhile are written a few operations at a time while requests keep
-//!   coming ([`Requests::busy`], [`crate::app::batch`]), so no admitted statement holds a core for
+//!   coming ([`Requests::busy`], gsaasd's `app::batch`), so no admitted statement holds a core for
 //!   long.
 //!
 //! A lower priority for the lane's thread (nice 10) was tried and left out: with the gate, the
@@ -30,7 +30,7 @@
 //! from its thread: [`on_background`].
 //!
 //! On SQLite there is no lane: one connection serves everything, through the writer's thread (see
-//! [`crate::app::batch`]), so there is nothing of its own to give background work, and sagas on a
+//! gsaasd's `app::batch`), so there is nothing of its own to give background work, and sagas on a
 //! thread of their own cost clients that wait for their VMs 6-13% of their cycles.
 
 use std::cell::Cell;
@@ -81,7 +81,7 @@ impl LaneThread {
         Self::start("gsaasd-background", runtime, true)
     }
 
-    /// SQLite's writer (see [`crate::app::batch`]): timers but no I/O driver. Its tasks reach
+    /// SQLite's writer (see gsaasd's `app::batch`): timers but no I/O driver. Its tasks reach
     /// SQLite's worker thread over channels, and a runtime without sockets to poll parks on a
     /// futex, which is quicker to wake than epoll.
     pub fn writer() -> std::io::Result<LaneThread> {

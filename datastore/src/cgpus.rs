@@ -740,7 +740,7 @@ fn rcuda_target(fields: &mut std::str::Split<'_, char>) -> Option<(SocketAddrV4,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::Db;
+    use crate::Db;
 
     /// SQLite's read by rowid ranges gives what the read by VM gives: every VM's cGPUs in attach
     /// order, whichever ranges they sit in, and no VM without cGPUs.
