@@ -118,7 +118,8 @@ pub async fn start_with_sim(
     let tls = config.tls.as_ref().map(httpd::TlsFiles::acceptor).transpose()?;
     let policy = crate::policy::Policy::load(config.auth.policy_file.as_deref())?;
     let keys = Keys::load_or_create(&config.signing_key_path())?;
-    let db = Db::connect(&config.database_url()).await.map_err(|e| StartError::Database(e.into()))?;
+    let db =
+        Db::connect(&config.database_url()).await.map_err(|e| StartError::Database(e.into()))?;
     let (agents, in_process_agents): (Arc<dyn HostAgents>, _) = match config.hosts.backend {
         HostsBackend::InProcess => {
             let agents = Arc::new(InProcessAgents::new(config.masking.range));

@@ -25,7 +25,7 @@ impl Db {
         gsaas_infra::files::open_private(to, true)
             .map_err(|e| Error::invalid("to", format!("cannot create {}: {e}", to.display())))?;
         let copied = sqlx::query(&format!("VACUUM INTO '{}'", path.replace('\'', "''")))
-            .execute(&mut *self.conn().await?)
+            .execute(&mut *self.connection().await?)
             .await;
         if let Err(e) = copied {
             let _ = std::fs::remove_file(to);

@@ -387,7 +387,7 @@ impl super::Db {
         from: CgpuState,
     ) -> Result<Option<bool>, Error> {
         let vm = write[0].vm.id;
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         let Some(&super::Written::Done { claimed }) =
             super::update_vms(&mut tx, write).await?.first()
         else {
@@ -413,7 +413,7 @@ impl super::Db {
         to: CgpuState,
     ) -> Result<bool, Error> {
         let vm = write[0].vm.id;
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         if super::update_vms(&mut tx, write).await?.first() == Some(&super::Written::Stale) {
             return Ok(false);
         }
@@ -747,7 +747,7 @@ mod tests {
     #[tokio::test]
     async fn held_cgpus_by_rowid_ranges_match_the_read_by_vm() {
         let db = Db::connect("sqlite::memory:").await.unwrap();
-        let mut conn = db.conn().await.unwrap();
+        let mut conn = db.connection().await.unwrap();
         // The read is under test, not the references.
         sqlx::query("PRAGMA foreign_keys = OFF").execute(&mut *conn).await.unwrap();
         let (a, b, c) = (VmId::new_random(), VmId::new_random(), VmId::new_random());

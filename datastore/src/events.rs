@@ -25,7 +25,7 @@ impl Db {
         vms: impl IntoIterator<Item = VmId>,
         event: &VmEvent,
     ) -> Result<(), Error> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         for vm in vms {
             insert_event(&mut tx, vm, event).await?;
         }
@@ -73,6 +73,7 @@ pub(super) fn event(row: &sqlx::any::AnyRow, first: usize) -> Result<VmEvent, Er
 }
 
 /// The VM's events, oldest first.
+#[cfg(feature = "testing")]
 pub async fn events_of(conn: &mut AnyConnection, vm: VmId) -> Result<Vec<VmEvent>, Error> {
     let rows = sqlx::query(
         "SELECT at_ms, kind, detail FROM vm_events WHERE vm = $1 ORDER BY seq DESC LIMIT $2",

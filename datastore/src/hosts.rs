@@ -288,9 +288,9 @@ impl super::Db {
             Ok((records, routes, servers))
         }
         if self.backend() == super::Backend::Sqlite {
-            read(&mut *self.conn().await?, hosts, every_host).await
+            read(&mut *self.connection().await?, hosts, every_host).await
         } else {
-            let mut tx = self.begin().await?;
+            let mut tx = self.begin_write().await?;
             let tables = read(&mut tx, hosts, every_host).await?;
             tx.commit().await?;
             Ok(tables)

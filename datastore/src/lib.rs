@@ -8,14 +8,20 @@
 //! of failing with SQLITE_BUSY (a second connection only checkpoints the log, off the request path:
 //! see [`checkpoint`]). Reads are batched (gsaasd's `app::batch`), so serializing them costs
 //! little, and a 2-core machine gains nothing from parallel readers. On PostgreSQL a pool serves
-//! side by side and row locks order writers. Queries are plain functions over a connection
-//! ([`Db::conn`], or a transaction from [`Db::begin`]) so the application layer composes them
-//! inside one transaction.
+//! side by side and row locks order writers.
+//!
+//! The crate owns every statement: other crates call [`Db`]'s methods (each a read, a write in a
+//! transaction of its own, or one statement on a connection of its own) and, for the changes of
+//! bookings and inventory that a decision on the in-memory pool must sit inside, a
+//! [`PoolChange`]'s (see [`pool_change`]). The queries are plain functions over a connection in
+//! this crate's modules ([`queries`] lists the methods that run them); no connection or
+//! transaction type leaves the crate, except to tests with the `testing` feature.
 
 mod alerts;
 mod backup;
 mod cgpus;
 mod checkpoint;
+mod conn;
 mod delegations;
 pub mod error;
 mod events;
@@ -23,8 +29,11 @@ mod fences;
 mod gpus;
 mod hosts;
 mod migrations;
+pub mod model;
 mod notifications;
+mod pool_change;
 mod purge;
+mod queries;
 mod queue;
 mod quotas;
 mod servers;
@@ -32,32 +41,41 @@ mod tokens;
 mod usage;
 mod usage_fold;
 mod vms;
-pub mod model;
 
-pub use alerts::*;
-pub use cgpus::*;
-pub use delegations::*;
+pub use alerts::{HostAlert, ALERTS_PER_HOST};
+pub use cgpus::{CgpuEndpoints, HeldCgpu, HeldVm, RoutedCgpu};
+pub use events::{VmEvent, EVENTS_PER_VM};
+pub use fences::{Fenced, ReleasableFence};
+pub use hosts::RouteTables;
+pub use purge::{purge_deleted_vms, Purged};
+pub use queue::{NewTicket, QueueHead, QueuePlace, QueueRow, Queued, QueuedAttach, QueuedVm};
+pub use servers::{ReportedServer, ServersChanged};
+pub use usage::{CgpuTime, Period, Span, UsageLine, VmUsageLine};
+pub use usage_fold::{plan_fold, CgpuSpanStart, EventKind, FoldPlan, NewSpan, UsageEvent};
+pub use vms::{Claim, ListPosition, NewVm, ReadVm, VmFilter, VmServer, VmWrite, Written};
+// The query functions: the crate's own (its methods run them), and its tests'.
+#[cfg(not(feature = "testing"))]
+pub(crate) use conn::{Conn, WriteTx};
+#[cfg(feature = "testing")]
+pub use conn::{Conn, WriteTx};
 pub use error::Error;
-pub use events::*;
-pub use fences::*;
-pub use gpus::*;
-pub use hosts::*;
-pub use notifications::*;
-pub use purge::*;
-pub use queue::*;
-pub use quotas::*;
-pub use servers::*;
-pub use tokens::*;
-pub use usage::*;
-pub use usage_fold::*;
-pub use vms::*;
+pub use pool_change::PoolChange;
+#[cfg(feature = "testing")]
+pub use {
+    alerts::*, cgpus::*, delegations::*, events::*, fences::*, gpus::*, hosts::*, notifications::*,
+    queue::*, quotas::*, servers::*, tokens::*, usage::*, vms::*,
+};
+#[cfg(not(feature = "testing"))]
+use {
+    alerts::*, cgpus::*, delegations::*, events::*, fences::*, gpus::*, hosts::*, notifications::*,
+    queue::*, quotas::*, servers::*, tokens::*, usage::*, vms::*,
+};
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow, AnyTransactionManager};
 use sqlx::{AnyConnection, AnyPool, Connection, Row, TransactionManager};
-
 
 /// The migrations both stores share, in order (version, name, SQL), embedded so the binary
 /// carries its schema (with [`DIALECT_MIGRATIONS`]: [`migrations_for`] gives them all).
@@ -66,11 +84,7 @@ use sqlx::{AnyConnection, AnyPool, Connection, Row, TransactionManager};
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../../migrations/0001_init.sql")),
     (2, "pending_indexes", include_str!("../../migrations/0002_pending_indexes.sql")),
-    (
-        3,
-        "drop_unused_vm_indexes",
-        include_str!("../../migrations/0003_drop_unused_vm_indexes.sql"),
-    ),
+    (3, "drop_unused_vm_indexes", include_str!("../../migrations/0003_drop_unused_vm_indexes.sql")),
     (4, "gpu_taints", include_str!("../../migrations/0004_gpu_taints.sql")),
     (5, "revoked_tokens", include_str!("../../migrations/0005_revoked_tokens.sql")),
     (6, "elastic_cgpus", include_str!("../../migrations/0006_elastic_cgpus.sql")),
@@ -150,6 +164,8 @@ pub struct Db {
     backend: Backend,
     /// The requests served on this database, which its background lane yields to.
     requests: Arc<gsaas_infra::lanes::Requests>,
+    /// The connection pool changes keep (see [`pool_change`]).
+    kept_writer: Arc<pool_change::KeptWriter>,
 }
 
 #[derive(Debug, Clone)]
@@ -161,84 +177,6 @@ enum Conns {
     /// pool of one: a pool pings every connection given back to it, a round trip to SQLite's worker
     /// thread for every checkout.
     One(Arc<tokio::sync::Mutex<AnyConnection>>),
-}
-
-/// A connection of the process, held until dropped.
-#[derive(Debug)]
-pub enum Conn {
-    Pooled(sqlx::pool::PoolConnection<sqlx::Any>),
-    One(tokio::sync::OwnedMutexGuard<AnyConnection>),
-}
-
-impl Conn {
-    /// Whether this connection is one of a pool's, which its holder may keep between uses
-    /// without keeping others waiting (SQLite's single connection must be let go).
-    pub fn is_pooled(&self) -> bool {
-        matches!(self, Conn::Pooled(_))
-    }
-}
-
-impl std::ops::Deref for Conn {
-    type Target = AnyConnection;
-    fn deref(&self) -> &AnyConnection {
-        match self {
-            Conn::Pooled(conn) => conn,
-            Conn::One(conn) => conn,
-        }
-    }
-}
-
-impl std::ops::DerefMut for Conn {
-    fn deref_mut(&mut self) -> &mut AnyConnection {
-        match self {
-            Conn::Pooled(conn) => conn,
-            Conn::One(conn) => conn,
-        }
-    }
-}
-
-/// A write transaction; dropped uncommitted, it is rolled back (as sqlx's `Transaction` is: the
-/// rollback is queued on the connection ahead of its next use).
-#[derive(Debug)]
-pub struct WriteTx {
-    /// Always `Some` until [`WriteTx::commit_keeping`] takes it back.
-    conn: Option<Conn>,
-    open: bool,
-}
-
-impl WriteTx {
-    pub async fn commit(self) -> Result<(), Error> {
-        self.commit_keeping().await.map(drop)
-    }
-
-    /// Commits and hands the connection back, for a caller that keeps one (see
-    /// [`Conn::is_pooled`]). On an error the connection goes back to its pool instead.
-    pub async fn commit_keeping(mut self) -> Result<Conn, Error> {
-        AnyTransactionManager::commit(&mut self).await?;
-        self.open = false;
-        Ok(self.conn.take().expect("held until committed"))
-    }
-}
-
-impl Drop for WriteTx {
-    fn drop(&mut self) {
-        if self.open {
-            AnyTransactionManager::start_rollback(self);
-        }
-    }
-}
-
-impl std::ops::Deref for WriteTx {
-    type Target = AnyConnection;
-    fn deref(&self) -> &AnyConnection {
-        self.conn.as_ref().expect("held until committed")
-    }
-}
-
-impl std::ops::DerefMut for WriteTx {
-    fn deref_mut(&mut self) -> &mut AnyConnection {
-        self.conn.as_mut().expect("held until committed")
-    }
 }
 
 pub fn now_ms() -> i64 {
@@ -333,7 +271,8 @@ impl Db {
                 }
             }
         };
-        let db = Db { conns, backend, requests: Default::default() };
+        let db =
+            Db { conns, backend, requests: Default::default(), kept_writer: Default::default() };
         db.migrate().await?;
         Ok(db)
     }
@@ -349,7 +288,7 @@ impl Db {
 
     /// A connection: SQLite's one, or one of PostgreSQL's pool. A single write statement is atomic
     /// by itself (autocommit) and saves the BEGIN and COMMIT round trips of a [`WriteTx`].
-    pub async fn conn(&self) -> Result<Conn, Error> {
+    pub(crate) async fn connection(&self) -> Result<Conn, Error> {
         Ok(match &self.conns {
             Conns::Pool { requests, background } => {
                 let pool = if gsaas_infra::lanes::on_background() {
@@ -364,23 +303,35 @@ impl Db {
         })
     }
 
+    /// For tests (the `testing` feature): a connection, to set up what the service never writes.
+    #[cfg(feature = "testing")]
+    pub async fn conn(&self) -> Result<Conn, Error> {
+        self.connection().await
+    }
+
+    /// For tests (the `testing` feature): a write transaction.
+    #[cfg(feature = "testing")]
     pub async fn begin(&self) -> Result<WriteTx, Error> {
-        Self::begin_on(self.conn().await?).await
+        self.begin_write().await
+    }
+
+    pub(crate) async fn begin_write(&self) -> Result<WriteTx, Error> {
+        Self::begin_on(self.connection().await?).await
     }
 
     /// Begins a transaction on a connection the caller kept (see [`WriteTx::commit_keeping`]).
-    pub async fn begin_on(mut conn: Conn) -> Result<WriteTx, Error> {
+    pub(crate) async fn begin_on(mut conn: Conn) -> Result<WriteTx, Error> {
         AnyTransactionManager::begin(&mut conn, None).await?;
         Ok(WriteTx { conn: Some(conn), open: true })
     }
 
     async fn migrate(&self) -> Result<(), Error> {
-        let mut conn = self.conn().await?;
+        let mut conn = self.connection().await?;
         migrations::run(&mut conn, self.backend, &migrations_for(self.backend)).await
     }
 
     pub async fn ping(&self) -> Result<(), Error> {
-        let mut conn = self.conn().await?;
+        let mut conn = self.connection().await?;
         sqlx::query("SELECT 1")
             .execute(&mut *conn)
             .await
@@ -477,7 +428,7 @@ const BEGIN_BUMPING: &str = "BEGIN; UPDATE pool_state SET generation = generatio
 /// delays now and then, and the launch's tail is made of those delays. Should that message fail
 /// after its BEGIN, the connection may be left in a failed transaction that sqlx does not know
 /// of, so it is closed rather than given back to its pool.
-pub async fn begin_pool_write(mut conn: Conn) -> Result<(WriteTx, PoolWrite), Error> {
+pub(crate) async fn begin_pool_write(mut conn: Conn) -> Result<(WriteTx, PoolWrite), Error> {
     let mut tx = if conn.backend_name() == "PostgreSQL" {
         if let Err(e) = AnyTransactionManager::begin(&mut conn, Some(BEGIN_BUMPING.into())).await {
             if let Conn::Pooled(conn) = conn {
@@ -540,7 +491,7 @@ pub async fn pool_generation(conn: &mut AnyConnection) -> Result<i64, Error> {
 impl Db {
     /// The pool's rows and their generation as of one moment: one read transaction.
     pub async fn pool_snapshot(&self) -> Result<(i64, PoolRows), Error> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         let generation = pool_generation(&mut tx).await?;
         let rows = read_pool_rows(&mut tx).await?;
         tx.commit().await?;

@@ -147,7 +147,7 @@ pub async fn waiting_notification_count(conn: &mut AnyConnection) -> Result<i64,
 impl Db {
     /// Forgets notifications the broker confirmed.
     pub async fn forget_notifications(&self, sent: &[NotificationRecord]) -> Result<(), Error> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         for chunk in sent.chunks(super::MAX_ROWS) {
             let values: Vec<String> =
                 (0..chunk.len()).map(|i| format!("(${}, ${})", 2 * i + 1, 2 * i + 2)).collect();

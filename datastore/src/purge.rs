@@ -35,13 +35,13 @@ pub async fn purge_deleted_vms(
     if dry_run {
         let row = sqlx::query(&format!("SELECT COUNT(*) {PURGEABLE}"))
             .bind(before_ms)
-            .fetch_one(&mut *db.conn().await?)
+            .fetch_one(&mut *db.connection().await?)
             .await?;
         return Ok(Purged { vms: row.try_get::<i64, _>(0)? as u64 });
     }
     let mut purged = Purged::default();
     loop {
-        let mut tx = db.begin().await?;
+        let mut tx = db.begin_write().await?;
         let rows = sqlx::query(&format!("SELECT v.id {PURGEABLE} ORDER BY v.updated_ms LIMIT $2"))
             .bind(before_ms)
             .bind(i64::try_from(batch).unwrap_or(i64::MAX))

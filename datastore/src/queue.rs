@@ -161,7 +161,7 @@ impl super::Db {
     /// Ends a queued launch: `write` (the VM's end, not claimed) and its tickets out of the
     /// queue, together. False: the VM changed since it was read, and nothing was written.
     pub async fn cancel_queued(&self, write: &mut [super::VmWrite; 1]) -> Result<bool, Error> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         let written = super::update_vms(&mut tx, write).await?;
         if written.first() != Some(&super::Written::Done { claimed: false }) {
             return Ok(false);

@@ -95,7 +95,7 @@ impl super::Db {
         host: &HostId,
         reported: &[ReportedServer],
     ) -> Result<ServersChanged, Error> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         // The host's cGPUs, with their servers as recorded.
         let rows = sqlx::query(
             "SELECT c.vm, c.idx, c.gpu, s.port, s.over_share_ends FROM cgpus c \

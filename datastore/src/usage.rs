@@ -259,13 +259,13 @@ impl Db {
                    FROM r GROUP BY project, model, mode {ADD_TO_TOTALS}) \
                  SELECT COUNT(*) FROM r"
             ))
-            .fetch_one(&mut *self.conn().await?)
+            .fetch_one(&mut *self.connection().await?)
             .await?;
             return Ok(row.try_get::<i64, _>(0)? as u64);
         }
         // `+project`: grouped by a temporary b-tree over the few spans ended since the last
         // roll-up (the partial index), not in the covering index's order over every span.
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         sqlx::query(&format!(
             "INSERT INTO usage_totals (project, model, mode, cgpu_ms, memory_mib_ms) \
              SELECT project, model, mode, SUM(end_ms - start_ms), \

@@ -92,7 +92,7 @@ pub struct FoldPlan {
 /// first event of its VM if that is an end (with its VM's cGPUs, those still open). A span never
 /// ends before it started, and a cGPU's never starts before its VM's: PostgreSQL fires the
 /// triggers of a data-modifying `WITH` in the order its inserts finish, and a launch's one
-/// statement (db/vms.rs, `insert_vms_with_cgpus`) inserts the VM last.
+/// statement (vms.rs, `insert_vms_with_cgpus`) inserts the VM last.
 pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
     let mut plan = FoldPlan::default();
     // Spans started in this batch, still counting: (vm, idx) -> index into plan.cgpu_spans.
@@ -267,7 +267,7 @@ async fn write(
     }
     if !plan.cgpu_spans.is_empty() {
         // A span that ended within the batch is added to `usage_totals` now (`rolled` = 1), so
-        // it never enters the index of spans left to roll up (db/usage.rs, `roll_up_usage`).
+        // it never enters the index of spans left to roll up (usage.rs, `roll_up_usage`).
         let mut totals: BTreeMap<(&str, &str, &str), (i64, f64)> = BTreeMap::new();
         let spans: Vec<_> = plan
             .cgpu_spans
@@ -340,7 +340,7 @@ impl Db {
     /// the log (see the module docs). Returns how many it folded.
     pub async fn fold_usage(&self) -> Result<u64, Error> {
         let backend = self.backend();
-        let mut tx = self.begin().await?;
+        let mut tx = self.begin_write().await?;
         let taken: Option<String> = if backend == Backend::Postgres {
             // What the DELETE takes is what is folded; the lock keeps a second replica's fold from
             // taking later events than the first's before the first has written its spans.

@@ -9,9 +9,9 @@ use super::cgpus::{
     CGPU_COLUMNS, CGPU_COLUMN_COUNT, CGPU_INSERT_COLUMNS, CGPU_ROWS, LISTED_CGPU,
 };
 use super::{corrupt, fetch_batched, keys, padded_values, string_agg, Param, MAX_ROWS};
-use gsaas_clouds::cloud::ServerId;
 use crate::error::Error;
 use crate::model::*;
+use gsaas_clouds::cloud::ServerId;
 
 /// A VM's columns, read by position (see [`vm_from_row`]); `v.` names them in joins.
 pub(super) const VM_COLUMNS: &str = "v.id, v.project, v.owner, v.name, v.request, v.policy, v.state, v.error, v.step, \

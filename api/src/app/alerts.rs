@@ -7,7 +7,7 @@ use gpgpums::HostId;
 
 use super::fields::truncate_chars;
 use super::App;
-use crate::db::{self, now_ms, HostAlert};
+use crate::db::{now_ms, HostAlert};
 use crate::error::ErrorChain;
 use crate::model::AlertKind;
 
@@ -21,8 +21,7 @@ impl App {
         tracing::warn!(%host, kind = kind.as_str(), %detail, "host alert");
         self.metrics.count_host_alert(kind);
         let alert = HostAlert { at_ms: now_ms(), kind: kind.as_str().into(), detail };
-        let recorded =
-            async { db::insert_host_alert(&mut *self.db.conn().await?, host, &alert).await };
+        let recorded = async { self.db.insert_host_alert(host, &alert).await };
         if let Err(e) = recorded.await {
             tracing::warn!(%host, error = %ErrorChain(&e), "recording a host alert");
         }

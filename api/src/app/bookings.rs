@@ -208,7 +208,7 @@ impl App {
             }
         }
         if !ends.is_empty() {
-            let written = db::update_vms_releasing_cgpus(tx, &mut ends).await?;
+            let written = tx.update_vms_releasing_cgpus(&mut ends).await?;
             let mut released = Vec::new();
             for ((i, end), written) in positions.into_iter().zip(ends).zip(written) {
                 outcomes[i] = Some(match written {
@@ -226,7 +226,7 @@ impl App {
                 });
             }
             if !released.is_empty() {
-                db::delete_cgpus(tx, &released).await?;
+                tx.delete_cgpus(&released).await?;
                 for id in &released {
                     // Fenced cGPUs have left the VM's placement already.
                     pool.release(id);
@@ -254,7 +254,7 @@ impl App {
         let mut vms = if projects.is_empty() {
             Default::default()
         } else {
-            db::counted_vms(tx, Some(&projects.iter().collect::<Vec<_>>())).await?
+            tx.counted_vms(Some(&projects.iter().collect::<Vec<_>>())).await?
         };
         let now = now_ms();
         let max_waiting = self.config.queue.max_waiting_per_project;
@@ -281,7 +281,7 @@ impl App {
                         let project = &reservation.record.project;
                         let n = match waiting.get(project) {
                             Some(n) => *n,
-                            None => db::waiting_in_project(tx, project).await?,
+                            None => tx.waiting_in_project(project).await?,
                         };
                         if n >= max_waiting {
                             outcomes[i] = Some(Err(too_many_waiting(max_waiting)));
@@ -325,7 +325,7 @@ impl App {
                 .collect();
             let cgpus: Vec<CgpuRecord> =
                 reserved.iter().flat_map(|(_, details)| details.cgpus.iter().cloned()).collect();
-            db::insert_vms_with_cgpus(tx, &new, &cgpus).await?;
+            tx.insert_vms_with_cgpus(&new, &cgpus).await?;
             let deadline = self.queue_deadline(now);
             for (_, details) in reserved.iter().filter(|(_, d)| d.vm.state == VmState::Queued) {
                 let ticket = db::NewTicket {
@@ -334,7 +334,7 @@ impl App {
                     now_ms: now,
                     deadline_ms: deadline,
                 };
-                db::enqueue(tx, ticket).await?;
+                tx.enqueue(ticket).await?;
                 queue_waits = true;
             }
             for (i, details) in reserved {
@@ -389,7 +389,7 @@ impl App {
 async fn attach_cgpus(
     pool: &mut Pool,
     quotas: &mut QuotaLedger,
-    tx: &mut sqlx::AnyConnection,
+    tx: &mut db::PoolChange,
     masking: &MaskingConfig,
     attachment: &Attachment,
     queue: QueueTerms,
@@ -423,7 +423,7 @@ async fn attach_cgpus(
         Err(Refusal::Pool(gpgpums::Error::InsufficientCapacity(s)))
             if attachment.queue && !s.never_fits =>
         {
-            if db::waiting_in_project(tx, &attachment.vm.project).await? >= queue.max_waiting {
+            if tx.waiting_in_project(&attachment.vm.project).await? >= queue.max_waiting {
                 return Ok(Err(too_many_waiting(queue.max_waiting)));
             }
             // It waits, holding nothing; the VM stays as it is.
@@ -441,10 +441,10 @@ async fn attach_cgpus(
                 now_ms: now,
                 deadline_ms: queue.deadline_ms,
             };
-            let ticket = db::enqueue(tx, ticket).await?;
+            let ticket = tx.enqueue(ticket).await?;
             if let Some(key) = &attachment.idempotency_key {
                 let digest = &attachment.request_digest;
-                db::insert_attach_key(tx, &attachment.vm.project, key, id, digest, now).await?;
+                tx.insert_attach_key(&attachment.vm.project, key, id, digest, now).await?;
             }
             return Ok(Ok(Booked::AttachQueued(ticket)));
         }
@@ -476,7 +476,7 @@ async fn attach_cgpus(
         cgpu.state = CgpuState::Attaching;
     }
     let mut write = [VmWrite { vm: attachment.vm.clone(), claim: Some(attachment.claim.clone()) }];
-    let written = db::update_vms(tx, &mut write).await?;
+    let written = tx.update_vms(&mut write).await?;
     let [VmWrite { vm, .. }] = write;
     let claimed = match written.first() {
         Some(Written::Done { claimed }) => *claimed,
@@ -485,10 +485,9 @@ async fn attach_cgpus(
             return Ok(Err(Error::Conflict(VM_CHANGED_CGPUS.into())));
         }
     };
-    db::insert_cgpus(tx, &cgpus).await?;
+    tx.insert_cgpus(&cgpus).await?;
     if let Some(key) = &attachment.idempotency_key {
-        db::insert_attach_key(tx, &vm.project, key, id, &attachment.request_digest, now_ms())
-            .await?;
+        tx.insert_attach_key(&vm.project, key, id, &attachment.request_digest, now_ms()).await?;
     }
     Ok(Ok(Booked::Attached(Box::new(vm), cgpus, claimed)))
 }
@@ -526,11 +525,11 @@ impl HeadGate {
     }
 
     /// Records the passes.
-    async fn write(&self, tx: &mut sqlx::AnyConnection) -> Result<(), Error> {
+    async fn write(&self, tx: &mut db::PoolChange) -> Result<(), Error> {
         match &self.head {
             Some(head) if self.passes > 0 => {
                 let (max, now) = (self.rules.max_passes, self.now_ms);
-                Ok(db::pass_head(tx, head.ticket, self.passes, max, now).await?)
+                Ok(tx.pass_head(head.ticket, self.passes, max, now).await?)
             }
             _ => Ok(()),
         }
@@ -556,12 +555,12 @@ fn too_many_waiting(max: u64) -> Error {
 async fn detach_cgpus(
     pool: &mut Pool,
     quotas: &mut QuotaLedger,
-    tx: &mut sqlx::AnyConnection,
+    tx: &mut db::PoolChange,
     ending: &Ending,
     queue_waits: bool,
 ) -> Result<Result<Booked, Error>, Error> {
     let mut write = [VmWrite { vm: ending.ended.clone(), claim: None }];
-    if db::update_vms(tx, &mut write).await?.first() != Some(&Written::Done { claimed: false }) {
+    if tx.update_vms(&mut write).await?.first() != Some(&Written::Done { claimed: false }) {
         return Ok(Err(Error::Conflict(VM_CHANGED.into())));
     }
     let [VmWrite { vm, .. }] = write;
@@ -572,7 +571,7 @@ async fn detach_cgpus(
         }
         None => Vec::new(),
     };
-    for index in db::delete_cgpus_in_state(tx, vm.id, CgpuState::Detaching).await? {
+    for index in tx.delete_cgpus_in_state(vm.id, CgpuState::Detaching).await? {
         let cgpu = match fenced.iter().find(|c| c.index == index) {
             Some(cgpu) => Some(cgpu.clone()),
             None => pool.detach(&vm.id, index),

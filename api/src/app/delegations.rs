@@ -17,7 +17,6 @@ use gpgpums::VmId;
 use super::sagas::StepError;
 use super::App;
 use crate::cloud::{CloudError, Delegation, TenantToken};
-use crate::db;
 use crate::error::{Error, ErrorChain};
 
 /// How long a delegation outlives its launch's queue deadline: the start that comes just before
@@ -50,9 +49,7 @@ impl App {
         );
         let delegation =
             self.cloud.delegate(tenant, until).await.map_err(super::vms::cloud_error)?;
-        let stored = async {
-            db::insert_delegation(&mut *self.db.conn().await?, vm, &delegation.0, now_ms).await
-        };
+        let stored = async { self.db.insert_delegation(vm, &delegation.0, now_ms).await };
         if let Err(e) = stored.await {
             let _ = self.cloud.revoke(&delegation, tenant).await;
             return Err(e.into());
@@ -75,7 +72,7 @@ impl App {
         if !self.cloud.needs_tenant_token() {
             return Ok(None);
         }
-        let delegation = db::delegation_of(&mut *self.db.conn().await?, vm).await?;
+        let delegation = self.db.delegation_of(vm).await?;
         let Some(trust) = delegation else {
             return Err(StepError::Failed(
                 "the VM's server was not created before gsaasd restarted, and the tenant's \
@@ -99,7 +96,7 @@ impl App {
         if !self.cloud.needs_tenant_token() {
             return Ok(0);
         }
-        let vms = db::delegations_to_end(&mut *self.db.conn().await?, ENDED_PER_PASS).await?;
+        let vms = self.db.delegations_to_end(ENDED_PER_PASS).await?;
         let mut ended = 0;
         for vm in vms {
             ended += usize::from(self.end_delegation(vm, None).await);
@@ -118,9 +115,7 @@ impl App {
             None => self.sagas.tenant_tokens.lock().expect("tenant tokens").remove(&vm),
         };
         let ended = async {
-            let mut conn = self.db.conn().await?;
-            let Some(trust) = db::delegation_of(&mut conn, vm).await? else { return Ok(()) };
-            drop(conn);
+            let Some(trust) = self.db.delegation_of(vm).await? else { return Ok(()) };
             let delegation = Delegation(trust);
             let credential = match tenant {
                 Some(credential) => Some(credential),
@@ -137,7 +132,7 @@ impl App {
                     .await
                     .map_err(|e| Error::unavailable("cloud", e))?;
             }
-            Ok(db::delete_delegation(&mut *self.db.conn().await?, vm).await?)
+            Ok(self.db.delete_delegation(vm).await?)
         };
         match ended.await {
             Ok(()) => true,

@@ -26,7 +26,7 @@ use super::fields::{check_text, FieldChecks};
 use super::vms::{digest, Extras, VmDetails, MAX_NAME};
 use super::App;
 use crate::auth::Caller;
-use crate::db::{self, now_ms, Claim, VmWrite};
+use crate::db::{now_ms, Claim, VmWrite};
 use crate::error::Error;
 use crate::metrics::inc;
 use crate::model::{CgpuState, SagaStep, VmRecord, VmState};
@@ -191,8 +191,7 @@ impl App {
         id: VmId,
         request_digest: &str,
     ) -> Result<Option<bool>, Error> {
-        let mut conn = self.db.conn().await?;
-        let earlier = db::attach_by_idempotency_key(&mut conn, project, key).await?;
+        let earlier = self.db.attach_by_idempotency_key(project, key).await?;
         Ok(earlier.map(|(vm, digest)| vm == id && digest == request_digest))
     }
 

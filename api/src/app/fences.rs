@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpgpums::{CgpuAssignment, HostId, HostState, Pool, VmId};
-use sqlx::AnyConnection;
 
 use super::App;
 use crate::config::HostsBackend;
@@ -28,7 +27,7 @@ use crate::model::{FenceId, FenceRecord, HostRecord, VmRecord};
 /// (or moves them) and charges the project nothing more for them.
 pub(crate) async fn fence_cgpus(
     pool: &mut Pool,
-    tx: &mut AnyConnection,
+    tx: &mut db::PoolChange,
     vm: &VmRecord,
     host: &HostId,
     which: Fenced,
@@ -45,7 +44,7 @@ pub(crate) async fn fence_cgpus(
 /// Writes fence `id` on `host` holding copies of the VM's bookings that `which` names; returns
 /// it and their indexes (`None`: there were none). The pool's side is the caller's.
 pub(crate) async fn open_fence(
-    tx: &mut AnyConnection,
+    tx: &mut db::PoolChange,
     id: FenceId,
     vm: VmId,
     host: &HostId,
@@ -53,8 +52,7 @@ pub(crate) async fn open_fence(
 ) -> Result<Option<(FenceId, Vec<u32>)>, Error> {
     // A generation taken now is above every table computed while the routes were on: a table the
     // agent confirms at or past it was computed without them.
-    let Some(record) = db::next_routes_generations(tx, std::slice::from_ref(host)).await?.pop()
-    else {
+    let Some(record) = tx.next_routes_generations(std::slice::from_ref(host)).await?.pop() else {
         return Ok(None);
     };
     let fence = FenceRecord {
@@ -71,9 +69,9 @@ pub(crate) async fn open_fence(
         created_ms: now_ms(),
         cgpus: Vec::new(),
     };
-    let indexes = db::insert_fence(tx, &fence, which).await?;
+    let indexes = tx.insert_fence(&fence, which).await?;
     if indexes.is_empty() {
-        db::delete_fences(tx, &[fence.id]).await?;
+        tx.delete_fences(&[fence.id]).await?;
         return Ok(None);
     }
     Ok(Some((fence.id, indexes)))
@@ -94,10 +92,7 @@ impl App {
             Some(true) => return self.push_or_fence(host).await,
             None => {}
         }
-        let record = {
-            let mut conn = self.db.conn().await?;
-            db::host(&mut conn, host).await?
-        };
+        let record = { self.db.host(host).await? };
         let Some(record) = record else { return Ok(None) };
         if !record.kind.has_agent() || record.forgotten {
             return Ok(None);
@@ -125,8 +120,7 @@ impl App {
 
     /// Every fence, for admins.
     pub async fn fences(&self) -> Result<Vec<FenceRecord>, Error> {
-        let mut conn = self.db.conn().await?;
-        Ok(db::fences(&mut conn).await?)
+        Ok(self.db.fences().await?)
     }
 
     /// Whether the host's agent is alive as far as gsaasd knows: in-process agents always are;
@@ -153,11 +147,8 @@ impl App {
         name: &HostId,
         force: bool,
     ) -> Result<HostRecord, Error> {
-        let host = {
-            let mut conn = self.db.conn().await?;
-            db::host(&mut conn, name).await?
-        }
-        .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })?;
+        let host = { self.db.host(name).await? }
+            .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })?;
         if !force && self.agent_is_live(&host) {
             return Err(Error::Conflict(format!(
                 "the agent of host {name} is alive (it reported {} s ago): forget a host only \
@@ -168,7 +159,7 @@ impl App {
         let forgotten = name.clone();
         self.with_pool(move |pool, tx| {
             Box::pin(async move {
-                db::forget_host(tx, &forgotten).await?;
+                tx.forget_host(&forgotten).await?;
                 pool.set_host_state(&forgotten, HostState::Unavailable)?;
                 Ok(())
             })
@@ -176,8 +167,8 @@ impl App {
         .await?;
         tracing::warn!(host = %name, force, "host forgotten: its routes count as gone");
         self.release_fences().await?;
-        let mut conn = self.db.conn().await?;
-        db::host(&mut conn, name)
+        self.db
+            .host(name)
             .await?
             .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })
     }

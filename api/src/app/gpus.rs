@@ -10,7 +10,6 @@ use gpgpums::GpuId;
 
 use super::fields::truncate_chars;
 use super::App;
-use crate::db;
 use crate::error::Error;
 
 /// The longest taint reason kept (an agent's words are cut there).
@@ -25,9 +24,9 @@ impl App {
             Box::pin(async move {
                 if reason.is_none() {
                     // A GPU quarantined for a shared endpoint serves again only if it is its own.
-                    db::claim_rcuda_endpoint(tx, &gpu).await?;
+                    tx.claim_rcuda_endpoint(&gpu).await?;
                 }
-                if !db::set_gpu_taint(tx, &gpu, reason.as_deref()).await? {
+                if !tx.set_gpu_taint(&gpu, reason.as_deref()).await? {
                     return Err(Error::NotFound { kind: "GPU", id: gpu.to_string() });
                 }
                 pool.set_gpu_taint(&gpu, reason)?;

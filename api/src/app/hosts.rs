@@ -175,8 +175,7 @@ impl App {
         // table to catch up on (pushes failed while it was away, fenced routes wait for it),
         // gets its table now rather than at the reconciler's next pass.
         let drifted = {
-            let mut conn = self.db.conn().await?;
-            db::host(&mut conn, &report.host).await?.is_some_and(|h| {
+            self.db.host(&report.host).await?.is_some_and(|h| {
                 report.applied_generation.unwrap_or(0) != h.applied_generation
                     || (h.state == HostState::Unavailable
                         && h.applied_generation < h.routes_generation)
@@ -207,9 +206,8 @@ impl App {
             ));
         }
         let existing = {
-            let mut conn = self.db.conn().await?;
-            let host = db::host(&mut conn, &registration.name).await?;
-            let gpus = db::gpus_of_host(&mut conn, &registration.name).await?;
+            let host = self.db.host(&registration.name).await?;
+            let gpus = self.db.gpus_of_host(&registration.name).await?;
             host.map(|h| (h, gpus))
         };
         if let Some((host, gpus)) = &existing {
@@ -231,9 +229,7 @@ impl App {
                     .is_none()
             {
                 // A plain heartbeat: no pool change.
-                let mut conn = self.db.conn().await?;
-                db::touch_host(&mut conn, &host.name, registration.agent_url.as_deref(), now_ms())
-                    .await?;
+                self.db.touch_host(&host.name, registration.agent_url.as_deref(), now_ms()).await?;
                 return Ok(HostRecord {
                     agent_url: registration.agent_url.clone(),
                     ..host.clone()
@@ -254,43 +250,43 @@ impl App {
         let failed = self.with_pool(move |pool, tx| {
             Box::pin(async move {
                 let now = now_ms();
-                let stored = db::host(tx, &registration.name).await?;
+                let stored = tx.host(&registration.name).await?;
                 match &stored {
                     None => {
-                        db::insert_host(tx, &registration.name, registration.kind, registration.agent_url.as_deref(), &registration.topology, now)
+                        tx.insert_host(&registration.name, registration.kind, registration.agent_url.as_deref(), &registration.topology, now)
                             .await?;
                         pool.add_host(registration.name.clone(), registration.kind)?;
                         if registration.managed_servers || registration.gpu_address.is_some() {
-                            db::set_host_servers(tx, &registration.name, registration.managed_servers, registration.gpu_address).await?;
+                            tx.set_host_servers(&registration.name, registration.managed_servers, registration.gpu_address).await?;
                         }
                         pool.set_host_topology(&registration.name, registration.topology.clone())?;
                         if registration.local_vms.is_some() {
-                            db::set_host_local_vms(tx, &registration.name, registration.local_vms).await?;
+                            tx.set_host_local_vms(&registration.name, registration.local_vms).await?;
                             pool.set_host_resources(&registration.name, registration.local_vms)?;
                         }
                         if let Some(rtt_us) = registration.rtt_us.as_ref().filter(|r| !r.is_empty()) {
-                            db::set_host_rtts(tx, &registration.name, rtt_us, now).await?;
+                            tx.set_host_rtts(&registration.name, rtt_us, now).await?;
                             pool.set_host_rtts(&registration.name, rtt_us.iter().map(|(h, us)| (h.clone(), *us)))?;
                         }
                     }
                     Some(host) => {
-                        db::touch_host(tx, &host.name, registration.agent_url.as_deref(), now).await?;
+                        tx.touch_host(&host.name, registration.agent_url.as_deref(), now).await?;
                         if (host.managed_servers, host.gpu_address) != (registration.managed_servers, registration.gpu_address) {
                             tracing::info!(host = %host.name, managed = registration.managed_servers, gpu_address = ?registration.gpu_address, "the host's servers or GPU-network address changed");
-                            db::set_host_servers(tx, &host.name, registration.managed_servers, registration.gpu_address).await?;
+                            tx.set_host_servers(&host.name, registration.managed_servers, registration.gpu_address).await?;
                         }
                         if host.topology != registration.topology {
                             tracing::info!(host = %host.name, "the host's topology changed");
-                            db::set_host_topology(tx, &host.name, &registration.topology).await?;
+                            tx.set_host_topology(&host.name, &registration.topology).await?;
                             pool.set_host_topology(&host.name, registration.topology.clone())?;
                         }
                         if host.local_vms != registration.local_vms {
                             tracing::info!(host = %host.name, offers = ?registration.local_vms, "what the host offers local VMs changed");
-                            db::set_host_local_vms(tx, &host.name, registration.local_vms).await?;
+                            tx.set_host_local_vms(&host.name, registration.local_vms).await?;
                             pool.set_host_resources(&host.name, registration.local_vms)?;
                         }
                         if let Some(rtt_us) = rtts_to_record(host, registration.rtt_us.as_ref(), now, rtt_every_ms) {
-                            db::set_host_rtts(tx, &host.name, rtt_us, now).await?;
+                            tx.set_host_rtts(&host.name, rtt_us, now).await?;
                             pool.set_host_rtts(&host.name, rtt_us.iter().map(|(h, us)| (h.clone(), *us)))?;
                         }
                         if host.state == HostState::Unavailable {
@@ -300,12 +296,12 @@ impl App {
                             } else {
                                 HostState::Schedulable
                             };
-                            db::set_host_state(tx, &host.name, state, host.drained).await?;
+                            tx.set_host_state(&host.name, state, host.drained).await?;
                             pool.set_host_state(&host.name, state)?;
                         }
                     }
                 }
-                let mut stored_gpus = db::gpus_of_host(tx, &registration.name).await?;
+                let mut stored_gpus = tx.gpus_of_host(&registration.name).await?;
                 // Partitions leave the pool before their parents, and join after them.
                 stored_gpus.sort_by_key(|gpu| gpu.partition.is_none());
                 // Each stored GPU's report, if the host still reports the same device.
@@ -327,13 +323,13 @@ impl App {
                         // A driver upgrade or an operator's new traits: the GPU keeps its cGPUs.
                         tracing::info!(gpu = %gpu.id, "GPU attributes changed");
                         pool.set_gpu_attributes(&gpu.id, reported.attributes.clone())?;
-                        db::set_gpu_attributes(tx, &gpu.id, &reported.attributes).await?;
+                        tx.set_gpu_attributes(&gpu.id, &reported.attributes).await?;
                     }
                     let health = match reported {
                         Some(reported) => reported.health.clone(),
                         None => match pool.remove_gpu(&gpu.id) {
                             Ok(_) => {
-                                db::delete_gpu(tx, &gpu.id).await?;
+                                tx.delete_gpu(&gpu.id).await?;
                                 continue;
                             }
                             Err(e) => {
@@ -346,7 +342,7 @@ impl App {
                     if health != gpu.health {
                         tracing::warn!(gpu = %gpu.id, health = health.as_deref().unwrap_or("healthy"), "GPU health changed");
                         failed |= health.is_some();
-                        db::set_gpu_health(tx, &gpu.id, health.as_deref()).await?;
+                        tx.set_gpu_health(&gpu.id, health.as_deref()).await?;
                         pool.set_gpu_health(&gpu.id, health)?;
                     }
                 }
@@ -355,7 +351,7 @@ impl App {
                 for gpu in joining {
                     if !stored_gpus.iter().any(|s| kept.contains(&s.id) && s.same_device(gpu)) {
                         // Checked before, and again here: another replica may have taken it since.
-                        if let Some(holder) = db::rcuda_endpoint_holder(tx, gpu).await? {
+                        if let Some(holder) = tx.rcuda_endpoint_holder(gpu).await? {
                             if holder.host != gpu.host {
                                 return Err(endpoint_claimed(gpu));
                             }
@@ -373,7 +369,7 @@ impl App {
                             continue;
                         }
                         pool.set_gpu_health(&gpu.id, gpu.health.clone())?;
-                        db::insert_gpu(tx, gpu).await?;
+                        tx.insert_gpu(gpu).await?;
                     }
                 }
                 Ok(failed)
@@ -391,8 +387,8 @@ impl App {
                 sim.add_host(name.clone());
             }
         }
-        let mut conn = self.db.conn().await?;
-        db::host(&mut conn, &name)
+        self.db
+            .host(&name)
             .await?
             .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })
     }
@@ -404,12 +400,11 @@ impl App {
         registration: &Registration,
         stored: &[GpuRecord],
     ) -> Result<Option<(GpuRecord, GpuRecord)>, Error> {
-        let mut conn = self.db.conn().await?;
         for gpu in &registration.gpus {
             if stored.iter().any(|s| s.same_device(gpu)) {
                 continue;
             }
-            if let Some(holder) = db::rcuda_endpoint_holder(&mut conn, gpu).await? {
+            if let Some(holder) = self.db.rcuda_endpoint_holder(gpu).await? {
                 if holder.host != gpu.host {
                     return Ok(Some((gpu.clone(), holder)));
                 }
@@ -465,10 +460,7 @@ impl App {
     /// Registers the configured inventory (in-process agents). Hosts stored as configured (the
     /// usual restart) are only marked seen, all at once; the others register one by one.
     pub async fn register_inventory(&self) -> Result<(), Error> {
-        let (stored_hosts, stored_gpus) = {
-            let mut conn = self.db.conn().await?;
-            (db::hosts(&mut conn).await?, db::gpus(&mut conn).await?)
-        };
+        let (stored_hosts, stored_gpus) = { (self.db.hosts().await?, self.db.gpus().await?) };
         let hosts: HashMap<&HostId, &HostRecord> =
             stored_hosts.iter().map(|h| (&h.name, h)).collect();
         let mut gpus: HashMap<&HostId, Vec<&GpuRecord>> = HashMap::new();
@@ -495,8 +487,7 @@ impl App {
                 self.register_host(registration).await?;
             }
         }
-        let mut conn = self.db.conn().await?;
-        db::touch_hosts(&mut conn, &unchanged, now_ms()).await?;
+        self.db.touch_hosts(&unchanged, now_ms()).await?;
         Ok(())
     }
 
@@ -504,8 +495,7 @@ impl App {
     pub async fn hosts_with_alerts(
         &self,
     ) -> Result<(Vec<HostRecord>, HashMap<HostId, Vec<db::HostAlert>>), Error> {
-        let mut conn = self.db.conn().await?;
-        Ok((db::hosts(&mut conn).await?, db::host_alerts(&mut conn).await?))
+        Ok((self.db.hosts().await?, self.db.host_alerts().await?))
     }
 
     /// What the local VMs take on each host that holds any (the pool's bookings).
@@ -520,8 +510,7 @@ impl App {
     }
 
     pub async fn hosts(&self) -> Result<Vec<HostRecord>, Error> {
-        let mut conn = self.db.conn().await?;
-        Ok(db::hosts(&mut conn).await?)
+        Ok(self.db.hosts().await?)
     }
 
     /// Drains (or undrains) a host: it takes no new cGPUs; what it has stays.
@@ -530,7 +519,8 @@ impl App {
         let updated = name.clone();
         self.with_pool(move |pool, tx| {
             Box::pin(async move {
-                let host = db::host(tx, &name)
+                let host = tx
+                    .host(&name)
                     .await?
                     .ok_or_else(|| Error::NotFound { kind: "host", id: name.to_string() })?;
                 let state = match (drained, host.state) {
@@ -538,7 +528,7 @@ impl App {
                     (false, HostState::Unavailable) => HostState::Unavailable,
                     (false, _) => HostState::Schedulable,
                 };
-                db::set_host_state(tx, &name, state, drained).await?;
+                tx.set_host_state(&name, state, drained).await?;
                 pool.set_host_state(&name, state)?;
                 Ok(())
             })
@@ -547,8 +537,8 @@ impl App {
         if !drained {
             self.trigger_queue();
         }
-        let mut conn = self.db.conn().await?;
-        db::host(&mut conn, &updated)
+        self.db
+            .host(&updated)
             .await?
             .ok_or_else(|| Error::NotFound { kind: "host", id: updated.to_string() })
     }
@@ -571,7 +561,7 @@ impl App {
                 Box::pin(async move {
                     for name in &stale {
                         tracing::warn!(host = %name, "no heartbeat; host unavailable for new cGPUs");
-                        db::set_host_state(tx, name, HostState::Unavailable, false).await?;
+                        tx.set_host_state(name, HostState::Unavailable, false).await?;
                         pool.set_host_state(name, HostState::Unavailable)?;
                     }
                     Ok(())
@@ -739,8 +729,7 @@ impl App {
                         .await
                         .map_err(|e| Error::unavailable("host agent", e))?
                         .unwrap_or(0);
-                    let mut conn = self.db.conn().await?;
-                    db::raise_routes_generation(&mut conn, host, applied).await?;
+                    self.db.raise_routes_generation(host, applied).await?;
                 }
                 Ok(Err(AgentError::Refused { reason, entry: Some(entry), .. })) => {
                     inc(&self.metrics.route_push_failures);
@@ -810,10 +799,7 @@ impl App {
         target: SocketAddrV4,
         reason: &str,
     ) -> Result<(), Error> {
-        let gpu = {
-            let mut conn = self.db.conn().await?;
-            db::gpu_serving(&mut conn, host, target).await?
-        };
+        let gpu = { self.db.gpu_serving(host, target).await? };
         match gpu {
             Some(gpu) => {
                 tracing::warn!(%gpu, %host, reason, "an agent refused routes to its GPU; tainting it");
@@ -892,11 +878,7 @@ pub(crate) fn write_applied_generations(
             *entry = (*entry).max(*generation);
         }
         let applied: Vec<(HostId, u64)> = highest.into_iter().collect();
-        let outcome = async {
-            let mut conn = app.db.conn().await?;
-            db::set_applied_generations(&mut conn, &applied).await
-        }
-        .await;
+        let outcome = async { app.db.set_applied_generations(&applied).await }.await;
         match outcome {
             Ok(()) => {
                 for (_, reply) in queued {

@@ -349,11 +349,10 @@ impl App {
             .gauges
             .get(max_age, || async {
                 let (states, vms, queue, fenced) = {
-                    let mut conn = self.db.conn().await?;
-                    let states = crate::db::vm_state_counts(&mut conn).await?;
-                    let queue = crate::db::queue_lengths(&mut conn).await?;
-                    let fenced = crate::db::fenced_per_gpu(&mut conn).await?;
-                    (states, crate::db::counted_vms(&mut conn, None).await?, queue, fenced)
+                    let states = self.db.vm_state_counts().await?;
+                    let queue = self.db.queue_lengths().await?;
+                    let fenced = self.db.fenced_per_gpu().await?;
+                    (states, self.db.counted_vms(None).await?, queue, fenced)
                 };
                 let mut gauges = self
                     .read_pool_and_quotas(|pool, quotas| {
@@ -365,13 +364,10 @@ impl App {
                 gauges.push_str(&crate::metrics::render_vm_states(&states));
                 gauges.push_str(&crate::metrics::render_queue(&queue));
                 gauges.push_str(&crate::metrics::render_fenced(&fenced));
-                let waiting =
-                    crate::db::waiting_notification_count(&mut *self.db.conn().await?).await?;
+                let waiting = self.db.waiting_notification_count().await?;
                 gauges.push_str(&crate::metrics::render_notifications_waiting(waiting));
                 self.fold_usage().await?;
-                let totals =
-                    crate::db::usage_totals(&mut *self.db.conn().await?, crate::db::now_ms())
-                        .await?;
+                let totals = self.db.usage_totals(crate::db::now_ms()).await?;
                 let totals: Vec<_> = totals
                     .into_iter()
                     .map(|(project, t)| ((project, t.model, t.mode), t.cgpu_ms, t.memory_mib_ms))

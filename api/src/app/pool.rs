@@ -16,19 +16,14 @@
 //! It is as current as this process's pool: another replica's drain shows here with this
 //! process's next pool transaction.
 //!
-//! Pool transactions run one at a time (the pool's lock), so on PostgreSQL they keep the pooled
-//! connection they last committed on rather than taking the pool's next idle one: a launch's
-//! statements are prepared and planned once per process, not once per connection of the pool
-//! (after a start, the first 50 launches took twice as long as the next ones while each of the
-//! 16 connections prepared them in turn). A transaction that fails lets its connection go back
-//! to the pool, and the next one takes another; so does one whose kept connection broke while
-//! idle, or has been kept for as long as the pool keeps any.
+//! The transaction is the datastore's ([`db::PoolChange`]): the app decides on its pool and
+//! writes through the change's methods, and never holds a connection.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gpgpums::{
     CgpuAssignment, HostId, HostKind, HostState, Placement, Pool, ProjectId, Quota, QuotaLedger,
@@ -36,7 +31,7 @@ use gpgpums::{
 };
 
 use super::App;
-use crate::db::{self, WriteTx};
+use crate::db::{self, PoolChange};
 use crate::error::Error;
 use crate::model::GpuRecord;
 
@@ -131,20 +126,6 @@ struct Cached {
     quotas: QuotaLedger,
     /// The generation `pool` and `quotas` reflect; -1 when they must be reloaded.
     generation: i64,
-    /// The pooled connection the last pool transaction committed on (see the module docs).
-    writer: Option<Writer>,
-}
-
-/// How long pool transactions keep one connection before letting it go back to the pool: as
-/// long as the pool keeps any (sqlx's default `max_lifetime`), so that a connection is renewed
-/// as the pool's others are.
-const WRITER_LIFETIME: Duration = Duration::from_secs(30 * 60);
-
-#[derive(Debug)]
-struct Writer {
-    conn: db::Conn,
-    /// When pool transactions first kept it.
-    since: Instant,
 }
 
 impl PoolCache {
@@ -154,7 +135,6 @@ impl PoolCache {
                 pool: Pool::new(),
                 quotas: QuotaLedger::default(),
                 generation: -1,
-                writer: None,
             }),
             hosts: HostDirectory::default(),
         }
@@ -278,49 +258,40 @@ fn held_assignments(
 pub(crate) struct PoolTx<'a> {
     cached: tokio::sync::MutexGuard<'a, Cached>,
     directory: &'a HostDirectory,
-    tx: Option<WriteTx>,
-    /// Since when pool transactions keep `tx`'s connection; `None`: taken from the pool now.
-    writer_since: Option<Instant>,
+    tx: Option<PoolChange>,
     generation: i64,
     changes_before: u64,
     quota_changes_before: u64,
     host_changes_before: u64,
-    /// The queue's head as this transaction began.
-    queue_head: Option<db::QueueHead>,
-    queue_waits: bool,
 }
 
 impl PoolTx<'_> {
     /// The pool to decide on and the transaction to write the decision in.
-    pub(crate) fn parts(&mut self) -> (&mut Pool, &mut WriteTx) {
+    pub(crate) fn parts(&mut self) -> (&mut Pool, &mut PoolChange) {
         (&mut self.cached.pool, self.tx.as_mut().expect("open until committed"))
     }
 
     /// The queue's head as the transaction began (it holds the pool's lock: only this
     /// transaction changes it until it ends).
     pub(crate) fn queue_head(&self) -> Option<db::QueueHead> {
-        self.queue_head.clone()
+        self.tx.as_ref().expect("open until committed").queue_head()
     }
 
     /// Whether any request waited in the queue when this transaction began.
     pub(crate) fn queue_waits(&self) -> bool {
-        self.queue_waits
+        self.tx.as_ref().expect("open until committed").queue_waits()
     }
 
     /// [`Self::parts`] with the quota ledger, which changes with the pool.
-    pub(crate) fn parts_with_quotas(&mut self) -> (&mut Pool, &mut QuotaLedger, &mut WriteTx) {
+    pub(crate) fn parts_with_quotas(&mut self) -> (&mut Pool, &mut QuotaLedger, &mut PoolChange) {
         let cached = &mut *self.cached;
         (&mut cached.pool, &mut cached.quotas, self.tx.as_mut().expect("open until committed"))
     }
 
     pub(crate) async fn commit(mut self) -> Result<(), Error> {
         let tx = self.tx.take().expect("open until committed");
-        match tx.commit_keeping().await {
-            Ok(conn) => {
-                if conn.is_pooled() {
-                    let since = self.writer_since.unwrap_or_else(Instant::now);
-                    self.cached.writer = Some(Writer { conn, since });
-                }
+        match tx.commit().await {
+            Ok(()) => {
                 self.cached.generation = self.generation;
                 if self.cached.pool.host_changes() != self.host_changes_before {
                     self.directory.publish(&self.cached.pool);
@@ -350,10 +321,10 @@ impl App {
     /// reloads the pool if another replica changed it since.
     pub(crate) async fn pool_tx(&self) -> Result<PoolTx<'_>, Error> {
         let mut cached = self.pool.inner.lock().await;
-        let (mut tx, writer_since, db::PoolWrite { generation, queue_head, queue_waits }) =
-            self.begin_writing(&mut cached).await?;
+        let mut tx = self.db.begin_pool_change().await?;
+        let generation = tx.generation();
         if cached.generation != generation - 1 {
-            let rows = db::read_pool_rows(&mut tx).await?;
+            let rows = tx.read_pool_rows().await?;
             self.reload(&mut cached, rows, generation - 1)?;
         }
         let changes_before = cached.pool.changes();
@@ -363,42 +334,17 @@ impl App {
             cached,
             directory: &self.pool.hosts,
             tx: Some(tx),
-            writer_since,
             generation,
             changes_before,
             quota_changes_before,
             host_changes_before,
-            queue_head,
-            queue_waits,
         })
-    }
-
-    /// Begins a pool transaction (see [`db::begin_pool_write`]) on the kept connection (see the
-    /// module docs), and says since when it is kept; or on one of the pool's, when none is kept,
-    /// it is due for renewal, or it broke while idle (the server restarted, an administrator
-    /// ended it: nothing ran on it yet).
-    async fn begin_writing(
-        &self,
-        cached: &mut Cached,
-    ) -> Result<(WriteTx, Option<Instant>, db::PoolWrite), Error> {
-        if let Some(Writer { conn, since }) = cached.writer.take() {
-            if since.elapsed() < WRITER_LIFETIME {
-                match db::begin_pool_write(conn).await {
-                    Ok((tx, state)) => return Ok((tx, Some(since), state)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the pool's kept connection failed; taking another")
-                    }
-                }
-            }
-        }
-        let (tx, state) = db::begin_pool_write(self.db.conn().await?).await?;
-        Ok((tx, None, state))
     }
 
     /// Runs `change` on the pool inside a [`PoolTx`] and commits it if `change` succeeds.
     pub(crate) async fn with_pool<T: Send>(
         &self,
-        change: impl for<'a> FnOnce(&'a mut Pool, &'a mut WriteTx) -> BoxFuture<'a, Result<T, Error>>
+        change: impl for<'a> FnOnce(&'a mut Pool, &'a mut PoolChange) -> BoxFuture<'a, Result<T, Error>>
             + Send,
     ) -> Result<T, Error> {
         let mut pool_tx = self.pool_tx().await?;
@@ -452,7 +398,7 @@ impl App {
         read: impl FnOnce(&Pool, &QuotaLedger) -> T,
     ) -> Result<T, Error> {
         let mut cached = self.pool.inner.lock().await;
-        if cached.generation != db::pool_generation(&mut *self.db.conn().await?).await? {
+        if cached.generation != self.db.pool_generation().await? {
             let (generation, rows) = self.db.pool_snapshot().await?;
             self.reload(&mut cached, rows, generation)?;
         }

@@ -27,8 +27,7 @@ impl App {
         vms: &[VmId],
         events_per_vm: usize,
     ) -> Result<QueueAndEvents, Error> {
-        let mut conn = self.db.conn().await?;
-        let (places, events) = db::queue_places_and_events(&mut conn, vms, events_per_vm).await?;
+        let (places, events) = self.db.queue_places_and_events(vms, events_per_vm).await?;
         let mut entries: HashMap<VmId, Vec<QueueEntry>> = HashMap::new();
         for place in places {
             entries.entry(place.vm).or_default().push(QueueEntry {
@@ -54,9 +53,8 @@ impl App {
     ) -> Result<(Vec<db::QueueRow>, Vec<(i64, i64)>), Error> {
         let project =
             self.policy.list_scope(caller, actions::QUEUE_LIST, actions::QUEUE_LIST_ALL)?;
-        let mut conn = self.db.conn().await?;
-        let rows = db::queue_rows(&mut conn, project).await?;
-        let lengths = db::queue_lengths(&mut conn).await?;
+        let rows = self.db.queue_rows(project).await?;
+        let lengths = self.db.queue_lengths().await?;
         Ok((rows, lengths))
     }
 

@@ -9,7 +9,7 @@ use gpgpums::{ProjectId, Quota, QuotaLedger, Usage};
 use super::App;
 use crate::auth::Caller;
 use crate::config::check_quota;
-use crate::db::{self, now_ms};
+use crate::db::now_ms;
 use crate::error::Error;
 use crate::policy::{actions, Action, Policy, Target};
 
@@ -54,7 +54,7 @@ impl App {
     pub async fn quota(&self, caller: &Caller, project: &str) -> Result<QuotaStatus, Error> {
         let project = visible_project(&self.policy, caller, project, actions::QUOTA_SHOW)?;
         let mut status = self.read_pool_and_quotas(|_, quotas| status(quotas, project)).await?;
-        let vms = db::counted_vms(&mut *self.db.conn().await?, Some(&[&status.project])).await?;
+        let vms = self.db.counted_vms(Some(&[&status.project])).await?;
         status.usage.vms = vms.get(&status.project).copied().unwrap_or(0);
         Ok(status)
     }
@@ -76,7 +76,7 @@ impl App {
             })
             .await?;
         let projects: Vec<&ProjectId> = statuses.iter().map(|s| &s.project).collect();
-        let vms = db::counted_vms(&mut *self.db.conn().await?, Some(&projects)).await?;
+        let vms = self.db.counted_vms(Some(&projects)).await?;
         for status in &mut statuses {
             status.usage.vms = vms.get(&status.project).copied().unwrap_or(0);
         }
@@ -106,7 +106,7 @@ impl App {
         }
         let mut pool_tx = self.pool_tx().await?;
         let (_, quotas, tx) = pool_tx.parts_with_quotas();
-        db::set_quota(tx, &project, quota.as_ref(), now_ms()).await?;
+        tx.set_quota(&project, quota.as_ref(), now_ms()).await?;
         quotas.set_limits(project.clone(), quota);
         pool_tx.commit().await?;
         // Raised limits may let queued launches start.

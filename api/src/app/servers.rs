@@ -31,7 +31,7 @@ impl App {
 
     /// Reads whether any GPU's host runs its servers (the reconciler, at each pass).
     pub(crate) async fn refresh_managed_seen(&self) -> Result<(), Error> {
-        let any = db::any_managed_gpu(&mut *self.db.conn().await?).await?;
+        let any = self.db.any_managed_gpu().await?;
         self.managed_seen.store(any, Ordering::Relaxed);
         Ok(())
     }
@@ -75,8 +75,7 @@ impl App {
             return Ok(BTreeSet::new());
         }
         tracing::debug!(%host, vms = changed.moved.len(), "cGPU servers moved; their VMs' routes follow");
-        let mut conn = self.db.conn().await?;
-        Ok(db::hosts_of_vms(&mut conn, &changed.moved).await?)
+        Ok(self.db.hosts_of_vms(&changed.moved).await?)
     }
 
     /// A heartbeat's servers: their ports recorded (and the routes of those that moved pushed,
@@ -89,8 +88,8 @@ impl App {
     ) -> Result<(), Error> {
         let follow = self.note_servers(&host.name, &managed.servers).await?;
         let expected = {
-            let mut conn = self.db.conn().await?;
-            db::served_cgpus_on(&mut conn, std::slice::from_ref(&host.name))
+            self.db
+                .served_cgpus_on(std::slice::from_ref(&host.name))
                 .await?
                 .remove(&host.name)
                 .unwrap_or_default()
@@ -119,10 +118,7 @@ impl App {
         host: &HostId,
     ) -> Result<(), Error> {
         if self.managed_seen() {
-            let gpu_hosts = {
-                let mut conn = self.db.conn().await?;
-                db::managed_gpu_hosts_of(&mut conn, vm).await?
-            };
+            let gpu_hosts = { self.db.managed_gpu_hosts_of(vm).await? };
             for gpu_host in gpu_hosts.iter().filter(|h| *h != host) {
                 // Its answer records the servers' ports; the VM's host follows below.
                 self.push_routes(gpu_host).await?;
@@ -137,8 +133,7 @@ impl App {
         if !self.managed_seen() {
             return Ok(Vec::new());
         }
-        let mut conn = self.db.conn().await?;
-        Ok(db::managed_gpu_hosts_of(&mut conn, vm).await?)
+        Ok(self.db.managed_gpu_hosts_of(vm).await?)
     }
 
     /// Pushes the tables of `hosts` in the background: the servers of released cGPUs end.

@@ -29,6 +29,5 @@ pub async fn revoke(db: &db::Db, id: &TokenId) -> Result<(), Error> {
     let now = now_ms();
     let token_expires_ms = i64::try_from(id.expires.saturating_mul(1000)).unwrap_or(i64::MAX);
     let kept_until_ms = token_expires_ms.max(now.saturating_add(REVOCATION_KEPT_MS));
-    let mut conn = db.conn().await?;
-    Ok(db::revoke_token(&mut conn, &id.line, kept_until_ms, now).await?)
+    Ok(db.revoke_token(&id.line, kept_until_ms, now).await?)
 }

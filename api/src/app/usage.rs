@@ -1,5 +1,5 @@
 //! Usage reports for billing and show-back: what each project used of VMs and cGPUs in a period,
-//! from the lifetimes the database records (`db/usage.rs`), with each VM's lines for one
+//! from the lifetimes the database records (`usage.rs` of gsaas-datastore), with each VM's lines for one
 //! project and, with a step, the use over time that the dashboard plots.
 //!
 //! The policy decides who sees what (`gpu:usage:show`, `gpu:usage:list:all_projects`): by
@@ -160,12 +160,12 @@ pub fn series(
 
 /// The projects' use over the period, one line per GPU model (a tenant's view of its own).
 async fn model_series(
-    conn: &mut sqlx::AnyConnection,
+    db: &db::Db,
     period: Period,
     step_ms: i64,
     projects: &[&str],
 ) -> Result<Series, Error> {
-    let spans = db::cgpu_spans(conn, period, projects).await?;
+    let spans = db.cgpu_spans(period, projects).await?;
     let lines = series(period, step_ms, &spans, |s| &s.model);
     Ok(Series { step_ms, by: SeriesBy::Model, lines })
 }
@@ -176,13 +176,12 @@ impl App {
         let own = self.policy.list_scope(caller, actions::USAGE_SHOW, actions::USAGE_LIST_ALL)?;
         let (period, step) = checked(ask, now_ms())?;
         self.fold_usage().await?;
-        let mut conn = self.db.conn().await?;
-        let projects = db::usage_by_project(&mut conn, period, own).await?;
+        let projects = self.db.usage_by_project(period, own).await?;
         let series = match step {
             None => None,
             Some(step_ms) if own.is_some() => {
                 let own: Vec<&str> = own.into_iter().collect();
-                Some(model_series(&mut conn, period, step_ms, &own).await?)
+                Some(model_series(&self.db, period, step_ms, &own).await?)
             }
             Some(step_ms) => {
                 let mut most: Vec<(&String, i64)> = projects
@@ -193,7 +192,7 @@ impl App {
                 most.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
                 let top: Vec<&str> =
                     most.iter().take(SERIES_PROJECTS).map(|(p, _)| p.as_str()).collect();
-                let spans = db::cgpu_spans(&mut conn, period, &top).await?;
+                let spans = self.db.cgpu_spans(period, &top).await?;
                 let lines = series(period, step_ms, &spans, |s| &s.project);
                 Some(Series { step_ms, by: SeriesBy::Project, lines })
             }
@@ -212,14 +211,13 @@ impl App {
             super::quotas::visible_project(&self.policy, caller, project, actions::USAGE_SHOW)?;
         let (period, step) = checked(ask, now_ms())?;
         self.fold_usage().await?;
-        let mut conn = self.db.conn().await?;
-        let mut projects = db::usage_by_project(&mut conn, period, Some(project.as_str())).await?;
+        let mut projects = self.db.usage_by_project(period, Some(project.as_str())).await?;
         // A project that used nothing still gets its line (of zeros), as it may see itself.
         projects.entry(project.to_string()).or_default();
-        let vms = db::usage_by_vm(&mut conn, period, project.as_str()).await?;
+        let vms = self.db.usage_by_vm(period, project.as_str()).await?;
         let series = match step {
             Some(step_ms) => {
-                Some(model_series(&mut conn, period, step_ms, &[project.as_str()]).await?)
+                Some(model_series(&self.db, period, step_ms, &[project.as_str()]).await?)
             }
             None => None,
         };

@@ -268,9 +268,7 @@ impl App {
         key: &str,
         request_digest: &str,
     ) -> Result<Option<VmDetails>, Error> {
-        let mut conn = self.db.conn().await?;
-        let Some((id, stored_digest)) = db::vm_by_idempotency_key(&mut conn, project, key).await?
-        else {
+        let Some((id, stored_digest)) = self.db.vm_by_idempotency_key(project, key).await? else {
             return Ok(None);
         };
         if stored_digest != request_digest {
@@ -279,7 +277,6 @@ impl App {
                 "was already used for a different launch request",
             ));
         }
-        drop(conn);
         self.details(id).await
     }
 
@@ -318,9 +315,8 @@ impl App {
     ) -> Result<VmPage, Error> {
         let visible = self.policy.list_scope(caller, actions::VM_LIST, actions::VM_LIST_ALL)?;
         filter.project = visible.or(filter.project);
-        let mut conn = self.db.conn().await?;
         let after = match marker {
-            Some(marker) => match db::list_position(&mut conn, marker).await? {
+            Some(marker) => match self.db.list_position(marker).await? {
                 Some(p) if visible.is_none_or(|v| p.project == v) => Some(p),
                 _ => {
                     return Err(Error::invalid(
@@ -331,13 +327,13 @@ impl App {
             },
             None => None,
         };
-        let mut vms: Vec<VmDetails> =
-            db::vm_page(&mut conn, &filter, after.as_ref(), limit.saturating_add(1))
-                .await?
-                .into_iter()
-                .map(|(vm, cgpus)| VmDetails { vm, cgpus, extras: Extras::Unknown })
-                .collect();
-        drop(conn);
+        let mut vms: Vec<VmDetails> = self
+            .db
+            .vm_page(&filter, after.as_ref(), limit.saturating_add(1))
+            .await?
+            .into_iter()
+            .map(|(vm, cgpus)| VmDetails { vm, cgpus, extras: Extras::Unknown })
+            .collect();
         let more = vms.len() > limit;
         vms.truncate(limit);
         let ids: Vec<VmId> = vms.iter().map(|d| d.vm.id).collect();
@@ -447,8 +443,7 @@ pub(crate) fn write_vms(
                 ops.iter().map(|op| (op.leaves_queue, op.queue_empty_at)).collect();
             let mut writes: Vec<VmWrite> = ops.into_iter().map(|op| op.write).collect();
             let outcome = async {
-                let mut conn = app.db.conn().await?;
-                let written = db::update_vms(&mut conn, &mut writes).await?;
+                let written = app.db.update_vms(&mut writes).await?;
                 let terminated: Vec<VmId> = writes
                     .iter()
                     .zip(&written)
@@ -461,7 +456,7 @@ pub(crate) fn write_vms(
                     .map(|((write, _), _)| write.vm.id)
                     .collect();
                 if !terminated.is_empty() {
-                    if let Err(e) = db::dequeue_vms(&mut conn, &terminated).await {
+                    if let Err(e) = app.db.dequeue_vms(&terminated).await {
                         // The VMs are written; a round takes their requests out later.
                         let error = ErrorChain(&e);
                         tracing::warn!(vms = terminated.len(), %error, "dequeueing terminated VMs");
@@ -556,9 +551,7 @@ pub(crate) fn read_vms(
             // A VM whose held cGPUs were dropped since the read began is read again, whole (so
             // at most twice).
             while !wanted.is_empty() {
-                let mut conn = app.db.conn().await?;
-                let read = db::vms_with_cgpus_by_id(&mut conn, &wanted).await?;
-                drop(conn);
+                let read = app.db.vms_with_cgpus_by_id(&wanted).await?;
                 let mut again = Vec::new();
                 for db::ReadVm { vm, cgpus, cgpus_version, extras } in read {
                     match cache.settle(&vm, cgpus_version, cgpus) {

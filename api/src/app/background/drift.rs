@@ -92,12 +92,11 @@ impl App {
             return Ok(drift);
         }
         let vms = {
-            let mut conn = self.db.conn().await?;
             if full.is_some() {
-                db::vms_with_servers(&mut conn).await?
+                self.db.vms_with_servers().await?
             } else {
                 let ids: Vec<_> = seen.iter().map(|s| s.id.clone()).collect();
-                db::vms_on_servers(&mut conn, &ids).await?
+                self.db.vms_on_servers(&ids).await?
             }
         };
         let seen: HashMap<_, _> = seen.iter().map(|s| (&s.id, s)).collect();
@@ -124,7 +123,7 @@ impl App {
             if !(vm.settled && elsewhere) {
                 continue;
             }
-            let record = db::vm(&mut *self.db.conn().await?, vm.vm).await?;
+            let record = self.db.vm(vm.vm).await?;
             let Some(record) = record else { continue };
             let settled = record.state == VmState::Ready && record.step == SagaStep::Done;
             let elsewhere = record.host.as_ref().is_some_and(|old| old != host);

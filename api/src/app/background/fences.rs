@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use gpgpums::HostId;
 
 use crate::app::App;
-use crate::db::{self, now_ms};
+use crate::db::now_ms;
 use crate::error::Error;
 use crate::model::{AlertKind, FenceId};
 
@@ -27,19 +27,16 @@ impl App {
     pub(crate) async fn release_fences(&self) -> Result<usize, Error> {
         let timeout_ms = self.config.hosts.fence_timeout_secs.saturating_mul(1000) as i64;
         let opened_before = now_ms().saturating_sub(timeout_ms);
-        let any = {
-            let mut conn = self.db.conn().await?;
-            !db::releasable_fences(&mut conn, opened_before).await?.is_empty()
-        };
+        let any = { !self.db.releasable_fences(opened_before).await?.is_empty() };
         if !any {
             return Ok(0);
         }
         let released = self
             .with_pool(move |pool, tx| {
                 Box::pin(async move {
-                    let fences = db::releasable_fences(tx, opened_before).await?;
+                    let fences = tx.releasable_fences(opened_before).await?;
                     let ids: Vec<FenceId> = fences.iter().map(|f| f.id).collect();
-                    db::delete_fences(tx, &ids).await?;
+                    tx.delete_fences(&ids).await?;
                     for id in &ids {
                         pool.release(&id.holder());
                     }

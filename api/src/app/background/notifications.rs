@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use super::driver::{Failed, Report, Task, TaskName};
 use crate::app::App;
 use crate::config::Config;
-use crate::db::{self, now_ms};
+use crate::db::now_ms;
 use crate::error::Error;
 use crate::metrics::inc;
 use crate::notifier::{outgoing, BrokerError};
@@ -39,8 +39,7 @@ impl App {
     /// Turns the outbox on when this replica publishes, off when nobody does (see
     /// [`db::configure_notifier`]).
     pub async fn configure_notifier(&self) -> Result<(), Error> {
-        let mut conn = self.db.conn().await?;
-        Ok(db::configure_notifier(&mut conn, self.broker.is_some(), now_ms()).await?)
+        Ok(self.db.configure_notifier(self.broker.is_some(), now_ms()).await?)
     }
 
     /// The `publisher_id` of this process's notifications.
@@ -63,13 +62,11 @@ impl App {
         let mut published = Published::default();
         loop {
             let now = now_ms();
-            let mut conn = self.db.conn().await?;
-            if !db::take_notifier_lease(&mut conn, &self.instance, now, now + LEASE_MS).await? {
+            if !self.db.take_notifier_lease(&self.instance, now, now + LEASE_MS).await? {
                 published.not_ours = true;
                 return Ok(published);
             }
-            let waiting = db::waiting_notifications(&mut conn, BATCH).await?;
-            drop(conn);
+            let waiting = self.db.waiting_notifications(BATCH).await?;
             if waiting.is_empty() {
                 return Ok(published);
             }

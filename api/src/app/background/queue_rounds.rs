@@ -57,7 +57,7 @@ impl App {
     /// One round; see the module docs.
     pub async fn serve_queue_once(self: &Arc<Self>) -> Result<QueueRound, Error> {
         // Most rounds find nothing: only a waiting queue is worth a pool transaction.
-        let empty = db::queue_lengths(&mut *self.db.conn().await?).await?.is_empty();
+        let empty = self.db.queue_lengths().await?.is_empty();
         if empty {
             return Ok(QueueRound::default());
         }
@@ -65,7 +65,7 @@ impl App {
         let settings = self.config.queue;
         let mut pool_tx = self.pool_tx().await?;
         let (pool, quotas, tx) = pool_tx.parts_with_quotas();
-        let queued = db::queued_vms(tx).await?;
+        let queued = tx.queued_vms().await?;
         let mut round = QueueRound { waiting: queued.len(), ..QueueRound::default() };
         let mut out = Outcome { now, ..Outcome::default() };
         let mut waiting = Vec::new();
@@ -145,10 +145,10 @@ impl App {
                 holding_since_ms: q.holding_since_ms,
             });
         }
-        let mut vms_in_use = db::counted_vms(tx, None).await?;
-        let preemptible = db::preemptible_vms(tx).await?;
+        let mut vms_in_use = tx.counted_vms(None).await?;
+        let preemptible = tx.preemptible_vms().await?;
         let reclaim_wait_ms = settings.reclaim_wait_secs.saturating_mul(1000) as i64;
-        let reclaiming = db::reclaiming_cgpus(tx, now.saturating_sub(reclaim_wait_ms)).await?;
+        let reclaiming = tx.reclaiming_cgpus(now.saturating_sub(reclaim_wait_ms)).await?;
         let rules = settings.rules();
         let planned = {
             let mut books = Books {
@@ -232,7 +232,7 @@ impl App {
         }
         let mut attached: Vec<VmDetails> = Vec::new();
         for (id, (vm, tickets)) in attaching {
-            let mut cgpus = db::cgpus_of(tx, id).await?;
+            let mut cgpus = tx.cgpus_of(id).await?;
             let first_seq = cgpus.iter().map(|c| c.seq).max().map_or(1, |seq| seq + 1);
             for (seq, new) in (first_seq..).zip(tickets) {
                 for mut cgpu in new {
@@ -256,13 +256,13 @@ impl App {
             }
             round.refused.push(q.vm.id);
         }
-        db::set_head(tx, &planned.reset, planned.head.as_ref(), planned.awaiting_reclaim).await?;
+        tx.set_head(&planned.reset, planned.head.as_ref(), planned.awaiting_reclaim).await?;
         let Outcome { mut writes, new_cgpus, done, events, .. } = out;
         // The VMs whose sagas this round took: a saga another replica still holds (a change it
         // ended a moment ago and has not let go of) is resumed by that replica or the reconciler.
         let mut claimed: HashSet<VmId> = HashSet::new();
         if !writes.is_empty() {
-            let written = db::update_vms(tx, &mut writes).await?;
+            let written = tx.update_vms(&mut writes).await?;
             claimed = writes
                 .iter()
                 .zip(&written)
@@ -274,11 +274,11 @@ impl App {
                 // the next re-reads.
                 return Err(Error::Conflict("a VM changed during the queue round".into()));
             }
-            db::insert_cgpus(tx, &new_cgpus).await?;
+            tx.insert_cgpus(&new_cgpus).await?;
         }
-        db::dequeue(tx, &done).await?;
+        tx.dequeue(&done).await?;
         for (vm, event) in &events {
-            db::insert_event(tx, *vm, event).await?;
+            tx.insert_event(*vm, event).await?;
         }
         if let Some(preemption) = &planned.preemption {
             let give_back_deadline = self.queue_deadline(now);
@@ -317,25 +317,25 @@ impl App {
 /// `detaching`, and an event for its owner. Any change of the VM since the plan read it fails the
 /// round.
 async fn shrink_vm(
-    tx: &mut sqlx::AnyConnection,
+    tx: &mut db::PoolChange,
     shrink: &gpgpums::queue::Shrink,
     claim: &Claim,
     now: i64,
     give_back_deadline_ms: Option<i64>,
 ) -> Result<VmWrite, Error> {
     let changed = || Error::Conflict("a preemptible VM changed during the queue round".into());
-    let mut vm = db::vm(tx, shrink.vm).await?.ok_or_else(changed)?;
+    let mut vm = tx.vm(shrink.vm).await?.ok_or_else(changed)?;
     if vm.state != VmState::Ready || vm.step != SagaStep::Done {
         return Err(changed());
     }
     vm.step = SagaStep::Detach;
     vm.updated_ms = now;
     let mut write = [VmWrite { vm, claim: Some(claim.clone()) }];
-    if db::update_vms(tx, &mut write).await?.first() == Some(&Written::Stale) {
+    if tx.update_vms(&mut write).await?.first() == Some(&Written::Stale) {
         return Err(changed());
     }
     for cgpu in &shrink.cgpus {
-        if !db::reclaim_cgpu(tx, shrink.vm, cgpu.index, now).await? {
+        if !tx.reclaim_cgpu(shrink.vm, cgpu.index, now).await? {
             return Err(changed());
         }
     }
@@ -347,7 +347,7 @@ async fn shrink_vm(
             let queued = db::Queued::Attach { attach, give_back: true };
             let ticket =
                 db::NewTicket { vm, queued, now_ms: now, deadline_ms: give_back_deadline_ms };
-            db::enqueue(tx, ticket).await?;
+            tx.enqueue(ticket).await?;
         }
         "they are given back when capacity returns"
     } else {
@@ -363,7 +363,7 @@ async fn shrink_vm(
             indexes.join(", ")
         ),
     };
-    db::insert_event(tx, shrink.vm, &event).await?;
+    tx.insert_event(shrink.vm, &event).await?;
     let [write] = write;
     Ok(write)
 }

@@ -64,8 +64,7 @@ impl App {
     /// Moves every cGPU off a GPU or a host's GPUs (admins): all or nothing.
     pub async fn evacuate(self: &Arc<Self>, what: Evacuate) -> Result<Rehomed, Error> {
         let gpus: Vec<GpuId> = {
-            let mut conn = self.db.conn().await?;
-            let all = db::gpus(&mut conn).await?;
+            let all = self.db.gpus().await?;
             match &what {
                 Evacuate::Gpu(id) => {
                     if !all.iter().any(|g| &g.id == id) {
@@ -78,7 +77,7 @@ impl App {
                     all.into_iter().filter(of_it).map(|g| g.id).collect()
                 }
                 Evacuate::Host(name) => {
-                    if db::host(&mut conn, name).await?.is_none() {
+                    if self.db.host(name).await?.is_none() {
                         return Err(Error::NotFound { kind: "host", id: name.to_string() });
                     }
                     all.into_iter().filter(|g| &g.host == name).map(|g| g.id).collect()
@@ -96,17 +95,16 @@ impl App {
     /// brings lost cGPUs back where their GPU works again.
     pub(crate) async fn rehome_failed(self: &Arc<Self>) -> Result<Rehomed, Error> {
         let (failed, lost_back) = {
-            let mut conn = self.db.conn().await?;
             let failed = if self.config.hosts.auto_rehome {
-                db::failed_gpus_in_use(&mut conn).await?
+                self.db.failed_gpus_in_use().await?
             } else {
                 Vec::new()
             };
-            (failed, db::has_recoverable_lost_cgpus(&mut conn).await?)
+            (failed, self.db.has_recoverable_lost_cgpus().await?)
         };
         let mut done = Rehomed::default();
         if lost_back {
-            let recovered = db::recover_lost_cgpus(&mut *self.db.conn().await?).await?;
+            let recovered = self.db.recover_lost_cgpus().await?;
             done.recovered = recovered.len() as u32;
             let vms: BTreeSet<VmId> = recovered.iter().map(|(vm, _)| *vm).collect();
             self.record_events(
@@ -135,7 +133,7 @@ impl App {
     ) -> Result<Rehomed, Error> {
         let mut pool_tx = self.pool_tx().await?;
         let (pool, tx) = pool_tx.parts();
-        let cgpus = db::cgpus_on_gpus(tx, &gpus).await?;
+        let cgpus = tx.cgpus_on_gpus(&gpus).await?;
         let mut by_vm: BTreeMap<VmId, Vec<CgpuRecord>> = BTreeMap::new();
         for cgpu in cgpus {
             by_vm.entry(cgpu.vm).or_default().push(cgpu);
@@ -143,14 +141,14 @@ impl App {
         let mut done = Rehomed::default();
         let now = now_ms();
         for (id, cgpus) in by_vm {
-            let Some(vm) = db::vm(tx, id).await? else { continue };
+            let Some(vm) = tx.vm(id).await? else { continue };
             // Only a settled VM: a saga step in flight (a launch, an attach, a termination) may
             // push or learn the VM's host meanwhile. Its write below, conditional on the version
             // read here, also makes such a step that starts now read the VM again.
             let settled = vm.step == SagaStep::Done;
             let mut write =
                 [VmWrite { vm: VmRecord { updated_ms: now, ..vm.clone() }, claim: None }];
-            if !settled || db::update_vms(tx, &mut write).await?.first() == Some(&Written::Stale) {
+            if !settled || tx.update_vms(&mut write).await?.first() == Some(&Written::Stale) {
                 if no_room == NoRoom::Refuse {
                     return Err(Error::Conflict(format!(
                         "VM {id} on this GPU is changing ({}): retry the evacuation once it \
@@ -187,7 +185,7 @@ impl App {
                                 pool.release(&fence.holder());
                             }
                         }
-                        db::move_cgpu(tx, id, cgpu.index, &new.gpu).await?;
+                        tx.move_cgpu(id, cgpu.index, &new.gpu).await?;
                         moved.push(cgpu.index);
                     }
                     Err(gpgpums::Error::InsufficientCapacity(shortfall)) => {
@@ -196,7 +194,7 @@ impl App {
                         }
                         if cgpu.state != CgpuState::Lost {
                             let state = cgpu.state;
-                            db::set_cgpu_states(tx, id, Some(cgpu.index), state, CgpuState::Lost)
+                            tx.set_cgpu_states(id, Some(cgpu.index), state, CgpuState::Lost)
                                 .await?;
                             lost.push(cgpu.index);
                         }
@@ -217,7 +215,7 @@ impl App {
                     let list: Vec<String> = indexes.iter().map(u32::to_string).collect();
                     let detail = format!("cGPU(s) {}: {detail}", list.join(", "));
                     let event = db::VmEvent { at_ms: now, kind: kind.into(), detail };
-                    db::insert_event(tx, id, &event).await?;
+                    tx.insert_event(id, &event).await?;
                 }
             }
         }
@@ -243,10 +241,9 @@ impl App {
     /// Pushes the tables of the hosts the VMs run on (see [`App::push_or_leave`]).
     async fn push_vms_routes(&self, vms: &BTreeSet<VmId>) {
         let hosts: BTreeSet<HostId> = {
-            let Ok(mut conn) = self.db.conn().await else { return };
             let mut hosts = BTreeSet::new();
             for id in vms {
-                if let Ok(Some(vm)) = db::vm(&mut conn, *id).await {
+                if let Ok(Some(vm)) = self.db.vm(*id).await {
                     hosts.extend(vm.host);
                 }
             }

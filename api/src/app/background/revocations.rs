@@ -11,14 +11,13 @@ use async_trait::async_trait;
 use super::driver::{Failed, Report, Task, TaskName};
 use crate::app::App;
 use crate::config::Config;
-use crate::db::{self, now_ms};
+use crate::db::now_ms;
 use crate::error::Error;
 
 impl App {
     /// Loads the revoked token ids into the key's verifier.
     pub async fn refresh_revocations(&self) -> Result<(), Error> {
-        let mut conn = self.db.conn().await?;
-        let revoked = db::revoked_tokens(&mut conn, now_ms()).await?;
+        let revoked = self.db.revoked_tokens(now_ms()).await?;
         self.keys.set_revoked(revoked);
         Ok(())
     }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use super::driver::{Failed, Report, Task, TaskName};
 use crate::app::App;
 use crate::config::Config;
-use crate::db::{self, now_ms};
+use crate::db::now_ms;
 
 #[derive(Debug)]
 pub(crate) struct SagaResumption;
@@ -29,7 +29,7 @@ impl Task for SagaResumption {
         false
     }
     async fn activate(&self, app: &Arc<App>) -> Result<Report, Failed> {
-        let ids = db::sagas_to_resume(&mut *app.db.conn().await?, now_ms()).await?;
+        let ids = app.db.sagas_to_resume(now_ms()).await?;
         let resumed = ids.len();
         for id in ids {
             app.spawn_saga(id);

@@ -13,7 +13,7 @@ use super::{cloud_failure, Progress, StepError};
 use crate::app::shared::vm_user_data;
 use crate::app::App;
 use crate::cloud::{Checked, HostConstraint, ServerSpec};
-use crate::db::{self, now_ms};
+use crate::db::now_ms;
 use crate::error::Error;
 use crate::model::{CgpuRecord, LaunchStep, SagaStep, VmRecord, VmState};
 
@@ -54,10 +54,7 @@ impl App {
         let started = Instant::now();
         let cgpus = match known_cgpus.take() {
             Some(cgpus) => cgpus,
-            None => {
-                let mut conn = self.db.conn().await?;
-                db::cgpus_of(&mut conn, vm.id).await?
-            }
+            None => self.db.cgpus_of(vm.id).await?,
         };
         let user_data = vm_user_data(&self.config, vm, &cgpus)
             .map_err(|e| StepError::Failed(format!("user_data: {e}")))?;
@@ -105,8 +102,7 @@ impl App {
         if let Some(hosts) = self.directory_vm_hosts(rgpu_only) {
             return Ok(hosts);
         }
-        let mut conn = self.db.conn().await?;
-        let hosts = db::hosts(&mut conn).await?;
+        let hosts = self.db.hosts().await?;
         Ok(crate::app::pool::vm_hosts_of(
             hosts.iter().map(|h| (&h.name, h.kind, h.state)),
             rgpu_only,
@@ -117,8 +113,7 @@ impl App {
         if let Some((kind, _)) = self.directory_host(host) {
             return Ok(kind.has_agent());
         }
-        let mut conn = self.db.conn().await?;
-        Ok(db::host(&mut conn, host).await?.is_some_and(|h| h.kind.has_agent()))
+        Ok(self.db.host(host).await?.is_some_and(|h| h.kind.has_agent()))
     }
 
     pub(super) async fn wait_active(
@@ -148,10 +143,8 @@ impl App {
             ));
         }
         if vm.spec.gpus.locality != Locality::Local && vm.spec.gpus.network.is_hard() {
-            let mut conn = self.db.conn().await?;
             let gpu_hosts: Vec<HostId> =
-                db::cgpus_of(&mut conn, vm.id).await?.into_iter().map(|c| c.host).collect();
-            drop(conn);
+                self.db.cgpus_of(vm.id).await?.into_iter().map(|c| c.host).collect();
             let (request, on) = (vm.spec.gpus.clone(), host.clone());
             let meets = self.read_pool(move |pool| pool.meets_network(&request, &on, &gpu_hosts));
             if !meets.await? {

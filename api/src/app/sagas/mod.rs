@@ -114,12 +114,8 @@ impl App {
                 loop {
                     tokio::time::sleep(renew_every).await;
                     let now = now_ms();
-                    if let Ok(mut conn) = app.db.conn().await {
-                        // Renewed as it was claimed; a failed renewal is tried again next time.
-                        let _ =
-                            db::claim_saga(&mut conn, id, &app.instance, now, now + app.lease_ms())
-                                .await;
-                    }
+                    // Renewed as it was claimed; a failed renewal is tried again next time.
+                    let _ = app.db.claim_saga(id, &app.instance, now, now + app.lease_ms()).await;
                 }
             };
             tokio::pin!(renew);
@@ -144,9 +140,7 @@ impl App {
             app.sagas.tenant_tokens.lock().expect("tenant tokens").remove(&id);
             app.sagas.checked_launches.lock().expect("checked launches").remove(&id);
             if !released {
-                if let Ok(mut conn) = app.db.conn().await {
-                    let _ = db::release_saga(&mut conn, id, &app.instance).await;
-                }
+                let _ = app.db.release_saga(id, &app.instance).await;
             }
         });
         if let Some(saga) = self.sagas.running.lock().expect("running sagas").get_mut(&id) {
@@ -207,14 +201,12 @@ impl App {
                     // Someone else may have written it, even tried its creation: no shortcuts.
                     checked = None;
                     let now = now_ms();
-                    let mut conn = self.db.conn().await?;
                     let claimed =
-                        db::claim_saga(&mut conn, id, &self.instance, now, now + self.lease_ms())
-                            .await?;
+                        self.db.claim_saga(id, &self.instance, now, now + self.lease_ms()).await?;
                     if !claimed {
                         return Ok(false);
                     }
-                    let Some(vm) = db::vm(&mut conn, id).await? else { return Ok(false) };
+                    let Some(vm) = self.db.vm(id).await? else { return Ok(false) };
                     vm
                 }
             };
