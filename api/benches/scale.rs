@@ -121,6 +121,7 @@ async fn create_server(sim: &SimCloud, vm: VmId, host: usize) -> (String, String
         host: HostConstraint::Pinned(HostId::new(host_name(host)).unwrap()),
         tenant: None,
         checked: None,
+        first_attempt: false,
     };
     let id = sim.create_server(&spec).await.expect("the simulated Nova creates the server");
     let info = sim.wait_active(&id, Duration::from_secs(60)).await.expect("active");

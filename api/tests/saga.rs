@@ -18,6 +18,7 @@ on_both_stores!(
     termination_during_launch_unwinds_to_deleted,
     a_crash_at_any_step_is_resumed_after_restart,
     terminations_right_after_ready_are_never_lost,
+    a_launch_stores_what_its_check_resolved_and_no_tenant_may_say_it,
 );
 
 /// A DELETE that arrives as the launch saga finishes must not be dropped (the saga was still listed
@@ -138,6 +139,39 @@ async fn wait_for_server(t: &TestService) {
         assert!(Instant::now() < deadline, "the cloud never got a server");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// The launch saga's parameters are stored with the launch: its request and what the cloud's
+/// check resolved it to, which every creation of its server takes as it is (a creation resumed
+/// after a crash too: `a_crash_at_any_step_is_resumed_after_restart`). Only the check writes
+/// them: a tenant's request that names them is refused, and nothing is stored of it.
+async fn a_launch_stores_what_its_check_resolved_and_no_tenant_may_say_it(store: Store) {
+    let t = TestService::start(store).await;
+    let token = t.member();
+    let id = t.launch(&token, &shared_launch(1, 1024)).await;
+    let vm = t.service().app.db.vm(id.parse().unwrap()).await.unwrap().expect("the VM");
+    let resolved = vm.spec.resolved.expect("the check's findings, stored with the launch");
+    // The simulated cloud knows its flavors and images by name.
+    assert_eq!((resolved.flavor.as_str(), resolved.image.as_str()), ("m1.small", "cirros-0.6.2"));
+    let (_, view) = t.get(&token, &format!("/v1/vms/{id}")).await;
+    assert!(!view.to_string().contains("resolved"), "not the tenant's to see: {view}");
+
+    let (_, before) = t.get(&token, "/v1/vms").await;
+    let forged = support::shared_launch_with(
+        1,
+        1024,
+        serde_json::json!({ "resolved": {
+            "flavor": "someone-elses-flavor", "image": "someone-elses-image", "networks": "auto"
+        } }),
+    );
+    let (status, problem) = t.post(&token, "/v1/vms", &forged).await;
+    assert!(status == 400 || status == 422, "{status} {problem}");
+    assert!(problem["detail"].as_str().unwrap_or_default().contains("resolved"), "{problem}");
+    let (_, after) = t.get(&token, "/v1/vms").await;
+    let ids = |list: &Value| -> Vec<String> {
+        list["vms"].as_array().unwrap().iter().map(|vm| vm["id"].to_string()).collect()
+    };
+    assert_eq!(ids(&before), ids(&after), "a refused launch stores nothing");
 }
 
 /// Crashes gsaasd while the saga waits in each step, restarts it, and checks the launch completes.

@@ -45,6 +45,7 @@ fn spec_on(vm: VmId, constraint: HostConstraint) -> ServerSpec {
         host: constraint,
         tenant: None,
         checked: None,
+        first_attempt: false,
     }
 }
 

@@ -143,6 +143,11 @@ pub struct LaunchSpec {
     /// Whether cGPUs taken back from this (preemptible) VM wait in the queue to be given back.
     #[serde(default = "give_back_by_default")]
     pub give_back: bool,
+    /// What the cloud's check of the launch resolved its flavor, image and networks to: the
+    /// launch saga's parameter for every creation of its server, so none looks the names up
+    /// again. `None` in a request not checked yet, and in launches stored before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<Checked>,
 }
 
 fn give_back_by_default() -> bool {
@@ -422,7 +427,7 @@ impl AlertKind {
     }
 }
 
-pub use gsaas_clouds::cloud::{ServerId, VmRequest};
+pub use gsaas_clouds::cloud::{Checked, ServerId, VmRequest};
 
 #[cfg(test)]
 mod tests {
@@ -454,5 +459,26 @@ mod tests {
         assert_eq!(SagaStep::parse("check_cloud"), Some(SagaStep::LAUNCH));
         assert_eq!(SagaStep::parse("Create_VM"), None);
         assert!(steps.iter().filter(|s| s.is_unwinding()).count() == 3);
+    }
+
+    /// A launch stored before its check's findings were kept reads with none (its creation
+    /// resolves the names again); one stored with them reads them back as they were.
+    #[test]
+    fn launches_stored_with_and_without_their_checks_findings_read_back() {
+        let old = r#"{"vm":{"name":"vm","image":"cirros","flavor":"m1.small","networks":[]},
+            "gpus":{"ncgpus":1,"gpu_memory_mib":1024,"mode":"shared"}}"#;
+        let spec: LaunchSpec = serde_json::from_str(old).unwrap();
+        assert_eq!(spec.resolved, None);
+        assert!(!serde_json::to_string(&spec).unwrap().contains("resolved"));
+
+        let resolved = Checked {
+            flavor: "flavor-id".into(),
+            image: "image-id".into(),
+            networks: serde_json::json!([{ "uuid": "net-id" }]),
+            flavor_resources: Some(gpgpums::Resources { cpu_milli: 2000, memory_mib: 4096 }),
+        };
+        let stored = LaunchSpec { resolved: Some(resolved), ..spec };
+        let text = serde_json::to_string(&stored).unwrap();
+        assert_eq!(serde_json::from_str::<LaunchSpec>(&text).unwrap(), stored);
     }
 }

@@ -143,11 +143,10 @@ struct SagaRegistry {
     /// Each running saga, with the signal that wakes it for a termination.
     running: Mutex<HashMap<VmId, RunningSaga>>,
     /// The tenants' cloud credentials of launches whose server is not created yet: kept in memory
-    /// only, for the saga that creates the server as the tenant.
+    /// only, for the saga that creates the server as the tenant. Not a saga parameter: a secret
+    /// is never stored. A saga resumed elsewhere, or a queued launch, creates the server through
+    /// the launch's delegation instead (see `delegations`).
     tenant_tokens: Mutex<HashMap<VmId, crate::cloud::TenantToken>>,
-    /// What the cloud's check of a launch found, for its saga's first creation attempt (see
-    /// [`crate::cloud::ServerSpec::checked`]); taken when the saga starts.
-    checked_launches: Mutex<HashMap<VmId, crate::cloud::Checked>>,
 }
 
 impl App {

@@ -192,6 +192,8 @@ impl App {
         if spec.vm.name.trim().is_empty() {
             spec.vm.name = format!("gsaas-{}", &id.to_string()[..8]);
         }
+        // The saga's parameter: every creation of the server takes these ids, not the names.
+        spec.resolved = Some(checked);
         let record = VmRecord {
             id,
             project: project.clone(),
@@ -253,7 +255,6 @@ impl App {
         if let Some(tenant) = input.tenant.clone() {
             self.sagas.tenant_tokens.lock().expect("tenant tokens").insert(id, tenant);
         }
-        self.sagas.checked_launches.lock().expect("checked launches").insert(id, checked);
         if let Some(seconds) = details.vm.timings.gpu_selection {
             self.metrics.decision_seconds.observe(seconds);
         }

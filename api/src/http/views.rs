@@ -55,6 +55,7 @@ pub fn launch_spec(request: LaunchRequest) -> (LaunchSpec, Option<String>, bool)
         priority: request.priority,
         preemptible: request.preemptible,
         give_back: request.give_back,
+        resolved: None,
     };
     (spec, request.policy, request.queue)
 }

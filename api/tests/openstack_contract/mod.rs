@@ -252,6 +252,7 @@ fn spec(vm: VmId, host: HostConstraint) -> ServerSpec {
         host,
         tenant: None,
         checked: None,
+        first_attempt: false,
     }
 }
 

@@ -269,7 +269,8 @@ async fn create_sends_the_upstream_request_shape() {
 }
 
 /// A launch's first creation follows its check at once: no search for an earlier server, no
-/// second lookup of the flavor, image and networks; the one POST carries the check's ids.
+/// second lookup of the flavor, image and networks; the one POST carries the check's ids. Any
+/// later creation searches first, and still takes the stored check's ids.
 #[tokio::test]
 async fn a_launchs_first_creation_is_one_post_with_the_checks_ids() {
     let mock = nova_that_creates().await;
@@ -282,6 +283,7 @@ async fn a_launchs_first_creation_is_one_post_with_the_checks_ids() {
     };
     let first = ServerSpec {
         checked: Some(checked.clone()),
+        first_attempt: true,
         ..spec(VmId::new_random(), pinned("openstack-node-01"))
     };
     cloud.create_server(&first).await.unwrap();
@@ -302,7 +304,30 @@ async fn a_launchs_first_creation_is_one_post_with_the_checks_ids() {
     assert_eq!(server["imageRef"], IMAGE_ID);
     assert_eq!(server["networks"], json!([{ "uuid": NETWORK_ID }]));
 
-    // A retry (no `checked`) looks for the server a lost answer may have created.
+    // A retry, or a resumed saga, looks for the server a lost answer may have created, then
+    // creates it with the ids its launch's check stored: no lookup of names again.
+    let before = mock.requests().len();
+    let retry = ServerSpec {
+        checked: Some(checked),
+        first_attempt: false,
+        ..spec(VmId::new_random(), pinned("openstack-node-01"))
+    };
+    cloud.create_server(&retry).await.unwrap();
+    let sent: Vec<(Method, String)> = mock.requests()[before..]
+        .iter()
+        .filter(|r| !r.path.starts_with("/identity"))
+        .map(|r| (r.method.clone(), r.path.clone()))
+        .collect();
+    assert!(sent.iter().any(|(_, path)| path.contains("/servers/detail?")), "{sent:?}");
+    assert!(
+        sent.iter().all(|(_, path)| !["flavors", "images", "networks"]
+            .iter()
+            .any(|lookup| path.contains(lookup))),
+        "the stored check's ids, not lookups: {sent:?}"
+    );
+    assert_eq!(sent.last().map(|(m, _)| m), Some(&Method::POST), "{sent:?}");
+
+    // A launch stored before checks were kept resolves its names again.
     cloud.create_server(&spec(VmId::new_random(), pinned("openstack-node-01"))).await.unwrap();
     assert!(mock.requests().iter().any(|r| r.path.contains("/servers/detail?")));
 }

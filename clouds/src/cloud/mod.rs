@@ -58,9 +58,9 @@ impl std::fmt::Debug for TenantToken {
 }
 
 /// What a check found the request's names to be (Nova: the flavor's, image's and networks' ids).
-/// A launch's first creation, which follows its check at once, passes it back (see
-/// [`ServerSpec::checked`]) rather than looking everything up again.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// gsaasd stores it with the launch (its saga's parameters), and every creation of the launch's
+/// server passes it back (see [`ServerSpec::checked`]) rather than looking everything up again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checked {
     pub flavor: String,
     pub image: String,
@@ -83,11 +83,14 @@ pub struct ServerSpec {
     /// The tenant the server is created for, in its own project and with its own rights; `None`:
     /// as gsaasd's service user (the simulated cloud, and tests of the cloud itself).
     pub tenant: Option<TenantToken>,
-    /// Set on a launch's first creation attempt only, by the process that checked the launch a
-    /// moment before: no server can exist for the VM yet, so the cloud skips its search for one
-    /// and uses these ids as they are (Nova still authorizes each on creation). `None`: a retry,
-    /// a resumed saga or a queued launch, which look for an earlier server and resolve again.
+    /// What the launch's check resolved the request to, stored with the launch: the cloud uses
+    /// these ids as they are (Nova still authorizes each on creation, as the tenant). `None`: a
+    /// launch stored before checks were kept, which the cloud resolves again.
     pub checked: Option<Checked>,
+    /// Whether this is the launch's first creation attempt, made by the process that wrote the
+    /// launch (or placed it from the queue) a moment before: no server can exist for the VM yet,
+    /// so the cloud skips its search for one. A retry or a resumed saga looks first.
+    pub first_attempt: bool,
 }
 
 /// Nova's server states that matter here.

@@ -776,15 +776,16 @@ impl Cloud for NovaCloud {
             .map_err(|reason| CloudError::Invalid { field: "user_data", reason })?;
         let tenant = spec.tenant.as_ref();
         let placement = self.placement(spec.vm, &spec.host, tenant.is_some())?;
-        let Checked { flavor, image, networks, .. } = match &spec.checked {
-            // The launch's first attempt, checked a moment ago: nothing to find, nothing to resolve.
-            Some(checked) => checked.clone(),
-            None => {
-                if let Some(id) = self.find_server_as(spec.vm, tenant).await? {
-                    return Ok(id);
-                }
-                self.resolve(&spec.request, tenant, false).await?
+        // A launch's first attempt has nothing to find; any other may have created it already.
+        if !spec.first_attempt {
+            if let Some(id) = self.find_server_as(spec.vm, tenant).await? {
+                return Ok(id);
             }
+        }
+        let Checked { flavor, image, networks, .. } = match &spec.checked {
+            // What the launch's check resolved, stored with it: nothing to resolve.
+            Some(checked) => checked.clone(),
+            None => self.resolve(&spec.request, tenant, false).await?,
         };
         let mut server = json!({
             "name": spec.request.name,

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use super::{cloud_failure, Progress, StepError};
 use crate::app::shared::vm_user_data;
 use crate::app::App;
-use crate::cloud::{Checked, HostConstraint, ServerSpec};
+use crate::cloud::{HostConstraint, ServerSpec};
 use crate::db::now_ms;
 use crate::error::Error;
 use crate::model::{CgpuRecord, LaunchStep, SagaStep, VmRecord, VmState};
@@ -24,14 +24,14 @@ impl App {
         step: LaunchStep,
         vm: &mut VmRecord,
         cgpus: &mut Option<Vec<CgpuRecord>>,
-        checked: &mut Option<Checked>,
+        first_creation: &mut bool,
         wake: &Notify,
     ) -> Result<Progress, StepError> {
         match step {
             LaunchStep::CreateVm => {
                 // Not recorded: the cloud finds the server it created for a VM, so a creation
                 // repeated after a crash gets the same one (recorded with its host, WaitActive).
-                self.create_vm(vm, cgpus, checked.take()).await?;
+                self.create_vm(vm, cgpus, std::mem::take(first_creation)).await?;
                 return Ok(Progress::Unrecorded);
             }
             LaunchStep::WaitActive => {
@@ -49,7 +49,7 @@ impl App {
         &self,
         vm: &mut VmRecord,
         known_cgpus: &mut Option<Vec<CgpuRecord>>,
-        checked: Option<Checked>,
+        first_attempt: bool,
     ) -> Result<(), StepError> {
         let started = Instant::now();
         let cgpus = match known_cgpus.take() {
@@ -86,7 +86,9 @@ impl App {
         };
         let tenant = self.tenant_credential(vm.id).await?;
         let request = vm.spec.vm.clone();
-        let spec = ServerSpec { vm: vm.id, request, user_data, host, tenant, checked };
+        let checked = vm.spec.resolved.clone();
+        let spec =
+            ServerSpec { vm: vm.id, request, user_data, host, tenant, checked, first_attempt };
         let server =
             self.cloud.create_server(&spec).await.map_err(|e| cloud_failure("create", &e))?;
         // Created: what follows is the service user's, and the tenant's token is not kept.

@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 
 use super::vms::VmDetails;
 use super::{App, RunningSaga};
-use crate::cloud::{Checked, CloudError};
+use crate::cloud::CloudError;
 use crate::db::{self, now_ms, VmWrite, Written};
 use crate::error::{Error, ErrorChain};
 use crate::metrics::inc;
@@ -138,7 +138,6 @@ impl App {
                 }
             };
             app.sagas.tenant_tokens.lock().expect("tenant tokens").remove(&id);
-            app.sagas.checked_launches.lock().expect("checked launches").remove(&id);
             if !released {
                 let _ = app.db.release_saga(id, &app.instance).await;
             }
@@ -167,7 +166,11 @@ impl App {
     /// server id) before routes are pushed (the push reads them), and the end. The server's
     /// creation is not recorded by itself: the cloud finds the server it created for a VM, so a
     /// creation repeated after a crash, or a deletion that finds no recorded id, gets the same
-    /// server; nor is the cloud check's (repeated after a crash, it checks again). The undo steps
+    /// server. What the cloud's check resolved is the launch's stored parameter
+    /// (`LaunchSpec::resolved`, written with the launch), so every creation uses it as it is; only
+    /// the first attempt, made by the process that wrote the launch, skips the search for an
+    /// earlier server. The tenant's token is the one thing kept in memory only (a secret is never
+    /// stored): elsewhere the launch's delegation stands for it. The undo steps
     /// are idempotent too, so withdrawing routes and deleting the server are not recorded one by
     /// one: the release of the cGPUs records the end in its own transaction, and a crash before it
     /// repeats the undo from the recorded step.
@@ -185,12 +188,13 @@ impl App {
         let mut cgpus: Option<Vec<CgpuRecord>> = None;
         // Where the undo steps' withdrawal could not be confirmed (see [`super::fences`]).
         let mut fence_on: Option<HostId> = None;
-        // The launch's check, when this run is the first of a VM the launch just wrote as ours.
-        let mut checked: Option<Checked> = None;
+        // Whether the server's creation, if this run makes it, is the launch's first: the launch
+        // (or the queue's round that placed it) just wrote the VM as ours at its first step.
+        let mut first_creation = false;
         if let Some(start) = start {
+            first_creation = start.vm.step == SagaStep::LAUNCH;
             current = Some(start.vm);
             cgpus = Some(start.cgpus);
-            checked = self.sagas.checked_launches.lock().expect("checked launches").remove(&id);
         }
         loop {
             // Ours when it comes from our own write: a write that ends the saga releases the lease.
@@ -199,7 +203,7 @@ impl App {
                 Some(vm) => vm,
                 None => {
                     // Someone else may have written it, even tried its creation: no shortcuts.
-                    checked = None;
+                    first_creation = false;
                     let now = now_ms();
                     let claimed =
                         self.db.claim_saga(id, &self.instance, now, now + self.lease_ms()).await?;
@@ -224,7 +228,7 @@ impl App {
             }
             let step = vm.step;
             let outcome =
-                self.run_step(&mut vm, &mut cgpus, &mut checked, &mut fence_on, wake).await;
+                self.run_step(&mut vm, &mut cgpus, &mut first_creation, &mut fence_on, wake).await;
             match outcome {
                 Ok(Progress::Unrecorded) => current = Some(vm),
                 Ok(Progress::Recorded) => current = Some(vm),
@@ -287,12 +291,12 @@ impl App {
         self: &Arc<Self>,
         vm: &mut VmRecord,
         cgpus: &mut Option<Vec<CgpuRecord>>,
-        checked: &mut Option<Checked>,
+        first_creation: &mut bool,
         fence_on: &mut Option<HostId>,
         wake: &Notify,
     ) -> Result<Progress, StepError> {
         match vm.step {
-            SagaStep::Launch(step) => self.launch_step(step, vm, cgpus, checked, wake).await,
+            SagaStep::Launch(step) => self.launch_step(step, vm, cgpus, first_creation, wake).await,
             SagaStep::Attach => self.attach_step(vm).await,
             SagaStep::Detach => self.detach_step(vm).await,
             SagaStep::Terminate(step) => self.terminate_step(step, vm, fence_on).await,
