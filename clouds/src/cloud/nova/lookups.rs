@@ -168,7 +168,7 @@ impl NovaCloud {
     /// The request's flavor id, image id and `networks`, each checked to exist (and to be the
     /// tenant's to use, as the tenant).
     /// `cached`: whether what an earlier check found may answer (a launch's check); a creation
-    /// that was not just checked (resumed, queued) always asks.
+    /// of a launch stored before its check's findings were kept resolves afresh, and always asks.
     pub(super) async fn resolve(
         &self,
         request: &VmRequest,
