@@ -259,7 +259,6 @@ pub(crate) struct PoolTx<'a> {
     cached: tokio::sync::MutexGuard<'a, Cached>,
     directory: &'a HostDirectory,
     tx: Option<PoolChange>,
-    generation: i64,
     changes_before: u64,
     quota_changes_before: u64,
     host_changes_before: u64,
@@ -290,9 +289,10 @@ impl PoolTx<'_> {
 
     pub(crate) async fn commit(mut self) -> Result<(), Error> {
         let tx = self.tx.take().expect("open until committed");
+        let generation = tx.generation();
         match tx.commit().await {
             Ok(()) => {
-                self.cached.generation = self.generation;
+                self.cached.generation = generation;
                 if self.cached.pool.host_changes() != self.host_changes_before {
                     self.directory.publish(&self.cached.pool);
                 }
@@ -334,7 +334,6 @@ impl App {
             cached,
             directory: &self.pool.hosts,
             tx: Some(tx),
-            generation,
             changes_before,
             quota_changes_before,
             host_changes_before,
