@@ -175,6 +175,9 @@ async fn a_launch_stores_what_its_check_resolved_and_no_tenant_may_say_it(store:
 }
 
 /// Crashes gsaasd while the saga waits in each step, restarts it, and checks the launch completes.
+/// The cloud-init is built where the cGPUs are placed and handed to the saga; a saga resumed
+/// before the server exists builds it again from what is stored, so the two must be the same
+/// bytes.
 async fn a_crash_at_any_step_is_resumed_after_restart(store: Store) {
     // Activation: the server exists (the saga records it with the host, once it is active).
     for (stage, ready_to_crash) in [
@@ -205,11 +208,17 @@ async fn a_crash_at_any_step_is_resumed_after_restart(store: Store) {
             t.service().app.reconcile_once().await;
             let (_, vm) = t.get(&token, &format!("/v1/vms/{id}")).await;
             if vm["state"] == "ready" {
-                assert_eq!(
-                    t.service().sim.as_ref().unwrap().servers().len(),
-                    1,
-                    "{stage}: one server, not two"
-                );
+                let sim = t.service().sim.clone().unwrap();
+                let servers = sim.servers();
+                assert_eq!(servers.len(), 1, "{stage}: one server, not two");
+                let app = &t.service().app;
+                let vm_id = id.parse().unwrap();
+                let stored = app.db.vm(vm_id).await.unwrap().expect("the VM");
+                let cgpus = app.db.cgpus_of(vm_id).await.unwrap();
+                let built = gsaasd::app::vms::vm_user_data(&app.config, &stored, &cgpus).unwrap();
+                let sent = sim.user_data(&servers[0].id).expect("its user_data");
+                assert!(String::from_utf8_lossy(&sent).contains("RCUDA_DEVICE_COUNT=2"), "{stage}");
+                assert!(sent == built, "{stage}: the cloud-init sent is what the stored VM gives");
                 break;
             }
             assert!(Instant::now() < deadline, "{stage}: never resumed: {vm}");

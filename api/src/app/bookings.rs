@@ -20,7 +20,7 @@ use gpgpums::{Pool, ProjectId, QuotaLedger, Refusal, Shortfall, Usage};
 use super::batch::Queued;
 use super::fences;
 use super::pool::BoxFuture;
-use super::shared::{vm_user_data, Extras, VmDetails, MAX_DELEGATED_WAIT};
+use super::shared::{vm_user_data, Extras, SagaStart, VmDetails, MAX_DELEGATED_WAIT};
 use super::App;
 use crate::config::MaskingConfig;
 use crate::db::{self, now_ms, NewVm, VmWrite, Written};
@@ -65,7 +65,8 @@ pub(crate) struct Ending {
 
 #[derive(Debug)]
 pub(crate) enum Booked {
-    Reserved(Box<VmDetails>),
+    /// The VM as written, with the cloud-init its placement built (none when it waits).
+    Reserved(Box<SagaStart>),
     /// The VM as written, and whether requests wait in the queue (the freed room may serve
     /// them).
     Released(Box<VmRecord>, bool),
@@ -125,9 +126,9 @@ pub(crate) fn write_bookings(
 
 impl App {
     /// Reserves the launch's cGPUs and records its VM, in the next batch.
-    pub(crate) async fn reserve(&self, reservation: Reservation) -> Result<VmDetails, Error> {
+    pub(crate) async fn reserve(&self, reservation: Reservation) -> Result<SagaStart, Error> {
         match self.batchers.bookings.submit(Booking::Reserve(Box::new(reservation))).await? {
-            Booked::Reserved(details) => Ok(*details),
+            Booked::Reserved(start) => Ok(*start),
             _ => Err(Error::internal("a reservation answered as something else")),
         }
     }
@@ -273,9 +274,9 @@ impl App {
                 let priority = reservation.record.spec.priority;
                 let held = gate.holds(priority);
                 match place_cgpus(&mut ledgers, self, &reservation.record, held) {
-                    Ok(details) => {
+                    Ok(start) => {
                         gate.started(&reservation.record.project, priority);
-                        reserved.push((i, details));
+                        reserved.push((i, start));
                     }
                     Err(Error::InsufficientCapacity(s)) if reservation.queue && !s.never_fits => {
                         let project = &reservation.record.project;
@@ -292,10 +293,8 @@ impl App {
                         let mut vm = reservation.record.clone();
                         vm.state = VmState::Queued;
                         vm.step = SagaStep::Done;
-                        reserved.push((
-                            i,
-                            VmDetails { vm, cgpus: Vec::new(), extras: Extras::Unknown },
-                        ));
+                        let details = VmDetails { vm, cgpus: Vec::new(), extras: Extras::Unknown };
+                        reserved.push((i, details.into()));
                     }
                     Err(e) => outcomes[i] = Some(Err(e)),
                 }
@@ -305,7 +304,7 @@ impl App {
             let lease_until_ms = now_ms() + self.lease_ms();
             let new: Vec<NewVm<'_>> = reserved
                 .iter()
-                .map(|(i, details)| {
+                .map(|(i, SagaStart { details, .. })| {
                     let Booking::Reserve(reservation) = &bookings[*i] else {
                         unreachable!("reserved from a reservation")
                     };
@@ -323,13 +322,16 @@ impl App {
                     }
                 })
                 .collect();
-            let cgpus: Vec<CgpuRecord> =
-                reserved.iter().flat_map(|(_, details)| details.cgpus.iter().cloned()).collect();
+            let cgpus: Vec<CgpuRecord> = reserved
+                .iter()
+                .flat_map(|(_, start)| start.details.cgpus.iter().cloned())
+                .collect();
             tx.insert_vms_with_cgpus(&new, &cgpus).await?;
             let deadline = self.queue_deadline(now);
-            for (_, details) in reserved.iter().filter(|(_, d)| d.vm.state == VmState::Queued) {
+            let queued = reserved.iter().map(|(_, s)| &s.details.vm);
+            for vm in queued.filter(|vm| vm.state == VmState::Queued) {
                 let ticket = db::NewTicket {
-                    vm: &details.vm,
+                    vm,
                     queued: db::Queued::Launch,
                     now_ms: now,
                     deadline_ms: deadline,
@@ -337,8 +339,8 @@ impl App {
                 tx.enqueue(ticket).await?;
                 queue_waits = true;
             }
-            for (i, details) in reserved {
-                outcomes[i] = Some(Ok(Booked::Reserved(Box::new(details))));
+            for (i, start) in reserved {
+                outcomes[i] = Some(Ok(Booked::Reserved(Box::new(start))));
             }
             wrote = true;
         }
@@ -629,14 +631,15 @@ fn project_id(project: &str) -> Result<ProjectId, Error> {
 }
 
 /// Places the VM's cGPUs on the pool, within its project's quota, and gives each its masked
-/// endpoint; `held_for_queue`: the quota is checked, but the free GPUs are not its to take (see
-/// [`HeadGate`]). A refusal leaves the pool and the ledger as they were.
+/// endpoint, and builds its cloud-init (which must fit the cloud's limit); `held_for_queue`: the
+/// quota is checked, but the free GPUs are not its to take (see [`HeadGate`]). A refusal leaves
+/// the pool and the ledger as they were.
 fn place_cgpus(
     booked: &mut Ledgers<'_>,
     app: &App,
     record: &VmRecord,
     held_for_queue: bool,
-) -> Result<VmDetails, Error> {
+) -> Result<SagaStart, Error> {
     let masking = &app.config.masking;
     let mut record = record.clone();
     let id = record.id;
@@ -671,16 +674,17 @@ fn place_cgpus(
         .iter()
         .map(|c| cgpu_record(id, c, masking))
         .collect::<Result<Vec<_>, Error>>()
-        .and_then(|cgpus| check_user_data(app, &record, &cgpus).map(|()| cgpus));
+        .and_then(|cgpus| build_user_data(app, &record, &cgpus).map(|data| (cgpus, data)));
     let holding = booked.pool.holding(&placement.cgpus).vm_with();
-    let charged = cgpus.and_then(|cgpus| {
+    let charged = cgpus.and_then(|built| {
         booked.quotas.charge(id, &project, &holding, vms)?;
-        Ok(cgpus)
+        Ok(built)
     });
     match charged {
-        Ok(cgpus) => {
+        Ok((cgpus, user_data)) => {
             *booked.vms.entry(project).or_default() += 1;
-            Ok(VmDetails { vm: record, cgpus, extras: Extras::Unknown })
+            let details = VmDetails { vm: record, cgpus, extras: Extras::Unknown };
+            Ok(SagaStart { details, user_data: Some(user_data) })
         }
         Err(e) => {
             booked.pool.release(&id);
@@ -689,18 +693,20 @@ fn place_cgpus(
     }
 }
 
-/// The VM's cloud-init, with the remote-GPU environment of `cgpus`, must fit the cloud's limit
-/// ([`crate::cloud::Cloud::check_user_data_len`]).
-pub(super) fn check_user_data(
+/// The VM's cloud-init, with the remote-GPU environment of `cgpus`, if it fits the cloud's limit
+/// ([`crate::cloud::Cloud::check_user_data_len`]): built where its cGPUs are placed, and handed to
+/// its saga (see [`SagaStart`]).
+pub(super) fn build_user_data(
     app: &App,
     record: &VmRecord,
     cgpus: &[CgpuRecord],
-) -> Result<(), Error> {
+) -> Result<Vec<u8>, Error> {
     let user_data = vm_user_data(&app.config, record, cgpus)
         .map_err(|e| Error::invalid("user_data", e.to_string()))?;
     app.cloud.check_user_data_len(user_data.len()).map_err(|limit| {
         let why =
             format!("with the GPU environment of {} cGPUs it is too long: {limit}", cgpus.len());
         Error::invalid("user_data", why)
-    })
+    })?;
+    Ok(user_data)
 }

@@ -178,7 +178,7 @@ impl App {
         let mut all = cgpus;
         all.extend(added);
         let details = VmDetails { vm: written, cgpus: all, extras: Extras::Unknown };
-        self.spawn_saga_from(id, claimed.then(|| details.clone()));
+        self.spawn_saga_from(id, claimed.then(|| details.clone().into()));
         Ok(details)
     }
 
@@ -234,7 +234,7 @@ impl App {
         self.watchers.changed(&vm);
         details.vm = vm;
         details.cgpus[at].state = CgpuState::Detaching;
-        self.spawn_saga_from(id, claimed.then(|| details.clone()));
+        self.spawn_saga_from(id, claimed.then(|| details.clone().into()));
         Ok(details)
     }
 }

@@ -21,6 +21,23 @@ pub struct VmDetails {
     pub extras: Extras,
 }
 
+/// A saga handed over by the process that has just written its VM (see
+/// [`super::App::spawn_saga_from`]): the VM and its cGPUs as written and, for a launch its
+/// placement has just booked, the cloud-init built there for them. Built once: a saga resumed
+/// from the store builds it again from what is stored (the request, its cGPUs, the service's
+/// masking), which gives the same bytes.
+#[derive(Debug, Clone)]
+pub struct SagaStart {
+    pub details: VmDetails,
+    pub user_data: Option<Vec<u8>>,
+}
+
+impl From<VmDetails> for SagaStart {
+    fn from(details: VmDetails) -> Self {
+        SagaStart { details, user_data: None }
+    }
+}
+
 /// What a VM's view shows besides the VM and its cGPUs: its places in the queue and its events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Extras {

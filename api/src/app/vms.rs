@@ -15,7 +15,7 @@ use super::batch::{fail_all, Queued};
 use super::bookings::Reservation;
 use super::fields::{check_text, FieldChecks};
 use super::pool::BoxFuture;
-pub use super::shared::{gpu_env, Extras, ViewVersions, VmDetails};
+pub use super::shared::{gpu_env, vm_user_data, Extras, ViewVersions, VmDetails};
 use super::App;
 use crate::auth::Caller;
 use crate::cloud::{CloudError, TenantToken};
@@ -221,8 +221,8 @@ impl App {
             request_digest: request_digest.clone(),
             queue: input.queue,
         };
-        let details = match self.reserve(reservation).await {
-            Ok(details) => details,
+        let start = match self.reserve(reservation).await {
+            Ok(start) => start,
             Err(Error::Conflict(_)) if input.idempotency_key.is_some() => {
                 // A concurrent retry with the same key won the race.
                 if delegated {
@@ -245,6 +245,7 @@ impl App {
             }
         };
         inc(&self.metrics.launches_accepted);
+        let details = start.details.clone();
         if details.vm.state == VmState::Queued {
             // The queue starts its saga when it places it; its delegation stands for the token.
             return Ok((details, true));
@@ -258,7 +259,7 @@ impl App {
         if let Some(seconds) = details.vm.timings.gpu_selection {
             self.metrics.decision_seconds.observe(seconds);
         }
-        self.spawn_saga_from(id, Some(details.clone()));
+        self.spawn_saga_from(id, Some(start));
         Ok((details, true))
     }
 
@@ -405,7 +406,7 @@ impl App {
                 self.watchers.changed_alone(vm);
                 inc(&self.metrics.terminations);
                 self.wake_saga(id);
-                self.spawn_saga_from(id, claimed.then(|| details.clone()));
+                self.spawn_saga_from(id, claimed.then(|| details.clone().into()));
                 return Ok(details);
             }
         }

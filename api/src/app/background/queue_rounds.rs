@@ -21,9 +21,9 @@ use gpgpums::queue::{plan, Ask, Books, Waiting};
 use gpgpums::{ProjectId, TicketId, VmId};
 
 use super::driver::{Failed, Report, Task, TaskName};
-use crate::app::bookings::{cgpu_record, check_user_data};
+use crate::app::bookings::{build_user_data, cgpu_record};
 use crate::app::elastic::attach_host;
-use crate::app::shared::{Extras, VmDetails};
+use crate::app::shared::{Extras, SagaStart, VmDetails};
 pub use crate::app::shared::{QueueAndEvents, QueueEntry};
 use crate::app::App;
 use crate::config::Config;
@@ -165,7 +165,7 @@ impl App {
         let claim =
             Claim { owner: self.instance.clone(), now_ms: now, until_ms: now + self.lease_ms() };
         let masking = &self.config.masking;
-        let mut started: Vec<VmDetails> = Vec::new();
+        let mut started: Vec<SagaStart> = Vec::new();
         // How long each request that starts waited (observed once the round is committed).
         let mut waits: Vec<i64> = Vec::new();
         // Attaches that start, by VM: the VM as read, and each ticket's new cGPUs.
@@ -182,14 +182,16 @@ impl App {
                     vm.step = SagaStep::LAUNCH;
                     vm.policy = s.policy.clone();
                     vm.updated_ms = now;
-                    let checked = records
-                        .and_then(|cgpus| check_user_data(self, &vm, &cgpus).map(|()| cgpus));
-                    match checked {
-                        Ok(cgpus) => {
+                    let built = records.and_then(|cgpus| {
+                        build_user_data(self, &vm, &cgpus).map(|data| (cgpus, data))
+                    });
+                    match built {
+                        Ok((cgpus, user_data)) => {
                             out.writes.push(VmWrite { vm: vm.clone(), claim: Some(claim.clone()) });
                             out.new_cgpus.extend(cgpus.iter().cloned());
                             out.done.push(q.ticket);
-                            started.push(VmDetails { vm, cgpus, extras: Extras::Unknown });
+                            let details = VmDetails { vm, cgpus, extras: Extras::Unknown };
+                            started.push(SagaStart { details, user_data: Some(user_data) });
                             round.started.push(s.vm);
                         }
                         Err(e) => {
@@ -303,11 +305,12 @@ impl App {
             tracing::info!(vm = %id, "cGPUs taken back from a preemptible VM");
             self.spawn_saga(*id);
         }
-        for mut details in started.into_iter().chain(attached) {
-            details.vm.version = versions[&details.vm.id];
-            tracing::info!(vm = %details.vm.id, step = details.vm.step.as_str(), "a queued request starts");
-            let ours = claimed.contains(&details.vm.id);
-            self.spawn_saga_from(details.vm.id, ours.then_some(details));
+        for mut start in started.into_iter().chain(attached.into_iter().map(SagaStart::from)) {
+            let vm = &mut start.details.vm;
+            vm.version = versions[&vm.id];
+            tracing::info!(vm = %vm.id, step = vm.step.as_str(), "a queued request starts");
+            let (id, ours) = (vm.id, claimed.contains(&vm.id));
+            self.spawn_saga_from(id, ours.then_some(start));
         }
         Ok(round)
     }

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use gpgpums::{HostId, Locality};
 use tokio::sync::Notify;
 
-use super::{cloud_failure, Progress, StepError};
+use super::{cloud_failure, Handed, Progress, StepError};
 use crate::app::shared::vm_user_data;
 use crate::app::App;
 use crate::cloud::{HostConstraint, ServerSpec};
 use crate::db::now_ms;
 use crate::error::Error;
-use crate::model::{CgpuRecord, LaunchStep, SagaStep, VmRecord, VmState};
+use crate::model::{LaunchStep, SagaStep, VmRecord, VmState};
 
 impl App {
     /// Runs the launch's `step`.
@@ -23,7 +23,7 @@ impl App {
         self: &Arc<Self>,
         step: LaunchStep,
         vm: &mut VmRecord,
-        cgpus: &mut Option<Vec<CgpuRecord>>,
+        handed: &mut Handed,
         first_creation: &mut bool,
         wake: &Notify,
     ) -> Result<Progress, StepError> {
@@ -31,7 +31,7 @@ impl App {
             LaunchStep::CreateVm => {
                 // Not recorded: the cloud finds the server it created for a VM, so a creation
                 // repeated after a crash gets the same one (recorded with its host, WaitActive).
-                self.create_vm(vm, cgpus, std::mem::take(first_creation)).await?;
+                self.create_vm(vm, handed, std::mem::take(first_creation)).await?;
                 return Ok(Progress::Unrecorded);
             }
             LaunchStep::WaitActive => {
@@ -48,16 +48,20 @@ impl App {
     pub(super) async fn create_vm(
         &self,
         vm: &mut VmRecord,
-        known_cgpus: &mut Option<Vec<CgpuRecord>>,
+        handed: &mut Handed,
         first_attempt: bool,
     ) -> Result<(), StepError> {
         let started = Instant::now();
-        let cgpus = match known_cgpus.take() {
+        let cgpus = match handed.cgpus.take() {
             Some(cgpus) => cgpus,
             None => self.db.cgpus_of(vm.id).await?,
         };
-        let user_data = vm_user_data(&self.config, vm, &cgpus)
-            .map_err(|e| StepError::Failed(format!("user_data: {e}")))?;
+        // Built where the cGPUs were placed; a resumed saga builds the same from what is stored.
+        let user_data = match handed.user_data.take() {
+            Some(user_data) => user_data,
+            None => vm_user_data(&self.config, vm, &cgpus)
+                .map_err(|e| StepError::Failed(format!("user_data: {e}")))?,
+        };
         let host = match vm.spec.gpus.locality {
             Locality::Local => {
                 let host = cgpus

@@ -31,7 +31,7 @@ use std::time::Duration;
 use gpgpums::{HostId, VmId};
 use tokio::sync::Notify;
 
-use super::vms::VmDetails;
+use super::shared::SagaStart;
 use super::{App, RunningSaga};
 use crate::cloud::CloudError;
 use crate::db::{self, now_ms, VmWrite, Written};
@@ -49,6 +49,14 @@ enum Progress {
     Recorded,
     /// Go on without writing: the next step repeats this one's idempotent work after a crash.
     Unrecorded,
+}
+
+/// What the process that wrote a launch handed its saga, used by its first creation of the
+/// server instead of reading or building it again (see [`SagaStart`]).
+#[derive(Default)]
+pub(super) struct Handed {
+    pub cgpus: Option<Vec<CgpuRecord>>,
+    pub user_data: Option<Vec<u8>>,
 }
 
 /// Why a step did not complete.
@@ -96,7 +104,7 @@ impl App {
 
     /// Starts the saga of a VM this process has just written and holds the claim of (a launch):
     /// the saga starts from `start` instead of claiming and reading it again.
-    pub(crate) fn spawn_saga_from(self: &Arc<Self>, id: VmId, mut start: Option<VmDetails>) {
+    pub(crate) fn spawn_saga_from(self: &Arc<Self>, id: VmId, mut start: Option<SagaStart>) {
         let wake = {
             let mut running = self.sagas.running.lock().expect("running sagas");
             if let Some(saga) = running.get_mut(&id) {
@@ -178,23 +186,24 @@ impl App {
         self: &Arc<Self>,
         id: VmId,
         wake: &Notify,
-        start: Option<VmDetails>,
+        start: Option<SagaStart>,
     ) -> Result<bool, Error> {
         let mut undo_failures = 0u32;
         // The VM as of our last successful write (or the undo steps since): current unless someone
         // else wrote since.
         let mut current: Option<VmRecord> = None;
-        // Its cGPUs, when the launch handed them over (they do not change during a saga).
-        let mut cgpus: Option<Vec<CgpuRecord>> = None;
+        // Its cGPUs, and the cloud-init built for them, when the launch handed them over (they
+        // do not change during a saga).
+        let mut handed = Handed::default();
         // Where the undo steps' withdrawal could not be confirmed (see [`super::fences`]).
         let mut fence_on: Option<HostId> = None;
         // Whether the server's creation, if this run makes it, is the launch's first: the launch
         // (or the queue's round that placed it) just wrote the VM as ours at its first step.
         let mut first_creation = false;
-        if let Some(start) = start {
-            first_creation = start.vm.step == SagaStep::LAUNCH;
-            current = Some(start.vm);
-            cgpus = Some(start.cgpus);
+        if let Some(SagaStart { details, user_data }) = start {
+            first_creation = details.vm.step == SagaStep::LAUNCH;
+            current = Some(details.vm);
+            handed = Handed { cgpus: Some(details.cgpus), user_data };
         }
         loop {
             // Ours when it comes from our own write: a write that ends the saga releases the lease.
@@ -228,7 +237,7 @@ impl App {
             }
             let step = vm.step;
             let outcome =
-                self.run_step(&mut vm, &mut cgpus, &mut first_creation, &mut fence_on, wake).await;
+                self.run_step(&mut vm, &mut handed, &mut first_creation, &mut fence_on, wake).await;
             match outcome {
                 Ok(Progress::Unrecorded) => current = Some(vm),
                 Ok(Progress::Recorded) => current = Some(vm),
@@ -290,13 +299,15 @@ impl App {
     async fn run_step(
         self: &Arc<Self>,
         vm: &mut VmRecord,
-        cgpus: &mut Option<Vec<CgpuRecord>>,
+        handed: &mut Handed,
         first_creation: &mut bool,
         fence_on: &mut Option<HostId>,
         wake: &Notify,
     ) -> Result<Progress, StepError> {
         match vm.step {
-            SagaStep::Launch(step) => self.launch_step(step, vm, cgpus, first_creation, wake).await,
+            SagaStep::Launch(step) => {
+                self.launch_step(step, vm, handed, first_creation, wake).await
+            }
             SagaStep::Attach => self.attach_step(vm).await,
             SagaStep::Detach => self.detach_step(vm).await,
             SagaStep::Terminate(step) => self.terminate_step(step, vm, fence_on).await,
