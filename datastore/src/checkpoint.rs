@@ -5,14 +5,17 @@
 //! connection pays for it. With the process's one connection that is whatever request commits
 //! next: at SQLite's default of 1,000 pages, one launch in 34 took 6-8 ms instead of 1.4 ms (the
 //! scale bench's launch p99). A second connection of the process checkpoints instead, every
-//! [`CHECKPOINT_EVERY`], PASSIVE (it never waits for the writer or a reader, so the one
+//! [`CHECKPOINT_EVERY`] while the one connection is in use, and not at all while it is not (an idle
+//! service wakes for nothing), PASSIVE (it never waits for the writer or a reader, so the one
 //! connection never waits for it); the one connection keeps a far higher threshold
 //! ([`BACKSTOP_PAGES`]) so that the log stays bounded should this one fall behind or fail.
 //!
 //! A checkpoint does not change the log's header, so the one connection's page cache stays warm.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use sqlx::any::AnyConnectOptions;
 use sqlx::{AnyConnection, Connection};
@@ -26,10 +29,15 @@ pub(super) const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 /// The one connection's `wal_autocheckpoint` (pages of 4 KiB): 64 MiB of log.
 pub(super) const BACKSTOP_PAGES: u32 = 16_384;
 
-/// Checkpoints the database of `options` until the process's one connection (`main`) is gone.
+/// How often an idle checkpointer looks whether the one connection is gone.
+const GONE_EVERY: Duration = Duration::from_secs(5);
+
+/// Checkpoints the database of `options` until the process's one connection (`main`) is gone:
+/// [`CHECKPOINT_EVERY`] after `used` tells that it was used (and let go) since the last one.
 pub(super) fn spawn_checkpointer(
     options: AnyConnectOptions,
     main: Weak<tokio::sync::Mutex<AnyConnection>>,
+    used: Arc<Notify>,
 ) {
     tokio::spawn(async move {
         let mut conn = match AnyConnection::connect_with(&options).await {
@@ -42,11 +50,17 @@ pub(super) fn spawn_checkpointer(
                 return;
             }
         };
-        let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         loop {
-            tick.tick().await;
+            tokio::select! {
+                () = used.notified() => tokio::time::sleep(CHECKPOINT_EVERY).await,
+                () = tokio::time::sleep(GONE_EVERY) => {
+                    if main.strong_count() == 0 {
+                        break;
+                    }
+                    continue;
+                }
+            }
             if main.strong_count() == 0 {
                 break;
             }

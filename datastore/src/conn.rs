@@ -13,7 +13,21 @@ use crate::{Db, PoolChange};
 #[derive(Debug)]
 pub enum Conn {
     Pooled(sqlx::pool::PoolConnection<sqlx::Any>),
-    One(tokio::sync::OwnedMutexGuard<AnyConnection>),
+    One(OneConn),
+}
+
+/// SQLite's one connection, taken: its release tells the checkpointer there may be a log to copy
+/// (see [`crate::checkpoint`]).
+#[derive(Debug)]
+pub struct OneConn {
+    pub(crate) conn: tokio::sync::OwnedMutexGuard<AnyConnection>,
+    pub(crate) used: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl Drop for OneConn {
+    fn drop(&mut self) {
+        self.used.notify_one();
+    }
 }
 
 impl Conn {
@@ -29,7 +43,7 @@ impl std::ops::Deref for Conn {
     fn deref(&self) -> &AnyConnection {
         match self {
             Conn::Pooled(conn) => conn,
-            Conn::One(conn) => conn,
+            Conn::One(one) => &one.conn,
         }
     }
 }
@@ -38,7 +52,7 @@ impl std::ops::DerefMut for Conn {
     fn deref_mut(&mut self) -> &mut AnyConnection {
         match self {
             Conn::Pooled(conn) => conn,
-            Conn::One(conn) => conn,
+            Conn::One(one) => &mut one.conn,
         }
     }
 }

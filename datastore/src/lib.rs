@@ -55,9 +55,9 @@ pub use usage_fold::{plan_fold, CgpuSpanStart, EventKind, FoldPlan, NewSpan, Usa
 pub use vms::{Claim, ListPosition, NewVm, ReadVm, VmFilter, VmServer, VmWrite, Written};
 // The query functions: the crate's own (its methods run them), and its tests'.
 #[cfg(not(feature = "testing"))]
-pub(crate) use conn::{Conn, WriteTx};
+pub(crate) use conn::{Conn, OneConn, WriteTx};
 #[cfg(feature = "testing")]
-pub use conn::{Conn, WriteTx};
+pub use conn::{Conn, OneConn, WriteTx};
 pub use error::Error;
 pub use pool_change::PoolChange;
 #[cfg(feature = "testing")]
@@ -175,8 +175,9 @@ enum Conns {
     Pool { requests: AnyPool, background: AnyPool },
     /// SQLite: the process's one connection (see the module docs), held directly rather than in a
     /// pool of one: a pool pings every connection given back to it, a round trip to SQLite's worker
-    /// thread for every checkout.
-    One(Arc<tokio::sync::Mutex<AnyConnection>>),
+    /// thread for every checkout. With what each release of it notifies: the checkpointer, which
+    /// has nothing to do until it is used.
+    One(Arc<tokio::sync::Mutex<AnyConnection>>, Arc<tokio::sync::Notify>),
 }
 
 pub fn now_ms() -> i64 {
@@ -226,10 +227,11 @@ impl Db {
                         .map_err(|e| Error::unavailable("database", e))?;
                 }
                 let conn = Arc::new(tokio::sync::Mutex::new(conn));
+                let used = Arc::new(tokio::sync::Notify::new());
                 if !in_memory {
-                    checkpoint::spawn_checkpointer(options, Arc::downgrade(&conn));
+                    checkpoint::spawn_checkpointer(options, Arc::downgrade(&conn), used.clone());
                 }
-                Conns::One(conn)
+                Conns::One(conn, used)
             }
             Backend::Postgres => {
                 // A ping per checkout doubles the round trips of a one-query read; a broken
@@ -299,7 +301,9 @@ impl Db {
                 };
                 Conn::Pooled(pool.acquire().await?)
             }
-            Conns::One(conn) => Conn::One(conn.clone().lock_owned().await),
+            Conns::One(conn, used) => {
+                Conn::One(OneConn { conn: conn.clone().lock_owned().await, used: used.clone() })
+            }
         })
     }
 
