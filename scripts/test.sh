@@ -74,8 +74,10 @@ fi
 
 # No connection or transaction leaves the datastore crate: gsaasd built on its own (without the
 # tests' `testing` feature of gsaas-datastore) reaches the database through Db's and
-# PoolChange's methods only, and the compiler refuses anything else (docs/architecture.md).
-cargo check --locked -p gsaasd --lib --bins
+# PoolChange's methods only, and the compiler refuses anything else (docs/architecture.md). The
+# build is the one gpu-check.sh's self-test and check-deploy.sh run later (they find it done), so
+# the proof costs no build of its own.
+cargo build -q --locked -p gsaasd -p rodvr-agent
 
 # The memory interposer and its stand-in driver: every allocation path refused past its share,
 # every sharing call refused (gpu-share/test.sh; the agent's tests below preload it too).
