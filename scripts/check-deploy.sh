@@ -120,7 +120,9 @@ for line in text[start:].splitlines():
     lines.append(line[4:])
 open(sys.argv[2], "w").write("\n".join(lines) + "\n")
 PY
-cargo run -q -p gsaasd -- check-config --config "$out/gsaasd.toml" > /dev/null
+# The binary built above: `cargo run -p gsaasd` alone would build gsaasd again, without the
+# agent's features of shared crates (a minute of CI).
+"$bin_dir/gsaasd" check-config --config "$out/gsaasd.toml" > /dev/null
 
 # gsaasd and an agent run with exactly the rendered config, args, env and file layout.
 if [ "$(id -u)" -ne 0 ]; then

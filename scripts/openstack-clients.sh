@@ -8,8 +8,9 @@
 #   scripts/openstack-clients.sh ceilometer  # Ceilometer (its notification meters, for deploy/ceilometer)
 #
 # Prints the venv's path (the only line on stdout). Idempotent: a venv whose pins and plugin
-# source are unchanged is reused as it is; otherwise it is rebuilt. The pins are the top-level
-# packages below; every other package is held by the plugin's constraints.txt.
+# source are unchanged is reused as it is; otherwise it is rebuilt. Calls at once take turns. The
+# pins are the top-level packages below; every other package is held by the plugin's
+# constraints.txt.
 #
 # Environment: GSAAS_CLIENTS_HOME (default /var/tmp/gsaas-clients).
 set -euo pipefail
@@ -50,6 +51,11 @@ if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
 fi
 
 venv=$HOME_DIR/$1
+# Callers at once take turns (scripts/test.sh builds the venvs in the background while the suite
+# builds, and a test may ask for one meanwhile): the second finds the first's venv up to date.
+mkdir -p "$HOME_DIR"
+exec 9>"$HOME_DIR/$1.lock"
+flock 9
 # What the venv was built from: the pins, the constraints and the plugin's source.
 stamp=$( { echo "$pins"; cat "$plugin/constraints.txt"; find "$plugin" -type f \( -name '*.py' -o -name '*.toml' -o -name '*.html' -o -name '*.txt' \) -not -path '*/build/*' -not -path '*.egg-info/*' -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs cat; } | sha256sum | cut -d' ' -f1)
 if [ -f "$venv/.gsaas-stamp" ] && [ "$(cat "$venv/.gsaas-stamp")" = "$stamp" ]; then

@@ -46,16 +46,33 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${need[@]}"
 fi
 
+# Set-up that mostly waits on downloads runs in the background while the suite builds: the dev
+# OpenStack (installed from PyPI the first time) and OpenStack's clients' venvs (PyPI) for
+# tests/openstack_clients.rs. The clients' script takes a lock, so a test that asks for a venv
+# meanwhile waits for it instead of building it again; the tests start once OpenStack is up.
+background=$(mktemp -d)
+clients=() openstack= stop_openstack=
+finish() {
+  # Whatever is still running in the background (this script failed first) ends before the cloud
+  # is stopped, so that nothing starts after the stop.
+  kill "${clients[@]}" $openstack 2>/dev/null || true
+  wait "${clients[@]}" $openstack 2>/dev/null || true
+  if [ -n "$stop_openstack" ]; then scripts/openstack-dev.sh stop; fi
+  rm -rf "$background"
+}
+trap finish EXIT
+for kind in osc horizon cloudkitty ceilometer; do
+  scripts/openstack-clients.sh "$kind" >/dev/null 2>"$background/clients-$kind.err" &
+  clients+=($!)
+done
 # The real-OpenStack tests (api/tests/openstack.rs) run against scripts/openstack-dev.sh's cloud:
 # started here (the first time it also installs it: a few minutes) and stopped on exit, unless it
 # was already running (then it is left as it was).
-if scripts/openstack-dev.sh status >/dev/null 2>&1; then
-  clouds=$(scripts/openstack-dev.sh start | tail -n 1)
-else
-  trap 'scripts/openstack-dev.sh stop' EXIT
-  clouds=$(scripts/openstack-dev.sh start | tail -n 1)
+if ! scripts/openstack-dev.sh status >/dev/null 2>&1; then
+  stop_openstack=1
+  scripts/openstack-dev.sh start >/dev/null 2>"$background/openstack.err" &
+  openstack=$!
 fi
-export GSAAS_OPENSTACK_CLOUDS=$clouds
 
 # No import circle between a crate's modules, no arrow up gsaasd's layers (docs/architecture.md).
 python3 scripts/check-modules.py --self-test
@@ -83,7 +100,23 @@ cargo build -q --locked -p gsaasd -p rodvr-agent
 # every sharing call refused (gpu-share/test.sh; the agent's tests below preload it too).
 gpu-share/test.sh
 # Benches are not run here (they are long and print figures); clippy --all-targets compiles them.
+cargo test --workspace --locked --no-run "$@"
+if [ -n "$openstack" ]; then
+  if ! wait "$openstack"; then
+    cat "$background/openstack.err" >&2
+    echo "scripts/test.sh: the dev OpenStack did not start (its output above)" >&2
+    exit 1
+  fi
+  cat "$background/openstack.err" >&2
+  openstack=
+fi
+GSAAS_OPENSTACK_CLOUDS=$(scripts/openstack-dev.sh start | tail -n 1)
+export GSAAS_OPENSTACK_CLOUDS
 cargo test --workspace --locked "$@"
+# The clients' venvs are done (their tests waited for them); a background build that failed was
+# built again by its test, which would have failed otherwise.
+wait "${clients[@]}" 2>/dev/null || true
+clients=()
 # The GPU check's whole path without a GPU (stand-in NVML, a stand-in for LUPINE's server), so the
 # script a GPU machine runs is proven first (scripts/gpu-check.sh).
 scripts/gpu-check.sh selftest
