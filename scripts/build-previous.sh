@@ -5,12 +5,12 @@
 #   scripts/build-previous.sh [COMMIT]     (default: the commit in tests/previous-version)
 #
 # The source is `git archive`d from this clone's history into target/previous/<commit>/src and
-# built there. Its binaries land in a target directory of their own (they must never replace this
-# version's in target/debug), but its intermediate artifacts go to this version's build directory
-# (cargo's `build-dir`): the registry crates both versions build with the same features are built
-# once, and only the previous version's own crates again (their paths differ, so they never
-# replace this version's). A finished build leaves a stamp; a later call only prints the path.
-# Callers at once take turns (a lock), so a build started early is waited for, not repeated.
+# built there with a target directory of its own (its binaries must never replace this version's
+# in target/debug). Not with this version's build directory either: cargo names a workspace's own
+# crates by their path inside the workspace, the same in both versions, so each build would
+# overwrite the other's (tried: both then rebuilt). A finished build leaves a stamp; a later call
+# only prints the path. Callers at once take turns (a lock), so a build started early (test.sh
+# starts one in the background) is waited for, not repeated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +37,6 @@ echo "build-previous.sh: building gsaasd and rodvr-agent of ${full:0:12} (once; 
   cd "$root/src"
   # Stamped with its commit: infra/build.rs would otherwise ask git, which answers for this clone.
   GSAAS_BUILD_COMMIT=$full CARGO_TARGET_DIR=$root/target \
-    CARGO_BUILD_BUILD_DIR=${CARGO_BUILD_BUILD_DIR:-$target} \
     cargo build -q --locked -p gsaasd -p rodvr-agent --bins >&2
 )
 touch "$root/built"

@@ -46,25 +46,29 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${need[@]}"
 fi
 
-# Set-up that mostly waits on downloads runs in the background while the suite builds: the dev
-# OpenStack (installed from PyPI the first time) and OpenStack's clients' venvs (PyPI) for
-# tests/openstack_clients.rs. The clients' script takes a lock, so a test that asks for a venv
+# Set-up that mostly waits runs in the background while the suite builds: the dev OpenStack
+# (installed from PyPI the first time), OpenStack's clients' venvs (PyPI) for
+# tests/openstack_clients.rs, and the upgrade test's previous version (scripts/build-previous.sh,
+# at the lowest priority, so it takes the cores only when the builds and tests leave them idle).
+# The clients' and the previous version's scripts take locks, so a test that asks for one
 # meanwhile waits for it instead of building it again; the tests start once OpenStack is up.
 background=$(mktemp -d)
-clients=() openstack= stop_openstack=
+pids=() openstack= stop_openstack=
 finish() {
   # Whatever is still running in the background (this script failed first) ends before the cloud
   # is stopped, so that nothing starts after the stop.
-  kill "${clients[@]}" $openstack 2>/dev/null || true
-  wait "${clients[@]}" $openstack 2>/dev/null || true
+  kill "${pids[@]}" $openstack 2>/dev/null || true
+  wait "${pids[@]}" $openstack 2>/dev/null || true
   if [ -n "$stop_openstack" ]; then scripts/openstack-dev.sh stop; fi
   rm -rf "$background"
 }
 trap finish EXIT
 for kind in osc horizon cloudkitty ceilometer; do
   scripts/openstack-clients.sh "$kind" >/dev/null 2>"$background/clients-$kind.err" &
-  clients+=($!)
+  pids+=($!)
 done
+nice -n 19 scripts/build-previous.sh >/dev/null 2>"$background/previous.err" &
+pids+=($!)
 # The real-OpenStack tests (api/tests/openstack.rs) run against scripts/openstack-dev.sh's cloud:
 # started here (the first time it also installs it: a few minutes) and stopped on exit, unless it
 # was already running (then it is left as it was).
@@ -113,10 +117,10 @@ fi
 GSAAS_OPENSTACK_CLOUDS=$(scripts/openstack-dev.sh start | tail -n 1)
 export GSAAS_OPENSTACK_CLOUDS
 cargo test --workspace --locked "$@"
-# The clients' venvs are done (their tests waited for them); a background build that failed was
-# built again by its test, which would have failed otherwise.
-wait "${clients[@]}" 2>/dev/null || true
-clients=()
+# The background jobs are done (the tests that need them waited for them); one that failed was
+# done again by its test, which would have failed otherwise.
+wait "${pids[@]}" 2>/dev/null || true
+pids=()
 # The GPU check's whole path without a GPU (stand-in NVML, a stand-in for LUPINE's server), so the
 # script a GPU machine runs is proven first (scripts/gpu-check.sh).
 scripts/gpu-check.sh selftest

@@ -22,7 +22,9 @@
 //! RODVR configuration; it runs beside VM deployment, so it adds to the boot time only where it is
 //! longer. Overhead = boot time against the 0 column's, of the means (with two standard errors of
 //! the difference) and of the medians. CPU per boot = this process's user + system time over one
-//! run (boot, termination, and both sides' polls), in ticks of 10 ms.
+//! run (boot, termination, and both sides' polls), in ticks of 10 ms; and, summed over the runs,
+//! what each thread used (by name: `gsaasd-worker`, SQLite's `sqlx-sqlite-worker`s, the
+//! `gsaasd-writer` lane, the client's main thread), from the scheduler's nanoseconds.
 //!
 //! Run: `scripts/openstack-dev.sh start` (prints the clouds.yaml path), then
 //! `GSAAS_OPENSTACK_CLOUDS=<that path> cargo bench -p gsaasd --bench table55`
@@ -36,6 +38,7 @@ use gsaas_test_support as support;
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
@@ -192,10 +195,14 @@ async fn bench(gsaasd: &Gsaasd, runs: usize, sizes: &[u32], follow: Follow) {
     let mut table: Vec<(u32, Vec<Run>)> = sizes.iter().map(|&n| (n, Vec::new())).collect();
     // This process's CPU per boot and the client's share of it, in ms, by size (as `table`).
     let mut cpu: Vec<Vec<(f64, f64)>> = vec![Vec::new(); sizes.len()];
+    // What each of the process's threads (by name) used over the measured runs, by size.
+    let mut threads: Vec<(BTreeMap<String, f64>, BTreeMap<String, f64>)> =
+        vec![Default::default(); sizes.len()];
     for i in 0..=runs {
-        for ((n, samples), cpu) in table.iter_mut().zip(&mut cpu) {
+        for (((n, samples), cpu), threads) in table.iter_mut().zip(&mut cpu).zip(&mut threads) {
             let n = *n;
             let cpu_before = own_cpu_seconds();
+            let threads_before = common::threads_cpu_seconds();
             let run = if n == 0 {
                 plain_boot(&admin, &tenant, IMAGE).await
             } else {
@@ -213,6 +220,11 @@ async fn bench(gsaasd: &Gsaasd, runs: usize, sizes: &[u32], follow: Follow) {
                 );
                 cpu.push(used);
                 samples.push(run);
+                for (name, s) in common::threads_cpu_seconds() {
+                    let before = threads_before.get(&name).copied().unwrap_or(0.0);
+                    *threads.0.entry(name.clone()).or_default() += before;
+                    *threads.1.entry(name).or_default() += s;
+                }
             }
         }
     }
@@ -278,6 +290,14 @@ async fn bench(gsaasd: &Gsaasd, runs: usize, sizes: &[u32], follow: Follow) {
             .collect();
         println!("| {label} | {} |", cells.join(" | "));
     }
+    // Where the CPU went, by thread (the scheduler's nanoseconds; threads that ended in a run
+    // are missing).
+    for ((n, _), (before, after)) in table.iter().zip(&threads) {
+        println!(
+            "{n} cGPUs, CPU per boot by thread, ms: {}",
+            common::threads_cpu_line(before, after, runs as f64)
+        );
+    }
     let Some((_, base)) = table.iter().find(|(n, _)| *n == 0) else { return };
     let base = totals(base);
     // The standard error of a mean of these samples.
@@ -326,6 +346,7 @@ fn main() {
     // alone, so that the CPU of each is known.
     let server = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .thread_name("gsaasd-worker")
         .enable_all()
         .build()
         .expect("a runtime");

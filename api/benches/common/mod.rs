@@ -53,6 +53,42 @@ pub fn process_cpu_seconds() -> f64 {
     cpu_seconds("/proc/self/stat")
 }
 
+/// Each live thread's time on a CPU so far, in seconds, summed by thread name (digits dropped,
+/// so that a pool's threads add up): `/proc/self/task/*/schedstat`, the scheduler's own
+/// nanoseconds, where `stat`'s ticks of 10 ms are too coarse for a few polls' work. A thread that
+/// ended meanwhile drops out, so compare it with [`process_cpu_seconds`].
+pub fn threads_cpu_seconds() -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return by_name };
+    for task in tasks.flatten() {
+        let path = task.path();
+        let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        let name: String = name.trim().chars().filter(|c| !c.is_ascii_digit()).collect();
+        let ns = std::fs::read_to_string(path.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse::<f64>().ok()))
+            .unwrap_or(0.0);
+        *by_name.entry(name).or_insert(0.0) += ns / 1e9;
+    }
+    by_name
+}
+
+/// What each thread name used between two [`threads_cpu_seconds`] readings, in ms per `per`
+/// (a count of polls, boots), largest first, as one line.
+pub fn threads_cpu_line(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+    per: f64,
+) -> String {
+    let mut used: Vec<(&String, f64)> = after
+        .iter()
+        .map(|(name, s)| (name, (s - before.get(name).copied().unwrap_or(0.0)) * 1e3 / per))
+        .filter(|(_, ms)| *ms > 0.0005)
+        .collect();
+    used.sort_by(|a, b| b.1.total_cmp(&a.1));
+    used.iter().map(|(name, ms)| format!("{name} {ms:.3}")).collect::<Vec<_>>().join(", ")
+}
+
 /// The name of host `h` of a cloud of [`inventory`] size.
 pub fn host_name(h: usize) -> String {
     format!("gpu-{h:05}")
