@@ -4,12 +4,15 @@
 # validates every rendered manifest against the Kubernetes schemas (kubernetes-validate from
 # PyPI), checks that the gsaasd config the chart renders loads, runs gsaasd and an agent exactly as
 # the rendered pods say (scripts/helm-run.py; root), and verifies the systemd units. Tools are
-# cached under target/tools.
+# cached under target/tools; `scripts/check-deploy.sh tools` only fetches them (scripts/test.sh
+# does, in the background while the suite builds), one fetch at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tools="$PWD/target/tools"
 mkdir -p "$tools"
+exec 9>"$tools/lock"
+flock 9
 helm="$tools/helm"
 if [ ! -x "$helm" ]; then
   tmp=$(mktemp -d)
@@ -24,6 +27,8 @@ if [ ! -x "$tools/venv/bin/kubernetes-validate" ]; then
   python3 -m venv "$tools/venv"
   "$tools/venv/bin/pip" install -q kubernetes-validate==1.37.0
 fi
+exec 9>&-
+if [ "${1:-}" = tools ]; then exit 0; fi
 "$helm" version --short
 
 out=$(mktemp -d)

@@ -376,18 +376,20 @@ stop() {
   [ -d "$STATE" ] || return 0
   local name
   # Nova and the web services first (together), while the broker is still there: nova-compute
-  # hangs on shutdown when RabbitMQ goes first. Then the broker, and PostgreSQL last (SIGINT: its
-  # fast shutdown).
+  # hangs on shutdown when RabbitMQ goes first. The web services under uwsgi get SIGINT, which ends
+  # their workers at once: on SIGTERM uwsgi waits for them, and nova-api's outlived the 15 s
+  # bound. Then the broker (and its epmd) and PostgreSQL together (SIGINT: its fast shutdown).
   for name in "${ALL[@]}"; do
     case $name in
       rabbit | epmd | postgres) ;;
+      keystone | placement | glance | nova-api) stop_one "$name" INT & ;;
       *) stop_one "$name" & ;;
     esac
   done
   wait
-  stop_one rabbit
-  stop_one epmd
-  stop_one postgres INT
+  { stop_one rabbit && stop_one epmd; } &
+  stop_one postgres INT &
+  wait
   rm -rf "$STATE"
 }
 

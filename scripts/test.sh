@@ -48,10 +48,10 @@ fi
 
 # Set-up that mostly waits runs in the background while the suite builds: the dev OpenStack
 # (installed from PyPI the first time), OpenStack's clients' venvs (PyPI) for
-# tests/openstack_clients.rs, and the upgrade test's previous version (scripts/build-previous.sh,
-# at the lowest priority, so it takes the cores only when the builds and tests leave them idle).
-# The clients' and the previous version's scripts take locks, so a test that asks for one
-# meanwhile waits for it instead of building it again; the tests start once OpenStack is up.
+# tests/openstack_clients.rs, the deployment check's tools (npm, PyPI), and the upgrade test's
+# previous version (scripts/build-previous.sh, at the lowest priority, so it takes the cores only
+# when the builds and tests leave them idle). Those scripts take locks, so whatever asks for one
+# of them meanwhile waits for it instead of doing it again; the tests start once OpenStack is up.
 background=$(mktemp -d)
 pids=() openstack= stop_openstack=
 finish() {
@@ -67,6 +67,8 @@ for kind in osc horizon cloudkitty ceilometer; do
   scripts/openstack-clients.sh "$kind" >/dev/null 2>"$background/clients-$kind.err" &
   pids+=($!)
 done
+scripts/check-deploy.sh tools >/dev/null 2>"$background/deploy-tools.err" &
+pids+=($!)
 nice -n 19 scripts/build-previous.sh >/dev/null 2>"$background/previous.err" &
 pids+=($!)
 # The real-OpenStack tests (api/tests/openstack.rs) run against scripts/openstack-dev.sh's cloud:
