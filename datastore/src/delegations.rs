@@ -50,10 +50,5 @@ pub async fn delegations_to_end(conn: &mut AnyConnection, limit: i64) -> Result<
     .bind(limit)
     .fetch_all(conn)
     .await?;
-    rows.iter()
-        .map(|row| {
-            let id: String = row.try_get(0)?;
-            super::vm_id(&id)
-        })
-        .collect()
+    super::vm_ids(&rows)
 }

@@ -398,6 +398,11 @@ fn vm_id(stored: &str) -> Result<gpgpums::VmId, Error> {
     stored.parse().map_err(|_| corrupt("VM id", stored))
 }
 
+/// The VM ids in the first column of `rows`.
+fn vm_ids(rows: &[AnyRow]) -> Result<Vec<gpgpums::VmId>, Error> {
+    rows.iter().map(|row| vm_id(&row.try_get::<String, _>(0)?)).collect()
+}
+
 // ---- pool generation ----
 
 /// Bumps the pool generation; the first statement of every transaction that changes bookings or

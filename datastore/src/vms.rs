@@ -634,12 +634,7 @@ pub async fn sagas_to_resume(conn: &mut AnyConnection, now: i64) -> Result<Vec<V
     .bind(now)
     .fetch_all(conn)
     .await?;
-    rows.iter()
-        .map(|row| {
-            let id: String = row.try_get(0)?;
-            super::vm_id(&id)
-        })
-        .collect()
+    super::vm_ids(&rows)
 }
 
 /// Takes the saga of `vm` for `owner` until `until_ms`, unless another live owner holds it.
