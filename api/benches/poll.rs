@@ -117,12 +117,7 @@ fn main() {
         Duration::from_millis(args.get(3).map_or(0, |a| a.parse().expect("interval ms")));
     // gsaasd on a runtime of its own, as in its binary (named, so that its threads' CPU is told
     // apart); the client on the main thread alone, as Table 5.5's.
-    let server = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("gsaasd-worker")
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let server = common::gsaasd_runtime();
     let client =
         tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     for store in stores {

@@ -344,12 +344,7 @@ fn main() {
     assert!(runs > 0, "runs must be at least 1");
     // gsaasd on a runtime of its own, as in its binary; the bench's client on the main thread
     // alone, so that the CPU of each is known.
-    let server = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("gsaasd-worker")
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let server = common::gsaasd_runtime();
     let gsaasd = server.block_on(Gsaasd::start_polling(inventory(4), POLL.as_millis() as u64));
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

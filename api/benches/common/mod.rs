@@ -89,6 +89,17 @@ pub fn threads_cpu_line(
     used.iter().map(|(name, ms)| format!("{name} {ms:.3}")).collect::<Vec<_>>().join(", ")
 }
 
+/// gsaasd's runtime in a bench that measures it apart from its client: two workers, as in its
+/// binary on this machine, named `gsaasd-worker` so that [`threads_cpu_seconds`] tells them apart.
+pub fn gsaasd_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("gsaasd-worker")
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 /// The name of host `h` of a cloud of [`inventory`] size.
 pub fn host_name(h: usize) -> String {
     format!("gpu-{h:05}")
