@@ -60,7 +60,7 @@ async fn measure(
     );
     println!(
         "  by thread, ms per 1,000 requests: {}",
-        common::threads_cpu_line(&threads, &common::threads_cpu_seconds(), polls as f64 / 1e3)
+        common::threads_cpu_line(&common::threads_cpu_since(&threads), polls as f64 / 1e3)
     );
     let url = service.url(&format!("/v1/vms/{id}"));
     let mut walls = Vec::with_capacity(polls);
@@ -94,7 +94,7 @@ async fn measure(
     );
     println!(
         "  by thread, ms per 1,000 polls: {}",
-        common::threads_cpu_line(&threads, &common::threads_cpu_seconds(), polls as f64 / 1e3)
+        common::threads_cpu_line(&common::threads_cpu_since(&threads), polls as f64 / 1e3)
     );
 }
 

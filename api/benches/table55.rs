@@ -196,8 +196,7 @@ async fn bench(gsaasd: &Gsaasd, runs: usize, sizes: &[u32], follow: Follow) {
     // This process's CPU per boot and the client's share of it, in ms, by size (as `table`).
     let mut cpu: Vec<Vec<(f64, f64)>> = vec![Vec::new(); sizes.len()];
     // What each of the process's threads (by name) used over the measured runs, by size.
-    let mut threads: Vec<(BTreeMap<String, f64>, BTreeMap<String, f64>)> =
-        vec![Default::default(); sizes.len()];
+    let mut threads: Vec<BTreeMap<String, f64>> = vec![BTreeMap::new(); sizes.len()];
     for i in 0..=runs {
         for (((n, samples), cpu), threads) in table.iter_mut().zip(&mut cpu).zip(&mut threads) {
             let n = *n;
@@ -220,10 +219,8 @@ async fn bench(gsaasd: &Gsaasd, runs: usize, sizes: &[u32], follow: Follow) {
                 );
                 cpu.push(used);
                 samples.push(run);
-                for (name, s) in common::threads_cpu_seconds() {
-                    let before = threads_before.get(&name).copied().unwrap_or(0.0);
-                    *threads.0.entry(name.clone()).or_default() += before;
-                    *threads.1.entry(name).or_default() += s;
+                for (name, s) in common::threads_cpu_since(&threads_before) {
+                    *threads.entry(name).or_default() += s;
                 }
             }
         }
@@ -292,10 +289,10 @@ async fn bench(gsaasd: &Gsaasd, runs: usize, sizes: &[u32], follow: Follow) {
     }
     // Where the CPU went, by thread (the scheduler's nanoseconds; threads that ended in a run
     // are missing).
-    for ((n, _), (before, after)) in table.iter().zip(&threads) {
+    for ((n, _), used) in table.iter().zip(&threads) {
         println!(
             "{n} cGPUs, CPU per boot by thread, ms: {}",
-            common::threads_cpu_line(before, after, runs as f64)
+            common::threads_cpu_line(used, runs as f64)
         );
     }
     let Some((_, base)) = table.iter().find(|(n, _)| *n == 0) else { return };

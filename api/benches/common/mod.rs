@@ -73,18 +73,24 @@ pub fn threads_cpu_seconds() -> std::collections::BTreeMap<String, f64> {
     by_name
 }
 
-/// What each thread name used between two [`threads_cpu_seconds`] readings, in ms per `per`
-/// (a count of polls, boots), largest first, as one line.
-pub fn threads_cpu_line(
+/// What each thread name used since `before` (a [`threads_cpu_seconds`] reading), in seconds.
+pub fn threads_cpu_since(
     before: &std::collections::BTreeMap<String, f64>,
-    after: &std::collections::BTreeMap<String, f64>,
-    per: f64,
-) -> String {
-    let mut used: Vec<(&String, f64)> = after
-        .iter()
-        .map(|(name, s)| (name, (s - before.get(name).copied().unwrap_or(0.0)) * 1e3 / per))
-        .filter(|(_, ms)| *ms > 0.0005)
-        .collect();
+) -> std::collections::BTreeMap<String, f64> {
+    threads_cpu_seconds()
+        .into_iter()
+        .map(|(name, s)| {
+            let used = s - before.get(&name).copied().unwrap_or(0.0);
+            (name, used)
+        })
+        .collect()
+}
+
+/// `used` ([`threads_cpu_since`], possibly summed over runs) in ms per `per` (a count of polls,
+/// boots), largest first, as one line.
+pub fn threads_cpu_line(used: &std::collections::BTreeMap<String, f64>, per: f64) -> String {
+    let mut used: Vec<(&String, f64)> =
+        used.iter().map(|(name, s)| (name, s * 1e3 / per)).filter(|(_, ms)| *ms > 0.0005).collect();
     used.sort_by(|a, b| b.1.total_cmp(&a.1));
     used.iter().map(|(name, ms)| format!("{name} {ms:.3}")).collect::<Vec<_>>().join(", ")
 }
