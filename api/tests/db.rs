@@ -723,6 +723,75 @@ async fn postgres_sessions_cost_pages_as_in_memory_unless_the_url_says() {
     assert_eq!(random_page_cost(&db).await, "3");
 }
 
+/// A release finds its VMs' cGPUs by key on PostgreSQL, also when the planner has no statistics
+/// and `cgpus` is mostly dead rows (a new or restored database, churn between vacuums): with
+/// `vm IN (VALUES ...)` it joined the list to a scan of the whole table, 1-5 ms a release inside
+/// the pool's transaction in the cycles bench. And an Idempotency-Key's index holds only the VMs
+/// launched with one (0034), while a key stays unique in its project.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_releases_read_cgpus_by_key_and_keys_index_only_keyed_vms() {
+    use gpgpums::VmId;
+    async fn cgpu_scans(conn: &mut sqlx::AnyConnection) -> (i64, i64) {
+        sqlx::query("SELECT pg_stat_force_next_flush()").execute(&mut *conn).await.unwrap();
+        let row = sqlx::query(
+            "SELECT seq_scan, COALESCE(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'cgpus'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        (row.get(0), row.get(1))
+    }
+    let db = Db::connect(&support::postgres::fresh_database()).await.unwrap();
+    let mut conn = db.conn().await.unwrap();
+    // 10,000 VMs with a cGPU each, all but the last 100 released (dead rows), none analyzed.
+    for sql in [
+        "INSERT INTO hosts (name, seq, kind, state, last_seen_ms) \
+         VALUES ('h', 1, 'compute-gpu', 'schedulable', 0)",
+        "INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
+         rcuda_gpu_number) VALUES ('h:0', 'h', 0, 'H100', 98304, '10.0.0.1', 8308, 0)",
+        "INSERT INTO vms (id, project, owner, name, request, policy, state, step, timings, \
+         created_ms, updated_ms) SELECT '00000000-0000-7000-8000-' || lpad(i::text, 12, '0'), \
+         'p', 'o', 'n', '{}', 'first-fit', 'deleted', 'done', '{}', i, i \
+         FROM generate_series(1, 10000) AS i",
+        "INSERT INTO cgpus (vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, \
+         state) SELECT id, 0, 'h:0', 64, 'shared', '100.127.0.1', 9000, 0, 'live' FROM vms",
+        "DELETE FROM cgpus WHERE vm <= '00000000-0000-7000-8000-000000009900'",
+    ] {
+        sqlx::query(sql).execute(&mut *conn).await.unwrap();
+    }
+    let released: Vec<VmId> = (9901..=9964)
+        .map(|i| format!("00000000-0000-7000-8000-{i:012}").parse().unwrap())
+        .collect();
+    let before = cgpu_scans(&mut conn).await;
+    gsaasd::db::delete_cgpus(&mut conn, &released).await.unwrap();
+    let after = cgpu_scans(&mut conn).await;
+    assert_eq!(after.0, before.0, "a release scanned cgpus whole");
+    assert!(after.1 > before.1, "a release found its cGPUs by key");
+    let left: i64 =
+        sqlx::query("SELECT COUNT(*) FROM cgpus").fetch_one(&mut *conn).await.unwrap().get(0);
+    assert_eq!(left, 36, "the other VMs' cGPUs stay");
+
+    let index: String = sqlx::query(
+        "SELECT indexdef FROM pg_indexes WHERE tablename = 'vms' AND indexdef LIKE '%idempotency_key%'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+    .get(0);
+    assert!(index.contains("UNIQUE") && index.contains("IS NOT NULL"), "{index}");
+    let keyed = "INSERT INTO vms (id, project, owner, name, request, policy, state, step, \
+        timings, created_ms, updated_ms, idempotency_key) VALUES ($1, $2, 'o', 'n', '{}', \
+        'first-fit', 'ready', 'done', '{}', 0, 0, 'k')";
+    for (id, project) in [("keyed-1", "p"), ("keyed-2", "q")] {
+        sqlx::query(keyed).bind(id).bind(project).execute(&mut *conn).await.unwrap();
+    }
+    let again = sqlx::query(keyed).bind("keyed-3").bind("p").execute(&mut *conn).await;
+    assert!(
+        matches!(&again, Err(sqlx::Error::Database(e)) if e.is_unique_violation()),
+        "a key taken in its project: {again:?}"
+    );
+}
+
 /// Spans the usage triggers of 0027 opened before 0029 replaced them with the usage log end
 /// through the log: a VM counting across the upgrade is billed once, to the end of its life, and
 /// one launched after is billed from the log alone.

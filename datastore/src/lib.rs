@@ -140,6 +140,12 @@ pub const DIALECT_MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../../migrations/0032_usage_one_instant.sqlite.sql"),
         include_str!("../../migrations/0032_usage_one_instant.postgres.sql"),
     ),
+    (
+        34,
+        "idempotency_keys_only",
+        include_str!("../../migrations/0034_idempotency_keys_only.sqlite.sql"),
+        include_str!("../../migrations/0034_idempotency_keys_only.postgres.sql"),
+    ),
 ];
 
 /// Every migration in order, each in `backend`'s text.

@@ -3,6 +3,8 @@
 //! The server runs as user `postgres` in a temporary directory on a free loopback port, started
 //! through `setpriv --pdeathsig KILL` from a thread that lives as long as the test binary, so it dies
 //! with the binary whatever happens (panics, aborts, a killed CI job) and no port is fixed.
+//! `GSAAS_TEST_PG_OPTIONS` (`name=value` settings, separated by spaces) adds server settings for
+//! a diagnostic run, such as `shared_preload_libraries=pg_stat_statements` for a bench.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -98,6 +100,7 @@ fn start() -> Result<Server, String> {
                 "-c",
                 "max_connections=300",
             ])
+            .args(extra_settings().iter().flat_map(|setting| ["-c", setting.as_str()]))
             .arg("-k")
             .arg(&socket_dir)
             .stdout(Stdio::null())
@@ -129,6 +132,15 @@ fn start() -> Result<Server, String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The settings `GSAAS_TEST_PG_OPTIONS` adds to the server's.
+fn extra_settings() -> Vec<String> {
+    std::env::var("GSAAS_TEST_PG_OPTIONS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// A URL to a new, empty database on the shared test server.
