@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::on_both_stores;
 use crate::support::agents::{managed_agent_cloud, remote_launch, TestAgent};
+use crate::support::openstack::eventually;
 use crate::support::{rcuda_address, Store};
 use rodvr_contract::protocol::{RouteTable, ServerState};
 use serde_json::{json, Value};
@@ -28,24 +29,6 @@ async fn table_until(agent: &TestAgent, done: impl Fn(&RouteTable) -> bool) -> R
             return table;
         }
         assert!(Instant::now() < deadline, "never got there: {:#?}", agent.table());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// What `agent` reports of its servers once `done` holds for it (within 10 s): the agent takes a
-/// table first and then brings its servers to it, so a table that lists none comes a moment
-/// before the servers have stopped.
-async fn servers_until(
-    agent: &TestAgent,
-    done: impl Fn(&[rodvr_contract::protocol::ServerStatus]) -> bool,
-) -> Vec<rodvr_contract::protocol::ServerStatus> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let servers = agent.servers();
-        if done(&servers) {
-            return servers;
-        }
-        assert!(Instant::now() < deadline, "never got there: {servers:#?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -87,7 +70,11 @@ async fn each_cgpu_is_routed_to_its_own_server_from_launch_to_termination(store:
     // A detach: its server ends with it; the others keep theirs.
     t.detach_and_wait(&member, &id, 0, 2).await;
     table_until(&gpu_host, |t| t.servers.len() == 2).await;
-    let left = servers_until(&gpu_host, |s| s.len() == 2).await;
+    // The agent takes a table, then brings its servers to it: they stop a moment later.
+    let left = eventually("the detached cGPU's server stopped", || async {
+        Some(gpu_host.servers()).filter(|s| s.len() == 2)
+    })
+    .await;
     assert_eq!(
         left.iter().map(|s| (s.index, s.port)).collect::<Vec<_>>(),
         [(1, Some(20001)), (2, Some(20002))]
@@ -95,7 +82,8 @@ async fn each_cgpu_is_routed_to_its_own_server_from_launch_to_termination(store:
     // The termination ends the rest.
     t.terminate_and_wait(&member, &id).await;
     table_until(&gpu_host, |t| t.servers.is_empty()).await;
-    servers_until(&gpu_host, <[_]>::is_empty).await;
+    eventually("the servers stopped", || async { gpu_host.servers().is_empty().then_some(()) })
+        .await;
 }
 
 /// A VM on the host that runs its cGPUs' servers: gsaasd does not know a new server's port when
