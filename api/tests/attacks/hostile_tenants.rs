@@ -97,6 +97,95 @@ async fn one_project_cannot_hold_other_projects_launches_past_the_bound(store: S
     assert_eq!(head["state"], "queued", "{head}");
 }
 
+/// A time that is not ASCII is a 422 naming its parameter, not a panic that closes the connection
+/// unanswered (`/v1/usage?start=...%C3%A91:00` did, from any member): characters of two, three
+/// and four bytes where a time's zone, digits or separators go, in each time parameter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_that_are_not_ascii_are_refused_naming_their_parameter() {
+    let t = TestService::start(Store::Sqlite).await;
+    let member = t.member();
+    for time in [
+        "2026-11-01T00:00:00%C3%A91:00",
+        "2026-11-01T00:00:00%2B0%C3%A900",
+        "2026-11-01T00:00:00%E2%82%AC:00",
+        "2026-11-01T00:00:00%F0%9D%9F%99:0",
+        "2026-11-0%C3%A9",
+        "2026-11-01T0%C3%A9:00:00Z",
+    ] {
+        for field in ["start", "end"] {
+            for path in ["/v1/usage", "/v1/usage/alpha"] {
+                let (status, problem) = t.get(&member, &format!("{path}?{field}={time}")).await;
+                assert_eq!(status, 422, "{path}?{field}={time}: {problem}");
+                assert_eq!(
+                    crate::support::fields_at_fault(&problem),
+                    [field],
+                    "{path}?{field}={time}: {problem}"
+                );
+            }
+        }
+    }
+}
+
+/// Every GET of the API document, each path parameter and each query parameter given text of
+/// several-byte characters (alone, after ASCII, inside a time, a number or a marker), as a member
+/// and as an admin: each gets an answer, never a closed connection, and never a 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_parameter_answers_text_that_is_not_ascii() {
+    let t = TestService::start(Store::Sqlite).await;
+    let document: Value =
+        serde_json::from_str(include_str!("../../../openapi/gsaas.json")).unwrap();
+    let values = [
+        "é",
+        "1é",
+        "€:00",
+        "𝟙",
+        "\u{202e}admin",
+        "2026-11-01T00:00:00é1:00",
+        "2026-11-01T00:00:00+0é00",
+        "00000000-0000-7000-8000-00000000000é",
+    ];
+    let (member, admin) = (t.member(), t.admin());
+    let mut asked = 0;
+    for (template, operations) in document["paths"].as_object().unwrap() {
+        let Some(get) = operations.get("get") else { continue };
+        let parameters: Vec<(&str, &str)> = get["parameters"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .map(|p| (p["in"].as_str().unwrap(), p["name"].as_str().unwrap()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for value in values {
+            let encoded: String =
+                value.bytes().map(|b| format!("%{b:02X}")).collect::<Vec<_>>().concat();
+            let mut path = template.clone();
+            for (_, name) in parameters.iter().filter(|(place, _)| *place == "path") {
+                path = path.replace(&format!("{{{name}}}"), &encoded);
+            }
+            let queries: Vec<Option<&str>> = std::iter::once(None)
+                .chain(parameters.iter().filter(|(p, _)| *p == "query").map(|(_, n)| Some(*n)))
+                .collect();
+            for query in queries {
+                for token in [&member, &admin] {
+                    let url = match query {
+                        Some(name) => t.url(&format!("{path}?{name}={encoded}")),
+                        None => t.url(&path),
+                    };
+                    let response =
+                        t.http.get(url).bearer_auth(token).send().await.unwrap_or_else(|e| {
+                            panic!("{path} {query:?}={value:?}: no answer: {e}")
+                        });
+                    let status = response.status().as_u16();
+                    assert!(status < 500, "{path} {query:?}={value:?}: {status}");
+                    asked += 1;
+                }
+            }
+        }
+    }
+    assert!(asked > 300, "only {asked} requests: did the document's paths change?");
+}
+
 /// A tenant who may not use an admin's (or an agent's) route learns nothing of it, not even the
 /// fields its body takes: 404 before any body is read, whatever it sends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -68,9 +68,11 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
         }
         rest = &fraction[digits..];
     }
+    // Compared as bytes: a request's text may put a character of several bytes anywhere.
+    let offset = rest.as_bytes();
     let offset_secs: i64 = match rest {
         "Z" | "z" => 0,
-        _ if rest.len() == 6 && matches!(&rest[..1], "+" | "-") && &rest[3..4] == ":" => {
+        _ if offset.len() == 6 && matches!(offset[0], b'+' | b'-') && offset[3] == b':' => {
             let minutes = i64::from(number(rest, 1..3)? * 60 + number(rest, 4..6)?);
             if rest.starts_with('-') {
                 -minutes * 60
@@ -162,6 +164,29 @@ mod tests {
         }
         assert_eq!(month_start_ms(1_446_865_123_000), 1_446_336_000_000);
         assert_eq!(month_start_ms(1_446_336_000_000), 1_446_336_000_000);
+    }
+
+    /// Characters of two, three and four bytes anywhere in a time, or a time cut anywhere, are
+    /// refused, never a panic (a request's `start=...%C3%A91:00` closed its connection).
+    #[test]
+    fn times_with_characters_of_several_bytes_are_refused() {
+        for valid in ["2026-11-01T00:00:00.5+01:00", "2026-11-01T00:00:00Z", "2026-11-01"] {
+            for extra in ["é", "€", "𝟙"] {
+                for at in 0..=valid.len() {
+                    let spliced = format!("{}{extra}{}", &valid[..at], &valid[at..]);
+                    assert_eq!(parse_utc(&spliced), None, "{spliced}");
+                    let replaced =
+                        format!("{}{extra}{}", &valid[..at], valid.get(at + 1..).unwrap_or(""));
+                    assert_eq!(parse_utc(&replaced), None, "{replaced}");
+                    assert_eq!(parse_rfc3339(&replaced), None, "{replaced}");
+                }
+            }
+            for at in 0..valid.len() {
+                let _ = parse_utc(&valid[..at]);
+            }
+        }
+        assert_eq!(parse_utc("2026-11-01T00:00:00é1:00"), None);
+        assert_eq!(parse_utc("2026-11-01T00:00:00+0é00"), None);
     }
 
     #[test]
