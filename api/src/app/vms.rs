@@ -6,7 +6,7 @@
 //! and the client follows the VM's state.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use gpgpums::VmId;
@@ -82,6 +82,20 @@ fn problems(spec: &LaunchSpec, max_priority: i32) -> FieldChecks {
     checks
 }
 
+/// The placement policies a launch may name: gpgpums' built-in ones, which the pool places with.
+static POLICIES: LazyLock<gpgpums::PolicyRegistry> =
+    LazyLock::new(gpgpums::PolicyRegistry::builtin);
+
+/// [`problems`] with the launch's placement policy: a name no policy has is the request's own
+/// fault, refused before capacity or the queue is looked at (it was a 507 while the queue held).
+fn problems_with_policy(spec: &LaunchSpec, policy: &str, max_priority: i32) -> FieldChecks {
+    let mut checks = problems(spec, max_priority);
+    if let Err(gpgpums::Error::InvalidRequest { field, reason }) = POLICIES.resolve(policy) {
+        checks.fail(field, reason);
+    }
+    checks
+}
+
 /// FNV-1a: a stable digest of a request, to recognise a retried launch.
 pub(super) fn digest(bytes: &[u8]) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -118,9 +132,10 @@ impl App {
 
     /// What is wrong with a launch's fields on their own (what [`App::launch`] refuses first): for
     /// a body whose other fields have type errors, so that one answer names them all.
-    pub fn launch_problems(&self, mut spec: LaunchSpec) -> Vec<FieldError> {
+    pub fn launch_problems(&self, mut spec: LaunchSpec, policy: Option<&str>) -> Vec<FieldError> {
         self.fill_defaults(&mut spec);
-        problems(&spec, self.config.queue.max_priority).into_errors()
+        let policy = policy.unwrap_or(&self.config.default_policy);
+        problems_with_policy(&spec, policy, self.config.queue.max_priority).into_errors()
     }
 
     /// Launches a VM: see the module docs. Returns the VM and whether this call created it (false
@@ -141,7 +156,7 @@ impl App {
         );
         let mut input = input;
         self.fill_defaults(&mut input.spec);
-        problems(&input.spec, self.config.queue.max_priority).finish()?;
+        problems_with_policy(&input.spec, &policy, self.config.queue.max_priority).finish()?;
         if let Some(key) = &input.idempotency_key {
             check_text("Idempotency-Key", key, MAX_NAME)?;
             if let Some(existing) = self.replay(&project, key, &request_digest).await? {

@@ -394,7 +394,10 @@ async fn launch_vm(
     headers: HeaderMap,
     request: Partial<LaunchRequest>,
 ) -> Result<Response, Error> {
-    let request = request.or_problems(|rest| app.launch_problems(launch_spec(rest).0))?;
+    let request = request.or_problems(|rest| {
+        let (spec, policy, _) = launch_spec(rest);
+        app.launch_problems(spec, policy.as_deref())
+    })?;
     let idempotency_key = idempotency_key(&headers)?;
     let (spec, policy, queue) = launch_spec(request);
     let tenant = crate::auth::tenant_token(&headers, &caller, &app);

@@ -11,6 +11,7 @@ use crate::support::{Store, TestService};
 
 on_both_stores!(
     a_request_that_can_never_fit_is_refused_not_queued,
+    a_requests_own_faults_are_422_while_the_queue_holds,
     one_project_cannot_hold_other_projects_launches_past_the_bound,
 );
 
@@ -53,25 +54,75 @@ async fn a_request_that_can_never_fit_is_refused_not_queued(store: Store) {
     t.wait_state(&victim, &id, "ready").await;
 }
 
+/// A service (`queue.max_passes` 2, holds of `max_hold_secs`, no queue rounds but those a test
+/// runs) where `mallory`'s request for four exclusive cGPUs waits in the queue on its own VM, and
+/// a round has seen it; with that head.
+async fn a_queue_head_waiting_on_its_own_vm(
+    store: Store,
+    max_hold_secs: u64,
+) -> (TestService, Value) {
+    let t = TestService::start_with(store, |c| {
+        c.queue.max_passes = 2;
+        c.queue.max_hold_secs = max_hold_secs;
+        c.queue.serve_interval_secs = 3600;
+    })
+    .await;
+    let mallory = t.token("mallory", Role::Member);
+    let anchor = t.launch(&mallory, &shared(false)).await;
+    t.wait_state(&mallory, &anchor, "ready").await;
+    let (status, head) = t.post(&mallory, "/v1/vms", &exclusive(4, true)).await;
+    assert_eq!((status, head["state"].as_str()), (202, Some("queued")), "{head}");
+    t.service().app.serve_queue_once().await.expect("a round");
+    (t, head)
+}
+
+/// A request's own faults come before capacity and the queue: while a queue head holds the free
+/// GPUs, a launch naming no known placement policy (or with its other fields wrong too) is a 422
+/// naming each field, not a 507 for capacity it would never have been placed with; and nothing
+/// more is queued.
+async fn a_requests_own_faults_are_422_while_the_queue_holds(store: Store) {
+    let (t, _) = a_queue_head_waiting_on_its_own_vm(store, 600).await;
+    let (other, tenant) = (t.token("carol", Role::Member), t.token("alice", Role::Member));
+    for _ in 0..2 {
+        let (status, vm) = t.post(&other, "/v1/vms", &shared(false)).await;
+        assert_eq!(status, 202, "{vm}");
+    }
+    let (status, problem) = t.post(&tenant, "/v1/vms", &shared(false)).await;
+    assert_eq!(status, 507, "the head holds: {problem}");
+    for queue in [false, true] {
+        let mut body = shared(queue);
+        body["policy"] = json!("worst-fit");
+        let (status, problem) = t.post(&tenant, "/v1/vms", &body).await;
+        assert_eq!(status, 422, "{problem}");
+        assert_eq!(crate::support::fields_at_fault(&problem), ["policy"], "{problem}");
+        // With a type error beside it, one answer names both.
+        body["priority"] = json!("high");
+        let (status, problem) = t.post(&tenant, "/v1/vms", &body).await;
+        assert_eq!(status, 422, "{problem}");
+        let mut fields = crate::support::fields_at_fault(&problem);
+        fields.sort();
+        assert_eq!(fields, ["policy", "priority"], "{problem}");
+    }
+    let (_, queue) = t.get(&t.admin(), "/v1/queue").await;
+    assert_eq!(queue["requests"].as_array().map(Vec::len), Some(1), "{queue}");
+    // Known policies, layered ones too, pass their checks and meet the hold.
+    for policy in ["best-fit", "fewer-jobs-node+best-fit"] {
+        let mut body = shared(false);
+        body["policy"] = json!(policy);
+        let (status, problem) = t.post(&tenant, "/v1/vms", &body).await;
+        assert_eq!(status, 507, "{policy}: {problem}");
+    }
+}
+
 /// A tenant queues a request that fits the pool but waits on its own VM, which never ends. Its
 /// own launches never pass its head; other projects' starts do, and after `queue.max_passes` of
 /// them the head holds the free GPUs: but for `queue.max_hold_secs` at most, after which other
 /// projects launch again where the GPUs are free.
 async fn one_project_cannot_hold_other_projects_launches_past_the_bound(store: Store) {
-    let t = TestService::start_with(store, |c| {
-        c.queue.max_passes = 2;
-        c.queue.max_hold_secs = 1;
-        c.queue.serve_interval_secs = 3600;
-    })
-    .await;
+    let (t, head) = a_queue_head_waiting_on_its_own_vm(store, 1).await;
     let app = t.service().app.clone();
     let attacker = t.token("mallory", Role::Member);
     let (other, victim) = (t.token("carol", Role::Member), t.token("alice", Role::Member));
-    let anchor = t.launch(&attacker, &shared(false)).await;
-    t.wait_state(&attacker, &anchor, "ready").await;
-    let (status, head) = t.post(&attacker, "/v1/vms", &exclusive(4, true)).await;
-    assert_eq!((status, head["state"].as_str()), (202, Some("queued")), "{head}");
-    app.serve_queue_once().await.expect("a round");
     // Its own launches start, and do not make its head a barrier.
     for _ in 0..3 {
         let (status, vm) = t.post(&attacker, "/v1/vms", &shared(false)).await;
