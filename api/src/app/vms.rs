@@ -47,8 +47,10 @@ pub const MAX_NETWORKS: usize = 16;
 /// cloud's limit).
 pub const MAX_USER_DATA: usize = 64 * 1024;
 
-/// Everything wrong with a launch on its own, every field at once.
-fn problems(spec: &LaunchSpec, max_priority: i32) -> FieldChecks {
+/// Everything wrong with a launch on its own, every field at once, its placement policy's name
+/// included: all of it is refused before capacity or the queue is looked at (an unknown policy
+/// was a 507 while the queue held).
+fn problems(spec: &LaunchSpec, policy: &str, max_priority: i32) -> FieldChecks {
     let mut checks = FieldChecks::new();
     if !spec.vm.name.is_empty() {
         checks.text("name", &spec.vm.name, MAX_NAME);
@@ -79,22 +81,15 @@ fn problems(spec: &LaunchSpec, max_priority: i32) -> FieldChecks {
     if !(0..=max_priority).contains(&spec.priority) {
         checks.fail("priority", format!("must be between 0 and {max_priority}"));
     }
+    if let Err(gpgpums::Error::InvalidRequest { field, reason }) = POLICIES.resolve(policy) {
+        checks.fail(field, reason);
+    }
     checks
 }
 
 /// The placement policies a launch may name: gpgpums' built-in ones, which the pool places with.
 static POLICIES: LazyLock<gpgpums::PolicyRegistry> =
     LazyLock::new(gpgpums::PolicyRegistry::builtin);
-
-/// [`problems`] with the launch's placement policy: a name no policy has is the request's own
-/// fault, refused before capacity or the queue is looked at (it was a 507 while the queue held).
-fn problems_with_policy(spec: &LaunchSpec, policy: &str, max_priority: i32) -> FieldChecks {
-    let mut checks = problems(spec, max_priority);
-    if let Err(gpgpums::Error::InvalidRequest { field, reason }) = POLICIES.resolve(policy) {
-        checks.fail(field, reason);
-    }
-    checks
-}
 
 /// FNV-1a: a stable digest of a request, to recognise a retried launch.
 pub(super) fn digest(bytes: &[u8]) -> String {
@@ -135,7 +130,7 @@ impl App {
     pub fn launch_problems(&self, mut spec: LaunchSpec, policy: Option<&str>) -> Vec<FieldError> {
         self.fill_defaults(&mut spec);
         let policy = policy.unwrap_or(&self.config.default_policy);
-        problems_with_policy(&spec, policy, self.config.queue.max_priority).into_errors()
+        problems(&spec, policy, self.config.queue.max_priority).into_errors()
     }
 
     /// Launches a VM: see the module docs. Returns the VM and whether this call created it (false
@@ -156,7 +151,7 @@ impl App {
         );
         let mut input = input;
         self.fill_defaults(&mut input.spec);
-        problems_with_policy(&input.spec, &policy, self.config.queue.max_priority).finish()?;
+        problems(&input.spec, &policy, self.config.queue.max_priority).finish()?;
         if let Some(key) = &input.idempotency_key {
             check_text("Idempotency-Key", key, MAX_NAME)?;
             if let Some(existing) = self.replay(&project, key, &request_digest).await? {
