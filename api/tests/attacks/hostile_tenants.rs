@@ -208,8 +208,7 @@ async fn every_parameter_answers_text_that_is_not_ascii() {
             })
             .unwrap_or_default();
         for value in values {
-            let encoded: String =
-                value.bytes().map(|b| format!("%{b:02X}")).collect::<Vec<_>>().concat();
+            let encoded: String = value.bytes().map(|b| format!("%{b:02X}")).collect();
             let mut path = template.clone();
             for (_, name) in parameters.iter().filter(|(place, _)| *place == "path") {
                 path = path.replace(&format!("{{{name}}}"), &encoded);
