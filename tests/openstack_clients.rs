@@ -483,7 +483,7 @@ async fn ceilometer_meters_the_notifications_from_rabbitmq() {
     let rabbit = Rabbit::start().await;
     let url = rabbit.transport_url();
     let t = TestService::start_with(Store::Sqlite, |c| {
-        c.notifications.transport_url = Some(url.clone());
+        c.notifications.transport_url = Some(url.clone().into());
         c.notifications.poll_ms = 20;
         c.quotas.max_priority = 100;
     })

@@ -57,7 +57,7 @@ async fn every_life_of_a_vm_is_notified_in_order_and_an_outage_loses_nothing(sto
     let rabbit = Rabbit::start().await;
     let url = rabbit.transport_url();
     let t = TestService::start_with(store, |c| {
-        c.notifications.transport_url = Some(url);
+        c.notifications.transport_url = Some(url.into());
         c.notifications.poll_ms = 20;
     })
     .await;
@@ -184,7 +184,7 @@ async fn a_preemption_is_notified_and_stops_the_cgpus_count() {
     let rabbit = Rabbit::start().await;
     let url = rabbit.transport_url();
     let t = TestService::start_with(Store::Sqlite, |c| {
-        c.notifications.transport_url = Some(url);
+        c.notifications.transport_url = Some(url.into());
         c.notifications.poll_ms = 20;
         c.quotas.max_priority = 100;
     })

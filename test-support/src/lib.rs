@@ -63,7 +63,8 @@ pub struct TestService {
     pub http: reqwest::Client,
 }
 
-fn temp_dir() -> PathBuf {
+/// A fresh directory of its own under the system's temporary directory.
+pub fn temp_dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
         "gsaasd-test-{}-{}",
@@ -82,7 +83,7 @@ pub fn test_config(store: Store) -> (Config, PathBuf) {
         data_dir: dir.join("data"),
         database_url: match store {
             Store::Sqlite => None,
-            Store::Postgres => Some(postgres::fresh_database()),
+            Store::Postgres => Some(postgres::fresh_database().into()),
         },
         ..Config::default()
     };
@@ -173,7 +174,7 @@ impl TestService {
         let config = self.dir.join("cli.toml");
         let mut text = format!("data_dir = {:?}\n", self.config.data_dir.display().to_string());
         if let Some(url) = &self.config.database_url {
-            text.push_str(&format!("database_url = {url:?}\n"));
+            text.push_str(&format!("database_url = {:?}\n", url.expose()));
         }
         std::fs::write(&config, text).unwrap();
         let out = std::process::Command::new(gsaasd_binary())

@@ -15,9 +15,11 @@ use rodvr_contract::protocol::Ipv4Cidr;
 use serde::Deserialize;
 
 mod inventory;
+mod secret_url;
 pub mod sources;
 
 pub use inventory::{InventoryEntry, InventoryGpu, InventoryHost, InventoryPartition};
+pub use secret_url::{redact_url, SecretUrl};
 
 use crate::cloud::nova::NovaConfig;
 use crate::cloud::sim::{SimConfig, SimVmNetworkConfig};
@@ -55,7 +57,7 @@ pub struct Config {
     /// Where the embedded database and the generated signing key live.
     pub data_dir: PathBuf,
     /// `sqlite://PATH` or `postgres://...`; default: `sqlite://<data_dir>/gsaas.sqlite`.
-    pub database_url: Option<String>,
+    pub database_url: Option<SecretUrl>,
     /// The policy for requests that name none.
     pub default_policy: String,
     pub auth: AuthConfig,
@@ -88,7 +90,7 @@ pub struct Config {
 pub struct NotificationsConfig {
     /// oslo.messaging's transport URL, `rabbit://user:password@host:5672/vhost` (or `amqp://`,
     /// `amqps://`); none: no notifications are written or published.
-    pub transport_url: Option<String>,
+    pub transport_url: Option<SecretUrl>,
     /// The topic exchange (Nova's is `nova`; Ceilometer's `notification_control_exchanges` must
     /// list it).
     pub exchange: String,
@@ -121,9 +123,9 @@ impl NotificationsConfig {
     /// The broker's AMQP URI, if notifications are on.
     pub fn amqp_uri(&self) -> Result<Option<String>, String> {
         self.transport_url
-            .as_deref()
+            .as_ref()
             .map(|url| {
-                crate::notifier::amqp_uri(url)
+                crate::notifier::amqp_uri(url.expose())
                     .map_err(|e| format!("notifications.transport_url: {e}"))
             })
             .transpose()
@@ -764,7 +766,7 @@ impl Config {
     }
 
     pub fn database_url(&self) -> String {
-        self.database_url.clone().unwrap_or_else(|| {
+        self.database_url.as_ref().map(|url| url.expose().to_owned()).unwrap_or_else(|| {
             format!("sqlite://{}?mode=rwc", self.data_dir.join("gsaas.sqlite").display())
         })
     }

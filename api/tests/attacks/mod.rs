@@ -5,5 +5,6 @@
 
 mod hostile_agents;
 mod hostile_tenants;
+mod onlookers;
 mod slow_clients;
 mod tokens;
