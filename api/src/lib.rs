@@ -19,6 +19,7 @@ pub mod http;
 pub mod metrics;
 pub mod notifier;
 pub mod policy;
+pub mod secret_url;
 pub mod service;
 
 /// The clouds (crate `gsaas-clouds`): the `Cloud` trait, Nova and the simulated cloud.

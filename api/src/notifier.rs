@@ -122,7 +122,7 @@ pub trait Broker: Send + Sync + Debug {
 /// needed and again after any failure.
 #[derive(Debug)]
 pub struct RabbitMq {
-    uri: crate::config::SecretUrl,
+    uri: crate::secret_url::SecretUrl,
     exchange: String,
     topic: String,
     durable: bool,
@@ -131,13 +131,20 @@ pub struct RabbitMq {
 
 impl RabbitMq {
     pub fn new(uri: String, exchange: String, topic: String, durable: bool) -> RabbitMq {
-        RabbitMq { uri: uri.into(), exchange, topic, durable, channel: tokio::sync::Mutex::new(None) }
+        RabbitMq {
+            uri: uri.into(),
+            exchange,
+            topic,
+            durable,
+            channel: tokio::sync::Mutex::new(None),
+        }
     }
 
     /// Connects, turns publisher confirms on, and declares the exchange and the queues of
     /// `<topic>.info` and `<topic>.error` bound to it.
     async fn open(&self) -> Result<(Connection, Channel), lapin::Error> {
-        let connection = Connection::connect(self.uri.expose(), ConnectionProperties::default()).await?;
+        let connection =
+            Connection::connect(self.uri.expose(), ConnectionProperties::default()).await?;
         let channel = connection.create_channel().await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         let durable = self.durable;

@@ -139,6 +139,62 @@ async fn keystone_users_sign_in_switch_project_and_sign_out_in_a_real_browser() 
     let _ = std::fs::remove_dir_all(scratch);
 }
 
+/// A sign-out that Keystone cannot complete (on a fake Keystone whose revocations fail) is shown
+/// on the sign-in page and retried until it is done; then every token of the session is revoked
+/// at Keystone and refused by gsaasd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sign_out_keystone_missed_is_shown_and_retried_in_a_real_browser() {
+    use std::sync::atomic::Ordering;
+    let chromium = require_node_and_chromium();
+    install_playwright_core().await;
+    let s = crate::keystone_auth::setup_with("dashboard-signout", |_| {}).await;
+    s.fake.revocations_fail.store(true, Ordering::SeqCst);
+    // Keystone comes back once the page has retried (a third attempt at revoking).
+    let fake = s.fake.clone();
+    let comeback = tokio::spawn(async move {
+        let attempts = || {
+            let log = fake.log.lock().unwrap();
+            log.iter()
+                .filter(|(m, p, _)| m == reqwest::Method::DELETE && p == "/identity/v3/auth/tokens")
+                .count()
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        while attempts() < 3 {
+            assert!(tokio::time::Instant::now() < deadline, "the page never retried");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        fake.revocations_fail.store(false, Ordering::SeqCst);
+    });
+    let scratch = std::env::temp_dir().join(format!("gsaas-signout-ui-{}", std::process::id()));
+    let screenshots = screenshot_dir(&scratch);
+    let url = format!("{}/", s.service.url());
+    let result = run_script(
+        "signout.mjs",
+        &[
+            ("GSAAS_URL", url.as_str()),
+            ("GSAAS_SCREENSHOTS", screenshots.to_str().unwrap()),
+            ("CHROMIUM", chromium.to_str().unwrap()),
+        ],
+    )
+    .await;
+    comeback.await.unwrap();
+    let mut used: Vec<String> = result["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap().to_owned())
+        .collect();
+    used.sort();
+    assert_eq!(used, ["alice-unscoped", "tenant-a"], "{result}");
+    let revoked = s.fake.revoked.lock().unwrap().clone();
+    for token in &used {
+        assert!(revoked.contains(token), "{token} was never revoked: {revoked:?}");
+    }
+    assert_eq!(s.get("/v1/vms", "tenant-a").await.0, 401);
+    s.service.abort();
+    let _ = std::fs::remove_dir_all(scratch);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser() {
     let chromium = require_node_and_chromium();

@@ -173,15 +173,57 @@
   // ---- Session ---------------------------------------------------------------------------------
 
   // Ends a Keystone session: every token it got is revoked at Keystone (through gsaasd), even if
-  // the page goes away meanwhile (keepalive).
+  // the page goes away meanwhile (keepalive). A revocation gsaasd or Keystone did not complete
+  // (no answer, 429, 5xx) is shown on the sign-in page and tried again, later and later, until
+  // it is done: the user must not take a session that lives on for one that ended.
   function endKeystoneSession() {
     const keystone = state.keystone;
     state.keystone = null;
     if (!keystone) return Promise.resolve();
-    return Promise.all(keystone.tokens.map((token) => fetch('/v1/auth/tokens', {
-      method: 'DELETE', headers: { 'X-Auth-Token': token }, credentials: 'omit', cache: 'no-store',
-      keepalive: true,
-    }).catch(() => null)));
+    return Promise.all(keystone.tokens.map((token) => revokeUntilDone(token, 0)));
+  }
+
+  // Tokens of ended sessions whose revocation is still being retried, with the last answer.
+  const unrevoked = new Map();
+  const SIGN_OUT_RETRY_MAX_MS = 30000;
+
+  async function revokeUntilDone(token, attempt) {
+    let status = 0;
+    try {
+      const response = await fetch('/v1/auth/tokens', {
+        method: 'DELETE', headers: { 'X-Auth-Token': token }, credentials: 'omit', cache: 'no-store',
+        keepalive: true,
+      });
+      status = response.status;
+    } catch (e) {
+      status = 0;
+    }
+    // 204: revoked; 401, 404, 422: there is nothing to revoke (gone, or not Keystone's).
+    if ([204, 401, 404, 422].includes(status)) {
+      unrevoked.delete(token);
+      showSignOutStatus();
+      return;
+    }
+    const delay = Math.min(SIGN_OUT_RETRY_MAX_MS, 1000 * 2 ** attempt);
+    unrevoked.set(token, { status, retryAt: Date.now() + delay });
+    showSignOutStatus();
+    await new Promise((resolve) => setTimeout(resolve, delay));
+    return revokeUntilDone(token, attempt + 1);
+  }
+
+  function showSignOutStatus() {
+    const banner = $('signout-status');
+    if (unrevoked.size === 0) {
+      banner.hidden = true;
+      banner.textContent = '';
+      return;
+    }
+    const [{ status, retryAt }] = unrevoked.values();
+    const why = status ? `HTTP ${status}` : 'no answer';
+    const seconds = Math.max(1, Math.round((retryAt - Date.now()) / 1000));
+    banner.textContent = `Signing out is not finished: your session could not be ended yet (${why}). `
+      + `It is tried again in ${seconds} s; keep this page open until this message goes.`;
+    banner.hidden = false;
   }
 
   function showSignIn(message) {

@@ -207,8 +207,8 @@ fn refuse_gsaasd_token(app: &App, token: &str) -> Result<(), Error> {
 }
 
 impl App {
-    fn keystone_sign_in(&self) -> Result<&TokenValidator, Error> {
-        self.keystone.as_deref().ok_or_else(|| Error::NotFound {
+    fn keystone_sign_in(&self) -> Result<&Arc<TokenValidator>, Error> {
+        self.keystone.as_ref().ok_or_else(|| Error::NotFound {
             kind: "Keystone sign-in (auth.mode is not keystone)",
             id: String::new(),
         })
@@ -312,26 +312,20 @@ impl App {
         }
     }
 
-    /// Signs out: revokes the token at Keystone, and forgets it here at once (other replicas
-    /// within `auth.keystone_cache_secs`). The revocation is its own task: a client that hangs
-    /// up does not stop it halfway.
-    pub async fn sign_out(
-        self: &Arc<Self>,
-        client: Option<IpAddr>,
-        token: &str,
-    ) -> Result<(), Error> {
-        let validator = self.keystone_sign_in()?;
+    /// Signs out: ends the token's session (`TokenValidator::end_session`): it and every token
+    /// of its chain cached here stop working here at once (other replicas within
+    /// `auth.keystone_cache_secs`) and are revoked at Keystone. Never refused for the client's
+    /// budget: a neighbour behind the same address must not keep a user signed in. The
+    /// revocation is its own task: a client that hangs up does not stop it halfway.
+    pub async fn sign_out(&self, token: &str) -> Result<(), Error> {
+        let validator = Arc::clone(self.keystone_sign_in()?);
         refuse_gsaasd_token(self, token)?;
-        Self::spend(validator, client)?;
-        validator.forget(token);
-        let app = Arc::clone(self);
         let token = token.to_owned();
-        let revoking = tokio::spawn(async move {
-            let Some(validator) = app.keystone.as_deref() else { return Ok(()) };
-            validator.keystone().revoke(&token).await
-        });
+        let revoking = tokio::spawn(async move { validator.end_session(&token).await });
         match revoking.await {
-            Ok(result) => result.map_err(keystone_down),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(ValidationError::Keystone(e))) => Err(keystone_down(e)),
+            Ok(Err(e)) => Err(Error::internal(e)),
             Err(e) => Err(Error::internal(e)),
         }
     }

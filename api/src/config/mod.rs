@@ -15,11 +15,10 @@ use rodvr_contract::protocol::Ipv4Cidr;
 use serde::Deserialize;
 
 mod inventory;
-mod secret_url;
 pub mod sources;
 
 pub use inventory::{InventoryEntry, InventoryGpu, InventoryHost, InventoryPartition};
-pub use secret_url::{redact_url, SecretUrl};
+pub use crate::secret_url::{redact_url, SecretUrl};
 
 use crate::cloud::nova::NovaConfig;
 use crate::cloud::sim::{SimConfig, SimVmNetworkConfig};
@@ -358,8 +357,9 @@ pub struct AuthConfig {
     pub keystone_admin_scope: KeystoneAdminScope,
     /// How long a token Keystone refused is refused again without asking Keystone.
     pub keystone_refusal_cache_secs: u64,
-    /// Keystone validations (of tokens not cached either way) one client address may cause per
-    /// minute; beyond it, 429. Clients behind one proxy share its address.
+    /// Keystone validations (of tokens not cached either way) and sign-ins one client may cause
+    /// per minute; beyond it, 429. A client is an IPv4 address or an IPv6 /64; clients behind one
+    /// proxy share its address. Sign-outs never draw on it.
     pub keystone_validations_per_minute: u32,
     /// How many validated Keystone tokens to remember.
     pub keystone_cache_capacity: usize,

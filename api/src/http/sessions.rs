@@ -147,11 +147,10 @@ pub(super) async fn projects(
     security(("bearer" = [])))]
 pub(super) async fn sign_out(
     State(app): State<AppState>,
-    ClientAddr(client): ClientAddr,
     headers: HeaderMap,
 ) -> Result<StatusCode, Error> {
     let token = bearer_token(&headers)?;
-    app.sign_out(client, token).await?;
+    app.sign_out(token).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

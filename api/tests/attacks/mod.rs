@@ -5,6 +5,7 @@
 
 mod hostile_agents;
 mod hostile_tenants;
+mod neighbours;
 mod onlookers;
 mod slow_clients;
 mod tokens;

@@ -17,11 +17,8 @@ fn gsaasd(args: &[&str], env: &[(&str, &str)]) -> (Output, String) {
         command.env(name, value);
     }
     let out = command.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out, text)
 }
 

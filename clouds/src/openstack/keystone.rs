@@ -25,6 +25,7 @@ use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
+use super::client_budget::ClientBudget;
 use super::time::parse_rfc3339;
 use super::AuthSettings;
 
@@ -118,6 +119,9 @@ struct TokenBody {
     user: Named,
     #[serde(default)]
     roles: Vec<Named>,
+    /// The token's audit id, then (for a token had from another) its chain's first token's.
+    #[serde(default)]
+    audit_ids: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -367,6 +371,7 @@ impl Keystone {
             system,
             roles: token.roles.into_iter().filter_map(|r| r.name).collect(),
             expires_at,
+            audit_ids: token.audit_ids,
         }))
     }
 
@@ -400,6 +405,18 @@ pub struct TokenInfo {
     pub system: bool,
     pub roles: Vec<String>,
     pub expires_at: SystemTime,
+    /// Keystone's audit ids: the token's own, then, if it was had from another token (a
+    /// rescoping), the first token of its chain's.
+    pub audit_ids: Vec<String>,
+}
+
+impl TokenInfo {
+    /// What every token of this one's chain shares (the audit id of the chain's first token, as
+    /// Keystone's revocation events name a chain): a sign-in's unscoped root and every token
+    /// rescoped from it, or from those.
+    pub fn audit_chain(&self) -> Option<&str> {
+        self.audit_ids.last().map(String::as_str)
+    }
 }
 
 /// Where a Keystone admin role makes a GSaaS admin.
@@ -472,43 +489,12 @@ pub struct ValidatorSettings {
     pub max_age: Duration,
     /// A refused token is refused again without asking Keystone for this long.
     pub refusal_ttl: Duration,
-    /// Validations one client address may cause per minute.
+    /// Keystone requests one client (an IPv4 address or an IPv6 /64) may cause per minute.
     pub per_client_per_minute: u32,
 }
 
-/// The most refusals and client addresses remembered (beyond it, the oldest are forgotten).
+/// The most refusals remembered (beyond it, the expired ones and then all are forgotten).
 const MAX_REMEMBERED: usize = 10_000;
-
-/// Validations per client: a token bucket per address, a minute's worth deep.
-#[derive(Debug, Default)]
-struct ClientBudget {
-    buckets: HashMap<std::net::IpAddr, (f64, std::time::Instant)>,
-}
-
-impl ClientBudget {
-    /// Takes one validation from `client`'s bucket, if one is left.
-    fn take(&mut self, client: std::net::IpAddr, per_minute: u32) -> bool {
-        let now = std::time::Instant::now();
-        let depth = f64::from(per_minute);
-        let refill = |(tokens, at): (f64, std::time::Instant)| {
-            (tokens + now.duration_since(at).as_secs_f64() * depth / 60.0).min(depth)
-        };
-        if self.buckets.len() >= MAX_REMEMBERED && !self.buckets.contains_key(&client) {
-            // Forget the clients whose buckets are full again: they have been quiet a minute.
-            self.buckets.retain(|_, bucket| refill(*bucket) < depth);
-            if self.buckets.len() >= MAX_REMEMBERED {
-                return false;
-            }
-        }
-        let bucket = self.buckets.entry(client).or_insert((depth, now));
-        let tokens = refill(*bucket);
-        if tokens < 1.0 {
-            return false;
-        }
-        *bucket = (tokens - 1.0, now);
-        true
-    }
-}
 
 #[derive(Debug)]
 struct CacheEntry {
@@ -527,7 +513,17 @@ pub struct TokenValidator {
     refused: Mutex<HashMap<u64, std::time::Instant>>,
     hasher: std::collections::hash_map::RandomState,
     budget: Mutex<ClientBudget>,
+    /// Sign-outs of tokens not cached here ask Keystone what they are, this many at once: a
+    /// sign-out draws on no client's budget (a neighbour must not be able to keep a user
+    /// signed in), so this is what bounds what a flood of them costs Keystone.
+    unknown_sign_outs: tokio::sync::Semaphore,
+    /// Tokens of ended sessions whose revocation Keystone did not confirm, with their chain: the
+    /// next sign-out of that chain revokes them.
+    unrevoked: Mutex<HashMap<String, Option<String>>>,
 }
+
+/// How many sign-outs of tokens not cached here ask Keystone at once.
+const MAX_UNKNOWN_SIGN_OUTS: usize = 4;
 
 impl TokenValidator {
     pub fn new(keystone: Arc<Keystone>, mut settings: ValidatorSettings) -> TokenValidator {
@@ -539,6 +535,8 @@ impl TokenValidator {
             refused: Mutex::default(),
             hasher: std::collections::hash_map::RandomState::new(),
             budget: Mutex::default(),
+            unknown_sign_outs: tokio::sync::Semaphore::new(MAX_UNKNOWN_SIGN_OUTS),
+            unrevoked: Mutex::default(),
         }
     }
 
@@ -556,6 +554,75 @@ impl TokenValidator {
     pub fn forget(&self, token: &str) {
         self.cache.lock().expect("token cache").remove(token);
         self.remember_refusal(token);
+    }
+
+    /// Ends the session `token` belongs to: the token and every token of its chain that this
+    /// validator has cached (a sign-in's unscoped root and the tokens rescoped from it) stop
+    /// working here at once, and each is revoked at Keystone (whatever Keystone itself does with
+    /// the tokens had from a revoked one). Draws on no client's budget. A token Keystone does
+    /// not know is already ended. On an error, every token was forgotten here and those not
+    /// named in it were revoked; signing out again with any of them revokes the rest.
+    pub async fn end_session(&self, token: &str) -> Result<usize, ValidationError> {
+        let cached = self.cache.lock().expect("token cache").get(token).map(|e| e.identity.clone());
+        let cached = cached.map(|identity| identity.info.audit_chain().map(str::to_owned));
+        let unrevoked = self.unrevoked.lock().expect("unrevoked tokens").get(token).cloned();
+        let chain = match cached.or(unrevoked) {
+            Some(chain) => chain,
+            None if self.refused_now(token) => return Ok(0),
+            None => {
+                let _permit = self.unknown_sign_outs.acquire().await.expect("never closed");
+                match self.keystone.validate(token).await.map_err(ValidationError::Keystone)? {
+                    Some(info) => info.audit_chain().map(str::to_owned),
+                    None => {
+                        self.remember_refusal(token);
+                        return Ok(0);
+                    }
+                }
+            }
+        };
+        let mut ended = vec![token.to_owned()];
+        if let Some(chain) = chain.as_deref() {
+            let of_chain = |c: Option<&str>| c == Some(chain);
+            let cache = self.cache.lock().expect("token cache");
+            let unrevoked = self.unrevoked.lock().expect("unrevoked tokens");
+            let cached = cache.iter().filter(|(_, e)| of_chain(e.identity.info.audit_chain()));
+            let pending = unrevoked.iter().filter(|(_, c)| of_chain(c.as_deref()));
+            for other in cached.map(|(t, _)| t).chain(pending.map(|(t, _)| t)) {
+                if !ended.contains(other) {
+                    ended.push(other.clone());
+                }
+            }
+        }
+        for token in &ended {
+            self.forget(token);
+        }
+        let mut failed = None;
+        for token in &ended {
+            let revoked = self.keystone.revoke(token).await;
+            let mut unrevoked = self.unrevoked.lock().expect("unrevoked tokens");
+            match revoked {
+                Ok(()) => {
+                    unrevoked.remove(token);
+                }
+                Err(e) => {
+                    if unrevoked.len() < MAX_REMEMBERED {
+                        unrevoked.insert(token.clone(), chain.clone());
+                    }
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            None => Ok(ended.len()),
+            Some(e) => Err(ValidationError::Keystone(e)),
+        }
+    }
+
+    /// Whether `token` was refused lately (and is refused again without asking Keystone).
+    fn refused_now(&self, token: &str) -> bool {
+        let key = self.refusal_key(token);
+        let until = self.refused.lock().expect("refused tokens").get(&key).copied();
+        until.is_some_and(|until| until > std::time::Instant::now())
     }
 
     /// Takes one Keystone request from `client`'s budget (shared by validations of unknown
@@ -598,9 +665,7 @@ impl TokenValidator {
                 None => {}
             }
         }
-        let key = self.refusal_key(token);
-        let refused_until = self.refused.lock().expect("refused tokens").get(&key).copied();
-        if refused_until.is_some_and(|until| until > std::time::Instant::now()) {
+        if self.refused_now(token) {
             return Err(ValidationError::Invalid);
         }
         if client.is_some_and(|client| !self.take_budget(client)) {
@@ -653,6 +718,7 @@ mod tests {
             system,
             roles: roles.iter().map(|r| (*r).to_owned()).collect(),
             expires_at: SystemTime::now(),
+            audit_ids: vec!["a".into()],
         }
     }
 
@@ -681,13 +747,5 @@ mod tests {
         assert!(scope.admits(&ops_admin), "by id");
         scope.system = false;
         assert!(!scope.admits(&system_admin));
-    }
-
-    #[test]
-    fn each_client_gets_a_minutes_worth_of_validations() {
-        let mut budget = ClientBudget::default();
-        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        assert_eq!((0..25).filter(|_| budget.take(a, 20)).count(), 20);
-        assert!(budget.take(b, 20), "other clients keep theirs");
     }
 }

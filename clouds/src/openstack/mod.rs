@@ -10,6 +10,7 @@
 //! rustls default would compile aws-lc): the session's one HTTP client trusts the system's CAs and
 //! the `cacert` bundle, and serves Keystone and every catalog service alike.
 
+pub mod client_budget;
 pub mod keystone;
 pub mod sign_in;
 pub mod time;

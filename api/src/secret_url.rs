@@ -110,7 +110,10 @@ mod tests {
             ("postgres://gsaas:s3cret@db:5432/gsaas", "postgres://gsaas:***@db:5432/gsaas"),
             ("rabbit://guest:p%40ss@mq/", "rabbit://guest:***@mq/"),
             ("amqps://u:pa/ss@word@mq:5671/vh", "amqps://u:***@mq:5671/vh"),
-            ("postgres://db/gsaas?user=g&password=s3cret&ssl=1", "postgres://db/gsaas?user=g&password=***&ssl=1"),
+            (
+                "postgres://db/gsaas?user=g&password=s3cret&ssl=1",
+                "postgres://db/gsaas?user=g&password=***&ssl=1",
+            ),
             ("postgres://db/g?sslpassword=x", "postgres://db/g?sslpassword=***"),
             ("https://ghp_TOKEN@host/x", "https://***@host/x"),
             ("sqlite://.gsaas/gsaas.sqlite?mode=rwc", "sqlite://.gsaas/gsaas.sqlite?mode=rwc"),
