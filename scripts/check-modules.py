@@ -24,7 +24,7 @@ LAYERS = [
     {"app", "auth"},
     # The configuration gathers its adapters' settings (`[cloud.nova]` is gsaas-clouds' `NovaConfig`).
     {"agents", "notifier", "db", "lanes", "cloudinit", "metrics", "config"},
-    {"model", "error", "caller", "policy"},
+    {"model", "error", "caller", "policy", "secret_url"},
 ]
 
 
