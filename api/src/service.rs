@@ -116,7 +116,7 @@ pub async fn start_with_sim(
         None => None,
     };
     let tls = config.tls.as_ref().map(httpd::TlsFiles::acceptor).transpose()?;
-    let policy = crate::policy::Policy::load(config.auth.policy_file.as_deref())?;
+    let policy = crate::policy::LivePolicy::load(config.auth.policy_file.as_deref())?;
     let keys = Keys::load_or_create(&config.signing_key_path())?;
     let db =
         Db::connect(&config.database_url()).await.map_err(|e| StartError::Database(e.into()))?;
@@ -179,6 +179,7 @@ pub async fn start_with_sim(
     app.refresh_revocations().await.map_err(StartError::Database)?;
     app.configure_notifier().await.map_err(StartError::Database)?;
     app.start_background_tasks();
+    reload_policy_on_sighup(&app);
     let addr = listener
         .local_addr()
         .map_err(|source| StartError::Listen { addr: app.config.listen, source })?;
@@ -197,6 +198,26 @@ pub async fn start_with_sim(
         .map(|listener| tokio::spawn(serve(listener, crate::http::metrics_router(app.clone()))));
     let server = tokio::spawn(serve(listener, crate::http::router(app.clone())));
     Ok(Service { app, addr, metrics_addr, sim, server, metrics_server })
+}
+
+/// SIGHUP reads the policy file again (as oslo.policy services do), while the service lives.
+fn reload_policy_on_sighup(app: &Arc<App>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGHUP: the policy file is read on its timer only");
+            return;
+        }
+    };
+    let app = Arc::downgrade(app);
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let Some(app) = app.upgrade() else { return };
+            tracing::info!("SIGHUP: reading the policy file again");
+            app.trigger_policy_reload();
+        }
+    });
 }
 
 /// SIGINT or SIGTERM (what a supervisor such as Kubernetes sends before it replaces a replica):

@@ -16,7 +16,7 @@ on_both_stores!(
 );
 
 /// The tasks a gsaasd without a notification broker runs, in the order it lists them.
-const TASKS: [&str; 12] = [
+const TASKS: [&str; 13] = [
     "host_liveness",
     "pool_refresh",
     "route_tables",
@@ -29,6 +29,7 @@ const TASKS: [&str; 12] = [
     "queue_rounds",
     "revocations",
     "usage_fold",
+    "policy_reload",
 ];
 
 async fn tasks(t: &TestService) -> Vec<Value> {

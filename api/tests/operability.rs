@@ -51,16 +51,6 @@ async fn every_answer_names_its_request_and_problems_carry_the_same_id() {
     assert_eq!(problem["request_id"], id.as_str());
 }
 
-/// A gsaasd process, killed when dropped.
-struct Process(std::process::Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_takes_flags_then_variables_then_the_file_and_logs_json() {
     let dir = std::env::temp_dir().join(format!("gsaasd-operability-{}", std::process::id()));
@@ -93,7 +83,7 @@ async fn serve_takes_flags_then_variables_then_the_file_and_logs_json() {
         .unwrap();
     let stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
-    let process = Process(child);
+    let process = support::Process(child);
     let (url_tx, url_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {

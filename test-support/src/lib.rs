@@ -534,3 +534,21 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A child process, killed and reaped when dropped: a test that fails (panics) does not leave it
+/// running.
+#[derive(Debug)]
+pub struct Process(pub std::process::Child);
+
+impl Process {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

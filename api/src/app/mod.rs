@@ -62,7 +62,7 @@ use crate::lanes::LaneThread;
 use crate::metrics::Metrics;
 use crate::model::VmRecord;
 use crate::openstack::TokenValidator;
-use crate::policy::Policy;
+use crate::policy::LivePolicy;
 
 pub use background::reconciler::ReconcilerStatus;
 
@@ -73,7 +73,7 @@ pub struct App {
     pub db: Db,
     pub keys: Keys,
     /// Who may do what (`[auth] policy_file` over the defaults).
-    pub policy: Policy,
+    pub policy: LivePolicy,
     pub cloud: Arc<dyn Cloud>,
     pub agents: Arc<dyn HostAgents>,
     /// The simulated cloud when it is the backend: it learns of hosts as they register.
@@ -155,7 +155,7 @@ impl App {
         config: Config,
         db: Db,
         keys: Keys,
-        policy: Policy,
+        policy: LivePolicy,
         backends: Backends,
     ) -> Result<Arc<App>, std::io::Error> {
         let background = match db.backend() {

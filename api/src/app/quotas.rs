@@ -11,7 +11,7 @@ use crate::auth::Caller;
 use crate::config::check_quota;
 use crate::db::now_ms;
 use crate::error::Error;
-use crate::policy::{actions, Action, Policy, Target};
+use crate::policy::{actions, Action, LivePolicy, Target};
 
 /// A project's limits and use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +28,7 @@ pub struct QuotaStatus {
 /// The project a caller names, if the policy lets it `action` on the project (quota or usage
 /// show: by default admins any, a tenant its own).
 pub(super) fn visible_project(
-    policy: &Policy,
+    policy: &LivePolicy,
     caller: &Caller,
     project: &str,
     action: Action,

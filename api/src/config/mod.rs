@@ -17,8 +17,8 @@ use serde::Deserialize;
 mod inventory;
 pub mod sources;
 
-pub use inventory::{InventoryEntry, InventoryGpu, InventoryHost, InventoryPartition};
 pub use crate::secret_url::{redact_url, SecretUrl};
+pub use inventory::{InventoryEntry, InventoryGpu, InventoryHost, InventoryPartition};
 
 use crate::cloud::nova::NovaConfig;
 use crate::cloud::sim::{SimConfig, SimVmNetworkConfig};
@@ -371,6 +371,9 @@ pub struct AuthConfig {
     /// A policy file in oslo.policy's YAML form: who may do what (`gsaasd policy dump` prints
     /// the rules and their defaults). None: the defaults.
     pub policy_file: Option<PathBuf>,
+    /// How often the policy file is checked for changes (its rules apply once read; a file
+    /// with a problem keeps the rules in force). 0: only on SIGHUP.
+    pub policy_reload_secs: u64,
     /// Lifetime of tokens from `gsaasd token issue`.
     pub token_ttl_secs: u64,
     /// Lifetime of the tokens agents renew theirs with (they renew at half of it).
@@ -392,6 +395,7 @@ impl Default for AuthConfig {
             keystone_cache_secs: 300,
             signing_key: None,
             policy_file: None,
+            policy_reload_secs: 5,
             token_ttl_secs: 24 * 3600,
             agent_token_ttl_secs: 24 * 3600,
             revocation_refresh_secs: 5,

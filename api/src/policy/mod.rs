@@ -15,12 +15,14 @@
 //! The agents' routes (registration, token renewal, round-trip targets) and `/metrics` are not
 //! governed here: they check their own tokens (an agent's, a scraper's, or an admin's).
 
+pub mod live;
 mod rules;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
+pub use live::{LivePolicy, Reload};
 use rules::{Expr, Facts};
 pub use rules::{SyntaxError, CREDENTIALS, TARGET_ATTRIBUTES};
 
@@ -322,16 +324,35 @@ impl Policy {
             line,
             reason,
         };
-        let written: BTreeMap<String, serde_norway::Value> = if text.trim().is_empty() {
-            BTreeMap::new()
+        let entries: Vec<(String, serde_norway::Value)> = if text.trim().is_empty() {
+            Vec::new()
         } else {
-            serde_norway::from_str::<Option<BTreeMap<String, serde_norway::Value>>>(text)
+            serde_norway::from_str::<Option<Entries>>(text)
                 .map_err(|e| {
                     let line = e.location().map_or(1, |l| l.line());
                     invalid(line, format!("not a YAML map of rule names to rules: {e}"))
                 })?
+                .map(|entries| entries.0)
                 .unwrap_or_default()
         };
+        // A rule written twice: YAML keeps the last copy, so a stale copy further down would
+        // silently win. Both lines are named; the operator keeps the one meant.
+        let mut written: BTreeMap<String, serde_norway::Value> = BTreeMap::new();
+        for (name, value) in entries {
+            if written.contains_key(&name) {
+                let lines = lines_of(text, &name);
+                let (first, second) = (lines.first().copied().unwrap_or(1), lines.get(1).copied());
+                let second = second.unwrap_or(first);
+                return Err(invalid(
+                    second,
+                    format!(
+                        "{name:?} is written twice, on lines {first} and {second}: only one copy \
+                         can be in force, remove the other"
+                    ),
+                ));
+            }
+            written.insert(name, value);
+        }
         let mut rules: HashMap<&'static str, Expr> = DEFAULTS
             .iter()
             .map(|d| (d.name, rules::parse(d.default).expect("a default rule parses")))
@@ -530,9 +551,15 @@ impl Facts for Evaluation<'_> {
 /// not), then `:` and white space or the line's end (so `gpu:vm:list` is not found on the line of
 /// `gpu:vm:list:all_projects`).
 fn line_of(text: &str, name: &str) -> usize {
+    lines_of(text, name).first().copied().unwrap_or(1)
+}
+
+/// Every line of `text` on which the key `name` is written (see [`line_of`]).
+fn lines_of(text: &str, name: &str) -> Vec<usize> {
     let forms = [format!("\"{name}\""), format!("'{name}'"), name.to_owned()];
     text.lines()
-        .position(|line| {
+        .enumerate()
+        .filter(|(_, line)| {
             let line = line.trim_start();
             forms.iter().any(|form| {
                 line.strip_prefix(form.as_str())
@@ -541,7 +568,34 @@ fn line_of(text: &str, name: &str) -> usize {
                     .is_some_and(|after| after.is_empty() || after.starts_with(char::is_whitespace))
             })
         })
-        .map_or(1, |i| i + 1)
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+/// A YAML map's entries in the file's order, every copy of a key kept (a map type keeps one).
+struct Entries(Vec<(String, serde_norway::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of rule names to rules")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 /// The defaults as a policy file, every rule commented out with what it is for and the
@@ -703,6 +757,10 @@ mod tests {
             ("gpu:vm:list: [\"role:member\"]\n", "line 1: \"gpu:vm:list\": a rule is a string"),
             ("gpu:vm:list: \"x\n  - : [\n", "not a YAML map"),
             ("- gpu:vm:list\n", "not a YAML map"),
+            (
+                "\"gpu:vm:show\": \"rule:admin_or_project_member\"\n# later\n'gpu:vm:show': \"@\"\n",
+                "line 3: \"gpu:vm:show\" is written twice, on lines 1 and 3",
+            ),
         ] {
             let error = policy(text).expect_err(text);
             assert!(error.contains(says), "{text}: {error}");

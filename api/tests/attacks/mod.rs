@@ -7,5 +7,6 @@ mod hostile_agents;
 mod hostile_tenants;
 mod neighbours;
 mod onlookers;
+mod policy_files;
 mod slow_clients;
 mod tokens;

@@ -38,11 +38,12 @@ pub enum TaskName {
     QueueRounds,
     Revocations,
     UsageFold,
+    PolicyReload,
     Notifications,
 }
 
 impl TaskName {
-    pub const ALL: [TaskName; 13] = [
+    pub const ALL: [TaskName; 14] = [
         TaskName::HostLiveness,
         TaskName::PoolRefresh,
         TaskName::RouteTables,
@@ -55,6 +56,7 @@ impl TaskName {
         TaskName::QueueRounds,
         TaskName::Revocations,
         TaskName::UsageFold,
+        TaskName::PolicyReload,
         TaskName::Notifications,
     ];
 
@@ -72,6 +74,7 @@ impl TaskName {
             TaskName::QueueRounds => "queue_rounds",
             TaskName::Revocations => "revocations",
             TaskName::UsageFold => "usage_fold",
+            TaskName::PolicyReload => "policy_reload",
             TaskName::Notifications => "notifications",
         }
     }

@@ -11,6 +11,7 @@
 //! - [`queue_rounds`]: the queue's rounds, which start what waits when capacity frees.
 //! - [`revocations`]: revoked token ids reloaded on every replica.
 //! - [`usage_fold`]: the usage log folded into the spans reports read.
+//! - [`policy_reload`]: the policy file read again when it changes, and on SIGHUP.
 //! - [`notifications`]: the notifications' outbox published to RabbitMQ (one replica at a time).
 
 pub mod delegations;
@@ -19,6 +20,7 @@ pub mod driver;
 pub mod fences;
 pub mod host_liveness;
 pub mod notifications;
+pub mod policy_reload;
 pub mod pool_refresh;
 pub mod queue_rounds;
 pub mod reconciler;
@@ -47,6 +49,7 @@ pub(crate) fn tasks(with_broker: bool) -> Vec<Box<dyn Task>> {
         Box::new(queue_rounds::QueueRounds),
         Box::new(revocations::Revocations),
         Box::new(usage_fold::UsageFold),
+        Box::new(policy_reload::PolicyReload),
     ];
     if with_broker {
         tasks.push(Box::new(notifications::Notifications));
