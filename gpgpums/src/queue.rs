@@ -21,8 +21,10 @@
 //! (its capacity did not free, as when it waits on VMs that never end) stops holding, and every
 //! request of it must be passed `max_passes` times by other projects' starts again before it holds
 //! again; so does a project whose barrier started. A request that could not fit even on an empty
-//! pool is never the head: it holds nobody back. So no project keeps another's request that fits
-//! waiting for longer than `max_hold_ms` at a time.
+//! pool is never the head: it holds nobody back; nor is one that could not fit were every other
+//! project's VMs gone ([`Pool::could_fit_beside`]): its own project's VMs keep it out, so holding others
+//! back would not help it. So no project keeps another's request that fits waiting for longer
+//! than `max_hold_ms` at a time, nor at all behind a request only its own VMs stand in the way of.
 //!
 //! Preemption by shrinking: when a request cannot start, the planner may take cGPUs from running
 //! VMs that are preemptible and of strictly lower priority, never from others. It frees room one
@@ -259,6 +261,7 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
         plan: Plan::default(),
         failed_shapes: HashMap::new(),
         failed_preemptions: HashSet::new(),
+        own_blocked: HashMap::new(),
         interned: Interned::default(),
         lowest_preemptible: None,
         stop: false,
@@ -461,6 +464,9 @@ struct Round<'b, 'a> {
     /// (the round only books, so capacity only shrinks).
     failed_shapes: HashMap<Shape, u32>,
     failed_preemptions: HashSet<(Shape, u32, i32)>,
+    /// The fewest cGPUs of each project's shape that its own VMs alone keep from fitting this
+    /// round (its own holdings only grow in a round, so as many or more stay blocked).
+    own_blocked: HashMap<(ProjectId, Shape), u32>,
     interned: Interned,
     lowest_preemptible: Option<i32>,
     stop: bool,
@@ -520,7 +526,10 @@ impl Round<'_, '_> {
                     let n = self.failed_shapes.entry(shape.clone()).or_insert(u32::MAX);
                     *n = (*n).min(w.request.ncgpus);
                 }
-                let is_head = self.plan.head.is_none();
+                // A request its own project's VMs keep out, whatever other projects' end, is not
+                // the head: holding them back would not help it.
+                let is_head = self.plan.head.is_none()
+                    && !self.blocked_by_own_project(w, &request, shape.as_ref());
                 if is_head {
                     self.plan.head = Some(Head {
                         ticket: w.ticket,
@@ -553,6 +562,33 @@ impl Round<'_, '_> {
                 }
             }
         }
+    }
+
+    /// Whether `w` could not start even were every other project's VMs gone
+    /// ([`Pool::could_fit_beside`] its own project's). Changes nothing.
+    fn blocked_by_own_project(
+        &mut self,
+        w: &Waiting,
+        request: &Request,
+        shape: Option<&Shape>,
+    ) -> bool {
+        if self.books.quotas.usage(&w.project).cgpus == 0 {
+            return false;
+        }
+        let key = shape.map(|shape| (w.project.clone(), shape.clone()));
+        if let Some(&n) = key.as_ref().and_then(|key| self.own_blocked.get(key)) {
+            if n <= w.request.ncgpus {
+                return true;
+            }
+        }
+        let (pool, quotas) = (&mut *self.books.pool, &*self.books.quotas);
+        let own = || quotas.vms_of(&w.project).copied().collect();
+        let blocked = !pool.could_fit_beside(request, quotas.usage(&w.project).cgpus, own);
+        if let (true, Some(key)) = (blocked, key) {
+            let n = self.own_blocked.entry(key).or_insert(u32::MAX);
+            *n = (*n).min(w.request.ncgpus);
+        }
+        blocked
     }
 
     fn may_preempt(&self, w: &Waiting, shape: Option<&Shape>) -> bool {

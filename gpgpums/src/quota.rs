@@ -469,6 +469,11 @@ impl QuotaLedger {
         self.usage.get(project).copied().unwrap_or_default()
     }
 
+    /// The VMs whose holdings are charged to `project`, in no order (a pass over every VM).
+    pub fn vms_of<'a>(&'a self, project: &'a ProjectId) -> impl Iterator<Item = &'a VmId> + 'a {
+        self.holders.iter().filter(move |(_, h)| &h.project == project).map(|(vm, _)| vm)
+    }
+
     /// What the project's VMs hold of each GPU model, in name order.
     pub fn model_usage(&self, project: &ProjectId) -> impl Iterator<Item = (&str, Usage)> {
         self.model_usage.get(project).into_iter().flatten().map(|(m, u)| (&**m, *u))

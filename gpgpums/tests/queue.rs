@@ -155,13 +155,14 @@ fn a_request_over_its_quota_waits_without_blocking_others() {
 fn backfill_lets_small_requests_pass_the_head_a_bounded_number_of_times() {
     let rules = Rules { max_passes: 3, ..Rules::default() };
     let mut world = World::new(&[8192; 4]);
-    world.run(&launch(1, "p", 0, Request::exclusive(1)), false);
+    // Another project's VM keeps the head waiting (its own would hold nobody back).
+    world.run(&launch(1, "r", 0, Request::exclusive(1)), false);
     let mut big = launch(2, "p", 0, Request::exclusive(4));
     let smalls: Vec<Waiting> = (3..8).map(|t| launch(t, "q", 0, Request::exclusive(1))).collect();
     let queue: Vec<Waiting> = std::iter::once(big.clone()).chain(smalls.clone()).collect();
     // Without backfill nothing passes the head.
     let mut strict = World::new(&[8192; 4]);
-    strict.run(&launch(1, "p", 0, Request::exclusive(1)), false);
+    strict.run(&launch(1, "r", 0, Request::exclusive(1)), false);
     let planned = strict.plan(&queue, &Rules { backfill: false, ..rules });
     assert!(planned.started.is_empty());
     // With it, the three free GPUs go to small requests; the head is passed three times.
@@ -341,7 +342,7 @@ fn a_local_request_frees_room_on_one_host() {
 fn a_projects_own_starts_never_pass_its_head() {
     let rules = Rules { max_passes: 2, ..Rules::default() };
     let mut world = World::new(&[8192; 4]);
-    world.run(&launch(1, "a", 0, Request::exclusive(1)), false);
+    world.run(&launch(1, "z", 0, Request::exclusive(1)), false);
     let big = launch(2, "a", 0, Request::exclusive(4));
     let own: Vec<Waiting> = (3..6).map(|t| launch(t, "a", 0, Request::exclusive(1))).collect();
     let queue: Vec<Waiting> = std::iter::once(big).chain(own).collect();
@@ -352,13 +353,42 @@ fn a_projects_own_starts_never_pass_its_head() {
     assert_eq!(planned.head.unwrap().holding_since_ms, None);
 }
 
+/// A head that could not start were every other project's VMs gone (its own project's hold
+/// what it lacks) holds nobody back: it is not the head, however often it was passed, and what
+/// fits behind it starts; once its own VM ends it is the head again.
+#[test]
+fn a_request_its_own_project_keeps_out_holds_nobody_back() {
+    let rules = Rules { max_passes: 2, ..Rules::default() };
+    let mut world = World::new(&[8192; 4]);
+    world.run(&launch(1, "a", 0, Request::shared(1, 1024)), false);
+    let mut big = launch(2, "a", 0, Request::exclusive(4));
+    big.passed = 2;
+    big.holding_since_ms = Some(world.now_ms);
+    let smalls: Vec<Waiting> = (3..6).map(|t| launch(t, "b", 0, Request::exclusive(1))).collect();
+    let queue: Vec<Waiting> = std::iter::once(big.clone()).chain(smalls).collect();
+    let planned = world.plan(&queue, &rules);
+    assert_eq!(tickets(&planned), [3, 4, 5]);
+    assert_eq!(head(&planned), None, "{planned:?}");
+    // Another project's VM in its way instead: it is the head, and holds.
+    let mut world = World::new(&[8192; 4]);
+    world.run(&launch(1, "c", 0, Request::shared(1, 1024)), false);
+    let planned = world.plan(&queue, &rules);
+    assert!(planned.started.is_empty(), "{planned:?}");
+    assert_eq!(head(&planned), Some((TicketId(2), 2)));
+    // Its own VM gone, it starts.
+    let mut world = World::new(&[8192; 4]);
+    world.run(&launch(1, "a", 0, Request::shared(1, 1024)), false);
+    world.release(&vm(1001));
+    assert_eq!(tickets(&world.plan(&[big], &rules)), [2]);
+}
+
 /// A head that has held for `max_hold_ms` without its capacity freeing stops holding: what fits
 /// starts, and its project's requests must be passed `max_passes` times again before one holds.
 #[test]
 fn a_barrier_holds_for_at_most_max_hold_then_lets_others_start() {
     let rules = Rules { max_passes: 2, max_hold_ms: 60_000, ..Rules::default() };
     let mut world = World::new(&[8192; 4]);
-    world.run(&launch(1, "a", 0, Request::exclusive(1)), false);
+    world.run(&launch(1, "z", 0, Request::exclusive(1)), false);
     let mut big = launch(2, "a", 0, Request::exclusive(4));
     let mut other = launch(3, "a", 0, Request::exclusive(4));
     (big.passed, other.passed) = (2, 2);
@@ -746,7 +776,7 @@ fn models_of(world: &World, vm: &VmId) -> Vec<String> {
 fn a_request_for_a_full_model_does_not_hold_back_requests_for_any_model() {
     let mut world = mixed_world();
     for n in [1, 2] {
-        world.run(&launch(n, "a", 0, of_models(Request::exclusive(1), &["H100"])), false);
+        world.run(&launch(n, "x", 0, of_models(Request::exclusive(1), &["H100"])), false);
     }
     let queue = [
         launch(3, "a", 0, of_models(Request::exclusive(1), &["H100"])),

@@ -10,6 +10,7 @@ use crate::on_both_stores;
 use crate::support::{Store, TestService};
 
 on_both_stores!(
+    a_head_its_own_projects_vms_keep_out_holds_nobody_back,
     a_request_that_can_never_fit_is_refused_not_queued,
     a_requests_own_faults_are_422_while_the_queue_holds,
     one_project_cannot_hold_other_projects_launches_past_the_bound,
@@ -55,11 +56,13 @@ async fn a_request_that_can_never_fit_is_refused_not_queued(store: Store) {
 }
 
 /// A service (`queue.max_passes` 2, holds of `max_hold_secs`, no queue rounds but those a test
-/// runs) where `mallory`'s request for four exclusive cGPUs waits in the queue on its own VM, and
-/// a round has seen it; with that head.
-async fn a_queue_head_waiting_on_its_own_vm(
+/// runs) where `mallory`'s request for four exclusive cGPUs waits in the queue on a VM that
+/// never ends, `anchor`'s (an accomplice's project, or mallory's own), and a round has seen it;
+/// with that head.
+async fn a_queue_head_waiting_on_a_vm_that_never_ends(
     store: Store,
     max_hold_secs: u64,
+    anchor: &str,
 ) -> (TestService, Value) {
     let t = TestService::start_with(store, |c| {
         c.queue.max_passes = 2;
@@ -68,8 +71,9 @@ async fn a_queue_head_waiting_on_its_own_vm(
     })
     .await;
     let mallory = t.token("mallory", Role::Member);
-    let anchor = t.launch(&mallory, &shared(false)).await;
-    t.wait_state(&mallory, &anchor, "ready").await;
+    let owner = t.token(anchor, Role::Member);
+    let anchor = t.launch(&owner, &shared(false)).await;
+    t.wait_state(&owner, &anchor, "ready").await;
     let (status, head) = t.post(&mallory, "/v1/vms", &exclusive(4, true)).await;
     assert_eq!((status, head["state"].as_str()), (202, Some("queued")), "{head}");
     t.service().app.serve_queue_once().await.expect("a round");
@@ -81,7 +85,7 @@ async fn a_queue_head_waiting_on_its_own_vm(
 /// naming each field, not a 507 for capacity it would never have been placed with; and nothing
 /// more is queued.
 async fn a_requests_own_faults_are_422_while_the_queue_holds(store: Store) {
-    let (t, _) = a_queue_head_waiting_on_its_own_vm(store, 600).await;
+    let (t, _) = a_queue_head_waiting_on_a_vm_that_never_ends(store, 600, "dave").await;
     let (other, tenant) = (t.token("carol", Role::Member), t.token("alice", Role::Member));
     for _ in 0..2 {
         let (status, vm) = t.post(&other, "/v1/vms", &shared(false)).await;
@@ -114,12 +118,12 @@ async fn a_requests_own_faults_are_422_while_the_queue_holds(store: Store) {
     }
 }
 
-/// A tenant queues a request that fits the pool but waits on its own VM, which never ends. Its
-/// own launches never pass its head; other projects' starts do, and after `queue.max_passes` of
-/// them the head holds the free GPUs: but for `queue.max_hold_secs` at most, after which other
-/// projects launch again where the GPUs are free.
+/// A tenant queues a request that fits the pool but waits on an accomplice's VM, which never
+/// ends. Its own launches never pass its head; other projects' starts do, and after
+/// `queue.max_passes` of them the head holds the free GPUs: but for `queue.max_hold_secs` at
+/// most, after which other projects launch again where the GPUs are free.
 async fn one_project_cannot_hold_other_projects_launches_past_the_bound(store: Store) {
-    let (t, head) = a_queue_head_waiting_on_its_own_vm(store, 1).await;
+    let (t, head) = a_queue_head_waiting_on_a_vm_that_never_ends(store, 1, "dave").await;
     let app = t.service().app.clone();
     let attacker = t.token("mallory", Role::Member);
     let (other, victim) = (t.token("carol", Role::Member), t.token("alice", Role::Member));
@@ -146,6 +150,43 @@ async fn one_project_cannot_hold_other_projects_launches_past_the_bound(store: S
     assert_eq!(status, 202, "{vm}");
     let (_, head) = t.get(&attacker, &format!("/v1/vms/{}", head["id"].as_str().unwrap())).await;
     assert_eq!(head["state"], "queued", "{head}");
+}
+
+/// A tenant queues four exclusive cGPUs on the four-GPU testbed while its own VM holds one of
+/// them: only its own VM keeps the request out, so holding other projects back would not help it.
+/// However many of their launches start (more than `queue.max_passes`, for longer than
+/// `max_hold_secs`), none is held for it; when its own VM ends, its request starts.
+async fn a_head_its_own_projects_vms_keep_out_holds_nobody_back(store: Store) {
+    let (t, head) = a_queue_head_waiting_on_a_vm_that_never_ends(store, 600, "mallory").await;
+    let app = t.service().app.clone();
+    let (mallory, carol) = (t.token("mallory", Role::Member), t.token("carol", Role::Member));
+    for round in 0..6 {
+        let (status, vm) = t.post(&carol, "/v1/vms", &shared(false)).await;
+        assert_eq!(status, 202, "launch {round} held for mallory's head: {vm}");
+        let id = vm["id"].as_str().unwrap().to_owned();
+        t.wait_state(&carol, &id, "ready").await;
+        let (status, body) = t.delete(&carol, &format!("/v1/vms/{id}")).await;
+        assert_eq!(status, 202, "{body}");
+        t.wait_state(&carol, &id, "deleted").await;
+        app.serve_queue_once().await.expect("a round");
+    }
+    let head_id = head["id"].as_str().unwrap();
+    let (_, queued) = t.get(&mallory, &format!("/v1/vms/{head_id}")).await;
+    assert_eq!(queued["state"], "queued", "{queued}");
+    // Its own VM ends: the request starts.
+    let (_, own) = t.get(&mallory, "/v1/vms").await;
+    let anchor = own["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|vm| vm["id"] != head_id)
+        .map(|vm| vm["id"].as_str().unwrap().to_owned())
+        .expect("mallory's anchor");
+    let (status, body) = t.delete(&mallory, &format!("/v1/vms/{anchor}")).await;
+    assert_eq!(status, 202, "{body}");
+    t.wait_state(&mallory, &anchor, "deleted").await;
+    app.serve_queue_once().await.expect("a round");
+    t.wait_state(&mallory, head_id, "ready").await;
 }
 
 /// A time that is not ASCII is a 422 naming its parameter, not a panic that closes the connection

@@ -197,6 +197,70 @@ impl Pool {
         }
     }
 
+    /// Whether `request` might fit were every VM gone but one project's: its `own_cgpus` cGPUs,
+    /// on `own`'s VMs (asked for only when the pool is small enough that they could matter).
+    /// `false` means it could not: only its own project's VMs stand in its way. An upper bound
+    /// ([`Self::empty_room`]'s total, less what `own`'s cGPUs take from the GPUs they are on;
+    /// network constraints, hosts and relatives of partitioned GPUs are not looked at).
+    pub fn could_fit_beside(
+        &mut self,
+        request: &Request,
+        own_cgpus: u64,
+        own: impl FnOnce() -> Vec<VmId>,
+    ) -> bool {
+        let n = u64::from(request.ncgpus);
+        let filter = self.admission(&request.gpu_constraints());
+        let total = self.empty_room(request, &filter).0;
+        // Each cGPU takes at most one GPU's room: most pools are far too big for that to matter.
+        let most_per_gpu = self
+            .makeups()
+            .iter()
+            .flat_map(|m| m.gpus_by_kind_mib.iter())
+            .filter(|&&((kind, _), _)| filter.rank(kind).is_some())
+            .map(|&((_, mib), _)| empty_gpu_room(mib, request))
+            .max()
+            .unwrap_or(0);
+        if total.saturating_sub(own_cgpus.saturating_mul(most_per_gpu)) >= n {
+            return true;
+        }
+        self.room_beside(request, &filter, total, &own()) >= n
+    }
+
+    /// [`Self::could_fit_beside`]'s room: `total` less what `own`'s cGPUs take.
+    fn room_beside(&self, request: &Request, filter: &Filter, total: u64, own: &[VmId]) -> u64 {
+        // What `own` holds on each GPU: memory, and whether a cGPU is exclusive.
+        let mut held: HashMap<u32, (u64, bool)> = HashMap::new();
+        for placement in own.iter().filter_map(|vm| self.vms.get(vm)) {
+            for cgpu in &placement.cgpus {
+                let Some(&slot) = self.gpu_by_id.get(&cgpu.gpu) else { continue };
+                let entry = held.entry(slot).or_default();
+                entry.0 = entry.0.saturating_add(cgpu.memory_mib);
+                entry.1 |= cgpu.mode == Mode::Exclusive;
+            }
+        }
+        let taken: u64 = held
+            .into_iter()
+            .filter_map(|(slot, (mib, exclusive))| {
+                let gpu = &self.gpus[slot as usize];
+                let host = &self.hosts[gpu.host as usize];
+                let counted = host.state == HostState::Schedulable
+                    && host.kind == HostKind::ComputeGpu
+                    && self.serves(gpu)
+                    && filter.rank(gpu.kind).is_some();
+                counted.then(|| {
+                    let empty = empty_gpu_room(gpu.spec.memory_mib, request);
+                    let beside = if exclusive || request.mode == Mode::Exclusive {
+                        0
+                    } else {
+                        empty_gpu_room(gpu.spec.memory_mib.saturating_sub(mib), request)
+                    };
+                    empty.saturating_sub(beside)
+                })
+            })
+            .sum();
+        total.saturating_sub(taken)
+    }
+
     /// How many cGPUs of `request`'s kind the schedulable compute-gpu hosts could hold were they
     /// empty: in all, and on the one that could hold the most.
     pub(super) fn empty_room(&mut self, request: &Request, filter: &Filter) -> (u64, u64) {
