@@ -166,9 +166,16 @@ PIDS=()
 work=
 
 cleanup() {
-  for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
-  sleep 0.3
-  for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true; done
+  # Each was started in a session of its own (spawn_in_ns): its group is it and what it forked.
+  for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -- "-$pid" 2>/dev/null || true; done
+  local until=$((SECONDS + 5))
+  while [ $SECONDS -lt $until ]; do
+    local alive=
+    for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -0 -- "-$pid" 2>/dev/null && alive=1; done
+    [ -n "$alive" ] || break
+    sleep 0.1
+  done
+  for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill -9 -- "-$pid" 2>/dev/null || true; done
   # LUPINE's server forks a process per connection.
   pkill -f /tmp/gsaas-gpu-check-lupine/lupine_driver_server 2>/dev/null || true
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$P" || true); do
@@ -183,6 +190,11 @@ cleanup() {
 
 netns() { ip netns add "$P$1" && ip -n "$P$1" link set lo up && NS+=("$P$1"); }
 in_ns() { local ns=$1; shift; nsenter --net="/run/netns/$P$ns" "$@"; }
+# Starts `$@` in namespace $1 in the background, recorded in PIDS, in a session of its own, so
+# that cleanup ends it and whatever it forked. Not `in_ns ... &`: that backgrounds a subshell
+# running the function, whose PID is not the command's, and killing it orphaned the command.
+# (setsid, not a group leader in a script's job, execs in place: $! is the command's PID.)
+spawn_in_ns() { local ns=$1; shift; setsid nsenter --net="/run/netns/$P$ns" "$@" & PIDS+=($!); }
 veth() { # ns-a if-a cidr-a ns-b if-b cidr-b
   ip -n "$P$1" link add "$2" type veth peer name "$5" netns "$P$4"
   [ -n "$3" ] && ip -n "$P$1" addr add "$3" dev "$2"
@@ -404,14 +416,11 @@ EOF
   agent_config vm-host 10.240.0.11 'metadata_listen = "10.78.0.1:8775"'
   agent_config gpu-host 10.240.0.12 "$gpu_host_extra"
 
-  in_ns ctl env RUST_LOG=warn "$gsaasd" serve -c "$work/gsaasd.toml" >"$work/gsaasd.log" 2>&1 &
-  PIDS+=($!)
-  in_ns crg env LD_LIBRARY_PATH="$no_gpus" FAKE_NVML_GPUS= "$agent" \
-    --config "$work/vm-host.toml" >"$work/vm-host.log" 2>&1 &
-  PIDS+=($!)
-  in_ns cg env "${gpu_agent_env[@]}" "$agent" --config "$work/gpu-host.toml" \
-    >"$work/gpu-host.log" 2>&1 &
-  PIDS+=($!)
+  spawn_in_ns ctl env RUST_LOG=warn "$gsaasd" serve -c "$work/gsaasd.toml" >"$work/gsaasd.log" 2>&1
+  spawn_in_ns crg env LD_LIBRARY_PATH="$no_gpus" FAKE_NVML_GPUS= "$agent" \
+    --config "$work/vm-host.toml" >"$work/vm-host.log" 2>&1
+  spawn_in_ns cg env "${gpu_agent_env[@]}" "$agent" --config "$work/gpu-host.toml" \
+    >"$work/gpu-host.log" 2>&1
 
   hosts_ready() {
     http "$admin" GET /v1/hosts 2>/dev/null |
@@ -456,8 +465,7 @@ check_isolated() {
 # Starts `$@` in the GPU host's namespace (its log: gpu-server.log) and waits for its port.
 start_gpu_server() {
   # shellcheck disable=SC2068
-  in_ns cg $@ >"$work/gpu-server.log" 2>&1 &
-  PIDS+=($!)
+  spawn_in_ns cg $@ >"$work/gpu-server.log" 2>&1
   listening() { in_ns cg bash -c 'exec 3<>/dev/tcp/10.232.0.2/14833' 2>/dev/null; }
   wait_until 30 "the GPU server to listen" listening || { cat "$work/gpu-server.log"; return 1; }
 }
@@ -562,7 +570,7 @@ run() {
   else
     say "5. the program through LUPINE over loopback (no VM, no masking: see step 2)"
     [ -n "$work" ] || { work=$(mktemp -d /tmp/gsaas-gpu-check.XXXXXX); chmod 700 "$work"; }
-    env LD_LIBRARY_PATH="$server_libs" CUDA_VISIBLE_DEVICES=0 LUPINE_PORT=14833 \
+    setsid env LD_LIBRARY_PATH="$server_libs" CUDA_VISIBLE_DEVICES=0 LUPINE_PORT=14833 \
       "$build/lupine_driver_server" >"$work/gpu-server.log" 2>&1 &
     PIDS+=($!)
     wait_until 30 "LUPINE's server to listen" bash -c 'exec 3<>/dev/tcp/127.0.0.1/14833' \

@@ -54,13 +54,23 @@ fi
 # of them meanwhile waits for it instead of doing it again; the tests start once OpenStack is up.
 background=$(mktemp -d)
 pids=() openstack= stop_openstack=
+# Every process this run starts inherits the marker; at the end, scripts/leftovers.py names (and
+# ends) any still running, and the run fails: every script and test ends what it started.
+GSAAS_TEST_RUN="$$-$(date +%s%N)"
+export GSAAS_TEST_RUN
 finish() {
+  local status=$?
   # Whatever is still running in the background (this script failed first) ends before the cloud
   # is stopped, so that nothing starts after the stop.
   kill "${pids[@]}" $openstack 2>/dev/null || true
   wait "${pids[@]}" $openstack 2>/dev/null || true
   if [ -n "$stop_openstack" ]; then scripts/openstack-dev.sh stop; fi
   rm -rf "$background"
+  if ! python3 scripts/leftovers.py "$GSAAS_TEST_RUN"; then
+    echo "scripts/test.sh: the processes above outlived the run that started them" >&2
+    [ "$status" -ne 0 ] || status=1
+  fi
+  exit "$status"
 }
 trap finish EXIT
 for kind in osc horizon cloudkitty ceilometer; do
@@ -80,6 +90,7 @@ if ! scripts/openstack-dev.sh status >/dev/null 2>&1; then
   openstack=$!
 fi
 
+python3 scripts/leftovers.py --self-test
 # No import circle between a crate's modules, no arrow up gsaasd's layers (docs/architecture.md).
 python3 scripts/check-modules.py --self-test
 python3 scripts/check-modules.py

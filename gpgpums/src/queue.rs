@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use crate::booking::{book_within_model_limits, Refusal};
 use crate::error::Error;
-use crate::ids::{HostId, ProjectId, TicketId, VmId};
+use crate::ids::{GpuId, HostId, ProjectId, TicketId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
 use crate::pool::{Pool, Room};
 use crate::quota::{QuotaLedger, Shares, Usage};
@@ -572,7 +572,16 @@ impl Round<'_, '_> {
         request: &Request,
         shape: Option<&Shape>,
     ) -> bool {
-        if self.books.quotas.usage(&w.project).cgpus == 0 {
+        let quotas = &*self.books.quotas;
+        // What the project holds on the models the request may use (all, when it names none).
+        let models = &request.constraints.models;
+        let usage = if models.is_empty() {
+            quotas.usage(&w.project)
+        } else {
+            let on = quotas.model_usage(&w.project).filter(|(m, _)| models.iter().any(|n| n == m));
+            on.fold(Usage::default(), |sum, (_, usage)| sum.plus(usage))
+        };
+        if usage.cgpus == 0 {
             return false;
         }
         let key = shape.map(|shape| (w.project.clone(), shape.clone()));
@@ -583,7 +592,7 @@ impl Round<'_, '_> {
         }
         let (pool, quotas) = (&mut *self.books.pool, &*self.books.quotas);
         let own = || quotas.vms_of(&w.project).copied().collect();
-        let blocked = !pool.could_fit_beside(request, quotas.usage(&w.project).cgpus, own);
+        let blocked = !pool.could_fit_beside(request, &usage, own);
         if let (true, Some(key)) = (blocked, key) {
             let n = self.own_blocked.entry(key).or_insert(u32::MAX);
             *n = (*n).min(w.request.ncgpus);
@@ -762,6 +771,17 @@ impl Round<'_, '_> {
             }
             taken.append(&mut picked_cgpus);
         };
+        if fitted {
+            // Only what frees a GPU the request then takes: a victim elsewhere (in a rack its
+            // network constraint rules out, say) was taken on the way and would free it nothing.
+            // The GPUs it takes keep their state without the others, so it still fits.
+            let used: HashSet<GpuId> = placed(pool, w, request)
+                .expect("it fits")
+                .into_iter()
+                .map(|cgpu| cgpu.gpu)
+                .collect();
+            taken.retain(|(_, cgpu)| used.contains(&cgpu.gpu));
+        }
         let vm_hosts: BTreeMap<VmId, (VmHost, Option<crate::model::Resources>)> =
             originals.iter().map(|(vm, p)| (*vm, (p.vm_host.clone(), p.vm_resources))).collect();
         put_back(pool, originals);
@@ -865,20 +885,22 @@ fn fits(
     w: &Waiting,
     request: &Request,
 ) -> bool {
+    let Some(cgpus) = placed(pool, w, request) else { return false };
+    let holding = pool.holding(&cgpus);
+    let holding = if w.ask == Ask::Launch { holding.vm_with() } else { holding };
+    let vms = vms_in_use.get(&w.project).copied().unwrap_or(0);
+    quotas.admits(&w.project, &holding, vms)
+}
+
+/// The cGPUs `w` would get on the pool as it is now, or `None`. Changes nothing.
+fn placed(pool: &mut Pool, w: &Waiting, request: &Request) -> Option<Vec<CgpuAssignment>> {
     let placed = match &w.ask {
         Ask::Launch => pool.place(w.vm, request, &w.policy).map(|p| p.cgpus),
         Ask::Attach { on_host } => pool.attach(w.vm, request, &w.policy, on_host.as_ref()),
     };
-    match placed {
-        Ok(cgpus) => {
-            let holding = pool.holding(&cgpus);
-            let holding = if w.ask == Ask::Launch { holding.vm_with() } else { holding };
-            let vms = vms_in_use.get(&w.project).copied().unwrap_or(0);
-            unbook(pool, w, &cgpus);
-            quotas.admits(&w.project, &holding, vms)
-        }
-        Err(_) => false,
-    }
+    let cgpus = placed.ok()?;
+    unbook(pool, w, &cgpus);
+    Some(cgpus)
 }
 
 /// Undoes the booking of `w`'s `cgpus`.

@@ -840,6 +840,43 @@ fn preemption_takes_only_from_gpus_the_request_may_use() {
     assert_eq!(models_of(&world, &urgent.vm), ["H100"]);
 }
 
+/// Preemption for a request that needs its GPUs in one rack takes victims only where it then
+/// runs: not in a rack it cannot use, where the search passed first.
+#[test]
+fn preemption_for_one_rack_takes_nothing_in_a_rack_it_cannot_use() {
+    let mut world = World::new(&[]);
+    world.pool = Pool::new();
+    for (name, rack) in [("cg0", "r0"), ("cg1", "r1")] {
+        add_gpu_host(&mut world.pool, name, &[8192, 8192]);
+        let vm_host = gpgpums::HostId::new(format!("vm-{rack}")).unwrap();
+        world.pool.add_host(vm_host, gpgpums::HostKind::ComputeRgpu).unwrap();
+        for host in [name.to_owned(), format!("vm-{rack}")] {
+            let topology = [("rack".to_owned(), rack.to_owned())].into();
+            world.pool.set_host_topology(&gpgpums::HostId::new(host).unwrap(), topology).unwrap();
+        }
+    }
+    // Rack r0: one GPU preemptible, one held at a high priority; rack r1: both preemptible.
+    world.run(&launch(1, "low", 0, Request::exclusive(1)), true);
+    world.run(&launch(2, "high", 20, Request::exclusive(1)), false);
+    world.run(&launch(3, "low", 0, Request::exclusive(1)), true);
+    world.run(&launch(4, "low", 0, Request::exclusive(1)), true);
+    let rack_of = |world: &World, vm: &VmId| {
+        world.pool.placement(vm).unwrap().cgpus[0].host.as_str().to_owned()
+    };
+    assert_eq!(rack_of(&world, &vm(1001)), "cg0", "the first victim found is in rack r0");
+    let one_rack = gpgpums::NetworkConstraint { same: Some("rack".into()), ..Default::default() };
+    let two = Request::exclusive(2).with_locality(Locality::Remote).with_network(one_rack);
+    let urgent = launch(5, "urgent", 10, two);
+    let planned = world.plan(std::slice::from_ref(&urgent), &Rules::default());
+    let preemption = planned.preemption.clone().expect("a preemption");
+    let mut victims: Vec<VmId> = preemption.victims.iter().map(|s| s.vm).collect();
+    victims.sort();
+    assert_eq!(victims, [vm(1003), vm(1004)], "{preemption:?}");
+    world.reclaim(&planned);
+    assert_eq!(tickets(&world.plan(std::slice::from_ref(&urgent), &Rules::default())), [5]);
+    assert!(world.pool.placement(&vm(1001)).is_some(), "rack r0's VM was shrunk for nothing");
+}
+
 fn model_limit(model: &str, cgpus: u64) -> Quota {
     let limits = ModelLimits { cgpus: Some(cgpus), ..ModelLimits::default() };
     Quota { models: [(model.to_owned(), limits)].into(), ..Quota::default() }

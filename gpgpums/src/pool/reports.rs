@@ -197,30 +197,31 @@ impl Pool {
         }
     }
 
-    /// Whether `request` might fit were every VM gone but one project's: its `own_cgpus` cGPUs,
-    /// on `own`'s VMs (asked for only when the pool is small enough that they could matter).
-    /// `false` means it could not: only its own project's VMs stand in its way. An upper bound
-    /// ([`Self::empty_room`]'s total, less what `own`'s cGPUs take from the GPUs they are on;
-    /// network constraints, hosts and relatives of partitioned GPUs are not looked at).
+    /// Whether `request` might fit were every VM gone but one project's: `own_usage` (what it
+    /// holds, at most, on the GPUs `request` may use), on `own`'s VMs (asked for only when that
+    /// usage is large enough to matter). `false` means it could not: only its own project's VMs
+    /// stand in its way. An upper bound ([`Self::empty_room`]'s total, less what `own`'s cGPUs
+    /// take from the GPUs they are on; network constraints, hosts and relatives of partitioned
+    /// GPUs are not looked at).
     pub fn could_fit_beside(
         &mut self,
         request: &Request,
-        own_cgpus: u64,
+        own_usage: &Usage,
         own: impl FnOnce() -> Vec<VmId>,
     ) -> bool {
         let n = u64::from(request.ncgpus);
         let filter = self.admission(&request.gpu_constraints());
         let total = self.empty_room(request, &filter).0;
-        // Each cGPU takes at most one GPU's room: most pools are far too big for that to matter.
-        let most_per_gpu = self
-            .makeups()
-            .iter()
-            .flat_map(|m| m.gpus_by_kind_mib.iter())
-            .filter(|&&((kind, _), _)| filter.rank(kind).is_some())
-            .map(|&((_, mib), _)| empty_gpu_room(mib, request))
-            .max()
-            .unwrap_or(0);
-        if total.saturating_sub(own_cgpus.saturating_mul(most_per_gpu)) >= n {
+        // A cGPU of m MiB takes at most ceil(m / r) of a GPU's room for cGPUs of r MiB (an
+        // exclusive one's m is its GPU's memory), and one from a GPU that takes one cGPU each:
+        // in a pool of many projects, far less than there is.
+        let most_taken = match request.gpu_memory_mib {
+            Some(mib) if mib > 0 && request.mode != Mode::Exclusive && !request.distinct_gpus => {
+                (own_usage.memory_mib / mib).saturating_add(own_usage.cgpus)
+            }
+            _ => own_usage.cgpus,
+        };
+        if total.saturating_sub(most_taken) >= n {
             return true;
         }
         self.room_beside(request, &filter, total, &own()) >= n
