@@ -714,8 +714,8 @@ impl Round<'_, '_> {
         };
         let (quotas, vms_in_use) = (&*self.books.quotas, &*self.books.vms_in_use);
         let fitted = loop {
-            if fits(pool, quotas, vms_in_use, w, request) {
-                break true;
+            if let Some(cgpus) = fitting(pool, quotas, vms_in_use, w, request) {
+                break Some(cgpus);
             }
             // (cost, slot, picked victims, host)
             let mut best: Option<(usize, u32, Vec<usize>, HostId)> = None;
@@ -750,7 +750,7 @@ impl Round<'_, '_> {
                     consider(&mut best, slot, &on_gpu[&slot], pool);
                 }
             }
-            let Some((_, slot, picked, host)) = best else { break false };
+            let Some((_, slot, picked, host)) = best else { break None };
             if one_host {
                 on_host = Some(host);
             }
@@ -771,21 +771,17 @@ impl Round<'_, '_> {
             }
             taken.append(&mut picked_cgpus);
         };
-        if fitted {
+        if let Some(cgpus) = &fitted {
             // Only what frees a GPU the request then takes: a victim elsewhere (in a rack its
             // network constraint rules out, say) was taken on the way and would free it nothing.
             // The GPUs it takes keep their state without the others, so it still fits.
-            let used: HashSet<GpuId> = placed(pool, w, request)
-                .expect("it fits")
-                .into_iter()
-                .map(|cgpu| cgpu.gpu)
-                .collect();
+            let used: HashSet<&GpuId> = cgpus.iter().map(|cgpu| &cgpu.gpu).collect();
             taken.retain(|(_, cgpu)| used.contains(&cgpu.gpu));
         }
         let vm_hosts: BTreeMap<VmId, (VmHost, Option<crate::model::Resources>)> =
             originals.iter().map(|(vm, p)| (*vm, (p.vm_host.clone(), p.vm_resources))).collect();
         put_back(pool, originals);
-        if !fitted {
+        if fitted.is_none() {
             return None;
         }
         let mut victims: BTreeMap<VmId, Vec<CgpuAssignment>> = BTreeMap::new();
@@ -885,11 +881,22 @@ fn fits(
     w: &Waiting,
     request: &Request,
 ) -> bool {
-    let Some(cgpus) = placed(pool, w, request) else { return false };
+    fitting(pool, quotas, vms_in_use, w, request).is_some()
+}
+
+/// The cGPUs `w` would get now, if the pool and its project's quota allow. Changes nothing.
+fn fitting(
+    pool: &mut Pool,
+    quotas: &QuotaLedger,
+    vms_in_use: &HashMap<ProjectId, u64>,
+    w: &Waiting,
+    request: &Request,
+) -> Option<Vec<CgpuAssignment>> {
+    let cgpus = placed(pool, w, request)?;
     let holding = pool.holding(&cgpus);
     let holding = if w.ask == Ask::Launch { holding.vm_with() } else { holding };
     let vms = vms_in_use.get(&w.project).copied().unwrap_or(0);
-    quotas.admits(&w.project, &holding, vms)
+    quotas.admits(&w.project, &holding, vms).then_some(cgpus)
 }
 
 /// The cGPUs `w` would get on the pool as it is now, or `None`. Changes nothing.
