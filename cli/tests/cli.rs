@@ -240,6 +240,25 @@ fn the_papers_command_works_as_typed_with_the_services_image_and_flavor() {
     assert_eq!(vm["gpus"]["ncgpus"], 2, "{vm}");
 }
 
+/// On the embedded default (the simulated cloud, no `[launch]` defaults), the dissertation's
+/// command works as typed: the simulated cloud's first image and flavor are the service's.
+#[test]
+fn the_papers_command_works_as_typed_on_the_embedded_default() {
+    let server = Server::start();
+    let token = server.token("demo", Role::Member);
+    let paper =
+        server.gsaas(&token, &["-f", "json", "-l", "-ncgpus=2", "-poolmem=2048", "-mode=shared"]);
+    assert!(paper.status.success(), "{}", stderr(&paper));
+    let vm = json(&paper);
+    assert_eq!(
+        (vm["image"].as_str(), vm["flavor"].as_str()),
+        (Some("cirros-0.6.2"), Some("m1.tiny")),
+        "{vm}"
+    );
+    assert_eq!(vm["gpus"]["ncgpus"], 2, "{vm}");
+    assert_eq!(vm["gpus"]["mode"], "shared", "{vm}");
+}
+
 #[test]
 fn errors_are_one_line_with_distinct_exit_codes() {
     let server = Server::start();
@@ -255,8 +274,11 @@ fn errors_are_one_line_with_distinct_exit_codes() {
     // Usage: bad arguments, a missing image, a field the service refuses.
     let output = server.gsaas(&token, &["launch", "--ncgpus", "two"]);
     assert_eq!(output.status.code(), Some(2));
-    // No image anywhere, and the service names no default: refused by the service, naming it.
-    check(server.gsaas(&token, &["launch", "--ncgpus", "1"]), 2, "image: is required");
+    // No image anywhere (a simulated cloud that lists none, so the service names no default):
+    // refused by the service, naming it.
+    let bare = Server::start_with(|config| config.cloud.sim_mut().unwrap().images.clear());
+    let bare_token = bare.token("demo", Role::Member);
+    check(bare.gsaas(&bare_token, &["launch", "--ncgpus", "1"]), 2, "image: is required");
     let mut args = vec!["launch", "--ncgpus", "1", "--mode", "shared"];
     args.extend(VM);
     check(server.gsaas(&token, &args), 2, "gpu_memory_mib");

@@ -42,7 +42,8 @@ pub use pool::{
     Fragmentation, Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB,
 };
 pub use quota::{
-    Holding, ModelLimits, Quota, QuotaExceeded, QuotaLedger, Resource, Usage, MAX_MODEL_LIMITS,
+    Holding, ModelLimits, PoolSize, Quota, QuotaExceeded, QuotaLedger, Resource, Usage,
+    MAX_MODEL_LIMITS,
 };
 pub use remoting::Remoting;
 pub use topology::{topology_problem, NetworkConstraint, Strength, Topology, MAX_RTT_US};

@@ -10,7 +10,8 @@
 //!
 //! Order: higher priority first; within a priority, a request that has been passed over too often
 //! (see below) first, then the project that uses the smallest part of its quota (its dominant share,
-//! as in DRF: the largest of use/limit over its limited resources), then arrival.
+//! as in DRF: the largest of use/limit over its limited resources; a project with no limit at all,
+//! of the pool's GPU memory and GPUs), then arrival.
 //!
 //! Backfill: a request that fits may start while one ahead of it (the head: the first that does
 //! not fit) waits. Each start of another project's request passes the head once (a project's own
@@ -44,7 +45,7 @@ use crate::error::Error;
 use crate::ids::{GpuId, HostId, ProjectId, TicketId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
 use crate::pool::{Pool, Room};
-use crate::quota::{QuotaLedger, Shares, Usage};
+use crate::quota::{PoolSize, QuotaLedger, Shares, Usage};
 use crate::topology::NetworkConstraint;
 use crate::traits::GpuConstraints;
 
@@ -262,6 +263,7 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
         failed_shapes: HashMap::new(),
         failed_preemptions: HashSet::new(),
         own_blocked: HashMap::new(),
+        pool_size: None,
         interned: Interned::default(),
         lowest_preemptible: None,
         stop: false,
@@ -467,6 +469,8 @@ struct Round<'b, 'a> {
     /// The fewest cGPUs of each project's shape that its own VMs alone keep from fitting this
     /// round (its own holdings only grow in a round, so as many or more stay blocked).
     own_blocked: HashMap<(ProjectId, Shape), u32>,
+    /// What projects without limits are measured against, worked out on first use.
+    pool_size: Option<PoolSize>,
     interned: Interned,
     lowest_preemptible: Option<i32>,
     stop: bool,
@@ -474,9 +478,13 @@ struct Round<'b, 'a> {
 
 impl Round<'_, '_> {
     /// The project's dominant shares ([`QuotaLedger::shares`]).
-    fn shares(&self, project: &ProjectId) -> Shares {
+    fn shares(&mut self, project: &ProjectId) -> Shares {
         let vms = self.books.vms_in_use.get(project).copied().unwrap_or(0);
-        self.books.quotas.shares(project, vms)
+        let pool = *self.pool_size.get_or_insert_with(|| {
+            let totals = self.books.pool.totals();
+            PoolSize { memory_mib: totals.memory_mib, gpus: totals.gpus }
+        });
+        self.books.quotas.shares(project, vms, &pool)
     }
 
     /// `w`'s request on the models its project's limits leave it
@@ -781,9 +789,8 @@ impl Round<'_, '_> {
         let vm_hosts: BTreeMap<VmId, (VmHost, Option<crate::model::Resources>)> =
             originals.iter().map(|(vm, p)| (*vm, (p.vm_host.clone(), p.vm_resources))).collect();
         put_back(pool, originals);
-        if fitted.is_none() {
-            return None;
-        }
+        // Nothing fitted: nothing is taken.
+        fitted?;
         let mut victims: BTreeMap<VmId, Vec<CgpuAssignment>> = BTreeMap::new();
         for (vm, cgpu) in taken {
             victims.entry(vm).or_default().push(cgpu);

@@ -482,15 +482,29 @@ impl QuotaLedger {
     /// The project's dominant shares of its limits (as in DRF: the largest of use/limit), as the
     /// queue orders projects by them: of its totals, and of its limits on each model, so that
     /// what it holds of one model does not hold back its requests for another
-    /// ([`Shares::of`]). `vms_in_use` as in [`Self::charge`].
-    pub fn shares(&self, project: &ProjectId, vms_in_use: u64) -> Shares {
+    /// ([`Shares::of`]). A project with no limit at all is measured against the `pool` instead
+    /// (the largest of its share of the GPUs' memory and of the GPUs it holds whole): without
+    /// quotas, a project using more of the pool waits behind one using less, not in arrival
+    /// order. `vms_in_use` as in [`Self::charge`].
+    pub fn shares(&self, project: &ProjectId, vms_in_use: u64, pool: &PoolSize) -> Shares {
         let quota = self.quota(project);
         let usage = Usage { vms: vms_in_use, ..self.usage(project) };
-        let total = Resource::ALL
+        let limited = Resource::ALL
             .iter()
             .filter_map(|&r| quota.get(r).map(|limit| share(usage.get(r), limit)))
-            .max()
-            .unwrap_or(0);
+            .max();
+        let total = match limited {
+            Some(total) => total,
+            None if quota.models.is_empty() => {
+                [(usage.memory_mib, pool.memory_mib), (usage.exclusive_gpus, pool.gpus)]
+                    .into_iter()
+                    .filter(|&(_, size)| size > 0)
+                    .map(|(used, size)| share(used, size))
+                    .max()
+                    .unwrap_or(0)
+            }
+            None => 0,
+        };
         let models = self
             .model_rooms(project, quota)
             .map(|(model, limits, usage)| {
@@ -664,7 +678,15 @@ fn share(used: u64, limit: u64) -> u64 {
     }
 }
 
-/// A project's dominant shares, in millionths (0 without limits): see [`QuotaLedger::shares`].
+/// What a project without limits is measured against ([`QuotaLedger::shares`]): the pool's GPU
+/// memory and its GPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolSize {
+    pub memory_mib: u64,
+    pub gpus: u64,
+}
+
+/// A project's dominant shares, in millionths: see [`QuotaLedger::shares`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Shares {
     total: u64,
@@ -774,7 +796,7 @@ mod tests {
         named.constraints.models = vec!["T4".into()];
         assert!(matches!(ledger.within_model_limits(&alpha, &named, &fleet), Ok(Cow::Borrowed(_))));
         // Shares: of the H100s, all; of the L4s, half; of the T4s, none.
-        let shares = ledger.shares(&alpha, 0);
+        let shares = ledger.shares(&alpha, 0, &PoolSize::default());
         let share = |model: &str| shares.of(&[model.to_owned()]);
         assert_eq!((share("H100"), share("L4"), share("T4")), (1_000_000, 500_000, 0));
         assert_eq!(shares.of(&[]), 1_000_000, "a request for any model: the largest");

@@ -138,6 +138,32 @@ fn priority_comes_first_then_the_smaller_share_of_quota_then_arrival() {
     world.pool.audit().unwrap();
 }
 
+/// Without quotas, projects are ordered by their share of the pool: one using more waits behind
+/// one using less, whatever came first (with every share 0 it was arrival order).
+#[test]
+fn without_quotas_a_project_using_more_of_the_pool_waits_behind_one_using_less() {
+    let mut world = World::new(&[8192; 5]);
+    for t in 1..=3 {
+        world.run(&launch(t, "heavy", 0, Request::exclusive(1)), false);
+    }
+    world.run(&launch(4, "light", 0, Request::exclusive(1)), false);
+    let queue = [
+        launch(5, "heavy", 0, Request::exclusive(1)),
+        launch(6, "light", 0, Request::exclusive(1)),
+    ];
+    let planned = world.plan(&queue, &Rules::default());
+    assert_eq!(tickets(&planned), [6], "{planned:?}");
+    // Shared cGPUs count by memory: a quarter of a GPU is less than a whole one.
+    let mut world = World::new(&[8192; 3]);
+    world.run(&launch(1, "whole", 0, Request::exclusive(1)), false);
+    world.run(&launch(2, "quarter", 0, Request::shared(1, 2048)), false);
+    let queue = [
+        launch(3, "whole", 0, Request::exclusive(1)),
+        launch(4, "quarter", 0, Request::exclusive(1)),
+    ];
+    assert_eq!(tickets(&world.plan(&queue, &Rules::default())), [4]);
+}
+
 #[test]
 fn a_request_over_its_quota_waits_without_blocking_others() {
     let mut world = World::new(&[8192; 2]);

@@ -152,7 +152,7 @@ struct SagaRegistry {
 impl App {
     /// Builds the service and starts its batch writers (inside a tokio runtime).
     pub fn new(
-        config: Config,
+        mut config: Config,
         db: Db,
         keys: Keys,
         policy: LivePolicy,
@@ -167,6 +167,7 @@ impl App {
             Backend::Sqlite => Some(LaneThread::writer()?),
             Backend::Postgres => None,
         };
+        config.apply_cloud_defaults();
         let tasks = background::driver::Driver::new(background::tasks(backends.broker.is_some()));
         let app = Arc::new(App {
             config,

@@ -466,9 +466,10 @@ pub struct LaunchConfig {
     /// gsaasd (or the restarted one) resumes the saga once the claim runs out.
     pub saga_lease_secs: u64,
     /// The image of a launch that names none (the dissertation's `gsaas -l -ncgpus=2` names
-    /// none); none: such a launch is refused, naming `image`.
+    /// none); none: such a launch is refused, naming `image`. On the simulated cloud, the first
+    /// image it lists unless set.
     pub default_image: Option<String>,
-    /// The flavor of a launch that names none.
+    /// The flavor of a launch that names none (on the simulated cloud, the first it lists).
     pub default_flavor: Option<String>,
     /// How often a long-poll (`GET /v1/vms/{id}?wait=`) reads its VM again when no write of this
     /// gsaasd wakes it: at most how late it answers a VM settled by another replica's saga.
@@ -767,6 +768,20 @@ impl Config {
                 .map_err(|why| format!("inventory: host {}: {why}", host.name))?;
         }
         Ok(())
+    }
+
+    /// On the simulated cloud, a launch that names no image or flavor gets the first the cloud
+    /// lists unless `[launch]` names one: the embedded default runs the dissertation's
+    /// `gsaas -l -ncgpus=2 -poolmem=2048 -mode=shared` as typed. Nova has no such default.
+    pub fn apply_cloud_defaults(&mut self) {
+        let CloudConfig::Sim { sim } = &self.cloud else { return };
+        let launch = &mut self.launch;
+        if launch.default_image.is_none() {
+            launch.default_image = sim.images.first().cloned();
+        }
+        if launch.default_flavor.is_none() {
+            launch.default_flavor = sim.flavors.first().cloned();
+        }
     }
 
     pub fn database_url(&self) -> String {

@@ -195,12 +195,13 @@ pub fn resolve(
     complete_sections(&mut table).map_err(invalid)?;
     // Settings are read together (some only make sense together, as tls.cert and tls.key); an
     // error names the setting on its path.
-    let config = read(&table).map_err(|wrong| match culprit(&settings, &wrong) {
+    let mut config = read(&table).map_err(|wrong| match culprit(&settings, &wrong) {
         Some(setting) => {
             ConfigError::Setting { setting: setting.source.clone(), reason: wrong.to_string() }
         }
         None => invalid(wrong.to_string()),
     })?;
+    config.apply_cloud_defaults();
     config.check().map_err(invalid)?;
     Ok(config)
 }
