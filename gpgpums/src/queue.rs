@@ -714,7 +714,15 @@ impl Round<'_, '_> {
                        on_host: &Option<HostId>,
                        victims: &[(VmId, CgpuAssignment)]|
          -> Option<(Vec<usize>, HostId)> {
-            let room = pool.room(&victims.first()?.1.gpu, &request.gpu_constraints())?;
+            let gpu = &victims.first()?.1.gpu;
+            // A GPU partitioned under whole bookings from before: all of them must go, and then
+            // one of its partitions takes the request.
+            if let Some((host, cgpus, fits)) = pool.partitioned_room(gpu, request) {
+                let here = on_host.as_ref().is_none_or(|h| *h == host);
+                let all = victims.len() as u32 == cgpus;
+                return (here && fits && all).then(|| ((0..victims.len()).collect(), host));
+            }
+            let room = pool.room(gpu, &request.gpu_constraints())?;
             if on_host.as_ref().is_some_and(|h| *h != room.host) {
                 return None;
             }
@@ -783,7 +791,11 @@ impl Round<'_, '_> {
             // Only what frees a GPU the request then takes: a victim elsewhere (in a rack its
             // network constraint rules out, say) was taken on the way and would free it nothing.
             // The GPUs it takes keep their state without the others, so it still fits.
-            let used: HashSet<&GpuId> = cgpus.iter().map(|cgpu| &cgpu.gpu).collect();
+            // (A partition's parent counts as taken too: its whole bookings kept it unused.)
+            let used: HashSet<&GpuId> = cgpus
+                .iter()
+                .flat_map(|cgpu| std::iter::once(&cgpu.gpu).chain(pool.parent_of(&cgpu.gpu)))
+                .collect();
             taken.retain(|(_, cgpu)| used.contains(&cgpu.gpu));
         }
         let vm_hosts: BTreeMap<VmId, (VmHost, Option<crate::model::Resources>)> =

@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 
-use common::{add_gpu_host, add_model_host, gpu, host};
+use common::{add_gpu_host, add_model_host, gpu, host, partition_spec};
 use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
 use gpgpums::{
     GpuConstraints, Locality, ModelLimits, Pool, ProjectId, Quota, QuotaLedger, Request, Resource,
@@ -901,6 +901,25 @@ fn preemption_for_one_rack_takes_nothing_in_a_rack_it_cannot_use() {
     world.reclaim(&planned);
     assert_eq!(tickets(&world.plan(std::slice::from_ref(&urgent), &Rules::default())), [5]);
     assert!(world.pool.placement(&vm(1001)).is_some(), "rack r0's VM was shrunk for nothing");
+}
+
+/// A GPU partitioned while a preemptible VM held it whole: that booking keeps its partitions
+/// unused, and preemption for a request one partition takes frees it.
+#[test]
+fn preemption_frees_a_partitioned_gpus_whole_booking_from_before() {
+    let mut world = World::new(&[8192]);
+    world.run(&launch(1, "low", 0, Request::exclusive(1)), true);
+    let h = host("cg0");
+    world.pool.add_gpu(partition_spec(&h, 1, 0, "T4", "1g.4gb", 4096)).unwrap();
+    let urgent = launch(2, "high", 10, Request::shared(1, 1024));
+    let planned = world.plan(std::slice::from_ref(&urgent), &Rules::default());
+    let preemption = planned.preemption.clone().expect("a preemption");
+    let victims: Vec<VmId> = preemption.victims.iter().map(|s| s.vm).collect();
+    assert_eq!(victims, [vm(1001)], "{preemption:?}");
+    world.reclaim(&planned);
+    assert_eq!(tickets(&world.plan(std::slice::from_ref(&urgent), &Rules::default())), [2]);
+    let placement = world.pool.placement(&vm(1002)).unwrap();
+    assert_eq!(placement.cgpus[0].gpu, gpu("cg0", 1), "on the partition");
 }
 
 fn model_limit(model: &str, cgpus: u64) -> Quota {

@@ -146,6 +146,41 @@ impl Pool {
         })
     }
 
+    /// For a GPU partitioned while cGPUs held it whole (bookings from before its partitions,
+    /// which keep them all unused until they end): its host, how many cGPUs it holds, and
+    /// whether one of its partitions could take a cGPU of `request` once they are gone. `None`:
+    /// not such a GPU.
+    pub(crate) fn partitioned_room(
+        &self,
+        gpu: &GpuId,
+        request: &Request,
+    ) -> Option<(HostId, u32, bool)> {
+        let slot = *self.gpu_by_id.get(gpu)?;
+        let entry = &self.gpus[slot as usize];
+        if !entry.is_partitioned() || entry.cgpus == 0 {
+            return None;
+        }
+        let host = &self.hosts[entry.host as usize];
+        let constraints = request.gpu_constraints();
+        let takes = |part: &GpuEntry| {
+            part.takes_new()
+                && (constraints.is_empty()
+                    || constraints.admits(&self.kinds[part.kind as usize].kind))
+                && request.gpu_memory_mib.is_none_or(|mib| part.spec.memory_mib >= mib)
+        };
+        let fits = host.state == HostState::Schedulable
+            && entry.takes_new()
+            && entry.partitions.iter().any(|&p| takes(&self.gpus[p as usize]));
+        Some((host.id.clone(), entry.cgpus, fits))
+    }
+
+    /// The GPU `gpu` is a partition of, if it is one.
+    pub(crate) fn parent_of(&self, gpu: &GpuId) -> Option<&GpuId> {
+        let slot = *self.gpu_by_id.get(gpu)?;
+        let parent = self.gpus[slot as usize].parent?;
+        Some(&self.gpus[parent as usize].spec.id)
+    }
+
     /// Whether `request` could be placed were every booking gone: on today's GPUs that take new
     /// cGPUs (untainted, healthy, on schedulable hosts), with its locality and distinct-GPU rules,
     /// `on_host` when given (an attach to a `local` VM). A request that fails this waits for
