@@ -174,6 +174,7 @@ pub async fn start_with_sim(
     let app = App::new(config, db, keys, policy, backends).map_err(StartError::Writer)?;
     if in_process {
         app.register_inventory().await.map_err(StartError::Inventory)?;
+        app.record_nominal_rtts().await.map_err(StartError::Inventory)?;
     }
     app.sync_sim_hosts().await.map_err(StartError::Inventory)?;
     app.refresh_revocations().await.map_err(StartError::Database)?;

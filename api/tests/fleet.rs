@@ -543,6 +543,31 @@ async fn hosts_carry_their_topology_for_admins_only(store: Store) {
     assert_ne!(status, 200);
 }
 
+/// In-process hosts, which measure nothing, get round trips from their topology (50 µs in one
+/// rack, 150 µs one level out), so `network.max_rtt_us` places on them; and on the embedded
+/// default, whose testbed is one switch.
+async fn in_process_hosts_have_round_trips_from_their_topology(store: Store) {
+    let t = racks(store.clone()).await;
+    let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
+    let v2 = hosts["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "v2").unwrap();
+    assert_eq!(v2["rtt_us"], json!({"g1": 150, "g2": 50}), "{hosts}");
+    let member = t.member();
+    let near = |us: u32| {
+        json!({ "image": "cirros-0.6.2", "flavor": "m1.small", "ncgpus": 1, "gpu_memory_mib": 1024,
+            "mode": "shared", "locality": "remote", "network": {"max_rtt_us": us} })
+    };
+    let id = t.launch(&member, &near(100)).await;
+    let vm = t.wait_state(&member, &id, "ready").await;
+    assert_eq!(vm["gpus"]["network"], json!({"max_rtt_us": 100}), "{vm}");
+    let (status, problem) = t.post(&member, "/v1/vms", &near(40)).await;
+    assert_eq!(status, 507, "nothing is that near: {problem}");
+
+    let t = TestService::start(store).await;
+    let member = t.member();
+    let id = t.launch(&member, &near(60)).await;
+    t.wait_state(&member, &id, "ready").await;
+}
+
 /// g1 in rack r1, where no VM may run; g2 in rack r2 with the compute-rgpu host v2; v3 alone in
 /// rack r3. One zone. Each GPU host has two GPUs of 16 GiB.
 async fn racks(store: Store) -> TestService {
@@ -706,6 +731,7 @@ async fn round_trips_agents_measure_limit_where_a_vm_may_run(store: Store) {
 
 on_both_stores!(
     round_trips_agents_measure_limit_where_a_vm_may_run,
+    in_process_hosts_have_round_trips_from_their_topology,
     network_constraints_keep_the_vm_and_its_gpus_in_one_group,
     hosts_carry_their_topology_for_admins_only,
     a_host_repartitioned_while_in_use_keeps_reporting_and_its_new_partitions_join,

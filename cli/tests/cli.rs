@@ -295,7 +295,7 @@ fn errors_are_one_line_with_distinct_exit_codes() {
     let mut args = vec!["launch", "--ncgpus", "1", "--remoting", "scuda"];
     args.extend(VM);
     assert_eq!(server.gsaas(&token, &args).status.code(), Some(2));
-    // The testbed's hosts carry no topology: no level to ask for.
+    // The testbed's hosts are on one switch: no rack to ask for.
     let mut args = vec!["launch", "--ncgpus", "1", "--same", "rack", "--same-preferred"];
     args.extend(VM);
     check(server.gsaas(&token, &args), 2, "network.same");

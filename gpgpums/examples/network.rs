@@ -39,31 +39,17 @@ const GPUS_PER_HOST: u32 = 4;
 const GPU_MIB: u64 = 8192;
 const MEAN_RUN_S: f64 = 600.0;
 
-/// A host's place: (zone, rack, switch), each numbered fleet-wide.
-#[derive(Clone, Copy)]
-struct Place {
-    zone: u32,
-    rack: u32,
-    switch: u32,
-}
-
 struct Fleet {
     pool: Pool,
-    gpu_hosts: Vec<(HostId, Place)>,
-    vm_hosts: Vec<(HostId, Place)>,
+    gpu_hosts: Vec<HostId>,
+    vm_hosts: Vec<HostId>,
 }
 
-/// The round trip between two places, with a fixed jitter per pair.
-fn rtt_us(a: Place, b: Place, pair: u64) -> u32 {
-    let base = if a.switch == b.switch {
-        50.0
-    } else if a.rack == b.rack {
-        150.0
-    } else if a.zone == b.zone {
-        500.0
-    } else {
-        2000.0
-    };
+/// The round trip between two hosts: the pool's nominal one for where they sit
+/// ([`Pool::nominal_rtt_us`]: 50 µs on one switch, 150 in one rack, 500 in one zone, 2,000
+/// beyond), with a fixed jitter per pair.
+fn rtt_us(pool: &Pool, a: &HostId, b: &HostId, pair: u64) -> u32 {
+    let base = f64::from(pool.nominal_rtt_us(a, b).expect("hosts with a topology"));
     let jitter = SplitMix64::new(pair).unit() * 0.2 - 0.1;
     (base * (1.0 + jitter)) as u32
 }
@@ -73,9 +59,9 @@ fn fleet() -> Fleet {
     let (mut gpu_hosts, mut vm_hosts) = (Vec::new(), Vec::new());
     for switch in 0..ZONES * RACKS_PER_ZONE * SWITCHES_PER_RACK {
         let rack = switch / SWITCHES_PER_RACK;
-        let place = Place { zone: rack / RACKS_PER_ZONE, rack, switch };
+        let zone = rack / RACKS_PER_ZONE;
         let topology: Topology = [
-            ("zone".to_owned(), format!("z{}", place.zone)),
+            ("zone".to_owned(), format!("z{zone}")),
             ("rack".to_owned(), format!("r{rack}")),
             ("switch".to_owned(), format!("s{switch}")),
         ]
@@ -102,19 +88,23 @@ fn fleet() -> Fleet {
                 .expect("a new GPU");
             }
             pool.set_host_topology(&id, topology.clone()).expect("a topology");
-            gpu_hosts.push((id, place));
+            gpu_hosts.push(id);
         }
         for k in 0..VM_HOSTS_PER_SWITCH {
             let id = HostId::new(format!("vm-{switch}-{k}")).expect("a host name");
             pool.add_host(id.clone(), HostKind::ComputeRgpu).expect("a new host");
             pool.set_host_topology(&id, topology.clone()).expect("a topology");
-            vm_hosts.push((id, place));
+            vm_hosts.push(id);
         }
     }
-    for (v, (vm_host, at)) in vm_hosts.iter().enumerate() {
-        let measured = gpu_hosts.iter().enumerate().map(|(g, (gpu_host, there))| {
-            (gpu_host.clone(), rtt_us(*at, *there, (v as u64) << 32 | g as u64))
-        });
+    for (v, vm_host) in vm_hosts.iter().enumerate() {
+        let measured: Vec<(HostId, u32)> = gpu_hosts
+            .iter()
+            .enumerate()
+            .map(|(g, gpu_host)| {
+                (gpu_host.clone(), rtt_us(&pool, vm_host, gpu_host, (v as u64) << 32 | g as u64))
+            })
+            .collect();
         pool.set_host_rtts(vm_host, measured).expect("a registered host");
     }
     Fleet { pool, gpu_hosts, vm_hosts }
@@ -155,9 +145,7 @@ struct Outcome {
 
 fn replay(jobs: &[Job], policy: &str, network: &NetworkConstraint, seed: u64) -> Outcome {
     let Fleet { mut pool, gpu_hosts, vm_hosts } = fleet();
-    let place_of = |host: &HostId, list: &[(HostId, Place)]| {
-        list.iter().position(|(id, _)| id == host).map(|i| (i, list[i].1))
-    };
+    let place_of = |host: &HostId, list: &[HostId]| list.iter().position(|id| id == host);
     let mut rng = SplitMix64::new(seed);
     let mut ends: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let (mut rtts, mut placed, mut spent) = (Vec::new(), 0, 0.0);
@@ -179,14 +167,13 @@ fn replay(jobs: &[Job], policy: &str, network: &NetworkConstraint, seed: u64) ->
         let gpu_of: Vec<HostId> = placement.cgpus.iter().map(|c| c.host.clone()).collect();
         let allowed = pool.vm_hosts_for(&request, &gpu_of);
         spent += started.elapsed().as_secs_f64();
-        let allowed =
-            allowed.unwrap_or_else(|| vm_hosts.iter().map(|(id, _)| id.clone()).collect());
+        let allowed = allowed.unwrap_or_else(|| vm_hosts.clone());
         assert!(!allowed.is_empty(), "a placement with nowhere to run its VM");
         let vm_host = &allowed[rng.below(allowed.len() as u64) as usize];
-        let (v, vm_place) = place_of(vm_host, &vm_hosts).expect("a VM host");
+        let v = place_of(vm_host, &vm_hosts).expect("a VM host");
         for host in &gpu_of {
-            let (g, gpu_place) = place_of(host, &gpu_hosts).expect("a GPU host");
-            rtts.push(rtt_us(vm_place, gpu_place, (v as u64) << 32 | g as u64));
+            let g = place_of(host, &gpu_hosts).expect("a GPU host");
+            rtts.push(rtt_us(&pool, vm_host, host, (v as u64) << 32 | g as u64));
         }
         placed += 1;
         ends.push(Reverse((job.arrive_ms + job.run_ms, j)));

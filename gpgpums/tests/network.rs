@@ -247,3 +247,19 @@ fn nearest_inner_levels_stay_inside_the_required_group_even_where_levels_do_not_
     assert_eq!(placement.cgpus[0].host.as_str(), "gpu-y", "{placement:?}");
     assert_eq!(names(&hosts_of(&mut pool, &request, vm(1))), ["vm-1"]);
 }
+
+/// Hosts that measure nothing get round trips from where they sit: 50 µs in their innermost
+/// shared group, 150 µs one level out, 2,000 µs beyond (here: same rack, same zone, neither).
+#[test]
+fn nominal_round_trips_follow_the_topology() {
+    let mut pool = fleet();
+    let rtt = |a: &str, b: &str| pool.nominal_rtt_us(&host(a), &host(b));
+    assert_eq!(rtt("vm-a2", "gpu-a2"), Some(50));
+    assert_eq!(rtt("vm-a2", "gpu-a1"), Some(150));
+    assert_eq!(rtt("vm-a2", "gpu-b1"), Some(2_000));
+    assert_eq!(rtt("vm-b2", "gpu-b1"), Some(150));
+    assert_eq!(rtt("vm-a2", "vm-a2"), Some(0));
+    assert_eq!(rtt("vm-a2", "nowhere"), None);
+    add_gpu_host(&mut pool, "gpu-x", &[8192]);
+    assert_eq!(pool.nominal_rtt_us(&host("vm-a2"), &host("gpu-x")), None, "no topology");
+}

@@ -491,6 +491,35 @@ impl App {
         Ok(())
     }
 
+    /// The round trips of the inventory's in-process hosts, which no agent measures: each host's
+    /// to the hosts a real agent would measure ([`gpgpums::Pool::rtt_targets`]), derived from
+    /// their topologies ([`gpgpums::Pool::nominal_rtt_us`]), recorded where they changed. So
+    /// `network.max_rtt_us` works on the embedded default as on a measured fleet.
+    pub async fn record_nominal_rtts(&self) -> Result<(), Error> {
+        let stored: HashMap<HostId, BTreeMap<HostId, u32>> =
+            self.db.hosts().await?.into_iter().map(|h| (h.name, h.rtt_us)).collect();
+        let names: Vec<HostId> = self.config.inventory().into_iter().map(|h| h.name).collect();
+        self.with_pool(move |pool, tx| {
+            Box::pin(async move {
+                let now = now_ms();
+                for name in &names {
+                    let Some(targets) = pool.rtt_targets(name, MAX_RTT_TARGETS) else { continue };
+                    let rtts: BTreeMap<HostId, u32> = targets
+                        .into_iter()
+                        .filter_map(|(to, _)| Some((to.clone(), pool.nominal_rtt_us(name, &to)?)))
+                        .collect();
+                    if stored.get(name).is_some_and(|known| *known == rtts) || rtts.is_empty() {
+                        continue;
+                    }
+                    tx.set_host_rtts(name, &rtts, now).await?;
+                    pool.set_host_rtts(name, rtts.into_iter())?;
+                }
+                Ok(())
+            })
+        })
+        .await
+    }
+
     /// Every host, and the alerts of those that have some.
     pub async fn hosts_with_alerts(
         &self,

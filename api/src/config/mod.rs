@@ -795,7 +795,8 @@ impl Config {
     }
 
     /// The configured inventory, or the dissertation's testbed: one compute-GPU host with 4 GPUs of
-    /// 8 GiB (Quadro M4000), three compute-rGPU hosts.
+    /// 8 GiB (Quadro M4000), three compute-rGPU hosts, all on one switch (its topology, from
+    /// which their round trips are derived: `network.max_rtt_us` works on the embedded default).
     pub fn inventory(&self) -> Vec<InventoryHost> {
         if !self.inventory.is_empty() {
             return self.inventory.clone();
@@ -807,7 +808,7 @@ impl Config {
             gpu_network_address: None,
             remoting: Default::default(),
             server_base_port: None,
-            topology: Default::default(),
+            topology: [("switch".to_owned(), "testbed".to_owned())].into(),
         };
         let mut gpu_host = host("compute-gpu", HostKind::ComputeGpu);
         gpu_host.gpus = vec![InventoryGpu {

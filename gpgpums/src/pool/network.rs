@@ -114,6 +114,30 @@ impl Pool {
         Ok(unknown)
     }
 
+    /// A round trip from `from` to `to` derived from where they sit, for hosts whose agents
+    /// measure none (the embedded default's in-process hosts), as the network simulator
+    /// (`examples/network.rs`) models a fleet: 50 µs within their innermost shared group, 150 µs
+    /// one level out, 500 µs the level after, 2,000 µs beyond (0 to itself). `None`: a host is
+    /// not registered, or either has no topology.
+    pub fn nominal_rtt_us(&self, from: &HostId, to: &HostId) -> Option<u32> {
+        let (&f, &t) = (self.host_by_id.get(from)?, self.host_by_id.get(to)?);
+        if f == t {
+            return Some(0);
+        }
+        let (a, b) = (&self.places[f as usize].topology, &self.places[t as usize].topology);
+        if a.is_empty() || b.is_empty() {
+            return None;
+        }
+        let groups = self.groups();
+        let shared = |level: &String| a.get(level).is_some_and(|group| b.get(level) == Some(group));
+        Some(match groups.levels.iter().position(shared) {
+            Some(0) => 50,
+            Some(1) => 150,
+            Some(2) => 500,
+            _ => 2_000,
+        })
+    }
+
     /// The levels hosts carry, innermost first.
     pub fn levels(&self) -> Vec<String> {
         self.groups().levels.clone()
