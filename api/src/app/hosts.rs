@@ -512,7 +512,7 @@ impl App {
                         continue;
                     }
                     tx.set_host_rtts(name, &rtts, now).await?;
-                    pool.set_host_rtts(name, rtts.into_iter())?;
+                    pool.set_host_rtts(name, rtts)?;
                 }
                 Ok(())
             })
