@@ -547,7 +547,7 @@ async fn hosts_carry_their_topology_for_admins_only(store: Store) {
 /// rack, 150 µs one level out), so `network.max_rtt_us` places on them; and on the embedded
 /// default, whose testbed is one switch.
 async fn in_process_hosts_have_round_trips_from_their_topology(store: Store) {
-    let t = racks(store.clone()).await;
+    let t = racks(store).await;
     let (_, hosts) = t.get(&t.admin(), "/v1/hosts").await;
     let v2 = hosts["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "v2").unwrap();
     assert_eq!(v2["rtt_us"], json!({"g1": 150, "g2": 50}), "{hosts}");
