@@ -119,8 +119,16 @@ pub struct GpuReportBody {
     pub index: u32,
     pub model: String,
     pub memory_mib: u64,
-    /// Its server (one per GPU, on the host's GPU network address).
-    pub rcuda: RcudaBody,
+    /// Its GPU server (one per GPU, on the host's GPU network address), in the layer
+    /// `remoting` says. Also accepted as the deprecated `rcuda` (what agents send, so that every
+    /// gsaasd of the skew window reads their reports); exactly one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_server: Option<RcudaBody>,
+    /// Deprecated: `gpu_server` (a name that fits every layer). Kept in v1 for the agents that
+    /// send it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(deprecated)]
+    pub rcuda: Option<RcudaBody>,
     /// The layer its server speaks; rCUDA when absent. All of a host's GPUs speak one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remoting: Option<crate::RemotingParam>,

@@ -27,7 +27,13 @@ pub struct GpuView {
     pub exclusive: bool,
     pub cgpus: u32,
     pub jobs: u32,
-    /// Its server (one per GPU), and the layer it speaks.
+    /// Its GPU server (one per GPU), `address:port`; `remoting` is the layer it speaks. (Empty
+    /// from an older gsaasd, which names it `rcuda_endpoint` only.)
+    #[serde(default)]
+    pub gpu_server: String,
+    /// Deprecated: `gpu_server`, the same value under a name that fits every layer.
+    /// Kept in v1 for the clients that read it.
+    #[schema(deprecated)]
     pub rcuda_endpoint: String,
     #[serde(default)]
     pub remoting: crate::RemotingParam,

@@ -307,8 +307,13 @@ pub struct CgpuView {
     /// The GPU's host (admins only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    /// The real GPU server, in the VM's layer (admins only).
+    /// The real GPU server, in the VM's layer, `address:port` (admins only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_server: Option<String>,
+    /// Deprecated: `gpu_server`, the same value under a name that fits every layer (admins
+    /// only). Kept in v1 for the clients that read it.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(deprecated)]
     pub rcuda_endpoint: Option<String>,
 }
 

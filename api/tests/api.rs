@@ -146,7 +146,8 @@ async fn bad_input_names_the_field_and_changes_nothing(store: Store) {
         (with("policy", json!("worst-fit")), 422, "policy"),
         (with("image", json!("windows-95")), 422, "image"),
         (with("flavor", json!("m1.huge")), 422, "flavor"),
-        (with("image", json!("")), 422, "image"),
+        // (An empty image is the service's default: the simulated cloud's first.)
+        (with("image", json!("  ")), 422, "image"),
         (with("networks", json!(["nowhere"])), 422, "networks"),
         (with("name", json!("a\u{7}b")), 422, "name"),
         (with("surprise", json!(1)), 422, "surprise"),

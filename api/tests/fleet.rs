@@ -568,9 +568,61 @@ async fn in_process_hosts_have_round_trips_from_their_topology(store: Store) {
     t.wait_state(&member, &id, "ready").await;
 }
 
+/// A GPU server has a name that fits every layer, `gpu_server`, in the pool's and an admin's VM
+/// views; the old `rcuda_endpoint` stays beside it, marked deprecated in the API document. An
+/// agent may report its GPUs' servers as `gpu_server` or (deprecated) `rcuda`, not both.
+async fn gpu_servers_have_a_layer_neutral_name_and_the_rcuda_names_are_deprecated(store: Store) {
+    let document: Value = serde_json::from_str(include_str!("../../openapi/gsaas.json")).unwrap();
+    let schemas = &document["components"]["schemas"];
+    for (schema, old) in
+        [("GpuView", "rcuda_endpoint"), ("CgpuView", "rcuda_endpoint"), ("GpuReportBody", "rcuda")]
+    {
+        let properties = &schemas[schema]["properties"];
+        assert_eq!(properties[old]["deprecated"], true, "{schema}.{old}");
+        assert!(properties["gpu_server"].is_object(), "{schema} has no gpu_server");
+        assert!(properties["gpu_server"]["deprecated"].is_null(), "{schema}.gpu_server");
+    }
+
+    let (t, _vm_host, gpu_host) = support::agents::agent_cloud(store, 0).await;
+    let token = t.agent_token("cg-1");
+    let mut report = support::host_report("cg-1", "compute-gpu", &gpu_host.url, 1);
+    let server = report["gpus"][0]["rcuda"].clone();
+    let mut both = report.clone();
+    both["gpus"][0]["gpu_server"] = server.clone();
+    let (status, problem) = t.report_host(&token, "cg-1", &both).await;
+    assert!((400..500).contains(&status), "both names at once: {status} {problem}");
+    report["gpus"][0].as_object_mut().unwrap().remove("rcuda");
+    report["gpus"][0]["gpu_server"] = server;
+    let (status, body) = t.report_host(&token, "cg-1", &report).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
+    let host = pool["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "cg-1").unwrap();
+    let gpu = &host["gpus"][0];
+    let address = support::rcuda_address("cg-1");
+    assert_eq!(gpu["gpu_server"], format!("{address}:8308"), "{gpu}");
+    assert_eq!(gpu["rcuda_endpoint"], gpu["gpu_server"], "{gpu}");
+
+    let t = TestService::start(store).await;
+    let member = t.member();
+    let id = t.launch(&member, &support::shared_launch(1, 1024)).await;
+    t.wait_state(&member, &id, "ready").await;
+    let (_, vm) = t.get(&t.admin(), &format!("/v1/vms/{id}")).await;
+    let cgpu = &vm["cgpus"][0];
+    assert!(cgpu["gpu_server"].as_str().is_some_and(|s| s.contains(':')), "{vm}");
+    assert_eq!(cgpu["rcuda_endpoint"], cgpu["gpu_server"], "{vm}");
+    let (_, vm) = t.get(&member, &format!("/v1/vms/{id}")).await;
+    for hidden in ["gpu_server", "rcuda_endpoint"] {
+        assert!(vm["cgpus"][0].get(hidden).is_none(), "a tenant sees {hidden}: {vm}");
+    }
+}
+
 /// g1 in rack r1, where no VM may run; g2 in rack r2 with the compute-rgpu host v2; v3 alone in
 /// rack r3. One zone. Each GPU host has two GPUs of 16 GiB.
 async fn racks(store: Store) -> TestService {
+    racks_with(store, |_| {}).await
+}
+
+async fn racks_with(store: Store, tweak: impl FnOnce(&mut gsaasd::config::Config)) -> TestService {
     TestService::start_with(store, |config| {
         let host = |name: &str, kind, gpus, rack: &str| InventoryHost {
             name: name.parse().unwrap(),
@@ -588,8 +640,37 @@ async fn racks(store: Store) -> TestService {
             host("v2", HostKind::ComputeRgpu, vec![], "r2"),
             host("v3", HostKind::ComputeRgpu, vec![], "r3"),
         ];
+        tweak(config);
     })
     .await
+}
+
+/// A cGPU moved off its GPU keeps its VM's network constraint: not while the VM is still
+/// launching (its host not yet known: the move is refused until it settles), and after, onto a
+/// GPU of its VM's rack although another rack's GPUs come first.
+async fn a_moved_cgpu_keeps_its_vms_network_constraint_even_while_it_launches(store: Store) {
+    let t = racks_with(store, |config| {
+        config.cloud.sim_mut().unwrap().activation_delay_ms = 1_500;
+    })
+    .await;
+    let (admin, member) = (t.admin(), t.member());
+    let body = launch(1, json!({"locality": "remote", "network": {"same": "rack"}}));
+    let id = t.launch(&member, &body).await;
+    let gpu_of = |vm: &Value| vm["cgpus"][0]["gpu"].as_str().unwrap_or_default().to_owned();
+    let (_, vm) = t.get(&admin, &format!("/v1/vms/{id}")).await;
+    assert_ne!(vm["state"], "ready", "still launching: {vm}");
+    let first = gpu_of(&vm);
+    assert!(first.starts_with("g2:"), "{vm}");
+    let (status, problem) = t.post(&admin, &format!("/v1/gpus/{first}/evacuate"), &json!({})).await;
+    assert_eq!(status, 409, "moved while its VM launches: {problem}");
+    let (_, vm) = t.get(&admin, &format!("/v1/vms/{id}")).await;
+    assert_eq!(gpu_of(&vm), first, "{vm}");
+    t.wait_state(&member, &id, "ready").await;
+    let (status, body) = t.post(&admin, &format!("/v1/gpus/{first}/evacuate"), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, vm) = t.get(&admin, &format!("/v1/vms/{id}")).await;
+    let moved = gpu_of(&vm);
+    assert!(moved.starts_with("g2:") && moved != first, "out of its rack: {vm}");
 }
 
 /// A launch asking for one rack gets its GPUs and its VM there, attaches follow the VM's host,
@@ -732,6 +813,8 @@ async fn round_trips_agents_measure_limit_where_a_vm_may_run(store: Store) {
 on_both_stores!(
     round_trips_agents_measure_limit_where_a_vm_may_run,
     in_process_hosts_have_round_trips_from_their_topology,
+    gpu_servers_have_a_layer_neutral_name_and_the_rcuda_names_are_deprecated,
+    a_moved_cgpu_keeps_its_vms_network_constraint_even_while_it_launches,
     network_constraints_keep_the_vm_and_its_gpus_in_one_group,
     hosts_carry_their_topology_for_admins_only,
     a_host_repartitioned_while_in_use_keeps_reporting_and_its_new_partitions_join,

@@ -486,9 +486,11 @@ async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     .await;
     let member = t.member();
     let other = t.token("beta", Role::Member);
+    let third = t.token("gamma", Role::Member);
     let app = t.service().app.clone();
-    let big = t.launch(&member, &exclusive(3, false, 0)).await;
-    t.wait_state(&member, &big, "ready").await;
+    // Another project's VM is what the head waits on (one its own VMs keep out holds nobody).
+    let big = t.launch(&third, &exclusive(3, false, 0)).await;
+    t.wait_state(&third, &big, "ready").await;
     // Two GPUs wanted, one free: the head.
     let head = t.launch(&member, &exclusive(2, true, 0)).await;
     app.serve_queue_once().await.expect("a round");
@@ -509,8 +511,8 @@ async fn launches_that_skip_the_queue_cannot_starve_its_head(store: Store) {
     let urgent = t.launch(&member, &exclusive(1, false, 3)).await;
     t.wait_state(&member, &urgent, "ready").await;
     // Capacity frees: the head starts first.
-    for id in [&big, &urgent] {
-        let (status, _) = t.delete(&member, &format!("/v1/vms/{id}")).await;
+    for (owner, id) in [(&third, &big), (&member, &urgent)] {
+        let (status, _) = t.delete(owner, &format!("/v1/vms/{id}")).await;
         assert_eq!(status, 202);
     }
     t.wait_state(&member, &head, "ready").await;

@@ -78,7 +78,7 @@ pub fn vm(vm: &VmView) -> String {
         let admin = vm.cgpus[0].gpu.is_some();
         let mut headers = vec!["cGPU", "state", "masked endpoint", "memory MiB", "mode"];
         if admin {
-            headers.extend(["GPU", "rCUDA endpoint"]);
+            headers.extend(["GPU", "GPU server"]);
         }
         let rows: Vec<Vec<String>> = vm
             .cgpus
@@ -92,7 +92,8 @@ pub fn vm(vm: &VmView) -> String {
                     c.mode.clone(),
                 ];
                 if admin {
-                    row.extend([or_dash(c.gpu.as_ref()), or_dash(c.rcuda_endpoint.as_ref())]);
+                    let server = c.gpu_server.as_ref().or(c.rcuda_endpoint.as_ref());
+                    row.extend([or_dash(c.gpu.as_ref()), or_dash(server)]);
                 }
                 row
             })
@@ -256,7 +257,11 @@ pub fn pool(pool: &PoolView) -> String {
                             },
                             format!("{}/{}", g.allocated_mib, g.memory_mib),
                             g.cgpus.to_string(),
-                            g.rcuda_endpoint.clone(),
+                            if g.gpu_server.is_empty() {
+                                g.rcuda_endpoint.clone()
+                            } else {
+                                g.gpu_server.clone()
+                            },
                             gpu_condition(g),
                         ]
                     })
@@ -265,16 +270,7 @@ pub fn pool(pool: &PoolView) -> String {
             .collect();
         out.push('\n');
         out.push_str(&table(
-            &[
-                "host",
-                "state",
-                "GPU",
-                "model",
-                "MiB booked",
-                "cGPUs",
-                "rCUDA endpoint",
-                "condition",
-            ],
+            &["host", "state", "GPU", "model", "MiB booked", "cGPUs", "GPU server", "condition"],
             &rows,
         ));
     }
@@ -558,7 +554,8 @@ mod tests {
             let mut gpu = serde_json::json!({
                 "id": id, "index": 0, "model": "A100 MIG 3g.40gb", "memory_mib": 40960,
                 "allocated_mib": 0, "exclusive": false, "cgpus": 0, "jobs": 0,
-                "rcuda_endpoint": "10.0.0.1:8308", "vms": {}, "taint": null, "health": null,
+                "gpu_server": "10.0.0.1:8308", "rcuda_endpoint": "10.0.0.1:8308", "vms": {},
+                "taint": null, "health": null,
                 "fenced": 0
             });
             gpu.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());

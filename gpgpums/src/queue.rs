@@ -600,7 +600,7 @@ impl Round<'_, '_> {
         }
         let (pool, quotas) = (&mut *self.books.pool, &*self.books.quotas);
         let own = || quotas.vms_of(&w.project).copied().collect();
-        let blocked = !pool.could_fit_beside(request, &usage, own);
+        let blocked = !pool.could_fit_beside(request, &usage, own, self.books.reclaiming);
         if let (true, Some(key)) = (blocked, key) {
             let n = self.own_blocked.entry(key).or_insert(u32::MAX);
             *n = (*n).min(w.request.ncgpus);

@@ -510,6 +510,9 @@ pub struct GpuReport {
     pub index: u32,
     pub model: String,
     pub memory_mib: u64,
+    /// Its GPU server. On the wire `rcuda`, which every gsaasd of the skew window reads; a
+    /// report may name it `gpu_server`, the layer-neutral name (one of the two).
+    #[serde(alias = "gpu_server")]
     pub rcuda: RcudaEndpoint,
     /// Why the GPU is unhealthy (XID or uncorrectable ECC errors, gone from the bus, or what the
     /// host's config says); absent: healthy. An unhealthy GPU takes no new cGPUs.

@@ -741,7 +741,7 @@
       el('div', { class: `gpu-bar${gpu.exclusive ? ' exclusive' : ''}`, role: 'img',
         'aria-label': `GPU ${gpu.index}: ${mem(gpu.allocated_mib)} of ${gib(gpu.memory_mib)} booked` }, segments),
       el('div', { class: 'gpu-rcuda', data: { remoting: gpu.remoting || 'rcuda' } },
-        `${gpu.id} · ${layerName(gpu.remoting)} `, el('span', { class: 'mono', text: gpu.rcuda_endpoint })),
+        `${gpu.id} · ${layerName(gpu.remoting)} `, el('span', { class: 'mono', text: gpu.gpu_server || gpu.rcuda_endpoint })),
       renderGpuCondition(gpu));
   }
 
@@ -823,7 +823,7 @@
       c.state === 'live' ? null : el('span', { class: 'cgpu-state', text: `${c.state}…` }),
       el('span', { class: 'muted', text: `#${c.index} · ${mem(c.memory_mib)} ${c.mode}` }),
       c.gpu ? el('span', { class: 'where' }, 'on ', el('code', { text: c.gpu }), ' via ',
-        el('code', { text: c.rcuda_endpoint })) : null,
+        el('code', { text: c.gpu_server || c.rcuda_endpoint })) : null,
       vm.state === 'ready' && c.state === 'live' ? el('button', {
         type: 'button', class: 'small danger detach', text: 'Detach', disabled: changing,
         title: `Detach cGPU #${c.index}: its route is withdrawn, then its GPU memory released`,

@@ -359,6 +359,8 @@ fn constrain_request_fields(doc: &mut Value) {
     );
     let gpu = "/components/schemas/GpuReportBody/properties";
     merge(doc, &format!("{gpu}/id"), id);
+    // utoipa marks no optional reference deprecated: the old name of a GPU's server.
+    merge(doc, &format!("{gpu}/rcuda"), json!({ "deprecated": true }));
     merge(
         doc,
         &format!("{gpu}/model"),

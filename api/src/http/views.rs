@@ -129,6 +129,7 @@ pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
                 compute_percent: c.compute_percent,
                 gpu: admin.then(|| c.gpu.to_string()),
                 host: admin.then(|| c.host.to_string()),
+                gpu_server: admin.then(|| format!("{}:{}", c.rcuda_address, c.rcuda_port)),
                 rcuda_endpoint: admin.then(|| format!("{}:{}", c.rcuda_address, c.rcuda_port)),
             })
             .collect(),
@@ -274,6 +275,7 @@ pub fn pool_page(
                     GpuView {
                         id: g.id.to_string(),
                         index: g.index,
+                        gpu_server: format!("{}:{}", g.rcuda.address, g.rcuda.port),
                         rcuda_endpoint: format!("{}:{}", g.rcuda.address, g.rcuda.port),
                         remoting: g.attributes.remoting.into(),
                         model: g.model,

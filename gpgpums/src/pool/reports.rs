@@ -234,8 +234,8 @@ impl Pool {
 
     /// Whether `request` might fit were every VM gone but one project's: `own_usage` (what it
     /// holds, at most, on the GPUs `request` may use), on `own`'s VMs (asked for only when that
-    /// usage is large enough to matter). `false` means it could not: only its own project's VMs
-    /// stand in its way. An upper bound ([`Self::empty_room`]'s total, less what `own`'s cGPUs
+    /// usage is large enough to matter), but for the cGPUs `reclaiming` (being taken back, as
+    /// good as gone). `false` means it could not: only its own project's VMs stand in its way. An upper bound ([`Self::empty_room`]'s total, less what `own`'s cGPUs
     /// take from the GPUs they are on; network constraints, hosts and relatives of partitioned
     /// GPUs are not looked at).
     pub fn could_fit_beside(
@@ -243,6 +243,7 @@ impl Pool {
         request: &Request,
         own_usage: &Usage,
         own: impl FnOnce() -> Vec<VmId>,
+        reclaiming: &[(VmId, u32)],
     ) -> bool {
         let n = u64::from(request.ncgpus);
         let filter = self.admission(&request.gpu_constraints());
@@ -259,15 +260,23 @@ impl Pool {
         if total.saturating_sub(most_taken) >= n {
             return true;
         }
-        self.room_beside(request, &filter, total, &own()) >= n
+        self.room_beside(request, &filter, total, &own(), reclaiming) >= n
     }
 
     /// [`Self::could_fit_beside`]'s room: `total` less what `own`'s cGPUs take.
-    fn room_beside(&self, request: &Request, filter: &Filter, total: u64, own: &[VmId]) -> u64 {
+    fn room_beside(
+        &self,
+        request: &Request,
+        filter: &Filter,
+        total: u64,
+        own: &[VmId],
+        reclaiming: &[(VmId, u32)],
+    ) -> u64 {
         // What `own` holds on each GPU: memory, and whether a cGPU is exclusive.
         let mut held: HashMap<u32, (u64, bool)> = HashMap::new();
         for placement in own.iter().filter_map(|vm| self.vms.get(vm)) {
-            for cgpu in &placement.cgpus {
+            let kept = |c: &&CgpuAssignment| !reclaiming.contains(&(placement.vm, c.index));
+            for cgpu in placement.cgpus.iter().filter(kept) {
                 let Some(&slot) = self.gpu_by_id.get(&cgpu.gpu) else { continue };
                 let entry = held.entry(slot).or_default();
                 entry.0 = entry.0.saturating_add(cgpu.memory_mib);
