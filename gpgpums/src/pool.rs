@@ -50,7 +50,7 @@ use crate::model::{
     Locality, Mode, Placement, Request, Resources, UsageTotals, VmHost,
 };
 use crate::policy::{Candidate, CandidateIndex, Mix, Policy, PolicyRegistry, Query};
-use crate::quota::{Holding, Usage};
+use crate::quota::{Holding, PoolSize, Usage};
 use crate::traits::{GpuAttributes, GpuConstraints, GpuKind};
 
 mod audit;
@@ -400,6 +400,8 @@ pub struct Pool {
     /// The make-ups of the hosts' GPUs that take new cGPUs (see [`Pool::could_ever_fit`]),
     /// computed on first use since the inventory last changed.
     makeups: Option<Vec<HostMakeup>>,
+    /// Its GPUs' memory and number, computed on first use since the inventory last changed.
+    size: Option<PoolSize>,
     /// Slots hidden from decisions for the current placement (distinct GPUs, hosts tried for `local`).
     masked: Vec<bool>,
     /// Counts successful changes, so a caller can tell whether a failed operation touched the pool.
@@ -457,6 +459,7 @@ impl Pool {
             views_stale: false,
             limits: None,
             makeups: None,
+            size: None,
             masked: Vec::new(),
             changes: 0,
             host_changes: 0,

@@ -45,7 +45,7 @@ use crate::error::Error;
 use crate::ids::{GpuId, HostId, ProjectId, TicketId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
 use crate::pool::{Pool, Room};
-use crate::quota::{PoolSize, QuotaLedger, Shares, Usage};
+use crate::quota::{QuotaLedger, Shares, Usage};
 use crate::topology::NetworkConstraint;
 use crate::traits::GpuConstraints;
 
@@ -263,7 +263,6 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
         failed_shapes: HashMap::new(),
         failed_preemptions: HashSet::new(),
         own_blocked: HashMap::new(),
-        pool_size: None,
         interned: Interned::default(),
         lowest_preemptible: None,
         stop: false,
@@ -469,8 +468,6 @@ struct Round<'b, 'a> {
     /// The fewest cGPUs of each project's shape that its own VMs alone keep from fitting this
     /// round (its own holdings only grow in a round, so as many or more stay blocked).
     own_blocked: HashMap<(ProjectId, Shape), u32>,
-    /// What projects without limits are measured against, worked out on first use.
-    pool_size: Option<PoolSize>,
     interned: Interned,
     lowest_preemptible: Option<i32>,
     stop: bool,
@@ -480,10 +477,7 @@ impl Round<'_, '_> {
     /// The project's dominant shares ([`QuotaLedger::shares`]).
     fn shares(&mut self, project: &ProjectId) -> Shares {
         let vms = self.books.vms_in_use.get(project).copied().unwrap_or(0);
-        let pool = *self.pool_size.get_or_insert_with(|| {
-            let totals = self.books.pool.totals();
-            PoolSize { memory_mib: totals.memory_mib, gpus: totals.gpus }
-        });
+        let pool = self.books.pool.size();
         self.books.quotas.shares(project, vms, &pool)
     }
 

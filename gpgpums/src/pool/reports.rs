@@ -359,5 +359,22 @@ impl Pool {
     pub(super) fn inventory_changed(&mut self) {
         self.limits = None;
         self.makeups = None;
+        self.size = None;
+    }
+
+    /// The GPUs' memory and number (a partitioned GPU counts once, through its partitions), as
+    /// [`Self::totals`] sums them: what a project without limits is measured against
+    /// ([`crate::QuotaLedger::shares`]). Costs one pass over the GPUs after each inventory change.
+    pub fn size(&mut self) -> PoolSize {
+        if let Some(size) = self.size {
+            return size;
+        }
+        let whole = self.gpus.iter().filter(|gpu| !gpu.is_partitioned());
+        let size = whole.fold(PoolSize::default(), |size, gpu| PoolSize {
+            memory_mib: size.memory_mib + gpu.spec.memory_mib,
+            gpus: size.gpus + 1,
+        });
+        self.size = Some(size);
+        size
     }
 }
