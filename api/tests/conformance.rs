@@ -1,5 +1,5 @@
 //! The API conforms to its checked-in OpenAPI document, as schemathesis (PyPI) sees it: every
-//! check and every phase (examples, coverage, fuzzing, stateful) against a live gsaasd, once
+//! check but `use_after_free` (see below) and every phase (examples, coverage, fuzzing, stateful) against a live gsaasd, once
 //! with a member's token and once with an admin's, at least 1,000 cases each. Any failure fails
 //! the test, with schemathesis's report (each failure with its `curl` to reproduce it).
 //!
@@ -140,6 +140,13 @@ async fn conforms(store: Store) {
                 &auth,
                 "--checks",
                 "all",
+                // What a DELETE ends stays readable by design, so a GET after it is 200, not
+                // 404: a terminated VM, by its project and admins, in state `deleted` until
+                // `gsaasd db purge` removes it (as Nova shows deleted servers); a project's
+                // quota, reset to the defaults. (Reached since a launch that names no image or
+                // flavor gets the simulated cloud's.) Every other check runs.
+                "--exclude-checks",
+                "use_after_free",
                 "--phases",
                 "examples,coverage,fuzzing,stateful",
                 "--max-examples",
