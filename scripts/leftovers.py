@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What a test command left running: the processes whose environment carries
-GSAAS_TEST_RUN=<this run's marker> (scripts/test.sh exports it at its start, and every process the
+LEFTOVER_CHECK_RUN=<this run's marker> (scripts/test.sh exports it at its start, and every process the
 run starts inherits it), other than this script and its ancestors.
 
     scripts/leftovers.py MARKER          lists them and ends them (TERM, then KILL); exit 1 if any
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-VARIABLE = b"GSAAS_TEST_RUN="
+VARIABLE = b"LEFTOVER_CHECK_RUN="
 
 
 def ancestors():
@@ -77,10 +77,10 @@ def check(marker):
 
 def self_test():
     marker = f"self-test-{os.getpid()}"
-    env = dict(os.environ, GSAAS_TEST_RUN=marker)
+    env = dict(os.environ, LEFTOVER_CHECK_RUN=marker)
     # A process whose parent exits at once: the orphan an `&` left behind.
     subprocess.run(["sh", "-c", "sleep 60 & exit 0"], env=env, check=True)
-    other = subprocess.Popen(["sleep", "60"], env=dict(os.environ, GSAAS_TEST_RUN="another-run"))
+    other = subprocess.Popen(["sleep", "60"], env=dict(os.environ, LEFTOVER_CHECK_RUN="another-run"))
     try:
         left = carrying(marker)
         assert [c for _, c in left] == ["sleep 60"], left

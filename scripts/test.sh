@@ -55,9 +55,10 @@ fi
 background=$(mktemp -d)
 pids=() openstack= stop_openstack=
 # Every process this run starts inherits the marker; at the end, scripts/leftovers.py names (and
-# ends) any still running, and the run fails: every script and test ends what it started.
-GSAAS_TEST_RUN="$$-$(date +%s%N)"
-export GSAAS_TEST_RUN
+# ends) any still running, and the run fails: every script and test ends what it started. (Not a
+# GSAAS_* name: gsaasd reads those as its settings, and warns of one it does not know.)
+LEFTOVER_CHECK_RUN="$$-$(date +%s%N)"
+export LEFTOVER_CHECK_RUN
 finish() {
   local status=$?
   # Whatever is still running in the background (this script failed first) ends before the cloud
@@ -66,7 +67,7 @@ finish() {
   wait "${pids[@]}" $openstack 2>/dev/null || true
   if [ -n "$stop_openstack" ]; then scripts/openstack-dev.sh stop; fi
   rm -rf "$background"
-  if ! python3 scripts/leftovers.py "$GSAAS_TEST_RUN"; then
+  if ! python3 scripts/leftovers.py "$LEFTOVER_CHECK_RUN"; then
     echo "scripts/test.sh: the processes above outlived the run that started them" >&2
     [ "$status" -ne 0 ] || status=1
   fi
