@@ -220,43 +220,34 @@ fn launch_show_env_list_terminate_with_both_syntaxes() {
     assert_eq!(pool["totals"]["allocated_mib"], 0);
 }
 
-/// `gsaas -l -ncgpus=2 -poolmem=2048 -mode=shared`, exactly as the dissertation types it, when the
-/// service names a default image and flavor.
-#[test]
-fn the_papers_command_works_as_typed_with_the_services_image_and_flavor() {
-    let server = Server::start_with(|config| {
-        config.launch.default_image = Some("cirros-0.6.2".into());
-        config.launch.default_flavor = Some("m1.small".into());
-    });
+/// `gsaas -l -ncgpus=2 -poolmem=2048 -mode=shared`, exactly as the dissertation types it, as a
+/// member of `server`: the VM gets `image` and `flavor`, the service's defaults.
+fn the_papers_command_launches_with(server: &Server, image: &str, flavor: &str) {
     let token = server.token("demo", Role::Member);
     let paper =
         server.gsaas(&token, &["-f", "json", "-l", "-ncgpus=2", "-poolmem=2048", "-mode=shared"]);
     assert!(paper.status.success(), "{}", stderr(&paper));
     let vm = json(&paper);
-    assert_eq!(
-        (vm["image"].as_str(), vm["flavor"].as_str()),
-        (Some("cirros-0.6.2"), Some("m1.small"))
-    );
+    assert_eq!((vm["image"].as_str(), vm["flavor"].as_str()), (Some(image), Some(flavor)), "{vm}");
     assert_eq!(vm["gpus"]["ncgpus"], 2, "{vm}");
+    assert_eq!(vm["gpus"]["mode"], "shared", "{vm}");
+}
+
+/// The dissertation's command works as typed when the service names a default image and flavor.
+#[test]
+fn the_papers_command_works_as_typed_with_the_services_image_and_flavor() {
+    let server = Server::start_with(|config| {
+        config.launch.default_image = Some("ubuntu-22.04".into());
+        config.launch.default_flavor = Some("m1.small".into());
+    });
+    the_papers_command_launches_with(&server, "ubuntu-22.04", "m1.small");
 }
 
 /// On the embedded default (the simulated cloud, no `[launch]` defaults), the dissertation's
 /// command works as typed: the simulated cloud's first image and flavor are the service's.
 #[test]
 fn the_papers_command_works_as_typed_on_the_embedded_default() {
-    let server = Server::start();
-    let token = server.token("demo", Role::Member);
-    let paper =
-        server.gsaas(&token, &["-f", "json", "-l", "-ncgpus=2", "-poolmem=2048", "-mode=shared"]);
-    assert!(paper.status.success(), "{}", stderr(&paper));
-    let vm = json(&paper);
-    assert_eq!(
-        (vm["image"].as_str(), vm["flavor"].as_str()),
-        (Some("cirros-0.6.2"), Some("m1.tiny")),
-        "{vm}"
-    );
-    assert_eq!(vm["gpus"]["ncgpus"], 2, "{vm}");
-    assert_eq!(vm["gpus"]["mode"], "shared", "{vm}");
+    the_papers_command_launches_with(&Server::start(), "cirros-0.6.2", "m1.tiny");
 }
 
 #[test]
