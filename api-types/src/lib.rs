@@ -10,6 +10,7 @@
 //! `quota show`; splitting it would copy the type.
 
 pub mod auth;
+pub mod cohorts;
 pub mod health;
 pub mod hosts;
 pub mod pool;
@@ -21,6 +22,7 @@ pub mod usage;
 pub mod vms;
 
 pub use auth::*;
+pub use cohorts::*;
 pub use health::*;
 pub use hosts::*;
 pub use pool::*;

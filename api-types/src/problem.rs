@@ -50,4 +50,8 @@ pub struct QuotaProblem {
     pub limit: u64,
     pub in_use: u64,
     pub requested: u64,
+    /// The cohort whose lending `limit` includes (the request asked to borrow); absent: the
+    /// project's own limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cohort: Option<String>,
 }

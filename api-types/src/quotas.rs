@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use gpgpums::{ModelLimits, Quota};
+use gpgpums::{ModelLimits, Quota, Usage};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -61,8 +61,8 @@ pub struct QuotaUsage {
     pub models: BTreeMap<String, ModelQuotaUsage>,
 }
 
-/// What a project holds of one GPU model.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+/// What a project holds of one GPU model (or, in a cohort's view, of the lent resources).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ModelQuotaUsage {
     pub cgpus: u64,
     pub memory_mib: u64,
@@ -77,6 +77,13 @@ pub struct QuotaView {
     /// `true`: the project's own limits; `false`: the service's defaults.
     pub own_limits: bool,
     pub usage: QuotaUsage,
+    /// The cohort the project is in, if any: it may borrow past its limits on what the cohort's
+    /// other members leave unused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cohort: Option<String>,
+    /// What it holds past its limits now, borrowed from its cohort.
+    #[serde(default)]
+    pub borrowed: ModelQuotaUsage,
 }
 
 /// Quotas as a list.
@@ -123,6 +130,17 @@ impl From<ModelLimits> for ModelQuotaLimits {
             cgpus: l.cgpus,
             memory_mib: l.memory_mib,
             exclusive_gpus: l.exclusive_gpus,
+        }
+    }
+}
+
+impl From<Usage> for ModelQuotaUsage {
+    /// Its GPU resources (a VM is of no model, and not lent).
+    fn from(u: Usage) -> ModelQuotaUsage {
+        ModelQuotaUsage {
+            cgpus: u.cgpus,
+            memory_mib: u.memory_mib,
+            exclusive_gpus: u.exclusive_gpus,
         }
     }
 }

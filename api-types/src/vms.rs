@@ -258,6 +258,11 @@ pub struct LaunchRequest {
     /// (default true).
     #[serde(default = "yes")]
     pub give_back: bool,
+    /// Past the project's quota, run on what its cohort's other projects leave unused: the cGPUs
+    /// past the quota are `borrowed` and may be taken back when their owners need them. Absent:
+    /// the project's default in its cohort; outside a cohort there is nothing to borrow.
+    #[serde(default)]
+    pub borrow: Option<bool>,
 }
 
 /// `POST /v1/vms/{id}/cgpus`: cGPUs to attach to a ready VM. They follow the VM's locality.
@@ -285,6 +290,10 @@ pub struct AttachRequest {
     /// attach in its `queued_attaches`) instead of failing with 507.
     #[serde(default)]
     pub queue: bool,
+    /// Past the project's quota, borrow from its cohort (as at launch); absent: the project's
+    /// default.
+    #[serde(default)]
+    pub borrow: Option<bool>,
 }
 
 /// One cGPU of a VM.
@@ -301,6 +310,10 @@ pub struct CgpuView {
     /// Its share of its GPU's SMs, percent; absent: none (time-sliced, or the whole GPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_percent: Option<u8>,
+    /// Admitted past the project's quota, on what its cohort lends: it may be taken back when
+    /// the lender needs it (the VM keeps its other cGPUs).
+    #[serde(default)]
+    pub borrowed: bool,
     /// The physical GPU (admins only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<String>,

@@ -127,6 +127,7 @@ impl Bench {
             policy: None,
             queue: false,
             compute_percent: None,
+            borrow: None,
         }
     }
 

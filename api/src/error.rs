@@ -239,6 +239,7 @@ impl IntoResponse for Error {
                     limit: e.limit,
                     in_use: e.in_use,
                     requested: e.requested,
+                    cohort: e.cohort.as_ref().map(ToString::to_string),
                 }),
                 _ => None,
             },

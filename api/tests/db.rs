@@ -575,6 +575,7 @@ async fn each_change_of_a_vms_cgpus_is_read_again(store: Store) {
         rcuda_port: 8308,
         rcuda_gpu_number: 0,
         compute_percent: None,
+        borrowed_ms: None,
     };
     let mut conn = db.conn().await.unwrap();
     store_db::insert_cgpus(&mut conn, &[cgpu(0, "h1:gpu0"), cgpu(1, "h1:gpu0")]).await.unwrap();

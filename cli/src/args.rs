@@ -203,6 +203,11 @@ pub enum Command {
         #[command(subcommand)]
         command: QuotaCommand,
     },
+    /// Cohorts: projects that lend each other the quota they do not use (admins).
+    Cohort {
+        #[command(subcommand)]
+        command: CohortCommand,
+    },
     /// What projects used in a period (VM-, cGPU-, GPU-memory- and exclusive-GPU-hours, by GPU
     /// model): your project's; admins every project's; with PROJECT, that project's with each of
     /// its VMs.
@@ -251,6 +256,67 @@ pub enum QuotaCommand {
     },
     /// Give a project the default limits again (admins).
     Reset { project: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CohortCommand {
+    /// A cohort's members, their terms and what each lends and borrows; without NAME, every
+    /// cohort.
+    Show { name: Option<String> },
+    /// Put PROJECT in cohort NAME (made if new), or change its terms there; terms not given stay
+    /// as they are (a new member's: no limits, no borrowing by default); `none` is no limit.
+    Set {
+        name: String,
+        project: String,
+        /// How many cGPUs past its quota the project may borrow.
+        #[arg(long, value_parser = parse_limit)]
+        borrow_cgpus: Option<Limit>,
+        /// How much GPU memory (MiB) past its quota the project may borrow.
+        #[arg(long, value_parser = parse_limit)]
+        borrow_memory_mib: Option<Limit>,
+        /// How many exclusive GPUs past its quota the project may borrow.
+        #[arg(long, value_parser = parse_limit)]
+        borrow_exclusive_gpus: Option<Limit>,
+        /// How many of its unused cGPUs the others may borrow.
+        #[arg(long, value_parser = parse_limit)]
+        lend_cgpus: Option<Limit>,
+        /// How much of its unused GPU memory (MiB) the others may borrow.
+        #[arg(long, value_parser = parse_limit)]
+        lend_memory_mib: Option<Limit>,
+        /// How many of its unused exclusive GPUs the others may borrow.
+        #[arg(long, value_parser = parse_limit)]
+        lend_exclusive_gpus: Option<Limit>,
+        /// Whether its launches and attaches borrow when they do not say.
+        #[arg(long)]
+        borrow_by_default: Option<bool>,
+    },
+    /// Take PROJECT out of cohort NAME (its last member out ends the cohort).
+    Remove { name: String, project: String },
+    /// End cohort NAME: its members keep their own quotas; what they borrowed stays held.
+    Delete { name: String },
+}
+
+/// Whether a launch or attach borrows past the project's quota from its cohort.
+#[derive(Debug, Args)]
+pub struct Borrowing {
+    /// Past your project's quota, run on what its cohort's other projects leave unused (those
+    /// cGPUs are marked borrowed and may be taken back); default: your project's setting.
+    #[arg(long, conflicts_with = "no_borrow")]
+    pub borrow: bool,
+    /// Never borrow past your project's quota, whatever its setting.
+    #[arg(long)]
+    pub no_borrow: bool,
+}
+
+impl Borrowing {
+    /// As the request says it: asked, refused, or (neither) the project's default.
+    pub fn asked(&self) -> Option<bool> {
+        match (self.borrow, self.no_borrow) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        }
+    }
 }
 
 /// A quota limit as given on the command line: a number, or `none` (no limit).
@@ -361,6 +427,8 @@ pub struct Launch {
     /// With --preemptible: cGPUs taken back are not given back when capacity returns.
     #[arg(long, requires = "preemptible")]
     pub no_give_back: bool,
+    #[command(flatten)]
+    pub borrowing: Borrowing,
     /// Follow the launch stage by stage until the VM is ready (or fails).
     #[arg(long)]
     pub wait: bool,
@@ -388,6 +456,8 @@ pub struct Attach {
     /// Shared mode: each new cGPU's share of its GPU's SMs, percent (1-100).
     #[arg(long, value_name = "PERCENT")]
     pub compute_percent: Option<u32>,
+    #[command(flatten)]
+    pub borrowing: Borrowing,
     /// Makes a retried attach attach once.
     #[arg(long)]
     pub idempotency_key: Option<String>,

@@ -10,20 +10,22 @@ mod failure;
 mod openstack;
 mod output;
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gsaas_api_types::{
-    AttachRequest, CgpuState, GpuModels, LaunchRequest, LocalityParam, ModeParam, NetworkParam,
-    QuotaView, RemotingParam, StrengthParam, TaintRequest, TraitsParam, VmView, LAUNCH_STAGES,
+    AttachRequest, CgpuState, CohortMemberTerms, CohortRequest, CohortView, GpuModels,
+    LaunchRequest, LocalityParam, ModeParam, NetworkParam, QuotaView, RemotingParam, StrengthParam,
+    TaintRequest, TraitsParam, VmView, LAUNCH_STAGES,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use args::{Cli, Command, Format, Launch, Limit, QuotaCommand};
+use args::{Cli, CohortCommand, Command, Format, Launch, Limit, QuotaCommand};
 use client::{exit, Auth, Client, Failure, FileConfig};
 
 const DEFAULT_URL: &str = "http://127.0.0.1:8080";
@@ -175,6 +177,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             print(format, &client.post(&path, &json!({}), None)?, output::task)
         }
         Command::Quota { command } => quota(&client, format, command),
+        Command::Cohort { command } => cohort(&client, format, command),
         Command::Usage { project, start, end, csv } => {
             let mut path = match &project {
                 Some(project) => format!("/v1/usage/{}", path_segment(project)?),
@@ -303,6 +306,75 @@ fn quota(client: &Client, format: Format, command: QuotaCommand) -> Result<(), F
     }
 }
 
+fn cohort(client: &Client, format: Format, command: CohortCommand) -> Result<(), Failure> {
+    let members_of = |path: &str| -> Result<BTreeMap<String, CohortMemberTerms>, Failure> {
+        match client.get(path) {
+            Ok(cohort) => {
+                let cohort: CohortView = typed(&cohort)?;
+                Ok(cohort.members.into_iter().map(|(p, m)| (p, m.terms)).collect())
+            }
+            Err(e) if e.code == exit::NOT_FOUND => Ok(BTreeMap::new()),
+            Err(e) => Err(e),
+        }
+    };
+    match command {
+        CohortCommand::Show { name: None } => {
+            print(format, &client.get("/v1/cohorts")?, output::cohort_list)
+        }
+        CohortCommand::Show { name: Some(name) } => print(
+            format,
+            &client.get(&format!("/v1/cohorts/{}", path_segment(&name)?))?,
+            output::cohort,
+        ),
+        CohortCommand::Set {
+            name,
+            project,
+            borrow_cgpus,
+            borrow_memory_mib,
+            borrow_exclusive_gpus,
+            lend_cgpus,
+            lend_memory_mib,
+            lend_exclusive_gpus,
+            borrow_by_default,
+        } => {
+            let path = format!("/v1/cohorts/{}", path_segment(&name)?);
+            let mut members = members_of(&path)?;
+            let terms = members.entry(project).or_default();
+            let b = &mut terms.borrowing_limit;
+            let slots = [&mut b.cgpus, &mut b.memory_mib, &mut b.exclusive_gpus];
+            set_limits(slots, [borrow_cgpus, borrow_memory_mib, borrow_exclusive_gpus]);
+            let l = &mut terms.lending_limit;
+            let slots = [&mut l.cgpus, &mut l.memory_mib, &mut l.exclusive_gpus];
+            set_limits(slots, [lend_cgpus, lend_memory_mib, lend_exclusive_gpus]);
+            if let Some(by_default) = borrow_by_default {
+                terms.borrow_by_default = by_default;
+            }
+            print(format, &client.put(&path, &body(&CohortRequest { members }))?, output::cohort)
+        }
+        CohortCommand::Remove { name, project } => {
+            let path = format!("/v1/cohorts/{}", path_segment(&name)?);
+            let mut members = members_of(&path)?;
+            if members.remove(&project).is_none() {
+                return Err(Failure {
+                    message: format!("project {project} is not in cohort {name}"),
+                    code: exit::NOT_FOUND,
+                });
+            }
+            if members.is_empty() {
+                client.delete(&path)?;
+                println!("cohort {name} ended: {project} was its last member");
+                return Ok(());
+            }
+            print(format, &client.put(&path, &body(&CohortRequest { members }))?, output::cohort)
+        }
+        CohortCommand::Delete { name } => {
+            client.delete(&format!("/v1/cohorts/{}", path_segment(&name)?))?;
+            println!("cohort {name} ended");
+            Ok(())
+        }
+    }
+}
+
 /// A value that goes into a URL path, checked so it cannot change the path.
 fn path_segment(value: &str) -> Result<&str, Failure> {
     if value.is_empty()
@@ -400,6 +472,7 @@ fn launch_vm(
         priority: launch.priority,
         preemptible: launch.preemptible,
         give_back: !launch.no_give_back,
+        borrow: launch.borrowing.asked(),
     };
     let vm = client.post("/v1/vms", &body(&request), launch.idempotency_key.as_deref())?;
     if !launch.wait {
@@ -434,6 +507,7 @@ fn attach_cgpus(client: &Client, format: Format, attach: args::Attach) -> Result
         compute_percent: attach.compute_percent,
         policy: attach.policy,
         queue: attach.queue,
+        borrow: attach.borrowing.asked(),
     };
     let path = format!("/v1/vms/{}/cgpus", path_segment(&attach.id)?);
     let vm = client.post(&path, &body(&request), attach.idempotency_key.as_deref())?;

@@ -9,9 +9,10 @@ use std::fmt::Display;
 use std::fmt::Write;
 
 use gsaas_api_types::{
-    BackgroundTaskList, BackgroundTaskView, EvacuationView, FenceList, GpuTaintView, GpuView,
-    HostList, HostView, PoolView, QueueView, QuotaList, QuotaView, TaskOutcome, UsageReport,
-    UsageTotals, VmList, VmView, LAUNCH_STAGES,
+    BackgroundTaskList, BackgroundTaskView, CohortList, CohortView, EvacuationView, FenceList,
+    GpuTaintView, GpuView, HostList, HostView, ModelQuotaLimits, ModelQuotaUsage, PoolView,
+    QueueView, QuotaList, QuotaView, TaskOutcome, UsageReport, UsageTotals, VmList, VmView,
+    LAUNCH_STAGES,
 };
 
 /// Left-aligned columns, two spaces apart.
@@ -76,7 +77,11 @@ pub fn vm(vm: &VmView) -> String {
     }
     if !vm.cgpus.is_empty() {
         let admin = vm.cgpus[0].gpu.is_some();
+        let any_borrowed = vm.cgpus.iter().any(|c| c.borrowed);
         let mut headers = vec!["cGPU", "state", "masked endpoint", "memory MiB", "mode"];
+        if any_borrowed {
+            headers.push("borrowed");
+        }
         if admin {
             headers.extend(["GPU", "GPU server"]);
         }
@@ -91,6 +96,9 @@ pub fn vm(vm: &VmView) -> String {
                     c.memory_mib.to_string(),
                     c.mode.clone(),
                 ];
+                if any_borrowed {
+                    row.push(if c.borrowed { "yes" } else { "no" }.to_owned());
+                }
                 if admin {
                     let server = c.gpu_server.as_ref().or(c.rcuda_endpoint.as_ref());
                     row.extend([or_dash(c.gpu.as_ref()), or_dash(server)]);
@@ -418,6 +426,13 @@ pub fn quota(quota: &QuotaView) -> String {
         table(&["resource", "used / limit"], &rows),
         or_dash(quota.limits.max_priority)
     );
+    if let Some(cohort) = &quota.cohort {
+        let _ = writeln!(
+            out,
+            "cohort: {cohort}; borrowed past the limits: {} (cGPUs / memory MiB / exclusive GPUs)",
+            lent(&quota.borrowed)
+        );
+    }
     // Per GPU model: those limited or held.
     let mut models: Vec<&String> =
         quota.limits.models.keys().chain(quota.usage.models.keys()).collect();
@@ -458,6 +473,61 @@ pub fn quota_list(list: &QuotaList) -> String {
         })
         .collect();
     table(&["project", "cgpus", "memory_mib", "exclusive_gpus", "vms", "limits"], &rows)
+}
+
+/// The lent resources as `cGPUs / MiB / exclusive GPUs`.
+fn lent(u: &ModelQuotaUsage) -> String {
+    format!("{} / {} / {}", u.cgpus, u.memory_mib, u.exclusive_gpus)
+}
+
+/// Limits on the lent resources as `cGPUs / MiB / exclusive GPUs` (`none`: no limit).
+fn lent_limits(l: &ModelQuotaLimits) -> String {
+    let one = |n: Option<u64>| n.map_or_else(|| "none".to_owned(), |n| n.to_string());
+    format!("{} / {} / {}", one(l.cgpus), one(l.memory_mib), one(l.exclusive_gpus))
+}
+
+/// A cohort: a row per member (cGPUs / MiB / exclusive GPUs in each cell), then its totals.
+pub fn cohort(cohort: &CohortView) -> String {
+    let rows: Vec<Vec<String>> = cohort
+        .members
+        .iter()
+        .map(|(project, m)| {
+            vec![
+                project.clone(),
+                lent(&m.borrowed),
+                lent(&m.lendable),
+                lent_limits(&m.terms.borrowing_limit),
+                lent_limits(&m.terms.lending_limit),
+                if m.terms.borrow_by_default { "yes" } else { "no" }.to_owned(),
+            ]
+        })
+        .collect();
+    let headers = [
+        "project",
+        "borrowed",
+        "lendable",
+        "borrowing limit",
+        "lending limit",
+        "borrows by default",
+    ];
+    format!(
+        "cohort {} (cGPUs / memory MiB / exclusive GPUs)\n{}borrowed in all: {}; lendable in all: {}\n",
+        cohort.name,
+        table(&headers, &rows),
+        lent(&cohort.borrowed),
+        lent(&cohort.lendable)
+    )
+}
+
+pub fn cohort_list(list: &CohortList) -> String {
+    let rows: Vec<Vec<String>> = list
+        .cohorts
+        .iter()
+        .map(|c| {
+            vec![c.name.clone(), c.members.len().to_string(), lent(&c.borrowed), lent(&c.lendable)]
+        })
+        .collect();
+    table(&["cohort", "members", "borrowed", "lendable"], &rows)
 }
 
 /// Hours, from seconds, as usage tables show them.

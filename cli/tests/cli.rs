@@ -422,6 +422,52 @@ fn quotas_are_shown_set_and_enforced_with_their_own_exit_message() {
 }
 
 #[test]
+fn cohorts_are_set_member_by_member_and_a_launch_borrows_when_asked() {
+    let server = Server::start();
+    let (admin, member) = (server.token("ops", Role::Admin), server.token("alpha", Role::Member));
+    server.gsaas(&admin, &["quota", "set", "alpha", "--cgpus", "1"]);
+    server.gsaas(&admin, &["quota", "set", "beta", "--cgpus", "3"]);
+    // Member by member: terms not given stay.
+    let set = ["-f", "json", "cohort", "set", "lab", "alpha", "--borrow-cgpus", "2"];
+    let lab = json(&server.gsaas(&admin, &set));
+    assert_eq!(lab["members"]["alpha"]["terms"]["borrowing_limit"]["cgpus"], 2, "{lab}");
+    let set = ["-f", "json", "cohort", "set", "lab", "beta", "--lend-cgpus", "1"];
+    let lab = json(&server.gsaas(&admin, &set));
+    assert_eq!(lab["members"]["alpha"]["terms"]["borrowing_limit"]["cgpus"], 2, "{lab}");
+    assert_eq!(lab["lendable"]["cgpus"], 2, "alpha's 1 and beta's 1: {lab}");
+    let tenant = server.gsaas(&member, &["cohort", "show"]);
+    assert_ne!(tenant.status.code(), Some(0), "a tenant read the cohorts");
+    let bad = server.gsaas(&admin, &["cohort", "set", "lab", "alpha", "--lend-cgpus", "-1"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+
+    // Past the quota: refused unless asked; asked, the second cGPU is on loan and shown so.
+    let two = [&["launch", "--ncgpus", "2", "--poolmem", "512", "--mode", "shared"][..], &VM[..]]
+        .concat();
+    let over = server.gsaas(&member, &two);
+    assert_eq!(over.status.code(), Some(1), "{}", stderr(&over));
+    let borrowing = [&two[..], &["--borrow", "--wait"]].concat();
+    let vm = server.gsaas(&member, &borrowing);
+    let text = String::from_utf8_lossy(&vm.stdout);
+    assert!(text.contains("borrowed") && text.contains("yes"), "{text} {}", stderr(&vm));
+    let shown = server.gsaas(&member, &["quota", "show", "alpha"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("cohort: lab") && text.contains("1 / 0 / 0"), "{text}");
+    let table = String::from_utf8_lossy(&server.gsaas(&admin, &["cohort", "show", "lab"]).stdout)
+        .into_owned();
+    assert!(table.contains("alpha") && table.contains("borrowing limit"), "{table}");
+
+    // Members out one by one: the last one out ends the cohort.
+    server.gsaas(&admin, &["cohort", "remove", "lab", "beta"]);
+    let gone = server.gsaas(&admin, &["cohort", "remove", "lab", "beta"]);
+    assert_eq!(gone.status.code(), Some(3), "{}", stderr(&gone));
+    let last = server.gsaas(&admin, &["cohort", "remove", "lab", "alpha"]);
+    assert!(String::from_utf8_lossy(&last.stdout).contains("ended"), "{}", stderr(&last));
+    let list =
+        String::from_utf8_lossy(&server.gsaas(&admin, &["cohort", "show"]).stdout).into_owned();
+    assert!(!list.contains("lab"), "{list}");
+}
+
+#[test]
 fn a_queued_launch_shows_its_place_while_it_waits_and_starts_when_gpus_free() {
     let server = Server::start();
     let member = server.token("alpha", Role::Member);

@@ -20,8 +20,9 @@ use crate::model::*;
 
 pub(super) const CGPU_COLUMNS: &str =
     "c.vm, c.idx, c.gpu, g.host, c.memory_mib, c.mode, c.masked_address, c.masked_port, \
-     g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number, c.seq, c.state, c.compute_percent";
-pub(super) const CGPU_COLUMN_COUNT: usize = 14;
+     g.rcuda_address, g.rcuda_port, g.rcuda_gpu_number, c.seq, c.state, c.compute_percent, \
+     c.borrowed_ms";
+pub(super) const CGPU_COLUMN_COUNT: usize = 15;
 
 /// The order of a VM's cGPUs: as attached, a launch's by index.
 pub(super) const CGPU_ORDER: &str = "c.seq, c.idx";
@@ -56,6 +57,7 @@ pub(super) fn cgpu_from_row_at(row: &AnyRow, at: usize) -> Result<CgpuRecord, Er
         rcuda_port: row.try_get::<i64, _>(at + 9)? as u16,
         rcuda_gpu_number: row.try_get::<i64, _>(at + 10)? as u32,
         compute_percent: compute_percent(row.try_get::<Option<i64>, _>(at + 13)?)?,
+        borrowed_ms: row.try_get::<Option<i64>, _>(at + 14)?,
     })
 }
 
@@ -70,13 +72,14 @@ pub(super) fn compute_percent(stored: Option<i64>) -> Result<Option<u8>, Error> 
 
 /// A cGPU as one text, for reads that list a VM's cGPUs in one column (`c` the cGPU, `g` its GPU):
 /// "seq index gpu host memory mode masked-address masked-port rcuda-address rcuda-port
-/// gpu-number state compute-percent" (0: none). No field holds a space or a comma: ids and host names are of letters,
+/// gpu-number state compute-percent borrowed-ms" (compute-percent 0: none; borrowed-ms -1: not on
+/// loan). No field holds a space or a comma: ids and host names are of letters,
 /// digits and `.-_:` (see `gpgpums::ids`), the rest numbers, addresses and fixed words.
 pub(super) const LISTED_CGPU: &str =
     "c.seq || ' ' || c.idx || ' ' || c.gpu || ' ' || g.host || ' ' || c.memory_mib || ' ' \
      || c.mode || ' ' || c.masked_address || ' ' || c.masked_port || ' ' || g.rcuda_address \
      || ' ' || g.rcuda_port || ' ' || g.rcuda_gpu_number || ' ' || c.state || ' ' \
-     || COALESCE(c.compute_percent, 0)";
+     || COALESCE(c.compute_percent, 0) || ' ' || COALESCE(c.borrowed_ms, -1)";
 
 /// The cGPUs of `vm` from a list of [`LISTED_CGPU`]s joined by commas, as attached (by seq, then
 /// index: the list itself comes in no particular order).
@@ -107,12 +110,17 @@ fn listed_cgpu(vm: VmId, listed: &str) -> Option<CgpuRecord> {
         rcuda_gpu_number: next()?.parse().ok()?,
         state: CgpuState::parse(next()?)?,
         compute_percent: compute_percent(Some(next()?.parse().ok()?)).ok()?,
+        borrowed_ms: match next()?.parse().ok()? {
+            -1 => None,
+            ms => Some(ms),
+        },
     };
     next().is_none().then_some(cgpu)
 }
 
 pub(super) const CGPU_INSERT_COLUMNS: &str =
-    "vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, state, compute_percent";
+    "vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, state, compute_percent, \
+     borrowed_ms";
 
 /// The most cGPUs one insert carries: wider than VMs, as a VM may hold a thousand cGPUs.
 pub(super) const CGPU_ROWS: usize = 8 * MAX_ROWS;
@@ -129,6 +137,7 @@ pub(super) fn cgpu_params(cgpu: &CgpuRecord) -> Vec<Param> {
         Param::Int(Some(cgpu.seq)),
         Param::text(cgpu.state.as_str()),
         Param::Int(cgpu.compute_percent.map(i64::from)),
+        Param::Int(cgpu.borrowed_ms),
     ]
 }
 

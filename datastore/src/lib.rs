@@ -21,6 +21,7 @@ mod alerts;
 mod backup;
 mod cgpus;
 mod checkpoint;
+mod cohorts;
 mod conn;
 mod delegations;
 pub mod error;
@@ -62,13 +63,13 @@ pub use error::Error;
 pub use pool_change::PoolChange;
 #[cfg(feature = "testing")]
 pub use {
-    alerts::*, cgpus::*, delegations::*, events::*, fences::*, gpus::*, hosts::*, notifications::*,
-    queue::*, quotas::*, servers::*, tokens::*, usage::*, vms::*,
+    alerts::*, cgpus::*, cohorts::*, delegations::*, events::*, fences::*, gpus::*, hosts::*,
+    notifications::*, queue::*, quotas::*, servers::*, tokens::*, usage::*, vms::*,
 };
 #[cfg(not(feature = "testing"))]
 use {
-    alerts::*, cgpus::*, delegations::*, events::*, fences::*, gpus::*, hosts::*, notifications::*,
-    queue::*, quotas::*, servers::*, tokens::*, usage::*, vms::*,
+    alerts::*, cgpus::*, cohorts::*, delegations::*, events::*, fences::*, gpus::*, hosts::*,
+    notifications::*, queue::*, quotas::*, servers::*, tokens::*, usage::*, vms::*,
 };
 
 use std::sync::Arc;
@@ -111,6 +112,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (30, "managed_servers", include_str!("../../migrations/0030_managed_servers.sql")),
     (31, "compute_shares", include_str!("../../migrations/0031_compute_shares.sql")),
     (33, "local_vm_resources", include_str!("../../migrations/0033_local_vm_resources.sql")),
+    (35, "cohorts", include_str!("../../migrations/0035_cohorts.sql")),
 ];
 
 /// The migrations written in each store's dialect (version, name, SQLite's SQL, PostgreSQL's):
@@ -481,6 +483,7 @@ pub struct PoolRows {
     pub gpus: Vec<model::GpuRecord>,
     pub taints: Vec<(gpgpums::GpuId, String)>,
     pub quotas: Vec<(gpgpums::ProjectId, gpgpums::Quota)>,
+    pub cohorts: Vec<(gpgpums::CohortName, Members)>,
     pub held: Vec<HeldVm>,
     pub fences: Vec<model::FenceRecord>,
 }
@@ -492,6 +495,7 @@ pub async fn read_pool_rows(conn: &mut AnyConnection) -> Result<PoolRows, Error>
         gpus: gpus(conn).await?,
         taints: gpu_taints(conn).await?,
         quotas: quotas(conn).await?,
+        cohorts: cohorts(conn).await?,
         held: held_cgpus(conn).await?,
         fences: fences(conn).await?,
     })

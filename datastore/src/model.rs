@@ -143,6 +143,10 @@ pub struct LaunchSpec {
     /// Whether cGPUs taken back from this (preemptible) VM wait in the queue to be given back.
     #[serde(default = "give_back_by_default")]
     pub give_back: bool,
+    /// Whether it may run past its project's quota on what the project's cohort lends; absent:
+    /// as its project's terms in its cohort say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow: Option<bool>,
     /// What the cloud's check of the launch resolved its flavor, image and networks to: the
     /// launch saga's parameter for every creation of its server, so none looks the names up
     /// again. `None` in a request not checked yet, and in launches stored before it was kept.
@@ -214,6 +218,9 @@ pub struct CgpuRecord {
     pub rcuda_gpu_number: u32,
     /// Its share of its GPU's SMs, percent (a shared cGPU on a host that runs MPS).
     pub compute_percent: Option<u8>,
+    /// When it was admitted past its project's quota, on what the project's cohort lends; `None`:
+    /// not on loan.
+    pub borrowed_ms: Option<i64>,
 }
 
 /// A fence (see `migrations/0012_fencing.sql`): cGPU bookings kept, under their own holder in

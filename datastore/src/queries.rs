@@ -10,8 +10,8 @@ use std::net::SocketAddrV4;
 
 use gpgpums::queue::Head;
 use gpgpums::{
-    GpuAttributes, GpuId, HostId, HostKind, HostState, ProjectId, Quota, Resources, TicketId,
-    Topology, VmId,
+    CohortName, GpuAttributes, GpuId, HostId, HostKind, HostState, ProjectId, Quota, Resources,
+    TicketId, Topology, VmId,
 };
 use gsaas_clouds::cloud::ServerId;
 use rodvr_contract::protocol::ServerSpec;
@@ -121,6 +121,7 @@ impl PoolChange {
     fn preemptible_vms() -> BTreeMap<VmId, i32>;
     fn reclaim_cgpu(vm: VmId, index: u32, now_ms: i64) -> bool;
     fn reclaiming_cgpus(since_ms: i64) -> Vec<(VmId, u32)>;
+    fn loans() -> Vec<gpgpums::queue::Loan>;
     fn insert_event(vm: VmId, event: &VmEvent) -> ();
     fn read_pool_rows() -> PoolRows;
     fn insert_cgpus(cgpus: &[CgpuRecord]) -> ();
@@ -130,6 +131,7 @@ impl PoolChange {
     fn delete_cgpus_in_state(vm: VmId, state: CgpuState) -> Vec<u32>;
     fn insert_attach_key(project: &str, key: &str, vm: VmId, digest: &str, now_ms: i64) -> ();
     fn set_quota(project: &ProjectId, quota: Option<&Quota>, now_ms: i64) -> ();
+    fn set_cohort(name: &CohortName, members: Option<&Members>, now_ms: i64) -> ();
     fn counted_vms(projects: Option<&[&ProjectId]>) -> HashMap<ProjectId, u64>;
     fn insert_fence(fence: &FenceRecord, which: Fenced) -> Vec<u32>;
     fn move_cgpu(vm: VmId, index: u32, gpu: &GpuId) -> ();

@@ -30,6 +30,9 @@ pub enum Queued {
 pub struct QueuedAttach {
     pub request: Request,
     pub policy: String,
+    /// Whether it may borrow past its project's quota (absent: its project's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow: Option<bool>,
 }
 
 impl Queued {

@@ -7,16 +7,19 @@
 //! Three loads: every running VM is protected (nothing to preempt); 30% are best effort, the
 //! queue's requests outrank them, and the planner searches for cGPUs to take; or a fleet of 8
 //! models (a host's GPUs are all of one), where every project has limits on 2 models and 40% of
-//! the requests (running and waiting) name one model or two. `GSAAS_QUEUE_LOADS=models` (or a
-//! comma-separated list) runs only those.
+//! the requests (running and waiting) name one model or two; or cohorts: every project's quota is
+//! an eighth of the pool's memory, all 8 projects lend to each other, those past their quota hold
+//! their latest cGPUs on loan, and half the waiting requests borrow (the planner checks each
+//! against the cohort, and a request within its quota looks for loans to take back).
+//! `GSAAS_QUEUE_LOADS=models` (or a comma-separated list) runs only those.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use gpgpums::queue::{plan, Ask, Books, Rules, Waiting};
+use gpgpums::queue::{plan, Ask, Books, Loan, Rules, Waiting};
 use gpgpums::{
-    GpuAttributes, GpuConstraints, ModelLimits, Placement, Pool, ProjectId, Quota, QuotaLedger,
-    Request, TicketId, VmId,
+    CohortName, CohortTerms, GpuAttributes, GpuConstraints, ModelLimits, Placement, Pool,
+    ProjectId, Quota, QuotaLedger, Request, TicketId, Usage, VmId,
 };
 use uuid::Uuid;
 
@@ -39,6 +42,7 @@ enum Load {
     Protected,
     BestEffort,
     Models,
+    Cohorts,
 }
 
 /// The trace's draws.
@@ -74,6 +78,7 @@ struct Bed {
     preemptible: BTreeMap<VmId, i32>,
     running: Vec<(Placement, ProjectId)>,
     queue: Vec<Waiting>,
+    loans: Vec<Loan>,
 }
 
 fn vm(n: u64) -> VmId {
@@ -105,6 +110,17 @@ fn bed(load: Load) -> Bed {
             quotas.set_limits(ProjectId::new(format!("project-{p}")).unwrap(), Some(quota));
         }
     }
+    if load == Load::Cohorts {
+        let guarantee = Quota { memory_mib: Some(capacity / PROJECTS as u64), ..Quota::default() };
+        let mut members = BTreeMap::new();
+        for p in 0..PROJECTS {
+            let project = ProjectId::new(format!("project-{p}")).unwrap();
+            quotas.set_limits(project.clone(), Some(guarantee.clone()));
+            members.insert(project, CohortTerms::default());
+        }
+        quotas.set_cohort(CohortName::new("bench").unwrap(), Some(members));
+    }
+    let mut loans = Vec::new();
     let mut vms_in_use: HashMap<ProjectId, u64> = HashMap::new();
     let mut preemptible = BTreeMap::new();
     let mut running = Vec::new();
@@ -117,6 +133,15 @@ fn bed(load: Load) -> Bed {
             Ok(placement) => {
                 misses = 0;
                 let project = rng.project();
+                let each: Vec<Usage> =
+                    placement.cgpus.iter().map(|c| Usage::of_cgpus([c])).collect();
+                for (cgpu, borrowed) in
+                    placement.cgpus.iter().zip(quotas.split_borrowed(&project, &each))
+                {
+                    if borrowed {
+                        loans.push(Loan { vm: vm(n), index: cgpu.index, since_ms: n as i64 });
+                    }
+                }
                 quotas.restore(vm(n), &project, &pool.holding(&placement.cgpus).vm_with());
                 *vms_in_use.entry(project.clone()).or_default() += 1;
                 if load == Load::BestEffort && rng.below(10) < 3 {
@@ -138,9 +163,10 @@ fn bed(load: Load) -> Bed {
             priority: 1,
             passed: 0,
             holding_since_ms: None,
+            borrow: load == Load::Cohorts && t % 2 == 0,
         })
         .collect();
-    Bed { pool, quotas, vms_in_use, preemptible, running, queue }
+    Bed { pool, quotas, vms_in_use, preemptible, running, queue, loans }
 }
 
 /// Ends one running VM and re-plans; returns how long that took and undoes it.
@@ -159,6 +185,7 @@ fn sample(bed: &mut Bed, rng: &mut Rng, rules: &Rules) -> (Duration, usize) {
             vms_in_use: &mut bed.vms_in_use,
             preemptible: &bed.preemptible,
             reclaiming: &[],
+            loans: &bed.loans,
             now_ms: 0,
         };
         plan(&mut books, &bed.queue, rules)
@@ -186,7 +213,7 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     // GSAAS_QUEUE_LOADS (e.g. "models" or "protected,besteffort") runs only those loads.
     let only = std::env::var("GSAAS_QUEUE_LOADS").unwrap_or_default().to_lowercase();
-    let loads = [Load::Protected, Load::BestEffort, Load::Models];
+    let loads = [Load::Protected, Load::BestEffort, Load::Models, Load::Cohorts];
     let chosen = |load: &Load| {
         only.is_empty() || only.split(',').any(|l| l == format!("{load:?}").to_lowercase())
     };

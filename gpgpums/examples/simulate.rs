@@ -336,6 +336,7 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
                     priority: if job.best_effort { 0 } else { 1 },
                     passed: 0,
                     holding_since_ms: None,
+                    borrow: false,
                 });
                 next_ticket += 1;
             }
@@ -378,6 +379,7 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
                     vms_in_use: &mut vms_in_use,
                     preemptible: &preemptible,
                     reclaiming: &[],
+                    loans: &[],
                     now_ms: now as i64,
                 };
                 plan(&mut books, &queue, &rules)
@@ -441,6 +443,7 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
                             priority: 0,
                             passed: 0,
                             holding_since_ms: None,
+                            borrow: false,
                         });
                         next_ticket += 1;
                     }

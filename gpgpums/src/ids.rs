@@ -103,6 +103,10 @@ name_id!(
     /// A tenant's project (the cloud's project id), which quotas are kept for.
     ProjectId
 );
+name_id!(
+    /// A cohort: projects that lend each other the quota they do not use, named by an operator.
+    CohortName
+);
 
 impl GpuId {
     /// The conventional id of GPU `index` on `host` when nothing better (an NVML UUID) is known.

@@ -31,7 +31,7 @@ pub mod traits;
 
 pub use booking::{book_within_model_limits, Refusal};
 pub use error::{Error, Shortfall};
-pub use ids::{GpuId, HostId, IdError, ProjectId, TicketId, VmId, MAX_NAME_LEN};
+pub use ids::{CohortName, GpuId, HostId, IdError, ProjectId, TicketId, VmId, MAX_NAME_LEN};
 pub use model::{
     profile_name_problem, CgpuAssignment, GpuSpec, GpuUsage, HostKind, HostState, HostUsage,
     Locality, Mode, Partition, Placement, RcudaEndpoint, Request, Resources, UsageTotals, VmHost,
@@ -42,8 +42,8 @@ pub use pool::{
     Fragmentation, Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB,
 };
 pub use quota::{
-    Holding, ModelLimits, PoolSize, Quota, QuotaExceeded, QuotaLedger, Resource, Usage,
-    MAX_MODEL_LIMITS,
+    Admission, CohortTerms, Holding, ModelLimits, PoolSize, Quota, QuotaExceeded, QuotaLedger,
+    Resource, Usage, MAX_MODEL_LIMITS,
 };
 pub use remoting::Remoting;
 pub use topology::{topology_problem, NetworkConstraint, Strength, Topology, MAX_RTT_US};

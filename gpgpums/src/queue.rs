@@ -35,6 +35,13 @@
 //! request's memory is known only where it lands: taking cGPUs for one its quota then refuses
 //! would shrink VMs for nothing, and again at every round). A `local` request frees room on one host only.
 //! One preemption per plan: the next plan sees what is being reclaimed.
+//!
+//! Reclaiming loans: a request within its project's quota (its guarantee) that cannot start may
+//! take back cGPUs that other members of its project's cohort hold past their own quotas
+//! ([`Books::loans`], [`crate::quota::cohort`]), whatever their priority: the youngest loans first,
+//! and of each borrower never more than it holds past its quota (a loan whose borrower is back
+//! within its quota is its own now). This is looked at before preemption by priority, and frees
+//! room the same way, by shrinking: the VMs keep their other cGPUs.
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
@@ -72,6 +79,8 @@ pub struct Waiting {
     pub passed: u32,
     /// Since when it holds others back as a barrier, if it does.
     pub holding_since_ms: Option<i64>,
+    /// Whether it may run past its project's quota on what the project's cohort lends.
+    pub borrow: bool,
 }
 
 /// How the planner serves the queue.
@@ -137,8 +146,19 @@ pub struct Books<'a> {
     pub preemptible: &'a BTreeMap<VmId, i32>,
     /// cGPUs being taken back: routes withdrawn, still booked until the caller releases them.
     pub reclaiming: &'a [(VmId, u32)],
+    /// cGPUs on loan from their projects' cohorts (see the module docs), in any order.
+    pub loans: &'a [Loan],
     /// The time of the round, in milliseconds (barriers' holds are measured against it).
     pub now_ms: i64,
+}
+
+/// A cGPU admitted past its project's quota, on what its cohort lends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loan {
+    pub vm: VmId,
+    pub index: u32,
+    /// When it was admitted: the youngest loans are taken back first.
+    pub since_ms: i64,
 }
 
 /// A request that starts: its cGPUs are booked on the pool and charged to its project.
@@ -151,6 +171,8 @@ pub struct Started {
     pub vm_host: Option<VmHost>,
     /// The canonical name of the policy that decided.
     pub policy: String,
+    /// Which of `cgpus` are on loan from its project's cohort (see [`crate::quota::Admission`]).
+    pub borrowed: Vec<bool>,
 }
 
 /// cGPUs to take from one VM.
@@ -209,6 +231,9 @@ pub struct Preemption {
     /// The priority of the request they are taken for.
     pub priority: i32,
     pub victims: Vec<Shrink>,
+    /// Loans taken back for a request within its project's guarantee, rather than cGPUs of
+    /// preemptible VMs of lower priority.
+    pub reclaims_loans: bool,
 }
 
 /// What one planning round decided.
@@ -545,8 +570,23 @@ impl Round<'_, '_> {
                         return;
                     }
                 }
+                if self.may_reclaim(w) {
+                    let loans = self.loans_for(w);
+                    if let Some(preemption) = self.take_back(w, &request, loans, true) {
+                        self.plan.preemption = Some(preemption);
+                        self.stop = true;
+                        return;
+                    }
+                }
                 if self.may_preempt(w, shape.as_ref()) {
-                    if let Some(preemption) = self.preempt(w, &request) {
+                    let victims = self
+                        .books
+                        .preemptible
+                        .iter()
+                        .filter(|&(&vm, &priority)| priority < w.priority && vm != w.vm)
+                        .map(|(&vm, _)| (vm, None))
+                        .collect();
+                    if let Some(preemption) = self.take_back(w, &request, victims, false) {
                         self.plan.preemption = Some(preemption);
                         // What is reclaimed is kept for the request it is taken for.
                         self.stop = true;
@@ -616,7 +656,8 @@ impl Round<'_, '_> {
         let launch = w.ask == Ask::Launch;
         let vms = self.books.vms_in_use.get(&w.project).copied().unwrap_or(0);
         let with_vm = |usage| if launch { Usage::vm_with(usage) } else { usage };
-        if self.books.quotas.check(&w.project, with_vm(Usage::asked(&w.request)), vms).is_err() {
+        let asked = with_vm(Usage::asked(&w.request));
+        if self.books.quotas.check_as(&w.project, asked, vms, w.borrow).is_err() {
             return Err(Held::Quota);
         }
         let (quotas, pool) = (&*self.books.quotas, &mut *self.books.pool);
@@ -659,14 +700,17 @@ impl Round<'_, '_> {
         };
         let holding = self.books.pool.holding(&cgpus);
         let holding = if launch { holding.vm_with() } else { holding };
-        if self.books.quotas.charge(w.vm, &w.project, &holding, vms).is_err() {
+        let each: Vec<Usage> = cgpus.iter().map(|c| Usage::of_cgpus([c])).collect();
+        let borrowed = self.books.quotas.split_borrowed(&w.project, &each);
+        let charged = self.books.quotas.charge_as(w.vm, &w.project, &holding, vms, w.borrow);
+        if charged.is_err() {
             unbook(self.books.pool, w, &cgpus);
             return Err(Held::Quota);
         }
         if launch {
             *self.books.vms_in_use.entry(w.project.clone()).or_default() += 1;
         }
-        Ok(Started { ticket: w.ticket, vm: w.vm, cgpus, vm_host, policy })
+        Ok(Started { ticket: w.ticket, vm: w.vm, cgpus, vm_host, policy, borrowed })
     }
 
     /// Whether `w` would fit if what is being reclaimed were released. Changes nothing.
@@ -679,20 +723,74 @@ impl Round<'_, '_> {
         fits
     }
 
-    /// Finds cGPUs of preemptible, lower-priority VMs whose release lets `w` fit. Changes nothing.
+    /// Whether `w` may take back loans: its project is in a cohort whose other members hold
+    /// some, and it asks for no more than its own quota allows without borrowing.
+    fn may_reclaim(&self, w: &Waiting) -> bool {
+        let quotas = &*self.books.quotas;
+        if self.plan.preemption.is_some()
+            || self.books.loans.is_empty()
+            || quotas.cohort_of(&w.project).is_none()
+        {
+            return false;
+        }
+        let vms = self.books.vms_in_use.get(&w.project).copied().unwrap_or(0);
+        let asked = Usage::asked(&w.request);
+        let asked = if w.ask == Ask::Launch { Usage::vm_with(asked) } else { asked };
+        quotas.check(&w.project, asked, vms).is_ok()
+    }
+
+    /// The loans `w` may take back, one candidate each, the youngest first: of each other member
+    /// of its cohort, its youngest loans while what they hold does not pass what it holds past
+    /// its quota.
+    fn loans_for(&self, w: &Waiting) -> Vec<(VmId, Option<HashSet<u32>>)> {
+        let (quotas, pool) = (&*self.books.quotas, &*self.books.pool);
+        let Some((cohort, _)) = quotas.cohort_of(&w.project) else { return Vec::new() };
+        let mut loans: Vec<(&Loan, &ProjectId)> = self
+            .books
+            .loans
+            .iter()
+            .filter_map(|loan| Some((loan, quotas.project_of(&loan.vm)?)))
+            .filter(|&(loan, project)| {
+                loan.vm != w.vm
+                    && project != &w.project
+                    && quotas.cohort_of(project).is_some_and(|(c, _)| c == cohort)
+            })
+            .collect();
+        loans.sort_by_key(|(loan, _)| (Reverse(loan.since_ms), loan.vm, Reverse(loan.index)));
+        let mut left: HashMap<&ProjectId, Usage> = HashMap::new();
+        let mut candidates = Vec::new();
+        for (loan, project) in loans {
+            let over = left.entry(project).or_insert_with(|| quotas.borrowed(project));
+            let placement = pool.placement(&loan.vm);
+            let Some(cgpu) = placement.and_then(|p| p.cgpus.iter().find(|c| c.index == loan.index))
+            else {
+                continue;
+            };
+            let holds = Usage::of_cgpus([cgpu]);
+            if crate::quota::LENT.iter().any(|&r| holds.get(r) > 0 && over.get(r) > 0) {
+                *over = over.minus(holds);
+                candidates.push((loan.vm, Some(HashSet::from([loan.index]))));
+            }
+        }
+        candidates
+    }
+
+    /// Finds cGPUs of `candidates` (VMs, each with the cGPUs that may be taken; `None`: any)
+    /// whose release lets `w` fit. Changes nothing.
     ///
-    /// Victims are looked at VM by VM (in id order) and indexed by GPU as they come: a GPU where
-    /// taking one cGPU makes room is as cheap as any, so the search stops at the first; only when
-    /// there is none are all victims looked at for the cheapest.
-    fn preempt(&mut self, w: &Waiting, request: &Request) -> Option<Preemption> {
+    /// Victims are looked at VM by VM (in the candidates' order) and indexed by GPU as they come:
+    /// a GPU where taking one cGPU makes room is as cheap as any, so the search stops at the
+    /// first; only when there is none are all victims looked at for the cheapest.
+    fn take_back(
+        &mut self,
+        w: &Waiting,
+        request: &Request,
+        candidates: Vec<(VmId, Option<HashSet<u32>>)>,
+        reclaims_loans: bool,
+    ) -> Option<Preemption> {
         let pool = &mut *self.books.pool;
         let reclaiming: HashSet<(VmId, u32)> = self.books.reclaiming.iter().copied().collect();
-        let mut candidates = self
-            .books
-            .preemptible
-            .iter()
-            .filter(|&(&vm, &priority)| priority < w.priority && vm != w.vm)
-            .map(|(&vm, _)| vm);
+        let mut candidates = candidates.into_iter();
         // Victim cGPUs seen so far, by GPU slot.
         let mut on_gpu: BTreeMap<u32, Vec<(VmId, CgpuAssignment)>> = BTreeMap::new();
         // A `local` VM's host; others' attaches look for victims anywhere (their network
@@ -742,11 +840,12 @@ impl Round<'_, '_> {
                 consider(&mut best, slot, victims, pool);
             }
             while best.as_ref().is_none_or(|(cost, ..)| *cost > 1) {
-                let Some(vm) = candidates.next() else { break };
+                let Some((vm, allowed)) = candidates.next() else { break };
                 let Some(placement) = pool.placement(&vm) else { continue };
                 let mut touched = Vec::new();
                 for cgpu in &placement.cgpus {
-                    if reclaiming.contains(&(vm, cgpu.index)) {
+                    let allowed = allowed.as_ref().is_none_or(|a| a.contains(&cgpu.index));
+                    if !allowed || reclaiming.contains(&(vm, cgpu.index)) {
                         continue;
                     }
                     if let Some(room) = pool.room(&cgpu.gpu, &GpuConstraints::NONE) {
@@ -804,6 +903,7 @@ impl Round<'_, '_> {
         Some(Preemption {
             ticket: w.ticket,
             priority: w.priority,
+            reclaims_loans,
             victims: victims
                 .into_iter()
                 .map(|(vm, cgpus)| {
@@ -909,7 +1009,7 @@ fn fitting(
     let holding = pool.holding(&cgpus);
     let holding = if w.ask == Ask::Launch { holding.vm_with() } else { holding };
     let vms = vms_in_use.get(&w.project).copied().unwrap_or(0);
-    quotas.admits(&w.project, &holding, vms).then_some(cgpus)
+    quotas.admits(&w.project, &holding, vms, w.borrow).then_some(cgpus)
 }
 
 /// The cGPUs `w` would get on the pool as it is now, or `None`. Changes nothing.

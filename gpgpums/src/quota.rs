@@ -29,8 +29,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{ProjectId, VmId};
+use crate::ids::{CohortName, ProjectId, VmId};
 use crate::model::{CgpuAssignment, Mode, Request};
+
+mod cohort;
+pub use cohort::{Admission, CohortBalance, CohortTerms, LENT};
 
 /// What a project holds, or asks for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,7 +108,7 @@ impl Usage {
         }
     }
 
-    fn minus(self, other: Usage) -> Usage {
+    pub(crate) fn minus(self, other: Usage) -> Usage {
         Usage {
             cgpus: self.cgpus.saturating_sub(other.cgpus),
             memory_mib: self.memory_mib.saturating_sub(other.memory_mib),
@@ -252,6 +255,9 @@ pub struct QuotaExceeded {
     pub limit: u64,
     pub in_use: u64,
     pub requested: u64,
+    /// The cohort whose lending `limit` includes: the request asked to borrow and could not
+    /// borrow enough.
+    pub cohort: Option<CohortName>,
 }
 
 impl QuotaExceeded {
@@ -270,6 +276,7 @@ impl QuotaExceeded {
             limit,
             in_use: in_use.get(resource),
             requested: requested.get(resource),
+            cohort: None,
         }
     }
 }
@@ -280,11 +287,11 @@ impl fmt::Display for QuotaExceeded {
         if let Some(model) = &self.model {
             write!(f, " of GPU model {model}")?;
         }
-        write!(
-            f,
-            " in project {}: limit {}, in use {}, requested {}",
-            self.project, self.limit, self.in_use, self.requested
-        )
+        write!(f, " in project {}", self.project)?;
+        if let Some(cohort) = &self.cohort {
+            write!(f, " (with what cohort {cohort} lends)")?;
+        }
+        write!(f, ": limit {}, in use {}, requested {}", self.limit, self.in_use, self.requested)
     }
 }
 
@@ -341,6 +348,9 @@ pub struct QuotaLedger {
     holders: HashMap<VmId, Holder>,
     /// Every model name held, once: a million VMs share a few names.
     names: HashSet<Arc<str>>,
+    /// Each cohort's members and their terms ([`cohort`]).
+    cohorts: BTreeMap<CohortName, BTreeMap<ProjectId, CohortTerms>>,
+    cohort_of: HashMap<ProjectId, CohortName>,
     changes: u64,
 }
 
@@ -560,22 +570,42 @@ impl QuotaLedger {
         holding: &Holding,
         vms_in_use: u64,
     ) -> Result<(), QuotaExceeded> {
+        self.charge_as(vm, project, holding, vms_in_use, false).map(drop)
+    }
+
+    /// As [`QuotaLedger::charge`], past the project's limits too when `borrow` and its cohort
+    /// lends enough ([`QuotaLedger::check_as`]); how it was admitted.
+    pub fn charge_as(
+        &mut self,
+        vm: VmId,
+        project: &ProjectId,
+        holding: &Holding,
+        vms_in_use: u64,
+        borrow: bool,
+    ) -> Result<Admission, QuotaExceeded> {
         if let Some(holder) = self.holders.get(&vm) {
             assert_eq!(&holder.project, project, "VM {vm} is charged to another project");
         }
-        self.check(project, holding.usage, vms_in_use)?;
+        let admission = self.check_as(project, holding.usage, vms_in_use, borrow)?;
         let quota = self.quota(project);
         for (model, usage) in &holding.models {
             self.check_model_use(project, quota, model, *usage)?;
         }
         self.record(vm, project, holding);
-        Ok(())
+        Ok(admission)
     }
 
-    /// Whether [`QuotaLedger::charge`] would take `holding` for `project` now. Changes nothing.
-    pub fn admits(&self, project: &ProjectId, holding: &Holding, vms_in_use: u64) -> bool {
+    /// Whether [`QuotaLedger::charge_as`] would take `holding` for `project` now. Changes
+    /// nothing.
+    pub fn admits(
+        &self,
+        project: &ProjectId,
+        holding: &Holding,
+        vms_in_use: u64,
+        borrow: bool,
+    ) -> bool {
         let quota = self.quota(project);
-        self.check(project, holding.usage, vms_in_use).is_ok()
+        self.check_as(project, holding.usage, vms_in_use, borrow).is_ok()
             && holding
                 .models
                 .iter()

@@ -33,6 +33,7 @@ fn launch(ticket: u64, project_name: &str, priority: i32, request: Request) -> W
         priority,
         passed: 0,
         holding_since_ms: None,
+        borrow: false,
     }
 }
 
@@ -82,6 +83,7 @@ impl World {
             vms_in_use: &mut self.vms,
             preemptible: &self.preemptible,
             reclaiming: &self.reclaiming,
+            loans: &[],
             now_ms: self.now_ms,
         };
         plan(&mut books, queue, rules)
@@ -694,6 +696,7 @@ proptest! {
             .map(|(i, (request, passed, since))| Waiting {
                 passed: *passed,
                 holding_since_ms: *since,
+                borrow: false,
                 ..launch(100 + i as u64, "a", 0, request.clone())
             })
             .collect();

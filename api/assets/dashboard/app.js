@@ -822,6 +822,8 @@
       el('code', { class: 'masked', text: c.masked_endpoint }),
       c.state === 'live' ? null : el('span', { class: 'cgpu-state', text: `${c.state}…` }),
       el('span', { class: 'muted', text: `#${c.index} · ${mem(c.memory_mib)} ${c.mode}` }),
+      c.borrowed ? el('span', { class: 'badge borrowed', text: 'borrowed',
+        title: 'Past your project\'s quota, on what its cohort lends: it may be taken back when a lender needs it' }) : null,
       c.gpu ? el('span', { class: 'where' }, 'on ', el('code', { text: c.gpu }), ' via ',
         el('code', { text: c.gpu_server || c.rcuda_endpoint })) : null,
       vm.state === 'ready' && c.state === 'live' ? el('button', {

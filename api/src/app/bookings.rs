@@ -92,6 +92,8 @@ pub(crate) struct Attachment {
     pub request_digest: String,
     /// Wait in the queue rather than fail for want of capacity.
     pub queue: bool,
+    /// Whether the new cGPUs may be borrowed past the project's quota (absent: its default).
+    pub borrow: Option<bool>,
 }
 
 /// Writes one batch of bookings (the [`super::batch::Batcher`] task's work).
@@ -403,7 +405,8 @@ async fn attach_cgpus(
         Ok(project) => project,
         Err(e) => return Ok(Err(e)),
     };
-    if let Err(e) = quotas.check(&project, Usage::asked(&attachment.request), 0) {
+    let borrow = quotas.borrows(&project, attachment.borrow);
+    if let Err(e) = quotas.check_as(&project, Usage::asked(&attachment.request), 0, borrow) {
         return Ok(Err(e.into()));
     }
     let on_host = attachment.on_host.as_ref();
@@ -433,6 +436,7 @@ async fn attach_cgpus(
                 attach: Box::new(db::QueuedAttach {
                     request: attachment.request.clone(),
                     policy: attachment.policy.clone(),
+                    borrow: attachment.borrow,
                 }),
                 give_back: false,
             };
@@ -453,7 +457,8 @@ async fn attach_cgpus(
         Err(e) => return Ok(Err(e.into())),
     };
     let holding = pool.holding(&placed);
-    if let Err(e) = quotas.charge(id, &project, &holding, 0) {
+    let borrowed = quotas.split_borrowed(&project, &each_cgpu(&placed));
+    if let Err(e) = quotas.charge_as(id, &project, &holding, 0, borrow) {
         for cgpu in &placed {
             pool.detach(&id, cgpu.index);
         }
@@ -473,9 +478,10 @@ async fn attach_cgpus(
         }
     };
     let mut cgpus: Vec<CgpuRecord> = cgpus;
-    for cgpu in &mut cgpus {
+    for (cgpu, borrowed) in cgpus.iter_mut().zip(borrowed) {
         cgpu.seq = attachment.seq;
         cgpu.state = CgpuState::Attaching;
+        cgpu.borrowed_ms = borrowed.then(now_ms);
     }
     let mut write = [VmWrite { vm: attachment.vm.clone(), claim: Some(attachment.claim.clone()) }];
     let written = tx.update_vms(&mut write).await?;
@@ -614,7 +620,14 @@ pub(super) fn cgpu_record(
         rcuda_port: c.rcuda.port,
         rcuda_gpu_number: c.rcuda.gpu_number,
         compute_percent: c.compute_percent,
+        // Set where the booking is charged (what its project's quota leaves decides).
+        borrowed_ms: None,
     })
+}
+
+/// What each of `cgpus` holds, in order: what [`QuotaLedger::split_borrowed`] walks.
+pub(super) fn each_cgpu(cgpus: &[gpgpums::CgpuAssignment]) -> Vec<Usage> {
+    cgpus.iter().map(|c| Usage::of_cgpus([c])).collect()
 }
 
 /// What reservations in one batch book on: the pool, the quota ledger, and the VMs each project
@@ -653,7 +666,9 @@ fn place_cgpus(
             return Err(Error::PriorityAboveCeiling { project, priority, ceiling });
         }
     }
-    booked.quotas.check(&project, Usage::vm_with(Usage::asked(&record.spec.gpus)), vms)?;
+    let borrow = booked.quotas.borrows(&project, record.spec.borrow);
+    let asked = Usage::vm_with(Usage::asked(&record.spec.gpus));
+    booked.quotas.check_as(&project, asked, vms, borrow)?;
     let pool = &mut *booked.pool;
     if held_for_queue && pool.could_ever_fit(&record.spec.gpus, None) {
         return Err(Error::InsufficientCapacity(Shortfall::held_for_queue(&record.spec.gpus)));
@@ -676,9 +691,13 @@ fn place_cgpus(
         .collect::<Result<Vec<_>, Error>>()
         .and_then(|cgpus| build_user_data(app, &record, &cgpus).map(|data| (cgpus, data)));
     let holding = booked.pool.holding(&placement.cgpus).vm_with();
-    let charged = cgpus.and_then(|built| {
-        booked.quotas.charge(id, &project, &holding, vms)?;
-        Ok(built)
+    let borrowed = booked.quotas.split_borrowed(&project, &each_cgpu(&placement.cgpus));
+    let charged = cgpus.and_then(|(mut cgpus, user_data)| {
+        booked.quotas.charge_as(id, &project, &holding, vms, borrow)?;
+        for (cgpu, borrowed) in cgpus.iter_mut().zip(borrowed) {
+            cgpu.borrowed_ms = borrowed.then(now_ms);
+        }
+        Ok((cgpus, user_data))
     });
     match charged {
         Ok((cgpus, user_data)) => {

@@ -44,6 +44,8 @@ pub struct AttachInput {
     pub queue: bool,
     /// Each new cGPU's share of its GPU's SMs, percent (see [`Request::compute_percent`]).
     pub compute_percent: Option<u32>,
+    /// Whether the new cGPUs may be borrowed past the project's quota; absent: its default.
+    pub borrow: Option<bool>,
 }
 
 /// The VM's host, where cGPUs attached to it must be (a `local` VM's) or near which they must be
@@ -154,6 +156,7 @@ impl App {
             idempotency_key: idempotency_key.clone(),
             request_digest: request_digest.clone(),
             queue: input.queue,
+            borrow: input.borrow,
         };
         let (written, added, claimed) = match self.book_attachment(attachment).await {
             Ok(Booked::Attached(written, added, claimed)) => (*written, added, claimed),

@@ -26,6 +26,7 @@ pub mod alerts;
 pub mod background;
 pub mod batch;
 pub mod bookings;
+pub mod cohorts;
 pub mod delegations;
 pub mod elastic;
 pub mod fences;

@@ -143,7 +143,7 @@ impl PoolCache {
 
 /// Builds the pool and the quota ledger from the database's rows.
 fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger), Error> {
-    let db::PoolRows { hosts, gpus, taints, quotas: limits, held, fences } = rows;
+    let db::PoolRows { hosts, gpus, taints, quotas: limits, cohorts, held, fences } = rows;
     let mut pool = Pool::new();
     for host in &hosts {
         pool.add_host(host.name.clone(), host.kind)?;
@@ -175,6 +175,9 @@ fn build(rows: db::PoolRows, default_quota: Quota) -> Result<(Pool, QuotaLedger)
     let mut quotas = QuotaLedger::new(default_quota);
     for (project, quota) in limits {
         quotas.set_limits(project, Some(quota));
+    }
+    for (name, members) in cohorts {
+        quotas.set_cohort(name, Some(members));
     }
     let gpus: HashMap<&str, &GpuRecord> = gpus.iter().map(|g| (g.id.as_str(), g)).collect();
     for held in held {

@@ -23,6 +23,10 @@ pub struct QuotaStatus {
     pub usage: Usage,
     /// What it holds of each GPU model, in name order.
     pub model_usage: Vec<(String, Usage)>,
+    /// The cohort it is in, if any.
+    pub cohort: Option<gpgpums::CohortName>,
+    /// What it holds past its limits, borrowed from its cohort.
+    pub borrowed: Usage,
 }
 
 /// The project a caller names, if the policy lets it `action` on the project (quota or usage
@@ -46,7 +50,9 @@ fn status(quotas: &QuotaLedger, project: ProjectId) -> QuotaStatus {
     let (limits, own) = quotas.limits(&project);
     let usage = quotas.usage(&project);
     let model_usage = quotas.model_usage(&project).map(|(m, u)| (m.to_owned(), u)).collect();
-    QuotaStatus { project, limits, own, usage, model_usage }
+    let cohort = quotas.cohort_of(&project).map(|(name, _)| name.clone());
+    let borrowed = quotas.borrowed(&project);
+    QuotaStatus { project, limits, own, usage, model_usage, cohort, borrowed }
 }
 
 impl App {

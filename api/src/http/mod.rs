@@ -4,6 +4,7 @@
 //! logic and retry nothing. Bodies are parsed here (not by axum's `Json`) so that every malformed
 //! request gets a problem document naming the field (`ncgpus: invalid value: integer -1 ...`).
 
+mod cohorts;
 mod elastic;
 mod failures;
 mod healthcheck;
@@ -260,6 +261,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/quotas/{project}",
             get(quotas::get_quota).put(quotas::put_quota).delete(quotas::delete_quota),
+        )
+        .route("/v1/cohorts", get(cohorts::list_cohorts))
+        .route(
+            "/v1/cohorts/{name}",
+            get(cohorts::get_cohort).put(cohorts::put_cohort).delete(cohorts::delete_cohort),
         )
         .route("/v1/usage", get(usage::usage))
         .route("/v1/usage/{project}", get(usage::project_usage))

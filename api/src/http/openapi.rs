@@ -41,7 +41,8 @@ impl utoipa::Modify for BearerAuth {
     paths(super::launch_vm, super::lists::list_vms, super::get_vm, super::terminate_vm, super::get_queue,
         super::elastic::attach_cgpus, super::elastic::detach_cgpu,
         super::quotas::list_quotas, super::quotas::get_quota, super::quotas::put_quota,
-        super::quotas::delete_quota, super::usage::usage, super::usage::project_usage,
+        super::quotas::delete_quota, super::cohorts::list_cohorts, super::cohorts::get_cohort,
+        super::cohorts::put_cohort, super::cohorts::delete_cohort, super::usage::usage, super::usage::project_usage,
         super::lists::get_pool, super::list_hosts, super::register_host,
         super::renew_agent_token, super::rtt_targets, super::drain_host, super::undrain_host,
         super::failures::forget_host, super::failures::evacuate_host, super::failures::list_fences,
@@ -51,7 +52,8 @@ impl utoipa::Modify for BearerAuth {
         super::sessions::auth_methods, super::sessions::sign_in, super::sessions::projects,
         super::sessions::sign_out, super::versions::root, super::versions::version_v1),
     components(schemas(Problem, FieldError, QuotaProblem, QuotaView,
-        QuotaList, QuotaLimits, QuotaUsage, LaunchRequest, AttachRequest,
+        QuotaList, QuotaLimits, QuotaUsage, ModelQuotaUsage, CohortRequest, CohortMemberTerms,
+        CohortView, CohortMemberView, CohortList, LaunchRequest, AttachRequest,
         CgpuState, VmView, VmList, CgpuView, VmEventView, WaitingView, QueueView,
         QueueLengthView, QueuedRequestView, GpuRequestView, PoolView, PoolTotals, PoolHostView,
         FragmentationView,
@@ -213,6 +215,7 @@ fn add_links(doc: &mut Value) {
             &host,
         ),
         ("/v1/quotas/{project}", "put", "200", &["get_quota", "delete_quota"][..], &project),
+        ("/v1/cohorts/{name}", "put", "200", &["get_cohort", "delete_cohort"][..], &host),
     ];
     for (path, method, status, operations, parameters) in links {
         let pointer = format!("/paths/{}/{method}/responses/{status}", path.replace('/', "~1"));
@@ -257,6 +260,7 @@ fn constrain_request_fields(doc: &mut Value) {
     let id = json!({ "minLength": 1, "maxLength": gpgpums::MAX_NAME_LEN, "pattern": ID_PATTERN });
     for method in ["get", "put", "delete"] {
         merge_param(doc, "/v1/quotas/{project}", method, "project", id.clone());
+        merge_param(doc, "/v1/cohorts/{name}", method, "name", id.clone());
     }
 
     {

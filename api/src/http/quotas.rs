@@ -3,7 +3,7 @@
 
 use axum::extract::{Path, State};
 use axum::Json;
-pub use gsaas_api_types::{ModelQuotaUsage, QuotaLimits, QuotaList, QuotaUsage, QuotaView};
+pub use gsaas_api_types::{QuotaLimits, QuotaList, QuotaUsage, QuotaView};
 
 use super::{AppState, Unparsed};
 use crate::app::quotas::QuotaStatus;
@@ -15,6 +15,8 @@ impl From<QuotaStatus> for QuotaView {
     fn from(s: QuotaStatus) -> QuotaView {
         let u = s.usage;
         QuotaView {
+            cohort: s.cohort.map(|c| c.to_string()),
+            borrowed: s.borrowed.into(),
             project: s.project.to_string(),
             limits: s.limits.into(),
             own_limits: s.own,
@@ -23,18 +25,7 @@ impl From<QuotaStatus> for QuotaView {
                 memory_mib: u.memory_mib,
                 exclusive_gpus: u.exclusive_gpus,
                 vms: u.vms,
-                models: s
-                    .model_usage
-                    .into_iter()
-                    .map(|(model, u)| {
-                        let usage = ModelQuotaUsage {
-                            cgpus: u.cgpus,
-                            memory_mib: u.memory_mib,
-                            exclusive_gpus: u.exclusive_gpus,
-                        };
-                        (model, usage)
-                    })
-                    .collect(),
+                models: s.model_usage.into_iter().map(|(model, u)| (model, u.into())).collect(),
             },
         }
     }

@@ -55,6 +55,7 @@ pub fn launch_spec(request: LaunchRequest) -> (LaunchSpec, Option<String>, bool)
         priority: request.priority,
         preemptible: request.preemptible,
         give_back: request.give_back,
+        borrow: request.borrow,
         resolved: None,
     };
     (spec, request.policy, request.queue)
@@ -70,6 +71,7 @@ pub fn attach_input(request: AttachRequest) -> AttachInput {
         policy: request.policy,
         queue: request.queue,
         compute_percent: request.compute_percent,
+        borrow: request.borrow,
     }
 }
 
@@ -127,6 +129,7 @@ pub fn vm_record_view(details: &VmDetails, admin: bool) -> VmView {
                 memory_mib: c.memory_mib,
                 mode: mode_str(c.mode).into(),
                 compute_percent: c.compute_percent,
+                borrowed: c.borrowed_ms.is_some(),
                 gpu: admin.then(|| c.gpu.to_string()),
                 host: admin.then(|| c.host.to_string()),
                 gpu_server: admin.then(|| format!("{}:{}", c.rcuda_address, c.rcuda_port)),

@@ -137,6 +137,18 @@ pub static DEFAULTS: &[RuleDefault] = &[
         &["PUT /v1/quotas/{project}", "DELETE /v1/quotas/{project}"],
     ),
     rule(
+        "gpu:cohort:list",
+        ADMIN,
+        "List cohorts (projects that lend each other their unused quota), their members' terms and what each lends and borrows.",
+        &["GET /v1/cohorts", "GET /v1/cohorts/{name}"],
+    ),
+    rule(
+        "gpu:cohort:set",
+        ADMIN,
+        "Put projects in a cohort on their terms, or end a cohort (an operator's action on the service: no %(project_id)s).",
+        &["PUT /v1/cohorts/{name}", "DELETE /v1/cohorts/{name}"],
+    ),
+    rule(
         "gpu:usage:show",
         ADMIN_OR_MEMBER,
         "A project's usage of VMs and cGPUs in a period, with its VMs' (billing, show-back).",
@@ -248,6 +260,8 @@ pub mod actions {
     pub const QUOTA_SHOW: Action = find("gpu:quota:show");
     pub const QUOTA_LIST_ALL: Action = find("gpu:quota:list:all_projects");
     pub const QUOTA_SET: Action = find("gpu:quota:set");
+    pub const COHORT_LIST: Action = find("gpu:cohort:list");
+    pub const COHORT_SET: Action = find("gpu:cohort:set");
     pub const USAGE_SHOW: Action = find("gpu:usage:show");
     pub const USAGE_LIST_ALL: Action = find("gpu:usage:list:all_projects");
     pub const POOL_SHOW: Action = find("gpu:pool:show");

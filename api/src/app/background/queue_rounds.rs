@@ -125,10 +125,14 @@ impl App {
                 round.refused.push(q.vm.id);
                 continue;
             };
-            let (ask, mut request, policy) = match attach {
-                None => (Ask::Launch, q.vm.spec.gpus.clone(), q.vm.policy.clone()),
-                Some(a) => (Ask::Attach { on_host }, a.request.clone(), a.policy.clone()),
+            let (ask, mut request, policy, borrow) = match attach {
+                None => {
+                    let (request, policy) = (q.vm.spec.gpus.clone(), q.vm.policy.clone());
+                    (Ask::Launch, request, policy, q.vm.spec.borrow)
+                }
+                Some(a) => (Ask::Attach { on_host }, a.request.clone(), a.policy.clone(), a.borrow),
             };
+            let borrow = quotas.borrows(&project, borrow);
             // The VM's layer, whatever the waiting request says: one queued before layers were
             // told apart says none, and would take a GPU of any layer.
             request.constraints.remoting = Some(q.vm.spec.remoting());
@@ -143,12 +147,14 @@ impl App {
                 priority: q.priority,
                 passed: q.passed,
                 holding_since_ms: q.holding_since_ms,
+                borrow,
             });
         }
         let mut vms_in_use = tx.counted_vms(None).await?;
         let preemptible = tx.preemptible_vms().await?;
         let reclaim_wait_ms = settings.reclaim_wait_secs.saturating_mul(1000) as i64;
         let reclaiming = tx.reclaiming_cgpus(now.saturating_sub(reclaim_wait_ms)).await?;
+        let loans = tx.loans().await?;
         let rules = settings.rules();
         let planned = {
             let mut books = Books {
@@ -157,6 +163,7 @@ impl App {
                 vms_in_use: &mut vms_in_use,
                 preemptible: &preemptible,
                 reclaiming: &reclaiming,
+                loans: &loans,
                 now_ms: now,
             };
             plan(&mut books, &waiting, &rules)
@@ -172,7 +179,10 @@ impl App {
         let mut attaching: BTreeMap<VmId, (&VmRecord, Vec<Vec<CgpuRecord>>)> = BTreeMap::new();
         for s in &planned.started {
             let q = by_ticket[&s.ticket];
-            let records = s.cgpus.iter().map(|c| cgpu_record(s.vm, c, masking));
+            let records = s.cgpus.iter().zip(&s.borrowed).map(|(c, &borrowed)| {
+                let borrowed_ms = borrowed.then_some(now);
+                cgpu_record(s.vm, c, masking).map(|record| CgpuRecord { borrowed_ms, ..record })
+            });
             let records = records.collect::<Result<Vec<_>, Error>>();
             let waited = (now - q.enqueued_ms).max(0);
             match (&q.queued, records) {
@@ -285,7 +295,10 @@ impl App {
         if let Some(preemption) = &planned.preemption {
             let give_back_deadline = self.queue_deadline(now);
             for shrink in &preemption.victims {
-                writes.push(shrink_vm(tx, shrink, &claim, now, give_back_deadline).await?);
+                let reclaims = preemption.reclaims_loans;
+                let write =
+                    shrink_vm(tx, shrink, &claim, now, give_back_deadline, reclaims).await?;
+                writes.push(write);
                 round.preempted.push(shrink.vm);
             }
         }
@@ -325,6 +338,7 @@ async fn shrink_vm(
     claim: &Claim,
     now: i64,
     give_back_deadline_ms: Option<i64>,
+    reclaims_loans: bool,
 ) -> Result<VmWrite, Error> {
     let changed = || Error::Conflict("a preemptible VM changed during the queue round".into());
     let mut vm = tx.vm(shrink.vm).await?.ok_or_else(changed)?;
@@ -346,7 +360,10 @@ async fn shrink_vm(
     let vm = &write[0].vm;
     let after = if vm.spec.give_back {
         for (request, _) in shrink.give_back(&vm.spec.gpus.constraints, &vm.spec.gpus.network) {
-            let attach = Box::new(db::QueuedAttach { request, policy: vm.policy.clone() });
+            // A loan taken back is given back on loan again, whatever the VM's launch said.
+            let borrow = if reclaims_loans { Some(true) } else { vm.spec.borrow };
+            let policy = vm.policy.clone();
+            let attach = Box::new(db::QueuedAttach { request, policy, borrow });
             let queued = db::Queued::Attach { attach, give_back: true };
             let ticket =
                 db::NewTicket { vm, queued, now_ms: now, deadline_ms: give_back_deadline_ms };
@@ -356,15 +373,24 @@ async fn shrink_vm(
     } else {
         "they are not given back (give_back is false)"
     };
-    let event = db::VmEvent {
-        at_ms: now,
-        kind: "preempted".into(),
-        detail: format!(
-            "{} cGPU(s) taken back (index {}) for a request of higher priority, as this VM is \
-             preemptible; {after}",
-            shrink.cgpus.len(),
-            indexes.join(", ")
-        ),
+    let (n, indexes) = (shrink.cgpus.len(), indexes.join(", "));
+    let event = match reclaims_loans {
+        false => db::VmEvent {
+            at_ms: now,
+            kind: "preempted".into(),
+            detail: format!(
+                "{n} cGPU(s) taken back (index {indexes}) for a request of higher priority, as \
+                 this VM is preemptible; {after}"
+            ),
+        },
+        true => db::VmEvent {
+            at_ms: now,
+            kind: "loan_reclaimed".into(),
+            detail: format!(
+                "{n} cGPU(s) on loan taken back (index {indexes}): a project of its cohort needs \
+                 its own quota; {after}"
+            ),
+        },
     };
     tx.insert_event(shrink.vm, &event).await?;
     let [write] = write;

@@ -1,0 +1,138 @@
+//! Cohorts through the API: operators putting projects in a cohort on their terms, and what the
+//! members lend and borrow (the decisions are [`gpgpums::quota`]'s cohort part, made where
+//! bookings are: [`super::bookings`] and the queue's rounds).
+//!
+//! Like quotas, a cohort changes in a pool transaction: the generation moves, so every replica
+//! reloads its ledger before its next booking and none admits a loan on old terms.
+
+use std::collections::BTreeMap;
+
+use gpgpums::{CohortName, CohortTerms, ProjectId, QuotaLedger, Resource, Usage};
+
+use super::App;
+use crate::auth::Caller;
+use crate::config::MAX_QUOTA_LIMIT;
+use crate::db::now_ms;
+use crate::error::Error;
+use crate::policy::{actions, Target};
+
+/// The most projects one cohort may have.
+pub const MAX_COHORT_MEMBERS: usize = 1000;
+
+/// A cohort and what its members lend and borrow now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CohortStatus {
+    pub name: CohortName,
+    /// Each member, by project: its terms, what it borrows and what it could lend now.
+    pub members: Vec<(ProjectId, CohortTerms, Usage, Usage)>,
+    pub lendable: Usage,
+    pub borrowed: Usage,
+}
+
+fn status(quotas: &QuotaLedger, name: &CohortName) -> Option<CohortStatus> {
+    let members = quotas.cohort(name)?;
+    let members = members
+        .iter()
+        .map(|(project, terms)| {
+            (project.clone(), *terms, quotas.borrowed(project), quotas.lendable(project, terms))
+        })
+        .collect();
+    let balance = quotas.balance(name);
+    Some(CohortStatus {
+        name: name.clone(),
+        members,
+        lendable: balance.lendable,
+        borrowed: balance.borrowed,
+    })
+}
+
+/// A cohort's name from the path: a bad one is a 404 to those who list cohorts, as for any name
+/// that names nothing.
+fn cohort_name(name: &str) -> Result<CohortName, Error> {
+    CohortName::new(name).map_err(|_| Error::NotFound { kind: "cohort", id: name.to_owned() })
+}
+
+/// `members` checked: project ids, limits in range, at most [`MAX_COHORT_MEMBERS`].
+fn checked_members(
+    members: BTreeMap<String, CohortTerms>,
+) -> Result<BTreeMap<ProjectId, CohortTerms>, Error> {
+    if members.len() > MAX_COHORT_MEMBERS {
+        let reason = format!("{} members are more than {MAX_COHORT_MEMBERS}", members.len());
+        return Err(Error::invalid("members", reason));
+    }
+    let mut checked = BTreeMap::new();
+    for (project, terms) in members {
+        let id = ProjectId::new(&project)
+            .map_err(|e| Error::invalid(format!("members.{project}"), e.to_string()))?;
+        for (which, limits) in
+            [("borrowing_limit", terms.borrowing_limit), ("lending_limit", terms.lending_limit)]
+        {
+            for resource in [Resource::Cgpus, Resource::MemoryMib, Resource::ExclusiveGpus] {
+                if let Some(limit) = limits.get(resource).filter(|l| *l > MAX_QUOTA_LIMIT) {
+                    return Err(Error::invalid(
+                        format!("members.{project}.{which}.{resource}"),
+                        format!("{limit} is above the maximum {MAX_QUOTA_LIMIT}"),
+                    ));
+                }
+            }
+        }
+        checked.insert(id, terms);
+    }
+    Ok(checked)
+}
+
+impl App {
+    /// Every cohort (admins).
+    pub async fn cohorts(&self, caller: &Caller) -> Result<Vec<CohortStatus>, Error> {
+        self.policy.authorize(actions::COHORT_LIST, caller, Target::Service)?;
+        self.read_pool_and_quotas(|_, quotas| {
+            quotas.cohorts().filter_map(|(name, _)| status(quotas, name)).collect()
+        })
+        .await
+    }
+
+    /// One cohort (admins).
+    pub async fn cohort(&self, caller: &Caller, name: &str) -> Result<CohortStatus, Error> {
+        self.policy.authorize(actions::COHORT_LIST, caller, Target::Service)?;
+        let name = cohort_name(name)?;
+        let found = self.read_pool_and_quotas(|_, quotas| status(quotas, &name)).await?;
+        found.ok_or_else(|| Error::NotFound { kind: "cohort", id: name.to_string() })
+    }
+
+    /// Makes cohort `name` hold exactly `members` on their terms, or ends it (`None`; admins).
+    /// A project already in another cohort is refused (409): it leaves that one first. What is
+    /// on loan stays held; new bookings see the new terms.
+    pub async fn set_cohort(
+        &self,
+        caller: &Caller,
+        name: &str,
+        members: Option<BTreeMap<String, CohortTerms>>,
+    ) -> Result<Option<CohortStatus>, Error> {
+        self.policy.authorize(actions::COHORT_SET, caller, Target::Service)?;
+        let name = CohortName::new(name).map_err(|e| Error::invalid("name", e.to_string()))?;
+        let members = members.map(checked_members).transpose()?;
+        if members.as_ref().is_some_and(BTreeMap::is_empty) {
+            let reason = "a cohort needs a member; DELETE ends one";
+            return Err(Error::invalid("members", reason));
+        }
+        let mut pool_tx = self.pool_tx().await?;
+        let (_, quotas, tx) = pool_tx.parts_with_quotas();
+        if members.is_none() && quotas.cohort(&name).is_none() {
+            return Err(Error::NotFound { kind: "cohort", id: name.to_string() });
+        }
+        for project in members.iter().flat_map(BTreeMap::keys) {
+            if let Some((other, _)) = quotas.cohort_of(project).filter(|(n, _)| **n != name) {
+                return Err(Error::Conflict(format!(
+                    "project {project} is in cohort {other}: take it out of that one first"
+                )));
+            }
+        }
+        tx.set_cohort(&name, members.as_ref(), now_ms()).await?;
+        quotas.set_cohort(name.clone(), members);
+        let after = status(quotas, &name);
+        pool_tx.commit().await?;
+        // More to lend may let queued requests that borrow start.
+        self.trigger_queue();
+        Ok(after)
+    }
+}

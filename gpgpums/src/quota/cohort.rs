@@ -1,0 +1,320 @@
+//! Cohorts: projects that lend each other the quota they do not use.
+//!
+//! A project's quota is its guaranteed share. In a cohort it may also run past it, on what the
+//! cohort's other members leave unused, as Kueue's cohorts and KAI's over-quota do: a booking that
+//! passes the project's limits is admitted as *borrowed* when the request chose to borrow, its
+//! project's `borrowing_limit` allows the part past the limit, and the cohort has that much to
+//! lend. What a member lends is its limit less what it holds, at most its `lending_limit`; what the
+//! members borrow together never passes what the members lend together (counted per resource).
+//!
+//! Only the GPU resources (cGPUs, GPU memory, exclusive GPUs) are lent: a project's VM count and
+//! its limits per GPU model stay walls. A member's own guarantee is never touched by the loans: a
+//! booking within its limits is admitted as before, whatever the cohort has lent, and the capacity
+//! it needs comes back by reclaiming loans (the planner's part, not the ledger's).
+//!
+//! Which cGPUs of a booking are borrowed is decided once, at admission ([`QuotaLedger::split_borrowed`]):
+//! the first ones fill what is left of the guarantee, the rest are on loan.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{QuotaExceeded, QuotaLedger, Resource, Usage};
+use crate::ids::{CohortName, ProjectId};
+use crate::quota::ModelLimits;
+
+/// The GPU resources a cohort lends (a VM is not lent: see the module docs).
+pub const LENT: [Resource; 3] = [Resource::Cgpus, Resource::MemoryMib, Resource::ExclusiveGpus];
+
+/// A project's terms in its cohort.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CohortTerms {
+    /// How far past its own limit the project may run on borrowed capacity, per resource; a
+    /// resource without one: as far as the cohort has to lend.
+    #[serde(default)]
+    pub borrowing_limit: ModelLimits,
+    /// How much of its unused quota the others may borrow, per resource; a resource without one:
+    /// all it does not use.
+    #[serde(default)]
+    pub lending_limit: ModelLimits,
+    /// Whether the project's requests borrow when they do not say (`borrow` absent).
+    #[serde(default)]
+    pub borrow_by_default: bool,
+}
+
+/// How a booking was admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Within the project's limits.
+    Guaranteed,
+    /// Past them, on what its cohort lends.
+    Borrowed,
+}
+
+/// What a cohort's members lend and borrow now, per lent resource.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CohortBalance {
+    /// What the members could lend: each one's limit less its use, at most its lending limit.
+    pub lendable: Usage,
+    /// What the members hold past their own limits.
+    pub borrowed: Usage,
+}
+
+impl QuotaLedger {
+    /// Puts `members` in cohort `name` on their terms (`None`: the cohort is gone and its members
+    /// keep only their own quotas). A project is in one cohort at most: naming it here takes it
+    /// out of any other (the service refuses that before it gets here). What is on loan stays
+    /// held; only new bookings see the new terms.
+    pub fn set_cohort(
+        &mut self,
+        name: CohortName,
+        members: Option<BTreeMap<ProjectId, CohortTerms>>,
+    ) {
+        self.changes += 1;
+        if let Some(old) = self.cohorts.remove(&name) {
+            for project in old.keys() {
+                self.cohort_of.remove(project);
+            }
+        }
+        let Some(members) = members else { return };
+        for project in members.keys() {
+            if let Some(other) = self.cohort_of.insert(project.clone(), name.clone()) {
+                if let Some(others) = self.cohorts.get_mut(&other) {
+                    others.remove(project);
+                }
+            }
+        }
+        self.cohorts.insert(name, members);
+    }
+
+    /// Whether a request of `project` borrows: as it `asked`, or (not saying) as its terms in
+    /// its cohort say; never outside a cohort.
+    pub fn borrows(&self, project: &ProjectId, asked: Option<bool>) -> bool {
+        self.cohort_of(project).is_some_and(|(_, terms)| asked.unwrap_or(terms.borrow_by_default))
+    }
+
+    /// The cohort `project` is in, and its terms there.
+    pub fn cohort_of(&self, project: &ProjectId) -> Option<(&CohortName, &CohortTerms)> {
+        let name = self.cohort_of.get(project)?;
+        let terms = self.cohorts.get(name)?.get(project)?;
+        Some((name, terms))
+    }
+
+    /// Every cohort, by name, with its members' terms.
+    pub fn cohorts(
+        &self,
+    ) -> impl Iterator<Item = (&CohortName, &BTreeMap<ProjectId, CohortTerms>)> {
+        self.cohorts.iter()
+    }
+
+    /// A cohort's members, if it exists.
+    pub fn cohort(&self, name: &CohortName) -> Option<&BTreeMap<ProjectId, CohortTerms>> {
+        self.cohorts.get(name)
+    }
+
+    /// What a cohort's members lend and borrow now.
+    pub fn balance(&self, name: &CohortName) -> CohortBalance {
+        let mut balance = CohortBalance::default();
+        for (project, terms) in self.cohorts.get(name).into_iter().flatten() {
+            balance.lendable = balance.lendable.plus(self.lendable(project, terms));
+            balance.borrowed = balance.borrowed.plus(self.borrowed(project));
+        }
+        balance
+    }
+
+    /// What `project` holds past its limits now, per lent resource.
+    pub fn borrowed(&self, project: &ProjectId) -> Usage {
+        let quota = self.quota(project);
+        let usage = self.usage(project);
+        usage_of(|r| match quota.get(r) {
+            Some(limit) => usage.get(r).saturating_sub(limit),
+            None => 0,
+        })
+    }
+
+    /// What `project` leaves unused of its limits and lets others borrow, per lent resource.
+    pub fn lendable(&self, project: &ProjectId, terms: &CohortTerms) -> Usage {
+        let quota = self.quota(project);
+        let usage = self.usage(project);
+        usage_of(|r| match quota.get(r) {
+            Some(limit) => {
+                let unused = limit.saturating_sub(usage.get(r));
+                terms.lending_limit.get(r).map_or(unused, |most| unused.min(most))
+            }
+            None => 0,
+        })
+    }
+
+    /// As [`QuotaLedger::check`], but a booking past the project's limits is admitted as
+    /// borrowed when `borrow` and its cohort lets it (see the module docs); refused otherwise,
+    /// naming the first resource past what it may hold with what it may borrow.
+    pub fn check_as(
+        &self,
+        project: &ProjectId,
+        usage: Usage,
+        vms_in_use: u64,
+        borrow: bool,
+    ) -> Result<Admission, QuotaExceeded> {
+        let refused = match self.check(project, usage, vms_in_use) {
+            Ok(()) => return Ok(Admission::Guaranteed),
+            Err(e) => e,
+        };
+        let Some((cohort, terms)) = self.cohort_of(project).filter(|_| borrow) else {
+            return Err(refused);
+        };
+        if refused.resource == Resource::Vms {
+            return Err(refused);
+        }
+        let quota = self.quota(project);
+        let held = self.usage(project);
+        // What the other members lend, less what they borrow themselves.
+        let mut spare = Usage::default();
+        let mut others_borrow = Usage::default();
+        for (member, member_terms) in self.cohorts.get(cohort).into_iter().flatten() {
+            if member != project {
+                spare = spare.plus(self.lendable(member, member_terms));
+                others_borrow = others_borrow.plus(self.borrowed(member));
+            }
+        }
+        for resource in LENT {
+            let (Some(limit), wanted) = (quota.get(resource), usage.get(resource)) else {
+                continue;
+            };
+            let past = held.get(resource).saturating_add(wanted).saturating_sub(limit);
+            if wanted == 0 || past == 0 {
+                continue;
+            }
+            let cohort_room = spare.get(resource).saturating_sub(others_borrow.get(resource));
+            let may_borrow =
+                terms.borrowing_limit.get(resource).map_or(cohort_room, |b| b.min(cohort_room));
+            if past > may_borrow {
+                let mut e = QuotaExceeded::new(project, None, resource, limit, held, usage);
+                e.limit = limit.saturating_add(may_borrow);
+                e.cohort = Some(cohort.clone());
+                return Err(e);
+            }
+        }
+        Ok(Admission::Borrowed)
+    }
+
+    /// Which of `cgpus` (what each holds, in booking order) a booking for `project` would hold
+    /// past its limits: the first ones fill what is left of them, each one after is on loan.
+    /// Decided before the booking is charged.
+    pub fn split_borrowed(&self, project: &ProjectId, cgpus: &[Usage]) -> Vec<bool> {
+        let quota = self.quota(project);
+        let held = self.usage(project);
+        let mut total = held;
+        cgpus
+            .iter()
+            .map(|cgpu| {
+                total = total.plus(Usage { vms: 0, ..*cgpu });
+                LENT.iter().any(|&r| quota.get(r).is_some_and(|limit| total.get(r) > limit))
+            })
+            .collect()
+    }
+}
+
+/// A usage of the lent resources, each from `f`.
+fn usage_of(f: impl Fn(Resource) -> u64) -> Usage {
+    Usage {
+        cgpus: f(Resource::Cgpus),
+        memory_mib: f(Resource::MemoryMib),
+        exclusive_gpus: f(Resource::ExclusiveGpus),
+        vms: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::VmId;
+    use crate::quota::{Holding, Quota};
+
+    fn vm(n: u128) -> VmId {
+        VmId::from_uuid(uuid::Uuid::from_u128(n))
+    }
+
+    fn cgpus(n: u64) -> Usage {
+        Usage { cgpus: n, ..Usage::default() }
+    }
+
+    /// alpha and beta have 4 cGPUs each; beta lends at most `lend`, alpha borrows at most
+    /// `borrow`.
+    fn cohort(lend: Option<u64>, borrow: Option<u64>) -> (QuotaLedger, ProjectId, ProjectId) {
+        let (alpha, beta) = (ProjectId::new("alpha").unwrap(), ProjectId::new("beta").unwrap());
+        let mut ledger = QuotaLedger::new(Quota { cgpus: Some(4), ..Quota::default() });
+        let alpha_terms = CohortTerms {
+            borrowing_limit: ModelLimits { cgpus: borrow, ..ModelLimits::default() },
+            ..CohortTerms::default()
+        };
+        let beta_terms = CohortTerms {
+            lending_limit: ModelLimits { cgpus: lend, ..ModelLimits::default() },
+            ..CohortTerms::default()
+        };
+        let members = [(alpha.clone(), alpha_terms), (beta.clone(), beta_terms)];
+        ledger.set_cohort(CohortName::new("lab").unwrap(), Some(members.into_iter().collect()));
+        (ledger, alpha, beta)
+    }
+
+    #[test]
+    fn a_project_borrows_what_its_cohort_leaves_unused_and_only_when_it_asks() {
+        let (mut ledger, alpha, beta) = cohort(None, None);
+        let six = Usage::vm_with(cgpus(6));
+        let refused = ledger.charge_as(vm(1), &alpha, &Holding::from(six), 0, false).unwrap_err();
+        assert_eq!((refused.limit, refused.cohort), (4, None), "no borrowing unasked");
+        assert_eq!(
+            ledger.split_borrowed(&alpha, &[cgpus(1); 6]),
+            [0, 0, 0, 0, 1, 1].map(|b| b == 1)
+        );
+        assert_eq!(
+            ledger.charge_as(vm(1), &alpha, &Holding::from(six), 0, true),
+            Ok(Admission::Borrowed)
+        );
+        assert_eq!(ledger.borrowed(&alpha), cgpus(2));
+        let balance = ledger.balance(&CohortName::new("lab").unwrap());
+        assert_eq!((balance.lendable, balance.borrowed), (cgpus(4), cgpus(2)));
+        // Beta still has its whole guarantee, loans or not.
+        let four = Usage::vm_with(cgpus(4));
+        assert_eq!(
+            ledger.charge_as(vm(2), &beta, &Holding::from(four), 0, false),
+            Ok(Admission::Guaranteed)
+        );
+        // Now nothing is left to lend: alpha may not borrow more.
+        let err = ledger.check_as(&alpha, cgpus(1), 1, true).unwrap_err();
+        assert_eq!((err.limit, err.in_use, err.requested), (4, 6, 1));
+        assert_eq!(
+            err.to_string(),
+            "quota exceeded for cgpus in project alpha (with what cohort lab lends): limit 4, \
+             in use 6, requested 1"
+        );
+    }
+
+    #[test]
+    fn the_lending_and_borrowing_limits_bound_a_loan() {
+        let (ledger, alpha, _) = cohort(Some(3), None);
+        assert_eq!(ledger.check_as(&alpha, cgpus(7), 0, true), Ok(Admission::Borrowed));
+        let err = ledger.check_as(&alpha, cgpus(8), 0, true).unwrap_err();
+        assert_eq!((err.limit, err.cohort.unwrap().as_str()), (7, "lab"));
+        let (ledger, alpha, _) = cohort(None, Some(1));
+        assert_eq!(ledger.check_as(&alpha, cgpus(5), 0, true), Ok(Admission::Borrowed));
+        assert_eq!(ledger.check_as(&alpha, cgpus(6), 0, true).unwrap_err().limit, 5);
+    }
+
+    #[test]
+    fn vms_and_projects_outside_a_cohort_stay_walls() {
+        let (mut ledger, alpha, _) = cohort(None, None);
+        ledger.set_limits(
+            alpha.clone(),
+            Some(Quota { cgpus: Some(4), vms: Some(1), ..Quota::default() }),
+        );
+        let err = ledger.check_as(&alpha, Usage::vm_with(cgpus(1)), 1, true).unwrap_err();
+        assert_eq!(err.resource, Resource::Vms);
+        let gamma = ProjectId::new("gamma").unwrap();
+        assert_eq!(ledger.check_as(&gamma, cgpus(5), 0, true).unwrap_err().cohort, None);
+        // The cohort gone, alpha keeps its quota only.
+        ledger.set_cohort(CohortName::new("lab").unwrap(), None);
+        assert!(ledger.cohort_of(&alpha).is_none());
+        assert!(ledger.check_as(&alpha, cgpus(5), 0, true).is_err());
+    }
+}

@@ -1,0 +1,296 @@
+//! Cohorts in the queue planner: requests that borrow start past their quotas on what their
+//! cohort lends, marked as loans; a member within its quota takes back the youngest loans by
+//! shrinking, never a borrower's cGPUs within its own quota; and, as properties over random pools
+//! and queues, no borrowing limit is ever passed, nobody borrows while the cohort has lent more
+//! than it has, and a reclaim takes only loans of the requester's cohort.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+
+use common::add_gpu_host;
+use gpgpums::queue::{plan, Ask, Books, Loan, Plan, Rules, Waiting};
+use gpgpums::{
+    CohortName, CohortTerms, ModelLimits, Pool, ProjectId, Quota, QuotaLedger, Request, TicketId,
+    Usage, VmId,
+};
+use proptest::prelude::*;
+use uuid::Uuid;
+
+fn project(name: &str) -> ProjectId {
+    ProjectId::new(name).unwrap()
+}
+
+fn launch(ticket: u64, who: &str, ncgpus: u32, borrow: bool) -> Waiting {
+    Waiting {
+        ticket: TicketId(ticket),
+        vm: VmId::from_uuid(Uuid::from_u128(u128::from(ticket) + 1)),
+        project: project(who),
+        ask: Ask::Launch,
+        // One cGPU fills a GPU of 8 GiB.
+        request: Request::shared(ncgpus, 8192),
+        policy: "first-fit".into(),
+        priority: 0,
+        passed: 0,
+        holding_since_ms: None,
+        borrow,
+    }
+}
+
+/// A pool of `gpus` GPUs of 8 GiB, the ledger, and the loans, as the service keeps them.
+struct World {
+    pool: Pool,
+    quotas: QuotaLedger,
+    vms: HashMap<ProjectId, u64>,
+    loans: Vec<Loan>,
+    now_ms: i64,
+}
+
+impl World {
+    fn new(gpus: usize) -> World {
+        let mut pool = Pool::new();
+        add_gpu_host(&mut pool, "cg0", &vec![8192; gpus]);
+        World {
+            pool,
+            quotas: QuotaLedger::new(Quota::default()),
+            vms: HashMap::new(),
+            loans: Vec::new(),
+            now_ms: 0,
+        }
+    }
+
+    /// `quotas` by project (cGPUs), all in cohort `lab` on `terms`.
+    fn cohort(&mut self, quotas: &[(&str, u64, CohortTerms)]) {
+        let mut members = BTreeMap::new();
+        for (who, cgpus, terms) in quotas {
+            let quota = Quota { cgpus: Some(*cgpus), ..Quota::default() };
+            self.quotas.set_limits(project(who), Some(quota));
+            members.insert(project(who), *terms);
+        }
+        self.quotas.set_cohort(CohortName::new("lab").unwrap(), Some(members));
+    }
+
+    /// One round, recording what starts (its loans at this round's time) and releasing what it
+    /// takes back at once, as the service does once routes are withdrawn.
+    fn round(&mut self, queue: &[Waiting]) -> Plan {
+        self.now_ms += 10;
+        let planned = {
+            let mut books = Books {
+                pool: &mut self.pool,
+                quotas: &mut self.quotas,
+                vms_in_use: &mut self.vms,
+                preemptible: &BTreeMap::new(),
+                reclaiming: &[],
+                loans: &self.loans,
+                now_ms: self.now_ms,
+            };
+            plan(&mut books, queue, &Rules::default())
+        };
+        for s in &planned.started {
+            for (cgpu, &borrowed) in s.cgpus.iter().zip(&s.borrowed) {
+                if borrowed {
+                    self.loans.push(Loan { vm: s.vm, index: cgpu.index, since_ms: self.now_ms });
+                }
+            }
+        }
+        if let Some(preemption) = &planned.preemption {
+            for shrink in &preemption.victims {
+                for cgpu in &shrink.cgpus {
+                    let held = self.pool.holding([cgpu]);
+                    self.pool.detach(&shrink.vm, cgpu.index).unwrap();
+                    self.quotas.refund(&shrink.vm, &held);
+                    self.loans.retain(|l| (l.vm, l.index) != (shrink.vm, cgpu.index));
+                }
+            }
+        }
+        planned
+    }
+
+    fn end(&mut self, vm: VmId) {
+        self.pool.release(&vm);
+        if let Some(p) = self.quotas.project_of(&vm).cloned() {
+            *self.vms.get_mut(&p).unwrap() -= 1;
+        }
+        self.quotas.release(&vm);
+        self.loans.retain(|l| l.vm != vm);
+    }
+}
+
+fn terms(borrow: Option<u64>, lend: Option<u64>) -> CohortTerms {
+    CohortTerms {
+        borrowing_limit: ModelLimits { cgpus: borrow, ..ModelLimits::default() },
+        lending_limit: ModelLimits { cgpus: lend, ..ModelLimits::default() },
+        borrow_by_default: false,
+    }
+}
+
+/// The victims of a plan's take-back: (VM, cGPU indexes).
+fn victims(plan: &Plan) -> Vec<(VmId, Vec<u32>)> {
+    let preemption = plan.preemption.as_ref().expect("a take-back");
+    preemption.victims.iter().map(|s| (s.vm, s.cgpus.iter().map(|c| c.index).collect())).collect()
+}
+
+#[test]
+fn a_lender_within_its_quota_takes_back_the_youngest_loans_and_nothing_else() {
+    let mut world = World::new(4);
+    let members = [("alpha", 1, terms(None, None)), ("beta", 3, terms(None, None))];
+    world.cohort(&[members[0], members[1], ("gamma", 2, terms(None, None))]);
+    // Alpha: one cGPU of its own, then two loans at two times; beta one of its own.
+    let own = launch(1, "alpha", 1, false);
+    let (first_loan, second_loan) = (launch(2, "alpha", 1, true), launch(3, "alpha", 1, true));
+    for w in [&own, &first_loan, &second_loan] {
+        let planned = world.round(std::slice::from_ref(w));
+        assert_eq!(planned.started.len(), 1, "{planned:?}");
+    }
+    assert_eq!(world.loans.len(), 2);
+    let planned = world.round(&[launch(4, "beta", 1, false)]);
+    assert_eq!(planned.started[0].borrowed, [false]);
+    // The pool is full. Past its quota, beta takes nothing back, even asking to borrow.
+    let planned = world.round(&[launch(5, "beta", 3, true)]);
+    assert!(planned.started.is_empty() && planned.preemption.is_none(), "{planned:?}");
+    // Within it: the youngest loan goes, by shrinking; alpha's own cGPU and older loan stay.
+    let planned = world.round(&[launch(6, "beta", 1, false)]);
+    let preemption = planned.preemption.as_ref().expect("a reclaim");
+    assert!(preemption.reclaims_loans);
+    assert_eq!(victims(&planned), [(second_loan.vm, vec![0])]);
+    let planned = world.round(&[launch(6, "beta", 1, false)]);
+    assert_eq!(planned.started.len(), 1, "the reclaimed GPU serves beta: {planned:?}");
+    // Alpha's own VM ends (beta takes its GPU): alpha's last loan is within its quota now, its
+    // own, and stays when gamma needs a GPU within its quota.
+    world.end(own.vm);
+    assert_eq!(world.round(&[launch(7, "beta", 1, false)]).started.len(), 1);
+    assert_eq!(world.quotas.borrowed(&project("alpha")), Usage::default());
+    let planned = world.round(&[launch(8, "gamma", 1, false)]);
+    assert!(planned.started.is_empty() && planned.preemption.is_none(), "{planned:?}");
+}
+
+#[test]
+fn a_reclaim_that_cannot_free_enough_takes_nothing() {
+    let mut world = World::new(3);
+    world.cohort(&[("alpha", 1, terms(None, None)), ("beta", 3, terms(None, None))]);
+    world.round(&[launch(1, "alpha", 2, true)]);
+    world.round(&[launch(2, "beta", 1, false)]);
+    // Beta needs 2 more; alpha holds only 1 past its quota.
+    let planned = world.round(&[launch(3, "beta", 2, false)]);
+    assert!(planned.preemption.is_none() && planned.started.is_empty(), "{planned:?}");
+}
+
+#[test]
+fn queued_requests_borrow_only_within_the_lenders_limits() {
+    let mut world = World::new(8);
+    world.cohort(&[("alpha", 1, terms(Some(2), None)), ("beta", 4, terms(None, Some(1)))]);
+    // Alpha may borrow 2, beta lends 1: alpha runs 2 in all.
+    let planned = world.round(&[launch(1, "alpha", 3, true), launch(2, "alpha", 2, true)]);
+    assert_eq!(planned.started.iter().map(|s| s.ticket.0).collect::<Vec<_>>(), [2]);
+    assert_eq!(planned.started[0].borrowed, [false, true]);
+    // Not asking: nothing past the quota.
+    let planned = world.round(&[launch(3, "alpha", 1, false)]);
+    assert!(planned.started.is_empty());
+}
+
+/// One step of a random history.
+#[derive(Debug, Clone)]
+enum Step {
+    /// A request of project `who` for `ncgpus`, borrowing or not.
+    Ask { who: usize, ncgpus: u32, borrow: bool },
+    /// The `n`th running VM (modulo how many run) ends.
+    End { n: usize },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0..3usize, 1..4u32, any::<bool>())
+            .prop_map(|(who, ncgpus, borrow)| Step::Ask { who, ncgpus, borrow }),
+        1 => (0..64usize).prop_map(|n| Step::End { n }),
+    ]
+}
+
+fn limit() -> impl Strategy<Value = Option<u64>> {
+    prop_oneof![Just(None), (0..4u64).prop_map(Some)]
+}
+
+const PROJECTS: [&str; 3] = ["p0", "p1", "p2"];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn loans_keep_every_limit_and_reclaims_take_only_loans(
+        gpus in 2..10usize,
+        quotas in proptest::collection::vec(0..5u64, 3),
+        limits in proptest::collection::vec((limit(), limit()), 3),
+        steps in proptest::collection::vec(step(), 1..40),
+    ) {
+        let mut world = World::new(gpus);
+        let members: Vec<(&str, u64, CohortTerms)> = PROJECTS
+            .iter()
+            .zip(&quotas)
+            .zip(&limits)
+            .map(|((who, q), (b, l))| (*who, *q, terms(*b, *l)))
+            .collect();
+        world.cohort(&members);
+        let lab = CohortName::new("lab").unwrap();
+        let mut running: Vec<VmId> = Vec::new();
+        let mut ticket = 0;
+        for step in steps {
+            match step {
+                Step::Ask { who, ncgpus, borrow } => {
+                    ticket += 1;
+                    let w = launch(ticket, PROJECTS[who], ncgpus, borrow);
+                    let over_before: Vec<Usage> =
+                        PROJECTS.iter().map(|p| world.quotas.borrowed(&project(p))).collect();
+                    let used_before = world.quotas.usage(&project(PROJECTS[who])).cgpus;
+                    let loans_before = world.loans.clone();
+                    let planned = world.round(std::slice::from_ref(&w));
+                    for s in &planned.started {
+                        running.push(s.vm);
+                        if s.borrowed.contains(&true) {
+                            prop_assert!(borrow, "a loan nobody asked for");
+                            // What the members borrow never passes what the others lend.
+                            let after = world.quotas.balance(&lab);
+                            prop_assert!(after.borrowed.cgpus <= after.lendable.cgpus, "{after:?}");
+                        }
+                    }
+                    // No borrowing limit is passed.
+                    for (i, p) in PROJECTS.iter().enumerate() {
+                        let over = world.quotas.borrowed(&project(p)).cgpus;
+                        if let Some(most) = limits[i].0 {
+                            prop_assert!(over <= most, "{p}: {over} past its quota, limit {most}");
+                        }
+                    }
+                    if let Some(preemption) = &planned.preemption {
+                        prop_assert!(preemption.reclaims_loans, "no preemptible VM, yet a preemption");
+                        // The requester asked within its own quota.
+                        prop_assert!(used_before + u64::from(ncgpus) <= quotas[who]);
+                        // Only loans of others, never more of one than it held past its quota.
+                        let mut taken: HashMap<ProjectId, u64> = HashMap::new();
+                        for shrink in &preemption.victims {
+                            let owner = world.quotas.project_of(&shrink.vm).cloned();
+                            let owner = owner.expect("a victim is charged to a project");
+                            prop_assert_ne!(&owner, &project(PROJECTS[who]), "took its own");
+                            for cgpu in &shrink.cgpus {
+                                let loan = (shrink.vm, cgpu.index);
+                                prop_assert!(
+                                    loans_before.iter().any(|l| (l.vm, l.index) == loan),
+                                    "took a cGPU that is no loan"
+                                );
+                                *taken.entry(owner.clone()).or_default() += 1;
+                            }
+                        }
+                        for (p, n) in taken {
+                            let i = PROJECTS.iter().position(|q| project(q) == p).unwrap();
+                            prop_assert!(n <= over_before[i].cgpus, "took {n} of {p}");
+                        }
+                    }
+                }
+                Step::End { n } => {
+                    if !running.is_empty() {
+                        let vm = running.remove(n % running.len());
+                        world.end(vm);
+                    }
+                }
+            }
+            world.pool.audit().unwrap();
+        }
+    }
+}
