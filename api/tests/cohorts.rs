@@ -242,3 +242,50 @@ async fn a_lender_within_its_quota_takes_back_the_youngest_loan_by_shrinking(sto
     let back = wait_live(&t, &alpha, &loaned, 3).await;
     assert_eq!(borrowed(&back), [false, true, true], "{back}");
 }
+
+/// Two replicas on one PostgreSQL, each booking from its own ledger, racing borrowers: the loans
+/// never pass what the lender lends, and the lender's guarantee is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_racing_cannot_borrow_past_what_the_cohort_lends() {
+    let (a, b) = TestService::two_replicas().await;
+    let admin = a.admin();
+    for (project, cgpus) in [("alpha", 2), ("beta", 4)] {
+        let limits = json!({"cgpus": cgpus});
+        assert_eq!(a.put(&admin, &format!("/v1/quotas/{project}"), &limits).await.0, 200);
+    }
+    let lab = json!({"members": {"alpha": {}, "beta": {"lending_limit": {"cgpus": 3}}}});
+    assert_eq!(a.put(&admin, "/v1/cohorts/lab", &lab).await.0, 200);
+    let (alpha, beta) = (a.member(), a.token("beta", Role::Member));
+    let launch = shared_launch_with(1, 256, json!({"borrow": true}));
+    let launches = (0..24).map(|i| {
+        let replica = if i % 2 == 0 { &a } else { &b };
+        let (token, launch) = (alpha.clone(), launch.clone());
+        async move { replica.post(&token, "/v1/vms", &launch).await }
+    });
+    let results = support::join_all(launches).await;
+    let statuses: Vec<u16> = results.iter().map(|(s, _)| *s).collect();
+    let accepted = support::accepted_ids(&results);
+    assert_eq!(accepted.len(), 5, "2 guaranteed and 3 lent: {statuses:?}");
+    for (status, problem) in results.iter().filter(|(s, _)| *s != 202) {
+        assert_eq!((*status, problem["quota"]["cohort"].as_str()), (403, Some("lab")), "{problem}");
+    }
+    let mut loans = 0;
+    for id in &accepted {
+        let vm = a.wait_state(&alpha, id, "ready").await;
+        loans += borrowed(&vm).iter().filter(|b| **b).count();
+    }
+    assert_eq!(loans, 3);
+    // The lender's whole quota is its own, on either replica.
+    let mine = (0..4).map(|i| {
+        let replica = if i % 2 == 0 { &a } else { &b };
+        let token = beta.clone();
+        async move { replica.post(&token, "/v1/vms", &shared_launch(1, 256)).await }
+    });
+    let results = support::join_all(mine).await;
+    assert_eq!(support::accepted_ids(&results).len(), 4, "{results:?}");
+    for replica in [&a, &b] {
+        let (_, cohort) = replica.get(&admin, "/v1/cohorts/lab").await;
+        assert_eq!(cohort["borrowed"]["cgpus"], 3, "{cohort}");
+        assert_eq!(cohort["members"]["beta"]["lendable"]["cgpus"], 0, "{cohort}");
+    }
+}

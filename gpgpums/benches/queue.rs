@@ -10,7 +10,9 @@
 //! the requests (running and waiting) name one model or two; or cohorts: every project's quota is
 //! an eighth of the pool's memory, all 8 projects lend to each other, those past their quota hold
 //! their latest cGPUs on loan, and half the waiting requests borrow (the planner checks each
-//! against the cohort, and a request within its quota looks for loans to take back).
+//! against the cohort, and a request within its quota looks for loans to take back); or the same
+//! with quotas of a tenth (`CohortsLentOut`): every project is past its quota, nothing is left to
+//! lend or to take back, and every request is checked against the cohort and refused.
 //! `GSAAS_QUEUE_LOADS=models` (or a comma-separated list) runs only those.
 
 use std::collections::{BTreeMap, HashMap};
@@ -43,6 +45,7 @@ enum Load {
     BestEffort,
     Models,
     Cohorts,
+    CohortsLentOut,
 }
 
 /// The trace's draws.
@@ -110,8 +113,10 @@ fn bed(load: Load) -> Bed {
             quotas.set_limits(ProjectId::new(format!("project-{p}")).unwrap(), Some(quota));
         }
     }
-    if load == Load::Cohorts {
-        let guarantee = Quota { memory_mib: Some(capacity / PROJECTS as u64), ..Quota::default() };
+    let in_cohort = matches!(load, Load::Cohorts | Load::CohortsLentOut);
+    if in_cohort {
+        let share = if load == Load::Cohorts { PROJECTS as u64 } else { 10 };
+        let guarantee = Quota { memory_mib: Some(capacity / share), ..Quota::default() };
         let mut members = BTreeMap::new();
         for p in 0..PROJECTS {
             let project = ProjectId::new(format!("project-{p}")).unwrap();
@@ -163,7 +168,7 @@ fn bed(load: Load) -> Bed {
             priority: 1,
             passed: 0,
             holding_since_ms: None,
-            borrow: load == Load::Cohorts && t % 2 == 0,
+            borrow: in_cohort && t % 2 == 0,
         })
         .collect();
     Bed { pool, quotas, vms_in_use, preemptible, running, queue, loans }
@@ -213,7 +218,8 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     // GSAAS_QUEUE_LOADS (e.g. "models" or "protected,besteffort") runs only those loads.
     let only = std::env::var("GSAAS_QUEUE_LOADS").unwrap_or_default().to_lowercase();
-    let loads = [Load::Protected, Load::BestEffort, Load::Models, Load::Cohorts];
+    let loads =
+        [Load::Protected, Load::BestEffort, Load::Models, Load::Cohorts, Load::CohortsLentOut];
     let chosen = |load: &Load| {
         only.is_empty() || only.split(',').any(|l| l == format!("{load:?}").to_lowercase())
     };

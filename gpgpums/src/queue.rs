@@ -572,20 +572,19 @@ impl Round<'_, '_> {
                 }
                 if self.may_reclaim(w) {
                     let loans = self.loans_for(w);
-                    if let Some(preemption) = self.take_back(w, &request, loans, true) {
+                    if let Some(preemption) = self.take_back(w, &request, loans.into_iter(), true) {
                         self.plan.preemption = Some(preemption);
                         self.stop = true;
                         return;
                     }
                 }
                 if self.may_preempt(w, shape.as_ref()) {
-                    let victims = self
-                        .books
-                        .preemptible
+                    // Lazily: the search stops at the first GPU where one cGPU makes room.
+                    let preemptible = self.books.preemptible;
+                    let victims = preemptible
                         .iter()
                         .filter(|&(&vm, &priority)| priority < w.priority && vm != w.vm)
-                        .map(|(&vm, _)| (vm, None))
-                        .collect();
+                        .map(|(&vm, _)| (vm, None));
                     if let Some(preemption) = self.take_back(w, &request, victims, false) {
                         self.plan.preemption = Some(preemption);
                         // What is reclaimed is kept for the request it is taken for.
@@ -785,12 +784,11 @@ impl Round<'_, '_> {
         &mut self,
         w: &Waiting,
         request: &Request,
-        candidates: Vec<(VmId, Option<HashSet<u32>>)>,
+        mut candidates: impl Iterator<Item = (VmId, Option<HashSet<u32>>)>,
         reclaims_loans: bool,
     ) -> Option<Preemption> {
         let pool = &mut *self.books.pool;
         let reclaiming: HashSet<(VmId, u32)> = self.books.reclaiming.iter().copied().collect();
-        let mut candidates = candidates.into_iter();
         // Victim cGPUs seen so far, by GPU slot.
         let mut on_gpu: BTreeMap<u32, Vec<(VmId, CgpuAssignment)>> = BTreeMap::new();
         // A `local` VM's host; others' attaches look for victims anywhere (their network

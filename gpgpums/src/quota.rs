@@ -351,6 +351,9 @@ pub struct QuotaLedger {
     /// Each cohort's members and their terms ([`cohort`]).
     cohorts: BTreeMap<CohortName, BTreeMap<ProjectId, CohortTerms>>,
     cohort_of: HashMap<ProjectId, CohortName>,
+    /// What each cohort's members lend and borrow in all, kept as they change: a check of a
+    /// request that borrows reads it instead of summing over the members.
+    cohort_totals: HashMap<CohortName, CohortBalance>,
     changes: u64,
 }
 
@@ -460,10 +463,13 @@ impl QuotaLedger {
     /// The project's own limits (`Some`), or back to the default (`None`).
     pub fn set_limits(&mut self, project: ProjectId, quota: Option<Quota>) {
         self.changes += 1;
+        let before = self.cohort_part(&project);
+        let key = project.clone();
         match quota {
             Some(quota) => self.limits.insert(project, quota),
             None => self.limits.remove(&project),
         };
+        self.cohort_adjust(&key, before);
     }
 
     /// The project's limits, and whether they are its own rather than the default. Its own
@@ -622,6 +628,7 @@ impl QuotaLedger {
     fn record(&mut self, vm: VmId, project: &ProjectId, holding: &Holding) {
         let usage = holding.usage.of_model();
         self.changes += 1;
+        let before = self.cohort_part(project);
         let holder = self.holders.entry(vm).or_insert_with(|| Holder {
             project: project.clone(),
             usage: Usage::default(),
@@ -630,9 +637,11 @@ impl QuotaLedger {
         holder.usage = holder.usage.plus(usage);
         let total = self.usage.entry(project.clone()).or_default();
         *total = total.plus(usage);
+        self.cohort_adjust(project, before);
         if holding.models.is_empty() {
             return;
         }
+        let holder = self.holders.get_mut(&vm).expect("recorded above");
         let by_model = self.model_usage.entry(project.clone()).or_default();
         for (model, usage) in &holding.models {
             let usage = usage.of_model();
@@ -656,7 +665,9 @@ impl QuotaLedger {
     /// Gives back part of what `vm` holds (detached cGPUs); never more than it holds, in all or
     /// of a model.
     pub fn refund(&mut self, vm: &VmId, holding: &Holding) {
-        let Some(holder) = self.holders.get_mut(vm) else { return };
+        let Some(project) = self.holders.get(vm).map(|h| h.project.clone()) else { return };
+        let before = self.cohort_part(&project);
+        let holder = self.holders.get_mut(vm).expect("looked up above");
         self.changes += 1;
         let usage = holding.usage.min(holder.usage);
         holder.usage = holder.usage.minus(usage);
@@ -675,12 +686,14 @@ impl QuotaLedger {
                 take_from(by_model, model, usage);
             }
         }
+        self.cohort_adjust(&project, before);
     }
 
     /// Gives back all `vm` holds (a VM that ended); what it held.
     pub fn release(&mut self, vm: &VmId) -> Option<Usage> {
         let holder = self.holders.remove(vm)?;
         self.changes += 1;
+        let before = self.cohort_part(&holder.project);
         if let Some(total) = self.usage.get_mut(&holder.project) {
             *total = total.minus(holder.usage);
             if *total == Usage::default() {
@@ -695,6 +708,7 @@ impl QuotaLedger {
                 self.model_usage.remove(&holder.project);
             }
         }
+        self.cohort_adjust(&holder.project, before);
         Some(holder.usage)
     }
 }

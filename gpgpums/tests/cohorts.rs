@@ -188,6 +188,28 @@ fn queued_requests_borrow_only_within_the_lenders_limits() {
     assert!(planned.started.is_empty());
 }
 
+#[test]
+fn borrowers_share_idle_capacity_by_their_quotas() {
+    let mut world = World::new(12);
+    let members = [("a", 1, terms(None, None)), ("b", 3, terms(None, None))];
+    world.cohort(&[members[0], members[1], ("idle", 8, terms(None, None))]);
+    // Both ask for far more than there is, one cGPU at a time, in turns.
+    let queue: Vec<Waiting> =
+        (0..40).map(|t| launch(t + 1, if t % 2 == 0 { "a" } else { "b" }, 1, true)).collect();
+    let planned = world.round(&queue);
+    let of = |who: &str| {
+        let started = planned
+            .started
+            .iter()
+            .filter(|s| queue[s.ticket.0 as usize - 1].project == project(who));
+        started.count()
+    };
+    // Every GPU taken, three for b to one for a: the same share of each quota (300%).
+    assert_eq!((of("a"), of("b")), (3, 9), "{planned:?}");
+    let lab = CohortName::new("lab").unwrap();
+    assert_eq!(world.quotas.balance(&lab).borrowed.cgpus, 8);
+}
+
 /// One step of a random history.
 #[derive(Debug, Clone)]
 enum Step {
@@ -291,6 +313,7 @@ proptest! {
                 }
             }
             world.pool.audit().unwrap();
+            world.quotas.audit_cohorts().map_err(TestCaseError::fail)?;
         }
     }
 }

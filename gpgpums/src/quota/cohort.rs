@@ -77,15 +77,65 @@ impl QuotaLedger {
                 self.cohort_of.remove(project);
             }
         }
+        self.cohort_totals.remove(&name);
         let Some(members) = members else { return };
+        let mut left = Vec::new();
         for project in members.keys() {
             if let Some(other) = self.cohort_of.insert(project.clone(), name.clone()) {
                 if let Some(others) = self.cohorts.get_mut(&other) {
                     others.remove(project);
+                    left.push(other);
                 }
             }
         }
-        self.cohorts.insert(name, members);
+        self.cohorts.insert(name.clone(), members);
+        for cohort in left.into_iter().chain([name]) {
+            let totals = self.recount(&cohort);
+            self.cohort_totals.insert(cohort, totals);
+        }
+    }
+
+    /// What `project` lends and borrows now, if it is in a cohort: its part of the cohort's
+    /// totals (see [`QuotaLedger::cohort_adjust`]).
+    pub(super) fn cohort_part(&self, project: &ProjectId) -> Option<(Usage, Usage)> {
+        if self.cohort_of.is_empty() {
+            return None;
+        }
+        let (_, terms) = self.cohort_of(project)?;
+        Some((self.lendable(project, terms), self.borrowed(project)))
+    }
+
+    /// Brings `project`'s cohort's totals up to date after a change of what it holds or of its
+    /// limits, `before` being its part from before the change.
+    pub(super) fn cohort_adjust(&mut self, project: &ProjectId, before: Option<(Usage, Usage)>) {
+        let Some((lent_before, borrowed_before)) = before else { return };
+        let Some((lent, borrowed)) = self.cohort_part(project) else { return };
+        let Some(name) = self.cohort_of.get(project) else { return };
+        let totals = self.cohort_totals.entry(name.clone()).or_default();
+        totals.lendable = totals.lendable.plus(lent).minus(lent_before);
+        totals.borrowed = totals.borrowed.plus(borrowed).minus(borrowed_before);
+    }
+
+    /// A cohort's totals summed over its members.
+    fn recount(&self, name: &CohortName) -> CohortBalance {
+        let mut balance = CohortBalance::default();
+        for (project, terms) in self.cohorts.get(name).into_iter().flatten() {
+            balance.lendable = balance.lendable.plus(self.lendable(project, terms));
+            balance.borrowed = balance.borrowed.plus(self.borrowed(project));
+        }
+        balance
+    }
+
+    /// Whether every cohort's kept totals are what its members lend and borrow (the ledger's
+    /// own bookkeeping, for tests and audits): the first cohort whose are not, if any.
+    pub fn audit_cohorts(&self) -> Result<(), String> {
+        for name in self.cohorts.keys() {
+            let (kept, counted) = (self.balance(name), self.recount(name));
+            if kept != counted {
+                return Err(format!("cohort {name}: kept {kept:?}, counted {counted:?}"));
+            }
+        }
+        Ok(())
     }
 
     /// Whether a request of `project` borrows: as it `asked`, or (not saying) as its terms in
@@ -115,12 +165,7 @@ impl QuotaLedger {
 
     /// What a cohort's members lend and borrow now.
     pub fn balance(&self, name: &CohortName) -> CohortBalance {
-        let mut balance = CohortBalance::default();
-        for (project, terms) in self.cohorts.get(name).into_iter().flatten() {
-            balance.lendable = balance.lendable.plus(self.lendable(project, terms));
-            balance.borrowed = balance.borrowed.plus(self.borrowed(project));
-        }
-        balance
+        self.cohort_totals.get(name).cloned().unwrap_or_default()
     }
 
     /// What `project` holds past its limits now, per lent resource.
@@ -169,14 +214,9 @@ impl QuotaLedger {
         let quota = self.quota(project);
         let held = self.usage(project);
         // What the other members lend, less what they borrow themselves.
-        let mut spare = Usage::default();
-        let mut others_borrow = Usage::default();
-        for (member, member_terms) in self.cohorts.get(cohort).into_iter().flatten() {
-            if member != project {
-                spare = spare.plus(self.lendable(member, member_terms));
-                others_borrow = others_borrow.plus(self.borrowed(member));
-            }
-        }
+        let totals = self.balance(cohort);
+        let spare = totals.lendable.minus(self.lendable(project, terms));
+        let others_borrow = totals.borrowed.minus(self.borrowed(project));
         for resource in LENT {
             let (Some(limit), wanted) = (quota.get(resource), usage.get(resource)) else {
                 continue;
