@@ -310,8 +310,9 @@ pub struct CgpuView {
     /// Its share of its GPU's SMs, percent; absent: none (time-sliced, or the whole GPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_percent: Option<u8>,
-    /// Admitted past the project's quota, on what its cohort lends: it may be taken back when
-    /// the lender needs it (the VM keeps its other cGPUs).
+    /// On loan: admitted past the project's quota, on what its cohort lends, and the project
+    /// still holds more than its quota. It may be taken back when a lender needs its own (the
+    /// youngest loans first; the VM keeps its other cGPUs).
     #[serde(default)]
     pub borrowed: bool,
     /// The physical GPU (admins only).

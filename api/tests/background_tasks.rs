@@ -16,7 +16,7 @@ on_both_stores!(
 );
 
 /// The tasks a gsaasd without a notification broker runs, in the order it lists them.
-const TASKS: [&str; 13] = [
+const TASKS: [&str; 14] = [
     "host_liveness",
     "pool_refresh",
     "route_tables",
@@ -30,6 +30,7 @@ const TASKS: [&str; 13] = [
     "revocations",
     "usage_fold",
     "policy_reload",
+    "loan_marks",
 ];
 
 async fn tasks(t: &TestService) -> Vec<Value> {

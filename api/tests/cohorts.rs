@@ -13,6 +13,7 @@ use support::{shared_launch, shared_launch_with, Store, TestService};
 on_both_stores!(a_project_borrows_what_its_cohort_leaves_unused_and_its_loans_are_marked);
 on_both_stores!(cohorts_are_the_operators_and_bad_terms_change_nothing);
 on_both_stores!(a_lender_within_its_quota_takes_back_the_youngest_loan_by_shrinking);
+on_both_stores!(a_loan_back_within_its_projects_quota_loses_its_mark);
 
 /// Waits until the VM has `n` cGPUs, all live.
 async fn wait_live(t: &TestService, token: &str, vm: &str, n: usize) -> Value {
@@ -288,4 +289,31 @@ async fn two_replicas_racing_cannot_borrow_past_what_the_cohort_lends() {
         assert_eq!(cohort["borrowed"]["cgpus"], 3, "{cohort}");
         assert_eq!(cohort["members"]["beta"]["lendable"]["cgpus"], 0, "{cohort}");
     }
+}
+
+async fn a_loan_back_within_its_projects_quota_loses_its_mark(store: Store) {
+    let t = TestService::start(store).await;
+    let (admin, alpha) = (t.admin(), t.member());
+    for (project, gpus) in [("alpha", 1), ("beta", 3)] {
+        let limits = json!({"exclusive_gpus": gpus});
+        assert_eq!(t.put(&admin, &format!("/v1/quotas/{project}"), &limits).await.0, 200);
+    }
+    let lab = json!({"members": {"alpha": {}, "beta": {}}});
+    assert_eq!(t.put(&admin, "/v1/cohorts/lab", &lab).await.0, 200);
+    let own = t.launch(&alpha, &exclusive(1, json!({}))).await;
+    t.wait_state(&alpha, &own, "ready").await;
+    let loan = t.launch(&alpha, &exclusive(1, json!({"borrow": true}))).await;
+    assert_eq!(borrowed(&t.wait_state(&alpha, &loan, "ready").await), [true]);
+    let activate = "/v1/background-tasks/loan_marks/activate";
+    let (status, ran) = t.post(&admin, activate, &json!({})).await;
+    assert_eq!((status, &ran["last_report"]["settled"]), (200, &json!(0)), "{ran}");
+    // Alpha's own VM ends: its loan is within its quota now, its own, and says so.
+    assert_eq!(t.delete(&alpha, &format!("/v1/vms/{own}")).await.0, 202);
+    t.wait_state(&alpha, &own, "deleted").await;
+    let (status, ran) = t.post(&admin, activate, &json!({})).await;
+    assert_eq!((status, &ran["last_report"]["settled"]), (200, &json!(1)), "{ran}");
+    let (_, vm) = t.get(&alpha, &format!("/v1/vms/{loan}")).await;
+    assert_eq!(borrowed(&vm), [false], "{vm}");
+    let (_, quota) = t.get(&alpha, "/v1/quotas/alpha").await;
+    assert_eq!(quota["borrowed"]["exclusive_gpus"], 0, "{quota}");
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use gpgpums::{CohortName, CohortTerms, ProjectId};
+use gpgpums::{CohortName, CohortTerms, ProjectId, VmId};
 use sqlx::{AnyConnection, Row};
 
 use super::corrupt;
@@ -73,7 +73,7 @@ pub async fn set_cohort(
 }
 
 /// The cGPUs on loan that are not being taken back already: what a queue round may reclaim.
-pub async fn loans(conn: &mut AnyConnection) -> Result<Vec<gpgpums::queue::Loan>, Error> {
+pub async fn loans(conn: &mut AnyConnection) -> Result<Vec<gpgpums::Loan>, Error> {
     let rows = sqlx::query(
         "SELECT vm, idx, borrowed_ms FROM cgpus \
          WHERE borrowed_ms IS NOT NULL AND state <> 'detaching' ORDER BY vm, idx",
@@ -86,7 +86,34 @@ pub async fn loans(conn: &mut AnyConnection) -> Result<Vec<gpgpums::queue::Loan>
                 (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
             let index =
                 u32::try_from(index).map_err(|_| corrupt("cGPU index", &index.to_string()))?;
-            Ok(gpgpums::queue::Loan { vm: super::vm_id(&vm)?, index, since_ms })
+            Ok(gpgpums::Loan { vm: super::vm_id(&vm)?, index, since_ms })
         })
         .collect()
+}
+
+impl super::Db {
+    /// Takes the loan mark off `loans` (cGPUs whose project is back within its quota: its own
+    /// now), with the versions of their VMs' cGPUs, in one transaction; how many it took off (a
+    /// cGPU gone meanwhile is not counted).
+    pub async fn settle_loans(&self, loans: &[(VmId, u32)]) -> Result<u64, Error> {
+        if loans.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.begin_write().await?;
+        let mut settled = 0;
+        for (vm, index) in loans {
+            settled += sqlx::query(
+                "UPDATE cgpus SET borrowed_ms = NULL \
+                 WHERE vm = $1 AND idx = $2 AND borrowed_ms IS NOT NULL",
+            )
+            .bind(vm.to_string())
+            .bind(i64::from(*index))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        }
+        super::cgpus::bump_cgpus_versions(&mut tx, loans.iter().map(|(vm, _)| *vm)).await?;
+        tx.commit().await?;
+        Ok(settled)
+    }
 }

@@ -47,6 +47,7 @@ macro_rules! queries {
 
 queries! {
 impl Db {
+    fn loans() -> Vec<gpgpums::Loan>;
     fn served_cgpus_on(hosts: &[HostId]) -> BTreeMap<HostId, Vec<ServerSpec>>;
     fn managed_gpu_hosts_of(vm: VmId) -> Vec<HostId>;
     fn hosts_of_vms(vms: &BTreeSet<VmId>) -> BTreeSet<HostId>;
@@ -121,7 +122,7 @@ impl PoolChange {
     fn preemptible_vms() -> BTreeMap<VmId, i32>;
     fn reclaim_cgpu(vm: VmId, index: u32, now_ms: i64) -> bool;
     fn reclaiming_cgpus(since_ms: i64) -> Vec<(VmId, u32)>;
-    fn loans() -> Vec<gpgpums::queue::Loan>;
+    fn loans() -> Vec<gpgpums::Loan>;
     fn insert_event(vm: VmId, event: &VmEvent) -> ();
     fn read_pool_rows() -> PoolRows;
     fn insert_cgpus(cgpus: &[CgpuRecord]) -> ();

@@ -21,6 +21,14 @@
 //! on that share of the nodes (drawn by `--seed`), to load it. It
 //! prints GPU utilisation, the mean and p95 wait, the share of pods never served and FGD's
 //! fragmentation, and with `--plot FILE.svg` draws the GPUs allocated while the pods arrive.
+//!
+//! With `--cohorts F` it compares quotas as walls with a cohort (issue [5/5]) on the synthetic
+//! trace: every project's quota is an eighth of the GPU memory (its guarantee), F of the requests
+//! come from half the projects, and either each project stays within its quota, or all eight are
+//! one cohort and every request borrows (the lenders' requests within their quotas take loans
+//! back). It prints GPU utilisation, the wait of guaranteed requests (started within their
+//! project's quota), the share of cGPU-hours on loan, reclaims per hour and the cGPU-seconds
+//! VMs went without what was reclaimed, per policy.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -33,13 +41,13 @@ mod common;
 mod svg;
 mod trace;
 
-use gpgpums::queue::{plan, Ask, Books, Plan, Rules, Waiting};
+use gpgpums::queue::{plan, Ask, Books, Loan, Plan, Rules, Waiting};
 use gpgpums::replay::pool::{pool_of, request_of};
 use gpgpums::replay::trace::{parse_nodes, parse_pods, GPU_MILLI};
 use gpgpums::seeded::SplitMix64;
 use gpgpums::{
-    CgpuAssignment, GpuConstraints, GpuId, NetworkConstraint, Pool, ProjectId, Quota, QuotaLedger,
-    Request, TicketId, VmId,
+    CgpuAssignment, CohortName, CohortTerms, GpuConstraints, GpuId, NetworkConstraint, Pool,
+    ProjectId, Quota, QuotaLedger, Request, TicketId, VmId,
 };
 use trace::{args_or_exit, Args, APPS, POLICIES};
 
@@ -92,10 +100,23 @@ fn trace(args: &Args) -> Vec<Job> {
             now += rng.exp(1.0 / rate_per_s);
             let ncgpus = 1 + rng.below(4) as u32;
             let (_, mib) = APPS[rng.below(APPS.len() as u64) as usize];
+            let run_ms = (rng.exp(MEAN_RUN_S) * 1000.0) as u64 + 1;
+            // Uniform, or (comparing cohorts) `busy` of the requests from the first half.
+            let project = match args.cohorts {
+                None => rng.below(PROJECTS),
+                Some(busy) => {
+                    let half = PROJECTS / 2;
+                    if rng.unit() <= busy {
+                        rng.below(half)
+                    } else {
+                        half + rng.below(half)
+                    }
+                }
+            };
             Job {
                 arrive_ms: (now * 1000.0) as u64,
-                run_ms: (rng.exp(MEAN_RUN_S) * 1000.0) as u64 + 1,
-                project: ProjectId::new(format!("project-{}", rng.below(PROJECTS))).unwrap(),
+                run_ms,
+                project: ProjectId::new(format!("project-{project}")).unwrap(),
                 request: Request::shared(ncgpus, mib),
                 best_effort: rng.unit() < BEST_EFFORT_SHARE,
             }
@@ -277,6 +298,53 @@ impl Gauges {
     }
 }
 
+/// How projects' quotas are set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quotas {
+    /// A quarter of the GPU memory each (8 projects: twice the pool).
+    Overcommitted,
+    /// An eighth each, walls.
+    Walls,
+    /// An eighth each, all in one cohort, every request borrowing.
+    Cohort,
+}
+
+/// What the cohort comparison measures beside the rest.
+#[derive(Default)]
+struct Loans {
+    /// Launches within their project's quota when they arrived (guaranteed), and the waits of
+    /// those that started.
+    guaranteed: std::collections::HashSet<VmId>,
+    guaranteed_waits: Vec<f64>,
+    /// GPU memory held past the projects' quotas (the ledger's count), now and in MiB-ms.
+    borrowed_mib: u64,
+    borrowed_mib_ms: f64,
+    /// Take-backs of loans (a VM shrunk), and the cGPU-ms VMs went without what was taken.
+    reclaims: u64,
+    lost_ms: f64,
+    /// When each taken-back cGPU of a VM was taken, until it is given back or the VM ends.
+    taken: HashMap<VmId, Vec<u64>>,
+    list: Vec<Loan>,
+    last_ms: u64,
+}
+
+impl Loans {
+    /// Counts the time since the last event at what was borrowed through it, and takes what is
+    /// borrowed now from `quotas`.
+    fn advance(&mut self, now: u64, quotas: &QuotaLedger) {
+        self.borrowed_mib_ms += self.borrowed_mib as f64 * (now - self.last_ms) as f64;
+        self.last_ms = now;
+        self.borrowed_mib = (0..PROJECTS)
+            .map(|p| quotas.borrowed(&ProjectId::new(format!("project-{p}")).unwrap()).memory_mib)
+            .sum();
+    }
+
+    /// `vm` gave back or lost `cgpus`: none of them is on loan any more.
+    fn drop_cgpus(&mut self, vm: VmId, cgpus: &[u32]) {
+        self.list.retain(|l| l.vm != vm || !cgpus.contains(&l.index));
+    }
+}
+
 struct Outcome {
     gpu_util: f64,
     mem_util: f64,
@@ -292,17 +360,27 @@ struct Outcome {
     elapsed_s: f64,
     /// Memory allocated per [`Setup::bucket_ms`], as a share of the pool's.
     series: Vec<f64>,
+    loans: Loans,
+    /// The simulated time, in hours.
+    hours: f64,
 }
 
-fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
+fn run(setup: &Setup, policy: &str, rules: Rules, mode: Quotas) -> Outcome {
     let started_at = Instant::now();
     let jobs = &setup.jobs;
     let mut pool = (setup.pool)();
     let gpus = setup.gpus;
     let capacity_mib = gpus * setup.gpu_mib;
-    // Each project may hold a quarter of the GPU memory.
+    let share = if mode == Quotas::Overcommitted { 4 } else { PROJECTS };
     let mut quotas =
-        QuotaLedger::new(Quota { memory_mib: Some(capacity_mib / 4), ..Quota::default() });
+        QuotaLedger::new(Quota { memory_mib: Some(capacity_mib / share), ..Quota::default() });
+    let borrow = mode == Quotas::Cohort;
+    if borrow {
+        let members = (0..PROJECTS)
+            .map(|p| (ProjectId::new(format!("project-{p}")).unwrap(), CohortTerms::default()));
+        quotas.set_cohort(CohortName::new("all").unwrap(), Some(members.collect()));
+    }
+    let mut loans = Loans::default();
     let mut vms_in_use: HashMap<ProjectId, u64> = HashMap::new();
     let mut preemptible: BTreeMap<VmId, i32> = BTreeMap::new();
     let mut queue: Vec<Waiting> = Vec::new();
@@ -323,9 +401,15 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
 
     while let Some(Reverse((now, event))) = events.pop() {
         gauges.advance(now, capacity_mib, &pool);
+        loans.advance(now, &quotas);
         match event {
             Event::Arrive(i) => {
                 let job = &jobs[i];
+                let vms = vms_in_use.get(&job.project).copied().unwrap_or(0);
+                let asked = gpgpums::Usage::vm_with(gpgpums::Usage::asked(&job.request));
+                if quotas.check(&job.project, asked, vms).is_ok() {
+                    loans.guaranteed.insert(vm_of(i));
+                }
                 queue.push(Waiting {
                     ticket: TicketId(next_ticket),
                     vm: vm_of(i),
@@ -336,7 +420,7 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
                     priority: if job.best_effort { 0 } else { 1 },
                     passed: 0,
                     holding_since_ms: None,
-                    borrow: false,
+                    borrow,
                 });
                 next_ticket += 1;
             }
@@ -346,6 +430,11 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
                     for cgpu in &placement.cgpus {
                         gauges.change(cgpu, false);
                     }
+                    let indexes: Vec<u32> = placement.cgpus.iter().map(|c| c.index).collect();
+                    loans.drop_cgpus(vm, &indexes);
+                }
+                for taken in loans.taken.remove(&vm).unwrap_or_default() {
+                    loans.lost_ms += (now - taken) as f64;
                 }
                 quotas.release(&vm);
                 *vms_in_use.get_mut(&jobs[i].project).expect("counted") -= 1;
@@ -379,7 +468,7 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
                     vms_in_use: &mut vms_in_use,
                     preemptible: &preemptible,
                     reclaiming: &[],
-                    loans: &[],
+                    loans: &loans.list,
                     now_ms: now as i64,
                 };
                 plan(&mut books, &queue, &rules)
@@ -392,15 +481,30 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
                 break;
             }
             for started in &planned.started {
-                for cgpu in &started.cgpus {
+                for (cgpu, &borrowed) in started.cgpus.iter().zip(&started.borrowed) {
                     gauges.change(cgpu, true);
+                    if borrowed {
+                        let loan = Loan { vm: started.vm, index: cgpu.index, since_ms: now as i64 };
+                        loans.list.push(loan);
+                    }
                 }
                 let w = queue.iter().find(|w| w.ticket == started.ticket).expect("queued");
+                if w.ask != Ask::Launch {
+                    // What was taken back comes back: the oldest taking ends first.
+                    if let Some(taken) = loans.taken.get_mut(&w.vm) {
+                        for _ in 0..started.cgpus.len().min(taken.len()) {
+                            loans.lost_ms += (now - taken.remove(0)) as f64;
+                        }
+                    }
+                }
                 if w.ask == Ask::Launch {
                     let i = index_of(w.vm);
                     let job = &jobs[i];
                     let wait_ms = now - job.arrive_ms;
                     waits.push(wait_ms as f64 / 1000.0);
+                    if loans.guaranteed.remove(&w.vm) {
+                        loans.guaranteed_waits.push(wait_ms as f64 / 1000.0);
+                    }
                     let run_s = job.run_ms as f64 / 1000.0;
                     slowdowns +=
                         ((wait_ms as f64 / 1000.0 + run_s) / run_s.max(SLOWDOWN_TAU_S)).max(1.0);
@@ -420,6 +524,7 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
             // The simulated agents withdraw routes at once: what is taken is released now, and
             // the shrunk VM waits for it back.
             if let Some(preemption) = planned.preemption {
+                let reclaims_loans = preemption.reclaims_loans;
                 for shrink in preemption.victims {
                     preempted += 1;
                     for cgpu in &shrink.cgpus {
@@ -428,6 +533,13 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
                             gauges.change(&taken, false);
                             quotas.refund(&shrink.vm, &held);
                         }
+                    }
+                    let indexes: Vec<u32> = shrink.cgpus.iter().map(|c| c.index).collect();
+                    loans.drop_cgpus(shrink.vm, &indexes);
+                    if reclaims_loans {
+                        loans.reclaims += 1;
+                        let taken = loans.taken.entry(shrink.vm).or_default();
+                        taken.extend(std::iter::repeat_n(now, indexes.len()));
                     }
                     let project = jobs[index_of(shrink.vm)].project.clone();
                     for (request, on_host) in
@@ -443,7 +555,7 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
                             priority: 0,
                             passed: 0,
                             holding_since_ms: None,
-                            borrow: false,
+                            borrow: borrow || reclaims_loans,
                         });
                         next_ticket += 1;
                     }
@@ -475,6 +587,8 @@ fn run(setup: &Setup, policy: &str, rules: Rules) -> Outcome {
         preempted,
         elapsed_s: started_at.elapsed().as_secs_f64(),
         series: gauges.series.iter().map(|mib_ms| mib_ms / bucket_mib_ms).collect(),
+        hours: end / 3_600_000.0,
+        loans,
     }
 }
 
@@ -500,6 +614,10 @@ fn main() {
         std::process::exit(2);
     }
     let setup = synthetic(&args);
+    if let Some(busy) = args.cohorts {
+        compare_cohorts(&setup, &args, busy);
+        return;
+    }
     let jobs = &setup.jobs;
     println!(
         "{} requests, offered load {:.2}, {} GPUs of {} MiB on {} hosts, {}% best effort, seed {}\n",
@@ -520,7 +638,7 @@ fn main() {
     for policy in POLICIES {
         for (backfill, preemption) in [(false, false), (true, false), (false, true), (true, true)] {
             let rules = Rules { backfill, preemption, ..Rules::default() };
-            let o = run(&setup, policy, rules);
+            let o = run(&setup, policy, rules, Quotas::Overcommitted);
             total_requests += jobs.len();
             total_s += o.elapsed_s;
             let yes = |b: bool| if b { "yes" } else { "no" };
@@ -544,6 +662,52 @@ fn main() {
     println!(
         "\nreplayed {total_requests} requests in {total_s:.1} s: {:.2}M requests per minute",
         total_requests as f64 / total_s * 60.0 / 1e6
+    );
+}
+
+/// Quotas as walls against one cohort, every policy with the queue's default rules.
+fn compare_cohorts(setup: &Setup, args: &Args, busy: f64) {
+    let capacity = (setup.gpus * setup.gpu_mib) as f64;
+    println!(
+        "{} requests, offered load {:.2}, {} GPUs of {} MiB, {:.0}% of the requests from half the \
+         projects, each project's quota an eighth of the memory, seed {}; backfill and preemption on\n",
+        args.requests,
+        args.load,
+        setup.gpus,
+        setup.gpu_mib,
+        busy * 100.0,
+        args.seed
+    );
+    println!(
+        "| policy | quotas | GPU util | memory util | guaranteed requests | their wait mean (s) | p95 (s) | memory-hours on loan | reclaims per hour | cGPU-s lost to reclaims | refused |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut hours = 0.0;
+    for policy in POLICIES {
+        for mode in [Quotas::Walls, Quotas::Cohort] {
+            let o = run(setup, policy, Rules::default(), mode);
+            hours = o.hours;
+            let mut waits = o.loans.guaranteed_waits.clone();
+            waits.sort_by(f64::total_cmp);
+            let mean = waits.iter().sum::<f64>() / waits.len().max(1) as f64;
+            let p95 = waits.get(((waits.len().max(1) - 1) as f64 * 0.95).round() as usize);
+            let name = if mode == Quotas::Walls { "walls" } else { "cohort" };
+            println!(
+                "| {policy} | {name} | {:.1}% | {:.1}% | {} | {mean:.1} | {:.1} | {:.1}% | {:.2} | {:.0} | {} |",
+                o.gpu_util * 100.0,
+                o.mem_util * 100.0,
+                waits.len(),
+                p95.copied().unwrap_or(0.0),
+                o.loans.borrowed_mib_ms / (o.mem_util * o.hours * 3.6e6 * capacity).max(1.0) * 100.0,
+                o.loans.reclaims as f64 / o.hours.max(1e-9),
+                o.loans.lost_ms / 1000.0,
+                o.refused,
+            );
+        }
+    }
+    println!(
+        "\n{hours:.1} simulated hours; a guaranteed request fitted its project's quota when it \
+         arrived; memory-hours on loan: of those allocated, past the projects' quotas"
     );
 }
 
@@ -576,7 +740,7 @@ fn replay_openb(pods: &Path, args: &Args) -> Result<(), String> {
     );
     let mut outcomes = Vec::new();
     for policy in POLICIES {
-        let o = run(&setup, policy, Rules::default());
+        let o = run(&setup, policy, Rules::default(), Quotas::Overcommitted);
         let arriving = o.series.get(from..=to.min(o.series.len().saturating_sub(1))).unwrap_or(&[]);
         let allocated = arriving.iter().sum::<f64>() / arriving.len().max(1) as f64;
         println!(

@@ -42,8 +42,8 @@ pub use pool::{
     Fragmentation, Pool, Rehome, Selector, SubsetStats, MAX_CGPUS_PER_VM, MAX_GPU_MEMORY_MIB,
 };
 pub use quota::{
-    Admission, CohortTerms, Holding, ModelLimits, PoolSize, Quota, QuotaExceeded, QuotaLedger,
-    Resource, Usage, MAX_MODEL_LIMITS,
+    Admission, CohortTerms, Holding, Loan, ModelLimits, PoolSize, Quota, QuotaExceeded,
+    QuotaLedger, Resource, Usage, MAX_MODEL_LIMITS,
 };
 pub use remoting::Remoting;
 pub use topology::{topology_problem, NetworkConstraint, Strength, Topology, MAX_RTT_US};

@@ -52,6 +52,7 @@ use crate::error::Error;
 use crate::ids::{GpuId, HostId, ProjectId, TicketId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
 use crate::pool::{Pool, Room};
+pub use crate::quota::Loan;
 use crate::quota::{QuotaLedger, Shares, Usage};
 use crate::topology::NetworkConstraint;
 use crate::traits::GpuConstraints;
@@ -150,15 +151,6 @@ pub struct Books<'a> {
     pub loans: &'a [Loan],
     /// The time of the round, in milliseconds (barriers' holds are measured against it).
     pub now_ms: i64,
-}
-
-/// A cGPU admitted past its project's quota, on what its cohort lends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Loan {
-    pub vm: VmId,
-    pub index: u32,
-    /// When it was admitted: the youngest loans are taken back first.
-    pub since_ms: i64,
 }
 
 /// A request that starts: its cGPUs are booked on the pool and charged to its project.
@@ -739,39 +731,19 @@ impl Round<'_, '_> {
     }
 
     /// The loans `w` may take back, one candidate each, the youngest first: of each other member
-    /// of its cohort, its youngest loans while what they hold does not pass what it holds past
-    /// its quota.
+    /// of its cohort, those still past its quota ([`QuotaLedger::split_loans`]).
     fn loans_for(&self, w: &Waiting) -> Vec<(VmId, Option<HashSet<u32>>)> {
         let (quotas, pool) = (&*self.books.quotas, &*self.books.pool);
         let Some((cohort, _)) = quotas.cohort_of(&w.project) else { return Vec::new() };
-        let mut loans: Vec<(&Loan, &ProjectId)> = self
-            .books
-            .loans
-            .iter()
-            .filter_map(|loan| Some((loan, quotas.project_of(&loan.vm)?)))
-            .filter(|&(loan, project)| {
-                loan.vm != w.vm
-                    && project != &w.project
-                    && quotas.cohort_of(project).is_some_and(|(c, _)| c == cohort)
-            })
-            .collect();
-        loans.sort_by_key(|(loan, _)| (Reverse(loan.since_ms), loan.vm, Reverse(loan.index)));
-        let mut left: HashMap<&ProjectId, Usage> = HashMap::new();
-        let mut candidates = Vec::new();
-        for (loan, project) in loans {
-            let over = left.entry(project).or_insert_with(|| quotas.borrowed(project));
-            let placement = pool.placement(&loan.vm);
-            let Some(cgpu) = placement.and_then(|p| p.cgpus.iter().find(|c| c.index == loan.index))
-            else {
-                continue;
-            };
-            let holds = Usage::of_cgpus([cgpu]);
-            if crate::quota::LENT.iter().any(|&r| holds.get(r) > 0 && over.get(r) > 0) {
-                *over = over.minus(holds);
-                candidates.push((loan.vm, Some(HashSet::from([loan.index]))));
-            }
-        }
-        candidates
+        let others = self.books.loans.iter().filter(|loan| {
+            loan.vm != w.vm
+                && quotas.project_of(&loan.vm).is_some_and(|project| {
+                    project != &w.project
+                        && quotas.cohort_of(project).is_some_and(|(c, _)| c == cohort)
+                })
+        });
+        let (on_loan, _) = quotas.split_loans(others.map(|loan| (loan, loan_holds(pool, loan))));
+        on_loan.into_iter().map(|loan| (loan.vm, Some(HashSet::from([loan.index])))).collect()
     }
 
     /// Finds cGPUs of `candidates` (VMs, each with the cGPUs that may be taken; `None`: any)
@@ -911,6 +883,13 @@ impl Round<'_, '_> {
                 .collect(),
         })
     }
+}
+
+/// What the loaned cGPU holds on `pool`; `None`: it is booked no more.
+pub fn loan_holds(pool: &Pool, loan: &Loan) -> Option<Usage> {
+    let placement = pool.placement(&loan.vm)?;
+    let cgpu = placement.cgpus.iter().find(|c| c.index == loan.index)?;
+    Some(Usage::of_cgpus([cgpu]))
 }
 
 /// The fewest of `victims` (on the GPU `room` describes) whose release makes room there for one

@@ -33,7 +33,7 @@ use crate::ids::{CohortName, ProjectId, VmId};
 use crate::model::{CgpuAssignment, Mode, Request};
 
 mod cohort;
-pub use cohort::{Admission, CohortBalance, CohortTerms, LENT};
+pub use cohort::{Admission, CohortBalance, CohortTerms, Loan, LENT};
 
 /// What a project holds, or asks for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -31,11 +31,23 @@ pub struct Args {
     pub squeeze: f64,
     /// `--cluster-share F`: replay on this share of the trace's nodes, drawn by the seed.
     pub cluster_share: f64,
+    /// `--cohorts F`: compare quotas as walls with one cohort of every project, F of the
+    /// requests coming from half the projects (simulate only).
+    pub cohorts: Option<f64>,
 }
 
 impl Args {
     pub fn new(requests: usize, load: f64, seed: u64) -> Self {
-        Args { requests, load, seed, openb: None, plot: None, squeeze: 1.0, cluster_share: 1.0 }
+        Args {
+            requests,
+            load,
+            seed,
+            openb: None,
+            plot: None,
+            squeeze: 1.0,
+            cluster_share: 1.0,
+            cohorts: None,
+        }
     }
 }
 
@@ -44,8 +56,15 @@ impl Args {
 pub fn args_or_exit(defaults: Args, trace_flags: bool) -> Args {
     match parse_args(defaults).and_then(|args| {
         let trace_only = args.squeeze != 1.0 || args.cluster_share != 1.0;
-        if !trace_flags && (args.openb.is_some() || args.plot.is_some() || trace_only) {
-            return Err("--openb, --squeeze, --cluster-share and --plot are the simulator's".into());
+        let simulator_only = args.openb.is_some() || args.plot.is_some() || args.cohorts.is_some();
+        if !trace_flags && (simulator_only || trace_only) {
+            return Err(
+                "--openb, --squeeze, --cluster-share, --plot and --cohorts are the simulator's"
+                    .into(),
+            );
+        }
+        if args.cohorts.is_some() && args.openb.is_some() {
+            return Err("--cohorts replays the synthetic trace, not an --openb one".into());
         }
         if args.openb.is_none() && trace_only {
             return Err("--squeeze and --cluster-share apply to an --openb trace".into());
@@ -78,6 +97,15 @@ fn parse_args(mut args: Args) -> Result<Args, String> {
                     .filter(|f: &f64| *f > 0.0 && *f <= 1.0)
                     .ok_or_else(|| bad(&"a share above 0, at most 1"))?
             }
+            "--cohorts" => {
+                args.cohorts = Some(
+                    value
+                        .parse()
+                        .ok()
+                        .filter(|f: &f64| (0.0..=1.0).contains(f))
+                        .ok_or_else(|| bad(&"a share from 0 to 1"))?,
+                )
+            }
             "--squeeze" => {
                 args.squeeze = value
                     .parse()
@@ -87,7 +115,7 @@ fn parse_args(mut args: Args) -> Result<Args, String> {
             }
             _ => {
                 return Err(format!(
-                    "unknown flag {flag} (use --requests, --load, --seed, --openb, --squeeze, --cluster-share, --plot)"
+                    "unknown flag {flag} (use --requests, --load, --seed, --openb, --squeeze, --cluster-share, --plot, --cohorts)"
                 ))
             }
         }

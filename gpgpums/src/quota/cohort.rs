@@ -15,12 +15,12 @@
 //! Which cGPUs of a booking are borrowed is decided once, at admission ([`QuotaLedger::split_borrowed`]):
 //! the first ones fill what is left of the guarantee, the rest are on loan.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
 use super::{QuotaExceeded, QuotaLedger, Resource, Usage};
-use crate::ids::{CohortName, ProjectId};
+use crate::ids::{CohortName, ProjectId, VmId};
 use crate::quota::ModelLimits;
 
 /// The GPU resources a cohort lends (a VM is not lent: see the module docs).
@@ -41,6 +41,15 @@ pub struct CohortTerms {
     /// Whether the project's requests borrow when they do not say (`borrow` absent).
     #[serde(default)]
     pub borrow_by_default: bool,
+}
+
+/// A cGPU admitted past its project's quota, on what its cohort lends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loan {
+    pub vm: VmId,
+    pub index: u32,
+    /// When it was admitted: the youngest loans are taken back first.
+    pub since_ms: i64,
 }
 
 /// How a booking was admitted.
@@ -236,6 +245,35 @@ impl QuotaLedger {
             }
         }
         Ok(Admission::Borrowed)
+    }
+
+    /// `loans`, each with what it holds (`None`: booked no more, left out), split into those
+    /// still on loan, the youngest first, and those within their project's quota now: of each
+    /// project, its youngest loans are on loan while what they hold does not pass what the project
+    /// holds past its quota; its older ones are its own again (its other cGPUs ended).
+    pub fn split_loans<'l>(
+        &self,
+        loans: impl IntoIterator<Item = (&'l Loan, Option<Usage>)>,
+    ) -> (Vec<&'l Loan>, Vec<&'l Loan>) {
+        let mut held: Vec<(&Loan, &ProjectId, Usage)> = loans
+            .into_iter()
+            .filter_map(|(loan, holds)| Some((loan, self.project_of(&loan.vm)?, holds?)))
+            .collect();
+        held.sort_by_key(|(loan, ..)| {
+            (std::cmp::Reverse(loan.since_ms), loan.vm, std::cmp::Reverse(loan.index))
+        });
+        let mut left: HashMap<&ProjectId, Usage> = HashMap::new();
+        let (mut on_loan, mut own) = (Vec::new(), Vec::new());
+        for (loan, project, holds) in held {
+            let over = left.entry(project).or_insert_with(|| self.borrowed(project));
+            if LENT.iter().any(|&r| holds.get(r) > 0 && over.get(r) > 0) {
+                *over = over.minus(holds);
+                on_loan.push(loan);
+            } else {
+                own.push(loan);
+            }
+        }
+        (on_loan, own)
     }
 
     /// Which of `cgpus` (what each holds, in booking order) a booking for `project` would hold

@@ -39,11 +39,12 @@ pub enum TaskName {
     Revocations,
     UsageFold,
     PolicyReload,
+    LoanMarks,
     Notifications,
 }
 
 impl TaskName {
-    pub const ALL: [TaskName; 14] = [
+    pub const ALL: [TaskName; 15] = [
         TaskName::HostLiveness,
         TaskName::PoolRefresh,
         TaskName::RouteTables,
@@ -57,6 +58,7 @@ impl TaskName {
         TaskName::Revocations,
         TaskName::UsageFold,
         TaskName::PolicyReload,
+        TaskName::LoanMarks,
         TaskName::Notifications,
     ];
 
@@ -75,6 +77,7 @@ impl TaskName {
             TaskName::Revocations => "revocations",
             TaskName::UsageFold => "usage_fold",
             TaskName::PolicyReload => "policy_reload",
+            TaskName::LoanMarks => "loan_marks",
             TaskName::Notifications => "notifications",
         }
     }

@@ -12,6 +12,7 @@
 //! - [`revocations`]: revoked token ids reloaded on every replica.
 //! - [`usage_fold`]: the usage log folded into the spans reports read.
 //! - [`policy_reload`]: the policy file read again when it changes, and on SIGHUP.
+//! - [`loan_marks`]: the loan mark taken off cGPUs whose project is back within its quota.
 //! - [`notifications`]: the notifications' outbox published to RabbitMQ (one replica at a time).
 
 pub mod delegations;
@@ -19,6 +20,7 @@ pub mod drift;
 pub mod driver;
 pub mod fences;
 pub mod host_liveness;
+pub mod loan_marks;
 pub mod notifications;
 pub mod policy_reload;
 pub mod pool_refresh;
@@ -50,6 +52,7 @@ pub(crate) fn tasks(with_broker: bool) -> Vec<Box<dyn Task>> {
         Box::new(revocations::Revocations),
         Box::new(usage_fold::UsageFold),
         Box::new(policy_reload::PolicyReload),
+        Box::new(loan_marks::LoanMarks),
     ];
     if with_broker {
         tasks.push(Box::new(notifications::Notifications));

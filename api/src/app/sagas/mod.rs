@@ -79,10 +79,14 @@ impl From<db::Error> for StepError {
     }
 }
 
-/// What a tenant may read about a failure: the error without internal sources.
+/// What a tenant may read about a failure: the error without internal sources, which go to the
+/// log (an internal error is a bug or bad data: an operator needs its cause).
 fn client_message(e: &Error) -> String {
     match e {
-        Error::Internal(_) => "internal error".into(),
+        Error::Internal(_) => {
+            tracing::error!(error = %ErrorChain(e), "a saga step failed on an internal error");
+            "internal error".into()
+        }
         e => e.to_string(),
     }
 }
