@@ -217,10 +217,10 @@ impl QuotaLedger {
         let Some((cohort, terms)) = self.cohort_of(project).filter(|_| borrow) else {
             return Err(refused);
         };
-        if refused.resource == Resource::Vms {
-            return Err(refused);
-        }
+        // A VM is not lent: its limit holds whatever else the booking passes.
         let quota = self.quota(project);
+        let vms = Usage { vms: usage.vms, ..Usage::default() };
+        quota.check(project, Usage { vms: vms_in_use, ..Usage::default() }, vms)?;
         let held = self.usage(project);
         // What the other members lend, less what they borrow themselves.
         let totals = self.balance(cohort);
@@ -388,6 +388,9 @@ mod tests {
         );
         let err = ledger.check_as(&alpha, Usage::vm_with(cgpus(1)), 1, true).unwrap_err();
         assert_eq!(err.resource, Resource::Vms);
+        // Past both its cGPUs and its VMs: the cGPUs could be borrowed, the VM cannot.
+        let err = ledger.check_as(&alpha, Usage::vm_with(cgpus(5)), 1, true).unwrap_err();
+        assert_eq!((err.resource, err.cohort), (Resource::Vms, None));
         let gamma = ProjectId::new("gamma").unwrap();
         assert_eq!(ledger.check_as(&gamma, cgpus(5), 0, true).unwrap_err().cohort, None);
         // The cohort gone, alpha keeps its quota only.
