@@ -148,7 +148,11 @@ fn openstack_json(venv: &Path, cloud: &str, args: &[&str]) -> Value {
 }
 
 /// `openstack gpu ...` as a tenant and as an operator: every command, OSC's formatters, and the
-/// refusals (another project's VM, a tenant at an operator's command) as OSC errors.
+/// refusals (another project's VM, a tenant at an operator's command) as OSC errors. And cohorts:
+/// an operator puts alpha and beta in one (`gpu cohort set|show|list`), alpha launches past its
+/// quota with `--borrow` (refused with `--no-borrow`) and its cGPU past the quota is shown
+/// borrowed (`gpu server show|list`, `gpu cgpu list`, `gpu quota show`), a tenant cannot list
+/// cohorts, and `gpu cohort remove` of the last member ends the cohort.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openstack_gpu_commands_work_with_the_real_openstack_client() {
     let venv = tokio::task::spawn_blocking(|| client_venv("osc")).await.unwrap();
@@ -236,17 +240,118 @@ async fn openstack_gpu_commands_work_with_the_real_openstack_client() {
     let all = run("gsaas-service", a("gpu server list")).await.unwrap();
     assert_eq!(all[0]["Project"], alpha_project.as_str(), "{all}");
 
+    // Commands that print nothing: (exit code, stdout, stderr).
+    let plain = |cloud: &'static str, args: Vec<String>| {
+        let venv = venv.clone();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            openstack(&venv, cloud, &args)
+        })
+    };
     let delete = a(&format!("gpu server delete {id} --wait"));
-    let venv = venv.clone();
-    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = delete.iter().map(String::as_str).collect();
-        openstack(&venv, "alpha", &args)
-    })
-    .await
-    .unwrap();
+    let (code, stdout, stderr) = plain("alpha", delete).await.unwrap();
     assert_eq!(code, 0, "{stdout}{stderr}");
     let ended = run("alpha", a(&format!("gpu server show {id} -c state"))).await.unwrap();
     assert_eq!(ended["state"], "deleted", "{ended}");
+
+    // Cohorts, as an operator: alpha (a quota of 1 cGPU) borrows what beta (2) leaves unused.
+    let beta_project = Login::new(&reqwest::Client::new(), "beta").await.project_id;
+    for (project, cgpus) in [(&alpha_project, 1), (&beta_project, 2)] {
+        let quota = run("gsaas-service", a(&format!("gpu quota set {project} --cgpus {cgpus}")));
+        let quota = quota.await.unwrap();
+        assert_eq!(quota["cgpus"].as_u64(), Some(cgpus), "{quota}");
+        assert!(quota["cohort"].is_null(), "in no cohort yet: {quota}");
+    }
+    let set = format!("gpu cohort set osc-lab {alpha_project} --borrow-cgpus 2 --lend-cgpus none");
+    let cohort = run("gsaas-service", a(&set)).await.unwrap();
+    let terms = &cohort["members"][alpha_project.as_str()]["terms"];
+    assert_eq!(terms["borrowing_limit"]["cgpus"], 2, "{cohort}");
+    assert_eq!(terms["borrow_by_default"], false, "{cohort}");
+    let set =
+        format!("gpu cohort set osc-lab {beta_project} --lend-cgpus 1 --no-borrow-by-default");
+    run("gsaas-service", a(&set)).await.unwrap();
+    // A borrowing limit on one GPU model (its name has spaces: one argument); the other terms
+    // stay as they were.
+    let model = "NVIDIA Quadro M4000";
+    let mut by_model = a(&format!("gpu cohort set osc-lab {alpha_project} --borrow-cgpus 1"));
+    by_model.splice(5..5, ["--model".to_owned(), model.to_owned()]);
+    run("gsaas-service", by_model).await.unwrap();
+    let shown = run("gsaas-service", a("gpu cohort show osc-lab")).await.unwrap();
+    let members = shown["members"].as_object().expect("the members");
+    let mut projects: Vec<&str> = members.keys().map(String::as_str).collect();
+    projects.sort_unstable();
+    let mut expected = vec![alpha_project.as_str(), beta_project.as_str()];
+    expected.sort_unstable();
+    assert_eq!(projects, expected, "{shown}");
+    let alpha_terms = &members[alpha_project.as_str()]["terms"];
+    assert_eq!(alpha_terms["borrowing_limit"]["cgpus"], 2, "{shown}");
+    assert_eq!(alpha_terms["borrowing_limit_by_model"][model]["cgpus"], 1, "{shown}");
+    assert_eq!(members[beta_project.as_str()]["terms"]["lending_limit"]["cgpus"], 1, "{shown}");
+    assert_eq!(shown["lendable"]["cgpus"], 2, "alpha's 1 unused, beta's 1 lent: {shown}");
+    // Per model, only borrowing limits.
+    let mut lend = a(&format!("gpu cohort set osc-lab {alpha_project} --lend-cgpus 1"));
+    lend.splice(5..5, ["--model".to_owned(), model.to_owned()]);
+    let stderr = fails("gsaas-service", lend).await.unwrap();
+    assert!(stderr.contains("not per model"), "{stderr}");
+    // A tenant is no operator here either.
+    let stderr = fails("alpha", a("gpu cohort list")).await.unwrap();
+    assert!(stderr.contains("HTTP 403") || stderr.contains("HTTP 404"), "{stderr}");
+    let listed = run("gsaas-service", a("gpu cohort list")).await.unwrap();
+    assert_eq!(listed[0]["Name"], "osc-lab", "{listed}");
+
+    // A tenant past its quota: refused unless it borrows; with --borrow, the cGPU past the quota
+    // is on loan, and said so wherever cGPUs are shown.
+    let create =
+        format!("gpu server create --ncgpus 2 --image {IMAGE} --flavor {FLAVOR} --wait osc-borrow");
+    let stderr = fails("alpha", a(&format!("{create} --no-borrow"))).await.unwrap();
+    assert!(stderr.contains("HTTP 403") && stderr.contains("quota_exceeded"), "{stderr}");
+    let vm = run("alpha", a(&format!("{create} --borrow"))).await.unwrap();
+    assert_eq!(vm["state"], "ready", "{vm}");
+    assert_eq!(vm["borrowed"], serde_json::json!([1]), "the cGPU past the quota: {vm}");
+    let borrower = vm["id"].as_str().unwrap().to_owned();
+    let cgpus = run("alpha", a(&format!("gpu cgpu list {borrower}"))).await.unwrap();
+    let marks: Vec<(u64, bool)> = cgpus
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["Index"].as_u64().unwrap(), c["Borrowed"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(marks, [(0, false), (1, true)], "{cgpus}");
+    let listed = run("alpha", a("gpu server list")).await.unwrap();
+    let row = listed.as_array().unwrap().iter().find(|v| v["ID"] == borrower.as_str());
+    assert_eq!(row.map(|v| v["Borrowed"].clone()), Some(1.into()), "{listed}");
+    let quota = run("alpha", a("gpu quota show")).await.unwrap();
+    assert_eq!(quota["cohort"], "osc-lab", "{quota}");
+    assert_eq!(quota["borrowed"]["cgpus"], 1, "{quota}");
+    let shown = run("gsaas-service", a("gpu cohort show osc-lab")).await.unwrap();
+    assert_eq!(shown["members"][alpha_project.as_str()]["borrowed"]["cgpus"], 1, "{shown}");
+    assert_eq!(shown["borrowed"]["cgpus"], 1, "{shown}");
+
+    // The members out one by one: the last one out ends the cohort.
+    let delete = a(&format!("gpu server delete {borrower} --wait"));
+    let (code, stdout, stderr) = plain("alpha", delete).await.unwrap();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let remove =
+        |project: &str| plain("gsaas-service", a(&format!("gpu cohort remove osc-lab {project}")));
+    let (code, stdout, stderr) = remove(&alpha_project).await.unwrap();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let shown = run("gsaas-service", a("gpu cohort show osc-lab")).await.unwrap();
+    assert_eq!(shown["members"].as_object().map(|m| m.len()), Some(1), "{shown}");
+    let (code, stdout, stderr) = remove(&alpha_project).await.unwrap();
+    assert!(code != 0 && stderr.contains("not in cohort osc-lab"), "{stdout}{stderr}");
+    let (code, stdout, stderr) = remove(&beta_project).await.unwrap();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(run("gsaas-service", a("gpu cohort list")).await.unwrap(), serde_json::json!([]));
+    let stderr = fails("gsaas-service", a("gpu cohort delete osc-lab")).await.unwrap();
+    assert!(stderr.contains("HTTP 404"), "{stderr}");
+    // A cohort ended whole.
+    let set = format!("gpu cohort set osc-lab2 {beta_project} --borrow-by-default");
+    let cohort = run("gsaas-service", a(&set)).await.unwrap();
+    assert_eq!(cohort["members"][beta_project.as_str()]["terms"]["borrow_by_default"], true);
+    let (code, stdout, stderr) =
+        plain("gsaas-service", a("gpu cohort delete osc-lab2")).await.unwrap();
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert_eq!(run("gsaas-service", a("gpu cohort list")).await.unwrap(), serde_json::json!([]));
     drop(gsaasd);
 }
 
@@ -279,10 +384,88 @@ fn start_horizon(venv: &Path, port: u16) -> Reaped {
     Reaped(child)
 }
 
+/// A signed-in Horizon session over plain HTTP, as a browser without JavaScript: the pages as
+/// Horizon renders them, its forms posted with their CSRF token, its cookies kept by hand.
+struct HorizonPages {
+    http: reqwest::Client,
+    base: String,
+    cookies: std::collections::BTreeMap<String, String>,
+}
+
+impl HorizonPages {
+    async fn sign_in(base: &str, user: &str, password: &str) -> HorizonPages {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(90))
+            .build()
+            .unwrap();
+        let mut pages = HorizonPages { http, base: base.to_owned(), cookies: Default::default() };
+        let (status, login) = pages.get("/auth/login/").await;
+        assert_eq!(status, 200, "{login}");
+        let region = hidden_value(&login, "region").unwrap_or_default();
+        let fields = [("username", user), ("password", password), ("region", region.as_str())];
+        let (status, answer) = pages.post("/auth/login/", &login, &fields).await;
+        assert_eq!(status, 302, "signed in as {user}: {answer}");
+        pages
+    }
+
+    async fn answer(&mut self, request: reqwest::RequestBuilder) -> (u16, String) {
+        let cookies: Vec<String> = self.cookies.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let response = request.header("Cookie", cookies.join("; ")).send().await.unwrap();
+        for set in response.headers().get_all(reqwest::header::SET_COOKIE) {
+            let pair = set.to_str().unwrap().split(';').next().unwrap_or_default();
+            if let Some((name, value)) = pair.split_once('=') {
+                self.cookies.insert(name.trim().to_owned(), value.trim().to_owned());
+            }
+        }
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    async fn get(&mut self, path: &str) -> (u16, String) {
+        let request = self.http.get(format!("{}{path}", self.base));
+        self.answer(request).await
+    }
+
+    /// Posts `fields` to `path` as the form of `page` (its CSRF token added).
+    async fn post(&mut self, path: &str, page: &str, fields: &[(&str, &str)]) -> (u16, String) {
+        let token = hidden_value(page, "csrfmiddlewaretoken").expect("the form's CSRF token");
+        let mut form = reqwest::Url::parse("http://form/").unwrap();
+        form.query_pairs_mut()
+            .append_pair("csrfmiddlewaretoken", &token)
+            .extend_pairs(fields.iter().copied());
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .body(form.query().unwrap_or_default().to_owned());
+        self.answer(request).await
+    }
+}
+
+/// The value of the first `<input name="NAME" ... value="...">` of `html`.
+fn hidden_value(html: &str, name: &str) -> Option<String> {
+    let at = html.find(&format!("name=\"{name}\""))?;
+    let start = html[..at].rfind('<')?;
+    let tag = &html[start..at + html[at..].find('>')?];
+    let value = &tag[tag.find("value=\"")? + 7..];
+    Some(value[..value.find('"')?].to_owned())
+}
+
+/// The text of the cell of column class `class` in the table row of object `id`.
+fn cell_text(html: &str, id: &str, class: &str) -> Option<String> {
+    let row = &html[html.find(&format!("data-object-id=\"{id}\""))?..];
+    let row = &row[..row.find("</tr>")?];
+    let cell = &row[row.find(class)?..];
+    let cell = &cell[cell.find('>')? + 1..];
+    Some(cell[..cell.find("</td>")?].trim().to_owned())
+}
+
 /// Horizon with GSaaS's panels, in real Chromium: a tenant signs in to Horizon, opens Project >
 /// GPUs, launches a VM with 2 cGPUs through the form, sees it ready (and its quota bar), attaches
-/// a cGPU and detaches another, and terminates it; an operator opens Admin > GPUs, drains a host and taints a GPU. gsaasd confirms
-/// each.
+/// a cGPU and detaches another, and terminates it; an operator opens Admin > GPUs, drains a host
+/// and taints a GPU. gsaasd confirms each. Then, over HTTP (`HorizonPages`): alpha, in a cohort
+/// with beta, launches and attaches past its quota with the forms' "Borrow past the quota" box
+/// checked, and the GPUs table marks the cGPUs on loan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn horizon_gpus_panels_launch_terminate_drain_and_taint_in_a_real_browser() {
     use gsaas_test_support::browser::{
@@ -357,6 +540,73 @@ async fn horizon_gpus_panels_launch_terminate_drain_and_taint_in_a_real_browser(
         let png = std::fs::read(screenshots.join(name)).unwrap();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{name}: {} bytes", png.len());
     }
+
+    // Borrowing from the forms: alpha (a quota of 1 cGPU) in a cohort with beta (2, unused), the
+    // drained host back in service.
+    let beta = Login::new(&reqwest::Client::new(), "beta").await;
+    let (put, post) = (reqwest::Method::PUT, reqwest::Method::POST);
+    let undrain = "/v1/hosts/gpu-host-1/undrain";
+    let (status, host) =
+        gsaasd.call(post, undrain, &operator.token, Some(&serde_json::json!({}))).await;
+    assert_eq!(status, 200, "{host}");
+    for (project, cgpus) in [(&alpha.project_id, 1), (&beta.project_id, 2)] {
+        let limits = serde_json::json!({ "cgpus": cgpus });
+        let path = format!("/v1/quotas/{project}");
+        let (status, quota) = gsaasd.call(put.clone(), &path, &operator.token, Some(&limits)).await;
+        assert_eq!(status, 200, "{quota}");
+    }
+    let members = serde_json::json!({ "members": { &alpha.project_id: {}, &beta.project_id: {} } });
+    let (status, cohort) =
+        gsaasd.call(put, "/v1/cohorts/horizon-lab", &operator.token, Some(&members)).await;
+    assert_eq!(status, 200, "{cohort}");
+    let mut pages = HorizonPages::sign_in(&url, &tenant, &tenant_password).await;
+    let (status, form) = pages.get("/project/gpus/launch/").await;
+    assert_eq!(status, 200, "{form}");
+    assert!(form.contains("id=\"id_borrow\"") && form.contains("Borrow past the quota"), "{form}");
+    let launch = [
+        ("name", "horizon-borrow"),
+        ("image", IMAGE),
+        ("flavor", FLAVOR),
+        ("ncgpus", "2"),
+        ("mode", "exclusive"),
+        ("locality", "any"),
+        ("borrow", "on"),
+    ];
+    let (status, answer) = pages.post("/project/gpus/launch/", &form, &launch).await;
+    assert_eq!(status, 302, "the launch form took it: {answer}");
+    let (_, vms) = gsaasd.get("/v1/vms", &alpha.token).await;
+    let vm = vms["vms"].as_array().unwrap().iter().find(|v| v["name"] == "horizon-borrow");
+    let id = vm.and_then(|v| v["id"].as_str()).expect("the VM launched from the form").to_owned();
+    let ready = gsaasd.until(&id, &alpha.token, &["ready", "error"]).await;
+    let marks = |vm: &Value| -> Vec<bool> {
+        let cgpus = vm["cgpus"].as_array().cloned().unwrap_or_default();
+        cgpus.iter().map(|c| c["borrowed"] == true).collect()
+    };
+    assert_eq!(marks(&ready), [false, true], "the cGPU past the quota on loan: {ready}");
+    // The attach form: its box too, one more cGPU on loan.
+    let attach = format!("/project/gpus/{id}/attach/");
+    let (status, form) = pages.get(&attach).await;
+    assert_eq!(status, 200, "{form}");
+    assert!(form.contains("id=\"id_borrow\""), "{form}");
+    let fields = [("vm_id", id.as_str()), ("ncgpus", "1"), ("borrow", "on")];
+    let (status, answer) = pages.post(&attach, &form, &fields).await;
+    assert_eq!(status, 302, "the attach form took it: {answer}");
+    let grown = gsaas_test_support::openstack::eventually("cGPU #2 live", || async {
+        let (_, vm) = gsaasd.get(&format!("/v1/vms/{id}"), &alpha.token).await;
+        let cgpus = vm["cgpus"].as_array()?;
+        (cgpus.len() == 3 && cgpus.iter().all(|c| c["state"] == "live")).then_some(vm)
+    })
+    .await;
+    assert_eq!(marks(&grown), [false, true, true], "{grown}");
+    let (status, page) = pages.get("/project/gpus/").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(cell_text(&page, &id, "gsaas-borrowed").as_deref(), Some("#1, #2"), "{page}");
+    assert!(page.contains("id=\"gsaas-cohort\"") && page.contains("horizon-lab"), "{page}");
+    let (status, _) =
+        gsaasd.call(reqwest::Method::DELETE, &format!("/v1/vms/{id}"), &alpha.token, None).await;
+    assert_eq!(status, 202);
+    let ended = gsaasd.until(&id, &alpha.token, &["deleted", "error"]).await;
+    assert_eq!(ended["state"], "deleted", "{ended}");
 }
 
 /// `deploy/cloudkitty/` as shipped: Prometheus (Debian's `prometheus`) scrapes gsaasd's

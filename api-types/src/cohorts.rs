@@ -10,7 +10,7 @@ use crate::quotas::{ModelQuotaLimits, ModelQuotaUsage};
 
 /// A project's terms in its cohort. Only GPU resources are lent: a project's VM limit and its
 /// limits per GPU model stay walls.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CohortMemberTerms {
     /// How far past its own quota the project may run on what the others lend; `null` (or
@@ -24,6 +24,11 @@ pub struct CohortMemberTerms {
     /// Whether its launches and attaches borrow when they do not say (`borrow` absent).
     #[serde(default)]
     pub borrow_by_default: bool,
+    /// How much it may hold on loan of a GPU model, by the model's exact name (at most 64), beside
+    /// `borrowing_limit`; a model without an entry: the totals only. What it holds on loan of a
+    /// model is counted as what it holds past its quota, as far as it holds that model.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub borrowing_limit_by_model: BTreeMap<String, ModelQuotaLimits>,
 }
 
 /// `PUT /v1/cohorts/{name}`: the cohort's members (project ids) and their terms. Replaces the
@@ -67,6 +72,7 @@ impl From<CohortMemberTerms> for CohortTerms {
             borrowing_limit: t.borrowing_limit.into(),
             lending_limit: t.lending_limit.into(),
             borrow_by_default: t.borrow_by_default,
+            borrowing_limit_by_model: by_model(t.borrowing_limit_by_model),
         }
     }
 }
@@ -77,6 +83,12 @@ impl From<CohortTerms> for CohortMemberTerms {
             borrowing_limit: t.borrowing_limit.into(),
             lending_limit: t.lending_limit.into(),
             borrow_by_default: t.borrow_by_default,
+            borrowing_limit_by_model: by_model(t.borrowing_limit_by_model),
         }
     }
+}
+
+/// Limits by model, converted.
+fn by_model<A, B: From<A>>(limits: BTreeMap<String, A>) -> BTreeMap<String, B> {
+    limits.into_iter().map(|(model, limits)| (model, limits.into())).collect()
 }

@@ -54,4 +54,8 @@ pub struct QuotaProblem {
     /// project's own limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cohort: Option<String>,
+    /// `limit` and `in_use` count what the project holds on loan of `model` (its
+    /// `borrowing_limit_by_model` in `cohort`), not all it holds of it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_loan: bool,
 }

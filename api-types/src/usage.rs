@@ -35,6 +35,14 @@ pub struct UsageTotals {
     pub gpu_memory_mib_seconds: f64,
     /// Seconds of cGPUs that held a whole GPU (mode `exclusive`).
     pub exclusive_gpu_seconds: f64,
+    /// The part of `cgpu_seconds` on loan from the project's cohort: while the cGPU said
+    /// `borrowed` (from its admission past the project's quota until the loan became the
+    /// project's own). 0 from a gsaasd before cohorts.
+    #[serde(default)]
+    pub borrowed_cgpu_seconds: f64,
+    /// The part of `gpu_memory_mib_seconds` on loan.
+    #[serde(default)]
+    pub borrowed_gpu_memory_mib_seconds: f64,
     /// The cGPU time by GPU model and mode.
     pub by_model: Vec<ModelUsage>,
 }
@@ -47,6 +55,12 @@ pub struct ModelUsage {
     pub mode: String,
     pub cgpu_seconds: f64,
     pub gpu_memory_mib_seconds: f64,
+    /// The part of `cgpu_seconds` on loan from the project's cohort.
+    #[serde(default)]
+    pub borrowed_cgpu_seconds: f64,
+    /// The part of `gpu_memory_mib_seconds` on loan.
+    #[serde(default)]
+    pub borrowed_gpu_memory_mib_seconds: f64,
 }
 
 /// A project's usage in the period.

@@ -240,6 +240,7 @@ impl IntoResponse for Error {
                     in_use: e.in_use,
                     requested: e.requested,
                     cohort: e.cohort.as_ref().map(ToString::to_string),
+                    on_loan: e.on_loan,
                 }),
                 _ => None,
             },

@@ -4,7 +4,8 @@
 //! timings and no GPU locations, grows another by a cGPU and shrinks it (after seeing a field error
 //! and a 507), queues a launch and cancels it, queues an attach that starts when GPUs free,
 //! terminates one; an admin sees the hosts' GPU bars (partitions naming their parent) and drains a
-//! host.
+//! host; an admin puts projects in a cohort, and a tenant of it borrows past its quota and sees
+//! the loan marked.
 //!
 //! The browser helpers are `gsaas_test_support::browser`. Needs `node` (18 or later) and `chromium` (`CHROMIUM` overrides `/usr/bin/chromium`); without them
 //! the test fails, it does not skip. `npm ci` runs in `api/tests/dashboard/` when playwright-core is
@@ -341,4 +342,77 @@ async fn a_tenant_launches_and_terminates_and_an_admin_drains_in_a_real_browser(
         let png = std::fs::read(screenshots.join(name)).unwrap();
         assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{name}: {} bytes", png.len());
     }
+}
+
+/// Cohorts through the page (`cohorts.mjs`): an admin puts alpha (borrowing at most one whole
+/// GPU) and beta (lending at most one) in cohort `lab` through the form, after a fraction, a limit
+/// too high and a project of another cohort are refused; changes beta's terms through Edit; takes
+/// a project out of cohort `other` and deletes it. Alpha's tenant, whose page has no Cohorts
+/// section and never asks for cohorts, is refused two whole GPUs on a quota of one unless it
+/// borrows, then sees its second cGPU marked `borrowed` and its quota card name the cohort and
+/// the loan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_puts_projects_in_a_cohort_and_a_tenant_sees_its_borrowed_cgpus_in_a_real_browser()
+{
+    use serde_json::json;
+    let chromium = require_node_and_chromium();
+    install_playwright_core().await;
+    let t = TestService::start(Store::Sqlite).await;
+    let (admin, tenant) = (t.admin(), t.member());
+    for (project, gpus) in [("alpha", 1), ("beta", 2)] {
+        let path = format!("/v1/quotas/{project}");
+        let (status, quota) = t.put(&admin, &path, &json!({"exclusive_gpus": gpus})).await;
+        assert_eq!(status, 200, "{quota}");
+    }
+    let (status, other) =
+        t.put(&admin, "/v1/cohorts/other", &json!({"members": {"gamma": {}}})).await;
+    assert_eq!(status, 200, "{other}");
+
+    let screenshots = screenshot_dir(&t.dir);
+    let result = run_script(
+        "cohorts.mjs",
+        &[
+            ("GSAAS_URL", t.url("").as_str()),
+            ("GSAAS_ADMIN_TOKEN", &admin),
+            ("GSAAS_TENANT_TOKEN", &tenant),
+            ("GSAAS_SCREENSHOTS", screenshots.to_str().unwrap()),
+            ("CHROMIUM", chromium.to_str().unwrap()),
+        ],
+    )
+    .await;
+
+    // The form's clicks made the cohort the page showed, with each member's whole terms.
+    let (_, list) = t.get(&admin, "/v1/cohorts").await;
+    let names: Vec<&str> =
+        list["cohorts"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["lab"], "{list}");
+    let (status, lab) = t.get(&admin, "/v1/cohorts/lab").await;
+    assert_eq!(status, 200, "{lab}");
+    let none = json!({"cgpus": null, "memory_mib": null, "exclusive_gpus": null});
+    let one_gpu = json!({"cgpus": null, "memory_mib": null, "exclusive_gpus": 1});
+    let terms = |project: &str| {
+        let terms = &lab["members"][project]["terms"];
+        (
+            terms["borrowing_limit"].clone(),
+            terms["lending_limit"].clone(),
+            terms["borrow_by_default"].clone(),
+        )
+    };
+    assert_eq!(terms("alpha"), (one_gpu.clone(), none.clone(), json!(false)), "{lab}");
+    assert_eq!(terms("beta"), (none, one_gpu, json!(true)), "{lab}");
+    assert_eq!(lab["members"].as_object().unwrap().len(), 2, "{lab}");
+    // The launch the tenant asked to borrow: its second whole GPU on loan.
+    let borrower = result["borrower"].as_str().unwrap_or_else(|| panic!("borrower in {result}"));
+    let (_, vm) = t.get(&tenant, &format!("/v1/vms/{borrower}")).await;
+    let marks: Vec<bool> =
+        vm["cgpus"].as_array().unwrap().iter().map(|c| c["borrowed"] == true).collect();
+    assert_eq!(marks, [false, true], "{vm}");
+    let (_, quota) = t.get(&tenant, "/v1/quotas/alpha").await;
+    assert_eq!(
+        (quota["cohort"].as_str(), &quota["borrowed"]["exclusive_gpus"]),
+        (Some("lab"), &json!(1)),
+        "{quota}"
+    );
+    let png = std::fs::read(screenshots.join("dashboard-cohorts.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "{} bytes", png.len());
 }

@@ -22,15 +22,7 @@ fn gpus(model: &str, cc: &str, traits: &[&str], count: u32) -> InventoryGpu {
 /// g1: 2 T4 and 2 A100 with NVLink; g2: 2 H100; and a compute-rgpu host.
 async fn fleet(store: Store) -> TestService {
     TestService::start_with(store, |config| {
-        let host = |name: &str, kind, gpus| InventoryHost {
-            name: name.parse().unwrap(),
-            kind,
-            gpus,
-            gpu_network_address: None,
-            remoting: Default::default(),
-            server_base_port: None,
-            topology: Default::default(),
-        };
+        let host = support::inventory_host;
         config.inventory = vec![
             host(
                 "g1",
@@ -48,21 +40,6 @@ fn launch(ncgpus: u32, extra: Value) -> Value {
     support::shared_launch_with(ncgpus, 4096, extra)
 }
 
-/// The models of the VM's GPUs, as an admin sees them.
-async fn models_of(t: &TestService, id: &str) -> Vec<String> {
-    let (_, vm) = t.get(&t.admin(), &format!("/v1/vms/{id}")).await;
-    let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
-    let model_of = |gpu: &str| -> String {
-        let hosts = pool["hosts"].as_array().unwrap();
-        let all = hosts.iter().flat_map(|h| h["gpus"].as_array().unwrap());
-        all.filter(|g| g["id"] == gpu)
-            .map(|g| g["model"].as_str().unwrap().to_owned())
-            .next()
-            .unwrap_or_else(|| panic!("no GPU {gpu} in {pool}"))
-    };
-    vm["cgpus"].as_array().unwrap().iter().map(|c| model_of(c["gpu"].as_str().unwrap())).collect()
-}
-
 async fn allocated(t: &TestService) -> u64 {
     let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
     pool["totals"]["allocated_mib"].as_u64().unwrap()
@@ -75,7 +52,7 @@ async fn requests_by_model_and_trait_land_on_those_gpus_and_attaches_follow(stor
     let a100 = t.launch(&member, &body).await;
     let vm = t.wait_state(&member, &a100, "ready").await;
     assert_eq!(vm["gpus"]["gpu_model"], json!(["A100"]), "the view shows what was asked: {vm}");
-    assert_eq!(models_of(&t, &a100).await, ["A100", "A100"]);
+    assert_eq!(t.gpu_models_of(&a100).await, ["A100", "A100"]);
     // An attach follows the VM's own constraints: both A100s hold it already, distinct GPUs
     // asked, so no room, though T4s and H100s are idle.
     let attach =
@@ -87,7 +64,7 @@ async fn requests_by_model_and_trait_land_on_those_gpus_and_attaches_follow(stor
         launch(1, json!({"min_compute_capability": "8.0", "traits": {"avoid": ["CUSTOM_NVLINK"]}}));
     let newer = t.launch(&member, &body).await;
     t.wait_state(&member, &newer, "ready").await;
-    assert_eq!(models_of(&t, &newer).await, ["H100"]);
+    assert_eq!(t.gpu_models_of(&newer).await, ["H100"]);
     // Required by a trait the compute capability gives, from a list of models.
     let body = launch(
         1,
@@ -95,7 +72,7 @@ async fn requests_by_model_and_trait_land_on_those_gpus_and_attaches_follow(stor
     );
     let t4 = t.launch(&member, &body).await;
     t.wait_state(&member, &t4, "ready").await;
-    assert_eq!(models_of(&t, &t4).await, ["T4"]);
+    assert_eq!(t.gpu_models_of(&t4).await, ["T4"]);
     // The pool says what each GPU is; /metrics sums by model.
     let (_, pool) = t.get(&t.admin(), "/v1/pool").await;
     let h100 = pool["hosts"].as_array().unwrap().iter().find(|h| h["name"] == "g2").unwrap();
@@ -297,7 +274,7 @@ async fn partitions_are_gpus_of_their_own_and_their_parent_covers_them(store: St
     let by_trait = launch(1, json!({"traits": {"required": ["CUSTOM_MIG"]}}));
     let on_part = t.launch(&member, &by_trait).await;
     t.wait_state(&member, &on_part, "ready").await;
-    assert_eq!(models_of(&t, &on_part).await, ["A100 MIG 3g.40gb"]);
+    assert_eq!(t.gpu_models_of(&on_part).await, ["A100 MIG 3g.40gb"]);
 
     // The parent's taint covers its partitions: nothing new lands on them.
     let taint = json!({"reason": "firmware update"});
@@ -323,10 +300,10 @@ async fn partitions_are_gpus_of_their_own_and_their_parent_covers_them(store: St
     let free =
         t.launch(&member, &launch(1, json!({"traits": {"preferred": ["CUSTOM_MIG"]}}))).await;
     t.wait_state(&member, &free, "ready").await;
-    assert_eq!(models_of(&t, &free).await, ["A100 MIG 3g.40gb"]);
+    assert_eq!(t.gpu_models_of(&free).await, ["A100 MIG 3g.40gb"]);
     let (status, done) = t.post(&admin, "/v1/gpus/g1:gpu0/evacuate", &json!({})).await;
     assert_eq!((status, &done["moved"]), (200, &json!(1)), "{done}");
-    assert_eq!(models_of(&t, &free).await, ["T4"]);
+    assert_eq!(t.gpu_models_of(&free).await, ["T4"]);
 
     let text = t.http.get(t.url("/metrics")).bearer_auth(&admin).send().await.unwrap();
     let text = text.text().await.unwrap();
@@ -824,7 +801,8 @@ on_both_stores!(
     per_model_limits_steer_launches_refuse_naming_the_model_and_show_use,
     requests_by_model_and_trait_land_on_those_gpus_and_attaches_follow,
     constraints_no_gpu_meets_are_refused_naming_them_and_book_nothing,
-    agents_report_what_their_gpus_are_and_a_change_keeps_their_cgpus
+    agents_report_what_their_gpus_are_and_a_change_keeps_their_cgpus,
+    a_borrowing_limit_by_model_keeps_loans_off_that_model
 );
 
 /// Limits per GPU model: a launch that names no model goes to the models the project has room
@@ -884,7 +862,7 @@ async fn per_model_limits_steer_launches_refuse_naming_the_model_and_show_use(st
         let body = json!({"distinct_gpus": true, "traits": {"preferred": ["CUSTOM_RACK_R2"]}});
         let any = t.launch(&member, &launch(2, body)).await;
         t.wait_state(&member, &any, "ready").await;
-        models.extend(models_of(&t, &any).await);
+        models.extend(t.gpu_models_of(&any).await);
     }
     assert!(!models.contains(&"H100".to_owned()), "{models:?}");
     assert!(models.iter().filter(|m| *m == "A100").count() <= 2, "{models:?}");
@@ -927,4 +905,72 @@ async fn per_model_limits_steer_launches_refuse_naming_the_model_and_show_use(st
     t.wait_state(&member, &h100, "deleted").await;
     let again = t.launch(&member, &launch(1, json!({"gpu_model": "H100"}))).await;
     t.wait_state(&member, &again, "ready").await;
+}
+
+/// Cohort terms per GPU model (issue [5/5]): alpha may borrow past its quota of one cGPU, but
+/// none of it on H100s: its own cGPU may be one, its loans are placed elsewhere, and a loan that
+/// could only be on an H100 is refused naming the model; bad terms per model change nothing.
+async fn a_borrowing_limit_by_model_keeps_loans_off_that_model(store: Store) {
+    let t = fleet(store).await;
+    let (admin, alpha) = (t.admin(), t.member());
+    for (project, cgpus) in [("alpha", 1), ("beta", 8)] {
+        let (status, _) =
+            t.put(&admin, &format!("/v1/quotas/{project}"), &json!({"cgpus": cgpus})).await;
+        assert_eq!(status, 200);
+    }
+    let terms = |by_model: Value| {
+        json!({"members": {
+            "alpha": {"borrow_by_default": true, "borrowing_limit_by_model": by_model},
+            "beta": {}
+        }})
+    };
+    let many_models: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("M{i}"), json!({"cgpus": 1}))).collect();
+    for (by_model, field) in [
+        (json!({"": {"cgpus": 1}}), "members.alpha.borrowing_limit_by_model"),
+        (json!({"H100": {"gpus": 1}}), "members"),
+        (
+            json!({"H100": {"cgpus": 1u64 << 60}}),
+            "members.alpha.borrowing_limit_by_model.H100.cgpus",
+        ),
+        (Value::Object(many_models), "members.alpha.borrowing_limit_by_model"),
+    ] {
+        let (status, problem) = t.put(&admin, "/v1/cohorts/lab", &terms(by_model.clone())).await;
+        assert_eq!(status, 422, "{by_model}: {problem}");
+        let named = problem["field"].as_str().unwrap_or_default();
+        assert!(named.starts_with(field), "{by_model}: {problem}");
+    }
+    assert_eq!(t.get(&admin, "/v1/cohorts/lab").await.0, 404, "a refusal made the cohort");
+    let (status, cohort) =
+        t.put(&admin, "/v1/cohorts/lab", &terms(json!({"H100": {"cgpus": 0}}))).await;
+    assert_eq!(status, 200, "{cohort}");
+    let alpha_terms = &cohort["members"]["alpha"]["terms"];
+    assert_eq!(alpha_terms["borrowing_limit_by_model"]["H100"]["cgpus"], 0, "{cohort}");
+
+    // Its own cGPU may be an H100.
+    let own = t.launch(&alpha, &launch(1, json!({"gpu_model": "H100"}))).await;
+    let ready = t.wait_state(&alpha, &own, "ready").await;
+    assert_eq!(ready["cgpus"][0]["borrowed"], false, "{ready}");
+    // A loan that could only be on an H100 is refused, naming the model; so is an attach.
+    let (status, problem) =
+        t.post(&alpha, "/v1/vms", &launch(1, json!({"gpu_model": "H100"}))).await;
+    assert_eq!(status, 403, "{problem}");
+    assert_eq!(
+        problem["quota"],
+        json!({"resource": "cgpus", "model": "H100", "limit": 0, "in_use": 0, "requested": 1,
+               "cohort": "lab", "on_loan": true})
+    );
+    assert!(problem["detail"].as_str().unwrap().contains("on loan of GPU model H100"), "{problem}");
+    let attach = json!({"ncgpus": 1, "gpu_memory_mib": 4096});
+    let (status, problem) = t.post(&alpha, &format!("/v1/vms/{own}/cgpus"), &attach).await;
+    assert_eq!((status, problem["quota"]["on_loan"].as_bool()), (403, Some(true)), "{problem}");
+    // Preferring the H100s' rack, the loans still go elsewhere, and are marked.
+    let body = json!({"distinct_gpus": true, "traits": {"preferred": ["CUSTOM_RACK_R2"]}});
+    let loaned = t.launch(&alpha, &launch(2, body)).await;
+    let ready = t.wait_state(&alpha, &loaned, "ready").await;
+    let marks: Vec<&Value> =
+        ready["cgpus"].as_array().unwrap().iter().map(|c| &c["borrowed"]).collect();
+    assert_eq!(marks, [true, true], "{ready}");
+    let models = t.gpu_models_of(&loaned).await;
+    assert!(!models.contains(&"H100".to_owned()), "{models:?}");
 }

@@ -10,6 +10,7 @@ mod api;
 mod attacks;
 mod background_tasks;
 mod cloudinit;
+mod cohort_faults;
 mod cohorts;
 mod compute_shares;
 mod conformance;

@@ -1,9 +1,11 @@
 //! Usage metering: every life of a VM and its cGPUs (launch, attach, detach, re-home,
 //! termination) leaves spans the reports add up exactly at the period's edges; tenants see only
 //! their own project's; the CSV is safe to open; purges and restarts keep it; `/metrics` counts
-//! each second once, also with two replicas on one database. On both stores.
+//! each second once, also with two replicas on one database; a cGPU's time counts as borrowed
+//! while its loan mark is set, each second once. On both stores.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use crate::{on_both_stores, support};
 
@@ -346,8 +348,8 @@ on_both_stores!(the_fold_does_what_its_specification_says_on_random_batches);
 async fn the_fold_does_what_its_specification_says_on_random_batches(store: Store) {
     use gsaasd::db::{plan_fold, CgpuSpanStart, EventKind, UsageEvent};
     let db = support::FreshDb::open(store).await;
-    // Spans as stored: cGPUs (vm, idx, gpu, start, end), VMs (vm, name, start, end).
-    type CgpuRow = (String, i64, String, i64, Option<i64>);
+    // Spans as stored: cGPUs (vm, idx, gpu, start, end, borrowed), VMs (vm, name, start, end).
+    type CgpuRow = (String, i64, String, i64, Option<i64>, i64);
     type VmRow = (String, String, i64, Option<i64>);
     let (mut cgpus, mut vms): (Vec<CgpuRow>, Vec<VmRow>) = (Vec::new(), Vec::new());
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -371,6 +373,7 @@ async fn the_fold_does_what_its_specification_says_on_random_batches(store: Stor
                     model: "A100".into(),
                     mode: "shared".into(),
                     memory_mib: 512,
+                    borrowed: next(3) == 0,
                 }),
                 2 => EventKind::VmEnded,
                 _ => EventKind::VmStarted { project: "p".into(), name: format!("r{round}") },
@@ -387,7 +390,7 @@ async fn the_fold_does_what_its_specification_says_on_random_batches(store: Stor
             };
             sqlx::query(
                 "INSERT INTO usage_events (op, at_ms, vm, idx, project, name, gpu, model, mode, \
-                 memory_mib) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                 memory_mib, borrowed) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )
             .bind(op)
             .bind(e.at_ms)
@@ -399,6 +402,7 @@ async fn the_fold_does_what_its_specification_says_on_random_batches(store: Stor
             .bind(start.map(|s| s.model.clone()))
             .bind(start.map(|s| s.mode.clone()))
             .bind(start.map(|s| s.memory_mib))
+            .bind(start.map(|s| i64::from(s.borrowed)))
             .execute(&mut *conn)
             .await
             .unwrap();
@@ -421,23 +425,24 @@ async fn the_fold_does_what_its_specification_says_on_random_batches(store: Stor
                 span.3 = Some((*at).max(span.2));
             }
         }
-        cgpus.extend(
-            plan.cgpu_spans
-                .iter()
-                .map(|s| (s.vm.clone(), s.of.idx, s.of.gpu.clone(), s.start_ms, s.end_ms)),
-        );
+        cgpus.extend(plan.cgpu_spans.iter().map(|s| {
+            let borrowed = i64::from(s.of.borrowed);
+            (s.vm.clone(), s.of.idx, s.of.gpu.clone(), s.start_ms, s.end_ms, borrowed)
+        }));
         vms.extend(
             plan.vm_spans.iter().map(|s| (s.vm.clone(), s.of.1.clone(), s.start_ms, s.end_ms)),
         );
 
         assert_eq!(db.fold_usage().await.unwrap(), size, "round {round}: every event, once");
         let mut conn = db.conn().await.unwrap();
-        let rows = sqlx::query("SELECT vm, idx, gpu, start_ms, end_ms FROM cgpu_usage")
+        let rows = sqlx::query("SELECT vm, idx, gpu, start_ms, end_ms, borrowed FROM cgpu_usage")
             .fetch_all(&mut *conn)
             .await
             .unwrap();
-        let mut stored: Vec<CgpuRow> =
-            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+        let mut stored: Vec<CgpuRow> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+            .collect();
         let rows = sqlx::query("SELECT vm, name, start_ms, end_ms FROM vm_usage")
             .fetch_all(&mut *conn)
             .await
@@ -523,4 +528,234 @@ async fn reports_in_a_flood_during_launches_bill_each_life_once(store: Store) {
     assert_eq!(status, 200);
     assert_eq!(report["projects"][0]["project"], "beta", "{report}");
     assert_eq!(report["projects"][0]["cgpu_seconds"], 0.0, "{report}");
+}
+
+on_both_stores!(
+    borrowed_time_is_the_loans_own_and_stops_when_its_mark_is_taken_off,
+    a_loan_mark_change_ends_a_span_and_starts_the_next_at_one_instant
+);
+
+/// A cGPU span with its loan mark: (vm, idx, memory, start, end, borrowed), by index and start.
+type LoanSpan = (String, i64, i64, i64, Option<i64>, bool);
+
+async fn loan_spans(t: &TestService, project: &str) -> Vec<LoanSpan> {
+    t.service().app.fold_usage().await.unwrap();
+    let mut conn = t.service().app.db.conn().await.unwrap();
+    let rows = sqlx::query(
+        "SELECT vm, idx, memory_mib, start_ms, end_ms, borrowed FROM cgpu_usage \
+         WHERE project = $1 ORDER BY idx, start_ms",
+    )
+    .bind(project)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    rows.iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get::<i64, _>(5) == 1))
+        .collect()
+}
+
+/// Which of the VM's cGPUs (by index) say `borrowed`.
+fn marks(vm: &Value) -> Vec<bool> {
+    let cgpus = vm["cgpus"].as_array().expect("cgpus");
+    cgpus.iter().map(|c| c["borrowed"].as_bool().expect("borrowed is a bool")).collect()
+}
+
+/// `start=..&end=..` of a period (no end: to now).
+fn period(start: i64, end: Option<i64>) -> String {
+    match end {
+        Some(end) => format!("start={}&end={}", rfc3339(start), rfc3339(end)),
+        None => format!("start={}", rfc3339(start)),
+    }
+}
+
+/// Alpha (quota: one whole GPU, in a cohort, borrowing by default) launches two whole GPUs, the
+/// second on loan: the report's borrowed time is the loan's, to the millisecond, in the project's,
+/// the VM's and the model's lines and the CSV. Its quota raised, the loan is its own and
+/// `loan_marks` takes the mark off: its span ends there and the next starts at the same instant,
+/// so borrowed time stops growing while cGPU time goes on, and a period across the change counts
+/// each second once.
+async fn borrowed_time_is_the_loans_own_and_stops_when_its_mark_is_taken_off(store: Store) {
+    let t = TestService::start(store).await;
+    let (admin, alpha) = (t.admin(), t.member());
+    for (project, gpus) in [("alpha", 1), ("beta", 3)] {
+        let limits = json!({"exclusive_gpus": gpus});
+        assert_eq!(t.put(&admin, &format!("/v1/quotas/{project}"), &limits).await.0, 200);
+    }
+    let lab = json!({"members": {"alpha": {"borrow_by_default": true}, "beta": {}}});
+    assert_eq!(t.put(&admin, "/v1/cohorts/lab", &lab).await.0, 200);
+    let before = now_ms();
+    let mut whole_gpus = shared_launch_with(2, 0, json!({}));
+    whole_gpus["mode"] = json!("exclusive");
+    whole_gpus["gpu_memory_mib"] = Value::Null;
+    let vm = t.launch(&alpha, &whole_gpus).await;
+    let ready = t.wait_state(&alpha, &vm, "ready").await;
+    assert_eq!(marks(&ready), [false, true], "{ready}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lent_until = now_ms();
+
+    // One span per cGPU, the loan's marked.
+    let spans = loan_spans(&t, "alpha").await;
+    let shape: Vec<(i64, Option<i64>, bool)> = spans.iter().map(|s| (s.1, s.4, s.5)).collect();
+    assert_eq!(shape, [(0, None, false), (1, None, true)], "{spans:?}");
+    let (loan_start, memory) = (spans[1].3, spans[1].2);
+    let from = spans[0].3.max(loan_start);
+    assert!(from < lent_until, "{spans:?}");
+
+    // A period while both counted: all the time of two cGPUs, borrowed the loan's only.
+    let length = lent_until - from;
+    let query = period(from, Some(lent_until));
+    let (status, report) = t.get(&alpha, &format!("/v1/usage/alpha?{query}")).await;
+    assert_eq!(status, 200, "{report}");
+    let line = &report["projects"][0];
+    assert_eq!(ms(&line["cgpu_seconds"]), 2 * length, "{report}");
+    assert_eq!(ms(&line["borrowed_cgpu_seconds"]), length, "{report}");
+    let borrowed_memory = line["borrowed_gpu_memory_mib_seconds"].as_f64().unwrap();
+    let expected_memory = (length * memory) as f64 / 1000.0;
+    assert!((borrowed_memory - expected_memory).abs() <= 1.0, "{borrowed_memory} {report}");
+    let whole_memory = line["gpu_memory_mib_seconds"].as_f64().unwrap();
+    assert!((whole_memory - 2.0 * expected_memory).abs() <= 1.0, "{whole_memory} {report}");
+    let vms = line["vms"].as_array().unwrap();
+    assert_eq!((vms.len(), ms(&vms[0]["borrowed_cgpu_seconds"])), (1, length), "{report}");
+    let models = line["by_model"].as_array().unwrap();
+    assert_eq!(models.len(), 1, "{report}");
+    assert_eq!(models[0]["mode"], "exclusive");
+    assert_eq!(ms(&models[0]["borrowed_cgpu_seconds"]), length, "{report}");
+    let (_, all) = t.get(&admin, &format!("/v1/usage?{query}")).await;
+    let listed = all["projects"].as_array().unwrap().iter().find(|p| p["project"] == "alpha");
+    assert_eq!(listed.map(|p| ms(&p["borrowed_cgpu_seconds"])), Some(length), "{all}");
+    let (status, _, csv) =
+        text(&t, &alpha, &format!("/v1/usage/alpha?{query}&format=csv"), "*/*").await;
+    assert_eq!(status, 200, "{csv}");
+    let row =
+        csv.lines().find(|r| r.contains(",borrowed_cgpu,")).unwrap_or_else(|| panic!("{csv}"));
+    let quantity: f64 = row.split(',').nth(8).unwrap().parse().unwrap();
+    assert_eq!((quantity * 1000.0).round() as i64, length, "{csv}");
+
+    // The loan becomes alpha's own: its mark comes off.
+    let limits = json!({"exclusive_gpus": 2});
+    assert_eq!(t.put(&admin, "/v1/quotas/alpha", &limits).await.0, 200);
+    let (status, ran) =
+        t.post(&admin, "/v1/background-tasks/loan_marks/activate", &json!({})).await;
+    assert_eq!(status, 200, "{ran}");
+    let (_, now_vm) = t.get(&alpha, &format!("/v1/vms/{vm}")).await;
+    assert_eq!(marks(&now_vm), [false, false], "{now_vm}");
+
+    // The loan's span ended at the change and its next, its own, started at the same instant;
+    // the other cGPU's span goes on.
+    let spans = loan_spans(&t, "alpha").await;
+    let shape: Vec<(i64, bool, bool)> = spans.iter().map(|s| (s.1, s.4.is_some(), s.5)).collect();
+    assert_eq!(shape, [(0, false, false), (1, true, true), (1, false, false)], "{spans:?}");
+    let settled = spans[1].4.unwrap();
+    assert_eq!((spans[1].3, spans[2].3), (loan_start, settled), "no gap, no overlap: {spans:?}");
+    assert!(settled >= lent_until, "{spans:?}");
+
+    // To now: borrowed time stands still, cGPU time grows (two cGPUs counting).
+    let since = period(before - 1000, None);
+    let (_, first) = t.get(&alpha, &format!("/v1/usage/alpha?{since}")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, second) = t.get(&alpha, &format!("/v1/usage/alpha?{since}")).await;
+    let (first, second) = (&first["projects"][0], &second["projects"][0]);
+    let loaned = settled - loan_start;
+    assert_eq!(ms(&first["borrowed_cgpu_seconds"]), loaned, "{first}");
+    assert_eq!(ms(&second["borrowed_cgpu_seconds"]), loaned, "{second}");
+    let grown = ms(&second["cgpu_seconds"]) - ms(&first["cgpu_seconds"]);
+    assert!(grown >= 2 * 300, "cGPU time grew by {grown} ms in 300 ms: {first} {second}");
+
+    // A closed period across the change: every span's part, once; borrowed the loan's part.
+    let end = now_ms();
+    let (_, closed) =
+        t.get(&alpha, &format!("/v1/usage/alpha?{}", period(before - 1000, Some(end)))).await;
+    let line = &closed["projects"][0];
+    let expected: i64 = spans.iter().map(|s| clipped(s.3, s.4, before - 1000, end, end)).sum();
+    assert_eq!(ms(&line["cgpu_seconds"]), expected, "{closed}");
+    assert_eq!(ms(&line["borrowed_cgpu_seconds"]), loaned, "{closed}");
+    assert_eq!(
+        expected,
+        (end - spans[0].3) + (end - loan_start),
+        "the loan's two spans are its whole life: {spans:?}"
+    );
+}
+
+/// The triggers: a counting cGPU whose loan mark is set or taken off logs an end and a start at
+/// one instant, the start carrying the new mark; a mark changed on a cGPU that does not count
+/// (not live, or its VM not counting), or changed from one loan time to another, logs nothing;
+/// a change of state and mark in one statement logs one start, with the new mark. Folded, each
+/// change splits the span there.
+async fn a_loan_mark_change_ends_a_span_and_starts_the_next_at_one_instant(store: Store) {
+    let db = support::FreshDb::open(store).await;
+    let mut conn = db.conn().await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO hosts (name, seq, kind, state, last_seen_ms) VALUES \
+           ('h', 1, 'compute-gpu', 'schedulable', 0); \
+         INSERT INTO gpus (id, host, idx, model, memory_mib, rcuda_address, rcuda_port, \
+           rcuda_gpu_number) VALUES ('h:0', 'h', 0, 'K20m', 4800, '10.78.0.1', 8308, 0); \
+         INSERT INTO vms (id, project, owner, name, request, policy, state, step, timings, \
+           created_ms, updated_ms) VALUES \
+           ('v', 'p', 'o', 'n', '{}', 'first-fit', 'ready', 'done', '{}', 0, 0), \
+           ('w', 'p', 'o', 'n', '{}', 'first-fit', 'deleting', 'done', '{}', 0, 0); \
+         INSERT INTO cgpus (vm, idx, gpu, memory_mib, mode, masked_address, masked_port, seq, \
+           state, borrowed_ms) VALUES \
+           ('v', 0, 'h:0', 512, 'shared', '100.127.0.1', 9000, 0, 'live', 5), \
+           ('v', 1, 'h:0', 512, 'shared', '100.127.0.1', 9001, 0, 'live', NULL), \
+           ('v', 2, 'h:0', 512, 'shared', '100.127.0.1', 9002, 1, 'attaching', 5), \
+           ('w', 0, 'h:0', 512, 'shared', '100.127.0.1', 9003, 0, 'live', 5);",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    drop(conn);
+    assert_eq!(db.fold_usage().await.unwrap(), 3, "v's start, its live cGPUs' starts");
+    let mut conn = db.conn().await.unwrap();
+    for change in [
+        "UPDATE cgpus SET borrowed_ms = 7 WHERE vm = 'v' AND idx = 0", // still on loan
+        "UPDATE cgpus SET borrowed_ms = NULL WHERE vm = 'w'",          // w does not count
+        "UPDATE cgpus SET borrowed_ms = NULL WHERE vm = 'v'",          // 0 own; 1, 2: nothing
+        "UPDATE cgpus SET state = 'live', borrowed_ms = 9 WHERE vm = 'v' AND idx = 2",
+        "UPDATE cgpus SET borrowed_ms = 11 WHERE vm = 'v' AND idx = 1", // 1 on loan
+    ] {
+        sqlx::query(change).execute(&mut *conn).await.unwrap();
+    }
+    let rows = sqlx::query("SELECT op, at_ms, vm, idx, borrowed FROM usage_events ORDER BY seq")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let events: Vec<(i64, i64, String, i64, Option<i64>)> =
+        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))).collect();
+    let logged: Vec<(i64, &str, i64, Option<i64>)> =
+        events.iter().map(|e| (e.0, e.2.as_str(), e.3, e.4)).collect();
+    assert_eq!(
+        logged,
+        [
+            (1, "v", 0, None),
+            (2, "v", 0, Some(0)),
+            (2, "v", 2, Some(1)),
+            (1, "v", 1, None),
+            (2, "v", 1, Some(1))
+        ],
+        "{events:?}"
+    );
+    assert_eq!(events[0].1, events[1].1, "an end and its start at one instant: {events:?}");
+    assert_eq!(events[3].1, events[4].1, "an end and its start at one instant: {events:?}");
+    drop(conn);
+
+    assert_eq!(db.fold_usage().await.unwrap(), 5);
+    let mut conn = db.conn().await.unwrap();
+    let rows = sqlx::query(
+        "SELECT idx, start_ms, end_ms, borrowed FROM cgpu_usage WHERE vm = 'v' \
+         ORDER BY idx, start_ms",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let spans: Vec<(i64, i64, Option<i64>, i64)> =
+        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    let shape: Vec<(i64, bool, i64)> = spans.iter().map(|s| (s.0, s.2.is_some(), s.3)).collect();
+    assert_eq!(
+        shape,
+        [(0, true, 1), (0, false, 0), (1, true, 0), (1, false, 1), (2, false, 1)],
+        "{spans:?}"
+    );
+    assert_eq!(spans[0].2, Some(spans[1].1), "0's spans meet: {spans:?}");
+    assert_eq!(spans[2].2, Some(spans[3].1), "1's spans meet: {spans:?}");
+    assert_eq!(spans[1].1, events[0].1, "split when the mark came off: {spans:?}");
 }

@@ -264,10 +264,15 @@ pub enum CohortCommand {
     /// cohort.
     Show { name: Option<String> },
     /// Put PROJECT in cohort NAME (made if new), or change its terms there; terms not given stay
-    /// as they are (a new member's: no limits, no borrowing by default); `none` is no limit.
+    /// as they are (a new member's: no limits, no borrowing by default); `none` is no limit. With
+    /// --model, the --borrow-* limits are on what it holds on loan of that GPU model (a model left
+    /// with no limit is dropped).
     Set {
         name: String,
         project: String,
+        /// The GPU model (exact name, as `gsaas pool` shows it) the borrowing limits are on.
+        #[arg(long)]
+        model: Option<String>,
         /// How many cGPUs past its quota the project may borrow.
         #[arg(long, value_parser = parse_limit)]
         borrow_cgpus: Option<Limit>,

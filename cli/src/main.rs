@@ -329,6 +329,7 @@ fn cohort(client: &Client, format: Format, command: CohortCommand) -> Result<(),
         CohortCommand::Set {
             name,
             project,
+            model,
             borrow_cgpus,
             borrow_memory_mib,
             borrow_exclusive_gpus,
@@ -338,11 +339,41 @@ fn cohort(client: &Client, format: Format, command: CohortCommand) -> Result<(),
             borrow_by_default,
         } => {
             let path = format!("/v1/cohorts/{}", path_segment(&name)?);
+            let borrow = [borrow_cgpus, borrow_memory_mib, borrow_exclusive_gpus];
+            if model.is_some() {
+                let lends = [&lend_cgpus, &lend_memory_mib, &lend_exclusive_gpus];
+                if lends.iter().any(|l| l.is_some()) || borrow_by_default.is_some() {
+                    return Err(Failure::usage(
+                        "--lend-* and --borrow-by-default are not per model: give them without \
+                         --model",
+                    ));
+                }
+                if borrow.iter().all(Option::is_none) {
+                    return Err(Failure::usage(
+                        "give at least one borrowing limit on the model: --borrow-cgpus, \
+                         --borrow-memory-mib or --borrow-exclusive-gpus",
+                    ));
+                }
+            }
             let mut members = members_of(&path)?;
             let terms = members.entry(project).or_default();
+            if let Some(model) = model {
+                let by_model = &mut terms.borrowing_limit_by_model;
+                let entry = by_model.entry(model.clone()).or_default();
+                set_limits(
+                    [&mut entry.cgpus, &mut entry.memory_mib, &mut entry.exclusive_gpus],
+                    borrow,
+                );
+                if [entry.cgpus, entry.memory_mib, entry.exclusive_gpus].iter().all(Option::is_none)
+                {
+                    by_model.remove(&model);
+                }
+                let request = CohortRequest { members };
+                return print(format, &client.put(&path, &body(&request))?, output::cohort);
+            }
             let b = &mut terms.borrowing_limit;
             let slots = [&mut b.cgpus, &mut b.memory_mib, &mut b.exclusive_gpus];
-            set_limits(slots, [borrow_cgpus, borrow_memory_mib, borrow_exclusive_gpus]);
+            set_limits(slots, borrow);
             let l = &mut terms.lending_limit;
             let slots = [&mut l.cgpus, &mut l.memory_mib, &mut l.exclusive_gpus];
             set_limits(slots, [lend_cgpus, lend_memory_mib, lend_exclusive_gpus]);

@@ -510,8 +510,17 @@ pub fn cohort(cohort: &CohortView) -> String {
         "lending limit",
         "borrows by default",
     ];
+    let by_model: String = cohort
+        .members
+        .iter()
+        .flat_map(|(project, m)| {
+            m.terms.borrowing_limit_by_model.iter().map(move |(model, limits)| {
+                format!("{project} borrows at most {} of GPU model {model}\n", lent_limits(limits))
+            })
+        })
+        .collect();
     format!(
-        "cohort {} (cGPUs / memory MiB / exclusive GPUs)\n{}borrowed in all: {}; lendable in all: {}\n",
+        "cohort {} (cGPUs / memory MiB / exclusive GPUs)\n{}{by_model}borrowed in all: {}; lendable in all: {}\n",
         cohort.name,
         table(&headers, &rows),
         lent(&cohort.borrowed),
@@ -536,7 +545,7 @@ fn hours(seconds: f64) -> String {
 }
 
 /// A usage report: a row per project (or, for one project, its totals, its models and its VMs),
-/// in hours.
+/// in hours; `borrowed_cgpu_hours` is the part of `cgpu_hours` on loan from the project's cohort.
 pub fn usage(report: &UsageReport) -> String {
     let mut out = format!("usage from {} to {}\n", report.start, report.end);
     let totals = |u: &UsageTotals| {
@@ -545,9 +554,16 @@ pub fn usage(report: &UsageReport) -> String {
             hours(u.cgpu_seconds),
             format!("{:.2}", u.gpu_memory_mib_seconds / 3600.0 / 1024.0),
             hours(u.exclusive_gpu_seconds),
+            hours(u.borrowed_cgpu_seconds),
         ]
     };
-    let heads = ["vm_hours", "cgpu_hours", "gpu_memory_gib_hours", "exclusive_gpu_hours"];
+    let heads = [
+        "vm_hours",
+        "cgpu_hours",
+        "gpu_memory_gib_hours",
+        "exclusive_gpu_hours",
+        "borrowed_cgpu_hours",
+    ];
     let with = |first: &[&'static str]| -> Vec<&'static str> {
         first.iter().chain(heads.iter()).copied().collect()
     };
@@ -573,12 +589,15 @@ pub fn usage(report: &UsageReport) -> String {
                     m.mode.clone(),
                     hours(m.cgpu_seconds),
                     format!("{:.2}", m.gpu_memory_mib_seconds / 3600.0 / 1024.0),
+                    hours(m.borrowed_cgpu_seconds),
                 ]
             })
             .collect();
         if !models.is_empty() {
             out.push('\n');
-            out.push_str(&table(&["model", "mode", "cgpu_hours", "gpu_memory_gib_hours"], &models));
+            let heads =
+                ["model", "mode", "cgpu_hours", "gpu_memory_gib_hours", "borrowed_cgpu_hours"];
+            out.push_str(&table(&heads, &models));
         }
         let rows: Vec<Vec<String>> = vms
             .iter()
@@ -645,6 +664,52 @@ mod tests {
         let text = pool(&view);
         assert!(text.contains("in 1 partition(s), not booked whole"), "{text}");
         assert!(text.contains("g1:gpu1 (3g.40gb of g1:gpu0)"), "{text}");
+    }
+
+    #[test]
+    fn usage_tables_show_the_borrowed_cgpu_hours() {
+        let totals = serde_json::json!({
+            "vm_seconds": 7200.0, "cgpu_seconds": 14400.0, "gpu_memory_mib_seconds": 0.0,
+            "exclusive_gpu_seconds": 14400.0, "borrowed_cgpu_seconds": 5400.0,
+            "borrowed_gpu_memory_mib_seconds": 0.0,
+            "by_model": [{"model": "A100", "mode": "exclusive", "cgpu_seconds": 14400.0,
+                "gpu_memory_mib_seconds": 0.0, "borrowed_cgpu_seconds": 5400.0,
+                "borrowed_gpu_memory_mib_seconds": 0.0}]
+        });
+        let mut project = totals.clone();
+        project["project"] = "alpha".into();
+        let mut vm = totals;
+        vm.as_object_mut().unwrap().extend(
+            serde_json::json!({"id": "v1", "name": "train", "started_ms": 0, "ended_ms": null})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        project["vms"] = serde_json::json!([vm]);
+        let report: UsageReport = serde_json::from_value(serde_json::json!({
+            "start": "2026-11-01T00:00:00Z", "end": "2026-11-02T00:00:00Z", "start_ms": 0,
+            "end_ms": 86_400_000, "projects": [project]
+        }))
+        .unwrap();
+        let text = usage(&report);
+        let lines: Vec<&str> = text.lines().collect();
+        // The project's, the model's and the VM's tables each end with the borrowed hours.
+        let heads: Vec<&&str> =
+            lines.iter().filter(|l| l.ends_with("borrowed_cgpu_hours")).collect();
+        assert_eq!(heads.len(), 3, "{text}");
+        for row in ["alpha ", "A100 ", "v1 "] {
+            let line = lines.iter().find(|l| l.starts_with(row)).unwrap();
+            assert!(line.ends_with("  1.50"), "{row}: {text}");
+        }
+        // A report of a gsaasd before cohorts has no borrowed time: none is shown.
+        let older: UsageReport = serde_json::from_value(serde_json::json!({
+            "start": "s", "end": "e", "start_ms": 0, "end_ms": 1, "projects": [{
+                "project": "alpha", "vm_seconds": 0.0, "cgpu_seconds": 3600.0,
+                "gpu_memory_mib_seconds": 0.0, "exclusive_gpu_seconds": 0.0, "by_model": []}]
+        }))
+        .unwrap();
+        assert_eq!(older.projects[0].usage.borrowed_cgpu_seconds, 0.0);
+        assert!(usage(&older).lines().any(|l| l.starts_with("alpha ") && l.ends_with("  0.00")));
     }
 
     #[test]

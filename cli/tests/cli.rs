@@ -455,6 +455,23 @@ fn cohorts_are_set_member_by_member_and_a_launch_borrows_when_asked() {
     let table = String::from_utf8_lossy(&server.gsaas(&admin, &["cohort", "show", "lab"]).stdout)
         .into_owned();
     assert!(table.contains("alpha") && table.contains("borrowing limit"), "{table}");
+    // Per GPU model: the totals stay; a model left with no limit is dropped.
+    let set =
+        ["-f", "json", "cohort", "set", "lab", "alpha", "--model", "T4", "--borrow-cgpus", "0"];
+    let lab = json(&server.gsaas(&admin, &set));
+    let terms = &lab["members"]["alpha"]["terms"];
+    assert_eq!(terms["borrowing_limit_by_model"]["T4"]["cgpus"], 0, "{lab}");
+    assert_eq!(terms["borrowing_limit"]["cgpus"], 2, "{lab}");
+    let table = String::from_utf8_lossy(&server.gsaas(&admin, &["cohort", "show", "lab"]).stdout)
+        .into_owned();
+    assert!(table.contains("alpha borrows at most 0 / none / none of GPU model T4"), "{table}");
+    let mixed = ["cohort", "set", "lab", "alpha", "--model", "T4", "--lend-cgpus", "1"];
+    let mixed = server.gsaas(&admin, &mixed);
+    assert_eq!(mixed.status.code(), Some(2), "{}", stderr(&mixed));
+    let set =
+        ["-f", "json", "cohort", "set", "lab", "alpha", "--model", "T4", "--borrow-cgpus", "none"];
+    let lab = json(&server.gsaas(&admin, &set));
+    assert!(lab["members"]["alpha"]["terms"].get("borrowing_limit_by_model").is_none(), "{lab}");
 
     // Members out one by one: the last one out ends the cohort.
     server.gsaas(&admin, &["cohort", "remove", "lab", "beta"]);

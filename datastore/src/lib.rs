@@ -148,6 +148,12 @@ pub const DIALECT_MIGRATIONS: &[(i64, &str, &str, &str)] = &[
         include_str!("../../migrations/0034_idempotency_keys_only.sqlite.sql"),
         include_str!("../../migrations/0034_idempotency_keys_only.postgres.sql"),
     ),
+    (
+        36,
+        "borrowed_usage",
+        include_str!("../../migrations/0036_borrowed_usage.sqlite.sql"),
+        include_str!("../../migrations/0036_borrowed_usage.postgres.sql"),
+    ),
 ];
 
 /// Every migration in order, each in `backend`'s text.

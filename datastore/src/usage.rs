@@ -8,6 +8,11 @@
 //! deleted: a purged VM leaves them. Each ended span is added to the totals of `/metrics` once:
 //! by the fold that writes it, if it ended within that fold, otherwise by the reconciler's
 //! roll-up.
+//!
+//! A span of a cGPU on loan from its project's cohort is marked `borrowed` (0036: a change of the
+//! mark splits the span), and a report adds the borrowed spans' time apart, in the same statement
+//! (one snapshot: never more borrowed than in all), through an index of their own: the covering
+//! index every report reads stays as it was, and few spans are borrowed.
 
 use std::collections::BTreeMap;
 
@@ -33,6 +38,10 @@ pub struct CgpuTime {
     pub mode: String,
     pub cgpu_ms: i64,
     pub memory_mib_ms: f64,
+    /// The part of `cgpu_ms` on loan from the project's cohort (0 in `/metrics`' totals).
+    pub borrowed_ms: i64,
+    /// The part of `memory_mib_ms` on loan.
+    pub borrowed_memory_mib_ms: f64,
 }
 
 /// What a project, or one of its VMs, used in a period.
@@ -71,23 +80,39 @@ fn period_query<'q>(
 }
 
 /// cGPU time by project (or by VM), model and mode: the clipped parts summed (`d`, positive
-/// only: a span that started after `now` by the database's clock adds nothing).
+/// only: a span that started after `now` by the database's clock adds nothing), then the borrowed
+/// spans' alone (NULL: none), in one statement. Every borrowed span is in the first sum too, so
+/// its group is there to join. `borrowed = 1` is the partial index's own condition
+/// (`cgpu_usage_borrowed`), which both stores then read instead of the table.
 fn cgpu_time_sql(key: &str, filter: &str) -> String {
+    let sums = |only: &str| {
+        format!(
+            "SELECT {key}, model, mode, CAST(SUM(d) AS BIGINT) AS ms, \
+             SUM(CAST(d AS DOUBLE PRECISION) * memory_mib) AS mib_ms \
+             FROM (SELECT {key}, model, mode, memory_mib, {CLIPPED} AS d FROM cgpu_usage \
+                   WHERE {OVERLAPS}{filter}{only}) s \
+             WHERE d > 0 GROUP BY {key}, model, mode"
+        )
+    };
     format!(
-        "SELECT {key}, model, mode, CAST(SUM(d) AS BIGINT), \
-         SUM(CAST(d AS DOUBLE PRECISION) * memory_mib) \
-         FROM (SELECT {key}, model, mode, memory_mib, {CLIPPED} AS d FROM cgpu_usage \
-               WHERE {OVERLAPS}{filter}) s \
-         WHERE d > 0 GROUP BY {key}, model, mode ORDER BY {key}, model, mode"
+        "SELECT a.{key}, a.model, a.mode, a.ms, a.mib_ms, b.ms, b.mib_ms \
+         FROM ({}) a LEFT JOIN ({}) b \
+           ON b.{key} = a.{key} AND b.model = a.model AND b.mode = a.mode \
+         ORDER BY a.{key}, a.model, a.mode",
+        sums(""),
+        sums(" AND borrowed = 1")
     )
 }
 
+/// A row of [`cgpu_time_sql`].
 fn cgpu_time(row: &AnyRow) -> Result<CgpuTime, Error> {
     Ok(CgpuTime {
         model: row.try_get(1)?,
         mode: row.try_get(2)?,
         cgpu_ms: row.try_get(3)?,
         memory_mib_ms: row.try_get(4)?,
+        borrowed_ms: row.try_get::<Option<i64>, _>(5)?.unwrap_or(0),
+        borrowed_memory_mib_ms: row.try_get::<Option<f64>, _>(6)?.unwrap_or(0.0),
     })
 }
 
@@ -234,7 +259,19 @@ pub async fn usage_totals(
     .bind(now_ms)
     .fetch_all(conn)
     .await?;
-    rows.iter().map(|row| Ok((row.try_get(0)?, cgpu_time(row)?))).collect()
+    rows.iter()
+        .map(|row| {
+            let time = CgpuTime {
+                model: row.try_get(1)?,
+                mode: row.try_get(2)?,
+                cgpu_ms: row.try_get(3)?,
+                memory_mib_ms: row.try_get(4)?,
+                borrowed_ms: 0,
+                borrowed_memory_mib_ms: 0.0,
+            };
+            Ok((row.try_get(0)?, time))
+        })
+        .collect()
 }
 
 /// The end of an `INSERT INTO usage_totals (project, model, mode, cgpu_ms, memory_mib_ms)` that

@@ -10,6 +10,11 @@
 //! and never moves it between indexes. Spans keep the times the triggers recorded, but for a
 //! cGPU logged ahead of its VM by one launch, which starts with its VM ([`plan_fold`]).
 //!
+//! A cGPU's span also records whether the cGPU was on loan from its project's cohort
+//! (`migrations/0036_borrowed_usage.*.sql`): a change of its loan mark while it counts is logged
+//! as an end and a start at one instant, as a re-home is, so the fold splits its span there with
+//! nothing of its own to add, and each second of a cGPU is in one span, borrowed or not.
+//!
 //! [`plan_fold`] decides, without I/O, what a batch of events does to the spans; [`Db::fold_usage`]
 //! reads the batch and writes the plan, each as one JSON document (a second's 8,000 events read
 //! row by row through sqlx cost a fold 30-60 ms on SQLite; pairing them in SQL with window
@@ -55,6 +60,8 @@ pub struct CgpuSpanStart {
     pub model: String,
     pub mode: String,
     pub memory_mib: i64,
+    /// On loan from the project's cohort (`cgpus.borrowed_ms` set) for the whole span.
+    pub borrowed: bool,
 }
 
 /// A span that started within the batch: written once, ended or still counting.
@@ -92,7 +99,8 @@ pub struct FoldPlan {
 /// first event of its VM if that is an end (with its VM's cGPUs, those still open). A span never
 /// ends before it started, and a cGPU's never starts before its VM's: PostgreSQL fires the
 /// triggers of a data-modifying `WITH` in the order its inserts finish, and a launch's one
-/// statement (vms.rs, `insert_vms_with_cgpus`) inserts the VM last.
+/// statement (vms.rs, `insert_vms_with_cgpus`) inserts the VM last. A span keeps the loan mark its
+/// start carried: a change of the mark is an end and a start, like any other split.
 pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
     let mut plan = FoldPlan::default();
     // Spans started in this batch, still counting: (vm, idx) -> index into plan.cgpu_spans.
@@ -167,7 +175,7 @@ pub fn plan_fold(events: &[UsageEvent]) -> FoldPlan {
 }
 
 /// An event as the fold reads it ([`EVENT_COLUMNS`], as a JSON array): seq, op, at_ms, vm, idx,
-/// project, name, gpu, model, mode, memory_mib.
+/// project, name, gpu, model, mode, memory_mib, borrowed.
 type EventRow = (
     i64,
     i64,
@@ -180,13 +188,15 @@ type EventRow = (
     Option<String>,
     Option<String>,
     Option<i64>,
+    Option<i64>,
 );
 
 /// An event's columns as a JSON array, in [`EventRow`]'s order.
-const EVENT_COLUMNS: &str = "seq, op, at_ms, vm, idx, project, name, gpu, model, mode, memory_mib";
+const EVENT_COLUMNS: &str =
+    "seq, op, at_ms, vm, idx, project, name, gpu, model, mode, memory_mib, borrowed";
 
 fn event(row: EventRow) -> Result<UsageEvent, Error> {
-    let (seq, op, at_ms, vm, idx, project, name, gpu, model, mode, memory_mib) = row;
+    let (seq, op, at_ms, vm, idx, project, name, gpu, model, mode, memory_mib, borrowed) = row;
     let lacks =
         |what: &str| super::corrupt("usage event", &format!("{seq} (op {op}) lacks {what}"));
     let what = match op {
@@ -198,6 +208,8 @@ fn event(row: EventRow) -> Result<UsageEvent, Error> {
             model: model.ok_or_else(|| lacks("model"))?,
             mode: mode.ok_or_else(|| lacks("mode"))?,
             memory_mib: memory_mib.ok_or_else(|| lacks("memory_mib"))?,
+            // NULL: logged before 0036, when no start said so (not on loan).
+            borrowed: borrowed.unwrap_or(0) != 0,
         }),
         3 => EventKind::VmEnded,
         4 => EventKind::VmStarted {
@@ -282,20 +294,24 @@ async fn write(
                 let rolled = i64::from(s.end_ms.is_some());
                 let (project, vm, gpu, model, mode) =
                     (&o.project, &s.vm, &o.gpu, &o.model, &o.mode);
-                (project, vm, o.idx, gpu, model, mode, o.memory_mib, s.start_ms, s.end_ms, rolled)
+                let borrowed = i64::from(o.borrowed);
+                let (start, end) = (s.start_ms, s.end_ms);
+                (project, vm, o.idx, gpu, model, mode, o.memory_mib, start, end, rolled, borrowed)
             })
             .collect();
         sqlx::query(&format!(
             "INSERT INTO cgpu_usage \
-               (project, vm, idx, gpu, model, mode, memory_mib, start_ms, end_ms, rolled) \
+               (project, vm, idx, gpu, model, mode, memory_mib, start_ms, end_ms, rolled, \
+                borrowed) \
              SELECT e.value->>0, e.value->>1, {}, e.value->>3, e.value->>4, e.value->>5, {}, {}, \
-                    {}, {} \
+                    {}, {}, {} \
              FROM {rows}",
             int(2),
             int(6),
             int(7),
             int(8),
-            int(9)
+            int(9),
+            int(10)
         ))
         .bind(json(&spans)?)
         .execute(&mut *conn)
@@ -396,7 +412,14 @@ mod tests {
             model: "A100".into(),
             mode: "shared".into(),
             memory_mib: 100,
+            borrowed: false,
         })
+    }
+
+    /// A start of a cGPU on loan.
+    fn lent(idx: i64) -> EventKind {
+        let EventKind::CgpuStarted(start) = started(idx) else { unreachable!() };
+        EventKind::CgpuStarted(CgpuSpanStart { borrowed: true, ..start })
     }
 
     fn vm_started() -> EventKind {
@@ -474,5 +497,64 @@ mod tests {
         let plan = plan_fold(&events);
         assert_eq!(plan.cgpu_ends, [("a".to_owned(), 0, 5)]);
         assert_eq!(spans(&plan), [("a", 0, 5, Some(6)), ("a", 0, 6, None)]);
+    }
+
+    /// (idx, start, end, borrowed) of the batch's spans.
+    fn marked(plan: &FoldPlan) -> Vec<(i64, i64, Option<i64>, bool)> {
+        plan.cgpu_spans.iter().map(|s| (s.of.idx, s.start_ms, s.end_ms, s.of.borrowed)).collect()
+    }
+
+    #[test]
+    fn a_loan_mark_taken_off_splits_the_span_at_its_instant() {
+        // cGPU 1 is on loan from its launch until its mark is taken off at 20 (the trigger logs
+        // an end and a start at one instant), then its own until its VM ends.
+        let events = [
+            ev(1, 10, "a", vm_started()),
+            ev(2, 10, "a", started(0)),
+            ev(3, 10, "a", lent(1)),
+            ev(4, 20, "a", EventKind::CgpuEnded { idx: 1 }),
+            ev(5, 20, "a", started(1)),
+            ev(6, 30, "a", EventKind::VmEnded),
+        ];
+        let plan = plan_fold(&events);
+        let want = [(0, 10, Some(30), false), (1, 10, Some(20), true), (1, 20, Some(30), false)];
+        assert_eq!(marked(&plan), want);
+        // Each second once: cGPU 1's spans meet, borrowed 10 ms of its 20.
+        let of = |idx: i64, borrowed: bool| -> i64 {
+            marked(&plan)
+                .iter()
+                .filter(|s| s.0 == idx && s.3 == borrowed)
+                .map(|s| s.2.unwrap() - s.1)
+                .sum()
+        };
+        assert_eq!((of(1, true), of(1, false), of(0, true), of(0, false)), (10, 10, 0, 20));
+    }
+
+    #[test]
+    fn a_loan_mark_change_ends_a_written_span_and_the_next_keeps_counting() {
+        // The borrowed span was written by an earlier fold: it ends at the change, once; the
+        // next, its own, counts on. A mark set again later splits it again.
+        let events = [
+            ev(1, 40, "a", EventKind::CgpuEnded { idx: 1 }),
+            ev(2, 40, "a", started(1)),
+            ev(3, 55, "a", EventKind::CgpuEnded { idx: 1 }),
+            ev(4, 55, "a", lent(1)),
+        ];
+        let plan = plan_fold(&events);
+        assert_eq!(plan.cgpu_ends, [("a".to_owned(), 1, 40)]);
+        assert_eq!(marked(&plan), [(1, 40, Some(55), false), (1, 55, None, true)]);
+    }
+
+    #[test]
+    fn a_vm_counting_again_restarts_its_loans_borrowed() {
+        let events = [
+            ev(1, 5, "a", EventKind::VmEnded),
+            ev(2, 9, "a", vm_started()),
+            ev(3, 9, "a", lent(0)),
+            ev(4, 9, "a", started(1)),
+        ];
+        let plan = plan_fold(&events);
+        assert_eq!(plan.vm_ends, [("a".to_owned(), 5)]);
+        assert_eq!(marked(&plan), [(0, 9, None, true), (1, 9, None, false)]);
     }
 }

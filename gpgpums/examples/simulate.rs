@@ -23,7 +23,7 @@
 //! fragmentation, and with `--plot FILE.svg` draws the GPUs allocated while the pods arrive.
 //!
 //! With `--cohorts F` it compares quotas as walls with a cohort (issue [5/5]) on the synthetic
-//! trace: every project's quota is an eighth of the GPU memory (its guarantee), F of the requests
+//! trace (or, with `--openb`, on the openb pods, their projects drawn the same way): every project's quota is an eighth of the GPU memory (its guarantee), F of the requests
 //! come from half the projects, and either each project stays within its quota, or all eight are
 //! one cohort and every request borrows (the lenders' requests within their quotas take loans
 //! back). It prints GPU utilisation, the wait of guaranteed requests (started within their
@@ -104,14 +104,7 @@ fn trace(args: &Args) -> Vec<Job> {
             // Uniform, or (comparing cohorts) `busy` of the requests from the first half.
             let project = match args.cohorts {
                 None => rng.below(PROJECTS),
-                Some(busy) => {
-                    let half = PROJECTS / 2;
-                    if rng.unit() <= busy {
-                        rng.below(half)
-                    } else {
-                        half + rng.below(half)
-                    }
-                }
+                Some(busy) => skewed_project(&mut rng, busy),
             };
             Job {
                 arrive_ms: (now * 1000.0) as u64,
@@ -122,6 +115,16 @@ fn trace(args: &Args) -> Vec<Job> {
             }
         })
         .collect()
+}
+
+/// A project drawn so that `busy` of the draws are from the first half of the projects.
+fn skewed_project(rng: &mut Rng, busy: f64) -> u64 {
+    let half = PROJECTS / 2;
+    if rng.unit() <= busy {
+        rng.below(half)
+    } else {
+        half + rng.below(half)
+    }
 }
 
 /// What a run replays: the jobs on a pool of GPUs all of `gpu_mib`.
@@ -176,6 +179,8 @@ fn openb(pods_path: &Path, args: &Args) -> Result<Setup, String> {
     let pods =
         parse_pods(&read(pods_path)?).map_err(|e| format!("{}: {e}", pods_path.display()))?;
     let mut jobs = Vec::new();
+    // In turn, or (comparing cohorts) skewed as the synthetic trace is.
+    let mut skew = Rng(SplitMix64::new(args.seed ^ 0x636f_686f_7274));
     for (i, pod) in pods.iter().enumerate() {
         let (Some(request), Some(created), Some(deleted)) =
             (request_of(pod), pod.creation_time, pod.deletion_time)
@@ -185,7 +190,11 @@ fn openb(pods_path: &Path, args: &Args) -> Result<Setup, String> {
         jobs.push(Job {
             arrive_ms: created.saturating_mul(1000),
             run_ms: deleted.saturating_sub(created).saturating_mul(1000).max(1),
-            project: ProjectId::new(format!("project-{}", i as u64 % PROJECTS)).unwrap(),
+            project: ProjectId::new(format!(
+                "project-{}",
+                args.cohorts.map_or(i as u64 % PROJECTS, |busy| skewed_project(&mut skew, busy))
+            ))
+            .unwrap(),
             request,
             best_effort: pod.qos.as_deref() == Some("BE"),
         });
@@ -406,7 +415,13 @@ fn run(setup: &Setup, policy: &str, rules: Rules, mode: Quotas) -> Outcome {
             Event::Arrive(i) => {
                 let job = &jobs[i];
                 let vms = vms_in_use.get(&job.project).copied().unwrap_or(0);
-                let asked = gpgpums::Usage::vm_with(gpgpums::Usage::asked(&job.request));
+                // An exclusive request holds its GPUs' whole memory, known once placed: all
+                // GPUs are of one size here, so it is known now.
+                let mut asked = gpgpums::Usage::asked(&job.request);
+                if job.request.mode == gpgpums::Mode::Exclusive {
+                    asked.memory_mib = u64::from(job.request.ncgpus) * setup.gpu_mib;
+                }
+                let asked = gpgpums::Usage::vm_with(asked);
                 if quotas.check(&job.project, asked, vms).is_ok() {
                     loans.guaranteed.insert(vm_of(i));
                 }
@@ -603,7 +618,22 @@ fn index_of(vm: VmId) -> usize {
 fn main() {
     let args = args_or_exit(Args::new(100_000, 0.95, 42), true);
     if let Some(pods) = &args.openb {
-        if let Err(e) = replay_openb(pods, &args) {
+        let replayed = match args.cohorts {
+            Some(busy) => openb(pods, &args).map(|setup| {
+                let what = format!(
+                    "{} GPU pods of {}, the gaps between arrivals {}x shorter, {} GPUs ({:.0}% of \
+                     the trace's nodes)",
+                    setup.jobs.len(),
+                    pods.display(),
+                    args.squeeze,
+                    setup.gpus,
+                    args.cluster_share * 100.0
+                );
+                compare_cohorts(&setup, &args, busy, &what)
+            }),
+            None => replay_openb(pods, &args),
+        };
+        if let Err(e) = replayed {
             eprintln!("simulate: {e}");
             std::process::exit(2);
         }
@@ -615,7 +645,11 @@ fn main() {
     }
     let setup = synthetic(&args);
     if let Some(busy) = args.cohorts {
-        compare_cohorts(&setup, &args, busy);
+        let what = format!(
+            "{} requests, offered load {:.2}, {} GPUs of {} MiB",
+            args.requests, args.load, setup.gpus, setup.gpu_mib
+        );
+        compare_cohorts(&setup, &args, busy, &what);
         return;
     }
     let jobs = &setup.jobs;
@@ -666,15 +700,11 @@ fn main() {
 }
 
 /// Quotas as walls against one cohort, every policy with the queue's default rules.
-fn compare_cohorts(setup: &Setup, args: &Args, busy: f64) {
+fn compare_cohorts(setup: &Setup, args: &Args, busy: f64, what: &str) {
     let capacity = (setup.gpus * setup.gpu_mib) as f64;
     println!(
-        "{} requests, offered load {:.2}, {} GPUs of {} MiB, {:.0}% of the requests from half the \
-         projects, each project's quota an eighth of the memory, seed {}; backfill and preemption on\n",
-        args.requests,
-        args.load,
-        setup.gpus,
-        setup.gpu_mib,
+        "{what}, {:.0}% of the requests from half the projects, each project's quota an eighth of \
+         the memory, seed {}; backfill and preemption on\n",
         busy * 100.0,
         args.seed
     );

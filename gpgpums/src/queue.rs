@@ -34,7 +34,10 @@
 //! request fits, its project's quota included; if it never does, nothing is taken (an exclusive
 //! request's memory is known only where it lands: taking cGPUs for one its quota then refuses
 //! would shrink VMs for nothing, and again at every round). A `local` request frees room on one host only.
-//! One preemption per plan: the next plan sees what is being reclaimed.
+//! One preemption per plan: the next plan sees what is being reclaimed. What is taken back is kept
+//! for the request it was taken for: that request becomes the head, a barrier, until it starts
+//! (or for `max_hold_ms` at most), so a request ahead of it that could not take back capacity
+//! itself does not take it instead.
 //!
 //! Reclaiming loans: a request within its project's quota (its guarantee) that cannot start may
 //! take back cGPUs that other members of its project's cohort hold past their own quotas
@@ -565,8 +568,7 @@ impl Round<'_, '_> {
                 if self.may_reclaim(w) {
                     let loans = self.loans_for(w);
                     if let Some(preemption) = self.take_back(w, &request, loans.into_iter(), true) {
-                        self.plan.preemption = Some(preemption);
-                        self.stop = true;
+                        self.keep_for(w, preemption, holding_since_ms);
                         return;
                     }
                 }
@@ -578,9 +580,7 @@ impl Round<'_, '_> {
                         .filter(|&(&vm, &priority)| priority < w.priority && vm != w.vm)
                         .map(|(&vm, _)| (vm, None));
                     if let Some(preemption) = self.take_back(w, &request, victims, false) {
-                        self.plan.preemption = Some(preemption);
-                        // What is reclaimed is kept for the request it is taken for.
-                        self.stop = true;
+                        self.keep_for(w, preemption, holding_since_ms);
                         return;
                     }
                     if let Some(shape) = shape {
@@ -595,6 +595,31 @@ impl Round<'_, '_> {
                 }
             }
         }
+    }
+
+    /// Plans `preemption` for `w`, and keeps what it frees for `w`: `w` is the head from now on,
+    /// a barrier (as if passed [`Rules::max_passes`] times, for at most `max_hold_ms`), so that
+    /// in the next rounds it is looked at first in its priority and nothing of its priority or
+    /// lower starts ahead of it, queued or not, until it starts. (Otherwise a request ahead of it
+    /// in the queue, which could not take back capacity itself, would take what was taken back
+    /// for `w`, and `w` would take back more.)
+    fn keep_for(&mut self, w: &Waiting, preemption: Preemption, holding_since_ms: Option<i64>) {
+        self.plan.preemption = Some(preemption);
+        self.stop = true;
+        if !self.rules.backfill {
+            // Nothing passes the head: `w`, the first that does not fit, is it already.
+            return;
+        }
+        let passed = match self.plan.head.as_ref().filter(|head| head.ticket == w.ticket) {
+            Some(head) => head.passed,
+            None => w.passed,
+        };
+        self.plan.head = Some(Head {
+            ticket: w.ticket,
+            project: w.project.clone(),
+            passed: passed.max(self.rules.max_passes),
+            holding_since_ms: Some(holding_since_ms.unwrap_or(self.books.now_ms)),
+        });
     }
 
     /// Whether `w` could not start even were every other project's VMs gone
@@ -791,8 +816,12 @@ impl Round<'_, '_> {
             cheapest_room(&room, victims, request).map(|picked| (picked, room.host))
         };
         let (quotas, vms_in_use) = (&*self.books.quotas, &*self.books.vms_in_use);
+        // Loans are taken back only for what the request's own quota holds, where it lands: an
+        // exclusive request's memory is known only there, and a request that would borrow itself
+        // takes back no other member's loan.
+        let borrow = w.borrow && !reclaims_loans;
         let fitted = loop {
-            if let Some(cgpus) = fitting(pool, quotas, vms_in_use, w, request) {
+            if let Some(cgpus) = fitting(pool, quotas, vms_in_use, w, request, borrow) {
                 break Some(cgpus);
             }
             // (cost, slot, picked victims, host)
@@ -971,22 +1000,24 @@ fn fits(
     w: &Waiting,
     request: &Request,
 ) -> bool {
-    fitting(pool, quotas, vms_in_use, w, request).is_some()
+    fitting(pool, quotas, vms_in_use, w, request, w.borrow).is_some()
 }
 
-/// The cGPUs `w` would get now, if the pool and its project's quota allow. Changes nothing.
+/// The cGPUs `w` would get now, if the pool and its project's quota allow (past its limits only
+/// when `borrow`). Changes nothing.
 fn fitting(
     pool: &mut Pool,
     quotas: &QuotaLedger,
     vms_in_use: &HashMap<ProjectId, u64>,
     w: &Waiting,
     request: &Request,
+    borrow: bool,
 ) -> Option<Vec<CgpuAssignment>> {
     let cgpus = placed(pool, w, request)?;
     let holding = pool.holding(&cgpus);
     let holding = if w.ask == Ask::Launch { holding.vm_with() } else { holding };
     let vms = vms_in_use.get(&w.project).copied().unwrap_or(0);
-    quotas.admits(&w.project, &holding, vms, w.borrow).then_some(cgpus)
+    quotas.admits(&w.project, &holding, vms, borrow).then_some(cgpus)
 }
 
 /// The cGPUs `w` would get on the pool as it is now, or `None`. Changes nothing.

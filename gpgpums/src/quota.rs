@@ -258,6 +258,9 @@ pub struct QuotaExceeded {
     /// The cohort whose lending `limit` includes: the request asked to borrow and could not
     /// borrow enough.
     pub cohort: Option<CohortName>,
+    /// `limit` and `in_use` count what the project holds on loan of `model` (its terms'
+    /// `borrowing_limit_by_model` in `cohort`), not all it holds.
+    pub on_loan: bool,
 }
 
 impl QuotaExceeded {
@@ -277,6 +280,7 @@ impl QuotaExceeded {
             in_use: in_use.get(resource),
             requested: requested.get(resource),
             cohort: None,
+            on_loan: false,
         }
     }
 }
@@ -284,6 +288,9 @@ impl QuotaExceeded {
 impl fmt::Display for QuotaExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "quota exceeded for {}", self.resource)?;
+        if self.on_loan {
+            write!(f, " on loan")?;
+        }
         if let Some(model) = &self.model {
             write!(f, " of GPU model {model}")?;
         }
@@ -354,6 +361,9 @@ pub struct QuotaLedger {
     /// What each cohort's members lend and borrow in all, kept as they change: a check of a
     /// request that borrows reads it instead of summing over the members.
     cohort_totals: HashMap<CohortName, CohortBalance>,
+    /// Whether any member's terms limit what it borrows of a GPU model: most ledgers' requests
+    /// skip looking.
+    model_borrowing_limits: bool,
     changes: u64,
 }
 
@@ -396,7 +406,8 @@ impl QuotaLedger {
         fleet_models: &[String],
     ) -> Result<Cow<'r, Request>, QuotaExceeded> {
         let quota = self.quota(project);
-        if quota.models.is_empty() {
+        let loan_limits = self.model_borrowing_limits(project);
+        if quota.models.is_empty() && loan_limits.is_none() {
             return Ok(Cow::Borrowed(request));
         }
         let asked = Usage::asked(request).of_model();
@@ -411,10 +422,15 @@ impl QuotaLedger {
         let is_blocked = |(model, limits, in_use): (&str, &ModelLimits, Usage)| {
             candidate(model) && exceeded(|r| limits.get(r), in_use, asked).is_some()
         };
-        if !self.model_rooms(project, quota).any(is_blocked) {
+        let loan_blocked = |model: &String| {
+            candidate(model) && self.check_model_loan(project, model, asked, asked).is_err()
+        };
+        if !self.model_rooms(project, quota).any(is_blocked)
+            && !loan_limits.into_iter().flat_map(BTreeMap::keys).any(loan_blocked)
+        {
             return Ok(Cow::Borrowed(request));
         }
-        let blocked = |model: &str| self.check_model_use(project, quota, model, asked).err();
+        let blocked = |model: &str| self.model_refusal(project, quota, model, asked, asked);
         let mut allowed: Vec<String> =
             candidates.iter().filter(|m| blocked(m).is_none()).cloned().collect();
         if allowed.is_empty() {
@@ -437,9 +453,33 @@ impl QuotaLedger {
     ) -> Option<QuotaExceeded> {
         let quota = self.quota(project);
         let asked = Usage::asked(request).of_model();
-        let mut taken_out =
-            quota.models.keys().filter(|m| !narrowed.constraints.models.contains(m));
-        taken_out.find_map(|model| self.check_model_use(project, quota, model, asked).err())
+        let loan_limits = self.model_borrowing_limits(project).into_iter().flat_map(BTreeMap::keys);
+        let mut taken_out = quota
+            .models
+            .keys()
+            .chain(loan_limits)
+            .filter(|m| !narrowed.constraints.models.contains(m));
+        taken_out.find_map(|model| self.model_refusal(project, quota, model, asked, asked))
+    }
+
+    /// Why `project` may not book `requested` more of `model`, in a booking of `in_all`: its
+    /// limit on the model, or what its cohort terms let it hold on loan of it.
+    fn model_refusal(
+        &self,
+        project: &ProjectId,
+        quota: &Quota,
+        model: &str,
+        requested: Usage,
+        in_all: Usage,
+    ) -> Option<QuotaExceeded> {
+        let wall = self.check_model_use(project, quota, model, requested);
+        wall.and_then(|()| self.check_model_loan(project, model, requested, in_all)).err()
+    }
+
+    /// What `project` holds of `model`.
+    fn model_usage_of(&self, project: &ProjectId, model: &str) -> Usage {
+        let held = self.model_usage.get(project).and_then(|h| h.get(model));
+        held.copied().unwrap_or_default()
     }
 
     /// Whether `project`, holding what it holds of `model`, may book `requested` more of it
@@ -451,8 +491,7 @@ impl QuotaLedger {
         model: &str,
         requested: Usage,
     ) -> Result<(), QuotaExceeded> {
-        let held = self.model_usage.get(project).and_then(|h| h.get(model));
-        quota.check_model(project, model, held.copied().unwrap_or_default(), requested)
+        quota.check_model(project, model, self.model_usage_of(project, model), requested)
     }
 
     /// The highest priority `project`'s requests may ask for, if any (see [`Quota::max_priority`]).
@@ -463,7 +502,7 @@ impl QuotaLedger {
     /// The project's own limits (`Some`), or back to the default (`None`).
     pub fn set_limits(&mut self, project: ProjectId, quota: Option<Quota>) {
         self.changes += 1;
-        let before = self.cohort_part(&project);
+        let before = self.member_balance(&project);
         let key = project.clone();
         match quota {
             Some(quota) => self.limits.insert(project, quota),
@@ -595,7 +634,10 @@ impl QuotaLedger {
         let admission = self.check_as(project, holding.usage, vms_in_use, borrow)?;
         let quota = self.quota(project);
         for (model, usage) in &holding.models {
-            self.check_model_use(project, quota, model, *usage)?;
+            if let Some(refused) = self.model_refusal(project, quota, model, *usage, holding.usage)
+            {
+                return Err(refused);
+            }
         }
         self.record(vm, project, holding);
         Ok(admission)
@@ -612,10 +654,9 @@ impl QuotaLedger {
     ) -> bool {
         let quota = self.quota(project);
         self.check_as(project, holding.usage, vms_in_use, borrow).is_ok()
-            && holding
-                .models
-                .iter()
-                .all(|(model, usage)| self.check_model_use(project, quota, model, *usage).is_ok())
+            && holding.models.iter().all(|(model, usage)| {
+                self.model_refusal(project, quota, model, *usage, holding.usage).is_none()
+            })
     }
 
     /// Charges `holding` without checking: what storage says is held (a restart, another
@@ -628,7 +669,7 @@ impl QuotaLedger {
     fn record(&mut self, vm: VmId, project: &ProjectId, holding: &Holding) {
         let usage = holding.usage.of_model();
         self.changes += 1;
-        let before = self.cohort_part(project);
+        let before = self.member_balance(project);
         let holder = self.holders.entry(vm).or_insert_with(|| Holder {
             project: project.clone(),
             usage: Usage::default(),
@@ -666,7 +707,7 @@ impl QuotaLedger {
     /// of a model.
     pub fn refund(&mut self, vm: &VmId, holding: &Holding) {
         let Some(project) = self.holders.get(vm).map(|h| h.project.clone()) else { return };
-        let before = self.cohort_part(&project);
+        let before = self.member_balance(&project);
         let holder = self.holders.get_mut(vm).expect("looked up above");
         self.changes += 1;
         let usage = holding.usage.min(holder.usage);
@@ -693,7 +734,7 @@ impl QuotaLedger {
     pub fn release(&mut self, vm: &VmId) -> Option<Usage> {
         let holder = self.holders.remove(vm)?;
         self.changes += 1;
-        let before = self.cohort_part(&holder.project);
+        let before = self.member_balance(&holder.project);
         if let Some(total) = self.usage.get_mut(&holder.project) {
             *total = total.minus(holder.usage);
             if *total == Usage::default() {

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 
-use common::add_gpu_host;
+use common::{add_gpu_host, add_model_host};
 use gpgpums::queue::{plan, Ask, Books, Loan, Plan, Rules, Waiting};
 use gpgpums::{
     CohortName, CohortTerms, ModelLimits, Pool, ProjectId, Quota, QuotaLedger, Request, TicketId,
@@ -50,6 +50,17 @@ impl World {
     fn new(gpus: usize) -> World {
         let mut pool = Pool::new();
         add_gpu_host(&mut pool, "cg0", &vec![8192; gpus]);
+        World::of(pool)
+    }
+
+    /// As [`World::new`], with GPUs of these models.
+    fn with_models(gpus: &[(&str, u64)]) -> World {
+        let mut pool = Pool::new();
+        add_model_host(&mut pool, "cg0", gpus);
+        World::of(pool)
+    }
+
+    fn of(pool: Pool) -> World {
         World {
             pool,
             quotas: QuotaLedger::new(Quota::default()),
@@ -65,7 +76,7 @@ impl World {
         for (who, cgpus, terms) in quotas {
             let quota = Quota { cgpus: Some(*cgpus), ..Quota::default() };
             self.quotas.set_limits(project(who), Some(quota));
-            members.insert(project(who), *terms);
+            members.insert(project(who), terms.clone());
         }
         self.quotas.set_cohort(CohortName::new("lab").unwrap(), Some(members));
     }
@@ -121,6 +132,7 @@ fn terms(borrow: Option<u64>, lend: Option<u64>) -> CohortTerms {
         borrowing_limit: ModelLimits { cgpus: borrow, ..ModelLimits::default() },
         lending_limit: ModelLimits { cgpus: lend, ..ModelLimits::default() },
         borrow_by_default: false,
+        borrowing_limit_by_model: BTreeMap::new(),
     }
 }
 
@@ -134,7 +146,7 @@ fn victims(plan: &Plan) -> Vec<(VmId, Vec<u32>)> {
 fn a_lender_within_its_quota_takes_back_the_youngest_loans_and_nothing_else() {
     let mut world = World::new(4);
     let members = [("alpha", 1, terms(None, None)), ("beta", 3, terms(None, None))];
-    world.cohort(&[members[0], members[1], ("gamma", 2, terms(None, None))]);
+    world.cohort(&[members[0].clone(), members[1].clone(), ("gamma", 2, terms(None, None))]);
     // Alpha: one cGPU of its own, then two loans at two times; beta one of its own.
     let own = launch(1, "alpha", 1, false);
     let (first_loan, second_loan) = (launch(2, "alpha", 1, true), launch(3, "alpha", 1, true));
@@ -192,7 +204,7 @@ fn queued_requests_borrow_only_within_the_lenders_limits() {
 fn borrowers_share_idle_capacity_by_their_quotas() {
     let mut world = World::new(12);
     let members = [("a", 1, terms(None, None)), ("b", 3, terms(None, None))];
-    world.cohort(&[members[0], members[1], ("idle", 8, terms(None, None))]);
+    world.cohort(&[members[0].clone(), members[1].clone(), ("idle", 8, terms(None, None))]);
     // Both ask for far more than there is, one cGPU at a time, in turns.
     let queue: Vec<Waiting> =
         (0..40).map(|t| launch(t + 1, if t % 2 == 0 { "a" } else { "b" }, 1, true)).collect();
@@ -208,6 +220,51 @@ fn borrowers_share_idle_capacity_by_their_quotas() {
     assert_eq!((of("a"), of("b")), (3, 9), "{planned:?}");
     let lab = CohortName::new("lab").unwrap();
     assert_eq!(world.quotas.balance(&lab).borrowed.cgpus, 8);
+}
+
+#[test]
+fn a_borrowing_limit_by_model_keeps_queued_loans_off_that_model() {
+    let gpus = [("H200", 8192), ("H200", 8192), ("L4", 8192), ("L4", 8192), ("L4", 8192)];
+    let mut world = World::with_models(&gpus);
+    let mut alpha = terms(None, None);
+    let none = ModelLimits { cgpus: Some(0), ..ModelLimits::default() };
+    alpha.borrowing_limit_by_model.insert("H200".to_owned(), none);
+    world.cohort(&[("alpha", 1, alpha), ("beta", 4, terms(None, None))]);
+    // First-fit would take the H200s first; alpha's own cGPU may be one, its loans may not.
+    let planned = world.round(&[launch(1, "alpha", 3, true)]);
+    let started = planned.started.first().expect("started");
+    assert_eq!(started.borrowed, [false, true, true]);
+    let models: Vec<String> =
+        started.cgpus.iter().map(|c| world.pool.model_of(&c.gpu).unwrap().to_owned()).collect();
+    assert_eq!(models, ["L4", "L4", "L4"], "{planned:?}");
+    // Only H200s are left: alpha borrows no more, beta still gets its own.
+    let planned = world.round(&[launch(2, "alpha", 1, true)]);
+    assert!(planned.started.is_empty(), "{planned:?}");
+    assert_eq!(world.round(&[launch(3, "beta", 2, false)]).started.len(), 1);
+}
+
+#[test]
+fn what_is_taken_back_for_a_member_goes_to_it_not_to_a_request_ahead_of_it() {
+    let mut world = World::new(3);
+    world.cohort(&[("alpha", 1, terms(None, None)), ("carol", 2, terms(None, None))]);
+    world.quotas.set_limits(project("gamma"), Some(Quota { cgpus: Some(1), ..Quota::default() }));
+    // Alpha holds every GPU, two on loan; gamma (outside the cohort) queues first, carol after.
+    assert_eq!(world.round(&[launch(1, "alpha", 3, true)]).started.len(), 1);
+    let mut queue = vec![launch(2, "gamma", 1, false), launch(3, "carol", 1, false)];
+    let planned = world.round(&queue);
+    let preemption = planned.preemption.as_ref().expect("carol takes back a loan");
+    assert_eq!((preemption.ticket, preemption.reclaims_loans), (TicketId(3), true));
+    planned.record_passes(&mut queue);
+    // Released: the GPU is carol's, gamma still waits, and nothing more is taken back.
+    let planned = world.round(&queue);
+    let started: Vec<u64> = planned.started.iter().map(|s| s.ticket.0).collect();
+    assert_eq!(started, [3], "{planned:?}");
+    assert!(planned.preemption.is_none(), "{planned:?}");
+    planned.record_passes(&mut queue);
+    queue.retain(|w| w.ticket != TicketId(3));
+    let planned = world.round(&queue);
+    assert!(planned.started.is_empty() && planned.preemption.is_none(), "{planned:?}");
+    assert_eq!(world.quotas.borrowed(&project("alpha")).cgpus, 1);
 }
 
 /// One step of a random history.

@@ -3,13 +3,23 @@
 The session adds the user's token (`X-Auth-Token`) to every request and finds gsaasd's URL in
 the catalog by service type, interface and region, as every OpenStack client finds its service.
 gsaasd's refusals (RFC 9457 problem documents) become `CommandError`s that say what gsaasd said,
-every invalid field included.
+every invalid field included, with the HTTP status and the problem's code for the commands
+that tell a refusal from another (a cohort not there yet).
 """
 
 from keystoneauth1 import exceptions as ks_exceptions
 from osc_lib import exceptions
 
 SERVICE_TYPE = "gpu-scheduling"
+
+
+class GsaasError(exceptions.CommandError):
+    """A refusal of gsaasd: what it said, its HTTP status and its problem's code."""
+
+    def __init__(self, message, http_status, code=None):
+        super().__init__(message)
+        self.http_status = http_status
+        self.code = code
 
 
 class Client:
@@ -79,6 +89,8 @@ def problem(response):
     if len(fields) > 1:
         message = "; ".join("%s: %s" % (f.get("field"), f.get("detail")) for f in fields)
     code = doc.get("code")
-    return exceptions.CommandError(
-        "%s (HTTP %d%s)" % (message, response.status_code, ", %s" % code if code else "")
+    return GsaasError(
+        "%s (HTTP %d%s)" % (message, response.status_code, ", %s" % code if code else ""),
+        response.status_code,
+        code,
     )

@@ -313,6 +313,20 @@ impl TestService {
         vm["cgpus"].as_array().cloned().unwrap_or_default()
     }
 
+    /// The GPU models of the VM's cGPUs, as an admin sees them, in index order.
+    pub async fn gpu_models_of(&self, id: &str) -> Vec<String> {
+        let (_, pool) = self.get(&self.admin(), "/v1/pool").await;
+        let hosts = pool["hosts"].as_array().cloned().unwrap_or_default();
+        let model_of = |gpu: &str| -> String {
+            let all = hosts.iter().flat_map(|h| h["gpus"].as_array().cloned().unwrap_or_default());
+            let found =
+                all.filter(|g| g["id"] == gpu).find_map(|g| g["model"].as_str().map(str::to_owned));
+            found.unwrap_or_else(|| panic!("no GPU {gpu} in {pool}"))
+        };
+        let cgpus = self.admin_cgpus(id).await;
+        cgpus.iter().map(|c| model_of(c["gpu"].as_str().expect("a cGPU's GPU"))).collect()
+    }
+
     pub async fn wait_state(&self, token: &str, id: &str, state: &str) -> Value {
         self.wait_vm(token, id, |vm| vm["state"] == state).await
     }
@@ -381,6 +395,23 @@ pub fn host_report(host: &str, kind: &str, agent_url: &str, gpus: usize) -> Valu
         })).collect::<Vec<_>>(),
         "applied_generation": null
     })
+}
+
+/// An inventory host of `kind` with `gpus`, nothing else set.
+pub fn inventory_host(
+    name: &str,
+    kind: gpgpums::HostKind,
+    gpus: Vec<gsaasd::config::InventoryGpu>,
+) -> gsaasd::config::InventoryHost {
+    gsaasd::config::InventoryHost {
+        name: name.parse().expect("a host name"),
+        kind,
+        gpus,
+        gpu_network_address: None,
+        remoting: Default::default(),
+        server_base_port: None,
+        topology: Default::default(),
+    }
 }
 
 pub fn shared_launch(ncgpus: u32, mib: u64) -> Value {

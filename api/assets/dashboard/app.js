@@ -45,6 +45,8 @@
     pool: null,
     vms: [],
     quotas: [],
+    // GET /v1/cohorts (admins); null when the caller may not read them, and the section is hidden.
+    cohorts: null,
     queue: { lengths: [], requests: [] },
     // GET /v1/usage with a step: the plot's report, its range and when it was read.
     usage: null,
@@ -269,6 +271,12 @@
     state.vms = [];
     state.usage = null;
     state.usageAt = 0;
+    state.cohorts = null;
+    $('cohorts-section').hidden = true;
+    $('cohorts').replaceChildren();
+    $('cohort-form').reset();
+    clearFormErrors('cohort-form', 'cohort-error');
+    $('cohort-ok').textContent = '';
     state.terminated.clear();
     state.generation += 1;
     const ok = await refresh();
@@ -420,7 +428,10 @@
           else throw e;
         }
       }));
+      // Cohorts are the operators': asked for only when the pool says the caller is one.
+      const cohorts = Array.isArray(pool.hosts) ? await readCohorts() : null;
       if (generation !== state.generation) return false;
+      state.cohorts = cohorts;
       state.pool = pool;
       state.vms = list.vms;
       state.quotas = quotas.quotas;
@@ -448,6 +459,17 @@
       $('refresh').classList.add('stale');
       schedule(generation);
       return false;
+    }
+  }
+
+  // Every cohort, or null when the caller may not read them (a policy that shows hosts to
+  // someone who is no admin of cohorts).
+  async function readCohorts() {
+    try {
+      return (await api('GET', '/v1/cohorts')).cohorts;
+    } catch (e) {
+      if (e.status === 403 || e.status === 404) return null;
+      throw e;
     }
   }
 
@@ -552,6 +574,7 @@
     refreshNote.textContent = `updated ${clock(state.lastOk)} · every ${REFRESH_MS / 1000} s`;
     renderPool();
     renderQuotas();
+    renderCohorts();
     renderQueue();
     renderVms();
   }
@@ -638,10 +661,242 @@
     return el('div', { class: 'quota', data: { project: q.project } },
       el('div', { class: 'quota-head' },
         el('span', { class: 'quota-project', text: `project ${q.project}` }),
-        el('span', { class: 'badge', text: q.own_limits ? 'own limits' : 'defaults' })),
+        el('span', { class: 'quota-badges' },
+          q.cohort ? el('span', { class: 'badge cohort', text: `cohort ${q.cohort}`,
+            title: 'It may borrow past its limits on what the cohort\'s other members leave unused' }) : null,
+          el('span', { class: 'badge', text: q.own_limits ? 'own limits' : 'defaults' }))),
       rows,
       renderModelQuotas(q),
+      renderQuotaLoans(q),
       el('div', { class: 'quota-priority', text: `Highest priority: ${q.limits.max_priority}` }));
+  }
+
+  // What the project holds past its limits, on loan from its cohort (or from one it has left).
+  function renderQuotaLoans(q) {
+    const borrowed = amounts(q.borrowed || {});
+    if (!q.cohort && !borrowed) return null;
+    const text = q.cohort
+      ? (borrowed ? `Borrowed from cohort ${q.cohort} now: ${borrowed}` : `Nothing borrowed from cohort ${q.cohort} now`)
+      : `Held past its limits on loan from the cohort it has left: ${borrowed}`;
+    return el('div', { class: `quota-borrowed${borrowed ? ' borrowing' : ''}`, text });
+  }
+
+  // ---- Cohorts (admins) ------------------------------------------------------------------------
+
+  // The resources a cohort lends, as the API names them, with how to say an amount of each.
+  const LENT_RESOURCES = [
+    ['cgpus', (n) => `${n} cGPU${n === 1 ? '' : 's'}`],
+    ['memory_mib', mem],
+    ['exclusive_gpus', (n) => `${n} exclusive GPU${n === 1 ? '' : 's'}`],
+  ];
+
+  // Non-zero amounts of ModelQuotaUsage (`1 cGPU, 8 GiB`), or '' when all are zero.
+  function amounts(usage) {
+    return LENT_RESOURCES.filter(([key]) => usage[key] > 0).map(([key, say]) => say(usage[key])).join(', ');
+  }
+
+  // ModelQuotaLimits, where null is no limit.
+  function limitsText(limits) {
+    const set = LENT_RESOURCES.filter(([key]) => typeof (limits || {})[key] === 'number');
+    return set.length ? set.map(([key, say]) => `≤ ${say(limits[key])}`).join(', ') : 'no limit';
+  }
+
+  // The borrowing limit in all, and per GPU model where the terms set one.
+  function borrowingText(terms) {
+    const byModel = Object.entries(terms.borrowing_limit_by_model || {})
+      .map(([model, limits]) => `${model}: ${limitsText(limits)}`);
+    return [limitsText(terms.borrowing_limit), ...byModel].join('; ');
+  }
+
+  function renderCohorts() {
+    const cohorts = state.admin ? state.cohorts : null;
+    $('cohorts-section').hidden = cohorts === null;
+    if (cohorts === null) {
+      // Nothing of an admin's view stays behind for whoever signs in next in this tab.
+      $('cohorts').replaceChildren();
+      return;
+    }
+    const n = cohorts.length;
+    $('cohorts-note').textContent = n
+      ? `${n} cohort${n === 1 ? '' : 's'}: members borrow past their quotas what the others leave unused`
+      : 'Projects in a cohort lend each other the quota they leave unused';
+    $('cohorts').replaceChildren(...(n ? cohorts.map(renderCohort)
+      : [el('div', { class: 'empty', text: 'No cohort yet: every project stops at its quota. Put two projects in one below.' })]));
+  }
+
+  function renderCohort(cohort) {
+    const members = Object.entries(cohort.members);
+    const head = ['Project', 'Borrowing limit', 'Lending limit', 'By default', 'Borrowed now', 'Lendable now', ''];
+    const rows = members.map(([project, m]) => el('tr', { class: 'cohort-member', data: { project } },
+      el('td', { class: 'member-project', text: project }),
+      el('td', { class: 'borrowing-limit', text: borrowingText(m.terms),
+        title: 'How far past its quota it may run; a resource not named: as far as the others lend' }),
+      el('td', { class: 'lending-limit', text: limitsText(m.terms.lending_limit),
+        title: 'How much of its unused quota the others may borrow; a resource not named: all of it' }),
+      el('td', { class: 'borrow-by-default', text: m.terms.borrow_by_default ? 'borrows' : 'when asked' }),
+      el('td', { class: 'member-borrowed', text: amounts(m.borrowed) || 'nothing' }),
+      el('td', { class: 'member-lendable', text: amounts(m.lendable) || 'nothing' }),
+      el('td', { class: 'member-actions' },
+        el('button', { type: 'button', class: 'small edit-member', text: 'Edit',
+          on: { click: () => editMember(cohort.name, project, m.terms) } }),
+        el('button', { type: 'button', class: 'small danger remove-member', text: 'Take out',
+          on: { click: (e) => removeMember(cohort.name, project, e.target) } }))));
+    return el('div', { class: 'cohort', data: { cohort: cohort.name } },
+      el('div', { class: 'cohort-head' },
+        el('span', { class: 'cohort-name', text: `cohort ${cohort.name}` }),
+        el('span', { class: 'muted cohort-totals',
+          text: `lends ${amounts(cohort.lendable) || 'nothing'} now · its members borrow ${amounts(cohort.borrowed) || 'nothing'}` }),
+        el('span', { class: 'spacer' }),
+        el('button', { type: 'button', class: 'small danger delete-cohort', text: 'Delete cohort',
+          on: { click: (e) => deleteCohort(cohort.name, e.target) } })),
+      el('table', { class: 'cohort-table' },
+        el('thead', {}, el('tr', {}, head.map((h) => el('th', { text: h })))),
+        el('tbody', {}, rows)));
+  }
+
+  const cohortPath = (name) => `/v1/cohorts/${encodeURIComponent(name)}`;
+
+  // The cohort's members and their terms, as a PUT takes them: {} when there is no such cohort.
+  async function cohortMembers(name) {
+    try {
+      const cohort = await api('GET', cohortPath(name));
+      return Object.fromEntries(Object.entries(cohort.members).map(([project, m]) => [project, m.terms]));
+    } catch (e) {
+      if (e.status === 404) return {};
+      throw e;
+    }
+  }
+
+  // The form's cohort name, project and terms; null (each bad field marked) when it cannot be sent.
+  function cohortForm() {
+    const value = (name) => $(`c-${name}`).value.trim();
+    const faults = [];
+    for (const name of ['cohort', 'project']) {
+      if (!value(name)) faults.push({ field: name, detail: `name the ${name}` });
+    }
+    const limits = (which) => Object.fromEntries(LENT_RESOURCES.map(([key]) => {
+      const field = `${which}-${key}`;
+      const text = value(field);
+      // A number input holding what is no number reads as empty: it must not pass for "none".
+      if ($(`c-${field}`).validity.badInput || (text !== '' && !/^\d+$/.test(text))) {
+        faults.push({ field, detail: 'a whole number, or blank for none' });
+      }
+      return [key, text === '' ? null : Number(text)];
+    }));
+    const terms = {
+      borrowing_limit: limits('borrowing_limit'),
+      lending_limit: limits('lending_limit'),
+      borrow_by_default: $('c-borrow_by_default').checked,
+    };
+    if (faults.length) {
+      showProblem(new ApiError(0, { errors: faults }), 'cohort-form', 'c', 'cohort-error');
+      return null;
+    }
+    return { cohort: value('cohort'), project: value('project'), terms };
+  }
+
+  // A refused PUT's field (`name`, `members.alpha.lending_limit.cgpus`) to a field of the form.
+  function cohortField(problem, project) {
+    const field = problem.field || '';
+    if (field === 'name') return 'cohort';
+    const prefix = `members.${project}`;
+    if (field === prefix) return 'project';
+    const limit = /^(borrowing_limit|lending_limit)\.([a-z_]+)$/.exec(field.slice(prefix.length + 1));
+    if (field.startsWith(`${prefix}.`) && limit) return `${limit[1]}-${limit[2]}`;
+    return null;
+  }
+
+  // Puts the form's project in its cohort on the form's terms (a PUT replaces the members: the
+  // others are sent as they are now).
+  async function saveMember(event) {
+    event.preventDefault();
+    clearFormErrors('cohort-form', 'cohort-error');
+    $('cohort-ok').textContent = '';
+    const form = cohortForm();
+    if (!form) return;
+    const submit = $('cohort-submit');
+    submit.disabled = true;
+    try {
+      const members = await cohortMembers(form.cohort);
+      const joined = !(form.project in members);
+      // Terms the form has no field for (limits per GPU model) stay as they are.
+      members[form.project] = { ...members[form.project], ...form.terms };
+      await api('PUT', cohortPath(form.cohort), { members });
+      $('cohort-ok').textContent = joined
+        ? `Project ${form.project} is in cohort ${form.cohort} now.`
+        : `Project ${form.project} has new terms in cohort ${form.cohort}.`;
+      await refresh();
+    } catch (e) {
+      if (e.status === 401) {
+        showSignIn(`Token refused: ${e.message}`);
+        return;
+      }
+      showProblem(e, 'cohort-form', 'c', 'cohort-error', {
+        fieldOf: (entry) => cohortField(entry, form.project), labels: { 409: 'In another cohort' },
+      });
+    } finally {
+      submit.disabled = false;
+    }
+  }
+
+  function editMember(cohort, project, terms) {
+    clearFormErrors('cohort-form', 'cohort-error');
+    $('cohort-ok').textContent = '';
+    $('c-cohort').value = cohort;
+    $('c-project').value = project;
+    for (const which of ['borrowing_limit', 'lending_limit']) {
+      for (const [key] of LENT_RESOURCES) {
+        const limit = (terms[which] || {})[key];
+        $(`c-${which}-${key}`).value = typeof limit === 'number' ? String(limit) : '';
+      }
+    }
+    $('c-borrow_by_default').checked = terms.borrow_by_default;
+    $('c-borrowing_limit-cgpus').focus();
+  }
+
+  // Takes a project out of its cohort; the last one out ends the cohort (a cohort needs a member).
+  async function removeMember(cohort, project, button) {
+    button.disabled = true;
+    try {
+      const members = await cohortMembers(cohort);
+      delete members[project];
+      const last = Object.keys(members).length === 0;
+      const question = last
+        ? `Take ${project} out of cohort ${cohort}? It is the last member: the cohort ends. What it borrowed stays held.`
+        : `Take ${project} out of cohort ${cohort}? It keeps its quota; what it borrowed stays held.`;
+      if (!window.confirm(question)) {
+        button.disabled = false;
+        return;
+      }
+      if (last) await api('DELETE', cohortPath(cohort));
+      else await api('PUT', cohortPath(cohort), { members });
+    } catch (e) {
+      if (e.status === 401) {
+        showSignIn(`Token refused: ${e.message}`);
+        return;
+      }
+      showBanner(`Taking ${project} out of cohort ${cohort} failed: ${e.message}`);
+      button.disabled = false;
+      return;
+    }
+    refresh();
+  }
+
+  async function deleteCohort(cohort, button) {
+    if (!window.confirm(`Delete cohort ${cohort}? Its members keep their quotas; what they borrowed stays held.`)) return;
+    button.disabled = true;
+    try {
+      await api('DELETE', cohortPath(cohort));
+    } catch (e) {
+      if (e.status === 401) {
+        showSignIn(`Token refused: ${e.message}`);
+        return;
+      }
+      showBanner(`Delete cohort ${cohort} failed: ${e.message}`);
+      button.disabled = false;
+      return;
+    }
+    refresh();
   }
 
   const KIND_LABELS = { launch: 'launch', attach: 'attach', give_back: 'give back' };
@@ -971,6 +1226,8 @@
       preemptible: $('f-preemptible').checked,
       give_back: $('f-give_back').checked,
     };
+    // Unsaid: the project's default in its cohort.
+    if ($('f-borrow').value) body.borrow = $('f-borrow').value === 'true';
     if (value('name')) body.name = value('name');
     if ($('f-user_data').value.trim()) body.user_data = $('f-user_data').value;
     if (value('gpu_memory_mib') !== '') body.gpu_memory_mib = Number(value('gpu_memory_mib'));
@@ -1008,15 +1265,19 @@
     return document.querySelector(`#${form} [data-error-for="${CSS.escape(field)}"]`) ? field : null;
   }
 
+  // What a refusal of a launch or an attach means, by status.
+  const LAUNCH_REFUSALS = { 403: 'Over quota', 429: 'Too many requests waiting', 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' };
+
   // Shows a refused request's problem beside each field at fault in `form` (inputs
-  // `${prefix}-<field>`; the problem's `errors` lists them all), and in `error` what names no
-  // field of the form.
-  function showProblem(e, form, prefix, error) {
+  // `${prefix}-<field>`; the problem's `errors` lists them all; `fieldOf` names an entry's field
+  // of the form, or null), and in `error` what names no field of the form, after what `labels`
+  // says the status means.
+  function showProblem(e, form, prefix, error, { fieldOf = (entry) => formField(entry, form), labels = LAUNCH_REFUSALS } = {}) {
     const entries = (e.problem && e.problem.errors) || [];
     const elsewhere = [];
     let first = null;
     for (const entry of entries) {
-      const field = formField(entry, form);
+      const field = fieldOf(entry);
       if (!field) {
         elsewhere.push(`${entry.field}: ${entry.detail}`);
         continue;
@@ -1028,7 +1289,7 @@
     }
     if (first) first.focus();
     if (first && elsewhere.length === 0) return;
-    const what = { 403: 'Over quota', 429: 'Too many requests waiting', 507: 'Not enough GPU capacity', 503: 'The cloud is unavailable' }[e.status];
+    const what = labels[e.status];
     const message = elsewhere.length ? elsewhere.join('; ') : e.message;
     $(error).textContent = what ? `${what}: ${message}` : message;
   }
@@ -1070,6 +1331,7 @@
     $('a-policy').value = '';
     $('a-distinct_gpus').checked = false;
     $('a-queue').checked = false;
+    $('a-borrow').value = '';
     $('attach-dialog').showModal();
     $('a-ncgpus').focus();
   }
@@ -1082,6 +1344,7 @@
       distinct_gpus: $('a-distinct_gpus').checked,
       queue: $('a-queue').checked,
     };
+    if ($('a-borrow').value) body.borrow = $('a-borrow').value === 'true';
     if (value('gpu_memory_mib') !== '') body.gpu_memory_mib = Number(value('gpu_memory_mib'));
     if (value('policy')) body.policy = value('policy');
     return body;
@@ -1152,6 +1415,7 @@
     });
     $('launch-form').addEventListener('submit', launch);
     $('attach-form').addEventListener('submit', attach);
+    $('cohort-form').addEventListener('submit', saveMember);
     $('attach-cancel').addEventListener('click', () => $('attach-dialog').close());
     $('attach-dialog').addEventListener('close', () => { state.attachTo = null; });
     $('f-mode').addEventListener('change', () => {

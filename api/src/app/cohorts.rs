@@ -7,7 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use gpgpums::{CohortName, CohortTerms, ProjectId, QuotaLedger, Resource, Usage};
+use gpgpums::traits::model_name_problem;
+use gpgpums::{CohortName, CohortTerms, ProjectId, QuotaLedger, Resource, Usage, MAX_MODEL_LIMITS};
 
 use super::App;
 use crate::auth::Caller;
@@ -34,7 +35,8 @@ fn status(quotas: &QuotaLedger, name: &CohortName) -> Option<CohortStatus> {
     let members = members
         .iter()
         .map(|(project, terms)| {
-            (project.clone(), *terms, quotas.borrowed(project), quotas.lendable(project, terms))
+            let part = quotas.member_balance(project).unwrap_or_default();
+            (project.clone(), terms.clone(), part.borrowed, part.lendable)
         })
         .collect();
     let balance = quotas.balance(name);
@@ -64,9 +66,27 @@ fn checked_members(
     for (project, terms) in members {
         let id = ProjectId::new(&project)
             .map_err(|e| Error::invalid(format!("members.{project}"), e.to_string()))?;
-        for (which, limits) in
+        let by_model = &terms.borrowing_limit_by_model;
+        if by_model.len() > MAX_MODEL_LIMITS {
+            let reason = format!("{} models are more than {MAX_MODEL_LIMITS}", by_model.len());
+            return Err(Error::invalid(
+                format!("members.{project}.borrowing_limit_by_model"),
+                reason,
+            ));
+        }
+        let models = by_model.iter().map(|(model, limits)| {
+            (format!("borrowing_limit_by_model.{model}"), *limits, model_name_problem(model))
+        });
+        let totals =
             [("borrowing_limit", terms.borrowing_limit), ("lending_limit", terms.lending_limit)]
-        {
+                .map(|(which, limits)| (which.to_owned(), limits, None));
+        for (which, limits, name_problem) in totals.into_iter().chain(models) {
+            if let Some(problem) = name_problem {
+                return Err(Error::invalid(
+                    format!("members.{project}.borrowing_limit_by_model"),
+                    problem,
+                ));
+            }
             for resource in [Resource::Cgpus, Resource::MemoryMib, Resource::ExclusiveGpus] {
                 if let Some(limit) = limits.get(resource).filter(|l| *l > MAX_QUOTA_LIMIT) {
                     return Err(Error::invalid(

@@ -62,7 +62,8 @@ impl UsageQuery {
 /// Every project's usage in a period (admins), or your project's.
 ///
 /// Each VM counts while `creating` or `ready`, each cGPU while `live` on such a VM; what crosses
-/// the period's edges counts only inside it. With `step`, `series` gives the cGPU-seconds of
+/// the period's edges counts only inside it; `borrowed_cgpu_seconds` is the part of a cGPU's time
+/// it was on loan from the project's cohort. With `step`, `series` gives the cGPU-seconds of
 /// each step: per project (the 8 that used the most) for admins, per GPU model for a tenant.
 #[utoipa::path(get, path = "/v1/usage", tag = "usage", params(UsageQuery),
     responses((status = 200, description = "The report",
@@ -122,16 +123,22 @@ fn totals(line: &UsageLine) -> UsageTotals {
             mode: c.mode.clone(),
             cgpu_seconds: seconds(c.cgpu_ms),
             gpu_memory_mib_seconds: (c.memory_mib_ms / 1000.0).round(),
+            borrowed_cgpu_seconds: seconds(c.borrowed_ms),
+            borrowed_gpu_memory_mib_seconds: (c.borrowed_memory_mib_ms / 1000.0).round(),
         })
         .collect();
     let exclusive_ms: i64 =
         line.cgpus.iter().filter(|c| c.mode == "exclusive").map(|c| c.cgpu_ms).sum();
+    let mib_seconds = |mib_ms: f64| (mib_ms / 1000.0).round();
     UsageTotals {
         vm_seconds: seconds(line.vm_ms),
         cgpu_seconds: seconds(line.cgpus.iter().map(|c| c.cgpu_ms).sum()),
-        gpu_memory_mib_seconds: (line.cgpus.iter().map(|c| c.memory_mib_ms).sum::<f64>() / 1000.0)
-            .round(),
+        gpu_memory_mib_seconds: mib_seconds(line.cgpus.iter().map(|c| c.memory_mib_ms).sum()),
         exclusive_gpu_seconds: seconds(exclusive_ms),
+        borrowed_cgpu_seconds: seconds(line.cgpus.iter().map(|c| c.borrowed_ms).sum()),
+        borrowed_gpu_memory_mib_seconds: mib_seconds(
+            line.cgpus.iter().map(|c| c.borrowed_memory_mib_ms).sum(),
+        ),
         by_model,
     }
 }
@@ -194,7 +201,8 @@ fn cell(text: &str) -> String {
 }
 
 /// The rows of one project's (or VM's) usage: its VM-seconds, then per model and mode its
-/// cGPU-seconds, GPU-memory MiB-seconds and (exclusive) GPU-seconds.
+/// cGPU-seconds, GPU-memory MiB-seconds, (exclusive) GPU-seconds and, where any was on loan from
+/// its cohort, the borrowed cGPU-seconds and GPU-memory MiB-seconds (parts of the first two).
 fn csv_rows(out: &mut String, prefix: &str, line: &UsageLine) {
     if line.vm_ms > 0 {
         let _ = writeln!(out, "{prefix},vm,,,{},s", seconds(line.vm_ms));
@@ -206,6 +214,12 @@ fn csv_rows(out: &mut String, prefix: &str, line: &UsageLine) {
         let _ = writeln!(out, "{prefix},gpu_memory,{model},{mode},{memory},MiB*s");
         if c.mode == "exclusive" {
             let _ = writeln!(out, "{prefix},exclusive_gpu,{model},{mode},{},s", seconds(c.cgpu_ms));
+        }
+        if c.borrowed_ms > 0 {
+            let borrowed = seconds(c.borrowed_ms);
+            let _ = writeln!(out, "{prefix},borrowed_cgpu,{model},{mode},{borrowed},s");
+            let memory = (c.borrowed_memory_mib_ms / 1000.0).round();
+            let _ = writeln!(out, "{prefix},borrowed_gpu_memory,{model},{mode},{memory},MiB*s");
         }
     }
 }

@@ -63,9 +63,6 @@ pub fn args_or_exit(defaults: Args, trace_flags: bool) -> Args {
                     .into(),
             );
         }
-        if args.cohorts.is_some() && args.openb.is_some() {
-            return Err("--cohorts replays the synthetic trace, not an --openb one".into());
-        }
         if args.openb.is_none() && trace_only {
             return Err("--squeeze and --cluster-share apply to an --openb trace".into());
         }

@@ -8,7 +8,11 @@
 //! members borrow together never passes what the members lend together (counted per resource).
 //!
 //! Only the GPU resources (cGPUs, GPU memory, exclusive GPUs) are lent: a project's VM count and
-//! its limits per GPU model stay walls. A member's own guarantee is never touched by the loans: a
+//! its limits per GPU model stay walls. A member's terms may also bound what it borrows of one GPU
+//! model (`borrowing_limit_by_model`: keep loans off a scarce model, or cap them there); the ledger
+//! does not know which of a project's cGPUs are on loan, so it counts them as on that model as far
+//! as the project holds the model: a bound that is never passed, at the price of refusing some
+//! bookings whose loans are really on other models ([`QuotaLedger::check_model_loan`]). A member's own guarantee is never touched by the loans: a
 //! booking within its limits is admitted as before, whatever the cohort has lent, and the capacity
 //! it needs comes back by reclaiming loans (the planner's part, not the ledger's).
 //!
@@ -27,7 +31,7 @@ use crate::quota::ModelLimits;
 pub const LENT: [Resource; 3] = [Resource::Cgpus, Resource::MemoryMib, Resource::ExclusiveGpus];
 
 /// A project's terms in its cohort.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CohortTerms {
     /// How far past its own limit the project may run on borrowed capacity, per resource; a
@@ -41,6 +45,10 @@ pub struct CohortTerms {
     /// Whether the project's requests borrow when they do not say (`borrow` absent).
     #[serde(default)]
     pub borrow_by_default: bool,
+    /// How much the project may hold on loan of a GPU model, by the model's exact name, beside
+    /// `borrowing_limit` (a model without an entry: bounded by the totals only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub borrowing_limit_by_model: BTreeMap<String, ModelLimits>,
 }
 
 /// A cGPU admitted past its project's quota, on what its cohort lends.
@@ -87,7 +95,10 @@ impl QuotaLedger {
             }
         }
         self.cohort_totals.remove(&name);
-        let Some(members) = members else { return };
+        let Some(members) = members else {
+            self.note_model_borrowing_limits();
+            return;
+        };
         let mut left = Vec::new();
         for project in members.keys() {
             if let Some(other) = self.cohort_of.insert(project.clone(), name.clone()) {
@@ -98,39 +109,44 @@ impl QuotaLedger {
             }
         }
         self.cohorts.insert(name.clone(), members);
+        self.note_model_borrowing_limits();
         for cohort in left.into_iter().chain([name]) {
             let totals = self.recount(&cohort);
             self.cohort_totals.insert(cohort, totals);
         }
     }
 
-    /// What `project` lends and borrows now, if it is in a cohort: its part of the cohort's
+    /// What `project` could lend and borrows now, if it is in a cohort: its part of the cohort's
     /// totals (see [`QuotaLedger::cohort_adjust`]).
-    pub(super) fn cohort_part(&self, project: &ProjectId) -> Option<(Usage, Usage)> {
+    pub fn member_balance(&self, project: &ProjectId) -> Option<CohortBalance> {
         if self.cohort_of.is_empty() {
             return None;
         }
         let (_, terms) = self.cohort_of(project)?;
-        Some((self.lendable(project, terms), self.borrowed(project)))
+        Some(CohortBalance {
+            lendable: self.lendable(project, terms),
+            borrowed: self.borrowed(project),
+        })
     }
 
     /// Brings `project`'s cohort's totals up to date after a change of what it holds or of its
     /// limits, `before` being its part from before the change.
-    pub(super) fn cohort_adjust(&mut self, project: &ProjectId, before: Option<(Usage, Usage)>) {
-        let Some((lent_before, borrowed_before)) = before else { return };
-        let Some((lent, borrowed)) = self.cohort_part(project) else { return };
+    pub(super) fn cohort_adjust(&mut self, project: &ProjectId, before: Option<CohortBalance>) {
+        let Some(before) = before else { return };
+        let Some(after) = self.member_balance(project) else { return };
         let Some(name) = self.cohort_of.get(project) else { return };
         let totals = self.cohort_totals.entry(name.clone()).or_default();
-        totals.lendable = totals.lendable.plus(lent).minus(lent_before);
-        totals.borrowed = totals.borrowed.plus(borrowed).minus(borrowed_before);
+        totals.lendable = totals.lendable.plus(after.lendable).minus(before.lendable);
+        totals.borrowed = totals.borrowed.plus(after.borrowed).minus(before.borrowed);
     }
 
     /// A cohort's totals summed over its members.
     fn recount(&self, name: &CohortName) -> CohortBalance {
         let mut balance = CohortBalance::default();
-        for (project, terms) in self.cohorts.get(name).into_iter().flatten() {
-            balance.lendable = balance.lendable.plus(self.lendable(project, terms));
-            balance.borrowed = balance.borrowed.plus(self.borrowed(project));
+        for project in self.cohorts.get(name).into_iter().flat_map(BTreeMap::keys) {
+            let part = self.member_balance(project).unwrap_or_default();
+            balance.lendable = balance.lendable.plus(part.lendable);
+            balance.borrowed = balance.borrowed.plus(part.borrowed);
         }
         balance
     }
@@ -247,6 +263,70 @@ impl QuotaLedger {
         Ok(Admission::Borrowed)
     }
 
+    /// Notes whether any member's terms limit what it borrows of a GPU model.
+    fn note_model_borrowing_limits(&mut self) {
+        let mut terms = self.cohorts.values().flat_map(BTreeMap::values);
+        self.model_borrowing_limits = terms.any(|t| !t.borrowing_limit_by_model.is_empty());
+    }
+
+    /// The borrowing limits `project`'s terms set per GPU model, if any.
+    pub(super) fn model_borrowing_limits(
+        &self,
+        project: &ProjectId,
+    ) -> Option<&BTreeMap<String, ModelLimits>> {
+        if !self.model_borrowing_limits {
+            return None;
+        }
+        let (_, terms) = self.cohort_of(project)?;
+        Some(&terms.borrowing_limit_by_model).filter(|limits| !limits.is_empty())
+    }
+
+    /// Whether `project` may book `requested` more of `model`, in a booking of `in_all`, without
+    /// holding more of the model on loan than its terms' `borrowing_limit_by_model` allow. What
+    /// it would hold on loan of the model is counted as what it would hold past its quota, as far
+    /// as it would hold the model (see the module docs); a resource not requested is never
+    /// refused.
+    pub(super) fn check_model_loan(
+        &self,
+        project: &ProjectId,
+        model: &str,
+        requested: Usage,
+        in_all: Usage,
+    ) -> Result<(), QuotaExceeded> {
+        if !self.model_borrowing_limits {
+            return Ok(());
+        }
+        let Some((cohort, terms)) = self.cohort_of(project) else { return Ok(()) };
+        let Some(limits) = terms.borrowing_limit_by_model.get(model) else { return Ok(()) };
+        let quota = self.quota(project);
+        let held = self.usage(project);
+        let held_of_model = self.model_usage_of(project, model);
+        for resource in LENT {
+            let (Some(most), Some(limit)) = (limits.get(resource), quota.get(resource)) else {
+                continue;
+            };
+            let wanted = requested.get(resource);
+            if wanted == 0 {
+                continue;
+            }
+            let on_loan = |of_model: u64, total: u64| of_model.min(total.saturating_sub(limit));
+            let of_model = held_of_model.get(resource);
+            let after = on_loan(
+                of_model.saturating_add(wanted),
+                held.get(resource).saturating_add(in_all.get(resource).max(wanted)),
+            );
+            if after > most {
+                let mut e =
+                    QuotaExceeded::new(project, Some(model), resource, most, held, requested);
+                e.in_use = on_loan(of_model, held.get(resource));
+                e.cohort = Some(cohort.clone());
+                e.on_loan = true;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     /// `loans`, each with what it holds (`None`: booked no more, left out), split into those
     /// still on loan, the youngest first, and those within their project's quota now: of each
     /// project, its youngest loans are on loan while what they hold does not pass what the project
@@ -307,6 +387,7 @@ fn usage_of(f: impl Fn(Resource) -> u64) -> Usage {
 mod tests {
     use super::*;
     use crate::ids::VmId;
+    use crate::model::Request;
     use crate::quota::{Holding, Quota};
 
     fn vm(n: u128) -> VmId {
@@ -397,5 +478,74 @@ mod tests {
         ledger.set_cohort(CohortName::new("lab").unwrap(), None);
         assert!(ledger.cohort_of(&alpha).is_none());
         assert!(ledger.check_as(&alpha, cgpus(5), 0, true).is_err());
+    }
+
+    /// A holding of `n` cGPUs of each model named.
+    fn of_models(models: &[(&str, u64)]) -> Holding {
+        let mut holding = Holding::default();
+        for &(model, n) in models {
+            holding.models.push((model.to_owned(), cgpus(n)));
+            holding.usage = holding.usage.plus(cgpus(n));
+        }
+        holding
+    }
+
+    /// `project` of cohort `lab` may hold at most `cgpus` on loan of model H200.
+    fn limit_loans_of_h200(ledger: &mut QuotaLedger, project: &ProjectId, cgpus: u64) {
+        let lab = CohortName::new("lab").unwrap();
+        let mut members = ledger.cohort(&lab).unwrap().clone();
+        let limits = ModelLimits { cgpus: Some(cgpus), ..ModelLimits::default() };
+        members.get_mut(project).unwrap().borrowing_limit_by_model =
+            BTreeMap::from([("H200".to_owned(), limits)]);
+        ledger.set_cohort(lab, Some(members));
+    }
+
+    #[test]
+    fn a_borrowing_limit_by_model_bounds_what_is_on_loan_of_that_model() {
+        let (mut ledger, alpha, _) = cohort(None, None);
+        limit_loans_of_h200(&mut ledger, &alpha, 1);
+        // Alpha's own 4 cGPUs on A100s; one H200 on loan is within its terms, a second is not.
+        ledger.charge_as(vm(1), &alpha, &of_models(&[("A100", 4)]), 0, false).unwrap();
+        let h200 = of_models(&[("H200", 1)]);
+        assert!(ledger.admits(&alpha, &h200, 1, true));
+        ledger.charge_as(vm(2), &alpha, &h200, 1, true).unwrap();
+        assert!(!ledger.admits(&alpha, &h200, 2, true));
+        let err = ledger.charge_as(vm(3), &alpha, &h200, 2, true).unwrap_err();
+        assert_eq!((err.model.as_deref(), err.limit, err.in_use), (Some("H200"), 1, 1));
+        assert_eq!(
+            err.to_string(),
+            "quota exceeded for cgpus on loan of GPU model H200 in project alpha (with what \
+             cohort lab lends): limit 1, in use 1, requested 1"
+        );
+        // Other models are bounded by the totals only.
+        ledger.charge_as(vm(3), &alpha, &of_models(&[("A100", 2)]), 2, true).unwrap();
+        // A request that may go anywhere is kept off the H200s; naming only them, refused.
+        let fleet = ["A100".to_owned(), "H200".to_owned()];
+        let request = Request::shared(1, 0);
+        let narrowed = ledger.within_model_limits(&alpha, &request, &fleet).unwrap();
+        assert_eq!(narrowed.constraints.models, ["A100"]);
+        let mut named = request.clone();
+        named.constraints.models = vec!["H200".to_owned()];
+        let err = ledger.within_model_limits(&alpha, &named, &fleet).unwrap_err();
+        assert!(err.on_loan && err.cohort.is_some(), "{err:?}");
+        // Within its quota, a project is never held back by what it may borrow.
+        let gone = [vm(2), vm(3)].map(|v| ledger.release(&v));
+        assert!(gone.iter().all(Option::is_some));
+        ledger.release(&vm(1));
+        assert!(ledger.admits(&alpha, &of_models(&[("H200", 4)]), 0, false));
+        assert!(ledger.admits(&alpha, &of_models(&[("H200", 5)]), 0, true));
+        assert!(!ledger.admits(&alpha, &of_models(&[("H200", 6)]), 0, true));
+    }
+
+    #[test]
+    fn a_booking_on_several_models_counts_its_own_guaranteed_part_first() {
+        let (mut ledger, alpha, _) = cohort(None, None);
+        limit_loans_of_h200(&mut ledger, &alpha, 0);
+        ledger.charge_as(vm(1), &alpha, &of_models(&[("A100", 3)]), 0, false).unwrap();
+        // The A100 fills the guarantee, the H200 would be on loan: refused whatever the order.
+        let both = of_models(&[("A100", 1), ("H200", 1)]);
+        assert!(!ledger.admits(&alpha, &both, 1, true));
+        assert!(ledger.admits(&alpha, &of_models(&[("A100", 2)]), 1, true));
+        assert!(ledger.admits(&alpha, &of_models(&[("H200", 1)]), 1, true));
     }
 }

@@ -1,9 +1,11 @@
-"""What the commands share: paths, waiting for a VM to settle, and a VM as OSC shows it."""
+"""What the commands share: paths, waiting for a VM to settle, borrowing past the quota, and a
+VM as OSC shows it."""
 
 import time
 import urllib.parse
 
 from osc_lib import exceptions
+from osc_lib.cli import format_columns
 
 # How long --wait follows a VM, at most.
 WAIT_LIMIT_SECS = 900
@@ -42,18 +44,44 @@ def settled(vm):
     return vm.get("state") == "ready" and all(c.get("state") == "live" for c in cgpus)
 
 
+def add_borrow_options(parser):
+    """`--borrow` / `--no-borrow` of a launch or an attach; neither: the project's default."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--borrow", dest="borrow", action="store_true", default=None,
+                       help="Past your project's quota, run on what its cohort's other projects "
+                            "leave unused (those cGPUs are marked borrowed and may be taken "
+                            "back); default: your project's setting in its cohort")
+    group.add_argument("--no-borrow", dest="borrow", action="store_false", default=None,
+                       help="Never borrow past your project's quota, whatever its setting")
+
+
+def borrow_into(body, args):
+    """Adds `borrow` to a request when `--borrow` or `--no-borrow` was given (absent: gsaasd
+    applies the project's default in its cohort)."""
+    if args.borrow is not None:
+        body["borrow"] = args.borrow
+    return body
+
+
+def borrowed_indexes(vm):
+    """The indexes of the VM's cGPUs on loan from its project's cohort."""
+    return [c.get("index") for c in vm.get("cgpus") or [] if c.get("borrowed")]
+
+
 VM_COLUMNS = (
     "id", "name", "state", "project", "image", "flavor", "ncgpus", "mode", "gpu_memory_mib",
-    "locality", "cgpus", "fixed_ip", "server_id", "queue_position", "error",
+    "locality", "cgpus", "borrowed", "fixed_ip", "server_id", "queue_position", "error",
 )
 
 
 def vm_row(vm):
-    """The VM as (columns, values): its request, and each cGPU as `index state masked-endpoint`
-    (where the GPU really is stays hidden, as in every view a tenant gets)."""
+    """The VM as (columns, values): its request, each cGPU as `index state masked-endpoint`
+    (where the GPU really is stays hidden, as in every view a tenant gets; `borrowed` after one on
+    loan), and `borrowed`: the indexes of the cGPUs on loan from the project's cohort."""
     gpus = vm.get("gpus") or {}
     cgpus = ", ".join(
-        "#%s %s %s" % (c.get("index"), c.get("state"), c.get("masked_endpoint"))
+        "#%s %s %s%s" % (c.get("index"), c.get("state"), c.get("masked_endpoint"),
+                         " borrowed" if c.get("borrowed") else "")
         for c in vm.get("cgpus") or []
     )
     values = {
@@ -62,5 +90,6 @@ def vm_row(vm):
         "gpu_memory_mib": gpus.get("gpu_memory_mib"),
         "locality": gpus.get("locality"),
         "cgpus": cgpus,
+        "borrowed": format_columns.ListColumn(borrowed_indexes(vm)),
     }
     return VM_COLUMNS, tuple(values[c] if c in values else vm.get(c) for c in VM_COLUMNS)

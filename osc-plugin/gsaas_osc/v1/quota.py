@@ -1,5 +1,7 @@
-"""`openstack gpu quota show|set`: a project's cGPU limits and use."""
+"""`openstack gpu quota show|set`: a project's cGPU limits and use, its cohort and what it
+borrows from it."""
 
+from osc_lib.cli import format_columns
 from osc_lib.command import command
 
 from gsaas_osc.v1 import common
@@ -17,6 +19,9 @@ def quota_row(quota):
         values += [limits.get(name), usage.get(name)]
     columns.append("max_priority")
     values.append(limits.get("max_priority"))
+    # The cohort it is in (none: nothing to borrow), and what it holds past its limits on loan.
+    columns += ["cohort", "borrowed"]
+    values += [quota.get("cohort"), format_columns.DictColumn(quota.get("borrowed") or {})]
     return tuple(columns), tuple(values)
 
 

@@ -28,6 +28,7 @@ class CreateServer(command.ShowOne):
         parser.add_argument("--policy", help="Placement policy (default: the service's)")
         parser.add_argument("--queue", action="store_true",
                             help="Wait in the queue when GPUs are short, rather than fail")
+        common.add_borrow_options(parser)
         parser.add_argument("--wait", action="store_true", help="Wait until the VM is ready")
         return parser
 
@@ -42,6 +43,7 @@ class CreateServer(command.ShowOne):
                 body[key] = value
         if args.network:
             body["networks"] = args.network
+        common.borrow_into(body, args)
         vm = client.post("/v1/vms", body)
         if args.wait:
             vm = common.wait_for(client, vm["id"], lambda v: v.get("state") == "ready")
@@ -69,11 +71,12 @@ class ListServer(command.Lister):
             page = client.get(path)
             vms.extend(page.get("vms") or [])
             path = page.get("next")
-        columns = ("ID", "Name", "State", "Project", "cGPUs", "Mode", "GPU Memory (MiB)")
+        columns = ("ID", "Name", "State", "Project", "cGPUs", "Borrowed", "Mode",
+                   "GPU Memory (MiB)")
         rows = [
             (vm["id"], vm.get("name"), vm.get("state"), vm.get("project"),
-             (vm.get("gpus") or {}).get("ncgpus"), (vm.get("gpus") or {}).get("mode"),
-             (vm.get("gpus") or {}).get("gpu_memory_mib"))
+             (vm.get("gpus") or {}).get("ncgpus"), len(common.borrowed_indexes(vm)),
+             (vm.get("gpus") or {}).get("mode"), (vm.get("gpus") or {}).get("gpu_memory_mib"))
             for vm in vms
         ]
         return columns, rows

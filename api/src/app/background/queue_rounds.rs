@@ -154,7 +154,11 @@ impl App {
         let preemptible = tx.preemptible_vms().await?;
         let reclaim_wait_ms = settings.reclaim_wait_secs.saturating_mul(1000) as i64;
         let reclaiming = tx.reclaiming_cgpus(now.saturating_sub(reclaim_wait_ms)).await?;
-        let loans = tx.loans().await?;
+        // Loans are taken back only within a cohort: with none, the read is skipped.
+        let loans = match quotas.cohorts().next() {
+            Some(_) => tx.loans().await?,
+            None => Vec::new(),
+        };
         let rules = settings.rules();
         let planned = {
             let mut books = Books {

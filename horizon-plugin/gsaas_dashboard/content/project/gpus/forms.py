@@ -16,6 +16,22 @@ LOCALITIES = (("any", _("Any")), ("local", _("Local: on a GPU host")),
               ("remote", _("Remote: on a host without GPUs")))
 
 
+def _borrow_field():
+    return forms.BooleanField(
+        required=False, label=_("Borrow past the quota"),
+        help_text=_("Past your project's quota, run on what its cohort's other projects leave "
+                    "unused: those cGPUs are marked borrowed and may be taken back when their "
+                    "owners need them. Unchecked: your project's setting in its cohort."))
+
+
+def _borrow(body, data):
+    """`borrow: true` when the box is checked; unchecked, `borrow` is left out so the project's
+    default in its cohort applies."""
+    if data.get("borrow"):
+        body["borrow"] = True
+    return body
+
+
 def _refused(form, error):
     """Puts gsaasd's refusal beside the fields it names, or above the form."""
     placed = False
@@ -40,6 +56,7 @@ class LaunchForm(forms.SelfHandlingForm):
                                         help_text=_("Required when shared"))
     locality = forms.ChoiceField(choices=LOCALITIES, label=_("Locality"))
     queue = forms.BooleanField(required=False, label=_("Wait in the queue if GPUs are short"))
+    borrow = _borrow_field()
 
     def __init__(self, request, *args, **kwargs):
         super().__init__(request, *args, **kwargs)
@@ -60,6 +77,7 @@ class LaunchForm(forms.SelfHandlingForm):
         body["queue"] = bool(data.get("queue"))
         if data.get("gpu_memory_mib"):
             body["gpu_memory_mib"] = data["gpu_memory_mib"]
+        _borrow(body, data)
         try:
             vm = api.vm_launch(request, body)
         except api.GsaasError as e:
@@ -76,11 +94,13 @@ class AttachForm(forms.SelfHandlingForm):
                                         label=_("GPU memory per cGPU (MiB)"),
                                         help_text=_("Default: the VM's"))
     queue = forms.BooleanField(required=False, label=_("Wait in the queue if GPUs are short"))
+    borrow = _borrow_field()
 
     def handle(self, request, data):
         body = {"ncgpus": data["ncgpus"], "queue": bool(data.get("queue"))}
         if data.get("gpu_memory_mib"):
             body["gpu_memory_mib"] = data["gpu_memory_mib"]
+        _borrow(body, data)
         try:
             vm = api.cgpu_attach(request, data["vm_id"], body)
         except api.GsaasError as e:

@@ -23,6 +23,12 @@ def cgpus_text(vm):
                      for c in vm.get("cgpus") or []) or "-"
 
 
+def borrowed_text(vm):
+    """The cGPUs on loan from the project's cohort (past its quota: they may be taken back)."""
+    return ", ".join("#%s" % c.get("index") for c in vm.get("cgpus") or []
+                     if c.get("borrowed")) or "-"
+
+
 class LaunchVm(tables.LinkAction):
     name = "launch"
     verbose_name = _("Launch VM with GPUs")
@@ -90,6 +96,10 @@ class VmTable(tables.DataTable):
     memory = tables.Column(lambda vm: _gpus(vm, "gpu_memory_mib") or "-",
                            verbose_name=_("GPU memory (MiB)"))
     cgpus = tables.Column(cgpus_text, verbose_name=_("cGPUs (masked endpoints)"))
+    borrowed = tables.Column(borrowed_text, verbose_name=_("Borrowed cGPUs"),
+                             classes=("gsaas-borrowed",),
+                             help_text=_("On loan from your project's cohort, past its quota: "
+                                         "they may be taken back when their owners need them."))
     vm_id = tables.Column("id", verbose_name=_("ID"))
 
     def get_object_id(self, datum):

@@ -43,6 +43,9 @@ class IndexView(tables.DataTableView):
         try:
             quota = api.quota_get(self.request, self.request.user.project_id)
             context["quota_bars"] = quota_bars(quota)
+            # Its cohort, if any, and what it holds past its limits on loan from it.
+            context["quota_cohort"] = quota.get("cohort")
+            context["quota_borrowed"] = quota.get("borrowed") or {}
         except api.GsaasError as e:
             exceptions.handle(self.request, _("Unable to read the quota: %s") % e)
         return context
