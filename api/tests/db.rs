@@ -901,6 +901,54 @@ async fn a_rows_change_logs_its_events_at_one_instant(store: Store) {
     assert!(restart.iter().all(|e| e.1 == restart[0].1), "the VM and its cGPUs: {restart:?}");
 }
 
+/// Statements that write several hosts each, from replicas side by side (new table generations
+/// held to their reads, confirmed generations, in-process hosts' heartbeats), never deadlock:
+/// each locks the hosts in name order, whatever order it was given them in. (PostgreSQL once
+/// ended one of a launch's writes for a deadlock, and the launch failed.)
+async fn writes_of_several_hosts_at_once_never_deadlock(store: Store) {
+    use gpgpums::{HostId, HostKind};
+    use gsaasd::db::insert_host;
+    let db = std::sync::Arc::new(support::FreshDb::open(store).await);
+    let hosts: Vec<HostId> = (0..12).map(|i| HostId::new(format!("h{i:02}")).unwrap()).collect();
+    let mut tx = db.begin().await.unwrap();
+    for host in &hosts {
+        insert_host(&mut tx, host, HostKind::ComputeGpu, None, &Default::default(), 0)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let writers = (0..6u64).map(|w| {
+        let (db, mut hosts) = (db.clone(), hosts.clone());
+        tokio::spawn(async move {
+            for round in 0..40u64 {
+                // Each writer in an order of its own, changing each round.
+                hosts.rotate_left(((w * 5 + round) % 12) as usize);
+                if (w + round) % 2 == 1 {
+                    hosts.reverse();
+                }
+                let tables = db.next_route_tables(&hosts, false).await;
+                tables.map_err(|e| format!("new generations: {e:?}"))?;
+                let applied: Vec<(HostId, u64)> =
+                    hosts.iter().map(|h| (h.clone(), round + 1)).collect();
+                let confirmed = db.set_applied_generations(&applied).await;
+                confirmed.map_err(|e| format!("confirmed generations: {e:?}"))?;
+                let touched = db.touch_hosts(&hosts, round as i64).await;
+                touched.map_err(|e| format!("heartbeats: {e:?}"))?;
+            }
+            Ok::<(), String>(())
+        })
+    });
+    for writer in support::join_all(writers).await {
+        writer.unwrap().unwrap();
+    }
+    // Every generation taken is there: 6 writers, 40 rounds each.
+    for host in &hosts {
+        let record = db.host(host).await.unwrap().unwrap();
+        assert_eq!(record.routes_generation, 240, "{host}");
+        assert_eq!(record.applied_generation, 40, "{host}");
+    }
+}
+
 on_both_stores!(
     an_uncommitted_transaction_rolls_back_when_dropped,
     live_vm_lookups_read_their_partial_indexes,
@@ -911,5 +959,6 @@ on_both_stores!(
     every_vm_with_a_server_is_listed_as_stored,
     each_change_of_a_vms_cgpus_is_read_again,
     spans_opened_before_the_usage_log_end_through_it,
-    a_rows_change_logs_its_events_at_one_instant
+    a_rows_change_logs_its_events_at_one_instant,
+    writes_of_several_hosts_at_once_never_deadlock
 );

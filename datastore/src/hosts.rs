@@ -186,15 +186,39 @@ pub async fn touch_hosts(
     names: &[HostId],
     now: i64,
 ) -> Result<(), Error> {
-    let keys = keys(names.iter().map(HostId::as_str));
+    let postgres = conn.backend_name() == "PostgreSQL";
+    let keys = keys(sorted(names).map(HostId::as_str));
     fetch_batched(conn, keys, MAX_ROWS, |values| {
-        format!(
-            "UPDATE hosts SET agent_url = NULL, last_seen_ms = {now}, forgotten = 0 \
-             WHERE name IN (VALUES {values})"
-        )
+        let named = hosts_named_in(postgres, &format!("VALUES {values}"), "");
+        format!("UPDATE hosts SET agent_url = NULL, last_seen_ms = {now}, forgotten = 0 {named}")
     })
     .await?;
     Ok(())
+}
+
+/// The `FROM .. WHERE ..` of an `UPDATE hosts` of the hosts whose names `names` (a query)
+/// answers, `from` (`, v` or nothing) joined. On PostgreSQL the rows are locked in name order
+/// first: two statements that update several hosts each (replicas pushing tables side by side,
+/// the heartbeats of in-process hosts) otherwise lock them in the order they find them, which
+/// differs as rows move, and deadlock. SQLite has one writer.
+fn hosts_named_in(postgres: bool, names: &str, from: &str) -> String {
+    if postgres {
+        format!(
+            "FROM (SELECT name AS locked FROM hosts WHERE name IN ({names}) \
+             ORDER BY name FOR UPDATE) AS l{from} WHERE hosts.name = l.locked"
+        )
+    } else if from.is_empty() {
+        format!("WHERE hosts.name IN ({names})")
+    } else {
+        format!("FROM {} WHERE hosts.name IN ({names})", from.trim_start_matches(", "))
+    }
+}
+
+/// `names` in name order: batches split at [`MAX_ROWS`] lock their rows in the same order.
+fn sorted(names: &[HostId]) -> impl Iterator<Item = &HostId> {
+    let mut names: Vec<&HostId> = names.iter().collect();
+    names.sort();
+    names.into_iter()
 }
 
 /// Records whether the host's agent runs its GPUs' servers (see [`HostRecord::managed_servers`]),
@@ -235,10 +259,12 @@ pub async fn next_routes_generations(
     conn: &mut AnyConnection,
     hosts: &[HostId],
 ) -> Result<Vec<HostRecord>, Error> {
-    let rows = fetch_batched(conn, keys(hosts.iter().map(HostId::as_str)), MAX_ROWS, |values| {
+    let postgres = conn.backend_name() == "PostgreSQL";
+    let rows = fetch_batched(conn, keys(sorted(hosts).map(HostId::as_str)), MAX_ROWS, |values| {
+        let named = hosts_named_in(postgres, &format!("VALUES {values}"), "");
         format!(
-            "UPDATE hosts SET routes_generation = routes_generation + 1 \
-             WHERE name IN (VALUES {values}) RETURNING {HOST_COLUMNS}"
+            "UPDATE hosts SET routes_generation = routes_generation + 1 {named} \
+             RETURNING {HOST_COLUMNS}"
         )
     })
     .await?;
@@ -320,6 +346,9 @@ pub async fn set_applied_generations(
     conn: &mut AnyConnection,
     applied: &[(HostId, u64)],
 ) -> Result<(), Error> {
+    let postgres = conn.backend_name() == "PostgreSQL";
+    let mut applied = applied.to_vec();
+    applied.sort();
     let rows = applied
         .iter()
         .map(|(host, generation)| {
@@ -327,10 +356,11 @@ pub async fn set_applied_generations(
         })
         .collect();
     fetch_batched(conn, rows, MAX_ROWS, |values| {
+        let named = hosts_named_in(postgres, "SELECT name FROM v", ", v");
         format!(
             "WITH v (name, generation) AS (VALUES {values}) \
-             UPDATE hosts SET applied_generation = v.generation FROM v \
-             WHERE hosts.name = v.name AND hosts.applied_generation < v.generation"
+             UPDATE hosts SET applied_generation = v.generation {named} \
+             AND hosts.name = v.name AND hosts.applied_generation < v.generation"
         )
     })
     .await?;

@@ -145,6 +145,7 @@ impl TestService {
         dir: PathBuf,
         sim: Option<Arc<SimCloud>>,
     ) -> TestService {
+        log_warnings();
         let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
         let service =
             service::start_with_sim(config.clone(), listener, sim).await.expect("gsaasd starts");
@@ -582,4 +583,13 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Sends gsaasd's warnings and errors to the test's output, which the harness shows for a test
+/// that fails: a failure in CI then carries its cause (a saga's internal error is logged, not
+/// told to the tenant). `RUST_LOG` overrides the level.
+fn log_warnings() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
 }

@@ -575,7 +575,8 @@ impl App {
     /// Marks hosts whose agents stopped reporting as unavailable. Returns how many.
     pub(crate) async fn expire_heartbeats(&self, timeout: Duration) -> Result<usize, Error> {
         let deadline = now_ms() - timeout.as_millis() as i64;
-        let stale: Vec<HostId> = self
+        // In name order, the order every statement that writes several hosts locks them.
+        let stale: std::collections::BTreeSet<HostId> = self
             .hosts()
             .await?
             .into_iter()
