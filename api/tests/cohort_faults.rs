@@ -26,6 +26,7 @@ on_both_stores!(
     only_a_member_within_its_quota_takes_back_loans_and_only_loans,
     capacity_taken_back_for_a_member_goes_to_it_not_to_an_outsider_queued_first,
     an_exclusive_request_past_its_memory_quota_takes_back_no_loan,
+    a_borrower_never_skips_ahead_of_a_member_waiting_within_its_quota,
     tenants_learn_nothing_of_cohorts_and_change_none,
 );
 
@@ -796,6 +797,67 @@ async fn capacity_taken_back_for_a_member_goes_to_it_not_to_an_outsider_queued_f
         "the GPU taken back from alpha went to the request it was taken for: {shrunk}"
     );
     assert_books_match(&t, &[&loaned, &carol_vm, &member, &outsider]).await;
+}
+
+/// A member's request within its quota waits at the head of the queue (strict order: no
+/// backfill). A launch that would borrow, of a higher priority, does not take the free GPU past
+/// it, as the planner would not: it queues behind. A launch within its own quota, of that
+/// priority, still starts (priorities order what is within quotas, as before).
+async fn a_borrower_never_skips_ahead_of_a_member_waiting_within_its_quota(store: Store) {
+    let t = TestService::start_with(store, |c| {
+        c.queue.serve_interval_secs = 3600;
+        c.queue.backfill = false;
+    })
+    .await;
+    let (alpha, beta, gamma) =
+        (t.member(), t.token("beta", Role::Member), t.token("gamma", Role::Member));
+    put_quota(&t, "alpha", json!({"exclusive_gpus": 1, "max_priority": 5})).await;
+    put_quota(&t, "beta", json!({"exclusive_gpus": 4})).await;
+    put_quota(&t, "gamma", json!({"exclusive_gpus": 3, "max_priority": 5})).await;
+    put_cohort(&t, "lab", json!({"members": {"alpha": {}, "beta": {}}})).await;
+    // Alpha holds its one GPU, gamma (outside the cohort) two: one of the four is free.
+    let own = t.launch(&alpha, &exclusive(1, json!({}))).await;
+    let outsider = t.launch(&gamma, &exclusive(1, json!({}))).await;
+    for (token, id) in [(&alpha, &own), (&gamma, &outsider)] {
+        t.wait_state(token, id, "ready").await;
+    }
+    let filler = t.launch(&gamma, &exclusive(1, json!({}))).await;
+    t.wait_state(&gamma, &filler, "ready").await;
+    // Beta asks for two within its quota: it waits, the queue's head.
+    let member = t.launch(&beta, &exclusive(2, json!({"queue": true}))).await;
+    assert_eq!(state_of(&t, &beta, &member).await, "queued");
+    rounds(&t, 1).await;
+    // Alpha's borrower, priority 5, queues behind it rather than taking the free GPU.
+    let borrower = t
+        .launch(&alpha, &exclusive(1, json!({"borrow": true, "priority": 5, "queue": true})))
+        .await;
+    assert_eq!(state_of(&t, &alpha, &borrower).await, "queued");
+    let (status, refused) =
+        t.post(&alpha, "/v1/vms", &exclusive(1, json!({"borrow": true, "priority": 5}))).await;
+    assert_eq!(status, 507, "without queueing it is refused for capacity: {refused}");
+    rounds(&t, 2).await;
+    assert_eq!(state_of(&t, &alpha, &borrower).await, "queued");
+    assert_eq!(quota(&t, "alpha").await["borrowed"]["exclusive_gpus"].as_u64(), Some(0));
+    // Gamma, past no quota of its own and of priority 5, goes ahead of beta's priority 0.
+    gamma_starts_within_its_quota(&t, &gamma).await;
+    assert_eq!(state_of(&t, &beta, &member).await, "queued");
+    // Gamma's VMs end: beta starts first, then alpha's loan on what is left.
+    for id in [&outsider, &filler] {
+        terminate(&t, &gamma, id).await;
+    }
+    serve_until(&t, &beta, &member, false, |vm| vm["state"] == "ready").await;
+    let vm = serve_until(&t, &alpha, &borrower, false, |vm| vm["state"] == "ready").await;
+    assert_eq!(borrowed(&vm), [true]);
+}
+
+/// Gamma's launch of priority 5 within its quota starts at once (the free GPU is its).
+async fn gamma_starts_within_its_quota(t: &TestService, gamma: &str) {
+    let id = t.launch(gamma, &exclusive(1, json!({"priority": 5}))).await;
+    let (status, body) = t.get(gamma, &format!("/v1/vms/{id}")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_ne!(body["state"], "queued", "{body}");
+    t.wait_state(gamma, &id, "ready").await;
+    terminate(t, gamma, &id).await;
 }
 
 /// A member whose quota limits GPU memory, holding all of it, asks for an exclusive GPU with

@@ -196,6 +196,14 @@ pub struct QueueHead {
     pub holding_since_ms: Option<i64>,
     /// Capacity is being taken back from preemptible VMs for it.
     pub awaiting_reclaim: bool,
+    /// It would run past its project's quota on loan ([`Head::borrowing`]).
+    pub borrowing: bool,
+}
+
+/// The `head` column: 0 not the head; 1, and 2 while capacity is being taken back for it; 3 and
+/// 4 the same for a head that would borrow (a replica of before cohorts reads 4 as not awaiting).
+fn head_code(awaiting_reclaim: bool, borrowing: bool) -> i64 {
+    1 + i64::from(awaiting_reclaim) + 2 * i64::from(borrowing)
 }
 
 /// Records what a round planned of passes and holds: the projects in `reset` hold nobody back
@@ -218,7 +226,7 @@ pub async fn set_head(
         sqlx::query(
             "UPDATE queue SET head = $1, passed = $2, holding_since_ms = $3 WHERE ticket = $4",
         )
-        .bind(if awaiting_reclaim { 2_i64 } else { 1 })
+        .bind(head_code(awaiting_reclaim, head.borrowing))
         .bind(i64::from(head.passed))
         .bind(head.holding_since_ms)
         .bind(head.ticket.0 as i64)
@@ -240,6 +248,7 @@ pub(super) fn queue_head_at(row: &AnyRow, at: usize) -> Result<Option<QueueHead>
     };
     let priority: i64 = row.try_get(at + 1)?;
     let passed: i64 = row.try_get(at + 2)?;
+    let code: i64 = row.try_get(at + 3)?;
     Ok(Some(QueueHead {
         ticket: TicketId(ticket as u64),
         project: row.try_get(at + 4)?,
@@ -247,7 +256,8 @@ pub(super) fn queue_head_at(row: &AnyRow, at: usize) -> Result<Option<QueueHead>
             .map_err(|_| corrupt("priority", &priority.to_string()))?,
         passed: u32::try_from(passed).unwrap_or(u32::MAX),
         holding_since_ms: row.try_get(at + 5)?,
-        awaiting_reclaim: row.try_get::<i64, _>(at + 3)? == 2,
+        awaiting_reclaim: code == head_code(true, false) || code == head_code(true, true),
+        borrowing: code >= head_code(false, true),
     }))
 }
 

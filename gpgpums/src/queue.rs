@@ -45,6 +45,14 @@
 //! and of each borrower never more than it holds past its quota (a loan whose borrower is back
 //! within its quota is its own now). This is looked at before preemption by priority, and frees
 //! room the same way, by shrinking: the VMs keep their other cGPUs.
+//!
+//! Loans come last: with cohorts, a request that would run past its project's quota on loan
+//! ([`would_borrow`]) is looked at after every request within its quota, whatever their
+//! priorities (Kueue's order), its barrier holds back only requests that would borrow too, and it
+//! preempts nobody (a loan is idle capacity; shrinking another project's VM for one would take
+//! what that project's quota guarantees, and a VM shrunk so takes the loan back, for ever). So a
+//! borrower that cannot start never keeps a request within its guarantee waiting: on the openb
+//! trace its barrier once held best-effort requests within their quotas for minutes.
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
@@ -109,17 +117,27 @@ impl Rules {
                 .is_some_and(|since| since.saturating_add(self.max_hold_ms) <= now_ms)
     }
 
-    /// Whether a request of `priority` that does not wait in the queue must leave the free GPUs
-    /// to the queue's `head`, which other projects' requests have passed `passed` times (its
-    /// stored count and this batch's starts). Starting ahead of the head passes it (backfill);
-    /// once it has been passed [`Rules::max_passes`] times (for at most `max_hold_ms` from
-    /// then), or while capacity is being reclaimed for it, nothing of its priority or lower
-    /// starts ahead of it. So requests that skip the queue cannot starve it, and it cannot hold
-    /// them longer than the planner would.
-    pub fn head_holds(&self, head: &HeadState, passed: u32, priority: i32, now_ms: i64) -> bool {
+    /// Whether a request of `priority` that does not wait in the queue (`borrowing`: it would
+    /// run past its project's quota on loan, see [`would_borrow`]) must leave the free GPUs to
+    /// the queue's `head`, which other projects' requests have passed `passed` times (its stored
+    /// count and this batch's starts). Starting ahead of the head passes it (backfill); once it
+    /// has been passed [`Rules::max_passes`] times (for at most `max_hold_ms` from then), or
+    /// while capacity is being reclaimed for it, nothing that comes after it in the queue's order
+    /// starts ahead of it: of its priority or lower, and, if it is within its quota, nothing
+    /// that would borrow (see the module docs). So requests that skip the queue cannot starve
+    /// it, and it cannot hold them longer than the planner would.
+    pub fn head_holds(
+        &self,
+        head: &HeadState,
+        passed: u32,
+        priority: i32,
+        borrowing: bool,
+        now_ms: i64,
+    ) -> bool {
         let lapsed = self.hold_lapsed(head.holding_since_ms, now_ms);
         let barrier = passed >= self.max_passes && !lapsed;
-        head.priority >= priority && (head.awaiting_reclaim || !self.backfill || barrier)
+        let ahead = (!head.borrowing, head.priority) >= (!borrowing, priority);
+        ahead && (head.awaiting_reclaim || !self.backfill || barrier)
     }
 }
 
@@ -131,6 +149,8 @@ pub struct HeadState {
     pub holding_since_ms: Option<i64>,
     /// Capacity is being taken back from preemptible VMs for it.
     pub awaiting_reclaim: bool,
+    /// It would run past its project's quota on loan (see [`would_borrow`]).
+    pub borrowing: bool,
 }
 
 impl Default for Rules {
@@ -272,6 +292,34 @@ pub struct Head {
     pub passed: u32,
     /// Since when it holds others back as a barrier; `None`: it does not.
     pub holding_since_ms: Option<i64>,
+    /// It would run past its project's quota on loan: it holds back only requests that would too.
+    pub borrowing: bool,
+}
+
+/// Whether a request asking `request` for `project` (`launch`: a new VM; `borrow`: it may run on
+/// loan), with `vms_in_use` VMs of its project, would run past the project's quota on loan: its
+/// project is in a cohort and its quota might not hold what it asks (an exclusive request's
+/// memory, known only where it lands, counted as on the pool's largest GPUs). Such requests come
+/// after every request within its quota (see the module docs).
+pub fn would_borrow(
+    quotas: &QuotaLedger,
+    pool: &mut Pool,
+    project: &ProjectId,
+    request: &Request,
+    launch: bool,
+    vms_in_use: u64,
+    borrow: bool,
+) -> bool {
+    if !borrow || quotas.cohort_of(project).is_none() {
+        return false;
+    }
+    let mut asked = Usage::asked(request);
+    if request.mode == Mode::Exclusive {
+        let on_largest = u64::from(request.ncgpus) * pool.largest_gpu_mib();
+        asked.memory_mib = asked.memory_mib.max(on_largest);
+    }
+    let asked = if launch { Usage::vm_with(asked) } else { asked };
+    quotas.check(project, asked, vms_in_use).is_err()
 }
 
 /// Plans one round over `queue` (in any order; the planner orders it). See the module docs.
@@ -285,6 +333,7 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
         own_blocked: HashMap::new(),
         interned: Interned::default(),
         lowest_preemptible: None,
+        borrowing: HashSet::new(),
         stop: false,
     };
     round.lowest_preemptible = round.books.preemptible.values().min().copied();
@@ -309,9 +358,17 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
         &reset
     };
 
-    let mut levels: BTreeMap<Reverse<i32>, Vec<&Waiting>> = BTreeMap::new();
+    // With cohorts, requests that would borrow come after every request within its quota, and
+    // may not preempt.
+    if round.books.quotas.cohorts().next().is_some() {
+        let borrowing: HashSet<TicketId> =
+            queue.iter().filter(|w| round.would_borrow(w)).map(|w| w.ticket).collect();
+        round.borrowing = borrowing;
+    }
+    let mut levels: BTreeMap<(bool, Reverse<i32>), Vec<&Waiting>> = BTreeMap::new();
     for waiting in queue {
-        levels.entry(Reverse(waiting.priority)).or_default().push(waiting);
+        let borrowing = round.borrowing.contains(&waiting.ticket);
+        levels.entry((borrowing, Reverse(waiting.priority))).or_default().push(waiting);
     }
     for (_, mut level) in levels {
         level.sort_by_key(|w| w.ticket);
@@ -490,6 +547,8 @@ struct Round<'b, 'a> {
     own_blocked: HashMap<(ProjectId, Shape), u32>,
     interned: Interned,
     lowest_preemptible: Option<i32>,
+    /// Requests that would run past their projects' quotas on loan, as the round began.
+    borrowing: HashSet<TicketId>,
     stop: bool,
 }
 
@@ -558,6 +617,7 @@ impl Round<'_, '_> {
                         project: w.project.clone(),
                         passed,
                         holding_since_ms,
+                        borrowing: self.borrowing.contains(&w.ticket),
                     });
                     if !self.books.reclaiming.is_empty() && self.fits_after_reclaim(w, &request) {
                         self.plan.awaiting_reclaim = true;
@@ -619,6 +679,7 @@ impl Round<'_, '_> {
             project: w.project.clone(),
             passed: passed.max(self.rules.max_passes),
             holding_since_ms: Some(holding_since_ms.unwrap_or(self.books.now_ms)),
+            borrowing: self.borrowing.contains(&w.ticket),
         });
     }
 
@@ -661,6 +722,7 @@ impl Round<'_, '_> {
     fn may_preempt(&self, w: &Waiting, shape: Option<&Shape>) -> bool {
         self.rules.preemption
             && self.plan.preemption.is_none()
+            && !self.borrowing.contains(&w.ticket)
             && self.lowest_preemptible.is_some_and(|lowest| lowest < w.priority)
             && shape.is_none_or(|shape| {
                 !self.failed_preemptions.contains(&(shape.clone(), w.request.ncgpus, w.priority))
@@ -737,6 +799,13 @@ impl Round<'_, '_> {
         let fits = fits(pool, self.books.quotas, self.books.vms_in_use, w, request);
         put_back(pool, originals);
         fits
+    }
+
+    /// [`would_borrow`] of `w`.
+    fn would_borrow(&mut self, w: &Waiting) -> bool {
+        let vms = self.books.vms_in_use.get(&w.project).copied().unwrap_or(0);
+        let (quotas, pool) = (&*self.books.quotas, &mut *self.books.pool);
+        would_borrow(quotas, pool, &w.project, &w.request, w.ask == Ask::Launch, vms, w.borrow)
     }
 
     /// Whether `w` may take back loans: its project is in a cohort whose other members hold

@@ -267,6 +267,101 @@ fn what_is_taken_back_for_a_member_goes_to_it_not_to_a_request_ahead_of_it() {
     assert_eq!(world.quotas.borrowed(&project("alpha")).cgpus, 1);
 }
 
+#[test]
+fn requests_within_their_quotas_go_before_those_that_would_borrow_whatever_their_priority() {
+    let mut world = World::new(4);
+    world.cohort(&[("alpha", 1, terms(None, None)), ("beta", 2, terms(None, None))]);
+    assert_eq!(world.round(&[launch(1, "alpha", 2, true)]).started.len(), 1);
+    // Two GPUs free: alpha's borrower (priority 5, queued first) and beta's two within its quota
+    // (priority 0). Beta's start first; alpha's waits on the cohort, not on its priority.
+    let borrower = Waiting { priority: 5, ..launch(2, "alpha", 1, true) };
+    let queue = [borrower, launch(3, "beta", 1, false), launch(4, "beta", 1, false)];
+    let planned = world.round(&queue);
+    let started: Vec<u64> = planned.started.iter().map(|s| s.ticket.0).collect();
+    assert_eq!(started, [3, 4], "{planned:?}");
+}
+
+#[test]
+fn a_borrowers_barrier_never_holds_back_a_request_within_its_quota() {
+    let mut world = World::new(4);
+    world.cohort(&[("alpha", 1, terms(None, None)), ("beta", 4, terms(None, None))]);
+    assert_eq!(world.round(&[launch(1, "alpha", 2, true)]).started.len(), 1);
+    // Alpha's request for 2 more does not fit once beta's starts: the head, passed often enough
+    // to be a barrier for its priority and lower. Beta's, of a lower priority, starts anyway.
+    let rules = Rules::default();
+    let barrier = Waiting {
+        priority: 1,
+        passed: rules.max_passes,
+        holding_since_ms: Some(world.now_ms),
+        ..launch(2, "alpha", 2, true)
+    };
+    let planned = world.round(&[barrier, launch(3, "beta", 1, false)]);
+    let started: Vec<u64> = planned.started.iter().map(|s| s.ticket.0).collect();
+    assert_eq!(started, [3], "{planned:?}");
+    let head = planned.head.expect("alpha's request is the head");
+    assert_eq!((head.ticket, head.borrowing), (TicketId(2), true));
+    // Beta's next, within its quota, takes back alpha's loan and holds back what would borrow,
+    // whatever its priority.
+    let borrower = Waiting { priority: 9, ..launch(4, "alpha", 1, true) };
+    let planned = world.round(&[borrower, launch(5, "beta", 2, false)]);
+    assert!(planned.started.is_empty(), "{planned:?}");
+    assert!(planned.preemption.as_ref().is_some_and(|p| p.reclaims_loans), "{planned:?}");
+    let head = planned.head.expect("beta's request is the head");
+    assert_eq!((head.ticket, head.borrowing), (TicketId(5), false));
+}
+
+#[test]
+fn a_request_that_would_borrow_preempts_nobody() {
+    let mut world = World::new(2);
+    world.cohort(&[("alpha", 1, terms(None, None)), ("beta", 2, terms(None, None))]);
+    world.quotas.set_limits(project("gamma"), Some(Quota { cgpus: Some(1), ..Quota::default() }));
+    // Alpha holds a GPU within its quota, beta's best-effort VM the other, within its own.
+    assert_eq!(world.round(&[launch(1, "alpha", 1, false)]).started.len(), 1);
+    let best_effort = launch(2, "beta", 1, false);
+    assert_eq!(world.round(std::slice::from_ref(&best_effort)).started.len(), 1);
+    let preemptible = BTreeMap::from([(best_effort.vm, 0)]);
+    let mut plan_with = |queue: &[Waiting]| {
+        let mut books = Books {
+            pool: &mut world.pool,
+            quotas: &mut world.quotas,
+            vms_in_use: &mut world.vms,
+            preemptible: &preemptible,
+            reclaiming: &[],
+            loans: &world.loans,
+            now_ms: world.now_ms,
+        };
+        plan(&mut books, queue, &Rules::default())
+    };
+    // Alpha would borrow: it does not shrink beta's VM, of a lower priority though it is.
+    let planned = plan_with(&[Waiting { priority: 1, ..launch(3, "alpha", 1, true) }]);
+    assert!(planned.started.is_empty() && planned.preemption.is_none(), "{planned:?}");
+    // Gamma, within its quota, of the same priority, does.
+    let planned = plan_with(&[Waiting { priority: 1, ..launch(4, "gamma", 1, false) }]);
+    let preemption = planned.preemption.as_ref().expect("gamma preempts");
+    assert!(!preemption.reclaims_loans);
+    assert_eq!(victims(&planned), [(best_effort.vm, vec![0])]);
+}
+
+#[test]
+fn an_exclusive_request_counts_as_borrowing_unless_its_quota_holds_it_on_the_largest_gpus() {
+    use gpgpums::queue::would_borrow;
+    // GPUs of 8 and 16 GiB; alpha's quota 20 GiB of GPU memory, 8 GiB used.
+    let mut world = World::with_models(&[("T4", 8192), ("H100", 16384)]);
+    world.cohort(&[("alpha", 1000, terms(None, None)), ("beta", 1000, terms(None, None))]);
+    let quota = Quota { memory_mib: Some(20_480), ..Quota::default() };
+    world.quotas.set_limits(project("alpha"), Some(quota));
+    assert_eq!(world.round(&[launch(1, "alpha", 1, false)]).started.len(), 1);
+    let (quotas, pool) = (&world.quotas, &mut world.pool);
+    let alpha = project("alpha");
+    // One whole GPU: 16 GiB at most, within what is left (12 GiB)? No: it might borrow.
+    let exclusive = Request::exclusive(1);
+    assert!(would_borrow(quotas, pool, &alpha, &exclusive, false, 1, true));
+    // A shared cGPU of 8 GiB is within it; nothing borrows without asking, nor outside a cohort.
+    assert!(!would_borrow(quotas, pool, &alpha, &Request::shared(1, 8192), false, 1, true));
+    assert!(!would_borrow(quotas, pool, &alpha, &exclusive, false, 1, false));
+    assert!(!would_borrow(quotas, pool, &project("gamma"), &exclusive, false, 0, true));
+}
+
 /// One step of a random history.
 #[derive(Debug, Clone)]
 enum Step {

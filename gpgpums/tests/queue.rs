@@ -758,23 +758,35 @@ proptest! {
 fn the_head_holds_requests_that_skip_the_queue_only_as_its_rules_say() {
     use gpgpums::queue::HeadState;
     let rules = Rules { backfill: true, max_passes: 2, max_hold_ms: 1_000, preemption: true };
-    let head = HeadState { priority: 5, holding_since_ms: None, awaiting_reclaim: false };
+    let head = HeadState {
+        priority: 5,
+        holding_since_ms: None,
+        awaiting_reclaim: false,
+        borrowing: false,
+    };
     // Backfill: passed fewer than max_passes times, requests of any priority go ahead.
-    assert!(!rules.head_holds(&head, 1, 5, 0));
+    assert!(!rules.head_holds(&head, 1, 5, false, 0));
     // Passed max_passes times: a barrier for its priority and lower, not for higher ones.
-    assert!(rules.head_holds(&head, 2, 5, 0));
-    assert!(rules.head_holds(&head, 2, 0, 0));
-    assert!(!rules.head_holds(&head, 2, 6, 0));
+    assert!(rules.head_holds(&head, 2, 5, false, 0));
+    assert!(rules.head_holds(&head, 2, 0, false, 0));
+    assert!(!rules.head_holds(&head, 2, 6, false, 0));
     // A barrier that has held for max_hold_ms has lapsed.
     let holding = HeadState { holding_since_ms: Some(100), ..head };
-    assert!(rules.head_holds(&holding, 2, 5, 1_099));
-    assert!(!rules.head_holds(&holding, 2, 5, 1_100));
+    assert!(rules.head_holds(&holding, 2, 5, false, 1_099));
+    assert!(!rules.head_holds(&holding, 2, 5, false, 1_100));
     // While capacity is reclaimed for it, or without backfill, it always holds its priority.
     let reclaiming = HeadState { awaiting_reclaim: true, ..holding };
-    assert!(rules.head_holds(&reclaiming, 0, 5, 1_100));
+    assert!(rules.head_holds(&reclaiming, 0, 5, false, 1_100));
     let strict = Rules { backfill: false, ..rules };
-    assert!(strict.head_holds(&head, 0, 5, 0));
-    assert!(!strict.head_holds(&head, 0, 6, 0));
+    assert!(strict.head_holds(&head, 0, 5, false, 0));
+    assert!(!strict.head_holds(&head, 0, 6, false, 0));
+    // With cohorts: a head within its quota holds back what would borrow, of any priority; one
+    // that would borrow holds back nothing within its quota, of any priority.
+    assert!(rules.head_holds(&head, 2, 9, true, 0));
+    let borrowing = HeadState { borrowing: true, ..head };
+    assert!(!rules.head_holds(&borrowing, 2, 0, false, 0));
+    assert!(rules.head_holds(&borrowing, 2, 5, true, 0));
+    assert!(!rules.head_holds(&borrowing, 2, 6, true, 0));
 }
 
 /// A world of one host: two H100s (GPUs 0 and 1), then two T4s (GPUs 2 and 3).

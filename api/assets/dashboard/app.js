@@ -275,6 +275,7 @@
     $('cohorts-section').hidden = true;
     $('cohorts').replaceChildren();
     $('cohort-form').reset();
+    $('c-model-limits').replaceChildren();
     clearFormErrors('cohort-form', 'cohort-error');
     $('cohort-ok').textContent = '';
     state.terminated.clear();
@@ -683,12 +684,48 @@
 
   // ---- Cohorts (admins) ------------------------------------------------------------------------
 
-  // The resources a cohort lends, as the API names them, with how to say an amount of each.
+  // The resources a cohort lends, as the API names them, with how to say an amount of each and
+  // the label of the form's field for a limit of it.
   const LENT_RESOURCES = [
-    ['cgpus', (n) => `${n} cGPU${n === 1 ? '' : 's'}`],
-    ['memory_mib', mem],
-    ['exclusive_gpus', (n) => `${n} exclusive GPU${n === 1 ? '' : 's'}`],
+    ['cgpus', (n) => `${n} cGPU${n === 1 ? '' : 's'}`, 'cGPUs'],
+    ['memory_mib', mem, 'GPU memory, MiB'],
+    ['exclusive_gpus', (n) => `${n} exclusive GPU${n === 1 ? '' : 's'}`, 'Exclusive GPUs'],
   ];
+
+  // The form's fields of one limit (`borrowing_limit`, `lending_limit`, a model's `model-N`):
+  // `c-{which}-{resource}`, each with its error line.
+  function limitFields(which) {
+    return LENT_RESOURCES.map(([key, , label]) => el('div', { class: 'field' },
+      el('label', { for: `c-${which}-${key}`, text: label }),
+      el('input', { id: `c-${which}-${key}`, name: `${which}-${key}`, type: 'number', min: '0',
+        inputmode: 'numeric', autocomplete: 'off' }),
+      el('div', { class: 'field-error', data: { errorFor: `${which}-${key}` } })));
+  }
+
+  // Rows of the per-model borrowing limits are numbered as they are added, never reused.
+  let modelRows = 0;
+
+  // Adds a row of the per-model borrowing limits (a GPU model's name, its limits, a way to take
+  // the row out), filled with `model` and `limits`; returns the row's field prefix.
+  function addModelRow(model = '', limits = {}) {
+    const which = `model-${modelRows++}`;
+    const row = el('div', { class: 'model-limit', data: { row: which } },
+      el('div', { class: 'model-limit-head' },
+        el('div', { class: 'field' },
+          el('label', { for: `c-${which}`, text: 'GPU model' }),
+          el('input', { id: `c-${which}`, name: which, class: 'model-name', placeholder: 'H100',
+            autocomplete: 'off', spellcheck: 'false' }),
+          el('div', { class: 'field-error', data: { errorFor: which } })),
+        el('button', { type: 'button', class: 'small remove-model', text: 'Remove',
+          on: { click: () => row.remove() } })),
+      el('div', { class: 'row3' }, limitFields(which)));
+    $('c-model-limits').append(row);
+    $(`c-${which}`).value = model;
+    for (const [key] of LENT_RESOURCES) {
+      $(`c-${which}-${key}`).value = typeof limits[key] === 'number' ? String(limits[key]) : '';
+    }
+    return which;
+  }
 
   // Non-zero amounts of ModelQuotaUsage (`1 cGPU, 8 GiB`), or '' when all are zero.
   function amounts(usage) {
@@ -774,7 +811,7 @@
     for (const name of ['cohort', 'project']) {
       if (!value(name)) faults.push({ field: name, detail: `name the ${name}` });
     }
-    const limits = (which) => Object.fromEntries(LENT_RESOURCES.map(([key]) => {
+    const readLimits = (which) => Object.fromEntries(LENT_RESOURCES.map(([key]) => {
       const field = `${which}-${key}`;
       const text = value(field);
       // A number input holding what is no number reads as empty: it must not pass for "none".
@@ -783,9 +820,26 @@
       }
       return [key, text === '' ? null : Number(text)];
     }));
+    // Per GPU model: a row with no model and no limit is left out.
+    const byModel = {};
+    for (const row of $('c-model-limits').querySelectorAll('.model-limit')) {
+      const which = row.dataset.row;
+      const model = value(which);
+      const limits = readLimits(which);
+      if (!model) {
+        if (Object.values(limits).some((limit) => limit !== null)) {
+          faults.push({ field: which, detail: 'name the GPU model these limits are of' });
+        }
+      } else if (Object.hasOwn(byModel, model)) {
+        faults.push({ field: which, detail: `${model} has limits above already` });
+      } else {
+        byModel[model] = limits;
+      }
+    }
     const terms = {
-      borrowing_limit: limits('borrowing_limit'),
-      lending_limit: limits('lending_limit'),
+      borrowing_limit: readLimits('borrowing_limit'),
+      borrowing_limit_by_model: byModel,
+      lending_limit: readLimits('lending_limit'),
       borrow_by_default: $('c-borrow_by_default').checked,
     };
     if (faults.length) {
@@ -795,15 +849,28 @@
     return { cohort: value('cohort'), project: value('project'), terms };
   }
 
-  // A refused PUT's field (`name`, `members.alpha.lending_limit.cgpus`) to a field of the form.
+  // A refused PUT's field (`name`, `members.alpha.lending_limit.cgpus`,
+  // `members.alpha.borrowing_limit_by_model.H100.cgpus`) to a field of the form.
   function cohortField(problem, project) {
     const field = problem.field || '';
     if (field === 'name') return 'cohort';
     const prefix = `members.${project}`;
     if (field === prefix) return 'project';
-    const limit = /^(borrowing_limit|lending_limit)\.([a-z_]+)$/.exec(field.slice(prefix.length + 1));
-    if (field.startsWith(`${prefix}.`) && limit) return `${limit[1]}-${limit[2]}`;
-    return null;
+    if (!field.startsWith(`${prefix}.`)) return null;
+    const rest = field.slice(prefix.length + 1);
+    const limit = /^(borrowing_limit|lending_limit)\.([a-z_]+)$/.exec(rest);
+    if (limit) return `${limit[1]}-${limit[2]}`;
+    // A model's name may hold dots: the resource is what follows the last.
+    const byModel = /^borrowing_limit_by_model\.(.+)\.([a-z_]+)$/.exec(rest);
+    if (!byModel) return null;
+    const row = [...$('c-model-limits').querySelectorAll('.model-limit')]
+      .find((r) => trimmed(`c-${r.dataset.row}`) === byModel[1]);
+    return row && LENT_RESOURCES.some(([key]) => key === byModel[2]) ? `${row.dataset.row}-${byModel[2]}` : null;
+  }
+
+  // The trimmed value of input `id`.
+  function trimmed(id) {
+    return $(id).value.trim();
   }
 
   // Puts the form's project in its cohort on the form's terms (a PUT replaces the members: the
@@ -819,7 +886,7 @@
     try {
       const members = await cohortMembers(form.cohort);
       const joined = !(form.project in members);
-      // Terms the form has no field for (limits per GPU model) stay as they are.
+      // Terms the form has no field for (none now; a later API's) stay as they are.
       members[form.project] = { ...members[form.project], ...form.terms };
       await api('PUT', cohortPath(form.cohort), { members });
       $('cohort-ok').textContent = joined
@@ -849,6 +916,10 @@
         const limit = (terms[which] || {})[key];
         $(`c-${which}-${key}`).value = typeof limit === 'number' ? String(limit) : '';
       }
+    }
+    $('c-model-limits').replaceChildren();
+    for (const [model, limits] of Object.entries(terms.borrowing_limit_by_model || {})) {
+      addModelRow(model, limits || {});
     }
     $('c-borrow_by_default').checked = terms.borrow_by_default;
     $('c-borrowing_limit-cgpus').focus();
@@ -1416,6 +1487,10 @@
     $('launch-form').addEventListener('submit', launch);
     $('attach-form').addEventListener('submit', attach);
     $('cohort-form').addEventListener('submit', saveMember);
+    for (const node of document.querySelectorAll('#cohort-form [data-limits]')) {
+      node.replaceChildren(...limitFields(node.dataset.limits));
+    }
+    $('c-add-model').addEventListener('click', () => $(`c-${addModelRow()}`).focus());
     $('attach-cancel').addEventListener('click', () => $('attach-dialog').close());
     $('attach-dialog').addEventListener('close', () => { state.attachTo = null; });
     $('f-mode').addEventListener('change', () => {

@@ -274,10 +274,11 @@ impl App {
             if let Booking::Reserve(reservation) = booking {
                 let mut ledgers = Ledgers { pool: &mut *pool, quotas: &mut *quotas, vms: &mut vms };
                 let priority = reservation.record.spec.priority;
-                let held = gate.holds(priority);
+                let borrowing = ledgers.launch_borrows(&reservation.record);
+                let held = gate.holds(priority, borrowing);
                 match place_cgpus(&mut ledgers, self, &reservation.record, held) {
                     Ok(start) => {
-                        gate.started(&reservation.record.project, priority);
+                        gate.started(&reservation.record.project, priority, borrowing);
                         reserved.push((i, start));
                     }
                     Err(Error::InsufficientCapacity(s)) if reservation.queue && !s.never_fits => {
@@ -353,7 +354,8 @@ impl App {
                 Booking::Attach(attachment) => {
                     let queue = QueueTerms { deadline_ms: self.queue_deadline(now), max_waiting };
                     let priority = attachment.vm.spec.priority;
-                    let held = gate.holds(priority);
+                    let borrowing = attach_borrows(pool, quotas, attachment);
+                    let held = gate.holds(priority, borrowing);
                     let outcome = attach_cgpus(
                         pool,
                         quotas,
@@ -365,7 +367,9 @@ impl App {
                     )
                     .await?;
                     match outcome {
-                        Ok(Booked::Attached(..)) => gate.started(&attachment.vm.project, priority),
+                        Ok(Booked::Attached(..)) => {
+                            gate.started(&attachment.vm.project, priority, borrowing)
+                        }
                         Ok(Booked::AttachQueued(_)) => queue_waits = true,
                         _ => {}
                     }
@@ -512,22 +516,26 @@ struct HeadGate {
 }
 
 impl HeadGate {
-    /// Whether a request of `priority` must leave the free GPUs to the head.
-    fn holds(&self, priority: i32) -> bool {
+    /// Whether a request of `priority` (`borrowing`: it would run on loan) must leave the free
+    /// GPUs to the head.
+    fn holds(&self, priority: i32, borrowing: bool) -> bool {
         self.head.as_ref().is_some_and(|head| {
             let state = gpgpums::queue::HeadState {
                 priority: head.priority,
                 holding_since_ms: head.holding_since_ms,
                 awaiting_reclaim: head.awaiting_reclaim,
+                borrowing: head.borrowing,
             };
             let passed = head.passed.saturating_add(self.passes);
-            self.rules.head_holds(&state, passed, priority, self.now_ms)
+            self.rules.head_holds(&state, passed, priority, borrowing, self.now_ms)
         })
     }
 
-    /// A request of `project` and `priority` started.
-    fn started(&mut self, project: &str, priority: i32) {
-        if self.head.as_ref().is_some_and(|h| h.priority >= priority && h.project != project) {
+    /// A request of `project` and `priority` (`borrowing`: on loan) started: it passed the head
+    /// if it comes after it in the queue's order.
+    fn started(&mut self, project: &str, priority: i32, borrowing: bool) {
+        let after = |h: &db::QueueHead| (!h.borrowing, h.priority) >= (!borrowing, priority);
+        if self.head.as_ref().is_some_and(|h| after(h) && h.project != project) {
             self.passes += 1;
         }
     }
@@ -636,6 +644,24 @@ struct Ledgers<'a> {
     pool: &'a mut Pool,
     quotas: &'a mut QuotaLedger,
     vms: &'a mut HashMap<ProjectId, u64>,
+}
+
+impl Ledgers<'_> {
+    /// Whether `record`'s launch would run on loan ([`gpgpums::queue::would_borrow`]).
+    fn launch_borrows(&mut self, record: &VmRecord) -> bool {
+        let Ok(project) = project_id(&record.project) else { return false };
+        let vms = self.vms.get(&project).copied().unwrap_or(0);
+        let borrow = self.quotas.borrows(&project, record.spec.borrow);
+        let request = &record.spec.gpus;
+        gpgpums::queue::would_borrow(self.quotas, self.pool, &project, request, true, vms, borrow)
+    }
+}
+
+/// Whether `attachment`'s cGPUs would run on loan ([`gpgpums::queue::would_borrow`]).
+fn attach_borrows(pool: &mut Pool, quotas: &QuotaLedger, attachment: &Attachment) -> bool {
+    let Ok(project) = project_id(&attachment.vm.project) else { return false };
+    let borrow = quotas.borrows(&project, attachment.borrow);
+    gpgpums::queue::would_borrow(quotas, pool, &project, &attachment.request, false, 0, borrow)
 }
 
 /// A VM's project, as the ledger names it.

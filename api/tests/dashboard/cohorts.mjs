@@ -49,7 +49,8 @@ async function signOut() {
   await page.waitForSelector('#signin-view:not([hidden])');
 }
 
-// Fills the cohort form; limits are {borrowing_limit: {cgpus: '1'}, ...}, blank where not said.
+// Fills the cohort form; limits are {borrowing_limit: {cgpus: '1'}, ...}, blank where not said,
+// none per GPU model.
 async function fillCohort({ name, project, limits = {}, byDefault = false }) {
   await page.fill('#c-cohort', name);
   await page.fill('#c-project', project);
@@ -59,6 +60,10 @@ async function fillCohort({ name, project, limits = {}, byDefault = false }) {
     }
   }
   await page.setChecked('#c-borrow_by_default', byDefault);
+  // No limits per model: rows an Edit filled go.
+  while (await page.locator('#c-model-limits .model-limit').count() > 0) {
+    await page.click('#c-model-limits .model-limit button.remove-model');
+  }
 }
 
 async function saveCohort(fields) {
@@ -126,6 +131,46 @@ try {
     `${member('lab', 'beta')} .borrow-by-default`);
   check(/Project beta has new terms in cohort lab/.test(await page.textContent('#cohort-ok')), 'the page says beta has new terms');
   check(await cell(`${member('lab', 'beta')} .lending-limit`) === '≤ 1 exclusive GPU', 'beta kept its lending limit');
+
+  // Alpha's loans of one GPU model bounded through Edit (a model the fleet does not have, so its
+  // borrowing below is not): rows of the form, each checked before it is sent.
+  const modelRow = (n) => `#c-model-limits .model-limit:nth-child(${n})`;
+  await page.click(`${member('lab', 'alpha')} button.edit-member`);
+  check(await page.locator('#c-model-limits .model-limit').count() === 0, 'alpha has no limit per model yet');
+  await page.click('#c-add-model');
+  await page.fill(`${modelRow(1)} input.model-name`, 'A100');
+  await page.fill(`${modelRow(1)} input[name$="-cgpus"]`, '0');
+  await page.click('#c-add-model');
+  await page.fill(`${modelRow(2)} input[name$="-cgpus"]`, '2');
+  await page.click('#cohort-submit');
+  const unnamed = await page.waitForSelector(`${modelRow(2)} .model-limit-head .field-error:not(:empty)`);
+  check(/name the GPU model/.test(await unnamed.textContent()), `limits without a model are refused: ${await unnamed.textContent()}`);
+  await page.fill(`${modelRow(2)} input.model-name`, 'A100');
+  await page.click('#cohort-submit');
+  const twice = await page.waitForFunction((sel) => /already/.test(document.querySelector(sel)?.textContent || ''),
+    `${modelRow(2)} .model-limit-head .field-error`);
+  check(twice, 'a model named twice is refused');
+  await page.click(`${modelRow(2)} button.remove-model`);
+  check(await page.locator('#c-model-limits .model-limit').count() === 1, 'Remove takes the row out');
+  // Past the service's maximum: its 422 beside the model's field.
+  await page.fill(`${modelRow(1)} input[name$="-exclusive_gpus"]`, '10000000000000000');
+  await page.click('#cohort-submit');
+  const modelTooHigh = await page.waitForSelector(`${modelRow(1)} [data-error-for$="-exclusive_gpus"]:not(:empty)`);
+  check(/maximum/.test(await modelTooHigh.textContent()), `a model's limit too high is refused: ${await modelTooHigh.textContent()}`);
+  check(await cell(`${member('lab', 'alpha')} .borrowing-limit`) === '≤ 1 exclusive GPU', 'the refused terms changed nothing');
+  await page.fill(`${modelRow(1)} input[name$="-exclusive_gpus"]`, '');
+  await page.click('#cohort-submit');
+  await page.waitForFunction((sel) => document.querySelector(sel)?.textContent === '≤ 1 exclusive GPU; A100: ≤ 0 cGPUs',
+    `${member('lab', 'alpha')} .borrowing-limit`);
+  check(await cell(`${member('lab', 'beta')} .lending-limit`) === '≤ 1 exclusive GPU', 'beta kept its terms');
+  // Edit shows the model's limits again.
+  await page.click(`${member('lab', 'beta')} button.edit-member`);
+  check(await page.locator('#c-model-limits .model-limit').count() === 0, 'beta has no row per model');
+  await page.click(`${member('lab', 'alpha')} button.edit-member`);
+  check(await page.inputValue(`${modelRow(1)} input.model-name`) === 'A100', 'Edit fills the model');
+  check(await page.inputValue(`${modelRow(1)} input[name$="-cgpus"]`) === '0', 'Edit fills the model\'s limit');
+  check(await page.inputValue(`${modelRow(1)} input[name$="-memory_mib"]`) === '', 'Edit leaves the model\'s other limits blank');
+  log('alpha borrows no cGPU of an A100');
 
   // Another cohort: delta joins it and is taken out again, then it is deleted.
   await saveCohort({ name: 'other', project: 'delta' });

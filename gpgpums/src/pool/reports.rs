@@ -362,6 +362,11 @@ impl Pool {
         self.size = None;
     }
 
+    /// The memory of the pool's largest GPU (or partition): the most an exclusive cGPU can hold.
+    pub fn largest_gpu_mib(&mut self) -> u64 {
+        self.limits().max_gpu_mib
+    }
+
     /// The GPUs' memory and number (a partitioned GPU counts once, through its partitions), as
     /// [`Self::totals`] sums them: what a project without limits is measured against
     /// ([`crate::QuotaLedger::shares`]). Costs one pass over the GPUs after each inventory change.
