@@ -58,6 +58,11 @@ pub struct CohortView {
     pub lendable: ModelQuotaUsage,
     /// What the members hold past their own quotas now, in all.
     pub borrowed: ModelQuotaUsage,
+    /// The version of the members and their terms, also the `ETag` of `GET` and `PUT
+    /// /v1/cohorts/{name}`: sent back in `If-Match` (quoted), a `PUT` or `DELETE` changes the
+    /// cohort only if nobody has changed it since (412 otherwise).
+    #[serde(default)]
+    pub version: String,
 }
 
 /// Cohorts as a list.

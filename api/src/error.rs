@@ -52,6 +52,9 @@ pub enum Error {
     /// The request contradicts the current state: 409.
     #[error("{0}")]
     Conflict(String),
+    /// What the request was made against (its `If-Match`) changed since: 412.
+    #[error("{0}")]
+    PreconditionFailed(String),
     /// The booking would take the project past a quota limit: 403.
     #[error("{0}")]
     QuotaExceeded(gpgpums::QuotaExceeded),
@@ -114,6 +117,7 @@ impl Error {
             Error::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Error::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::Conflict(_) => StatusCode::CONFLICT,
+            Error::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
             Error::QuotaExceeded(_) | Error::PriorityAboveCeiling { .. } => StatusCode::FORBIDDEN,
             Error::InsufficientCapacity(_) => StatusCode::INSUFFICIENT_STORAGE,
             Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -133,6 +137,7 @@ impl Error {
             Error::RequestTimeout(_) => "request_timeout",
             Error::TooManyRequests(_) => "rate_limited",
             Error::Conflict(_) => "conflict",
+            Error::PreconditionFailed(_) => "precondition_failed",
             Error::QuotaExceeded(_) | Error::PriorityAboveCeiling { .. } => "quota_exceeded",
             Error::InsufficientCapacity(_) => "insufficient_gpu_capacity",
             Error::Unavailable { .. } => "dependency_unavailable",

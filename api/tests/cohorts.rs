@@ -14,6 +14,7 @@ on_both_stores!(a_project_borrows_what_its_cohort_leaves_unused_and_its_loans_ar
 on_both_stores!(cohorts_are_the_operators_and_bad_terms_change_nothing);
 on_both_stores!(a_lender_within_its_quota_takes_back_the_youngest_loan_by_shrinking);
 on_both_stores!(a_loan_back_within_its_projects_quota_loses_its_mark);
+on_both_stores!(admins_changing_one_cohort_at_once_never_undo_each_other);
 
 /// Waits until the VM has `n` cGPUs, all live.
 async fn wait_live(t: &TestService, token: &str, vm: &str, n: usize) -> Value {
@@ -316,4 +317,122 @@ async fn a_loan_back_within_its_projects_quota_loses_its_mark(store: Store) {
     assert_eq!(borrowed(&vm), [false], "{vm}");
     let (_, quota) = t.get(&alpha, "/v1/quotas/alpha").await;
     assert_eq!(quota["borrowed"]["exclusive_gpus"], 0, "{quota}");
+}
+
+/// A cohort's `PUT` or `DELETE` with `If-Match` (its version, as its `ETag` and view say it)
+/// happens only if nobody changed it since: otherwise 412 and nothing changes. Eight admins that
+/// each add a member at once, each reading, changing and writing back (again on a 412), leave all
+/// eight in the cohort: none undoes another. Without `If-Match` a change is made as before.
+async fn admins_changing_one_cohort_at_once_never_undo_each_other(store: Store) {
+    let t = TestService::start(store).await;
+    let admin = t.admin();
+    let path = "/v1/cohorts/lab";
+    let send = |method: reqwest::Method, body: Option<Value>, if_match: Option<&str>| {
+        let mut request = t.http.request(method, t.url(path)).bearer_auth(&admin);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        if let Some(tag) = if_match {
+            request = request.header("If-Match", tag);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let etag = response.headers().get("etag").map(|v| v.to_str().unwrap().to_owned());
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            (status, etag, body)
+        }
+    };
+    let members = |names: &[&str]| {
+        let members: serde_json::Map<String, Value> =
+            names.iter().map(|n| ((*n).to_owned(), json!({}))).collect();
+        json!({ "members": members })
+    };
+    // Made without If-Match; its ETag is its version, quoted.
+    let (status, created, body) = send(reqwest::Method::PUT, Some(members(&["alpha"])), None).await;
+    assert_eq!(status, 200, "{body}");
+    let first = created.expect("an ETag");
+    assert_eq!(first, format!("\"{}\"", body["version"].as_str().unwrap()));
+    let (_, read, body) = send(reqwest::Method::GET, None, None).await;
+    assert_eq!(read.as_deref(), Some(first.as_str()), "{body}");
+
+    // One admin adds beta as read; another, who read before that, cannot put gamma in.
+    let (status, second, _) =
+        send(reqwest::Method::PUT, Some(members(&["alpha", "beta"])), Some(&first)).await;
+    assert_eq!(status, 200);
+    let second = second.expect("an ETag");
+    assert_ne!(second, first);
+    let (status, _, problem) =
+        send(reqwest::Method::PUT, Some(members(&["alpha", "gamma"])), Some(&first)).await;
+    assert_eq!((status, problem["code"].as_str()), (412, Some("precondition_failed")), "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("changed since it was read"), "{problem}");
+    let (status, _, problem) = send(reqwest::Method::DELETE, None, Some(&first)).await;
+    assert_eq!(status, 412, "{problem}");
+    let (_, now, body) = send(reqwest::Method::GET, None, None).await;
+    assert_eq!(now.as_deref(), Some(second.as_str()));
+    let names: Vec<&String> = body["members"].as_object().unwrap().keys().collect();
+    assert_eq!(names, ["alpha", "beta"], "nothing changed: {body}");
+    // Malformed: 400 naming the header, nothing changed; `*` matches any version.
+    let (status, _, problem) =
+        send(reqwest::Method::PUT, Some(members(&["delta"])), Some("abc")).await;
+    assert_eq!((status, problem["errors"][0]["field"].as_str()), (400, Some("If-Match")));
+    let (status, _, _) =
+        send(reqwest::Method::PUT, Some(members(&["alpha", "beta"])), Some("*")).await;
+    assert_eq!(status, 200);
+
+    // Eight admins, each adding its project as it reads the cohort, at once.
+    let projects: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
+    let adds = projects.iter().map(|project| {
+        let send = &send;
+        async move {
+            for _ in 0..50 {
+                let (_, tag, body) = send(reqwest::Method::GET, None, None).await;
+                let mut view = body["members"].as_object().unwrap().clone();
+                let terms: serde_json::Map<String, Value> = view
+                    .iter_mut()
+                    .map(|(p, m)| (p.clone(), m["terms"].take()))
+                    .chain([(project.clone(), json!({}))])
+                    .collect();
+                let request = json!({ "members": terms });
+                let (status, _, body) =
+                    send(reqwest::Method::PUT, Some(request), tag.as_deref()).await;
+                match status {
+                    200 => return,
+                    412 => continue,
+                    _ => panic!("{status}: {body}"),
+                }
+            }
+            panic!("{project} never got in");
+        }
+    });
+    support::join_all(adds).await;
+    let (_, _, body) = send(reqwest::Method::GET, None, None).await;
+    let names: Vec<&String> = body["members"].as_object().unwrap().keys().collect();
+    let mut expected: Vec<&str> = vec!["alpha", "beta"];
+    expected.extend(projects.iter().map(String::as_str));
+    expected.sort_unstable();
+    assert_eq!(names, expected, "no admin undid another's: {body}");
+
+    // A cohort ended meanwhile: 412 (it no longer exists); the current version ends it.
+    let (_, current, _) = send(reqwest::Method::GET, None, None).await;
+    let (status, _, _) = send(reqwest::Method::DELETE, None, current.as_deref()).await;
+    assert_eq!(status, 204);
+    let (status, _, problem) =
+        send(reqwest::Method::PUT, Some(members(&["alpha"])), current.as_deref()).await;
+    assert_eq!(status, 412, "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("no longer exists"), "{problem}");
+    let (status, _, _) = send(reqwest::Method::GET, None, None).await;
+    assert_eq!(status, 404);
+    // A tenant learns nothing new from the header: refused as before, not 412.
+    let tenant = t.member();
+    let response = t
+        .http
+        .put(t.url(path))
+        .bearer_auth(&tenant)
+        .header("If-Match", "\"0\"")
+        .json(&members(&["alpha"]))
+        .send()
+        .await
+        .unwrap();
+    assert!(matches!(response.status().as_u16(), 403 | 404), "{}", response.status());
 }

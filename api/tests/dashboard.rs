@@ -399,7 +399,11 @@ async fn an_admin_puts_projects_in_a_cohort_and_a_tenant_sees_its_borrowed_cgpus
         )
     };
     assert_eq!(terms("alpha"), (one_gpu.clone(), none.clone(), json!(false)), "{lab}");
-    assert_eq!(terms("beta"), (none, one_gpu, json!(true)), "{lab}");
+    let a100 = json!({"A100": {"cgpus": 1, "memory_mib": null, "exclusive_gpus": null}});
+    assert_eq!(lab["members"]["alpha"]["terms"]["borrowing_limit_by_model"], a100, "{lab}");
+    // Beta's lending limit as the page's other admin changed it while the page saved alpha.
+    let lent = json!({"cgpus": 3, "memory_mib": null, "exclusive_gpus": 1});
+    assert_eq!(terms("beta"), (none, lent, json!(true)), "{lab}");
     assert_eq!(lab["members"].as_object().unwrap().len(), 2, "{lab}");
     // The launch the tenant asked to borrow: its second whole GPU on loan.
     let borrower = result["borrower"].as_str().unwrap_or_else(|| panic!("borrower in {result}"));

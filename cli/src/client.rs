@@ -180,6 +180,30 @@ impl Client {
     pub fn delete(&self, path: &str) -> Result<Value, Failure> {
         self.send(self.http.delete(format!("{}{path}", self.url)))
     }
+
+    /// A `PUT` (`body`) or, without one, a `DELETE` of `path`, made only if what it changes is
+    /// still at `version` (`If-Match`; none: unconditional). `None`: it changed meanwhile (412),
+    /// and nothing was done.
+    pub fn change_if_match(
+        &self,
+        path: &str,
+        body: Option<&Value>,
+        version: Option<&str>,
+    ) -> Result<Option<Value>, Failure> {
+        let url = format!("{}{path}", self.url);
+        let mut request = match body {
+            Some(body) => self.http.put(url).json(body),
+            None => self.http.delete(url),
+        };
+        if let Some(version) = version {
+            request = request.header("If-Match", format!("\"{version}\""));
+        }
+        let response = self.authorized(request)?.send().map_err(|e| self.unreachable(&e))?;
+        if response.status().as_u16() == 412 {
+            return Ok(None);
+        }
+        decode(response).map(Some)
+    }
 }
 
 /// The body of a 2xx answer, or the problem document's message and its exit code.

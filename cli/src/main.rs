@@ -307,16 +307,6 @@ fn quota(client: &Client, format: Format, command: QuotaCommand) -> Result<(), F
 }
 
 fn cohort(client: &Client, format: Format, command: CohortCommand) -> Result<(), Failure> {
-    let members_of = |path: &str| -> Result<BTreeMap<String, CohortMemberTerms>, Failure> {
-        match client.get(path) {
-            Ok(cohort) => {
-                let cohort: CohortView = typed(&cohort)?;
-                Ok(cohort.members.into_iter().map(|(p, m)| (p, m.terms)).collect())
-            }
-            Err(e) if e.code == exit::NOT_FOUND => Ok(BTreeMap::new()),
-            Err(e) => Err(e),
-        }
-    };
     match command {
         CohortCommand::Show { name: None } => {
             print(format, &client.get("/v1/cohorts")?, output::cohort_list)
@@ -340,9 +330,9 @@ fn cohort(client: &Client, format: Format, command: CohortCommand) -> Result<(),
         } => {
             let path = format!("/v1/cohorts/{}", path_segment(&name)?);
             let borrow = [borrow_cgpus, borrow_memory_mib, borrow_exclusive_gpus];
+            let lend = [lend_cgpus, lend_memory_mib, lend_exclusive_gpus];
             if model.is_some() {
-                let lends = [&lend_cgpus, &lend_memory_mib, &lend_exclusive_gpus];
-                if lends.iter().any(|l| l.is_some()) || borrow_by_default.is_some() {
+                if lend.iter().any(Option::is_some) || borrow_by_default.is_some() {
                     return Err(Failure::usage(
                         "--lend-* and --borrow-by-default are not per model: give them without \
                          --model",
@@ -355,48 +345,49 @@ fn cohort(client: &Client, format: Format, command: CohortCommand) -> Result<(),
                     ));
                 }
             }
-            let mut members = members_of(&path)?;
-            let terms = members.entry(project).or_default();
-            if let Some(model) = model {
-                let by_model = &mut terms.borrowing_limit_by_model;
-                let entry = by_model.entry(model.clone()).or_default();
-                set_limits(
-                    [&mut entry.cgpus, &mut entry.memory_mib, &mut entry.exclusive_gpus],
-                    borrow,
-                );
-                if [entry.cgpus, entry.memory_mib, entry.exclusive_gpus].iter().all(Option::is_none)
-                {
-                    by_model.remove(&model);
+            let changed = change_members(client, &path, |members| {
+                let terms = members.entry(project.clone()).or_default();
+                if let Some(model) = &model {
+                    let by_model = &mut terms.borrowing_limit_by_model;
+                    let entry = by_model.entry(model.clone()).or_default();
+                    let slots =
+                        [&mut entry.cgpus, &mut entry.memory_mib, &mut entry.exclusive_gpus];
+                    set_limits(slots, borrow);
+                    let limits = [entry.cgpus, entry.memory_mib, entry.exclusive_gpus];
+                    if limits.iter().all(Option::is_none) {
+                        by_model.remove(model);
+                    }
+                    return Ok(());
                 }
-                let request = CohortRequest { members };
-                return print(format, &client.put(&path, &body(&request))?, output::cohort);
-            }
-            let b = &mut terms.borrowing_limit;
-            let slots = [&mut b.cgpus, &mut b.memory_mib, &mut b.exclusive_gpus];
-            set_limits(slots, borrow);
-            let l = &mut terms.lending_limit;
-            let slots = [&mut l.cgpus, &mut l.memory_mib, &mut l.exclusive_gpus];
-            set_limits(slots, [lend_cgpus, lend_memory_mib, lend_exclusive_gpus]);
-            if let Some(by_default) = borrow_by_default {
-                terms.borrow_by_default = by_default;
-            }
-            print(format, &client.put(&path, &body(&CohortRequest { members }))?, output::cohort)
+                let b = &mut terms.borrowing_limit;
+                set_limits([&mut b.cgpus, &mut b.memory_mib, &mut b.exclusive_gpus], borrow);
+                let l = &mut terms.lending_limit;
+                set_limits([&mut l.cgpus, &mut l.memory_mib, &mut l.exclusive_gpus], lend);
+                if let Some(by_default) = borrow_by_default {
+                    terms.borrow_by_default = by_default;
+                }
+                Ok(())
+            })?;
+            let changed = changed.ok_or_else(|| Failure::usage("a member set ends no cohort"))?;
+            print(format, &changed, output::cohort)
         }
         CohortCommand::Remove { name, project } => {
             let path = format!("/v1/cohorts/{}", path_segment(&name)?);
-            let mut members = members_of(&path)?;
-            if members.remove(&project).is_none() {
-                return Err(Failure {
-                    message: format!("project {project} is not in cohort {name}"),
-                    code: exit::NOT_FOUND,
-                });
+            let changed =
+                change_members(client, &path, |members| match members.remove(&project) {
+                    Some(_) => Ok(()),
+                    None => Err(Failure {
+                        message: format!("project {project} is not in cohort {name}"),
+                        code: exit::NOT_FOUND,
+                    }),
+                })?;
+            match changed {
+                Some(changed) => print(format, &changed, output::cohort),
+                None => {
+                    println!("cohort {name} ended: {project} was its last member");
+                    Ok(())
+                }
             }
-            if members.is_empty() {
-                client.delete(&path)?;
-                println!("cohort {name} ended: {project} was its last member");
-                return Ok(());
-            }
-            print(format, &client.put(&path, &body(&CohortRequest { members }))?, output::cohort)
         }
         CohortCommand::Delete { name } => {
             client.delete(&format!("/v1/cohorts/{}", path_segment(&name)?))?;
@@ -404,6 +395,42 @@ fn cohort(client: &Client, format: Format, command: CohortCommand) -> Result<(),
             Ok(())
         }
     }
+}
+
+/// How often a change of one member is tried again on a cohort another admin changed meanwhile.
+const COHORT_TRIES: usize = 5;
+
+/// Reads the cohort at `path` (none: no member), applies `change` to its members and writes them
+/// back if nobody changed it since (`If-Match`), reading and applying again if someone did: one
+/// member's change never undoes another admin's. The cohort as written; `None`: left without
+/// members, it was ended.
+fn change_members(
+    client: &Client,
+    path: &str,
+    change: impl Fn(&mut BTreeMap<String, CohortMemberTerms>) -> Result<(), Failure>,
+) -> Result<Option<Value>, Failure> {
+    for _ in 0..COHORT_TRIES {
+        let (mut members, version) = match client.get(path) {
+            Ok(cohort) => {
+                let cohort: CohortView = typed(&cohort)?;
+                let members = cohort.members.into_iter().map(|(p, m)| (p, m.terms)).collect();
+                (members, Some(cohort.version).filter(|v| !v.is_empty()))
+            }
+            Err(e) if e.code == exit::NOT_FOUND => (BTreeMap::new(), None),
+            Err(e) => return Err(e),
+        };
+        change(&mut members)?;
+        let request = (!members.is_empty()).then(|| body(&CohortRequest { members }));
+        if let Some(answer) = client.change_if_match(path, request.as_ref(), version.as_deref())? {
+            return Ok(request.is_some().then_some(answer));
+        }
+    }
+    Err(Failure {
+        message: format!(
+            "{path} kept changing while it was read and written ({COHORT_TRIES} tries): try again"
+        ),
+        code: exit::REFUSED,
+    })
 }
 
 /// A value that goes into a URL path, checked so it cannot change the path.

@@ -473,6 +473,25 @@ fn cohorts_are_set_member_by_member_and_a_launch_borrows_when_asked() {
     let lab = json(&server.gsaas(&admin, &set));
     assert!(lab["members"]["alpha"]["terms"].get("borrowing_limit_by_model").is_none(), "{lab}");
 
+    // Six admins, each putting a project in at once: each reads, changes its member and writes
+    // back only as read (again after a 412), so all six are in.
+    let joining: Vec<String> = (0..6).map(|i| format!("p{i}")).collect();
+    let runs: Vec<_> = joining
+        .iter()
+        .map(|p| server.spawn_gsaas(&admin, &["cohort", "set", "lab", p, "--borrow-cgpus", "1"]))
+        .collect();
+    for run in runs {
+        let out = run.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let lab = json(&server.gsaas(&admin, &["-f", "json", "cohort", "show", "lab"]));
+    for p in joining.iter().map(String::as_str).chain(["alpha", "beta"]) {
+        assert_eq!(lab["members"][p]["terms"]["borrowing_limit"]["cgpus"].is_null(), p == "beta");
+    }
+    for p in &joining {
+        server.gsaas(&admin, &["cohort", "remove", "lab", p]);
+    }
+
     // Members out one by one: the last one out ends the cohort.
     server.gsaas(&admin, &["cohort", "remove", "lab", "beta"]);
     let gone = server.gsaas(&admin, &["cohort", "remove", "lab", "beta"]);

@@ -60,7 +60,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use crate::booking::{book_within_model_limits, Refusal};
 use crate::error::Error;
-use crate::ids::{GpuId, HostId, ProjectId, TicketId, VmId};
+use crate::ids::{CohortName, GpuId, HostId, ProjectId, TicketId, VmId};
 use crate::model::{CgpuAssignment, Locality, Mode, Placement, Request, VmHost};
 use crate::pool::{Pool, Room};
 pub use crate::quota::Loan;
@@ -359,10 +359,23 @@ pub fn plan(books: &mut Books<'_>, queue: &[Waiting], rules: &Rules) -> Plan {
     };
 
     // With cohorts, requests that would borrow come after every request within its quota, and
-    // may not preempt.
-    if round.books.quotas.cohorts().next().is_some() {
+    // may not preempt. In a cohort that lends nothing now, none can start on loan this round
+    // (the quota holds them), so none is looked at.
+    let quotas = &*round.books.quotas;
+    let lending: HashSet<&CohortName> = quotas
+        .cohorts()
+        .filter(|(name, _)| quotas.balance(name).lendable != Usage::default())
+        .map(|(name, _)| name)
+        .collect();
+    if !lending.is_empty() {
+        let lending: HashSet<CohortName> = lending.into_iter().cloned().collect();
+        let may_borrow = |w: &&Waiting| {
+            let cohort = round.books.quotas.cohort_of(&w.project);
+            w.borrow && cohort.is_some_and(|(name, _)| lending.contains(name))
+        };
+        let candidates: Vec<&Waiting> = queue.iter().filter(may_borrow).collect();
         let borrowing: HashSet<TicketId> =
-            queue.iter().filter(|w| round.would_borrow(w)).map(|w| w.ticket).collect();
+            candidates.into_iter().filter(|w| round.would_borrow(w)).map(|w| w.ticket).collect();
         round.borrowing = borrowing;
     }
     let mut levels: BTreeMap<(bool, Reverse<i32>), Vec<&Waiting>> = BTreeMap::new();

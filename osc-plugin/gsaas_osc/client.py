@@ -49,9 +49,9 @@ class Client:
             )
         return url.rstrip("/")
 
-    def request(self, method, path, body=None, ok=(200, 201, 202, 204)):
+    def request(self, method, path, body=None, ok=(200, 201, 202, 204), headers=None):
         url = self.endpoint() + path
-        kwargs = {"raise_exc": False, "headers": {"Accept": "application/json"}}
+        kwargs = {"raise_exc": False, "headers": dict({"Accept": "application/json"}, **(headers or {}))}
         if body is not None:
             kwargs["json"] = body
         try:
@@ -70,11 +70,11 @@ class Client:
     def post(self, path, body=None):
         return self.request("POST", path, body if body is not None else {})
 
-    def put(self, path, body):
-        return self.request("PUT", path, body)
+    def put(self, path, body, headers=None):
+        return self.request("PUT", path, body, headers=headers)
 
-    def delete(self, path):
-        return self.request("DELETE", path)
+    def delete(self, path, headers=None):
+        return self.request("DELETE", path, headers=headers)
 
 
 def problem(response):

@@ -785,7 +785,7 @@
           text: `lends ${amounts(cohort.lendable) || 'nothing'} now · its members borrow ${amounts(cohort.borrowed) || 'nothing'}` }),
         el('span', { class: 'spacer' }),
         el('button', { type: 'button', class: 'small danger delete-cohort', text: 'Delete cohort',
-          on: { click: (e) => deleteCohort(cohort.name, e.target) } })),
+          on: { click: (e) => deleteCohort(cohort.name, cohort.version, e.target) } })),
       el('table', { class: 'cohort-table' },
         el('thead', {}, el('tr', {}, head.map((h) => el('th', { text: h })))),
         el('tbody', {}, rows)));
@@ -793,16 +793,26 @@
 
   const cohortPath = (name) => `/v1/cohorts/${encodeURIComponent(name)}`;
 
-  // The cohort's members and their terms, as a PUT takes them: {} when there is no such cohort.
-  async function cohortMembers(name) {
+  // The cohort's members and their terms, as a PUT takes them ({} when there is no such cohort),
+  // and the If-Match header that changes it only as read.
+  async function readCohort(name) {
     try {
       const cohort = await api('GET', cohortPath(name));
-      return Object.fromEntries(Object.entries(cohort.members).map(([project, m]) => [project, m.terms]));
+      const members = Object.fromEntries(Object.entries(cohort.members).map(([project, m]) => [project, m.terms]));
+      return { members, ifMatch: ifMatch(cohort.version) };
     } catch (e) {
-      if (e.status === 404) return {};
+      if (e.status === 404) return { members: {}, ifMatch: {} };
       throw e;
     }
   }
+
+  // The header that makes a change of a cohort at `version` fail (412) if someone changed it since.
+  function ifMatch(version) {
+    return version ? { 'If-Match': `"${version}"` } : {};
+  }
+
+  // How often a member's change is made again on a cohort another admin changed meanwhile.
+  const COHORT_TRIES = 5;
 
   // The form's cohort name, project and terms; null (each bad field marked) when it cannot be sent.
   function cohortForm() {
@@ -884,11 +894,21 @@
     const submit = $('cohort-submit');
     submit.disabled = true;
     try {
-      const members = await cohortMembers(form.cohort);
-      const joined = !(form.project in members);
-      // Terms the form has no field for (none now; a later API's) stay as they are.
-      members[form.project] = { ...members[form.project], ...form.terms };
-      await api('PUT', cohortPath(form.cohort), { members });
+      // Read, change this member, write only if nobody changed the cohort meanwhile: another
+      // admin's change of another member is never undone (and this one is made again on it).
+      let joined = null;
+      for (let tries = 0; joined === null; tries++) {
+        const { members, ifMatch: unchanged } = await readCohort(form.cohort);
+        const joining = !(form.project in members);
+        // Terms the form has no field for (none now; a later API's) stay as they are.
+        members[form.project] = { ...members[form.project], ...form.terms };
+        try {
+          await api('PUT', cohortPath(form.cohort), { members }, unchanged);
+          joined = joining;
+        } catch (e) {
+          if (e.status !== 412 || tries + 1 >= COHORT_TRIES) throw e;
+        }
+      }
       $('cohort-ok').textContent = joined
         ? `Project ${form.project} is in cohort ${form.cohort} now.`
         : `Project ${form.project} has new terms in cohort ${form.cohort}.`;
@@ -929,7 +949,7 @@
   async function removeMember(cohort, project, button) {
     button.disabled = true;
     try {
-      const members = await cohortMembers(cohort);
+      const { members, ifMatch: unchanged } = await readCohort(cohort);
       delete members[project];
       const last = Object.keys(members).length === 0;
       const question = last
@@ -939,11 +959,17 @@
         button.disabled = false;
         return;
       }
-      if (last) await api('DELETE', cohortPath(cohort));
-      else await api('PUT', cohortPath(cohort), { members });
+      // Only as read and confirmed: a cohort changed meanwhile is shown again (412).
+      if (last) await api('DELETE', cohortPath(cohort), undefined, unchanged);
+      else await api('PUT', cohortPath(cohort), { members }, unchanged);
     } catch (e) {
       if (e.status === 401) {
         showSignIn(`Token refused: ${e.message}`);
+        return;
+      }
+      if (e.status === 412) {
+        showBanner(`Cohort ${cohort} changed while you looked: nothing was done; it is shown as it is now.`);
+        refresh();
         return;
       }
       showBanner(`Taking ${project} out of cohort ${cohort} failed: ${e.message}`);
@@ -953,14 +979,20 @@
     refresh();
   }
 
-  async function deleteCohort(cohort, button) {
+  // Deletes the cohort as shown (`version`): one another admin changed since is shown again.
+  async function deleteCohort(cohort, version, button) {
     if (!window.confirm(`Delete cohort ${cohort}? Its members keep their quotas; what they borrowed stays held.`)) return;
     button.disabled = true;
     try {
-      await api('DELETE', cohortPath(cohort));
+      await api('DELETE', cohortPath(cohort), undefined, ifMatch(version));
     } catch (e) {
       if (e.status === 401) {
         showSignIn(`Token refused: ${e.message}`);
+        return;
+      }
+      if (e.status === 412) {
+        showBanner(`Cohort ${cohort} changed while you looked: it was not deleted; it is shown as it is now.`);
+        refresh();
         return;
       }
       showBanner(`Delete cohort ${cohort} failed: ${e.message}`);

@@ -28,11 +28,13 @@ pub struct CohortStatus {
     pub members: Vec<(ProjectId, CohortTerms, Usage, Usage)>,
     pub lendable: Usage,
     pub borrowed: Usage,
+    /// The version of its members' terms ([`version`]): its `ETag`.
+    pub version: String,
 }
 
 fn status(quotas: &QuotaLedger, name: &CohortName) -> Option<CohortStatus> {
-    let members = quotas.cohort(name)?;
-    let members = members
+    let terms = quotas.cohort(name)?;
+    let members = terms
         .iter()
         .map(|(project, terms)| {
             let part = quotas.member_balance(project).unwrap_or_default();
@@ -45,7 +47,15 @@ fn status(quotas: &QuotaLedger, name: &CohortName) -> Option<CohortStatus> {
         members,
         lendable: balance.lendable,
         borrowed: balance.borrowed,
+        version: version(terms),
     })
+}
+
+/// A version of a cohort's members and their terms (an FNV digest of them as JSON, which orders
+/// them): the same on every replica and release while they are the same.
+pub fn version(members: &BTreeMap<ProjectId, CohortTerms>) -> String {
+    let json = serde_json::to_vec(members).expect("terms serialize");
+    super::vms::digest(&json)
 }
 
 /// A cohort's name from the path: a bad one is a 404 to those who list cohorts, as for any name
@@ -121,12 +131,15 @@ impl App {
 
     /// Makes cohort `name` hold exactly `members` on their terms, or ends it (`None`; admins).
     /// A project already in another cohort is refused (409): it leaves that one first. What is
-    /// on loan stays held; new bookings see the new terms.
+    /// on loan stays held; new bookings see the new terms. `if_match`: only if the cohort is at
+    /// one of these versions ([`CohortStatus::version`]; `*`: any, so it must exist), or 412,
+    /// changing nothing: an admin's read-change-write never undoes another's.
     pub async fn set_cohort(
         &self,
         caller: &Caller,
         name: &str,
         members: Option<BTreeMap<String, CohortTerms>>,
+        if_match: Option<&[String]>,
     ) -> Result<Option<CohortStatus>, Error> {
         self.policy.authorize(actions::COHORT_SET, caller, Target::Service)?;
         let name = CohortName::new(name).map_err(|e| Error::invalid("name", e.to_string()))?;
@@ -139,6 +152,17 @@ impl App {
         let (_, quotas, tx) = pool_tx.parts_with_quotas();
         if members.is_none() && quotas.cohort(&name).is_none() {
             return Err(Error::NotFound { kind: "cohort", id: name.to_string() });
+        }
+        if let Some(expected) = if_match {
+            let now = quotas.cohort(&name).map(version);
+            let matches = |v: &String| now.as_ref().is_some_and(|now| v == "*" || v == now);
+            if !expected.iter().any(matches) {
+                return Err(Error::PreconditionFailed(format!(
+                    "cohort {name} {} since it was read: read it again and make the change on \
+                     what it holds now",
+                    if now.is_some() { "changed" } else { "no longer exists" }
+                )));
+            }
         }
         for project in members.iter().flat_map(BTreeMap::keys) {
             if let Some((other, _)) = quotas.cohort_of(project).filter(|(n, _)| **n != name) {

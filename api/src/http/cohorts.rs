@@ -2,7 +2,7 @@
 //! other their unused quota (see [`crate::app::cohorts`]).
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::Json;
 pub use gsaas_api_types::{CohortList, CohortMemberView, CohortRequest, CohortView};
 
@@ -30,8 +30,37 @@ impl From<CohortStatus> for CohortView {
                 .collect(),
             lendable: s.lendable.into(),
             borrowed: s.borrowed.into(),
+            version: s.version,
         }
     }
+}
+
+/// The view with its version as its `ETag`.
+fn tagged(status: CohortStatus) -> ([(header::HeaderName, HeaderValue); 1], Json<CohortView>) {
+    let etag =
+        HeaderValue::from_str(&format!("\"{}\"", status.version)).expect("a version is hex digits");
+    ([(header::ETAG, etag)], Json(status.into()))
+}
+
+/// The versions `If-Match` names (quoted, comma-separated; `*`: any); `None` without one. One
+/// that is not so: 400.
+fn if_match(headers: &HeaderMap) -> Result<Option<Vec<String>>, Error> {
+    let Some(value) = headers.get(header::IF_MATCH) else { return Ok(None) };
+    let malformed = || Error::Malformed {
+        field: "If-Match".into(),
+        reason: "expected \"*\" or quoted versions, as the cohort's ETag gives them".into(),
+    };
+    let text = value.to_str().map_err(|_| malformed())?.trim();
+    if text == "*" {
+        return Ok(Some(vec!["*".into()]));
+    }
+    let tags = text.split(',').map(|tag| {
+        let tag = tag.trim().strip_prefix("W/").unwrap_or(tag.trim());
+        let inner = tag.strip_prefix('"').and_then(|t| t.strip_suffix('"'));
+        inner.filter(|t| !t.contains('"')).map(str::to_owned).ok_or_else(malformed)
+    });
+    let tags = tags.collect::<Result<Vec<String>, Error>>()?;
+    Ok(Some(tags))
 }
 
 /// Every cohort, its members' terms and what they lend and borrow (admins).
@@ -49,51 +78,63 @@ pub(super) async fn list_cohorts(
 /// One cohort (admins).
 #[utoipa::path(get, path = "/v1/cohorts/{name}", tag = "quotas",
     params(("name" = String, Path, description = "The cohort's name")),
-    responses((status = 200, body = CohortView),
+    responses((status = 200, body = CohortView,
+            headers(("ETag" = String, description = "The cohort's version, for If-Match"))),
         (status = 404, description = "No such cohort", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn get_cohort(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
-) -> Result<Json<CohortView>, Error> {
-    Ok(Json(app.cohort(&caller, &name).await?.into()))
+) -> Result<impl axum::response::IntoResponse, Error> {
+    Ok(tagged(app.cohort(&caller, &name).await?))
 }
 
 /// Put projects in a cohort on their terms, replacing its members (admins). A project in another
-/// cohort: 409.
+/// cohort: 409. With `If-Match` (the version a `GET` gave), only if nobody changed it since: 412.
 #[utoipa::path(put, path = "/v1/cohorts/{name}", tag = "quotas",
     request_body = CohortRequest,
-    params(("name" = String, Path, description = "The cohort's name")),
-    responses((status = 200, body = CohortView),
+    params(("name" = String, Path, description = "The cohort's name"),
+        ("If-Match" = Option<String>, Header, description = "Change it only if it is at this version (its ETag; * for any)")),
+    responses((status = 200, body = CohortView,
+            headers(("ETag" = String, description = "The cohort's new version"))),
+        (status = 400, description = "If-Match is not a quoted version", body = Problem),
         (status = 409, description = "A member is in another cohort", body = Problem),
+        (status = 412, description = "The cohort changed since the version If-Match names", body = Problem),
         (status = 422, description = "A project id or a limit out of range", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn put_cohort(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
+    headers: HeaderMap,
     request: Unparsed<CohortRequest>,
-) -> Result<Json<CohortView>, Error> {
+) -> Result<impl axum::response::IntoResponse, Error> {
     app.policy.authorize(actions::COHORT_SET, &caller, Target::Service)?;
     let request = request.parse()?;
+    let expected = if_match(&headers)?;
     let members = request.members.into_iter().map(|(p, t)| (p, t.into())).collect();
-    let status = app.set_cohort(&caller, &name, Some(members)).await?;
+    let status = app.set_cohort(&caller, &name, Some(members), expected.as_deref()).await?;
     let status = status.ok_or_else(|| Error::internal("a cohort set has no members"))?;
-    Ok(Json(status.into()))
+    Ok(tagged(status))
 }
 
 /// End a cohort (admins): its members keep their own quotas; what they borrowed stays held.
 #[utoipa::path(delete, path = "/v1/cohorts/{name}", tag = "quotas",
-    params(("name" = String, Path, description = "The cohort's name")),
+    params(("name" = String, Path, description = "The cohort's name"),
+        ("If-Match" = Option<String>, Header, description = "End it only if it is at this version (its ETag)")),
     responses((status = 204, description = "Ended"),
-        (status = 404, description = "No such cohort", body = Problem)),
+        (status = 404, description = "No such cohort", body = Problem),
+        (status = 412, description = "The cohort changed since the version If-Match names", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn delete_cohort(
     State(app): State<AppState>,
     caller: Caller,
     Path(name): Path<String>,
+    headers: HeaderMap,
 ) -> Result<StatusCode, Error> {
-    app.set_cohort(&caller, &name, None).await?;
+    app.policy.authorize(actions::COHORT_SET, &caller, Target::Service)?;
+    let expected = if_match(&headers)?;
+    app.set_cohort(&caller, &name, None, expected.as_deref()).await?;
     Ok(StatusCode::NO_CONTENT)
 }

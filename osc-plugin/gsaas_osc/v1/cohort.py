@@ -2,7 +2,9 @@
 quota they do not use, and each member's terms.
 
 gsaasd's `PUT /v1/cohorts/{name}` replaces a cohort's members: `set` and `remove` read the cohort,
-change one member and put them all back.
+change one member and put them all back, only if nobody changed the cohort meanwhile (`If-Match`
+its version), reading and changing it again if someone did: one admin's change of a member never
+undoes another's.
 """
 
 from cliff import columns as cliff_columns
@@ -62,16 +64,43 @@ def cohort_path(name):
     return "/v1/cohorts/%s" % common.segment(name)
 
 
+# How often a member's change is made again on a cohort another admin changed meanwhile.
+TRIES = 5
+
+
 def members_of(client, name):
-    """The cohort's members and their terms; none when there is no such cohort yet."""
+    """The cohort's members and their terms (none when there is no such cohort yet), and the
+    headers that change it only as read."""
     try:
         cohort = client.get(cohort_path(name))
     except exceptions.CommandError as e:
         if getattr(e, "http_status", None) == 404:
-            return {}
+            return {}, {}
         raise
-    return {project: dict((member or {}).get("terms") or {})
-            for project, member in (cohort.get("members") or {}).items()}
+    members = {project: dict((member or {}).get("terms") or {})
+               for project, member in (cohort.get("members") or {}).items()}
+    version = cohort.get("version")
+    return members, ({"If-Match": '"%s"' % version} if version else {})
+
+
+def change_members(client, name, change):
+    """Applies `change` to the cohort's members and writes them back (none left: ends it) only as
+    read, again on a fresh read while another admin changed it: the cohort as written, or None
+    when it ended."""
+    for _ in range(TRIES):
+        members, unchanged = members_of(client, name)
+        change(members)
+        try:
+            if members:
+                return client.put(cohort_path(name), {"members": members}, headers=unchanged)
+            client.delete(cohort_path(name), headers=unchanged)
+            return None
+        except exceptions.CommandError as e:
+            if getattr(e, "http_status", None) != 412:
+                raise
+    raise exceptions.CommandError(
+        "cohort %s kept changing while it was read and written (%d tries): try again"
+        % (name, TRIES))
 
 
 class ListCohort(command.Lister):
@@ -144,24 +173,24 @@ class SetCohort(command.ShowOne):
                 raise exceptions.CommandError(
                     "give at least one borrowing limit on the model: --borrow-cgpus, "
                     "--borrow-memory-mib or --borrow-exclusive-gpus")
-        members = members_of(client, args.name)
-        terms = members.setdefault(args.project, {})
-        if args.model is not None:
-            by_model = dict(terms.get("borrowing_limit_by_model") or {})
-            limits = dict(by_model.get(args.model) or {})
-            limits.update(borrow)
-            if all(limits.get(r) is None for r in LENT):
-                by_model.pop(args.model, None)
+        def change(members):
+            terms = members.setdefault(args.project, {})
+            if args.model is not None:
+                by_model = dict(terms.get("borrowing_limit_by_model") or {})
+                limits = dict(by_model.get(args.model) or {})
+                limits.update(borrow)
+                if all(limits.get(r) is None for r in LENT):
+                    by_model.pop(args.model, None)
+                else:
+                    by_model[args.model] = limits
+                terms["borrowing_limit_by_model"] = by_model
             else:
-                by_model[args.model] = limits
-            terms["borrowing_limit_by_model"] = by_model
-        else:
-            terms["borrowing_limit"] = dict(terms.get("borrowing_limit") or {}, **borrow)
-            terms["lending_limit"] = dict(terms.get("lending_limit") or {}, **lend)
-            if args.borrow_by_default is not None:
-                terms["borrow_by_default"] = args.borrow_by_default
-        answer = client.put(cohort_path(args.name), {"members": members})
-        return cohort_row(answer)
+                terms["borrowing_limit"] = dict(terms.get("borrowing_limit") or {}, **borrow)
+                terms["lending_limit"] = dict(terms.get("lending_limit") or {}, **lend)
+                if args.borrow_by_default is not None:
+                    terms["borrow_by_default"] = args.borrow_by_default
+
+        return cohort_row(change_members(client, args.name, change))
 
 
 class RemoveCohort(command.Command):
@@ -175,14 +204,12 @@ class RemoveCohort(command.Command):
 
     def take_action(self, args):
         client = self.app.client_manager.gpu
-        members = members_of(client, args.name)
-        if members.pop(args.project, None) is None:
-            raise exceptions.CommandError(
-                "project %s is not in cohort %s" % (args.project, args.name))
-        if members:
-            client.put(cohort_path(args.name), {"members": members})
-        else:
-            client.delete(cohort_path(args.name))
+        def change(members):
+            if members.pop(args.project, None) is None:
+                raise exceptions.CommandError(
+                    "project %s is not in cohort %s" % (args.project, args.name))
+
+        change_members(client, args.name, change)
 
 
 class DeleteCohort(command.Command):
