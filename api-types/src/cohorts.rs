@@ -60,7 +60,7 @@ pub struct CohortView {
     pub borrowed: ModelQuotaUsage,
     /// The version of the members and their terms, also the `ETag` of `GET` and `PUT
     /// /v1/cohorts/{name}`: sent back in `If-Match` (quoted), a `PUT` or `DELETE` changes the
-    /// cohort only if nobody has changed it since (412 otherwise).
+    /// cohort only if nobody has changed it since (409 `version_conflict` otherwise).
     #[serde(default)]
     pub version: String,
 }

@@ -52,9 +52,11 @@ pub enum Error {
     /// The request contradicts the current state: 409.
     #[error("{0}")]
     Conflict(String),
-    /// What the request was made against (its `If-Match`) changed since: 412.
+    /// What the request was made against (its `If-Match` version) changed since: 409, with a code
+    /// of its own, as Kubernetes answers a stale `resourceVersion` (a client reads again and
+    /// retries; other conflicts need a person).
     #[error("{0}")]
-    PreconditionFailed(String),
+    VersionConflict(String),
     /// The booking would take the project past a quota limit: 403.
     #[error("{0}")]
     QuotaExceeded(gpgpums::QuotaExceeded),
@@ -117,7 +119,7 @@ impl Error {
             Error::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Error::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             Error::Conflict(_) => StatusCode::CONFLICT,
-            Error::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
+            Error::VersionConflict(_) => StatusCode::CONFLICT,
             Error::QuotaExceeded(_) | Error::PriorityAboveCeiling { .. } => StatusCode::FORBIDDEN,
             Error::InsufficientCapacity(_) => StatusCode::INSUFFICIENT_STORAGE,
             Error::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -137,7 +139,7 @@ impl Error {
             Error::RequestTimeout(_) => "request_timeout",
             Error::TooManyRequests(_) => "rate_limited",
             Error::Conflict(_) => "conflict",
-            Error::PreconditionFailed(_) => "precondition_failed",
+            Error::VersionConflict(_) => "version_conflict",
             Error::QuotaExceeded(_) | Error::PriorityAboveCeiling { .. } => "quota_exceeded",
             Error::InsufficientCapacity(_) => "insufficient_gpu_capacity",
             Error::Unavailable { .. } => "dependency_unavailable",

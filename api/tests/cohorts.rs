@@ -320,8 +320,9 @@ async fn a_loan_back_within_its_projects_quota_loses_its_mark(store: Store) {
 }
 
 /// A cohort's `PUT` or `DELETE` with `If-Match` (its version, as its `ETag` and view say it)
-/// happens only if nobody changed it since: otherwise 412 and nothing changes. Eight admins that
-/// each add a member at once, each reading, changing and writing back (again on a 412), leave all
+/// happens only if nobody changed it since: otherwise 409 `version_conflict` and nothing changes.
+/// Eight admins that each add a member at once, each reading, changing and writing back (again on
+/// such a 409), leave all
 /// eight in the cohort: none undoes another. Without `If-Match` a change is made as before.
 async fn admins_changing_one_cohort_at_once_never_undo_each_other(store: Store) {
     let t = TestService::start(store).await;
@@ -364,10 +365,10 @@ async fn admins_changing_one_cohort_at_once_never_undo_each_other(store: Store) 
     assert_ne!(second, first);
     let (status, _, problem) =
         send(reqwest::Method::PUT, Some(members(&["alpha", "gamma"])), Some(&first)).await;
-    assert_eq!((status, problem["code"].as_str()), (412, Some("precondition_failed")), "{problem}");
+    assert_eq!((status, problem["code"].as_str()), (409, Some("version_conflict")), "{problem}");
     assert!(problem["detail"].as_str().unwrap().contains("changed since it was read"), "{problem}");
     let (status, _, problem) = send(reqwest::Method::DELETE, None, Some(&first)).await;
-    assert_eq!(status, 412, "{problem}");
+    assert_eq!((status, problem["code"].as_str()), (409, Some("version_conflict")), "{problem}");
     let (_, now, body) = send(reqwest::Method::GET, None, None).await;
     assert_eq!(now.as_deref(), Some(second.as_str()));
     let names: Vec<&String> = body["members"].as_object().unwrap().keys().collect();
@@ -398,7 +399,7 @@ async fn admins_changing_one_cohort_at_once_never_undo_each_other(store: Store) 
                     send(reqwest::Method::PUT, Some(request), tag.as_deref()).await;
                 match status {
                     200 => return,
-                    412 => continue,
+                    409 if body["code"] == "version_conflict" => continue,
                     _ => panic!("{status}: {body}"),
                 }
             }
@@ -413,17 +414,18 @@ async fn admins_changing_one_cohort_at_once_never_undo_each_other(store: Store) 
     expected.sort_unstable();
     assert_eq!(names, expected, "no admin undid another's: {body}");
 
-    // A cohort ended meanwhile: 412 (it no longer exists); the current version ends it.
+    // A cohort ended meanwhile: a version conflict (it no longer exists); the current version
+    // ends it.
     let (_, current, _) = send(reqwest::Method::GET, None, None).await;
     let (status, _, _) = send(reqwest::Method::DELETE, None, current.as_deref()).await;
     assert_eq!(status, 204);
     let (status, _, problem) =
         send(reqwest::Method::PUT, Some(members(&["alpha"])), current.as_deref()).await;
-    assert_eq!(status, 412, "{problem}");
+    assert_eq!((status, problem["code"].as_str()), (409, Some("version_conflict")), "{problem}");
     assert!(problem["detail"].as_str().unwrap().contains("no longer exists"), "{problem}");
     let (status, _, _) = send(reqwest::Method::GET, None, None).await;
     assert_eq!(status, 404);
-    // A tenant learns nothing new from the header: refused as before, not 412.
+    // A tenant learns nothing new from the header: refused as before, no version conflict.
     let tenant = t.member();
     let response = t
         .http

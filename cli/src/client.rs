@@ -182,7 +182,8 @@ impl Client {
     }
 
     /// A `PUT` (`body`) or, without one, a `DELETE` of `path`, made only if what it changes is
-    /// still at `version` (`If-Match`; none: unconditional). `None`: it changed meanwhile (412),
+    /// still at `version` (`If-Match`; none: unconditional). `None`: it changed meanwhile (409
+    /// `version_conflict`),
     /// and nothing was done.
     pub fn change_if_match(
         &self,
@@ -199,10 +200,16 @@ impl Client {
             request = request.header("If-Match", format!("\"{version}\""));
         }
         let response = self.authorized(request)?.send().map_err(|e| self.unreachable(&e))?;
-        if response.status().as_u16() == 412 {
+        if response.status().as_u16() != 409 {
+            return decode(response).map(Some);
+        }
+        let text = response.text().unwrap_or_default();
+        let problem: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if problem["code"] == "version_conflict" {
             return Ok(None);
         }
-        decode(response).map(Some)
+        let detail = problem["detail"].as_str().map_or(text, str::to_owned);
+        Err(Failure { message: detail, code: exit::REFUSED })
     }
 }
 

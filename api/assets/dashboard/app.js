@@ -806,7 +806,9 @@
     }
   }
 
-  // The header that makes a change of a cohort at `version` fail (412) if someone changed it since.
+  // The header that makes a change of a cohort at `version` fail (409 version_conflict) if someone
+  // changed it since.
+  const changedMeanwhile = (e) => e.status === 409 && (e.problem || {}).code === 'version_conflict';
   function ifMatch(version) {
     return version ? { 'If-Match': `"${version}"` } : {};
   }
@@ -906,7 +908,7 @@
           await api('PUT', cohortPath(form.cohort), { members }, unchanged);
           joined = joining;
         } catch (e) {
-          if (e.status !== 412 || tries + 1 >= COHORT_TRIES) throw e;
+          if (!changedMeanwhile(e) || tries + 1 >= COHORT_TRIES) throw e;
         }
       }
       $('cohort-ok').textContent = joined
@@ -959,7 +961,7 @@
         button.disabled = false;
         return;
       }
-      // Only as read and confirmed: a cohort changed meanwhile is shown again (412).
+      // Only as read and confirmed: a cohort changed meanwhile is shown again.
       if (last) await api('DELETE', cohortPath(cohort), undefined, unchanged);
       else await api('PUT', cohortPath(cohort), { members }, unchanged);
     } catch (e) {
@@ -967,7 +969,7 @@
         showSignIn(`Token refused: ${e.message}`);
         return;
       }
-      if (e.status === 412) {
+      if (changedMeanwhile(e)) {
         showBanner(`Cohort ${cohort} changed while you looked: nothing was done; it is shown as it is now.`);
         refresh();
         return;
@@ -990,7 +992,7 @@
         showSignIn(`Token refused: ${e.message}`);
         return;
       }
-      if (e.status === 412) {
+      if (changedMeanwhile(e)) {
         showBanner(`Cohort ${cohort} changed while you looked: it was not deleted; it is shown as it is now.`);
         refresh();
         return;

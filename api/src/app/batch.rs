@@ -159,7 +159,7 @@ pub(crate) fn share(e: &Arc<Error>) -> Error {
         Error::RequestTimeout(m) => Error::RequestTimeout(m.clone()),
         Error::TooManyRequests(m) => Error::TooManyRequests(m.clone()),
         Error::Conflict(m) => Error::Conflict(m.clone()),
-        Error::PreconditionFailed(m) => Error::PreconditionFailed(m.clone()),
+        Error::VersionConflict(m) => Error::VersionConflict(m.clone()),
         Error::QuotaExceeded(e) => Error::QuotaExceeded(e.clone()),
         Error::PriorityAboveCeiling { project, priority, ceiling } => Error::PriorityAboveCeiling {
             project: project.clone(),

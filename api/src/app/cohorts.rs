@@ -132,8 +132,8 @@ impl App {
     /// Makes cohort `name` hold exactly `members` on their terms, or ends it (`None`; admins).
     /// A project already in another cohort is refused (409): it leaves that one first. What is
     /// on loan stays held; new bookings see the new terms. `if_match`: only if the cohort is at
-    /// one of these versions ([`CohortStatus::version`]; `*`: any, so it must exist), or 412,
-    /// changing nothing: an admin's read-change-write never undoes another's.
+    /// one of these versions ([`CohortStatus::version`]; `*`: any, so it must exist), or 409
+    /// `version_conflict`, changing nothing: an admin's read-change-write never undoes another's.
     pub async fn set_cohort(
         &self,
         caller: &Caller,
@@ -157,7 +157,7 @@ impl App {
             let now = quotas.cohort(&name).map(version);
             let matches = |v: &String| now.as_ref().is_some_and(|now| v == "*" || v == now);
             if !expected.iter().any(matches) {
-                return Err(Error::PreconditionFailed(format!(
+                return Err(Error::VersionConflict(format!(
                     "cohort {name} {} since it was read: read it again and make the change on \
                      what it holds now",
                     if now.is_some() { "changed" } else { "no longer exists" }

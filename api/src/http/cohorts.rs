@@ -51,6 +51,10 @@ fn if_match(headers: &HeaderMap) -> Result<Option<Vec<String>>, Error> {
         reason: "expected \"*\" or quoted versions, as the cohort's ETag gives them".into(),
     };
     let text = value.to_str().map_err(|_| malformed())?.trim();
+    if text.is_empty() {
+        // An empty field is no condition (RFC 9110 makes a list of none no list).
+        return Ok(None);
+    }
     if text == "*" {
         return Ok(Some(vec!["*".into()]));
     }
@@ -91,7 +95,8 @@ pub(super) async fn get_cohort(
 }
 
 /// Put projects in a cohort on their terms, replacing its members (admins). A project in another
-/// cohort: 409. With `If-Match` (the version a `GET` gave), only if nobody changed it since: 412.
+/// cohort: 409. With `If-Match` (the version a `GET` gave), only if nobody changed it since: 409
+/// `version_conflict` otherwise.
 #[utoipa::path(put, path = "/v1/cohorts/{name}", tag = "quotas",
     request_body = CohortRequest,
     params(("name" = String, Path, description = "The cohort's name"),
@@ -99,8 +104,7 @@ pub(super) async fn get_cohort(
     responses((status = 200, body = CohortView,
             headers(("ETag" = String, description = "The cohort's new version"))),
         (status = 400, description = "If-Match is not a quoted version", body = Problem),
-        (status = 409, description = "A member is in another cohort", body = Problem),
-        (status = 412, description = "The cohort changed since the version If-Match names", body = Problem),
+        (status = 409, description = "A member is in another cohort, or (`version_conflict`) the cohort changed since the version If-Match names", body = Problem),
         (status = 422, description = "A project id or a limit out of range", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn put_cohort(
@@ -124,8 +128,9 @@ pub(super) async fn put_cohort(
     params(("name" = String, Path, description = "The cohort's name"),
         ("If-Match" = Option<String>, Header, description = "End it only if it is at this version (its ETag)")),
     responses((status = 204, description = "Ended"),
+        (status = 400, description = "If-Match is not a quoted version", body = Problem),
         (status = 404, description = "No such cohort", body = Problem),
-        (status = 412, description = "The cohort changed since the version If-Match names", body = Problem)),
+        (status = 409, description = "`version_conflict`: the cohort changed since the version If-Match names", body = Problem)),
     security(("bearer" = [])))]
 pub(super) async fn delete_cohort(
     State(app): State<AppState>,

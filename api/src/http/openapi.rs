@@ -230,6 +230,11 @@ fn add_links(doc: &mut Value) {
 /// The pattern of project, host and GPU ids (`gpgpums`'s names).
 const ID_PATTERN: &str = "^[A-Za-z0-9._:-]+$";
 
+/// `If-Match` as [`super::cohorts`] reads it: `*`, or entity tags (`"v"`, `W/"v"`, no comma
+/// inside) separated by commas.
+const IF_MATCH_PATTERN: &str =
+    r#"^[ \t]*(\*|(W/)?"[!#-+.-~-]*"([ \t]*,[ \t]*(W/)?"[!#-+.-~-]*")*)[ \t]*$"#;
+
 /// A time as usage reports take it: RFC 3339, or UTC without a zone, or a UTC day.
 const TIME_PATTERN: &str = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}([Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})?)?$";
 
@@ -256,6 +261,12 @@ fn constrain_request_fields(doc: &mut Value) {
     let key = text(MAX_NAME);
     merge_param(doc, "/v1/vms", "post", "Idempotency-Key", key.clone());
     merge_param(doc, "/v1/vms/{id}/cgpus", "post", "Idempotency-Key", key);
+
+    // A cohort's If-Match: `*`, or quoted versions (RFC 9110's entity tags), as its parser takes;
+    // absent, not null (a header has no null).
+    let if_match = json!({ "type": "string", "pattern": IF_MATCH_PATTERN });
+    merge_param(doc, "/v1/cohorts/{name}", "put", "If-Match", if_match.clone());
+    merge_param(doc, "/v1/cohorts/{name}", "delete", "If-Match", if_match);
 
     let id = json!({ "minLength": 1, "maxLength": gpgpums::MAX_NAME_LEN, "pattern": ID_PATTERN });
     for method in ["get", "put", "delete"] {

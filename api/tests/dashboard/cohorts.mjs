@@ -20,11 +20,11 @@ const adminToken = need('GSAAS_ADMIN_TOKEN');
 const tenantToken = need('GSAAS_TENANT_TOKEN');
 const shots = need('GSAAS_SCREENSHOTS');
 const log = bound('cohorts', OVERALL_MS);
-// The refusals provoked (403 over quota, 409 a project of another cohort, 412 a cohort changed
+// The refusals provoked (403 over quota, 409 a project of another cohort or a cohort changed
 // meanwhile, 422 a limit too high) are logged by Chromium as failed loads; so is the GET of a
 // cohort not made yet (404).
 const { page, problems, close } = await openPage({
-  origin: new URL(base).origin, refusals: [403, 404, 409, 412, 422], viewport: { width: 1280, height: 900 },
+  origin: new URL(base).origin, refusals: [403, 404, 409, 422], viewport: { width: 1280, height: 900 },
   waitMs: WAIT_MS, shots,
 });
 // What the page asks for while a tenant is signed in.
@@ -172,7 +172,7 @@ try {
   check(await page.inputValue(`${modelRow(1)} input[name$="-cgpus"]`) === '0', 'Edit fills the model\'s limit');
   check(await page.inputValue(`${modelRow(1)} input[name$="-memory_mib"]`) === '', 'Edit leaves the model\'s other limits blank');
   // Another admin changes beta while this page saves alpha (between its read and its write):
-  // the page's write is refused (412), it reads again and saves alpha on what is there now, so
+  // the page's write is refused (409 version_conflict), it reads again and saves alpha on what is there now, so
   // beta's change stays.
   const labPath = `${base}/v1/cohorts/lab`;
   let puts = 0;
@@ -192,7 +192,7 @@ try {
   await page.click('#cohort-submit');
   await page.waitForFunction((sel) => document.querySelector(sel)?.textContent === '≤ 1 exclusive GPU; A100: ≤ 1 cGPU',
     `${member('lab', 'alpha')} .borrowing-limit`);
-  check(puts === 2, `the page wrote again after the 412: ${puts} PUTs`);
+  check(puts === 2, `the page wrote again after the conflict: ${puts} PUTs`);
   check(await cell(`${member('lab', 'beta')} .lending-limit`) === '≤ 3 cGPUs, ≤ 1 exclusive GPU',
     `the other admin's change stays: ${await cell(`${member('lab', 'beta')} .lending-limit`)}`);
   await page.unroute('**/v1/cohorts/lab');

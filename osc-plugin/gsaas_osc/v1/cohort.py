@@ -96,7 +96,7 @@ def change_members(client, name, change):
             client.delete(cohort_path(name), headers=unchanged)
             return None
         except exceptions.CommandError as e:
-            if getattr(e, "http_status", None) != 412:
+            if getattr(e, "http_status", None) != 409 or getattr(e, "code", None) != "version_conflict":
                 raise
     raise exceptions.CommandError(
         "cohort %s kept changing while it was read and written (%d tries): try again"
